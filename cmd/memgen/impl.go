@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"go/types"
+	"io"
+	"sort"
+
+	"github.com/memgen/memgen/gen"
+	"golang.org/x/tools/go/packages"
+)
+
+// checkMechanisms loads every mechanism package the spec names and compares
+// the capabilities its type implements with those the spec says it offers.
+// A declared mechanism whose package does not exist yet is a warning.
+func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
+	contract := p.module + "/" + p.spec.Packages.Contract
+	patterns := []string{contract}
+	byPath := map[string]*gen.Mechanism{}
+	for _, m := range p.spec.Mechanisms {
+		g := &gen.Gen{Spec: p.spec, Config: gen.Config{Module: p.module, Root: p.root}}
+		if !g.MechanismDirExists(m) {
+			fmt.Fprintf(stderr, "warning: mechanism %s: package %s does not exist yet\n", m.Name, m.Package)
+			continue
+		}
+		path := p.module + "/" + m.Package
+		byPath[path] = m
+		patterns = append(patterns, path)
+	}
+	if len(byPath) == 0 {
+		return true
+	}
+	cfg := &packages.Config{Mode: packages.NeedName | packages.NeedTypes | packages.NeedTypesInfo | packages.NeedImports | packages.NeedDeps, Dir: p.root}
+	pkgs, err := packages.Load(cfg, patterns...)
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen check: load packages:", err)
+		return false
+	}
+	ok := true
+	var contractPkg *types.Package
+	for _, pkg := range pkgs {
+		for _, e := range pkg.Errors {
+			fmt.Fprintf(stderr, "memgen check: %s: %v\n", pkg.PkgPath, e)
+			ok = false
+		}
+		if pkg.PkgPath == contract {
+			contractPkg = pkg.Types
+		}
+	}
+	if contractPkg == nil || !ok {
+		return false
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].PkgPath < pkgs[j].PkgPath })
+	for _, pkg := range pkgs {
+		m := byPath[pkg.PkgPath]
+		if m == nil {
+			continue
+		}
+		obj := pkg.Types.Scope().Lookup(m.Type)
+		if obj == nil {
+			fmt.Fprintf(stderr, "%s: mechanism %s: type %s not found\n", m.Package, m.Name, m.Type)
+			ok = false
+			continue
+		}
+		ptr := types.NewPointer(obj.Type())
+		offered := map[string]bool{}
+		for _, o := range m.Offers {
+			offered[o] = true
+		}
+		for _, c := range p.spec.Capabilities {
+			iface, _ := contractPkg.Scope().Lookup(c.Name).Type().Underlying().(*types.Interface)
+			if iface == nil {
+				continue
+			}
+			implements := types.Implements(ptr, iface) || types.Implements(obj.Type(), iface)
+			switch {
+			case offered[c.Name] && !implements:
+				_, wrong := types.MissingMethod(ptr, iface, true)
+				missing, _ := types.MissingMethod(ptr, iface, true)
+				detail := ""
+				if missing != nil {
+					detail = fmt.Sprintf(" (method %s missing", missing.Name())
+					if wrong {
+						detail = fmt.Sprintf(" (method %s has the wrong type", missing.Name())
+					}
+					detail += ")"
+				}
+				fmt.Fprintf(stderr, "%s: mechanism %s: *%s lacks capability %s that the spec declares%s\n", m.Package, m.Name, m.Type, c.Name, detail)
+				ok = false
+			case !offered[c.Name] && implements:
+				fmt.Fprintf(stderr, "%s: mechanism %s: *%s implements capability %s, which the spec does not declare for it\n", m.Package, m.Name, m.Type, c.Name)
+				ok = false
+			}
+		}
+		if mi, _ := contractPkg.Scope().Lookup("Mechanism").Type().Underlying().(*types.Interface); mi != nil && !types.Implements(ptr, mi) {
+			fmt.Fprintf(stderr, "%s: mechanism %s: *%s does not implement memapi.Mechanism\n", m.Package, m.Name, m.Type)
+			ok = false
+		}
+	}
+	return ok
+}

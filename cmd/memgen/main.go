@@ -1,0 +1,19 @@
+// Command memgen generates memgen's contract, checked wrappers, fakes and
+// conformance suite from spec/capabilities.yaml, and checks that the tree
+// matches the spec.
+//
+//	memgen generate   write every generated file (what go generate ./... runs)
+//	memgen check      validate the spec, fail on drift and on mechanisms that
+//	                  do not implement exactly what the spec declares
+//	memgen doc        write docs/capabilities.md from the spec
+//
+// Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
+package main
+
+import (
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}

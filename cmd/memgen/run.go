@@ -1,0 +1,219 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/memgen/memgen/gen"
+	"golang.org/x/mod/modfile"
+)
+
+const (
+	exitOK    = 0
+	exitSpec  = 1
+	exitUsage = 2
+)
+
+const usage = `usage: memgen <command> [flags]
+
+commands:
+  generate   write every generated file from the spec (go generate ./... runs this)
+  check      validate the spec; fail on drift (generated files that differ, are
+             missing or are stale) and on mechanism packages that implement more
+             or less than the spec declares
+  doc        write docs/capabilities.md from the spec
+
+Run memgen <command> --help for the flags of a command.
+Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "memgen: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("memgen "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	opts := &options{}
+	fs.StringVar(&opts.root, "root", "", "module root (default: the directory of the nearest go.mod above the working directory)")
+	fs.StringVar(&opts.spec, "spec", "spec/capabilities.yaml", "spec file, relative to the module root")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: memgen %s [flags]\n\n%s\n\nflags:\n", args[0], cmd.help)
+		fs.PrintDefaults()
+	}
+	if cmd.flags != nil {
+		cmd.flags(fs, opts)
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "memgen %s: unexpected arguments %q\n", args[0], fs.Args())
+		fs.Usage()
+		return exitUsage
+	}
+	return cmd.run(opts, stdout, stderr)
+}
+
+type options struct {
+	root, spec string
+	verbose    bool
+}
+
+type command struct {
+	help  string
+	flags func(*flag.FlagSet, *options)
+	run   func(*options, io.Writer, io.Writer) int
+}
+
+var commands = map[string]command{
+	"generate": {
+		help: "Writes every generated file from the spec. Files are written to temporary\nnames and renamed only when all succeeded; stale files carrying memgen's\nheader are removed; files without the header are never touched.",
+		flags: func(fs *flag.FlagSet, o *options) {
+			fs.BoolVar(&o.verbose, "v", false, "list the files written and removed")
+		},
+		run: runGenerate,
+	},
+	"check": {
+		help: "Validates the spec, regenerates in memory and fails (exit 1) listing every\ngenerated file that differs, is missing or is stale; then loads each\nmechanism package named in the spec and fails when its type implements a\ncapability the spec does not declare for it, or lacks one it declares.",
+		run:  runCheck,
+	},
+}
+
+// project is a loaded spec with its module.
+type project struct {
+	root, module string
+	spec         *gen.Spec
+}
+
+func load(o *options, stderr io.Writer) (*project, int) {
+	root := o.root
+	if root == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			fmt.Fprintln(stderr, "memgen:", err)
+			return nil, exitUsage
+		}
+		root, err = findRoot(wd)
+		if err != nil {
+			fmt.Fprintln(stderr, "memgen:", err)
+			return nil, exitUsage
+		}
+	}
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen:", err)
+		return nil, exitUsage
+	}
+	module := modfile.ModulePath(mod)
+	data, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(o.spec)))
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen:", err)
+		return nil, exitUsage
+	}
+	s, err := gen.Load(filepath.ToSlash(o.spec), data)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return nil, exitSpec
+	}
+	return &project{root: root, module: module, spec: s}, exitOK
+}
+
+func findRoot(dir string) (string, error) {
+	for d := dir; ; {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return "", fmt.Errorf("no go.mod above %s (use -root)", dir)
+		}
+		d = up
+	}
+}
+
+func (p *project) generate() (map[string][]byte, error) {
+	return gen.Generate(p.spec, gen.Config{Module: p.module, Root: p.root})
+}
+
+func runGenerate(o *options, stdout, stderr io.Writer) int {
+	p, code := load(o, stderr)
+	if p == nil {
+		return code
+	}
+	files, err := p.generate()
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen generate:", err)
+		return exitSpec
+	}
+	written, removed, err := gen.Write(p.root, files)
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen generate:", err)
+		return exitSpec
+	}
+	if o.verbose {
+		for _, f := range written {
+			fmt.Fprintln(stdout, "wrote", f)
+		}
+		for _, f := range removed {
+			fmt.Fprintln(stdout, "removed", f)
+		}
+	}
+	return exitOK
+}
+
+func runCheck(o *options, stdout, stderr io.Writer) int {
+	p, code := load(o, stderr)
+	if p == nil {
+		return code
+	}
+	files, err := p.generate()
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen check:", err)
+		return exitSpec
+	}
+	changed, stale, err := gen.Diff(p.root, files)
+	if err != nil {
+		fmt.Fprintln(stderr, "memgen check:", err)
+		return exitSpec
+	}
+	failed := false
+	for _, f := range changed {
+		if _, err := os.Stat(filepath.Join(p.root, filepath.FromSlash(f))); err != nil {
+			fmt.Fprintf(stderr, "%s: missing: run go generate ./...\n", f)
+		} else {
+			fmt.Fprintf(stderr, "%s: differs from the spec: run go generate ./... (never edit generated files)\n", f)
+		}
+		failed = true
+	}
+	for _, f := range stale {
+		fmt.Fprintf(stderr, "%s: stale: generated by memgen but no longer produced; run go generate ./...\n", f)
+		failed = true
+	}
+	if !checkMechanisms(p, stdout, stderr) {
+		failed = true
+	}
+	if failed {
+		return exitSpec
+	}
+	fmt.Fprintf(stdout, "memgen check: ok (%d generated files, spec %s)\n", len(files), strings.TrimSpace(p.spec.Digest[:12]))
+	return exitOK
+}

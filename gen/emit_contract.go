@@ -1,0 +1,717 @@
+package gen
+
+import (
+	"fmt"
+	"strings"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+func init() { register(Emitter{Name: "contract", Order: 0, Emit: emitContract}) }
+
+func (g *Gen) contractFile(name string) *File {
+	return g.File(g.Spec.Packages.Contract+"/"+name, "memapi")
+}
+
+func emitContract(g *Gen) error {
+	emitContractDoc(g)
+	emitTypes(g)
+	emitErrors(g)
+	emitInterfaces(g)
+	emitCapabilities(g)
+	emitHandles(g)
+	emitRanges(g)
+	emitMeta(g)
+	emitTripwire(g)
+	return nil
+}
+
+func emitContractDoc(g *Gen) {
+	f := g.contractFile("doc.go")
+	f.PackageComment(strings.TrimSpace(`
+Package memapi is the contract of memgen, generated from spec/capabilities.yaml.
+
+It holds the value types, the sentinel errors and the typed Error, the
+capability interfaces a mechanism implements (DeviceAllocator always;
+VirtualBacking and SharedMapping only when the mechanism really offers them),
+the Mechanism interface whose optional capabilities are explicit accessors,
+capability negotiation (Negotiate, Require...), the handle types and their
+Issuer, the ledger interfaces consuming calls draw from (Grant) and refunds go
+to (Account), the device-context contract (DeviceContext, Stream, Fence), and
+the spec itself as data (Meta).
+
+Mechanisms never draw from grants or refund to accounts: the checked wrapper
+(package checked) does, driven by each method's accounting effect. There are
+no default methods anywhere: an unsupported capability is absent, and Require
+helpers return an error that matches errors.ErrUnsupported.`))
+	comment(f, "SpecDigest is the sha256 of the spec these files were generated from.")
+	comment(f, "A test beside it fails when the spec has changed since.")
+	f.Const().Id("SpecDigest").Op("=").Lit(g.Spec.Digest)
+}
+
+func emitTypes(g *Gen) {
+	f := g.contractFile("types.go")
+	for _, t := range g.Spec.Types {
+		switch t.Kind {
+		case KindScalar:
+			comment(f, Doc(t.Name, t.Doc))
+			f.Type().Id(t.Name).Id(t.Go)
+		case KindEnum:
+			emitEnum(f, t)
+		case KindStruct:
+			comment(f, Doc(t.Name, t.Doc))
+			var fields []Code
+			for _, fd := range t.Fields {
+				fields = append(fields, Id(fd.Name).Add(g.Type(fd.Type)))
+			}
+			f.Type().Id(t.Name).Struct(fields...)
+		}
+		f.Line()
+	}
+}
+
+func emitEnum(f *File, t *TypeDecl) {
+	comment(f, Doc(t.Name, t.Doc)+" The zero value is invalid.")
+	f.Type().Id(t.Name).Uint8()
+	f.Const().DefsFunc(func(d *Group) {
+		for i, v := range t.Values {
+			comment(d, Doc(t.Name+v.Name, v.Doc))
+			if i == 0 {
+				d.Id(t.Name + v.Name).Id(t.Name).Op("=").Iota().Op("+").Lit(1)
+			} else {
+				d.Id(t.Name + v.Name)
+			}
+		}
+	})
+	f.Func().Params(Id("v").Id(t.Name)).Id("String").Params().String().BlockFunc(func(b *Group) {
+		b.Switch(Id("v")).BlockFunc(func(s *Group) {
+			for _, v := range t.Values {
+				s.Case(Id(t.Name + v.Name)).Return(Lit(v.Name))
+			}
+		})
+		b.Return(Qual("fmt", "Sprintf").Call(Lit(t.Name+"(%d)"), Uint8().Call(Id("v"))))
+	})
+	comment(f, "Valid reports whether v is one of the declared values.")
+	f.Func().Params(Id("v").Id(t.Name)).Id("Valid").Params().Bool().Block(
+		Return(Id("v").Op(">=").Id(t.Name + t.Values[0].Name).Op("&&").Id("v").Op("<=").Id(t.Name + t.Values[len(t.Values)-1].Name)),
+	)
+}
+
+func emitErrors(g *Gen) {
+	f := g.contractFile("errors.go")
+	comment(f, "Sentinel errors. Compare with errors.Is: every error the contract returns")
+	comment(f, "wraps exactly one of them, usually inside an *Error carrying the figures.")
+	f.Var().DefsFunc(func(d *Group) {
+		for _, e := range g.Spec.Errors {
+			comment(d, Doc(e.Name, e.Doc))
+			msg := "memapi: " + words(strings.TrimPrefix(e.Name, "Err"))
+			if e.Unsupported {
+				d.Id(e.Name).Op("=").Qual("fmt", "Errorf").Call(Lit(msg+": %w"), Qual("errors", "ErrUnsupported"))
+			} else {
+				d.Id(e.Name).Op("=").Qual("errors", "New").Call(Lit(msg))
+			}
+		}
+	})
+	f.Line()
+	comment(f, `Error is the typed error of the contract: the operation, the kind (one of
+the sentinels), the figures involved, and the underlying cause (an errno, a
+CUresult). errors.Is matches both the kind and the cause.`)
+	f.Type().Id("Error").Struct(
+		Id("Op").String().Comment("Capability.Method or a layer's operation"),
+		Id("Kind").Error().Comment("one of the sentinel errors"),
+		Id("Mechanism").Id("MechanismID"),
+		Id("Authority").Id("AuthorityID"),
+		Id("Handle").Id("HandleID").Comment("the handle involved, when there is one"),
+		Id("Wanted").Id("Bytes").Comment("bytes asked for"),
+		Id("Available").Id("Bytes").Comment("bytes that were available"),
+		Id("Detail").String().Comment("a short explanation"),
+		Id("Err").Error().Comment("the underlying cause, or nil"),
+	)
+	f.Func().Params(Id("e").Op("*").Id("Error")).Id("Error").Params().String().Block(
+		Var().Id("b").Qual("strings", "Builder"),
+		If(Id("e").Dot("Op").Op("!=").Lit("")).Block(
+			Id("b").Dot("WriteString").Call(Id("e").Dot("Op")),
+			Id("b").Dot("WriteString").Call(Lit(": ")),
+		),
+		If(Id("e").Dot("Kind").Op("!=").Nil()).Block(
+			Id("b").Dot("WriteString").Call(Qual("strings", "TrimPrefix").Call(Id("e").Dot("Kind").Dot("Error").Call(), Lit("memapi: "))),
+		).Else().Block(Id("b").Dot("WriteString").Call(Lit("error"))),
+		If(Id("e").Dot("Detail").Op("!=").Lit("")).Block(
+			Id("b").Dot("WriteString").Call(Lit(": ")),
+			Id("b").Dot("WriteString").Call(Id("e").Dot("Detail")),
+		),
+		If(Id("e").Dot("Wanted").Op("!=").Lit(0).Op("||").Id("e").Dot("Available").Op("!=").Lit(0)).Block(
+			Qual("fmt", "Fprintf").Call(Op("&").Id("b"), Lit(" (wanted %d, available %d)"), Id("e").Dot("Wanted"), Id("e").Dot("Available")),
+		),
+		If(Id("e").Dot("Mechanism").Op("!=").Lit("")).Block(
+			Qual("fmt", "Fprintf").Call(Op("&").Id("b"), Lit(" [mechanism %s]"), Id("e").Dot("Mechanism")),
+		),
+		If(Id("e").Dot("Authority").Op("!=").Lit("")).Block(
+			Qual("fmt", "Fprintf").Call(Op("&").Id("b"), Lit(" [authority %s]"), Id("e").Dot("Authority")),
+		),
+		If(Id("e").Dot("Handle").Op("!=").Lit(0)).Block(
+			Qual("fmt", "Fprintf").Call(Op("&").Id("b"), Lit(" [handle #%d]"), Id("e").Dot("Handle")),
+		),
+		If(Id("e").Dot("Err").Op("!=").Nil()).Block(
+			Id("b").Dot("WriteString").Call(Lit(": ")),
+			Id("b").Dot("WriteString").Call(Id("e").Dot("Err").Dot("Error").Call()),
+		),
+		Return(Id("b").Dot("String").Call()),
+	)
+	comment(f, "Unwrap returns the kind and the cause, so errors.Is and errors.As see both.")
+	f.Func().Params(Id("e").Op("*").Id("Error")).Id("Unwrap").Params().Index().Error().Block(
+		Return(Index().Error().Values(Id("e").Dot("Kind"), Id("e").Dot("Err"))),
+	)
+	comment(f, "Errorf returns an *Error of the given kind with a formatted detail.")
+	f.Func().Id("Errorf").Params(Id("op").String(), Id("kind").Error(), Id("format").String(), Id("args").Op("...").Any()).Op("*").Id("Error").Block(
+		Return(Op("&").Id("Error").Values(Dict{
+			Id("Op"):     Id("op"),
+			Id("Kind"):   Id("kind"),
+			Id("Detail"): Qual("fmt", "Sprintf").Call(Id("format"), Id("args").Op("...")),
+		})),
+	)
+}
+
+func emitInterfaces(g *Gen) {
+	f := g.contractFile("interfaces.go")
+	for _, i := range g.Spec.Interfaces {
+		comment(f, Doc(i.Name, i.Doc))
+		f.Type().Id(i.Name).InterfaceFunc(func(b *Group) {
+			for _, m := range i.Methods {
+				p, r := g.Signature(m)
+				comment(b, Doc(m.Name, m.Doc))
+				b.Id(m.Name).Params(p...).Params(r...)
+			}
+		})
+		f.Line()
+	}
+}
+
+// Accessor returns the name of the Mechanism accessor of an optional capability.
+func Accessor(c *Capability) string { return "As" + c.Name }
+
+// CapConst returns the name of a capability's constant.
+func CapConst(c *Capability) string { return "Cap" + c.Name }
+
+func methodDoc(m *Method) string {
+	d := Doc(m.Name, m.Doc)
+	var notes []string
+	switch m.Accounting.Effect {
+	case EffectConsumes, EffectRefunds:
+		notes = append(notes, "Accounting: "+m.Accounting.Describe()+".")
+	case EffectQuery:
+		notes = append(notes, "Accounting: query only.")
+	case EffectNone:
+		notes = append(notes, "Accounting: none.")
+	}
+	if m.Creates != "" {
+		notes = append(notes, "Creates "+article(m.Creates)+" "+m.Creates+" that records this instance as its creator.")
+	}
+	if m.Releases != "" {
+		notes = append(notes, "Releases "+m.Releases+"; only its creator may, and only once.")
+	}
+	if len(m.Requires) > 0 {
+		var rs []string
+		for _, r := range m.Requires {
+			rs = append(rs, r.Text)
+		}
+		notes = append(notes, "Requires: "+strings.Join(rs, ", ")+".")
+	}
+	return d + "\n\n" + strings.Join(notes, " ")
+}
+
+func emitCapabilities(g *Gen) {
+	f := g.contractFile("capabilities.go")
+	s := g.Spec
+	for _, c := range s.Capabilities {
+		doc := Doc(c.Name, c.Doc)
+		if c.Required {
+			doc += "\n\nEvery mechanism offers " + c.Name + "."
+		} else {
+			doc += "\n\nOptional: reach it through Mechanism." + Accessor(c) + " or Require" + c.Name + "; never assume it."
+		}
+		comment(f, doc)
+		f.Type().Id(c.Name).InterfaceFunc(func(b *Group) {
+			for i, m := range c.Methods {
+				if i > 0 {
+					b.Line()
+				}
+				p, r := g.Signature(m)
+				comment(b, methodDoc(m))
+				b.Id(m.Name).Params(p...).Params(r...)
+			}
+		})
+		f.Line()
+	}
+
+	comment(f, `Mechanism is a memory mechanism: the required capabilities, plus one
+accessor per optional capability that reports whether this instance really
+offers it now. An accessor that returns false means absent: there is no
+default implementation to fall back on.`)
+	f.Type().Id("Mechanism").InterfaceFunc(func(b *Group) {
+		for _, c := range s.Capabilities {
+			if c.Required {
+				b.Id(c.Name)
+			}
+		}
+		for _, c := range s.Capabilities {
+			if !c.Required {
+				comment(b, Accessor(c)+" returns the "+c.Name+" capability and true when the instance offers it, or nil and false.")
+				b.Id(Accessor(c)).Params().Params(Id(c.Name), Bool())
+			}
+		}
+	})
+	f.Line()
+
+	comment(f, "Capability names one capability of the spec.")
+	f.Type().Id("Capability").Uint8()
+	f.Const().DefsFunc(func(d *Group) {
+		for i, c := range s.Capabilities {
+			if i == 0 {
+				d.Id(CapConst(c)).Id("Capability").Op("=").Iota()
+			} else {
+				d.Id(CapConst(c))
+			}
+		}
+	})
+	f.Func().Params(Id("c").Id("Capability")).Id("String").Params().String().BlockFunc(func(b *Group) {
+		b.Switch(Id("c")).BlockFunc(func(sw *Group) {
+			for _, c := range s.Capabilities {
+				sw.Case(Id(CapConst(c))).Return(Lit(c.Name))
+			}
+		})
+		b.Return(Qual("fmt", "Sprintf").Call(Lit("Capability(%d)"), Uint8().Call(Id("c"))))
+	})
+	comment(f, "Capabilities lists every capability in spec order.")
+	f.Var().Id("Capabilities").Op("=").Index().Id("Capability").ValuesFunc(func(v *Group) {
+		for _, c := range s.Capabilities {
+			v.Id(CapConst(c))
+		}
+	})
+	comment(f, "CapSet is a set of capabilities.")
+	f.Type().Id("CapSet").Uint32()
+	comment(f, "Of returns the set holding cs.")
+	f.Func().Id("Of").Params(Id("cs").Op("...").Id("Capability")).Id("CapSet").Block(
+		Var().Id("s").Id("CapSet"),
+		For(List(Id("_"), Id("c")).Op(":=").Range().Id("cs")).Block(Id("s").Op("|=").Lit(1).Op("<<").Id("c")),
+		Return(Id("s")),
+	)
+	comment(f, "Has reports whether c is in the set.")
+	f.Func().Params(Id("s").Id("CapSet")).Id("Has").Params(Id("c").Id("Capability")).Bool().Block(
+		Return(Id("s").Op("&").Parens(Lit(1).Op("<<").Id("c")).Op("!=").Lit(0)),
+	)
+	f.Func().Params(Id("s").Id("CapSet")).Id("String").Params().String().Block(
+		Var().Id("names").Index().String(),
+		For(List(Id("_"), Id("c")).Op(":=").Range().Id("Capabilities")).Block(
+			If(Id("s").Dot("Has").Call(Id("c"))).Block(Id("names").Op("=").Append(Id("names"), Id("c").Dot("String").Call())),
+		),
+		Return(Lit("{").Op("+").Qual("strings", "Join").Call(Id("names"), Lit(", ")).Op("+").Lit("}")),
+	)
+	comment(f, "Negotiate returns the capabilities m offers now. It asks the accessors;")
+	comment(f, "it never assumes.")
+	f.Func().Id("Negotiate").Params(Id("m").Id("Mechanism")).Id("CapSet").BlockFunc(func(b *Group) {
+		var req []Code
+		for _, c := range s.Capabilities {
+			if c.Required {
+				req = append(req, Id(CapConst(c)))
+			}
+		}
+		b.Id("s").Op(":=").Id("Of").Call(req...)
+		for _, c := range s.Capabilities {
+			if !c.Required {
+				b.If(List(Id("_"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok")).Block(
+					Id("s").Op("|=").Id("Of").Call(Id(CapConst(c))),
+				)
+			}
+		}
+		b.Return(Id("s"))
+	})
+	for _, c := range s.Capabilities {
+		if c.Required {
+			continue
+		}
+		name := "Require" + c.Name
+		comment(f, fmt.Sprintf("%s returns m's %s, or an *Error of kind ErrUnsupported\n(errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.", name, c.Name))
+		f.Func().Id(name).Params(Id("m").Id("Mechanism")).Params(Id(c.Name), Error()).Block(
+			If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok").Op("&&").Id("v").Op("!=").Nil()).Block(
+				Return(Id("v"), Nil()),
+			),
+			Return(Nil(), Op("&").Id("Error").Values(Dict{
+				Id("Op"):        Lit(name),
+				Id("Kind"):      Id("ErrUnsupported"),
+				Id("Mechanism"): Id("m").Dot("Info").Call().Dot("Mechanism"),
+				Id("Detail"):    Lit("mechanism does not offer " + c.Name),
+			})),
+		)
+	}
+}
+
+func emitHandles(g *Gen) {
+	f := g.contractFile("handles.go")
+	comment(f, `Handle is what every handle type has in common. Handles are created only
+by an Issuer, record the mechanism instance that created them, and move once
+from live to released; a released handle stays released.`)
+	f.Type().Id("Handle").Interface(
+		Comment("ID returns the handle's process-unique id (0 for a nil handle)."),
+		Id("ID").Params().Id("HandleID"),
+		Comment("Creator returns the instance that created the handle."),
+		Id("Creator").Params().Id("InstanceID"),
+		Comment("Live reports whether the handle has not been released (nor is being released)."),
+		Id("Live").Params().Bool(),
+		Id("header").Params().Op("*").Id("handleHeader"),
+	)
+	f.Const().Defs(
+		Id("stateLive").Uint32().Op("=").Iota(),
+		Id("stateReleasing"),
+		Id("stateReleased"),
+	)
+	f.Type().Id("handleHeader").Struct(
+		Id("id").Id("HandleID"),
+		Id("creator").Id("InstanceID"),
+		Id("state").Qual("sync/atomic", "Uint32"),
+		Id("impl").Any(),
+	)
+	f.Var().Defs(
+		Id("nextHandle").Qual("sync/atomic", "Uint64"),
+		Id("nextInstance").Qual("sync/atomic", "Uint64"),
+	)
+	for _, t := range g.Spec.Handles() {
+		r := strings.ToLower(t.Name[:1])
+		comment(f, Doc(t.Name, t.Doc)+"\n\n"+strings.ToUpper(article(t.Name)[:1])+article(t.Name)[1:]+" "+t.Name+" is made only by Issuer.New"+t.Name+"; its fields are read through methods.")
+		f.Type().Id(t.Name).StructFunc(func(s *Group) {
+			s.Id("hdr").Id("handleHeader")
+			for _, fd := range t.Fields {
+				s.Id(fieldName(fd.Name)).Add(g.Type(fd.Type))
+			}
+		})
+		for _, fd := range t.Fields {
+			comment(f, fd.Name+" returns the handle's "+words(fd.Name)+".")
+			f.Func().Params(Id(r).Op("*").Id(t.Name)).Id(fd.Name).Params().Add(g.Type(fd.Type)).Block(
+				Return(Id(r).Dot(fieldName(fd.Name))),
+			)
+		}
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("header").Params().Op("*").Id("handleHeader").Block(
+			If(Id(r).Op("==").Nil()).Block(Return(Nil())),
+			Return(Op("&").Id(r).Dot("hdr")),
+		)
+		comment(f, "ID returns the handle's process-unique id, 0 for nil.")
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("ID").Params().Id("HandleID").Block(
+			If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
+			Return(Id(r).Dot("hdr").Dot("id")),
+		)
+		comment(f, "Creator returns the instance that created the handle, 0 for nil.")
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Creator").Params().Id("InstanceID").Block(
+			If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
+			Return(Id(r).Dot("hdr").Dot("creator")),
+		)
+		comment(f, "Live reports whether the handle is neither released nor being released.")
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Live").Params().Bool().Block(
+			Return(Id(r).Op("!=").Nil().Op("&&").Id(r).Dot("hdr").Dot("state").Dot("Load").Call().Op("==").Id("stateLive")),
+		)
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("String").Params().String().Block(
+			If(Id(r).Op("==").Nil()).Block(Return(Lit(t.Name+"(nil)"))),
+			Return(Qual("fmt", "Sprintf").Call(Lit(t.Name+"#%d(instance %d)"), Id(r).Dot("hdr").Dot("id"), Id(r).Dot("hdr").Dot("creator"))),
+		)
+		f.Line()
+	}
+
+	comment(f, `Issuer creates the handles of one mechanism instance and is the only way to
+retire them. A mechanism keeps its Issuer private, so no other code can
+release its handles; Check and BeginRelease enforce release-by-creator and
+detect double release and use after release on the bare mechanism too.`)
+	f.Type().Id("Issuer").Struct(Id("instance").Id("InstanceID"))
+	comment(f, "NewIssuer returns an Issuer with a fresh, process-unique InstanceID.")
+	f.Func().Id("NewIssuer").Params().Op("*").Id("Issuer").Block(
+		Return(Op("&").Id("Issuer").Values(Dict{Id("instance"): Id("InstanceID").Call(Id("nextInstance").Dot("Add").Call(Lit(1)))})),
+	)
+	comment(f, "Instance returns the instance id the Issuer stamps on its handles.")
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Instance").Params().Id("InstanceID").Block(Return(Id("i").Dot("instance")))
+	for _, t := range g.Spec.Handles() {
+		var params []Code
+		vals := Dict{Id("hdr"): Id("handleHeader").Values(Dict{
+			Id("id"):      Id("HandleID").Call(Id("nextHandle").Dot("Add").Call(Lit(1))),
+			Id("creator"): Id("i").Dot("instance"),
+			Id("impl"):    Id("impl"),
+		})}
+		for _, fd := range t.Fields {
+			n := fieldName(fd.Name)
+			params = append(params, Id(n).Add(g.Type(fd.Type)))
+			vals[Id(n)] = Id(n)
+		}
+		params = append(params, Id("impl").Any())
+		comment(f, "New"+t.Name+" creates a live "+t.Name+" stamped with the Issuer's instance; impl is the\nmechanism's private state, returned by Impl and BeginRelease.")
+		f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("New" + t.Name).Params(params...).Op("*").Id(t.Name).Block(
+			Return(Op("&").Id(t.Name).Values(vals)),
+		)
+	}
+	comment(f, `CheckHandle returns nil when h is a live handle created by instance, and
+otherwise an *Error of kind ErrNilHandle, ErrForeignHandle or ErrReleased.`)
+	f.Func().Id("CheckHandle").Params(Id("op").String(), Id("h").Id("Handle"), Id("instance").Id("InstanceID")).Error().Block(
+		Var().Id("hd").Op("*").Id("handleHeader"),
+		If(Id("h").Op("!=").Nil()).Block(Id("hd").Op("=").Id("h").Dot("header").Call()),
+		Switch().Block(
+			Case(Id("hd").Op("==").Nil()).Block(
+				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrNilHandle")})),
+			),
+			Case(Id("hd").Dot("creator").Op("!=").Id("instance")).Block(
+				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrForeignHandle"), Id("Handle"): Id("hd").Dot("id"),
+					Id("Detail"): Qual("fmt", "Sprintf").Call(Lit("created by instance %d, not %d"), Id("hd").Dot("creator"), Id("instance"))})),
+			),
+			Case(Id("hd").Dot("state").Dot("Load").Call().Op("!=").Id("stateLive")).Block(
+				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
+			),
+		),
+		Return(Nil()),
+	)
+	comment(f, "Check is CheckHandle for the Issuer's own instance.")
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Check").Params(Id("op").String(), Id("h").Id("Handle")).Error().Block(
+		Return(Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance"))),
+	)
+	comment(f, "Impl checks h and returns the private state it was created with.")
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Impl").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
+		If(Err().Op(":=").Id("i").Dot("Check").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+		Return(Id("h").Dot("header").Call().Dot("impl"), Nil()),
+	)
+	comment(f, `BeginRelease checks h and moves it from live to releasing, so that a
+concurrent second release fails with ErrReleased. The mechanism then frees
+the memory and calls EndRelease with the outcome.`)
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("BeginRelease").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
+		If(Err().Op(":=").Id("i").Dot("Check").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+		Id("hd").Op(":=").Id("h").Dot("header").Call(),
+		If(Op("!").Id("hd").Dot("state").Dot("CompareAndSwap").Call(Id("stateLive"), Id("stateReleasing"))).Block(
+			Return(Nil(), Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
+		),
+		Return(Id("hd").Dot("impl"), Nil()),
+	)
+	comment(f, "EndRelease finishes BeginRelease: released when ok, live again when the\nfree failed and the memory is still held.")
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("EndRelease").Params(Id("h").Id("Handle"), Id("ok").Bool()).Block(
+		Id("hd").Op(":=").Id("h").Dot("header").Call(),
+		If(Id("hd").Op("==").Nil().Op("||").Id("hd").Dot("creator").Op("!=").Id("i").Dot("instance")).Block(Return()),
+		If(Id("ok")).Block(
+			Id("hd").Dot("state").Dot("Store").Call(Id("stateReleased")),
+		).Else().Block(
+			Id("hd").Dot("state").Dot("CompareAndSwap").Call(Id("stateReleasing"), Id("stateLive")),
+		),
+	)
+	comment(f, "Retire marks a live handle released without freeing anything: for a handle\nwhose memory another call already took over (a view replaced by CopyOnWrite).")
+	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Retire").Params(Id("op").String(), Id("h").Id("Handle")).Error().Block(
+		If(List(Id("_"), Err()).Op(":=").Id("i").Dot("BeginRelease").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Err())),
+		Id("i").Dot("EndRelease").Call(Id("h"), True()),
+		Return(Nil()),
+	)
+}
+
+func emitRanges(g *Gen) {
+	f := g.contractFile("ranges.go")
+	comment(f, "End returns Off+Len, and false when the sum overflows.")
+	f.Func().Params(Id("r").Id("Range")).Id("End").Params().Params(Id("Bytes"), Bool()).Block(
+		Id("e").Op(":=").Id("r").Dot("Off").Op("+").Id("r").Dot("Len"),
+		Return(Id("e"), Id("e").Op(">=").Id("r").Dot("Off")),
+	)
+	comment(f, "Within reports whether r is non-empty and lies inside [0, size).")
+	f.Func().Params(Id("r").Id("Range")).Id("Within").Params(Id("size").Id("Bytes")).Bool().Block(
+		List(Id("e"), Id("ok")).Op(":=").Id("r").Dot("End").Call(),
+		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("ok").Op("&&").Id("e").Op("<=").Id("size")),
+	)
+	comment(f, "Aligned reports whether r's offset and length are multiples of g (g of 0 or 1\naligns everything).")
+	f.Func().Params(Id("r").Id("Range")).Id("Aligned").Params(Id("g").Id("Bytes")).Bool().Block(
+		If(Id("g").Op("<=").Lit(1)).Block(Return(True())),
+		Return(Id("r").Dot("Off").Op("%").Id("g").Op("==").Lit(0).Op("&&").Id("r").Dot("Len").Op("%").Id("g").Op("==").Lit(0)),
+	)
+	comment(f, "Overlaps reports whether r and o share a byte.")
+	f.Func().Params(Id("r").Id("Range")).Id("Overlaps").Params(Id("o").Id("Range")).Bool().Block(
+		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("o").Dot("Len").Op(">").Lit(0).Op("&&").Id("r").Dot("Off").Op("<").Id("o").Dot("Off").Op("+").Id("o").Dot("Len").Op("&&").Id("o").Dot("Off").Op("<").Id("r").Dot("Off").Op("+").Id("r").Dot("Len")),
+	)
+	f.Func().Params(Id("r").Id("Range")).Id("String").Params().String().Block(
+		Return(Qual("fmt", "Sprintf").Call(Lit("[%#x, +%#x)"), Id("r").Dot("Off"), Id("r").Dot("Len"))),
+	)
+	comment(f, "RoundUp rounds n up to a multiple of g (g of 0 or 1 leaves n), and reports\nfalse when the result would overflow.")
+	f.Func().Id("RoundUp").Params(Id("n"), Id("g").Id("Bytes")).Params(Id("Bytes"), Bool()).Block(
+		If(Id("g").Op("<=").Lit(1)).Block(Return(Id("n"), True())),
+		Id("r").Op(":=").Id("n").Op("%").Id("g"),
+		If(Id("r").Op("==").Lit(0)).Block(Return(Id("n"), True())),
+		Id("up").Op(":=").Id("n").Op("+").Parens(Id("g").Op("-").Id("r")),
+		Return(Id("up"), Id("up").Op(">").Id("n")),
+	)
+}
+
+func emitMeta(g *Gen) {
+	f := g.contractFile("meta.go")
+	s := g.Spec
+	comment(f, "Effect is a method's effect on the ledger.")
+	f.Type().Id("Effect").Uint8()
+	effects := []string{EffectNone, EffectQuery, EffectConsumes, EffectRefunds}
+	f.Const().DefsFunc(func(d *Group) {
+		for i, e := range effects {
+			n := "Effect" + strings.ToUpper(e[:1]) + e[1:]
+			if i == 0 {
+				d.Id(n).Id("Effect").Op("=").Iota()
+			} else {
+				d.Id(n)
+			}
+		}
+	})
+	f.Func().Params(Id("e").Id("Effect")).Id("String").Params().String().Block(
+		Return(Index(Op("...")).String().ValuesFunc(func(v *Group) {
+			for _, e := range effects {
+				v.Lit(e)
+			}
+		}).Index(Id("e"))),
+	)
+	comment(f, "MethodMeta is one method of a capability as the spec declares it.")
+	f.Type().Id("MethodMeta").Struct(
+		Id("Capability").Id("Capability"),
+		Id("Name").String(),
+		Id("Doc").String(),
+		Id("Effect").Id("Effect"),
+		Id("Amount").String().Comment("expression of the bytes consumed or refunded"),
+		Id("Round").String().Comment("none, alloc or granularity"),
+		Id("Account").String().Comment("the grant or account parameter"),
+		Id("Creates").String().Comment("handle type created"),
+		Id("Releases").String().Comment("parameter released"),
+		Id("Requires").Index().String(),
+	)
+	comment(f, "CapabilityMeta is one capability as the spec declares it.")
+	f.Type().Id("CapabilityMeta").Struct(
+		Id("Capability").Id("Capability"),
+		Id("Name").String(),
+		Id("Required").Bool(),
+		Id("Doc").String(),
+		Id("Methods").Index().Id("MethodMeta"),
+	)
+	comment(f, "MechanismMeta is one mechanism as the spec declares it.")
+	f.Type().Id("MechanismMeta").Struct(
+		Id("Name").Id("MechanismID"),
+		Id("Package").String(),
+		Id("Type").String(),
+		Id("Device").String(),
+		Id("Offers").Id("CapSet"),
+		Id("Granularity").String(),
+		Id("Doc").String(),
+	)
+	comment(f, "InvariantMeta is one invariant of DESIGN.md section 3.")
+	f.Type().Id("InvariantMeta").Struct(
+		Id("ID").String(),
+		Id("Says").String(),
+		Id("EnforcedBy").Index().String(),
+		Id("Consumes").Bool().Comment("applies to every consuming method"),
+		Id("Releases").Bool().Comment("applies to every releasing method"),
+		Id("Capabilities").Index().String(),
+		Id("Interfaces").Index().String(),
+	)
+	comment(f, "SpecMeta is the spec as data, for the layers above and for docs.")
+	f.Type().Id("SpecMeta").Struct(
+		Id("Digest").String(),
+		Id("Capabilities").Index().Id("CapabilityMeta"),
+		Id("Mechanisms").Index().Id("MechanismMeta"),
+		Id("Invariants").Index().Id("InvariantMeta"),
+	)
+	strs := func(xs []string) Code {
+		if len(xs) == 0 {
+			return Nil()
+		}
+		return Index().String().ValuesFunc(func(v *Group) {
+			for _, x := range xs {
+				v.Lit(x)
+			}
+		})
+	}
+	comment(f, "Meta is the spec these files were generated from.")
+	f.Var().Id("Meta").Op("=").Id("SpecMeta").Values(Dict{
+		Id("Digest"): Id("SpecDigest"),
+		Id("Capabilities"): Index().Id("CapabilityMeta").ValuesFunc(func(v *Group) {
+			for _, c := range s.Capabilities {
+				v.Values(Dict{
+					Id("Capability"): Id(CapConst(c)),
+					Id("Name"):       Lit(c.Name),
+					Id("Required"):   Lit(c.Required),
+					Id("Doc"):        Lit(c.Doc),
+					Id("Methods"): Index().Id("MethodMeta").ValuesFunc(func(mv *Group) {
+						for _, m := range c.Methods {
+							a := m.Accounting
+							amount := ""
+							if a.Amount != nil {
+								amount = a.Amount.Text
+							}
+							var req []string
+							for _, r := range m.Requires {
+								req = append(req, r.Text)
+							}
+							mv.Values(Dict{
+								Id("Capability"): Id(CapConst(c)),
+								Id("Name"):       Lit(m.Name),
+								Id("Doc"):        Lit(m.Doc),
+								Id("Effect"):     Id("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
+								Id("Amount"):     Lit(amount),
+								Id("Round"):      Lit(a.Round),
+								Id("Account"):    Lit(a.Account),
+								Id("Creates"):    Lit(m.Creates),
+								Id("Releases"):   Lit(m.Releases),
+								Id("Requires"):   strs(req),
+							})
+						}
+					}),
+				})
+			}
+		}),
+		Id("Mechanisms"): Index().Id("MechanismMeta").ValuesFunc(func(v *Group) {
+			for _, m := range s.Mechanisms {
+				var offers []Code
+				for _, o := range m.Offers {
+					offers = append(offers, Id(CapConst(s.Capability(o))))
+				}
+				v.Values(Dict{
+					Id("Name"):        Lit(m.Name),
+					Id("Package"):     Lit(m.Package),
+					Id("Type"):        Lit(m.Type),
+					Id("Device"):      Lit(m.Device),
+					Id("Offers"):      Id("Of").Call(offers...),
+					Id("Granularity"): Lit(m.Granularity),
+					Id("Doc"):         Lit(m.Doc),
+				})
+			}
+		}),
+		Id("Invariants"): Index().Id("InvariantMeta").ValuesFunc(func(v *Group) {
+			for _, iv := range s.Invariants {
+				v.Values(Dict{
+					Id("ID"):           Lit(iv.ID),
+					Id("Says"):         Lit(iv.Says),
+					Id("EnforcedBy"):   strs(iv.EnforcedBy),
+					Id("Consumes"):     Lit(iv.Applies.Consumes),
+					Id("Releases"):     Lit(iv.Applies.Releases),
+					Id("Capabilities"): strs(iv.Applies.Capabilities),
+					Id("Interfaces"):   strs(iv.Applies.Interfaces),
+				})
+			}
+		}),
+	})
+	comment(f, "Invariant returns the invariant with the given id.")
+	f.Func().Id("Invariant").Params(Id("id").String()).Params(Id("InvariantMeta"), Bool()).Block(
+		For(List(Id("_"), Id("iv")).Op(":=").Range().Id("Meta").Dot("Invariants")).Block(
+			If(Id("iv").Dot("ID").Op("==").Id("id")).Block(Return(Id("iv"), True())),
+		),
+		Return(Id("InvariantMeta").Values(), False()),
+	)
+	comment(f, "MechanismSpec returns the declaration of the named mechanism.")
+	f.Func().Id("MechanismSpec").Params(Id("name").Id("MechanismID")).Params(Id("MechanismMeta"), Bool()).Block(
+		For(List(Id("_"), Id("m")).Op(":=").Range().Id("Meta").Dot("Mechanisms")).Block(
+			If(Id("m").Dot("Name").Op("==").Id("name")).Block(Return(Id("m"), True())),
+		),
+		Return(Id("MechanismMeta").Values(), False()),
+	)
+}
+
+func emitTripwire(g *Gen) {
+	f := g.File(g.Spec.Packages.Contract+"/digest_test.go", "memapi")
+	depth := strings.Count(g.Spec.Packages.Contract, "/") + 1
+	rel := strings.Repeat("../", depth) + g.Spec.File
+	comment(f, "TestSpecDigest is the tripwire: it fails when the spec changed after these\nfiles were generated. Run go generate ./... to bring them up to date.")
+	f.Func().Id("TestSpecDigest").Params(Id("t").Op("*").Qual("testing", "T")).Block(
+		List(Id("data"), Err()).Op(":=").Qual("os", "ReadFile").Call(Lit(rel)),
+		If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit("read spec: %v"), Err())),
+		Id("sum").Op(":=").Qual("crypto/sha256", "Sum256").Call(Id("data")),
+		If(Id("got").Op(":=").Qual("encoding/hex", "EncodeToString").Call(Id("sum").Index(Op(":"))), Id("got").Op("!=").Id("SpecDigest")).Block(
+			Id("t").Dot("Fatalf").Call(Lit("generated code is older than "+g.Spec.File+" (digest %s, generated from %s): run go generate ./..."), Id("got"), Id("SpecDigest")),
+		),
+	)
+}

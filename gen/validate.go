@@ -1,0 +1,405 @@
+package gen
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The generated code leans on these declarations by name: a spec without them
+// cannot be generated, and says so at its top.
+var (
+	neededTypes = map[string][]string{
+		"Bytes":         nil,
+		"InstanceID":    nil,
+		"HandleID":      nil,
+		"AuthorityID":   nil,
+		"Range":         {"Off", "Len"},
+		"MechanismInfo": {"Instance", "Authority", "AllocGranularity", "Granularity"},
+	}
+	neededErrors = []string{
+		"ErrUnsupported", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned",
+		"ErrNilHandle", "ErrForeignHandle", "ErrReleased", "ErrNoGrant",
+		"ErrAuthorityMismatch", "ErrUntruthful",
+	}
+	granularities = []string{"configurable", "device", "page"}
+)
+
+// validate checks the cross-references of a structurally sound spec.
+func validate(s *Spec, e *errs) {
+	s.types = map[string]*TypeDecl{}
+	s.ifcs = map[string]*InterfaceDecl{}
+	s.caps = map[string]*Capability{}
+	names := map[string]Pos{}
+	declare := func(n string, p Pos, kind string) bool {
+		if prev, ok := names[n]; ok {
+			e.add(p, "duplicate name %q (already declared at %d:%d)", n, prev.Line, prev.Col)
+			return false
+		}
+		names[n] = p
+		return true
+	}
+	for _, t := range s.Types {
+		if declare(t.Name, t.Pos, "type") {
+			s.types[t.Name] = t
+		}
+	}
+	for _, i := range s.Interfaces {
+		if declare(i.Name, i.Pos, "interface") {
+			s.ifcs[i.Name] = i
+		}
+	}
+	for _, c := range s.Capabilities {
+		if declare(c.Name, c.Pos, "capability") {
+			s.caps[c.Name] = c
+		}
+	}
+	errNames := map[string]bool{}
+	for _, d := range s.Errors {
+		if declare(d.Name, d.Pos, "error") {
+			errNames[d.Name] = true
+		}
+	}
+
+	top := Pos{s.File, 1, 1}
+	for n, fields := range neededTypes {
+		t := s.types[n]
+		if t == nil {
+			e.add(top, "the generator needs type %q, which is not declared", n)
+			continue
+		}
+		for _, f := range fields {
+			if !t.hasField(f) {
+				e.add(t.Pos, "type %s: the generator needs field %q", n, f)
+			}
+		}
+	}
+	for _, n := range neededErrors {
+		if !errNames[n] {
+			e.add(top, "the generator needs error %q, which is not declared", n)
+		}
+	}
+
+	for _, t := range s.Types {
+		validateType(s, t, e)
+	}
+
+	roles := map[string]*InterfaceDecl{}
+	for _, i := range s.Interfaces {
+		if i.Role != "" {
+			if prev := roles[i.Role]; prev != nil {
+				e.add(i.Pos, "interface %s: role %q already taken by %s", i.Name, i.Role, prev.Name)
+			}
+			roles[i.Role] = i
+		}
+		for _, m := range i.Methods {
+			validateSignature(s, m, e)
+		}
+	}
+	for _, r := range []string{RoleGrant, RoleAccount} {
+		if roles[r] == nil {
+			e.add(top, "no interface has role %q, which consuming and refunding methods need", r)
+		}
+	}
+
+	methods := map[string]Pos{}
+	required := 0
+	for _, c := range s.Capabilities {
+		if c.Required {
+			required++
+		}
+		if len(c.Methods) == 0 {
+			e.add(c.Pos, "capability %s: declares no methods", c.Name)
+		}
+		for _, m := range c.Methods {
+			if prev, ok := methods[m.Name]; ok {
+				e.add(m.Pos, "%s.%s: duplicate method name %q (already declared at %d:%d; one mechanism type implements every capability)", c.Name, m.Name, m.Name, prev.Line, prev.Col)
+			}
+			methods[m.Name] = m.Pos
+			validateSignature(s, m, e)
+			validateEffects(s, m, e)
+		}
+	}
+	if required == 0 && len(s.Capabilities) > 0 {
+		e.add(s.Capabilities[0].Pos, "no capability is required: mark the one every mechanism offers with required: true")
+	}
+
+	mechNames := map[string]bool{}
+	for _, m := range s.Mechanisms {
+		mechNames[m.Name] = true
+		offered := map[string]bool{}
+		for i, o := range m.Offers {
+			offered[o] = true
+			if s.caps[o] == nil {
+				e.add(m.OfferPos[i], "mechanism %s: offers undeclared capability %q", m.Name, o)
+			}
+		}
+		for _, c := range s.Capabilities {
+			if c.Required && !offered[c.Name] {
+				e.add(m.Pos, "mechanism %s: does not offer required capability %s", m.Name, c.Name)
+			}
+		}
+		if m.Granularity != "" && !contains(granularities, m.Granularity) {
+			e.add(m.Pos, "mechanism %s: unknown granularity %q (want %s)", m.Name, m.Granularity, strings.Join(granularities, ", "))
+		}
+		if m.Type != "" && !identRE.MatchString(m.Type) {
+			e.add(m.Pos, "mechanism %s: type %q is not an exported Go name", m.Name, m.Type)
+		}
+		if dk := s.types["DeviceKind"]; dk != nil && m.Device != "" && !dk.hasValue(m.Device) {
+			e.add(m.Pos, "mechanism %s: device %q is not a DeviceKind value", m.Name, m.Device)
+		}
+		if m.Package != "" && (strings.HasPrefix(m.Package, "/") || strings.Contains(m.Package, "..")) {
+			e.add(m.Pos, "mechanism %s: package %q must be a module-relative directory", m.Name, m.Package)
+		}
+	}
+
+	for _, iv := range s.Invariants {
+		a := iv.Applies
+		if !a.Consumes && !a.Releases && len(a.Capabilities) == 0 && len(a.Interfaces) == 0 && iv.HasApplies {
+			e.add(iv.AppliesPos, "invariant %s: names nothing (applies_to is empty)", iv.ID)
+		}
+		for i, c := range a.Capabilities {
+			if s.caps[c] == nil {
+				e.add(a.CapPos[i], "invariant %s: unknown capability %q", iv.ID, c)
+			}
+		}
+		for i, n := range a.Interfaces {
+			if s.ifcs[n] == nil {
+				e.add(a.IfcPos[i], "invariant %s: unknown interface %q", iv.ID, n)
+			}
+		}
+	}
+}
+
+func (t *TypeDecl) hasField(n string) bool { return t.Field(n) != nil }
+
+// Field returns the field named n, or nil.
+func (t *TypeDecl) Field(n string) *Field {
+	for _, f := range t.Fields {
+		if f.Name == n {
+			return f
+		}
+	}
+	return nil
+}
+
+func (t *TypeDecl) hasValue(n string) bool {
+	for _, v := range t.Values {
+		if v.Name == n {
+			return true
+		}
+	}
+	return false
+}
+
+func validateType(s *Spec, t *TypeDecl, e *errs) {
+	switch t.Kind {
+	case KindScalar:
+		if !contains([]string{"uint64", "string", "int"}, t.Go) {
+			e.add(t.Pos, "type %s: scalar needs go: uint64, int or string, got %q", t.Name, t.Go)
+		}
+	case KindEnum:
+		if len(t.Values) == 0 {
+			e.add(t.Pos, "type %s: enum declares no values", t.Name)
+		}
+	case KindStruct, KindHandle:
+		if len(t.Fields) == 0 && t.Kind == KindStruct {
+			e.add(t.Pos, "type %s: struct declares no fields", t.Name)
+		}
+		for _, f := range t.Fields {
+			if !s.knownValueType(f.Type) {
+				e.add(f.Pos, "type %s: field %s has undeclared type %q", t.Name, f.Name, f.Type)
+			} else if f.Type == t.Name {
+				e.add(f.Pos, "type %s: field %s refers to its own type", t.Name, f.Name)
+			}
+		}
+	}
+	if t.Kind != KindScalar && t.Go != "" {
+		e.add(t.Pos, "type %s: only scalars take \"go\"", t.Name)
+	}
+	if t.Kind != KindEnum && len(t.Values) > 0 {
+		e.add(t.Pos, "type %s: only enums take \"values\"", t.Name)
+	}
+}
+
+// knownValueType reports whether n names a builtin or a declared type.
+func (s *Spec) knownValueType(n string) bool { return builtins[n] || s.types[n] != nil }
+
+func (s *Spec) knownType(n string) bool { return s.knownValueType(n) || s.ifcs[n] != nil }
+
+func validateSignature(s *Spec, m *Method, e *errs) {
+	what := m.Owner + "." + m.Name
+	seen := map[string]bool{}
+	for _, p := range m.Params {
+		if seen[p.Name] {
+			e.add(p.Pos, "%s: duplicate parameter %q", what, p.Name)
+		}
+		seen[p.Name] = true
+		if p.Type != "" && !s.knownType(p.Type) {
+			e.add(p.Pos, "%s: parameter %s has undeclared type %q", what, p.Name, p.Type)
+		}
+	}
+	for i, r := range m.Returns {
+		if !s.knownType(r.Type) {
+			e.add(r.Pos, "%s: result has undeclared type %q", what, r.Type)
+		}
+		if r.Type == "error" && i != len(m.Returns)-1 {
+			e.add(r.Pos, "%s: error must be the last result", what)
+		}
+	}
+}
+
+// exprType resolves an expression against a method's parameters and returns
+// the name of its type, or "" after reporting why it does not resolve.
+func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
+	what := m.Owner + "." + m.Name
+	p := m.Param(x.Param)
+	if p == nil {
+		e.add(x.Pos, "%s: %q names no parameter", what, x.Text)
+		return ""
+	}
+	if x.Func == "committed" {
+		t := s.types[p.Type]
+		if t == nil || t.Kind != KindHandle {
+			e.add(x.Pos, "%s: committed(%s) needs a handle parameter", what, x.Param)
+			return ""
+		}
+		if committedQuery(s, p.Type) == nil {
+			e.add(x.Pos, "%s: committed(%s) needs a query method taking only a %s and returning [Bytes, error]", what, x.Param, p.Type)
+			return ""
+		}
+		return "Bytes"
+	}
+	cur := p.Type
+	for _, f := range x.Path {
+		t := s.types[cur]
+		if t == nil || (t.Kind != KindStruct && t.Kind != KindHandle) {
+			e.add(x.Pos, "%s: %q: %s has no fields", what, x.Text, cur)
+			return ""
+		}
+		fd := t.Field(f)
+		if fd == nil {
+			e.add(x.Pos, "%s: %q: %s has no field %s", what, x.Text, cur, f)
+			return ""
+		}
+		cur = fd.Type
+	}
+	return cur
+}
+
+// committedQuery finds the query method that reports the committed bytes of a
+// handle type: the checked wrapper calls it to verify and to refund releases.
+func committedQuery(s *Spec, handle string) *Method {
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			if m.Accounting.Effect == EffectQuery && len(m.Params) == 1 && m.Params[0].Type == handle &&
+				len(m.Returns) == 2 && m.Returns[0].Type == "Bytes" && m.Returns[1].Type == "error" {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+func validateEffects(s *Spec, m *Method, e *errs) {
+	what := m.Owner + "." + m.Name
+	a := m.Accounting
+	grant, account := s.RoleInterface(RoleGrant), s.RoleInterface(RoleAccount)
+	switch a.Effect {
+	case EffectConsumes, EffectRefunds:
+		if a.Amount != nil {
+			if t := exprType(s, m, a.Amount, e); t != "" && t != "Bytes" {
+				e.add(a.Amount.Pos, "%s: %s amount %q is a %s, not Bytes", what, a.Effect, a.Amount.Text, t)
+			}
+		}
+		if a.Account == "" {
+			break
+		}
+		p := m.Param(a.Account)
+		want, role := account, "account"
+		if a.Effect == EffectConsumes {
+			want, role = grant, "grant"
+		}
+		switch {
+		case p == nil && a.Effect == EffectConsumes:
+			e.add(a.Pos, "%s: consuming method without a grant parameter (from: %q names no parameter)", what, a.Account)
+		case p == nil:
+			e.add(a.Pos, "%s: refunding method without an account parameter (to: %q names no parameter)", what, a.Account)
+		case want != nil && p.Type != want.Name:
+			e.add(p.Pos, "%s: parameter %s must be the %s interface %s, not %s", what, p.Name, role, want.Name, p.Type)
+		}
+	}
+	if a.Effect == EffectConsumes && !m.ReturnsError() {
+		e.add(m.Pos, "%s: a consuming method must return an error", what)
+	}
+	if a.Effect == EffectQuery && (m.Creates != "" || m.Releases != "") {
+		e.add(m.Pos, "%s: a query neither creates nor releases", what)
+	}
+	if m.Releases != "" {
+		p := m.Param(m.Releases)
+		if p == nil {
+			e.add(m.Pos, "%s: release method without the handle it releases (releases: %q names no parameter)", what, m.Releases)
+		} else if t := s.types[p.Type]; t == nil || t.Kind != KindHandle {
+			e.add(p.Pos, "%s: releases %s, which is not a handle", what, p.Name)
+		}
+		if !m.ReturnsError() {
+			e.add(m.Pos, "%s: a release method must return an error", what)
+		}
+	}
+	if m.Creates != "" {
+		t := s.types[m.Creates]
+		if t == nil || t.Kind != KindHandle {
+			e.add(m.Pos, "%s: creates %q, which is not a declared handle", what, m.Creates)
+		} else if len(m.Returns) == 0 || m.Returns[0].Type != m.Creates {
+			e.add(m.Pos, "%s: creates %s but does not return it first", what, m.Creates)
+		}
+	}
+	for _, r := range m.Requires {
+		types := make([]string, len(r.Args))
+		for i, x := range r.Args {
+			types[i] = exprType(s, m, x, e)
+		}
+		bad := func(i int, want string) {
+			if types[i] != "" {
+				e.add(r.Pos, "%s.requires: %s: argument %q is a %s, want %s", what, r.Text, r.Args[i].Text, types[i], want)
+			}
+		}
+		isHandle := func(i int) bool { t := s.types[types[i]]; return t != nil && t.Kind == KindHandle }
+		switch r.Pred {
+		case PredLive:
+			if !isHandle(0) {
+				bad(0, "a handle")
+			}
+		case PredPositive:
+			if types[0] != "Bytes" {
+				bad(0, "Bytes")
+			}
+		case PredAligned:
+			if types[0] != "Range" {
+				bad(0, "a Range")
+			}
+		case PredWithin, PredFits:
+			if types[0] != "Range" {
+				bad(0, "a Range")
+			}
+			if !isHandle(1) {
+				bad(1, "a handle")
+			} else if t := s.types[types[1]]; !t.hasField("Size") {
+				e.add(r.Pos, "%s.requires: %s: %s has no Size field", what, r.Text, t.Name)
+			}
+		}
+	}
+}
+
+// Describe renders an accounting effect for docs and metadata.
+func (a Accounting) Describe() string {
+	switch a.Effect {
+	case EffectConsumes:
+		return fmt.Sprintf("consumes %s rounded to %s from %s", a.Amount.Text, a.Round, a.Account)
+	case EffectRefunds:
+		if a.Round != RoundNone {
+			return fmt.Sprintf("refunds %s rounded to %s to %s", a.Amount.Text, a.Round, a.Account)
+		}
+		return fmt.Sprintf("refunds %s to %s", a.Amount.Text, a.Account)
+	}
+	return a.Effect
+}
