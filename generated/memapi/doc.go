@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "a09ea8919c98120ecf6191b8122d319823c43025084d63a854b295ff3c883c57"
+const SpecDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"

@@ -39,6 +39,8 @@ var (
 	ErrReadOnly = errors.New("memapi: read only")
 	// ErrNoGrant is a consuming call was made without a grant.
 	ErrNoGrant = errors.New("memapi: no grant")
+	// ErrNoAccount is a refunding call was made through the checked wrapper without an account to refund to.
+	ErrNoAccount = errors.New("memapi: no account")
 	// ErrGrantClosed is the grant was committed, cancelled or reclaimed after its deadline.
 	ErrGrantClosed = errors.New("memapi: grant closed")
 	// ErrGrantExhausted is the grant does not cover the bytes drawn from it.
