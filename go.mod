@@ -12,7 +12,9 @@ require (
 require (
 	github.com/ebitengine/purego v0.11.3 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
 	pgregory.net/rapid v1.3.0 // indirect
 )

@@ -1,0 +1,120 @@
+package ep
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Context is a device context with its deferred-free queue and a count of
+// the allocations alive in it (pins). It is the unit of release ordering.
+type Context struct {
+	dev   memapi.DeviceContext
+	queue *Queue
+
+	mu     sync.Mutex
+	pins   int
+	closed bool
+	zero   chan struct{} // closed while pins == 0
+}
+
+// NewContext wraps dev and starts its deferred-free queue.
+func NewContext(dev memapi.DeviceContext, opts Options) *Context {
+	c := &Context{dev: dev, queue: NewQueue(opts), zero: make(chan struct{})}
+	close(c.zero)
+	return c
+}
+
+// Device returns the wrapped device context (streams, copies, fences).
+func (c *Context) Device() memapi.DeviceContext { return c.dev }
+
+// Queue returns the context's deferred-free queue.
+func (c *Context) Queue() *Queue { return c.queue }
+
+// Live returns how many allocations made in the context are alive: pinned
+// and not yet freed.
+func (c *Context) Live() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pins
+}
+
+// Pin records one more live allocation. It fails with memapi.ErrClosed after
+// Close.
+func (c *Context) Pin() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
+	}
+	if c.pins == 0 {
+		c.zero = make(chan struct{})
+	}
+	c.pins++
+	return nil
+}
+
+// Unpin records that a pinned allocation was freed.
+func (c *Context) Unpin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pins == 0 {
+		panic("ep: Unpin without Pin")
+	}
+	c.pins--
+	if c.pins == 0 {
+		close(c.zero)
+	}
+}
+
+// Close closes the context. With allocations alive it fails with an error
+// of kind memapi.ErrInUse carrying their count, unless wait is true: then it
+// waits until they are all freed or ctx ends. It never frees underneath live
+// allocations. After the pins reach zero it drains the queue, stops it and
+// closes the device context. Close after a successful Close returns nil.
+func (c *Context) Close(ctx context.Context, wait bool) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	pins, zero := c.pins, c.zero
+	c.mu.Unlock()
+	if pins > 0 {
+		if !wait {
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(pins)}
+		}
+		select {
+		case <-zero:
+		case <-ctx.Done():
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(c.Live()), Err: ctx.Err()}
+		}
+	}
+	c.mu.Lock()
+	if c.pins > 0 { // pinned again meanwhile
+		n := c.pins
+		c.mu.Unlock()
+		return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(n)}
+	}
+	c.closed = true
+	c.mu.Unlock()
+	if err := c.queue.Close(ctx); err != nil {
+		c.mu.Lock()
+		c.closed = false
+		c.mu.Unlock()
+		return err
+	}
+	if c.dev != nil {
+		return c.dev.Close()
+	}
+	return nil
+}
+
+func pinDetail(n int) string {
+	if n == 1 {
+		return "1 allocation is still alive in this context"
+	}
+	return strconv.Itoa(n) + " allocations are still alive in this context"
+}

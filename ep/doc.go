@@ -1,0 +1,21 @@
+// Package ep orders releases behind device work: the part of an execution
+// provider that the memory layer relies on.
+//
+// A Context wraps a device context (memapi.DeviceContext) with a deferred-free
+// Queue and a count of the allocations alive in it. An Owned handle records
+// the fences of device work that used its memory (RecordUse); Close enqueues
+// the release and returns at once, never blocking on the device. The queue
+// frees the memory through the mechanism that created it only after every
+// recorded fence completed, and the refund reaches the ledger only after that
+// free (invariant fence-ordered-release). Closing a Context while allocations
+// made in it are alive fails with memapi.ErrInUse, or waits if asked; it never
+// frees underneath them (invariant context-pinned).
+//
+// Waiting is completion-driven: fences that offer a Ready channel wake the
+// queue when they complete; fences that can only be polled are polled in
+// batches with exponential backoff while any release waits on one.
+//
+// A handle dropped without Close is reported as a leak (log/slog and a
+// counter) and still released through the queue; runtime.AddCleanup is that
+// backstop, never the normal path.
+package ep

@@ -1,0 +1,30 @@
+package ep_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/memgen/memgen/ep"
+)
+
+// A buffer used by device work is closed at once; its memory is freed only
+// after the work's fence completes.
+func Example() {
+	c := ep.NewContext(&devCtx{}, ep.Options{})
+	work := newFence(false) // a fence recorded after a kernel that reads the buffer
+
+	buf, _ := c.Own("weights", func() { fmt.Println("lease marked pending-free") },
+		func(context.Context) error { fmt.Println("freed by its mechanism, lease refunded"); return nil })
+	_ = buf.RecordUse(work)
+	_ = buf.Close() // returns at once
+	fmt.Println("live allocations:", c.Live())
+
+	work.Complete()
+	_ = c.Close(context.Background(), true) // waits for the free
+	fmt.Println("live allocations:", c.Live())
+	// Output:
+	// lease marked pending-free
+	// live allocations: 1
+	// freed by its mechanism, lease refunded
+	// live allocations: 0
+}

@@ -1,0 +1,292 @@
+package ep
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Options configure a Queue.
+type Options struct {
+	// Logger receives leak reports and failed frees; nil means slog.Default().
+	Logger *slog.Logger
+	// PollMin and PollMax bound the backoff between polling rounds of fences
+	// that can only be polled. Defaults: 20µs and 2ms.
+	PollMin, PollMax time.Duration
+	// OnError is called (from the queue's goroutine) when a free fails. The
+	// memory is then still held by its mechanism; the failure is also counted.
+	OnError func(name string, err error)
+}
+
+// Release is one deferred free: the fences to wait for, and the free itself,
+// which releases the memory through the mechanism that created it and then
+// refunds the ledger.
+type Release struct {
+	Name   string
+	Fences []memapi.Fence
+	Free   func(ctx context.Context) error
+}
+
+// QueueStats are a queue's counters.
+type QueueStats struct {
+	Enqueued, Freed, Failed, Leaked uint64
+	Pending                         int
+}
+
+type job struct {
+	rel      Release
+	next     int  // index of the first fence not known to be done
+	watching bool // a watcher waits on fence next's Ready channel
+}
+
+// Queue is the deferred-free queue of one device context. It runs one
+// goroutine, plus one short-lived watcher per fence that offers a Ready
+// channel, all of which end by Close.
+type Queue struct {
+	opts Options
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	jobs    []*job
+	closing bool
+	closed  bool
+	stats   QueueStats
+	idle    chan struct{} // closed when jobs becomes empty; replaced when it fills
+
+	wake chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewQueue starts a queue.
+func NewQueue(opts Options) *Queue {
+	if opts.PollMin <= 0 {
+		opts.PollMin = 20 * time.Microsecond
+	}
+	if opts.PollMax < opts.PollMin {
+		opts.PollMax = 2 * time.Millisecond
+	}
+	q := &Queue{
+		opts: opts,
+		log:  opts.Logger,
+		idle: make(chan struct{}),
+		wake: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+	}
+	if q.log == nil {
+		q.log = slog.Default()
+	}
+	close(q.idle)
+	q.wg.Add(1)
+	go q.loop()
+	return q
+}
+
+// Enqueue schedules r. It never blocks on the device. After Close it fails
+// with memapi.ErrClosed and r is not run.
+func (q *Queue) Enqueue(r Release) error {
+	if r.Free == nil {
+		return memapi.Errorf("ep.Enqueue", memapi.ErrInvalidSize, "release %q has no Free", r.Name)
+	}
+	q.mu.Lock()
+	if q.closed || q.closing {
+		q.mu.Unlock()
+		return memapi.Errorf("ep.Enqueue", memapi.ErrClosed, "queue is closed; release %q not scheduled", r.Name)
+	}
+	if len(q.jobs) == 0 {
+		q.idle = make(chan struct{})
+	}
+	q.jobs = append(q.jobs, &job{rel: r})
+	q.stats.Enqueued++
+	q.mu.Unlock()
+	q.poke()
+	return nil
+}
+
+func (q *Queue) poke() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the queue's counters.
+func (q *Queue) Stats() QueueStats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	s := q.stats
+	s.Pending = len(q.jobs)
+	return s
+}
+
+// Drain waits until no release is pending, or ctx ends.
+func (q *Queue) Drain(ctx context.Context) error {
+	q.mu.Lock()
+	idle := q.idle
+	n := len(q.jobs)
+	q.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return &memapi.Error{Op: "ep.Drain", Kind: memapi.ErrInUse, Detail: pendingDetail(n), Err: ctx.Err()}
+	}
+}
+
+func pendingDetail(n int) string {
+	if n == 1 {
+		return "1 release still waits for its fences"
+	}
+	return strconv.Itoa(n) + " releases still wait for their fences"
+}
+
+// Close waits until every pending release has run, then stops the queue's
+// goroutines. If ctx ends first it returns an error of kind memapi.ErrInUse
+// and the queue keeps running, so nothing is lost; Close may be called again.
+func (q *Queue) Close(ctx context.Context) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closing = true
+	q.mu.Unlock()
+	if err := q.Drain(ctx); err != nil {
+		q.mu.Lock()
+		q.closing = false
+		q.mu.Unlock()
+		return err
+	}
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	close(q.stop)
+	q.wg.Wait()
+	return nil
+}
+
+// ready removes and returns the jobs whose fences have all completed, starts
+// watchers for jobs blocked on a fence with a Ready channel, and reports
+// whether some job waits on a fence that can only be polled.
+func (q *Queue) ready() (out []*job, polling bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	keep := q.jobs[:0]
+	for _, j := range q.jobs {
+		for j.next < len(j.rel.Fences) && (j.rel.Fences[j.next] == nil || j.rel.Fences[j.next].Done()) {
+			j.next++
+			j.watching = false
+		}
+		if j.next == len(j.rel.Fences) {
+			out = append(out, j)
+			continue
+		}
+		keep = append(keep, j)
+		f := j.rel.Fences[j.next]
+		ch := f.Ready()
+		if ch == nil {
+			polling = true
+			continue
+		}
+		if !j.watching {
+			j.watching = true
+			q.wg.Add(1)
+			go q.watch(ch)
+		}
+	}
+	for i := len(keep); i < len(q.jobs); i++ {
+		q.jobs[i] = nil
+	}
+	q.jobs = keep
+	return out, polling
+}
+
+func (q *Queue) watch(ch <-chan struct{}) {
+	defer q.wg.Done()
+	select {
+	case <-ch:
+		q.poke()
+	case <-q.stop:
+	}
+}
+
+func (q *Queue) loop() {
+	defer q.wg.Done()
+	backoff := q.opts.PollMin
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		jobs, polling := q.ready()
+		for _, j := range jobs {
+			q.run(j)
+		}
+		q.mu.Lock()
+		if len(q.jobs) == 0 {
+			select {
+			case <-q.idle:
+			default:
+				close(q.idle)
+			}
+		}
+		q.mu.Unlock()
+		if len(jobs) > 0 {
+			backoff = q.opts.PollMin
+			continue
+		}
+		if !polling {
+			backoff = q.opts.PollMin
+			select {
+			case <-q.wake:
+			case <-q.stop:
+				return
+			}
+			continue
+		}
+		if timer == nil {
+			timer = time.NewTimer(backoff)
+		} else {
+			timer.Reset(backoff)
+		}
+		select {
+		case <-q.wake:
+		case <-timer.C:
+			backoff *= 2
+			if backoff > q.opts.PollMax {
+				backoff = q.opts.PollMax
+			}
+		case <-q.stop:
+			return
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+func (q *Queue) run(j *job) {
+	err := j.rel.Free(context.Background())
+	q.mu.Lock()
+	if err != nil {
+		q.stats.Failed++
+	} else {
+		q.stats.Freed++
+	}
+	q.mu.Unlock()
+	if err != nil {
+		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
+		if q.opts.OnError != nil {
+			q.opts.OnError(j.rel.Name, err)
+		}
+	}
+}
