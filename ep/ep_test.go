@@ -29,7 +29,7 @@ type fence struct {
 
 func newFence(pollOnly bool) *fence { return &fence{ch: make(chan struct{}), pollOnly: pollOnly} }
 
-func (f *fence) Complete() { f.once.Do(func() { f.done.Store(true); close(f.ch) }) }
+func (f *fence) Complete()  { f.once.Do(func() { f.done.Store(true); close(f.ch) }) }
 func (f *fence) Done() bool { return f.done.Load() }
 func (f *fence) Ready() <-chan struct{} {
 	if f.pollOnly {
@@ -61,9 +61,9 @@ func (l *log) get() []string {
 
 type devCtx struct{ closed atomic.Int32 }
 
-func (d *devCtx) Device() memapi.DeviceKey              { return memapi.DeviceKey{Kind: memapi.DeviceKindHost} }
-func (d *devCtx) NewStream() (memapi.Stream, error)      { return nil, memapi.ErrUnsupported }
-func (d *devCtx) Close() error                           { d.closed.Add(1); return nil }
+func (d *devCtx) Device() memapi.DeviceKey          { return memapi.DeviceKey{Kind: memapi.DeviceKindHost} }
+func (d *devCtx) NewStream() (memapi.Stream, error) { return nil, memapi.ErrUnsupported }
+func (d *devCtx) Close() error                      { d.closed.Add(1); return nil }
 
 func newCtx(t *testing.T) (*ep.Context, *devCtx) {
 	d := &devCtx{}

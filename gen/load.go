@@ -49,6 +49,37 @@ func yamlError(file string, err error) *SpecError {
 	return &SpecError{Pos: Pos{file, 1, 1}, Msg: "yaml: " + msg}
 }
 
+// specKeys lists, per object of the spec language, the keys the loader
+// accepts; specRequired the keys it insists on. The JSON Schema
+// (spec/capabilities.schema.json) names its definitions after these objects,
+// and a test holds the two together.
+var specKeys = map[string][]string{
+	"spec":             {"version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants"},
+	"packages":         {"contract", "checked", "conformance", "fakes"},
+	"type":             {"kind", "go", "doc", "values", "fields"},
+	"error":            {"doc", "wraps"},
+	"interface":        {"role", "doc", "methods"},
+	"capability":       {"required", "doc", "methods"},
+	"interfaceMethod":  {"doc", "params", "returns"},
+	"capabilityMethod": {"doc", "params", "returns", "accounting", "creates", "releases", "requires"},
+	"accounting":       {"consumes", "refunds", "round", "from", "to"},
+	"mechanism":        {"package", "type", "device", "offers", "granularity", "doc"},
+	"invariant":        {"says", "enforced_by", "applies_to"},
+	"appliesTo":        {"consumes", "releases", "capabilities", "interfaces"},
+}
+
+var specRequired = map[string][]string{
+	"spec":             {"version", "packages", "types", "capabilities", "mechanisms", "invariants"},
+	"packages":         {"contract", "checked", "conformance", "fakes"},
+	"type":             {"kind", "doc"},
+	"error":            {"doc"},
+	"capability":       {"doc"},
+	"interfaceMethod":  {"doc"},
+	"capabilityMethod": {"doc", "accounting"},
+	"mechanism":        {"package", "type", "device", "offers", "granularity"},
+	"invariant":        {"says", "enforced_by", "applies_to"},
+}
+
 type loader struct {
 	file string
 	s    *Spec
@@ -136,7 +167,7 @@ func (l *loader) exported(k *yaml.Node, what string) string {
 }
 
 func (l *loader) root(n *yaml.Node) {
-	for _, p := range l.mapping(n, "spec", "version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants") {
+	for _, p := range l.mapping(n, "spec", specKeys["spec"]...) {
 		switch p.k.Value {
 		case "version":
 			v, err := strconv.Atoi(p.v.Value)
@@ -172,7 +203,7 @@ func (l *loader) root(n *yaml.Node) {
 			}
 		}
 	}
-	for _, req := range []string{"version", "packages", "types", "capabilities", "mechanisms", "invariants"} {
+	for _, req := range specRequired["spec"] {
 		if !hasKey(n, req) && n.Kind == yaml.MappingNode {
 			l.e.add(l.pos(n), "spec: missing %q", req)
 		}
@@ -181,7 +212,7 @@ func (l *loader) root(n *yaml.Node) {
 
 func (l *loader) packages(n *yaml.Node) {
 	ps := &l.s.Packages
-	for _, p := range l.mapping(n, "packages", "contract", "checked", "conformance", "fakes") {
+	for _, p := range l.mapping(n, "packages", specKeys["packages"]...) {
 		v := l.str(p.v, "packages."+p.k.Value)
 		switch p.k.Value {
 		case "contract":
@@ -204,7 +235,7 @@ func (l *loader) packages(n *yaml.Node) {
 func (l *loader) typ(k, v *yaml.Node) {
 	t := &TypeDecl{Name: l.exported(k, "types"), Pos: l.pos(k)}
 	what := "type " + t.Name
-	for _, p := range l.mapping(v, what, "kind", "go", "doc", "values", "fields") {
+	for _, p := range l.mapping(v, what, specKeys["type"]...) {
 		switch p.k.Value {
 		case "kind":
 			t.Kind = l.str(p.v, what+".kind")
@@ -239,7 +270,7 @@ func (l *loader) errorDecl(k, v *yaml.Node) {
 	if !strings.HasPrefix(d.Name, "Err") {
 		l.e.add(d.Pos, "errors: %q must start with Err", d.Name)
 	}
-	for _, p := range l.mapping(v, "error "+d.Name, "doc", "wraps") {
+	for _, p := range l.mapping(v, "error "+d.Name, specKeys["error"]...) {
 		switch p.k.Value {
 		case "doc":
 			d.Doc = l.str(p.v, "error "+d.Name+".doc")
@@ -259,7 +290,7 @@ func (l *loader) errorDecl(k, v *yaml.Node) {
 func (l *loader) iface(k, v *yaml.Node) {
 	i := &InterfaceDecl{Name: l.exported(k, "interfaces"), Pos: l.pos(k)}
 	what := "interface " + i.Name
-	for _, p := range l.mapping(v, what, "role", "doc", "methods") {
+	for _, p := range l.mapping(v, what, specKeys["interface"]...) {
 		switch p.k.Value {
 		case "role":
 			i.Role = l.str(p.v, what+".role")
@@ -280,7 +311,7 @@ func (l *loader) iface(k, v *yaml.Node) {
 func (l *loader) capability(k, v *yaml.Node) {
 	c := &Capability{Name: l.exported(k, "capabilities"), Pos: l.pos(k)}
 	what := "capability " + c.Name
-	for _, p := range l.mapping(v, what, "required", "doc", "methods") {
+	for _, p := range l.mapping(v, what, specKeys["capability"]...) {
 		switch p.k.Value {
 		case "required":
 			c.Required = l.boolean(p.v, what+".required")
@@ -301,9 +332,9 @@ func (l *loader) capability(k, v *yaml.Node) {
 func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *Method {
 	m := &Method{Owner: owner, Name: l.exported(k, owner+".methods"), Pos: l.pos(k)}
 	what := owner + "." + m.Name
-	keys := []string{"doc", "params", "returns"}
+	keys := specKeys["interfaceMethod"]
 	if capability {
-		keys = append(keys, "accounting", "creates", "releases", "requires")
+		keys = specKeys["capabilityMethod"]
 	}
 	hasAccounting := false
 	for _, p := range l.mapping(v, what, keys...) {
@@ -363,7 +394,7 @@ func (l *loader) accounting(n *yaml.Node, what string) Accounting {
 		}
 		return a
 	}
-	for _, p := range l.mapping(n, what, "consumes", "refunds", "round", "from", "to") {
+	for _, p := range l.mapping(n, what, specKeys["accounting"]...) {
 		switch p.k.Value {
 		case "consumes", "refunds":
 			if a.Effect != "" {
@@ -458,7 +489,7 @@ func (l *loader) mechanism(k, v *yaml.Node) {
 	if !idRE.MatchString(m.Name) {
 		l.e.add(m.Pos, "mechanisms: %q is not a lower-case name", m.Name)
 	}
-	for _, p := range l.mapping(v, what, "package", "type", "device", "offers", "granularity", "doc") {
+	for _, p := range l.mapping(v, what, specKeys["mechanism"]...) {
 		switch p.k.Value {
 		case "package":
 			m.Package = l.str(p.v, what+".package")
@@ -488,7 +519,7 @@ func (l *loader) mechanism(k, v *yaml.Node) {
 			}
 		}
 	}
-	for _, req := range []string{"package", "type", "device", "offers", "granularity"} {
+	for _, req := range specRequired["mechanism"] {
 		if v.Kind == yaml.MappingNode && !hasKey(v, req) {
 			l.e.add(m.Pos, "%s: missing %q", what, req)
 		}
@@ -502,7 +533,7 @@ func (l *loader) invariant(k, v *yaml.Node) {
 	if !idRE.MatchString(iv.ID) {
 		l.e.add(iv.Pos, "invariants: %q is not a kebab-case id", iv.ID)
 	}
-	for _, p := range l.mapping(v, what, "says", "enforced_by", "applies_to") {
+	for _, p := range l.mapping(v, what, specKeys["invariant"]...) {
 		switch p.k.Value {
 		case "says":
 			iv.Says = l.str(p.v, what+".says")
@@ -511,7 +542,7 @@ func (l *loader) invariant(k, v *yaml.Node) {
 		case "applies_to":
 			iv.AppliesPos = l.pos(p.v)
 			iv.HasApplies = true
-			for _, q := range l.mapping(p.v, what+".applies_to", "consumes", "releases", "capabilities", "interfaces") {
+			for _, q := range l.mapping(p.v, what+".applies_to", specKeys["appliesTo"]...) {
 				switch q.k.Value {
 				case "consumes", "releases":
 					if s := l.str(q.v, what+".applies_to."+q.k.Value); s != "any" {

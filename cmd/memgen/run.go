@@ -75,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 type options struct {
 	root, spec string
+	out        string // doc: output file
 	verbose    bool
 }
 
