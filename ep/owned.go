@@ -145,3 +145,19 @@ func (s *ownedState) release() error {
 	close(marked)
 	return nil
 }
+
+// Pending returns the recorded fences that have not completed yet: work that
+// still uses the memory. Layers that release part of the memory early (a
+// region shrinking) order that release behind these fences.
+func (o *Owned) Pending() []memapi.Fence {
+	s := o.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []memapi.Fence
+	for _, f := range s.fences {
+		if !f.Done() {
+			out = append(out, f)
+		}
+	}
+	return out
+}

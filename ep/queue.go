@@ -55,7 +55,10 @@ type Queue struct {
 	closing bool
 	closed  bool
 	stats   QueueStats
-	idle    chan struct{} // closed when jobs becomes empty; replaced when it fills
+	// outstanding counts releases enqueued and not yet run (waiting or
+	// running); idle is closed while it is zero.
+	outstanding int
+	idle        chan struct{}
 
 	wake chan struct{}
 	stop chan struct{}
@@ -97,9 +100,10 @@ func (q *Queue) Enqueue(r Release) error {
 		q.mu.Unlock()
 		return memapi.Errorf("ep.Enqueue", memapi.ErrClosed, "queue is closed; release %q not scheduled", r.Name)
 	}
-	if len(q.jobs) == 0 {
+	if q.outstanding == 0 {
 		q.idle = make(chan struct{})
 	}
+	q.outstanding++
 	q.jobs = append(q.jobs, &job{rel: r})
 	q.stats.Enqueued++
 	q.mu.Unlock()
@@ -119,7 +123,7 @@ func (q *Queue) Stats() QueueStats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	s := q.stats
-	s.Pending = len(q.jobs)
+	s.Pending = q.outstanding
 	return s
 }
 
@@ -127,7 +131,7 @@ func (q *Queue) Stats() QueueStats {
 func (q *Queue) Drain(ctx context.Context) error {
 	q.mu.Lock()
 	idle := q.idle
-	n := len(q.jobs)
+	n := q.outstanding
 	q.mu.Unlock()
 	select {
 	case <-idle:
@@ -228,15 +232,6 @@ func (q *Queue) loop() {
 		for _, j := range jobs {
 			q.run(j)
 		}
-		q.mu.Lock()
-		if len(q.jobs) == 0 {
-			select {
-			case <-q.idle:
-			default:
-				close(q.idle)
-			}
-		}
-		q.mu.Unlock()
 		if len(jobs) > 0 {
 			backoff = q.opts.PollMin
 			continue
@@ -281,6 +276,10 @@ func (q *Queue) run(j *job) {
 		q.stats.Failed++
 	} else {
 		q.stats.Freed++
+	}
+	q.outstanding--
+	if q.outstanding == 0 {
+		close(q.idle)
 	}
 	q.mu.Unlock()
 	if err != nil {
