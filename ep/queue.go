@@ -271,6 +271,12 @@ func (q *Queue) loop() {
 
 func (q *Queue) run(j *job) {
 	err := j.rel.Free(context.Background())
+	if err != nil {
+		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
+		if q.opts.OnError != nil {
+			q.opts.OnError(j.rel.Name, err)
+		}
+	}
 	q.mu.Lock()
 	if err != nil {
 		q.stats.Failed++
@@ -282,10 +288,4 @@ func (q *Queue) run(j *job) {
 		close(q.idle)
 	}
 	q.mu.Unlock()
-	if err != nil {
-		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
-		if q.opts.OnError != nil {
-			q.opts.OnError(j.rel.Name, err)
-		}
-	}
 }
