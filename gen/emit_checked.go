@@ -1,0 +1,1192 @@
+package gen
+
+import (
+	"bytes"
+	"fmt"
+	"go/format"
+	"path"
+	"sort"
+	"strings"
+	"unicode"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+func init() { register(Emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
+
+// The checked wrapper is generated from each capability method's accounting
+// effect, creates/releases and requires clauses. It leans on these errors by
+// name beyond what validate already demands of every spec.
+var checkedNeededErrors = []string{"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported"}
+
+// checkedLocals are the names the generated method bodies declare; a spec
+// parameter with one of these names would be shadowed.
+var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true}
+
+// Invariant enforcers the checked wrapper answers for (spec invariants[].enforced_by).
+const (
+	enforcerChecked = "checked-wrapper"
+	enforcerVerify  = "checked-wrapper-verify"
+)
+
+type checkedGen struct {
+	g    *Gen
+	s    *Spec
+	used *Method // the instance-wide physical-bytes query (UsedBytes), or nil
+}
+
+func (ck *checkedGen) file(name string) *File {
+	return ck.g.File(ck.s.Packages.Checked+"/"+name, "")
+}
+
+func emitChecked(g *Gen) error {
+	s := g.Spec
+	if s.Packages.Checked == "" {
+		return nil
+	}
+	declared := map[string]bool{}
+	for _, e := range s.Errors {
+		declared[e.Name] = true
+	}
+	for _, n := range checkedNeededErrors {
+		if !declared[n] {
+			return fmt.Errorf("the checked wrapper needs error %s, which the spec does not declare", n)
+		}
+	}
+	if s.RoleInterface(RoleGrant) == nil || s.RoleInterface(RoleAccount) == nil {
+		return fmt.Errorf("the checked wrapper needs the grant and account interfaces")
+	}
+	ck := &checkedGen{g: g, s: s, used: usedQuery(s)}
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			for _, p := range m.Params {
+				if checkedLocals[p.Name] {
+					return fmt.Errorf("%s: %s.%s: parameter name %q collides with a local of the checked wrapper; rename it", m.Pos, c.Name, m.Name, p.Name)
+				}
+			}
+			if m.Accounting.Effect != EffectQuery && !m.ReturnsError() {
+				return fmt.Errorf("%s: %s.%s: the checked wrapper needs every mutating method to return an error", m.Pos, c.Name, m.Name)
+			}
+			if len(ck.checks(m)) > 0 && !m.ReturnsError() {
+				return fmt.Errorf("%s: %s.%s: has requires clauses but returns no error to report them", m.Pos, c.Name, m.Name)
+			}
+		}
+	}
+	ck.emitDoc()
+	ck.emitWrap()
+	ck.emitLedger()
+	ck.emitAudit()
+	for _, c := range s.Capabilities {
+		if err := ck.emitCapability(c); err != nil {
+			return err
+		}
+	}
+	return ck.emitExample()
+}
+
+// usedQuery finds the query of a required capability that takes nothing and
+// returns the instance's physical bytes: verify mode reads it around every
+// mutating call.
+func usedQuery(s *Spec) *Method {
+	for _, c := range s.Capabilities {
+		if !c.Required {
+			continue
+		}
+		for _, m := range c.Methods {
+			if m.Accounting.Effect == EffectQuery && len(m.Params) == 0 && len(m.Returns) == 1 && m.Returns[0].Type == "Bytes" {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+// capabilityOf returns the capability that declares m.
+func (ck *checkedGen) capabilityOf(m *Method) *Capability {
+	for _, c := range ck.s.Capabilities {
+		for _, x := range c.Methods {
+			if x == m {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// snake turns a Go name into a file name: VirtualBacking -> virtual_backing.
+func snake(n string) string {
+	var b strings.Builder
+	for i, r := range n {
+		if i > 0 && unicode.IsUpper(r) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToLower(r))
+	}
+	return b.String()
+}
+
+// capType is the unexported wrapper type of an optional capability.
+func capType(c *Capability) string { return lowerFirst(c.Name) }
+
+// invariants returns the ids of the invariants the wrapper enforces for a kind
+// of check: "consumes", "releases" or "verify".
+func (ck *checkedGen) invariants(kind string) []string {
+	var ids []string
+	for _, iv := range ck.s.Invariants {
+		switch kind {
+		case "consumes":
+			if iv.Applies.Consumes && contains(iv.EnforcedBy, enforcerChecked) {
+				ids = append(ids, iv.ID)
+			}
+		case "releases":
+			if iv.Applies.Releases && contains(iv.EnforcedBy, enforcerChecked) {
+				ids = append(ids, iv.ID)
+			}
+		case "verify":
+			if contains(iv.EnforcedBy, enforcerVerify) {
+				ids = append(ids, iv.ID)
+			}
+		}
+	}
+	return ids
+}
+
+func cite(ids []string) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	return " [" + strings.Join(ids, ", ") + "]"
+}
+
+// --- expressions -----------------------------------------------------------
+
+// expr returns the Go code of a spec expression (param, param.Field.Field;
+// handle fields are read through their methods) and its spec type.
+func (ck *checkedGen) expr(m *Method, x *Expr) (Code, string) {
+	p := m.Param(x.Param)
+	code := Id(x.Param)
+	cur := p.Type
+	for _, f := range x.Path {
+		t := ck.s.Type(cur)
+		fd := t.Field(f)
+		if t.Kind == KindHandle {
+			code = code.Dot(f).Call()
+		} else {
+			code = code.Dot(f)
+		}
+		cur = fd.Type
+	}
+	return code, cur
+}
+
+// check is one precondition of a method, in the order the wrapper runs it.
+type check struct {
+	pred string // live, within, aligned, positive, fits
+	args []*Expr
+	text string // as the spec writes it; implicit live checks say why
+}
+
+// checks orders a method's preconditions: every handle the method reads is
+// checked live first (the spec's live clauses, then the released handle, then
+// any handle another clause or the amount reads through), shallow paths before
+// deep ones; the other clauses follow in spec order.
+func (ck *checkedGen) checks(m *Method) []check {
+	var live, rest []check
+	seen := map[string]bool{}
+	addLive := func(x *Expr, text string) {
+		if seen[x.Text] {
+			return
+		}
+		seen[x.Text] = true
+		live = append(live, check{pred: PredLive, args: []*Expr{x}, text: text})
+	}
+	for _, r := range m.Requires {
+		if r.Pred == PredLive {
+			addLive(r.Args[0], r.Text)
+		}
+	}
+	if m.Releases != "" {
+		addLive(&Expr{Param: m.Releases, Text: m.Releases}, "live("+m.Releases+"), released by "+m.Name)
+	}
+	base := func(x *Expr) {
+		if x == nil {
+			return
+		}
+		if p := m.Param(x.Param); p != nil && ck.g.IsHandle(p.Type) && (len(x.Path) > 0 || x.Func != "") {
+			addLive(&Expr{Param: x.Param, Text: x.Param}, "live("+x.Param+"), read by "+x.Text)
+		}
+	}
+	for _, r := range m.Requires {
+		if r.Pred == PredLive {
+			continue
+		}
+		for _, a := range r.Args {
+			base(a)
+			if p := m.Param(a.Param); p != nil && ck.g.IsHandle(p.Type) && len(a.Path) == 0 {
+				addLive(a, "live("+a.Text+"), read by "+r.Text)
+			}
+		}
+		rest = append(rest, check{pred: r.Pred, args: r.Args, text: r.Text})
+	}
+	base(m.Accounting.Amount)
+	sort.SliceStable(live, func(i, j int) bool { return len(live[i].args[0].Path) < len(live[j].args[0].Path) })
+	return append(live, rest...)
+}
+
+// committedQuery of a handle param: the code reading it from inside a method
+// of capability c, or nil when the handle type has no such query.
+func (ck *checkedGen) committedCall(c *Capability, x Code, handle string) Code {
+	q := committedQuery(ck.s, handle)
+	if q == nil {
+		return nil
+	}
+	qc := ck.capabilityOf(q)
+	switch {
+	case qc == c && !c.Required:
+		return Id("w").Dot("inner").Dot(q.Name).Call(x)
+	case qc.Required:
+		return Id("m").Dot("inner").Dot(q.Name).Call(x)
+	}
+	return Id("m").Dot("query" + q.Name).Call(x)
+}
+
+// --- package documentation -------------------------------------------------
+
+func (ck *checkedGen) methodsWith(pred func(*Method) bool) []string {
+	var out []string
+	for _, c := range ck.s.Capabilities {
+		for _, m := range c.Methods {
+			if pred(m) {
+				out = append(out, c.Name+"."+m.Name)
+			}
+		}
+	}
+	return out
+}
+
+func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) string {
+	consuming := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Accounting.Effect == EffectConsumes }), ", ")
+	releasing := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Releases != "" }), ", ")
+	var how []string
+	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Consumes {
+		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails. A rejected call draws nothing and calls nothing.")
+	}
+	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Releases {
+		how = append(how, "On "+releasing+": the released handle (and every handle the call reads) is checked with memapi.CheckHandle against the mechanism's instance before the call: nil is ErrNilHandle, another instance's handle is ErrForeignHandle, a released one is ErrReleased; the mechanism is not called.")
+	}
+	if contains(iv.EnforcedBy, enforcerVerify) {
+		how = append(how, "In verify mode (WithVerify) the wrapper reads the mechanism's own counters around every mutating call and returns ErrUntruthful when they did not move by exactly the rounded amount the spec declares: the check that catches an eager mechanism whose commit is a successful no-op.")
+	}
+	if len(how) == 0 {
+		return ""
+	}
+	text := strings.Join(how, "\n    ")
+	if first, ok := seen[text]; ok {
+		text = "By the same checks as " + first + ": a call rejected by a check draws nothing and calls nothing, and a call the mechanism fails gives its draw back."
+	} else {
+		seen[text] = iv.ID
+	}
+	return "  - " + iv.ID + ": " + iv.Says + "\n    " + text
+}
+
+func (ck *checkedGen) emitDoc() {
+	f := ck.file("doc.go")
+	s := ck.s
+	var inv []string
+	seen := map[string]string{}
+	for _, iv := range s.Invariants {
+		if l := ck.invariantLine(iv, seen); l != "" {
+			inv = append(inv, l)
+		}
+	}
+	var table []string
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			notes := ck.methodNotes(c, m)
+			if len(notes) == 0 {
+				continue
+			}
+			table = append(table, "  - "+c.Name+"."+m.Name+": "+strings.Join(notes, "; ")+".")
+		}
+	}
+	doc := `Package checked wraps any memapi.Mechanism in a layer that enforces the
+spec's invariants on every call. It is generated from ` + s.File + `:
+each method's checks follow from its accounting effect, the handle it creates
+or releases, and its requires clauses.
+
+	m := checked.Wrap(mech)                        // checks, and the ledger
+	m := checked.Wrap(mech, checked.WithVerify())  // also truthfulness, for tests
+
+The wrapper is where the ledger moves: mechanisms never draw from grants nor
+refund to accounts. A consuming call draws its rounded amount from the grant
+before the mechanism runs and undraws it when the mechanism fails; a refunding
+call refunds the account after the mechanism really released the memory.
+
+Every check runs before the mechanism is called and before anything is drawn,
+so a rejected call returns an *memapi.Error whose Kind is the sentinel
+(errors.Is and errors.As both work) and changes nothing: neither the
+mechanism nor the ledger. Errors of the mechanism and of the ledger (Draw,
+Undraw, Refund) are returned as they are, joined when both fail.
+
+Invariants enforced (ids from the spec):
+
+` + strings.Join(inv, "\n\n") + `
+
+Checks per method, in the order they run (the spec's requires clauses, with
+the error each returns):
+
+` + strings.Join(table, "\n") + `
+
+Refund amounts are read before the mechanism is called (committed(res) from
+the capability's committed-bytes query). A refunding call needs an account of
+the mechanism's authority (ErrNoAccount, ErrAuthorityMismatch). When the
+mechanism released the memory but the account's Refund failed, the account's
+error is returned: the handle is released all the same.
+
+Verify mode: mutating calls are serialized through the wrapper so the figures
+read around each call are exact. Before and after the call the wrapper reads
+the committed bytes of every reservation-like handle the call touches (the
+primary figure when there is one) and the instance's used bytes; after
+success they must have moved by exactly the declared rounded amount (up for
+consuming calls, down for refunding ones, not at all for the others), and
+after a failure not at all. A created handle must be live, of this instance,
+and as large as the amount charged; a released handle must be released after
+success and still live after failure. On a mismatch the call returns an
+*memapi.Error of kind ErrUntruthful (Wanted: the declared movement,
+Available: the observed one), joined with the mechanism's own error, and the
+ledger follows what really happened when the figures agree with each other:
+the draw is adjusted to their observed growth (a commit that installed
+nothing is undrawn entirely; one that installed more draws the excess, which
+the grant may refuse), and a refund is capped at the observed release. When
+the figures disagree the truth is unknown and the ledger keeps the declared
+outcome. Created handles are returned with the error, so nothing they hold
+is lost. A figure misreported by a constant offset moves correctly and is
+not caught here; the conformance suite checks absolute values.
+
+Negotiation: the wrapper offers exactly the capabilities of the mechanism it
+wraps, asked anew on each accessor call, so memapi.Negotiate(Wrap(m)) equals
+memapi.Negotiate(m). Info returns the wrapped mechanism's Info: the wrapper
+is not a new instance, and handles are the mechanism's own.
+
+Cost: the wrapper keeps no per-call state (only its options and, for each
+optional capability, a cached wrapper). Outside verify mode a call adds a few
+comparisons, one Authority call and the Draw or Refund, and allocates nothing
+unless it fails.`
+	f.PackageComment(doc)
+	comment(f, "specDigest is the sha256 of the spec this package was generated from.")
+	f.Const().Id("specDigest").Op("=").Lit(s.Digest)
+	comment(f, "The tripwire: this fails to compile (duplicate map key) when the contract\npackage was generated from another spec than this one. Run go generate ./...")
+	f.Func().Id("_").Params().Block(
+		Id("_").Op("=").Map(Bool()).Int().Values(Dict{
+			False(): Lit(0),
+			ck.g.C("SpecDigest").Op("==").Id("specDigest"): Lit(1),
+		}),
+	)
+}
+
+// methodNotes describes the checks of a wrapper method, for docs.
+func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
+	var notes []string
+	for _, k := range ck.checks(m) {
+		switch k.pred {
+		case PredLive:
+			ids := ""
+			if m.Releases != "" && k.args[0].Text == m.Releases {
+				ids = cite(ck.invariants("releases"))
+			}
+			notes = append(notes, k.text+" (ErrNilHandle, ErrForeignHandle, ErrReleased)"+ids)
+		case PredWithin:
+			notes = append(notes, k.text+" (ErrInvalidRange)")
+		case PredAligned:
+			notes = append(notes, k.text+" to Info().Granularity (ErrUnaligned)")
+		case PredPositive:
+			notes = append(notes, k.text+" (ErrInvalidSize)")
+		case PredFits:
+			notes = append(notes, k.text+": length equals the handle's size (ErrInvalidRange)")
+		}
+	}
+	a := m.Accounting
+	switch a.Effect {
+	case EffectConsumes:
+		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
+	case EffectRefunds:
+		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrAuthorityMismatch)")
+	}
+	if a.Effect != EffectQuery {
+		notes = append(notes, "verify mode checks the figures"+cite(ck.invariants("verify")))
+	}
+	return notes
+}
+
+// roundField names the MechanismInfo field an amount is rounded to.
+func roundField(r string) string {
+	switch r {
+	case RoundAlloc:
+		return "Info().AllocGranularity"
+	case RoundGranularity:
+		return "Info().Granularity"
+	}
+	return "nothing"
+}
+
+// --- Wrap, options, accessors ----------------------------------------------
+
+func (ck *checkedGen) emitWrap() {
+	f := ck.file("wrap.go")
+	g := ck.g
+	s := ck.s
+	c := g.C
+
+	comment(f, "Option configures Wrap.")
+	f.Type().Id("Option").Func().Params(Op("*").Id("options"))
+	f.Type().Id("options").Struct(Id("verify").Bool())
+	comment(f, `WithVerify turns on verify mode: around every mutating call the wrapper reads
+the mechanism's committed and used bytes and returns ErrUntruthful when they
+did not move by exactly the rounded amount the spec declares`+cite(ck.invariants("verify"))+`.
+Mutating calls through the wrapper are then serialized. Meant for tests and
+for qualifying a new mechanism; it costs two to four queries per call.`)
+	f.Func().Id("WithVerify").Params().Id("Option").Block(
+		Return(Func().Params(Id("o").Op("*").Id("options")).Block(Id("o").Dot("verify").Op("=").True())),
+	)
+
+	var optional []*Capability
+	for _, cp := range s.Capabilities {
+		if !cp.Required {
+			optional = append(optional, cp)
+		}
+	}
+
+	ids := func(kind, fallback string) string {
+		if v := ck.invariants(kind); len(v) > 0 {
+			return strings.Join(v, ", ")
+		}
+		return fallback
+	}
+	comment(f, `Wrap returns m with the spec's invariants enforced on every call (see the
+package documentation for the full list, per method):
+  - `+ids("consumes", "charging")+`: consuming calls draw their rounded
+    amount from a grant of m's authority before m runs, and undraw it when m
+    fails; a call rejected by a check draws nothing;
+  - `+ids("releases", "handles")+`: handles are checked against m's instance
+    before m runs; another instance's handle, a released handle or nil is
+    rejected with a typed error and m is not called;
+  - ranges (requires clauses): within, aligned and fits are checked against
+    the handle's size and m's granularity;
+  - refunds: refunding calls refund their account after m released the memory;
+  - `+ids("verify", "verify mode")+` (WithVerify): m's counters must move by
+    exactly the declared amount.
+
+The result offers exactly the capabilities m offers (memapi.Negotiate(Wrap(m))
+== memapi.Negotiate(m)) and its Info is m's Info. Wrap reads m.Info() once:
+a mechanism's instance, authority and granularities are fixed for its life.
+Wrapping a wrapper does not stack the checks (that would draw twice): it
+rewraps the same mechanism with the options of both. Wrap panics when m is nil.`)
+	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
+		If(Id("m").Op("==").Nil()).Block(Panic(Lit("checked: Wrap of a nil Mechanism"))),
+		Var().Id("o").Id("options"),
+		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(
+			List(Id("m"), Id("o").Dot("verify")).Op("=").List(Id("w").Dot("inner"), Id("w").Dot("verify")),
+		),
+		For(List(Id("_"), Id("opt")).Op(":=").Range().Id("opts")).Block(
+			If(Id("opt").Op("!=").Nil()).Block(Id("opt").Call(Op("&").Id("o"))),
+		),
+		Return(Op("&").Id("mechanism").Values(Dict{
+			Id("inner"):  Id("m"),
+			Id("info"):   Id("m").Dot("Info").Call(),
+			Id("verify"): Id("o").Dot("verify"),
+		})),
+	)
+	comment(f, "Unwrap returns the mechanism a checked wrapper wraps, or m itself when m is\nnot a checked wrapper.")
+	f.Func().Id("Unwrap").Params(Id("m").Add(c("Mechanism"))).Add(c("Mechanism")).Block(
+		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(Return(Id("w").Dot("inner"))),
+		Return(Id("m")),
+	)
+	comment(f, "Verifying reports whether m is a checked wrapper in verify mode.")
+	f.Func().Id("Verifying").Params(Id("m").Add(c("Mechanism"))).Bool().Block(
+		List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")),
+		Return(Id("ok").Op("&&").Id("w").Dot("verify")),
+	)
+
+	comment(f, `mechanism is the checked wrapper. It implements the required capabilities
+itself; each optional capability has its own wrapper type, cached so that an
+accessor call allocates nothing while the mechanism keeps returning the same
+capability value.`)
+	f.Type().Id("mechanism").StructFunc(func(b *Group) {
+		b.Id("inner").Add(c("Mechanism"))
+		b.Id("info").Add(c("MechanismInfo")).Comment("read once by Wrap")
+		b.Id("verify").Bool()
+		b.Id("mu").Qual("sync", "Mutex").Comment("verify mode: serializes mutating calls so before/after figures are exact")
+		for _, cp := range optional {
+			b.Id(capType(cp)).Qual("sync/atomic", "Pointer").Types(Id(capType(cp)))
+		}
+	})
+	f.Var().Id("_").Add(c("Mechanism")).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
+	for _, cp := range optional {
+		comment(f, Accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
+		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(Accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(
+			List(Id("in"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(cp)).Call(),
+			If(Op("!").Id("ok").Op("||").Id("in").Op("==").Nil()).Block(Return(Nil(), False())),
+			If(Id("w").Op(":=").Id("m").Dot(capType(cp)).Dot("Load").Call(), Id("w").Op("!=").Nil().Op("&&").Id("sameValue").Call(Id("w").Dot("inner"), Id("in"))).Block(
+				Return(Id("w"), True()),
+			),
+			Id("w").Op(":=").Op("&").Id(capType(cp)).Values(Dict{Id("m"): Id("m"), Id("inner"): Id("in")}),
+			Id("m").Dot(capType(cp)).Dot("Store").Call(Id("w")),
+			Return(Id("w"), True()),
+		)
+	}
+	comment(f, "sameValue reports whether two capability values are the same, without\npanicking on values of an incomparable dynamic type.")
+	f.Func().Id("sameValue").Params(Id("a"), Id("b").Any()).Bool().Block(
+		Id("t").Op(":=").Qual("reflect", "TypeOf").Call(Id("a")),
+		Return(Id("t").Op("==").Qual("reflect", "TypeOf").Call(Id("b")).Op("&&").Id("t").Op("!=").Nil().Op("&&").Id("t").Dot("Comparable").Call().Op("&&").Id("a").Op("==").Id("b")),
+	)
+
+	// Committed-bytes queries of capabilities other than the caller's.
+	done := map[string]bool{}
+	for _, h := range s.Handles() {
+		q := committedQuery(s, h.Name)
+		if q == nil || done[q.Name] {
+			continue
+		}
+		done[q.Name] = true
+		qc := ck.capabilityOf(q)
+		if qc.Required || !ck.queryNeededElsewhere(q, qc) {
+			continue
+		}
+		comment(f, "query"+q.Name+" reads "+qc.Name+"."+q.Name+" for a method of another capability.")
+		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("query"+q.Name).Params(Id("h").Add(g.Type(h.Name))).Params(c("Bytes"), Error()).Block(
+			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(qc)).Call(),
+			If(Op("!").Id("ok").Op("||").Id("c").Op("==").Nil()).Block(
+				Return(Lit(0), Op("&").Add(c("Error")).Values(Dict{
+					Id("Op"): Lit(qc.Name + "." + q.Name), Id("Kind"): c("ErrUnsupported"), Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"),
+					Id("Detail"): Lit("mechanism no longer offers " + qc.Name),
+				})),
+			),
+			Return(Id("c").Dot(q.Name).Call(Id("h"))),
+		)
+	}
+}
+
+// queryNeededElsewhere reports whether a method outside qc reads q.
+func (ck *checkedGen) queryNeededElsewhere(q *Method, qc *Capability) bool {
+	for _, c := range ck.s.Capabilities {
+		if c == qc {
+			continue
+		}
+		for _, m := range c.Methods {
+			if m.Accounting.Effect == EffectQuery {
+				continue
+			}
+			for _, p := range m.Params {
+				if p.Type == q.Params[0].Type {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// --- ledger and error helpers ----------------------------------------------
+
+func (ck *checkedGen) emitLedger() {
+	f := ck.file("ledger.go")
+	c := ck.g.C
+	B := func() *Statement { return c("Bytes") }
+	mrecv := func() *Statement { return Id("m").Op("*").Id("mechanism") }
+	mkErr := func(kind string, handle, wanted, available, detail Code) *Statement {
+		d := Dict{
+			Id("Op"): Id("op"), Id("Kind"): c(kind),
+			Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("m").Dot("info").Dot("Authority"),
+		}
+		if handle != nil {
+			d[Id("Handle")] = handle
+		}
+		if wanted != nil {
+			d[Id("Wanted")] = wanted
+		}
+		if available != nil {
+			d[Id("Available")] = available
+		}
+		if detail != nil {
+			d[Id("Detail")] = detail
+		}
+		return Op("&").Add(c("Error")).Values(d)
+	}
+
+	comment(f, `charge checks the grant of a consuming call and draws amount, rounded up to
+unit, from it (charge-before-commit). It runs after every other check, so a
+rejected call draws nothing.`)
+	f.Func().Params(mrecv()).Id("charge").Params(Id("op").String(), Id("grant").Add(c("Grant")), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
+		If(Id("grant").Op("==").Nil()).Block(
+			Return(Lit(0), mkErr("ErrNoGrant", nil, Id("amount"), nil, Lit("a consuming call needs a grant to draw from"))),
+		),
+		If(Id("a").Op(":=").Id("grant").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
+			Return(Lit(0), Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("grant"), Id("a"))),
+		),
+		List(Id("n"), Id("err")).Op(":=").Id("m").Dot("round").Call(Id("op"), Id("amount"), Id("unit")),
+		If(Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
+		If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("n")), Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
+		Return(Id("n"), Nil()),
+	)
+	comment(f, "undraw gives back what charge drew for a call that failed with err; when\nthe grant refuses, both errors are returned.")
+	f.Func().Params(mrecv()).Id("undraw").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("err").Error()).Error().Block(
+		If(Id("uerr").Op(":=").Id("grant").Dot("Undraw").Call(Id("n")), Id("uerr").Op("!=").Nil()).Block(
+			Return(Qual("errors", "Join").Call(Id("err"), Id("uerr"))),
+		),
+		Return(Id("err")),
+	)
+	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
+	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
+		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
+		If(Op("!").Id("ok")).Block(
+			Return(Lit(0), mkErr("ErrInvalidSize", nil, Id("amount"), nil, Qual("fmt", "Sprintf").Call(Lit("%d bytes overflow when rounded up to %d"), Id("amount"), Id("unit")))),
+		),
+		Return(Id("n"), Nil()),
+	)
+	comment(f, "account checks the account of a refunding call before the mechanism runs.")
+	f.Func().Params(mrecv()).Id("account").Params(Id("op").String(), Id("to").Add(c("Account"))).Error().Block(
+		If(Id("to").Op("==").Nil()).Block(
+			Return(mkErr("ErrNoAccount", nil, nil, nil, Lit("a refunding call needs an account to refund to"))),
+		),
+		If(Id("a").Op(":=").Id("to").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
+			Return(Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("account"), Id("a"))),
+		),
+		Return(Nil()),
+	)
+	comment(f, "refund returns n released bytes to the account (nothing to do for 0).")
+	f.Func().Id("refund").Params(Id("to").Add(c("Account")), Id("n").Add(B())).Error().Block(
+		If(Id("n").Op("==").Lit(0)).Block(Return(Nil())),
+		Return(Id("to").Dot("Refund").Call(Id("n"))),
+	)
+	f.Func().Params(mrecv()).Id("foreignAuthority").Params(Id("op"), Id("what").String(), Id("a").Add(c("AuthorityID"))).Error().Block(
+		Return(mkErr("ErrAuthorityMismatch", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of authority %q, mechanism of authority %q"), Id("what"), Id("a"), Id("m").Dot("info").Dot("Authority")))),
+	)
+	comment(f, "errPositive reports a zero amount (requires positive(...)).")
+	f.Func().Params(mrecv()).Id("errPositive").Params(Id("op"), Id("req").String()).Error().Block(
+		Return(mkErr("ErrInvalidSize", nil, nil, nil, Lit("zero size (requires ").Op("+").Id("req").Op("+").Lit(")"))),
+	)
+	comment(f, "errWithin reports a range that is empty or leaves its handle (requires within(...)).")
+	f.Func().Params(mrecv()).Id("errWithin").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
+		Return(mkErr("ErrInvalidRange", Id("h"), Id("r").Dot("Len"), Id("size"), Qual("fmt", "Sprintf").Call(Lit("range %v is empty or not within %#x bytes (requires %s)"), Id("r"), Id("size"), Id("req")))),
+	)
+	comment(f, "errAligned reports a range off the mechanism's granularity (requires aligned(...)).")
+	f.Func().Params(mrecv()).Id("errAligned").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range"))).Error().Block(
+		Return(mkErr("ErrUnaligned", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("range %v is not aligned to the granularity %#x (requires %s)"), Id("r"), Id("m").Dot("info").Dot("Granularity"), Id("req")))),
+	)
+	comment(f, "errFits reports a range whose length is not the handle's size (requires fits(...)).")
+	f.Func().Params(mrecv()).Id("errFits").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
+		Return(mkErr("ErrInvalidRange", Id("h"), Id("size"), Id("r").Dot("Len"), Qual("fmt", "Sprintf").Call(Lit("range %v is %#x bytes long, the handle %#x (requires %s)"), Id("r"), Id("r").Dot("Len"), Id("size"), Id("req")))),
+	)
+}
+
+// --- verify mode -----------------------------------------------------------
+
+func (ck *checkedGen) emitAudit() {
+	f := ck.file("audit.go")
+	c := ck.g.C
+	B := func() *Statement { return c("Bytes") }
+	arecv := func() *Statement { return Id("a").Op("*").Id("audit") }
+	untruthful := func(wanted, available, detail, cause Code) *Statement {
+		d := Dict{
+			Id("Op"): Id("a").Dot("op"), Id("Kind"): c("ErrUntruthful"),
+			Id("Mechanism"): Id("a").Dot("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("a").Dot("m").Dot("info").Dot("Authority"),
+			Id("Detail"): detail,
+		}
+		if wanted != nil {
+			d[Id("Wanted")] = wanted
+		}
+		if available != nil {
+			d[Id("Available")] = available
+		}
+		if cause != nil {
+			d[Id("Err")] = cause
+		}
+		return Op("&").Add(c("Error")).Values(d)
+	}
+
+	comment(f, `audit is what verify mode saw around one mutating call: the figures the spec
+says the call moves, and every disagreement between what the mechanism
+reported and what its counters show.`)
+	f.Type().Id("audit").Struct(
+		Id("m").Op("*").Id("mechanism"),
+		Id("op").String(),
+		Id("effect").Add(c("Effect")),
+		Id("amount").Add(B()).Comment("the rounded amount the call declares"),
+		Id("err").Error().Comment("the mechanism's own result"),
+		Id("measured").Bool().Comment("moved holds the primary figure's movement"),
+		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
+		Id("disagree").Bool().Comment("another figure moved by a different amount"),
+		Id("faults").Index().Error(),
+	)
+	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
+	f.Func().Params(arecv()).Id("want").Params().Add(B()).Block(
+		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Parens(Id("a").Dot("effect").Op("!=").Add(c("EffectConsumes")).Op("&&").Id("a").Dot("effect").Op("!=").Add(c("EffectRefunds")))).Block(Return(Lit(0))),
+		Return(Id("a").Dot("amount")),
+	)
+	comment(f, `figure compares one counter read before and after the call with the declared
+movement (up for consuming calls, down for refunding ones). The first figure
+of a call is its primary one: the ledger settles on its observed movement.`)
+	f.Func().Params(arecv()).Id("figure").Params(Id("name").String(), Id("before").Add(B()), Id("berr").Error(), Id("after").Add(B()), Id("aerr").Error()).Block(
+		If(Id("berr").Op("!=").Nil().Op("||").Id("aerr").Op("!=").Nil()).Block(
+			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Qual("fmt", "Errorf").Call(Lit("%s: reading %s: %w"), Id("a").Dot("op"), Id("name"), Qual("errors", "Join").Call(Id("berr"), Id("aerr")))),
+			Return(),
+		),
+		Id("down").Op(":=").Id("a").Dot("effect").Op("==").Add(c("EffectRefunds")),
+		Var().Id("delta").Add(B()),
+		Id("grew").Op(":=").Id("after").Op(">=").Id("before"),
+		If(Id("grew")).Block(Id("delta").Op("=").Id("after").Op("-").Id("before")).Else().Block(Id("delta").Op("=").Id("before").Op("-").Id("after")),
+		Var().Id("moved").Add(B()),
+		If(Id("delta").Op("!=").Lit(0).Op("&&").Id("grew").Op("!=").Id("down")).Block(Id("moved").Op("=").Id("delta")),
+		If(Op("!").Id("a").Dot("measured")).Block(
+			List(Id("a").Dot("measured"), Id("a").Dot("moved")).Op("=").List(True(), Id("moved")),
+		).Else().If(Id("moved").Op("!=").Id("a").Dot("moved")).Block(
+			Id("a").Dot("disagree").Op("=").True(),
+		),
+		Id("want").Op(":=").Id("a").Dot("want").Call(),
+		If(Id("delta").Op("==").Lit(0).Op("&&").Id("want").Op("==").Lit(0).Op("||").Id("moved").Op("==").Id("want").Op("&&").Id("delta").Op("==").Id("want")).Block(Return()),
+		List(Id("sign"), Id("wsign")).Op(":=").List(Lit("+"), Lit("+")),
+		If(Op("!").Id("grew")).Block(Id("sign").Op("=").Lit("-")),
+		If(Id("down")).Block(Id("wsign").Op("=").Lit("-")),
+		Id("outcome").Op(":=").Lit("success"),
+		If(Id("a").Dot("err").Op("!=").Nil()).Block(Id("outcome").Op("=").Lit("failure")),
+		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("want"), Id("delta"),
+			Qual("fmt", "Sprintf").Call(Lit("after %s %s moved by %s%d bytes, not %s%d"), Id("outcome"), Id("name"), Id("sign"), Id("delta"), Id("wsign"), Id("want")), nil)),
+	)
+	comment(f, "created checks a handle the mechanism reported creating: live and made by\nthis instance.")
+	f.Func().Params(arecv()).Id("created").Params(Id("h").Add(c("Handle"))).Block(
+		If(Id("a").Dot("err").Op("!=").Nil()).Block(Return()),
+		If(Id("err").Op(":=").Add(c("CheckHandle")).Call(Id("a").Dot("op"), Id("h"), Id("a").Dot("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(
+			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but the handle it returned is not usable"), Id("err"))),
+		),
+	)
+	comment(f, "size checks that a created handle's size is the amount charged for it.")
+	f.Func().Params(arecv()).Id("size").Params(Id("name").String(), Id("got").Add(B())).Block(
+		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Id("got").Op("==").Id("a").Dot("amount")).Block(Return()),
+		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("a").Dot("amount"), Id("got"),
+			Qual("fmt", "Sprintf").Call(Lit("%s is %d bytes, but %d were charged"), Id("name"), Id("got"), Id("a").Dot("amount")), nil)),
+	)
+	comment(f, "released checks a handle the call releases: released after success, still\nlive after failure.")
+	f.Func().Params(arecv()).Id("released").Params(Id("name").String(), Id("h").Add(c("Handle"))).Block(
+		Id("live").Op(":=").Id("h").Dot("Live").Call(),
+		Switch().Block(
+			Case(Id("a").Dot("err").Op("==").Nil().Op("&&").Id("live")).Block(
+				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but ").Op("+").Id("name").Op("+").Lit(" is still live"), nil)),
+			),
+			Case(Id("a").Dot("err").Op("!=").Nil().Op("&&").Op("!").Id("live")).Block(
+				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("failed but released ").Op("+").Id("name"), nil)),
+			),
+		),
+	)
+	comment(f, "result is the mechanism's error, joined with every finding.")
+	f.Func().Params(arecv()).Id("result").Params().Error().Block(
+		If(Len(Id("a").Dot("faults")).Op("==").Lit(0)).Block(Return(Id("a").Dot("err"))),
+		Return(Qual("errors", "Join").Call(Append(Index().Error().Values(Id("a").Dot("err")), Id("a").Dot("faults").Op("...")).Op("..."))),
+	)
+	comment(f, `settleDraw makes the grant reflect what the mechanism really installed: the
+figures' observed growth when they were measured and agree with each other,
+else (the truth is unknown) the drawn amount after success and nothing after
+failure. A surplus is undrawn (a commit that
+installed nothing gives everything back); an excess is drawn, which the grant
+may refuse.`)
+	f.Func().Params(arecv()).Id("settleDraw").Params(Id("grant").Add(c("Grant")), Id("drawn").Add(B())).Error().Block(
+		Var().Id("actual").Add(B()),
+		Switch().Block(
+			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("actual").Op("=").Id("a").Dot("moved")),
+			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("actual").Op("=").Id("drawn")),
+		),
+		Switch().Block(
+			Case(Id("actual").Op("<").Id("drawn")).Block(
+				If(Id("err").Op(":=").Id("grant").Dot("Undraw").Call(Id("drawn").Op("-").Id("actual")), Id("err").Op("!=").Nil()).Block(
+					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
+				),
+			),
+			Case(Id("actual").Op(">").Id("drawn")).Block(
+				If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("actual").Op("-").Id("drawn")), Id("err").Op("!=").Nil()).Block(
+					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
+				),
+			),
+		),
+		Return(Id("a").Dot("result").Call()),
+	)
+	comment(f, `settleRefund refunds what the mechanism really released: the figures'
+observed shrinkage when they agree, capped at the amount due (bytes beyond it
+were not this account's); else the amount due after success and nothing
+after failure.`)
+	f.Func().Params(arecv()).Id("settleRefund").Params(Id("to").Add(c("Account")), Id("due").Add(B())).Error().Block(
+		Var().Id("freed").Add(B()),
+		Switch().Block(
+			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("freed").Op("=").Min(Id("a").Dot("moved"), Id("due"))),
+			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("freed").Op("=").Id("due")),
+		),
+		If(Id("err").Op(":=").Id("refund").Call(Id("to"), Id("freed")), Id("err").Op("!=").Nil()).Block(
+			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
+		),
+		Return(Id("a").Dot("result").Call()),
+	)
+}
+
+// --- capabilities ----------------------------------------------------------
+
+func (ck *checkedGen) emitCapability(c *Capability) error {
+	f := ck.file(snake(c.Name) + ".go")
+	g := ck.g
+	if !c.Required {
+		comment(f, capType(c)+" is the checked "+c.Name+" of a wrapped mechanism.")
+		f.Type().Id(capType(c)).Struct(
+			Id("m").Op("*").Id("mechanism"),
+			Id("inner").Add(g.C(c.Name)),
+		)
+		f.Var().Id("_").Add(g.C(c.Name)).Op("=").Parens(Op("*").Id(capType(c))).Parens(Nil())
+	}
+	for _, m := range c.Methods {
+		if err := ck.emitMethod(f, c, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// methodCtx is one wrapper method being generated.
+type methodCtx struct {
+	ck     *checkedGen
+	c      *Capability
+	m      *Method
+	verify bool
+	// errDeclared records that the body declared err at function scope.
+	errDeclared bool
+}
+
+func (x *methodCtx) recvName() string {
+	if x.c.Required {
+		return "m"
+	}
+	return "w"
+}
+
+func (x *methodCtx) recv() *Statement {
+	if x.c.Required {
+		return Id("m").Op("*").Id("mechanism")
+	}
+	return Id("w").Op("*").Id(capType(x.c))
+}
+
+// declare returns the assignment operator for a statement that (re)assigns
+// err and declares the other names on its left: := unless err is the only
+// name and already declared.
+func (x *methodCtx) declare(others int) string {
+	if others == 0 && x.errDeclared {
+		return "="
+	}
+	x.errDeclared = true
+	return ":="
+}
+
+// inner is the wrapped capability.
+func (x *methodCtx) inner() *Statement {
+	if x.c.Required {
+		return Id("m").Dot("inner")
+	}
+	return Id("w").Dot("inner")
+}
+
+func (x *methodCtx) args() []Code {
+	var a []Code
+	for _, p := range x.m.Params {
+		a = append(a, Id(p.Name))
+	}
+	return a
+}
+
+// fail returns the zero results with err as the error.
+func (x *methodCtx) fail(err Code) *Statement {
+	var rs []Code
+	for _, r := range x.m.Returns[:len(x.m.Returns)-1] {
+		rs = append(rs, x.ck.g.Zero(r.Type))
+	}
+	return Return(append(rs, err)...)
+}
+
+// outs names the results of the inner call; the last is err.
+func (x *methodCtx) outs() []Code {
+	var o []Code
+	for i := range x.m.Returns[:len(x.m.Returns)-1] {
+		o = append(o, Id(fmt.Sprintf("out%d", i)))
+	}
+	return append(o, Id("err"))
+}
+
+func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
+	g := ck.g
+	params, results := g.Signature(m)
+	x := &methodCtx{ck: ck, c: c, m: m}
+	notes := ck.methodNotes(c, m)
+	doc := m.Name + " calls the wrapped mechanism's " + m.Name + "."
+	if len(notes) > 0 {
+		doc = m.Name + " checks " + strings.Join(notes, "; ") + "; then it calls the wrapped mechanism's " + m.Name + "."
+	}
+	comment(f, doc)
+	mutating := m.Accounting.Effect != EffectQuery
+	f.Func().Params(x.recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
+		if !c.Required && (mutating || len(ck.checks(m)) > 0) {
+			b.Id("m").Op(":=").Id("w").Dot("m")
+		}
+		if mutating {
+			b.If(Id("m").Dot("verify")).Block(
+				Return(Id(x.recvName()).Dot(lowerFirst(m.Name) + "Verified").Call(x.args()...)),
+			)
+		}
+		x.body(b)
+	})
+	if !mutating {
+		return nil
+	}
+	comment(f, lowerFirst(m.Name)+"Verified is "+m.Name+" in verify mode.")
+	vx := &methodCtx{ck: ck, c: c, m: m, verify: true}
+	f.Func().Params(x.recv()).Id(lowerFirst(m.Name) + "Verified").Params(params...).Params(results...).BlockFunc(func(b *Group) {
+		if !c.Required {
+			b.Id("m").Op(":=").Id("w").Dot("m")
+		}
+		b.Id("m").Dot("mu").Dot("Lock").Call()
+		b.Defer().Id("m").Dot("mu").Dot("Unlock").Call()
+		vx.body(b)
+	})
+	return nil
+}
+
+// unit is the granularity an amount is rounded to.
+func unit(round string) Code {
+	switch round {
+	case RoundAlloc:
+		return Id("m").Dot("info").Dot("AllocGranularity")
+	case RoundGranularity:
+		return Id("m").Dot("info").Dot("Granularity")
+	}
+	return Lit(0)
+}
+
+// figureParams are the handle params whose committed bytes verify mode reads:
+// those the call does not release, whose type has a committed-bytes query.
+func (x *methodCtx) figureParams() []*Param {
+	var ps []*Param
+	for _, p := range x.m.Params {
+		if p.Name != x.m.Releases && x.ck.g.IsHandle(p.Type) && committedQuery(x.ck.s, p.Type) != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+func (x *methodCtx) body(b *Group) {
+	ck, m := x.ck, x.m
+	a := m.Accounting
+	checks := ck.checks(m)
+	if len(checks) > 0 || a.Effect == EffectConsumes || a.Effect == EffectRefunds || x.verify {
+		b.Const().Id("op").Op("=").Lit(x.c.Name + "." + m.Name)
+	}
+	for _, k := range checks {
+		x.check(b, k)
+	}
+	// The ledger side, before the call.
+	switch a.Effect {
+	case EffectConsumes:
+		amt, _ := ck.expr(m, a.Amount)
+		b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("charge").Call(Id("op"), Id(a.Account), amt, unit(a.Round))
+		b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+	case EffectRefunds:
+		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		switch {
+		case a.Amount.Func == "committed":
+			p := m.Param(a.Amount.Param)
+			b.List(Id("n"), Id("err")).Op(x.declare(1)).Add(ck.committedCall(x.c, Id(p.Name), p.Type))
+			b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		case a.Round == RoundNone || a.Round == "":
+			amt, _ := ck.expr(m, a.Amount)
+			b.Id("n").Op(":=").Add(amt)
+		default:
+			amt, _ := ck.expr(m, a.Amount)
+			b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("round").Call(Id("op"), amt, unit(a.Round))
+			b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		}
+	}
+	call := x.inner().Dot(m.Name).Call(x.args()...)
+	if !x.verify {
+		switch a.Effect {
+		case EffectConsumes:
+			outs := x.outs()
+			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+			b.If(Id("err").Op("!=").Nil()).Block(Return(append(outs[:len(outs)-1:len(outs)-1], Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
+			b.Return(append(outs[:len(outs)-1:len(outs)-1], Nil())...)
+		case EffectRefunds:
+			outs := x.outs()
+			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+			b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
+			b.Return(append(outs[:len(outs)-1:len(outs)-1], Id("refund").Call(Id(a.Account), Id("n")))...)
+		default:
+			b.Return(call)
+		}
+		return
+	}
+	// Verify mode: figures before, the call, figures after.
+	figs := x.figureParams()
+	for i, p := range figs {
+		b.List(Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
+	}
+	if ck.used != nil {
+		b.Id("used0").Op(":=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
+	}
+	outs := x.outs()
+	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	amount := Code(Lit(0))
+	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
+		amount = Id("n")
+	}
+	b.Id("au").Op(":=").Id("audit").Values(Dict{
+		Id("m"): Id("m"), Id("op"): Id("op"), Id("effect"): ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
+		Id("amount"): amount, Id("err"): Id("err"),
+	})
+	for i, p := range figs {
+		q := committedQuery(ck.s, p.Type)
+		name := ck.capabilityOf(q).Name + "." + q.Name + "(" + p.Name + ")"
+		b.List(Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
+		b.Id("au").Dot("figure").Call(Lit(name), Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i)), Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i)))
+	}
+	if ck.used != nil {
+		name := ck.capabilityOf(ck.used).Name + "." + ck.used.Name + "()"
+		b.Id("au").Dot("figure").Call(Lit(name), Id("used0"), Nil(), Id("m").Dot("inner").Dot(ck.used.Name).Call(), Nil())
+	}
+	if m.Creates != "" {
+		b.Id("au").Dot("created").Call(Id("out0"))
+		if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
+			b.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
+		}
+	}
+	if m.Releases != "" {
+		b.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
+	}
+	head := outs[: len(outs)-1 : len(outs)-1]
+	switch a.Effect {
+	case EffectConsumes:
+		b.Return(append(head, Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n")))...)
+	case EffectRefunds:
+		b.Return(append(head, Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n")))...)
+	default:
+		b.Return(append(head, Id("au").Dot("result").Call())...)
+	}
+}
+
+// check emits one precondition.
+func (x *methodCtx) check(b *Group, k check) {
+	ck, m := x.ck, x.m
+	switch k.pred {
+	case PredLive:
+		h, _ := ck.expr(m, k.args[0])
+		b.If(Id("err").Op(":=").Add(ck.g.C("CheckHandle")).Call(Id("op"), h, Id("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+	case PredPositive:
+		v, _ := ck.expr(m, k.args[0])
+		b.If(Add(v).Op("==").Lit(0)).Block(x.fail(Id("m").Dot("errPositive").Call(Id("op"), Lit(k.text))))
+	case PredWithin:
+		r, _ := ck.expr(m, k.args[0])
+		h, _ := ck.expr(m, k.args[1])
+		b.If(Op("!").Add(r).Dot("Within").Call(Add(h).Dot("Size").Call())).Block(
+			x.fail(Id("m").Dot("errWithin").Call(Id("op"), Lit(k.text), r, Add(h).Dot("ID").Call(), Add(h).Dot("Size").Call())),
+		)
+	case PredAligned:
+		r, _ := ck.expr(m, k.args[0])
+		b.If(Op("!").Add(r).Dot("Aligned").Call(Id("m").Dot("info").Dot("Granularity"))).Block(
+			x.fail(Id("m").Dot("errAligned").Call(Id("op"), Lit(k.text), r)),
+		)
+	case PredFits:
+		r, _ := ck.expr(m, k.args[0])
+		h, _ := ck.expr(m, k.args[1])
+		b.If(Add(r).Dot("Len").Op("!=").Add(h).Dot("Size").Call()).Block(
+			x.fail(Id("m").Dot("errFits").Call(Id("op"), Lit(k.text), r, Add(h).Dot("ID").Call(), Add(h).Dot("Size").Call())),
+		)
+	}
+}
+
+// --- runnable examples -----------------------------------------------------
+
+// emitExample writes example_test.go: Wrap and WithVerify over the generated
+// fakes. The examples call methods by name, so they are written only while
+// the spec has the shapes they use (an allocator with Allocate and Free, a
+// VirtualBacking with Reserve and Commit) and a fakes package.
+func (ck *checkedGen) emitExample() error {
+	s := ck.s
+	has := func(capName, method, effect string) bool {
+		c := s.Capability(capName)
+		if c == nil {
+			return false
+		}
+		for _, m := range c.Methods {
+			if m.Name == method && m.Accounting.Effect == effect {
+				return true
+			}
+		}
+		return false
+	}
+	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", EffectConsumes) || !has("DeviceAllocator", "Free", EffectRefunds) ||
+		!has("VirtualBacking", "Reserve", EffectNone) || !has("VirtualBacking", "Commit", EffectConsumes) {
+		return nil
+	}
+	dir := s.Packages.Checked
+	f := NewFilePathName(ck.g.Import(dir)+"_test", path.Base(dir)+"_test")
+	f.HeaderComment(Header)
+	c := ck.g.C
+	chk := func(n string) *Statement { return Qual(ck.g.Import(dir), n) }
+	fk := func(n string) *Statement { return Qual(ck.g.Import(s.Packages.Fakes), n) }
+	must := If(Err().Op("!=").Nil()).Block(Panic(Err()))
+
+	comment(f, "Wrap a mechanism (here a fake) and every call draws from and refunds to the\nledger; a misuse is rejected before it reaches the mechanism.")
+	f.Func().Id("ExampleWrap").Params().Block(
+		Id("ctx").Op(":=").Qual("context", "Background").Call(),
+		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host")})),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech")),
+		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
+		Id("acct").Op(":=").Add(fk("NewAccount")).Call(Lit("host")),
+		Line(),
+		List(Id("a"), Err()).Op(":=").Id("m").Dot("Allocate").Call(Id("ctx"), c("AllocRequest").Values(Dict{Id("Size"): Lit(1000)}), Id("grant")),
+		must,
+		Qual("fmt", "Println").Call(Lit("allocated"), Id("a").Dot("Size").Call(), Lit("drew"), Id("grant").Dot("Drawn").Call()),
+		Qual("fmt", "Println").Call(Lit("free:"), Id("m").Dot("Free").Call(Id("ctx"), Id("a"), Id("acct")), Lit("refunded"), Id("acct").Dot("Refunded").Call()),
+		Line(),
+		Err().Op("=").Id("m").Dot("Free").Call(Id("ctx"), Id("a"), Id("acct")),
+		Qual("fmt", "Println").Call(Lit("second free:"), Qual("errors", "Is").Call(Err(), c("ErrReleased")), Lit("calls reaching the mechanism:"), Id("mech").Dot("FreeCallCount").Call()),
+		Comment("Output:"),
+		Comment("allocated 4096 drew 4096"),
+		Comment("free: <nil> refunded 4096"),
+		Comment("second free: true calls reaching the mechanism: 1"),
+	)
+	comment(f, "Verify mode catches a mechanism whose commit is a successful no-op (the\nfakes' LyingEager mode) and gives the grant back what was not installed.")
+	f.Func().Id("ExampleWithVerify").Params().Block(
+		Id("ctx").Op(":=").Qual("context", "Background").Call(),
+		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host"), Id("LyingEager"): True()})),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), chk("WithVerify").Call()),
+		List(Id("vb"), Err()).Op(":=").Add(c("RequireVirtualBacking")).Call(Id("m")),
+		must,
+		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
+		Line(),
+		List(Id("res"), Err()).Op(":=").Id("vb").Dot("Reserve").Call(Id("ctx"), c("ReserveRequest").Values(Dict{Id("Size"): Lit(1 << 20)})),
+		Qual("fmt", "Println").Call(Lit("reserve took memory without a grant:"), Qual("errors", "Is").Call(Err(), c("ErrUntruthful"))),
+		Line(),
+		Err().Op("=").Id("vb").Dot("Commit").Call(Id("ctx"), Id("res"), c("Range").Values(Dict{Id("Len"): Lit(64 << 10)}), Id("grant")),
+		Var().Id("e").Op("*").Add(c("Error")),
+		If(Qual("errors", "As").Call(Err(), Op("&").Id("e"))).Block(
+			Qual("fmt", "Println").Call(Lit("commit:"), Qual("errors", "Is").Call(Id("e"), c("ErrUntruthful")), Lit("wanted"), Id("e").Dot("Wanted"), Lit("moved"), Id("e").Dot("Available")),
+		),
+		Qual("fmt", "Println").Call(Lit("still drawn:"), Id("grant").Dot("Drawn").Call()),
+		Comment("Output:"),
+		Comment("reserve took memory without a grant: true"),
+		Comment("commit: true wanted 65536 moved 0"),
+		Comment("still drawn: 0"),
+	)
+	var buf bytes.Buffer
+	if err := f.Render(&buf); err != nil {
+		return err
+	}
+	src, err := format.Source(buf.Bytes())
+	if err != nil {
+		return err
+	}
+	ck.g.Raw(dir+"/example_test.go", src)
+	return nil
+}

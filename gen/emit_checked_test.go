@@ -1,0 +1,183 @@
+package gen
+
+import (
+	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/printer"
+	"go/token"
+	"strings"
+	"testing"
+)
+
+// checkedFuncs parses the generated checked package and returns the source
+// of each function, keyed by "receiverType.Name" (or "Name").
+func checkedFuncs(t *testing.T, s *Spec) map[string]string {
+	t.Helper()
+	files := emitOnly(t, s, emitChecked)
+	fset := token.NewFileSet()
+	out := map[string]string{}
+	for rel, src := range files {
+		if !strings.HasPrefix(rel, s.Packages.Checked+"/") || strings.HasSuffix(rel, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, rel, src, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", rel, err)
+		}
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok {
+				continue
+			}
+			key := fd.Name.Name
+			if fd.Recv != nil {
+				key = strings.TrimPrefix(recvTypeName(fd.Recv.List[0].Type), "*") + "." + key
+			}
+			var b bytes.Buffer
+			if err := printer.Fprint(&b, fset, fd); err != nil {
+				t.Fatal(err)
+			}
+			out[key] = b.String()
+		}
+	}
+	return out
+}
+
+func recvTypeName(e ast.Expr) string {
+	if s, ok := e.(*ast.StarExpr); ok {
+		return "*" + recvTypeName(s.X)
+	}
+	return e.(*ast.Ident).Name
+}
+
+// TestCheckedFollowsTheSpec: every capability method has a wrapper whose body
+// does what the method's accounting effect, releases and requires clauses
+// say, and every mutating method has its verify-mode twin.
+func TestCheckedFollowsTheSpec(t *testing.T) {
+	s := loadReal(t)
+	funcs := checkedFuncs(t, s)
+	for _, c := range s.Capabilities {
+		recv := "mechanism"
+		if !c.Required {
+			recv = capType(c)
+		}
+		for _, m := range c.Methods {
+			key := recv + "." + m.Name
+			body, ok := funcs[key]
+			if !ok {
+				t.Errorf("%s.%s: no wrapper method %s", c.Name, m.Name, key)
+				continue
+			}
+			verified := funcs[recv+"."+lowerFirst(m.Name)+"Verified"]
+			want := func(where, text, what string) {
+				t.Helper()
+				if !strings.Contains(where, text) {
+					t.Errorf("%s.%s: %s: the wrapper lacks %q", c.Name, m.Name, what, text)
+				}
+			}
+			a := m.Accounting
+			if a.Effect != EffectQuery {
+				if verified == "" {
+					t.Errorf("%s.%s: no verify-mode twin", c.Name, m.Name)
+				}
+				want(body, "if m.verify {", "verify dispatch")
+			}
+			for _, b := range []string{body, verified} {
+				if b == "" {
+					continue
+				}
+				switch a.Effect {
+				case EffectConsumes:
+					want(b, "m.charge(op, "+a.Account+", ", "charge-before-commit")
+				case EffectRefunds:
+					want(b, "m.account(op, "+a.Account+")", "refund account check")
+				case EffectQuery, EffectNone:
+					for _, bad := range []string{"charge(", "refund(", "Refund(", "Draw("} {
+						if strings.Contains(b, bad) {
+							t.Errorf("%s.%s: a %s method must not touch the ledger (%s)", c.Name, m.Name, a.Effect, bad)
+						}
+					}
+				}
+				if m.Releases != "" {
+					want(b, "memapi.CheckHandle(op, "+m.Releases+", m.info.Instance)", "release-by-creator")
+				}
+				for _, r := range m.Requires {
+					switch r.Pred {
+					case PredLive:
+						want(b, "memapi.CheckHandle(op, "+r.Args[0].Text, r.Text)
+					case PredWithin:
+						want(b, ".Within(", r.Text)
+						want(b, `"`+r.Text+`"`, r.Text)
+					case PredAligned:
+						want(b, ".Aligned(m.info.Granularity)", r.Text)
+					case PredPositive, PredFits:
+						want(b, `"`+r.Text+`"`, r.Text)
+					}
+				}
+			}
+			switch a.Effect {
+			case EffectConsumes:
+				want(body, "m.undraw(", "undraw on failure")
+				want(verified, "au.settleDraw(", "verify settles the draw")
+			case EffectRefunds:
+				want(body, "refund(", "refund after success")
+				want(verified, "au.settleRefund(", "verify settles the refund")
+			}
+		}
+	}
+}
+
+// TestCheckedChecksBeforeCharging: in every consuming wrapper the checks come
+// before the draw, and the draw before the mechanism's call.
+func TestCheckedChecksBeforeCharging(t *testing.T) {
+	s := loadReal(t)
+	funcs := checkedFuncs(t, s)
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			if m.Accounting.Effect != EffectConsumes {
+				continue
+			}
+			recv := "mechanism"
+			if !c.Required {
+				recv = capType(c)
+			}
+			body := funcs[recv+"."+m.Name]
+			charge := strings.Index(body, "m.charge(")
+			call := strings.Index(body, "inner."+m.Name+"(")
+			lastCheck := max(strings.LastIndex(body, "CheckHandle("), strings.LastIndex(body, "m.err"))
+			if charge < 0 || call < 0 || lastCheck > charge || charge > call {
+				t.Errorf("%s.%s: want checks (last at %d) < charge (%d) < call (%d)", c.Name, m.Name, lastCheck, charge, call)
+			}
+		}
+	}
+}
+
+func TestCheckedRefusesShadowingParams(t *testing.T) {
+	s := loadReal(t)
+	free := s.Capability("DeviceAllocator").Methods[2]
+	if free.Name != "Free" {
+		t.Fatalf("spec order changed: %s", free.Name)
+	}
+	free.Params[1].Name = "m"
+	g := &Gen{Spec: s, Config: Config{Module: realModule}}
+	err := emitChecked(g)
+	if err == nil || !strings.Contains(err.Error(), `parameter name "m" collides`) {
+		t.Fatalf("want a collision error, got %v", err)
+	}
+}
+
+func TestCheckedNeedsItsErrors(t *testing.T) {
+	s := loadReal(t)
+	var kept []*ErrorDecl
+	for _, e := range s.Errors {
+		if e.Name != "ErrNoAccount" {
+			kept = append(kept, e)
+		}
+	}
+	s.Errors = kept
+	err := emitChecked(&Gen{Spec: s, Config: Config{Module: realModule}})
+	if err == nil || !strings.Contains(err.Error(), "ErrNoAccount") {
+		t.Fatalf("want an error naming ErrNoAccount, got %v", err)
+	}
+}

@@ -1,0 +1,556 @@
+package gen
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"go/ast"
+	"go/format"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+	"text/template"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+func init() { register(Emitter{Name: "fakes", Order: 30, Emit: emitFakes}) }
+
+// fakesTemplates hold the hand-written state model of the fakes: host
+// memory, accounting, streams and fences, the ledger, recording and fault
+// injection. emitFakes writes each into the fakes package with the header;
+// everything per method (signatures, recording, stubs, canned results, fault
+// points, dispatch to the state model) is generated from the spec below.
+//
+//go:embed fakestmpl/*.go.tmpl
+var fakesTemplates embed.FS
+
+// fakeDecl is one generated fake type.
+type fakeDecl struct {
+	Type    string        // exported type, e.g. Mechanism
+	Doc     string        // type doc
+	Methods []*fakeMeth   // in spec order
+	Asserts []string      // contract interfaces the type implements
+	Caps    []*Capability // Mechanism: the capabilities (for accessors)
+}
+
+// fakeMeth is one spec method of a fake, with the optional capability that
+// must be offered for it to reach the state model.
+type fakeMeth struct {
+	*Method
+	Optional *Capability
+}
+
+func (d *fakeDecl) state() string { return lowerFirst(d.Type) + "State" }
+
+func emitFakes(g *Gen) error {
+	dir := g.Spec.Packages.Fakes
+	pkg := path.Base(dir)
+	stateMethods, err := renderFakeTemplates(g, dir)
+	if err != nil {
+		return err
+	}
+	emitFakesDoc(g, dir, pkg)
+
+	mech := &fakeDecl{Type: "Mechanism", Asserts: []string{"Mechanism"}, Doc: `Mechanism is a stateful in-memory mechanism that obeys the spec: host memory
+behind every handle, the spec's accounting (rounding, UsedBytes,
+CommittedBytes), the typed errors of the contract, and any subset of the
+optional capabilities (Config.Offers). On top of the state model every method
+is recorded (XCallCount, XArgsForCall, and the shared Recorder), can be
+overridden (XReturns, XReturnsOnCall, XCalls; Restore drops overrides) and
+can be made to fail before it changes anything (Inject). It is safe for
+concurrent use.`}
+	for _, c := range g.Spec.Capabilities {
+		mech.Asserts = append(mech.Asserts, c.Name)
+		mech.Caps = append(mech.Caps, c)
+		var opt *Capability
+		if !c.Required {
+			opt = c
+		}
+		for _, m := range c.Methods {
+			mech.Methods = append(mech.Methods, &fakeMeth{Method: m, Optional: opt})
+		}
+	}
+	byRole := func(roles ...string) ([]*fakeMeth, []string, error) {
+		var ms []*fakeMeth
+		var names []string
+		seen := map[string]bool{}
+		for _, r := range roles {
+			i := g.Spec.RoleInterface(r)
+			if i == nil {
+				return nil, nil, fmt.Errorf("the spec declares no interface of role %q, which the fakes need", r)
+			}
+			names = append(names, i.Name)
+			for _, m := range i.Methods {
+				if !seen[m.Name] {
+					seen[m.Name] = true
+					ms = append(ms, &fakeMeth{Method: m})
+				}
+			}
+		}
+		return ms, names, nil
+	}
+	decls := []*fakeDecl{mech}
+	for _, d := range []struct {
+		typ   string
+		roles []string
+		doc   string
+	}{
+		{"Grant", []string{RoleGrant, RoleAccount}, `Grant is a fake ledger grant: a budget that Draw takes from and Undraw
+(and Refund: a grant is also an account) gives back, refusing draws beyond the
+budget (ErrGrantExhausted) or after Close (ErrGrantClosed). Calls are
+recorded and can be overridden or faulted like every fake's.`},
+		{"Account", []string{RoleAccount}, `Account is a fake ledger account that sums what is refunded to it. Calls are
+recorded and can be overridden or faulted like every fake's.`},
+		{"Context", []string{RoleContext}, `Context is a fake device context over a fake Mechanism's host memory. Its
+streams really copy; fences complete automatically or, with
+SetManualFences, when the test says so. Calls are recorded and can be
+overridden or faulted like every fake's; the context, its streams and its
+fences share one fault set.`},
+		{"Stream", []string{RoleStream}, `Stream is a fake stream of a Context: an ordered queue of copies over the
+mechanism's memory. Calls are recorded and can be overridden or faulted.`},
+		{"Fence", []string{RoleFence}, `Fence is a fake fence recorded on a Stream. Calls are recorded and can be
+overridden or faulted.`},
+	} {
+		ms, names, err := byRole(d.roles...)
+		if err != nil {
+			return err
+		}
+		decls = append(decls, &fakeDecl{Type: d.typ, Doc: d.doc, Methods: ms, Asserts: names})
+	}
+	files := map[string]string{"Mechanism": "mechanism.go", "Grant": "ledger.go", "Account": "ledger.go",
+		"Context": "context.go", "Stream": "context.go", "Fence": "context.go"}
+	for _, d := range decls {
+		f := g.File(dir+"/"+files[d.Type], pkg)
+		emitFake(g, f, d, stateMethods[d.state()])
+	}
+	return nil
+}
+
+// renderFakeTemplates writes every template into dir and returns, per state
+// type, the methods the state model implements. A template whose first line
+// is {{/* needs: A B */}} is written only when the spec declares the
+// capabilities A and B; the others see which capabilities exist in .Caps.
+func renderFakeTemplates(g *Gen, dir string) (map[string]map[string]bool, error) {
+	names, err := fs.Glob(fakesTemplates, "fakestmpl/*.go.tmpl")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	data := struct {
+		Contract string
+		Caps     map[string]bool
+	}{g.Contract(), map[string]bool{}}
+	for _, c := range g.Spec.Capabilities {
+		data.Caps[c.Name] = true
+	}
+	methods := map[string]map[string]bool{}
+	for _, n := range names {
+		text, err := fakesTemplates.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		if !templateNeedsMet(string(text), data.Caps) {
+			continue
+		}
+		t, err := template.New(n).Parse(string(text))
+		if err != nil {
+			return nil, err
+		}
+		var buf bytes.Buffer
+		buf.WriteString(Header + "\n\n")
+		if err := t.Execute(&buf, data); err != nil {
+			return nil, err
+		}
+		src, err := format.Source(buf.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("gofmt %s: %w", n, err)
+		}
+		file, err := parser.ParseFile(token.NewFileSet(), n, src, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range file.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Recv == nil || len(fd.Recv.List) != 1 {
+				continue
+			}
+			if st, ok := fd.Recv.List[0].Type.(*ast.StarExpr); ok {
+				if id, ok := st.X.(*ast.Ident); ok {
+					if methods[id.Name] == nil {
+						methods[id.Name] = map[string]bool{}
+					}
+					methods[id.Name][fd.Name.Name] = true
+				}
+			}
+		}
+		g.Raw(dir+"/"+strings.TrimSuffix(path.Base(n), ".tmpl"), src)
+	}
+	return methods, nil
+}
+
+// templateNeedsMet reads a template's {{/* needs: ... */}} line.
+func templateNeedsMet(text string, caps map[string]bool) bool {
+	first, _, _ := strings.Cut(text, "\n")
+	rest, ok := strings.CutPrefix(first, "{{/* needs:")
+	if !ok {
+		return true
+	}
+	list, _, _ := strings.Cut(rest, "*/}}")
+	for _, c := range strings.Fields(list) {
+		if !caps[c] {
+			return false
+		}
+	}
+	return true
+}
+
+func emitFakesDoc(g *Gen, dir, pkg string) {
+	f := g.File(dir+"/doc.go", pkg)
+	f.PackageComment(strings.TrimSpace(`
+Package ` + pkg + ` holds stateful, recording, fault-injecting fakes of the memgen
+contract, generated from spec/capabilities.yaml, for testing code that uses
+device memory without a device.
+
+NewMechanism returns a Mechanism that really behaves: allocations,
+reservations, committed ranges and backings are host memory behind synthetic
+device addresses (never reused), shared views see the same bytes, CopyOnWrite
+copies, UsedBytes and CommittedBytes follow the spec's accounting with its
+rounding, every misuse returns the contract's typed error, Config.Capacity
+makes the device run out of memory, Config.Offers leaves optional
+capabilities absent to test fallback paths, and Config.LyingEager reproduces
+an eager allocator whose commit is a successful no-op. NewContext gives a
+DeviceContext whose streams copy through that memory (a read-only view
+refuses writes with ErrReadOnly) and whose fences complete automatically or
+under the test's control (SetManualFences, Fence.Complete, CompleteAll).
+NewGrant and NewAccount are a minimal ledger for testing wrappers without the
+governor.
+
+Every fake also offers what counterfeiter does, per spec method X: XCallCount,
+XArgsForCall(i), XReturns, XReturnsOnCall(i) (counting from 0), XCalls(stub),
+and Restore to go back to the state model; plus fault injection (Inject a
+Fault on the Nth call of a method or whenever a predicate holds; the call
+fails before it changes any state) and a Recorder that several fakes share to
+keep one global order of calls. All fakes are safe for concurrent use and
+start no goroutines.
+
+Adding a method to the spec adds it to the fakes: it records, counts, takes
+stubs and can be faulted at once, and reports ErrUnsupported from the state
+model until the fakes' templates (gen/fakestmpl) give it behaviour.`))
+}
+
+// emitFake writes one fake type: its struct, the per-method records, the
+// methods themselves and their counterfeiter-style API.
+func emitFake(g *Gen, f *File, d *fakeDecl, has map[string]bool) {
+	recv := func() *Statement { return Id("fake").Op("*").Id(d.Type) }
+	lower := lowerFirst(d.Type)
+
+	f.Var().DefsFunc(func(v *Group) {
+		for _, a := range d.Asserts {
+			v.Id("_").Add(g.C(a)).Op("=").Parens(Op("*").Id(d.Type)).Parens(Nil())
+		}
+	})
+	var faultable []string
+	for _, m := range d.Methods {
+		if m.ReturnsError() {
+			faultable = append(faultable, m.Name)
+		}
+	}
+	sort.Strings(faultable)
+	comment(f, lower+"FaultMethods are the methods of "+d.Type+" that Inject can make fail: those with an error result.")
+	f.Var().Id(lower + "FaultMethods").Op("=").Index().String().ValuesFunc(func(v *Group) {
+		for _, n := range faultable {
+			v.Lit(n)
+		}
+	})
+	f.Line()
+
+	comment(f, d.Doc)
+	f.Type().Id(d.Type).StructFunc(func(s *Group) {
+		s.Op("*").Id("faults").Comment("Inject, ClearFaults")
+		s.Id("state").Id(d.state()).Comment("the hand-written state model")
+		s.Id("source").String().Comment("Call.Source of its calls")
+		s.Id("rec").Op("*").Id("Recorder")
+		s.Id("quiet").Bool().Comment("count calls, keep no arguments")
+		s.Id("mu").Qual("sync", "Mutex").Comment("guards the records below")
+		for _, m := range d.Methods {
+			s.Id(recField(m)).Id(recType(d, m))
+		}
+	})
+	f.Line()
+
+	for _, m := range d.Methods {
+		emitFakeRecordTypes(g, f, d, m)
+		emitFakeMethod(g, f, d, m, recv, has[m.Name])
+		emitFakeAPI(g, f, d, m, recv)
+	}
+
+	comment(f, "Restore drops every stub and canned result set on the fake, so each method\nruns the state model again. Recorded calls and injected faults stay.")
+	f.Func().Params(recv()).Id("Restore").Params().BlockFunc(func(b *Group) {
+		b.Id("fake").Dot("mu").Dot("Lock").Call()
+		b.Defer().Id("fake").Dot("mu").Dot("Unlock").Call()
+		for _, m := range d.Methods {
+			r := Id("fake").Dot(recField(m))
+			b.Add(r.Clone().Dot("stub")).Op("=").Nil()
+			if len(m.Returns) > 0 {
+				b.Add(r.Clone().Dot("returns")).Op("=").Nil()
+				b.Add(r.Clone().Dot("onCall")).Op("=").Nil()
+			}
+		}
+	})
+
+	for _, c := range d.Caps {
+		if c.Required {
+			continue
+		}
+		comment(f, Accessor(c)+" returns the fake as "+c.Name+" when Config.Offers has it, and nil and\nfalse otherwise.")
+		f.Func().Params(recv()).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+			If(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(c)))).Block(Return(Nil(), False())),
+			Return(Id("fake"), True()),
+		)
+	}
+}
+
+func recField(m *fakeMeth) string             { return lowerFirst(m.Name) + "Calls" }
+func recType(d *fakeDecl, m *fakeMeth) string { return lowerFirst(d.Type) + m.Name + "Record" }
+func argsType(d *fakeDecl, m *fakeMeth) string {
+	return lowerFirst(d.Type) + m.Name + "Args"
+}
+func resultsType(d *fakeDecl, m *fakeMeth) string {
+	return lowerFirst(d.Type) + m.Name + "Results"
+}
+
+// funcType is the type of a stub of m.
+func funcType(g *Gen, m *Method) *Statement {
+	var ps, rs []Code
+	for _, p := range m.Params {
+		ps = append(ps, g.Type(p.Type))
+	}
+	for _, r := range m.Returns {
+		rs = append(rs, g.Type(r.Type))
+	}
+	return Func().Params(ps...).Params(rs...)
+}
+
+func resultName(i int) string { return fmt.Sprintf("result%d", i+1) }
+
+func emitFakeRecordTypes(g *Gen, f *File, d *fakeDecl, m *fakeMeth) {
+	comment(f, recType(d, m)+" holds the calls, stub and canned results of "+d.Type+"."+m.Name+".")
+	f.Type().Id(recType(d, m)).StructFunc(func(s *Group) {
+		s.Id("count").Int()
+		if len(m.Params) > 0 {
+			s.Id("args").Index().Id(argsType(d, m))
+		}
+		s.Id("stub").Add(funcType(g, m.Method))
+		if len(m.Returns) > 0 {
+			s.Id("returns").Op("*").Id(resultsType(d, m))
+			s.Id("onCall").Map(Int()).Id(resultsType(d, m))
+		}
+	})
+	if len(m.Params) > 0 {
+		f.Type().Id(argsType(d, m)).StructFunc(func(s *Group) {
+			for _, p := range m.Params {
+				s.Id(p.Name).Add(g.Type(p.Type))
+			}
+		})
+	}
+	if len(m.Returns) > 0 {
+		f.Type().Id(resultsType(d, m)).StructFunc(func(s *Group) {
+			for i, r := range m.Returns {
+				s.Id(resultName(i)).Add(g.Type(r.Type))
+			}
+		})
+	}
+}
+
+func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement, implemented bool) {
+	params, results := g.Signature(m.Method)
+	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
+	var argIDs, recArgs []Code
+	argDict := Dict{}
+	for _, p := range m.Params {
+		argIDs = append(argIDs, Id(p.Name))
+		v := Id(p.Name)
+		if p.Type == "[]byte" {
+			v = Id("cloneBytes").Call(Id(p.Name))
+		}
+		recArgs = append(recArgs, v)
+		argDict[Id(p.Name)] = v
+	}
+	var outs []Code
+	for i := range m.Returns {
+		outs = append(outs, Id("fakeR"+fmt.Sprint(i+1)))
+	}
+	errOut := Null()
+	if m.ReturnsError() {
+		errOut = Id("fakeR" + fmt.Sprint(len(m.Returns)))
+	}
+
+	doc := methodDoc(m.Method)
+	behaviour := "The fake runs its state model"
+	if !implemented {
+		behaviour = "The fakes' state model has no behaviour for " + m.Name + " yet: it returns ErrUnsupported"
+	}
+	if m.Optional != nil {
+		behaviour += " when Config.Offers has " + m.Optional.Name + " and fails with ErrUnsupported otherwise"
+	}
+	var deciders []string
+	if m.ReturnsError() {
+		deciders = append(deciders, "an injected fault")
+	}
+	deciders = append(deciders, "a stub ("+m.Name+"Calls)")
+	if len(m.Returns) > 0 {
+		deciders = append(deciders, "canned results ("+m.Name+"Returns, "+m.Name+"ReturnsOnCall)")
+	}
+	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
+	comment(f, doc)
+	f.Func().Params(recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
+		b.Id("fake").Dot("mu").Dot("Lock").Call()
+		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
+		b.Add(rec().Dot("count")).Op("++")
+		if len(m.Params) > 0 {
+			b.If(Op("!").Id("fake").Dot("quiet")).Block(
+				rec().Dot("args").Op("=").Append(rec().Dot("args"), Id(argsType(d, m)).Values(argDict)),
+			)
+		}
+		b.Id("fakeStub").Op(":=").Add(rec().Dot("stub"))
+		if len(m.Returns) > 0 {
+			b.List(Id("fakeRet"), Id("fakeCanned")).Op(":=").Add(rec().Dot("onCall")).Index(Id("fakeI"))
+			b.If(Op("!").Id("fakeCanned").Op("&&").Add(rec().Dot("returns")).Op("!=").Nil()).Block(
+				List(Id("fakeRet"), Id("fakeCanned")).Op("=").List(Op("*").Add(rec().Dot("returns")), True()),
+			)
+		} else {
+			b.Id("_").Op("=").Id("fakeI")
+		}
+		b.Id("fake").Dot("mu").Dot("Unlock").Call()
+		b.Id("fakeCall").Op(":=").Id("Call").Values(Dict{Id("Source"): Id("fake").Dot("source"), Id("Method"): Lit(m.Name)})
+		if len(m.Params) > 0 {
+			cond := Id("fake").Dot("rec").Op("!=").Nil()
+			if m.ReturnsError() {
+				cond = cond.Op("||").Id("fake").Dot("armed").Call()
+			}
+			b.If(cond).Block(Id("fakeCall").Dot("Args").Op("=").Index().Any().Values(recArgs...))
+		}
+		for i, r := range m.Returns {
+			b.Var().Id("fakeR" + fmt.Sprint(i+1)).Add(g.Type(r.Type))
+		}
+		// The chain of deciders, first match wins.
+		type decider struct {
+			cond []Code
+			body []Code
+		}
+		var chain []decider
+		add := func(cond Code, body ...Code) { chain = append(chain, decider{[]Code{cond}, body}) }
+		if m.ReturnsError() {
+			chain = append(chain, decider{
+				[]Code{Id("fakeErr").Op(":=").Id("fake").Dot("check").Call(Op("&").Id("fakeCall")), Id("fakeErr").Op("!=").Nil()},
+				[]Code{errOut.Clone().Op("=").Id("fakeErr")},
+			})
+		}
+		call := func(fn Code) Code {
+			if len(outs) == 0 {
+				return fn
+			}
+			return List(outs...).Op("=").Add(fn)
+		}
+		add(Id("fakeStub").Op("!=").Nil(), call(Id("fakeStub").Call(argIDs...)))
+		if len(m.Returns) > 0 {
+			var canned []Code
+			for i := range m.Returns {
+				canned = append(canned, Id("fakeRet").Dot(resultName(i)))
+			}
+			add(Id("fakeCanned"), List(outs...).Op("=").List(canned...))
+		}
+		if m.Optional != nil {
+			absent := Id("fake").Dot("absent").Call(Lit(m.Optional.Name), Lit(m.Name))
+			if m.ReturnsError() {
+				add(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(m.Optional))), errOut.Clone().Op("=").Add(absent))
+			} else {
+				add(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(m.Optional))), Comment("absent: zero results"))
+			}
+		}
+		var dflt Code
+		switch {
+		case implemented:
+			dflt = call(Id("fake").Dot("state").Dot(m.Name).Call(argIDs...))
+		case m.ReturnsError():
+			dflt = errOut.Clone().Op("=").Id("errNoBehaviour").Call(Lit(m.Owner + "." + m.Name))
+		default:
+			dflt = Comment("no behaviour yet: zero results")
+		}
+		var st *Statement
+		for i, c := range chain {
+			if i == 0 {
+				st = If(c.cond...).Block(c.body...)
+			} else {
+				st = st.Else().If(c.cond...).Block(c.body...)
+			}
+		}
+		b.Add(st.Else().Block(dflt))
+		if m.ReturnsError() {
+			b.Id("fakeCall").Dot("Err").Op("=").Add(errOut.Clone())
+		}
+		b.Id("fake").Dot("rec").Dot("record").Call(Id("fakeCall"))
+		b.Return(outs...)
+	})
+	f.Line()
+}
+
+func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement) {
+	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
+	lock := []Code{Id("fake").Dot("mu").Dot("Lock").Call(), Defer().Id("fake").Dot("mu").Dot("Unlock").Call()}
+
+	comment(f, m.Name+"CallCount returns how many times "+m.Name+" was called.")
+	f.Func().Params(recv()).Id(m.Name + "CallCount").Params().Int().Block(
+		append(lock, Return(rec().Dot("count")))...,
+	)
+
+	if len(m.Params) > 0 {
+		var types, vals []Code
+		for _, p := range m.Params {
+			types = append(types, g.Type(p.Type))
+			vals = append(vals, Id("a").Dot(p.Name))
+		}
+		comment(f, m.Name+"ArgsForCall returns the arguments of the i-th call of "+m.Name+", counting\nfrom 0. It panics for a fake made with Config.Quiet.")
+		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Params(types...).Block(
+			append(lock,
+				If(Id("fake").Dot("quiet")).Block(Panic(Lit("fakes: "+d.Type+"."+m.Name+"ArgsForCall: a Quiet fake keeps no arguments"))),
+				Id("a").Op(":=").Add(rec().Dot("args")).Index(Id("i")),
+				Return(vals...),
+			)...,
+		)
+	}
+
+	if len(m.Returns) > 0 {
+		var ps []Code
+		vals := Dict{}
+		for i, r := range m.Returns {
+			ps = append(ps, Id(resultName(i)).Add(g.Type(r.Type)))
+			vals[Id(resultName(i))] = Id(resultName(i))
+		}
+		comment(f, m.Name+"Returns makes every later call of "+m.Name+" return these results\ninstead of running the state model, and drops a stub set by "+m.Name+"Calls.")
+		f.Func().Params(recv()).Id(m.Name + "Returns").Params(ps...).Block(
+			append(lock,
+				rec().Dot("stub").Op("=").Nil(),
+				rec().Dot("returns").Op("=").Op("&").Id(resultsType(d, m)).Values(vals),
+			)...,
+		)
+		comment(f, m.Name+"ReturnsOnCall makes the i-th call of "+m.Name+" (counting from 0) return\nthese results, and drops a stub set by "+m.Name+"Calls.")
+		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Params(append([]Code{Id("i").Int()}, ps...)...).Block(
+			append(lock,
+				rec().Dot("stub").Op("=").Nil(),
+				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),
+				rec().Dot("onCall").Index(Id("i")).Op("=").Id(resultsType(d, m)).Values(vals),
+			)...,
+		)
+	}
+
+	comment(f, m.Name+"Calls makes "+m.Name+" call stub instead of the state model (nil removes\nthe stub). Injected faults still come first.")
+	f.Func().Params(recv()).Id(m.Name + "Calls").Params(Id("stub").Add(funcType(g, m.Method))).Block(
+		append(lock, rec().Dot("stub").Op("=").Id("stub"))...,
+	)
+	f.Line()
+}
