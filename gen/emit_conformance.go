@@ -1,0 +1,543 @@
+package gen
+
+import (
+	"bufio"
+	"bytes"
+	"embed"
+	"fmt"
+	"go/format"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConformance}) }
+
+// The conformance suite is part static, part derived from the spec.
+//
+// conformancetmpl/*.go.tmpl hold the static part: the harness (T, Run, RunT,
+// the per-subtest environment, the suite's own grant and account, the
+// helpers that read and write memory through the device context), one
+// fixture per method (valid<Method>: the arguments of one valid call) and the
+// hand-written scenarios. Each template starts with //memgen:requires lines
+// naming the declarations it uses; a template is emitted only when the spec
+// declares them all, so smaller specs get a smaller suite.
+//
+// This file derives the rest from the spec: one call type per method (its
+// parameters as fields; do calls the method and tracks created handles),
+// the snapshot of every query over every handle, how each handle type is
+// released, and the rule subtests: per method, from its accounting effect,
+// what it creates and releases, and its requires clauses; per optional
+// capability, absence and no-silent-noop; per invariant whose applies_to
+// names methods, the subtests that check it.
+//
+//go:embed conformancetmpl/*.go.tmpl
+var conformanceTemplates embed.FS
+
+var fixtureRE = regexp.MustCompile(`(?m)^func \(e \*env\) valid([A-Z][A-Za-z0-9]*)\(t T\)`)
+
+func emitConformance(g *Gen) error {
+	if g.Spec.Packages.Conformance == "" {
+		return nil
+	}
+	seen := map[string]*Method{}
+	for _, c := range g.Spec.Capabilities {
+		for _, m := range c.Methods {
+			if prev := seen[m.Name]; prev != nil {
+				return fmt.Errorf("conformance: %s.%s (%s) and %s.%s (%s) share a name; the suite needs method names unique across capabilities", prev.Owner, prev.Name, prev.Pos, m.Owner, m.Name, m.Pos)
+			}
+			seen[m.Name] = m
+		}
+	}
+	fixtures, err := g.conformanceStatic()
+	if err != nil {
+		return err
+	}
+	cg := &confGen{g: g, fixtures: fixtures, used: map[string]*Method{}, names: map[string]bool{}}
+	if err := cg.emitCalls(); err != nil {
+		return err
+	}
+	if err := cg.emitRules(); err != nil {
+		return err
+	}
+	var missing []string
+	for name, m := range cg.used {
+		if !fixtures[name] {
+			missing = append(missing, fmt.Sprintf("%s.%s (declared at %s)", m.Owner, m.Name, m.Pos))
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return fmt.Errorf("conformance: no fixture (func (e *env) valid<Method>(t T) in gen/conformancetmpl) for %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// conformanceStatic emits the templates whose requirements the spec meets
+// and returns the methods they provide fixtures for.
+func (g *Gen) conformanceStatic() (map[string]bool, error) {
+	ents, err := conformanceTemplates.ReadDir("conformancetmpl")
+	if err != nil {
+		return nil, err
+	}
+	fixtures := map[string]bool{}
+	for _, ent := range ents {
+		data, err := conformanceTemplates.ReadFile("conformancetmpl/" + ent.Name())
+		if err != nil {
+			return nil, err
+		}
+		body, reqs := splitDirectives(data)
+		ok := true
+		for _, r := range reqs {
+			if !g.declares(r) {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		src := Header + "\n\n" + strings.ReplaceAll(string(body), "{{.Contract}}", g.Contract())
+		out, err := format.Source([]byte(src))
+		if err != nil {
+			return nil, fmt.Errorf("conformance template %s: %w", ent.Name(), err)
+		}
+		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(ent.Name(), ".tmpl")), out)
+		for _, m := range fixtureRE.FindAllSubmatch(out, -1) {
+			fixtures[string(m[1])] = true
+		}
+	}
+	return fixtures, nil
+}
+
+// splitDirectives removes the leading //memgen:requires lines of a template
+// and returns the names they list.
+func splitDirectives(data []byte) (body []byte, reqs []string) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	var out bytes.Buffer
+	head := true
+	for sc.Scan() {
+		l := sc.Text()
+		if head {
+			if rest, ok := strings.CutPrefix(l, "//memgen:requires "); ok {
+				reqs = append(reqs, strings.Fields(rest)...)
+				continue
+			}
+			head = false
+			if strings.TrimSpace(l) == "" {
+				continue
+			}
+		}
+		out.WriteString(l)
+		out.WriteByte('\n')
+	}
+	return out.Bytes(), reqs
+}
+
+// declares reports whether the spec declares name: a capability, a
+// Capability.Method, a type, an enum value (TypeValue) or an error.
+func (g *Gen) declares(name string) bool {
+	s := g.Spec
+	if c, m, ok := strings.Cut(name, "."); ok {
+		cp := s.Capability(c)
+		if cp == nil {
+			return false
+		}
+		for _, x := range cp.Methods {
+			if x.Name == m {
+				return true
+			}
+		}
+		return false
+	}
+	if s.Capability(name) != nil || s.Type(name) != nil {
+		return true
+	}
+	for _, e := range s.Errors {
+		if e.Name == name {
+			return true
+		}
+	}
+	for _, t := range s.Types {
+		if t.Kind != KindEnum {
+			continue
+		}
+		for _, v := range t.Values {
+			if t.Name+v.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type confGen struct {
+	g        *Gen
+	fixtures map[string]bool
+	used     map[string]*Method // fixtures the rules call
+	names    map[string]bool
+	order    []string // subtest names in specTests order
+	tests    []Code   // entries of specTests
+	funcs    *File
+}
+
+func (cg *confGen) file(name string) *File {
+	return cg.g.File(cg.g.Spec.Packages.Conformance+"/"+name, "conformance")
+}
+
+// capField is the env field holding an optional capability.
+func capField(c *Capability) string { return lowerFirst(c.Name) }
+
+// capOf returns the capability declaring m.
+func (cg *confGen) capOf(m *Method) *Capability { return cg.g.Spec.Capability(m.Owner) }
+
+// creatorCap is the capability whose method creates handle type h.
+func (cg *confGen) creatorCap(h string) *Capability {
+	for _, c := range cg.g.Spec.Capabilities {
+		for _, m := range c.Methods {
+			if m.Creates == h {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// needs is what a subtest of c needs: c and the capabilities that create the
+// handles its methods take, transitively (views live in reservations).
+func (cg *confGen) needs(c *Capability) Code {
+	s := cg.g.Spec
+	set := map[string]bool{c.Name: true}
+	seenType := map[string]bool{}
+	var visitType func(t string)
+	var visitCap func(c *Capability)
+	visitType = func(t string) {
+		td := s.Type(t)
+		if td == nil || td.Kind != KindHandle || seenType[t] {
+			return
+		}
+		seenType[t] = true
+		if cc := cg.creatorCap(t); cc != nil && !set[cc.Name] {
+			set[cc.Name] = true
+			visitCap(cc)
+		}
+		for _, f := range td.Fields {
+			visitType(f.Type)
+		}
+	}
+	visitCap = func(c *Capability) {
+		for _, m := range c.Methods {
+			for _, p := range m.Params {
+				visitType(p.Type)
+			}
+		}
+	}
+	visitCap(c)
+	var args []Code
+	for _, x := range s.Capabilities {
+		if set[x.Name] {
+			args = append(args, cg.g.C(CapConst(x)))
+		}
+	}
+	return cg.g.C("Of").Call(args...)
+}
+
+// recv returns the code reaching m's capability from env e.
+func (cg *confGen) recv(m *Method) *Statement {
+	c := cg.capOf(m)
+	if c.Required {
+		return Id("e").Dot("m")
+	}
+	return Id("e").Dot(capField(c))
+}
+
+func callType(m *Method) string { return "call" + m.Name }
+
+// emitCalls writes calls.go: the capabilities the env holds, one call type
+// per method, and what the spec's handle types need at run time.
+func (cg *confGen) emitCalls() error {
+	g, s := cg.g, cg.g.Spec
+	f := cg.file("calls.go")
+	comment(f, "capabilities holds the optional capabilities the subject offers.")
+	f.Type().Id("capabilities").StructFunc(func(st *Group) {
+		for _, c := range s.Capabilities {
+			if !c.Required {
+				st.Id(capField(c)).Add(g.C(c.Name))
+			}
+		}
+	})
+	comment(f, "load asks m's accessors and returns the capabilities it claims.")
+	f.Func().Params(Id("c").Op("*").Id("capabilities")).Id("load").Params(Id("m").Add(g.C("Mechanism"))).Add(g.C("CapSet")).BlockFunc(func(b *Group) {
+		var req []Code
+		for _, c := range s.Capabilities {
+			if c.Required {
+				req = append(req, g.C(CapConst(c)))
+			}
+		}
+		b.Id("s").Op(":=").Add(g.C("Of")).Call(req...)
+		for _, c := range s.Capabilities {
+			if c.Required {
+				continue
+			}
+			b.If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok")).Block(
+				Id("c").Dot(capField(c)).Op("=").Id("v"),
+				Id("s").Op("|=").Add(g.C("Of")).Call(g.C(CapConst(c))),
+			)
+		}
+		b.Return(Id("s"))
+	})
+
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			for _, p := range m.Params {
+				if p.Name == "do" || p.Name == "call" {
+					return fmt.Errorf("conformance: %s.%s: parameter name %q clashes with the suite's call methods", c.Name, m.Name, p.Name)
+				}
+			}
+			cg.emitCall(f, c, m)
+		}
+	}
+
+	// handleFields: the handles a handle refers to.
+	comment(f, "handleFields returns the live-or-not handles h refers to (a view's\nreservation and backing).")
+	var fieldCases []Code
+	for _, t := range s.Handles() {
+		var body []Code
+		for _, fd := range t.Fields {
+			if g.IsHandle(fd.Type) {
+				body = append(body, If(Id("x").Op(":=").Id("h").Dot(fd.Name).Call(), Id("x").Op("!=").Nil()).Block(
+					Id("out").Op("=").Append(Id("out"), Id("x")),
+				))
+			}
+		}
+		if len(body) > 0 {
+			fieldCases = append(fieldCases, Case(Op("*").Add(g.C(t.Name))).Block(body...))
+		}
+	}
+	f.Func().Id("handleFields").Params(Id("h").Add(g.C("Handle"))).Index().Add(g.C("Handle")).BlockFunc(func(b *Group) {
+		if len(fieldCases) == 0 {
+			b.Return(Nil())
+			return
+		}
+		b.Var().Id("out").Index().Add(g.C("Handle"))
+		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).Block(fieldCases...)
+		b.Return(Id("out"))
+	})
+
+	// releaseHandle: how the sweep releases each handle type.
+	comment(f, "releaseHandle releases h through e's mechanism with the method the spec\ndeclares for its type.")
+	f.Func().Params(Id("e").Op("*").Id("env")).Id("releaseHandle").Params(Id("h").Add(g.C("Handle"))).Error().BlockFunc(func(b *Group) {
+		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).BlockFunc(func(sw *Group) {
+			for _, t := range s.Handles() {
+				m := cg.releaser(t.Name)
+				if m == nil {
+					continue
+				}
+				vals := Dict{}
+				for _, p := range m.Params {
+					switch {
+					case p.Name == m.Releases:
+						vals[Id(p.Name)] = Id("h")
+					case p.Type == "context.Context":
+						vals[Id(p.Name)] = Id("e").Dot("ctx")
+					case cg.isRole(p.Type, RoleAccount):
+						vals[Id(p.Name)] = Id("e").Dot("account")
+					case cg.isRole(p.Type, RoleGrant):
+						vals[Id(p.Name)] = Id("e").Dot("grant")
+					}
+				}
+				sw.Case(Op("*").Add(g.C(t.Name))).Block(
+					List(Id("_"), Err()).Op(":=").Parens(Op("&").Id(callType(m)).Values(vals)).Dot("call").Call(Id("e")),
+					Return(Err()),
+				)
+			}
+		})
+		b.Return(Qual("fmt", "Errorf").Call(Lit("the spec declares no method that releases %T"), Id("h")))
+	})
+
+	// committed<Type>: the committed(x) function of accounting amounts.
+	for _, t := range s.Handles() {
+		q := committedQuery(s, t.Name)
+		if q == nil {
+			continue
+		}
+		comment(f, fmt.Sprintf("committed%s returns %s(h); it must work.", t.Name, q.Name))
+		f.Func().Params(Id("e").Op("*").Id("env")).Id("committed"+t.Name).Params(Id("t").Id("T"), Id("h").Op("*").Add(g.C(t.Name))).Add(g.C("Bytes")).Block(
+			Id("t").Dot("Helper").Call(),
+			List(Id("n"), Err()).Op(":=").Parens(Op("&").Id(callType(q)).Values(Dict{Id(q.Params[0].Name): Id("h")})).Dot("do").Call(Id("e")),
+			If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit(q.Name+"(%v): %v"), Id("h"), Err())),
+			Return(Id("n")),
+		)
+	}
+
+	// observeQueries: every query of the spec over what it can be asked about.
+	comment(f, "observeQueries records the answer of every query method of the spec, for\nthe mechanism and for every live handle a query takes.")
+	f.Func().Params(Id("e").Op("*").Id("env")).Id("observeQueries").Params(Id("prefix").String(), Id("s").Id("state"), Id("hs").Index().Add(g.C("Handle"))).BlockFunc(func(b *Group) {
+		var perHandle []Code
+		for _, c := range s.Capabilities {
+			for _, m := range c.Methods {
+				if m.Accounting.Effect != EffectQuery || len(m.Returns) == 0 {
+					continue
+				}
+				var rs []Code
+				for i := range m.Returns {
+					rs = append(rs, Id(fmt.Sprintf("r%d", i)))
+				}
+				switch {
+				case len(m.Params) == 0:
+					call := List(rs...).Op(":=").Add(cg.recv(m)).Dot(m.Name).Call()
+					rec := Id("s").Index(Id("prefix").Op("+").Lit(m.Name+"()")).Op("=").Qual("fmt", "Sprint").Call(rs...)
+					if c.Required {
+						b.Block(call, rec)
+					} else {
+						b.If(cg.recv(m).Op("!=").Nil()).Block(call, rec)
+					}
+				case len(m.Params) == 1 && g.IsHandle(m.Params[0].Type):
+					body := []Code{
+						List(rs...).Op(":=").Add(cg.recv(m)).Dot(m.Name).Call(Id("h")),
+						Id("s").Index(Id("prefix").Op("+").Qual("fmt", "Sprintf").Call(Lit(m.Name+"(%v)"), Id("h"))).Op("=").Qual("fmt", "Sprint").Call(rs...),
+					}
+					if !c.Required {
+						body = []Code{If(cg.recv(m).Op("!=").Nil()).Block(body...)}
+					}
+					perHandle = append(perHandle, Case(Op("*").Add(g.C(m.Params[0].Type))).Block(body...))
+				}
+			}
+		}
+		if len(perHandle) > 0 {
+			b.For(List(Id("_"), Id("x")).Op(":=").Range().Id("hs")).Block(
+				If(Op("!").Id("x").Dot("Live").Call()).Block(Continue()),
+				Switch(Id("h").Op(":=").Id("x").Assert(Type())).Block(perHandle...),
+			)
+		}
+	})
+	return nil
+}
+
+// releaser returns the method that releases handle type t with nothing but
+// a context, the handle and the ledger: the sweep's way to release it.
+func (cg *confGen) releaser(t string) *Method {
+	var best *Method
+	for _, c := range cg.g.Spec.Capabilities {
+		for _, m := range c.Methods {
+			if m.Releases == "" || m.Param(m.Releases).Type != t || m.Creates != "" {
+				continue
+			}
+			simple := true
+			for _, p := range m.Params {
+				if p.Name != m.Releases && p.Type != "context.Context" && !cg.isRole(p.Type, RoleAccount) && !cg.isRole(p.Type, RoleGrant) {
+					simple = false
+				}
+			}
+			if simple && best == nil {
+				best = m
+			}
+		}
+	}
+	return best
+}
+
+func (cg *confGen) isRole(typ, role string) bool {
+	i := cg.g.Spec.Interface(typ)
+	return i != nil && i.Role == role
+}
+
+// emitCall writes the call type of one method.
+func (cg *confGen) emitCall(f *File, c *Capability, m *Method) {
+	g := cg.g
+	ct := callType(m)
+	comment(f, fmt.Sprintf("%s holds the arguments of one %s.%s call.", ct, c.Name, m.Name))
+	f.Type().Id(ct).StructFunc(func(st *Group) {
+		for _, p := range m.Params {
+			st.Id(p.Name).Add(g.Type(p.Type))
+		}
+	})
+	var args []Code
+	for _, p := range m.Params {
+		args = append(args, Id("c").Dot(p.Name))
+	}
+	_, results := g.Signature(m)
+	var rs []Code
+	for i := range m.Returns {
+		rs = append(rs, Id(fmt.Sprintf("r%d", i)))
+	}
+	errIdx := -1
+	if m.ReturnsError() {
+		errIdx = len(m.Returns) - 1
+	}
+	created := -1
+	for i, r := range m.Returns {
+		if m.Creates != "" && r.Type == m.Creates {
+			created = i
+		}
+	}
+	doc := "do calls " + m.Name + " on e's mechanism"
+	if created >= 0 {
+		doc += " and tracks the handle it creates"
+	}
+	comment(f, doc+".")
+	f.Func().Params(Id("c").Op("*").Id(ct)).Id("do").Params(Id("e").Op("*").Id("env")).Params(results...).BlockFunc(func(b *Group) {
+		if !c.Required {
+			var zeros []Code
+			for i, r := range m.Returns {
+				if i == errIdx {
+					zeros = append(zeros, Op("&").Add(g.C("Error")).Values(Dict{
+						Id("Op"):     Lit(c.Name + "." + m.Name),
+						Id("Kind"):   g.C("ErrUnsupported"),
+						Id("Detail"): Lit("the subject's " + Accessor(c) + " returned a nil capability"),
+					}))
+				} else {
+					zeros = append(zeros, g.Zero(r.Type))
+				}
+			}
+			if errIdx >= 0 {
+				b.If(cg.recv(m).Op("==").Nil()).Block(Return(zeros...))
+			}
+		}
+		if len(rs) == 0 {
+			b.Add(cg.recv(m)).Dot(m.Name).Call(args...)
+			return
+		}
+		b.List(rs...).Op(":=").Add(cg.recv(m)).Dot(m.Name).Call(args...)
+		if created >= 0 {
+			cond := Id(fmt.Sprintf("r%d", created)).Op("!=").Nil()
+			if errIdx >= 0 {
+				cond = Id(fmt.Sprintf("r%d", errIdx)).Op("==").Nil().Op("&&").Add(cond)
+			}
+			b.If(cond).Block(Id("e").Dot("track").Call(Id(fmt.Sprintf("r%d", created))))
+		}
+		b.Return(rs...)
+	})
+	comment(f, "call is do returning the created handle, if any, as a Handle.")
+	f.Func().Params(Id("c").Op("*").Id(ct)).Id("call").Params(Id("e").Op("*").Id("env")).Params(g.C("Handle"), Error()).BlockFunc(func(b *Group) {
+		if created < 0 && errIdx < 0 {
+			b.Id("c").Dot("do").Call(Id("e"))
+		} else {
+			var lhs []Code
+			for i := range m.Returns {
+				switch i {
+				case created:
+					lhs = append(lhs, Id("h"))
+				case errIdx:
+					lhs = append(lhs, Err())
+				default:
+					lhs = append(lhs, Id("_"))
+				}
+			}
+			b.List(lhs...).Op(":=").Id("c").Dot("do").Call(Id("e"))
+		}
+		errv := Code(Nil())
+		if errIdx >= 0 {
+			errv = Err()
+		}
+		if created >= 0 {
+			b.If(Id("h").Op("==").Nil()).Block(Return(Nil(), errv))
+			b.Return(Id("h"), errv)
+		} else {
+			b.Return(Nil(), errv)
+		}
+	})
+}

@@ -1,0 +1,611 @@
+package gen
+
+import (
+	"fmt"
+	"go/format"
+	"strings"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+// Invariants the conformance suite checks per method. Invariants with other
+// ids govern layers above the mechanism (the ledger, the device context, the
+// manager) and are tested there.
+const (
+	invChargeBeforeCommit = "charge-before-commit"
+	invNoPartialState     = "no-partial-state"
+	invReleaseByCreator   = "release-by-creator"
+	invNoSilentNoop       = "no-silent-noop"
+)
+
+// emitRules writes rules.go: the subtests derived from the spec.
+func (cg *confGen) emitRules() error {
+	s := cg.g.Spec
+	cg.funcs = cg.file("rules.go")
+	f := cg.funcs
+	var lines []string
+	for _, iv := range s.Invariants {
+		switch iv.ID {
+		case invChargeBeforeCommit, invNoPartialState, invReleaseByCreator, invNoSilentNoop:
+			lines = append(lines, fmt.Sprintf("  - %s: invariant/%s/...", iv.ID, iv.ID))
+		default:
+			lines = append(lines, fmt.Sprintf("  - %s: not a property of one mechanism; enforced by %s", iv.ID, strings.Join(iv.EnforcedBy, ", ")))
+		}
+	}
+	comment(f, "The subtests below are derived from the spec: per method from its\naccounting effect, what it creates and releases and its requires clauses;\nper optional capability from its absence; per invariant from what it\napplies to. The invariants of the spec and where the suite checks them:\n\n"+strings.Join(lines, "\n"))
+	f.Line()
+	for _, c := range s.Capabilities {
+		if !c.Required {
+			cg.absent(c)
+		}
+		for _, m := range c.Methods {
+			if err := cg.methodRules(c, m); err != nil {
+				return err
+			}
+		}
+	}
+	for _, iv := range s.Invariants {
+		if iv.ID != invNoSilentNoop {
+			continue
+		}
+		for _, name := range iv.Applies.Capabilities {
+			if c := s.Capability(name); c != nil {
+				if err := cg.noSilentNoop(c); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	comment(f, "specTests are the derived subtests, in spec order.")
+	f.Var().Id("specTests").Op("=").Index().Id("test").Values(cg.tests...)
+	return cg.emitExample()
+}
+
+// emitExample writes a runnable example whose output, derived from the spec,
+// lists the release-by-creator subtests: one per releasing method.
+func (cg *confGen) emitExample() error {
+	prefix := "invariant/" + invReleaseByCreator + "/"
+	var out []string
+	for _, n := range cg.order {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, "\t// "+n)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	conf := cg.g.Import(cg.g.Spec.Packages.Conformance)
+	src := Header + `
+
+package conformance_test
+
+import (
+	"fmt"
+	"strings"
+
+	"` + conf + `"
+)
+
+// A mechanism package runs the whole suite with conformance.Run(t, factory).
+// The subtests are named by capability and invariant, so go test -run selects
+// them: every releasing method of the spec has a release-by-creator subtest.
+func ExampleNames() {
+	for _, n := range conformance.Names() {
+		if strings.HasPrefix(n, "` + prefix + `") {
+			fmt.Println(n)
+		}
+	}
+	// Output:
+` + strings.Join(out, "\n") + `
+}
+`
+	b, err := format.Source([]byte(src))
+	if err != nil {
+		return fmt.Errorf("conformance example: %w", err)
+	}
+	cg.g.Raw(cg.g.Spec.Packages.Conformance+"/example_test.go", b)
+	return nil
+}
+
+// add registers one subtest with its body.
+func (cg *confGen) add(name string, c *Capability, body ...Code) {
+	if cg.names[name] {
+		// Unreachable: names are Capability/Method/case with method names
+		// unique across capabilities (checked in emitConformance).
+		panic("conformance: duplicate subtest " + name)
+	}
+	cg.names[name] = true
+	cg.order = append(cg.order, name)
+	fn := "spec" + camel(name)
+	comment(cg.funcs, fn+" is the subtest "+name+".")
+	cg.funcs.Func().Id(fn).Params(Id("t").Id("T"), Id("e").Op("*").Id("env")).Block(body...)
+	cg.funcs.Line()
+	cg.tests = append(cg.tests, Line().Values(Lit(name), cg.needs(c), Id(fn)))
+}
+
+// camel turns a subtest name into a Go identifier part.
+func camel(name string) string {
+	var b strings.Builder
+	up := true
+	for _, r := range name {
+		switch {
+		case r == '/' || r == '-' || r == '_' || r == ' ':
+			up = true
+		case up:
+			b.WriteString(strings.ToUpper(string(r)))
+			up = false
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// fixture returns `c := e.valid<M>(t)` (or `c = ...` when again).
+func (cg *confGen) fixture(m *Method, again bool) Code {
+	cg.used[m.Name] = m
+	op := ":="
+	if again {
+		op = "="
+	}
+	return Id("c").Op(op).Id("e").Dot("valid" + m.Name).Call(Id("t"))
+}
+
+func envs(es ...string) Code {
+	var vs []Code
+	for _, e := range es {
+		vs = append(vs, Id(e))
+	}
+	return Index().Op("*").Id("env").Values(vs...)
+}
+
+// refuse returns the call of the suite's refuse helper on c.call.
+func (cg *confGen) refuse(what string, es []string, kinds ...string) Code {
+	args := []Code{Id("t"), Lit(what), envs(es...), Id("c").Dot("call"), Id("e")}
+	for _, k := range kinds {
+		args = append(args, cg.g.C(k))
+	}
+	return Id("refuse").Call(args...)
+}
+
+func (cg *confGen) hasError(name string) bool {
+	for _, e := range cg.g.Spec.Errors {
+		if e.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// expr returns Go code reading x from the call c: handle fields are methods,
+// struct fields are fields; committed(h) asks the spec's committed query.
+func (cg *confGen) expr(m *Method, x *Expr) (*Statement, string, error) {
+	s := cg.g.Spec
+	p := m.Param(x.Param)
+	if p == nil {
+		return nil, "", fmt.Errorf("conformance: %s.%s: %q names no parameter", m.Owner, m.Name, x.Text)
+	}
+	if x.Func == "committed" {
+		return Id("e").Dot("committed"+p.Type).Call(Id("t"), Id("c").Dot(p.Name)), "Bytes", nil
+	}
+	code := Id("c").Dot(p.Name)
+	cur := p.Type
+	for _, fname := range x.Path {
+		t := s.Type(cur)
+		if t == nil {
+			return nil, "", fmt.Errorf("conformance: %s.%s: %q: %s has no fields", m.Owner, m.Name, x.Text, cur)
+		}
+		fd := t.Field(fname)
+		if fd == nil {
+			return nil, "", fmt.Errorf("conformance: %s.%s: %q: %s has no field %s", m.Owner, m.Name, x.Text, cur, fname)
+		}
+		if t.Kind == KindHandle {
+			code = code.Dot(fname).Call()
+		} else {
+			code = code.Dot(fname)
+		}
+		cur = fd.Type
+	}
+	return code, cur, nil
+}
+
+// lvalue is expr for an assignable expression: a parameter or a path through
+// struct fields (handles are read-only).
+func (cg *confGen) lvalue(m *Method, x *Expr) (*Statement, error) {
+	if x.Func != "" {
+		return nil, fmt.Errorf("conformance: %s.%s: cannot assign to %q", m.Owner, m.Name, x.Text)
+	}
+	cur := m.Param(x.Param).Type
+	for _, fname := range x.Path {
+		t := cg.g.Spec.Type(cur)
+		if t.Kind == KindHandle {
+			return nil, fmt.Errorf("conformance: %s.%s: cannot assign to %q: it goes through handle %s", m.Owner, m.Name, x.Text, cur)
+		}
+		cur = t.Field(fname).Type
+	}
+	code, _, err := cg.expr(m, x)
+	return code, err
+}
+
+func roundConst(r string) string {
+	switch r {
+	case RoundAlloc:
+		return "roundAlloc"
+	case RoundGranularity:
+		return "roundGranularity"
+	}
+	return "roundNone"
+}
+
+// amount returns `want := e.round(t, <amount>, <unit>)` for a consuming or
+// refunding method, evaluated before the call.
+func (cg *confGen) amount(m *Method) (Code, error) {
+	a := m.Accounting
+	code, _, err := cg.expr(m, a.Amount)
+	if err != nil {
+		return nil, err
+	}
+	return Id("want").Op(":=").Id("e").Dot("round").Call(Id("t"), code, Id(roundConst(a.Round))), nil
+}
+
+// mustCall returns the call of c with a fatal check; created tells whether
+// to keep the created handle in h.
+func mustCall(m *Method, keep bool) Code {
+	fail := Id("t").Dot("Fatalf").Call(Lit(m.Name+": %v"), Err())
+	if keep {
+		return Add(List(Id("h"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e"))).Line().If(Err().Op("!=").Nil()).Block(fail)
+	}
+	return If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(fail)
+}
+
+func (cg *confGen) methodRules(c *Capability, m *Method) error {
+	g := cg.g
+	s := g.Spec
+	pre := c.Name + "/" + m.Name + "/"
+	invariant := func(id string) *Invariant {
+		for _, iv := range s.Invariants {
+			if iv.ID == id {
+				return iv
+			}
+		}
+		return nil
+	}
+
+	if m.Creates != "" {
+		cg.add(pre+"creates-live-handle", c,
+			cg.fixture(m, false),
+			List(Id("h"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")),
+			If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit(m.Name+": %v"), Err())),
+			Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
+		)
+	}
+
+	a := m.Accounting
+	switch a.Effect {
+	case EffectConsumes:
+		want, err := cg.amount(m)
+		if err != nil {
+			return err
+		}
+		ht := s.Type(m.Creates)
+		sized := ht != nil && ht.Field("Size") != nil
+		body := []Code{
+			cg.fixture(m, false),
+			want,
+			Id("before").Op(":=").Id("e").Dot("books").Call(),
+			mustCall(m, sized),
+			Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
+		}
+		if sized {
+			body = append(body,
+				Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
+				If(
+					List(Id("x"), Id("_")).Op(":=").Id("h").Assert(Op("*").Add(g.C(m.Creates))),
+					Id("x").Op("!=").Nil().Op("&&").Id("x").Dot("Size").Call().Op("!=").Id("want"),
+				).Block(
+					Id("t").Dot("Errorf").Call(Lit(m.Name+": the "+m.Creates+"'s Size() is %d, want %d (the amount rounded as the spec declares)"), Id("x").Dot("Size").Call(), Id("want")),
+				),
+			)
+		}
+		cg.add(pre+"exact-accounting", c, body...)
+
+		gp := a.Account
+		if iv := invariant(invChargeBeforeCommit); iv != nil && iv.Applies.Consumes {
+			cg.add("invariant/"+invChargeBeforeCommit+"/"+m.Name, c,
+				cg.fixture(m, false),
+				Id("c").Dot(gp).Op("=").Nil(),
+				cg.refuse(m.Name+" without a grant", []string{"e"}, "ErrNoGrant"),
+				cg.fixture(m, true),
+				Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority").Op("+").Lit("/other"), Id("unlimited")),
+				Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant of another authority"), Id("e"), Id("c").Dot("call"), g.C("ErrAuthorityMismatch")),
+			)
+		}
+		if iv := invariant(invNoPartialState); iv != nil && iv.Applies.Consumes {
+			cg.add("invariant/"+invNoPartialState+"/"+m.Name, c,
+				cg.fixture(m, false),
+				Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority"), Lit(0)),
+				Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant that cannot be drawn from"), Id("e"), Id("c").Dot("call"), g.C("ErrGrantExhausted")),
+			)
+		}
+	case EffectRefunds:
+		want, err := cg.amount(m)
+		if err != nil {
+			return err
+		}
+		body := []Code{
+			cg.fixture(m, false),
+			want,
+			Id("before").Op(":=").Id("e").Dot("books").Call(),
+			mustCall(m, false),
+			Id("e").Dot("expectRefunded").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
+		}
+		if m.Releases != "" {
+			body = append(body, If(Id("c").Dot(m.Releases).Dot("Live").Call()).Block(
+				Id("t").Dot("Errorf").Call(Lit(m.Name+" succeeded but "+m.Releases+" is still live")),
+			))
+		}
+		cg.add(pre+"exact-refund", c, body...)
+		if cg.hasError("ErrNoAccount") {
+			cg.add(pre+"nil-account", c,
+				cg.fixture(m, false),
+				Id("c").Dot(a.Account).Op("=").Nil(),
+				Id("tolerate").Call(Id("t"), Lit(m.Name+" without an account"), Id("e"), Id("c").Dot("call"), g.C("ErrNoAccount")),
+			)
+		}
+	case EffectNone:
+		cg.add(pre+"no-accounting", c,
+			cg.fixture(m, false),
+			Id("before").Op(":=").Id("e").Dot("books").Call(),
+			mustCall(m, false),
+			Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Lit(0)),
+		)
+	}
+
+	if x := m.Releases; x != "" {
+		cg.add(pre+"double-release", c,
+			cg.fixture(m, false),
+			If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(
+				Id("t").Dot("Fatalf").Call(Lit("first "+m.Name+": %v"), Err()),
+			),
+			cg.refuse(m.Name+" of an already released "+x, []string{"e"}, "ErrReleased"),
+		)
+		cg.add(pre+"concurrent-release", c,
+			For(Range().Lit(4)).Block(
+				cg.fixture(m, false),
+				Id("releaseRace").Call(Id("t"), Lit(m.Name), Id("e"), Id("c").Dot("call")),
+			),
+		)
+		name := pre + "foreign-" + x
+		if iv := invariant(invReleaseByCreator); iv != nil && iv.Applies.Releases {
+			name = "invariant/" + invReleaseByCreator + "/" + m.Name
+		}
+		cg.add(name, c, cg.foreign(m, x)...)
+	}
+
+	var hasAligned bool
+	fitsOn := map[string]bool{}
+	for _, r := range m.Requires {
+		switch r.Pred {
+		case PredAligned:
+			hasAligned = true
+		case PredFits:
+			fitsOn[r.Args[0].Text] = true
+		}
+	}
+	gran := Id("g").Op(":=").Id("e").Dot("gran").Call(Id("t"))
+	for _, r := range m.Requires {
+		switch r.Pred {
+		case PredLive:
+			x := r.Args[0].Param
+			if !g.IsHandle(m.Param(x).Type) {
+				return fmt.Errorf("conformance: %s.%s: live(%s) of a value that is not a handle", m.Owner, m.Name, x)
+			}
+			cg.add(pre+"nil-"+x, c,
+				cg.fixture(m, false),
+				Id("c").Dot(x).Op("=").Nil(),
+				cg.refuse(m.Name+" with a nil "+x, []string{"e"}, "ErrNilHandle"),
+			)
+			if x == m.Releases {
+				continue // double-release and the foreign test cover it
+			}
+			cg.add(pre+"released-"+x, c,
+				cg.fixture(m, false),
+				Id("e").Dot("release").Call(Id("t"), Id("c").Dot(x)),
+				cg.refuse(m.Name+" with a released "+x, []string{"e"}, "ErrReleased"),
+			)
+			cg.add(pre+"foreign-"+x, c, cg.foreign(m, x)...)
+		case PredWithin:
+			rv, err := cg.lvalue(m, r.Args[0])
+			if err != nil {
+				return err
+			}
+			hv, ht, err := cg.expr(m, r.Args[1])
+			if err != nil {
+				return err
+			}
+			if td := s.Type(ht); td == nil || td.Kind != KindHandle || td.Field("Size") == nil {
+				return fmt.Errorf("conformance: %s.%s: within(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
+			}
+			size := hv.Clone().Dot("Size").Call()
+			body := []Code{
+				cg.fixture(m, false),
+				rv.Clone().Op("=").Add(g.C("Range")).Values(Dict{Id("Off"): size.Clone(), Id("Len"): rv.Clone().Dot("Len")}),
+				cg.refuse(m.Name+" of a range past the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+			}
+			if hasAligned {
+				body = append(body,
+					gran,
+					cg.fixture(m, true),
+					If(rv.Clone().Dot("Len").Op(">").Id("g")).Block(
+						rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Id("g"),
+						cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+					),
+					cg.fixture(m, true),
+					rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("/").Id("g").Op("*").Id("g"),
+				)
+			} else {
+				body = append(body,
+					cg.fixture(m, true),
+					rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
+					cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+					cg.fixture(m, true),
+					rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
+				)
+			}
+			body = append(body, cg.refuse(m.Name+" of a range whose end overflows", []string{"e"}, "ErrInvalidRange"))
+			cg.add(pre+"out-of-range", c, body...)
+			if !fitsOn[r.Args[0].Text] {
+				cg.add(pre+"empty-range", c,
+					cg.fixture(m, false),
+					rv.Clone().Dot("Len").Op("=").Lit(0),
+					cg.refuse(m.Name+" of an empty range", []string{"e"}, "ErrInvalidRange"),
+				)
+			}
+		case PredAligned:
+			rv, err := cg.lvalue(m, r.Args[0])
+			if err != nil {
+				return err
+			}
+			body := []Code{
+				gran,
+				If(Id("g").Op("<").Lit(2)).Block(Id("t").Dot("Skipf").Call(Lit("granularity %d: every range is aligned"), Id("g"))),
+				cg.fixture(m, false),
+				rv.Clone().Dot("Off").Op("+=").Id("g").Op("/").Lit(2),
+				cg.refuse(m.Name+" of a range whose offset is half a granule off", []string{"e"}, "ErrUnaligned"),
+			}
+			if !fitsOn[r.Args[0].Text] {
+				body = append(body,
+					cg.fixture(m, true),
+					rv.Clone().Dot("Len").Op("-=").Id("g").Op("/").Lit(2),
+					cg.refuse(m.Name+" of a range whose length is half a granule off", []string{"e"}, "ErrUnaligned"),
+				)
+			}
+			cg.add(pre+"unaligned", c, body...)
+		case PredPositive:
+			lv, err := cg.lvalue(m, r.Args[0])
+			if err != nil {
+				return err
+			}
+			x := r.Args[0].Text
+			cg.add(pre+"zero-size", c,
+				cg.fixture(m, false),
+				lv.Clone().Op("=").Lit(0),
+				cg.refuse(m.Name+" with "+x+" = 0", []string{"e"}, "ErrInvalidSize"),
+			)
+			cg.add(pre+"huge-size", c,
+				cg.fixture(m, false),
+				lv.Clone().Op("=").Lit(1).Op("<<").Lit(62),
+				cg.refuse(m.Name+" with "+x+" = 1<<62", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
+				cg.fixture(m, true),
+				lv.Clone().Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)),
+				cg.refuse(m.Name+" with "+x+" = 1<<64-1 (rounding it up overflows)", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
+			)
+		case PredFits:
+			rv, err := cg.lvalue(m, r.Args[0])
+			if err != nil {
+				return err
+			}
+			bv, bt, err := cg.expr(m, r.Args[1])
+			if err != nil {
+				return err
+			}
+			if td := s.Type(bt); td == nil || td.Field("Size") == nil {
+				return fmt.Errorf("conformance: %s.%s: fits(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
+			}
+			bsize := bv.Clone().Dot("Size").Call()
+			cg.add(pre+"size-mismatch", c,
+				gran,
+				cg.fixture(m, false),
+				rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("+").Id("g"),
+				cg.refuse(m.Name+" of a range longer than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
+				cg.fixture(m, true),
+				If(bsize.Clone().Op(">").Id("g")).Block(
+					rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("-").Id("g"),
+					cg.refuse(m.Name+" of a range shorter than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
+				),
+			)
+		}
+	}
+	return nil
+}
+
+// foreign is the body of a test that passes, for handle parameter x, a
+// handle made by another instance: the call must fail with ErrForeignHandle
+// and change nothing in either instance.
+func (cg *confGen) foreign(m *Method, x string) []Code {
+	return []Code{
+		cg.fixture(m, false),
+		Id("o").Op(":=").Id("e").Dot("other").Call(Id("t")),
+		Id("c").Dot(x).Op("=").Id("o").Dot("valid" + m.Name).Call(Id("t")).Dot(x),
+		cg.refuse(m.Name+" of "+article(m.Param(x).Type)+" "+m.Param(x).Type+" made by another instance", []string{"e", "o"}, "ErrForeignHandle"),
+	}
+}
+
+// absent writes the subtest of an optional capability's accessor: absent
+// means Require reports ErrUnsupported and Negotiate leaves it out; present
+// means a non-nil capability that Negotiate and Require agree on.
+func (cg *confGen) absent(c *Capability) {
+	g := cg.g
+	acc := Id("e").Dot("m").Dot(Accessor(c))
+	body := []Code{
+		List(Id("v"), Id("ok")).Op(":=").Add(acc).Call(),
+		List(Id("_"), Id("again")).Op(":=").Add(acc.Clone()).Call(),
+		List(Id("r"), Err()).Op(":=").Add(g.C("Require" + c.Name)).Call(Id("e").Dot("m")),
+		Id("checkAccessor").Call(Id("t"), Lit(c.Name), Id("ok"), Id("v").Op("!=").Nil(), Id("again").Op("==").Id("ok"), Id("r").Op("!=").Nil(), Err(),
+			g.C("Negotiate").Call(Id("e").Dot("m")).Dot("Has").Call(g.C(CapConst(c)))),
+	}
+	// Absence must not depend on what else the subject offers: no needs but DeviceAllocator.
+	name := c.Name + "/absent-means-unsupported"
+	cg.names[name] = true
+	cg.order = append(cg.order, name)
+	fn := "spec" + camel(name)
+	comment(cg.funcs, fn+" is the subtest "+name+".")
+	cg.funcs.Func().Id(fn).Params(Id("t").Id("T"), Id("e").Op("*").Id("env")).Block(body...)
+	cg.funcs.Line()
+	var req []Code
+	for _, x := range g.Spec.Capabilities {
+		if x.Required {
+			req = append(req, g.C(CapConst(x)))
+		}
+	}
+	cg.tests = append(cg.tests, Line().Values(Lit(name), g.C("Of").Call(req...), Id(fn)))
+}
+
+// noSilentNoop writes invariant/no-silent-noop/<Cap>: when the capability is
+// claimed, a valid call of each of its methods must work and move the books
+// as declared.
+func (cg *confGen) noSilentNoop(c *Capability) error {
+	var body []Code
+	for _, m := range c.Methods {
+		if len(m.Params) == 0 && !m.ReturnsError() {
+			continue // Info, UsedBytes: nothing to refuse
+		}
+		blk := []Code{cg.fixture(m, false)}
+		a := m.Accounting
+		if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
+			want, err := cg.amount(m)
+			if err != nil {
+				return err
+			}
+			blk = append(blk, want)
+		}
+		if a.Effect != EffectQuery {
+			blk = append(blk, Id("before").Op(":=").Id("e").Dot("books").Call())
+		}
+		blk = append(blk,
+			List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")),
+			Id("noSilentNoop").Call(Id("t"), Id("e"), Lit(c.Name), Lit(m.Name), Err()),
+		)
+		switch a.Effect {
+		case EffectConsumes:
+			blk = append(blk, If(Err().Op("==").Nil()).Block(Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Id("want"))))
+		case EffectRefunds:
+			blk = append(blk, If(Err().Op("==").Nil()).Block(Id("e").Dot("expectRefunded").Call(Id("t"), Lit(m.Name), Id("before"), Id("want"))))
+		case EffectNone:
+			blk = append(blk, If(Err().Op("==").Nil()).Block(Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Lit(0))))
+		}
+		body = append(body, Block(blk...))
+	}
+	cg.add("invariant/"+invNoSilentNoop+"/"+c.Name, c, body...)
+	return nil
+}

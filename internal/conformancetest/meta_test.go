@@ -1,0 +1,246 @@
+package conformancetest
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/conformance"
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// factory makes a fresh in-memory mechanism per subtest, changed by wrap.
+func factory(cfg Config, wrap func(*Mechanism) memapi.Mechanism) conformance.FactoryT {
+	return func(t conformance.T) conformance.Subject {
+		m := New(cfg)
+		ctx := NewContext(m)
+		t.Cleanup(func() {
+			if err := ctx.Close(); err != nil {
+				t.Errorf("closing the context: %v", err)
+			}
+		})
+		var mech memapi.Mechanism = m
+		if wrap != nil {
+			mech = wrap(m)
+		}
+		return conformance.Subject{Mechanism: mech, Context: ctx}
+	}
+}
+
+func verified(inner func(*Mechanism) memapi.Mechanism) func(*Mechanism) memapi.Mechanism {
+	return func(m *Mechanism) memapi.Mechanism {
+		var mech memapi.Mechanism = m
+		if inner != nil {
+			mech = inner(m)
+		}
+		return checked.Wrap(mech, checked.WithVerify())
+	}
+}
+
+// TestNames keeps the suite's names usable: unique, and never both a subtest
+// and a group of subtests.
+func TestNames(t *testing.T) {
+	names := conformance.Names()
+	if len(names) < 100 {
+		t.Errorf("the suite has %d subtests, expected well over 100", len(names))
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			t.Errorf("duplicate subtest %q", n)
+		}
+		seen[n] = true
+	}
+	for _, n := range names {
+		if strings.Contains(n, " ") {
+			t.Errorf("subtest %q has a space (testing rewrites it, -run cannot match it)", n)
+		}
+		for _, m := range names {
+			if strings.HasPrefix(m, n+"/") {
+				t.Errorf("%q is both a subtest and the group of %q", n, m)
+			}
+		}
+	}
+}
+
+// TestHonestPasses: the honest mechanism, in every shape, fails nothing;
+// what it does not offer is skipped, never silently passed.
+func TestHonestPasses(t *testing.T) {
+	cases := []struct {
+		name    string
+		cfg     Config
+		skipped []string // must be skipped
+		ran     []string // must have run (not skipped)
+	}{
+		{name: "all", cfg: Config{}, ran: []string{"SharedMapping/CopyOnWrite/private-copy", "VirtualBacking/Commit/unaligned", "invariant/no-silent-noop/SharedMapping"}},
+		{name: "small-granules", cfg: Config{AllocGranularity: 256, Granularity: 4096}},
+		{name: "byte-allocations", cfg: Config{AllocGranularity: 1, Granularity: 1 << 16}},
+		{
+			name:    "allocator-only",
+			cfg:     Config{Offers: memapi.Of(memapi.CapDeviceAllocator)},
+			skipped: []string{"VirtualBacking/Commit/unaligned", "SharedMapping/CopyOnWrite/private-copy", "invariant/no-silent-noop/VirtualBacking", "invariant/charge-before-commit/Commit"},
+			ran:     []string{"VirtualBacking/absent-means-unsupported", "SharedMapping/absent-means-unsupported", "invariant/charge-before-commit/Allocate"},
+		},
+		{
+			name:    "no-sharing",
+			cfg:     Config{Offers: memapi.Of(memapi.CapDeviceAllocator, memapi.CapVirtualBacking)},
+			skipped: []string{"SharedMapping/MapView/unaligned", "SharedMapping/ReleaseReservation/in-use"},
+			ran:     []string{"VirtualBacking/Commit/unaligned", "SharedMapping/absent-means-unsupported"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := Record(factory(c.cfg, nil))
+			if failed := res.Failed(); len(failed) > 0 {
+				t.Errorf("the honest mechanism failed %d subtests:\n%s", len(failed), res.Report())
+			}
+			if got, want := len(res.Leaves()), len(conformance.Names()); got != want {
+				t.Errorf("%d subtests ran, the suite has %d", got, want)
+			}
+			skipped := res.Skipped()
+			for _, n := range c.skipped {
+				if !slices.Contains(skipped, n) {
+					t.Errorf("%s was not skipped", n)
+				}
+			}
+			for _, n := range c.ran {
+				if o, ok := res.Outcome(n); !ok || o.Skipped {
+					t.Errorf("%s did not run", n)
+				}
+			}
+		})
+	}
+}
+
+// TestHonestPassesChecked runs the honest mechanism through the checked
+// wrapper in verify mode: the wrapper must not make a correct mechanism fail.
+func TestHonestPassesChecked(t *testing.T) {
+	res := Record(factory(Config{}, verified(nil)))
+	if failed := res.Failed(); len(failed) > 0 {
+		t.Errorf("the honest mechanism through checked.Wrap failed %d subtests:\n%s", len(failed), res.Report())
+	}
+}
+
+// broken lists the deliberately broken mechanisms and the subtests that must
+// catch each of them.
+var broken = []struct {
+	name     string
+	wrap     func(*Mechanism) memapi.Mechanism
+	mustFail []string
+}{
+	{
+		name:     "commit-does-nothing",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return noopCommit{m} },
+		mustFail: []string{"VirtualBacking/Commit/exact-accounting", "VirtualBacking/Commit/round-trip", "invariant/no-silent-noop/VirtualBacking"},
+	},
+	{
+		name:     "frees-foreign-handle",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return foreignFree{m} },
+		mustFail: []string{"invariant/release-by-creator/Free"},
+	},
+	{
+		name:     "ignores-granularity",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return ignoresGranularity{m} },
+		mustFail: []string{"VirtualBacking/Commit/unaligned"},
+	},
+	{
+		name:     "misreports-committed-bytes",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return misreportsCommitted{m} },
+		mustFail: []string{"VirtualBacking/CommittedBytes/tracks-commits", "VirtualBacking/ReleaseReservation/exact-refund"},
+	},
+	{
+		name:     "claims-unsupported-capability",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return claimsUnsupported{m} },
+		mustFail: []string{"invariant/no-silent-noop/SharedMapping"},
+	},
+	{
+		name:     "free-leaks-used-bytes",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return leakyFree{m} },
+		mustFail: []string{"DeviceAllocator/Free/exact-refund", "DeviceAllocator/UsedBytes/exact-with-rounding"},
+	},
+	{
+		name:     "double-free-succeeds",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return doubleFree{m} },
+		mustFail: []string{"DeviceAllocator/Free/double-release"},
+	},
+	{
+		name:     "read-only-view-writable",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return writableReadOnly{m} },
+		mustFail: []string{"SharedMapping/MapView/read-only-refuses-writes"},
+	},
+	{
+		name:     "copy-on-write-shares",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return sharedCopyOnWrite{m} },
+		mustFail: []string{"SharedMapping/CopyOnWrite/private-copy", "SharedMapping/CopyOnWrite/exact-accounting"},
+	},
+	{
+		name:     "recommit-keeps-old-bytes",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return dirtyRecommit{m, map[memapi.DeviceAddr][]byte{}} },
+		mustFail: []string{"VirtualBacking/Commit/fresh-reads-zeros"},
+	},
+	{
+		name:     "releases-backing-in-use",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return releaseInUse{m} },
+		mustFail: []string{"SharedMapping/ReleaseBacking/in-use"},
+	},
+	{
+		name:     "failed-commit-leaves-partial-state",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return partialCommit{m} },
+		mustFail: []string{"VirtualBacking/Commit/already-committed"},
+	},
+}
+
+// TestBrokenMechanismsFail is the proof that the suite can fail: every broken
+// mechanism fails the subtests meant to catch its bug.
+func TestBrokenMechanismsFail(t *testing.T) {
+	names := conformance.Names()
+	for _, b := range broken {
+		t.Run(b.name, func(t *testing.T) {
+			res := Record(factory(Config{}, b.wrap))
+			failed := res.Failed()
+			for _, n := range b.mustFail {
+				if !slices.Contains(names, n) {
+					t.Errorf("%s is not a subtest of the suite", n)
+					continue
+				}
+				if !slices.Contains(failed, n) {
+					t.Errorf("%s passed; it must catch this mechanism", n)
+				}
+			}
+			t.Logf("%d of %d subtests failed: %s", len(failed), len(names), strings.Join(failed, ", "))
+		})
+	}
+}
+
+// TestCheckedWrapperCatches runs broken mechanisms through checked.Wrap in
+// verify mode: the wrapper refuses the calls that break release-by-creator
+// and alignment before the mechanism sees them (the suite then passes), and
+// turns a commit that lies about its bytes into an ErrUntruthful failure.
+func TestCheckedWrapperCatches(t *testing.T) {
+	byName := map[string]func(*Mechanism) memapi.Mechanism{}
+	for _, b := range broken {
+		byName[b.name] = b.wrap
+	}
+	for _, name := range []string{"frees-foreign-handle", "ignores-granularity", "double-free-succeeds"} {
+		t.Run(name+"/enforced", func(t *testing.T) {
+			res := Record(factory(Config{}, verified(byName[name])))
+			if failed := res.Failed(); len(failed) > 0 {
+				t.Errorf("through the wrapper, %d subtests still failed:\n%s", len(failed), res.Report())
+			}
+		})
+	}
+	untruthful := strings.TrimPrefix(memapi.ErrUntruthful.Error(), "memapi: ")
+	for _, name := range []string{"commit-does-nothing", "misreports-committed-bytes"} {
+		t.Run(name+"/untruthful", func(t *testing.T) {
+			res := Record(factory(Config{}, verified(byName[name])))
+			o, ok := res.Outcome("VirtualBacking/Commit/exact-accounting")
+			if !ok || !o.Failed {
+				t.Fatalf("VirtualBacking/Commit/exact-accounting passed through the wrapper")
+			}
+			if log := strings.Join(o.Log, "\n"); !strings.Contains(log, untruthful) {
+				t.Errorf("the failure does not come from the wrapper's verify mode (%q):\n%s", untruthful, log)
+			}
+		})
+	}
+}
