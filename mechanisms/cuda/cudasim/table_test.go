@@ -1,0 +1,5 @@
+package cudasim
+
+import "reflect"
+
+func isNilFunc(field any) bool { return reflect.ValueOf(field).Elem().IsNil() }

@@ -1,0 +1,296 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/cuda/driver"
+)
+
+// resState is the private state of a Reservation: a cuMemAddressReserve
+// range split into granularity chunks, each empty, committed (its own
+// physical handle, since a mapping can only be unmapped whole) or part of a
+// view. Only non-empty chunks are stored, so a huge reservation (a KV cache's
+// whole address range) costs nothing until it is backed.
+type resState struct {
+	h         *memapi.Reservation
+	addr      uint64
+	size      uint64
+	chunks    map[int]chunk
+	committed uint64
+	views     int
+}
+
+// at returns chunk i (empty when nothing is installed there).
+func (rs *resState) at(i int) chunk { return rs.chunks[i] }
+
+// set stores chunk i, forgetting it when empty.
+func (rs *resState) set(i int, c chunk) {
+	if c.empty() {
+		delete(rs.chunks, i)
+		return
+	}
+	rs.chunks[i] = c
+}
+
+// committedChunks returns the indices of the chunks installed by Commit, in order.
+func (rs *resState) committedChunks() []int {
+	var idx []int
+	for i, c := range rs.chunks {
+		if c.handle != 0 {
+			idx = append(idx, i)
+		}
+	}
+	slices.Sort(idx)
+	return idx
+}
+
+type chunk struct {
+	handle driver.MemHandle // the private handle installed by Commit, or 0
+	view   *viewState       // the view mapped over this chunk, or nil
+}
+
+func (c chunk) empty() bool { return c.handle == 0 && c.view == nil }
+
+// checkRange validates r against res: inside (ErrInvalidRange), aligned to the
+// granularity (ErrUnaligned). It returns the first chunk and the chunk count.
+func (m *Mechanism) checkRange(op string, rs *resState, r memapi.Range) (int, int, error) {
+	if !r.Within(memapi.Bytes(rs.size)) {
+		return 0, 0, m.fail(op, memapi.ErrInvalidRange, rs.h, "range %v outside reservation of %d bytes", r, rs.size)
+	}
+	if !r.Aligned(memapi.Bytes(m.gran)) {
+		return 0, 0, m.fail(op, memapi.ErrUnaligned, rs.h, "range %v not aligned to granularity %d", r, m.gran)
+	}
+	return int(uint64(r.Off) / m.gran), int(uint64(r.Len) / m.gran), nil
+}
+
+// Reserve obtains address space with cuMemAddressReserve, rounded up to the
+// granularity. It holds no physical memory.
+func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+	const op = "VirtualBacking.Reserve"
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if req.Size == 0 {
+		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "zero size")
+	}
+	size, ok := roundUp(uint64(req.Size), m.gran)
+	if !ok || size/m.gran > 1<<32 {
+		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "size %d is too large", req.Size)
+	}
+	if err := m.enter(op); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	var ptr driver.DevicePtr
+	if err := m.dev.do(func(t *driver.Table) error {
+		return check(t, "cuMemAddressReserve", t.MemAddressReserve(&ptr, size, 0, 0, 0))
+	}); err != nil {
+		return nil, m.driverErr(op, err, size)
+	}
+	rs := &resState{addr: uint64(ptr), size: size, chunks: map[int]chunk{}}
+	rs.h = m.issuer.NewReservation(memapi.DeviceAddr(ptr), memapi.Bytes(size), rs)
+	m.reserves[rs] = struct{}{}
+	m.regions.insert(region{start: rs.addr, end: rs.addr + size, res: rs})
+	return rs.h, nil
+}
+
+// Commit installs one physical handle per granularity chunk of r (from the
+// pool or cuMemCreate), maps each with cuMemMap, grants read-write access to
+// the whole range with one cuMemSetAccess and clears it with cuMemsetD8. If
+// any call fails, the calls made so far are undone and nothing is installed.
+func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+	const op = "VirtualBacking.Commit"
+	if grant == nil {
+		return m.fail(op, memapi.ErrNoGrant, res, "a consuming call needs a grant")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	impl, err := m.issuer.Impl(op, res)
+	if err != nil {
+		return err
+	}
+	rs := impl.(*resState)
+	if err := m.enter(op); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if err := m.issuer.Check(op, res); err != nil {
+		return err // released while we waited for the lock
+	}
+	first, n, err := m.checkRange(op, rs, r)
+	if err != nil {
+		return err
+	}
+	for i := first; i < first+n; i++ {
+		if !rs.at(i).empty() {
+			return m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
+		}
+	}
+	base := rs.addr + uint64(r.Off)
+	handles := make([]driver.MemHandle, n)
+	err = m.dev.do(func(t *driver.Table) error {
+		x := m.txn(t)
+		for i := range handles {
+			h, err := m.chunkHandle(x)
+			if err != nil {
+				return err
+			}
+			handles[i] = h
+			addr := driver.DevicePtr(base + uint64(i)*m.gran)
+			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0), func() {
+				x.quiet("cuMemUnmap", t.MemUnmap(addr, m.gran))
+			}); err != nil {
+				return err
+			}
+		}
+		if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
+			return err
+		}
+		return x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil)
+	})
+	if err != nil {
+		return m.driverErr(op, err, uint64(r.Len))
+	}
+	for i, h := range handles {
+		rs.set(first+i, chunk{handle: h})
+	}
+	rs.committed += uint64(r.Len)
+	m.used.Add(uint64(r.Len))
+	return nil
+}
+
+// Decommit unmaps each chunk of r and returns its handle to the pool or the
+// driver. r must be wholly committed by Commit (ErrNotCommitted otherwise;
+// chunks under a view are not committed). If an unmap fails, the chunks
+// already unmapped are mapped back with their handles: their bytes are intact.
+func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, _ memapi.Account) error {
+	const op = "VirtualBacking.Decommit"
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	impl, err := m.issuer.Impl(op, res)
+	if err != nil {
+		return err
+	}
+	rs := impl.(*resState)
+	if err := m.enter(op); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if err := m.issuer.Check(op, res); err != nil {
+		return err
+	}
+	first, n, err := m.checkRange(op, rs, r)
+	if err != nil {
+		return err
+	}
+	for i := first; i < first+n; i++ {
+		if rs.at(i).handle == 0 {
+			return m.fail(op, memapi.ErrNotCommitted, res, "chunk at offset %#x is not committed", uint64(i)*m.gran)
+		}
+	}
+	err = m.dev.do(func(t *driver.Table) error {
+		x := m.txn(t)
+		if err := m.unmapChunks(x, rs, first, n); err != nil {
+			return err
+		}
+		for i := first; i < first+n; i++ {
+			m.recycle(t, rs.at(i).handle, m.gran)
+		}
+		return nil
+	})
+	if err != nil {
+		return m.driverErr(op, err, 0)
+	}
+	for i := first; i < first+n; i++ {
+		rs.set(i, chunk{})
+	}
+	rs.committed -= uint64(r.Len)
+	m.used.Add(^(uint64(r.Len) - 1))
+	return nil
+}
+
+// unmapChunks unmaps n committed chunks from first, registering for each a
+// remap (cuMemMap + cuMemSetAccess read-write) as its undo.
+func (m *Mechanism) unmapChunks(x *txn, rs *resState, first, n int) error {
+	t := x.t
+	for i := first; i < first+n; i++ {
+		addr := driver.DevicePtr(rs.addr + uint64(i)*m.gran)
+		h := rs.at(i).handle
+		if err := x.step("cuMemUnmap", t.MemUnmap(addr, m.gran), func() {
+			x.quiet("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0))
+			x.quiet("cuMemSetAccess", t.MemSetAccess(addr, m.gran, &m.rw, 1))
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CommittedBytes reports the bytes of res installed by Commit (views excluded).
+func (m *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error) {
+	const op = "VirtualBacking.CommittedBytes"
+	impl, err := m.issuer.Impl(op, res)
+	if err != nil {
+		return 0, err
+	}
+	if err := m.enter(op); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	return memapi.Bytes(impl.(*resState).committed), nil
+}
+
+// ReleaseReservation unmaps what is still committed, frees the address range
+// with cuMemAddressFree and only then releases the handles, so a failure at
+// any step maps everything back. It fails with ErrInUse while views are
+// mapped in res.
+func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, _ memapi.Account) error {
+	const op = "VirtualBacking.ReleaseReservation"
+	impl, err := m.issuer.BeginRelease(op, res)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { m.issuer.EndRelease(res, ok) }()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	rs := impl.(*resState)
+	if err := m.enter(op); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if rs.views > 0 {
+		return m.fail(op, memapi.ErrInUse, res, "%d views are mapped in it", rs.views)
+	}
+	err = m.dev.do(func(t *driver.Table) error {
+		x := m.txn(t)
+		committed := rs.committedChunks()
+		for _, i := range committed {
+			if err := m.unmapChunks(x, rs, i, 1); err != nil {
+				return err
+			}
+		}
+		if err := x.step("cuMemAddressFree", t.MemAddressFree(driver.DevicePtr(rs.addr), rs.size), nil); err != nil {
+			return err
+		}
+		for _, i := range committed {
+			m.recycle(t, rs.at(i).handle, m.gran)
+		}
+		return nil
+	})
+	if err != nil {
+		return m.driverErr(op, err, 0)
+	}
+	delete(m.reserves, rs)
+	m.regions.remove(rs.addr)
+	m.used.Add(^(rs.committed - 1))
+	rs.committed = 0
+	ok = true
+	return nil
+}
