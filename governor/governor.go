@@ -1,0 +1,176 @@
+package governor
+
+import (
+	"cmp"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Options configure a Governor. The zero value is ready to use.
+type Options struct {
+	// Clock measures and schedules deadlines; nil is the system clock.
+	Clock Clock
+	// OnEvent, if set, receives every Event (see Event for when it is called).
+	OnEvent func(Event)
+	// Logger receives diagnostics (failed reclaims, expired grants); nil discards them.
+	Logger *slog.Logger
+}
+
+// Governor keeps the ledger of every authority and the registry of holders.
+// All its methods are safe for concurrent use.
+type Governor struct {
+	clock   Clock
+	onEvent func(Event)
+	log     *slog.Logger
+
+	mu      sync.Mutex // serializes registry changes and Close; taken before any authority's mutex
+	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
+	holders atomic.Pointer[map[HolderID]*holder]
+	closed  atomic.Bool
+
+	ticketSeq atomic.Uint64
+}
+
+// New returns a Governor with no authorities and no holders.
+func New(opts Options) *Governor {
+	g := &Governor{clock: opts.Clock, onEvent: opts.OnEvent, log: opts.Logger}
+	if g.clock == nil {
+		g.clock = SystemClock()
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	auths := map[memapi.AuthorityID]*authority{}
+	holders := map[HolderID]*holder{}
+	g.auths.Store(&auths)
+	g.holders.Store(&holders)
+	return g
+}
+
+// AddAuthority adds an authority with the given capacity in bytes.
+func (g *Governor) AddAuthority(id memapi.AuthorityID, capacity memapi.Bytes) error {
+	const op = "governor.AddAuthority"
+	if capacity > maxBytes {
+		return opError(op, memapi.ErrInvalidSize, id, capacity, maxBytes, "capacity too large")
+	}
+	g.mu.Lock()
+	if g.closed.Load() {
+		g.mu.Unlock()
+		return opError(op, memapi.ErrClosed, id, 0, 0, "")
+	}
+	old := *g.auths.Load()
+	if _, ok := old[id]; ok {
+		g.mu.Unlock()
+		return opError(op, ErrDuplicate, id, 0, 0, "authority already exists")
+	}
+	next := maps.Clone(old)
+	next[id] = &authority{g: g, id: id, capacity: capacity, accts: map[HolderID]*account{}}
+	g.auths.Store(&next)
+	g.mu.Unlock()
+	g.emit(Event{Kind: EventCapacity, Authority: id, Bytes: capacity})
+	return nil
+}
+
+// SetCapacity changes an authority's capacity. Shrinking below the bytes in
+// use (reserved + charged + pending) fails with memapi.ErrInUse and changes
+// nothing. Growing serves waiting reservations; waiting reservations larger
+// than a shrunk capacity fail with an *OverBudgetError.
+func (g *Governor) SetCapacity(id memapi.AuthorityID, capacity memapi.Bytes) error {
+	const op = "governor.SetCapacity"
+	if capacity > maxBytes {
+		return opError(op, memapi.ErrInvalidSize, id, capacity, maxBytes, "capacity too large")
+	}
+	a := g.authority(id)
+	if a == nil {
+		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+	}
+	a.mu.Lock()
+	if a.shut != nil {
+		a.mu.Unlock()
+		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+	}
+	if used := a.usedLocked(); capacity < used {
+		a.mu.Unlock()
+		return opError(op, memapi.ErrInUse, id, capacity, used, "capacity below the bytes in use")
+	}
+	a.capacity = capacity
+	for w := a.head; w != nil; {
+		next := w.next
+		if w.bytes > capacity {
+			ahead := a.aheadLocked(w)
+			a.removeLocked(w)
+			w.err = a.overBudgetLocked(w, ahead, "larger than the capacity", nil)
+			close(w.ready)
+		}
+		w = next
+	}
+	a.serveLocked()
+	a.mu.Unlock()
+	g.emit(Event{Kind: EventCapacity, Authority: id, Bytes: capacity})
+	return nil
+}
+
+// RemoveAuthority removes an authority. It fails with memapi.ErrInUse while
+// it has open grants or bytes in use; reservations waiting on it fail with
+// memapi.ErrClosed.
+func (g *Governor) RemoveAuthority(id memapi.AuthorityID) error {
+	const op = "governor.RemoveAuthority"
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a := (*g.auths.Load())[id]
+	if a == nil {
+		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+	}
+	a.mu.Lock()
+	if used := a.usedLocked(); used != 0 || a.grants != 0 {
+		a.mu.Unlock()
+		return opError(op, memapi.ErrInUse, id, used, 0, "authority has grants or bytes in use")
+	}
+	a.shutLocked(opError("governor.Reserve", ErrUnknownAuthority, id, 0, 0, "authority removed"))
+	a.mu.Unlock()
+	next := maps.Clone(*g.auths.Load())
+	delete(next, id)
+	g.auths.Store(&next)
+	return nil
+}
+
+// Close stops the governor: new reservations fail with memapi.ErrClosed,
+// waiting ones are woken with it, and deadline timers are stopped (a grant
+// past its deadline still refuses Draw and Commit). Open grants and leases
+// keep working so holders can unwind. Close is idempotent.
+func (g *Governor) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed.Swap(true) {
+		return nil
+	}
+	for _, a := range g.sortedAuthorities() {
+		a.mu.Lock()
+		a.shutLocked(opError("governor.Reserve", memapi.ErrClosed, a.id, 0, 0, "governor closed"))
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+func (g *Governor) authority(id memapi.AuthorityID) *authority {
+	return (*g.auths.Load())[id]
+}
+
+func (g *Governor) sortedAuthorities() []*authority {
+	as := slices.Collect(maps.Values(*g.auths.Load()))
+	slices.SortFunc(as, func(x, y *authority) int { return cmp.Compare(x.id, y.id) })
+	return as
+}
+
+func (g *Governor) emit(e Event) {
+	if g.onEvent == nil {
+		return
+	}
+	e.Time = g.clock.Now()
+	g.onEvent(e)
+}

@@ -1,0 +1,185 @@
+package governor
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Snapshot is a copy of the governor's figures. Each authority's figures are
+// read at one instant (under its lock); different authorities are read one
+// after the other.
+type Snapshot struct {
+	Time        time.Time
+	Authorities []AuthoritySnapshot // sorted by ID
+	Holders     []HolderSnapshot    // sorted by ID
+}
+
+// AuthoritySnapshot is one ledger's figures.
+type AuthoritySnapshot struct {
+	ID memapi.AuthorityID
+
+	Capacity memapi.Bytes
+	Reserved memapi.Bytes // open grants + drawn bytes of expired grants
+	Charged  memapi.Bytes
+	Pending  memapi.Bytes
+	Free     memapi.Bytes
+
+	ExpiredDrawn memapi.Bytes // the part of Reserved held by expired grants awaiting rollback
+	Reclaimable  memapi.Bytes // charged bytes over guarantees, of holders that can reclaim
+	Asking       memapi.Bytes // bytes asked by tickets whose Reclaim has not returned
+
+	Waiters      int          // queued reservations
+	WaitingBytes memapi.Bytes // their bytes
+	Grants       int          // open grants
+	Leases       int          // leases holding bytes
+
+	Granted        uint64       // grants made
+	Waited         uint64       // reservations that had to queue
+	OverBudget     uint64       // reservations that failed over budget or over a limit
+	Cancelled      uint64       // waits that ended by context or deadline
+	ExpiredGrants  uint64       // grants reclaimed after their deadline
+	Tickets        uint64       // tickets whose Reclaim returned
+	Freed          memapi.Bytes // bytes holders reported freeing
+	PressureEvents uint64
+	RecentPressure []PressureEvent // up to the last 32, oldest first
+}
+
+// Balanced reports whether reserved + charged + pending + free = capacity.
+func (s AuthoritySnapshot) Balanced() bool {
+	return s.Reserved+s.Charged+s.Pending+s.Free == s.Capacity && s.Reserved+s.Charged+s.Pending <= s.Capacity
+}
+
+// PressureEvent records one time a reservation did not fit.
+type PressureEvent struct {
+	Time        time.Time
+	Requester   HolderID
+	Wanted      memapi.Bytes // bytes of the reservation
+	Shortfall   memapi.Bytes // bytes the queue lacked beyond free, pending and asks in flight
+	Free        memapi.Bytes
+	Pending     memapi.Bytes
+	Reclaimable memapi.Bytes
+	Tickets     int // tickets issued for it
+}
+
+// HolderSnapshot is one holder's figures on every authority it used or has
+// a guarantee or limit on.
+type HolderSnapshot struct {
+	ID          HolderID
+	Priority    Priority
+	Reclaims    bool                      // it has a Reclaim to ask
+	Authorities []HolderAuthoritySnapshot // sorted by authority
+}
+
+// HolderAuthoritySnapshot is one holder's figures on one authority.
+type HolderAuthoritySnapshot struct {
+	Authority     memapi.AuthorityID
+	Guarantee     memapi.Bytes
+	Limit         memapi.Bytes
+	Reserved      memapi.Bytes
+	Charged       memapi.Bytes
+	Pending       memapi.Bytes
+	Waiting       memapi.Bytes
+	Reclaimable   memapi.Bytes
+	Grants        int
+	Leases        int
+	Tickets       uint64       // tickets handed to this holder
+	Freed         memapi.Bytes // bytes it reported freeing
+	ReclaimErrors uint64
+}
+
+// Snapshot returns the governor's figures now.
+func (g *Governor) Snapshot() Snapshot {
+	s := Snapshot{Time: g.clock.Now()}
+	holders := sortedHolders(*g.holders.Load())
+	per := make(map[HolderID][]HolderAuthoritySnapshot, len(holders))
+	for _, a := range g.sortedAuthorities() {
+		a.mu.Lock()
+		s.Authorities = append(s.Authorities, a.snapshotLocked())
+		for _, h := range holders {
+			c := a.accts[h.id]
+			if c == nil || c.h != h {
+				_, g1 := h.guarantee[a.id]
+				_, l1 := h.limit[a.id]
+				if g1 || l1 {
+					per[h.id] = append(per[h.id], HolderAuthoritySnapshot{Authority: a.id, Guarantee: h.guarantee[a.id], Limit: h.limit[a.id]})
+				}
+				continue
+			}
+			per[h.id] = append(per[h.id], HolderAuthoritySnapshot{
+				Authority:     a.id,
+				Guarantee:     c.guarantee,
+				Limit:         c.limit,
+				Reserved:      c.reserved,
+				Charged:       c.charged,
+				Pending:       c.pending,
+				Waiting:       c.waiting,
+				Reclaimable:   c.reclaimable(),
+				Grants:        c.grants,
+				Leases:        c.leases,
+				Tickets:       c.tickets,
+				Freed:         c.freed,
+				ReclaimErrors: c.reclaimErrors,
+			})
+		}
+		a.mu.Unlock()
+	}
+	for _, h := range holders {
+		s.Holders = append(s.Holders, HolderSnapshot{ID: h.id, Priority: h.priority, Reclaims: h.reclaimer != nil, Authorities: per[h.id]})
+	}
+	return s
+}
+
+// Authority returns one authority's figures.
+func (g *Governor) Authority(id memapi.AuthorityID) (AuthoritySnapshot, bool) {
+	a := g.authority(id)
+	if a == nil {
+		return AuthoritySnapshot{}, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.snapshotLocked(), true
+}
+
+// Authorities returns the ids of the authorities, sorted.
+func (g *Governor) Authorities() []memapi.AuthorityID {
+	ids := make([]memapi.AuthorityID, 0, len(*g.auths.Load()))
+	for id := range *g.auths.Load() {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, cmp.Compare)
+	return ids
+}
+
+func (a *authority) snapshotLocked() AuthoritySnapshot {
+	s := AuthoritySnapshot{
+		ID:             a.id,
+		Capacity:       a.capacity,
+		Reserved:       a.reserved,
+		Charged:        a.charged,
+		Pending:        a.pending,
+		Free:           a.freeLocked(),
+		ExpiredDrawn:   a.expiredDrawn,
+		Reclaimable:    a.reclaimableLocked(),
+		Asking:         a.asking,
+		Waiters:        a.waiters,
+		WaitingBytes:   a.waitingBytes,
+		Grants:         a.grants,
+		Leases:         a.leases,
+		Granted:        a.granted,
+		Waited:         a.waited,
+		OverBudget:     a.overBudget,
+		Cancelled:      a.cancelled,
+		ExpiredGrants:  a.expired,
+		Tickets:        a.tickets,
+		Freed:          a.freed,
+		PressureEvents: a.pressureEvents,
+	}
+	n := min(a.pressureEvents, pressureHistory)
+	for i := a.pressureEvents - n; i < a.pressureEvents; i++ {
+		s.RecentPressure = append(s.RecentPressure, a.recent[i%pressureHistory])
+	}
+	return s
+}
