@@ -1,0 +1,27 @@
+// Package pmm is the ProcessMemoryManager: the registry of devices, their
+// mechanisms, device contexts and authorities, and the scoped MemoryBindings
+// through which holders get memory. It is the layer a runtime integrator
+// touches; it never exposes a raw allocator.
+//
+// A Binding (holder, role, device) resolves the device's mechanism on every
+// call, so a capability query reflects the mechanism installed now, while
+// every handle keeps the (checked) mechanism that created it and is released
+// by it even after Replace (invariant no-stale-capability). Every flow is a
+// transaction with rollback (invariant no-partial-state):
+//
+//   - Allocate: reserve a grant → allocate through the checked wrapper,
+//     which draws from the grant → commit the grant into a lease → an owning
+//     Buffer. Any failure returns the grant.
+//   - ReserveVirtual + Region.Grow: grant → commit the range → the holder's
+//     callback updates its view → commit the charge. On any failure the
+//     range is decommitted, the grant returned, and the old view kept.
+//   - Shared backings: created once and charged once, mapped read-only into
+//     many regions, copied on write explicitly (the copy is charged), freed
+//     and refunded when the last view and reference are gone.
+//
+// Releases go through the device context's deferred-free queue (package ep):
+// the lease is marked pending-free at Close, the creating mechanism frees
+// after every recorded fence completed, and the refund follows the free.
+// Streams, copies and fences stay with the device context (invariant
+// manager-not-ep); the manager chooses mechanisms and authorities only.
+package pmm

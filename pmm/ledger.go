@@ -1,0 +1,41 @@
+package pmm
+
+import (
+	"context"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Ledger is what the manager needs from the governor: provisional grants.
+// governor.Governor satisfies it through GovernorLedger.
+type Ledger interface {
+	Reserve(ctx context.Context, r Request) (Grant, error)
+}
+
+// Request asks the ledger for a provisional grant.
+type Request struct {
+	Authority memapi.AuthorityID
+	Holder    string
+	Role      string
+	Bytes     memapi.Bytes
+	Priority  int
+	Deadline  time.Time // zero: none
+}
+
+// Grant is a provisional grant: consuming calls draw from it; refunds to it
+// un-draw (rollback); Commit turns the drawn bytes into a Lease and returns
+// the rest; Cancel returns everything and fails while bytes are still drawn.
+type Grant interface {
+	memapi.Grant
+	memapi.Account
+	Commit() (Lease, error)
+	Cancel() error
+}
+
+// Lease is a holder's charge. MarkPending moves bytes to pending-free when
+// the memory waits for fences; Refund returns bytes really freed.
+type Lease interface {
+	memapi.Account
+	MarkPending(n memapi.Bytes) error
+}

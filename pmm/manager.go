@@ -1,0 +1,134 @@
+package pmm
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Verify turns on the checked wrapper's truthfulness checks (committed
+	// bytes must move by exactly the rounded amount on every commit and
+	// decommit). It costs a query per call; tests and demos turn it on.
+	Verify bool
+}
+
+// Device describes one registered device.
+type Device struct {
+	Key       memapi.DeviceKey
+	Mechanism memapi.Mechanism // bare; the manager wraps it with checked.Wrap
+	Context   *ep.Context
+	Authority memapi.AuthorityID
+}
+
+type device struct {
+	key       memapi.DeviceKey
+	ctx       *ep.Context
+	authority memapi.AuthorityID
+	mech      memapi.Mechanism // checked wrapper over the current mechanism
+	bare      memapi.Mechanism
+	gen       uint64 // bumped by Replace
+}
+
+// Manager is the ProcessMemoryManager.
+type Manager struct {
+	ledger Ledger
+	opts   Options
+
+	mu      sync.RWMutex
+	devices map[memapi.DeviceKey]*device
+}
+
+// New returns a manager that draws capacity from ledger.
+func New(ledger Ledger, opts Options) *Manager {
+	return &Manager{ledger: ledger, opts: opts, devices: map[memapi.DeviceKey]*device{}}
+}
+
+func (m *Manager) wrap(mech memapi.Mechanism) memapi.Mechanism {
+	if m.opts.Verify {
+		return checked.Wrap(mech, checked.WithVerify())
+	}
+	return checked.Wrap(mech)
+}
+
+// Register adds a device. Its mechanism's authority must be the device's.
+func (m *Manager) Register(d Device) error {
+	if d.Mechanism == nil || d.Context == nil {
+		return memapi.Errorf("pmm.Register", memapi.ErrInvalidSize, "device %v needs a mechanism and a context", d.Key)
+	}
+	if a := d.Mechanism.Info().Authority; a != d.Authority {
+		return &memapi.Error{Op: "pmm.Register", Kind: memapi.ErrAuthorityMismatch, Authority: d.Authority,
+			Detail: fmt.Sprintf("mechanism accounts to %q", a)}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.devices[d.Key]; ok {
+		return memapi.Errorf("pmm.Register", memapi.ErrInUse, "device %v is already registered", d.Key)
+	}
+	m.devices[d.Key] = &device{key: d.Key, ctx: d.Context, authority: d.Authority, mech: m.wrap(d.Mechanism), bare: d.Mechanism}
+	return nil
+}
+
+// Replace installs a new mechanism for a registered device. New allocations
+// use it; handles made by the old one are still released by the old one.
+func (m *Manager) Replace(key memapi.DeviceKey, mech memapi.Mechanism) error {
+	if mech == nil {
+		return memapi.Errorf("pmm.Replace", memapi.ErrInvalidSize, "nil mechanism")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.devices[key]
+	if !ok {
+		return memapi.Errorf("pmm.Replace", memapi.ErrInvalidRange, "device %v is not registered", key)
+	}
+	if a := mech.Info().Authority; a != d.authority {
+		return &memapi.Error{Op: "pmm.Replace", Kind: memapi.ErrAuthorityMismatch, Authority: d.authority,
+			Detail: fmt.Sprintf("mechanism accounts to %q", a)}
+	}
+	nd := *d
+	nd.mech, nd.bare, nd.gen = m.wrap(mech), mech, d.gen+1
+	m.devices[key] = &nd
+	return nil
+}
+
+func (m *Manager) device(op string, key memapi.DeviceKey) (*device, error) {
+	m.mu.RLock()
+	d, ok := m.devices[key]
+	m.mu.RUnlock()
+	if !ok {
+		return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "device %v is not registered", key)
+	}
+	return d, nil
+}
+
+// Mechanism returns what the device's current mechanism is, for inspection
+// (Info, Negotiate); it is the checked wrapper, never the raw allocator.
+func (m *Manager) Mechanism(key memapi.DeviceKey) (memapi.Mechanism, error) {
+	d, err := m.device("pmm.Mechanism", key)
+	if err != nil {
+		return nil, err
+	}
+	return d.mech, nil
+}
+
+// Bind returns a scoped binding of holder in role to a device.
+func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOption) (*Binding, error) {
+	if _, err := m.device("pmm.Bind", key); err != nil {
+		return nil, err
+	}
+	b := &Binding{m: m, holder: holder, role: role, key: key}
+	for _, o := range opts {
+		o(b)
+	}
+	return b, nil
+}
+
+// BindOption configures a Binding.
+type BindOption func(*Binding)
+
+// WithPriority sets the priority the binding's reservations carry.
+func WithPriority(p int) BindOption { return func(b *Binding) { b.priority = p } }
