@@ -3,7 +3,6 @@ package gen
 import (
 	"bytes"
 	"fmt"
-	"go/format"
 	"os"
 	"path"
 	"path/filepath"
@@ -95,11 +94,8 @@ func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
 		if err := f.Render(&buf); err != nil {
 			return nil, fmt.Errorf("render %s: %w", rel, err)
 		}
-		src, err := format.Source(buf.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("gofmt %s: %w", rel, err)
-		}
-		out[rel] = src
+		// Render already formats the source (gofmt), so the bytes are final.
+		out[rel] = buf.Bytes()
 	}
 	for rel, b := range g.raw {
 		out[rel] = b

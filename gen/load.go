@@ -1,3 +1,20 @@
+// Package gen is memgen's generator library: it loads spec/capabilities.yaml
+// through yaml.Node (so every error carries its line and column), validates
+// it as a whole (every problem reported at once, as
+// "spec/capabilities.yaml:LINE:COL: message"), builds the model (Spec) and
+// runs the registered emitters, one file each, to produce the generated tree:
+// the contract (generated/memapi), the checked wrappers, the conformance
+// suite, the fakes, each mechanism's glue and docs/capabilities.md.
+//
+// Load, Generate, Diff and Write are what cmd/memgen is made of:
+//
+//	s, err := gen.Load("spec/capabilities.yaml", data) // err is an ErrorList
+//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
+//	written, removed, err := gen.Write(root, files)
+//
+// Output is deterministic and gofmt-clean, and every file starts with Header
+// (or MarkdownHeader). Golden tests live under testdata/; run
+// `go test ./gen -update` after changing an emitter on purpose.
 package gen
 
 import (
@@ -12,7 +29,15 @@ import (
 
 // Load parses and validates a spec. file is the path used in error positions
 // (conventionally "spec/capabilities.yaml"). On failure the error is an
-// ErrorList holding every problem found, each with its line and column.
+// ErrorList holding every problem found, each with its line and column,
+// sorted by position.
+//
+// Checking runs in two passes: the structure first (YAML syntax, known keys,
+// value shapes, names, expression syntax), then, when the structure is sound,
+// the cross-references (declared types and capabilities, grant and account
+// parameters, handle effects, name clashes). A structural error therefore
+// hides the cross-reference errors until it is fixed; this keeps one mistake
+// from being reported as a cascade of consequences.
 func Load(file string, data []byte) (*Spec, error) {
 	l := &loader{file: file, s: &Spec{File: file}}
 	sum := sha256.Sum256(data)
@@ -509,6 +534,9 @@ func (l *loader) mechanism(k, v *yaml.Node) {
 			seen := map[string]bool{}
 			for _, c := range p.v.Content {
 				name := l.str(c, what+".offers")
+				if name == "" {
+					continue // reported by str
+				}
 				if seen[name] {
 					l.e.add(l.pos(c), "%s.offers: duplicate name %q", what, name)
 					continue
@@ -560,6 +588,9 @@ func (l *loader) invariant(k, v *yaml.Node) {
 					iv.Applies.Interfaces, _ = l.strList(q.v, what+".applies_to.interfaces")
 					iv.Applies.IfcPos = elemPos(l, q.v)
 				}
+			}
+			if a := iv.Applies; !a.Consumes && !a.Releases && len(a.Capabilities) == 0 && len(a.Interfaces) == 0 {
+				l.e.add(iv.AppliesPos, "%s: names nothing (applies_to is empty)", what)
 			}
 		}
 	}

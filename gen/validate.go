@@ -22,6 +22,25 @@ var (
 		"ErrAuthorityMismatch", "ErrUntruthful",
 	}
 	granularities = []string{"configurable", "device", "page"}
+
+	// reservedNames are the contract's own top-level identifiers; a spec
+	// declaration with one of these names would not compile. A test keeps the
+	// list in step with the contract emitter.
+	reservedNames = []string{
+		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "CheckHandle",
+		"Effect", "EffectConsumes", "EffectNone", "EffectQuery", "EffectRefunds",
+		"Error", "Errorf", "Handle", "Invariant", "InvariantMeta", "Issuer",
+		"Mechanism", "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
+		"Negotiate", "NewIssuer", "Of", "RoundUp", "SpecDigest", "SpecMeta",
+		"TestSpecDigest",
+	}
+	// handleMethods and rangeMethods are the methods the contract gives every
+	// handle and Range; a field of the same name would not compile.
+	handleMethods = []string{"Creator", "ID", "Live", "String"}
+	rangeMethods  = []string{"Aligned", "End", "Overlaps", "String", "Within"}
+
+	// maxCapabilities is the width of the generated CapSet.
+	maxCapabilities = 32
 )
 
 // validate checks the cross-references of a structurally sound spec.
@@ -59,6 +78,7 @@ func validate(s *Spec, e *errs) {
 			errNames[d.Name] = true
 		}
 	}
+	validateNames(s, names, e)
 
 	top := Pos{s.File, 1, 1}
 	for n, fields := range neededTypes {
@@ -154,9 +174,6 @@ func validate(s *Spec, e *errs) {
 
 	for _, iv := range s.Invariants {
 		a := iv.Applies
-		if !a.Consumes && !a.Releases && len(a.Capabilities) == 0 && len(a.Interfaces) == 0 && iv.HasApplies {
-			e.add(iv.AppliesPos, "invariant %s: names nothing (applies_to is empty)", iv.ID)
-		}
 		for i, c := range a.Capabilities {
 			if s.caps[c] == nil {
 				e.add(a.CapPos[i], "invariant %s: unknown capability %q", iv.ID, c)
@@ -165,6 +182,87 @@ func validate(s *Spec, e *errs) {
 		for i, n := range a.Interfaces {
 			if s.ifcs[n] == nil {
 				e.add(a.IfcPos[i], "invariant %s: unknown interface %q", iv.ID, n)
+			}
+		}
+	}
+}
+
+// validateNames reports declarations that would clash in the generated
+// contract: reserved identifiers, and the names the generator derives (enum
+// constants, capability constants, Require helpers, accessors, handle and
+// Range methods).
+func validateNames(s *Spec, declared map[string]Pos, e *errs) {
+	reserved := map[string]bool{}
+	for _, n := range reservedNames {
+		reserved[n] = true
+	}
+	check := func(n string, p Pos) {
+		if reserved[n] {
+			e.add(p, "%q is reserved: the generated contract declares it", n)
+		}
+	}
+	for _, t := range s.Types {
+		check(t.Name, t.Pos)
+	}
+	for _, i := range s.Interfaces {
+		check(i.Name, i.Pos)
+	}
+	for _, c := range s.Capabilities {
+		check(c.Name, c.Pos)
+	}
+	for _, d := range s.Errors {
+		check(d.Name, d.Pos)
+	}
+	derived := map[string]string{}
+	derive := func(n string, p Pos, from string) {
+		if prev, ok := declared[n]; ok {
+			e.add(p, "%s generates %q, which clashes with the declaration at %d:%d", from, n, prev.Line, prev.Col)
+			return
+		}
+		if reserved[n] {
+			e.add(p, "%s generates %q, which is reserved: the generated contract declares it", from, n)
+			return
+		}
+		if other, ok := derived[n]; ok {
+			e.add(p, "%s generates %q, which %s also generates", from, n, other)
+			return
+		}
+		derived[n] = from
+	}
+	for _, t := range s.Types {
+		if t.Kind == KindEnum {
+			for _, v := range t.Values {
+				derive(t.Name+v.Name, v.Pos, "enum value "+t.Name+"."+v.Name)
+			}
+		}
+		var methods []string
+		switch {
+		case t.Kind == KindHandle:
+			methods = handleMethods
+		case t.Name == "Range":
+			methods = rangeMethods
+		}
+		for _, f := range t.Fields {
+			if contains(methods, f.Name) {
+				e.add(f.Pos, "type %s: field %s clashes with the generated method %s.%s", t.Name, f.Name, t.Name, f.Name)
+			}
+		}
+	}
+	accessors := map[string]bool{}
+	for i, c := range s.Capabilities {
+		if i == maxCapabilities {
+			e.add(c.Pos, "capability %s: at most %d capabilities fit a CapSet", c.Name, maxCapabilities)
+		}
+		derive(CapConst(c), c.Pos, "capability "+c.Name)
+		if !c.Required {
+			derive("Require"+c.Name, c.Pos, "capability "+c.Name)
+			accessors[Accessor(c)] = true
+		}
+	}
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			if accessors[m.Name] {
+				e.add(m.Pos, "%s.%s: clashes with the Mechanism accessor %s", c.Name, m.Name, m.Name)
 			}
 		}
 	}
@@ -257,6 +355,9 @@ func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
 		e.add(x.Pos, "%s: %q names no parameter", what, x.Text)
 		return ""
 	}
+	if !s.knownType(p.Type) {
+		return "" // reported with the parameter
+	}
 	if x.Func == "committed" {
 		t := s.types[p.Type]
 		if t == nil || t.Kind != KindHandle {
@@ -308,7 +409,7 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 	case EffectConsumes, EffectRefunds:
 		if a.Amount != nil {
 			if t := exprType(s, m, a.Amount, e); t != "" && t != "Bytes" {
-				e.add(a.Amount.Pos, "%s: %s amount %q is a %s, not Bytes", what, a.Effect, a.Amount.Text, t)
+				e.add(a.Amount.Pos, "%s: %s amount %q is %s %s, not Bytes", what, a.Effect, a.Amount.Text, article(t), t)
 			}
 		}
 		if a.Account == "" {
@@ -324,7 +425,7 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 			e.add(a.Pos, "%s: consuming method without a grant parameter (from: %q names no parameter)", what, a.Account)
 		case p == nil:
 			e.add(a.Pos, "%s: refunding method without an account parameter (to: %q names no parameter)", what, a.Account)
-		case want != nil && p.Type != want.Name:
+		case want != nil && p.Type != want.Name && s.knownType(p.Type):
 			e.add(p.Pos, "%s: parameter %s must be the %s interface %s, not %s", what, p.Name, role, want.Name, p.Type)
 		}
 	}
@@ -360,7 +461,7 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 		}
 		bad := func(i int, want string) {
 			if types[i] != "" {
-				e.add(r.Pos, "%s.requires: %s: argument %q is a %s, want %s", what, r.Text, r.Args[i].Text, types[i], want)
+				e.add(r.Pos, "%s.requires: %s: argument %q is %s %s, want %s", what, r.Text, r.Args[i].Text, article(types[i]), types[i], want)
 			}
 		}
 		isHandle := func(i int) bool { t := s.types[types[i]]; return t != nil && t.Kind == KindHandle }

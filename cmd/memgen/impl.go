@@ -30,12 +30,15 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 	if len(byPath) == 0 {
 		return true
 	}
-	cfg := &packages.Config{Mode: packages.NeedName | packages.NeedTypes | packages.NeedTypesInfo | packages.NeedImports | packages.NeedDeps, Dir: p.root}
+	cfg := &packages.Config{Mode: packages.NeedName | packages.NeedTypes, Dir: p.root}
 	pkgs, err := packages.Load(cfg, patterns...)
 	if err != nil {
 		fmt.Fprintln(stderr, "memgen check: load packages:", err)
 		return false
 	}
+	// A package that does not compile is a failure, but its types are still
+	// compared with the spec: the glue's compile-time assertion that fails on
+	// a missing capability then comes with a message naming the capability.
 	ok := true
 	var contractPkg *types.Package
 	for _, pkg := range pkgs {
@@ -47,13 +50,14 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 			contractPkg = pkg.Types
 		}
 	}
-	if contractPkg == nil || !ok {
+	if contractPkg == nil || contractPkg.Scope().Lookup("Mechanism") == nil {
+		fmt.Fprintf(stderr, "memgen check: cannot load the contract package %s\n", contract)
 		return false
 	}
 	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].PkgPath < pkgs[j].PkgPath })
 	for _, pkg := range pkgs {
 		m := byPath[pkg.PkgPath]
-		if m == nil {
+		if m == nil || pkg.Types == nil {
 			continue
 		}
 		obj := pkg.Types.Scope().Lookup(m.Type)
@@ -68,15 +72,20 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 			offered[o] = true
 		}
 		for _, c := range p.spec.Capabilities {
-			iface, _ := contractPkg.Scope().Lookup(c.Name).Type().Underlying().(*types.Interface)
+			cobj := contractPkg.Scope().Lookup(c.Name)
+			if cobj == nil {
+				fmt.Fprintf(stderr, "memgen check: the contract package lacks capability %s: run go generate ./...\n", c.Name)
+				ok = false
+				continue
+			}
+			iface, _ := cobj.Type().Underlying().(*types.Interface)
 			if iface == nil {
 				continue
 			}
 			implements := types.Implements(ptr, iface) || types.Implements(obj.Type(), iface)
 			switch {
 			case offered[c.Name] && !implements:
-				_, wrong := types.MissingMethod(ptr, iface, true)
-				missing, _ := types.MissingMethod(ptr, iface, true)
+				missing, wrong := types.MissingMethod(ptr, iface, true)
 				detail := ""
 				if missing != nil {
 					detail = fmt.Sprintf(" (method %s missing", missing.Name())

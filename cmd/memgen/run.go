@@ -48,7 +48,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("memgen "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// Usage goes to stdout when asked for (--help, exit 0) and to stderr
+	// after a usage error (exit 2).
+	var flagOut strings.Builder
+	fs.SetOutput(&flagOut)
 	opts := &options{}
 	fs.StringVar(&opts.root, "root", "", "module root (default: the directory of the nearest go.mod above the working directory)")
 	fs.StringVar(&opts.spec, "spec", "spec/capabilities.yaml", "spec file, relative to the module root")
@@ -61,10 +64,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			io.WriteString(stdout, flagOut.String())
 			return exitOK
 		}
+		io.WriteString(stderr, flagOut.String())
 		return exitUsage
 	}
+	fs.SetOutput(stderr)
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "memgen %s: unexpected arguments %q\n", args[0], fs.Args())
 		fs.Usage()

@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/memgen/memgen/gen"
+)
+
+// memgen runs the command in-process and returns its exit code and output.
+func memgen(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+// newModule makes a scratch copy of the module's inputs (go.mod, go.sum and a
+// spec) and returns its root. spec is a path relative to this package; the
+// real spec when empty.
+func newModule(t *testing.T, spec string) string {
+	t.Helper()
+	if spec == "" {
+		spec = "../../spec/capabilities.yaml"
+	}
+	root := t.TempDir()
+	for dst, src := range map[string]string{
+		"go.mod":                 "../../go.mod",
+		"go.sum":                 "../../go.sum",
+		"spec/capabilities.yaml": spec,
+	} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, root, dst, string(data))
+	}
+	return root
+}
+
+func writeFile(t *testing.T, root, rel, data string) {
+	t.Helper()
+	p := filepath.Join(root, filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t *testing.T, root, rel string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(rel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// snapshot returns every file under root with its content.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(root, p)
+		out[filepath.ToSlash(rel)] = string(data)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameTree(t *testing.T, before, after map[string]string) {
+	t.Helper()
+	var diffs []string
+	for k, v := range before {
+		if w, ok := after[k]; !ok {
+			diffs = append(diffs, "removed "+k)
+		} else if v != w {
+			diffs = append(diffs, "changed "+k)
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			diffs = append(diffs, "added "+k)
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 0 {
+		t.Errorf("tree changed:\n\t%s", strings.Join(diffs, "\n\t"))
+	}
+}
+
+func wantCode(t *testing.T, got, want int, stdout, stderr string) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", got, want, stdout, stderr)
+	}
+}
+
+func wantContains(t *testing.T, out string, subs ...string) {
+	t.Helper()
+	for _, s := range subs {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+func TestUsageExitCodes(t *testing.T) {
+	root := newModule(t, "")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // expected in stdout (code 0) or stderr (otherwise)
+	}{
+		{"no command", nil, exitUsage, "usage: memgen <command>"},
+		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{"help", []string{"--help"}, exitOK, "usage: memgen <command>"},
+		{"help word", []string{"help"}, exitOK, "commands:"},
+		{"bad flag", []string{"check", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{"extra argument", []string{"generate", "-root", root, "extra"}, exitUsage, "unexpected arguments"},
+		{"missing root", []string{"check", "-root", filepath.Join(root, "nowhere")}, exitUsage, "go.mod"},
+		{"missing spec", []string{"check", "-root", root, "-spec", "spec/none.yaml"}, exitUsage, "none.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := memgen(t, tc.args...)
+			wantCode(t, code, tc.code, stdout, stderr)
+			if tc.code == exitOK {
+				wantContains(t, stdout, tc.out)
+			} else {
+				wantContains(t, stderr, tc.out)
+			}
+		})
+	}
+}
+
+// TestHelpOnEveryVerb: --help and -h print the verb's usage and flags on
+// stdout and exit 0, for every verb there is.
+func TestHelpOnEveryVerb(t *testing.T) {
+	var verbs []string
+	for v := range commands {
+		verbs = append(verbs, v)
+	}
+	sort.Strings(verbs)
+	for _, want := range []string{"check", "doc", "generate"} {
+		if _, ok := commands[want]; !ok {
+			t.Errorf("verb %s is missing", want)
+		}
+	}
+	for _, v := range verbs {
+		for _, h := range []string{"--help", "-h"} {
+			code, stdout, stderr := memgen(t, v, h)
+			wantCode(t, code, exitOK, stdout, stderr)
+			wantContains(t, stdout, "usage: memgen "+v, "-root", "-spec")
+			if stderr != "" {
+				t.Errorf("%s %s wrote to stderr: %s", v, h, stderr)
+			}
+		}
+		// The top-level usage names every verb.
+		_, stdout, _ := memgen(t, "--help")
+		wantContains(t, stdout, "  "+v+" ")
+	}
+}
+
+func TestSpecErrorExitsOne(t *testing.T) {
+	root := newModule(t, "../../gen/testdata/err_several/spec.yaml")
+	for _, verb := range []string{"generate", "check", "doc"} {
+		code, stdout, stderr := memgen(t, verb, "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		// Every problem, each with its position.
+		wantContains(t, stderr,
+			"spec/capabilities.yaml:51:16: type DeviceKey: field Ordinal has undeclared type \"Int\"",
+			"spec/capabilities.yaml:310:63: invariant no-silent-noop: unknown interface \"Governor\"")
+		if n := strings.Count(stderr, "spec/capabilities.yaml:"); n != 4 {
+			t.Errorf("%s: %d positioned errors, want 4:\n%s", verb, n, stderr)
+		}
+	}
+}
+
+// TestCheckDrift: check passes right after generate and fails, naming the
+// file, after a hand edit, after a spec change without regeneration, and
+// when a file memgen once wrote is no longer produced.
+func TestCheckDrift(t *testing.T) {
+	root := newModule(t, "")
+	code, stdout, stderr := memgen(t, "generate", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	code, stdout, stderr = memgen(t, "check", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	wantContains(t, stdout, "memgen check: ok")
+
+	t.Run("hand edit", func(t *testing.T) {
+		rel := "generated/memapi/errors.go"
+		orig := readFile(t, root, rel)
+		writeFile(t, root, rel, orig+"\n// a hand edit\n")
+		defer writeFile(t, root, rel, orig)
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		wantContains(t, stderr, rel+": differs from the spec")
+		if strings.Count(stderr, "differs") != 1 {
+			t.Errorf("only %s was edited:\n%s", rel, stderr)
+		}
+	})
+	t.Run("hand edit of the doc", func(t *testing.T) {
+		orig := readFile(t, root, gen.DocFile)
+		writeFile(t, root, gen.DocFile, strings.Replace(orig, "# Capabilities", "# Capabilities (edited)", 1))
+		defer writeFile(t, root, gen.DocFile, orig)
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		wantContains(t, stderr, gen.DocFile+": differs from the spec")
+	})
+	t.Run("missing file", func(t *testing.T) {
+		rel := "generated/memapi/ranges.go"
+		orig := readFile(t, root, rel)
+		if err := os.Remove(filepath.Join(root, rel)); err != nil {
+			t.Fatal(err)
+		}
+		defer writeFile(t, root, rel, orig)
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		wantContains(t, stderr, rel+": missing")
+	})
+	t.Run("spec changed", func(t *testing.T) {
+		orig := readFile(t, root, "spec/capabilities.yaml")
+		writeFile(t, root, "spec/capabilities.yaml", strings.Replace(orig, "doc: A count of bytes.", "doc: A number of bytes.", 1))
+		defer writeFile(t, root, "spec/capabilities.yaml", orig)
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		// The digest and the doc comment of Bytes moved.
+		wantContains(t, stderr, "generated/memapi/types.go: differs", "generated/memapi/doc.go: differs")
+	})
+	t.Run("stale file", func(t *testing.T) {
+		rel := "generated/memapi/retired.go"
+		writeFile(t, root, rel, gen.Header+"\n\npackage memapi\n")
+		defer os.Remove(filepath.Join(root, rel))
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		wantContains(t, stderr, rel+": stale")
+		// generate removes it, and only it.
+		before := snapshot(t, root)
+		code, stdout, stderr = memgen(t, "generate", "-v", "-root", root)
+		wantCode(t, code, exitOK, stdout, stderr)
+		if strings.TrimSpace(stdout) != "removed "+rel {
+			t.Errorf("generate -v said %q, want only the removal of %s", stdout, rel)
+		}
+		delete(before, rel)
+		sameTree(t, before, snapshot(t, root))
+	})
+	t.Run("hand-written file with a generated name is not stale", func(t *testing.T) {
+		rel := "generated/memapi/handwritten.go"
+		writeFile(t, root, rel, "package memapi\n")
+		defer os.Remove(filepath.Join(root, rel))
+		code, stdout, stderr := memgen(t, "check", "-root", root)
+		wantCode(t, code, exitOK, stdout, stderr)
+	})
+	code, stdout, stderr = memgen(t, "check", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+}
+
+// TestGenerateTwiceChangesNothing is `go generate ./...` run twice: the
+// second run writes no file and changes no byte.
+func TestGenerateTwiceChangesNothing(t *testing.T) {
+	root := newModule(t, "")
+	code, stdout, stderr := memgen(t, "generate", "-v", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	if !strings.Contains(stdout, "wrote "+gen.DocFile) {
+		t.Errorf("first run did not write %s:\n%s", gen.DocFile, stdout)
+	}
+	before := snapshot(t, root)
+	code, stdout, stderr = memgen(t, "generate", "-v", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	if stdout != "" {
+		t.Errorf("second run wrote files:\n%s", stdout)
+	}
+	sameTree(t, before, snapshot(t, root))
+}
+
+// TestGenerateRefusesForeignFile: a file without memgen's header where a
+// generated file belongs is never overwritten, and then nothing is written.
+func TestGenerateRefusesForeignFile(t *testing.T) {
+	root := newModule(t, "")
+	rel := "generated/memapi/types.go"
+	writeFile(t, root, rel, "package memapi\n\n// written by a person\n")
+	before := snapshot(t, root)
+	code, stdout, stderr := memgen(t, "generate", "-root", root)
+	wantCode(t, code, exitSpec, stdout, stderr)
+	wantContains(t, stderr, rel, "not generated by memgen", "refusing")
+	sameTree(t, before, snapshot(t, root))
+
+	// doc refuses the same way for its one file.
+	writeFile(t, root, gen.DocFile, "# my own notes\n")
+	code, stdout, stderr = memgen(t, "doc", "-root", root)
+	wantCode(t, code, exitSpec, stdout, stderr)
+	wantContains(t, stderr, "refusing")
+	if got := readFile(t, root, gen.DocFile); got != "# my own notes\n" {
+		t.Errorf("doc overwrote a hand-written file: %q", got)
+	}
+}
+
+// TestFailedGenerateLeavesFilesUntouched: a spec error stops generate before
+// it writes anything.
+func TestFailedGenerateLeavesFilesUntouched(t *testing.T) {
+	root := newModule(t, "")
+	code, stdout, stderr := memgen(t, "generate", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	spec := readFile(t, root, "spec/capabilities.yaml")
+	writeFile(t, root, "spec/capabilities.yaml", strings.Replace(spec, "  Bytes:\n    kind: scalar", "  Bytes:\n    kind: scalr", 1))
+	before := snapshot(t, root)
+	code, stdout, stderr = memgen(t, "generate", "-root", root)
+	wantCode(t, code, exitSpec, stdout, stderr)
+	wantContains(t, stderr, `unknown kind "scalr"`)
+	sameTree(t, before, snapshot(t, root))
+}
+
+// TestDoc: memgen doc writes exactly the file generate writes, to stdout
+// with -o -.
+func TestDoc(t *testing.T) {
+	root := newModule(t, "")
+	code, stdout, stderr := memgen(t, "generate", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	want := readFile(t, root, gen.DocFile)
+	for _, section := range []string{gen.MarkdownHeader, "## Capability matrix", "## Methods and their accounting", "## Invariants", "```mermaid", "| `charge-before-commit` |"} {
+		wantContains(t, want, section)
+	}
+	if err := os.Remove(filepath.Join(root, gen.DocFile)); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = memgen(t, "doc", "-v", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	wantContains(t, stdout, "wrote "+gen.DocFile)
+	if got := readFile(t, root, gen.DocFile); got != want {
+		t.Error("memgen doc and memgen generate disagree on " + gen.DocFile)
+	}
+	code, stdout, stderr = memgen(t, "doc", "-o", "-", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+	if stdout != want {
+		t.Error("memgen doc -o - printed something else than the file")
+	}
+	code, stdout, stderr = memgen(t, "check", "-root", root)
+	wantCode(t, code, exitOK, stdout, stderr)
+}
