@@ -61,7 +61,7 @@ func generated(n int) []request {
 	rng := rand.New(rand.NewPCG(1, 2))
 	out := make([]request, n)
 	for i := range out {
-		out[i] = request{prompt: 50 + rng.IntN(1500), gen: 5 + rng.IntN(300)}
+		out[i] = request{prompt: 400 + rng.IntN(2600), gen: 5 + rng.IntN(300)}
 	}
 	return out
 }
