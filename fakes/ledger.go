@@ -39,6 +39,7 @@ type grantAuthorityRecord struct {
 	returns *grantAuthorityResults
 	onCall  map[int]grantAuthorityResults
 }
+
 type grantAuthorityResults struct {
 	result1 memapi.AuthorityID
 }
@@ -116,9 +117,11 @@ type grantDrawRecord struct {
 	returns *grantDrawResults
 	onCall  map[int]grantDrawResults
 }
+
 type grantDrawArgs struct {
 	n memapi.Bytes
 }
+
 type grantDrawResults struct {
 	result1 error
 }
@@ -217,9 +220,11 @@ type grantUndrawRecord struct {
 	returns *grantUndrawResults
 	onCall  map[int]grantUndrawResults
 }
+
 type grantUndrawArgs struct {
 	n memapi.Bytes
 }
+
 type grantUndrawResults struct {
 	result1 error
 }
@@ -318,9 +323,11 @@ type grantRefundRecord struct {
 	returns *grantRefundResults
 	onCall  map[int]grantRefundResults
 }
+
 type grantRefundArgs struct {
 	n memapi.Bytes
 }
+
 type grantRefundResults struct {
 	result1 error
 }
@@ -457,6 +464,7 @@ type accountAuthorityRecord struct {
 	returns *accountAuthorityResults
 	onCall  map[int]accountAuthorityResults
 }
+
 type accountAuthorityResults struct {
 	result1 memapi.AuthorityID
 }
@@ -534,9 +542,11 @@ type accountRefundRecord struct {
 	returns *accountRefundResults
 	onCall  map[int]accountRefundResults
 }
+
 type accountRefundArgs struct {
 	n memapi.Bytes
 }
+
 type accountRefundResults struct {
 	result1 error
 }

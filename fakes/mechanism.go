@@ -57,6 +57,7 @@ type mechanismInfoRecord struct {
 	returns *mechanismInfoResults
 	onCall  map[int]mechanismInfoResults
 }
+
 type mechanismInfoResults struct {
 	result1 memapi.MechanismInfo
 }
@@ -136,11 +137,13 @@ type mechanismAllocateRecord struct {
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
+
 type mechanismAllocateArgs struct {
 	ctx   context.Context
 	req   memapi.AllocRequest
 	grant memapi.Grant
 }
+
 type mechanismAllocateResults struct {
 	result1 *memapi.Allocation
 	result2 error
@@ -253,11 +256,13 @@ type mechanismFreeRecord struct {
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
+
 type mechanismFreeArgs struct {
 	ctx context.Context
 	a   *memapi.Allocation
 	to  memapi.Account
 }
+
 type mechanismFreeResults struct {
 	result1 error
 }
@@ -361,6 +366,7 @@ type mechanismUsedBytesRecord struct {
 	returns *mechanismUsedBytesResults
 	onCall  map[int]mechanismUsedBytesResults
 }
+
 type mechanismUsedBytesResults struct {
 	result1 memapi.Bytes
 }
@@ -440,10 +446,12 @@ type mechanismReserveRecord struct {
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
+
 type mechanismReserveArgs struct {
 	ctx context.Context
 	req memapi.ReserveRequest
 }
+
 type mechanismReserveResults struct {
 	result1 *memapi.Reservation
 	result2 error
@@ -557,12 +565,14 @@ type mechanismCommitRecord struct {
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
+
 type mechanismCommitArgs struct {
 	ctx   context.Context
 	res   *memapi.Reservation
 	r     memapi.Range
 	grant memapi.Grant
 }
+
 type mechanismCommitResults struct {
 	result1 error
 }
@@ -670,12 +680,14 @@ type mechanismDecommitRecord struct {
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
+
 type mechanismDecommitArgs struct {
 	ctx context.Context
 	res *memapi.Reservation
 	r   memapi.Range
 	to  memapi.Account
 }
+
 type mechanismDecommitResults struct {
 	result1 error
 }
@@ -783,9 +795,11 @@ type mechanismCommittedBytesRecord struct {
 	returns *mechanismCommittedBytesResults
 	onCall  map[int]mechanismCommittedBytesResults
 }
+
 type mechanismCommittedBytesArgs struct {
 	res *memapi.Reservation
 }
+
 type mechanismCommittedBytesResults struct {
 	result1 memapi.Bytes
 	result2 error
@@ -896,11 +910,13 @@ type mechanismReleaseReservationRecord struct {
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
+
 type mechanismReleaseReservationArgs struct {
 	ctx context.Context
 	res *memapi.Reservation
 	to  memapi.Account
 }
+
 type mechanismReleaseReservationResults struct {
 	result1 error
 }
@@ -1007,11 +1023,13 @@ type mechanismCreateBackingRecord struct {
 	returns *mechanismCreateBackingResults
 	onCall  map[int]mechanismCreateBackingResults
 }
+
 type mechanismCreateBackingArgs struct {
 	ctx   context.Context
 	size  memapi.Bytes
 	grant memapi.Grant
 }
+
 type mechanismCreateBackingResults struct {
 	result1 *memapi.Backing
 	result2 error
@@ -1126,6 +1144,7 @@ type mechanismMapViewRecord struct {
 	returns *mechanismMapViewResults
 	onCall  map[int]mechanismMapViewResults
 }
+
 type mechanismMapViewArgs struct {
 	ctx    context.Context
 	res    *memapi.Reservation
@@ -1133,6 +1152,7 @@ type mechanismMapViewArgs struct {
 	b      *memapi.Backing
 	access memapi.Access
 }
+
 type mechanismMapViewResults struct {
 	result1 *memapi.View
 	result2 error
@@ -1249,10 +1269,12 @@ type mechanismUnmapViewRecord struct {
 	returns *mechanismUnmapViewResults
 	onCall  map[int]mechanismUnmapViewResults
 }
+
 type mechanismUnmapViewArgs struct {
 	ctx context.Context
 	v   *memapi.View
 }
+
 type mechanismUnmapViewResults struct {
 	result1 error
 }
@@ -1358,11 +1380,13 @@ type mechanismCopyOnWriteRecord struct {
 	returns *mechanismCopyOnWriteResults
 	onCall  map[int]mechanismCopyOnWriteResults
 }
+
 type mechanismCopyOnWriteArgs struct {
 	ctx   context.Context
 	v     *memapi.View
 	grant memapi.Grant
 }
+
 type mechanismCopyOnWriteResults struct {
 	result1 *memapi.View
 	result2 error
@@ -1477,9 +1501,11 @@ type mechanismViewCountRecord struct {
 	returns *mechanismViewCountResults
 	onCall  map[int]mechanismViewCountResults
 }
+
 type mechanismViewCountArgs struct {
 	b *memapi.Backing
 }
+
 type mechanismViewCountResults struct {
 	result1 int
 	result2 error
@@ -1590,11 +1616,13 @@ type mechanismReleaseBackingRecord struct {
 	returns *mechanismReleaseBackingResults
 	onCall  map[int]mechanismReleaseBackingResults
 }
+
 type mechanismReleaseBackingArgs struct {
 	ctx context.Context
 	b   *memapi.Backing
 	to  memapi.Account
 }
+
 type mechanismReleaseBackingResults struct {
 	result1 error
 }

@@ -94,8 +94,9 @@ func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
 		if err := f.Render(&buf); err != nil {
 			return nil, fmt.Errorf("render %s: %w", rel, err)
 		}
-		// Render already formats the source (gofmt), so the bytes are final.
-		out[rel] = buf.Bytes()
+		// Render already formats the source (gofmt); only the blank lines
+		// between top-level declarations are added here.
+		out[rel] = spaceDecls(buf.Bytes())
 	}
 	for rel, b := range g.raw {
 		out[rel] = b
@@ -121,4 +122,24 @@ func (g *Gen) MechanismDirExists(m *Mechanism) bool {
 		return true
 	}
 	return false
+}
+
+// spaceDecls puts a blank line after every top-level declaration that ends
+// with a closing "}" or ")" directly followed by another one, as a person
+// writes Go. The input is gofmt-formatted, so top-level lines are exactly the
+// unindented ones, and the result is still gofmt-formatted.
+func spaceDecls(src []byte) []byte {
+	lines := bytes.SplitAfter(src, []byte("\n"))
+	out := make([]byte, 0, len(src)+len(src)/16)
+	for i, l := range lines {
+		out = append(out, l...)
+		t := bytes.TrimRight(l, "\n")
+		if (len(t) == 1 && (t[0] == '}' || t[0] == ')')) && i+1 < len(lines) {
+			n := lines[i+1]
+			if len(n) > 0 && n[0] != '\n' && n[0] != '\t' && n[0] != ' ' && n[0] != '}' && n[0] != ')' {
+				out = append(out, '\n')
+			}
+		}
+	}
+	return out
 }

@@ -84,6 +84,7 @@ func refund(to memapi.Account, n memapi.Bytes) error {
 	}
 	return to.Refund(n)
 }
+
 func (m *mechanism) foreignAuthority(op, what string, a memapi.AuthorityID) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,

@@ -155,6 +155,7 @@ func Of(cs ...Capability) CapSet {
 func (s CapSet) Has(c Capability) bool {
 	return s&(1<<c) != 0
 }
+
 func (s CapSet) String() string {
 	var names []string
 	for _, c := range Capabilities {

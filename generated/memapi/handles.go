@@ -56,6 +56,7 @@ func (a *Allocation) Addr() DeviceAddr {
 func (a *Allocation) Size() Bytes {
 	return a.size
 }
+
 func (a *Allocation) header() *handleHeader {
 	if a == nil {
 		return nil
@@ -83,6 +84,7 @@ func (a *Allocation) Creator() InstanceID {
 func (a *Allocation) Live() bool {
 	return a != nil && a.hdr.state.Load() == stateLive
 }
+
 func (a *Allocation) String() string {
 	if a == nil {
 		return "Allocation(nil)"
@@ -108,6 +110,7 @@ func (r *Reservation) Addr() DeviceAddr {
 func (r *Reservation) Size() Bytes {
 	return r.size
 }
+
 func (r *Reservation) header() *handleHeader {
 	if r == nil {
 		return nil
@@ -135,6 +138,7 @@ func (r *Reservation) Creator() InstanceID {
 func (r *Reservation) Live() bool {
 	return r != nil && r.hdr.state.Load() == stateLive
 }
+
 func (r *Reservation) String() string {
 	if r == nil {
 		return "Reservation(nil)"
@@ -154,6 +158,7 @@ type Backing struct {
 func (b *Backing) Size() Bytes {
 	return b.size
 }
+
 func (b *Backing) header() *handleHeader {
 	if b == nil {
 		return nil
@@ -181,6 +186,7 @@ func (b *Backing) Creator() InstanceID {
 func (b *Backing) Live() bool {
 	return b != nil && b.hdr.state.Load() == stateLive
 }
+
 func (b *Backing) String() string {
 	if b == nil {
 		return "Backing(nil)"
@@ -218,6 +224,7 @@ func (v *View) Backing() *Backing {
 func (v *View) Access() Access {
 	return v.access
 }
+
 func (v *View) header() *handleHeader {
 	if v == nil {
 		return nil
@@ -245,6 +252,7 @@ func (v *View) Creator() InstanceID {
 func (v *View) Live() bool {
 	return v != nil && v.hdr.state.Load() == stateLive
 }
+
 func (v *View) String() string {
 	if v == nil {
 		return "View(nil)"

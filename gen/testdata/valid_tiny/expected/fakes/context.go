@@ -39,6 +39,7 @@ type contextDeviceRecord struct {
 	returns *contextDeviceResults
 	onCall  map[int]contextDeviceResults
 }
+
 type contextDeviceResults struct {
 	result1 memapi.DeviceKey
 }
@@ -115,6 +116,7 @@ type contextNewStreamRecord struct {
 	returns *contextNewStreamResults
 	onCall  map[int]contextNewStreamResults
 }
+
 type contextNewStreamResults struct {
 	result1 memapi.Stream
 	result2 error
@@ -202,6 +204,7 @@ type contextCloseRecord struct {
 	returns *contextCloseResults
 	onCall  map[int]contextCloseResults
 }
+
 type contextCloseResults struct {
 	result1 error
 }
@@ -322,10 +325,12 @@ type streamCopyToDeviceRecord struct {
 	returns *streamCopyToDeviceResults
 	onCall  map[int]streamCopyToDeviceResults
 }
+
 type streamCopyToDeviceArgs struct {
 	dst memapi.DeviceAddr
 	src []byte
 }
+
 type streamCopyToDeviceResults struct {
 	result1 error
 }
@@ -427,10 +432,12 @@ type streamCopyFromDeviceRecord struct {
 	returns *streamCopyFromDeviceResults
 	onCall  map[int]streamCopyFromDeviceResults
 }
+
 type streamCopyFromDeviceArgs struct {
 	dst []byte
 	src memapi.DeviceAddr
 }
+
 type streamCopyFromDeviceResults struct {
 	result1 error
 }
@@ -532,11 +539,13 @@ type streamCopyDeviceRecord struct {
 	returns *streamCopyDeviceResults
 	onCall  map[int]streamCopyDeviceResults
 }
+
 type streamCopyDeviceArgs struct {
 	dst memapi.DeviceAddr
 	src memapi.DeviceAddr
 	n   memapi.Bytes
 }
+
 type streamCopyDeviceResults struct {
 	result1 error
 }
@@ -638,6 +647,7 @@ type streamRecordRecord struct {
 	returns *streamRecordResults
 	onCall  map[int]streamRecordResults
 }
+
 type streamRecordResults struct {
 	result1 memapi.Fence
 	result2 error
@@ -726,9 +736,11 @@ type streamSynchronizeRecord struct {
 	returns *streamSynchronizeResults
 	onCall  map[int]streamSynchronizeResults
 }
+
 type streamSynchronizeArgs struct {
 	ctx context.Context
 }
+
 type streamSynchronizeResults struct {
 	result1 error
 }
@@ -826,6 +838,7 @@ type streamCloseRecord struct {
 	returns *streamCloseResults
 	onCall  map[int]streamCloseResults
 }
+
 type streamCloseResults struct {
 	result1 error
 }
@@ -951,6 +964,7 @@ type fenceDoneRecord struct {
 	returns *fenceDoneResults
 	onCall  map[int]fenceDoneResults
 }
+
 type fenceDoneResults struct {
 	result1 bool
 }
@@ -1028,9 +1042,11 @@ type fenceWaitRecord struct {
 	returns *fenceWaitResults
 	onCall  map[int]fenceWaitResults
 }
+
 type fenceWaitArgs struct {
 	ctx context.Context
 }
+
 type fenceWaitResults struct {
 	result1 error
 }
@@ -1128,6 +1144,7 @@ type fenceReadyRecord struct {
 	returns *fenceReadyResults
 	onCall  map[int]fenceReadyResults
 }
+
 type fenceReadyResults struct {
 	result1 <-chan struct{}
 }

@@ -50,6 +50,7 @@ type mechanismInfoRecord struct {
 	returns *mechanismInfoResults
 	onCall  map[int]mechanismInfoResults
 }
+
 type mechanismInfoResults struct {
 	result1 memapi.MechanismInfo
 }
@@ -129,11 +130,13 @@ type mechanismAllocateRecord struct {
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
+
 type mechanismAllocateArgs struct {
 	ctx   context.Context
 	req   memapi.AllocRequest
 	grant memapi.Grant
 }
+
 type mechanismAllocateResults struct {
 	result1 *memapi.Allocation
 	result2 error
@@ -246,11 +249,13 @@ type mechanismFreeRecord struct {
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
+
 type mechanismFreeArgs struct {
 	ctx context.Context
 	a   *memapi.Allocation
 	to  memapi.Account
 }
+
 type mechanismFreeResults struct {
 	result1 error
 }
@@ -354,6 +359,7 @@ type mechanismUsedBytesRecord struct {
 	returns *mechanismUsedBytesResults
 	onCall  map[int]mechanismUsedBytesResults
 }
+
 type mechanismUsedBytesResults struct {
 	result1 memapi.Bytes
 }
@@ -433,10 +439,12 @@ type mechanismReserveRecord struct {
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
+
 type mechanismReserveArgs struct {
 	ctx context.Context
 	req memapi.ReserveRequest
 }
+
 type mechanismReserveResults struct {
 	result1 *memapi.Reservation
 	result2 error
@@ -550,12 +558,14 @@ type mechanismCommitRecord struct {
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
+
 type mechanismCommitArgs struct {
 	ctx   context.Context
 	res   *memapi.Reservation
 	r     memapi.Range
 	grant memapi.Grant
 }
+
 type mechanismCommitResults struct {
 	result1 error
 }
@@ -663,12 +673,14 @@ type mechanismDecommitRecord struct {
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
+
 type mechanismDecommitArgs struct {
 	ctx context.Context
 	res *memapi.Reservation
 	r   memapi.Range
 	to  memapi.Account
 }
+
 type mechanismDecommitResults struct {
 	result1 error
 }
@@ -776,9 +788,11 @@ type mechanismCommittedBytesRecord struct {
 	returns *mechanismCommittedBytesResults
 	onCall  map[int]mechanismCommittedBytesResults
 }
+
 type mechanismCommittedBytesArgs struct {
 	res *memapi.Reservation
 }
+
 type mechanismCommittedBytesResults struct {
 	result1 memapi.Bytes
 	result2 error
@@ -889,11 +903,13 @@ type mechanismReleaseReservationRecord struct {
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
+
 type mechanismReleaseReservationArgs struct {
 	ctx context.Context
 	res *memapi.Reservation
 	to  memapi.Account
 }
+
 type mechanismReleaseReservationResults struct {
 	result1 error
 }

@@ -56,6 +56,7 @@ func (a *Allocation) Addr() DeviceAddr {
 func (a *Allocation) Size() Bytes {
 	return a.size
 }
+
 func (a *Allocation) header() *handleHeader {
 	if a == nil {
 		return nil
@@ -83,6 +84,7 @@ func (a *Allocation) Creator() InstanceID {
 func (a *Allocation) Live() bool {
 	return a != nil && a.hdr.state.Load() == stateLive
 }
+
 func (a *Allocation) String() string {
 	if a == nil {
 		return "Allocation(nil)"
@@ -108,6 +110,7 @@ func (r *Reservation) Addr() DeviceAddr {
 func (r *Reservation) Size() Bytes {
 	return r.size
 }
+
 func (r *Reservation) header() *handleHeader {
 	if r == nil {
 		return nil
@@ -135,6 +138,7 @@ func (r *Reservation) Creator() InstanceID {
 func (r *Reservation) Live() bool {
 	return r != nil && r.hdr.state.Load() == stateLive
 }
+
 func (r *Reservation) String() string {
 	if r == nil {
 		return "Reservation(nil)"

@@ -29,6 +29,7 @@ func (r Range) Aligned(g Bytes) bool {
 func (r Range) Overlaps(o Range) bool {
 	return r.Len > 0 && o.Len > 0 && r.Off < o.Off+o.Len && o.Off < r.Off+r.Len
 }
+
 func (r Range) String() string {
 	return fmt.Sprintf("[%#x, +%#x)", r.Off, r.Len)
 }
