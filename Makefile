@@ -83,3 +83,16 @@ regen-stable:
 ## ci: what .ci/run runs
 ci:
 	.ci/run
+
+## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the MLP models (outside the repository)
+## ort-test: integrations/ort (a nested module) vetted and tested under -race; SKIP line if the fetch fails
+## ort-bench: integrations/ort's benchmarks (inference latency vs ONNX Runtime's arena, Alloc+Free cost)
+.PHONY: ort ort-test ort-bench
+ort:
+	scripts/ort.sh fetch
+
+ort-test:
+	scripts/ort.sh test
+
+ort-bench:
+	scripts/ort.sh bench

@@ -1,0 +1,66 @@
+// The C half of the bridge between ONNX Runtime and a memgen binding: an
+// OrtAllocator whose Alloc, Reserve, Free and Info call into Go.
+#ifndef MEMGEN_ORT_BRIDGE_H
+#define MEMGEN_ORT_BRIDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "onnxruntime_c_api.h"
+
+// memgen_ort_allocator is an OrtAllocator followed by the id of the Go
+// allocator it calls. ONNX Runtime sees only the OrtAllocator part.
+typedef struct memgen_ort_allocator {
+	OrtAllocator base;
+	uintptr_t id;
+	OrtMemoryInfo *info;
+} memgen_ort_allocator;
+
+// memgen_ort_load opens the ONNX Runtime library at path (the same one
+// onnxruntime_go opened: dlopen returns the loaded instance), takes the API
+// of version ORT_API_VERSION and a reference to the process's OrtEnv. It
+// returns NULL or an error message to free with free().
+char *memgen_ort_load(const char *path);
+
+// memgen_ort_unload drops the OrtEnv reference and the library handle.
+void memgen_ort_unload(void);
+
+// memgen_ort_version returns the loaded library's version string.
+const char *memgen_ort_version(void);
+
+// memgen_ort_new_allocator makes (and memgen_ort_register registers with the
+// OrtEnv) an allocator that calls Go allocator id. Errors are messages to
+// free with free().
+memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, char **err);
+char *memgen_ort_register(memgen_ort_allocator *a);
+char *memgen_ort_unregister(memgen_ort_allocator *a);
+
+// memgen_ort_alloc_call and memgen_ort_free_call call the allocator's
+// function pointers as ONNX Runtime would (a refusal, thrown to ONNX
+// Runtime, is NULL here); the benchmark of the C path uses them.
+void *memgen_ort_alloc_call(memgen_ort_allocator *a, size_t size);
+void memgen_ort_free_call(memgen_ort_allocator *a, void *p);
+
+#endif
+
+// ---- sessions and values for the conformance harness (valuebridge.c) ----
+// onnxruntime_go cannot express scalar or empty tensors, nor read float16
+// outputs in full; the ONNX conformance models need all three.
+
+char *memgen_ort_session_new(const char *path, int use_env_allocators, int threads, OrtSession **out);
+void memgen_ort_session_free(OrtSession *s);
+char *memgen_ort_session_count(OrtSession *s, int outputs, size_t *n);
+char *memgen_ort_session_io(OrtSession *s, int outputs, size_t i, char **name, int *onnx_type, int *elem_type);
+char *memgen_ort_tensor_new(int elem_type, const int64_t *shape, size_t rank, const void *data, size_t nbytes,
+                            char **strs, size_t nstrs, OrtValue **out);
+void memgen_ort_value_free(OrtValue *v);
+char *memgen_ort_run(OrtSession *s, const char **in_names, OrtValue **in, size_t nin, const char **out_names,
+                     OrtValue **out, size_t nout);
+char *memgen_ort_value_info(OrtValue *v, int *onnx_type, int *elem_type, int64_t *shape, size_t cap, size_t *rank,
+                            size_t *count, void **data);
+char *memgen_ort_string_at(OrtValue *v, size_t i, char **s, size_t *len);
+
+// ONNX Runtime's default CPU allocator (GetAllocatorWithDefaultOptions), the
+// baseline of the Alloc+Free benchmark.
+void *memgen_ort_default_alloc(size_t size);
+void memgen_ort_default_free(void *p);

@@ -1,0 +1,171 @@
+package ort
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/pmm"
+)
+
+// The tests need ONNX Runtime and the ONNX conformance models, which
+// `make ort` (scripts/ort.sh) fetches outside the repository. Without them
+// the package's tests are skipped with a message, unless
+// MEMGEN_ORT_REQUIRE=1 (set by `make ort-test` after a successful fetch),
+// in which case their absence fails.
+var (
+	libPath   = envOr("MEMGEN_ORT_LIB", filepath.Join(cacheDir(), "libonnxruntime.so.1"))
+	testData  = envOr("MEMGEN_ONNX_TESTDATA", "/usr/share/libonnx-testdata/data")
+	benchPath = envOr("MEMGEN_ORT_BENCH_MODEL", filepath.Join(cacheDir(), "mlp24x2048b64.onnx"))
+)
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func cacheDir() string {
+	if d := os.Getenv("MEMGEN_ORT_CACHE"); d != "" {
+		return d
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "memgen", "ort-"+Version)
+}
+
+func TestMain(m *testing.M) {
+	missing := ""
+	if _, err := os.Stat(libPath); err != nil {
+		missing = "ONNX Runtime " + Version + " (" + libPath + ")"
+	} else if _, err := os.Stat(filepath.Join(testData, "node")); err != nil {
+		missing = "the ONNX conformance models (" + testData + ")"
+	}
+	if missing != "" {
+		if os.Getenv("MEMGEN_ORT_REQUIRE") == "1" {
+			fmt.Fprintf(os.Stderr, "integrations/ort: %s not found, and MEMGEN_ORT_REQUIRE=1\n", missing)
+			os.Exit(1)
+		}
+		fmt.Printf("integrations/ort: SKIP: %s not found; run `make ort` to fetch it\n", missing)
+		os.Exit(0)
+	}
+	if err := Init(libPath, InitOptions{Quiet: true}); err != nil {
+		fmt.Fprintln(os.Stderr, "integrations/ort:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "integrations/ort: goroutines outlived the tests:", err)
+		code = 1
+	}
+	if err := Shutdown(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "integrations/ort: Shutdown:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+const hostAuth memapi.AuthorityID = "host"
+
+// rig is one governed host device: a governor with one authority, the CPU
+// mechanism, its device context behind a deferred-free queue, a manager, a
+// binding for holder "ort" and an Allocator over it, registered with ONNX
+// Runtime.
+type rig struct {
+	g     *governor.Governor
+	m     *cpu.Mechanism
+	ectx  *ep.Context
+	bind  *pmm.Binding
+	alloc *Allocator
+}
+
+func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
+	t.Helper()
+	g := governor.New(governor.Options{})
+	if err := g.AddAuthority(hostAuth, capacity); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Register("ort", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }), governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := cpu.New(cpu.Options{Granularity: cpu.Granularity2MiB, Authority: hostAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
+	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
+	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
+		t.Fatal(err)
+	}
+	bind, err := mgr.Bind("ort", "session", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAllocator(bind, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{g: g, m: m, ectx: ectx, bind: bind, alloc: a}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := ectx.Close(context.Background(), true); err != nil {
+			t.Error(err)
+		}
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+// settle waits until every release ONNX Runtime made reached the mechanism
+// and the ledger.
+func (r *rig) settle(t testing.TB) {
+	t.Helper()
+	if err := r.ectx.Queue().Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// audit checks, at a quiescent point, that the ledger, the mechanism and
+// the kernel agree: the holder's charge is what the allocator holds, the
+// mechanism's bytes and mincore's count are the same, nothing is pending.
+func (r *rig) audit(t testing.TB, what string) memapi.Bytes {
+	t.Helper()
+	r.settle(t)
+	s, _ := r.g.Authority(hostAuth)
+	st := r.alloc.Stats()
+	used := r.m.UsedBytes()
+	kern, err := r.m.KernelBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Balanced() || s.Pending != 0 || s.Reserved != 0 || s.Charged != st.LiveBytes || used != s.Charged || kern != used {
+		t.Errorf("%s: ledger charged %d pending %d reserved %d (balanced %v), allocator holds %d in %d blocks, mechanism %d, kernel %d",
+			what, s.Charged, s.Pending, s.Reserved, s.Balanced(), st.LiveBytes, st.Live, used, kern)
+	}
+	return s.Charged
+}
+
+// auditZero is audit after everything ONNX Runtime held was freed.
+func (r *rig) auditZero(t testing.TB, what string) {
+	t.Helper()
+	if n := r.audit(t, what); n != 0 || r.alloc.Stats().Live != 0 {
+		t.Errorf("%s: holder still charged %d bytes, %d blocks live", what, n, r.alloc.Stats().Live)
+	}
+}

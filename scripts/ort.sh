@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# make ort: fetch what integrations/ort needs, outside the repository.
+#
+#   - ONNX Runtime 1.30.0's libonnxruntime.so.1 for linux/x64, taken from the
+#     npm package onnxruntime-node@1.30.0 (package/bin/napi-v6/linux/x64/),
+#     cached in $MEMGEN_ORT_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/memgen/ort-1.30.0)
+#     and reused when present; its version string is checked through the C
+#     API (OrtGetApiBase()->GetVersionString()).
+#   - The ONNX project's conformance models: Debian's libonnx-testdata
+#     (/usr/share/libonnx-testdata/data/), and python3-onnx to build two
+#     MLPs into the cache: the benchmark's (24 layers of width 2048) and the
+#     pressure test's (4 layers of width 512).
+#
+# It prints the environment the tests read (MEMGEN_ORT_LIB,
+# MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_BENCH_MODEL, MEMGEN_ORT_SMALL_MODEL) and
+# writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means everything is in
+# place; anything else means it could not be fetched.
+#
+#   scripts/ort.sh          fetch (make ort)
+#   scripts/ort.sh test     fetch, then vet and test integrations/ort under
+#                           -race (make ort-test); when the fetch fails it
+#                           prints a SKIP line and exits 0, when it succeeds
+#                           the tests must really run (MEMGEN_ORT_REQUIRE=1)
+#   scripts/ort.sh bench    fetch, then the module's benchmarks (make ort-bench;
+#                           ORT_BENCHTIME for the inference, default 10x;
+#                           ORT_ALLOC_BENCHTIME for Alloc+Free, default 20000x)
+set -euo pipefail
+
+ORT_VERSION=1.30.0
+CACHE="${MEMGEN_ORT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memgen/ort-$ORT_VERSION}"
+TESTDATA="${MEMGEN_ONNX_TESTDATA:-/usr/share/libonnx-testdata/data}"
+LIB="$CACHE/libonnxruntime.so.1"
+MODEL="$CACHE/mlp24x2048b64.onnx"
+SMALL="$CACHE/mlp4x512b256.onnx"
+
+say() { printf 'ort.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+mode="${1:-fetch}"
+case "$mode" in
+fetch) ;;
+test | bench)
+	if ! "$0" fetch >/dev/null; then
+		echo "SKIP: integrations/ort: ONNX Runtime $ORT_VERSION or the ONNX conformance models could not be fetched (see above); its tests did not run"
+		exit 0
+	fi
+	while IFS='=' read -r k v; do export "$k=$v"; done <"$CACHE/env"
+	export MEMGEN_ORT_REQUIRE=1 GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+	cd "$(dirname "$0")/../integrations/ort"
+	if [ "$mode" = test ]; then
+		go vet ./...
+		bad="$(gofmt -l .)"
+		[ -z "$bad" ] || { echo "gofmt needed on:"; echo "$bad"; exit 1; }
+		exec go test -race -count=1 ./...
+	fi
+	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
+	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count 1 .
+	;;
+*) die "usage: $0 [fetch|test|bench]" ;;
+esac
+
+case "$(uname -s)/$(uname -m)" in
+Linux/x86_64) ;;
+*) die "ONNX Runtime from onnxruntime-node is fetched for linux/x64 only (this is $(uname -s)/$(uname -m))" ;;
+esac
+
+mkdir -p "$CACHE"
+
+# --- ONNX Runtime ------------------------------------------------------------
+# check_version prints the library's version string, read through its C API.
+check_version() {
+	local bin="$CACHE/ortversion"
+	if [ ! -x "$bin" ] || [ "$bin" -ot "$0" ]; then
+		command -v cc >/dev/null || die "a C compiler (cc) is needed to check the library and for cgo"
+		cat >"$CACHE/ortversion.c" <<'C'
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+/* The first two members of OrtApiBase (onnxruntime_c_api.h). */
+typedef struct { const void *(*GetApi)(uint32_t); const char *(*GetVersionString)(void); } ApiBase;
+int main(int argc, char **argv) {
+	void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+	if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+	const ApiBase *(*get)(void) = (const ApiBase *(*)(void))dlsym(h, "OrtGetApiBase");
+	if (!get) { fprintf(stderr, "no OrtGetApiBase in %s\n", argv[1]); return 1; }
+	puts(get()->GetVersionString());
+	return 0;
+}
+C
+		cc -O1 -o "$bin" "$CACHE/ortversion.c" -ldl
+	fi
+	"$bin" "$1"
+}
+
+if [ -f "$LIB" ] && [ "$(check_version "$LIB" 2>/dev/null || true)" = "$ORT_VERSION" ]; then
+	say "reusing $LIB (ONNX Runtime $ORT_VERSION)"
+else
+	command -v npm >/dev/null || die "npm is needed to fetch onnxruntime-node@$ORT_VERSION"
+	tmp="$(mktemp -d "$CACHE/fetch.XXXXXX")"
+	trap 'rm -rf "$tmp"' EXIT
+	say "fetching onnxruntime-node@$ORT_VERSION with npm pack"
+	(cd "$tmp" && npm pack --silent "onnxruntime-node@$ORT_VERSION" >/dev/null) || die "npm pack onnxruntime-node@$ORT_VERSION failed"
+	tgz="$(ls "$tmp"/onnxruntime-node-*.tgz)"
+	tar -xzf "$tgz" -C "$tmp" --wildcards 'package/bin/napi-v6/linux/x64/libonnxruntime.so*' ||
+		die "no package/bin/napi-v6/linux/x64/libonnxruntime.so* in $(basename "$tgz")"
+	src="$tmp/package/bin/napi-v6/linux/x64"
+	# The tarball carries either libonnxruntime.so.1 or a versioned file.
+	f="$(ls "$src"/libonnxruntime.so.1* | sort | tail -n 1)"
+	cp -L "$f" "$LIB.tmp"
+	got="$(check_version "$LIB.tmp")" || die "could not load $f"
+	[ "$got" = "$ORT_VERSION" ] || die "$f reports version $got, want $ORT_VERSION"
+	mv "$LIB.tmp" "$LIB"
+	rm -rf "$tmp"
+	trap - EXIT
+	say "installed $LIB (ONNX Runtime $got)"
+fi
+
+# --- conformance models and python3-onnx -------------------------------------
+need=()
+[ -d "$TESTDATA/node" ] || need+=(libonnx-testdata)
+/usr/bin/python3 -c 'import onnx, numpy' 2>/dev/null || need+=(python3-onnx python3-numpy)
+if [ ${#need[@]} -gt 0 ]; then
+	command -v apt-get >/dev/null || die "apt-get is needed to install ${need[*]}"
+	sudo=()
+	[ "$(id -u)" = 0 ] || sudo=(sudo -n)
+	say "installing ${need[*]} with apt-get"
+	"${sudo[@]}" apt-get update -qq || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
+fi
+[ -d "$TESTDATA/node" ] || die "no ONNX conformance models under $TESTDATA"
+
+# --- the models the benchmark and the pressure test run ---------------------
+# mlp LAYERS WIDTH BATCH FILE: an MLP (MatMul, Add, Relu per layer) with
+# random weights of a fixed seed, written with python3-onnx.
+mlp() {
+	local file="$4"
+	[ -f "$file" ] && return 0 # the name says what it holds
+	say "building $file with python3-onnx"
+	/usr/bin/python3 - "$@" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+layers, width, batch, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = np.random.default_rng(7)
+nodes, inits = [], []
+prev = "x"
+for i in range(layers):
+    w = (rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)).astype(np.float32)
+    b = np.full((width,), 0.01, dtype=np.float32)
+    inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+    out = "y" if i == layers - 1 else f"r{i}"
+    nodes += [
+        helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+        helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+        helper.make_node("Relu", [f"a{i}"], [out]),
+    ]
+    prev = out
+name = f"mlp{layers}x{width}"
+graph = helper.make_graph(
+    nodes, name,
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])],
+    inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+onnx.checker.check_model(model)
+onnx.save(model, path + ".tmp")
+PY
+	mv "$file.tmp" "$file"
+}
+# The benchmark: 24 layers of width 2048 (16 MiB of weights each), batch 64
+# (512 KiB activations between layers).
+mlp 24 2048 64 "$MODEL"
+# The pressure test: 4 layers of width 512, batch 256 (1 MiB weights, 512 KiB activations).
+mlp 4 512 256 "$SMALL"
+
+cat >"$CACHE/env" <<ENV
+MEMGEN_ORT_LIB=$LIB
+MEMGEN_ONNX_TESTDATA=$TESTDATA
+MEMGEN_ORT_BENCH_MODEL=$MODEL
+MEMGEN_ORT_SMALL_MODEL=$SMALL
+ENV
+cat "$CACHE/env"
