@@ -158,9 +158,13 @@ CUresult). errors.Is matches both the kind and the cause.`)
 		),
 		Return(Id("b").Dot("String").Call()),
 	)
-	comment(f, "Unwrap returns the kind and the cause, so errors.Is and errors.As see both.")
+	comment(f, "Unwrap returns the kind and the cause (those that are set), so errors.Is and\nerrors.As see both.")
 	f.Func().Params(Id("e").Op("*").Id("Error")).Id("Unwrap").Params().Index().Error().Block(
-		Return(Index().Error().Values(Id("e").Dot("Kind"), Id("e").Dot("Err"))),
+		Id("errs").Op(":=").Make(Index().Error(), Lit(0), Lit(2)),
+		For(List(Id("_"), Id("x")).Op(":=").Range().Index().Error().Values(Id("e").Dot("Kind"), Id("e").Dot("Err"))).Block(
+			If(Id("x").Op("!=").Nil()).Block(Id("errs").Op("=").Append(Id("errs"), Id("x"))),
+		),
+		Return(Id("errs")),
 	)
 	comment(f, "Errorf returns an *Error of the given kind with a formatted detail.")
 	f.Func().Id("Errorf").Params(Id("op").String(), Id("kind").Error(), Id("format").String(), Id("args").Op("...").Any()).Op("*").Id("Error").Block(

@@ -96,6 +96,9 @@ func (r *Region) Len() memapi.Bytes {
 func (r *Region) Granularity() memapi.Bytes { return r.gran }
 
 func (r *Region) begin(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "context ended before the transaction began", Err: err}
+	}
 	select {
 	case r.txn <- struct{}{}:
 	case <-ctx.Done():

@@ -104,9 +104,16 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the kind and the cause, so errors.Is and errors.As see both.
+// Unwrap returns the kind and the cause (those that are set), so errors.Is and
+// errors.As see both.
 func (e *Error) Unwrap() []error {
-	return []error{e.Kind, e.Err}
+	errs := make([]error, 0, 2)
+	for _, x := range []error{e.Kind, e.Err} {
+		if x != nil {
+			errs = append(errs, x)
+		}
+	}
+	return errs
 }
 
 // Errorf returns an *Error of the given kind with a formatted detail.
