@@ -84,6 +84,13 @@ regen-stable:
 ci:
 	.ci/run
 
+## demo: replay 2,000 LLM requests through memgen on the CPU mechanism (under a minute), compare with a
+## static baseline, write out/memory-report.html (DEMO_FLAGS adds flags, e.g. DEMO_FLAGS='--budget 256MiB')
+DEMO_FLAGS ?=
+.PHONY: demo
+demo:
+	$(GO) run ./cmd/memdemo --compare-static --report out/memory-report.html $(DEMO_FLAGS)
+
 ## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the MLP models (outside the repository)
 ## ort-test: integrations/ort (a nested module) vetted and tested under -race; SKIP line if the fetch fails
 ## ort-bench: integrations/ort's benchmarks (inference latency vs ONNX Runtime's arena, Alloc+Free cost)

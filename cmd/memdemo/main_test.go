@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/memreport"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// tinyConfig is a configuration small enough for a unit test whose budget
+// still puts the KV store and the second model under pressure.
+func tinyConfig(t *testing.T) Config {
+	c := DefaultConfig()
+	c.Requests = 200
+	c.Budget = 6 << 20
+	c.WeightBytes = 2 << 20
+	c.SecondBytes = 1 << 20
+	c.Shape = holders.ModelShape{Layers: 2, KVHeads: 2, HeadDim: 32, DTypeBytes: 2} // 512 B per token
+	c.Granularity = 16 << 10
+	c.PrefixTokens = 256
+	c.SecondEvery = time.Second
+	c.SecondHotFor = 100 * time.Millisecond
+	c.AuditEvery = 25
+	c.Progress = "off"
+	dir := t.TempDir()
+	c.Report = filepath.Join(dir, "report.html")
+	require.NoError(t, c.validate())
+	return c
+}
+
+func TestDemoEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end run")
+	}
+	cfg := tinyConfig(t)
+	cfg.CompareStatic = true
+	var stdout, stderr bytes.Buffer
+	o, static, err := demo(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err, stderr.String())
+	t.Logf("\n%s", stdout.String())
+
+	// Every request is served or rejected up front; none is lost.
+	require.Equal(t, cfg.Requests, o.Requests)
+	require.Equal(t, o.Requests, o.Served+o.Rejected)
+	reqs, _, err := LoadTrace("", cfg.Requests)
+	require.NoError(t, err)
+	var kvRoom = cfg.kvRoom(roundTo(memapi.Bytes(cfg.PrefixTokens)*cfg.Shape.BytesPerToken(), cfg.Granularity))
+	var wantTokens int64
+	rejected := 0
+	for _, q := range reqs {
+		own := q.Context()
+		if q.Prompt >= cfg.PrefixTokens {
+			own -= cfg.PrefixTokens
+		}
+		if roundTo(memapi.Bytes(own)*cfg.Shape.BytesPerToken(), cfg.Granularity) > kvRoom {
+			rejected++
+			continue
+		}
+		wantTokens += int64(q.Gen)
+	}
+	require.Equal(t, rejected, o.Rejected)
+	require.Equal(t, wantTokens, o.Tokens, "every served request generated exactly its tokens")
+	require.Zero(t, o.Stalls)
+
+	// The budget was under pressure, and the holders answered it.
+	require.NotZero(t, o.PressureEvents)
+	require.NotZero(t, o.Tickets)
+	require.NotZero(t, o.Reclaimed)
+	require.NotZero(t, o.Preemptions, "the KV store preempted requests")
+	require.Equal(t, o.Preemptions, o.Resumed, "every preempted request was resumed")
+	require.NotZero(t, o.Offloads, "the second model was offloaded")
+	require.NotZero(t, o.Reloads, "and reloaded on demand")
+	require.LessOrEqual(t, o.PeakCharged, cfg.Budget)
+	require.NotZero(t, o.DeferredFrees)
+
+	// The ledger identity held at every step; the audits agreed to the byte.
+	require.Zero(t, o.Failures, "%q", o.FailureLog)
+	require.Equal(t, 2*o.Steps, o.Checks, "two authorities checked at every step")
+	require.GreaterOrEqual(t, o.KernelChecks, o.Steps/cfg.AuditEvery)
+	require.True(t, o.HasKernel)
+	require.Equal(t, o.UsedBeforeEnd, o.KernelBeforeEnd)
+	require.NotZero(t, o.KernelBeforeEnd, "the weights and the prefix were still loaded at the last audit")
+	require.Equal(t, o.UsedAtPeak, o.KernelAtPeak)
+	require.NotZero(t, o.DataChecks)
+
+	// Everything came back.
+	require.Zero(t, o.UsedAfter)
+	require.Zero(t, o.KernelAfter)
+	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)
+	require.Zero(t, o.Leaks)
+
+	// The static baseline ran on the same trace and budget.
+	require.NotNil(t, static)
+	require.Equal(t, cfg.Requests, static.Requests)
+	require.Equal(t, static.Requests, static.Served+static.Rejected)
+
+	// The summary table says it.
+	out := stdout.String()
+	for _, s := range []string{"requests served", "requests preempted", "peak charged vs capacity", "tickets issued", "offloads / reloads",
+		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "concurrent (peak)", "throughput", "memory report: "} {
+		require.Contains(t, out, s)
+	}
+
+	// The report: well-formed, one chart per authority, the final snapshot all free.
+	page, err := os.ReadFile(cfg.Report)
+	require.NoError(t, err)
+	dec := xml.NewDecoder(bytes.NewReader(page))
+	dec.Strict = true
+	svgs := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "svg" {
+			svgs++
+		}
+	}
+	require.Equal(t, 2, svgs)
+	js, err := os.ReadFile(cfg.ReportJSON)
+	require.NoError(t, err)
+	var rep memreport.Report
+	require.NoError(t, json.Unmarshal(js, &rep))
+	require.Len(t, rep.Authorities, 2)
+	dev := rep.Authorities[0]
+	require.Equal(t, memapi.AuthorityID("device"), dev.Authority)
+	for _, h := range []governor.HolderID{holderKV, holderModel, holderSecond} {
+		_, ok := dev.Holder(h)
+		require.True(t, ok, "a series for %s", h)
+	}
+	for _, a := range rep.Final.Authorities {
+		require.Equal(t, a.Capacity, a.Free)
+	}
+	require.NotEmpty(t, rep.Notes)
+}
+
+func TestInterruptedRunReturnsEverything(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Requests = 0 // the whole excerpt: far longer than the deadline
+	cfg.Report = ""
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	reqs, name, err := LoadTrace("", 0)
+	require.NoError(t, err)
+	o, err := Run(ctx, cfg, reqs, name, runHooks{})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotNil(t, o)
+	require.Less(t, o.Served, o.Requests)
+	require.Zero(t, o.Failures, "%q", o.FailureLog)
+	require.Zero(t, o.UsedAfter)
+	require.Zero(t, o.KernelAfter)
+	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)
+}
+
+func roundTo(n, g memapi.Bytes) memapi.Bytes { return (n + g - 1) / g * g }
+
+func TestRunExitStatus(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), []string{"--budget", "lots"}, &out, &errb))
+	require.Contains(t, errb.String(), "lots")
+	errb.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"--metrics-addr", "0.0.0.0:9464"}, &out, &errb))
+	require.Contains(t, errb.String(), "loopback")
+	errb.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"--budget", "64MiB", "--weights", "64MiB"}, &out, &errb))
+	require.Contains(t, errb.String(), "no room for KV")
+	errb.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"extra"}, &out, &errb))
+	errb.Reset()
+	require.Equal(t, 0, run(context.Background(), []string{"--help"}, &out, &errb))
+	require.Contains(t, errb.String(), "-compare-static")
+	errb.Reset()
+	require.Equal(t, 1, run(context.Background(), []string{"--trace", filepath.Join(t.TempDir(), "none.csv")}, &out, &errb))
+	require.Contains(t, errb.String(), "not found")
+}
+
+func TestCUDAUnavailableIsTyped(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Mechanism = "cuda"
+	cfg.Requests = 5
+	var stdout, stderr bytes.Buffer
+	o, _, err := demo(context.Background(), cfg, &stdout, &stderr)
+	if err == nil {
+		require.Zero(t, o.Failures, "CUDA is present here: the run must pass")
+		return
+	}
+	require.ErrorIs(t, err, memapi.ErrUnavailable)
+	require.Contains(t, err.Error(), "--mechanism cuda")
+	require.Equal(t, 1, run(context.Background(), []string{"--mechanism", "cuda", "--requests", "5", "--progress", "off"}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "unavailable")
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]memapi.Bytes{
+		"4096": 4096, "64K": 64 << 10, "64KiB": 64 << 10, "512MiB": 512 << 20, "1.5GiB": 3 << 29, "2g": 2 << 30, "7B": 7, " 3 MiB ": 3 << 20,
+	} {
+		got, err := parseSize(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "-1", "1XB", "MiB", "1e30"} {
+		_, err := parseSize(in)
+		require.Error(t, err, in)
+	}
+	require.Equal(t, "160MiB", formatSize(160<<20))
+	require.Equal(t, "1536", formatSize(1536))
+}
+
+func TestParseFlags(t *testing.T) {
+	c, err := parseFlags([]string{"--budget", "1GiB", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype-bytes", "2",
+		"--report", "out/r.html", "--metrics-addr", "localhost:0", "--compare-static"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, memapi.Bytes(1<<30), c.Budget)
+	require.Equal(t, memapi.Bytes(131072), c.Shape.BytesPerToken(), "a Llama-3-8B-like shape")
+	require.Equal(t, "out/r.json", c.ReportJSON)
+	require.Equal(t, c.Budget/100, c.Watermark)
+	require.Equal(t, c.WeightBytes+c.SecondBytes, c.HostBudget)
+	require.True(t, c.CompareStatic)
+	for _, args := range [][]string{
+		{"--mechanism", "tpu"}, {"--progress", "fancy"}, {"--layers", "0"}, {"--speedup", "-1"}, {"--step-base", "0s"}, {"--metrics-addr", "nohost"},
+	} {
+		_, err := parseFlags(args, io.Discard)
+		require.ErrorIs(t, err, ErrUsage, "%q", args)
+	}
+}
+
+func TestMetricsServer(t *testing.T) {
+	g := governor.New(governor.Options{})
+	defer g.Close()
+	require.NoError(t, g.AddAuthority("device", 1<<20))
+	src := &lateSource{}
+	require.Empty(t, src.Snapshot().Authorities, "before the run, an empty snapshot")
+	src.set(g)
+	var stderr bytes.Buffer
+	stop, err := serveMetrics("127.0.0.1:0", src, &stderr)
+	require.NoError(t, err)
+	defer stop()
+	line := strings.TrimSpace(stderr.String())
+	require.Contains(t, line, "http://127.0.0.1:")
+	url := line[strings.Index(line, "http://"):]
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(body), `memgen_governor_capacity_bytes{authority="device"} 1.048576e+06`)
+	stop()
+	_, err = http.Get(url)
+	require.Error(t, err, "the server is gone after stop")
+}
+
+func TestProgress(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, "auto")
+	require.Equal(t, "line", p.mode, "a buffer is not a terminal")
+	now := time.Unix(0, 0)
+	p.now = func() time.Time { return now }
+	s := progressState{done: 5, total: 10, running: 2, sim: 3 * time.Second, charged: 1 << 20, capacity: 4 << 20}
+	p.update(s)
+	now = now.Add(time.Second)
+	p.update(s) // not due: one line every few seconds
+	require.Equal(t, 1, strings.Count(buf.String(), "\n"))
+	require.Contains(t, buf.String(), "5/10 requests, 2 running")
+
+	buf.Reset()
+	p = newProgress(&buf, "bar")
+	p.now = func() time.Time { return now }
+	p.update(s)
+	p.done()
+	require.Contains(t, buf.String(), "\r\033[K[###############...............]  50%")
+	require.True(t, strings.HasSuffix(buf.String(), "\n"))
+
+	buf.Reset()
+	p = newProgress(&buf, "off")
+	p.update(s)
+	p.done()
+	require.Empty(t, buf.String())
+}
+
+func TestSimClockTimers(t *testing.T) {
+	c := newSimClock(simEpoch)
+	fired := make(chan int, 3)
+	c.AfterFunc(2*time.Second, func() { fired <- 2 })
+	stopped := c.AfterFunc(time.Second, func() { fired <- 1 })
+	require.True(t, stopped.Stop())
+	require.False(t, stopped.Stop())
+	c.Advance(1500 * time.Millisecond)
+	c.Close()
+	require.Empty(t, fired)
+	c.Advance(time.Second)
+	c.Close()
+	require.Equal(t, 2, <-fired)
+	require.Equal(t, simEpoch.Add(2500*time.Millisecond), c.Now())
+}
+
+func TestStackFailsCleanly(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Granularity = 3000 // not a power of two
+	_, err := newStack(context.Background(), cfg, memreport.New(memreport.Options{}), nil)
+	require.ErrorIs(t, err, memapi.ErrInvalidSize)
+	require.Contains(t, err.Error(), "--granularity")
+	require.False(t, errors.Is(err, memapi.ErrUnavailable))
+}

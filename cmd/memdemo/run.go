@@ -1,0 +1,850 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/memreport"
+)
+
+// waitLimit bounds, in wall-clock time, one wait of the run loop on the
+// governor or the device. Nothing should come near it: a wait that reaches
+// it is reported as a failure of the run.
+const waitLimit = 30 * time.Second
+
+// tokenStamp is how many bytes of each new token's KV the decode step
+// writes through the device stream (and the audits read back): enough to
+// prove the token's memory is backed and private, without spending the
+// demo's time on memmove.
+const tokenStamp = 256
+
+// active is a request admitted at least once and not finished.
+type active struct {
+	req       Request
+	r         *holders.Request
+	left      int // tokens still to generate
+	preempted bool
+	pattern   []byte // the stamp written at the start of each of its tokens' KV
+}
+
+// Outcome is what a run measured: the figures compared with the static
+// baseline, the memory system's counters and the results of the audits.
+type Outcome struct {
+	Figures
+	TraceName string
+	Mechanism string
+	Capacity  memapi.Bytes
+
+	Preemptions, Resumed uint64
+	PreemptedRequests    int // distinct requests preempted at least once
+	Stalls               int // decode steps a request could not grow in
+	PeakCharged          memapi.Bytes
+	PeakInUse            memapi.Bytes // reserved + charged + pending
+	PressureEvents       uint64
+	Tickets              uint64
+	Reclaimed            memapi.Bytes
+	Offloads, Reloads    uint64
+	DeferredFrees        uint64
+	CopyOnWrites         uint64
+
+	Checks, Failures int      // ledger identity checks and their failures
+	FailureLog       []string // the first failures
+	KernelChecks     int      // full audits comparing governor, mechanism and kernel
+	KernelAtPeak     memapi.Bytes
+	UsedAtPeak       memapi.Bytes
+	KernelBeforeEnd  memapi.Bytes // last full audit with the weights still loaded
+	UsedBeforeEnd    memapi.Bytes
+	KernelAfter      memapi.Bytes // after everything was closed
+	UsedAfter        memapi.Bytes
+	FreeAfter        []memapi.Bytes // per authority, must equal the capacities
+	CapacitiesAfter  []memapi.Bytes
+	Leaks            uint64 // owning handles garbage collected without Close
+	DataChecks       int    // read-backs of KV, prefix and weight bytes
+	Wall             time.Duration
+	HasKernel        bool
+	GoroutinesBefore int
+	GoroutinesAfter  int
+	RSSBefore        memapi.Bytes // process resident memory before the memory system was built
+	RSSPeak          memapi.Bytes // its high-water mark
+	RSSAfter         memapi.Bytes // after everything was closed and the Go heap returned
+}
+
+// engine replays a trace on a stack.
+type engine struct {
+	cfg   Config
+	s     *stack
+	reqs  []Request
+	out   *Outcome
+	log   *slog.Logger
+	prog  *progress
+	bpt   memapi.Bytes
+	gran  memapi.Bytes
+	token [][]byte // per-request token patterns, by ID mod len
+
+	now       time.Duration // simulated time since the first arrival
+	running   []*active
+	byReq     map[*holders.Request]*active
+	preempted map[*active]struct{}
+	everPre   map[int]struct{}
+	fence     memapi.Fence
+	stream    memapi.Stream
+	nextSec   time.Duration
+}
+
+// runHooks are what a run reports to: the memory report, the progress
+// display, the log and the metrics source (each optional).
+type runHooks struct {
+	rec     *memreport.Recorder
+	prog    *progress
+	log     *slog.Logger
+	metrics *lateSource
+}
+
+// Run replays the trace against the memory system and returns what it
+// measured. An error means the run could not start or stop cleanly; a run
+// whose audits failed returns with Outcome.Failures > 0.
+func Run(ctx context.Context, cfg Config, reqs []Request, traceName string, h runHooks) (*Outcome, error) {
+	rec, prog, log := h.rec, h.prog, h.log
+	if rec == nil {
+		rec = memreport.New(memreport.Options{})
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	out := &Outcome{TraceName: traceName, Mechanism: cfg.Mechanism, Capacity: cfg.Budget, GoroutinesBefore: runtime.NumGoroutine()}
+	out.Requests = len(reqs)
+	leaks0 := ep.Leaks()
+	out.RSSBefore, _ = procMemory()
+	start := time.Now()
+	s, err := newStack(ctx, cfg, rec, log)
+	if err != nil {
+		return nil, err
+	}
+	if h.metrics != nil {
+		h.metrics.set(s.g)
+	}
+	e := &engine{cfg: cfg, s: s, reqs: reqs, out: out, log: log, prog: prog,
+		bpt: cfg.Shape.BytesPerToken(), byReq: map[*holders.Request]*active{}, preempted: map[*active]struct{}{}, everPre: map[int]struct{}{},
+		nextSec: cfg.SecondEvery}
+	e.gran = s.mgrGranularity()
+	out.HasKernel = s.devCPU != nil
+	s.onPreempt = e.onPreempt
+	for i := range 64 {
+		e.token = append(e.token, pattern("token"+strconv.Itoa(i), int(min(e.bpt, tokenStamp))))
+	}
+	runErr := e.loop(ctx)
+	// An interrupted run still tears down cleanly: requests in flight are
+	// finished and every byte is checked back.
+	closeErr := e.finish(context.WithoutCancel(ctx))
+	out.Wall = time.Since(start)
+	// A handle dropped without Close is found by the garbage collector.
+	runtime.GC()
+	runtime.GC()
+	out.Leaks = ep.Leaks() - leaks0
+	out.GoroutinesAfter = runtime.NumGoroutine()
+	debug.FreeOSMemory()
+	out.RSSAfter, out.RSSPeak = procMemory()
+	if n := s.queueErrs.count(); n > 0 {
+		out.Failures += n
+		out.FailureLog = append(out.FailureLog, s.queueErrs.first...)
+	}
+	return out, errors.Join(runErr, closeErr)
+}
+
+func (s *stack) mgrGranularity() memapi.Bytes {
+	m, err := s.mgr.Mechanism(s.devKey)
+	if err != nil {
+		return 1
+	}
+	return m.Info().Granularity
+}
+
+func (e *engine) fail(format string, args ...any) {
+	e.out.Failures++
+	if len(e.out.FailureLog) < 20 {
+		e.out.FailureLog = append(e.out.FailureLog, fmt.Sprintf("t=%.3fs: ", e.now.Seconds())+fmt.Sprintf(format, args...))
+	}
+}
+
+func (e *engine) onPreempt(r *holders.Request) {
+	a := e.byReq[r]
+	if a == nil {
+		e.fail("preempted request %s is not one of the run's", r.ID())
+		return
+	}
+	a.preempted = true
+	e.preempted[a] = struct{}{}
+	e.everPre[a.req.ID] = struct{}{}
+	e.out.Preemptions++
+}
+
+// own returns the tokens of a request that are its own (not in the shared
+// prefix) and whether it maps the prefix.
+func (e *engine) own(q Request) (prompt, maxTokens int, prefix *holders.Prefix) {
+	if e.s.prefix != nil && q.Prompt >= e.cfg.PrefixTokens {
+		return q.Prompt - e.cfg.PrefixTokens, q.Context() - e.cfg.PrefixTokens, e.s.prefix
+	}
+	return q.Prompt, q.Context(), nil
+}
+
+func (e *engine) roundUp(n memapi.Bytes) memapi.Bytes { return (n + e.gran - 1) / e.gran * e.gran }
+
+// watermark is the room admission leaves for the running requests to grow
+// into: one chunk for the new request plus Config.Watermark, so that the
+// next steps' growth rarely has to preempt.
+func (e *engine) watermark() memapi.Bytes { return e.gran + e.cfg.Watermark }
+
+// room returns the device bytes free or on their way back (pending).
+func (e *engine) room() memapi.Bytes {
+	a, _ := e.s.g.Authority(e.s.devAuth)
+	return a.Free + a.Pending
+}
+
+func (e *engine) loop(ctx context.Context) error {
+	st, err := e.s.devDC.NewStream()
+	if err != nil {
+		return err
+	}
+	e.stream = st
+	var kvRoom memapi.Bytes
+	if e.s.prefix != nil {
+		kvRoom = e.cfg.kvRoom(e.s.prefix.Size())
+	} else {
+		kvRoom = e.cfg.kvRoom(0)
+	}
+	wallStart := time.Now()
+	next := 0
+	var waiting []Request
+	e.sample()
+	for next < len(e.reqs) || len(waiting) > 0 || len(e.running) > 0 || len(e.preempted) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for next < len(e.reqs) && e.reqs[next].Arrival <= e.now {
+			q := e.reqs[next]
+			next++
+			_, maxTok, _ := e.own(q)
+			if e.roundUp(memapi.Bytes(maxTok)*e.bpt) > kvRoom {
+				e.out.Rejected++
+				continue
+			}
+			waiting = append(waiting, q)
+		}
+		if len(e.running) == 0 && len(waiting) == 0 && len(e.preempted) == 0 {
+			e.advance(e.reqs[next].Arrival - e.now)
+			continue
+		}
+		prefill := e.resume(ctx)
+		if len(e.preempted) == 0 {
+			var n int
+			n, waiting = e.admit(ctx, waiting)
+			prefill += n
+		}
+		extra := e.useSecond(ctx)
+		if err := ctx.Err(); err != nil {
+			return err // interrupted during admission or the second model's step
+		}
+		if len(e.running) == 0 {
+			if len(waiting) > 0 || len(e.preempted) > 0 {
+				e.fail("nothing runs and %d requests wait with %s of room", len(waiting)+len(e.preempted), memreport.FormatBytes(e.room()))
+				return errors.New("the run cannot make progress")
+			}
+			continue
+		}
+		d := e.cfg.Step.Duration(len(e.running), prefill) + extra
+		e.out.step(len(e.running), d)
+		if err := e.decode(ctx); err != nil {
+			return err
+		}
+		e.advance(d)
+		snap := e.sample()
+		e.checkStep(snap)
+		if e.cfg.AuditEvery > 0 && e.out.Steps%e.cfg.AuditEvery == 0 {
+			if err := e.fullAudit(ctx, "step "+strconv.Itoa(e.out.Steps)); err != nil {
+				return err
+			}
+		}
+		if e.cfg.Speedup > 0 {
+			if ahead := time.Duration(float64(e.now)/e.cfg.Speedup) - time.Since(wallStart); ahead > 0 {
+				select {
+				case <-time.After(ahead):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		e.prog.update(e.progressState(len(waiting)))
+	}
+	e.out.finish(e.now)
+	return nil
+}
+
+func (e *engine) advance(d time.Duration) {
+	e.now += d
+	e.s.clock.Advance(d)
+}
+
+func (e *engine) progressState(waiting int) progressState {
+	a, _ := e.s.g.Authority(e.s.devAuth)
+	return progressState{done: e.out.Served + e.out.Rejected, total: e.out.Requests, running: len(e.running), waiting: waiting + len(e.preempted),
+		sim: e.now, charged: a.Charged, capacity: a.Capacity, preempted: e.out.Preemptions}
+}
+
+// resume admits preempted requests again, oldest first, while their tokens
+// fit. It returns the tokens to recompute.
+func (e *engine) resume(ctx context.Context) int {
+	if len(e.preempted) == 0 {
+		return 0
+	}
+	list := make([]*active, 0, len(e.preempted))
+	for a := range e.preempted {
+		list = append(list, a)
+	}
+	slices.SortFunc(list, func(x, y *active) int { return x.req.ID - y.req.ID })
+	prefill := 0
+	for _, a := range list {
+		tokens := a.r.Tokens()
+		need := e.roundUp(memapi.Bytes(tokens)*e.bpt) + e.watermark()
+		if len(e.running) > 0 && e.room() < need {
+			break // with nothing running, the governor's pressure makes the room
+		}
+		c, cancel := context.WithTimeout(ctx, waitLimit)
+		err := e.s.kv.Resume(c, a.r)
+		cancel()
+		if err != nil {
+			if errors.Is(err, memapi.ErrOverBudget) || ctx.Err() != nil {
+				break // the room was taken meanwhile; try next iteration
+			}
+			e.fail("resume of request %d: %v", a.req.ID, err)
+			break
+		}
+		delete(e.preempted, a)
+		a.preempted = false
+		e.running = append(e.running, a)
+		e.out.Resumed++
+		prefill += tokens
+	}
+	// Oldest first: the decode order, so growth preempts the newest.
+	slices.SortFunc(e.running, func(x, y *active) int { return x.req.ID - y.req.ID })
+	return prefill
+}
+
+// admit admits waiting requests first come, first served, while the
+// governor has room for their prompt's KV plus one growth chunk per running
+// request. It returns the prompt tokens to prefill and what still waits.
+func (e *engine) admit(ctx context.Context, waiting []Request) (int, []Request) {
+	prefill := 0
+	for len(waiting) > 0 {
+		q := waiting[0]
+		prompt, maxTok, prefix := e.own(q)
+		need := e.roundUp(memapi.Bytes(prompt)*e.bpt) + e.watermark()
+		if len(e.running) > 0 && e.room() < need {
+			break // with nothing running, the governor's pressure makes the room
+		}
+		c, cancel := context.WithTimeout(ctx, waitLimit)
+		r, err := e.s.kv.Admit(c, holders.RequestSpec{ID: strconv.Itoa(q.ID), PromptTokens: prompt, MaxTokens: maxTok, Priority: -q.ID, Prefix: prefix})
+		cancel()
+		if err != nil {
+			if errors.Is(err, memapi.ErrOverBudget) || ctx.Err() != nil {
+				break
+			}
+			e.fail("admission of request %d: %v", q.ID, err)
+			break
+		}
+		a := &active{req: q, r: r, left: q.Gen, pattern: e.token[q.ID%len(e.token)]}
+		e.byReq[r] = a
+		e.running = append(e.running, a)
+		waiting = waiting[1:]
+		prefill += q.Prompt
+	}
+	return prefill, waiting
+}
+
+// useSecond runs the second model when its period has come: every weight
+// is used (reloaded first when it was offloaded). It returns the extra
+// simulated time of its forward pass.
+func (e *engine) useSecond(ctx context.Context) time.Duration {
+	if e.s.second == nil || e.cfg.SecondEvery <= 0 || e.now < e.nextSec {
+		return 0
+	}
+	e.nextSec = e.now + e.cfg.SecondEvery
+	if err := e.waitFence(ctx); err != nil {
+		e.fail("%v", err)
+		return 0
+	}
+	var uses []*holders.WeightUse
+	for _, name := range e.s.secondW {
+		c, cancel := context.WithTimeout(ctx, waitLimit)
+		u, err := e.s.second.Use(c, name)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				break // interrupted
+			}
+			e.fail("second model weight %s: %v", name, err)
+			continue
+		}
+		uses = append(uses, u)
+	}
+	f, err := e.stream.Record()
+	for _, u := range uses {
+		if err == nil {
+			err = u.RecordUse(f)
+		}
+		u.Done()
+	}
+	if err != nil {
+		e.fail("second model step: %v", err)
+	}
+	return e.cfg.Step.Base
+}
+
+func (e *engine) waitFence(ctx context.Context) error {
+	if e.fence == nil {
+		return nil
+	}
+	c, cancel := context.WithTimeout(ctx, waitLimit)
+	defer cancel()
+	if err := e.fence.Wait(c); err != nil {
+		return fmt.Errorf("decode step: %w", err)
+	}
+	return nil
+}
+
+// decode runs one decode iteration: every running request grows by one
+// token (its region grows a chunk when the token crosses into one, which
+// may preempt others), the token's KV is written through the device
+// stream, and the iteration's fence is recorded on every request and on the
+// served model's weights.
+func (e *engine) decode(ctx context.Context) error {
+	if err := e.waitFence(ctx); err != nil {
+		return err
+	}
+	var uses []*holders.WeightUse
+	for _, name := range e.s.modelW {
+		u, err := e.s.model.Use(ctx, name)
+		if err != nil {
+			e.fail("served model weight %s: %v", name, err)
+			continue
+		}
+		uses = append(uses, u)
+	}
+	// Grow first: every request gets its next token's memory (which may
+	// preempt others), then the step's work is enqueued, so no preempted
+	// region can have work of this step in flight.
+	var stepped []*active
+	interrupted := false
+grow:
+	for _, a := range e.running {
+		if a.preempted {
+			continue
+		}
+		if a.left == 0 { // a request that generates no token ends after its prefill
+			stepped = append(stepped, a)
+			continue
+		}
+		c, cancel := context.WithTimeout(ctx, waitLimit)
+		err := a.r.Append(c, 1)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			// Interrupted: the requests grown so far still run this step,
+			// so their memory and the weights' uses stay consistent.
+			interrupted = true
+			break grow
+		case err == nil:
+		case errors.Is(err, memapi.ErrOverBudget):
+			e.out.Stalls++
+			if errors.Is(err, context.DeadlineExceeded) {
+				e.fail("request %d waited %v to grow: %v", a.req.ID, waitLimit, err)
+			}
+			continue
+		default:
+			e.fail("request %d append: %v", a.req.ID, err)
+			continue
+		}
+		// The token is generated: if a later request's growth preempts
+		// this one, its KV is recomputed on resume.
+		a.left--
+		e.out.Tokens++
+		stepped = append(stepped, a)
+	}
+	for _, a := range stepped {
+		if a.preempted || a.r.Tokens() == 0 {
+			continue
+		}
+		pos := a.r.Tokens() - 1
+		if a.r.Spec().Prefix != nil {
+			pos += e.cfg.PrefixTokens
+		}
+		if err := e.stream.CopyToDevice(a.r.Addr()+memapi.DeviceAddr(a.r.TokenOffset(pos)), a.pattern); err != nil {
+			e.fail("request %d token write: %v", a.req.ID, err)
+		}
+	}
+	f, err := e.stream.Record()
+	if err != nil {
+		e.fail("record: %v", err)
+	}
+	e.fence = f
+	for _, u := range uses {
+		if f != nil {
+			if err := u.RecordUse(f); err != nil {
+				e.fail("weights record: %v", err)
+			}
+		}
+		u.Done()
+	}
+	for _, a := range stepped {
+		if a.preempted {
+			continue // preempted by a later request's growth in this iteration
+		}
+		if f != nil {
+			if err := a.r.RecordUse(f); err != nil {
+				e.fail("request %d record: %v", a.req.ID, err)
+			}
+		}
+		if a.left == 0 {
+			if err := a.r.Finish(); err != nil {
+				e.fail("request %d finish: %v", a.req.ID, err)
+				continue
+			}
+			delete(e.byReq, a.r)
+			e.out.Served++
+		}
+	}
+	e.running = slices.DeleteFunc(e.running, func(a *active) bool { return a.preempted || a.left == 0 && a.r.State() == holders.Finished })
+	if interrupted {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// sample feeds the report and the peaks.
+func (e *engine) sample() governor.Snapshot {
+	snap := e.s.g.Snapshot()
+	e.s.rec.Sample(snap)
+	for _, a := range snap.Authorities {
+		if a.ID != e.s.devAuth {
+			continue
+		}
+		e.out.PeakCharged = max(e.out.PeakCharged, a.Charged)
+		e.out.PeakInUse = max(e.out.PeakInUse, a.Reserved+a.Charged+a.Pending)
+	}
+	for _, h := range snap.Holders {
+		if h.ID != holderKV {
+			continue
+		}
+		for _, ha := range h.Authorities {
+			if ha.Authority == e.s.devAuth {
+				e.out.PeakKVBytes = max(e.out.PeakKVBytes, ha.Charged+ha.Pending+ha.Reserved)
+			}
+		}
+	}
+	return snap
+}
+
+// checkStep checks the ledger identity on a snapshot: every authority
+// balances (reserved + charged + pending + free = capacity), its holders'
+// figures add up to its own, and no mechanism holds memory the ledger does
+// not account for (frees run concurrently on the queues, so the mechanism
+// may hold less, never more).
+func (e *engine) checkStep(snap governor.Snapshot) {
+	used := map[memapi.AuthorityID]memapi.Bytes{e.s.devAuth: e.s.devMech.UsedBytes(), hostAuthority: e.s.hostCPU.UsedBytes()}
+	for _, a := range snap.Authorities {
+		e.out.Checks++
+		if !a.Balanced() {
+			e.fail("ledger of %s does not balance: reserved %d + charged %d + pending %d + free %d != capacity %d", a.ID, a.Reserved, a.Charged, a.Pending, a.Free, a.Capacity)
+		}
+		var r, c, p memapi.Bytes
+		for _, h := range snap.Holders {
+			for _, ha := range h.Authorities {
+				if ha.Authority == a.ID {
+					r, c, p = r+ha.Reserved, c+ha.Charged, p+ha.Pending
+				}
+			}
+		}
+		if r != a.Reserved || c != a.Charged || p != a.Pending {
+			e.fail("holders of %s add up to reserved %d charged %d pending %d, the authority says %d %d %d", a.ID, r, c, p, a.Reserved, a.Charged, a.Pending)
+		}
+		if u, ok := used[a.ID]; ok && u > a.Reserved+a.Charged+a.Pending {
+			e.fail("mechanism of %s holds %d bytes, the ledger accounts for %d", a.ID, u, a.Reserved+a.Charged+a.Pending)
+		}
+	}
+}
+
+// fullAudit waits for the step and the deferred frees, then compares the
+// ledger with the holders, the mechanisms and the kernel, and reads back
+// bytes written earlier: the shared prefix, a running request's last token,
+// and the head of every resident weight (offloaded and reloaded ones too).
+func (e *engine) fullAudit(ctx context.Context, when string) error {
+	if err := e.waitFence(ctx); err != nil {
+		return err
+	}
+	c, cancel := context.WithTimeout(ctx, waitLimit)
+	defer cancel()
+	if err := errors.Join(e.s.devCtx.Queue().Drain(c), e.s.hostCtx.Queue().Drain(c)); err != nil {
+		if ctx.Err() == nil {
+			e.fail("%s: draining the deferred-free queues: %v", when, err)
+		}
+		return err
+	}
+	e.out.KernelChecks++
+	snap := e.s.g.Snapshot()
+	holder := func(id string, auth memapi.AuthorityID) governor.HolderAuthoritySnapshot {
+		for _, h := range snap.Holders {
+			if string(h.ID) == id {
+				for _, ha := range h.Authorities {
+					if ha.Authority == auth {
+						return ha
+					}
+				}
+			}
+		}
+		return governor.HolderAuthoritySnapshot{}
+	}
+	for _, a := range snap.Authorities {
+		used := e.s.hostCPU.UsedBytes()
+		if a.ID == e.s.devAuth {
+			used = e.s.devMech.UsedBytes()
+		}
+		if a.Reserved != 0 || a.Pending != 0 || a.Charged != used {
+			e.fail("%s: %s at rest: reserved %d, pending %d, charged %d, but the mechanism holds %d", when, a.ID, a.Reserved, a.Pending, a.Charged, used)
+		}
+	}
+	// The holders' own accounts agree with the ledger.
+	kv := e.s.kv.Stats()
+	want := kv.Bytes
+	if e.s.prefix != nil {
+		want += e.s.prefix.Size()
+	}
+	if got := holder(holderKV, e.s.devAuth).Charged; got != want {
+		e.fail("%s: the KV store holds %d bytes (requests + prefix), the ledger charges it %d", when, want, got)
+	}
+	e.out.CopyOnWrites = kv.CopyOnWrites
+	for _, r := range []struct {
+		id string
+		s  *holders.Residency
+	}{{holderModel, e.s.model}, {holderSecond, e.s.second}} {
+		if r.s == nil {
+			continue
+		}
+		st := r.s.Stats()
+		if got := holder(r.id, e.s.devAuth).Charged; got != st.ResidentBytes {
+			e.fail("%s: %s has %d bytes resident, the ledger charges %d on the device", when, r.id, st.ResidentBytes, got)
+		}
+		if got := holder(r.id, hostAuthority).Charged; got != st.OffloadedBytes {
+			e.fail("%s: %s has %d bytes offloaded, the ledger charges %d on the host", when, r.id, st.OffloadedBytes, got)
+		}
+	}
+	// The kernel agrees with the mechanisms.
+	for _, m := range []struct {
+		name string
+		used usedBytes
+		kb   func() (memapi.Bytes, error)
+	}{{"device", e.s.devMech, kernelOf(e.s.devCPU)}, {"host", e.s.hostCPU, e.s.hostCPU.KernelBytes}} {
+		if m.kb == nil {
+			continue
+		}
+		k, err := m.kb()
+		if err != nil {
+			e.fail("%s: kernel bytes of the %s mechanism: %v", when, m.name, err)
+			continue
+		}
+		u := m.used.UsedBytes()
+		if k != u {
+			e.fail("%s: the kernel holds %d bytes for the %s mechanism, which reports %d", when, k, m.name, u)
+		}
+		if m.name == "device" {
+			e.out.KernelBeforeEnd, e.out.UsedBeforeEnd = k, u
+			if u >= e.out.UsedAtPeak {
+				e.out.KernelAtPeak, e.out.UsedAtPeak = k, u
+			}
+		}
+	}
+	return e.readBack(c, when)
+}
+
+// procMemory returns the process's resident memory and its high-water mark
+// (VmRSS and VmHWM of /proc/self/status), or zeros where they are unknown.
+func procMemory() (rss, peak memapi.Bytes) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		if k == "VmRSS" {
+			rss = memapi.Bytes(n) << 10
+		} else {
+			peak = memapi.Bytes(n) << 10
+		}
+	}
+	return rss, peak
+}
+
+// kernelOf returns the kernel's count for a CPU mechanism, nil for none.
+func kernelOf(m *cpu.Mechanism) func() (memapi.Bytes, error) {
+	if m == nil {
+		return nil
+	}
+	return m.KernelBytes
+}
+
+// readBack copies bytes back from the device and compares them with what
+// was written.
+func (e *engine) readBack(ctx context.Context, when string) error {
+	check := func(what string, addr memapi.DeviceAddr, want []byte) {
+		if ctx.Err() != nil {
+			return // interrupted: no verdict
+		}
+		got := make([]byte, len(want))
+		err := e.stream.CopyFromDevice(got, addr)
+		if err == nil {
+			err = e.stream.Synchronize(ctx)
+		}
+		e.out.DataChecks++
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			e.fail("%s: reading back %s: %v", when, what, err)
+		case !bytes.Equal(got, want):
+			e.fail("%s: %s read back different bytes", when, what)
+		}
+	}
+	for _, a := range e.running {
+		if a.preempted || a.r.Tokens() == 0 || a.req.Gen == a.left {
+			continue
+		}
+		if a.r.Spec().Prefix != nil && a.r.Shared() {
+			check("the shared prefix through request "+strconv.Itoa(a.req.ID), a.r.Addr(), e.s.prefixData[:min(len(e.s.prefixData), 4096)])
+		}
+		pos := a.r.Tokens() - 1
+		if a.r.Spec().Prefix != nil {
+			pos += e.cfg.PrefixTokens
+		}
+		check("the last token of request "+strconv.Itoa(a.req.ID), a.r.Addr()+memapi.DeviceAddr(a.r.TokenOffset(pos)), a.pattern)
+		break
+	}
+	for _, r := range []struct {
+		s     *holders.Residency
+		names []string
+	}{{e.s.model, e.s.modelW}, {e.s.second, e.s.secondW}} {
+		if r.s == nil {
+			continue
+		}
+		resident := map[string]bool{}
+		for _, w := range r.s.Weights() {
+			resident[w.Name] = w.Resident
+		}
+		for _, name := range r.names {
+			if !resident[name] {
+				continue
+			}
+			u, err := r.s.Use(ctx, name)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				e.fail("%s: use of %s: %v", when, name, err)
+				continue
+			}
+			check("the head of weight "+name, u.Addr(), e.s.weightHead[name])
+			u.Done()
+		}
+	}
+	return ctx.Err()
+}
+
+// finish audits the end of the run, closes everything and checks that every
+// byte came back.
+func (e *engine) finish(ctx context.Context) error {
+	var errs []error
+	if e.stream != nil {
+		if err := e.fullAudit(ctx, "end of the run"); err != nil {
+			errs = append(errs, err)
+		}
+		if e.s.second != nil {
+			st := e.s.second.Stats()
+			e.out.Offloads, e.out.Reloads = st.Offloads, st.Reloads
+		}
+		errs = append(errs, e.stream.Close())
+	}
+	// Requests still holding memory (a run cut short) are finished here.
+	for _, a := range e.running {
+		errs = append(errs, a.r.Finish())
+	}
+	for a := range e.preempted {
+		errs = append(errs, a.r.Finish())
+	}
+	if n := len(e.running) + len(e.preempted); n > 0 && e.out.Served+e.out.Rejected == e.out.Requests {
+		e.fail("%d requests still held memory after every request was served", n)
+	}
+	a, _ := e.s.g.Authority(e.s.devAuth)
+	e.out.PressureEvents, e.out.Tickets, e.out.Reclaimed = a.PressureEvents, a.Tickets, a.Freed
+	e.out.PreemptedRequests = len(e.everPre)
+	c, cancel := context.WithTimeout(ctx, waitLimit)
+	defer cancel()
+	dq, hq := e.s.devCtx.Queue().Stats(), e.s.hostCtx.Queue().Stats()
+	closeErr := e.s.close(c)
+	dq2, hq2 := e.s.devCtx.Queue().Stats(), e.s.hostCtx.Queue().Stats()
+	e.out.DeferredFrees = max(dq.Freed, dq2.Freed) + max(hq.Freed, hq2.Freed)
+	if closeErr != nil {
+		e.fail("closing the memory system: %v", closeErr)
+		errs = append(errs, closeErr)
+	}
+	// Everything returned: the ledger is full again, the mechanisms and the
+	// kernel hold nothing.
+	snap := e.s.g.Snapshot()
+	e.s.rec.Sample(snap)
+	for _, a := range snap.Authorities {
+		e.out.FreeAfter = append(e.out.FreeAfter, a.Free)
+		e.out.CapacitiesAfter = append(e.out.CapacitiesAfter, a.Capacity)
+		if a.Free != a.Capacity {
+			e.fail("after close, %s has %d of %d bytes free", a.ID, a.Free, a.Capacity)
+		}
+	}
+	e.out.UsedAfter = e.s.devMech.UsedBytes() + e.s.hostCPU.UsedBytes()
+	if e.out.UsedAfter != 0 {
+		e.fail("after close, the mechanisms still hold %d bytes", e.out.UsedAfter)
+	}
+	for _, kb := range []func() (memapi.Bytes, error){kernelOf(e.s.devCPU), e.s.hostCPU.KernelBytes} {
+		if kb == nil {
+			continue
+		}
+		k, err := kb()
+		if err != nil {
+			e.fail("after close: kernel bytes: %v", err)
+		}
+		e.out.KernelAfter += k
+	}
+	if e.out.KernelAfter != 0 {
+		e.fail("after close, the kernel still holds %d bytes for the mechanisms", e.out.KernelAfter)
+	}
+	return errors.Join(errs...)
+}
