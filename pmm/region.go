@@ -252,11 +252,7 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 		Fences: r.Pending(),
 		Free: func(ctx context.Context) error {
 			defer r.drainDone()
-			var errs []error
-			for i := len(drop) - 1; i >= 0; i-- {
-				errs = append(errs, r.remove(ctx, drop[i]))
-			}
-			return errors.Join(errs...)
+			return r.removeAll(ctx, drop)
 		},
 	})
 }
@@ -268,6 +264,57 @@ func (r *Region) drainDone() {
 		close(r.drained)
 	}
 	r.mu.Unlock()
+}
+
+// removeAll releases segments in address order, top first. Adjacent private
+// commits are decommitted by one call (one mprotect and one madvise for the
+// whole run instead of one per growth step), its refund split over their
+// leases.
+func (r *Region) removeAll(ctx context.Context, segs []segment) error {
+	var errs []error
+	for end := len(segs); end > 0; {
+		start := end - 1
+		if segs[start].view == nil {
+			for start > 0 && segs[start-1].view == nil && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+				start--
+			}
+		}
+		run := segs[start:end]
+		if len(run) == 1 {
+			errs = append(errs, r.remove(ctx, run[0]))
+		} else {
+			last := run[len(run)-1].r
+			rng := memapi.Range{Off: run[0].r.Off, Len: last.Off + last.Len - run[0].r.Off}
+			errs = append(errs, r.vb.Decommit(ctx, r.res, rng, splitAccount{auth: r.d.authority, parts: run}))
+		}
+		end = start
+	}
+	return errors.Join(errs...)
+}
+
+// splitAccount refunds a decommit of adjacent commits to each one's lease,
+// in address order, by the bytes each held.
+type splitAccount struct {
+	auth  memapi.AuthorityID
+	parts []segment
+}
+
+func (a splitAccount) Authority() memapi.AuthorityID { return a.auth }
+
+func (a splitAccount) Refund(n memapi.Bytes) error {
+	var errs []error
+	for _, p := range a.parts {
+		k := min(n, p.r.Len)
+		if k == 0 {
+			break
+		}
+		errs = append(errs, p.lease.Refund(k))
+		n -= k
+	}
+	if n != 0 {
+		errs = append(errs, &memapi.Error{Op: "pmm.splitAccount.Refund", Kind: memapi.ErrInvalidSize, Wanted: n, Detail: "refund larger than the decommitted segments"})
+	}
+	return errors.Join(errs...)
 }
 
 // remove releases one segment: decommit private memory (refunding its lease),
@@ -310,14 +357,8 @@ func (r *Region) releaseAll(ctx context.Context) error {
 	drained := r.drained
 	r.mu.Unlock()
 	<-drained // earlier shrinks ran first: the queue orders them
-	var errs []error
-	for i := len(segs) - 1; i >= 0; i-- {
-		if err := r.remove(ctx, segs[i]); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
+	if err := r.removeAll(ctx, segs); err != nil {
+		return err
 	}
 	return r.vb.ReleaseReservation(ctx, r.res, zeroAccount(r.d.authority))
 }
