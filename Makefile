@@ -13,7 +13,12 @@ GO_FILES = $(shell git ls-files --cached --others --exclude-standard '*.go' 2>/d
 
 # Benchmarks that have a goal, as package:regexp. Add yours here; `make bench`
 # runs them all and prints a short table last.
-BENCHES ?= ./gen:^BenchmarkGenerate$$
+BENCHES ?= ./gen:^BenchmarkGenerate$$ \
+	./internal/checkedtest:^BenchmarkChecked$$//paired \
+	./mechanisms/cpu:^BenchmarkCommit$$ \
+	./governor:^BenchmarkCycle$$ ./governor:^BenchmarkRefundToWake$$ \
+	./pmm:. \
+	./holders:^BenchmarkKVAppend$$
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_OUT ?= out/bench.txt

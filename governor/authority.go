@@ -2,6 +2,7 @@ package governor
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -22,6 +23,13 @@ type authority struct {
 	mu   sync.Mutex
 	shut error // non-nil once removed or closed: what new reservations get
 
+	// queued mirrors head != nil for Lease.Refund, which reads it without
+	// the lock after refunding without the lock (see refundUnsettled).
+	queued atomic.Bool
+	// closed mirrors shut != nil for Binding.ReserveInto, which reissues a
+	// grant without the lock (see Grant.reissue).
+	closed atomic.Bool
+
 	capacity     memapi.Bytes
 	reserved     memapi.Bytes // open grant sizes + drawn bytes of expired grants
 	charged      memapi.Bytes
@@ -33,8 +41,11 @@ type authority struct {
 	waiters      int
 	waitingBytes memapi.Bytes
 
-	accts map[HolderID]*account
-	timed grantList // open grants with a running deadline timer
+	accts     map[HolderID]*account
+	timed     grantList // open grants with a running deadline timer
+	unsettled *Grant    // list (uprev/unext) of grants whose figures may still move: open, or committed without the lock
+	linked    int       // grants in unsettled
+	settleAt  int       // settle when linked reaches it, so refunded grants do not pile up
 
 	grants int // open grants
 	leases int // leases with bytes
@@ -54,6 +65,7 @@ type waiter struct {
 	priority   Priority
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
+	into       *Grant        // the caller's grant to fill (Binding.ReserveInto), or nil
 	grant      *Grant
 	err        error
 	pressure   uint64 // its pressure event's number, 0 if none
@@ -65,6 +77,9 @@ func (a *authority) usedLocked() memapi.Bytes { return a.reserved + a.charged + 
 func (a *authority) freeLocked() memapi.Bytes { return a.capacity - a.usedLocked() }
 
 func (a *authority) pushLocked(w *waiter) {
+	if a.head == nil {
+		a.queued.Store(true)
+	}
 	w.prev = a.tail
 	if a.tail != nil {
 		a.tail.next = w
@@ -88,6 +103,9 @@ func (a *authority) removeLocked(w *waiter) {
 	} else {
 		a.tail = w.prev
 	}
+	if a.head == nil {
+		a.queued.Store(false)
+	}
 	w.prev, w.next = nil, nil
 	a.waiters--
 	a.waitingBytes -= w.bytes
@@ -103,7 +121,7 @@ func (a *authority) serveLocked() {
 			return
 		}
 		a.removeLocked(w)
-		w.grant = a.newGrantLocked(w.acct, w.role, w.bytes, w.priority, w.deadline)
+		w.grant = a.newGrantLocked(w.acct, w.role, w.bytes, w.priority, w.deadline, w.into)
 		close(w.ready)
 	}
 }
@@ -112,6 +130,8 @@ func (a *authority) serveLocked() {
 // new reservations.
 func (a *authority) shutLocked(err error) {
 	a.shut = err
+	a.closed.Store(true)
+	a.settleLocked()
 	for w := a.head; w != nil; w = a.head {
 		a.removeLocked(w)
 		w.err = err
@@ -124,10 +144,46 @@ func (a *authority) shutLocked(err error) {
 	}
 }
 
-// newGrantLocked books an open grant of size bytes for c.
-func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time) *Grant {
-	gr := &Grant{auth: a, acct: c, role: role, size: size, priority: pri}
-	gr.lease.g = gr
+// newGrantLocked books an open grant of size bytes for c, in gr (the
+// caller's, checked reusable) or in a new one when gr is nil.
+func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *Grant) *Grant {
+	relink := true
+	switch {
+	case gr == nil:
+		gr = new(Grant)
+		gr.lease.g = gr
+	case gr.acct == nil:
+		gr.lease.g = gr // a zero Grant
+	case a.unsettledLocked(gr):
+		// Refunded whole without the lock and issued again at once (the
+		// hot path of ReserveInto, see reusableLocked): its old booking
+		// goes, its place in the list stays.
+		gr.bookGen(a, gr.state.Load())
+		old := gr.acct
+		a.reserved -= gr.sz()
+		old.reserved -= gr.sz()
+		a.grants--
+		old.grants--
+		relink = false
+	}
+	gr.acct, gr.role, gr.priority = c, role, pri
+	gr.dl = nil
+	gr.lease.charged, gr.lease.pending = 0, 0
+	// A new issue flips the era: the closed word of the last one reads as
+	// open (Grant.load).
+	gr.sizeEra = (gr.sizeEra&eraBit ^ eraBit) | uint64(size)
+	if relink {
+		if a.linked >= a.settleAt {
+			a.settleLocked()
+			a.settleAt = 2*a.linked + 64
+		}
+		gr.unext = a.unsettled
+		if a.unsettled != nil {
+			a.unsettled.uprev = gr
+		}
+		a.unsettled = gr
+		a.linked++
+	}
 	a.reserved += size
 	c.reserved += size
 	a.grants++
@@ -135,9 +191,12 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 	a.granted++
 	if !deadline.IsZero() {
 		// The clock never calls the function before AfterFunc returns, so
-		// scheduling under the lock is safe.
-		gr.dl = &grantDeadline{at: deadline}
-		gr.dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), gr.expire)
+		// scheduling under the lock is safe. The closure names this
+		// deadline, so a timer that fires after the grant was reused
+		// finds another and does nothing.
+		dl := &grantDeadline{at: deadline}
+		gr.dl = dl
+		dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), func() { gr.expireBy(a, dl) })
 		a.timed.push(gr)
 	}
 	return gr
@@ -147,6 +206,16 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 func (a *authority) closeGrantLocked(gr *Grant) {
 	a.grants--
 	gr.acct.grants--
+	if gr.uprev != nil {
+		gr.uprev.unext = gr.unext
+	} else {
+		a.unsettled = gr.unext
+	}
+	if gr.unext != nil {
+		gr.unext.uprev = gr.uprev
+	}
+	gr.uprev, gr.unext = nil, nil
+	a.linked--
 	if gr.dl != nil && gr.dl.timer != nil {
 		a.timed.remove(gr)
 		gr.dl.timer.Stop()
@@ -154,7 +223,117 @@ func (a *authority) closeGrantLocked(gr *Grant) {
 	}
 }
 
-// reclaimableLocked sums what tickets could still ask for.
+// bookCommitLocked books the commit of gr with d bytes drawn: the grant's
+// size leaves reserved and d becomes its lease's charge.
+func (a *authority) bookCommitLocked(gr *Grant, d memapi.Bytes) {
+	c := gr.acct
+	a.closeGrantLocked(gr)
+	a.reserved -= gr.sz()
+	c.reserved -= gr.sz()
+	a.charged += d
+	c.charged += d
+	gr.lease.charged = d
+	if d != 0 {
+		a.leases++
+		c.leases++
+	}
+}
+
+// unsettledLocked reports whether gr is in the unsettled list: open, or
+// closed without the lock and not yet booked.
+func (a *authority) unsettledLocked(gr *Grant) bool {
+	return gr.uprev != nil || a.unsettled == gr
+}
+
+// settleLocked books what was done without the lock: the commits of fully
+// drawn grants (Grant.Commit then only swaps the grant's state) and the
+// whole refunds of their leases made before anything else touched them
+// (Lease.Refund then only swaps it again). Until then their bytes count in
+// reserved: the sum reserved + charged is right for an unsettled commit,
+// and for an unsettled refund the figures show fewer free bytes than there
+// are, never more. So every reader of the split, of the counts or of a
+// lease's figures settles first (snapshots, tickets and their reclaimable
+// bytes, over-budget figures, lease methods, Unregister, RemoveAuthority,
+// SetCapacity), a reservation that does not fit settles before it fails or
+// waits, and a refund made while a reservation waits settles at once. It
+// reports whether refunds were booked (free bytes grew).
+func (a *authority) settleLocked() bool {
+	freed := false
+	for gr := a.unsettled; gr != nil; {
+		next := gr.unext
+		freed = a.settleGrantLocked(gr) || freed
+		gr = next
+	}
+	return freed
+}
+
+// settleGrantLocked settles gr alone (a lease's own figures) and reports
+// whether it booked a refund. Every swap here races with those made
+// without the lock, hence the retries.
+func (a *authority) settleGrantLocked(gr *Grant) bool {
+	if !a.unsettledLocked(gr) {
+		return false
+	}
+	for {
+		w, st, d := gr.load()
+		switch st {
+		case stateOpen:
+			if gr.gen(w) == 0 {
+				return false
+			}
+			if !gr.state.CompareAndSwap(w, gr.word(stateOpen, d)) {
+				continue
+			}
+			gr.bookGen(a, w)
+		case stateCommit:
+			if !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+				continue
+			}
+			gr.bookGen(a, w)
+			a.bookCommitLocked(gr, d)
+		case stateRefunded:
+			// Settled with its lease empty: no longer reissued without
+			// the lock (Grant.reissue).
+			if !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+				continue
+			}
+			gr.bookGen(a, w)
+			a.dropGrantLocked(gr)
+			return true
+		}
+		return false
+	}
+}
+
+// settleRefundLocked is Lease.Refund of all n bytes of an unsettled commit
+// under the lock: settled as refunded whole in one swap, rather than booked
+// charged and then refunded. It reports false, changing nothing, when that
+// is not the case.
+func (a *authority) settleRefundLocked(gr *Grant, n memapi.Bytes) bool {
+	if !a.unsettledLocked(gr) {
+		return false
+	}
+	w, st, d := gr.load()
+	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+		return false
+	}
+	gr.bookGen(a, w)
+	a.dropGrantLocked(gr)
+	return true
+}
+
+// dropGrantLocked returns a committed grant whose lease was refunded whole
+// before it was settled: its size leaves reserved for free.
+func (a *authority) dropGrantLocked(gr *Grant) {
+	c := gr.acct
+	a.closeGrantLocked(gr)
+	a.reserved -= gr.sz()
+	c.reserved -= gr.sz()
+}
+
+// reclaimableLocked sums what tickets could still ask for. The caller
+// settled first: a figure read after a second settle could disagree with
+// one read before it.
 func (a *authority) reclaimableLocked() memapi.Bytes {
 	var r memapi.Bytes
 	for _, c := range a.accts {
@@ -166,6 +345,7 @@ func (a *authority) reclaimableLocked() memapi.Bytes {
 // overBudgetLocked describes why w cannot be served, with the figures now;
 // ahead is the bytes queued before it.
 func (a *authority) overBudgetLocked(w *waiter, ahead memapi.Bytes, reason string, cause error) *OverBudgetError {
+	a.settleLocked()
 	e := &OverBudgetError{
 		Op:          "governor.Reserve",
 		Kind:        memapi.ErrOverBudget,

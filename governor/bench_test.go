@@ -37,6 +37,27 @@ func governorCycle(b *testing.B, g *Governor, ctx context.Context) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	drawCommitRefund(b, gr)
+}
+
+// boundCycle is governorCycle through a Binding (no lookups).
+func boundCycle(b *testing.B, bd *Binding, ctx context.Context) {
+	gr, err := bd.Reserve(ctx, benchBytes, 0, time.Time{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	drawCommitRefund(b, gr)
+}
+
+// reuseCycle is boundCycle into the caller's grant (no allocation).
+func reuseCycle(b *testing.B, bd *Binding, gr *Grant, ctx context.Context) {
+	if err := bd.ReserveInto(ctx, gr, benchBytes, 0, time.Time{}); err != nil {
+		b.Fatal(err)
+	}
+	drawCommitRefund(b, gr)
+}
+
+func drawCommitRefund(b *testing.B, gr *Grant) {
 	if err := gr.Draw(benchBytes); err != nil {
 		b.Fatal(err)
 	}
@@ -64,52 +85,87 @@ func report(b *testing.B, gov, sem time.Duration, ops int) {
 	b.ReportMetric(govNs/semNs, "x-vs-semaphore")
 }
 
+// cyclePaths are the three ways into the same cycle: by names
+// (Governor.Reserve), through a Binding, and through a Binding into a
+// reused grant. Each makes a cycle function for one goroutine.
+var cyclePaths = []struct {
+	name string
+	make func(b *testing.B, g *Governor, ctx context.Context) func()
+}{
+	{"", func(b *testing.B, g *Governor, ctx context.Context) func() {
+		return func() { governorCycle(b, g, ctx) }
+	}},
+	{"_bound", func(b *testing.B, g *Governor, ctx context.Context) func() {
+		bd := benchBinding(b, g)
+		return func() { boundCycle(b, bd, ctx) }
+	}},
+	{"_reuse", func(b *testing.B, g *Governor, ctx context.Context) func() {
+		bd := benchBinding(b, g)
+		gr := new(Grant)
+		return func() { reuseCycle(b, bd, gr, ctx) }
+	}},
+}
+
+func benchBinding(b *testing.B, g *Governor) *Binding {
+	bd, err := g.Bind(hostA, "bench", "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bd
+}
+
 func BenchmarkCycle(b *testing.B) {
 	ctx := context.Background()
-	b.Run("uncontended", func(b *testing.B) {
-		g := benchGovernor(b)
-		s := semaphore.NewWeighted(1 << 50)
-		const chunk = 512
-		var gov, sem time.Duration
-		b.ReportAllocs()
-		b.ResetTimer()
-		for done := 0; done < b.N; done += chunk {
-			n := min(chunk, b.N-done)
+	for _, path := range cyclePaths {
+		b.Run("uncontended"+path.name, func(b *testing.B) {
+			g := benchGovernor(b)
+			s := semaphore.NewWeighted(1 << 50)
+			cycle := path.make(b, g, ctx)
+			const chunk = 512
+			var gov, sem time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; done += chunk {
+				n := min(chunk, b.N-done)
+				t0 := time.Now()
+				for range n {
+					semaphoreCycle(b, s, ctx)
+				}
+				t1 := time.Now()
+				for range n {
+					cycle()
+				}
+				gov += time.Since(t1)
+				sem += t1.Sub(t0)
+			}
+			report(b, gov, sem, b.N)
+		})
+	}
+	for _, path := range cyclePaths {
+		b.Run("parallel"+path.name, func(b *testing.B) {
+			// Every P contends for the one authority (and the one semaphore).
+			g := benchGovernor(b)
+			s := semaphore.NewWeighted(1 << 50)
+			b.ReportAllocs()
+			b.ResetTimer()
 			t0 := time.Now()
-			for range n {
-				semaphoreCycle(b, s, ctx)
-			}
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					semaphoreCycle(b, s, ctx)
+				}
+			})
 			t1 := time.Now()
-			for range n {
-				governorCycle(b, g, ctx)
-			}
-			gov += time.Since(t1)
-			sem += t1.Sub(t0)
-		}
-		report(b, gov, sem, b.N)
-	})
-	b.Run("parallel", func(b *testing.B) {
-		// Every P contends for the one authority (and the one semaphore).
-		g := benchGovernor(b)
-		s := semaphore.NewWeighted(1 << 50)
-		b.ReportAllocs()
-		b.ResetTimer()
-		t0 := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				semaphoreCycle(b, s, ctx)
-			}
+			b.RunParallel(func(pb *testing.PB) {
+				cycle := path.make(b, g, ctx) // per goroutine: its own grant
+				for pb.Next() {
+					cycle()
+				}
+			})
+			gov := time.Since(t1)
+			sem := t1.Sub(t0)
+			report(b, gov, sem, b.N)
 		})
-		t1 := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				governorCycle(b, g, ctx)
-			}
-		})
-		gov := time.Since(t1)
-		sem := t1.Sub(t0)
-		report(b, gov, sem, b.N)
-	})
+	}
 }
 
 // BenchmarkRefundToWake measures the latency from a refund to the return of
@@ -130,12 +186,16 @@ func BenchmarkRefundToWake(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	first, err := g.Reserve(ctx, hostA, "bench", "", benchBytes, 0, time.Time{})
+	// Take the whole authority before the waiter starts, so it waits.
+	gr, err := g.Reserve(ctx, hostA, "bench", "", benchBytes, 0, time.Time{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	held, err := first.Commit() // an empty lease: the grant's bytes went back
-	if err != nil || held.Bytes() != 0 {
+	if err := gr.Draw(benchBytes); err != nil {
+		b.Fatal(err)
+	}
+	held, err := gr.Commit()
+	if err != nil {
 		b.Fatal(err)
 	}
 
@@ -178,18 +238,6 @@ func BenchmarkRefundToWake(b *testing.B) {
 		}
 	}()
 
-	// Take the whole authority so the waiter waits.
-	gr, err := g.Reserve(ctx, hostA, "bench", "", benchBytes, 0, time.Time{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := gr.Draw(benchBytes); err != nil {
-		b.Fatal(err)
-	}
-	held, err = gr.Commit()
-	if err != nil {
-		b.Fatal(err)
-	}
 	govLat := make([]time.Duration, 0, b.N)
 	chanLat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

@@ -63,6 +63,32 @@ order: a later small request never overtakes an earlier large one. A wait that
 ends by context or deadline fails with an *OverBudgetError carrying the
 figures, and leaves no trace in the ledger.
 
+# The hot path
+
+A holder that reserves often binds once (Governor.Bind returns a Binding for
+one authority, holder and role: no lookups) and reuses one grant
+(Binding.ReserveInto fills a Grant the caller owns: no allocation). The
+cycle reserve, draw, commit, refund then costs about what a
+golang.org/x/sync/semaphore Acquire and Release do, while keeping every
+account:
+
+  - Draw and Undraw are one compare-and-swap on the grant's word.
+  - Commit of a fully drawn grant is one compare-and-swap: no byte returns
+    to free, so nothing can be served by it.
+  - Refund of all of such a lease, untouched since, is one compare-and-swap.
+  - ReserveInto of the same reservation again, right after that refund, is
+    one compare-and-swap: the bytes never left.
+
+What those swaps leave unbooked, the authority settles under its lock before
+anything reads it: a snapshot, a pressure ticket, an over-budget error, a
+lease's figures, Unregister, RemoveAuthority, SetCapacity, and a reservation
+that does not fit (it settles before it waits or fails, so bytes refunded
+without the lock are never missing). A refund without the lock while a
+reservation waits takes the lock and serves it. So every figure anyone reads
+is exact and the identity holds; in between, the authority's raw figures only
+lag on the safe side (bytes refunded but not yet settled still count as
+reserved).
+
 # Observability
 
 Governor.Snapshot returns a value with every figure per authority and per

@@ -109,3 +109,38 @@ func ExampleGrant_Deadline() {
 	// true true
 	// free 1000
 }
+
+// A holder that reserves often binds once and reuses one grant: each cycle
+// is the full accounting (reserve, draw, commit, refund) with no lookup and
+// no allocation.
+func ExampleBinding_ReserveInto() {
+	g := governor.New(governor.Options{})
+	defer g.Close()
+	_ = g.AddAuthority("cuda:0", 1<<30)
+	_ = g.Register("kv", nil, governor.HolderOptions{})
+	pages, err := g.Bind("cuda:0", "kv", "pages")
+	if err != nil {
+		panic(err)
+	}
+
+	ctx := context.Background()
+	var grant governor.Grant // the zero Grant is ready for ReserveInto
+	for range 3 {
+		if err := pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{}); err != nil {
+			panic(err)
+		}
+		_ = grant.Draw(2 << 20)
+		lease, _ := grant.Commit()
+		// ... the page is used, then freed ...
+		_ = lease.Refund(2 << 20) // the lease is empty: the grant may be reused
+	}
+	// A grant still in use is refused, and nothing changes.
+	_ = pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{})
+	err = pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{})
+	fmt.Println(errors.Is(err, memapi.ErrInUse))
+	a, _ := g.Authority("cuda:0")
+	fmt.Printf("granted %d, reserved %d MiB\n", a.Granted, a.Reserved>>20)
+	// Output:
+	// true
+	// granted 4, reserved 2 MiB
+}

@@ -10,13 +10,31 @@ import (
 // A grant's state and drawn bytes share one atomic word, so Draw and Undraw
 // on an open grant take no lock and a transition (commit, cancel, expiry)
 // reads exactly the bytes drawn at the instant it happens.
+//
+// The word also carries the era of the issue that last wrote it. Each issue
+// of a grant under the lock flips the grant's era, so the word of the
+// previous, closed issue reads as open with nothing drawn: reissuing a grant
+// writes no atomic word (Grant.load).
+//
+// And it counts the issues made without the lock (Binding.ReserveInto of a
+// grant whose lease was just refunded whole, Grant.reissue) that the
+// authority has not booked yet: whoever moves the grant under the lock
+// books them in Granted. At genMax the next reissue takes the lock.
 const (
-	stateShift           = 62
-	drawnMask            = 1<<stateShift - 1
+	stateShift           = 61
+	eraBit               = 1 << (stateShift - 1)
+	genShift             = 52
+	genMax               = 1<<(stateShift-1-genShift) - 1
+	genMask              = genMax << genShift
+	drawnMask            = 1<<genShift - 1
 	stateOpen     uint64 = 0
-	stateCommit   uint64 = 1
+	stateCommit   uint64 = 1 // committed without the lock, not settled yet (authority.settleLocked)
 	stateCancel   uint64 = 2
 	stateExpired  uint64 = 3
+	stateClaimed  uint64 = 4 // held by a ReserveInto that waits; closed to every use
+	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
+	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
+	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
 	opDraw               = "governor.Grant.Draw"
 	opUndraw             = "governor.Grant.Undraw"
 	opGrantCommit        = "governor.Grant.Commit"
@@ -29,15 +47,22 @@ const (
 // returns the rest; Cancel returns everything once nothing is drawn. Refund
 // (memapi.Account) un-draws, so a rollback can refund to the grant.
 //
+// A Grant is usually allocated by Reserve; Binding.ReserveInto instead fills
+// one the caller owns (its zero value, or one whose use ended), so a steady
+// stream of reservations allocates nothing.
+//
 // All methods are safe for concurrent use.
 type Grant struct {
-	auth     *authority
-	acct     *account
+	acct     *account // nil until first issued; its authority never changes after
 	role     Role
-	size     memapi.Bytes
+	sizeEra  uint64 // the size, and in eraBit this issue's era (see load)
 	priority Priority
 	state    atomic.Uint64
 	dl       *grantDeadline // nil without a deadline, which keeps Grant small
+
+	// guarded by the authority's mutex: the grant's place in its list of
+	// unsettled grants (see authority.settleLocked)
+	uprev, unext *Grant
 
 	lease Lease // handed out by Commit: one allocation per grant and lease
 }
@@ -45,7 +70,7 @@ type Grant struct {
 // grantDeadline is the deadline part of a grant.
 type grantDeadline struct {
 	at time.Time
-	// guarded by auth.mu
+	// guarded by the authority's mutex
 	timer        Timer // nil once stopped or fired
 	tprev, tnext *Grant
 }
@@ -55,17 +80,30 @@ var (
 	_ memapi.Account = (*Grant)(nil)
 )
 
-// Authority returns the authority the grant draws on.
-func (gr *Grant) Authority() memapi.AuthorityID { return gr.auth.id }
+// Authority returns the authority the grant draws on ("" for a zero Grant).
+func (gr *Grant) Authority() memapi.AuthorityID {
+	if gr.acct == nil {
+		return ""
+	}
+	return gr.acct.a.id
+}
 
-// Holder returns the holder the grant was reserved for.
-func (gr *Grant) Holder() HolderID { return gr.acct.h.id }
+// Holder returns the holder the grant was reserved for ("" for a zero Grant).
+func (gr *Grant) Holder() HolderID {
+	if gr.acct == nil {
+		return ""
+	}
+	return gr.acct.h.id
+}
 
 // Role returns what the grant was reserved for.
 func (gr *Grant) Role() Role { return gr.role }
 
 // Size returns the bytes granted.
-func (gr *Grant) Size() memapi.Bytes { return gr.size }
+func (gr *Grant) Size() memapi.Bytes { return gr.sz() }
+
+// sz is the size; sizes never reach eraBit (maxBytes).
+func (gr *Grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra & drawnMask) }
 
 // Priority returns the priority the grant was reserved with.
 func (gr *Grant) Priority() Priority { return gr.priority }
@@ -79,37 +117,103 @@ func (gr *Grant) Deadline() time.Time {
 }
 
 // Drawn returns the bytes drawn now.
-func (gr *Grant) Drawn() memapi.Bytes { return memapi.Bytes(gr.state.Load() & drawnMask) }
+func (gr *Grant) Drawn() memapi.Bytes {
+	_, _, d := gr.load()
+	return d
+}
 
 // Remaining returns the bytes that can still be drawn (0 once closed).
 func (gr *Grant) Remaining() memapi.Bytes {
-	w := gr.state.Load()
-	if w>>stateShift != stateOpen {
+	_, st, d := gr.load()
+	if st != stateOpen {
 		return 0
 	}
-	return gr.size - memapi.Bytes(w&drawnMask)
+	return gr.sz() - d
 }
 
 // Open reports whether the grant can still be drawn from and committed.
-func (gr *Grant) Open() bool { return gr.state.Load()>>stateShift == stateOpen && !gr.pastDeadline() }
+func (gr *Grant) Open() bool {
+	_, st, _ := gr.load()
+	return st == stateOpen && !gr.pastDeadline()
+}
+
+// load returns the state word (to compare-and-swap from), and the state and
+// drawn bytes of the grant's current issue: a word another era wrote belongs
+// to the previous issue, closed before the grant was issued again, and reads
+// as open with nothing drawn.
+//
+// A zero Grant, never reserved, reads as stateUnissued: closed to every use.
+func (gr *Grant) load() (w, st uint64, d memapi.Bytes) {
+	w = gr.state.Load()
+	if gr.acct == nil {
+		return w, stateUnissued, 0
+	}
+	if w&eraBit != gr.sizeEra&eraBit {
+		return w, stateOpen, 0
+	}
+	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
+}
+
+// word is the state word of this issue in state st with d bytes drawn and
+// no reissue left to book: for the swaps made under the lock, which book
+// what w held (bookGen).
+func (gr *Grant) word(st uint64, d memapi.Bytes) uint64 {
+	return st<<stateShift | gr.sizeEra&eraBit | uint64(d)
+}
+
+// keep is word(st, d) still counting w's reissues: for the swaps made
+// without the lock.
+func (gr *Grant) keep(w, st uint64, d memapi.Bytes) uint64 {
+	return gr.word(st, d) | gr.gen(w)<<genShift
+}
+
+// gen returns the reissues without the lock that w counts (none in a word
+// of a previous issue: they were booked when it was issued again).
+func (gr *Grant) gen(w uint64) uint64 {
+	if w&eraBit != gr.sizeEra&eraBit {
+		return 0
+	}
+	return w & genMask >> genShift
+}
+
+// bookGen books in the authority's Granted the reissues w counted, once a
+// swap under the lock replaced it by a word that counts none.
+func (gr *Grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
+
+// reissue issues again, without the lock, a grant whose lease was refunded
+// whole and not settled since: its size stays reserved all along, for the
+// same holder, role and priority, so nothing in the ledger moves; only the
+// word swaps from refunded back to open, counting one more issue to book.
+// Any settle turns a refunded grant to settled first (Unregister,
+// RemoveAuthority, SetCapacity and a reservation that waits or fails all
+// settle), so the swap fails, changing nothing, once the reservation would
+// need the lock: to wait its turn, to fail, or to book. After Close the
+// caller does not try (authority.closed): a grant open at Close may still
+// be committed and refunded without the lock.
+func (gr *Grant) reissue() bool {
+	w, st, _ := gr.load()
+	if st != stateRefunded || gr.gen(w) == genMax {
+		return false
+	}
+	return gr.state.CompareAndSwap(w, gr.word(stateOpen, 0)|(gr.gen(w)+1)<<genShift)
+}
 
 // Draw takes n bytes from the grant. It fails with memapi.ErrGrantExhausted
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
 func (gr *Grant) Draw(n memapi.Bytes) error {
-	if gr.pastDeadline() {
+	if gr.dl != nil && gr.pastDeadline() {
 		gr.expire()
 	}
 	for {
-		w := gr.state.Load()
-		if st := w >> stateShift; st != stateOpen {
+		w, st, d := gr.load()
+		if st != stateOpen {
 			return gr.closedError(opDraw, st)
 		}
-		d := memapi.Bytes(w & drawnMask)
-		if n > gr.size-d {
-			return opError(opDraw, memapi.ErrGrantExhausted, gr.auth.id, n, gr.size-d, "")
+		if n > gr.sz()-d {
+			return opError(opDraw, memapi.ErrGrantExhausted, gr.acct.a.id, n, gr.sz()-d, "")
 		}
-		if n == 0 || gr.state.CompareAndSwap(w, w+uint64(n)) {
+		if n == 0 || gr.state.CompareAndSwap(w, gr.keep(w, stateOpen, d+n)) {
 			return nil
 		}
 	}
@@ -127,26 +231,24 @@ func (gr *Grant) Refund(n memapi.Bytes) error { return gr.undraw("governor.Grant
 
 func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 	for {
-		w := gr.state.Load()
-		st := w >> stateShift
-		if st == stateCommit || st == stateCancel {
+		w, st, d := gr.load()
+		if st != stateOpen && st != stateExpired {
 			return gr.closedError(op, st)
 		}
-		d := memapi.Bytes(w & drawnMask)
 		if n > d {
-			return opError(op, ErrOverReturn, gr.auth.id, n, d, "undraw beyond the drawn bytes")
+			return opError(op, ErrOverReturn, gr.acct.a.id, n, d, "undraw beyond the drawn bytes")
 		}
 		if n == 0 {
 			return nil
 		}
-		if !gr.state.CompareAndSwap(w, w-uint64(n)) {
+		if !gr.state.CompareAndSwap(w, gr.keep(w, st, d-n)) {
 			continue
 		}
 		if st == stateExpired {
 			// Expiry moved the state under the lock before this CAS saw
 			// it, so taking the lock now orders this after the expiry's
 			// booking of the drawn bytes.
-			a := gr.auth
+			a := gr.acct.a
 			a.mu.Lock()
 			a.reserved -= n
 			a.expiredDrawn -= n
@@ -163,28 +265,32 @@ func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
 func (gr *Grant) Commit() (*Lease, error) {
-	if gr.pastDeadline() {
+	if gr.dl == nil {
+		// Every byte drawn and no timer to stop: no byte returns to free,
+		// so no waiter can be served and the free figure does not move.
+		// The commit is then this one compare-and-swap; the authority
+		// settles the moves from reserved to charged under its lock before
+		// anything reads them (authority.settleLocked).
+		w, st, d := gr.load()
+		if st == stateOpen && d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
+			return &gr.lease, nil
+		}
+		if st == stateUnissued {
+			return nil, gr.closedError(opGrantCommit, st)
+		}
+	} else if gr.pastDeadline() {
 		gr.expire()
 	}
-	a := gr.auth
+	a := gr.acct.a
 	a.mu.Lock()
-	d, ok := gr.transition(stateCommit)
+	d, ok := gr.transition(stateSettled)
 	if !ok {
+		_, st, _ := gr.load()
 		a.mu.Unlock()
-		return nil, gr.closedError(opGrantCommit, gr.state.Load()>>stateShift)
+		return nil, gr.closedError(opGrantCommit, st)
 	}
-	c := gr.acct
-	a.closeGrantLocked(gr)
-	a.reserved -= gr.size
-	c.reserved -= gr.size
-	a.charged += d
-	c.charged += d
-	gr.lease.charged = d
-	if d != 0 {
-		a.leases++
-		c.leases++
-	}
-	if d != gr.size {
+	a.bookCommitLocked(gr, d)
+	if d != gr.sz() {
 		a.serveLocked()
 	}
 	a.mu.Unlock()
@@ -197,13 +303,18 @@ func (gr *Grant) Commit() (*Lease, error) {
 // forgets installed bytes. Cancelling a cancelled or expired grant with
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
 func (gr *Grant) Cancel() error {
-	a := gr.auth
+	if gr.acct == nil {
+		return gr.closedError(opGrantCancel, stateUnissued)
+	}
+	a := gr.acct.a
 	a.mu.Lock()
 	for {
-		w := gr.state.Load()
-		st, d := w>>stateShift, memapi.Bytes(w&drawnMask)
+		w, st, d := gr.load()
 		switch {
-		case st == stateCommit:
+		case st == stateCommit || st == stateSettled || st == stateRefunded:
+			a.mu.Unlock()
+			return gr.closedError(opGrantCancel, st)
+		case st == stateClaimed:
 			a.mu.Unlock()
 			return gr.closedError(opGrantCancel, st)
 		case d != 0:
@@ -213,13 +324,14 @@ func (gr *Grant) Cancel() error {
 			a.mu.Unlock()
 			return nil
 		}
-		if gr.state.CompareAndSwap(w, stateCancel<<stateShift) {
+		if gr.state.CompareAndSwap(w, gr.word(stateCancel, 0)) {
+			gr.bookGen(a, w)
 			break
 		}
 	}
 	a.closeGrantLocked(gr)
-	a.reserved -= gr.size
-	gr.acct.reserved -= gr.size
+	a.reserved -= gr.sz()
+	gr.acct.reserved -= gr.sz()
 	a.serveLocked()
 	a.mu.Unlock()
 	return nil
@@ -227,54 +339,71 @@ func (gr *Grant) Cancel() error {
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return
 // to free; the drawn ones stay reserved until undrawn.
-func (gr *Grant) expire() {
-	a := gr.auth
+func (gr *Grant) expire() { gr.expireBy(gr.acct.a, nil) }
+
+// expireBy is expire for the deadline timer armed with dl on the grant's
+// authority a: a timer that fires late, after the grant was closed and
+// issued again (ReserveInto), finds another deadline (or none) and leaves
+// the new issue alone. It reads nothing of the grant before taking the lock.
+func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 	a.mu.Lock()
+	if dl != nil && gr.dl != dl {
+		a.mu.Unlock()
+		return
+	}
 	d, ok := gr.transition(stateExpired)
 	if !ok {
 		a.mu.Unlock()
 		return
 	}
 	a.closeGrantLocked(gr)
-	back := gr.size - d
+	back := gr.sz() - d
 	a.reserved -= back
 	gr.acct.reserved -= back
 	a.expiredDrawn += d
 	a.expired++
 	a.serveLocked()
+	// Read under the lock: with nothing drawn the grant may be issued
+	// again (ReserveInto) as soon as it is released.
+	holder, role := gr.acct.h.id, gr.role
 	a.mu.Unlock()
-	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", gr.acct.h.id, "role", gr.role, "returned", back, "drawn", d)
-	a.g.emit(Event{Kind: EventGrantExpired, Authority: a.id, Holder: gr.acct.h.id, Role: gr.role, Bytes: back, Drawn: d})
+	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", holder, "role", role, "returned", back, "drawn", d)
+	a.g.emit(Event{Kind: EventGrantExpired, Authority: a.id, Holder: holder, Role: role, Bytes: back, Drawn: d})
 }
 
 // transition moves an open grant to st and returns the bytes drawn at that
 // instant. Called with the authority's mutex held.
 func (gr *Grant) transition(st uint64) (memapi.Bytes, bool) {
 	for {
-		w := gr.state.Load()
-		if w>>stateShift != stateOpen {
+		w, cur, d := gr.load()
+		if cur != stateOpen {
 			return 0, false
 		}
-		if gr.state.CompareAndSwap(w, st<<stateShift|w&drawnMask) {
-			return memapi.Bytes(w & drawnMask), true
+		if gr.state.CompareAndSwap(w, gr.word(st, d)) {
+			gr.bookGen(gr.acct.a, w)
+			return d, true
 		}
 	}
 }
 
 func (gr *Grant) pastDeadline() bool {
-	return gr.dl != nil && !gr.auth.g.clock.Now().Before(gr.dl.at)
+	return gr.dl != nil && !gr.acct.a.g.clock.Now().Before(gr.dl.at)
 }
 
 func (gr *Grant) closedError(op string, st uint64) error {
-	e := opError(op, memapi.ErrGrantClosed, gr.auth.id, 0, 0, "")
+	e := opError(op, memapi.ErrGrantClosed, gr.Authority(), 0, 0, "")
 	switch st {
-	case stateCommit:
+	case stateCommit, stateSettled, stateRefunded:
 		e.Detail = "committed"
 	case stateCancel:
 		e.Detail = "cancelled"
 	case stateExpired:
 		e.Detail = "reclaimed after its deadline"
 		e.Err = ErrExpired
+	case stateClaimed:
+		e.Detail = "being reserved again"
+	case stateUnissued:
+		e.Detail = "never reserved"
 	}
 	return e
 }

@@ -66,6 +66,7 @@ type holder struct {
 // account is one holder's figures on one authority, guarded by the
 // authority's mutex.
 type account struct {
+	a         *authority
 	h         *holder
 	guarantee memapi.Bytes
 	limit     memapi.Bytes
@@ -81,6 +82,8 @@ type account struct {
 	tickets       uint64
 	freed         memapi.Bytes
 	reclaimErrors uint64
+
+	gone bool // removed by Unregister: a Binding holding it resolves again
 }
 
 func (c *account) used() memapi.Bytes { return c.reserved + c.charged + c.pending }
@@ -151,12 +154,16 @@ func (g *Governor) Unregister(id HolderID) error {
 		}
 	}()
 	for _, a := range auths {
+		a.settleLocked()
 		if c := a.accts[id]; c != nil && c.inUse() {
 			return opError(op, memapi.ErrInUse, a.id, c.used(), 0, "holder "+string(id)+" still holds memory or grants")
 		}
 	}
 	for _, a := range auths {
-		delete(a.accts, id)
+		if c := a.accts[id]; c != nil {
+			c.gone = true
+			delete(a.accts, id)
+		}
 	}
 	next := maps.Clone(old)
 	delete(next, id)
@@ -173,7 +180,7 @@ func (a *authority) accountLocked(id HolderID) *account {
 	if h == nil {
 		return nil
 	}
-	c := &account{h: h, guarantee: h.guarantee[a.id], limit: h.limit[a.id]}
+	c := &account{a: a, h: h, guarantee: h.guarantee[a.id], limit: h.limit[a.id]}
 	a.accts[id] = c
 	return c
 }

@@ -10,7 +10,8 @@ import "github.com/memgen/memgen/generated/memapi"
 // All methods are safe for concurrent use.
 type Lease struct {
 	g *Grant
-	// guarded by g.auth.mu
+	// guarded by the authority's mutex, and set when the commit is settled: every
+	// method settles its own grant first (lockLease)
 	charged memapi.Bytes
 	pending memapi.Bytes
 }
@@ -18,7 +19,7 @@ type Lease struct {
 var _ memapi.Account = (*Lease)(nil)
 
 // Authority returns the authority the lease is charged on.
-func (l *Lease) Authority() memapi.AuthorityID { return l.g.auth.id }
+func (l *Lease) Authority() memapi.AuthorityID { return l.g.acct.a.id }
 
 // Holder returns the holder the lease is charged to.
 func (l *Lease) Holder() HolderID { return l.g.acct.h.id }
@@ -26,24 +27,33 @@ func (l *Lease) Holder() HolderID { return l.g.acct.h.id }
 // Role returns what the memory was reserved for.
 func (l *Lease) Role() Role { return l.g.role }
 
+// lockLease takes the authority's mutex and settles the lease's commit if
+// it was made without the lock.
+func (l *Lease) lockLease() *authority {
+	a := l.g.acct.a
+	a.mu.Lock()
+	a.settleGrantLocked(l.g)
+	return a
+}
+
 // Charged returns the bytes charged and not pending.
 func (l *Lease) Charged() memapi.Bytes {
-	l.g.auth.mu.Lock()
-	defer l.g.auth.mu.Unlock()
+	a := l.lockLease()
+	defer a.mu.Unlock()
 	return l.charged
 }
 
 // Pending returns the bytes waiting for fences before their free.
 func (l *Lease) Pending() memapi.Bytes {
-	l.g.auth.mu.Lock()
-	defer l.g.auth.mu.Unlock()
+	a := l.lockLease()
+	defer a.mu.Unlock()
 	return l.pending
 }
 
 // Bytes returns charged + pending: what the lease still holds.
 func (l *Lease) Bytes() memapi.Bytes {
-	l.g.auth.mu.Lock()
-	defer l.g.auth.mu.Unlock()
+	a := l.lockLease()
+	defer a.mu.Unlock()
 	return l.charged + l.pending
 }
 
@@ -52,21 +62,73 @@ func (l *Lease) Bytes() memapi.Bytes {
 // served. It fails with ErrOverReturn, changing nothing, beyond what the
 // lease holds.
 func (l *Lease) Refund(n memapi.Bytes) error {
-	a := l.g.auth
+	// refundUnsettled, spelled out on the hot path; with a reservation
+	// waiting, the lock is taken anyway, so take it at once.
+	if gr := l.g; n != 0 && !gr.acct.a.queued.Load() {
+		if w, st, d := gr.load(); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
+			gr.refunded()
+			return nil
+		}
+	}
+	a := l.g.acct.a
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	if n != 0 && a.settleRefundLocked(l.g, n) {
+		if a.head != nil {
+			a.serveLocked()
+		}
+		a.mu.Unlock()
+		return nil
+	}
+	a.settleGrantLocked(l.g)
 	if held := l.charged + l.pending; n > held {
+		a.mu.Unlock()
 		return opError("governor.Lease.Refund", ErrOverReturn, a.id, n, held, "refund beyond the lease")
 	}
 	l.refundLocked(n)
+	a.mu.Unlock()
 	return nil
+}
+
+// refundUnsettled refunds n bytes without the lock when they are the whole
+// lease of a commit made without the lock and not settled since (so nothing
+// else touched the lease): one compare-and-swap marks the grant refunded and
+// the authority books it when it settles (authority.settleLocked). The
+// bytes show as reserved, not free, until then, so a reservation that does
+// not fit settles before it waits; and when one already waits, the refund
+// settles and serves it at once. The refund checks for waiters after its
+// swap and a reservation marks itself queued before it settles, so at
+// least one of the two sees the other (both are sequentially consistent
+// atomics): no waiter misses a refund. It reports false, changing nothing,
+// when the lock is needed.
+func (l *Lease) refundUnsettled(n memapi.Bytes) bool {
+	gr := l.g
+	w, st, d := gr.load()
+	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
+		return false
+	}
+	gr.refunded()
+	return true
+}
+
+// refunded follows the swap that refunded gr's lease without the lock: a
+// waiting reservation is served at once. It serves even when another
+// settle booked the refund first (a snapshot, a reservation's), which does
+// not serve.
+func (gr *Grant) refunded() {
+	if a := gr.acct.a; a.queued.Load() {
+		a.mu.Lock()
+		a.settleGrantLocked(gr)
+		a.serveLocked()
+		a.mu.Unlock()
+	}
 }
 
 func (l *Lease) refundLocked(n memapi.Bytes) {
 	if n == 0 {
 		return
 	}
-	a, c := l.g.auth, l.g.acct
+	c := l.g.acct
+	a := c.a
 	fromPending := min(n, l.pending)
 	fromCharged := n - fromPending
 	l.pending -= fromPending
@@ -79,15 +141,16 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 		a.leases--
 		c.leases--
 	}
-	a.serveLocked()
+	if a.head != nil {
+		a.serveLocked()
+	}
 }
 
 // MarkPending moves n charged bytes to pending: the holder released the
 // memory but its free waits for device fences. Refund them when it happens.
 // It fails with ErrOverReturn, changing nothing, beyond the charged bytes.
 func (l *Lease) MarkPending(n memapi.Bytes) error {
-	a, c := l.g.auth, l.g.acct
-	a.mu.Lock()
+	a, c := l.lockLease(), l.g.acct
 	defer a.mu.Unlock()
 	if n > l.charged {
 		return opError("governor.Lease.MarkPending", ErrOverReturn, a.id, n, l.charged, "more than the charged bytes")
@@ -104,8 +167,10 @@ func (l *Lease) MarkPending(n memapi.Bytes) error {
 // Release refunds everything the lease still holds and returns how much that
 // was. Releasing an empty lease is a no-op.
 func (l *Lease) Release() memapi.Bytes {
-	a := l.g.auth
-	a.mu.Lock()
+	if _, st, d := l.g.load(); st == stateCommit && d != 0 && l.refundUnsettled(d) {
+		return d
+	}
+	a := l.lockLease()
 	defer a.mu.Unlock()
 	n := l.charged + l.pending
 	l.refundLocked(n)

@@ -33,15 +33,12 @@ const opReserve = "governor.Reserve"
 // error or context.DeadlineExceeded); memapi.ErrClosed after Close. A failed
 // Reserve leaves the ledger as it found it.
 func (g *Governor) Reserve(ctx context.Context, authority memapi.AuthorityID, holder HolderID, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*Grant, error) {
-	if bytes == 0 || bytes > maxBytes {
-		return nil, opError(opReserve, memapi.ErrInvalidSize, authority, bytes, maxBytes, "")
+	if err := g.checkReserve(authority, bytes, deadline); err != nil {
+		return nil, err
 	}
 	a := g.authority(authority)
 	if a == nil {
 		return nil, opError(opReserve, ErrUnknownAuthority, authority, bytes, 0, "")
-	}
-	if !deadline.IsZero() && !g.clock.Now().Before(deadline) {
-		return nil, &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: authority, Wanted: bytes, Detail: "deadline already passed", Err: ErrExpired}
 	}
 	a.mu.Lock()
 	if a.shut != nil {
@@ -53,29 +50,79 @@ func (g *Governor) Reserve(ctx context.Context, authority memapi.AuthorityID, ho
 		a.mu.Unlock()
 		return nil, opError(opReserve, ErrUnknownHolder, authority, bytes, 0, "holder "+string(holder))
 	}
+	return g.reserveLocked(ctx, a, c, role, bytes, priority, deadline, nil)
+}
+
+// checkReserve refuses what no ledger state can grant.
+func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes, deadline time.Time) error {
+	if bytes == 0 || bytes > maxBytes {
+		return opError(opReserve, memapi.ErrInvalidSize, authority, bytes, maxBytes, "")
+	}
+	if !deadline.IsZero() && !g.clock.Now().Before(deadline) {
+		return &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: authority, Wanted: bytes, Detail: "deadline already passed", Err: ErrExpired}
+	}
+	return nil
+}
+
+// reserveLocked is Reserve once the authority and the holder's account are
+// resolved, called with a.mu held (it releases it). into is the caller's
+// grant to fill (Binding.ReserveInto, checked reusable) or nil.
+func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+	if a.head == nil && a.freeLocked() >= bytes && (c.limit == 0 || c.used()+c.waiting+bytes <= c.limit) {
+		gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+		a.mu.Unlock()
+		return gr, nil
+	}
+	// Refunds not settled yet show as reserved: count them before refusing.
+	a.settleLocked()
 	if c.limit != 0 && c.used()+c.waiting+bytes > c.limit {
 		use := c.used() + c.waiting
 		a.overBudget++
 		a.mu.Unlock()
-		return nil, &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: authority, Holder: holder,
+		return nil, &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: a.id, Holder: c.h.id,
 			Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: use}
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.newGrantLocked(c, role, bytes, priority, deadline)
+		gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
 		a.mu.Unlock()
 		return gr, nil
 	}
+	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline, into)
+}
+
+// queueLocked is the slow path of reserveLocked: the request fails at once
+// or joins the queue, asks holders for the shortfall and waits.
+func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+	holder := c.h.id
 	w := &waiter{acct: c, bytes: bytes, role: role, priority: priority, deadline: deadline}
 	if bytes > a.capacity {
 		err := a.overBudgetLocked(w, a.waitingBytes, "larger than the capacity", nil)
 		a.mu.Unlock()
-		g.emit(Event{Kind: EventOverBudget, Authority: authority, Holder: holder, Role: role, Bytes: bytes, Err: err})
+		g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: holder, Role: role, Bytes: bytes, Err: err})
 		return nil, err
+	}
+	if into != nil {
+		// Closed to every use while it waits, and not reusable by another
+		// ReserveInto, until it is served or given back (unclaimLocked).
+		if into.acct == nil {
+			into.lease.g = into // a zero Grant
+		}
+		into.acct = c
+		into.state.Store(into.word(stateClaimed, 0))
+		w.into = into
 	}
 	w.ready = make(chan struct{})
 	a.pushLocked(w)
 	a.waited++
-	short := a.shortfallLocked(w)
+	// A refund without the lock that came after the settle above, but saw
+	// no waiter, is booked here (see Lease.refundUnsettled).
+	if a.settleLocked() {
+		a.serveLocked()
+	}
+	var short memapi.Bytes
+	if w.grant == nil {
+		short = a.shortfallLocked(w)
+	}
 	if short != 0 {
 		a.pressureEvents++
 		w.pressure = a.pressureEvents
@@ -91,9 +138,19 @@ func (g *Governor) Reserve(ctx context.Context, authority memapi.AuthorityID, ho
 	}
 	a.mu.Unlock()
 	if short != 0 {
-		g.emit(Event{Kind: EventPressure, Authority: authority, Holder: holder, Role: role, Bytes: short})
+		g.emit(Event{Kind: EventPressure, Authority: a.id, Holder: holder, Role: role, Bytes: short})
 	}
 	return g.wait(ctx, a, w)
+}
+
+// unclaimLocked gives a waiter's unserved grant (ReserveInto) back to its
+// caller, closed and reusable, as a failed reservation leaves it.
+func (w *waiter) unclaimLocked() {
+	if gr := w.into; gr != nil && w.grant == nil {
+		if _, st, _ := gr.load(); st == stateClaimed {
+			gr.state.Store(gr.word(stateCancel, 0))
+		}
+	}
 }
 
 // shortfallLocked is what the queue up to and including w lacks beyond the
@@ -122,6 +179,7 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 	if w.grant != nil || w.err != nil {
 		return nil
 	}
+	a.settleLocked()
 	short := a.shortfallLocked(w)
 	if short == 0 {
 		return nil
@@ -237,6 +295,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, e
 	settled = true
 	switch {
 	case w.err != nil:
+		w.unclaimLocked()
 		a.mu.Unlock()
 		if ob, ok := w.err.(*OverBudgetError); ok {
 			ob.Tickets, ob.Freed = issued, freed
@@ -261,6 +320,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, e
 // instant its wait ended, its grant goes back, so a failed Reserve leaves
 // the ledger as it found it. It returns the bytes that were queued ahead of w.
 func (a *authority) abandonLocked(w *waiter) memapi.Bytes {
+	defer w.unclaimLocked()
 	switch {
 	case w.err != nil:
 		return 0
@@ -270,8 +330,8 @@ func (a *authority) abandonLocked(w *waiter) memapi.Bytes {
 		gr := w.grant
 		if _, ok := gr.transition(stateCancel); ok {
 			a.closeGrantLocked(gr)
-			a.reserved -= gr.size
-			gr.acct.reserved -= gr.size
+			a.reserved -= gr.sz()
+			gr.acct.reserved -= gr.sz()
 			a.granted--
 			a.serveLocked()
 		}

@@ -9,8 +9,10 @@ import (
 )
 
 // Snapshot is a copy of the governor's figures. Each authority's figures are
-// read at one instant (under its lock); different authorities are read one
-// after the other.
+// read under its lock, so its identity holds exactly; different authorities
+// are read one after the other. The swaps of the hot path take no lock (see
+// the package documentation): one that runs while the snapshot is taken
+// appears either before or after it, each grant as a whole.
 type Snapshot struct {
 	Time        time.Time
 	Authorities []AuthoritySnapshot // sorted by ID
@@ -154,6 +156,7 @@ func (g *Governor) Authorities() []memapi.AuthorityID {
 }
 
 func (a *authority) snapshotLocked() AuthoritySnapshot {
+	a.settleLocked()
 	s := AuthoritySnapshot{
 		ID:             a.id,
 		Capacity:       a.capacity,

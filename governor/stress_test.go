@@ -89,12 +89,21 @@ func (s *stressHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 func TestStressConcurrentLedger(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	auths := []memapi.AuthorityID{"host", "cuda:0"}
-	const capacity = 256 << 10
+	const capacity, hotAuth, hotCapacity = 256 << 10, memapi.AuthorityID("hot"), 48 << 10
 	g := New(Options{})
 	for _, a := range auths {
 		if err := g.AddAuthority(a, capacity); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := g.AddAuthority(hotAuth, hotCapacity); err != nil {
+		t.Fatal(err)
+	}
+	capacityOf := func(a memapi.AuthorityID) memapi.Bytes {
+		if a == hotAuth {
+			return hotCapacity
+		}
+		return capacity
 	}
 	holders := make([]*stressHolder, 4)
 	ids := make([]HolderID, 4)
@@ -111,18 +120,95 @@ func TestStressConcurrentLedger(t *testing.T) {
 		}
 	}
 
+	bindings := map[string]*Binding{}
+	for _, a := range auths {
+		for _, id := range ids {
+			bd, err := g.Bind(a, id, "stress")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bindings[string(a)+"/"+string(id)] = bd
+		}
+	}
+
+	// A watcher takes snapshots throughout: the identity holds at every
+	// instant, commits made without the lock included.
+	stopWatch := make(chan struct{})
+	watchErr := make(chan error, 1)
+	go func() {
+		defer close(watchErr)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			default:
+			}
+			for _, a := range g.Snapshot().Authorities {
+				if !a.Balanced() || a.Capacity != capacityOf(a.ID) {
+					watchErr <- fmt.Errorf("unbalanced snapshot: %+v", a)
+					return
+				}
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+
 	workers, iters := 16, 300
 	if testing.Short() {
 		iters = 60
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	errs := make(chan error, workers+4)
 	var outcomes [6]int64
 	var omu sync.Mutex
 	count := func(i int) { omu.Lock(); outcomes[i]++; omu.Unlock() }
+	// Hot loops on their own authority, too small for all four: the same
+	// reservation over and over into one grant, whole refunds in between,
+	// so most reissues take no lock and race with the settles of
+	// snapshots and of the reservations that wait.
+	var hot [4]int64
+	for i := range hot {
+		wg.Go(func() {
+			bd, err := g.Bind(hotAuth, ids[i], "hot")
+			if err != nil {
+				errs <- err
+				return
+			}
+			size := memapi.Bytes(4<<10) << i
+			var gr Grant
+			for range iters * 10 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+				err := bd.ReserveInto(ctx, &gr, size, 1, time.Time{})
+				cancel()
+				if err != nil {
+					var ob *OverBudgetError
+					if !errors.As(err, &ob) {
+						errs <- err
+						return
+					}
+					continue
+				}
+				if err := gr.Draw(size); err != nil {
+					errs <- err
+					return
+				}
+				l, err := gr.Commit()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := l.Refund(size); err != nil {
+					errs <- err
+					return
+				}
+				hot[i]++
+			}
+		})
+	}
 	for w := range workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 2))
+			var spare *Grant // a closed grant this worker owns, for ReserveInto
 			for range iters {
 				hi := rng.IntN(len(holders))
 				hd := holders[hi]
@@ -158,7 +244,22 @@ func TestStressConcurrentLedger(t *testing.T) {
 				if rng.IntN(8) == 0 {
 					cancel() // some waits are cancelled before they start
 				}
-				gr, err := g.Reserve(ctx, a, ids[hi], "stress", size, Priority(rng.IntN(3)), deadline)
+				// By names, through a binding, or into the spare grant.
+				var gr *Grant
+				var err error
+				switch bd := bindings[string(a)+"/"+string(ids[hi])]; rng.IntN(3) {
+				case 0:
+					gr, err = g.Reserve(ctx, a, ids[hi], "stress", size, Priority(rng.IntN(3)), deadline)
+				case 1:
+					gr, err = bd.Reserve(ctx, size, Priority(rng.IntN(3)), deadline)
+				default:
+					if spare == nil || spare.Authority() != a {
+						spare = new(Grant)
+					}
+					if err = bd.ReserveInto(ctx, spare, size, Priority(rng.IntN(3)), deadline); err == nil {
+						gr = spare
+					}
+				}
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError
@@ -193,6 +294,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(3)
+					spare = gr // closed, and nobody else holds it
 					continue
 				}
 				l, err := gr.Commit()
@@ -208,16 +310,24 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(4)
+					spare = gr
 					continue
 				}
 				count(5)
+				if gr == spare {
+					spare = nil // its lease now belongs to the holder
+				}
 				hd.put(l)
 			}
 		})
 	}
 	wg.Wait()
+	close(stopWatch)
 	close(errs)
 	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := <-watchErr; err != nil {
 		t.Fatal(err)
 	}
 	// Everyone releases what they hold; every figure is back to its start.
@@ -231,7 +341,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 	}
 	s := g.Snapshot()
 	for _, a := range s.Authorities {
-		if !a.Balanced() || a.Free != capacity || a.Reserved != 0 || a.Charged != 0 || a.Pending != 0 ||
+		if !a.Balanced() || a.Free != capacityOf(a.ID) || a.Reserved != 0 || a.Charged != 0 || a.Pending != 0 ||
 			a.ExpiredDrawn != 0 || a.Waiters != 0 || a.WaitingBytes != 0 || a.Asking != 0 || a.Grants != 0 || a.Leases != 0 {
 			t.Fatalf("authority not back to its start: %+v", a)
 		}
@@ -246,9 +356,14 @@ func TestStressConcurrentLedger(t *testing.T) {
 	var tickets uint64
 	for _, a := range s.Authorities {
 		tickets += a.Tickets
+		// Every grant made is counted once, those reissued without the
+		// lock too.
+		if want := uint64(hot[0] + hot[1] + hot[2] + hot[3]); a.ID == hotAuth && a.Granted != want {
+			t.Fatalf("granted %d on %s, want %d", a.Granted, a.ID, want)
+		}
 	}
-	t.Logf("outcomes: over-budget %d, past-deadline %d, granted %d (cancelled %d, expired %d, committed %d); tickets %d",
-		outcomes[0], outcomes[1], outcomes[2], outcomes[3], outcomes[4], outcomes[5], tickets)
+	t.Logf("outcomes: over-budget %d, past-deadline %d, granted %d (cancelled %d, expired %d, committed %d); tickets %d; hot cycles %v",
+		outcomes[0], outcomes[1], outcomes[2], outcomes[3], outcomes[4], outcomes[5], tickets, hot)
 	if outcomes[5] == 0 || tickets == 0 || outcomes[0] == 0 {
 		t.Fatalf("the stress did not reach pressure: %v, %d tickets", outcomes, tickets)
 	}
