@@ -176,7 +176,7 @@ func (r *Residency) Load(ctx context.Context, spec WeightSpec) error {
 		r.mu.Unlock()
 		return memapi.Errorf(op, memapi.ErrInUse, "weight %q is already loaded", spec.Name)
 	}
-	r.weights[spec.Name] = w // placeholder: Reclaim skips a moving weight
+	r.weights[spec.Name] = w // holds the name while loading; Reclaim skips a moving weight
 	r.mu.Unlock()
 
 	buf, err := r.dev.Allocate(ctx, size)
