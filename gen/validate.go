@@ -32,7 +32,7 @@ var (
 		"Error", "Errorf", "Handle", "Invariant", "InvariantMeta", "Issuer",
 		"Mechanism", "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
 		"Negotiate", "NewIssuer", "Of", "RoundUp", "SpecDigest", "SpecMeta",
-		"TestSpecDigest",
+		"TestNegotiateReportsAbsence", "TestSpecDigest",
 	}
 	// handleMethods and rangeMethods are the methods the contract gives every
 	// handle and Range; a field of the same name would not compile.

@@ -1,0 +1,65 @@
+package gen
+
+import (
+	. "github.com/dave/jennifer/jen"
+)
+
+func init() { register(Emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest}) }
+
+// emitNegotiationTest writes a test beside the contract: a mechanism that
+// offers only the required capabilities must report every optional one
+// absent, and each Require helper must return an *Error that matches
+// errors.ErrUnsupported (invariant no-silent-noop).
+func emitNegotiationTest(g *Gen) error {
+	f := g.File(g.Spec.Packages.Contract+"/negotiate_test.go", "memapi")
+	comment(f, "requiredOnly offers the required capabilities and nothing else; its methods\nare never called by negotiation.")
+	f.Type().Id("requiredOnly").Struct()
+	for _, c := range g.Spec.Capabilities {
+		if c.Required {
+			for _, m := range c.Methods {
+				params, results := g.Signature(m)
+				f.Func().Params(Id("requiredOnly")).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
+					if len(m.Returns) == 0 {
+						return
+					}
+					var vals []Code
+					for i, r := range m.Returns {
+						if i == len(m.Returns)-1 && r.Type == "error" {
+							vals = append(vals, Id("ErrUnsupported"))
+						} else {
+							vals = append(vals, g.Zero(r.Type))
+						}
+					}
+					b.Return(vals...)
+				})
+			}
+			continue
+		}
+		f.Func().Params(Id("requiredOnly")).Id(Accessor(c)).Params().Params(Id(c.Name), Bool()).Block(Return(Nil(), False()))
+	}
+	comment(f, "TestNegotiateReportsAbsence: optional capabilities a mechanism does not offer\nare absent from Negotiate, and Require reports them as unsupported.")
+	f.Func().Id("TestNegotiateReportsAbsence").Params(Id("t").Op("*").Qual("testing", "T")).BlockFunc(func(b *Group) {
+		b.Var().Id("m").Id("Mechanism").Op("=").Id("requiredOnly").Values()
+		b.Id("got").Op(":=").Id("Negotiate").Call(Id("m"))
+		for _, c := range g.Spec.Capabilities {
+			if c.Required {
+				b.If(Op("!").Id("got").Dot("Has").Call(Id(CapConst(c)))).Block(
+					Id("t").Dot("Errorf").Call(Lit("Negotiate = %v: required "+c.Name+" missing"), Id("got")),
+				)
+				continue
+			}
+			b.If(Id("got").Dot("Has").Call(Id(CapConst(c)))).Block(
+				Id("t").Dot("Errorf").Call(Lit("Negotiate = %v: "+c.Name+" reported although absent"), Id("got")),
+			)
+			b.If(List(Id("v"), Err()).Op(":=").Id("Require"+c.Name).Call(Id("m")), Id("v").Op("!=").Nil().Op("||").Op("!").Qual("errors", "Is").Call(Err(), Qual("errors", "ErrUnsupported"))).Block(
+				Id("t").Dot("Errorf").Call(Lit("Require"+c.Name+" = %v, %v: want nil and an error matching errors.ErrUnsupported"), Id("v"), Err()),
+			).Else().Block(
+				Var().Id("e").Op("*").Id("Error"),
+				If(Op("!").Qual("errors", "As").Call(Err(), Op("&").Id("e")).Op("||").Id("e").Dot("Op").Op("!=").Lit("Require"+c.Name)).Block(
+					Id("t").Dot("Errorf").Call(Lit("Require"+c.Name+": %v is not an *Error naming the operation"), Err()),
+				),
+			)
+		}
+	})
+	return nil
+}
