@@ -4,7 +4,9 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest}) }
+func init() {
+	register(Emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest})
+}
 
 // emitNegotiationTest writes a test beside the contract: a mechanism that
 // offers only the required capabilities must report every optional one
