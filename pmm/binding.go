@@ -67,27 +67,28 @@ func (b *Binding) Close() error {
 	return nil
 }
 
-// begin resolves the device for a new handle and counts it live; done(false)
-// undoes the count when the operation fails.
-func (b *Binding) begin(op string) (*device, func(ok bool), error) {
+// counted runs make, one of the binding's constructors, on the device
+// resolved now, with the new handle counted live; a failure uncounts it.
+func counted[T any](b *Binding, op string, make func(*device) (T, error)) (T, error) {
+	var zero T
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, nil, memapi.Errorf(op, memapi.ErrClosed, "binding of holder %s is closed", b.holder)
+		return zero, memapi.Errorf(op, memapi.ErrClosed, "binding of holder %s is closed", b.holder)
 	}
 	b.live++
 	b.mu.Unlock()
 	d, err := b.m.device(op, b.key)
-	done := func(ok bool) {
-		if !ok {
-			b.release()
-		}
-	}
 	if err != nil {
-		done(false)
-		return nil, nil, err
+		b.release()
+		return zero, err
 	}
-	return d, done, nil
+	v, err := make(d)
+	if err != nil {
+		b.release()
+		return zero, err
+	}
+	return v, nil
 }
 
 func (b *Binding) release() {
@@ -140,14 +141,7 @@ func (b *Buffer) Size() memapi.Bytes { return b.size }
 // wrapper (which draws from it), commit the grant into a lease, and return
 // an owning Buffer. Any failure returns the grant and leaves no trace.
 func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, error) {
-	const op = "pmm.Allocate"
-	d, done, err := b.begin(op)
-	if err != nil {
-		return nil, err
-	}
-	buf, err := b.allocate(ctx, d, size)
-	done(err == nil)
-	return buf, err
+	return counted(b, "pmm.Allocate", func(d *device) (*Buffer, error) { return b.allocate(ctx, d, size) })
 }
 
 func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*Buffer, error) {

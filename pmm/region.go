@@ -49,14 +49,7 @@ type Region struct {
 // errors.Is(err, errors.ErrUnsupported) holds: the caller then chooses its
 // explicit fallback (e.g. Allocate the maximum eagerly).
 func (b *Binding) ReserveVirtual(ctx context.Context, max memapi.Bytes) (*Region, error) {
-	const op = "pmm.ReserveVirtual"
-	d, done, err := b.begin(op)
-	if err != nil {
-		return nil, err
-	}
-	r, err := b.reserveVirtual(ctx, d, max)
-	done(err == nil)
-	return r, err
+	return counted(b, "pmm.ReserveVirtual", func(d *device) (*Region, error) { return b.reserveVirtual(ctx, d, max) })
 }
 
 func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Bytes) (*Region, error) {

@@ -31,14 +31,7 @@ type Shared struct {
 // granularity), charged to the binding's holder. Without SharedMapping it
 // returns an error for which errors.Is(err, errors.ErrUnsupported) holds.
 func (b *Binding) CreateShared(ctx context.Context, size memapi.Bytes) (*Shared, error) {
-	const op = "pmm.CreateShared"
-	d, done, err := b.begin(op)
-	if err != nil {
-		return nil, err
-	}
-	s, err := b.createShared(ctx, d, size)
-	done(err == nil)
-	return s, err
+	return counted(b, "pmm.CreateShared", func(d *device) (*Shared, error) { return b.createShared(ctx, d, size) })
 }
 
 func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes) (*Shared, error) {
