@@ -103,7 +103,7 @@ type engine struct {
 	everPre   map[int]struct{}
 	fence     memapi.Fence
 	stream    memapi.Stream
-	nextSec   time.Duration
+	secondDue time.Duration
 }
 
 // runHooks are what a run reports to: the memory report, the progress
@@ -140,7 +140,7 @@ func Run(ctx context.Context, cfg Config, reqs []Request, traceName string, h ru
 	}
 	e := &engine{cfg: cfg, s: s, reqs: reqs, out: out, log: log, prog: prog,
 		bpt: cfg.Shape.BytesPerToken(), byReq: map[*holders.Request]*active{}, preempted: map[*active]struct{}{}, everPre: map[int]struct{}{},
-		nextSec: cfg.SecondEvery}
+		secondDue: cfg.SecondEvery}
 	e.gran = s.mgrGranularity()
 	out.HasKernel = s.devCPU != nil
 	s.onPreempt = e.onPreempt
@@ -379,10 +379,10 @@ func (e *engine) admit(ctx context.Context, waiting []Request) (int, []Request) 
 // is used (reloaded first when it was offloaded). It returns the extra
 // simulated time of its forward pass.
 func (e *engine) useSecond(ctx context.Context) time.Duration {
-	if e.s.second == nil || e.cfg.SecondEvery <= 0 || e.now < e.nextSec {
+	if e.s.second == nil || e.cfg.SecondEvery <= 0 || e.now < e.secondDue {
 		return 0
 	}
-	e.nextSec = e.now + e.cfg.SecondEvery
+	e.secondDue = e.now + e.cfg.SecondEvery
 	if err := e.waitFence(ctx); err != nil {
 		e.fail("%v", err)
 		return 0

@@ -255,7 +255,7 @@ func testConcurrentAllocator(t T, e *env) {
 				return fmt.Errorf("allocation %v: byte %d changed under concurrent use", a, j)
 			}
 			if _, err := (&callFree{ctx: e.ctx, a: a, to: e.account}).call(e); err != nil {
-				return fmt.Errorf("Free: %w", err)
+				return fmt.Errorf("calling Free: %w", err)
 			}
 		}
 		return nil

@@ -316,7 +316,7 @@ func testConcurrentSharedMapping(t T, e *env) {
 		defer s.Close()
 		res, err := (&callReserve{ctx: e.ctx, req: memapi.ReserveRequest{Size: 2 * g}}).do(e)
 		if err != nil {
-			return fmt.Errorf("Reserve: %w", err)
+			return fmt.Errorf("calling Reserve: %w", err)
 		}
 		for i := range 8 {
 			r := memapi.Range{Off: memapi.Bytes(i%2) * g, Len: g}

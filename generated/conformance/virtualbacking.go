@@ -313,10 +313,10 @@ func testConcurrentVirtualBacking(t T, e *env) {
 			// And a reservation of its own, released with its backing.
 			res, err := (&callReserve{ctx: e.ctx, req: memapi.ReserveRequest{Size: g}}).do(e)
 			if err != nil {
-				return fmt.Errorf("Reserve: %w", err)
+				return fmt.Errorf("calling Reserve: %w", err)
 			}
 			if err := (&callCommit{ctx: e.ctx, res: res, r: memapi.Range{Len: g}, grant: e.grant}).do(e); err != nil {
-				return fmt.Errorf("Commit: %w", err)
+				return fmt.Errorf("calling Commit: %w", err)
 			}
 			if _, err := (&callReleaseReservation{ctx: e.ctx, res: res, to: e.account}).call(e); err != nil {
 				return fmt.Errorf("ReleaseReservation: %w", err)
