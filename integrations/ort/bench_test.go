@@ -17,7 +17,7 @@ import (
 // that the two do not compete for cores.
 func BenchmarkMLPInference(b *testing.B) {
 	if _, err := os.Stat(benchPath); err != nil {
-		b.Fatalf("%v: run `make ort` to build it", err)
+		b.Fatalf("%v: run `make ort-bench` to build it", err)
 	}
 	r := newRig(b, 4<<30, Options{})
 	const batch, width = 64, 2048
