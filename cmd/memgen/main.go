@@ -3,9 +3,13 @@
 // matches the spec.
 //
 //	memgen generate   write every generated file (what go generate ./... runs)
-//	memgen check      validate the spec, fail on drift and on mechanisms that
+//	memgen check      validate the spec, fail on drift (printing a unified
+//	                  diff of the first drifting file) and on mechanisms that
 //	                  do not implement exactly what the spec declares
 //	memgen doc        write docs/capabilities.md from the spec
+//	memgen version    the module version, VCS revision and Go version this
+//	                  binary was built with (runtime/debug build information)
+//	memgen help [cmd] the commands, or one command's flags
 //
 // Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
 package main

@@ -130,6 +130,10 @@ func TestUsageExitCodes(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{"help", []string{"--help"}, exitOK, "usage: memgen <command>"},
 		{"help word", []string{"help"}, exitOK, "commands:"},
+		{"help with a command", []string{"help", "check"}, exitOK, "usage: memgen check [flags]"},
+		{"help with an unknown command", []string{"help", "frobnicate"}, exitUsage, `want one command's name, got ["frobnicate"]`},
+		{"version", []string{"version"}, exitOK, "memgen github.com/memgen/memgen "},
+		{"version with arguments", []string{"version", "now"}, exitUsage, "unexpected arguments"},
 		{"bad flag", []string{"check", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
 		{"extra argument", []string{"generate", "-root", root, "extra"}, exitUsage, "unexpected arguments"},
 		{"missing root", []string{"check", "-root", filepath.Join(root, "nowhere")}, exitUsage, "go.mod"},
@@ -208,7 +212,8 @@ func TestCheckDrift(t *testing.T) {
 		defer writeFile(t, root, rel, orig)
 		code, stdout, stderr := memgen(t, "check", "-root", root)
 		wantCode(t, code, exitSpec, stdout, stderr)
-		wantContains(t, stderr, rel+": differs from the spec")
+		wantContains(t, stderr, rel+": differs from the spec",
+			"--- "+rel+" (in the tree)\n+++ "+rel+" (from the spec)\n@@ ", "\n-// a hand edit\n")
 		if strings.Count(stderr, "differs") != 1 {
 			t.Errorf("only %s was edited:\n%s", rel, stderr)
 		}
@@ -240,6 +245,10 @@ func TestCheckDrift(t *testing.T) {
 		wantCode(t, code, exitSpec, stdout, stderr)
 		// The digest and the doc comment of Bytes moved.
 		wantContains(t, stderr, "generated/memapi/types.go: differs", "generated/memapi/doc.go: differs")
+		// One diff, of the first file that differs.
+		if n := strings.Count(stderr, "\n+++ "); n != 1 {
+			t.Errorf("%d diffs, want the first file's only:\n%s", n, stderr)
+		}
 	})
 	t.Run("stale file", func(t *testing.T) {
 		rel := "generated/memapi/retired.go"

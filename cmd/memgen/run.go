@@ -27,8 +27,10 @@ commands:
              missing or are stale) and on mechanism packages that implement more
              or less than the spec declares
   doc        write docs/capabilities.md from the spec
+  version    print memgen's module version, VCS revision and Go version
+  help       print this, or with a command's name its flags
 
-Run memgen <command> --help for the flags of a command.
+Run memgen <command> --help (or memgen help <command>) for the flags of a command.
 Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
 `
 
@@ -39,7 +41,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		if len(args) == 1 {
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		if _, ok := commands[args[1]]; len(args) > 2 || !ok {
+			fmt.Fprintf(stderr, "memgen help: want one command's name, got %q\n\n%s", args[1:], usage)
+			return exitUsage
+		}
+		return run([]string{args[1], "--help"}, stdout, stderr)
+	case "version":
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "memgen version: unexpected arguments %q\n", args[1:])
+			return exitUsage
+		}
+		fmt.Fprintln(stdout, version())
 		return exitOK
 	}
 	cmd, ok := commands[args[0]]
@@ -100,7 +116,7 @@ var commands = map[string]command{
 		run: runGenerate,
 	},
 	"check": {
-		help: "Validates the spec, regenerates in memory and fails (exit 1) listing every\ngenerated file that differs, is missing or is stale; then loads each\nmechanism package named in the spec and fails when its type implements a\ncapability the spec does not declare for it, or lacks one it declares.",
+		help: "Validates the spec, regenerates in memory and fails (exit 1) listing every\ngenerated file that differs, is missing or is stale, with a unified diff\n(tree -> spec) of the first that differs; then loads each mechanism package\nnamed in the spec and fails when its type implements a capability the spec\ndoes not declare for it, or lacks one it declares.",
 		run:  runCheck,
 	},
 }
@@ -203,11 +219,17 @@ func runCheck(o *options, stdout, stderr io.Writer) int {
 		return exitSpec
 	}
 	failed := false
+	shown := false // the diff of the first file that differs
 	for _, f := range changed {
-		if _, err := os.Stat(filepath.Join(p.root, filepath.FromSlash(f))); err != nil {
+		old, err := os.ReadFile(filepath.Join(p.root, filepath.FromSlash(f)))
+		if err != nil {
 			fmt.Fprintf(stderr, "%s: missing: run go generate ./...\n", f)
 		} else {
 			fmt.Fprintf(stderr, "%s: differs from the spec: run go generate ./... (never edit generated files)\n", f)
+			if !shown {
+				shown = true
+				io.WriteString(stderr, unifiedDiff(f+" (in the tree)", f+" (from the spec)", old, files[f], maxDiffLines))
+			}
 		}
 		failed = true
 	}
