@@ -133,7 +133,12 @@ func parseSize(s string) (memapi.Bytes, error) {
 	return memapi.Bytes(n), nil
 }
 
+// formatSize writes n with the largest binary unit that divides it, or in
+// bytes with the unit B (0 is "0").
 func formatSize(n memapi.Bytes) string {
+	if n == 0 {
+		return "0"
+	}
 	for _, u := range []struct {
 		s string
 		v memapi.Bytes
@@ -142,19 +147,32 @@ func formatSize(n memapi.Bytes) string {
 			return strconv.FormatUint(uint64(n/u.v), 10) + u.s
 		}
 	}
-	return strconv.FormatUint(uint64(n), 10)
+	return strconv.FormatUint(uint64(n), 10) + "B"
 }
 
 // ErrUsage marks a command-line error (exit status 2).
 var ErrUsage = errors.New("usage")
 
+// usageError is a command-line error: its message is the problem alone
+// (the caller adds where to find the flags), and it is an ErrUsage.
+type usageError struct{ err error }
+
+func (e usageError) Error() string        { return e.err.Error() }
+func (e usageError) Unwrap() error        { return e.err }
+func (e usageError) Is(target error) bool { return target == ErrUsage }
+
 // parseFlags fills a Config from args. -h and --help return flag.ErrHelp
-// after printing the usage to out.
+// after printing the usage to out; any other problem is a usageError that
+// names the flag, and nothing is printed.
 func parseFlags(args []string, out io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("memdemo", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
+	// The flag package prints an error and the usage on every parse
+	// error; the caller prints the error once instead.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	usage := func() {
+		fs.SetOutput(out)
 		fmt.Fprint(out, `memdemo replays LLM requests against a device memory budget through memgen:
 model weights in a residency store, a KV page store growing one token per
 decode step, a shared system prompt, pressure from a second model, all
@@ -195,15 +213,16 @@ Flags:
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the run to `file`")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			usage()
 			return c, err
 		}
-		return c, fmt.Errorf("%w: %v", ErrUsage, err)
+		return c, usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+		return c, usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	if err := c.validate(); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrUsage, err)
+		return c, usageError{err}
 	}
 	return c, nil
 }
@@ -223,19 +242,34 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--progress %q: want auto, bar, line or off", c.Progress)
 	}
 	if c.Budget == 0 {
-		return errors.New("--budget must be positive")
+		return errors.New("--budget 0: must be positive (a size such as 160MiB)")
 	}
 	if c.WeightBytes == 0 {
-		return errors.New("--weights must be positive")
+		return errors.New("--weights 0: must be positive (a size such as 64MiB)")
 	}
 	if c.WeightBytes+c.SecondBytes >= c.Budget {
-		return fmt.Errorf("the weights (%s + %s) leave no room for KV in a budget of %s", formatSize(c.WeightBytes), formatSize(c.SecondBytes), formatSize(c.Budget))
+		return fmt.Errorf("--budget %s: the weights (--weights %s + --second-weights %s) leave no room for KV (a size without a unit is in bytes)", formatSize(c.Budget), formatSize(c.WeightBytes), formatSize(c.SecondBytes))
 	}
-	if c.Requests < 0 || c.PrefixTokens < 0 || c.Speedup < 0 || c.AuditEvery < 0 || c.SecondEvery < 0 || c.SecondHotFor < 0 {
-		return errors.New("--requests, --prefix-tokens, --speedup, --audit-every, --second-every and --second-hot-for must not be negative")
+	for _, f := range []struct {
+		name     string
+		value    any
+		negative bool
+	}{
+		{"--requests", c.Requests, c.Requests < 0},
+		{"--prefix-tokens", c.PrefixTokens, c.PrefixTokens < 0},
+		{"--speedup", c.Speedup, c.Speedup < 0},
+		{"--audit-every", c.AuditEvery, c.AuditEvery < 0},
+		{"--second-every", c.SecondEvery, c.SecondEvery < 0},
+		{"--second-hot-for", c.SecondHotFor, c.SecondHotFor < 0},
+		{"--step-per-seq", c.Step.PerSeq, c.Step.PerSeq < 0},
+		{"--step-per-prefill-token", c.Step.PerPrefillToken, c.Step.PerPrefillToken < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("%s %v: must not be negative", f.name, f.value)
+		}
 	}
-	if c.Step.Base <= 0 || c.Step.PerSeq < 0 || c.Step.PerPrefillToken < 0 {
-		return errors.New("the step model needs --step-base > 0 and non-negative per-request and per-token times")
+	if c.Step.Base <= 0 {
+		return fmt.Errorf("--step-base %v: must be positive", c.Step.Base)
 	}
 	if c.MetricsAddr != "" {
 		host, _, err := net.SplitHostPort(c.MetricsAddr)

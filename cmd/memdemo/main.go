@@ -59,12 +59,12 @@ func main() {
 
 // run is the whole program; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
+	cfg, err := parseFlags(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "memdemo: %v\n", err)
+		fmt.Fprintf(stderr, "memdemo: %v\nRun memdemo --help for the flags.\n", err)
 		return 2
 	}
 	o, static, err := demo(ctx, cfg, stdout, stderr)

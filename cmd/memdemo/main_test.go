@@ -186,10 +186,48 @@ func TestRunExitStatus(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"extra"}, &out, &errb))
 	errb.Reset()
 	require.Equal(t, 0, run(context.Background(), []string{"--help"}, &out, &errb))
-	require.Contains(t, errb.String(), "-compare-static")
+	require.Contains(t, out.String(), "-compare-static")
 	errb.Reset()
-	require.Equal(t, 1, run(context.Background(), []string{"--trace", filepath.Join(t.TempDir(), "none.csv")}, &out, &errb))
-	require.Contains(t, errb.String(), "not found")
+	none := filepath.Join(t.TempDir(), "none.csv")
+	require.Equal(t, 1, run(context.Background(), []string{"--trace", none}, &out, &errb))
+	require.Contains(t, errb.String(), "--trace "+none+": not found")
+	require.NotContains(t, errb.String(), "shared/traces", "only the path given")
+}
+
+// TestCommandLineMessages: help goes to stdout and nothing to stderr; a
+// usage error is printed once, on stderr, naming only the offending flag
+// (with its value and unit), followed by one line saying where the flags
+// are, never the whole help.
+func TestCommandLineMessages(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), []string{"--help"}, &out, &errb))
+	require.Contains(t, out.String(), "Usage: memdemo [flags]")
+	require.Empty(t, errb.String())
+	for _, tc := range []struct {
+		args     []string
+		want     string
+		notNamed []string
+	}{
+		{[]string{"--bogus"}, "memdemo: flag provided but not defined: -bogus\n", nil},
+		{[]string{"--requests", "-5"}, "memdemo: --requests -5: must not be negative\n", []string{"--prefix-tokens", "--speedup", "--audit-every", "--second-every"}},
+		{[]string{"--second-hot-for", "-1s"}, "memdemo: --second-hot-for -1s: must not be negative\n", []string{"--requests"}},
+		{[]string{"--step-per-seq", "-1ms"}, "memdemo: --step-per-seq -1ms: must not be negative\n", []string{"--step-base"}},
+		{[]string{"--budget", "100"}, "memdemo: --budget 100B: the weights (--weights 64MiB + --second-weights 32MiB) leave no room for KV", nil},
+		{[]string{"--budget", "0"}, "memdemo: --budget 0: must be positive", nil},
+	} {
+		out.Reset()
+		errb.Reset()
+		require.Equal(t, 2, run(context.Background(), tc.args, &out, &errb), "%q", tc.args)
+		got := errb.String()
+		require.True(t, strings.HasPrefix(got, tc.want), "%q: got %q, want it to start with %q", tc.args, got, tc.want)
+		require.True(t, strings.HasSuffix(got, "\nRun memdemo --help for the flags.\n"), "%q: %q", tc.args, got)
+		require.Equal(t, 2, strings.Count(got, "\n"), "%q: one error line and the hint: %q", tc.args, got)
+		require.NotContains(t, got, "Usage:", "%q", tc.args)
+		require.Empty(t, out.String(), "%q", tc.args)
+		for _, n := range tc.notNamed {
+			require.NotContains(t, got, n, "%q", tc.args)
+		}
+	}
 }
 
 func TestCUDAUnavailableIsTyped(t *testing.T) {
@@ -221,7 +259,8 @@ func TestParseSize(t *testing.T) {
 		require.Error(t, err, in)
 	}
 	require.Equal(t, "160MiB", formatSize(160<<20))
-	require.Equal(t, "1536", formatSize(1536))
+	require.Equal(t, "1536B", formatSize(1536))
+	require.Equal(t, "0", formatSize(0))
 }
 
 func TestParseFlags(t *testing.T) {

@@ -141,10 +141,10 @@ func LoadTrace(path string, limit int) ([]Request, string, error) {
 	}
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, "", fmt.Errorf("trace %s not found: the full Azure LLM trace is expected at ../shared/traces/azure-llm-conv-2023.csv relative to the repository root (or run without --trace to use the embedded excerpt): %w", path, err)
+		return nil, "", fmt.Errorf("--trace %s: not found (without --trace the demo replays its embedded excerpt; README.md says where the full trace comes from): %w", path, err)
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("--trace %s: %w", path, err)
 	}
 	defer f.Close()
 	reqs, err := ParseTrace(f, path, limit)
