@@ -12,7 +12,8 @@ import (
 
 // Options configure a Queue.
 type Options struct {
-	// Logger receives leak reports and failed frees; nil means slog.Default().
+	// Logger receives leak reports and failed frees; nil discards them (memgen
+	// never logs unasked; Stats counts both either way).
 	Logger *slog.Logger
 	// PollMin and PollMax bound the backoff between polling rounds of fences
 	// that can only be polled. Defaults: 20µs and 2ms.
@@ -81,7 +82,7 @@ func NewQueue(opts Options) *Queue {
 		stop: make(chan struct{}),
 	}
 	if q.log == nil {
-		q.log = slog.Default()
+		q.log = slog.New(slog.DiscardHandler)
 	}
 	close(q.idle)
 	q.wg.Add(1)

@@ -17,7 +17,8 @@ type Options struct {
 	Clock Clock
 	// OnEvent, if set, receives every Event (see Event for when it is called).
 	OnEvent func(Event)
-	// Logger receives diagnostics (failed reclaims, expired grants); nil discards them.
+	// Logger receives diagnostics (failed reclaims, expired grants); nil
+	// discards them (memgen never logs unasked).
 	Logger *slog.Logger
 }
 

@@ -43,7 +43,8 @@ type Config struct {
 	// means no pool). The pool's bytes are the mechanism's own overhead: they
 	// are not in UsedBytes, PooledBytes reports them, and PoolLimit bounds them.
 	PoolChunks int
-	// Logger receives diagnostics (failed rollbacks); nil means slog.Default.
+	// Logger receives diagnostics (failed rollbacks); nil discards them
+	// (memgen never logs unasked).
 	Logger *slog.Logger
 }
 
@@ -114,7 +115,7 @@ func New(cfg Config) (*Mechanism, error) {
 	m.rw = driver.MemAccessDesc{Location: loc, Flags: driver.MemAccessProtReadWrite}
 	m.ro = driver.MemAccessDesc{Location: loc, Flags: driver.MemAccessProtRead}
 	if m.log == nil {
-		m.log = slog.Default()
+		m.log = slog.New(slog.DiscardHandler)
 	}
 	if m.gran == 0 {
 		m.gran = defaultGranularity
