@@ -18,6 +18,8 @@
 # everything is in place; anything else means it could not be fetched.
 #
 #   scripts/ort.sh          fetch (make ort)
+#   scripts/ort.sh fetch-bench
+#                           fetch, and build the benchmark model too
 #   scripts/ort.sh test     fetch, then vet and test integrations/ort under
 #                           -race (make ort-test) with MEMGEN_ORT_REQUIRE=1,
 #                           so that the tests really run. When the fetch
