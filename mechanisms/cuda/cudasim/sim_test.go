@@ -297,6 +297,10 @@ func TestRules(t *testing.T) {
 			var p driver.DevicePtr
 			return e.d.MemAlloc(&p, 4096)
 		}},
+		{"event/unknown-flag", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			var ev driver.Event
+			return e.d.EventCreate(&ev, 0x8) // no CUevent_flags value is 8
+		}},
 		{"device/bad-ordinal", Config{Devices: 2}, driver.ErrInvalidDevice, func(e *env) driver.Result {
 			var d driver.Device
 			return e.d.DeviceGet(&d, 2)
