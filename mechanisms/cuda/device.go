@@ -24,6 +24,11 @@ type device struct {
 	done    chan struct{} // closed when the thread has exited
 	refs    int           // guarded by devicesMu
 	stopped bool          // guarded by devicesMu
+
+	// unsynced says that work was enqueued on the legacy default stream
+	// (memsets, device-to-device copies, host-to-device DMA) and not waited
+	// for since. Only the device thread touches it.
+	unsynced bool
 }
 
 type deviceKey struct {
@@ -156,4 +161,33 @@ func (d *device) release() {
 		close(d.stop)
 		<-d.done
 	}
+}
+
+// queued notes, on the device thread, that a call enqueued work on the legacy
+// default stream: the driver documents cuMemsetD8, cuMemcpyDtoD and pageable
+// cuMemcpyHtoD as returning before the device has finished them.
+func (d *device) queued() { d.unsynced = true }
+
+// settle waits, on the device thread, for the work noted by queued
+// (cuStreamSynchronize of the legacy default stream) before memory is
+// unmapped: cuMemUnmap does not wait for work on the range (PyTorch's
+// expandable segments synchronize first because it "does not appear to
+// synchronize in all cases"), and work left running over an unmapped range
+// faults the context. It costs nothing when no such work was enqueued.
+func (d *device) settle(t *driver.Table) error {
+	if !d.unsynced {
+		return nil
+	}
+	if err := check(t, "cuStreamSynchronize", t.StreamSynchronize(0)); err != nil {
+		return err
+	}
+	d.unsynced = false
+	return nil
+}
+
+// unmap is cuMemUnmap after settle, for undo steps (which report nothing
+// but the unmap's own result).
+func (d *device) unmap(t *driver.Table, addr driver.DevicePtr, size uint64) driver.Result {
+	_ = d.settle(t)
+	return t.MemUnmap(addr, size)
 }

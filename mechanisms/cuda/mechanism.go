@@ -263,6 +263,12 @@ func (m *Mechanism) teardown() string {
 				errs = append(errs, err)
 			}
 		}
+		note("cuStreamSynchronize", func() driver.Result {
+			if err := m.dev.settle(t); err != nil {
+				return err.(*DriverError).Code
+			}
+			return driver.Success
+		}())
 		for rs := range m.reserves {
 			for i, c := range rs.chunks {
 				addr := rs.addr + uint64(i)*m.gran

@@ -126,7 +126,7 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
 		if err := x.step("cuMemMap", t.MemMap(addr, bs.size, 0, bs.handle, 0), func() {
-			x.quiet("cuMemUnmap", t.MemUnmap(addr, bs.size))
+			x.quiet("cuMemUnmap", m.dev.unmap(t, addr, bs.size))
 		}); err != nil {
 			return err
 		}
@@ -137,8 +137,13 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 			if err := x.step("cuMemsetD8_v2", t.MemsetD8(addr, 0, bs.size), nil); err != nil {
 				return err
 			}
+			m.dev.queued()
 			if access == memapi.AccessReadWrite {
 				return nil
+			}
+			// The clear must be over before the mapping turns read-only.
+			if err := x.settle(m.dev); err != nil {
+				return err
 			}
 		}
 		return x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, m.accessDesc(access), 1), nil)
@@ -189,6 +194,9 @@ func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 	}
 	defer m.mu.Unlock()
 	if err := m.dev.do(func(t *driver.Table) error {
+		if err := m.dev.settle(t); err != nil {
+			return err
+		}
 		return check(t, "cuMemUnmap", t.MemUnmap(driver.DevicePtr(vs.res.addr+vs.off), vs.len))
 	}); err != nil {
 		return m.driverErr(op, err, 0)
@@ -247,14 +255,19 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 				return err
 			}
 			if err := sx.step("cuMemMap", t.MemMap(tmp, size, 0, h, 0), func() {
-				sx.quiet("cuMemUnmap", t.MemUnmap(tmp, size))
+				sx.quiet("cuMemUnmap", m.dev.unmap(t, tmp, size))
 			}); err != nil {
 				return err
 			}
 			if err := sx.step("cuMemSetAccess", t.MemSetAccess(tmp, size, &m.rw, 1), nil); err != nil {
 				return err
 			}
-			return sx.step("cuMemcpyDtoD_v2", t.MemcpyDtoD(tmp, addr, size), nil)
+			if err := sx.step("cuMemcpyDtoD_v2", t.MemcpyDtoD(tmp, addr, size), nil); err != nil {
+				return err
+			}
+			m.dev.queued()
+			// The copy must be over before the scratch range is unmapped.
+			return sx.settle(m.dev)
 		}()
 		sx.rollback()
 		if err != nil {
@@ -269,7 +282,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 			return err
 		}
 		if err := x.step("cuMemMap", t.MemMap(addr, size, 0, h, 0), func() {
-			x.quiet("cuMemUnmap", t.MemUnmap(addr, size))
+			x.quiet("cuMemUnmap", m.dev.unmap(t, addr, size))
 		}); err != nil {
 			return err
 		}

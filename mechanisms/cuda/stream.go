@@ -52,7 +52,11 @@ func (s *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
 		}
 		n := uint64(len(src))
 		return s.c.m.copy(op, n, func(t *driver.Table) error {
-			return check(t, "cuMemcpyHtoD_v2", t.MemcpyHtoD(driver.DevicePtr(dst), unsafe.Pointer(&src[0]), n))
+			if err := check(t, "cuMemcpyHtoD_v2", t.MemcpyHtoD(driver.DevicePtr(dst), unsafe.Pointer(&src[0]), n)); err != nil {
+				return err
+			}
+			s.c.m.dev.queued()
+			return nil
 		}, span{uint64(dst), true})
 	})
 }
@@ -79,7 +83,11 @@ func (s *Stream) CopyDevice(dst, src memapi.DeviceAddr, n memapi.Bytes) error {
 			return nil
 		}
 		return s.c.m.copy(op, uint64(n), func(t *driver.Table) error {
-			return check(t, "cuMemcpyDtoD_v2", t.MemcpyDtoD(driver.DevicePtr(dst), driver.DevicePtr(src), uint64(n)))
+			if err := check(t, "cuMemcpyDtoD_v2", t.MemcpyDtoD(driver.DevicePtr(dst), driver.DevicePtr(src), uint64(n))); err != nil {
+				return err
+			}
+			s.c.m.dev.queued()
+			return nil
 		}, span{uint64(src), false}, span{uint64(dst), true})
 	})
 }

@@ -142,7 +142,7 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 			handles[i] = h
 			addr := driver.DevicePtr(base + uint64(i)*m.gran)
 			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0), func() {
-				x.quiet("cuMemUnmap", t.MemUnmap(addr, m.gran))
+				x.quiet("cuMemUnmap", m.dev.unmap(t, addr, m.gran))
 			}); err != nil {
 				return err
 			}
@@ -150,7 +150,11 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 		if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
 			return err
 		}
-		return x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil)
+		if err := x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil); err != nil {
+			return err
+		}
+		m.dev.queued()
+		return nil
 	})
 	if err != nil {
 		return m.driverErr(op, err, uint64(r.Len))
@@ -218,6 +222,9 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 // remap (cuMemMap + cuMemSetAccess read-write) as its undo.
 func (m *Mechanism) unmapChunks(x *txn, rs *resState, first, n int) error {
 	t := x.t
+	if err := x.settle(m.dev); err != nil {
+		return err
+	}
 	for i := first; i < first+n; i++ {
 		addr := driver.DevicePtr(rs.addr + uint64(i)*m.gran)
 		h := rs.at(i).handle

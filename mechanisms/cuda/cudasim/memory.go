@@ -31,12 +31,18 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	return driver.Success
 }
 
-// memFree is cuMemFree_v2: ptr must be the start of a live block.
+// memFree is cuMemFree_v2: ptr must be the start of a live block. Unlike
+// cuMemUnmap, freeing waits for the work before it (PyTorch: "unlike
+// cudaFree, MemUnmap and MemRelease do not appear to synchronize in all
+// cases"), so the simulator runs the pending work first.
 func (s *Sim) memFree(ptr driver.DevicePtr) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d, r := s.enter("cuMemFree", true)
 	if r != driver.Success {
+		return r
+	}
+	if r := s.runAll(); r != driver.Success {
 		return r
 	}
 	i := slices.IndexFunc(s.allocs, func(b *block) bool { return b.addr == uint64(ptr) && b.dev == d })
@@ -243,6 +249,7 @@ func (s *Sim) memUnmap(ptr driver.DevicePtr, size uint64) driver.Result {
 		return driver.ErrInvalidValue
 	}
 	p := res.maps[i].phys
+	s.unmapping(addr, size)
 	res.maps = slices.Delete(res.maps, i, i+1)
 	p.mappings--
 	s.freeIfDone(p)

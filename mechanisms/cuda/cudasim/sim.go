@@ -48,6 +48,9 @@ type Sim struct {
 	streams  map[driver.Stream]*stream
 	events   map[driver.Event]*event
 
+	pending []*work // queued device work, in order (see work)
+	seq     uint64  // sequence number of the last work enqueued
+
 	calls  map[string]int
 	faults []*fault
 }
@@ -96,6 +99,7 @@ type event struct {
 	stream   driver.Stream
 	recorded bool
 	done     bool
+	seq      uint64 // the last work enqueued before it was recorded
 }
 
 type fault struct {
@@ -205,6 +209,7 @@ type Stats struct {
 	Streams       int
 	Events        int
 	PendingEvents int
+	PendingWork   int // queued copies and memsets not yet run
 	ContextRefs   int // primary context references, over all devices
 	Sticky        driver.Result
 }
@@ -220,6 +225,7 @@ func (s *Sim) Stats() Stats {
 		Streams:      len(s.streams),
 		Events:       len(s.events),
 		Sticky:       s.sticky,
+		PendingWork:  len(s.pending),
 	}
 	for _, d := range s.devs {
 		st.Used += d.used
@@ -236,11 +242,12 @@ func (s *Sim) Stats() Stats {
 	return st
 }
 
-// CompleteEvents completes every pending event, as the GPU finishing its
-// work would, and returns how many it completed.
+// CompleteEvents runs the pending work and completes every pending event,
+// as the GPU finishing its work would, and returns how many it completed.
 func (s *Sim) CompleteEvents() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.runAll()
 	n := 0
 	for _, e := range s.events {
 		if e.recorded && !e.done {

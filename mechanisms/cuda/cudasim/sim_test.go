@@ -191,7 +191,8 @@ func TestRules(t *testing.T) {
 		{"copy/before-set-access", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p := e.reserve(g)
 			e.must("cuMemMap", e.d.MemMap(p, g, 0, e.create(g), 0))
-			return e.write(p, []byte{1})
+			e.must("cuMemcpyHtoD", e.write(p, []byte{1})) // a fault is reported by what waits for the work
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/read-before-set-access", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p := e.reserve(g)
@@ -201,12 +202,14 @@ func TestRules(t *testing.T) {
 		}},
 		{"copy/write-through-prot-read", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p, _ := e.mapped(g, driver.MemAccessProtRead)
-			return e.write(p, []byte{1})
+			e.must("cuMemcpyHtoD", e.write(p, []byte{1}))
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/dtod-into-prot-read", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			src, _ := e.mapped(g, driver.MemAccessProtReadWrite)
 			dst, _ := e.mapped(g, driver.MemAccessProtRead)
-			return e.d.MemcpyDtoD(dst, src, 16)
+			e.must("cuMemcpyDtoD", e.d.MemcpyDtoD(dst, src, 16))
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/unmapped-address", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			return e.write(e.reserve(g), []byte{1})
@@ -365,8 +368,11 @@ func TestContextIsPerThread(t *testing.T) {
 func TestIllegalAddressIsSticky(t *testing.T) {
 	e := setup(t, Config{})
 	p, _ := e.mapped(g, driver.MemAccessProtRead)
-	if r := e.write(p, []byte{1}); r != driver.ErrIllegalAddress {
-		t.Fatalf("write through PROT_READ = %v", r)
+	if r := e.write(p, []byte{1}); r != driver.Success {
+		t.Fatalf("write through PROT_READ = %v, want CUDA_SUCCESS (the fault is the device's, reported later)", r)
+	}
+	if r := e.d.StreamSynchronize(0); r != driver.ErrIllegalAddress {
+		t.Fatalf("cuStreamSynchronize after the write = %v, want CUDA_ERROR_ILLEGAL_ADDRESS", r)
 	}
 	var q driver.DevicePtr
 	if r := e.d.MemAlloc(&q, 4096); r != driver.ErrIllegalAddress {
