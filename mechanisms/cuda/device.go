@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
@@ -29,6 +31,11 @@ type device struct {
 	// (memsets, device-to-device copies, host-to-device DMA) and not waited
 	// for since. Only the device thread touches it.
 	unsynced bool
+
+	// lost holds the first sticky error (see Sticky) a call met: the
+	// context is lost, and every later operation fails with ErrUnavailable
+	// before it reaches the driver.
+	lost atomic.Pointer[DriverError]
 }
 
 type deviceKey struct {
@@ -143,6 +150,10 @@ func (d *device) do(fn func(t *driver.Table) error) error {
 	}
 	// The thread received the call: it runs it to the end before anything else.
 	<-finished
+	var de *DriverError
+	if err != nil && errors.As(err, &de) && Sticky(de.Code) {
+		d.lost.CompareAndSwap(nil, de)
+	}
 	return err
 }
 

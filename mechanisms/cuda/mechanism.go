@@ -317,12 +317,20 @@ func (m *Mechanism) teardown() string {
 	return fmt.Sprintf("%d allocations, %d reservations, %d backings, %d views", allocs, reserves, backings, views)
 }
 
-// enter takes m.mu for an operation and fails when the mechanism is closed.
+// enter takes m.mu for an operation and fails when the mechanism is closed,
+// or with ErrUnavailable when the device's context is lost (a sticky error:
+// the driver would refuse the call anyway, and the pool must not hand out
+// memory of a lost context).
 func (m *Mechanism) enter(op string) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: Name, Authority: m.info.Authority}
+	}
+	if de := m.dev.lost.Load(); de != nil {
+		m.mu.Unlock()
+		return &memapi.Error{Op: op, Kind: memapi.ErrUnavailable, Mechanism: Name, Authority: m.info.Authority,
+			Detail: "the CUDA context is lost", Err: de}
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func (s *Stream) Record() (memapi.Fence, error) {
 	if s.closed {
 		return nil, s.c.m.fail(op, memapi.ErrClosed, nil, "stream closed")
 	}
-	f := &Fence{dev: s.c.m.dev, err: s.err}
+	f := &Fence{m: s.c.m, err: s.err}
 	if err := s.c.m.dev.do(func(t *driver.Table) error {
 		if err := check(t, "cuEventCreate", t.EventCreate(&f.ev, driver.EventDisableTiming)); err != nil {
 			return err
@@ -113,7 +113,7 @@ func (s *Stream) Record() (memapi.Fence, error) {
 		// The copies before it were synchronous, so the fence is often
 		// complete already: find out in the same trip to the device thread.
 		if t.EventQuery(f.ev) == driver.Success {
-			f.finish(t)
+			f.finish(t, nil)
 		}
 		return nil
 	}); err != nil {
@@ -137,12 +137,16 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := f.(*Fence).await(ctx); err != nil {
+	fence := f.(*Fence)
+	if err := fence.await(ctx); err != nil {
 		return fmt.Errorf("Stream.Synchronize: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err, s.err = s.err, nil
+	if err == nil && fence.fault != nil {
+		err = s.c.m.driverErr("Stream.Synchronize", fence.fault, 0)
+	}
 	return err
 }
 
@@ -168,7 +172,7 @@ func (s *Stream) close() error {
 	err := s.c.m.dev.do(func(t *driver.Table) error {
 		errSync := check(t, "cuStreamSynchronize", t.StreamSynchronize(s.h))
 		for _, f := range s.fences {
-			f.finish(t)
+			f.finish(t, errSync)
 		}
 		s.fences = nil
 		errDestroy := check(t, "cuStreamDestroy_v2", t.StreamDestroy(s.h))
