@@ -327,20 +327,29 @@ func TestOutOfMemoryCarriesFigures(t *testing.T) {
 }
 
 func TestAllocateRequests(t *testing.T) {
-	m, _ := newMech(t, cudasim.Config{}, Config{AllocGranularity: 4096})
+	m, sim := newMech(t, cudasim.Config{}, Config{AllocGranularity: 4096})
 	if ag := m.Info().AllocGranularity; ag != 4096 {
 		t.Fatalf("AllocGranularity = %d", ag)
 	}
-	for _, req := range []memapi.AllocRequest{{Size: 1, Align: 3}, {Size: 1, Align: 8192}, {Size: 0}, {Size: ^memapi.Bytes(0)}} {
+	before := 0
+	if sim != nil {
+		before = sim.Calls("cuMemAlloc")
+	}
+	// cuMemAlloc guarantees 256-byte alignment only: more is refused before
+	// the driver is asked (the simulator's blocks are 256-aligned and no more).
+	for _, req := range []memapi.AllocRequest{{Size: 1, Align: 3}, {Size: 1, Align: 512}, {Size: 1, Align: 4096}, {Size: 0}, {Size: ^memapi.Bytes(0)}} {
 		if _, err := m.Allocate(bg, req, grantFor(m)); !errors.Is(err, memapi.ErrInvalidSize) {
 			t.Errorf("Allocate(%+v): %v, want ErrInvalidSize", req, err)
 		}
 	}
-	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 5000, Align: 4096}, grantFor(m))
+	if sim != nil && sim.Calls("cuMemAlloc") != before {
+		t.Errorf("refused requests reached cuMemAlloc")
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 5000, Align: 256}, grantFor(m))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Size() != 8192 || a.Addr()%4096 != 0 || m.UsedBytes() != 8192 {
+	if a.Size() != 8192 || a.Addr()%256 != 0 || m.UsedBytes() != 8192 {
 		t.Errorf("allocation %#x size %d, UsedBytes %d", a.Addr(), a.Size(), m.UsedBytes())
 	}
 	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 1}, nil); !errors.Is(err, memapi.ErrNoGrant) {

@@ -7,8 +7,11 @@ import (
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
-// memAlloc is cuMemAlloc_v2: the block is charged whole pages (AllocPage),
-// aligned to a page, and filled with poison.
+// memAlloc is cuMemAlloc_v2: the block is charged whole pages (AllocPage)
+// and filled with poison. Its address is aligned to 256 bytes and no more:
+// the CUDA programming guide promises that an address "returned by one of
+// the memory allocation routines from the driver or runtime API is always
+// aligned to at least 256 bytes", so code that relies on more fails here.
 func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -23,7 +26,7 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	if charged < size || charged > s.cfg.Memory-d.used {
 		return driver.ErrOutOfMemory
 	}
-	b := &block{dev: d, addr: s.nextAlloc, charged: charged, data: poisoned(size)}
+	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, data: poisoned(size)}
 	s.nextAlloc += charged + s.cfg.AllocPage // a guard page: overruns hit nothing
 	d.used += charged
 	s.allocs = append(s.allocs, b) // addresses only grow: stays sorted

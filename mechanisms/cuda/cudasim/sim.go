@@ -24,6 +24,10 @@ const (
 	poison   = 0xA5
 	allocVA  = 0x7000_0000_0000 // where cuMemAlloc blocks start
 	reserveV = 0x7e00_0000_0000 // where reservations start
+
+	// allocAlign is the alignment of a cuMemAlloc block, the documented
+	// minimum: blocks start 256 bytes into a page.
+	allocAlign = 256
 )
 
 // Sim is one simulated driver. All its methods are safe for concurrent use;
