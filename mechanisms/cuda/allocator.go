@@ -43,6 +43,9 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if !ok {
 		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "size %d overflows when rounded to %d", req.Size, ag)
 	}
+	if err := m.beyondDevice(op, size); err != nil {
+		return nil, err
+	}
 	if err := m.enter(op); err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ type device struct {
 	dev     driver.Device
 	vmm     bool   // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	gran    uint64 // cuMemGetAllocationGranularity (minimum), when vmm
+	total   uint64 // the device's memory (cuMemGetInfo_v2 total)
 	calls   chan func(*driver.Table)
 	stop    chan struct{}
 	done    chan struct{} // closed when the thread has exited
@@ -128,6 +129,12 @@ func (d *device) start(ordinal int) error {
 		return unavailableInit(err)
 	}
 	if err := check(t, "cuCtxSetCurrent", t.CtxSetCurrent(ctx)); err != nil {
+		_ = t.DevicePrimaryCtxRelease(d.dev)
+		return unavailableInit(err)
+	}
+	var free uint64
+	if err := check(t, "cuMemGetInfo_v2", t.MemGetInfo(&free, &d.total)); err != nil {
+		_ = t.CtxSetCurrent(0)
 		_ = t.DevicePrimaryCtxRelease(d.dev)
 		return unavailableInit(err)
 	}

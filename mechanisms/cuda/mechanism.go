@@ -370,6 +370,19 @@ func (m *Mechanism) driverErr(op string, err error, wanted uint64) error {
 	return e
 }
 
+// beyondDevice refuses, with ErrOutOfMemory and the figures, a request for
+// more physical memory than the device has: the driver may answer such a
+// size with CUDA_ERROR_INVALID_VALUE rather than OUT_OF_MEMORY, and the
+// contract says a size the device cannot hold is out of memory.
+func (m *Mechanism) beyondDevice(op string, n uint64) error {
+	if n <= m.dev.total {
+		return nil
+	}
+	e := m.fail(op, memapi.ErrOutOfMemory, nil, "%d bytes is more than the device's %d", n, m.dev.total).(*memapi.Error)
+	e.Wanted, e.Available = memapi.Bytes(n), memapi.Bytes(m.dev.total)
+	return e
+}
+
 // roundUp rounds n up to a multiple of the power of two g, reporting overflow.
 func roundUp(n, g uint64) (uint64, bool) {
 	r, ok := memapi.RoundUp(memapi.Bytes(n), memapi.Bytes(g))

@@ -486,3 +486,24 @@ func TestContextRules(t *testing.T) {
 		t.Errorf("NewStream after Close: %v", err)
 	}
 }
+
+// A size beyond the device's memory is out of memory with the figures,
+// refused before the driver, which may answer it with INVALID_VALUE.
+func TestBeyondDeviceMemory(t *testing.T) {
+	simOnly(t)
+	m, sim := newMech(t, cudasim.Config{Memory: 64 << 20}, Config{})
+	for _, call := range []string{"cuMemCreate", "cuMemAlloc"} {
+		sim.FailCall(call, 1, driver.ErrInvalidValue) // what a driver may say to 1<<62
+	}
+	_, err := m.CreateBacking(bg, 1<<62, grantFor(m))
+	var me *memapi.Error
+	if !errors.As(err, &me) || me.Kind != memapi.ErrOutOfMemory || me.Wanted != 1<<62 || me.Available != 64<<20 {
+		t.Errorf("CreateBacking(1<<62): %v, want ErrOutOfMemory wanting 1<<62 of 64 MiB", err)
+	}
+	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 1 << 62}, grantFor(m)); !errors.Is(err, memapi.ErrOutOfMemory) {
+		t.Errorf("Allocate(1<<62): %v, want ErrOutOfMemory", err)
+	}
+	if n := sim.Calls("cuMemCreate") + sim.Calls("cuMemAlloc"); n != DefaultPoolChunks {
+		t.Errorf("%d driver allocations, want only the pool's %d", n, DefaultPoolChunks)
+	}
+}

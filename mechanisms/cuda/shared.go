@@ -55,6 +55,9 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 	if !ok {
 		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "size %d is too large", size)
 	}
+	if err := m.beyondDevice(op, n); err != nil {
+		return nil, err
+	}
 	if err := m.enter(op); err != nil {
 		return nil, err
 	}
