@@ -312,12 +312,17 @@ func TestCopyErrorReachesFence(t *testing.T) {
 func TestOutOfMemoryCarriesFigures(t *testing.T) {
 	simOnly(t)
 	m, _ := newMech(t, cudasim.Config{Memory: 8 << 20}, Config{PoolChunks: -1})
-	_, err := m.Allocate(bg, memapi.AllocRequest{Size: 16 << 20}, grantFor(m))
+	held, err := m.Allocate(bg, memapi.AllocRequest{Size: 4 << 20}, grantFor(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free(bg, held, grantFor(m))
+	_, err = m.Allocate(bg, memapi.AllocRequest{Size: 6 << 20}, grantFor(m))
 	var me *memapi.Error
 	if !errors.As(err, &me) || me.Kind != memapi.ErrOutOfMemory {
 		t.Fatalf("Allocate beyond the device: %v", err)
 	}
-	if me.Wanted != 16<<20 || me.Available != 8<<20 || me.Authority != "cuda:0" {
+	if me.Wanted != 6<<20 || me.Available != 4<<20 || me.Authority != "cuda:0" {
 		t.Errorf("figures: wanted %d available %d authority %q", me.Wanted, me.Available, me.Authority)
 	}
 	var de *DriverError
