@@ -42,7 +42,7 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 		}
 		off := cur - m.addr
 		take := min(m.size-off, end-cur)
-		segs = append(segs, m.phys.data[off:off+take])
+		segs = append(segs, m.phys.data[m.off+off:m.off+off+take])
 		cur += take
 	}
 	if fault {

@@ -92,6 +92,7 @@ type reservation struct {
 type mapping struct {
 	addr   uint64
 	size   uint64
+	off    uint64 // offset into the handle's memory
 	phys   *physical
 	access int32
 }

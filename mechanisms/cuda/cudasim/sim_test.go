@@ -113,7 +113,7 @@ func TestRules(t *testing.T) {
 		}},
 		{"reserve/unaligned-size", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			var p driver.DevicePtr
-			return e.d.MemAddressReserve(&p, g+4096, 0, 0, 0)
+			return e.d.MemAddressReserve(&p, g+100, 0, 0, 0) // not a multiple of the host page
 		}},
 		{"reserve/flags", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			var p driver.DevicePtr
@@ -148,9 +148,13 @@ func TestRules(t *testing.T) {
 			p := e.reserve(2 * g)
 			return e.d.MemMap(p+4096, g, 0, e.create(g), 0)
 		}},
-		{"map/nonzero-offset", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+		{"map/offset-past-the-handle", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			p := e.reserve(g)
-			return e.d.MemMap(p, g, g, e.create(2*g), 0)
+			return e.d.MemMap(p, g, 2*g, e.create(2*g), 0)
+		}},
+		{"map/unaligned-offset", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			p := e.reserve(g)
+			return e.d.MemMap(p, g, 4096, e.create(2*g), 0)
 		}},
 		{"map/outside-any-reservation", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			p := e.reserve(g)
