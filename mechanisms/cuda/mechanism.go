@@ -43,6 +43,11 @@ type Config struct {
 	// means no pool). The pool's bytes are the mechanism's own overhead: they
 	// are not in UsedBytes, PooledBytes reports them, and PoolLimit bounds them.
 	PoolChunks int
+	// SpareChunks is how many of the pool's chunks may stay mapped, with
+	// read-write access, at reservations' uncommitted chunks where the next
+	// Commit is expected (0 means DefaultSpareChunks, negative none; never
+	// more than the pool). See spare.go.
+	SpareChunks int
 	// Logger receives diagnostics (failed rollbacks); nil means slog.Default.
 	Logger *slog.Logger
 }
@@ -71,6 +76,12 @@ type Mechanism struct {
 	backings map[*backingState]struct{}
 	pool     []driver.MemHandle // granularity-sized handles, unmapped
 	stuck    []driver.MemHandle // handles whose cuMemRelease failed
+	settled  *sync.Cond         // on mu: a pending spare settled
+
+	spareMax, spares, pendings int // spares: the bound, mapped now, being mapped
+	queued                     int // hints sent and not yet served
+	hints                      chan spareHint
+	stopRefill, refillDone     chan struct{}
 
 	ctxMu    sync.Mutex
 	contexts map[*Context]struct{}
@@ -128,6 +139,12 @@ func New(cfg Config) (*Mechanism, error) {
 	if m.poolMax < 0 || !d.vmm {
 		m.poolMax = 0
 	}
+	m.spareMax = cfg.SpareChunks
+	if m.spareMax == 0 {
+		m.spareMax = DefaultSpareChunks
+	}
+	m.spareMax = min(max(m.spareMax, 0), m.poolMax)
+	m.settled = sync.NewCond(&m.mu)
 	auth := cfg.Authority
 	if auth == "" {
 		auth = memapi.AuthorityID("cuda:" + strconv.Itoa(cfg.Ordinal))
@@ -141,6 +158,11 @@ func New(cfg Config) (*Mechanism, error) {
 		Granularity:      memapi.Bytes(m.gran),
 	}
 	m.fillPool()
+	if m.spareMax > 0 {
+		m.hints = make(chan spareHint, 2*m.spareMax)
+		m.stopRefill, m.refillDone = make(chan struct{}), make(chan struct{})
+		go m.refill()
+	}
 	return m, nil
 }
 
@@ -239,6 +261,10 @@ func (m *Mechanism) Close() error {
 		leaks = append(leaks, "an open device context")
 	}
 
+	if m.stopRefill != nil {
+		close(m.stopRefill)
+		<-m.refillDone
+	}
 	m.mu.Lock()
 	if n := m.teardown(); n != "" {
 		leaks = append(leaks, n)
@@ -305,6 +331,7 @@ func (m *Mechanism) teardown() string {
 		m.log.Warn("cuda: close could not free everything", "err", err)
 	}
 	m.pool, m.stuck = nil, nil
+	m.spares = 0
 	m.pooled.Store(0)
 	m.used.Store(0)
 	clear(m.reserves)

@@ -121,7 +121,7 @@ func TestSharedHandleTwoAddresses(t *testing.T) {
 // decommitted chunks go back to the pool and read zeros when reused.
 func TestPoolAndRecycledChunks(t *testing.T) {
 	simOnly(t)
-	m, sim := newMech(t, cudasim.Config{}, Config{PoolChunks: 4})
+	m, sim := newMech(t, cudasim.Config{}, Config{PoolChunks: 4, SpareChunks: -1})
 	g := memapi.Bytes(m.Info().Granularity)
 	if n := sim.Calls("cuMemCreate"); n != 4 {
 		t.Fatalf("New made %d handles, want the 4 of the pool", n)

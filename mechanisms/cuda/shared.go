@@ -120,14 +120,21 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 	if uint64(r.Len) != bs.size {
 		return nil, m.fail(op, memapi.ErrInvalidRange, b, "range %v is not as long as the backing (%d bytes)", r, bs.size)
 	}
+	m.waitPending(rs, first, n)
+	if err := m.issuer.Check(op, res); err != nil {
+		return nil, err
+	}
 	for i := first; i < first+n; i++ {
-		if !rs.at(i).empty() {
+		if c := rs.at(i); !c.empty() && !c.spare {
 			return nil, m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
 		}
 	}
 	addr := driver.DevicePtr(rs.addr + uint64(r.Off))
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
+		if err := m.evictSpares(x, rs, first, n); err != nil {
+			return err
+		}
 		if err := x.step("cuMemMap", t.MemMap(addr, bs.size, 0, bs.handle, 0), func() {
 			x.quiet("cuMemUnmap", m.dev.unmap(t, addr, bs.size))
 		}); err != nil {

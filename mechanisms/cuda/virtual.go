@@ -35,8 +35,9 @@ func (rs *resState) set(i int, c chunk) {
 	rs.chunks[i] = c
 }
 
-// committedChunks returns the indices of the chunks installed by Commit, in order.
-func (rs *resState) committedChunks() []int {
+// mappedChunks returns the indices of the chunks with a private handle
+// mapped (committed or spare), in order.
+func (rs *resState) mappedChunks() []int {
 	var idx []int
 	for i, c := range rs.chunks {
 		if c.handle != 0 {
@@ -48,11 +49,16 @@ func (rs *resState) committedChunks() []int {
 }
 
 type chunk struct {
-	handle driver.MemHandle // the private handle installed by Commit, or 0
-	view   *viewState       // the view mapped over this chunk, or nil
+	handle  driver.MemHandle // the private handle installed by Commit (or kept as a spare), or 0
+	view    *viewState       // the view mapped over this chunk, or nil
+	spare   bool             // handle is mapped read-write but not committed (see spare.go)
+	pending bool             // the refiller is mapping a spare here
 }
 
-func (c chunk) empty() bool { return c.handle == 0 && c.view == nil }
+func (c chunk) empty() bool { return c.handle == 0 && c.view == nil && !c.pending }
+
+// committed reports whether Commit installed the chunk.
+func (c chunk) committed() bool { return c.handle != 0 && !c.spare }
 
 // checkRange validates r against res: inside (ErrInvalidRange), aligned to the
 // granularity (ErrUnaligned). It returns the first chunk and the chunk count.
@@ -125,8 +131,16 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 	if err != nil {
 		return err
 	}
+	m.waitPending(rs, first, n)
+	if err := m.issuer.Check(op, res); err != nil {
+		return err
+	}
+	spares := 0
 	for i := first; i < first+n; i++ {
-		if !rs.at(i).empty() {
+		c := rs.at(i)
+		if c.spare {
+			spares++
+		} else if !c.empty() {
 			return m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
 		}
 	}
@@ -135,6 +149,10 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
 		for i := range handles {
+			if c := rs.at(first + i); c.spare {
+				handles[i] = c.handle // mapped and read-write already
+				continue
+			}
 			h, err := m.chunkHandle(x)
 			if err != nil {
 				return err
@@ -147,8 +165,10 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 				return err
 			}
 		}
-		if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
-			return err
+		if spares < n {
+			if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
+				return err
+			}
 		}
 		if err := x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil); err != nil {
 			return err
@@ -162,8 +182,11 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 	for i, h := range handles {
 		rs.set(first+i, chunk{handle: h})
 	}
+	m.spares -= spares
+	m.pooled.Add(^(uint64(spares)*m.gran - 1))
 	rs.committed += uint64(r.Len)
 	m.used.Add(uint64(r.Len))
+	m.hint(rs, first+n) // a growing reservation commits there next
 	return nil
 }
 
@@ -193,24 +216,36 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		return err
 	}
 	for i := first; i < first+n; i++ {
-		if rs.at(i).handle == 0 {
+		if !rs.at(i).committed() {
 			return m.fail(op, memapi.ErrNotCommitted, res, "chunk at offset %#x is not committed", uint64(i)*m.gran)
 		}
 	}
-	err = m.dev.do(func(t *driver.Table) error {
-		x := m.txn(t)
-		if err := m.unmapChunks(x, rs, first, n); err != nil {
-			return err
-		}
-		for i := first; i < first+n; i++ {
-			m.recycle(t, rs.at(i).handle, m.gran)
-		}
-		return nil
-	})
-	if err != nil {
-		return m.driverErr(op, err, 0)
+	// The first chunks stay mapped as spares while there is room (a region
+	// that shrank grows back there); the rest are unmapped.
+	keep := min(n, m.spareMax-m.spares-m.pendings, m.poolMax-len(m.pool)-m.spares-m.pendings)
+	keep = max(keep, 0)
+	for i := first; i < first+keep; i++ {
+		m.keepSpare(rs, i) // before recycle runs, so the pool sees the spares
 	}
-	for i := first; i < first+n; i++ {
+	if keep < n {
+		err = m.dev.do(func(t *driver.Table) error {
+			x := m.txn(t)
+			if err := m.unmapChunks(x, rs, first+keep, n-keep); err != nil {
+				return err
+			}
+			for i := first + keep; i < first+n; i++ {
+				m.recycle(t, rs.at(i).handle, m.gran)
+			}
+			return nil
+		})
+		if err != nil {
+			for i := first; i < first+keep; i++ {
+				m.unkeepSpare(rs, i)
+			}
+			return m.driverErr(op, err, 0)
+		}
+	}
+	for i := first + keep; i < first+n; i++ {
 		rs.set(i, chunk{})
 	}
 	rs.committed -= uint64(r.Len)
@@ -275,9 +310,10 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 	if rs.views > 0 {
 		return m.fail(op, memapi.ErrInUse, res, "%d views are mapped in it", rs.views)
 	}
+	m.waitPending(rs, 0, int(rs.size/m.gran))
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
-		committed := rs.committedChunks()
+		committed := rs.mappedChunks()
 		for _, i := range committed {
 			if err := m.unmapChunks(x, rs, i, 1); err != nil {
 				return err
@@ -287,6 +323,10 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 			return err
 		}
 		for _, i := range committed {
+			if c := rs.at(i); c.spare {
+				m.spares--
+				m.pooled.Add(^(m.gran - 1))
+			}
 			m.recycle(t, rs.at(i).handle, m.gran)
 		}
 		return nil
