@@ -80,6 +80,7 @@ type Mechanism struct {
 
 	spareMax, spares, pendings int // spares: the bound, mapped now, being mapped
 	queued                     int // hints sent and not yet served
+	inflight                   int // Commits making their driver calls outside mu
 	hints                      chan spareHint
 	stopRefill, refillDone     chan struct{}
 
@@ -266,6 +267,9 @@ func (m *Mechanism) Close() error {
 		<-m.refillDone
 	}
 	m.mu.Lock()
+	for m.inflight > 0 { // a Commit outside the lock settles first
+		m.settled.Wait()
+	}
 	if n := m.teardown(); n != "" {
 		leaks = append(leaks, n)
 	}

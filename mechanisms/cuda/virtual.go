@@ -58,7 +58,7 @@ type chunk struct {
 func (c chunk) empty() bool { return c.handle == 0 && c.view == nil && !c.pending }
 
 // committed reports whether Commit installed the chunk.
-func (c chunk) committed() bool { return c.handle != 0 && !c.spare }
+func (c chunk) committed() bool { return c.handle != 0 && !c.spare && !c.pending }
 
 // checkRange validates r against res: inside (ErrInvalidRange), aligned to the
 // granularity (ErrUnaligned). It returns the first chunk and the chunk count.
@@ -135,59 +135,127 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 	if err := m.issuer.Check(op, res); err != nil {
 		return err
 	}
-	spares := 0
 	for i := first; i < first+n; i++ {
-		c := rs.at(i)
-		if c.spare {
-			spares++
-		} else if !c.empty() {
+		if c := rs.at(i); !c.spare && !c.empty() {
 			return m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
 		}
 	}
-	base := rs.addr + uint64(r.Off)
-	handles := make([]driver.MemHandle, n)
-	err = m.dev.do(func(t *driver.Table) error {
+	// Claim the chunks (pending: copies, views, commits and releases keep
+	// off) with the spares there and pool handles, then make the driver
+	// calls without the lock, then settle.
+	cl := m.claim(rs, first, n)
+	m.mu.Unlock()
+	err = m.install(rs, first, cl)
+	m.mu.Lock()
+	m.settle(rs, first, cl, err == nil)
+	if err != nil {
+		return m.driverErr(op, err, uint64(r.Len))
+	}
+	rs.committed += uint64(r.Len)
+	m.used.Add(uint64(r.Len))
+	m.hint(rs, first+n) // a growing reservation commits there next
+	return nil
+}
+
+// claimed is what a Commit took for its chunks while it makes its driver
+// calls outside the lock: per chunk, its handle (a spare's, a pool
+// handle's, or 0 for one to create) and whether it was a spare.
+type claimed struct {
+	handles []driver.MemHandle
+	spare   []bool
+	spares  int
+}
+
+// claim marks chunks [first, first+n) of rs pending and takes their spares
+// and pool handles, with m.mu held.
+func (m *Mechanism) claim(rs *resState, first, n int) *claimed {
+	cl := &claimed{handles: make([]driver.MemHandle, n), spare: make([]bool, n)}
+	for i := range n {
+		c := rs.at(first + i)
+		switch {
+		case c.spare:
+			cl.handles[i], cl.spare[i] = c.handle, true
+			cl.spares++
+			m.spares--
+		case len(m.pool) > 0:
+			cl.handles[i], m.pool = m.pool[len(m.pool)-1], m.pool[:len(m.pool)-1]
+		default:
+			continue // created by install
+		}
+		m.pooled.Add(^(m.gran - 1))
+	}
+	for i := range n {
+		rs.set(first+i, chunk{handle: cl.handles[i], pending: true})
+	}
+	m.inflight++
+	return cl
+}
+
+// install makes the claimed chunks committed memory, without m.mu, on the
+// device thread: cuMemCreate for those without a handle, cuMemMap for all
+// but the spares, one cuMemSetAccess over the range unless all were spares,
+// and one cuMemsetD8. If a call fails the calls made so far are undone
+// (handles it created released, mappings removed).
+func (m *Mechanism) install(rs *resState, first int, cl *claimed) error {
+	n := len(cl.handles)
+	base := rs.addr + uint64(first)*m.gran
+	return m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
-		for i := range handles {
-			if c := rs.at(first + i); c.spare {
-				handles[i] = c.handle // mapped and read-write already
-				continue
+		for i := range n {
+			if cl.spare[i] {
+				continue // mapped and read-write already
 			}
-			h, err := m.chunkHandle(x)
-			if err != nil {
-				return err
+			if cl.handles[i] == 0 {
+				h, err := m.createHandle(x, m.gran)
+				if err != nil {
+					return err
+				}
+				cl.handles[i] = h
+				x.onRollback(func() { cl.handles[i] = 0 })
 			}
-			handles[i] = h
 			addr := driver.DevicePtr(base + uint64(i)*m.gran)
-			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0), func() {
+			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, cl.handles[i], 0), func() {
 				x.quiet("cuMemUnmap", m.dev.unmap(t, addr, m.gran))
 			}); err != nil {
 				return err
 			}
 		}
-		if spares < n {
-			if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
+		size := uint64(n) * m.gran
+		if cl.spares < n {
+			if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), size, &m.rw, 1), nil); err != nil {
 				return err
 			}
 		}
-		if err := x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil); err != nil {
+		if err := x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, size), nil); err != nil {
 			return err
 		}
 		m.dev.queued()
 		return nil
 	})
-	if err != nil {
-		return m.driverErr(op, err, uint64(r.Len))
+}
+
+// settle ends a claim with m.mu held: the chunks become committed, or, when
+// install failed, go back to what they were (spares stay spares, pool
+// handles return to the pool).
+func (m *Mechanism) settle(rs *resState, first int, cl *claimed, ok bool) {
+	for i, h := range cl.handles {
+		switch {
+		case ok:
+			rs.set(first+i, chunk{handle: h})
+		case cl.spare[i]:
+			rs.set(first+i, chunk{handle: h, spare: true})
+			m.spares++
+			m.pooled.Add(m.gran)
+		default:
+			rs.set(first+i, chunk{})
+			if h != 0 {
+				m.pool = append(m.pool, h)
+				m.pooled.Add(m.gran)
+			}
+		}
 	}
-	for i, h := range handles {
-		rs.set(first+i, chunk{handle: h})
-	}
-	m.spares -= spares
-	m.pooled.Add(^(uint64(spares)*m.gran - 1))
-	rs.committed += uint64(r.Len)
-	m.used.Add(uint64(r.Len))
-	m.hint(rs, first+n) // a growing reservation commits there next
-	return nil
+	m.inflight--
+	m.settled.Broadcast()
 }
 
 // Decommit unmaps each chunk of r and returns its handle to the pool or the
