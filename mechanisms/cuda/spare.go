@@ -156,19 +156,12 @@ func (m *Mechanism) waitPending(rs *resState, first, n int) {
 	}
 }
 
-// keepSpare turns the committed chunk i of rs into a spare, with m.mu held;
-// the caller checked that the spares and the pool have room.
+// keepSpare turns the chunk i of rs, still mapped, into a spare, with m.mu
+// held; the caller held the room for it (in m.pendings).
 func (m *Mechanism) keepSpare(rs *resState, i int) {
 	rs.set(i, chunk{handle: rs.at(i).handle, spare: true})
 	m.spares++
 	m.pooled.Add(m.gran)
-}
-
-// unkeepSpare undoes keepSpare when the rest of a Decommit failed.
-func (m *Mechanism) unkeepSpare(rs *resState, i int) {
-	rs.set(i, chunk{handle: rs.at(i).handle})
-	m.spares--
-	m.pooled.Add(^(m.gran - 1))
 }
 
 // evictSpares unmaps the spares among chunks [first, first+n) of rs and

@@ -289,29 +289,44 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		}
 	}
 	// The first chunks stay mapped as spares while there is room (a region
-	// that shrank grows back there); the rest are unmapped.
+	// that shrank grows back there; their room is held in m.pendings
+	// meanwhile); the rest are unmapped, without the lock: every chunk is
+	// pending until the Decommit settles.
 	keep := min(n, m.spareMax-m.spares-m.pendings, m.poolMax-len(m.pool)-m.spares-m.pendings)
 	keep = max(keep, 0)
-	for i := first; i < first+keep; i++ {
-		m.keepSpare(rs, i) // before recycle runs, so the pool sees the spares
+	handles := make([]driver.MemHandle, n)
+	for i := range n {
+		handles[i] = rs.at(first + i).handle
+		rs.set(first+i, chunk{handle: handles[i], pending: true})
+	}
+	m.pendings += keep
+	m.inflight++
+	if keep < n {
+		m.mu.Unlock()
+		err = m.dev.do(func(t *driver.Table) error {
+			return m.unmapChunks(m.txn(t), rs, first+keep, handles[keep:])
+		})
+		m.mu.Lock()
+	}
+	m.pendings -= keep
+	m.inflight--
+	defer m.settled.Broadcast()
+	if err != nil {
+		for i, h := range handles {
+			rs.set(first+i, chunk{handle: h}) // mapped back by the undo
+		}
+		return m.driverErr(op, err, 0)
+	}
+	for i := range keep {
+		m.keepSpare(rs, first+i) // before recycle, so the pool sees the spares
 	}
 	if keep < n {
-		err = m.dev.do(func(t *driver.Table) error {
-			x := m.txn(t)
-			if err := m.unmapChunks(x, rs, first+keep, n-keep); err != nil {
-				return err
-			}
-			for i := first + keep; i < first+n; i++ {
-				m.recycle(t, rs.at(i).handle, m.gran)
+		_ = m.dev.do(func(t *driver.Table) error {
+			for _, h := range handles[keep:] {
+				m.recycle(t, h, m.gran)
 			}
 			return nil
 		})
-		if err != nil {
-			for i := first; i < first+keep; i++ {
-				m.unkeepSpare(rs, i)
-			}
-			return m.driverErr(op, err, 0)
-		}
 	}
 	for i := first + keep; i < first+n; i++ {
 		rs.set(i, chunk{})
@@ -321,16 +336,17 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 	return nil
 }
 
-// unmapChunks unmaps n committed chunks from first, registering for each a
-// remap (cuMemMap + cuMemSetAccess read-write) as its undo.
-func (m *Mechanism) unmapChunks(x *txn, rs *resState, first, n int) error {
+// unmapChunks unmaps the committed chunks from first, whose handles are
+// given (it reads no chunk state, so it may run without m.mu), registering
+// for each a remap (cuMemMap + cuMemSetAccess read-write) as its undo.
+func (m *Mechanism) unmapChunks(x *txn, rs *resState, first int, handles []driver.MemHandle) error {
 	t := x.t
 	if err := x.settle(m.dev); err != nil {
 		return err
 	}
-	for i := first; i < first+n; i++ {
+	for j, h := range handles {
+		i := first + j
 		addr := driver.DevicePtr(rs.addr + uint64(i)*m.gran)
-		h := rs.at(i).handle
 		if err := x.step("cuMemUnmap", t.MemUnmap(addr, m.gran), func() {
 			x.quiet("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0))
 			x.quiet("cuMemSetAccess", t.MemSetAccess(addr, m.gran, &m.rw, 1))
@@ -383,7 +399,7 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 		x := m.txn(t)
 		committed := rs.mappedChunks()
 		for _, i := range committed {
-			if err := m.unmapChunks(x, rs, i, 1); err != nil {
+			if err := m.unmapChunks(x, rs, i, []driver.MemHandle{rs.at(i).handle}); err != nil {
 				return err
 			}
 		}
