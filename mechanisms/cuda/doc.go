@@ -44,7 +44,9 @@
 // Up to Config.SpareChunks of the pool's chunks stay mapped, read-write, at
 // the chunk where a reservation grows next (mapped by a refiller goroutine
 // off the caller's path, outside the lock) or where a Decommit left them, so
-// the next Commit there costs one cuMemsetD8 (see spare.go).
+// the next Commit there costs one cuMemsetD8 (see spare.go). Commit and
+// Decommit hold the mechanism's lock only to claim and to settle their
+// chunks; their driver calls run without it.
 //
 // # Threads, errors, failures
 //
