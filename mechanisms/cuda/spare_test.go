@@ -7,6 +7,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
+	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
 // vmmCalls is the driver calls a commit or decommit can make.
@@ -119,5 +120,47 @@ func TestSpares(t *testing.T) {
 	}
 	if m.PooledBytes() > m.PoolLimit() {
 		t.Errorf("PooledBytes %d beyond PoolLimit %d", m.PooledBytes(), m.PoolLimit())
+	}
+}
+
+// A refill the driver refuses (OUT_OF_MEMORY at cuMemMap or cuMemSetAccess,
+// as a driver short of page-table memory may answer) leaves no spare and no
+// lost handle: the pool gets it back, the device holds UsedBytes +
+// PooledBytes, and the next Commit there takes the ordinary path.
+func TestSpareRefillRefused(t *testing.T) {
+	simOnly(t)
+	for _, call := range []string{"cuMemMap", "cuMemSetAccess"} {
+		t.Run(call, func(t *testing.T) {
+			m, sim := newMech(t, cudasim.Config{Granularity: 64 << 10}, Config{PoolChunks: 4, SpareChunks: 2})
+			g := memapi.Bytes(m.Info().Granularity)
+			res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 4 * g})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sim.FailCall(call, 2, driver.ErrOutOfMemory) // the Commit's own call is the first
+			if err := m.Commit(bg, res, memapi.Range{Len: g}, grantFor(m)); err != nil {
+				t.Fatal(err)
+			}
+			m.quiesce()
+			if m.spares != 0 {
+				t.Errorf("%d spares after a refused refill", m.spares)
+			}
+			honest(t, m, sim)
+			if err := m.Commit(bg, res, memapi.Range{Off: g, Len: g}, grantFor(m)); err != nil {
+				t.Fatalf("Commit where the refill failed: %v", err)
+			}
+			m.quiesce()
+			honest(t, m, sim)
+			if err := m.ReleaseReservation(bg, res, grantFor(m)); err != nil {
+				t.Fatal(err)
+			}
+			// Every handle the device still holds is one the pool knows.
+			m.mu.Lock()
+			known := len(m.pool) + m.spares
+			m.mu.Unlock()
+			if st := sim.Stats(); st.Handles != known {
+				t.Errorf("the device holds %d handles, the pool knows %d", st.Handles, known)
+			}
+		})
 	}
 }
