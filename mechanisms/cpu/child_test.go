@@ -31,6 +31,8 @@ func runChild(name string) int {
 		err = childReadOnlyWrite()
 	case "commit-oom":
 		err = childCommitOOM()
+	case "map-count":
+		err = childMapCount()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}

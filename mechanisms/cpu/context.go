@@ -276,7 +276,7 @@ func (m *Mechanism) span(op string, addr memapi.DeviceAddr, n memapi.Bytes, writ
 		pos, offEnd := memapi.Bytes(off), memapi.Bytes(off)+n
 		x := rg.res.backed
 		for i := x.search(pos); i < len(x) && x[i].off < offEnd && pos < offEnd; i++ {
-			if x[i].off > pos {
+			if x[i].off > pos || x[i].kind == extCommitting {
 				break
 			}
 			if write && x[i].kind == extView && x[i].view.access != memapi.AccessReadWrite {

@@ -10,8 +10,9 @@ import (
 type extentKind uint8
 
 const (
-	extCommitted extentKind = iota + 1 // private pages installed by Commit
-	extView                            // a view of a shared backing
+	extCommitted  extentKind = iota + 1 // private pages installed by Commit
+	extView                             // a view of a shared backing
+	extCommitting                       // a Commit populating it now, outside the lock
 )
 
 // extent is a backed stretch [off, end) of a reservation.
@@ -87,6 +88,19 @@ func (x extents) cut(off, end memapi.Bytes) extents {
 		}
 	}
 	return append(out, x[i:]...)
+}
+
+// settle turns the committing extent that starts at off into a committed
+// one, merged with committed neighbours, or drops it when ok is false.
+func (x extents) settle(off memapi.Bytes, ok bool) extents {
+	i := x.search(off)
+	e := x[i]
+	x = x.remove(i)
+	if !ok {
+		return x
+	}
+	e.kind = extCommitted
+	return x.insert(e)
 }
 
 // find returns the index of the extent that holds view v, or -1.

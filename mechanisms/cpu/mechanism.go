@@ -70,8 +70,13 @@ type Mechanism struct {
 	// copies hold it for reading while they touch memory, so no mapping can
 	// be decommitted, unmapped or freed under a copy.
 	mu       sync.RWMutex
-	regions  []*region // sorted by base address, non-overlapping
+	settled  *sync.Cond // on mu: a reservation's last Commit in flight settled
+	regions  []*region  // sorted by base address, non-overlapping
 	backings map[*backing]struct{}
+
+	// populate faults a committed range in (sys.go's populate; tests
+	// replace it to hold a Commit between its claim and its settling).
+	populate func(p unsafe.Pointer, n uintptr) error
 
 	allocBytes     atomic.Uint64
 	committedBytes atomic.Uint64
@@ -123,7 +128,9 @@ func New(o Options) (*Mechanism, error) {
 		huge:     !o.NoHugePages && g%Granularity2MiB == 0,
 		sharing:  memfdSupported(),
 		backings: map[*backing]struct{}{},
+		populate: populate,
 	}
+	m.settled = sync.NewCond(&m.mu)
 	return m, nil
 }
 
@@ -160,10 +167,13 @@ func (m *Mechanism) UsedBytes() memapi.Bytes {
 }
 
 // KernelBytes reports what the kernel says the instance holds: mincore over
-// every allocation and over the private parts of every reservation (views
-// excluded, since mincore reports a shared file's pages, not this mapping's),
+// every allocation and over the committed extents of every reservation
+// (views excluded, since mincore reports a shared file's pages, not this
+// mapping's; the rest of a reservation is PROT_NONE with its pages dropped),
 // plus the allocated blocks of every backing's memfd. At a quiescent point it
-// equals UsedBytes; tests and the ledger's audits compare the two.
+// equals UsedBytes; tests and the ledger's audits compare the two. Its cost
+// is in proportion to the bytes held, not to the address space reserved: a
+// 1 TiB reservation with 4 MiB committed is 4 MiB of mincore.
 func (m *Mechanism) KernelBytes() (memapi.Bytes, error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -177,15 +187,15 @@ func (m *Mechanism) KernelBytes() (memapi.Bytes, error) {
 			total += n
 			continue
 		}
-		var err error
-		rg.res.private(func(off, end memapi.Bytes) bool {
-			var n uint64
-			n, err = mincore(unsafe.Add(rg.ptr, off), uintptr(end-off))
+		for _, e := range rg.res.backed {
+			if e.kind != extCommitted {
+				continue
+			}
+			n, err := mincore(unsafe.Add(rg.ptr, e.off), uintptr(e.end-e.off))
+			if err != nil {
+				return 0, m.errno("KernelBytes", memapi.ErrInvalidRange, err, "mincore over a reservation")
+			}
 			total += n
-			return err == nil
-		})
-		if err != nil {
-			return 0, m.errno("KernelBytes", memapi.ErrInvalidRange, err, "mincore over a reservation")
 		}
 	}
 	for b := range m.backings {

@@ -18,23 +18,7 @@ type reservation struct {
 	backed    extents
 	committed memapi.Bytes // bytes of extCommitted extents
 	views     int
-}
-
-// private calls f for each stretch of the reservation that no view maps
-// (committed or not), in order, until f returns false.
-func (r *reservation) private(f func(off, end memapi.Bytes) bool) {
-	pos := memapi.Bytes(0)
-	for _, e := range r.backed {
-		if e.kind == extView {
-			if e.off > pos && !f(pos, e.off) {
-				return
-			}
-			pos = e.end
-		}
-	}
-	if pos < r.size {
-		f(pos, r.size)
-	}
+	inflight  int // Commits populating outside the lock (extCommitting extents)
 }
 
 // Reserve maps req.Size bytes (rounded up to the granularity) of address
@@ -84,10 +68,17 @@ func (m *Mechanism) reservationOf(op string, res *memapi.Reservation) (*reservat
 
 // Commit makes r read-write and populates it (MADV_POPULATE_WRITE), so the
 // kernel charges the pages now. If the kernel refuses (ENOMEM at mprotect
-// under RLIMIT_DATA, ENOMEM or EFAULT at populate under a memory limit) the
-// range goes back to PROT_NONE with no pages and Commit returns
-// ErrOutOfMemory. Fresh pages read as zeros, also where an earlier commit
-// held data (Decommit dropped those pages).
+// under RLIMIT_DATA or at vm.max_map_count, ENOMEM or EFAULT at populate
+// under a memory limit) the range goes back to PROT_NONE with no pages and
+// Commit returns ErrOutOfMemory (with a *MapCountError cause when the
+// process ran out of mappings). Fresh pages read as zeros, also where an
+// earlier commit held data (Decommit dropped those pages).
+//
+// The exclusive lock is held only to claim the range (a committing extent,
+// which no other Commit, view or copy may use) and to settle it: mprotect
+// and populate run outside it, so commits of disjoint ranges fault their
+// pages in parallel and copies to other memory do not wait for them.
+// ReleaseReservation waits for a reservation's commits in flight.
 func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	const op = "VirtualBacking.Commit"
 	if grant == nil {
@@ -101,20 +92,47 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 		return err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err := m.issuer.Check(op, res); err != nil { // released while we waited
+		m.mu.Unlock()
 		return err
 	}
 	if !st.backed.free(r.Off, r.Off+r.Len) {
+		m.mu.Unlock()
 		return m.fail(op, memapi.ErrCommitted, res.ID(), r.Len, 0, "part of %v is already committed or mapped", r)
 	}
+	st.backed = st.backed.insert(extent{off: r.Off, end: r.Off + r.Len, kind: extCommitting})
+	st.inflight++
+	m.mu.Unlock()
+
+	err = m.install(op, res, st, r)
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st.backed = st.backed.settle(r.Off, err == nil)
+	st.inflight--
+	if st.inflight == 0 {
+		m.settled.Broadcast()
+	}
+	if err != nil {
+		return err
+	}
+	st.committed += r.Len
+	m.committedBytes.Add(uint64(r.Len))
+	return nil
+}
+
+// install makes the claimed range r of st read-write and populates it, or
+// leaves it PROT_NONE with no pages and returns why not. It runs without
+// m.mu: the committing extent keeps everyone else off the range.
+func (m *Mechanism) install(op string, res *memapi.Reservation, st *reservation, r memapi.Range) error {
 	p, n := unsafe.Add(st.ptr, r.Off), uintptr(r.Len)
 	if err := mprotect(p, n, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "mprotect read-write").(*memapi.Error)
 		e.Handle, e.Wanted = res.ID(), r.Len
+		mapCountCause(e, err)
 		return e
 	}
-	if err := populate(p, n); err != nil {
+	if err := m.populate(p, n); err != nil {
 		// Give back whatever was faulted in before the refusal.
 		_ = madvise(p, n, unix.MADV_DONTNEED)
 		_ = mprotect(p, n, unix.PROT_NONE)
@@ -122,9 +140,6 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 		e.Handle, e.Wanted = res.ID(), r.Len
 		return e
 	}
-	st.backed = st.backed.insert(extent{off: r.Off, end: r.Off + r.Len, kind: extCommitted})
-	st.committed += r.Len
-	m.committedBytes.Add(uint64(r.Len))
 	return nil
 }
 
@@ -188,6 +203,9 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 	st := impl.(*reservation)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for st.inflight > 0 { // a Commit is populating part of it: it ends soon
+		m.settled.Wait()
+	}
 	if st.views > 0 {
 		m.issuer.EndRelease(res, false)
 		return m.fail(op, memapi.ErrInUse, res.ID(), 0, 0, "%d views are still mapped in the reservation", st.views)

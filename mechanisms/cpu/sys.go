@@ -60,14 +60,30 @@ func madvise(p unsafe.Pointer, n uintptr, advice int) error {
 // populate faults [p, p+n) in writable. Kernels without MADV_POPULATE_WRITE
 // (EINVAL before 5.14) get a write-touch of every page instead, which charges
 // the same pages but turns an out-of-memory into a fault rather than an error.
+//
+// It advises populateStep bytes at a time: madvise holds the process's
+// mmap lock for reading throughout, and an mprotect (another Commit's first
+// step) needs it for writing, so one call over a large range would make
+// every concurrent Commit wait for the whole of it. Between steps the writer
+// gets in, and then both populate at once.
 func populate(p unsafe.Pointer, n uintptr) error {
-	err := madvise(p, n, madvPopulateWrite)
-	if errors.Is(err, unix.EINVAL) && !populateSupported() {
-		touch(p, n)
-		return nil
+	for n > 0 {
+		w := min(n, populateStep)
+		err := madvise(p, w, madvPopulateWrite)
+		if errors.Is(err, unix.EINVAL) && !populateSupported() {
+			touch(p, n)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p, n = unsafe.Add(p, w), n-w
 	}
-	return err
+	return nil
 }
+
+// populateStep is how much one MADV_POPULATE_WRITE call faults in.
+const populateStep = 2 << 20
 
 // touch writes a zero into the first byte of every page, which faults it in
 // without changing its contents (fresh anonymous pages are zero).
@@ -118,24 +134,32 @@ func pwriteAll(fd int, b []byte, off int64) error {
 // sees them. x/sys has no Mincore on Linux, so this calls SYS_MINCORE. For a
 // shared file mapping the kernel reports the file's pages, not what this
 // mapping faulted.
+//
+// It asks the kernel in windows of mincoreWindow pages through one fixed
+// vector, so it allocates nothing whatever n is.
 func mincore(p unsafe.Pointer, n uintptr) (uint64, error) {
 	ps := uintptr(pageSize)
-	vec := make([]byte, (n+ps-1)/ps)
-	if len(vec) == 0 {
-		return 0, nil
-	}
-	_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(p), n, uintptr(unsafe.Pointer(&vec[0])))
-	if errno != 0 {
-		return 0, errno
-	}
+	var vec [mincoreWindow]byte
 	var resident uint64
-	for _, v := range vec {
-		if v&1 != 0 {
-			resident += uint64(ps)
+	for n > 0 {
+		w := min(n, mincoreWindow*ps)
+		pages := (w + ps - 1) / ps
+		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(p), w, uintptr(unsafe.Pointer(&vec[0])))
+		if errno != 0 {
+			return 0, errno
 		}
+		for _, v := range vec[:pages] {
+			if v&1 != 0 {
+				resident += uint64(ps)
+			}
+		}
+		p, n = unsafe.Add(p, w), n-w
 	}
 	return resident, nil
 }
+
+// mincoreWindow is how many pages one mincore call reports on.
+const mincoreWindow = 4096
 
 // fileBytes reports the bytes the kernel has allocated to fd (st_blocks is
 // in 512-byte units whatever the file system's block size).

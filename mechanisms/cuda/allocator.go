@@ -22,7 +22,8 @@ const driverAlign = 256
 // Allocate obtains req.Size bytes rounded up to Info().AllocGranularity with
 // cuMemAlloc_v2, asking the driver for the rounded size, so UsedBytes is
 // exactly what the driver was asked for. req.Align must be 0 or a power of
-// two no larger than the allocation granularity (ErrInvalidSize otherwise).
+// two of at most 256 bytes, the alignment cuMemAlloc guarantees
+// (ErrInvalidSize otherwise): a larger one would hold only by chance.
 func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	const op = "DeviceAllocator.Allocate"
 	if grant == nil {
@@ -35,12 +36,15 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if req.Size == 0 {
 		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "zero size")
 	}
-	if req.Align != 0 && (req.Align&(req.Align-1) != 0 || uint64(req.Align) > ag) {
-		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "alignment %d is not a power of two up to the allocation granularity %d", req.Align, ag)
+	if req.Align != 0 && (req.Align&(req.Align-1) != 0 || req.Align > driverAlign) {
+		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "alignment %d is not a power of two of at most the %d bytes cuMemAlloc guarantees", req.Align, driverAlign)
 	}
 	size, ok := roundUp(uint64(req.Size), ag)
 	if !ok {
 		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "size %d overflows when rounded to %d", req.Size, ag)
+	}
+	if err := m.beyondDevice(op, size); err != nil {
+		return nil, err
 	}
 	if err := m.enter(op); err != nil {
 		return nil, err

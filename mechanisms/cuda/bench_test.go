@@ -208,3 +208,76 @@ func BenchmarkCommitChunk(b *testing.B) {
 		b.ReportMetric(float64(withoutPool)/float64(withPool), "x-vs-nopool")
 	}
 }
+
+// BenchmarkGrowthStep grows a reservation one 2 MiB chunk per step, the way
+// a KV cache grows, alternately on a mechanism with spares (the refiller maps
+// the next chunk while the caller is elsewhere) and on one without (today's
+// path: pool or cuMemCreate, cuMemMap, cuMemSetAccess and cuMemsetD8 on the
+// caller's path, under the lock). The refiller's work between steps is not
+// timed: it is off the caller's path. It reports, per step, the time of each
+// side and, on the simulator, the driver calls on the caller's path, with
+// their ratios (x-vs-today below 1: fewer, faster). On the simulator the
+// figures are host-memory ones; gpu-check runs it on a GPU.
+func BenchmarkGrowthStep(b *testing.B) {
+	const steps = 16
+	type side struct {
+		m     *Mechanism
+		sim   *cudasim.Sim
+		res   *memapi.Reservation
+		t     time.Duration
+		calls int
+	}
+	var sides [2]*side
+	for i, cfg := range []Config{{}, {SpareChunks: -1}} {
+		m, sim := newMech(b, cudasim.Config{Memory: 16 << 30}, cfg)
+		if !m.offers(memapi.CapVirtualBacking) {
+			b.Skip("the device has no VMM")
+		}
+		sides[i] = &side{m: m, sim: sim}
+	}
+	g := memapi.Bytes(max(chunkBytes, sides[0].m.gran))
+	calls := func(s *side) int {
+		n := 0
+		if s.sim != nil {
+			for _, c := range vmmCalls {
+				n += s.sim.Calls(c)
+			}
+		}
+		return n
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, s := range sides {
+			var err error
+			if s.res, err = s.m.Reserve(bg, memapi.ReserveRequest{Size: steps * g}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for c := memapi.Bytes(0); c < steps; c++ {
+			for _, s := range sides {
+				s.m.quiesce()
+				c0, t0 := calls(s), time.Now()
+				if err := s.m.Commit(bg, s.res, memapi.Range{Off: c * g, Len: g}, grantFor(s.m)); err != nil {
+					b.Fatal(err)
+				}
+				s.t += time.Since(t0)
+				s.calls += calls(s) - c0
+			}
+		}
+		for _, s := range sides {
+			s.m.quiesce()
+			if err := s.m.ReleaseReservation(bg, s.res, grantFor(s.m)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	n := float64(b.N * steps)
+	b.ReportMetric(float64(sides[0].t.Nanoseconds())/n/1e3, "spares-us/step")
+	b.ReportMetric(float64(sides[1].t.Nanoseconds())/n/1e3, "today-us/step")
+	b.ReportMetric(float64(sides[0].t)/float64(sides[1].t), "x-vs-today")
+	if sides[0].sim != nil {
+		b.ReportMetric(float64(sides[0].calls)/n, "spares-calls/step")
+		b.ReportMetric(float64(sides[1].calls)/n, "today-calls/step")
+		b.ReportMetric(float64(sides[0].calls)/float64(sides[1].calls), "calls-x-vs-today")
+	}
+}

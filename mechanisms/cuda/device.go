@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
@@ -19,11 +21,22 @@ type device struct {
 	dev     driver.Device
 	vmm     bool   // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	gran    uint64 // cuMemGetAllocationGranularity (minimum), when vmm
+	total   uint64 // the device's memory (cuMemGetInfo_v2 total)
 	calls   chan func(*driver.Table)
 	stop    chan struct{}
 	done    chan struct{} // closed when the thread has exited
 	refs    int           // guarded by devicesMu
 	stopped bool          // guarded by devicesMu
+
+	// unsynced says that work was enqueued on the legacy default stream
+	// (memsets, device-to-device copies, host-to-device DMA) and not waited
+	// for since. Only the device thread touches it.
+	unsynced bool
+
+	// lost holds the first sticky error (see Sticky) a call met: the
+	// context is lost, and every later operation fails with ErrUnavailable
+	// before it reaches the driver.
+	lost atomic.Pointer[DriverError]
 }
 
 type deviceKey struct {
@@ -119,6 +132,12 @@ func (d *device) start(ordinal int) error {
 		_ = t.DevicePrimaryCtxRelease(d.dev)
 		return unavailableInit(err)
 	}
+	var free uint64
+	if err := check(t, "cuMemGetInfo_v2", t.MemGetInfo(&free, &d.total)); err != nil {
+		_ = t.CtxSetCurrent(0)
+		_ = t.DevicePrimaryCtxRelease(d.dev)
+		return unavailableInit(err)
+	}
 	return nil
 }
 
@@ -138,6 +157,10 @@ func (d *device) do(fn func(t *driver.Table) error) error {
 	}
 	// The thread received the call: it runs it to the end before anything else.
 	<-finished
+	var de *DriverError
+	if err != nil && errors.As(err, &de) && Sticky(de.Code) {
+		d.lost.CompareAndSwap(nil, de)
+	}
 	return err
 }
 
@@ -156,4 +179,33 @@ func (d *device) release() {
 		close(d.stop)
 		<-d.done
 	}
+}
+
+// queued notes, on the device thread, that a call enqueued work on the legacy
+// default stream: the driver documents cuMemsetD8, cuMemcpyDtoD and pageable
+// cuMemcpyHtoD as returning before the device has finished them.
+func (d *device) queued() { d.unsynced = true }
+
+// settle waits, on the device thread, for the work noted by queued
+// (cuStreamSynchronize of the legacy default stream) before memory is
+// unmapped: cuMemUnmap does not wait for work on the range (PyTorch's
+// expandable segments synchronize first because it "does not appear to
+// synchronize in all cases"), and work left running over an unmapped range
+// faults the context. It costs nothing when no such work was enqueued.
+func (d *device) settle(t *driver.Table) error {
+	if !d.unsynced {
+		return nil
+	}
+	if err := check(t, "cuStreamSynchronize", t.StreamSynchronize(0)); err != nil {
+		return err
+	}
+	d.unsynced = false
+	return nil
+}
+
+// unmap is cuMemUnmap after settle, for undo steps (which report nothing
+// but the unmap's own result).
+func (d *device) unmap(t *driver.Table, addr driver.DevicePtr, size uint64) driver.Result {
+	_ = d.settle(t)
+	return t.MemUnmap(addr, size)
 }

@@ -41,6 +41,13 @@
 // mode stays truthful: a Commit served from the pool moves UsedBytes and
 // CommittedBytes by exactly the committed bytes.
 //
+// Up to Config.SpareChunks of the pool's chunks stay mapped, read-write, at
+// the chunk where a reservation grows next (mapped by a refiller goroutine
+// off the caller's path, outside the lock) or where a Decommit left them, so
+// the next Commit there costs one cuMemsetD8 (see spare.go). Commit and
+// Decommit hold the mechanism's lock only to claim and to settle their
+// chunks; their driver calls run without it.
+//
 // # Threads, errors, failures
 //
 // The CUDA context is current per OS thread, so every driver call of a device
@@ -50,7 +57,12 @@
 // cuGetErrorName) that wraps the memapi sentinel of the code (Kind), inside a
 // *memapi.Error with the operation and the figures. Multi-call operations are
 // transactions: when a call fails, the calls made so far are undone, so the
-// previous state and the ledger stay as they were.
+// previous state and the ledger stay as they were. A sticky error
+// (CUDA_ERROR_ILLEGAL_ADDRESS and the launch faults, see Sticky) is
+// ErrUnavailable and marks the device lost: every later operation fails with
+// it. Work the driver runs after the call returns (memsets, device copies,
+// host-to-device DMA) is waited for before any memory is unmapped. PinDevice
+// keeps a device's primary context alive between mechanisms.
 //
 // When CUDA cannot run here, New returns an *UnavailableError (matching
 // memapi.ErrUnavailable) saying why: no libcuda.so.1, a missing symbol, the
@@ -61,9 +73,10 @@
 // Mechanism.NewContext returns the memapi.DeviceContext of the mechanism's
 // memory: a CUstream per stream and a CUevent per fence (poll-only: Ready is
 // nil; Wait polls cuEventQuery, or blocks in cuEventSynchronize when its
-// context cannot end). Copies are synchronous driver copies run in stream
-// order on the device thread, so a Go buffer is never read after the call
-// that passed it. Before a copy the context checks the range against the
+// context cannot end; a failed query completes the fence with the error).
+// Copies are driver copies run in stream order on the device thread; a
+// host-to-device copy stages its buffer before it returns, so a Go buffer is
+// never read after the call that passed it. Before a copy the context checks the range against the
 // mechanism's own map and refuses, with ErrInvalidRange, ErrNotCommitted or
 // ErrReadOnly, what the GPU would fault on: a fault there is a sticky error
 // that ends the CUDA context for the whole process.

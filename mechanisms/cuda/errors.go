@@ -27,20 +27,24 @@ func (e *DriverError) Unwrap() error { return Kind(e.Code) }
 // Kind maps a CUresult to the memapi sentinel it means:
 //
 //	CUDA_ERROR_OUT_OF_MEMORY (2)                    ErrOutOfMemory
-//	CUDA_ERROR_INVALID_VALUE (1), ILLEGAL_ADDRESS (700)  ErrInvalidRange
+//	CUDA_ERROR_INVALID_VALUE (1)                    ErrInvalidRange
 //	CUDA_ERROR_INVALID_HANDLE (400)                 ErrReleased
 //	CUDA_ERROR_INVALID_CONTEXT (201), DEINITIALIZED (4)  ErrClosed
 //	CUDA_ERROR_NOT_SUPPORTED (801)                  ErrUnsupported
-//	anything else (no device, stub library, ECC, launch failures, unknown)  ErrUnavailable
+//	anything else (no device, stub library, ECC, ILLEGAL_ADDRESS and the
+//	other sticky launch faults 714-719, unknown)   ErrUnavailable
 //
 // A code in the last group means the device cannot be trusted to serve.
+// CUDA_ERROR_ILLEGAL_ADDRESS in particular is sticky: cuda.h says "the
+// process is in an inconsistent state and any further CUDA work will return
+// the same error", so it is not a bad range of this call but a lost context.
 func Kind(code driver.Result) error {
 	switch code {
 	case driver.Success:
 		return nil
 	case driver.ErrOutOfMemory:
 		return memapi.ErrOutOfMemory
-	case driver.ErrInvalidValue, driver.ErrIllegalAddress:
+	case driver.ErrInvalidValue:
 		return memapi.ErrInvalidRange
 	case driver.ErrInvalidHandle:
 		return memapi.ErrReleased
@@ -50,6 +54,15 @@ func Kind(code driver.Result) error {
 		return memapi.ErrUnsupported
 	}
 	return memapi.ErrUnavailable
+}
+
+// Sticky reports whether code is one of the errors cuda.h documents as
+// leaving "the process ... in an inconsistent state" where "any further CUDA
+// work will return the same error": CUDA_ERROR_ILLEGAL_ADDRESS (700),
+// HARDWARE_STACK_ERROR (714), ILLEGAL_INSTRUCTION (715), MISALIGNED_ADDRESS
+// (716), INVALID_ADDRESS_SPACE (717), INVALID_PC (718), LAUNCH_FAILED (719).
+func Sticky(code driver.Result) bool {
+	return code == driver.ErrIllegalAddress || (code >= 714 && code <= 719)
 }
 
 // check turns a CUresult into nil or a *DriverError named by the driver. It

@@ -14,13 +14,19 @@ import (
 // returns nil and waiters poll. The event is destroyed as soon as the fence
 // is seen complete (or its stream closes); the result is kept.
 //
+// A fence whose event query or synchronize fails (a sticky error such as
+// CUDA_ERROR_ILLEGAL_ADDRESS: the work before it faulted and the context is
+// lost) is complete, since nothing is left to wait for, and Wait returns that
+// error: the work it covers did not run correctly.
+//
 // Every touch of the event happens on the device thread, so finish needs no
-// lock: done changes once, there.
+// lock: done changes once, there, after fault is set.
 type Fence struct {
-	dev  *device
-	ev   driver.Event
-	err  error // the first copy error of the work before the fence
-	done atomic.Bool
+	m     *Mechanism
+	ev    driver.Event
+	err   error // the first copy error of the work before the fence
+	fault error // the driver's error for the event, once done
+	done  atomic.Bool
 }
 
 // Done polls the fence without blocking (cuEventQuery).
@@ -28,11 +34,12 @@ func (f *Fence) Done() bool {
 	if f.done.Load() {
 		return true
 	}
-	err := f.dev.do(func(t *driver.Table) error {
-		if !f.done.Load() && t.EventQuery(f.ev) != driver.ErrNotReady {
-			// Complete, or failed for good (a sticky error): either way
-			// nothing is left to wait for.
-			f.finish(t)
+	err := f.m.dev.do(func(t *driver.Table) error {
+		if f.done.Load() {
+			return nil
+		}
+		if r := t.EventQuery(f.ev); r != driver.ErrNotReady {
+			f.finish(t, check(t, "cuEventQuery", r))
 		}
 		return nil
 	})
@@ -44,12 +51,16 @@ func (f *Fence) Done() bool {
 	return f.done.Load()
 }
 
-// finish marks the fence complete and destroys its event, once; it runs on
-// the device thread.
-func (f *Fence) finish(t *driver.Table) {
-	if f.done.CompareAndSwap(false, true) {
-		_ = t.EventDestroy(f.ev)
+// finish marks the fence complete with the driver's error for its event
+// (nil when the work ran) and destroys the event, once; it runs on the
+// device thread.
+func (f *Fence) finish(t *driver.Table, fault error) {
+	if f.done.Load() {
+		return
 	}
+	f.fault = fault
+	f.done.Store(true)
+	_ = t.EventDestroy(f.ev)
 }
 
 // Ready returns nil: a CUDA fence can only be polled.
@@ -62,22 +73,35 @@ const (
 )
 
 // Wait blocks until the fence completes or ctx ends and returns the first
-// error of the work it covers. With a context that can end it polls
+// error of the work it covers: a copy's error, or the driver's (a fault of
+// the work, of kind ErrUnavailable). With a context that can end it polls
 // cuEventQuery, so it never holds the device thread; with one that cannot
 // (context.Background) it blocks in cuEventSynchronize on the device thread.
 func (f *Fence) Wait(ctx context.Context) error {
 	if err := f.await(ctx); err != nil {
 		return err
 	}
-	return f.err
+	return f.result()
+}
+
+// result is the error of the completed fence: the copy error first, else the
+// driver's error for the event.
+func (f *Fence) result() error {
+	if f.err != nil {
+		return f.err
+	}
+	if f.fault != nil {
+		return f.m.driverErr("Fence.Wait", f.fault, 0)
+	}
+	return nil
 }
 
 // await waits for completion and returns only ctx's error.
 func (f *Fence) await(ctx context.Context) error {
 	if ctx.Done() == nil && !f.done.Load() {
-		_ = f.dev.do(func(t *driver.Table) error {
-			if !f.done.Load() && t.EventSynchronize(f.ev) == driver.Success {
-				f.finish(t)
+		_ = f.m.dev.do(func(t *driver.Table) error {
+			if !f.done.Load() {
+				f.finish(t, check(t, "cuEventSynchronize", t.EventSynchronize(f.ev)))
 			}
 			return nil
 		})

@@ -31,7 +31,7 @@ func (m *Mechanism) guard(op string, addr, n uint64, write bool) error {
 	for i := (addr - rs.addr) / m.gran; i <= (end-1-rs.addr)/m.gran; i++ {
 		c := rs.at(int(i))
 		switch {
-		case c.handle != 0:
+		case c.committed():
 		case c.view != nil:
 			if write && c.view.access == memapi.AccessReadOnly {
 				return m.fail(op, memapi.ErrReadOnly, c.view.h, "%#x is mapped by a read-only view", rs.addr+i*m.gran)

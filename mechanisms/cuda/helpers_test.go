@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -16,8 +17,30 @@ import (
 // machine when MEMGEN_CUDA=real (scripts/gpu-check.sh sets it).
 func realDriver() bool { return os.Getenv("MEMGEN_CUDA") == "real" }
 
+// TestMain pins device 0 for the whole run on the real driver, so the
+// hundreds of mechanisms the tests open and close share one primary context
+// instead of creating and destroying it each time; then it checks that no
+// goroutine outlived the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	var pin *DevicePin
+	if realDriver() {
+		var err error
+		if pin, err = PinDevice(Config{}); err != nil {
+			fmt.Fprintln(os.Stderr, "MEMGEN_CUDA=real but the device does not open:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	if pin != nil {
+		_ = pin.Close()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // testDriver returns the driver table for a test: a fresh simulator built

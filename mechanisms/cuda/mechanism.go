@@ -43,6 +43,11 @@ type Config struct {
 	// means no pool). The pool's bytes are the mechanism's own overhead: they
 	// are not in UsedBytes, PooledBytes reports them, and PoolLimit bounds them.
 	PoolChunks int
+	// SpareChunks is how many of the pool's chunks may stay mapped, with
+	// read-write access, at reservations' uncommitted chunks where the next
+	// Commit is expected (0 means DefaultSpareChunks, negative none; never
+	// more than the pool). See spare.go.
+	SpareChunks int
 	// Logger receives diagnostics (failed rollbacks); nil discards them
 	// (memgen never logs unasked).
 	Logger *slog.Logger
@@ -72,6 +77,13 @@ type Mechanism struct {
 	backings map[*backingState]struct{}
 	pool     []driver.MemHandle // granularity-sized handles, unmapped
 	stuck    []driver.MemHandle // handles whose cuMemRelease failed
+	settled  *sync.Cond         // on mu: a pending spare settled
+
+	spareMax, spares, pendings int // spares: the bound, mapped now, being mapped
+	queued                     int // hints sent and not yet served
+	inflight                   int // Commits making their driver calls outside mu
+	hints                      chan spareHint
+	stopRefill, refillDone     chan struct{}
 
 	ctxMu    sync.Mutex
 	contexts map[*Context]struct{}
@@ -129,6 +141,12 @@ func New(cfg Config) (*Mechanism, error) {
 	if m.poolMax < 0 || !d.vmm {
 		m.poolMax = 0
 	}
+	m.spareMax = cfg.SpareChunks
+	if m.spareMax == 0 {
+		m.spareMax = DefaultSpareChunks
+	}
+	m.spareMax = min(max(m.spareMax, 0), m.poolMax)
+	m.settled = sync.NewCond(&m.mu)
 	auth := cfg.Authority
 	if auth == "" {
 		auth = memapi.AuthorityID("cuda:" + strconv.Itoa(cfg.Ordinal))
@@ -142,6 +160,11 @@ func New(cfg Config) (*Mechanism, error) {
 		Granularity:      memapi.Bytes(m.gran),
 	}
 	m.fillPool()
+	if m.spareMax > 0 {
+		m.hints = make(chan spareHint, 2*m.spareMax)
+		m.stopRefill, m.refillDone = make(chan struct{}), make(chan struct{})
+		go m.refill()
+	}
 	return m, nil
 }
 
@@ -240,7 +263,14 @@ func (m *Mechanism) Close() error {
 		leaks = append(leaks, "an open device context")
 	}
 
+	if m.stopRefill != nil {
+		close(m.stopRefill)
+		<-m.refillDone
+	}
 	m.mu.Lock()
+	for m.inflight > 0 { // a Commit outside the lock settles first
+		m.settled.Wait()
+	}
 	if n := m.teardown(); n != "" {
 		leaks = append(leaks, n)
 	}
@@ -264,6 +294,12 @@ func (m *Mechanism) teardown() string {
 				errs = append(errs, err)
 			}
 		}
+		note("cuStreamSynchronize", func() driver.Result {
+			if err := m.dev.settle(t); err != nil {
+				return err.(*DriverError).Code
+			}
+			return driver.Success
+		}())
 		for rs := range m.reserves {
 			for i, c := range rs.chunks {
 				addr := rs.addr + uint64(i)*m.gran
@@ -300,6 +336,7 @@ func (m *Mechanism) teardown() string {
 		m.log.Warn("cuda: close could not free everything", "err", err)
 	}
 	m.pool, m.stuck = nil, nil
+	m.spares = 0
 	m.pooled.Store(0)
 	m.used.Store(0)
 	clear(m.reserves)
@@ -312,12 +349,20 @@ func (m *Mechanism) teardown() string {
 	return fmt.Sprintf("%d allocations, %d reservations, %d backings, %d views", allocs, reserves, backings, views)
 }
 
-// enter takes m.mu for an operation and fails when the mechanism is closed.
+// enter takes m.mu for an operation and fails when the mechanism is closed,
+// or with ErrUnavailable when the device's context is lost (a sticky error:
+// the driver would refuse the call anyway, and the pool must not hand out
+// memory of a lost context).
 func (m *Mechanism) enter(op string) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: Name, Authority: m.info.Authority}
+	}
+	if de := m.dev.lost.Load(); de != nil {
+		m.mu.Unlock()
+		return &memapi.Error{Op: op, Kind: memapi.ErrUnavailable, Mechanism: Name, Authority: m.info.Authority,
+			Detail: "the CUDA context is lost", Err: de}
 	}
 	return nil
 }
@@ -354,6 +399,19 @@ func (m *Mechanism) driverErr(op string, err error, wanted uint64) error {
 			return nil
 		})
 	}
+	return e
+}
+
+// beyondDevice refuses, with ErrOutOfMemory and the figures, a request for
+// more physical memory than the device has: the driver may answer such a
+// size with CUDA_ERROR_INVALID_VALUE rather than OUT_OF_MEMORY, and the
+// contract says a size the device cannot hold is out of memory.
+func (m *Mechanism) beyondDevice(op string, n uint64) error {
+	if n <= m.dev.total {
+		return nil
+	}
+	e := m.fail(op, memapi.ErrOutOfMemory, nil, "%d bytes is more than the device's %d", n, m.dev.total).(*memapi.Error)
+	e.Wanted, e.Available = memapi.Bytes(n), memapi.Bytes(m.dev.total)
 	return e
 }
 

@@ -121,7 +121,7 @@ func TestSharedHandleTwoAddresses(t *testing.T) {
 // decommitted chunks go back to the pool and read zeros when reused.
 func TestPoolAndRecycledChunks(t *testing.T) {
 	simOnly(t)
-	m, sim := newMech(t, cudasim.Config{}, Config{PoolChunks: 4})
+	m, sim := newMech(t, cudasim.Config{}, Config{PoolChunks: 4, SpareChunks: -1})
 	g := memapi.Bytes(m.Info().Granularity)
 	if n := sim.Calls("cuMemCreate"); n != 4 {
 		t.Fatalf("New made %d handles, want the 4 of the pool", n)
@@ -312,12 +312,17 @@ func TestCopyErrorReachesFence(t *testing.T) {
 func TestOutOfMemoryCarriesFigures(t *testing.T) {
 	simOnly(t)
 	m, _ := newMech(t, cudasim.Config{Memory: 8 << 20}, Config{PoolChunks: -1})
-	_, err := m.Allocate(bg, memapi.AllocRequest{Size: 16 << 20}, grantFor(m))
+	held, err := m.Allocate(bg, memapi.AllocRequest{Size: 4 << 20}, grantFor(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free(bg, held, grantFor(m))
+	_, err = m.Allocate(bg, memapi.AllocRequest{Size: 6 << 20}, grantFor(m))
 	var me *memapi.Error
 	if !errors.As(err, &me) || me.Kind != memapi.ErrOutOfMemory {
 		t.Fatalf("Allocate beyond the device: %v", err)
 	}
-	if me.Wanted != 16<<20 || me.Available != 8<<20 || me.Authority != "cuda:0" {
+	if me.Wanted != 6<<20 || me.Available != 4<<20 || me.Authority != "cuda:0" {
 		t.Errorf("figures: wanted %d available %d authority %q", me.Wanted, me.Available, me.Authority)
 	}
 	var de *DriverError
@@ -327,20 +332,29 @@ func TestOutOfMemoryCarriesFigures(t *testing.T) {
 }
 
 func TestAllocateRequests(t *testing.T) {
-	m, _ := newMech(t, cudasim.Config{}, Config{AllocGranularity: 4096})
+	m, sim := newMech(t, cudasim.Config{}, Config{AllocGranularity: 4096})
 	if ag := m.Info().AllocGranularity; ag != 4096 {
 		t.Fatalf("AllocGranularity = %d", ag)
 	}
-	for _, req := range []memapi.AllocRequest{{Size: 1, Align: 3}, {Size: 1, Align: 8192}, {Size: 0}, {Size: ^memapi.Bytes(0)}} {
+	before := 0
+	if sim != nil {
+		before = sim.Calls("cuMemAlloc")
+	}
+	// cuMemAlloc guarantees 256-byte alignment only: more is refused before
+	// the driver is asked (the simulator's blocks are 256-aligned and no more).
+	for _, req := range []memapi.AllocRequest{{Size: 1, Align: 3}, {Size: 1, Align: 512}, {Size: 1, Align: 4096}, {Size: 0}, {Size: ^memapi.Bytes(0)}} {
 		if _, err := m.Allocate(bg, req, grantFor(m)); !errors.Is(err, memapi.ErrInvalidSize) {
 			t.Errorf("Allocate(%+v): %v, want ErrInvalidSize", req, err)
 		}
 	}
-	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 5000, Align: 4096}, grantFor(m))
+	if sim != nil && sim.Calls("cuMemAlloc") != before {
+		t.Errorf("refused requests reached cuMemAlloc")
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 5000, Align: 256}, grantFor(m))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Size() != 8192 || a.Addr()%4096 != 0 || m.UsedBytes() != 8192 {
+	if a.Size() != 8192 || a.Addr()%256 != 0 || m.UsedBytes() != 8192 {
 		t.Errorf("allocation %#x size %d, UsedBytes %d", a.Addr(), a.Size(), m.UsedBytes())
 	}
 	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 1}, nil); !errors.Is(err, memapi.ErrNoGrant) {
@@ -475,5 +489,26 @@ func TestContextRules(t *testing.T) {
 	}
 	if _, err := c.NewStream(); !errors.Is(err, memapi.ErrClosed) {
 		t.Errorf("NewStream after Close: %v", err)
+	}
+}
+
+// A size beyond the device's memory is out of memory with the figures,
+// refused before the driver, which may answer it with INVALID_VALUE.
+func TestBeyondDeviceMemory(t *testing.T) {
+	simOnly(t)
+	m, sim := newMech(t, cudasim.Config{Memory: 64 << 20}, Config{})
+	for _, call := range []string{"cuMemCreate", "cuMemAlloc"} {
+		sim.FailCall(call, 1, driver.ErrInvalidValue) // what a driver may say to 1<<62
+	}
+	_, err := m.CreateBacking(bg, 1<<62, grantFor(m))
+	var me *memapi.Error
+	if !errors.As(err, &me) || me.Kind != memapi.ErrOutOfMemory || me.Wanted != 1<<62 || me.Available != 64<<20 {
+		t.Errorf("CreateBacking(1<<62): %v, want ErrOutOfMemory wanting 1<<62 of 64 MiB", err)
+	}
+	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 1 << 62}, grantFor(m)); !errors.Is(err, memapi.ErrOutOfMemory) {
+		t.Errorf("Allocate(1<<62): %v, want ErrOutOfMemory", err)
+	}
+	if n := sim.Calls("cuMemCreate") + sim.Calls("cuMemAlloc"); n != DefaultPoolChunks {
+		t.Errorf("%d driver allocations, want only the pool's %d", n, DefaultPoolChunks)
 	}
 }

@@ -42,7 +42,7 @@ func (m *Mechanism) createHandle(x *txn, size uint64) (driver.MemHandle, error) 
 // A handle the driver refuses to release is kept (m.stuck, counted in
 // PooledBytes, retried at Close) rather than forgotten: the memory is still held.
 func (m *Mechanism) recycle(t *driver.Table, h driver.MemHandle, size uint64) {
-	if size == m.gran && len(m.pool) < m.poolMax {
+	if size == m.gran && len(m.pool)+m.spares+m.pendings < m.poolMax {
 		m.pool = append(m.pool, h)
 		m.pooled.Add(size)
 		return

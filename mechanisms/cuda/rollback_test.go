@@ -151,7 +151,7 @@ func TestFaultAtEveryStep(t *testing.T) {
 				}
 				return err
 			}},
-		{"MapView", []step{{"cuMemMap", 1}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1}, {"cuMemSetAccess", 2}},
+		{"MapView", []step{{"cuMemMap", 1}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1}, {"cuStreamSynchronize", 1}, {"cuMemSetAccess", 2}},
 			func(sc *scene) error {
 				b, err := sc.m.CreateBacking(bg, 2*sc.g, grantFor(sc.m))
 				if err != nil {
@@ -169,12 +169,12 @@ func TestFaultAtEveryStep(t *testing.T) {
 		{"UnmapView", []step{{"cuMemUnmap", 1}},
 			func(sc *scene) error { return sc.m.UnmapView(bg, sc.v) }},
 		{"CopyOnWrite", []step{{"cuMemCreate", 1}, {"cuMemAddressReserve", 1}, {"cuMemMap", 1}, {"cuMemSetAccess", 1},
-			{"cuMemcpyDtoD", 1}, {"cuMemUnmap", 2}, {"cuMemMap", 2}, {"cuMemSetAccess", 2}},
+			{"cuMemcpyDtoD", 1}, {"cuStreamSynchronize", 1}, {"cuMemUnmap", 2}, {"cuMemMap", 2}, {"cuMemSetAccess", 2}},
 			func(sc *scene) error {
 				_, err := sc.m.CopyOnWrite(bg, sc.v, grantFor(sc.m))
 				return err
 			}},
-		{"ReleaseReservation", []step{{"cuMemUnmap", 1}, {"cuMemUnmap", 2}, {"cuMemAddressFree", 1}},
+		{"ReleaseReservation", []step{{"cuStreamSynchronize", 1}, {"cuMemUnmap", 1}, {"cuMemUnmap", 2}, {"cuMemAddressFree", 1}},
 			func(sc *scene) error {
 				if err := sc.m.UnmapView(bg, sc.v); err != nil {
 					return fmt.Errorf("setup: %w", err)
@@ -219,7 +219,7 @@ func TestFaultAtEveryStep(t *testing.T) {
 				sc := newScene(t)
 				before := sc.snap(t)
 				code := driver.ErrOutOfMemory
-				if st.call == "cuMemUnmap" || st.call == "cuMemAddressFree" || st.call == "cuMemFree" {
+				if st.call == "cuMemUnmap" || st.call == "cuMemAddressFree" || st.call == "cuMemFree" || st.call == "cuStreamSynchronize" {
 					code = driver.ErrInvalidValue
 				}
 				if op.name == "ReleaseReservation" {

@@ -55,6 +55,9 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 	if !ok {
 		return nil, m.fail(op, memapi.ErrInvalidSize, nil, "size %d is too large", size)
 	}
+	if err := m.beyondDevice(op, n); err != nil {
+		return nil, err
+	}
 	if err := m.enter(op); err != nil {
 		return nil, err
 	}
@@ -117,16 +120,23 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 	if uint64(r.Len) != bs.size {
 		return nil, m.fail(op, memapi.ErrInvalidRange, b, "range %v is not as long as the backing (%d bytes)", r, bs.size)
 	}
+	m.waitPending(rs, first, n)
+	if err := m.issuer.Check(op, res); err != nil {
+		return nil, err
+	}
 	for i := first; i < first+n; i++ {
-		if !rs.at(i).empty() {
+		if c := rs.at(i); !c.empty() && !c.spare {
 			return nil, m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
 		}
 	}
 	addr := driver.DevicePtr(rs.addr + uint64(r.Off))
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
+		if err := m.evictSpares(x, rs, first, n); err != nil {
+			return err
+		}
 		if err := x.step("cuMemMap", t.MemMap(addr, bs.size, 0, bs.handle, 0), func() {
-			x.quiet("cuMemUnmap", t.MemUnmap(addr, bs.size))
+			x.quiet("cuMemUnmap", m.dev.unmap(t, addr, bs.size))
 		}); err != nil {
 			return err
 		}
@@ -137,8 +147,13 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 			if err := x.step("cuMemsetD8_v2", t.MemsetD8(addr, 0, bs.size), nil); err != nil {
 				return err
 			}
+			m.dev.queued()
 			if access == memapi.AccessReadWrite {
 				return nil
+			}
+			// The clear must be over before the mapping turns read-only.
+			if err := x.settle(m.dev); err != nil {
+				return err
 			}
 		}
 		return x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, m.accessDesc(access), 1), nil)
@@ -189,6 +204,9 @@ func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 	}
 	defer m.mu.Unlock()
 	if err := m.dev.do(func(t *driver.Table) error {
+		if err := m.dev.settle(t); err != nil {
+			return err
+		}
 		return check(t, "cuMemUnmap", t.MemUnmap(driver.DevicePtr(vs.res.addr+vs.off), vs.len))
 	}); err != nil {
 		return m.driverErr(op, err, 0)
@@ -247,14 +265,19 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 				return err
 			}
 			if err := sx.step("cuMemMap", t.MemMap(tmp, size, 0, h, 0), func() {
-				sx.quiet("cuMemUnmap", t.MemUnmap(tmp, size))
+				sx.quiet("cuMemUnmap", m.dev.unmap(t, tmp, size))
 			}); err != nil {
 				return err
 			}
 			if err := sx.step("cuMemSetAccess", t.MemSetAccess(tmp, size, &m.rw, 1), nil); err != nil {
 				return err
 			}
-			return sx.step("cuMemcpyDtoD_v2", t.MemcpyDtoD(tmp, addr, size), nil)
+			if err := sx.step("cuMemcpyDtoD_v2", t.MemcpyDtoD(tmp, addr, size), nil); err != nil {
+				return err
+			}
+			m.dev.queued()
+			// The copy must be over before the scratch range is unmapped.
+			return sx.settle(m.dev)
 		}()
 		sx.rollback()
 		if err != nil {
@@ -269,7 +292,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 			return err
 		}
 		if err := x.step("cuMemMap", t.MemMap(addr, size, 0, h, 0), func() {
-			x.quiet("cuMemUnmap", t.MemUnmap(addr, size))
+			x.quiet("cuMemUnmap", m.dev.unmap(t, addr, size))
 		}); err != nil {
 			return err
 		}

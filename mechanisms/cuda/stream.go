@@ -52,7 +52,11 @@ func (s *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
 		}
 		n := uint64(len(src))
 		return s.c.m.copy(op, n, func(t *driver.Table) error {
-			return check(t, "cuMemcpyHtoD_v2", t.MemcpyHtoD(driver.DevicePtr(dst), unsafe.Pointer(&src[0]), n))
+			if err := check(t, "cuMemcpyHtoD_v2", t.MemcpyHtoD(driver.DevicePtr(dst), unsafe.Pointer(&src[0]), n)); err != nil {
+				return err
+			}
+			s.c.m.dev.queued()
+			return nil
 		}, span{uint64(dst), true})
 	})
 }
@@ -79,7 +83,11 @@ func (s *Stream) CopyDevice(dst, src memapi.DeviceAddr, n memapi.Bytes) error {
 			return nil
 		}
 		return s.c.m.copy(op, uint64(n), func(t *driver.Table) error {
-			return check(t, "cuMemcpyDtoD_v2", t.MemcpyDtoD(driver.DevicePtr(dst), driver.DevicePtr(src), uint64(n)))
+			if err := check(t, "cuMemcpyDtoD_v2", t.MemcpyDtoD(driver.DevicePtr(dst), driver.DevicePtr(src), uint64(n))); err != nil {
+				return err
+			}
+			s.c.m.dev.queued()
+			return nil
 		}, span{uint64(src), false}, span{uint64(dst), true})
 	})
 }
@@ -93,7 +101,7 @@ func (s *Stream) Record() (memapi.Fence, error) {
 	if s.closed {
 		return nil, s.c.m.fail(op, memapi.ErrClosed, nil, "stream closed")
 	}
-	f := &Fence{dev: s.c.m.dev, err: s.err}
+	f := &Fence{m: s.c.m, err: s.err}
 	if err := s.c.m.dev.do(func(t *driver.Table) error {
 		if err := check(t, "cuEventCreate", t.EventCreate(&f.ev, driver.EventDisableTiming)); err != nil {
 			return err
@@ -105,7 +113,7 @@ func (s *Stream) Record() (memapi.Fence, error) {
 		// The copies before it were synchronous, so the fence is often
 		// complete already: find out in the same trip to the device thread.
 		if t.EventQuery(f.ev) == driver.Success {
-			f.finish(t)
+			f.finish(t, nil)
 		}
 		return nil
 	}); err != nil {
@@ -129,12 +137,16 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := f.(*Fence).await(ctx); err != nil {
+	fence := f.(*Fence)
+	if err := fence.await(ctx); err != nil {
 		return fmt.Errorf("Stream.Synchronize: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err, s.err = s.err, nil
+	if err == nil && fence.fault != nil {
+		err = s.c.m.driverErr("Stream.Synchronize", fence.fault, 0)
+	}
 	return err
 }
 
@@ -160,7 +172,7 @@ func (s *Stream) close() error {
 	err := s.c.m.dev.do(func(t *driver.Table) error {
 		errSync := check(t, "cuStreamSynchronize", t.StreamSynchronize(s.h))
 		for _, f := range s.fences {
-			f.finish(t)
+			f.finish(t, errSync)
 		}
 		s.fences = nil
 		errDestroy := check(t, "cuStreamDestroy_v2", t.StreamDestroy(s.h))

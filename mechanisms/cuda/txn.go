@@ -50,3 +50,13 @@ func (x *txn) quiet(call string, r driver.Result) {
 		x.log.Warn("cuda: rollback step failed", "call", call, "code", x.t.ErrorName(r))
 	}
 }
+
+// settle waits for the device's queued work before the transaction unmaps
+// anything (see device.settle); on failure it rolls back.
+func (x *txn) settle(d *device) error {
+	if err := d.settle(x.t); err != nil {
+		x.rollback()
+		return err
+	}
+	return nil
+}

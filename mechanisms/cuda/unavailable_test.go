@@ -98,7 +98,7 @@ func TestDriverErrorKinds(t *testing.T) {
 	}{
 		{driver.ErrOutOfMemory, memapi.ErrOutOfMemory},
 		{driver.ErrInvalidValue, memapi.ErrInvalidRange},
-		{driver.ErrIllegalAddress, memapi.ErrInvalidRange},
+		{driver.ErrIllegalAddress, memapi.ErrUnavailable}, // sticky: the context is lost
 		{driver.ErrInvalidHandle, memapi.ErrReleased},
 		{driver.ErrInvalidContext, memapi.ErrClosed},
 		{driver.ErrNotSupported, memapi.ErrUnsupported},

@@ -35,8 +35,9 @@ func (rs *resState) set(i int, c chunk) {
 	rs.chunks[i] = c
 }
 
-// committedChunks returns the indices of the chunks installed by Commit, in order.
-func (rs *resState) committedChunks() []int {
+// mappedChunks returns the indices of the chunks with a private handle
+// mapped (committed or spare), in order.
+func (rs *resState) mappedChunks() []int {
 	var idx []int
 	for i, c := range rs.chunks {
 		if c.handle != 0 {
@@ -48,11 +49,16 @@ func (rs *resState) committedChunks() []int {
 }
 
 type chunk struct {
-	handle driver.MemHandle // the private handle installed by Commit, or 0
-	view   *viewState       // the view mapped over this chunk, or nil
+	handle  driver.MemHandle // the private handle installed by Commit (or kept as a spare), or 0
+	view    *viewState       // the view mapped over this chunk, or nil
+	spare   bool             // handle is mapped read-write but not committed (see spare.go)
+	pending bool             // the refiller is mapping a spare here
 }
 
-func (c chunk) empty() bool { return c.handle == 0 && c.view == nil }
+func (c chunk) empty() bool { return c.handle == 0 && c.view == nil && !c.pending }
+
+// committed reports whether Commit installed the chunk.
+func (c chunk) committed() bool { return c.handle != 0 && !c.spare && !c.pending }
 
 // checkRange validates r against res: inside (ErrInvalidRange), aligned to the
 // granularity (ErrUnaligned). It returns the first chunk and the chunk count.
@@ -125,42 +131,131 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 	if err != nil {
 		return err
 	}
+	m.waitPending(rs, first, n)
+	if err := m.issuer.Check(op, res); err != nil {
+		return err
+	}
 	for i := first; i < first+n; i++ {
-		if !rs.at(i).empty() {
+		if c := rs.at(i); !c.spare && !c.empty() {
 			return m.fail(op, memapi.ErrCommitted, res, "chunk at offset %#x already has backing", uint64(i)*m.gran)
 		}
 	}
-	base := rs.addr + uint64(r.Off)
-	handles := make([]driver.MemHandle, n)
-	err = m.dev.do(func(t *driver.Table) error {
+	// Claim the chunks (pending: copies, views, commits and releases keep
+	// off) with the spares there and pool handles, then make the driver
+	// calls without the lock, then settle.
+	cl := m.claim(rs, first, n)
+	m.mu.Unlock()
+	err = m.install(rs, first, cl)
+	m.mu.Lock()
+	m.settle(rs, first, cl, err == nil)
+	if err != nil {
+		return m.driverErr(op, err, uint64(r.Len))
+	}
+	rs.committed += uint64(r.Len)
+	m.used.Add(uint64(r.Len))
+	m.hint(rs, first+n) // a growing reservation commits there next
+	return nil
+}
+
+// claimed is what a Commit took for its chunks while it makes its driver
+// calls outside the lock: per chunk, its handle (a spare's, a pool
+// handle's, or 0 for one to create) and whether it was a spare.
+type claimed struct {
+	handles []driver.MemHandle
+	spare   []bool
+	spares  int
+}
+
+// claim marks chunks [first, first+n) of rs pending and takes their spares
+// and pool handles, with m.mu held.
+func (m *Mechanism) claim(rs *resState, first, n int) *claimed {
+	cl := &claimed{handles: make([]driver.MemHandle, n), spare: make([]bool, n)}
+	for i := range n {
+		c := rs.at(first + i)
+		switch {
+		case c.spare:
+			cl.handles[i], cl.spare[i] = c.handle, true
+			cl.spares++
+			m.spares--
+		case len(m.pool) > 0:
+			cl.handles[i], m.pool = m.pool[len(m.pool)-1], m.pool[:len(m.pool)-1]
+		default:
+			continue // created by install
+		}
+		m.pooled.Add(^(m.gran - 1))
+	}
+	for i := range n {
+		rs.set(first+i, chunk{handle: cl.handles[i], pending: true})
+	}
+	m.inflight++
+	return cl
+}
+
+// install makes the claimed chunks committed memory, without m.mu, on the
+// device thread: cuMemCreate for those without a handle, cuMemMap for all
+// but the spares, one cuMemSetAccess over the range unless all were spares,
+// and one cuMemsetD8. If a call fails the calls made so far are undone
+// (handles it created released, mappings removed).
+func (m *Mechanism) install(rs *resState, first int, cl *claimed) error {
+	n := len(cl.handles)
+	base := rs.addr + uint64(first)*m.gran
+	return m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
-		for i := range handles {
-			h, err := m.chunkHandle(x)
-			if err != nil {
-				return err
+		for i := range n {
+			if cl.spare[i] {
+				continue // mapped and read-write already
 			}
-			handles[i] = h
+			if cl.handles[i] == 0 {
+				h, err := m.createHandle(x, m.gran)
+				if err != nil {
+					return err
+				}
+				cl.handles[i] = h
+				x.onRollback(func() { cl.handles[i] = 0 })
+			}
 			addr := driver.DevicePtr(base + uint64(i)*m.gran)
-			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0), func() {
-				x.quiet("cuMemUnmap", t.MemUnmap(addr, m.gran))
+			if err := x.step("cuMemMap", t.MemMap(addr, m.gran, 0, cl.handles[i], 0), func() {
+				x.quiet("cuMemUnmap", m.dev.unmap(t, addr, m.gran))
 			}); err != nil {
 				return err
 			}
 		}
-		if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), uint64(r.Len), &m.rw, 1), nil); err != nil {
+		size := uint64(n) * m.gran
+		if cl.spares < n {
+			if err := x.step("cuMemSetAccess", t.MemSetAccess(driver.DevicePtr(base), size, &m.rw, 1), nil); err != nil {
+				return err
+			}
+		}
+		if err := x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, size), nil); err != nil {
 			return err
 		}
-		return x.step("cuMemsetD8_v2", t.MemsetD8(driver.DevicePtr(base), 0, uint64(r.Len)), nil)
+		m.dev.queued()
+		return nil
 	})
-	if err != nil {
-		return m.driverErr(op, err, uint64(r.Len))
+}
+
+// settle ends a claim with m.mu held: the chunks become committed, or, when
+// install failed, go back to what they were (spares stay spares, pool
+// handles return to the pool).
+func (m *Mechanism) settle(rs *resState, first int, cl *claimed, ok bool) {
+	for i, h := range cl.handles {
+		switch {
+		case ok:
+			rs.set(first+i, chunk{handle: h})
+		case cl.spare[i]:
+			rs.set(first+i, chunk{handle: h, spare: true})
+			m.spares++
+			m.pooled.Add(m.gran)
+		default:
+			rs.set(first+i, chunk{})
+			if h != 0 {
+				m.pool = append(m.pool, h)
+				m.pooled.Add(m.gran)
+			}
+		}
 	}
-	for i, h := range handles {
-		rs.set(first+i, chunk{handle: h})
-	}
-	rs.committed += uint64(r.Len)
-	m.used.Add(uint64(r.Len))
-	return nil
+	m.inflight--
+	m.settled.Broadcast()
 }
 
 // Decommit unmaps each chunk of r and returns its handle to the pool or the
@@ -189,24 +284,51 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		return err
 	}
 	for i := first; i < first+n; i++ {
-		if rs.at(i).handle == 0 {
+		if !rs.at(i).committed() {
 			return m.fail(op, memapi.ErrNotCommitted, res, "chunk at offset %#x is not committed", uint64(i)*m.gran)
 		}
 	}
-	err = m.dev.do(func(t *driver.Table) error {
-		x := m.txn(t)
-		if err := m.unmapChunks(x, rs, first, n); err != nil {
-			return err
-		}
-		for i := first; i < first+n; i++ {
-			m.recycle(t, rs.at(i).handle, m.gran)
-		}
-		return nil
-	})
+	// The first chunks stay mapped as spares while there is room (a region
+	// that shrank grows back there; their room is held in m.pendings
+	// meanwhile); the rest are unmapped, without the lock: every chunk is
+	// pending until the Decommit settles.
+	keep := min(n, m.spareMax-m.spares-m.pendings, m.poolMax-len(m.pool)-m.spares-m.pendings)
+	keep = max(keep, 0)
+	handles := make([]driver.MemHandle, n)
+	for i := range n {
+		handles[i] = rs.at(first + i).handle
+		rs.set(first+i, chunk{handle: handles[i], pending: true})
+	}
+	m.pendings += keep
+	m.inflight++
+	if keep < n {
+		m.mu.Unlock()
+		err = m.dev.do(func(t *driver.Table) error {
+			return m.unmapChunks(m.txn(t), rs, first+keep, handles[keep:])
+		})
+		m.mu.Lock()
+	}
+	m.pendings -= keep
+	m.inflight--
+	defer m.settled.Broadcast()
 	if err != nil {
+		for i, h := range handles {
+			rs.set(first+i, chunk{handle: h}) // mapped back by the undo
+		}
 		return m.driverErr(op, err, 0)
 	}
-	for i := first; i < first+n; i++ {
+	for i := range keep {
+		m.keepSpare(rs, first+i) // before recycle, so the pool sees the spares
+	}
+	if keep < n {
+		_ = m.dev.do(func(t *driver.Table) error {
+			for _, h := range handles[keep:] {
+				m.recycle(t, h, m.gran)
+			}
+			return nil
+		})
+	}
+	for i := first + keep; i < first+n; i++ {
 		rs.set(i, chunk{})
 	}
 	rs.committed -= uint64(r.Len)
@@ -214,13 +336,17 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 	return nil
 }
 
-// unmapChunks unmaps n committed chunks from first, registering for each a
-// remap (cuMemMap + cuMemSetAccess read-write) as its undo.
-func (m *Mechanism) unmapChunks(x *txn, rs *resState, first, n int) error {
+// unmapChunks unmaps the committed chunks from first, whose handles are
+// given (it reads no chunk state, so it may run without m.mu), registering
+// for each a remap (cuMemMap + cuMemSetAccess read-write) as its undo.
+func (m *Mechanism) unmapChunks(x *txn, rs *resState, first int, handles []driver.MemHandle) error {
 	t := x.t
-	for i := first; i < first+n; i++ {
+	if err := x.settle(m.dev); err != nil {
+		return err
+	}
+	for j, h := range handles {
+		i := first + j
 		addr := driver.DevicePtr(rs.addr + uint64(i)*m.gran)
-		h := rs.at(i).handle
 		if err := x.step("cuMemUnmap", t.MemUnmap(addr, m.gran), func() {
 			x.quiet("cuMemMap", t.MemMap(addr, m.gran, 0, h, 0))
 			x.quiet("cuMemSetAccess", t.MemSetAccess(addr, m.gran, &m.rw, 1))
@@ -268,11 +394,12 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 	if rs.views > 0 {
 		return m.fail(op, memapi.ErrInUse, res, "%d views are mapped in it", rs.views)
 	}
+	m.waitPending(rs, 0, int(rs.size/m.gran))
 	err = m.dev.do(func(t *driver.Table) error {
 		x := m.txn(t)
-		committed := rs.committedChunks()
+		committed := rs.mappedChunks()
 		for _, i := range committed {
-			if err := m.unmapChunks(x, rs, i, 1); err != nil {
+			if err := m.unmapChunks(x, rs, i, []driver.MemHandle{rs.at(i).handle}); err != nil {
 				return err
 			}
 		}
@@ -280,6 +407,10 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 			return err
 		}
 		for _, i := range committed {
+			if c := rs.at(i); c.spare {
+				m.spares--
+				m.pooled.Add(^(m.gran - 1))
+			}
 			m.recycle(t, rs.at(i).handle, m.gran)
 		}
 		return nil

@@ -136,6 +136,7 @@ func (s *Sim) destroy(d *device) {
 			delete(s.events, h)
 		}
 	}
+	s.dropWork(d)
 	d.used = 0
 	s.cond.Broadcast()
 }

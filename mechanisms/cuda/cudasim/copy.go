@@ -10,8 +10,9 @@ import (
 // device d, in address order. The range must lie in one live cuMemAlloc block
 // or in mapped memory of one reservation. A hole is CUDA_ERROR_INVALID_VALUE;
 // a mapping without access, or a write through a PROT_READ mapping, is a fault
-// (CUDA_ERROR_ILLEGAL_ADDRESS) that becomes sticky. Nothing is copied unless
-// the whole range resolves.
+// (CUDA_ERROR_ILLEGAL_ADDRESS). Nothing is copied unless the whole range
+// resolves. It runs when the copy runs: at the call for a synchronous copy,
+// later for queued work (see work).
 func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.Result) {
 	end := addr + n
 	if end < addr {
@@ -25,7 +26,7 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 		return [][]byte{b.data[off : off+n]}, driver.Success
 	}
 	res := s.findReservation(addr)
-	if res == nil || res.dev != d || end > res.addr+res.size {
+	if res == nil || (res.dev != nil && res.dev != d) || end > res.addr+res.size {
 		return nil, driver.ErrInvalidValue
 	}
 	var segs [][]byte
@@ -41,14 +42,39 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 		}
 		off := cur - m.addr
 		take := min(m.size-off, end-cur)
-		segs = append(segs, m.phys.data[off:off+take])
+		segs = append(segs, m.phys.data[m.off+off:m.off+off+take])
 		cur += take
 	}
 	if fault {
-		s.sticky = driver.ErrIllegalAddress
 		return nil, driver.ErrIllegalAddress
 	}
 	return segs, driver.Success
+}
+
+// check validates a range at the call that enqueues work on it: what the
+// driver can refuse at once (an address it does not know, a hole) is
+// CUDA_ERROR_INVALID_VALUE there; a fault is the device's and is reported
+// when the work runs.
+func (s *Sim) check(d *device, addr, n uint64, write bool) driver.Result {
+	if _, r := s.resolve(d, addr, n, write); r == driver.ErrInvalidValue {
+		return r
+	}
+	return driver.Success
+}
+
+// runCopy applies a queued copy of n bytes when it runs: src gives the
+// bytes, dst is resolved then.
+func (s *Sim) runCopy(d *device, dst uint64, src func() ([]byte, driver.Result), n uint64) driver.Result {
+	data, r := src()
+	if r != driver.Success {
+		return r
+	}
+	to, r := s.resolve(d, dst, n, true)
+	if r != driver.Success {
+		return driver.ErrIllegalAddress // the device met it: a fault
+	}
+	scatter(to, data)
+	return driver.Success
 }
 
 func scatter(segs [][]byte, src []byte) {
@@ -63,7 +89,12 @@ func gather(dst []byte, segs [][]byte) {
 	}
 }
 
-// memcpyHtoD is cuMemcpyHtoD_v2.
+// memcpyHtoD is cuMemcpyHtoD_v2. From pageable memory "a stream sync is
+// performed before the copy is initiated. The function will return once the
+// pageable buffer has been copied to the staging memory for DMA transfer to
+// device memory, but the DMA to final destination may not have completed"
+// (api-sync-behavior): the simulator runs the pending work, stages the bytes
+// and queues the DMA.
 func (s *Sim) memcpyHtoD(dst driver.DevicePtr, src unsafe.Pointer, n uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -77,15 +108,22 @@ func (s *Sim) memcpyHtoD(dst driver.DevicePtr, src unsafe.Pointer, n uint64) dri
 	if src == nil {
 		return driver.ErrInvalidValue
 	}
-	segs, r := s.resolve(d, uint64(dst), n, true)
-	if r != driver.Success {
+	if r := s.check(d, uint64(dst), n, true); r != driver.Success {
 		return r
 	}
-	scatter(segs, unsafe.Slice((*byte)(src), n))
+	if r := s.runAll(); r != driver.Success {
+		return r
+	}
+	staged := append([]byte(nil), unsafe.Slice((*byte)(src), n)...)
+	s.enqueue(d, 0, func() driver.Result {
+		return s.runCopy(d, uint64(dst), func() ([]byte, driver.Result) { return staged, driver.Success }, n)
+	}, span{uint64(dst), n})
 	return driver.Success
 }
 
-// memcpyDtoH is cuMemcpyDtoH_v2.
+// memcpyDtoH is cuMemcpyDtoH_v2: "For transfers from device to either
+// pageable or pinned host memory, the function returns only once the copy has
+// completed" (api-sync-behavior), so the work before it runs first.
 func (s *Sim) memcpyDtoH(dst unsafe.Pointer, src driver.DevicePtr, n uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -99,15 +137,24 @@ func (s *Sim) memcpyDtoH(dst unsafe.Pointer, src driver.DevicePtr, n uint64) dri
 	if dst == nil {
 		return driver.ErrInvalidValue
 	}
+	if r := s.check(d, uint64(src), n, false); r != driver.Success {
+		return r
+	}
+	if r := s.runAll(); r != driver.Success {
+		return r
+	}
 	segs, r := s.resolve(d, uint64(src), n, false)
 	if r != driver.Success {
-		return r
+		s.sticky = driver.ErrIllegalAddress
+		return s.sticky
 	}
 	gather(unsafe.Slice((*byte)(dst), n), segs)
 	return driver.Success
 }
 
 // memcpyDtoD is cuMemcpyDtoD_v2; overlapping ranges copy as memmove does.
+// "For transfers from device memory to device memory, no host-side
+// synchronization is performed" (api-sync-behavior): it is queued work.
 func (s *Sim) memcpyDtoD(dst, src driver.DevicePtr, n uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -118,21 +165,29 @@ func (s *Sim) memcpyDtoD(dst, src driver.DevicePtr, n uint64) driver.Result {
 	if n == 0 {
 		return driver.Success
 	}
-	from, r := s.resolve(d, uint64(src), n, false)
-	if r != driver.Success {
+	if r := s.check(d, uint64(src), n, false); r != driver.Success {
 		return r
 	}
-	to, r := s.resolve(d, uint64(dst), n, true)
-	if r != driver.Success {
+	if r := s.check(d, uint64(dst), n, true); r != driver.Success {
 		return r
 	}
-	tmp := make([]byte, n)
-	gather(tmp, from)
-	scatter(to, tmp)
+	s.enqueue(d, 0, func() driver.Result {
+		return s.runCopy(d, uint64(dst), func() ([]byte, driver.Result) {
+			from, r := s.resolve(d, uint64(src), n, false)
+			if r != driver.Success {
+				return nil, driver.ErrIllegalAddress
+			}
+			tmp := make([]byte, n)
+			gather(tmp, from)
+			return tmp, driver.Success
+		}, n)
+	}, span{uint64(src), n}, span{uint64(dst), n})
 	return driver.Success
 }
 
-// memsetD8 is cuMemsetD8_v2.
+// memsetD8 is cuMemsetD8_v2. "The synchronous memset functions are
+// asynchronous with respect to the host except when the target is pinned
+// host memory or a Unified Memory region" (api-sync-behavior): queued work.
 func (s *Sim) memsetD8(dst driver.DevicePtr, v uint8, n uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -143,12 +198,18 @@ func (s *Sim) memsetD8(dst driver.DevicePtr, v uint8, n uint64) driver.Result {
 	if n == 0 {
 		return driver.Success
 	}
-	segs, r := s.resolve(d, uint64(dst), n, true)
-	if r != driver.Success {
+	if r := s.check(d, uint64(dst), n, true); r != driver.Success {
 		return r
 	}
-	for _, seg := range segs {
-		fill(seg, v)
-	}
+	s.enqueue(d, 0, func() driver.Result {
+		segs, r := s.resolve(d, uint64(dst), n, true)
+		if r != driver.Success {
+			return driver.ErrIllegalAddress
+		}
+		for _, seg := range segs {
+			fill(seg, v)
+		}
+		return driver.Success
+	}, span{uint64(dst), n})
 	return driver.Success
 }

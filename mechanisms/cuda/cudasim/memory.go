@@ -7,8 +7,11 @@ import (
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
-// memAlloc is cuMemAlloc_v2: the block is charged whole pages (AllocPage),
-// aligned to a page, and filled with poison.
+// memAlloc is cuMemAlloc_v2: the block is charged whole pages (AllocPage)
+// and filled with poison. Its address is aligned to 256 bytes and no more:
+// the CUDA programming guide promises that an address "returned by one of
+// the memory allocation routines from the driver or runtime API is always
+// aligned to at least 256 bytes", so code that relies on more fails here.
 func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -23,7 +26,7 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	if charged < size || charged > s.cfg.Memory-d.used {
 		return driver.ErrOutOfMemory
 	}
-	b := &block{dev: d, addr: s.nextAlloc, charged: charged, data: poisoned(size)}
+	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, data: poisoned(size)}
 	s.nextAlloc += charged + s.cfg.AllocPage // a guard page: overruns hit nothing
 	d.used += charged
 	s.allocs = append(s.allocs, b) // addresses only grow: stays sorted
@@ -31,12 +34,18 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	return driver.Success
 }
 
-// memFree is cuMemFree_v2: ptr must be the start of a live block.
+// memFree is cuMemFree_v2: ptr must be the start of a live block. Unlike
+// cuMemUnmap, freeing waits for the work before it (PyTorch: "unlike
+// cudaFree, MemUnmap and MemRelease do not appear to synchronize in all
+// cases"), so the simulator runs the pending work first.
 func (s *Sim) memFree(ptr driver.DevicePtr) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d, r := s.enter("cuMemFree", true)
 	if r != driver.Success {
+		return r
+	}
+	if r := s.runAll(); r != driver.Success {
 		return r
 	}
 	i := slices.IndexFunc(s.allocs, func(b *block) bool { return b.addr == uint64(ptr) && b.dev == d })
@@ -49,22 +58,46 @@ func (s *Sim) memFree(ptr driver.DevicePtr) driver.Result {
 }
 
 // vmm enters a VMM entry point: on a device without VMM they all fail with
-// CUDA_ERROR_NOT_SUPPORTED.
+// CUDA_ERROR_NOT_SUPPORTED. The VMM calls name their device through their
+// arguments (the allocation properties, the handle, the access
+// descriptors), and the driver documentation asks none of them for a
+// current context, so none needs one here: d is the calling thread's
+// current context's device, or nil. A sticky error still fails them, as it
+// fails "any further CUDA work".
 func (s *Sim) vmm(call string) (*device, driver.Result) {
-	d, r := s.enter(call, true)
-	if r != driver.Success {
+	if _, r := s.enter(call, false); r != driver.Success {
 		return nil, r
+	}
+	if s.sticky != driver.Success {
+		return nil, s.sticky
 	}
 	if s.cfg.NoVMM {
 		return nil, driver.ErrNotSupported
+	}
+	var d *device
+	if ctx, ok := s.current[threadID()]; ok {
+		for _, dv := range s.devs {
+			if dv.ctx == ctx && dv.refs > 0 {
+				d = dv
+			}
+		}
 	}
 	return d, driver.Success
 }
 
 func (s *Sim) aligned(n uint64) bool { return n%s.cfg.Granularity == 0 }
 
-// memAddressReserve is cuMemAddressReserve. The address hint is ignored (it
-// is only a hint); reservations are separated by an unreserved gap.
+// hostPage is the host page size the reservation rules are stated in.
+const hostPage = 4096
+
+// memAddressReserve is cuMemAddressReserve: "The size and address parameters
+// must be a multiple of the host page size and the alignment must be a power
+// of two or zero for default alignment" (driver API, cuMemAddressReserve);
+// "flags: Currently unused, must be zero". The address hint is ignored ("the
+// driver treats it as a hint"); a reservation starts at the granularity (or
+// the alignment asked, if larger), and reservations are separated by an
+// unreserved gap. A reservation made with no current context belongs to no
+// context and survives them all.
 func (s *Sim) memAddressReserve(ptr *driver.DevicePtr, size, alignment uint64, _ driver.DevicePtr, flags uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -72,7 +105,7 @@ func (s *Sim) memAddressReserve(ptr *driver.DevicePtr, size, alignment uint64, _
 	if r != driver.Success {
 		return r
 	}
-	if ptr == nil || size == 0 || !s.aligned(size) || flags != 0 || alignment&(alignment-1) != 0 {
+	if ptr == nil || size == 0 || size%hostPage != 0 || flags != 0 || alignment&(alignment-1) != 0 {
 		return driver.ErrInvalidValue
 	}
 	align := max(alignment, s.cfg.Granularity)
@@ -159,8 +192,10 @@ func (s *Sim) memCreate(h *driver.MemHandle, size uint64, prop *driver.MemAlloca
 	return driver.Success
 }
 
-// memRelease is cuMemRelease: the handle becomes unusable at once; its
-// memory is freed when its last mapping is gone.
+// memRelease is cuMemRelease: the handle becomes unusable at once; "Any
+// backing memory allocations will be freed if there are no existing
+// mappings and there are no unreleased memory handles" (driver API,
+// cuMemUnmap): its memory is freed when its last mapping is gone.
 func (s *Sim) memRelease(h driver.MemHandle) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -185,9 +220,14 @@ func (s *Sim) freeIfDone(p *physical) {
 	}
 }
 
-// memMap is cuMemMap: offset and flags zero, range aligned, inside one
-// reservation, over nothing mapped, no longer than the handle. The new
-// mapping has no access until cuMemSetAccess.
+// memMap is cuMemMap. The driver API: the range "must be an address
+// reservation previously reserved with cuMemAddressReserve, and offset +
+// size must be less than the size of the memory allocation. Both ptr, size,
+// and offset must be a multiple of the value given via
+// cuMemGetAllocationGranularity"; flags "must be zero now"; and "calling
+// cuMemMap does not make the address accessible": the new mapping has no
+// access until cuMemSetAccess. (Mapping over an existing mapping is refused
+// too: a VA maps one allocation.)
 func (s *Sim) memMap(ptr driver.DevicePtr, size, offset uint64, h driver.MemHandle, flags uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -197,9 +237,9 @@ func (s *Sim) memMap(ptr driver.DevicePtr, size, offset uint64, h driver.MemHand
 	addr := uint64(ptr)
 	p, ok := s.phys[h]
 	switch {
-	case flags != 0, offset != 0, size == 0, !s.aligned(addr), !s.aligned(size):
+	case flags != 0, size == 0, !s.aligned(addr), !s.aligned(size), !s.aligned(offset):
 		return driver.ErrInvalidValue
-	case !ok || p.released, size > p.size:
+	case !ok || p.released, offset+size < size, offset+size > p.size:
 		return driver.ErrInvalidValue
 	}
 	res := s.findReservation(addr)
@@ -211,7 +251,7 @@ func (s *Sim) memMap(ptr driver.DevicePtr, size, offset uint64, h driver.MemHand
 			return driver.ErrInvalidValue
 		}
 	}
-	m := &mapping{addr: addr, size: size, phys: p, access: driver.MemAccessProtNone}
+	m := &mapping{addr: addr, size: size, off: offset, phys: p, access: driver.MemAccessProtNone}
 	i, _ := slices.BinarySearchFunc(res.maps, addr, func(m *mapping, a uint64) int {
 		switch {
 		case m.addr < a:
@@ -226,7 +266,10 @@ func (s *Sim) memMap(ptr driver.DevicePtr, size, offset uint64, h driver.MemHand
 	return driver.Success
 }
 
-// memUnmap is cuMemUnmap: the range must be exactly one whole mapping.
+// memUnmap is cuMemUnmap: "The range must be the entire contiguous address
+// range that was mapped to. In other words, cuMemUnmap cannot unmap a
+// sub-range" (driver API). Pending work over the range is not waited for
+// (see Sim.unmapping).
 func (s *Sim) memUnmap(ptr driver.DevicePtr, size uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,15 +286,17 @@ func (s *Sim) memUnmap(ptr driver.DevicePtr, size uint64) driver.Result {
 		return driver.ErrInvalidValue
 	}
 	p := res.maps[i].phys
+	s.unmapping(addr, size)
 	res.maps = slices.Delete(res.maps, i, i+1)
 	p.mappings--
 	s.freeIfDone(p)
 	return driver.Success
 }
 
-// memSetAccess is cuMemSetAccess: the range must be fully mapped and cover
-// each mapping in it whole; each descriptor names an existing device that
-// owns the memory and a known protection.
+// memSetAccess is cuMemSetAccess: "The range must be a fully mapped address
+// range containing all allocations created by cuMemMap / cuMemCreate"
+// (driver API), so it covers each mapping in it whole; each descriptor names
+// an existing device that owns the memory and a CUmemAccess_flags value.
 func (s *Sim) memSetAccess(ptr driver.DevicePtr, size uint64, desc *driver.MemAccessDesc, count uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()

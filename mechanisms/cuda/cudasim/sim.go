@@ -24,6 +24,10 @@ const (
 	poison   = 0xA5
 	allocVA  = 0x7000_0000_0000 // where cuMemAlloc blocks start
 	reserveV = 0x7e00_0000_0000 // where reservations start
+
+	// allocAlign is the alignment of a cuMemAlloc block, the documented
+	// minimum: blocks start 256 bytes into a page.
+	allocAlign = 256
 )
 
 // Sim is one simulated driver. All its methods are safe for concurrent use;
@@ -47,6 +51,9 @@ type Sim struct {
 	reserved []*reservation // sorted by addr
 	streams  map[driver.Stream]*stream
 	events   map[driver.Event]*event
+
+	pending []*work // queued device work, in order (see work)
+	seq     uint64  // sequence number of the last work enqueued
 
 	calls  map[string]int
 	faults []*fault
@@ -85,6 +92,7 @@ type reservation struct {
 type mapping struct {
 	addr   uint64
 	size   uint64
+	off    uint64 // offset into the handle's memory
 	phys   *physical
 	access int32
 }
@@ -96,6 +104,7 @@ type event struct {
 	stream   driver.Stream
 	recorded bool
 	done     bool
+	seq      uint64 // the last work enqueued before it was recorded
 }
 
 type fault struct {
@@ -205,6 +214,7 @@ type Stats struct {
 	Streams       int
 	Events        int
 	PendingEvents int
+	PendingWork   int // queued copies and memsets not yet run
 	ContextRefs   int // primary context references, over all devices
 	Sticky        driver.Result
 }
@@ -220,6 +230,7 @@ func (s *Sim) Stats() Stats {
 		Streams:      len(s.streams),
 		Events:       len(s.events),
 		Sticky:       s.sticky,
+		PendingWork:  len(s.pending),
 	}
 	for _, d := range s.devs {
 		st.Used += d.used
@@ -236,11 +247,12 @@ func (s *Sim) Stats() Stats {
 	return st
 }
 
-// CompleteEvents completes every pending event, as the GPU finishing its
-// work would, and returns how many it completed.
+// CompleteEvents runs the pending work and completes every pending event,
+// as the GPU finishing its work would, and returns how many it completed.
 func (s *Sim) CompleteEvents() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.runAll()
 	n := 0
 	for _, e := range s.events {
 		if e.recorded && !e.done {

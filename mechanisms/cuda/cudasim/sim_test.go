@@ -113,7 +113,7 @@ func TestRules(t *testing.T) {
 		}},
 		{"reserve/unaligned-size", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			var p driver.DevicePtr
-			return e.d.MemAddressReserve(&p, g+4096, 0, 0, 0)
+			return e.d.MemAddressReserve(&p, g+100, 0, 0, 0) // not a multiple of the host page
 		}},
 		{"reserve/flags", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			var p driver.DevicePtr
@@ -148,9 +148,13 @@ func TestRules(t *testing.T) {
 			p := e.reserve(2 * g)
 			return e.d.MemMap(p+4096, g, 0, e.create(g), 0)
 		}},
-		{"map/nonzero-offset", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+		{"map/offset-past-the-handle", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			p := e.reserve(g)
-			return e.d.MemMap(p, g, g, e.create(2*g), 0)
+			return e.d.MemMap(p, g, 2*g, e.create(2*g), 0)
+		}},
+		{"map/unaligned-offset", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			p := e.reserve(g)
+			return e.d.MemMap(p, g, 4096, e.create(2*g), 0)
 		}},
 		{"map/outside-any-reservation", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			p := e.reserve(g)
@@ -191,7 +195,8 @@ func TestRules(t *testing.T) {
 		{"copy/before-set-access", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p := e.reserve(g)
 			e.must("cuMemMap", e.d.MemMap(p, g, 0, e.create(g), 0))
-			return e.write(p, []byte{1})
+			e.must("cuMemcpyHtoD", e.write(p, []byte{1})) // a fault is reported by what waits for the work
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/read-before-set-access", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p := e.reserve(g)
@@ -201,12 +206,14 @@ func TestRules(t *testing.T) {
 		}},
 		{"copy/write-through-prot-read", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			p, _ := e.mapped(g, driver.MemAccessProtRead)
-			return e.write(p, []byte{1})
+			e.must("cuMemcpyHtoD", e.write(p, []byte{1}))
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/dtod-into-prot-read", Config{}, driver.ErrIllegalAddress, func(e *env) driver.Result {
 			src, _ := e.mapped(g, driver.MemAccessProtReadWrite)
 			dst, _ := e.mapped(g, driver.MemAccessProtRead)
-			return e.d.MemcpyDtoD(dst, src, 16)
+			e.must("cuMemcpyDtoD", e.d.MemcpyDtoD(dst, src, 16))
+			return e.d.StreamSynchronize(0)
 		}},
 		{"copy/unmapped-address", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			return e.write(e.reserve(g), []byte{1})
@@ -297,6 +304,10 @@ func TestRules(t *testing.T) {
 			var p driver.DevicePtr
 			return e.d.MemAlloc(&p, 4096)
 		}},
+		{"event/unknown-flag", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			var ev driver.Event
+			return e.d.EventCreate(&ev, 0x8) // no CUevent_flags value is 8
+		}},
 		{"device/bad-ordinal", Config{Devices: 2}, driver.ErrInvalidDevice, func(e *env) driver.Result {
 			var d driver.Device
 			return e.d.DeviceGet(&d, 2)
@@ -361,8 +372,11 @@ func TestContextIsPerThread(t *testing.T) {
 func TestIllegalAddressIsSticky(t *testing.T) {
 	e := setup(t, Config{})
 	p, _ := e.mapped(g, driver.MemAccessProtRead)
-	if r := e.write(p, []byte{1}); r != driver.ErrIllegalAddress {
-		t.Fatalf("write through PROT_READ = %v", r)
+	if r := e.write(p, []byte{1}); r != driver.Success {
+		t.Fatalf("write through PROT_READ = %v, want CUDA_SUCCESS (the fault is the device's, reported later)", r)
+	}
+	if r := e.d.StreamSynchronize(0); r != driver.ErrIllegalAddress {
+		t.Fatalf("cuStreamSynchronize after the write = %v, want CUDA_ERROR_ILLEGAL_ADDRESS", r)
 	}
 	var q driver.DevicePtr
 	if r := e.d.MemAlloc(&q, 4096); r != driver.ErrIllegalAddress {

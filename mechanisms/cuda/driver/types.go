@@ -38,9 +38,12 @@ const (
 
 // Stream and event creation flags.
 const (
-	StreamDefault       uint32 = 0 // CU_STREAM_DEFAULT: synchronizes with the legacy default stream
-	EventDisableTiming  uint32 = 2 // CU_EVENT_DISABLE_TIMING: the cheapest event, for ordering only
-	eventFlagsKnownMask        = EventDisableTiming | 1 | 4 | 8
+	StreamDefault      uint32 = 0 // CU_STREAM_DEFAULT: synchronizes with the legacy default stream
+	EventDisableTiming uint32 = 2 // CU_EVENT_DISABLE_TIMING: the cheapest event, for ordering only
+	// eventFlagsKnownMask is every CUevent_flags bit of cuda.h:
+	// CU_EVENT_BLOCKING_SYNC (1), CU_EVENT_DISABLE_TIMING (2) and
+	// CU_EVENT_INTERPROCESS (4). 0x8 is no cuEventCreate flag.
+	eventFlagsKnownMask = 1 | EventDisableTiming | 4
 )
 
 // EventFlagsValid reports whether flags holds only CU_EVENT_* bits.
