@@ -1,0 +1,154 @@
+package xproc
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+)
+
+// Two members of one ledger (here in one process, on two slots) share its
+// capacity: what one has claimed the other cannot reserve, and the loser's
+// error is ErrOverBudget with the shared figures. Settle hands freed bytes
+// back.
+func TestSharedAdmission(t *testing.T) {
+	path := ledgerPath(t)
+	la, a, ga := member(t, path, 1000, Options{Poll: time.Hour})
+	lb, b, _ := member(t, path, 1000, Options{Poll: time.Hour})
+	if la.Slot() == lb.Slot() {
+		t.Fatal("two members on one slot")
+	}
+	ls := take(t, a, 700)
+	_, err := b.Reserve(context.Background(), "h", "r", 400, 0, time.Time{})
+	var ob *governor.OverBudgetError
+	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || ob.Capacity != 1000 || ob.Free != 300 || ob.Wanted != 400 {
+		t.Fatalf("B over the shared capacity: %v", err)
+	}
+	lsB := take(t, b, 300)
+	h, s := inspect(t, path)
+	if h.Claimed != 1000 || s[la.Slot()].Claim != 700 || s[lb.Slot()].Claim != 300 {
+		t.Fatalf("claims: %+v %v", h, s)
+	}
+	if sa, _ := ga.Authority("dev"); sa.Capacity != 700 {
+		t.Fatalf("A's local capacity %d, want its claim 700", sa.Capacity)
+	}
+	if err := ls.Refund(700); err != nil {
+		t.Fatal(err)
+	}
+	// Freed but not settled: still A's claim, so B still cannot have it.
+	if _, err := b.Reserve(context.Background(), "h", "r", 100, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("before A settles: %v", err)
+	}
+	a.Settle()
+	ls2 := take(t, b, 500)
+	b.Settle()
+	h, s = inspect(t, path)
+	if h.Claimed != 800 || h.Charged != 800 || s[lb.Slot()].Charged != 800 || s[la.Slot()].Claim != 0 {
+		t.Fatalf("after the hand-over: %+v", h)
+	}
+	if err := lb.Close(); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Close with bytes charged: %v", err)
+	}
+	_ = ls2.Refund(500)
+	_ = lsB.Refund(300)
+	if err := lb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := inspect(t, path); h.Claimed != 0 || h.Charged != 0 {
+		t.Fatalf("after B left: %+v", h)
+	}
+}
+
+// A reservation that may wait posts its want; the other member's watcher
+// answers with a ticket to its holder, which frees, and the bytes move
+// across. The ticket carries the asking reservation's priority.
+func TestCrossProcessPressure(t *testing.T) {
+	path := ledgerPath(t)
+	_, a, ga := member(t, path, 1000, Options{})
+	_, b, _ := member(t, path, 1000, Options{})
+	var cachedP atomic.Pointer[governor.Lease]
+	got := make(chan governor.Ticket, 64)
+	cache := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
+		got <- tk
+		c := cachedP.Load()
+		if c == nil {
+			return 0, nil
+		}
+		n := min(tk.Wanted, c.Charged())
+		return n, c.Refund(n)
+	})
+	if err := ga.Register("cache", cache, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gr, err := a.Reserve(context.Background(), "cache", "blocks", 900, 0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = gr.Draw(900)
+	cached, _ := gr.Commit()
+	cachedP.Store(cached)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	grB, err := b.Reserve(ctx, "h", "r", 500, 7, time.Time{})
+	if err != nil {
+		t.Fatalf("B's reservation under pressure: %v", err)
+	}
+	defer grB.Cancel()
+	tk := <-got
+	if tk.Priority != 7 || tk.Wanted == 0 {
+		t.Fatalf("ticket %+v, want B's priority 7", tk)
+	}
+	if cached.Charged() > 500 {
+		t.Fatalf("A's cache still holds %d", cached.Charged())
+	}
+	// A reservation that cannot wait fails at once, without tickets.
+	_, err = b.Reserve(context.Background(), "h", "r", 1000, 0, time.Time{})
+	if !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("no-wait reservation: %v", err)
+	}
+}
+
+// The operator's limits change is applied, deferred or refused, and says so.
+func TestSetCapacityOutcomes(t *testing.T) {
+	path := ledgerPath(t)
+	events := make(chan Event, 16)
+	_, a, _ := member(t, path, 1000, Options{OnEvent: func(e Event) { events <- e }})
+	ls := take(t, a, 600)
+	defer ls.Refund(600)
+	h, _ := inspect(t, path)
+	ch, err := SetCapacity(path, 800, h.Revision)
+	if err != nil || ch.Outcome != Applied || ch.Revision != h.Revision+1 || ch.Capacity != 800 {
+		t.Fatalf("grow/shrink above the claims: %+v %v", ch, err)
+	}
+	ch, err = SetCapacity(path, 500, h.Revision)
+	if err != nil || ch.Outcome != Refused || ch.Capacity != 800 {
+		t.Fatalf("stale revision: %+v %v", ch, err)
+	}
+	ch, err = SetCapacity(path, 0, 0)
+	if err != nil || ch.Outcome != Refused {
+		t.Fatalf("capacity 0: %+v %v", ch, err)
+	}
+	ch, err = SetCapacity(path, 500, 0)
+	if err != nil || ch.Outcome != Deferred || ch.Excess != 100 {
+		t.Fatalf("below the claims: %+v %v", ch, err)
+	}
+	// Deferred holds for new claims at once.
+	if _, err := a.Reserve(context.Background(), "h", "r", 1, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("a claim under a deferred capacity: %v", err)
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.Kind == EventLimits && e.Capacity == 500 {
+				return
+			}
+		case <-deadline:
+			t.Fatal("no EventLimits for revision with capacity 500")
+		}
+	}
+}

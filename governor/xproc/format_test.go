@@ -1,0 +1,155 @@
+package xproc
+
+import (
+	"errors"
+	"os"
+	"testing"
+)
+
+// image returns a valid ledger image of n slots and the given capacity.
+func image(n int, capacity uint64) []byte {
+	b := make([]byte, fileSize(n))
+	put(b, hMagic, magic)
+	put(b, hVersion, Version)
+	put(b, hSlots, uint64(n))
+	put(b, hCapacity, capacity)
+	put(b, hRevision, 1)
+	return b
+}
+
+func put(b []byte, i int, v uint64) {
+	b[i*8], b[i*8+1], b[i*8+2], b[i*8+3], b[i*8+4], b[i*8+5], b[i*8+6], b[i*8+7] = le8(v)
+}
+
+func putSlot(b []byte, slot, i int, v uint64) { put(b[headerSize+slot*slotSize:], i, v) }
+
+// Every way a file can be wrong is a typed error from Parse and from Open,
+// and Open changes nothing in a file it refuses.
+func TestBadLedgerFiles(t *testing.T) {
+	valid := image(4, 1000)
+	withSlot := func(f func(b []byte)) []byte {
+		b := append([]byte(nil), valid...)
+		putSlot(b, 0, sPID, 1)
+		putSlot(b, 0, sClaim, 100)
+		put(b, hClaimed, 100)
+		f(b)
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"empty", nil, ErrTruncated},
+		{"short header", valid[:100], ErrTruncated},
+		{"foreign", append([]byte("not a ledger at all"), make([]byte, 200)...), ErrForeign},
+		{"version 2", func() []byte { b := append([]byte(nil), valid...); put(b, hVersion, 2); return b }(), ErrVersion},
+		{"no slots", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 0); return b }(), ErrCorrupt},
+		{"huge slot count", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 1<<40); return b }(), ErrCorrupt},
+		{"truncated slots", valid[:len(valid)-1], ErrTruncated},
+		{"trailing bytes", append(append([]byte(nil), valid...), 0), ErrCorrupt},
+		{"capacity beyond", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 1<<60); return b }(), ErrCorrupt},
+		{"totals not sums", withSlot(func(b []byte) { put(b, hClaimed, 99) }), ErrCorrupt},
+		{"free slot holds bytes", withSlot(func(b []byte) { putSlot(b, 0, sPID, 0) }), ErrCorrupt},
+		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), ErrCorrupt},
+		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), ErrCorrupt},
+		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), ErrCorrupt},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := Parse(c.b)
+			var le *LedgerError
+			if !errors.Is(err, c.want) || !errors.As(err, &le) {
+				t.Fatalf("Parse: %v, want a *LedgerError of %v", err, c.want)
+			}
+			path := ledgerPath(t)
+			writeFile(t, path, c.b)
+			_, err = Open(path, Options{Create: &CreateOptions{Capacity: 1}})
+			if !errors.Is(err, c.want) || !errors.As(err, &le) || le.Path != path {
+				t.Fatalf("Open: %v, want a *LedgerError of %v naming the path", err, c.want)
+			}
+			got, _ := os.ReadFile(path)
+			if string(got) != string(c.b) {
+				t.Fatal("Open changed a file it refused")
+			}
+		})
+	}
+	if _, _, err := Parse(valid); err != nil {
+		t.Fatalf("a valid image: %v", err)
+	}
+}
+
+// A dirty header (a writer died between begin and end) is not refused: the
+// next lock holder recomputes the totals from the slots.
+func TestDirtyHeaderRepaired(t *testing.T) {
+	b := image(4, 1000)
+	putSlot(b, 2, sPID, 1) // pid 1 lives (init); its slot survives the scan
+	putSlot(b, 2, sStart, startTime(1))
+	putSlot(b, 2, sClaim, 300)
+	putSlot(b, 2, sCharged, 200)
+	put(b, hClaimed, 12345) // the dead writer's half-done total
+	put(b, hDirty, 77)
+	if _, _, err := Parse(b); err != nil {
+		t.Fatalf("Parse of a dirty header: %v", err)
+	}
+	path := ledgerPath(t)
+	writeFile(t, path, b)
+	if startTime(1) == 0 {
+		t.Skip("no /proc/1/stat")
+	}
+	l, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	h, s := inspect(t, path)
+	if h.Dirty || h.Claimed != 300 || h.Charged != 200 || h.Repairs != 1 || s[2].Claim != 300 {
+		t.Fatalf("after repair: %+v", h)
+	}
+}
+
+// A ledger is created with the mode asked, 0600 by default; other modes
+// are refused.
+func TestCreateMode(t *testing.T) {
+	for _, c := range []struct {
+		mode, want os.FileMode
+	}{{0, 0o600}, {0o660, 0o660}} {
+		path := ledgerPath(t)
+		l, err := Open(path, Options{Create: &CreateOptions{Capacity: 10, Mode: c.mode, Group: os.Getgid()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := os.Stat(path)
+		l.Close()
+		if st.Mode().Perm() != c.want {
+			t.Fatalf("mode %v, want %v", st.Mode().Perm(), c.want)
+		}
+	}
+	_, err := Open(ledgerPath(t), Options{Create: &CreateOptions{Capacity: 10, Mode: 0o666}})
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("mode 0666: %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(image(1, 1))
+	f.Add(image(3, 1<<30))
+	b := image(2, 100)
+	putSlot(b, 1, sPID, 5)
+	putSlot(b, 1, sClaim, 50)
+	put(b, hClaimed, 50)
+	f.Add(b)
+	f.Add([]byte("MMXPROC"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, s, err := Parse(b)
+		if err != nil {
+			var le *LedgerError
+			if !errors.As(err, &le) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if len(s) != h.Slots || len(b) != fileSize(h.Slots) {
+			t.Fatalf("accepted %d bytes as %d slots", len(b), h.Slots)
+		}
+	})
+}

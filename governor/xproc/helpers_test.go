@@ -1,0 +1,85 @@
+package xproc
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+)
+
+// ledgerPath returns a fresh ledger path in the test's temporary directory.
+func ledgerPath(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(t.TempDir(), "ledger")
+}
+
+// member opens the ledger at path (creating it with capacity and slots),
+// binds a governor's authority "dev" with holder "h" registered, and
+// closes them at cleanup.
+func member(t testing.TB, path string, capacity uint64, o Options) (*Ledger, *Authority, *governor.Governor) {
+	t.Helper()
+	if o.Create == nil {
+		o.Create = &CreateOptions{Capacity: capacity, Slots: 16}
+	}
+	if o.Poll == 0 {
+		o.Poll = 20 * time.Millisecond
+	}
+	l, err := Open(path, o)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	g := governor.New(governor.Options{})
+	a, err := l.Bind(g, "dev")
+	if err != nil {
+		t.Fatalf("Bind: %v", err)
+	}
+	if err := g.Register("h", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil && !errors.Is(err, ErrInUse) {
+			t.Errorf("Close: %v", err)
+		}
+		g.Close()
+	})
+	return l, a, g
+}
+
+// inspect reads the ledger at path, failing the test on error.
+func inspect(t testing.TB, path string) (Header, []Slot) {
+	t.Helper()
+	h, s, err := Inspect(path)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return h, s
+}
+
+// take reserves, draws whole and commits n bytes.
+func take(t testing.TB, a *Authority, n memapi.Bytes) *governor.Lease {
+	t.Helper()
+	gr, err := a.Reserve(context.Background(), "h", "r", n, 0, time.Time{})
+	if err != nil {
+		t.Fatalf("Reserve %d: %v", n, err)
+	}
+	if err := gr.Draw(n); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := gr.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+func writeFile(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

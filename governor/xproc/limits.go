@@ -1,0 +1,97 @@
+package xproc
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Outcome says what became of a limits change.
+type Outcome uint8
+
+const (
+	// Applied: the new capacity holds now; the claims fit under it.
+	Applied Outcome = iota + 1
+	// Deferred: the new capacity holds for every new claim at once, but
+	// the processes' claims exceed it; it is fully in force once they
+	// give back Excess bytes (they do as their memory is freed, and the
+	// pressure of any refused claim asks them to).
+	Deferred
+	// Refused: nothing changed (a stale revision, or a capacity of 0 or
+	// beyond the largest figure).
+	Refused
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Deferred:
+		return "deferred"
+	case Refused:
+		return "refused"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// LimitChange is the answer to SetCapacity.
+type LimitChange struct {
+	Outcome  Outcome
+	Revision uint64 // the revision now in force (the old one when refused)
+	Capacity uint64 // the capacity now in force
+	Claimed  uint64 // the sum of the claims when the change was made
+	Excess   uint64 // Deferred: the claims beyond the new capacity
+	Reason   string // Refused: why
+}
+
+// SetCapacity changes the shared capacity of the ledger at path while its
+// processes run. expect, when not 0, is the revision the operator last
+// read: a change made on a stale view is Refused. A change bumps the
+// revision and is Applied or Deferred (see Outcome); every watcher emits
+// EventLimits for it.
+func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
+	const op = "xproc.SetCapacity"
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err}
+	}
+	defer f.Close()
+	if err := flock(f, unix.LOCK_EX); err != nil {
+		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err, Detail: "flock"}
+	}
+	defer flock(f, unix.LOCK_UN)
+	b, err := readImage(f)
+	if err != nil {
+		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err}
+	}
+	h, _, err := Parse(b)
+	if err != nil {
+		e := err.(*LedgerError)
+		e.Op, e.Path = op, path
+		return LimitChange{}, e
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err, Detail: "mmap"}
+	}
+	defer unix.Munmap(mem)
+	l := &Ledger{mem: mem, slots: h.Slots}
+	l.repairLocked()
+	ch := LimitChange{Revision: l.load(l.hw(hRevision)), Capacity: l.load(l.hw(hCapacity)), Claimed: l.load(l.hw(hClaimed))}
+	switch {
+	case expect != 0 && expect != ch.Revision:
+		ch.Outcome, ch.Reason = Refused, fmt.Sprintf("stale revision %d, the ledger is at %d", expect, ch.Revision)
+		return ch, nil
+	case capacity == 0 || capacity > maxBytes:
+		ch.Outcome, ch.Reason = Refused, fmt.Sprintf("capacity %d outside 1 to %d", capacity, maxBytes)
+		return ch, nil
+	}
+	l.store(l.hw(hCapacity), capacity)
+	l.add(l.hw(hRevision), 1)
+	ch.Revision, ch.Capacity, ch.Outcome = ch.Revision+1, capacity, Applied
+	if ch.Claimed > capacity {
+		ch.Outcome, ch.Excess = Deferred, ch.Claimed-capacity
+	}
+	return ch, nil
+}
