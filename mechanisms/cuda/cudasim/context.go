@@ -137,7 +137,7 @@ func (s *Sim) destroy(d *device) {
 		}
 	}
 	s.dropWork(d)
-	d.used = 0
+	s.uncharge(d, d.used)
 	s.cond.Broadcast()
 }
 
@@ -176,5 +176,8 @@ func (s *Sim) memGetInfo(free, total *uint64) driver.Result {
 	}
 	*total = s.cfg.Memory
 	*free = s.cfg.Memory - d.used
+	if s.cfg.Pool != nil {
+		*free = min(*free, s.cfg.Pool.Free())
+	}
 	return driver.Success
 }

@@ -23,12 +23,11 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 		return driver.ErrInvalidValue
 	}
 	charged := roundUp(size, s.cfg.AllocPage)
-	if charged < size || charged > s.cfg.Memory-d.used {
+	if charged < size || !s.charge(d, charged) {
 		return driver.ErrOutOfMemory
 	}
 	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, data: poisoned(size)}
 	s.nextAlloc += charged + s.cfg.AllocPage // a guard page: overruns hit nothing
-	d.used += charged
 	s.allocs = append(s.allocs, b) // addresses only grow: stays sorted
 	*dptr = driver.DevicePtr(b.addr)
 	return driver.Success
@@ -52,7 +51,7 @@ func (s *Sim) memFree(ptr driver.DevicePtr) driver.Result {
 	if i < 0 {
 		return driver.ErrInvalidValue
 	}
-	d.used -= s.allocs[i].charged
+	s.uncharge(d, s.allocs[i].charged)
 	s.allocs = slices.Delete(s.allocs, i, i+1)
 	return driver.Success
 }
@@ -182,10 +181,9 @@ func (s *Sim) memCreate(h *driver.MemHandle, size uint64, prop *driver.MemAlloca
 	if h == nil || flags != 0 || size == 0 || !s.aligned(size) {
 		return driver.ErrInvalidValue
 	}
-	if size > s.cfg.Memory-d.used {
+	if !s.charge(d, size) {
 		return driver.ErrOutOfMemory
 	}
-	d.used += size
 	id := driver.MemHandle(s.id())
 	s.phys[id] = &physical{handle: id, dev: d, size: size, data: poisoned(size)}
 	*h = id
@@ -214,7 +212,7 @@ func (s *Sim) memRelease(h driver.MemHandle) driver.Result {
 // freeIfDone frees p once it is released and mapped nowhere.
 func (s *Sim) freeIfDone(p *physical) {
 	if p.released && p.mappings == 0 {
-		p.dev.used -= p.size
+		s.uncharge(p.dev, p.size)
 		p.data = nil
 		delete(s.phys, p.handle)
 	}

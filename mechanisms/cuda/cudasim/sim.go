@@ -18,6 +18,43 @@ type Config struct {
 	AllocPage    uint64 // cuMemAlloc charges each block rounded up to this; 0 means Granularity
 	NoVMM        bool   // attribute 102 reads 0 and the VMM calls fail with CUDA_ERROR_NOT_SUPPORTED
 	ManualEvents bool   // recorded events stay pending until CompleteEvents, a stream sync or destroy
+	// Pool, when set, is physical memory the devices share with other
+	// simulators, as one GPU's memory is shared by every process using
+	// it: each device's allocations are also taken from it, an allocation
+	// it cannot cover is CUDA_ERROR_OUT_OF_MEMORY, and cuMemGetInfo
+	// reports at most its free bytes.
+	Pool MemoryPool
+}
+
+// MemoryPool is device memory shared by several simulators (for example
+// in several processes, through shared memory). Take takes n bytes or
+// reports false, taking nothing; Give returns n bytes; Free reports the
+// bytes not taken. All three are safe for concurrent use.
+type MemoryPool interface {
+	Take(n uint64) bool
+	Give(n uint64)
+	Free() uint64
+}
+
+// charge takes n bytes of d's memory (and of the shared pool), or reports
+// false, taking nothing.
+func (s *Sim) charge(d *device, n uint64) bool {
+	if n > s.cfg.Memory-d.used {
+		return false
+	}
+	if s.cfg.Pool != nil && !s.cfg.Pool.Take(n) {
+		return false
+	}
+	d.used += n
+	return true
+}
+
+// uncharge returns n bytes of d's memory (and of the shared pool).
+func (s *Sim) uncharge(d *device, n uint64) {
+	d.used -= n
+	if s.cfg.Pool != nil {
+		s.cfg.Pool.Give(n)
+	}
 }
 
 const (
