@@ -28,7 +28,7 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	}
 	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, data: poisoned(size)}
 	s.nextAlloc += charged + s.cfg.AllocPage // a guard page: overruns hit nothing
-	s.allocs = append(s.allocs, b) // addresses only grow: stays sorted
+	s.allocs = append(s.allocs, b)           // addresses only grow: stays sorted
 	*dptr = driver.DevicePtr(b.addr)
 	return driver.Success
 }
