@@ -85,13 +85,14 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 		defer t.Stop()
 		dl = t.C
 	}
+	wait := ctx.Done() != nil || !deadline.IsZero()
 	a.mu.Lock()
 	for {
-		err := a.claimFor(holder, bytes, priority)
+		err := a.claimFor(holder, bytes, priority, wait)
 		if err == nil {
 			break
 		}
-		if ctx.Done() == nil && deadline.IsZero() {
+		if !wait {
 			a.mu.Unlock()
 			return nil, err
 		}
@@ -127,8 +128,9 @@ func withCause(err, cause error) error {
 }
 
 // claimFor makes the local free bytes cover bytes, claiming the shortfall
-// from the ledger. Called with a.mu held.
-func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, priority governor.Priority) error {
+// from the ledger; a reservation that will wait posts its want when the
+// ledger cannot give it. Called with a.mu held.
+func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, priority governor.Priority, wait bool) error {
 	if a.released {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
@@ -162,7 +164,7 @@ func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, prior
 			Charged:  memapi.Bytes(l.load(l.hw(hCharged))),
 			Pending:  memapi.Bytes(l.load(l.hw(hPending))),
 		}
-		if l.load(l.hw(hWant)) < need-free {
+		if wait && l.load(l.hw(hWant)) < need-free {
 			l.store(l.hw(hWant), need-free)
 			l.store(l.hw(hWantPri), uint64(int64(priority)))
 			l.add(l.hw(hWantSeq), 1)
