@@ -2,6 +2,7 @@ package xproc
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -38,6 +39,8 @@ func runChild(name string) int {
 	switch name {
 	case "reserve":
 		err = childReserve()
+	case "churn":
+		err = childChurn()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}
@@ -129,6 +132,9 @@ func envInt(name string, def int) int {
 	}
 	return def
 }
+
+// contextBG is the children's context.
+var contextBG = context.Background()
 
 // stdin is a child's input from the parent: a go-ahead line, then EOF.
 var stdin = bufio.NewReader(os.Stdin)
