@@ -41,6 +41,8 @@ func runChild(name string) int {
 		err = childReserve()
 	case "churn":
 		err = childChurn()
+	case "cuda":
+		err = childCUDA()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}
