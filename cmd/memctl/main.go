@@ -1,0 +1,29 @@
+// Command memctl shows and changes a ledger file that several processes
+// share (package governor/xproc).
+//
+//	memctl show PATH                      the capacity, the limits' revision,
+//	                                      the totals and every taken slot
+//	memctl set-capacity PATH BYTES [REV]  change the shared capacity while the
+//	                                      processes run; REV, when given, is
+//	                                      the revision last read: a change on
+//	                                      a stale view is refused
+//	memctl create PATH BYTES [SLOTS [GID]] make a ledger (mode 0600; with GID,
+//	                                      0660 and that group)
+//
+// BYTES takes a K, M, G or T suffix (powers of 1024). set-capacity prints
+// whether the change was applied, deferred (the claims exceed it: it holds
+// for new claims at once and fully once the processes give back the
+// excess) or refused, and why.
+//
+// Exit codes: 0 ok (a refused change included: the answer says so), 1 a
+// ledger error (a missing, corrupt, truncated or foreign-version file is
+// reported with its kind), 2 usage error.
+package main
+
+import (
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
