@@ -92,6 +92,12 @@ func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
 	ch.Revision, ch.Capacity, ch.Outcome = ch.Revision+1, capacity, Applied
 	if ch.Claimed > capacity {
 		ch.Outcome, ch.Excess = Deferred, ch.Claimed-capacity
+		// Ask the processes for the excess, as a refused claim does:
+		// their watchers issue tickets to their holders and give back
+		// what is freed.
+		l.store(l.hw(hWant), ch.Excess)
+		l.store(l.hw(hWantPri), 0)
+		l.add(l.hw(hWantSeq), 1)
 	}
 	return ch, nil
 }
