@@ -18,7 +18,8 @@ BENCHES ?= ./gen:^BenchmarkGenerate$$ \
 	./mechanisms/cpu:^BenchmarkCommit$$ \
 	./governor:^BenchmarkCycle$$ ./governor:^BenchmarkRefundToWake$$ \
 	./pmm:. \
-	./holders:^BenchmarkKVAppend$$
+	./holders:^BenchmarkKVAppend$$ \
+	./governor/xproc:^BenchmarkReserve$$
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_OUT ?= out/bench.txt
@@ -32,7 +33,7 @@ TIDY_MODULES := . $(MODULES) integrations/ort
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all generate check drift vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz regen-stable ci
+.PHONY: all generate check drift vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz xproc-soak regen-stable ci
 
 all: check test
 
@@ -104,6 +105,13 @@ bench:
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+
+## xproc-soak: 1,000 kill -9 trials of a process sharing a ledger (XPROC_TRIALS), and the ledger
+## file's parser fuzzed (FUZZTIME)
+XPROC_TRIALS ?= 1000
+xproc-soak:
+	MEMGEN_XPROC_TRIALS=$(XPROC_TRIALS) $(GO) test -race -count=1 -run '^TestKillNine$$' -v ./governor/xproc/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./governor/xproc/
 
 ## regen-stable: go generate twice in a row changes no byte
 regen-stable:
