@@ -153,3 +153,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A slot whose PID now names a process with another start time belongs to
+// a dead process (PID reuse): the next member to join reclaims it and says
+// so; a slot of a live process stays.
+func TestPIDReuse(t *testing.T) {
+	b := image(4, 1000)
+	putSlot(b, 0, sPID, uint64(os.Getpid()))
+	putSlot(b, 0, sStart, startTime(os.Getpid())+1) // an earlier owner of this PID
+	putSlot(b, 0, sClaim, 300)
+	putSlot(b, 1, sPID, uint64(os.Getpid()))
+	putSlot(b, 1, sStart, startTime(os.Getpid())) // this process: alive
+	putSlot(b, 1, sClaim, 200)
+	put(b, hClaimed, 500)
+	path := ledgerPath(t)
+	writeFile(t, path, b)
+	events := make(chan Event, 4)
+	l, err := Open(path, Options{OnEvent: func(e Event) { events <- e }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	e := <-events
+	if e.Kind != EventReclaimed || e.Slot != 0 || e.Claim != 300 {
+		t.Fatalf("event %+v", e)
+	}
+	h, s := inspect(t, path)
+	if h.Claimed != 200 || s[1].Claim != 200 || s[0].Claim != 0 || h.Reclaims != 1 || l.Slot() != 0 {
+		t.Fatalf("after the join: %+v, slot %d", h, l.Slot())
+	}
+}
