@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,14 +16,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		defer os.RemoveAll(buildDir)
-		return m.Run()
+	code := m.Run()
+	_ = os.RemoveAll(buildDir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
-	if code() != 0 {
-		os.Exit(1)
-	}
-	goleak.VerifyTestMain(m)
+	os.Exit(code)
 }
 
 var bg = context.Background()
