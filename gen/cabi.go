@@ -94,7 +94,11 @@ func (l *loader) pluginABI(n *yaml.Node) {
 			a.Reserved = l.integer(p.v, what+".reserved", 0)
 		case "minors":
 			for _, m := range l.mapping(p.v, what+".minors") {
-				mi := &ABIMinor{Minor: l.integer(m.k, what+".minors", 1), Pos: l.pos(m.k), byMethod: map[string]bool{}}
+				n, err := strconv.Atoi(m.k.Value)
+				if err != nil || n < 1 {
+					l.e.add(l.pos(m.k), "%s.minors: %q is not a minor version of at least 1", what, m.k.Value)
+				}
+				mi := &ABIMinor{Minor: n, Pos: l.pos(m.k), byMethod: map[string]bool{}}
 				mi.Slots, mi.SlotPos = l.strList(m.v, what+".minors."+m.k.Value)
 				for _, s := range mi.Slots {
 					mi.byMethod[s] = true

@@ -92,7 +92,7 @@ package checked
 import memapi "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "eca046fd6c1e77ccf2cd0926eae336db270c6060f52e55814e93555b1b12d67e"
+const specDigest = "2d0843b19f55495f48fe1bfa38d779e43b412bf6ee3b635a9504335fd2d37779"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

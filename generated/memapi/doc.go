@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "eca046fd6c1e77ccf2cd0926eae336db270c6060f52e55814e93555b1b12d67e"
+const SpecDigest = "2d0843b19f55495f48fe1bfa38d779e43b412bf6ee3b635a9504335fd2d37779"
