@@ -47,6 +47,16 @@ func TestCompatibility(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("older-minor/stale-slot", func(t *testing.T) {
+		// struct_size covers copy_on_write, abi_version says 1.0: the minor wins.
+		l, err := Open(refhost(t, "REFHOST_MINOR=0", "REFHOST_STALE_SLOT"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Offers().Has(memapi.CapSharedMapping) {
+			t.Errorf("Offers() = %v: a 1.0 plugin has no copy_on_write, whatever its struct_size", l.Offers())
+		}
+	})
 	t.Run("older-minor/conformance", func(t *testing.T) {
 		path := refhost(t, "REFHOST_MINOR=0")
 		conformance.Run(t, func(t *testing.T) conformance.Subject {

@@ -19,7 +19,7 @@
  * docs/cabi.md walks through this file. The tests build it with cc, also with
  * macros that emulate other builds of the ABI (REFHOST_MINOR,
  * REFHOST_NEWER_MINOR, REFHOST_MAJOR) and broken plugins (REFHOST_BAD_*,
- * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME).
+ * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME, REFHOST_STALE_SLOT).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -889,7 +889,18 @@ static const struct ref_virtual_backing virtual_backing = {
      ref_committed_bytes, ref_release_reservation},
     FUTURE};
 
-#if REFHOST_MINOR < 1
+#if REFHOST_MINOR < 1 && defined(REFHOST_STALE_SLOT)
+/*
+ * A 1.0 plugin whose struct_size still covers copy_on_write, holding a slot
+ * that aborts: the host must go by the minor, not only by the size.
+ */
+static memgen_status ref_stale_copy_on_write(void *instance, memgen_handle v, memgen_view_out *out) {
+  (void)instance, (void)v, (void)out;
+  abort();
+}
+#define SHARED_SIZE ((uint32_t)sizeof(memgen_shared_mapping))
+#define COPY_ON_WRITE ref_stale_copy_on_write
+#elif REFHOST_MINOR < 1
 /* ABI 1.0 had no copy_on_write: the struct ended before it. */
 #define SHARED_SIZE ((uint32_t)offsetof(memgen_shared_mapping, copy_on_write))
 #define COPY_ON_WRITE NULL
