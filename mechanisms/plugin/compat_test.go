@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/memgen/memgen/generated/checked"
@@ -88,6 +89,17 @@ func TestCompatibility(t *testing.T) {
 		var le *LoadError
 		if !errors.Is(err, ErrIncompatible) || !errors.As(err, &le) {
 			t.Fatalf("Open = %v, want a *LoadError of kind ErrIncompatible", err)
+		}
+		// The descriptor's version is judged first; nothing past it is read.
+		if !strings.Contains(le.Detail, "the plugin speaks ABI 2.") {
+			t.Errorf("Open = %v: the descriptor's own major was not what refused it", err)
+		}
+	})
+	t.Run("other-major-slots", func(t *testing.T) {
+		_, err := Open(refhost(t, "REFHOST_SLOTS_MAJOR=2"))
+		var le *LoadError
+		if !errors.Is(err, ErrIncompatible) || !errors.As(err, &le) || !strings.Contains(le.Detail, "device_allocator is of ABI 2.") {
+			t.Fatalf("Open = %v, want ErrIncompatible for the device_allocator struct", err)
 		}
 	})
 }

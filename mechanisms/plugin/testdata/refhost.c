@@ -19,7 +19,8 @@
  * docs/cabi.md walks through this file. The tests build it with cc, also with
  * macros that emulate other builds of the ABI (REFHOST_MINOR,
  * REFHOST_NEWER_MINOR, REFHOST_MAJOR) and broken plugins (REFHOST_BAD_*,
- * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME, REFHOST_STALE_SLOT).
+ * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME, REFHOST_STALE_SLOT,
+ * REFHOST_SLOTS_MAJOR).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +48,12 @@
 #define REFHOST_MINOR (MEMGEN_ABI_MINOR + 1)
 #endif
 #define REFHOST_VERSION MEMGEN_ABI_VERSION_OF(REFHOST_MAJOR, REFHOST_MINOR)
+/* The version of the structs of slots; REFHOST_SLOTS_MAJOR sets theirs alone. */
+#ifdef REFHOST_SLOTS_MAJOR
+#define REFHOST_SLOTS_VERSION MEMGEN_ABI_VERSION_OF(REFHOST_SLOTS_MAJOR, REFHOST_MINOR)
+#else
+#define REFHOST_SLOTS_VERSION REFHOST_VERSION
+#endif
 
 /* The largest request considered: the 47-bit user address space. */
 #define MAX_SIZE ((uint64_t)1 << 47)
@@ -881,11 +888,11 @@ struct ref_shared_mapping {
 #endif
 
 static const struct ref_device_allocator device_allocator = {
-    {SIZE_OF(ref_device_allocator, memgen_device_allocator), REFHOST_VERSION, ref_allocate, ref_free, ref_used_bytes},
+    {SIZE_OF(ref_device_allocator, memgen_device_allocator), REFHOST_SLOTS_VERSION, ref_allocate, ref_free, ref_used_bytes},
     FUTURE};
 
 static const struct ref_virtual_backing virtual_backing = {
-    {SIZE_OF(ref_virtual_backing, memgen_virtual_backing), REFHOST_VERSION, ref_reserve, ref_commit, ref_decommit,
+    {SIZE_OF(ref_virtual_backing, memgen_virtual_backing), REFHOST_SLOTS_VERSION, ref_reserve, ref_commit, ref_decommit,
      ref_committed_bytes, ref_release_reservation},
     FUTURE};
 
@@ -910,12 +917,12 @@ static memgen_status ref_stale_copy_on_write(void *instance, memgen_handle v, me
 #endif
 
 static const struct ref_shared_mapping shared_mapping = {
-    {SHARED_SIZE, REFHOST_VERSION, ref_create_backing, ref_map_view, ref_unmap_view, ref_view_count,
+    {SHARED_SIZE, REFHOST_SLOTS_VERSION, ref_create_backing, ref_map_view, ref_unmap_view, ref_view_count,
      ref_release_backing, COPY_ON_WRITE},
     FUTURE};
 
 static const memgen_device_context device_context = {
-    sizeof(memgen_device_context), REFHOST_VERSION,   ref_stream_create,      ref_stream_copy_to_device,
+    sizeof(memgen_device_context), REFHOST_SLOTS_VERSION,   ref_stream_create,      ref_stream_copy_to_device,
     ref_stream_copy_from_device,   ref_stream_copy_device, ref_stream_record, ref_stream_synchronize,
     ref_stream_close,              ref_fence_done,    ref_fence_release};
 
