@@ -852,6 +852,23 @@ static void ref_fence_release(void *instance, memgen_handle fence) {
   pthread_mutex_unlock(&in->mu);
 }
 
+/*
+ * refhost_count is not part of the ABI: the tests call it to count an
+ * instance's live objects of one kind (6 = fences), which no slot reports.
+ */
+MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind);
+MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind) {
+  struct instance *in = instance;
+  struct obj *o;
+  uint64_t n = 0;
+  pthread_mutex_lock(&in->mu);
+  for (o = in->objs; o != NULL; o = o->next) {
+    n += o->kind == (enum kind)kind;
+  }
+  pthread_mutex_unlock(&in->mu);
+  return n;
+}
+
 /* ---- the descriptor ---------------------------------------------------- */
 
 #ifdef REFHOST_NEWER_MINOR
