@@ -1,7 +1,6 @@
 package plugin_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -35,5 +34,4 @@ func Example() {
 	if _, err := memapi.RequireSharedMapping(mech); err != nil {
 		fmt.Println("an older plugin: no SharedMapping") // absent, never a no-op
 	}
-	_ = context.Background()
 }
