@@ -201,7 +201,11 @@ func (c *cAbi) slotDoc(m *Method) string {
 	case EffectConsumes:
 		parts = append(parts, fmt.Sprintf("Accounting (host side): before the call the host draws %s%s from its grant, and undraws it if the slot fails. On %s_OK the plugin must have installed exactly that much; the checked wrapper verifies it.", acc.Amount.Text, round, c.P))
 	case EffectRefunds:
-		parts = append(parts, fmt.Sprintf("Accounting (host side): after %s_OK the host refunds %s%s. On failure nothing is refunded, so the plugin fails only when it released nothing.", c.P, acc.Amount.Text, round))
+		amount := acc.Amount.Text
+		if acc.Amount.Func == "committed" {
+			amount = "the bytes still committed in " + acc.Amount.Param
+		}
+		parts = append(parts, fmt.Sprintf("Accounting (host side): after %s_OK the host refunds %s%s. On failure nothing is refunded, so the plugin fails only when it released nothing.", c.P, amount, round))
 	case EffectQuery:
 		parts = append(parts, "A query: it changes nothing and must not block on device work.")
 	default:
@@ -213,7 +217,11 @@ func (c *cAbi) slotDoc(m *Method) string {
 		own = append(own, fmt.Sprintf("On %s_OK the plugin fills *out; out->id is the plugin's new %s id, owned by the host until it passes the id to %s.", c.P, m.Creates, rel))
 	}
 	if m.Releases != "" {
-		own = append(own, fmt.Sprintf("The host passes each %s id here at most once; after %s_OK the id is dead and the plugin may reuse it.", cSnake(m.Releases), c.P))
+		kind := m.Releases
+		if p := m.Param(m.Releases); p != nil {
+			kind = p.Type
+		}
+		own = append(own, fmt.Sprintf("The host passes each %s id (%s) here at most once; after %s_OK the id is dead and the plugin may reuse it.", kind, cSnake(m.Releases), c.P))
 	}
 	own = append(own, "Handle ids passed in are live ids of this instance (the host checked). Pointers passed in are borrowed for the call only.")
 	parts = append(parts, "Ownership: "+strings.Join(own, " "))

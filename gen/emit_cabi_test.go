@@ -22,7 +22,7 @@ func cabiSpec(t *testing.T, block string) (*Spec, error) {
 }
 
 // TestCABIGolden compares the header and the loader's files generated for
-// the case with testdata/cabi/expected (go test ./gen -update rewrites them).
+// the case with testdata/cabi/want (go test ./gen -update rewrites them).
 // Only the emitter's own outputs are compared, so other emitters' changes do
 // not touch this case.
 func TestCABIGolden(t *testing.T) {
@@ -47,7 +47,7 @@ func TestCABIGolden(t *testing.T) {
 	if len(ours) != 3 {
 		t.Fatalf("the C ABI emitter wrote %d files, want the header and two loader files", len(ours))
 	}
-	exp := filepath.Join(cabiCase, "expected")
+	exp := filepath.Join(cabiCase, "want") // not "expected": FuzzGenerate seeds from */expected
 	if *update {
 		must(t, os.RemoveAll(exp))
 		for rel, data := range ours {

@@ -364,10 +364,10 @@ typedef struct memgen_device_allocator {
    * failure nothing is refunded, so the plugin fails only when it released
    * nothing.
    *
-   * Ownership: The host passes each a id here at most once; after MEMGEN_OK
-   * the id is dead and the plugin may reuse it. Handle ids passed in are live
-   * ids of this instance (the host checked). Pointers passed in are borrowed
-   * for the call only.
+   * Ownership: The host passes each Allocation id (a) here at most once;
+   * after MEMGEN_OK the id is dead and the plugin may reuse it. Handle ids
+   * passed in are live ids of this instance (the host checked). Pointers
+   * passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -491,14 +491,14 @@ typedef struct memgen_virtual_backing {
    * ReleaseReservation decommits what is still committed and frees the
    * address range. It fails with ErrInUse while views are mapped in it.
    *
-   * Accounting (host side): after MEMGEN_OK the host refunds committed(res).
-   * On failure nothing is refunded, so the plugin fails only when it released
-   * nothing.
+   * Accounting (host side): after MEMGEN_OK the host refunds the bytes still
+   * committed in res. On failure nothing is refunded, so the plugin fails
+   * only when it released nothing.
    *
-   * Ownership: The host passes each res id here at most once; after MEMGEN_OK
-   * the id is dead and the plugin may reuse it. Handle ids passed in are live
-   * ids of this instance (the host checked). Pointers passed in are borrowed
-   * for the call only.
+   * Ownership: The host passes each Reservation id (res) here at most once;
+   * after MEMGEN_OK the id is dead and the plugin may reuse it. Handle ids
+   * passed in are live ids of this instance (the host checked). Pointers
+   * passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -574,10 +574,10 @@ typedef struct memgen_shared_mapping {
    *
    * Accounting: none; address space only.
    *
-   * Ownership: The host passes each v id here at most once; after MEMGEN_OK
-   * the id is dead and the plugin may reuse it. Handle ids passed in are live
-   * ids of this instance (the host checked). Pointers passed in are borrowed
-   * for the call only.
+   * Ownership: The host passes each View id (v) here at most once; after
+   * MEMGEN_OK the id is dead and the plugin may reuse it. Handle ids passed
+   * in are live ids of this instance (the host checked). Pointers passed in
+   * are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -609,10 +609,10 @@ typedef struct memgen_shared_mapping {
    * failure nothing is refunded, so the plugin fails only when it released
    * nothing.
    *
-   * Ownership: The host passes each b id here at most once; after MEMGEN_OK
-   * the id is dead and the plugin may reuse it. Handle ids passed in are live
-   * ids of this instance (the host checked). Pointers passed in are borrowed
-   * for the call only.
+   * Ownership: The host passes each Backing id (b) here at most once; after
+   * MEMGEN_OK the id is dead and the plugin may reuse it. Handle ids passed
+   * in are live ids of this instance (the host checked). Pointers passed in
+   * are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -635,10 +635,10 @@ typedef struct memgen_shared_mapping {
    *
    * Ownership: On MEMGEN_OK the plugin fills *out; out->id is the plugin's
    * new View id, owned by the host until it passes the id to unmap_view. The
-   * host passes each v id here at most once; after MEMGEN_OK the id is dead
-   * and the plugin may reuse it. Handle ids passed in are live ids of this
-   * instance (the host checked). Pointers passed in are borrowed for the call
-   * only.
+   * host passes each View id (v) here at most once; after MEMGEN_OK the id is
+   * dead and the plugin may reuse it. Handle ids passed in are live ids of
+   * this instance (the host checked). Pointers passed in are borrowed for the
+   * call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.

@@ -314,10 +314,10 @@ typedef struct tiny_device_allocator {
    * Accounting (host side): after TINY_OK the host refunds a.Size. On failure
    * nothing is refunded, so the plugin fails only when it released nothing.
    *
-   * Ownership: The host passes each a id here at most once; after TINY_OK the
-   * id is dead and the plugin may reuse it. Handle ids passed in are live ids
-   * of this instance (the host checked). Pointers passed in are borrowed for
-   * the call only.
+   * Ownership: The host passes each Allocation id (a) here at most once;
+   * after TINY_OK the id is dead and the plugin may reuse it. Handle ids
+   * passed in are live ids of this instance (the host checked). Pointers
+   * passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -415,14 +415,14 @@ typedef struct tiny_virtual_backing {
   /*
    * ReleaseReservation frees the range.
    *
-   * Accounting (host side): after TINY_OK the host refunds committed(res). On
-   * failure nothing is refunded, so the plugin fails only when it released
-   * nothing.
+   * Accounting (host side): after TINY_OK the host refunds the bytes still
+   * committed in res. On failure nothing is refunded, so the plugin fails
+   * only when it released nothing.
    *
-   * Ownership: The host passes each res id here at most once; after TINY_OK
-   * the id is dead and the plugin may reuse it. Handle ids passed in are live
-   * ids of this instance (the host checked). Pointers passed in are borrowed
-   * for the call only.
+   * Ownership: The host passes each Reservation id (res) here at most once;
+   * after TINY_OK the id is dead and the plugin may reuse it. Handle ids
+   * passed in are live ids of this instance (the host checked). Pointers
+   * passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
