@@ -106,8 +106,9 @@ func TestCABIErrors(t *testing.T) {
 		{"unknown-key", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  colour: red\n", `unknown key "colour"`},
 		{"not-a-header", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.c\n  loader: l\n  prefix: p\n", `is not a .h file`},
 		{"bad-major", "plugin_abi:\n  major: 0\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n", `major: expected an integer of at least 1`},
-		{"minor-out-of-order", "plugin_abi:\n  major: 1\n  minor: 1\n  header: a.h\n  loader: l\n  prefix: p\n  minors:\n    \"2\": [DeviceAllocator.Free]\n", `minor 2 out of order`},
+		{"minor-out-of-order", "plugin_abi:\n  major: 1\n  minor: 2\n  header: a.h\n  loader: l\n  prefix: p\n  minors:\n    \"2\": [DeviceAllocator.Free]\n", `minor 2 out of order`},
 		{"unknown-slot", "plugin_abi:\n  major: 1\n  minor: 1\n  header: a.h\n  loader: l\n  prefix: p\n  minors:\n    \"1\": [DeviceAllocator.Nope]\n", `"DeviceAllocator.Nope" is not a Capability.Method`},
+		{"slot-twice", "plugin_abi:\n  major: 1\n  minor: 2\n  header: a.h\n  loader: l\n  prefix: p\n  minors:\n    \"1\": [DeviceAllocator.Free]\n    \"2\": [DeviceAllocator.Free]\n", `slot "DeviceAllocator.Free" added twice`},
 		{"plugin-device", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  plugins:\n    x: {device: Toaster, offers: [DeviceAllocator], doc: d}\n", `device "Toaster" is not a DeviceKind value`},
 		{"plugin-offers", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  plugins:\n    x: {device: Host, offers: [VirtualBacking], doc: d}\n", `must offer required capability DeviceAllocator`},
 	} {
@@ -117,5 +118,19 @@ func TestCABIErrors(t *testing.T) {
 				t.Errorf("Load = %v, want an error containing %q with its position", err, c.want)
 			}
 		})
+	}
+}
+
+// TestCLayoutPadding: members are aligned naturally and the size rounded to
+// the largest alignment, as a C compiler lays them out (LP64).
+func TestCLayoutPadding(t *testing.T) {
+	s := &cStruct{Fields: []*cField{
+		{C: "a", size: 4, align: 4},
+		{C: "b", size: 8, align: 8},
+		{C: "c", size: 4, align: 4},
+	}}
+	s.layout()
+	if got := []int{s.Fields[0].Off, s.Fields[1].Off, s.Fields[2].Off, s.Size}; got[0] != 0 || got[1] != 8 || got[2] != 16 || got[3] != 24 {
+		t.Errorf("offsets a, b, c and size = %v, want [0 8 16 24]", got)
 	}
 }
