@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -134,3 +135,54 @@ func TestCLayoutPadding(t *testing.T) {
 		t.Errorf("offsets a, b, c and size = %v, want [0 8 16 24]", got)
 	}
 }
+
+// TestCABIDrift: memgen check's drift detection covers the header. A header
+// edited by hand differs from what the spec generates, and a header memgen
+// wrote that the spec no longer produces (plugin_abi removed) is stale.
+func TestCABIDrift(t *testing.T) {
+	block, err := os.ReadFile(filepath.Join(cabiCase, "plugin_abi.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := cabiSpec(t, string(block))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := Generate(s, Config{Module: goldenModule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if _, _, err := Write(root, files); err != nil {
+		t.Fatal(err)
+	}
+	h := filepath.Join(root, filepath.FromSlash(s.PluginABI.Header))
+	data, err := os.ReadFile(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.WriteFile(h, append(data, "/* edited */\n"...), 0o644))
+	changed, _, err := Diff(root, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(changed, s.PluginABI.Header) {
+		t.Errorf("Diff reported %v as changed, not the edited header", changed)
+	}
+	plain, err := cabiSpec(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := Generate(plain, Config{Module: goldenModule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stale, err := Diff(root, without)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(stale, s.PluginABI.Header) {
+		t.Errorf("Diff reported %v as stale, not the header the spec no longer produces", stale)
+	}
+}
+
