@@ -185,4 +185,3 @@ func TestCABIDrift(t *testing.T) {
 		t.Errorf("Diff reported %v as stale, not the header the spec no longer produces", stale)
 	}
 }
-
