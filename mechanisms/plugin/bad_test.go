@@ -159,3 +159,55 @@ func TestClosed(t *testing.T) {
 		t.Errorf("second Close = %v", err)
 	}
 }
+
+// TestCloseRacesCalls: Close racing calls on other goroutines never crashes
+// the host: each call either completes or fails with ErrClosed, Close either
+// closes or refuses with ErrInUse while handles are live, and once it closed
+// nothing reaches the plugin's freed instance.
+func TestCloseRacesCalls(t *testing.T) {
+	for round := range 20 {
+		m, err := New(refhost(t), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 4)
+		for range 4 {
+			go func() {
+				for range 50 {
+					a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+					if errors.Is(err, memapi.ErrClosed) {
+						done <- nil
+						return
+					}
+					if err != nil {
+						done <- err
+						return
+					}
+					if err := m.Free(bg, a, nil); err != nil {
+						done <- err
+						return
+					}
+					_ = m.UsedBytes()
+				}
+				done <- nil
+			}()
+		}
+		var closed bool
+		for !closed {
+			switch err := m.Close(); {
+			case err == nil:
+				closed = true
+			case !errors.Is(err, memapi.ErrInUse):
+				t.Fatalf("round %d: Close = %v", round, err)
+			}
+		}
+		for range 4 {
+			if err := <-done; err != nil {
+				t.Errorf("round %d: %v", round, err)
+			}
+		}
+		if n := m.UsedBytes(); n != 0 {
+			t.Errorf("round %d: UsedBytes after Close = %d", round, n)
+		}
+	}
+}
