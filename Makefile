@@ -18,7 +18,8 @@ BENCHES ?= ./gen:^BenchmarkGenerate$$ \
 	./mechanisms/cpu:^BenchmarkCommit$$ \
 	./governor:^BenchmarkCycle$$ ./governor:^BenchmarkRefundToWake$$ \
 	./pmm:. \
-	./holders:^BenchmarkKVAppend$$
+	./holders:^BenchmarkKVAppend$$ \
+	./mechanisms/plugin:^BenchmarkABIOverhead$$
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_OUT ?= out/bench.txt

@@ -53,6 +53,7 @@ func Load(file string, data []byte) (*Spec, error) {
 	l.root(doc.Content[0])
 	if len(l.e.list) == 0 {
 		validate(l.s, &l.e)
+		validatePluginABI(l.s, &l.e)
 	}
 	if len(l.e.list) > 0 {
 		return nil, l.e.list.sorted()
@@ -226,6 +227,8 @@ func (l *loader) root(n *yaml.Node) {
 			for _, t := range l.mapping(p.v, "invariants") {
 				l.invariant(t.k, t.v)
 			}
+		case "plugin_abi":
+			l.pluginABI(p.v)
 		}
 	}
 	for _, req := range specRequired["spec"] {

@@ -24,6 +24,7 @@ type Spec struct {
 	Capabilities []*Capability
 	Mechanisms   []*Mechanism
 	Invariants   []*Invariant
+	PluginABI    *PluginABI // nil without a plugin_abi block
 
 	types map[string]*TypeDecl
 	ifcs  map[string]*InterfaceDecl

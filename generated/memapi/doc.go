@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"
+const SpecDigest = "2d0843b19f55495f48fe1bfa38d779e43b412bf6ee3b635a9504335fd2d37779"
