@@ -24,6 +24,7 @@ type Spec struct {
 	Capabilities []*Capability
 	Mechanisms   []*Mechanism
 	Invariants   []*Invariant
+	Ownership    Ownership
 
 	types map[string]*TypeDecl
 	ifcs  map[string]*InterfaceDecl

@@ -92,7 +92,7 @@ package checked
 import memapi "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"
+const specDigest = "3ca09719c5c77e0e5ea4ce851fad32d722d83c5a0d9a773925c308d2f4cb7561"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

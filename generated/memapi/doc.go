@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"
+const SpecDigest = "3ca09719c5c77e0e5ea4ce851fad32d722d83c5a0d9a773925c308d2f4cb7561"
