@@ -17,6 +17,7 @@ func emitVet(g *Gen) error {
 	f := g.contractFile("vet.go")
 	comment(f, "VetMeta is what cmd/memvet checks code against, from the spec. Import\npaths are full; the consuming and refunding methods are in Meta.")
 	f.Type().Id("VetMeta").Struct(
+		Id("Module").String().Comment("the module the packages below belong to"),
 		Id("Contract").String().Comment("the contract package"),
 		Id("Checked").String().Comment("the checked wrappers: the only way to call a consuming or refunding method"),
 		Id("Generated").Index().String().Comment("every package memgen writes"),
@@ -55,6 +56,7 @@ func emitVet(g *Gen) error {
 	}
 	comment(f, "Vet is the spec these files were generated from, as memvet reads it.")
 	f.Var().Id("Vet").Op("=").Id("VetMeta").Values(Dict{
+		Id("Module"):     Lit(g.Config.Module),
 		Id("Contract"):   Lit(g.Contract()),
 		Id("Checked"):    Lit(g.Import(s.Packages.Checked)),
 		Id("Generated"):  imports([]string{s.Packages.Contract, s.Packages.Checked, s.Packages.Conformance, s.Packages.Fakes}),

@@ -5,6 +5,7 @@ package memapi
 // VetMeta is what cmd/memvet checks code against, from the spec. Import
 // paths are full; the consuming and refunding methods are in Meta.
 type VetMeta struct {
+	Module        string   // the module the packages below belong to
 	Contract      string   // the contract package
 	Checked       string   // the checked wrappers: the only way to call a consuming or refunding method
 	Generated     []string // every package memgen writes
@@ -42,6 +43,7 @@ var Vet = VetMeta{
 	Grant:      "Grant",
 	Ledgers:    []string{"github.com/memgen/memgen/governor", "github.com/memgen/memgen/fakes"},
 	Mechanisms: []string{"github.com/memgen/memgen/mechanisms/cpu", "github.com/memgen/memgen/mechanisms/cuda"},
+	Module:     "github.com/memgen/memgen",
 	Negotiators: []NegotiatorMeta{{
 		Accessor:   "AsVirtualBacking",
 		Capability: CapVirtualBacking,
