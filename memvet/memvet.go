@@ -6,6 +6,7 @@ package memvet
 
 import (
 	"github.com/memgen/memgen/memvet/allow"
+	"github.com/memgen/memgen/memvet/handleclose"
 	"github.com/memgen/memgen/memvet/nobypass"
 	"golang.org/x/tools/go/analysis"
 )
@@ -14,6 +15,7 @@ import (
 func Analyzers() []*analysis.Analyzer {
 	return []*analysis.Analyzer{
 		nobypass.Analyzer,
+		handleclose.Analyzer,
 		allow.Analyzer,
 	}
 }
