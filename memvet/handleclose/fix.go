@@ -7,6 +7,7 @@ import (
 	"go/types"
 	"strings"
 
+	"github.com/memgen/memgen/memvet/internal/vetspec"
 	"golang.org/x/tools/go/analysis"
 )
 
@@ -65,6 +66,6 @@ func endsInReturn(b *ast.BlockStmt) bool {
 }
 
 func isErrNotNil(pass *analysis.Pass, cond ast.Expr, err *types.Var) bool {
-	v, op := nilTest(pass.TypesInfo, cond)
+	v, op := vetspec.NilTest(pass.TypesInfo, cond)
 	return v == err && op == token.NEQ
 }
