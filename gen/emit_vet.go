@@ -25,6 +25,7 @@ func emitVet(g *Gen) error {
 		Id("Ledgers").Index().String().Comment("the packages that may implement the grant and account roles"),
 		Id("Grant").String().Comment("the contract interface of role grant"),
 		Id("Account").String().Comment("the contract interface of role account"),
+		Id("Stream").String().Comment("the contract interface of role stream: device work"),
 		Id("Negotiators").Index().Id("NegotiatorMeta"),
 		Id("OwningHandles").Index().Id("OwningHandleMeta"),
 	)
@@ -64,6 +65,7 @@ func emitVet(g *Gen) error {
 		Id("Ledgers"):    imports(s.Ownership.Ledgers),
 		Id("Grant"):      Lit(roleName(s, RoleGrant)),
 		Id("Account"):    Lit(roleName(s, RoleAccount)),
+		Id("Stream"):     Lit(roleName(s, RoleStream)),
 		Id("Negotiators"): Index().Id("NegotiatorMeta").ValuesFunc(func(v *Group) {
 			for _, c := range s.Capabilities {
 				if !c.Required {

@@ -8,6 +8,7 @@ import (
 	"github.com/memgen/memgen/memvet/allow"
 	"github.com/memgen/memgen/memvet/handleclose"
 	"github.com/memgen/memgen/memvet/nobypass"
+	"github.com/memgen/memgen/memvet/recorduse"
 	"github.com/memgen/memgen/memvet/unsupported"
 	"golang.org/x/tools/go/analysis"
 )
@@ -18,6 +19,7 @@ func Analyzers() []*analysis.Analyzer {
 		nobypass.Analyzer,
 		handleclose.Analyzer,
 		unsupported.Analyzer,
+		recorduse.Analyzer,
 		allow.Analyzer,
 	}
 }

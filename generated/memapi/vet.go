@@ -13,6 +13,7 @@ type VetMeta struct {
 	Ledgers       []string // the packages that may implement the grant and account roles
 	Grant         string   // the contract interface of role grant
 	Account       string   // the contract interface of role account
+	Stream        string   // the contract interface of role stream: device work
 	Negotiators   []NegotiatorMeta
 	OwningHandles []OwningHandleMeta
 }
@@ -70,4 +71,5 @@ var Vet = VetMeta{
 		Package: "github.com/memgen/memgen/ep",
 		Type:    "Owned",
 	}},
+	Stream: "Stream",
 }
