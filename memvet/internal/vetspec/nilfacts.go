@@ -83,22 +83,63 @@ func NilTest(info *types.Info, cond ast.Expr) (*types.Var, token.Token) {
 		id, ok := ast.Unparen(x).(*ast.Ident)
 		return ok && info.Uses[id] == types.Universe.Lookup("nil")
 	}
-	errVar := func(x ast.Expr) *types.Var {
-		id, ok := ast.Unparen(x).(*ast.Ident)
-		if !ok {
-			return nil
-		}
-		v, ok := info.Uses[id].(*types.Var)
-		if !ok || !types.Identical(v.Type(), types.Universe.Lookup("error").Type()) {
-			return nil
-		}
-		return v
-	}
 	switch {
-	case isNil(b.Y) && errVar(b.X) != nil:
-		return errVar(b.X), b.Op
-	case isNil(b.X) && errVar(b.Y) != nil:
-		return errVar(b.Y), b.Op
+	case isNil(b.Y) && errVar(info, b.X) != nil:
+		return errVar(info, b.X), b.Op
+	case isNil(b.X) && errVar(info, b.Y) != nil:
+		return errVar(info, b.Y), b.Op
 	}
 	return nil, token.ILLEGAL
+}
+
+// Nilness is what a branch tells of an error variable.
+type Nilness int8
+
+// What a branch tells.
+const (
+	Unknown Nilness = iota
+	Nil
+	NotNil
+)
+
+// ErrBranches returns the local error variable a condition tests and what
+// its true and false branches tell of it: `err != nil`, `err == nil`,
+// errors.Is(err, target) and errors.As(err, &target) (true only when err is
+// not nil), and their negations. It returns nil for any other condition.
+func ErrBranches(info *types.Info, cond ast.Expr) (*types.Var, [2]Nilness) {
+	cond = ast.Unparen(cond)
+	if u, ok := cond.(*ast.UnaryExpr); ok && u.Op == token.NOT {
+		v, b := ErrBranches(info, u.X)
+		return v, [2]Nilness{b[1], b[0]}
+	}
+	if v, op := NilTest(info, cond); v != nil {
+		if op == token.EQL {
+			return v, [2]Nilness{Nil, NotNil}
+		}
+		return v, [2]Nilness{NotNil, Nil}
+	}
+	call, ok := cond.(*ast.CallExpr)
+	if !ok || len(call.Args) != 2 {
+		return nil, [2]Nilness{}
+	}
+	fn := Callee(info, call)
+	if fn == nil || fn.Pkg() == nil || fn.Pkg().Path() != "errors" || (fn.Name() != "Is" && fn.Name() != "As") {
+		return nil, [2]Nilness{}
+	}
+	if v := errVar(info, call.Args[0]); v != nil {
+		return v, [2]Nilness{NotNil, Unknown}
+	}
+	return nil, [2]Nilness{}
+}
+
+func errVar(info *types.Info, x ast.Expr) *types.Var {
+	id, ok := ast.Unparen(x).(*ast.Ident)
+	if !ok {
+		return nil
+	}
+	v, ok := info.Uses[id].(*types.Var)
+	if !ok || !types.Identical(v.Type(), types.Universe.Lookup("error").Type()) {
+		return nil
+	}
+	return v
 }

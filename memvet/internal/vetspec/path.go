@@ -2,7 +2,6 @@ package vetspec
 
 import (
 	"go/ast"
-	"go/token"
 	"go/types"
 
 	"golang.org/x/tools/go/cfg"
@@ -53,15 +52,18 @@ func PathToReturn(info *types.Info, g *cfg.CFG, from ast.Node, start Facts, done
 		}
 		if len(b.Succs) == 2 && len(b.Nodes) > 0 {
 			if cond, ok := b.Nodes[len(b.Nodes)-1].(ast.Expr); ok {
-				if v, op := NilTest(info, cond); v != nil {
-					isNil := op == token.EQL // on the true branch
+				if v, branches := ErrBranches(info, cond); v != nil {
 					next = next[:0]
 					for i, s := range b.Succs {
-						branchNil := isNil == (i == 0)
-						if was, ok := known[v]; ok && was != branchNil {
-							continue // contradicts the path
+						k := known
+						if branches[i] != Unknown {
+							branchNil := branches[i] == Nil
+							if was, ok := known[v]; ok && was != branchNil {
+								continue // contradicts the path
+							}
+							k = known.With(v, branchNil)
 						}
-						next = append(next, edge{s, known.With(v, branchNil)})
+						next = append(next, edge{s, k})
 					}
 				}
 			}

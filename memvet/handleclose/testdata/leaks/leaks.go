@@ -143,6 +143,15 @@ func correlated(b *pmm.Binding, old *pmm.Buffer, keep func(*pmm.Buffer)) error {
 	return err
 }
 
+// errors.Is and errors.As branches carry an error, hence no handle.
+func unsupportedFallback(b *pmm.Binding) (*pmm.Region, error) {
+	r, err := b.ReserveVirtual(ctx, 1<<20)
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil, errors.New("no growable region here")
+	}
+	return r, err
+}
+
 // The escape, with its reason.
 func leakOnPurpose(b *pmm.Binding) {
 	//memvet:allow the cleanup backstop is what this exercises
