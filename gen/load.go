@@ -80,7 +80,7 @@ func yamlError(file string, err error) *SpecError {
 // (spec/capabilities.schema.json) names its definitions after these objects,
 // and a test holds the two together.
 var specKeys = map[string][]string{
-	"spec":             {"version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants"},
+	"spec":             {"version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants", "ownership"},
 	"packages":         {"contract", "checked", "conformance", "fakes"},
 	"type":             {"kind", "go", "doc", "values", "fields"},
 	"error":            {"doc", "wraps"},
@@ -92,6 +92,7 @@ var specKeys = map[string][]string{
 	"mechanism":        {"package", "type", "device", "offers", "granularity", "doc"},
 	"invariant":        {"says", "enforced_by", "applies_to"},
 	"appliesTo":        {"consumes", "releases", "capabilities", "interfaces"},
+	"ownership":        {"ledgers", "handles"},
 }
 
 var specRequired = map[string][]string{
@@ -229,6 +230,8 @@ func (l *loader) root(n *yaml.Node) {
 			}
 		case "plugin_abi":
 			l.pluginABI(p.v)
+		case "ownership":
+			l.ownership(p.v)
 		}
 	}
 	for _, req := range specRequired["spec"] {

@@ -25,6 +25,7 @@ type Spec struct {
 	Mechanisms   []*Mechanism
 	Invariants   []*Invariant
 	PluginABI    *PluginABI // nil without a plugin_abi block
+	Ownership    Ownership
 
 	types map[string]*TypeDecl
 	ifcs  map[string]*InterfaceDecl

@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "2d0843b19f55495f48fe1bfa38d779e43b412bf6ee3b635a9504335fd2d37779"
+const SpecDigest = "b0ed06ee3d3acbbad596a36252726c339c300deb8ab08ce69365b1993e108da9"
