@@ -42,8 +42,8 @@ generate:
 	$(GO) generate ./...
 
 ## check: spec, drift and implementation check; go vet; gofmt; tidy modules; the core's
-## module graph free of Prometheus; staticcheck
-check: drift vet fmt-check tidy-check core-graph staticcheck
+## module graph free of Prometheus; staticcheck; memvet
+check: drift vet fmt-check tidy-check core-graph staticcheck memvet
 
 drift:
 	$(GO) run ./cmd/memgen check
