@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memdemo: %v\n", err)
 		return 2
 	}
-	o, static, err := demo(ctx, cfg, stdout, stderr)
+	o, systems, err := demo(ctx, cfg, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "memdemo: %v\n", err)
 		return 1
@@ -76,16 +76,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memdemo: %d check(s) failed, %d of %d requests served, %d leaked handles\n", o.Failures, o.Served, o.Requests, o.Leaks)
 		return 1
 	}
-	if static != nil && o.PeakConcurrent < 2*static.PeakConcurrent {
-		fmt.Fprintf(stderr, "memdemo: note: %d peak concurrent requests is less than twice the static baseline's %d at this budget\n", o.PeakConcurrent, static.PeakConcurrent)
+	for _, s := range systems {
+		if s.Name == ReserveOracle.String() && o.PeakConcurrent < 2*s.PeakConcurrent {
+			fmt.Fprintf(stderr, "memdemo: note: %d peak concurrent requests is less than twice static-oracle's %d at this budget\n", o.PeakConcurrent, s.PeakConcurrent)
+		}
 	}
 	return 0
 }
 
 // demo runs the whole demo with cfg: it loads the trace, serves metrics if
-// asked, replays the trace, runs the static baseline if asked, prints the
+// asked, replays the trace, runs the baselines if asked, prints the
 // summary and writes the report.
-func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, *Figures, error) {
+func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, []System, error) {
 	reqs, name, err := LoadTrace(cfg.Trace, cfg.Requests)
 	if err != nil {
 		return nil, nil, err
@@ -94,10 +96,9 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	rec := memreport.New(memreport.Options{Title: "memdemo memory report", TimeLabel: "simulated time (s)"})
 	prog := newProgress(stderr, cfg.Progress)
 
-	var static *Figures
+	var systems []System
 	if cfg.CompareStatic {
-		f := StaticBaseline(reqs, cfg.Budget-cfg.WeightBytes, cfg.Shape.BytesPerToken(), cfg.Step)
-		static = &f
+		systems = Baselines(cfg, reqs)
 	}
 
 	var metrics *lateSource
@@ -128,9 +129,9 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	if err != nil && o == nil {
 		return nil, nil, err
 	}
-	rows := summaryRows(cfg, o, static)
-	writeSummary(stdout, rows)
-	for _, r := range rows {
+	rows := summaryRows(cfg, o)
+	writeSummary(stdout, rows, o, systems)
+	for _, r := range append(rows, comparisonRows(o, systems)...) {
 		rec.Note(r.key, r.value)
 	}
 	if cfg.Report != "" {
@@ -140,7 +141,7 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 			fmt.Fprintf(stdout, "memory report: %s (JSON: %s)\n", cfg.Report, cfg.ReportJSON)
 		}
 	}
-	return o, static, err
+	return o, systems, err
 }
 
 // lateSource is the metrics collector's view of a governor that does not

@@ -51,8 +51,9 @@ func TestDemoEndToEnd(t *testing.T) {
 	}
 	cfg := tinyConfig(t)
 	cfg.CompareStatic = true
+	cfg.MaxContext = 4096 // two static-max reservations fit the 4 MiB of KV
 	var stdout, stderr bytes.Buffer
-	o, static, err := demo(context.Background(), cfg, &stdout, &stderr)
+	o, systems, err := demo(context.Background(), cfg, &stdout, &stderr)
 	require.NoError(t, err, stderr.String())
 	t.Logf("\n%s", stdout.String())
 
@@ -106,16 +107,32 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)
 	require.Zero(t, o.Leaks)
 
-	// The static baseline ran on the same trace and budget.
-	require.NotNil(t, static)
-	require.Equal(t, cfg.Requests, static.Requests)
-	require.Equal(t, static.Requests, static.Served+static.Rejected)
+	// Every baseline ran on the same trace and budget.
+	var names []string
+	for _, s := range systems {
+		names = append(names, s.Name)
+		require.Equal(t, cfg.Requests, s.Requests, s.Name)
+		require.Equal(t, s.Requests, s.Served+s.Rejected, s.Name)
+		require.Greater(t, s.KVUtilMean, 0.0, s.Name)
+		require.LessOrEqual(t, s.KVUtilMean, 1.0, s.Name)
+	}
+	require.Equal(t, []string{"static-max", "static-pow2", "static-oracle", "paged"}, names)
+	require.Greater(t, o.KVUtilMean, 0.0)
+	require.LessOrEqual(t, o.KVUtilMean, 1.0)
+	require.LessOrEqual(t, o.KVUtilAtPeak, 1.0)
 
 	// The summary table says it.
 	out := stdout.String()
-	for _, s := range []string{"requests served", "requests preempted", "peak charged vs capacity", "tickets issued", "offloads / reloads",
-		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "concurrent (peak)", "throughput", "memory report: "} {
+	for _, s := range []string{"requests served", "requests preempted", "peak charged", "tickets issued", "offloads / reloads",
+		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "KV utilisation", "static-max", "static-pow2",
+		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: "} {
 		require.Contains(t, out, s)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "memory report: ") {
+			continue // a path
+		}
+		require.LessOrEqual(t, len([]rune(line)), summaryWidth, "summary line %q", line)
 	}
 
 	// The report: well-formed, one chart per authority, the final snapshot all free.

@@ -104,6 +104,10 @@ type engine struct {
 	fence     memapi.Fence
 	stream    memapi.Stream
 	nextSec   time.Duration
+
+	// stepStates is the token-state bytes of the last decode step: the
+	// tokens of the requests that ran it and the shared prefix once.
+	stepStates memapi.Bytes
 }
 
 // runHooks are what a run reports to: the memory report, the progress
@@ -273,6 +277,7 @@ func (e *engine) loop(ctx context.Context) error {
 		}
 		e.advance(d)
 		snap := e.sample()
+		e.out.kv(e.stepStates, e.kvHeld(snap), d)
 		e.checkStep(snap)
 		if e.cfg.AuditEvery > 0 && e.out.Steps%e.cfg.AuditEvery == 0 {
 			if err := e.fullAudit(ctx, "step "+strconv.Itoa(e.out.Steps)); err != nil {
@@ -484,6 +489,15 @@ grow:
 		e.out.Tokens++
 		stepped = append(stepped, a)
 	}
+	e.stepStates = 0
+	if e.s.prefix != nil {
+		e.stepStates = memapi.Bytes(e.cfg.PrefixTokens) * e.bpt
+	}
+	for _, a := range stepped {
+		if !a.preempted {
+			e.stepStates += memapi.Bytes(a.r.Tokens()) * e.bpt
+		}
+	}
 	for _, a := range stepped {
 		if a.preempted || a.r.Tokens() == 0 {
 			continue
@@ -545,17 +559,23 @@ func (e *engine) sample() governor.Snapshot {
 		e.out.PeakCharged = max(e.out.PeakCharged, a.Charged)
 		e.out.PeakInUse = max(e.out.PeakInUse, a.Reserved+a.Charged+a.Pending)
 	}
+	return snap
+}
+
+// kvHeld returns the device bytes the KV store holds in snap: charged
+// (its requests and the shared prefix), pending free and reserved.
+func (e *engine) kvHeld(snap governor.Snapshot) memapi.Bytes {
 	for _, h := range snap.Holders {
 		if h.ID != holderKV {
 			continue
 		}
 		for _, ha := range h.Authorities {
 			if ha.Authority == e.s.devAuth {
-				e.out.PeakKVBytes = max(e.out.PeakKVBytes, ha.Charged+ha.Pending+ha.Reserved)
+				return ha.Charged + ha.Pending + ha.Reserved
 			}
 		}
 	}
-	return snap
+	return 0
 }
 
 // checkStep checks the ledger identity on a snapshot: every authority
