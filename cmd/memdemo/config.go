@@ -42,6 +42,7 @@ type Config struct {
 	MetricsAddr   string // serve Prometheus metrics here while running ("" = off)
 	Report        string // write the HTML memory report here ("" = off)
 	ReportJSON    string // write the JSON snapshot here ("" = beside the HTML report)
+	ReportTrace   string // write the Chrome trace-event export here ("" = beside the HTML report)
 	CompareStatic bool
 	Progress      string // "auto", "bar", "line" or "off"
 	CPUProfile    string // write a CPU profile of the run here ("" = off)
@@ -197,6 +198,7 @@ Flags:
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at `host:port` (a loopback address) while running")
 	fs.StringVar(&c.Report, "report", c.Report, "write the HTML memory report to `file` (and its JSON snapshot beside it)")
 	fs.StringVar(&c.ReportJSON, "report-json", c.ReportJSON, "write the JSON snapshot to `file` (default: the --report file with .json)")
+	fs.StringVar(&c.ReportTrace, "report-trace", c.ReportTrace, "write the Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing) to `file` (default: the --report file with .trace.json)")
 	fs.BoolVar(&c.CompareStatic, "compare", c.CompareStatic, "also replay the trace under the baselines (static-max, static-pow2, static-oracle, paged) and print the ratios")
 	fs.BoolVar(&c.CompareStatic, "compare-static", c.CompareStatic, "the same as --compare")
 	fs.StringVar(&c.Progress, "progress", c.Progress, "progress display: auto (a bar on a terminal, periodic lines otherwise), bar, line or off")
@@ -268,6 +270,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReportJSON == "" && c.Report != "" {
 		c.ReportJSON = strings.TrimSuffix(c.Report, ".html") + ".json"
+	}
+	if c.ReportTrace == "" && c.Report != "" {
+		c.ReportTrace = strings.TrimSuffix(c.Report, ".html") + ".trace.json"
 	}
 	return nil
 }

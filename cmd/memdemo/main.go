@@ -134,11 +134,12 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	for _, r := range append(rows, comparisonRows(o, systems)...) {
 		rec.Note(r.key, r.value)
 	}
+	rec.Data("run", newRunData(cfg, o, systems))
 	if cfg.Report != "" {
 		if werr := writeReport(cfg, rec); werr != nil {
 			err = errors.Join(err, werr)
 		} else {
-			fmt.Fprintf(stdout, "memory report: %s (JSON: %s)\n", cfg.Report, cfg.ReportJSON)
+			fmt.Fprintf(stdout, "memory report: %s (JSON: %s, trace events: %s)\n", cfg.Report, cfg.ReportJSON, cfg.ReportTrace)
 		}
 	}
 	return o, systems, err
@@ -165,7 +166,7 @@ func writeReport(cfg Config, rec *memreport.Recorder) error {
 	for _, p := range []struct {
 		path  string
 		write func(io.Writer) error
-	}{{cfg.Report, rec.WriteHTML}, {cfg.ReportJSON, rec.WriteJSON}} {
+	}{{cfg.Report, rec.WriteHTML}, {cfg.ReportJSON, rec.WriteJSON}, {cfg.ReportTrace, rec.WriteTrace}} {
 		if dir := filepath.Dir(p.path); dir != "." {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/holders"
 	"github.com/memgen/memgen/memreport"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -163,10 +165,75 @@ func TestDemoEndToEnd(t *testing.T) {
 		_, ok := dev.Holder(h)
 		require.True(t, ok, "a series for %s", h)
 	}
-	for _, a := range rep.Final.Authorities {
-		require.Equal(t, a.Capacity, a.Free)
+	// The chart ends with everything closed and free; the ledger tables
+	// show the end of the work, with the weights still loaded.
+	for _, tl := range rep.Authorities {
+		n := len(tl.Times) - 1
+		require.Equal(t, tl.Capacity[n], tl.Capacity[n]-tl.Charged[n]-tl.Pending[n]-tl.Reserved[n])
+		require.Zero(t, tl.Charged[n], "%s after close", tl.Authority)
 	}
+	require.True(t, rep.Ledger.Marked)
+	var weights memapi.Bytes
+	for _, h := range rep.Ledger.Holders {
+		if h.Holder == holderModel && h.Authority == "device" {
+			weights = h.Charged
+		}
+	}
+	require.GreaterOrEqual(t, weights, cfg.WeightBytes, "the served model's weights at the end of the work")
+	kvStats := dev.HolderStats[slices.IndexFunc(dev.HolderStats, func(s memreport.HolderStats) bool { return s.Holder == holderKV })]
+	require.Equal(t, o.PeakKVBytes >= kvStats.Peak, true, "the KV peak at step ends is at least the charged peak")
+	require.NotZero(t, kvStats.Mean)
 	require.NotEmpty(t, rep.Notes)
+	kinds := map[string]uint64{}
+	for k, n := range dev.EventCounts {
+		kinds[k] = n
+	}
+	require.Equal(t, o.Preemptions, kinds["preemption"], "every preemption is an event")
+	require.Equal(t, o.Tickets, kinds["ticket"])
+	require.NotZero(t, kinds["offload"])
+	require.NotZero(t, kinds["reload"])
+
+	// The snapshot conforms to its schema, and carries the figures as numbers.
+	sch, err := jsonschema.NewCompiler().Compile("../../memreport/report.schema.json")
+	require.NoError(t, err)
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(js))
+	require.NoError(t, err)
+	require.NoError(t, sch.Validate(inst))
+	var raw struct {
+		Data struct {
+			Run struct {
+				Requests int `json:"requests"`
+				Systems  []struct {
+					Name       string  `json:"name"`
+					KVUtilMean float64 `json:"kv_util_mean"`
+					PeakRatio  float64 `json:"memgen_peak_concurrent_ratio"`
+				} `json:"systems"`
+			} `json:"run"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(js, &raw))
+	require.Equal(t, cfg.Requests, raw.Data.Run.Requests)
+	require.Len(t, raw.Data.Run.Systems, 5)
+	require.Equal(t, "memgen", raw.Data.Run.Systems[0].Name)
+	require.InDelta(t, o.KVUtilMean, raw.Data.Run.Systems[0].KVUtilMean, 1e-12)
+	require.InDelta(t, 1.0, raw.Data.Run.Systems[0].PeakRatio, 1e-12)
+
+	// The trace-event export: a span per served request, counters per holder.
+	tr, err := os.ReadFile(cfg.ReportTrace)
+	require.NoError(t, err)
+	var trace memreport.Trace
+	require.NoError(t, json.Unmarshal(tr, &trace))
+	phases := map[string]int{}
+	holderCounters := map[string]bool{}
+	for _, e := range trace.TraceEvents {
+		phases[e.Phase]++
+		if e.Phase == "C" && strings.HasPrefix(e.Name, "holder ") {
+			holderCounters[e.Name] = true
+		}
+	}
+	require.Equal(t, o.Served, phases["X"], "a span per request")
+	require.NotZero(t, phases["i"])
+	require.Len(t, holderCounters, 3)
 }
 
 func TestInterruptedRunReturnsEverything(t *testing.T) {
