@@ -63,11 +63,15 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 
 	// The schema rejects what the old snapshot did.
 	for name, edit := range map[string]func(string) string{
-		"events null":        func(s string) string { return strings.Replace(s, `"events": [`, `"events": null, "x": [`, 1) },
-		"no version":         func(s string) string { return strings.Replace(s, `"version": 2,`, ``, 1) },
-		"a Go field name":    func(s string) string { return strings.Replace(s, `"capacity": [`, `"Capacity": [`, 1) },
-		"a number as prose":  func(s string) string { return regexp.MustCompile(`"samples": \d+`).ReplaceAllString(s, `"samples": "7"`) },
-		"a key with spaces":  func(s string) string { return strings.Replace(s, `"key": "requests_served"`, `"key": "  requests served"`, 1) },
+		"events null":     func(s string) string { return strings.Replace(s, `"events": [`, `"events": null, "x": [`, 1) },
+		"no version":      func(s string) string { return strings.Replace(s, `"version": 2,`, ``, 1) },
+		"a Go field name": func(s string) string { return strings.Replace(s, `"capacity": [`, `"Capacity": [`, 1) },
+		"a number as prose": func(s string) string {
+			return regexp.MustCompile(`"samples": \d+`).ReplaceAllString(s, `"samples": "7"`)
+		},
+		"a key with spaces": func(s string) string {
+			return strings.Replace(s, `"key": "requests_served"`, `"key": "  requests served"`, 1)
+		},
 		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 2,`, `"version": 1,`, 1) },
 	} {
 		var b bytes.Buffer
