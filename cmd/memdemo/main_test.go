@@ -358,20 +358,48 @@ func TestProgress(t *testing.T) {
 	require.Equal(t, "line", p.mode, "a buffer is not a terminal")
 	now := time.Unix(0, 0)
 	p.now = func() time.Time { return now }
-	s := progressState{done: 5, total: 10, running: 2, sim: 3 * time.Second, charged: 1 << 20, capacity: 4 << 20}
+	s := progressState{done: 0, total: 10, running: 2, sim: 3 * time.Second, charged: 1 << 20, capacity: 4 << 20}
 	p.update(s)
 	now = now.Add(time.Second)
+	s.done = 5
 	p.update(s) // not due: one line every few seconds
 	require.Equal(t, 1, strings.Count(buf.String(), "\n"))
-	require.Contains(t, buf.String(), "5/10 requests, 2 running")
-
-	buf.Reset()
-	p = newProgress(&buf, "bar")
-	p.now = func() time.Time { return now }
+	require.Contains(t, buf.String(), "0/10 requests, ETA -, 2 running")
+	now = now.Add(5 * time.Second)
 	p.update(s)
-	p.done()
-	require.Contains(t, buf.String(), "\r\033[K[###############...............]  50%")
-	require.True(t, strings.HasSuffix(buf.String(), "\n"))
+	// 5 of 10 in 6 s: 6 s to go.
+	require.Contains(t, buf.String(), "5/10 requests, ETA 6s, 2 running")
+
+	// A bar: one line rewritten in place, cut to the terminal's width so
+	// it never wraps, with the estimate.
+	for _, width := range []int{200, 80, 60, 40, 20} {
+		buf.Reset()
+		p = newProgress(&buf, "bar")
+		p.width = func() int { return width }
+		now = time.Unix(0, 0)
+		p.now = func() time.Time { return now }
+		big := progressState{total: 19366, running: 58, waiting: 1234, preempted: 1907, sim: 68 * time.Minute, charged: 159 << 20, capacity: 160 << 20}
+		for i := 0; i <= 20; i++ {
+			big.done = i * 19366 / 20
+			p.update(big)
+			now = now.Add(time.Second)
+		}
+		p.done()
+		out := buf.String()
+		require.Equal(t, 1, strings.Count(out, "\n"), "only the end of the run ends the line")
+		require.True(t, strings.HasSuffix(out, "\n"))
+		for _, draw := range strings.Split(strings.TrimSuffix(out, "\n"), "\r")[1:] {
+			line := strings.TrimSuffix(draw, "\033[K")
+			require.LessOrEqual(t, len(line), width-1, "width %d: %q", width, line)
+			if width >= 60 {
+				require.Regexp(t, `^\[[#.]{10,30}\] +\d+%  \d+/19366 requests  (ETA \S+|done)`, line, "width %d", width)
+			}
+		}
+		if width >= 80 {
+			require.Contains(t, out, "ETA 10s", "half done after 10 s")
+			require.Contains(t, out, "100%  19366/19366 requests  done")
+		}
+	}
 
 	buf.Reset()
 	p = newProgress(&buf, "off")
