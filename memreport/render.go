@@ -46,7 +46,7 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0 12px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f2f2f2;position:sticky;top:0}td.k,th.k{text-align:left}
 .scroll{max-height:320px;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
-.scroll table{margin:0}
+.scroll table{margin:0}table.events td{white-space:nowrap}
 .wide{overflow-x:auto;max-width:100%}
 tr.out{display:none}tr.hit td{background:#fff3c4}
 table.events tr[data-time]{cursor:pointer}table.events tr[data-time]:hover td{background:#eef4fb}
@@ -179,6 +179,18 @@ func writeEvents(w *bufio.Writer, tl Timeline) {
 	}
 	p("<h3>Events</h3>\n<p class=\"sub\">%d events recorded (%s); %d kept (evenly thinned beyond the limit). <span class=\"events-count\" data-authority=\"%s\"></span></p>\n",
 		tl.EventsSeen, esc(strings.Join(counts, ", ")), len(tl.Events), esc(string(tl.Authority)))
+	p("<div class=\"toggles kinds\" data-authority=\"%s\">show:", esc(string(tl.Authority)))
+	for _, k := range slices.Sorted(maps.Keys(tl.EventCounts)) {
+		if tl.EventCounts[k] == 0 || k == "reclaimed" { // a reclaimed event completes its ticket's row
+			continue
+		}
+		checked := " checked=\"checked\""
+		if !marked(k) {
+			checked = "" // the routine kinds start hidden
+		}
+		p("<label><input type=\"checkbox\" class=\"kind\" data-kind=\"%s\"%s/><span class=\"sw\" style=\"background:%s\"></span>%s</label>", esc(k), checked, kindColour(k), esc(k))
+	}
+	p("</div>\n")
 	p("<div class=\"scroll\"><table class=\"events\" data-authority=\"%s\">\n<thead><tr><th>time (s)</th><th class=\"k\">event</th><th class=\"k\">holder</th><th>bytes wanted</th><th>bytes freed</th><th>time to answer</th><th class=\"k\">detail</th></tr></thead><tbody>\n", esc(string(tl.Authority)))
 	for i, e := range tl.Events {
 		wanted, freed, answer := FormatBytes(e.Bytes), "", ""

@@ -16,7 +16,7 @@
     a.events.forEach(function (e) { tmax = Math.max(tmax, e.time); });
   });
   if (tmax <= 0) { tmax = 1; }
-  var state = { t0: 0, t1: tmax, hide: {}, cursor: null };
+  var state = { t0: 0, t1: tmax, hide: {}, cursor: null, kinds: null };
 
   function fmtBytes(n) {
     if (n < 1024) { return n + " B"; }
@@ -42,6 +42,7 @@
       if (k === "t1" && !isNaN(parseFloat(v))) { state.t1 = parseFloat(v); }
       if (k === "cursor" && !isNaN(parseFloat(v))) { state.cursor = parseFloat(v); }
       if (k === "hide" && v) { v.split(",").forEach(function (x) { state.hide[x] = true; }); }
+      if (k === "kinds") { state.kinds = {}; v.split(",").forEach(function (x) { if (x) { state.kinds[x] = true; } }); }
     });
     clampWindow();
   }
@@ -50,6 +51,7 @@
     var h = "t0=" + fmtTime(state.t0) + "&t1=" + fmtTime(state.t1);
     if (hidden.length) { h += "&hide=" + hidden.map(encodeURIComponent).join(","); }
     if (state.cursor !== null) { h += "&cursor=" + fmtTime(state.cursor); }
+    if (state.kinds !== null) { h += "&kinds=" + Object.keys(state.kinds).filter(function (k) { return state.kinds[k]; }).sort().join(","); }
     if (history.replaceState) { history.replaceState(null, "", "#" + h); }
   }
   function clampWindow() {
@@ -213,13 +215,21 @@
       var rows = tb.querySelectorAll("tr[data-time]"), shown = 0;
       rows.forEach(function (r) {
         var t = parseFloat(r.getAttribute("data-time")), h = r.getAttribute("data-holder");
-        var vis = t >= state.t0 && t <= state.t1 && !(h && state.hide[h] && r.getAttribute("data-kind") !== "pressure");
-        r.className = r.className.replace(/\bout\b/g, "").trim() + (vis ? "" : " out");
+        var kind = r.getAttribute("data-kind");
+        var vis = t >= state.t0 && t <= state.t1 && !(h && state.hide[h] && kind !== "pressure") && kindShown(kind);
+        r.className = (r.className.replace(/\bout\b/g, "") + (vis ? "" : " out")).trim();
         if (vis) { shown++; }
       });
       var c = document.querySelector(".events-count[data-authority=\"" + tb.getAttribute("data-authority") + "\"]");
       if (c) { c.textContent = shown + " of " + rows.length + " kept events in the window " + fmtTime(state.t0) + "\u2013" + fmtTime(state.t1) + " s"; }
     });
+  }
+  // kindShown says whether the events table lists events of kind: as the
+  // fragment says, else as the page's kind boxes start.
+  function kindShown(kind) {
+    if (state.kinds !== null) { return !!state.kinds[kind]; }
+    var c = document.querySelector("input.kind[data-kind=\"" + kind + "\"]");
+    return !c || c.hasAttribute("checked");
   }
   function showRow(auth, j) {
     var r = document.querySelector("table.events[data-authority=\"" + auth + "\"] tr[data-event=\"" + j + "\"]");
@@ -245,6 +255,7 @@
     document.body.setAttribute("data-t1", fmtTime(state.t1));
     document.body.setAttribute("data-hidden", Object.keys(state.hide).filter(function (k) { return state.hide[k]; }).sort().join(","));
     document.querySelectorAll("input.toggle").forEach(function (c) { c.checked = !state.hide[c.getAttribute("data-holder")]; });
+    document.querySelectorAll("input.kind").forEach(function (c) { c.checked = kindShown(c.getAttribute("data-kind")); });
     filterRows();
     writeHash();
   }
@@ -252,6 +263,16 @@
   readHash();
   document.querySelectorAll("input.toggle").forEach(function (c) {
     c.addEventListener("change", function () { state.hide[c.getAttribute("data-holder")] = !c.checked; render(); });
+  });
+  document.querySelectorAll("input.kind").forEach(function (c) {
+    c.addEventListener("change", function () {
+      if (state.kinds === null) {
+        state.kinds = {};
+        document.querySelectorAll("input.kind").forEach(function (o) { if (o.hasAttribute("checked")) { state.kinds[o.getAttribute("data-kind")] = true; } });
+      }
+      state.kinds[c.getAttribute("data-kind")] = c.checked;
+      render();
+    });
   });
   function button(id, f) { var b = document.getElementById(id); if (b) { b.addEventListener("click", f); } }
   button("zoom-in", function () { var m = (state.t0 + state.t1) / 2, w = (state.t1 - state.t0) / 4; setWindow(m - w, m + w); });
