@@ -12,12 +12,14 @@
 // step the ledger identity is checked; every --audit-every steps the
 // deferred frees are drained and the governor, the mechanisms and the
 // kernel must agree to the byte, and written bytes are read back. At the
-// end it prints a summary table, optionally compared with a static baseline
-// that reserves each request's maximum context up front (--compare-static),
-// and writes a self-contained HTML memory report (--report).
+// end it prints a summary table, optionally compared with the baselines of
+// the literature replayed on the same trace, budget and step model
+// (--compare: static-max, static-pow2, static-oracle and paged), and writes
+// a self-contained HTML memory report with its JSON snapshot and a
+// trace-event export (--report).
 //
 //	memdemo                                      # the embedded excerpt, 160 MiB budget
-//	memdemo --compare-static --report out/memory.html
+//	memdemo --compare --report out/memory.html
 //	memdemo --trace ../shared/traces/azure-llm-conv-2023.csv --progress line
 //	memdemo --metrics-addr localhost:9464 --speedup 20
 //
