@@ -119,7 +119,10 @@ func TestDemoEndToEnd(t *testing.T) {
 		require.LessOrEqual(t, s.KVUtilMean, 1.0, s.Name)
 	}
 	require.Equal(t, []string{"static-max", "static-pow2", "static-oracle", "paged"}, names)
-	require.Greater(t, o.KVUtilMean, 0.0)
+	// memgen commits its requests' tokens rounded up to a 16 KiB chunk (32
+	// tokens here), the prefix once, and what waits for a fence: most of
+	// its KV bytes hold tokens.
+	require.Greater(t, o.KVUtilMean, 0.8)
 	require.LessOrEqual(t, o.KVUtilMean, 1.0)
 	require.LessOrEqual(t, o.KVUtilAtPeak, 1.0)
 

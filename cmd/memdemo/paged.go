@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -110,6 +111,10 @@ func PagedBaseline(w Workload, p Paging) Figures {
 		}
 		slices.SortStableFunc(running, byArrival)
 		if len(running) == 0 {
+			if len(waiting) > 0 {
+				// Every request left fits the blocks alone: blocks were lost.
+				panic(fmt.Sprintf("paged baseline: request %d waits for %d blocks with %d of %d free and nothing running", waiting[0].q.ID, blocksFor(waiting[0].own), free, total-shared))
+			}
 			continue
 		}
 		d := w.Step.Duration(len(running), prefill)
@@ -126,6 +131,10 @@ func PagedBaseline(w Workload, p Paging) Figures {
 					preempt(running[len(running)-1])
 				}
 				if free == 0 {
+					if len(running) == 1 {
+						// Its tokens fit the blocks alone: blocks were lost.
+						panic(fmt.Sprintf("paged baseline: request %d cannot grow alone: %d blocks held, %d free of %d", r.q.ID, r.blocks, free, total-shared))
+					}
 					preempt(r) // the newest: it gives its own blocks back
 					break
 				}

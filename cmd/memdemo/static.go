@@ -120,6 +120,10 @@ func StaticBaseline(w Workload, r Reservation, maxContext int) Figures {
 			waiting = waiting[1:]
 		}
 		if len(running) == 0 {
+			if len(waiting) > 0 {
+				// The head fits the budget alone: reserved bytes were lost.
+				panic(fmt.Sprintf("%v baseline: request %d waits with %d of %d bytes reserved and nothing running", r, waiting[0].ID, used, w.KVBudget))
+			}
 			continue // everything waiting was rejected
 		}
 		d := w.Step.Duration(len(running), prefill)
