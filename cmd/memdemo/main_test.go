@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -455,4 +456,34 @@ func TestStackFailsCleanly(t *testing.T) {
 	require.ErrorIs(t, err, memapi.ErrInvalidSize)
 	require.Contains(t, err.Error(), "--granularity")
 	require.False(t, errors.Is(err, memapi.ErrUnavailable))
+}
+
+// TestAnyTraceWithTheColumnsRuns replays a trace file of another service
+// in the same format (columns in another order, an extra one), as --trace
+// does with the Azure code trace.
+func TestAnyTraceWithTheColumnsRuns(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Requests = 0
+	cfg.Report = ""
+	cfg.CompareStatic = true
+	cfg.MaxContext = 4096
+	var b strings.Builder
+	b.WriteString("ContextTokens,GeneratedTokens,TIMESTAMP,Service\n")
+	for i := range 30 {
+		fmt.Fprintf(&b, "%d,%d,2023-11-16 18:00:%02d.25,code\n", 200+50*i, 5+i%7, i)
+	}
+	cfg.Trace = filepath.Join(t.TempDir(), "code.csv")
+	require.NoError(t, os.WriteFile(cfg.Trace, []byte(b.String()), 0o644))
+	var stdout, stderr bytes.Buffer
+	o, systems, err := demo(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err, stderr.String())
+	require.Equal(t, 30, o.Requests)
+	require.Equal(t, 30, o.Served+o.Rejected)
+	require.Zero(t, o.Failures, "%q", o.FailureLog)
+	require.Len(t, systems, 4)
+	for _, s := range systems {
+		require.Equal(t, 30, s.Served+s.Rejected, s.Name)
+	}
+	require.Equal(t, cfg.Trace, o.TraceName)
+	require.Contains(t, stdout.String(), "30 requests")
 }
