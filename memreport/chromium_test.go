@@ -74,7 +74,7 @@ func TestReportInChromium(t *testing.T) {
 	url := "file://" + page + "#t0=2.5&t1=5.5&hide=kv&cursor=4.5"
 	for _, width := range []int{1600, 800} {
 		dom := string(headless(t, browser, url, width, 1200, "--dump-dom"))
-		require.Contains(t, dom, `<body class=" live" data-t0="2.5" data-t1="5.5" data-hidden="kv">`, "the view in the fragment was applied")
+		require.Contains(t, dom, `<body class="live" data-t0="2.5" data-t1="5.5" data-hidden="kv">`, "the view in the fragment was applied")
 		lives := regexp.MustCompile(`<svg[^>]*class="timeline live"[^>]*>`).FindAllString(dom, -1)
 		require.Len(t, lives, len(rep.Authorities), "the script redrew every chart")
 		for _, s := range lives {

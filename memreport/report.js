@@ -290,6 +290,6 @@
   });
   var pending = null;
   window.addEventListener("resize", function () { if (pending) { clearTimeout(pending); } pending = setTimeout(render, 100); });
-  document.body.className += " live";
+  document.body.classList.add("live");
   render();
 })();
