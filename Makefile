@@ -127,7 +127,7 @@ ci:
 DEMO_FLAGS ?=
 .PHONY: demo
 demo:
-	$(GO) run ./cmd/memdemo --compare-static --report out/memory-report.html $(DEMO_FLAGS)
+	$(GO) run ./cmd/memdemo --compare --report out/memory-report.html $(DEMO_FLAGS)
 
 ## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the pressure test's small MLP
 ## (outside the repository)
