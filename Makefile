@@ -19,6 +19,7 @@ BENCHES ?= ./gen:^BenchmarkGenerate$$ \
 	./governor:^BenchmarkCycle$$ ./governor:^BenchmarkRefundToWake$$ \
 	./pmm:. \
 	./holders:^BenchmarkKVAppend$$ \
+	./mechanisms/plugin:^BenchmarkABIOverhead$$ \
 	./governor/xproc:^BenchmarkReserve$$
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
@@ -42,8 +43,8 @@ generate:
 	$(GO) generate ./...
 
 ## check: spec, drift and implementation check; go vet; gofmt; tidy modules; the core's
-## module graph free of Prometheus; staticcheck
-check: drift vet fmt-check tidy-check core-graph staticcheck
+## module graph free of Prometheus; staticcheck; memvet
+check: drift vet fmt-check tidy-check core-graph staticcheck memvet
 
 drift:
 	$(GO) run ./cmd/memgen check
@@ -134,7 +135,7 @@ ci:
 DEMO_FLAGS ?=
 .PHONY: demo
 demo:
-	$(GO) run ./cmd/memdemo --compare-static --report out/memory-report.html $(DEMO_FLAGS)
+	$(GO) run ./cmd/memdemo --compare --report out/memory-report.html $(DEMO_FLAGS)
 
 ## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the pressure test's small MLP
 ## (outside the repository)
@@ -151,3 +152,31 @@ ort-test:
 
 ort-bench:
 	scripts/ort.sh bench
+
+## memvet: memgen's static checks (cmd/memvet: nobypass, handleclose, unsupported, recorduse, the allow
+## escape) over the module and every nested module, through go vet -vettool; any finding fails
+## memvet-time: memvet's run time over the module next to go vet's in the same run, both from cold vet
+## results over a warm build (a fresh GOCACHE warmed by one run with every memvet analyzer off): the ratio
+MEMVET ?= out/memvet
+.PHONY: memvet memvet-time
+memvet:
+	@mkdir -p $(dir $(MEMVET))
+	$(GO) build -o $(MEMVET) ./cmd/memvet
+	$(GO) vet -vettool=$(abspath $(MEMVET)) ./...
+	@for m in $$(git ls-files '*/go.mod' 2>/dev/null || find . -mindepth 2 -name go.mod -not -path '*/testdata/*'); do \
+		d="$$(dirname "$$m")"; echo "memvet: $$d"; \
+		(cd "$$d" && $(GO) vet -vettool=$(abspath $(MEMVET)) ./...); \
+	done
+
+memvet-time:
+	@tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; export GOCACHE="$$tmp/cache"; \
+	$(GO) build -o "$$tmp/memvet" ./cmd/memvet; \
+	off="$$("$$tmp/memvet" help 2>&1 | awk '/^    [a-z]+ /{printf "-%s=false ", $$1}')"; \
+	$(GO) vet -vettool="$$tmp/memvet" $$off ./... ; \
+	t0=$$(date +%s.%N); $(GO) vet ./...; t1=$$(date +%s.%N); \
+	$(GO) vet -vettool="$$tmp/memvet" ./...; t2=$$(date +%s.%N); \
+	"$$tmp/memvet" ./...; t3=$$(date +%s.%N); \
+	awk -v t0="$$t0" -v t1="$$t1" -v t2="$$t2" -v t3="$$t3" 'BEGIN { v = t1 - t0; m = t2 - t1; s = t3 - t2; \
+		printf "go vet ./...                      %6.1f s\n", v; \
+		printf "go vet -vettool=memvet ./...      %6.1f s   %.2fx-vs-go-vet\n", m, m / v; \
+		printf "memvet ./... (standalone)         %6.1f s   %.2fx-vs-go-vet\n", s, s / v }'

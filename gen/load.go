@@ -53,6 +53,7 @@ func Load(file string, data []byte) (*Spec, error) {
 	l.root(doc.Content[0])
 	if len(l.e.list) == 0 {
 		validate(l.s, &l.e)
+		validatePluginABI(l.s, &l.e)
 	}
 	if len(l.e.list) > 0 {
 		return nil, l.e.list.sorted()
@@ -79,7 +80,7 @@ func yamlError(file string, err error) *SpecError {
 // (spec/capabilities.schema.json) names its definitions after these objects,
 // and a test holds the two together.
 var specKeys = map[string][]string{
-	"spec":             {"version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants"},
+	"spec":             {"version", "packages", "types", "errors", "interfaces", "capabilities", "mechanisms", "invariants", "ownership"},
 	"packages":         {"contract", "checked", "conformance", "fakes"},
 	"type":             {"kind", "go", "doc", "values", "fields"},
 	"error":            {"doc", "wraps"},
@@ -91,6 +92,7 @@ var specKeys = map[string][]string{
 	"mechanism":        {"package", "type", "device", "offers", "granularity", "doc"},
 	"invariant":        {"says", "enforced_by", "applies_to"},
 	"appliesTo":        {"consumes", "releases", "capabilities", "interfaces"},
+	"ownership":        {"ledgers", "handles"},
 }
 
 var specRequired = map[string][]string{
@@ -226,6 +228,10 @@ func (l *loader) root(n *yaml.Node) {
 			for _, t := range l.mapping(p.v, "invariants") {
 				l.invariant(t.k, t.v)
 			}
+		case "plugin_abi":
+			l.pluginABI(p.v)
+		case "ownership":
+			l.ownership(p.v)
 		}
 	}
 	for _, req := range specRequired["spec"] {

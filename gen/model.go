@@ -24,6 +24,8 @@ type Spec struct {
 	Capabilities []*Capability
 	Mechanisms   []*Mechanism
 	Invariants   []*Invariant
+	PluginABI    *PluginABI // nil without a plugin_abi block
+	Ownership    Ownership
 
 	types map[string]*TypeDecl
 	ifcs  map[string]*InterfaceDecl

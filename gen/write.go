@@ -74,7 +74,7 @@ func Owned(root string) ([]string, error) {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, ".md") {
+		if !strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, ".md") && !strings.HasSuffix(name, ".h") {
 			return nil
 		}
 		f, err := os.Open(p)

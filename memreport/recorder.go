@@ -1,8 +1,6 @@
 package memreport
 
 import (
-	"encoding/json"
-	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -16,7 +14,8 @@ import (
 // Defaults of Options.
 const (
 	DefaultMaxPoints = 1200
-	DefaultMaxEvents = 400
+	DefaultMaxEvents = 5000
+	DefaultMaxSpans  = 100000
 )
 
 // Options configure a Recorder. The zero value is ready to use.
@@ -28,35 +27,51 @@ type Options struct {
 	// MaxPoints bounds the samples kept per authority (0: DefaultMaxPoints,
 	// at least 4).
 	MaxPoints int
-	// MaxEvents bounds the event markers kept per authority (0:
+	// MaxEvents bounds the events kept per authority (0:
 	// DefaultMaxEvents). Every event is still counted.
 	MaxEvents int
+	// MaxSpans bounds the spans kept for the trace export (0:
+	// DefaultMaxSpans); later spans are counted and dropped.
+	MaxSpans int
+	// WallClock times the holders' answers to tickets in wall-clock time
+	// (nil: time.Now); the report's own times come from the snapshots and
+	// events, which may be simulated.
+	WallClock func() time.Time
 }
 
-// Recorder collects governor snapshots and events and writes the report.
-// Its methods are safe for concurrent use; Event can be the governor's
-// Options.OnEvent hook directly.
+// Recorder collects governor snapshots, events and spans and writes the
+// report. Its methods are safe for concurrent use; Event can be the
+// governor's Options.OnEvent hook directly.
 type Recorder struct {
 	opts Options
 
-	mu    sync.Mutex
-	start time.Time
-	auths map[memapi.AuthorityID]*timeline
-	roles map[governor.HolderID]map[string]struct{}
-	notes []Note
-	final governor.Snapshot
+	mu      sync.Mutex
+	start   time.Time
+	auths   map[memapi.AuthorityID]*timeline
+	roles   map[governor.HolderID]map[string]struct{}
+	notes   []Note
+	data    map[string]any
+	latest  governor.Snapshot
+	end     *governor.Snapshot
+	spans   []span
+	dropped int // spans over MaxSpans
 }
 
-// timeline is one authority's kept samples and markers.
+// timeline is one authority's kept samples, exact per-holder figures and
+// kept events.
 type timeline struct {
 	points []point
 	tail   *point // the latest sample when the stride skipped it
 	seen   int    // samples offered
 	stride int
 
-	events  []Marker
+	first, last time.Time // of the samples offered
+	stats       map[governor.HolderID]*holderStat
+
+	events  []*event
 	estride int
 	eseen   int
+	tickets map[uint64]*event // tickets asked whose answer has not come
 	counts  map[string]uint64
 }
 
@@ -64,6 +79,27 @@ type point struct {
 	t                                    time.Time
 	capacity, reserved, charged, pending memapi.Bytes
 	holders                              map[governor.HolderID]memapi.Bytes
+}
+
+// holderStat is one holder's charge on an authority over every sample
+// offered, not only the kept ones.
+type holderStat struct {
+	peak    memapi.Bytes
+	last    memapi.Bytes
+	lastT   time.Time
+	byteSec float64 // the integral of the charge over time
+}
+
+// event is a kept event with the times its JSON form is computed from.
+type event struct {
+	Event
+	at, asked, answered time.Time
+	wallAsked           time.Time
+}
+
+type span struct {
+	name, category string
+	start, end     time.Time
 }
 
 // New returns an empty Recorder.
@@ -81,10 +117,17 @@ func New(opts Options) *Recorder {
 	if opts.MaxEvents <= 0 {
 		opts.MaxEvents = DefaultMaxEvents
 	}
+	if opts.MaxSpans <= 0 {
+		opts.MaxSpans = DefaultMaxSpans
+	}
+	if opts.WallClock == nil {
+		opts.WallClock = time.Now
+	}
 	return &Recorder{
 		opts:  opts,
 		auths: map[memapi.AuthorityID]*timeline{},
 		roles: map[governor.HolderID]map[string]struct{}{},
+		data:  map[string]any{},
 	}
 }
 
@@ -110,14 +153,51 @@ func (r *Recorder) labelLocked(h governor.HolderID, role string) {
 }
 
 // Note adds a row (a figure of the program's own, such as "requests
-// served") to the report's summary table, in the order given.
-func (r *Recorder) Note(key, value string) {
+// served") to the report's summary table, in the order given. Its JSON key
+// is label in snake_case.
+func (r *Recorder) Note(label, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.notes = append(r.notes, Note{Key: key, Value: value})
+	r.notes = append(r.notes, Note{Key: SnakeCase(label), Label: label, Text: text})
+}
+
+// Data attaches v, which must marshal to a JSON object with snake_case
+// keys and numbers as numbers, to the JSON snapshot under data.key: the
+// program's own figures in a form tools can read.
+func (r *Recorder) Data(key string, v any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.data[key] = v
+}
+
+// End records s as the ledger at the end of the work: the report's ledger
+// tables and its per-holder final bytes show it rather than the latest
+// sample. A program that closes its memory system afterwards still
+// samples the closed state on the chart, but the tables keep the figures
+// of the work.
+func (r *Recorder) End(s governor.Snapshot) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.end = &s
+}
+
+// Span records an interval of the program's work, such as a request from
+// admission to finish, for the trace-event export.
+func (r *Recorder) Span(name, category string, start, end time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.spans) >= r.opts.MaxSpans {
+		r.dropped++
+		return
+	}
+	r.at(start)
+	r.spans = append(r.spans, span{name: name, category: category, start: start, end: end})
 }
 
 func (r *Recorder) at(t time.Time) {
+	if t.IsZero() {
+		return
+	}
 	if r.start.IsZero() || t.Before(r.start) {
 		r.start = t
 	}
@@ -126,19 +206,21 @@ func (r *Recorder) at(t time.Time) {
 func (r *Recorder) timeline(id memapi.AuthorityID) *timeline {
 	tl := r.auths[id]
 	if tl == nil {
-		tl = &timeline{stride: 1, estride: 1, counts: map[string]uint64{}}
+		tl = &timeline{stride: 1, estride: 1, counts: map[string]uint64{}, stats: map[governor.HolderID]*holderStat{}, tickets: map[uint64]*event{}}
+		for _, k := range governorKinds {
+			tl.counts[k] = 0
+		}
 		r.auths[id] = tl
 	}
 	return tl
 }
 
-// Sample records the ledger of every authority in s at s.Time. The latest
-// sample is also the report's final snapshot.
+// Sample records the ledger of every authority in s at s.Time.
 func (r *Recorder) Sample(s governor.Snapshot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.at(s.Time)
-	r.final = s
+	r.latest = s
 	for _, a := range s.Authorities {
 		p := point{t: s.Time, capacity: a.Capacity, reserved: a.Reserved, charged: a.Charged, pending: a.Pending,
 			holders: map[governor.HolderID]memapi.Bytes{}}
@@ -149,7 +231,33 @@ func (r *Recorder) Sample(s governor.Snapshot) {
 				}
 			}
 		}
-		r.timeline(a.ID).add(p, r.opts.MaxPoints)
+		tl := r.timeline(a.ID)
+		tl.stat(p)
+		tl.add(p, r.opts.MaxPoints)
+	}
+}
+
+// stat folds p into the exact per-holder figures: a holder's charge holds
+// from one sample to the next.
+func (tl *timeline) stat(p point) {
+	if tl.seen == 0 {
+		tl.first = p.t
+	}
+	tl.last = p.t
+	for h := range tl.stats {
+		if _, ok := p.holders[h]; !ok {
+			p.holders[h] = 0 // an account closed: 0 from now on
+		}
+	}
+	for h, v := range p.holders {
+		st := tl.stats[h]
+		if st == nil {
+			st = &holderStat{lastT: p.t}
+			tl.stats[h] = st
+		}
+		st.byteSec += float64(st.last) * p.t.Sub(st.lastT).Seconds()
+		st.last, st.lastT = v, p.t
+		st.peak = max(st.peak, v)
 	}
 }
 
@@ -167,8 +275,8 @@ func (tl *timeline) add(p point, maxPoints int) {
 	}
 }
 
-// halve keeps the samples at even positions: with the stride doubled they
-// are exactly the samples the new stride would have kept.
+// halve keeps the elements at even positions: with the stride doubled they
+// are exactly the elements the new stride would have kept.
 func halve[T any](xs []T) []T {
 	n := 0
 	for i := 0; i < len(xs); i += 2 {
@@ -179,10 +287,40 @@ func halve[T any](xs []T) []T {
 	return xs[:n]
 }
 
-// Event records a governor event: Pressure, OverBudget and GrantExpired
-// become markers on their authority's timeline, every kind is counted, and
-// the role of a requesting holder is learned.
+// governorKinds are the JSON names of the governor's event kinds; every
+// authority counts each of them, from 0.
+var governorKinds = []string{"pressure", "ticket", "reclaimed", "waiting", "served", "over_budget", "grant_expired", "capacity"}
+
+// kindName returns the JSON name of a governor event kind.
+func kindName(k governor.EventKind) string {
+	switch k {
+	case governor.EventPressure:
+		return "pressure"
+	case governor.EventTicket:
+		return "ticket"
+	case governor.EventReclaimed:
+		return "reclaimed"
+	case governor.EventWaiting:
+		return "waiting"
+	case governor.EventServed:
+		return "served"
+	case governor.EventOverBudget:
+		return "over_budget"
+	case governor.EventGrantExpired:
+		return "grant_expired"
+	case governor.EventCapacity:
+		return "capacity"
+	}
+	return SnakeCase(k.String())
+}
+
+// Event records a governor event on its authority's timeline. Every kind
+// is counted and kept (up to Options.MaxEvents per authority, evenly
+// thinned beyond); a Reclaimed event completes the entry of the ticket it
+// answers (the bytes freed and the time to answer) rather than adding one,
+// and the role of a requesting holder is learned.
 func (r *Recorder) Event(e governor.Event) {
+	wall := r.opts.WallClock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch e.Kind {
@@ -194,166 +332,98 @@ func (r *Recorder) Event(e governor.Event) {
 	if e.Authority == "" {
 		return
 	}
+	r.at(e.Time)
 	tl := r.timeline(e.Authority)
-	tl.counts[e.Kind.String()]++
-	switch e.Kind {
-	case governor.EventPressure, governor.EventOverBudget, governor.EventGrantExpired:
-	default:
+	kind := kindName(e.Kind)
+	tl.counts[kind]++
+	if e.Kind == governor.EventReclaimed {
+		if t := tl.tickets[e.Ticket.ID]; t != nil {
+			delete(tl.tickets, e.Ticket.ID)
+			t.Answered = true
+			t.Freed = e.Bytes
+			t.answered = e.Time
+			t.AnswerWallSeconds = wall.Sub(t.wallAsked).Seconds()
+			if e.Err != nil {
+				t.Error = e.Err.Error()
+			}
+		}
 		return
 	}
-	if !e.Time.IsZero() {
-		r.at(e.Time)
+	ev := &event{at: e.Time, Event: Event{Kind: kind, Holder: string(e.Holder), Role: string(e.Role), Bytes: e.Bytes}}
+	switch e.Kind {
+	case governor.EventTicket:
+		ev.Ticket = e.Ticket.ID
+		ev.Bytes = e.Ticket.Wanted
+		ev.asked, ev.wallAsked = e.Time, wall
+		tl.tickets[e.Ticket.ID] = ev
+	case governor.EventGrantExpired:
+		ev.Detail = "drawn " + FormatBytes(e.Drawn)
 	}
+	if e.Err != nil {
+		ev.Error = e.Err.Error()
+	}
+	tl.keep(ev, r.opts.MaxEvents)
+}
+
+// Annotation is an event of the program's own, such as an offload or a
+// preemption, for the report's events table and chart.
+type Annotation struct {
+	Time      time.Time
+	Authority memapi.AuthorityID
+	Kind      string // snake_case: "offload", "preemption"
+	Holder    governor.HolderID
+	Bytes     memapi.Bytes
+	Detail    string
+}
+
+// Annotate records a of the program's own on its authority's timeline,
+// counted and kept like a governor event.
+func (r *Recorder) Annotate(a Annotation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.at(a.Time)
+	tl := r.timeline(a.Authority)
+	kind := SnakeCase(a.Kind)
+	tl.counts[kind]++
+	tl.keep(&event{at: a.Time, Event: Event{Kind: kind, Holder: string(a.Holder), Role: r.roleLocked(a.Holder), Bytes: a.Bytes, Detail: a.Detail}}, r.opts.MaxEvents)
+}
+
+func (tl *timeline) keep(ev *event, maxEvents int) {
 	tl.eseen++
 	if (tl.eseen-1)%tl.estride != 0 {
 		return
 	}
-	tl.events = append(tl.events, Marker{at: e.Time, Kind: e.Kind.String(), Holder: e.Holder, Role: string(e.Role), Bytes: e.Bytes})
-	if len(tl.events) > r.opts.MaxEvents {
+	tl.events = append(tl.events, ev)
+	if len(tl.events) > maxEvents {
 		tl.events = halve(tl.events)
 		tl.estride *= 2
 	}
 }
 
-// Report is the data of a memory report: what WriteJSON writes and
-// WriteHTML draws.
-type Report struct {
-	Title     string `json:"title"`
-	TimeLabel string `json:"time_label"`
-	// Start is the time of the first sample or event; every time in the
-	// report is in seconds since Start.
-	Start       time.Time  `json:"start"`
-	Notes       []Note     `json:"notes,omitempty"`
-	Authorities []Timeline `json:"authorities"`
-	// Final is the latest snapshot sampled.
-	Final governor.Snapshot `json:"final"`
-}
-
-// Note is one row of the summary table.
-type Note struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-}
-
-// Timeline is one authority's ledger over time: the kept samples, series
-// major. Reserved + Charged + Pending is the stacked total; Charged is also
-// split per holder.
-type Timeline struct {
-	Authority memapi.AuthorityID `json:"authority"`
-	Times     []float64          `json:"times"` // seconds since Report.Start
-	Capacity  []memapi.Bytes     `json:"capacity"`
-	Reserved  []memapi.Bytes     `json:"reserved"`
-	Pending   []memapi.Bytes     `json:"pending"`
-	Charged   []memapi.Bytes     `json:"charged"`
-	// Holders has one series per holder that had an account on the
-	// authority, sorted by holder; a holder is 0 before it first appears.
-	Holders []Series `json:"holders"`
-	// Samples is how many samples were offered; len(Times) were kept.
-	Samples int `json:"samples"`
-	// Events are the kept markers; EventCounts counts every event by kind.
-	Events      []Marker          `json:"events"`
-	EventCounts map[string]uint64 `json:"event_counts"`
-}
-
-// Series is one holder's charged bytes at each kept sample.
-type Series struct {
-	Holder  governor.HolderID `json:"holder"`
-	Role    string            `json:"role,omitempty"` // its roles, comma separated
-	Charged []memapi.Bytes    `json:"charged"`
-}
-
-// Marker is one marked event.
-type Marker struct {
-	at     time.Time
-	Time   float64           `json:"time"` // seconds since Report.Start
-	Kind   string            `json:"kind"` // "Pressure", "OverBudget" or "GrantExpired"
-	Holder governor.HolderID `json:"holder,omitempty"`
-	Role   string            `json:"role,omitempty"`
-	Bytes  memapi.Bytes      `json:"bytes"` // the shortfall for Pressure, the bytes asked otherwise
-}
-
-// Report returns a copy of what was recorded.
-func (r *Recorder) Report() Report {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rep := Report{
-		Title:     r.opts.Title,
-		TimeLabel: r.opts.TimeLabel,
-		Start:     r.start,
-		Notes:     slices.Clone(r.notes),
-		Final:     r.final,
+// SnakeCase returns s in lower case with every run of other characters
+// than letters and digits turned into one underscore: "Peak charged vs
+// capacity" is peak_charged_vs_capacity.
+func SnakeCase(s string) string {
+	var b strings.Builder
+	under := false
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case c >= 'A' && c <= 'Z':
+			c += 'a' - 'A'
+		default:
+			under = b.Len() > 0
+			continue
+		}
+		if under {
+			b.WriteByte('_')
+			under = false
+		}
+		b.WriteRune(c)
 	}
-	since := func(t time.Time) float64 {
-		if t.IsZero() {
-			return 0
-		}
-		return t.Sub(r.start).Seconds()
-	}
-	for _, id := range slices.Sorted(maps.Keys(r.auths)) {
-		tl := r.auths[id]
-		pts := slices.Clone(tl.points)
-		if tl.tail != nil {
-			pts = append(pts, *tl.tail)
-		}
-		out := Timeline{Authority: id, Samples: tl.seen, EventCounts: maps.Clone(tl.counts)}
-		holders := map[governor.HolderID]struct{}{}
-		for _, p := range pts {
-			out.Times = append(out.Times, since(p.t))
-			out.Capacity = append(out.Capacity, p.capacity)
-			out.Reserved = append(out.Reserved, p.reserved)
-			out.Pending = append(out.Pending, p.pending)
-			out.Charged = append(out.Charged, p.charged)
-			for h := range p.holders {
-				holders[h] = struct{}{}
-			}
-		}
-		for _, h := range slices.Sorted(maps.Keys(holders)) {
-			s := Series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, len(pts))}
-			for i, p := range pts {
-				s.Charged[i] = p.holders[h]
-			}
-			out.Holders = append(out.Holders, s)
-		}
-		for _, e := range tl.events {
-			e.Time = since(e.at)
-			out.Events = append(out.Events, e)
-		}
-		rep.Authorities = append(rep.Authorities, out)
-	}
-	return rep
+	return b.String()
 }
 
 func (r *Recorder) roleLocked(h governor.HolderID) string {
 	return strings.Join(slices.Sorted(maps.Keys(r.roles[h])), ", ")
-}
-
-// WriteJSON writes the report as indented JSON.
-func (r *Recorder) WriteJSON(w io.Writer) error { return r.Report().WriteJSON(w) }
-
-// WriteHTML writes the report as a self-contained HTML page.
-func (r *Recorder) WriteHTML(w io.Writer) error { return r.Report().WriteHTML(w) }
-
-// WriteJSON writes the report as indented JSON.
-func (rep Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(rep)
-}
-
-// Holder returns the series of holder h on the timeline, if any.
-func (tl Timeline) Holder(h governor.HolderID) (Series, bool) {
-	i := slices.IndexFunc(tl.Holders, func(s Series) bool { return s.Holder == h })
-	if i < 0 {
-		return Series{}, false
-	}
-	return tl.Holders[i], true
-}
-
-// peak returns the largest stacked total and capacity of the timeline.
-func (tl Timeline) peak() memapi.Bytes {
-	var m memapi.Bytes
-	for i := range tl.Times {
-		m = max(m, tl.Capacity[i], tl.Reserved[i]+tl.Charged[i]+tl.Pending[i])
-	}
-	return m
 }

@@ -3,6 +3,8 @@ package memreport
 import (
 	"bufio"
 	"cmp"
+	_ "embed"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
@@ -37,49 +39,251 @@ const (
 	pressureColour = "#c0392b"
 )
 
-const style = `body{font-family:sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
-p.sub{color:#555;margin:0 0 16px;font-size:13px}
+const style = `body{font-family:sans-serif;margin:16px 2vw;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px}h3{font-size:15px;margin:14px 0 4px}
+p.sub{color:#555;margin:0 0 12px;font-size:13px;max-width:75em}
 table{border-collapse:collapse;font-size:13px;margin:6px 0 12px}
-th,td{border:1px solid #ccc;padding:3px 9px;text-align:right}
-th{background:#f2f2f2}td.k,th.k{text-align:left}
-svg{display:block;margin:4px 0}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f2f2f2;position:sticky;top:0}td.k,th.k{text-align:left}
+.scroll{max-height:320px;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
+.scroll table{margin:0}table.events td{white-space:nowrap}
+.wide{overflow-x:auto;max-width:100%}
+tr.out{display:none}tr.hit td{background:#fff3c4}
+table.events tr[data-time]{cursor:pointer}table.events tr[data-time]:hover td{background:#eef4fb}
+.toggles{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:13px;margin:8px 0}
+.toggles label{white-space:nowrap;cursor:pointer}
+.sw{display:inline-block;width:12px;height:12px;margin:0 4px -1px 2px;border-radius:2px}
+.controls{font-size:13px;margin:6px 0}.controls button{font-size:13px;margin-right:4px}
+.controls,.toggles,.readout{display:none}body.live .controls,body.live .toggles{display:flex;flex-wrap:wrap;align-items:center;gap:4px}
+body.live .readout{display:block}
+.readout{font-size:13px;color:#333;min-height:2.6em;margin:2px 0 8px;font-variant-numeric:tabular-nums}
+.chart{width:100%}.chart svg{display:block;max-width:100%;height:auto}
 svg text{font-family:sans-serif;font-size:12px;fill:#333}
 svg .axis{stroke:#555;stroke-width:1}svg .grid{stroke:#e6e6e6;stroke-width:1}
 svg .cap{fill:none;stroke:#111;stroke-width:2;stroke-dasharray:7 4}
-svg .mark{stroke:` + pressureColour + `;stroke-width:1.2;opacity:.6}`
+svg .mark{stroke-width:1.5;opacity:.7;cursor:pointer}
+svg .cursor{stroke:#000;stroke-width:1;stroke-dasharray:3 3}svg .sel{fill:#4e79a7;opacity:.15}`
+
+// script is the page's interactive chart (zoom, pan, cursor readout,
+// holder toggles, events table links); the page works without it, with
+// the static charts drawn in Go.
+//
+//go:embed report.js
+var script string
 
 // WriteHTML writes the report as a self-contained HTML page (XHTML syntax,
-// so it is well-formed XML): the summary notes, one SVG chart per
-// authority, and tables of the final snapshot.
+// so it is well-formed XML; no external scripts, styles or fonts): the
+// holder toggles and zoom controls, per authority a chart of the ledger
+// over time with a cursor readout, the per-holder peak, mean and final
+// bytes and the events table, then the summary notes and the ledger at the
+// end of the work. The charts are drawn in Go and redrawn by the page's
+// script at the window's width, over the zoomed time window, with the
+// holders switched on.
 func (rep Report) WriteHTML(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
-	p("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n")
+	p("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n")
 	p("<title>%s</title>\n<style>%s</style>\n</head>\n<body>\n", esc(rep.Title), style)
 	p("<h1>%s</h1>\n", esc(rep.Title))
 	if !rep.Start.IsZero() {
-		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; red ticks above the plot mark pressure events.</p>\n",
+		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; ticks above the plot mark events (red: pressure, orange: tickets, purple: offloads, blue: reloads, brown: preemptions), listed with the routine ones (reservations waiting and served) in each authority's events table; click a tick or a row to find the other.</p>\n",
 			esc(rep.Start.UTC().Format("2006-01-02 15:04:05.000 UTC")))
 	}
 	colours := holderColours(rep)
+	writeControls(bw, rep, colours)
 	for _, tl := range rep.Authorities {
-		p("<h2>Authority %s</h2>\n", esc(string(tl.Authority)))
+		p("<section class=\"authority\" data-authority=\"%s\">\n<h2>Authority %s</h2>\n", esc(string(tl.Authority)), esc(string(tl.Authority)))
+		p("<div class=\"chart\" data-authority=\"%s\">\n", esc(string(tl.Authority)))
 		writeChart(bw, rep, tl, colours)
+		p("</div>\n<div class=\"readout\" data-authority=\"%s\"></div>\n", esc(string(tl.Authority)))
 		if len(tl.Times) < tl.Samples {
-			p("<p class=\"sub\">%d of %d samples kept (evenly spaced, the last always kept).</p>\n", len(tl.Times), tl.Samples)
+			p("<p class=\"sub\">%d of %d samples kept (evenly spaced, the last always kept); the holder figures below are over every sample.</p>\n", len(tl.Times), tl.Samples)
 		}
+		writeHolderStats(bw, rep, tl, colours)
+		writeEvents(bw, tl)
+		p("</section>\n")
 	}
 	if len(rep.Notes) > 0 {
-		p("<h2>Summary</h2>\n<table class=\"notes\">\n")
+		p("<h2>Summary</h2>\n<div class=\"wide\"><table class=\"notes\">\n")
 		for _, n := range rep.Notes {
-			p("<tr><td class=\"k\">%s</td><td class=\"k\">%s</td></tr>\n", esc(n.Key), esc(n.Value))
+			p("<tr data-key=\"%s\"><td class=\"k\">%s</td><td class=\"k\">%s</td></tr>\n", esc(n.Key), esc(n.Label), esc(n.Text))
 		}
-		p("</table>\n")
+		p("</table></div>\n")
 	}
-	writeFinal(bw, rep)
+	writeLedger(bw, rep)
+	if err := writeData(bw, rep, colours); err != nil {
+		return err
+	}
+	p("<script>//<![CDATA[\n%s//]]>\n</script>\n", script)
 	p("</body>\n</html>\n")
 	return bw.Flush()
+}
+
+// writeControls writes the holder toggles (which double as the legend)
+// and the zoom controls; the page's script shows them.
+func writeControls(w *bufio.Writer, rep Report, colours map[governor.HolderID]string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("<div class=\"toggles\" id=\"holders\">")
+	for _, h := range slices.Sorted(maps.Keys(colours)) {
+		label := string(h)
+		if role := roleOf(rep, h); role != "" {
+			label += " (" + role + ")"
+		}
+		p("<label><input type=\"checkbox\" class=\"toggle\" data-holder=\"%s\" checked=\"checked\"/><span class=\"sw\" style=\"background:%s\"></span>%s</label>", esc(string(h)), colours[h], esc(label))
+	}
+	p("<label><span class=\"sw\" style=\"background:%s\"></span>pending free</label><label><span class=\"sw\" style=\"background:%s\"></span>reserved (grants)</label></div>\n", pendingColour, reservedColour)
+	p("<div class=\"controls\"><button type=\"button\" id=\"zoom-in\">zoom in</button><button type=\"button\" id=\"zoom-out\">zoom out</button><button type=\"button\" id=\"pan-left\">\u2190 pan</button><button type=\"button\" id=\"pan-right\">pan \u2192</button><button type=\"button\" id=\"reset\">reset</button> <span id=\"window\"></span></div>\n")
+}
+
+func roleOf(rep Report, h governor.HolderID) string {
+	for _, tl := range rep.Authorities {
+		if s, ok := tl.Holder(h); ok && s.Role != "" {
+			return s.Role
+		}
+	}
+	return ""
+}
+
+// writeHolderStats writes the per-holder table of an authority: peak,
+// time-weighted mean and final bytes.
+func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.HolderID]string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	if len(tl.HolderStats) == 0 {
+		return
+	}
+	final := "final"
+	if rep.Ledger.Marked {
+		final = "at the end of the work"
+	}
+	p("<h3>Holders</h3>\n<div class=\"wide\"><table class=\"holder-stats\" data-authority=\"%s\">\n<thead><tr><th class=\"k\">holder</th><th class=\"k\">role</th><th>peak</th><th>mean</th><th>%s</th></tr></thead><tbody>\n", esc(string(tl.Authority)), esc(final))
+	for _, s := range tl.HolderStats {
+		p("<tr data-holder=\"%s\" data-peak=\"%d\" data-final=\"%d\"><td class=\"k\"><span class=\"sw\" style=\"background:%s\"></span>%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
+			esc(string(s.Holder)), s.Peak, s.Final, colours[s.Holder], esc(string(s.Holder)), esc(s.Role), FormatBytes(s.Peak), FormatBytes(memapi.Bytes(math.Round(s.Mean))), FormatBytes(s.Final))
+	}
+	p("</tbody></table></div>\n")
+}
+
+// writeEvents writes an authority's events table: every kept event with
+// the holder asked or named, the bytes wanted and freed and a ticket's
+// time to answer. The page's script links its rows to the chart.
+func writeEvents(w *bufio.Writer, tl Timeline) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	if len(tl.Events) == 0 {
+		return
+	}
+	var counts []string
+	for _, k := range slices.Sorted(maps.Keys(tl.EventCounts)) {
+		if tl.EventCounts[k] > 0 {
+			counts = append(counts, fmt.Sprintf("%s %d", k, tl.EventCounts[k]))
+		}
+	}
+	p("<h3>Events</h3>\n<p class=\"sub\">%d events recorded (%s); %d kept (evenly thinned beyond the limit). <span class=\"events-count\" data-authority=\"%s\"></span></p>\n",
+		tl.EventsSeen, esc(strings.Join(counts, ", ")), len(tl.Events), esc(string(tl.Authority)))
+	p("<div class=\"toggles kinds\" data-authority=\"%s\">show:", esc(string(tl.Authority)))
+	for _, k := range slices.Sorted(maps.Keys(tl.EventCounts)) {
+		if tl.EventCounts[k] == 0 || k == "reclaimed" { // a reclaimed event completes its ticket's row
+			continue
+		}
+		checked := " checked=\"checked\""
+		if !marked(k) {
+			checked = "" // the routine kinds start hidden
+		}
+		p("<label><input type=\"checkbox\" class=\"kind\" data-kind=\"%s\"%s/><span class=\"sw\" style=\"background:%s\"></span>%s</label>", esc(k), checked, kindColour(k), esc(k))
+	}
+	p("</div>\n")
+	p("<div class=\"scroll\"><table class=\"events\" data-authority=\"%s\">\n<thead><tr><th>time (s)</th><th class=\"k\">event</th><th class=\"k\">holder</th><th>bytes wanted</th><th>bytes freed</th><th>time to answer</th><th class=\"k\">detail</th></tr></thead><tbody>\n", esc(string(tl.Authority)))
+	for i, e := range tl.Events {
+		wanted, freed, answer := FormatBytes(e.Bytes), "", ""
+		if e.Kind == "ticket" {
+			if e.Answered {
+				freed = FormatBytes(e.Freed)
+				answer = fmt.Sprintf("%s s (%s wall)", strconv.FormatFloat(e.AnswerSeconds, 'f', 3, 64), wallDuration(e.AnswerWallSeconds))
+			} else {
+				answer = "not answered"
+			}
+		}
+		detail := e.Detail
+		if e.Error != "" {
+			detail = strings.TrimSpace(detail + " " + e.Error)
+		}
+		p("<tr data-event=\"%d\" data-time=\"%s\" data-kind=\"%s\" data-holder=\"%s\"><td>%s</td><td class=\"k\">%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td class=\"k\">%s</td></tr>\n",
+			i, strconv.FormatFloat(e.Time, 'f', -1, 64), esc(e.Kind), esc(e.Holder), strconv.FormatFloat(e.Time, 'f', 3, 64), esc(e.Kind), esc(e.Holder), wanted, freed, esc(answer), esc(detail))
+	}
+	p("</tbody></table></div>\n")
+}
+
+func wallDuration(s float64) string {
+	switch {
+	case s < 1e-3:
+		return strconv.FormatFloat(s*1e6, 'f', 0, 64) + " \u00b5s"
+	case s < 1:
+		return strconv.FormatFloat(s*1e3, 'f', 2, 64) + " ms"
+	}
+	return strconv.FormatFloat(s, 'f', 3, 64) + " s"
+}
+
+// chartData is what the page's script draws: per authority, the layers in
+// stack order with their colours, the capacity and the events.
+type chartData struct {
+	TimeLabel   string           `json:"time_label"`
+	Authorities []chartAuthority `json:"authorities"`
+}
+
+type chartAuthority struct {
+	Authority memapi.AuthorityID `json:"authority"`
+	Times     []float64          `json:"times"`
+	Capacity  []memapi.Bytes     `json:"capacity"`
+	Layers    []chartLayer       `json:"layers"`
+	Events    []chartEvent       `json:"events"`
+}
+
+type chartLayer struct {
+	Kind   string         `json:"kind"`
+	Holder string         `json:"holder"`
+	Label  string         `json:"label"`
+	Colour string         `json:"colour"`
+	Values []memapi.Bytes `json:"values"`
+}
+
+type chartEvent struct {
+	Index int     `json:"index"` // its row in the events table
+	Time  float64 `json:"time"`
+	Kind  string  `json:"kind"`
+}
+
+// marked says whether events of kind get a mark on the chart: all but the
+// routine ones (a reservation waiting and served, a capacity set), which
+// only the events table lists.
+func marked(kind string) bool {
+	switch kind {
+	case "waiting", "served", "capacity":
+		return false
+	}
+	return true
+}
+
+// writeData embeds the chart data as JSON (json.Marshal escapes <, > and
+// &, so the page stays well-formed XML).
+func writeData(w *bufio.Writer, rep Report, colours map[governor.HolderID]string) error {
+	d := chartData{TimeLabel: rep.TimeLabel, Authorities: []chartAuthority{}}
+	for _, tl := range rep.Authorities {
+		a := chartAuthority{Authority: tl.Authority, Times: tl.Times, Capacity: tl.Capacity, Layers: []chartLayer{}, Events: []chartEvent{}}
+		for _, l := range layers(tl, colours) {
+			a.Layers = append(a.Layers, chartLayer{Kind: l.kind, Holder: l.holder, Label: l.label, Colour: l.colour, Values: l.values})
+		}
+		for i, e := range tl.Events {
+			if marked(e.Kind) {
+				a.Events = append(a.Events, chartEvent{Index: i, Time: e.Time, Kind: e.Kind})
+			}
+		}
+		d.Authorities = append(d.Authorities, a)
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "<script type=\"application/json\" id=\"memreport-data\">%s</script>\n", b)
+	return nil
 }
 
 // scale maps the timeline's values into the plot area.
@@ -215,9 +419,12 @@ func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.H
 	// Pressure markers: ticks in a strip above the plot, so they never
 	// hide the areas.
 	for _, e := range tl.Events {
+		if !marked(e.Kind) {
+			continue
+		}
 		x := s.x(e.Time)
-		p("<line class=\"mark\" data-kind=\"%s\" x1=\"%s\" y1=\"%d\" x2=\"%s\" y2=\"%d\"><title>%s at %ss: %s %s (%s)</title></line>\n",
-			esc(e.Kind), f(x), padTop-14, f(x), padTop-3, esc(e.Kind), strconv.FormatFloat(e.Time, 'f', 3, 64),
+		p("<line class=\"mark\" data-kind=\"%s\" stroke=\"%s\" x1=\"%s\" y1=\"%d\" x2=\"%s\" y2=\"%d\"><title>%s at %ss: %s %s (%s)</title></line>\n",
+			esc(e.Kind), kindColour(e.Kind), f(x), padTop-14, f(x), padTop-3, esc(e.Kind), strconv.FormatFloat(e.Time, 'f', 3, 64),
 			esc(string(e.Holder)), esc(e.Role), esc(FormatBytes(e.Bytes)))
 	}
 	p("<line class=\"axis\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", padLeft, padTop, padLeft, padTop+plotH)
@@ -231,31 +438,57 @@ func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.H
 	}
 	p("<line class=\"cap\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/><text x=\"%d\" y=\"%d\">capacity</text>\n", lx, ly+7, lx+14, ly+7, lx+20, ly+12)
 	ly += 22
-	p("<line class=\"mark\" style=\"opacity:1\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/><text x=\"%d\" y=\"%d\">pressure events (%d)</text>\n",
-		lx+7, ly, lx+7, ly+14, lx+20, ly+12, tl.EventCounts[governor.EventPressure.String()])
+	p("<line class=\"mark\" stroke=\""+pressureColour+"\" style=\"opacity:1\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/><text x=\"%d\" y=\"%d\">pressure events (%d)</text>\n",
+		lx+7, ly, lx+7, ly+14, lx+20, ly+12, tl.EventCounts["pressure"])
 	p("</svg>\n")
 }
 
-func writeFinal(w *bufio.Writer, rep Report) {
+// writeLedger writes the ledger at the end of the work (or the latest
+// sample when the program marked none) per authority and holder.
+func writeLedger(w *bufio.Writer, rep Report) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
-	if len(rep.Final.Authorities) == 0 {
+	l := rep.Ledger
+	if len(l.Authorities) == 0 {
 		return
 	}
-	p("<h2>Final ledger</h2>\n<table class=\"final-authorities\">\n<tr><th class=\"k\">authority</th><th>capacity</th><th>reserved</th><th>charged</th><th>pending</th><th>free</th><th>balanced</th><th>grants</th><th>tickets</th><th>reclaimed</th><th>pressure events</th></tr>\n")
-	for _, a := range rep.Final.Authorities {
-		p("<tr data-authority=\"%s\"><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%t</td><td>%d</td><td>%d</td><td>%s</td><td>%d</td></tr>\n",
-			esc(string(a.ID)), esc(string(a.ID)), FormatBytes(a.Capacity), FormatBytes(a.Reserved), FormatBytes(a.Charged), FormatBytes(a.Pending), FormatBytes(a.Free),
-			a.Balanced(), a.Granted, a.Tickets, FormatBytes(a.Freed), a.PressureEvents)
+	when := "latest sample"
+	if l.Marked {
+		when = "end of the work"
 	}
-	p("</table>\n<table class=\"final-holders\">\n<tr><th class=\"k\">holder</th><th class=\"k\">authority</th><th>priority</th><th>charged</th><th>pending</th><th>reserved</th><th>tickets</th><th>reclaimed</th></tr>\n")
-	for _, h := range rep.Final.Holders {
-		for _, ha := range h.Authorities {
-			p("<tr data-holder=\"%s\" data-charged=\"%d\"><td class=\"k\">%s</td><td class=\"k\">%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>\n",
-				esc(string(h.ID)), ha.Charged, esc(string(h.ID)), esc(string(ha.Authority)), h.Priority,
-				FormatBytes(ha.Charged), FormatBytes(ha.Pending), FormatBytes(ha.Reserved), ha.Tickets, FormatBytes(ha.Freed))
-		}
+	p("<h2>Ledger at the %s (t = %s s)</h2>\n<div class=\"wide\"><table class=\"ledger-authorities\">\n<tr><th class=\"k\">authority</th><th>capacity</th><th>reserved</th><th>charged</th><th>pending</th><th>free</th><th>balanced</th><th>grants</th><th>waited</th><th>over budget</th><th>tickets</th><th>reclaimed</th><th>pressure events</th></tr>\n",
+		when, strconv.FormatFloat(l.Time, 'f', 3, 64))
+	for _, a := range l.Authorities {
+		p("<tr data-authority=\"%s\"><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%t</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%s</td><td>%d</td></tr>\n",
+			esc(string(a.Authority)), esc(string(a.Authority)), FormatBytes(a.Capacity), FormatBytes(a.Reserved), FormatBytes(a.Charged), FormatBytes(a.Pending), FormatBytes(a.Free),
+			a.Balanced, a.Granted, a.Waited, a.OverBudget, a.Tickets, FormatBytes(a.Reclaimed), a.PressureEvents)
 	}
-	p("</table>\n")
+	p("</table></div>\n<div class=\"wide\"><table class=\"ledger-holders\">\n<tr><th class=\"k\">holder</th><th class=\"k\">authority</th><th>priority</th><th>charged</th><th>pending</th><th>reserved</th><th>tickets</th><th>reclaimed</th></tr>\n")
+	for _, h := range l.Holders {
+		p("<tr data-holder=\"%s\" data-charged=\"%d\"><td class=\"k\">%s</td><td class=\"k\">%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>\n",
+			esc(string(h.Holder)), h.Charged, esc(string(h.Holder)), esc(string(h.Authority)), h.Priority,
+			FormatBytes(h.Charged), FormatBytes(h.Pending), FormatBytes(h.Reserved), h.Tickets, FormatBytes(h.Reclaimed))
+	}
+	p("</table></div>\n")
+}
+
+// kindColour is the colour of an event kind's marks (the page's script
+// has the same table).
+func kindColour(kind string) string {
+	switch kind {
+	case "pressure":
+		return pressureColour
+	case "ticket":
+		return "#e67e22"
+	case "offload":
+		return "#8e44ad"
+	case "reload":
+		return "#2980b9"
+	case "preemption":
+		return "#6d4c41"
+	case "resume":
+		return "#27ae60"
+	}
+	return "#7f8c8d"
 }
 
 func esc(s string) string { return html.EscapeString(s) }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,7 +116,7 @@ func TestReportValuesMatchSnapshots(t *testing.T) {
 		require.Len(t, tl.Times, len(snaps))
 		require.Equal(t, len(snaps), tl.Samples)
 		for i, s := range snaps {
-			require.InDelta(t, s.Time.Sub(snaps[0].Time).Seconds(), tl.Times[i], 1e-9)
+			require.InDelta(t, s.Time.Sub(rep.Start).Seconds(), tl.Times[i], 1e-9)
 			a := authorityOf(t, s, tl.Authority)
 			require.Equal(t, a.Capacity, tl.Capacity[i])
 			require.Equal(t, a.Reserved, tl.Reserved[i])
@@ -138,14 +139,38 @@ func TestReportValuesMatchSnapshots(t *testing.T) {
 	w, ok := dev.Holder("weights")
 	require.True(t, ok)
 	require.Equal(t, "weights", w.Role, "learned from the pressure event it caused")
-	require.Equal(t, uint64(1), dev.EventCounts["Pressure"])
-	require.Len(t, dev.Events, 1)
-	require.Equal(t, "Pressure", dev.Events[0].Kind)
-	require.Equal(t, governor.HolderID("weights"), dev.Events[0].Holder)
-	require.InDelta(t, 3.0, dev.Events[0].Time, 1e-9, "the pressure happened at the fourth sample's time")
-	require.Equal(t, uint64(1), dev.EventCounts["Ticket"])
+	require.Equal(t, uint64(1), dev.EventCounts["pressure"])
+	require.Equal(t, uint64(1), dev.EventCounts["ticket"])
+	require.Equal(t, uint64(1), dev.EventCounts["reclaimed"])
+	pressure := eventsOf(dev, "pressure")
+	require.Len(t, pressure, 1)
+	require.Equal(t, "weights", pressure[0].Holder)
+	require.Equal(t, snaps[0].Time.Add(-time.Second), rep.Start, "the report starts at the authorities' capacity events, a second before the first sample")
+	require.InDelta(t, 4.0, pressure[0].Time, 1e-9, "the pressure happened at the fourth sample's time")
+	// The ticket to kv: asked for the 14 MiB short (40 wanted, 30 free
+	// less 4 pending), answered with a 10 MiB lease released.
+	tickets := eventsOf(dev, "ticket")
+	require.Len(t, tickets, 1)
+	require.Equal(t, "kv", tickets[0].Holder, "the holder asked")
+	require.True(t, tickets[0].Answered)
+	require.Equal(t, 10*mib, tickets[0].Freed)
+	require.NotZero(t, tickets[0].Bytes)
+	require.NotZero(t, tickets[0].Ticket)
+	require.Zero(t, tickets[0].AnswerSeconds, "the test's clock did not move while kv answered")
+	require.GreaterOrEqual(t, tickets[0].AnswerWallSeconds, 0.0)
+	require.Len(t, eventsOf(dev, "reclaimed"), 0, "a reclaimed event completes its ticket's entry")
 	host := rep.Authorities[1]
 	require.Len(t, host.Holders, 1, "kv never used the host authority")
+}
+
+func eventsOf(tl Timeline, kind string) []Event {
+	var out []Event
+	for _, e := range tl.Events {
+		if e.Kind == kind {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func authorityOf(t *testing.T, s governor.Snapshot, id memapi.AuthorityID) governor.AuthoritySnapshot {
@@ -181,7 +206,8 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &got))
 	want := rec.Report()
 	require.Equal(t, want.Title, got.Title)
-	require.Equal(t, []Note{{"requests served", "42"}}, got.Notes)
+	require.Equal(t, []Note{{Key: "requests_served", Label: "requests served", Text: "42"}}, got.Notes)
+	require.Equal(t, Version, got.Version)
 	require.Len(t, got.Authorities, len(want.Authorities))
 	for i := range want.Authorities {
 		require.Equal(t, want.Authorities[i].Holders, got.Authorities[i].Holders)
@@ -189,8 +215,14 @@ func TestJSONRoundTrip(t *testing.T) {
 		require.Equal(t, want.Authorities[i].Times, got.Authorities[i].Times)
 	}
 	last := snaps[len(snaps)-1]
-	require.Equal(t, last.Authorities, got.Final.Authorities[:len(last.Authorities)])
-	require.Len(t, got.Final.Holders, len(last.Holders))
+	require.False(t, got.Ledger.Marked, "no end marked: the latest sample")
+	require.Len(t, got.Ledger.Authorities, len(last.Authorities))
+	for i, a := range last.Authorities {
+		require.Equal(t, LedgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged, Pending: a.Pending, Free: a.Free,
+			Balanced: true, Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget, Tickets: a.Tickets, Reclaimed: a.Freed, PressureEvents: a.PressureEvents},
+			got.Ledger.Authorities[i])
+	}
+	require.Equal(t, want.Ledger, got.Ledger)
 }
 
 // svgDoc is the part of the page the test reads back with encoding/xml.
@@ -249,8 +281,11 @@ func TestHTMLWellFormedOneSeriesPerHolder(t *testing.T) {
 	var buf bytes.Buffer
 	require.NoError(t, rec.WriteHTML(&buf))
 	page := buf.String()
-	for _, banned := range []string{"<script", "<link", "@import", "url(", "src="} {
+	for _, banned := range []string{"<link", "@import", "url(http", "url(/", "src=", "href=\"http", "fetch(", "XMLHttpRequest"} {
 		require.NotContains(t, page, banned, "the page must be self-contained")
+	}
+	for _, m := range regexp.MustCompile(`https?://[^"'\s)]*`).FindAllString(page, -1) {
+		require.Contains(t, []string{"http://www.w3.org/1999/xhtml", "http://www.w3.org/2000/svg"}, m, "the only addresses are XML namespaces")
 	}
 	require.Contains(t, page, "test &lt;report&gt;")
 
@@ -289,7 +324,7 @@ func TestHTMLWellFormedOneSeriesPerHolder(t *testing.T) {
 				others = append(others, e)
 			case e.XMLName.Local == "polyline" && e.attr("class") == "cap":
 				capLine = e
-			case e.XMLName.Local == "line" && e.attr("data-kind") == "Pressure":
+			case e.XMLName.Local == "line" && e.attr("class") == "mark" && e.attr("data-kind") != "":
 				marks++
 			}
 		})
@@ -319,7 +354,13 @@ func TestHTMLWellFormedOneSeriesPerHolder(t *testing.T) {
 		require.Equal(t, "pending", others[0].attr("data-kind"))
 		require.Equal(t, "reserved", others[1].attr("data-kind"))
 		require.Equal(t, tl.Capacity, parseValues(t, capLine.attr("data-values")))
-		require.Equal(t, len(tl.Events), marks)
+		want := 0
+		for _, e := range tl.Events {
+			if marked(e.Kind) {
+				want++
+			}
+		}
+		require.Equal(t, want, marks, "a mark per event but the routine ones")
 
 		// Geometry: the top edge of the last layer is the stacked total.
 		s := newScale(tl)
@@ -331,12 +372,16 @@ func TestHTMLWellFormedOneSeriesPerHolder(t *testing.T) {
 			require.InDelta(t, s.y(a.Capacity-a.Free), top[k][1], 0.06, "the stack's top is capacity - free")
 		}
 	}
-	// The final-figures table matches the last snapshot.
+	// The ledger table matches the last snapshot.
 	last := snaps[len(snaps)-1]
 	var rows []element
 	root.walk(func(e element) {
-		if e.XMLName.Local == "tr" && e.attr("data-holder") != "" {
-			rows = append(rows, e)
+		if e.XMLName.Local == "table" && e.attr("class") == "ledger-holders" {
+			e.walk(func(e element) {
+				if e.XMLName.Local == "tr" && e.attr("data-holder") != "" {
+					rows = append(rows, e)
+				}
+			})
 		}
 	})
 	var n int
@@ -380,7 +425,8 @@ func TestDecimationKeepsExactSamplesAndTheLast(t *testing.T) {
 	require.Equal(t, float64(n-1), tl.Times[len(tl.Times)-1], "the last sample is kept")
 	require.Equal(t, 0.0, tl.Times[0])
 	require.LessOrEqual(t, len(tl.Events), 3)
-	require.Equal(t, uint64(n), tl.EventCounts["Pressure"])
+	require.Equal(t, uint64(n), tl.EventCounts["pressure"])
+	require.Equal(t, n, tl.EventsSeen)
 	for _, e := range tl.Events {
 		require.Equal(t, memapi.Bytes(e.Time), e.Bytes)
 	}

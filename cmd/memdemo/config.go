@@ -32,6 +32,9 @@ type Config struct {
 	PrefixTokens int           // shared system prompt: the first tokens of every prompt at least this long
 	Watermark    memapi.Bytes  // room admission leaves free for growth (0: 1% of the budget)
 
+	MaxContext  int // the served model's context length: what static-max reserves per request
+	BlockTokens int // tokens per block of the paged baseline
+
 	Step       StepModel
 	Speedup    float64 // simulated seconds per wall second; 0: as fast as possible
 	AuditEvery int     // steps between full audits (queue drained, kernel bytes read)
@@ -39,6 +42,7 @@ type Config struct {
 	MetricsAddr   string // serve Prometheus metrics here while running ("" = off)
 	Report        string // write the HTML memory report here ("" = off)
 	ReportJSON    string // write the JSON snapshot here ("" = beside the HTML report)
+	ReportTrace   string // write the Chrome trace-event export here ("" = beside the HTML report)
 	CompareStatic bool
 	Progress      string // "auto", "bar", "line" or "off"
 	CPUProfile    string // write a CPU profile of the run here ("" = off)
@@ -72,6 +76,8 @@ func DefaultConfig() Config {
 		SecondEvery:  30 * time.Second,
 		SecondHotFor: 2 * time.Second,
 		PrefixTokens: 768,
+		MaxContext:   16384,
+		BlockTokens:  16,
 		Step:         StepModel{Base: 20 * time.Millisecond, PerSeq: 150 * time.Microsecond, PerPrefillToken: 20 * time.Microsecond},
 		AuditEvery:   500,
 		Progress:     "auto",
@@ -203,12 +209,16 @@ Flags:
 	fs.DurationVar(&c.Step.Base, "step-base", c.Step.Base, "simulated decode iteration: fixed `time`")
 	fs.DurationVar(&c.Step.PerSeq, "step-per-seq", c.Step.PerSeq, "simulated decode iteration: `time` per running request")
 	fs.DurationVar(&c.Step.PerPrefillToken, "step-per-prefill-token", c.Step.PerPrefillToken, "simulated decode iteration: `time` per prompt token prefilled or recomputed")
+	fs.IntVar(&c.MaxContext, "max-context", c.MaxContext, "the served model's context length in `tokens`: static-max reserves it for every request, static-pow2 at most it")
+	fs.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "`tokens` per block of the paged baseline")
 	fs.Float64Var(&c.Speedup, "speedup", c.Speedup, "simulated seconds per wall-clock `second` (0: as fast as the memory operations allow)")
 	fs.IntVar(&c.AuditEvery, "audit-every", c.AuditEvery, "`steps` between full audits (deferred frees drained; governor, mechanism and kernel bytes compared)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at `host:port` (a loopback address) while running")
 	fs.StringVar(&c.Report, "report", c.Report, "write the HTML memory report to `file` (and its JSON snapshot beside it)")
 	fs.StringVar(&c.ReportJSON, "report-json", c.ReportJSON, "write the JSON snapshot to `file` (default: the --report file with .json)")
-	fs.BoolVar(&c.CompareStatic, "compare-static", c.CompareStatic, "also replay the trace under a static baseline that reserves each request's maximum context up front, and print the ratios")
+	fs.StringVar(&c.ReportTrace, "report-trace", c.ReportTrace, "write the Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing) to `file` (default: the --report file with .trace.json)")
+	fs.BoolVar(&c.CompareStatic, "compare", c.CompareStatic, "also replay the trace under the baselines (static-max, static-pow2, static-oracle, paged) and print the ratios")
+	fs.BoolVar(&c.CompareStatic, "compare-static", c.CompareStatic, "the same as --compare")
 	fs.StringVar(&c.Progress, "progress", c.Progress, "progress display: auto (a bar on a terminal, periodic lines otherwise), bar, line or off")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the run to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -268,6 +278,12 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%s %v: must not be negative", f.name, f.value)
 		}
 	}
+	if c.MaxContext <= 0 {
+		return fmt.Errorf("--max-context %d: must be positive (tokens)", c.MaxContext)
+	}
+	if c.BlockTokens <= 0 {
+		return fmt.Errorf("--block-tokens %d: must be positive (tokens)", c.BlockTokens)
+	}
 	if c.Step.Base <= 0 {
 		return fmt.Errorf("--step-base %v: must be positive", c.Step.Base)
 	}
@@ -291,6 +307,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReportJSON == "" && c.Report != "" {
 		c.ReportJSON = strings.TrimSuffix(c.Report, ".html") + ".json"
+	}
+	if c.ReportTrace == "" && c.Report != "" {
+		c.ReportTrace = strings.TrimSuffix(c.Report, ".html") + ".trace.json"
 	}
 	return nil
 }

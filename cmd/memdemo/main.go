@@ -12,12 +12,14 @@
 // step the ledger identity is checked; every --audit-every steps the
 // deferred frees are drained and the governor, the mechanisms and the
 // kernel must agree to the byte, and written bytes are read back. At the
-// end it prints a summary table, optionally compared with a static baseline
-// that reserves each request's maximum context up front (--compare-static),
-// and writes a self-contained HTML memory report (--report).
+// end it prints a summary table, optionally compared with the baselines of
+// the literature replayed on the same trace, budget and step model
+// (--compare: static-max, static-pow2, static-oracle and paged), and writes
+// a self-contained HTML memory report with its JSON snapshot and a
+// trace-event export (--report).
 //
 //	memdemo                                      # the embedded excerpt, 160 MiB budget
-//	memdemo --compare-static --report out/memory.html
+//	memdemo --compare --report out/memory.html
 //	memdemo --trace ../shared/traces/azure-llm-conv-2023.csv --progress line
 //	memdemo --metrics-addr localhost:9464 --speedup 20
 //
@@ -67,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memdemo: %v\nRun memdemo --help for the flags.\n", err)
 		return 2
 	}
-	o, static, err := demo(ctx, cfg, stdout, stderr)
+	o, systems, err := demo(ctx, cfg, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "memdemo: %v\n", err)
 		return 1
@@ -76,16 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "memdemo: %d check(s) failed, %d of %d requests served, %d leaked handles\n", o.Failures, o.Served, o.Requests, o.Leaks)
 		return 1
 	}
-	if static != nil && o.PeakConcurrent < 2*static.PeakConcurrent {
-		fmt.Fprintf(stderr, "memdemo: note: %d peak concurrent requests is less than twice the static baseline's %d at this budget\n", o.PeakConcurrent, static.PeakConcurrent)
+	for _, s := range systems {
+		if s.Name == ReserveOracle.String() && o.PeakConcurrent < 2*s.PeakConcurrent {
+			fmt.Fprintf(stderr, "memdemo: note: %d peak concurrent requests is less than twice static-oracle's %d at this budget\n", o.PeakConcurrent, s.PeakConcurrent)
+		}
 	}
 	return 0
 }
 
 // demo runs the whole demo with cfg: it loads the trace, serves metrics if
-// asked, replays the trace, runs the static baseline if asked, prints the
+// asked, replays the trace, runs the baselines if asked, prints the
 // summary and writes the report.
-func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, *Figures, error) {
+func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, []System, error) {
 	reqs, name, err := LoadTrace(cfg.Trace, cfg.Requests)
 	if err != nil {
 		return nil, nil, err
@@ -94,10 +98,9 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	rec := memreport.New(memreport.Options{Title: "memdemo memory report", TimeLabel: "simulated time (s)"})
 	prog := newProgress(stderr, cfg.Progress)
 
-	var static *Figures
+	var systems []System
 	if cfg.CompareStatic {
-		f := StaticBaseline(reqs, cfg.Budget-cfg.WeightBytes, cfg.Shape.BytesPerToken(), cfg.Step)
-		static = &f
+		systems = Baselines(cfg, reqs)
 	}
 
 	var metrics *lateSource
@@ -128,19 +131,20 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	if err != nil && o == nil {
 		return nil, nil, err
 	}
-	rows := summaryRows(cfg, o, static)
-	writeSummary(stdout, rows)
-	for _, r := range rows {
+	rows := summaryRows(cfg, o)
+	writeSummary(stdout, rows, o, systems)
+	for _, r := range append(rows, comparisonRows(o, systems)...) {
 		rec.Note(r.key, r.value)
 	}
+	rec.Data("run", newRunData(cfg, o, systems))
 	if cfg.Report != "" {
 		if werr := writeReport(cfg, rec); werr != nil {
 			err = errors.Join(err, werr)
 		} else {
-			fmt.Fprintf(stdout, "memory report: %s (JSON: %s)\n", cfg.Report, cfg.ReportJSON)
+			fmt.Fprintf(stdout, "memory report: %s (JSON: %s, trace events: %s)\n", cfg.Report, cfg.ReportJSON, cfg.ReportTrace)
 		}
 	}
-	return o, static, err
+	return o, systems, err
 }
 
 // lateSource is the metrics collector's view of a governor that does not
@@ -164,7 +168,7 @@ func writeReport(cfg Config, rec *memreport.Recorder) error {
 	for _, p := range []struct {
 		path  string
 		write func(io.Writer) error
-	}{{cfg.Report, rec.WriteHTML}, {cfg.ReportJSON, rec.WriteJSON}} {
+	}{{cfg.Report, rec.WriteHTML}, {cfg.ReportJSON, rec.WriteJSON}, {cfg.ReportTrace, rec.WriteTrace}} {
 		if dir := filepath.Dir(p.path); dir != "." {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err

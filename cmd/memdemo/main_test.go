@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/holders"
 	"github.com/memgen/memgen/memreport"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -51,8 +54,9 @@ func TestDemoEndToEnd(t *testing.T) {
 	}
 	cfg := tinyConfig(t)
 	cfg.CompareStatic = true
+	cfg.MaxContext = 4096 // two static-max reservations fit the 4 MiB of KV
 	var stdout, stderr bytes.Buffer
-	o, static, err := demo(context.Background(), cfg, &stdout, &stderr)
+	o, systems, err := demo(context.Background(), cfg, &stdout, &stderr)
 	require.NoError(t, err, stderr.String())
 	t.Logf("\n%s", stdout.String())
 
@@ -106,16 +110,35 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)
 	require.Zero(t, o.Leaks)
 
-	// The static baseline ran on the same trace and budget.
-	require.NotNil(t, static)
-	require.Equal(t, cfg.Requests, static.Requests)
-	require.Equal(t, static.Requests, static.Served+static.Rejected)
+	// Every baseline ran on the same trace and budget.
+	var names []string
+	for _, s := range systems {
+		names = append(names, s.Name)
+		require.Equal(t, cfg.Requests, s.Requests, s.Name)
+		require.Equal(t, s.Requests, s.Served+s.Rejected, s.Name)
+		require.Greater(t, s.KVUtilMean, 0.0, s.Name)
+		require.LessOrEqual(t, s.KVUtilMean, 1.0, s.Name)
+	}
+	require.Equal(t, []string{"static-max", "static-pow2", "static-oracle", "paged"}, names)
+	// memgen commits its requests' tokens rounded up to a 16 KiB chunk (32
+	// tokens here), the prefix once, and what waits for a fence: most of
+	// its KV bytes hold tokens.
+	require.Greater(t, o.KVUtilMean, 0.8)
+	require.LessOrEqual(t, o.KVUtilMean, 1.0)
+	require.LessOrEqual(t, o.KVUtilAtPeak, 1.0)
 
 	// The summary table says it.
 	out := stdout.String()
-	for _, s := range []string{"requests served", "requests preempted", "peak charged vs capacity", "tickets issued", "offloads / reloads",
-		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "concurrent (peak)", "throughput", "memory report: "} {
+	for _, s := range []string{"requests served", "requests preempted", "peak charged", "tickets issued", "offloads / reloads",
+		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "KV utilisation", "static-max", "static-pow2",
+		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: "} {
 		require.Contains(t, out, s)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "memory report: ") {
+			continue // a path
+		}
+		require.LessOrEqual(t, len([]rune(line)), summaryWidth, "summary line %q", line)
 	}
 
 	// The report: well-formed, one chart per authority, the final snapshot all free.
@@ -146,22 +169,108 @@ func TestDemoEndToEnd(t *testing.T) {
 		_, ok := dev.Holder(h)
 		require.True(t, ok, "a series for %s", h)
 	}
-	for _, a := range rep.Final.Authorities {
-		require.Equal(t, a.Capacity, a.Free)
+	// The chart ends with everything closed and free; the ledger tables
+	// show the end of the work, with the weights still loaded.
+	for _, tl := range rep.Authorities {
+		n := len(tl.Times) - 1
+		require.Equal(t, tl.Capacity[n], tl.Capacity[n]-tl.Charged[n]-tl.Pending[n]-tl.Reserved[n])
+		require.Zero(t, tl.Charged[n], "%s after close", tl.Authority)
 	}
+	require.True(t, rep.Ledger.Marked)
+	var weights memapi.Bytes
+	for _, h := range rep.Ledger.Holders {
+		if h.Holder == holderModel && h.Authority == "device" {
+			weights = h.Charged
+		}
+	}
+	require.GreaterOrEqual(t, weights, cfg.WeightBytes, "the served model's weights at the end of the work")
+	kvStats := dev.HolderStats[slices.IndexFunc(dev.HolderStats, func(s memreport.HolderStats) bool { return s.Holder == holderKV })]
+	require.Equal(t, o.PeakKVBytes >= kvStats.Peak, true, "the KV peak at step ends is at least the charged peak")
+	require.NotZero(t, kvStats.Mean)
 	require.NotEmpty(t, rep.Notes)
+	kinds := map[string]uint64{}
+	for k, n := range dev.EventCounts {
+		kinds[k] = n
+	}
+	require.Equal(t, o.Preemptions, kinds["preemption"], "every preemption is an event")
+	require.Equal(t, o.Tickets, kinds["ticket"])
+	require.NotZero(t, kinds["offload"])
+	require.NotZero(t, kinds["reload"])
+
+	// The snapshot conforms to its schema, and carries the figures as numbers.
+	sch, err := jsonschema.NewCompiler().Compile("../../memreport/report.schema.json")
+	require.NoError(t, err)
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(js))
+	require.NoError(t, err)
+	require.NoError(t, sch.Validate(inst))
+	var raw struct {
+		Data struct {
+			Run struct {
+				Requests int `json:"requests"`
+				Systems  []struct {
+					Name       string  `json:"name"`
+					KVUtilMean float64 `json:"kv_util_mean"`
+					PeakRatio  float64 `json:"memgen_peak_concurrent_ratio"`
+				} `json:"systems"`
+			} `json:"run"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(js, &raw))
+	require.Equal(t, cfg.Requests, raw.Data.Run.Requests)
+	require.Len(t, raw.Data.Run.Systems, 5)
+	require.Equal(t, "memgen", raw.Data.Run.Systems[0].Name)
+	require.InDelta(t, o.KVUtilMean, raw.Data.Run.Systems[0].KVUtilMean, 1e-12)
+	require.InDelta(t, 1.0, raw.Data.Run.Systems[0].PeakRatio, 1e-12)
+
+	// The trace-event export: a span per served request, counters per holder.
+	tr, err := os.ReadFile(cfg.ReportTrace)
+	require.NoError(t, err)
+	var trace memreport.Trace
+	require.NoError(t, json.Unmarshal(tr, &trace))
+	phases := map[string]int{}
+	holderCounters := map[string]bool{}
+	for _, e := range trace.TraceEvents {
+		phases[e.Phase]++
+		if e.Phase == "C" && strings.HasPrefix(e.Name, "holder ") {
+			holderCounters[e.Name] = true
+		}
+	}
+	require.Equal(t, o.Served, phases["X"], "a span per request")
+	require.NotZero(t, phases["i"])
+	require.Len(t, holderCounters, 3)
 }
 
 func TestInterruptedRunReturnsEverything(t *testing.T) {
 	cfg := tinyConfig(t)
 	cfg.Requests = 0 // the whole excerpt: far longer than the deadline
 	cfg.Report = ""
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
+	// The deadline runs from when the memory system is built (the run
+	// hands its governor to the metrics source then), so a loaded machine
+	// building it slowly still interrupts the replay, not the building.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	built := &lateSource{}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for built.g.Load() == nil {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		select {
+		case <-stop:
+		case <-time.After(300 * time.Millisecond):
+			cancel(context.DeadlineExceeded)
+		}
+	}()
 	reqs, name, err := LoadTrace("", 0)
 	require.NoError(t, err)
-	o, err := Run(ctx, cfg, reqs, name, runHooks{})
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	o, err := Run(ctx, cfg, reqs, name, runHooks{metrics: built})
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, context.Cause(ctx), context.DeadlineExceeded)
 	require.NotNil(t, o)
 	require.Less(t, o.Served, o.Requests)
 	require.Zero(t, o.Failures, "%q", o.FailureLog)
@@ -313,20 +422,48 @@ func TestProgress(t *testing.T) {
 	require.Equal(t, "line", p.mode, "a buffer is not a terminal")
 	now := time.Unix(0, 0)
 	p.now = func() time.Time { return now }
-	s := progressState{done: 5, total: 10, running: 2, sim: 3 * time.Second, charged: 1 << 20, capacity: 4 << 20}
+	s := progressState{done: 0, total: 10, running: 2, sim: 3 * time.Second, charged: 1 << 20, capacity: 4 << 20}
 	p.update(s)
 	now = now.Add(time.Second)
+	s.done = 5
 	p.update(s) // not due: one line every few seconds
 	require.Equal(t, 1, strings.Count(buf.String(), "\n"))
-	require.Contains(t, buf.String(), "5/10 requests, 2 running")
-
-	buf.Reset()
-	p = newProgress(&buf, "bar")
-	p.now = func() time.Time { return now }
+	require.Contains(t, buf.String(), "0/10 requests, ETA -, 2 running")
+	now = now.Add(5 * time.Second)
 	p.update(s)
-	p.done()
-	require.Contains(t, buf.String(), "\r\033[K[###############...............]  50%")
-	require.True(t, strings.HasSuffix(buf.String(), "\n"))
+	// 5 of 10 in 6 s: 6 s to go.
+	require.Contains(t, buf.String(), "5/10 requests, ETA 6s, 2 running")
+
+	// A bar: one line rewritten in place, cut to the terminal's width so
+	// it never wraps, with the estimate.
+	for _, width := range []int{200, 80, 60, 40, 20} {
+		buf.Reset()
+		p = newProgress(&buf, "bar")
+		p.width = func() int { return width }
+		now = time.Unix(0, 0)
+		p.now = func() time.Time { return now }
+		big := progressState{total: 19366, running: 58, waiting: 1234, preempted: 1907, sim: 68 * time.Minute, charged: 159 << 20, capacity: 160 << 20}
+		for i := 0; i <= 20; i++ {
+			big.done = i * 19366 / 20
+			p.update(big)
+			now = now.Add(time.Second)
+		}
+		p.done()
+		out := buf.String()
+		require.Equal(t, 1, strings.Count(out, "\n"), "only the end of the run ends the line")
+		require.True(t, strings.HasSuffix(out, "\n"))
+		for _, draw := range strings.Split(strings.TrimSuffix(out, "\n"), "\r")[1:] {
+			line := strings.TrimSuffix(draw, "\033[K")
+			require.LessOrEqual(t, len(line), width-1, "width %d: %q", width, line)
+			if width >= 60 {
+				require.Regexp(t, `^\[[#.]{10,30}\] +\d+%  \d+/19366 requests  (ETA \S+|done)`, line, "width %d", width)
+			}
+		}
+		if width >= 80 {
+			require.Contains(t, out, "ETA 10s", "half done after 10 s")
+			require.Contains(t, out, "100%  19366/19366 requests  done")
+		}
+	}
 
 	buf.Reset()
 	p = newProgress(&buf, "off")
@@ -358,4 +495,34 @@ func TestStackFailsCleanly(t *testing.T) {
 	require.ErrorIs(t, err, memapi.ErrInvalidSize)
 	require.Contains(t, err.Error(), "--granularity")
 	require.False(t, errors.Is(err, memapi.ErrUnavailable))
+}
+
+// TestAnyTraceWithTheColumnsRuns replays a trace file of another service
+// in the same format (columns in another order, an extra one), as --trace
+// does with the Azure code trace.
+func TestAnyTraceWithTheColumnsRuns(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Requests = 0
+	cfg.Report = ""
+	cfg.CompareStatic = true
+	cfg.MaxContext = 4096
+	var b strings.Builder
+	b.WriteString("ContextTokens,GeneratedTokens,TIMESTAMP,Service\n")
+	for i := range 30 {
+		fmt.Fprintf(&b, "%d,%d,2023-11-16 18:00:%02d.25,code\n", 200+50*i, 5+i%7, i)
+	}
+	cfg.Trace = filepath.Join(t.TempDir(), "code.csv")
+	require.NoError(t, os.WriteFile(cfg.Trace, []byte(b.String()), 0o644))
+	var stdout, stderr bytes.Buffer
+	o, systems, err := demo(context.Background(), cfg, &stdout, &stderr)
+	require.NoError(t, err, stderr.String())
+	require.Equal(t, 30, o.Requests)
+	require.Equal(t, 30, o.Served+o.Rejected)
+	require.Zero(t, o.Failures, "%q", o.FailureLog)
+	require.Len(t, systems, 4)
+	for _, s := range systems {
+		require.Equal(t, 30, s.Served+s.Rejected, s.Name)
+	}
+	require.Equal(t, cfg.Trace, o.TraceName)
+	require.Contains(t, stdout.String(), "30 requests")
 }

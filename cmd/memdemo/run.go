@@ -39,7 +39,8 @@ type active struct {
 	r         *holders.Request
 	left      int // tokens still to generate
 	preempted bool
-	pattern   []byte // the stamp written at the start of each of its tokens' KV
+	pattern   []byte    // the stamp written at the start of each of its tokens' KV
+	admitted  time.Time // simulated time of its first admission
 }
 
 // Outcome is what a run measured: the figures compared with the static
@@ -104,6 +105,13 @@ type engine struct {
 	fence     memapi.Fence
 	stream    memapi.Stream
 	secondDue time.Duration
+
+	// finished are the requests the last decode step finished: their
+	// spans end when the step's time has passed.
+	finished []*active
+	// stepStates is the token-state bytes of the last decode step: the
+	// tokens of the requests that ran it and the shared prefix once.
+	stepStates memapi.Bytes
 }
 
 // runHooks are what a run reports to: the memory report, the progress
@@ -188,6 +196,8 @@ func (e *engine) onPreempt(r *holders.Request) {
 		return
 	}
 	a.preempted = true
+	e.s.rec.Annotate(memreport.Annotation{Time: e.s.clock.Now(), Authority: e.s.devAuth, Kind: "preemption", Holder: holderKV,
+		Bytes: memapi.Bytes(r.Tokens()) * e.bpt, Detail: fmt.Sprintf("request %d, %d tokens to recompute", a.req.ID, r.Tokens())})
 	e.preempted[a] = struct{}{}
 	e.everPre[a.req.ID] = struct{}{}
 	e.out.Preemptions++
@@ -272,7 +282,11 @@ func (e *engine) loop(ctx context.Context) error {
 			return err
 		}
 		e.advance(d)
+		for _, a := range e.finished {
+			e.s.rec.Span("request "+strconv.Itoa(a.req.ID), "request", a.admitted, e.s.clock.Now())
+		}
 		snap := e.sample()
+		e.out.kv(e.stepStates, e.kvHeld(snap), d)
 		e.checkStep(snap)
 		if e.cfg.AuditEvery > 0 && e.out.Steps%e.cfg.AuditEvery == 0 {
 			if err := e.fullAudit(ctx, "step "+strconv.Itoa(e.out.Steps)); err != nil {
@@ -366,7 +380,7 @@ func (e *engine) admit(ctx context.Context, waiting []Request) (int, []Request) 
 			e.fail("admission of request %d: %v", q.ID, err)
 			break
 		}
-		a := &active{req: q, r: r, left: q.Gen, pattern: e.token[q.ID%len(e.token)]}
+		a := &active{req: q, r: r, left: q.Gen, pattern: e.token[q.ID%len(e.token)], admitted: e.s.clock.Now()}
 		e.byReq[r] = a
 		e.running = append(e.running, a)
 		waiting = waiting[1:]
@@ -384,9 +398,12 @@ func (e *engine) useSecond(ctx context.Context) time.Duration {
 	}
 	e.secondDue = e.now + e.cfg.SecondEvery
 	if err := e.waitFence(ctx); err != nil {
-		e.fail("%v", err)
+		if ctx.Err() == nil { // an interrupted run is not a failed one
+			e.fail("%v", err)
+		}
 		return 0
 	}
+	before := e.s.second.Stats()
 	var uses []*holders.WeightUse
 	for _, name := range e.s.secondW {
 		c, cancel := context.WithTimeout(ctx, waitLimit)
@@ -410,6 +427,10 @@ func (e *engine) useSecond(ctx context.Context) time.Duration {
 	}
 	if err != nil {
 		e.fail("second model step: %v", err)
+	}
+	if after := e.s.second.Stats(); after.Reloads > before.Reloads {
+		e.s.rec.Annotate(memreport.Annotation{Time: e.s.clock.Now(), Authority: e.s.devAuth, Kind: "reload", Holder: holderSecond,
+			Bytes: after.ReloadedTotal - before.ReloadedTotal, Detail: fmt.Sprintf("%d weights back from the host", after.Reloads-before.Reloads)})
 	}
 	return e.cfg.Step.Base
 }
@@ -448,6 +469,7 @@ func (e *engine) decode(ctx context.Context) error {
 	// preempt others), then the step's work is enqueued, so no preempted
 	// region can have work of this step in flight.
 	var stepped []*active
+	e.finished = e.finished[:0]
 	interrupted := false
 grow:
 	for _, a := range e.running {
@@ -483,6 +505,15 @@ grow:
 		a.left--
 		e.out.Tokens++
 		stepped = append(stepped, a)
+	}
+	e.stepStates = 0
+	if e.s.prefix != nil {
+		e.stepStates = memapi.Bytes(e.cfg.PrefixTokens) * e.bpt
+	}
+	for _, a := range stepped {
+		if !a.preempted {
+			e.stepStates += memapi.Bytes(a.r.Tokens()) * e.bpt
+		}
 	}
 	for _, a := range stepped {
 		if a.preempted || a.r.Tokens() == 0 {
@@ -525,6 +556,7 @@ grow:
 			}
 			delete(e.byReq, a.r)
 			e.out.Served++
+			e.finished = append(e.finished, a)
 		}
 	}
 	e.running = slices.DeleteFunc(e.running, func(a *active) bool { return a.preempted || a.left == 0 && a.r.State() == holders.Finished })
@@ -545,17 +577,23 @@ func (e *engine) sample() governor.Snapshot {
 		e.out.PeakCharged = max(e.out.PeakCharged, a.Charged)
 		e.out.PeakInUse = max(e.out.PeakInUse, a.Reserved+a.Charged+a.Pending)
 	}
+	return snap
+}
+
+// kvHeld returns the device bytes the KV store holds in snap: charged
+// (its requests and the shared prefix), pending free and reserved.
+func (e *engine) kvHeld(snap governor.Snapshot) memapi.Bytes {
 	for _, h := range snap.Holders {
 		if h.ID != holderKV {
 			continue
 		}
 		for _, ha := range h.Authorities {
 			if ha.Authority == e.s.devAuth {
-				e.out.PeakKVBytes = max(e.out.PeakKVBytes, ha.Charged+ha.Pending+ha.Reserved)
+				return ha.Charged + ha.Pending + ha.Reserved
 			}
 		}
 	}
-	return snap
+	return 0
 }
 
 // checkStep checks the ledger identity on a snapshot: every authority
@@ -789,6 +827,9 @@ func (e *engine) finish(ctx context.Context) error {
 		if err := e.fullAudit(ctx, "end of the run"); err != nil {
 			errs = append(errs, err)
 		}
+		// The report's tables show the ledger as the work ended, before
+		// everything is closed (the chart still shows the closing).
+		e.s.rec.End(e.s.g.Snapshot())
 		if e.s.second != nil {
 			st := e.s.second.Stats()
 			e.out.Offloads, e.out.Reloads = st.Offloads, st.Reloads

@@ -252,8 +252,15 @@ func pattern(name string, n int) []byte {
 	return out
 }
 
-// event is the governor's event hook: it feeds the report.
-func (s *stack) event(e governor.Event) { s.rec.Event(e) }
+// event is the governor's event hook: it feeds the report, where a ticket
+// the second model answered with freed bytes is also an offload.
+func (s *stack) event(e governor.Event) {
+	s.rec.Event(e)
+	if e.Kind == governor.EventReclaimed && e.Holder == holderSecond && e.Bytes > 0 {
+		s.rec.Annotate(memreport.Annotation{Time: e.Time, Authority: e.Authority, Kind: "offload", Holder: holderSecond, Bytes: e.Bytes,
+			Detail: fmt.Sprintf("weights to the host, answering ticket %d", e.Ticket.ID)})
+	}
+}
 
 // close tears the stack down: holders first (their memory goes through the
 // deferred-free queues), then the contexts (which wait for the queues), the

@@ -4,11 +4,15 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/memreport"
 )
+
+// summaryWidth is the width the summary fits in: an 80-column terminal.
+const summaryWidth = 80
 
 // row is one line of the summary table.
 type row struct{ key, value string }
@@ -29,9 +33,10 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-// summaryRows builds the summary of a run and, when static is not nil, its
-// comparison with the static baseline.
-func summaryRows(cfg Config, o *Outcome, static *Figures) []row {
+func fmtDuration(d time.Duration) string { return d.Round(100 * time.Millisecond).String() }
+
+// summaryRows builds the summary of a run.
+func summaryRows(cfg Config, o *Outcome) []row {
 	kernel := "n/a (not a CPU mechanism)"
 	if o.HasKernel {
 		kernel = fmt.Sprintf("%s = mechanism %s at the last audit, %s = %s at the fullest audit, %d audits; %s after close",
@@ -45,47 +50,110 @@ func summaryRows(cfg Config, o *Outcome, static *Figures) []row {
 		{"requests served", fmt.Sprintf("%d of %d (%d rejected: context larger than the budget)", o.Served, o.Requests, o.Rejected)},
 		{"requests preempted", fmt.Sprintf("%d preemptions of %d requests, %d resumed, none dropped; %d steps a request could not grow in", o.Preemptions, o.PreemptedRequests, o.Resumed, o.Stalls)},
 		{"concurrent requests", fmt.Sprintf("peak %d, mean %.1f", o.PeakConcurrent, o.MeanConcurrent)},
-		{"peak charged vs capacity", fmt.Sprintf("%s of %s (%s); peak in use incl. grants and pending %s", fmtBytes(o.PeakCharged), fmtBytes(o.Capacity), pct(o.PeakCharged, o.Capacity), fmtBytes(o.PeakInUse))},
+		{"KV utilisation", fmt.Sprintf("%.1f%% mean, %.1f%% at the KV peak of %s (token-state bytes / KV bytes committed)", 100*o.KVUtilMean, 100*o.KVUtilAtPeak, fmtBytes(o.PeakKVBytes))},
+		{"peak charged", fmt.Sprintf("%s of %s (%s); peak in use incl. grants and pending %s", fmtBytes(o.PeakCharged), fmtBytes(o.Capacity), pct(o.PeakCharged, o.Capacity), fmtBytes(o.PeakInUse))},
 		{"pressure", fmt.Sprintf("%d pressure events, %d tickets issued, %s reclaimed by holders", o.PressureEvents, o.Tickets, fmtBytes(o.Reclaimed))},
 		{"offloads / reloads", fmt.Sprintf("%d / %d (second model)", o.Offloads, o.Reloads)},
 		{"deferred frees", fmt.Sprintf("%d releases freed behind fences", o.DeferredFrees)},
-		{"ledger identity", fmt.Sprintf("checked %d times (every step, every authority), %d failures", o.Checks, o.Failures)},
+		{"ledger identity", fmt.Sprintf("%d failures in %d checks (every step, every authority)", o.Failures, o.Checks)},
 		{"kernel-confirmed bytes", kernel},
 		{"data read back", fmt.Sprintf("%d read-backs of KV, prefix and weight bytes", o.DataChecks)},
 		{"leaked handles", fmt.Sprintf("%d", o.Leaks)},
 		{"process memory", fmt.Sprintf("resident %s before, peak %s, %s after close; goroutines %d before, %d after",
 			fmtBytes(o.RSSBefore), fmtBytes(o.RSSPeak), fmtBytes(o.RSSAfter), o.GoroutinesBefore, o.GoroutinesAfter)},
-		{"simulated", fmt.Sprintf("%s, %d decode steps, %.0f tokens/s", o.SimTime.Round(time.Millisecond), o.Steps, o.Throughput())},
+		{"simulated", fmt.Sprintf("%s, %d decode steps, %.0f tokens/s", fmtDuration(o.SimTime), o.Steps, o.Throughput())},
 		{"wall time", o.Wall.Round(time.Millisecond).String()},
 	}
-	if static != nil {
-		rows = append(rows,
-			row{"static baseline", "each request reserves prompt + generated tokens at admission (same trace, budget, step model)"},
-			row{"  concurrent (peak)", fmt.Sprintf("memgen %d vs static %d: %s", o.PeakConcurrent, static.PeakConcurrent, ratio(float64(o.PeakConcurrent), float64(static.PeakConcurrent)))},
-			row{"  concurrent (mean)", fmt.Sprintf("memgen %.1f vs static %.1f: %s", o.MeanConcurrent, static.MeanConcurrent, ratio(o.MeanConcurrent, static.MeanConcurrent))},
-			row{"  peak KV bytes", fmt.Sprintf("memgen %s vs static %s: %s", fmtBytes(o.PeakKVBytes), fmtBytes(static.PeakKVBytes), ratio(float64(o.PeakKVBytes), float64(static.PeakKVBytes)))},
-			row{"  throughput", fmt.Sprintf("memgen %.0f vs static %.0f tokens/s: %s", o.Throughput(), static.Throughput(), ratio(o.Throughput(), static.Throughput()))},
-			row{"  makespan", fmt.Sprintf("memgen %s vs static %s: %s", o.SimTime.Round(time.Millisecond), static.SimTime.Round(time.Millisecond), ratio(static.SimTime.Seconds(), o.SimTime.Seconds()))},
-			row{"  served / rejected", fmt.Sprintf("memgen %d / %d, static %d / %d", o.Served, o.Rejected, static.Served, static.Rejected)},
-		)
-	}
-	if o.Failures > 0 {
-		for _, f := range o.FailureLog {
-			rows = append(rows, row{"FAILURE", f})
-		}
+	for _, f := range o.FailureLog {
+		rows = append(rows, row{"FAILURE", f})
 	}
 	return rows
 }
 
-// writeSummary prints rows as a two-column table.
-func writeSummary(w io.Writer, rows []row) {
+// comparisonRows are the notes of the comparison for the report: one row
+// per baseline with its figures and its ratios against memgen.
+func comparisonRows(o *Outcome, systems []System) []row {
+	var rows []row
+	for _, s := range systems {
+		rows = append(rows, row{s.Name, fmt.Sprintf("peak %d (memgen %s), mean %.1f (%s), %.0f tokens/s (%s), makespan %s (%s), KV utilisation %.1f%% mean, %.1f%% at peak, %d served, %d rejected",
+			s.PeakConcurrent, ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)),
+			s.MeanConcurrent, ratio(o.MeanConcurrent, s.MeanConcurrent),
+			s.Throughput(), ratio(o.Throughput(), s.Throughput()),
+			fmtDuration(s.SimTime), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()),
+			100*s.KVUtilMean, 100*s.KVUtilAtPeak, s.Served, s.Rejected)})
+	}
+	return rows
+}
+
+// writeSummary prints rows as a two-column table that fits summaryWidth
+// columns, long values wrapped at spaces, then the comparison of memgen
+// with the baselines when there are any.
+func writeSummary(w io.Writer, rows []row, o *Outcome, systems []System) {
 	width := 0
 	for _, r := range rows {
 		width = max(width, len(r.key))
 	}
-	fmt.Fprintf(w, "%s\n", strings.Repeat("-", width+2+60))
+	rule := strings.Repeat("-", summaryWidth)
+	fmt.Fprintln(w, rule)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-*s  %s\n", width, r.key, r.value)
+		for i, line := range wrap(r.value, summaryWidth-width-2) {
+			key := r.key
+			if i > 0 {
+				key = ""
+			}
+			fmt.Fprintf(tw, "%s\t%s\n", key, line)
+		}
 	}
-	fmt.Fprintf(w, "%s\n", strings.Repeat("-", width+2+60))
+	_ = tw.Flush()
+	if len(systems) > 0 {
+		fmt.Fprintln(w, rule)
+		writeComparison(w, o, systems)
+	}
+	fmt.Fprintln(w, rule)
+}
+
+// writeComparison prints every system's figures, memgen's first, and then
+// memgen's ratios against each baseline.
+func writeComparison(w io.Writer, o *Outcome, systems []System) {
+	for _, line := range wrap("Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model); memgen also holds the second model. KV util = token-state bytes / KV bytes reserved or committed.", summaryWidth) {
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "system       \tpeak\tmean\ttokens/s\tmakespan\tKV peak\tutil mean\tutil@peak\t\n")
+	all := append([]System{{Name: "memgen", Figures: o.Figures}}, systems...)
+	for _, s := range all {
+		fmt.Fprintf(tw, "%-13s\t%d\t%.1f\t%.0f\t%s\t%s\t%.1f%%\t%.1f%%\t\n", s.Name, s.PeakConcurrent, s.MeanConcurrent, s.Throughput(),
+			fmtDuration(s.SimTime), fmtBytes(s.PeakKVBytes), 100*s.KVUtilMean, 100*s.KVUtilAtPeak)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "memgen vs    \tpeak conc.\tmean conc.\tthroughput\tmakespan\tserved / rejected\t\n")
+	for _, s := range systems {
+		fmt.Fprintf(tw, "%-13s\t%s\t%s\t%s\t%s\t%d / %d\t\n", s.Name,
+			ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
+			ratio(o.Throughput(), s.Throughput()), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()), s.Served, s.Rejected)
+	}
+	_ = tw.Flush()
+}
+
+// wrap cuts s into lines of at most width bytes at spaces (a word longer
+// than width gets a line of its own).
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	return append(lines, line)
 }

@@ -92,7 +92,7 @@ package checked
 import memapi "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"
+const specDigest = "b0ed06ee3d3acbbad596a36252726c339c300deb8ab08ce69365b1993e108da9"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

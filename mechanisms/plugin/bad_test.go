@@ -1,0 +1,213 @@
+package plugin
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// TestBadPluginsRefusedAtLoad: a plugin whose entry point or descriptor
+// breaks the ABI is refused by Open with a *LoadError of the right kind.
+func TestBadPluginsRefusedAtLoad(t *testing.T) {
+	for _, c := range []struct {
+		name, define string
+		kind         error
+	}{
+		{"missing-entry-symbol", "REFHOST_NO_ENTRY", ErrNoEntry},
+		{"null-descriptor", "REFHOST_NULL_DESCRIPTOR", ErrNullDescriptor},
+		{"wrong-struct-size", "REFHOST_BAD_STRUCT_SIZE", ErrBadDescriptor},
+		{"other-major", "REFHOST_MAJOR=2", ErrIncompatible},
+		{"undeclared-name", `REFHOST_NAME="stranger"`, ErrUndeclared},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Open(refhost(t, c.define))
+			var le *LoadError
+			if !errors.Is(err, c.kind) || !errors.As(err, &le) {
+				t.Fatalf("Open = %v, want a *LoadError of kind %v", err, c.kind)
+			}
+		})
+	}
+	t.Run("no-library", func(t *testing.T) {
+		_, err := Open(filepath.Join(t.TempDir(), "absent.so"))
+		if !errors.Is(err, ErrNoLibrary) {
+			t.Fatalf("Open = %v, want ErrNoLibrary", err)
+		}
+	})
+}
+
+// TestUnknownStatus: a slot returning a status the header does not declare
+// fails the call with ErrProtocol; the host keeps running.
+func TestUnknownStatus(t *testing.T) {
+	m, _ := newSubject(t, refhost(t, "REFHOST_BAD_STATUS"))
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if !errors.Is(err, ErrProtocol) || a != nil {
+		t.Fatalf("Allocate = %v, %v, want ErrProtocol", a, err)
+	}
+	var e *memapi.Error
+	if !errors.As(err, &e) || e.Mechanism != "refhost" {
+		t.Errorf("%v is not a *memapi.Error naming the plugin", err)
+	}
+}
+
+// TestGarbageHandles: a reused id and an allocation smaller than asked for
+// are refused with ErrProtocol, and what the plugin created for the refused
+// allocation is given back: UsedBytes returns to where it was.
+func TestGarbageHandles(t *testing.T) {
+	m, _ := newSubject(t, refhost(t, "REFHOST_BAD_HANDLE"))
+	r1, err := m.Reserve(bg, memapi.ReserveRequest{Size: m.Info().Granularity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.ReleaseReservation(bg, r1, nil)
+	if r2, err := m.Reserve(bg, memapi.ReserveRequest{Size: m.Info().Granularity}); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("second Reserve with a reused id = %v, %v, want ErrProtocol", r2, err)
+	}
+	before := m.UsedBytes()
+	if a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4 * m.Info().AllocGranularity}, g); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Allocate of a short allocation = %v, %v, want ErrProtocol", a, err)
+	}
+	if got := m.UsedBytes(); got != before {
+		t.Errorf("UsedBytes = %d after the refused allocation, want %d: the host gives it back", got, before)
+	}
+}
+
+// TestLyingCommit: a commit that reports success and installs nothing is
+// caught by the checked wrapper's verify mode (ErrUntruthful), with the
+// grant's draw given back; bare, the lie shows in CommittedBytes.
+func TestLyingCommit(t *testing.T) {
+	m, _ := newSubject(t, refhost(t, "REFHOST_BAD_COMMIT"))
+	gran := m.Info().Granularity
+	wrapped, err := memapi.RequireVirtualBacking(checked.Wrap(m, checked.WithVerify()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 2 * gran})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.ReleaseReservation(bg, res, nil)
+	gr := &countingGrant{}
+	err = wrapped.Commit(bg, res, memapi.Range{Len: gran}, gr)
+	if !errors.Is(err, memapi.ErrUntruthful) {
+		t.Fatalf("checked Commit = %v, want ErrUntruthful", err)
+	}
+	if gr.drawn != 0 {
+		t.Errorf("after the refused commit %d bytes stay drawn from the grant, want 0", gr.drawn)
+	}
+	if err := m.Commit(bg, res, memapi.Range{Off: gran, Len: gran}, g); err != nil {
+		t.Fatalf("bare Commit: %v", err)
+	}
+	if n, _ := m.CommittedBytes(res); n != 0 {
+		t.Errorf("CommittedBytes = %d; the lying plugin installed nothing", n)
+	}
+}
+
+// countingGrant is a grant that records what is drawn.
+type countingGrant struct{ drawn memapi.Bytes }
+
+func (*countingGrant) Authority() memapi.AuthorityID { return "host" }
+func (c *countingGrant) Draw(n memapi.Bytes) error   { c.drawn += n; return nil }
+func (c *countingGrant) Undraw(n memapi.Bytes) error { c.drawn -= n; return nil }
+
+// TestPanicContained: a panic on the Go side of a call is returned as
+// ErrProtocol, and the mechanism keeps working afterwards.
+func TestPanicContained(t *testing.T) {
+	m, _ := newSubject(t, refhost(t))
+	real := syscallN
+	syscallN = func(fn uintptr, args ...uintptr) (uintptr, uintptr, uintptr) { panic("slot exploded") }
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	syscallN = real
+	if !errors.Is(err, ErrProtocol) || a != nil {
+		t.Fatalf("Allocate with a panicking call = %v, %v, want ErrProtocol", a, err)
+	}
+	a, err = m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if err != nil {
+		t.Fatalf("Allocate after the panic: %v", err)
+	}
+	if err := m.Free(bg, a, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClosed: every call after Close fails with ErrClosed, and Close refuses
+// while handles are live.
+func TestClosed(t *testing.T) {
+	m, err := New(refhost(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); !errors.Is(err, memapi.ErrInUse) {
+		t.Fatalf("Close with a live allocation = %v, want ErrInUse", err)
+	}
+	if err := m.Free(bg, a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g); !errors.Is(err, memapi.ErrClosed) {
+		t.Errorf("Allocate after Close = %v, want ErrClosed", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+// TestCloseRacesCalls: Close racing calls on other goroutines never crashes
+// the host: each call either completes or fails with ErrClosed, Close either
+// closes or refuses with ErrInUse while handles are live, and once it closed
+// nothing reaches the plugin's freed instance.
+func TestCloseRacesCalls(t *testing.T) {
+	for round := range 20 {
+		m, err := New(refhost(t), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 4)
+		for range 4 {
+			go func() {
+				for range 50 {
+					a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+					if errors.Is(err, memapi.ErrClosed) {
+						done <- nil
+						return
+					}
+					if err != nil {
+						done <- err
+						return
+					}
+					if err := m.Free(bg, a, nil); err != nil {
+						done <- err
+						return
+					}
+					_ = m.UsedBytes()
+				}
+				done <- nil
+			}()
+		}
+		var closed bool
+		for !closed {
+			switch err := m.Close(); {
+			case err == nil:
+				closed = true
+			case !errors.Is(err, memapi.ErrInUse):
+				t.Fatalf("round %d: Close = %v", round, err)
+			}
+		}
+		for range 4 {
+			if err := <-done; err != nil {
+				t.Errorf("round %d: %v", round, err)
+			}
+		}
+		if n := m.UsedBytes(); n != 0 {
+			t.Errorf("round %d: UsedBytes after Close = %d", round, n)
+		}
+	}
+}

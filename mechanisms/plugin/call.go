@@ -1,0 +1,68 @@
+package plugin
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// syscallN calls a C function; a variable so that a test can put a Go
+// function that panics in its place.
+var syscallN = purego.SyscallN
+
+// callC calls the C function fn with args and returns its integer result.
+// A panic on the Go side of the call (in the binding, or in a Go function a
+// test installs) is contained and returned as an error; a fault inside the
+// C function cannot be contained in-process and ends it.
+//
+// Pointers converted to uintptr in the call expression stay alive and in
+// place for the call (go:uintptrescapes, as for purego.SyscallN itself).
+//
+//go:uintptrescapes
+func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic while calling the plugin: %v", p)
+		}
+	}()
+	r, _, _ = syscallN(fn, args...)
+	return r, nil
+}
+
+// ptr turns an address the plugin returned into a pointer without tripping
+// vet's unsafeptr check: the memory is the plugin's static data, never Go's.
+func ptr(addr uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&addr)) }
+
+// readStruct copies the first min(size, len(dst)) bytes of the C struct at
+// addr into dst: members past the plugin's struct_size stay zero (absent),
+// members past this host's struct are ignored.
+func readStruct(dst []byte, addr uintptr, size uint32) {
+	n := min(int(size), len(dst))
+	copy(dst[:n], unsafe.Slice((*byte)(ptr(addr)), n))
+}
+
+// bytesOf views a Go struct as bytes, for readStruct.
+func bytesOf[T any](v *T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
+}
+
+// maxName bounds how far cString reads.
+const maxName = 64
+
+// cString copies the NUL-terminated string at addr, or reports false when
+// there is none within maxName bytes.
+func cString(addr uintptr) (string, bool) {
+	if addr == 0 {
+		return "", false
+	}
+	var b []byte
+	for i := range maxName {
+		c := *(*byte)(unsafe.Add(ptr(addr), i))
+		if c == 0 {
+			return string(b), true
+		}
+		b = append(b, c)
+	}
+	return "", false
+}

@@ -1,0 +1,247 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Context is the device context of a plugin instance, made of the plugin's
+// stream and fence slots: the plugin knows which bytes are backed and
+// writable, so it alone can copy safely (a copy into a read-only view fails
+// with ErrReadOnly instead of faulting). Fences are polled (fence_done);
+// Fence.Ready is nil. Close the streams, then the context; the context does
+// not close the mechanism.
+type Context struct {
+	m *Mechanism
+
+	mu      sync.Mutex
+	streams map[*Stream]struct{}
+	closed  bool
+}
+
+var (
+	_ memapi.DeviceContext = (*Context)(nil)
+	_ memapi.Stream        = (*Stream)(nil)
+	_ memapi.Fence         = (*Fence)(nil)
+)
+
+// NewContext returns the device context of m. It fails with ErrUnsupported
+// when the plugin has no device-context slots.
+func (m *Mechanism) NewContext() (*Context, error) {
+	if !m.lib.context {
+		return nil, &memapi.Error{Op: "plugin.NewContext", Kind: memapi.ErrUnsupported, Mechanism: m.info.Mechanism,
+			Detail: "the plugin has no device_context slots"}
+	}
+	return &Context{m: m, streams: map[*Stream]struct{}{}}, nil
+}
+
+// Device returns the plugin's device.
+func (c *Context) Device() memapi.DeviceKey { return c.m.info.Device }
+
+// NewStream calls stream_create. It fails with ErrClosed after Close.
+func (c *Context) NewStream() (memapi.Stream, error) {
+	const op = "DeviceContext.NewStream"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: c.m.info.Mechanism}
+	}
+	m := c.m
+	if err := m.enter(op); err != nil {
+		return nil, err
+	}
+	defer m.leave()
+	var id uint64
+	r, err := callC(m.lib.dc.StreamCreate, m.inst, uintptr(unsafe.Pointer(&id)))
+	if err := m.result(op, r, err, 0); err != nil {
+		return nil, err
+	}
+	if id == 0 {
+		return nil, m.protocol(op, 0, "stream_create returned stream id 0")
+	}
+	s := &Stream{c: c, id: id}
+	c.streams[s] = struct{}{}
+	return s, nil
+}
+
+// Close releases the context. It fails with ErrInUse while streams are open;
+// a second Close returns nil.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := len(c.streams); n > 0 {
+		return &memapi.Error{Op: "DeviceContext.Close", Kind: memapi.ErrInUse, Mechanism: c.m.info.Mechanism,
+			Detail: fmt.Sprintf("%d streams are open", n)}
+	}
+	c.closed = true
+	return nil
+}
+
+// Stream is one plugin stream. It is used from one goroutine at a time, as
+// the ABI promises the plugin: its methods serialize on a mutex.
+type Stream struct {
+	c  *Context
+	id uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// call runs a slot of this stream; args follow the instance and stream id.
+//
+//go:uintptrescapes
+func (s *Stream) call(op string, fn uintptr, args ...uintptr) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.c.m
+	if s.closed {
+		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: m.info.Mechanism}
+	}
+	if err := m.enter(op); err != nil {
+		return err
+	}
+	defer m.leave()
+	all := append([]uintptr{m.inst, uintptr(s.id)}, args...)
+	r, err := callC(fn, all...)
+	return m.result(op, r, err, 0)
+}
+
+// CopyToDevice calls stream_copy_to_device. src is borrowed until the next
+// fence of the stream completes.
+func (s *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
+	return s.call("Stream.CopyToDevice", s.c.m.lib.dc.StreamCopyToDevice, uintptr(dst),
+		uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)))
+}
+
+// CopyFromDevice calls stream_copy_from_device.
+func (s *Stream) CopyFromDevice(dst []byte, src memapi.DeviceAddr) error {
+	err := s.call("Stream.CopyFromDevice", s.c.m.lib.dc.StreamCopyFromDevice,
+		uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(len(dst)), uintptr(src))
+	runtime.KeepAlive(dst)
+	return err
+}
+
+// CopyDevice calls stream_copy_device.
+func (s *Stream) CopyDevice(dst, src memapi.DeviceAddr, n memapi.Bytes) error {
+	return s.call("Stream.CopyDevice", s.c.m.lib.dc.StreamCopyDevice, uintptr(dst), uintptr(src), uintptr(n))
+}
+
+// Record calls stream_record and returns the new fence.
+func (s *Stream) Record() (memapi.Fence, error) {
+	var id uint64
+	m := s.c.m
+	if err := s.call("Stream.Record", m.lib.dc.StreamRecord, uintptr(unsafe.Pointer(&id))); err != nil {
+		return nil, err
+	}
+	if id == 0 {
+		return nil, m.protocol("Stream.Record", 0, "stream_record returned fence id 0")
+	}
+	f := &Fence{m: m, id: id}
+	// A C fence has no garbage collector: release it with the Go value.
+	runtime.AddCleanup(f, func(id uint64) { m.releaseFence(id) }, id)
+	return f, nil
+}
+
+// Synchronize calls stream_synchronize. The slot does not block without
+// bound (the ABI forbids it), so ctx is checked only before the call.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.call("Stream.Synchronize", s.c.m.lib.dc.StreamSynchronize)
+}
+
+// Close synchronizes and calls stream_close. It is idempotent.
+func (s *Stream) Close() error {
+	syncErr := s.call("Stream.Close", s.c.m.lib.dc.StreamSynchronize)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	m := s.c.m
+	var err error
+	if m.enter("Stream.Close") == nil {
+		r, cerr := callC(m.lib.dc.StreamClose, m.inst, uintptr(s.id))
+		err = m.result("Stream.Close", r, cerr, 0)
+		m.leave()
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.c.mu.Lock()
+	delete(s.c.streams, s)
+	s.c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return syncErr
+}
+
+// releaseFence calls fence_release, unless the instance is closed (its close
+// freed every fence).
+func (m *Mechanism) releaseFence(id uint64) {
+	if m.enter("Fence.release") != nil {
+		return
+	}
+	defer m.leave()
+	_, _ = callC(m.lib.dc.FenceRelease, m.inst, uintptr(id))
+}
+
+// Fence is a plugin fence, polled through fence_done.
+type Fence struct {
+	m  *Mechanism
+	id uint64
+}
+
+// poll calls fence_done: whether the fence completed, and the first error of
+// the work it covers once it did.
+func (f *Fence) poll() (bool, error) {
+	const op = "Fence.Done"
+	if err := f.m.enter(op); err != nil {
+		return true, err
+	}
+	defer f.m.leave()
+	var done int32
+	r, err := callC(f.m.lib.dc.FenceDone, f.m.inst, uintptr(f.id), uintptr(unsafe.Pointer(&done)))
+	runtime.KeepAlive(f)
+	if err := f.m.result(op, r, err, 0); err != nil {
+		return true, err
+	}
+	return done != 0, nil
+}
+
+// Done polls the fence without blocking.
+func (f *Fence) Done() bool {
+	done, _ := f.poll()
+	return done
+}
+
+// Wait polls fence_done, backing off from 1 µs to 1 ms, until the fence
+// completes or ctx ends; it returns the first error of the work the fence
+// covers.
+func (f *Fence) Wait(ctx context.Context) error {
+	delay := time.Microsecond
+	for {
+		done, err := f.poll()
+		if done {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Millisecond)
+	}
+}
+
+// Ready returns nil: plugin fences can only be polled.
+func (f *Fence) Ready() <-chan struct{} { return nil }

@@ -1,0 +1,209 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Library is a loaded plugin whose descriptor passed version negotiation and
+// validation. Its slots are read once, at Open, into Go mirrors of the
+// header's structs: a slot the plugin's struct_size or minor does not cover
+// is zero there, and a capability with any zero slot is absent. New makes
+// mechanism instances of it.
+//
+// A Library is never unloaded: mechanisms and fences may call into it until
+// the process ends, and dlclose under them would be a use after free.
+type Library struct {
+	Path    string
+	Name    memapi.MechanismID
+	Device  memapi.DeviceKey
+	Version uint32 // the plugin's abi_version (major << 16 | minor)
+
+	desc    cPlugin
+	da      cDeviceAllocator
+	vb      cVirtualBacking
+	sm      cSharedMapping
+	dc      cDeviceContext
+	offers  memapi.CapSet
+	context bool // the device-context slots are all present
+}
+
+var (
+	openMu sync.Mutex
+	opened = map[string]*Library{}
+)
+
+// Open loads the plugin at path (a file path or a soname), negotiates the
+// ABI version and validates the descriptor. Every failure is a *LoadError
+// wrapping one of ErrNoLibrary, ErrNoEntry, ErrNullDescriptor,
+// ErrIncompatible, ErrBadDescriptor or ErrUndeclared. A library that loaded
+// is cached: Open of the same path returns the same *Library.
+func Open(path string) (*Library, error) {
+	openMu.Lock()
+	defer openMu.Unlock()
+	if l, ok := opened[path]; ok {
+		return l, nil
+	}
+	l, err := load(path)
+	if err != nil {
+		return nil, err
+	}
+	opened[path] = l
+	return l, nil
+}
+
+// load runs on a locked OS thread: dlerror's state is per thread, and
+// handles and addresses are judged by being non-zero, never by the message.
+func load(path string) (*Library, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil || h == 0 {
+		if err == nil {
+			err = errors.New("dlopen returned no handle")
+		}
+		return nil, &LoadError{Path: path, Kind: ErrNoLibrary, Err: err}
+	}
+	entry, err := purego.Dlsym(h, EntrySymbol)
+	if err != nil || entry == 0 {
+		_ = purego.Dlclose(h)
+		return nil, &LoadError{Path: path, Kind: ErrNoEntry, Detail: "no symbol " + EntrySymbol, Err: err}
+	}
+	l, lerr := negotiate(path, entry)
+	if lerr != nil {
+		// Nothing of the plugin was opened yet: it can be unloaded.
+		_ = purego.Dlclose(h)
+		return nil, lerr
+	}
+	return l, nil
+}
+
+// header is the first two members of every versioned struct.
+type header struct{ StructSize, ABIVersion uint32 }
+
+func majorOf(v uint32) uint32 { return v >> 16 }
+func minorOf(v uint32) uint32 { return v & 0xffff }
+
+// negotiate calls the entry point and validates what it returns.
+func negotiate(path string, entry uintptr) (*Library, *LoadError) {
+	r, err := callC(entry, uintptr(ABIVersion))
+	if err != nil {
+		return nil, &LoadError{Path: path, Kind: ErrBadDescriptor, Detail: "calling " + EntrySymbol, Err: err}
+	}
+	if r == 0 {
+		return nil, loadErr(path, ErrNullDescriptor, "%s(%#x) returned NULL", EntrySymbol, ABIVersion)
+	}
+	l := &Library{Path: path}
+	var hd header
+	readStruct(bytesOf(&hd), r, uint32(unsafe.Sizeof(hd)))
+	// The version first: a descriptor of another major may be laid out
+	// differently, so nothing else of it is read (DLPack's rule).
+	if majorOf(hd.ABIVersion) != ABIMajor {
+		return nil, loadErr(path, ErrIncompatible, "the plugin speaks ABI %d.%d, this host %d.%d",
+			majorOf(hd.ABIVersion), minorOf(hd.ABIVersion), ABIMajor, ABIMinor)
+	}
+	if hd.StructSize < uint32(unsafe.Sizeof(l.desc)) {
+		return nil, loadErr(path, ErrBadDescriptor, "descriptor struct_size %d is smaller than the %d bytes of ABI %d.0",
+			hd.StructSize, unsafe.Sizeof(l.desc), ABIMajor)
+	}
+	l.Version = hd.ABIVersion
+	readStruct(bytesOf(&l.desc), r, hd.StructSize)
+	d := &l.desc
+	name, ok := cString(d.Name)
+	if !ok || name == "" {
+		return nil, loadErr(path, ErrBadDescriptor, "the descriptor's name is NULL, empty or longer than %d bytes", maxName)
+	}
+	l.Name = memapi.MechanismID(name)
+	decl, ok := declaredPlugins[l.Name]
+	if !ok {
+		return nil, loadErr(path, ErrUndeclared, "plugin %q is not declared under plugin_abi.plugins in the spec", name)
+	}
+	kind := memapi.DeviceKind(d.Device)
+	if d.Device <= 0 || d.Device > 255 || !kind.Valid() {
+		return nil, loadErr(path, ErrBadDescriptor, "device %d is not a memgen_device_kind value", d.Device)
+	}
+	if kind != decl.Device {
+		return nil, loadErr(path, ErrUndeclared, "plugin %q serves %v, the spec declares %v", name, kind, decl.Device)
+	}
+	l.Device = memapi.DeviceKey{Kind: kind, Ordinal: int(d.Ordinal)}
+	for _, g := range []struct {
+		what string
+		v    uint64
+	}{{"alloc_granularity", d.AllocGranularity}, {"granularity", d.Granularity}} {
+		if g.v == 0 || g.v&(g.v-1) != 0 {
+			return nil, loadErr(path, ErrBadDescriptor, "%s %d is not a power of two", g.what, g.v)
+		}
+	}
+	if d.Open == 0 || d.Close == 0 {
+		return nil, loadErr(path, ErrBadDescriptor, "open and close are required slots")
+	}
+	var lerr *LoadError
+	read := func(what string, addr uintptr, dst []byte, clear func(uint32)) bool {
+		if addr == 0 || lerr != nil {
+			return false
+		}
+		var h header
+		readStruct(bytesOf(&h), addr, uint32(unsafe.Sizeof(h)))
+		switch {
+		case majorOf(h.ABIVersion) != ABIMajor:
+			lerr = loadErr(path, ErrIncompatible, "%s is of ABI %d.%d", what, majorOf(h.ABIVersion), minorOf(h.ABIVersion))
+		case h.StructSize < uint32(unsafe.Sizeof(h)) || h.StructSize%8 != 0:
+			lerr = loadErr(path, ErrBadDescriptor, "%s struct_size %d is not a multiple of 8 of at least 8", what, h.StructSize)
+		default:
+			readStruct(dst, addr, h.StructSize)
+			clear(minorOf(h.ABIVersion))
+			return true
+		}
+		return false
+	}
+	read("device_allocator", d.DeviceAllocator, bytesOf(&l.da), l.da.clearNewer)
+	read("virtual_backing", d.VirtualBacking, bytesOf(&l.vb), l.vb.clearNewer)
+	read("shared_mapping", d.SharedMapping, bytesOf(&l.sm), l.sm.clearNewer)
+	read("device_context", d.DeviceContext, bytesOf(&l.dc), l.dc.clearNewer)
+	if lerr != nil {
+		return nil, lerr
+	}
+	if !allSlots(&l.da) {
+		return nil, loadErr(path, ErrBadDescriptor, "DeviceAllocator is required, but its struct or a slot of it is missing")
+	}
+	l.offers = memapi.Of(memapi.CapDeviceAllocator)
+	if allSlots(&l.vb) && decl.Offers.Has(memapi.CapVirtualBacking) {
+		l.offers |= memapi.Of(memapi.CapVirtualBacking)
+	}
+	if allSlots(&l.sm) && decl.Offers.Has(memapi.CapSharedMapping) {
+		l.offers |= memapi.Of(memapi.CapSharedMapping)
+	}
+	l.context = allSlots(&l.dc)
+	return l, nil
+}
+
+// allSlots reports whether every slot (every member after the header) of a
+// mirrored struct of slots is set.
+func allSlots[T any](v *T) bool {
+	b := bytesOf(v)
+	for off := int(unsafe.Sizeof(header{})); off+8 <= len(b); off += 8 {
+		if *(*uintptr)(unsafe.Pointer(&b[off])) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Offers returns the capabilities the plugin offers: DeviceAllocator, and
+// each optional capability whose slots are all present and which the spec
+// declares for the plugin.
+func (l *Library) Offers() memapi.CapSet { return l.offers }
+
+// HasContext reports whether the plugin has the device-context slots.
+func (l *Library) HasContext() bool { return l.context }
+
+func (l *Library) String() string {
+	return fmt.Sprintf("plugin %s (ABI %d.%d, %s, %v)", l.Name, majorOf(l.Version), minorOf(l.Version), l.Path, l.offers)
+}

@@ -1,0 +1,294 @@
+package memreport
+
+import (
+	"encoding/json"
+	"io"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+)
+
+// Version is the version of the JSON snapshot's layout, its "version"
+// field; report.schema.json describes it.
+const Version = 2
+
+// Report is the data of a memory report: what WriteJSON writes and
+// WriteHTML draws. Every key of its JSON form is snake_case, every figure
+// a number, every list a list (empty, never null).
+type Report struct {
+	Version   int    `json:"version"`
+	Title     string `json:"title"`
+	TimeLabel string `json:"time_label"`
+	// Start is the time of the first sample, event or span; every time in
+	// the report is in seconds since Start.
+	Start time.Time `json:"start"`
+	Notes []Note    `json:"notes"`
+	// Data are the program's own figures (Recorder.Data).
+	Data        map[string]any `json:"data"`
+	Authorities []Timeline     `json:"authorities"`
+	// Ledger is the ledger at the end of the work (Recorder.End), or the
+	// latest sample when the program marked none.
+	Ledger Ledger `json:"ledger"`
+	// Spans are the program's intervals (Recorder.Span); SpansDropped
+	// counts those over Options.MaxSpans.
+	Spans        []Span `json:"spans"`
+	SpansDropped int    `json:"spans_dropped"`
+}
+
+// Note is one row of the summary table.
+type Note struct {
+	Key   string `json:"key"`   // the label in snake_case
+	Label string `json:"label"` // as the table shows it
+	Text  string `json:"text"`
+}
+
+// Timeline is one authority's ledger over time: the kept samples, series
+// major. Reserved + Charged + Pending is the stacked total; Charged is also
+// split per holder.
+type Timeline struct {
+	Authority memapi.AuthorityID `json:"authority"`
+	Times     []float64          `json:"times"` // seconds since Report.Start
+	Capacity  []memapi.Bytes     `json:"capacity"`
+	Reserved  []memapi.Bytes     `json:"reserved"`
+	Pending   []memapi.Bytes     `json:"pending"`
+	Charged   []memapi.Bytes     `json:"charged"`
+	// Holders has one series per holder that had an account on the
+	// authority, sorted by holder; a holder is 0 before it first appears.
+	Holders []Series `json:"holders"`
+	// Samples is how many samples were offered; len(Times) were kept.
+	Samples int `json:"samples"`
+	// HolderStats has each holder's peak, mean and final charge over every
+	// sample offered, in the order of Holders.
+	HolderStats []HolderStats `json:"holder_stats"`
+	// Events are the kept events, in time order; EventsSeen counts every
+	// event recorded and EventCounts counts them by kind.
+	Events      []Event           `json:"events"`
+	EventsSeen  int               `json:"events_seen"`
+	EventCounts map[string]uint64 `json:"event_counts"`
+}
+
+// Series is one holder's charged bytes at each kept sample.
+type Series struct {
+	Holder  governor.HolderID `json:"holder"`
+	Role    string            `json:"role"` // its roles, comma separated
+	Charged []memapi.Bytes    `json:"charged"`
+}
+
+// HolderStats are one holder's figures on an authority over every sample
+// offered: the most it was charged, its charge averaged over time (each
+// sample's charge holding until the next), and its charge in the ledger.
+type HolderStats struct {
+	Holder governor.HolderID `json:"holder"`
+	Role   string            `json:"role"`
+	Peak   memapi.Bytes      `json:"peak"`
+	Mean   float64           `json:"mean"`
+	Final  memapi.Bytes      `json:"final"`
+}
+
+// Event is one kept event: a governor event (kind pressure, ticket,
+// waiting, served, over_budget, grant_expired, capacity) or one of the
+// program's annotations (offload, preemption, ...).
+type Event struct {
+	Time float64 `json:"time"` // seconds since Report.Start
+	Kind string  `json:"kind"`
+	// Holder is the requester (pressure, waiting, served, over_budget),
+	// the holder asked (ticket) or the one the program names.
+	Holder string `json:"holder"`
+	Role   string `json:"role"`
+	// Bytes is what the event is about: the bytes wanted (ticket, waiting,
+	// served, over_budget), the shortfall (pressure), the capacity, the
+	// bytes offloaded or preempted.
+	Bytes memapi.Bytes `json:"bytes"`
+	// For a ticket: whether the holder answered, the bytes it freed, and
+	// its time to answer in the report's time and in wall-clock time.
+	Ticket            uint64       `json:"ticket"`
+	Answered          bool         `json:"answered"`
+	Freed             memapi.Bytes `json:"freed"`
+	AnswerSeconds     float64      `json:"answer_seconds"`
+	AnswerWallSeconds float64      `json:"answer_wall_seconds"`
+	Error             string       `json:"error"`
+	Detail            string       `json:"detail"`
+}
+
+// Ledger is the governor's ledger at one time, in the report's names.
+type Ledger struct {
+	Time float64 `json:"time"` // seconds since Report.Start
+	// Marked says the program marked it as the end of its work
+	// (Recorder.End); otherwise it is the latest sample.
+	Marked      bool              `json:"marked"`
+	Authorities []LedgerAuthority `json:"authorities"`
+	Holders     []LedgerHolder    `json:"holders"`
+}
+
+// LedgerAuthority is one authority's ledger and its counters so far.
+type LedgerAuthority struct {
+	Authority      memapi.AuthorityID `json:"authority"`
+	Capacity       memapi.Bytes       `json:"capacity"`
+	Reserved       memapi.Bytes       `json:"reserved"`
+	Charged        memapi.Bytes       `json:"charged"`
+	Pending        memapi.Bytes       `json:"pending"`
+	Free           memapi.Bytes       `json:"free"`
+	Balanced       bool               `json:"balanced"`
+	Granted        uint64             `json:"granted"`
+	Waited         uint64             `json:"waited"`
+	OverBudget     uint64             `json:"over_budget"`
+	Tickets        uint64             `json:"tickets"`
+	Reclaimed      memapi.Bytes       `json:"reclaimed"`
+	PressureEvents uint64             `json:"pressure_events"`
+}
+
+// LedgerHolder is one holder's account on one authority.
+type LedgerHolder struct {
+	Holder    governor.HolderID  `json:"holder"`
+	Authority memapi.AuthorityID `json:"authority"`
+	Priority  int                `json:"priority"`
+	Charged   memapi.Bytes       `json:"charged"`
+	Pending   memapi.Bytes       `json:"pending"`
+	Reserved  memapi.Bytes       `json:"reserved"`
+	Tickets   uint64             `json:"tickets"`
+	Reclaimed memapi.Bytes       `json:"reclaimed"`
+}
+
+// Span is one interval of the program's work.
+type Span struct {
+	Name     string  `json:"name"`
+	Category string  `json:"category"`
+	Start    float64 `json:"start"` // seconds since Report.Start
+	End      float64 `json:"end"`
+}
+
+// Report returns a copy of what was recorded.
+func (r *Recorder) Report() Report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep := Report{
+		Version:      Version,
+		Title:        r.opts.Title,
+		TimeLabel:    r.opts.TimeLabel,
+		Start:        r.start,
+		Notes:        append([]Note{}, r.notes...),
+		Data:         maps.Clone(r.data),
+		Authorities:  []Timeline{},
+		Spans:        []Span{},
+		SpansDropped: r.dropped,
+	}
+	since := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.Sub(r.start).Seconds()
+	}
+	ledger := r.latest
+	if r.end != nil {
+		ledger = *r.end
+	}
+	rep.Ledger = ledgerOf(ledger, since(ledger.Time), r.end != nil)
+	for _, id := range slices.Sorted(maps.Keys(r.auths)) {
+		tl := r.auths[id]
+		pts := slices.Clone(tl.points)
+		if tl.tail != nil {
+			pts = append(pts, *tl.tail)
+		}
+		out := Timeline{Authority: id, Samples: tl.seen, EventCounts: maps.Clone(tl.counts), EventsSeen: tl.eseen,
+			Times: []float64{}, Capacity: []memapi.Bytes{}, Reserved: []memapi.Bytes{}, Pending: []memapi.Bytes{}, Charged: []memapi.Bytes{},
+			Holders: []Series{}, HolderStats: []HolderStats{}, Events: []Event{}}
+		for _, p := range pts {
+			out.Times = append(out.Times, since(p.t))
+			out.Capacity = append(out.Capacity, p.capacity)
+			out.Reserved = append(out.Reserved, p.reserved)
+			out.Pending = append(out.Pending, p.pending)
+			out.Charged = append(out.Charged, p.charged)
+		}
+		span := tl.last.Sub(tl.first).Seconds()
+		for _, h := range slices.Sorted(maps.Keys(tl.stats)) {
+			s := Series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, len(pts))}
+			for i, p := range pts {
+				s.Charged[i] = p.holders[h]
+			}
+			out.Holders = append(out.Holders, s)
+			st := tl.stats[h]
+			hs := HolderStats{Holder: h, Role: s.Role, Peak: st.peak, Mean: float64(st.last), Final: st.last}
+			if span > 0 {
+				hs.Mean = st.byteSec / span
+			}
+			if i := slices.IndexFunc(rep.Ledger.Holders, func(l LedgerHolder) bool { return l.Holder == h && l.Authority == id }); i >= 0 {
+				hs.Final = rep.Ledger.Holders[i].Charged
+			} else if r.end != nil {
+				hs.Final = 0
+			}
+			out.HolderStats = append(out.HolderStats, hs)
+		}
+		for _, e := range tl.events {
+			ev := e.Event
+			ev.Time = since(e.at)
+			if ev.Answered && !e.answered.IsZero() {
+				ev.AnswerSeconds = e.answered.Sub(e.asked).Seconds()
+			}
+			out.Events = append(out.Events, ev)
+		}
+		slices.SortStableFunc(out.Events, func(a, b Event) int {
+			switch {
+			case a.Time < b.Time:
+				return -1
+			case a.Time > b.Time:
+				return 1
+			}
+			return 0
+		})
+		rep.Authorities = append(rep.Authorities, out)
+	}
+	for _, s := range r.spans {
+		rep.Spans = append(rep.Spans, Span{Name: s.name, Category: s.category, Start: since(s.start), End: since(s.end)})
+	}
+	return rep
+}
+
+func ledgerOf(s governor.Snapshot, t float64, marked bool) Ledger {
+	l := Ledger{Time: t, Marked: marked, Authorities: []LedgerAuthority{}, Holders: []LedgerHolder{}}
+	for _, a := range s.Authorities {
+		l.Authorities = append(l.Authorities, LedgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged,
+			Pending: a.Pending, Free: a.Free, Balanced: a.Balanced(), Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget,
+			Tickets: a.Tickets, Reclaimed: a.Freed, PressureEvents: a.PressureEvents})
+	}
+	for _, h := range s.Holders {
+		for _, ha := range h.Authorities {
+			l.Holders = append(l.Holders, LedgerHolder{Holder: h.ID, Authority: ha.Authority, Priority: int(h.Priority), Charged: ha.Charged,
+				Pending: ha.Pending, Reserved: ha.Reserved, Tickets: ha.Tickets, Reclaimed: ha.Freed})
+		}
+	}
+	return l
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Recorder) WriteJSON(w io.Writer) error { return r.Report().WriteJSON(w) }
+
+// WriteHTML writes the report as a self-contained HTML page.
+func (r *Recorder) WriteHTML(w io.Writer) error { return r.Report().WriteHTML(w) }
+
+// WriteJSON writes the report as indented JSON.
+func (rep Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// Holder returns the series of holder h on the timeline, if any.
+func (tl Timeline) Holder(h governor.HolderID) (Series, bool) {
+	i := slices.IndexFunc(tl.Holders, func(s Series) bool { return s.Holder == h })
+	if i < 0 {
+		return Series{}, false
+	}
+	return tl.Holders[i], true
+}
+
+// peak returns the largest stacked total and capacity of the timeline.
+func (tl Timeline) peak() memapi.Bytes {
+	var m memapi.Bytes
+	for i := range tl.Times {
+		m = max(m, tl.Capacity[i], tl.Reserved[i]+tl.Charged[i]+tl.Pending[i])
+	}
+	return m
+}

@@ -1,0 +1,107 @@
+package memreport
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+)
+
+// TraceEvent is one event of the Chrome trace-event format, which
+// ui.perfetto.dev and chrome://tracing open: a counter ("C"), an instant
+// ("i"), a complete span ("X") or metadata ("M"). Times are microseconds.
+type TraceEvent struct {
+	Name     string         `json:"name"`
+	Category string         `json:"cat,omitempty"`
+	Phase    string         `json:"ph"`
+	Time     float64        `json:"ts"`
+	Duration *float64       `json:"dur,omitempty"`
+	PID      int            `json:"pid"`
+	TID      int            `json:"tid"`
+	Scope    string         `json:"s,omitempty"`
+	Args     map[string]any `json:"args,omitempty"`
+}
+
+// Trace is a trace-event file in the JSON object form.
+type Trace struct {
+	TraceEvents     []TraceEvent `json:"traceEvents"`
+	DisplayTimeUnit string       `json:"displayTimeUnit"`
+}
+
+// Trace returns the report as trace events: one process per authority
+// with a counter track of its ledger (reserved, charged, pending, free) and
+// one of each holder's charged bytes, the authority's events as instants
+// (a ticket's args carry the holder asked, the bytes wanted and freed, and
+// its time to answer), and, in a last process, the program's spans, each on
+// the first lane (thread) free at its start so spans never overlap on a
+// lane.
+func (rep Report) Trace() Trace {
+	us := func(s float64) float64 { return math.Round(s*1e9) / 1e3 }
+	tr := Trace{TraceEvents: []TraceEvent{}, DisplayTimeUnit: "ms"}
+	add := func(e TraceEvent) { tr.TraceEvents = append(tr.TraceEvents, e) }
+	meta := func(name string, pid, tid int, value string) {
+		add(TraceEvent{Name: name, Phase: "M", PID: pid, TID: tid, Args: map[string]any{"name": value}})
+	}
+	for i, tl := range rep.Authorities {
+		pid := i + 1
+		meta("process_name", pid, 0, "authority "+string(tl.Authority))
+		meta("thread_name", pid, 0, "events")
+		for k, t := range tl.Times {
+			free := int64(tl.Capacity[k]) - int64(tl.Reserved[k]+tl.Charged[k]+tl.Pending[k])
+			add(TraceEvent{Name: "ledger", Category: "memory", Phase: "C", Time: us(t), PID: pid,
+				Args: map[string]any{"reserved": tl.Reserved[k], "charged": tl.Charged[k], "pending": tl.Pending[k], "free": max(free, 0)}})
+			for _, h := range tl.Holders {
+				add(TraceEvent{Name: "holder " + string(h.Holder), Category: "memory", Phase: "C", Time: us(t), PID: pid,
+					Args: map[string]any{"charged": h.Charged[k]}})
+			}
+		}
+		for _, e := range tl.Events {
+			args := map[string]any{"holder": e.Holder, "bytes": e.Bytes}
+			if e.Kind == "ticket" {
+				args = map[string]any{"holder": e.Holder, "ticket": e.Ticket, "wanted": e.Bytes, "freed": e.Freed, "answered": e.Answered,
+					"answer_seconds": e.AnswerSeconds, "answer_wall_seconds": e.AnswerWallSeconds}
+			}
+			if e.Detail != "" {
+				args["detail"] = e.Detail
+			}
+			if e.Error != "" {
+				args["error"] = e.Error
+			}
+			add(TraceEvent{Name: e.Kind + " " + e.Holder, Category: e.Kind, Phase: "i", Scope: "p", Time: us(e.Time), PID: pid, Args: args})
+		}
+	}
+	if len(rep.Spans) > 0 {
+		pid := len(rep.Authorities) + 1
+		meta("process_name", pid, 0, "spans")
+		spans := slices.Clone(rep.Spans)
+		slices.SortStableFunc(spans, func(a, b Span) int {
+			switch {
+			case a.Start < b.Start:
+				return -1
+			case a.Start > b.Start:
+				return 1
+			}
+			return 0
+		})
+		var laneEnd []float64
+		for _, s := range spans {
+			lane := slices.IndexFunc(laneEnd, func(end float64) bool { return end <= s.Start })
+			if lane < 0 {
+				lane = len(laneEnd)
+				laneEnd = append(laneEnd, 0)
+				meta("thread_name", pid, lane+1, "lane "+strconv.Itoa(lane+1))
+			}
+			laneEnd[lane] = max(s.End, s.Start)
+			d := us(max(s.End-s.Start, 0))
+			add(TraceEvent{Name: s.Name, Category: s.Category, Phase: "X", Time: us(s.Start), Duration: &d, PID: pid, TID: lane + 1})
+		}
+	}
+	return tr
+}
+
+// WriteTrace writes the report as a Chrome trace-event JSON file.
+func (rep Report) WriteTrace(w io.Writer) error { return json.NewEncoder(w).Encode(rep.Trace()) }
+
+// WriteTrace writes the report as a Chrome trace-event JSON file.
+func (r *Recorder) WriteTrace(w io.Writer) error { return r.Report().WriteTrace(w) }

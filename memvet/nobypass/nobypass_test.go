@@ -1,0 +1,21 @@
+package nobypass_test
+
+import (
+	"testing"
+
+	"github.com/memgen/memgen/memvet/nobypass"
+	"golang.org/x/tools/go/analysis/analysistest"
+)
+
+// The test packages live under testdata inside this module, so that they
+// import the real contract, fakes and checked wrapper; analysistest loads
+// them in module mode from the module root.
+const root = "../.."
+
+func TestCalls(t *testing.T) {
+	analysistest.Run(t, root, nobypass.Analyzer, "./memvet/nobypass/testdata/calls")
+}
+
+func TestRoles(t *testing.T) {
+	analysistest.Run(t, root, nobypass.Analyzer, "./memvet/nobypass/testdata/roles")
+}
