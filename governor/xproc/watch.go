@@ -47,9 +47,6 @@ func (l *Ledger) watch() {
 				exited[slots[k]] = true
 			}
 		}
-		if a := l.auth.Load(); a != nil {
-			a.settle()
-		}
 		if err := l.lock(); err != nil {
 			return
 		}
@@ -85,5 +82,10 @@ func (l *Ledger) watch() {
 		}
 		l.unlock()
 		l.emitAll(ev)
+		// After the reclaims, so a death is never delayed behind an
+		// answer to pressure (which may take one Poll).
+		if a := l.auth.Load(); a != nil {
+			a.settle()
+		}
 	}
 }
