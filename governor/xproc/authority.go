@@ -228,28 +228,28 @@ func (a *Authority) clearWantLocked() {
 // the claimed bytes it does not use back to the ledger. The watcher calls
 // it every Poll; call it after freeing memory to hand the bytes to other
 // processes at once.
-func (a *Authority) Settle() error {
-	a.settle()
-	return nil
-}
+// It fails with ErrClosed after Close, and with the ledger's error when
+// the file cannot be locked (then nothing was given back).
+func (a *Authority) Settle() error { return a.settle() }
 
 // settle is Settle; it also answers another process's want with tickets
-// to this process's holders (answerLocked).
-func (a *Authority) settle() {
+// to this process's holders (answerLocked). While the holders are asked
+// (at most one Poll) this process's reservations wait for a.mu.
+func (a *Authority) settle() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.released {
-		return
+		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed}
 	}
 	a.answerLocked()
-	a.trimLocked()
+	return a.trimLocked()
 }
 
 // trimLocked gives the spare claim back and publishes the figures.
-func (a *Authority) trimLocked() {
+func (a *Authority) trimLocked() error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
-		return
+		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
 	}
 	spare := snap.Free
 	if snap.Waiters != 0 {
@@ -259,8 +259,12 @@ func (a *Authority) trimLocked() {
 		spare = 0
 	}
 	l := a.l
-	if l.lock() != nil {
-		return
+	if err := l.lock(); err != nil {
+		if spare != 0 {
+			// Keep the local capacity equal to the claim.
+			_ = a.g.SetCapacity(a.id, snap.Capacity)
+		}
+		return err
 	}
 	defer l.unlock()
 	l.begin()
@@ -276,6 +280,7 @@ func (a *Authority) trimLocked() {
 	}
 	l.add(l.sw(l.slot, sSeq), 1)
 	l.end()
+	return nil
 }
 
 // answerLocked turns a want posted since the last settle into pressure on
@@ -313,7 +318,9 @@ func (a *Authority) release() error {
 	if a.released {
 		return nil
 	}
-	a.trimLocked()
+	if err := a.trimLocked(); err != nil {
+		return err
+	}
 	snap, ok := a.g.Authority(a.id)
 	if ok && (snap.Capacity != 0 || snap.Grants != 0) {
 		return ledgerErr("xproc.Close", a.l.path, ErrInUse, "authority %s holds %d reserved, %d charged, %d pending", a.id, snap.Reserved, snap.Charged, snap.Pending)

@@ -56,6 +56,6 @@ func BenchmarkReserve(b *testing.B) {
 // trimNow gives the spare claim back (Settle without the pressure answer).
 func (a *Authority) trimNow() {
 	a.mu.Lock()
-	a.trimLocked()
+	_ = a.trimLocked()
 	a.mu.Unlock()
 }

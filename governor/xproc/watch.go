@@ -85,7 +85,7 @@ func (l *Ledger) watch() {
 		// After the reclaims, so a death is never delayed behind an
 		// answer to pressure (which may take one Poll).
 		if a := l.auth.Load(); a != nil {
-			a.settle()
+			_ = a.settle() // its failures are Settle's callers' to see; the watcher tries again next Poll
 		}
 	}
 }
