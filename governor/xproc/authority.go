@@ -267,17 +267,28 @@ func (a *Authority) trimLocked() error {
 		return err
 	}
 	defer l.unlock()
+	// The slot uses no more than it claims after every single store, so
+	// a process that dies here leaves a slot Parse accepts: the figures
+	// that fall first, then those that rise (every mix is at most the old
+	// or the new use, both within the old claim), then the claim shrinks
+	// to the new use.
 	l.begin()
+	figs := []struct {
+		slot, total int
+		v           uint64
+	}{{sReserved, hReserved, uint64(snap.Reserved)}, {sCharged, hCharged, uint64(snap.Charged)}, {sPending, hPending, uint64(snap.Pending)}}
+	for _, rise := range []bool{false, true} {
+		for _, f := range figs {
+			old := l.load(l.sw(l.slot, f.slot))
+			if (f.v > old) != rise || f.v == old {
+				continue
+			}
+			l.store(l.sw(l.slot, f.slot), f.v)
+			l.add(l.hw(f.total), f.v-old)
+		}
+	}
 	l.store(l.sw(l.slot, sClaim), uint64(snap.Capacity-spare))
 	l.add(l.hw(hClaimed), -uint64(spare))
-	for _, f := range []struct {
-		slot, total int
-		v           memapi.Bytes
-	}{{sReserved, hReserved, snap.Reserved}, {sCharged, hCharged, snap.Charged}, {sPending, hPending, snap.Pending}} {
-		old := l.load(l.sw(l.slot, f.slot))
-		l.store(l.sw(l.slot, f.slot), uint64(f.v))
-		l.add(l.hw(f.total), uint64(f.v)-old)
-	}
 	l.add(l.sw(l.slot, sSeq), 1)
 	l.end()
 	return nil

@@ -311,10 +311,12 @@ func (l *Ledger) freeSlotLocked(i int) Event {
 	l.add(l.hw(hReserved), -e.Reserved)
 	l.add(l.hw(hCharged), -e.Charged)
 	l.add(l.hw(hPending), -e.Pending)
-	for w := sStart; w < slotWords; w++ {
+	// The figures before the claim, the PID last: a writer that dies
+	// here leaves a slot that still uses no more than it claims, whose
+	// dead owner the next lock holder reclaims again.
+	for _, w := range []int{sReserved, sCharged, sPending, sClaim, sSeq, sHeld, sStart, sPID} {
 		l.store(l.sw(i, w), 0)
 	}
-	l.store(l.sw(i, sPID), 0)
 	l.end()
 	return e
 }
