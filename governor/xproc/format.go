@@ -48,8 +48,8 @@ const (
 	sReserved        // its local authority's figures, settled (Authority.Settle)
 	sCharged
 	sPending
-	sSeq // bumped by every settle
-	sHeld
+	sSeq    // bumped by every settle
+	sUnused // reserved for a later version (which would bump Version); written 0
 )
 
 // Header is the decoded header of a ledger file.
@@ -146,6 +146,9 @@ func Parse(b []byte) (Header, []Slot, error) {
 			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: pid %d", i, pid)}
 		}
 		sl.PID = int(pid)
+		if word(s, sUnused) != 0 {
+			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word is not 0", i)}
+		}
 		if sl.Claim > maxBytes || sl.Reserved > maxBytes || sl.Charged > maxBytes || sl.Pending > maxBytes {
 			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
 		}

@@ -53,6 +53,7 @@ func TestBadLedgerFiles(t *testing.T) {
 		{"free slot holds bytes", withSlot(func(b []byte) { putSlot(b, 0, sPID, 0) }), ErrCorrupt},
 		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), ErrCorrupt},
 		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), ErrCorrupt},
+		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sUnused, 1) }), ErrCorrupt},
 		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), ErrCorrupt},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -314,7 +314,7 @@ func (l *Ledger) freeSlotLocked(i int) Event {
 	// The figures before the claim, the PID last: a writer that dies
 	// here leaves a slot that still uses no more than it claims, whose
 	// dead owner the next lock holder reclaims again.
-	for _, w := range []int{sReserved, sCharged, sPending, sClaim, sSeq, sHeld, sStart, sPID} {
+	for _, w := range []int{sReserved, sCharged, sPending, sClaim, sSeq, sUnused, sStart, sPID} {
 		l.store(l.sw(i, w), 0)
 	}
 	l.end()
