@@ -85,6 +85,10 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 		defer t.Stop()
 		dl = t.C
 	}
+	if bytes == 0 || uint64(bytes) > maxBytes {
+		// No claim can serve it: the governor's typed error, the ledger untouched.
+		return a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
+	}
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	a.mu.Lock()
 	for {
@@ -92,7 +96,7 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 		if err == nil {
 			break
 		}
-		if !wait {
+		if !wait || !errors.Is(err, memapi.ErrOverBudget) {
 			a.mu.Unlock()
 			return nil, err
 		}
@@ -113,10 +117,15 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 	}
 	defer a.mu.Unlock()
 	gr, err := a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
-	if err == nil {
-		a.clearWantLocked()
+	if err != nil {
+		// An unknown holder, a holder's limit: what was claimed for the
+		// reservation goes back at once, so a failed Reserve leaves the
+		// ledger holding no more than it did.
+		_ = a.trimLocked()
+		return nil, err
 	}
-	return gr, err
+	a.clearWantLocked()
+	return gr, nil
 }
 
 func withCause(err, cause error) error {

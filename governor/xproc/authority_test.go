@@ -154,3 +154,31 @@ func TestSetCapacityOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// A reservation that fails locally (bad size, unknown holder, a holder's
+// limit) returns the governor's typed error and leaves no claim behind.
+func TestFailedReserveLeavesNoClaim(t *testing.T) {
+	path := ledgerPath(t)
+	_, a, g := member(t, path, 1000, Options{Poll: time.Hour})
+	if err := g.Register("capped", nil, governor.HolderOptions{Limit: map[memapi.AuthorityID]memapi.Bytes{"dev": 100}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		holder governor.HolderID
+		bytes  memapi.Bytes
+		want   error
+	}{
+		{"h", 0, memapi.ErrInvalidSize},
+		{"h", 1 << 60, memapi.ErrInvalidSize},
+		{"nobody", 10, governor.ErrUnknownHolder},
+		{"capped", 200, governor.ErrOverLimit},
+	} {
+		if _, err := a.Reserve(ctx, c.holder, "r", c.bytes, 0, time.Time{}); !errors.Is(err, c.want) {
+			t.Fatalf("%s %d: %v, want %v", c.holder, c.bytes, err, c.want)
+		}
+		if h, _ := inspect(t, path); h.Claimed != 0 {
+			t.Fatalf("%s %d: %d bytes left claimed", c.holder, c.bytes, h.Claimed)
+		}
+	}
+}
