@@ -124,15 +124,6 @@ func TestSchemaValidates(t *testing.T) {
 	}
 }
 
-func sortedNames(m map[string][]string) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 func keysOf(m map[string]any) []string {
 	var out []string
 	for k := range m {
