@@ -4,8 +4,9 @@ package fakes
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
 	"sync"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 var (

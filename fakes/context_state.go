@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // NewContext returns a fake device context over the host memory of m: its

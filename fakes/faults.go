@@ -10,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Fault makes a fake fail chosen calls before they change any state.

@@ -3,8 +3,9 @@
 package fakes
 
 import (
-	memapi "github.com/memgen/memgen/generated/memapi"
 	"sync"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 var (

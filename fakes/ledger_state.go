@@ -5,7 +5,7 @@ package fakes
 import (
 	"sync"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // grantState is the model behind Grant: a budget of limit bytes, drawn and

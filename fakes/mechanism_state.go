@@ -9,7 +9,7 @@ import (
 	"sort"
 	"sync"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Config configures a fake mechanism. The zero Config is a complete fake

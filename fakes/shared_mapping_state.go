@@ -5,7 +5,7 @@ package fakes
 import (
 	"context"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 type backingState struct {

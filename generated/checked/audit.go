@@ -5,7 +5,8 @@ package checked
 import (
 	"errors"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // audit is what verify mode saw around one mutating call: the figures the spec

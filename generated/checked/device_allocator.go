@@ -4,7 +4,8 @@ package checked
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Info calls the wrapped mechanism's Info.

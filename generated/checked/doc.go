@@ -89,7 +89,7 @@ unless it fails.
 */
 package checked
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
 const specDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"

@@ -5,7 +5,8 @@ package checked
 import (
 	"errors"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // charge checks the grant of a consuming call and draws amount, rounded up to

@@ -4,7 +4,8 @@ package checked
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // sharedMapping is the checked SharedMapping of a wrapped mechanism.

@@ -3,10 +3,11 @@
 package checked
 
 import (
-	memapi "github.com/memgen/memgen/generated/memapi"
 	"reflect"
 	"sync"
 	"sync/atomic"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Option configures Wrap.

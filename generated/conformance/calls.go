@@ -5,7 +5,8 @@ package conformance
 import (
 	"context"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // capabilities holds the optional capabilities the subject offers.

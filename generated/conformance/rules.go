@@ -2,7 +2,7 @@
 
 package conformance
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
 // The subtests below are derived from the spec: per method from its
 // accounting effect, what it creates and releases and its requires clauses;

@@ -2,14 +2,27 @@
 
 package cuda
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
-// The spec declares mechanism cuda: NVIDIA GPU memory through the CUDA driver API loaded at run time; granularity from cuMemGetAllocationGranularity.
+// The spec declares mechanism cuda in this package: NVIDIA GPU memory through
+// the CUDA driver API loaded at run time; granularity from
+// cuMemGetAllocationGranularity.
+//
+// The hand-written half is type Mechanism: *Mechanism implements
+// memapi.Mechanism and the capabilities below (memgen check reports a
+// capability it implements that the spec does not declare). Because it offers
+// the optional VirtualBacking and SharedMapping, *Mechanism also has the method
+// offers(memapi.Capability) bool, which says whether this instance offers a
+// capability now (a device may lack a feature at run time); the accessors below
+// ask it.
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)
 	_ memapi.VirtualBacking  = (*Mechanism)(nil)
 	_ memapi.SharedMapping   = (*Mechanism)(nil)
+	_ interface {
+		offers(memapi.Capability) bool
+	} = (*Mechanism)(nil)
 )
 
 // AsVirtualBacking returns the VirtualBacking capability when this instance offers it now.

@@ -4,8 +4,9 @@ package fakes
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
 	"sync"
+
+	"example.com/golden/generated/memapi"
 )
 
 var (

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // NewContext returns a fake device context over the host memory of m: its

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // Fault makes a fake fail chosen calls before they change any state.

@@ -3,8 +3,9 @@
 package fakes
 
 import (
-	memapi "example.com/golden/generated/memapi"
 	"sync"
+
+	"example.com/golden/generated/memapi"
 )
 
 var (

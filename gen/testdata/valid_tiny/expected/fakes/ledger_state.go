@@ -5,7 +5,7 @@ package fakes
 import (
 	"sync"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // grantState is the model behind Grant: a budget of limit bytes, drawn and

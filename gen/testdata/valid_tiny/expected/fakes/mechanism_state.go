@@ -9,7 +9,7 @@ import (
 	"sort"
 	"sync"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // Config configures a fake mechanism. The zero Config is a complete fake

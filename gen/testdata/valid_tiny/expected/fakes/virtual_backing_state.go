@@ -5,7 +5,7 @@ package fakes
 import (
 	"context"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // resState is the model of a reservation: its granules, each without

@@ -4,8 +4,9 @@ package checked
 
 import (
 	"errors"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/generated/memapi"
 )
 
 // audit is what verify mode saw around one mutating call: the figures the spec

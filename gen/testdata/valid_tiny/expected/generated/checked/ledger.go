@@ -4,8 +4,9 @@ package checked
 
 import (
 	"errors"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/generated/memapi"
 )
 
 // charge checks the grant of a consuming call and draws amount, rounded up to

@@ -4,7 +4,8 @@ package checked
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
+
+	"example.com/golden/generated/memapi"
 )
 
 // virtualBacking is the checked VirtualBacking of a wrapped mechanism.

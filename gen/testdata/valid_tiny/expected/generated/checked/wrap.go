@@ -3,10 +3,11 @@
 package checked
 
 import (
-	memapi "example.com/golden/generated/memapi"
 	"reflect"
 	"sync"
 	"sync/atomic"
+
+	"example.com/golden/generated/memapi"
 )
 
 // Option configures Wrap.

@@ -4,8 +4,9 @@ package conformance
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/generated/memapi"
 )
 
 // capabilities holds the optional capabilities the subject offers.

@@ -2,7 +2,7 @@
 
 package conformance
 
-import memapi "example.com/golden/generated/memapi"
+import "example.com/golden/generated/memapi"
 
 // The subtests below are derived from the spec: per method from its
 // accounting effect, what it creates and releases and its requires clauses;
