@@ -59,11 +59,15 @@ func FuzzLoad(f *testing.F) {
 	})
 }
 
-// FuzzGenerate mutates valid specs and runs the emitters on every mutant the
-// loader accepts: a spec that validates must never make an emitter panic,
-// and whatever Generate returns must carry memgen's header.
+// FuzzGenerate mutates valid specs and holds the generator to what the
+// loader promises: every spec it accepts generates without error, every file
+// carries memgen's header, and the Go files type-check (go/types over the
+// generated packages, importing one another and the standard library, with
+// stand-ins for the hand-written mechanisms).
 //
-//	go test ./gen -run '^$' -fuzz FuzzGenerate -fuzztime 60s -fuzzminimizetime 5s
+//	go test ./gen -run '^$' -fuzz '^FuzzGenerate$' -fuzztime 60s -fuzzminimizetime 5s
+//
+// `make fuzz-ci` runs it, and FuzzLoad, for a bounded time in CI.
 func FuzzGenerate(f *testing.F) {
 	seeds, _ := filepath.Glob("testdata/*/expected")
 	for i := range seeds {
@@ -84,12 +88,15 @@ func FuzzGenerate(f *testing.F) {
 		}
 		files, err := Generate(s, Config{Module: goldenModule})
 		if err != nil {
-			return
+			t.Fatalf("the loader accepted the spec, but generation failed:\n%v", err)
 		}
 		for rel, b := range files {
 			if !HasHeader(b) {
 				t.Fatalf("%s lacks the header", rel)
 			}
+		}
+		if err := typeCheck(s, goldenModule, files); err != nil {
+			t.Fatalf("the loader accepted the spec, but the generated code does not type-check:\n%v", err)
 		}
 	})
 }

@@ -335,7 +335,7 @@ func validateSignature(s *Spec, m *Method, e *errs) {
 		if seen[p.Name] {
 			e.add(p.Pos, "%s: duplicate parameter %q", what, p.Name)
 		}
-		if why := badParamName(p.Name); why != "" {
+		if why := badParamName(p.Name, s.caps[m.Owner] != nil); why != "" {
 			e.add(p.NamePos, "%s: parameter %q %s; rename it", what, p.Name, why)
 		}
 		seen[p.Name] = true

@@ -27,6 +27,10 @@ var (
 		"atomic", "bytes", "checked", "conformance", "context", "errors", "fakes", "fmt",
 		"memapi", "os", "reflect", "slices", "sort", "strings", "sync", "testing", "time",
 	}
+	// generatedLocals are the names the generated capability method bodies
+	// declare beside the parameters (the checked wrapper's receiver, results
+	// and counters; the conformance suite's call helpers).
+	generatedLocals = []string{"au", "call", "do", "err", "m", "n", "ok", "op", "used0", "w"}
 	// predeclared are Go's predeclared identifiers; a parameter of that name
 	// would hide the type, constant or builtin the generated code uses.
 	predeclared = []string{
@@ -140,8 +144,12 @@ func validateMechanisms(s *Spec, e *errs) {
 
 // badParamName says why a spec parameter name would break the generated
 // code, or "": parameters keep their spec names in every generated body.
-func badParamName(n string) string {
+// capability says whether the method is a capability's, whose bodies the
+// checked wrapper and the conformance suite generate.
+func badParamName(n string, capability bool) string {
 	switch {
+	case capability && contains(generatedLocals, n):
+		return "is a local name of the generated checked wrapper or conformance suite"
 	case token.IsKeyword(n):
 		return "is a Go keyword"
 	case contains(predeclared, n):
