@@ -23,7 +23,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
 BENCH_OUT ?= out/bench.txt
 
-.PHONY: all generate check drift vet fmt-check test test-short bench fuzz regen-stable ci
+.PHONY: all generate check drift vet fmt-check test test-short bench fuzz fuzz-ci regen-stable ci
 
 all: check test
 
@@ -72,6 +72,14 @@ bench:
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+
+## fuzz-ci: both fuzz targets of the generator for a bounded time each (FUZZCI_TIME, 12s by default:
+## about half a minute in all), as CI runs them: FuzzLoad (the loader never panics, every error has a
+## position) and FuzzGenerate (whatever the loader accepts generates Go that type-checks)
+FUZZCI_TIME ?= 12s
+fuzz-ci:
+	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
+	$(GO) test ./gen -run '^$$' -fuzz '^FuzzGenerate$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
 
 ## regen-stable: go generate twice in a row changes no byte
 regen-stable:
