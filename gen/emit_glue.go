@@ -41,7 +41,7 @@ func emitGlue(g *Gen) error {
 				optional = append(optional, c.Name)
 			}
 		}
-		doc := "The spec declares mechanism " + m.Name + " in this package: " + sentence(m.Doc) + "\n\n" +
+		doc := "Mechanism " + m.Name + " is declared in the spec for this package. " + sentence(m.Doc) + "\n\n" +
 			"The hand-written half is type " + m.Type + ": *" + m.Type + " implements memapi.Mechanism and the capabilities below " +
 			"(memgen check reports a capability it implements that the spec does not declare)."
 		if len(optional) > 0 {
@@ -67,14 +67,14 @@ func emitGlue(g *Gen) error {
 			}
 			recv := Id("m").Op("*").Id(m.Type)
 			if offered[c.Name] {
-				comment(f, Accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
+				commentWrapped(f, Accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
 				f.Func().Params(recv).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 					If(Op("!").Id("m").Dot("offers").Call(g.C(CapConst(c)))).Block(Return(Nil(), False())),
 					Return(Id("m"), True()),
 				)
 			} else {
-				comment(f, Accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
-				f.Func().Params(Id("_").Op("*").Id(m.Type)).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+				commentWrapped(f, Accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
+				f.Func().Params(Op("*").Id(m.Type)).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 					Return(Nil(), False()),
 				)
 			}

@@ -176,6 +176,7 @@ func runGenerate(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "memgen generate:", err)
 		return exitSpec
 	}
+	noteUnwritten(p, stderr)
 	if o.verbose {
 		for _, f := range written {
 			fmt.Fprintln(stdout, "wrote", f)

@@ -92,7 +92,7 @@ package checked
 import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "3e2400c4239334113a4c49fd65fd7419398ac5b3864ddad8f74e59fbc14a80bb"
+const specDigest = "be55a6f6dceb4c6c9344d791979f5f72713173b6092cc5459ecb3ed959570ec2"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

@@ -345,6 +345,14 @@ var Meta = SpecMeta{
 		Offers:      Of(CapDeviceAllocator, CapVirtualBacking, CapSharedMapping),
 		Package:     "mechanisms/cuda",
 		Type:        "Mechanism",
+	}, {
+		Device:      "Host",
+		Doc:         "The worked example of README's section Adding a mechanism: host memory from the Go heap, DeviceAllocator only.",
+		Granularity: "page",
+		Name:        "example",
+		Offers:      Of(CapDeviceAllocator),
+		Package:     "mechanisms/example",
+		Type:        "Mechanism",
 	}},
 }
 

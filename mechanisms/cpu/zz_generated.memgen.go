@@ -4,8 +4,9 @@ package cpu
 
 import "github.com/memgen/memgen/generated/memapi"
 
-// The spec declares mechanism cpu in this package: Linux host memory from mmap
-// and memfd; granularity 4 KiB or 2 MiB (default 2 MiB, mirroring CUDA).
+// Mechanism cpu is declared in the spec for this package. Linux host memory
+// from mmap and memfd; granularity 4 KiB or 2 MiB (default 2 MiB, mirroring
+// CUDA).
 //
 // The hand-written half is type Mechanism: *Mechanism implements
 // memapi.Mechanism and the capabilities below (memgen check reports a
@@ -24,7 +25,8 @@ var (
 	} = (*Mechanism)(nil)
 )
 
-// AsVirtualBacking returns the VirtualBacking capability when this instance offers it now.
+// AsVirtualBacking returns the VirtualBacking capability when this instance
+// offers it now.
 func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !m.offers(memapi.CapVirtualBacking) {
 		return nil, false
@@ -32,7 +34,8 @@ func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return m, true
 }
 
-// AsSharedMapping returns the SharedMapping capability when this instance offers it now.
+// AsSharedMapping returns the SharedMapping capability when this instance
+// offers it now.
 func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	if !m.offers(memapi.CapSharedMapping) {
 		return nil, false

@@ -4,8 +4,8 @@ package cuda
 
 import "github.com/memgen/memgen/generated/memapi"
 
-// The spec declares mechanism cuda in this package: NVIDIA GPU memory through
-// the CUDA driver API loaded at run time; granularity from
+// Mechanism cuda is declared in the spec for this package. NVIDIA GPU memory
+// through the CUDA driver API loaded at run time; granularity from
 // cuMemGetAllocationGranularity.
 //
 // The hand-written half is type Mechanism: *Mechanism implements
@@ -25,7 +25,8 @@ var (
 	} = (*Mechanism)(nil)
 )
 
-// AsVirtualBacking returns the VirtualBacking capability when this instance offers it now.
+// AsVirtualBacking returns the VirtualBacking capability when this instance
+// offers it now.
 func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !m.offers(memapi.CapVirtualBacking) {
 		return nil, false
@@ -33,7 +34,8 @@ func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return m, true
 }
 
-// AsSharedMapping returns the SharedMapping capability when this instance offers it now.
+// AsSharedMapping returns the SharedMapping capability when this instance
+// offers it now.
 func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	if !m.offers(memapi.CapSharedMapping) {
 		return nil, false
