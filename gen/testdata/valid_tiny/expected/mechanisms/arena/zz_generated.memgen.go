@@ -4,7 +4,7 @@ package arena
 
 import "example.com/golden/generated/memapi"
 
-// The spec declares mechanism arena in this package: Ordinary memory and
+// Mechanism arena is declared in the spec for this package. Ordinary memory and
 // reservations.
 //
 // The hand-written half is type Arena: *Arena implements memapi.Mechanism and
@@ -22,7 +22,8 @@ var (
 	} = (*Arena)(nil)
 )
 
-// AsVirtualBacking returns the VirtualBacking capability when this instance offers it now.
+// AsVirtualBacking returns the VirtualBacking capability when this instance
+// offers it now.
 func (m *Arena) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !m.offers(memapi.CapVirtualBacking) {
 		return nil, false

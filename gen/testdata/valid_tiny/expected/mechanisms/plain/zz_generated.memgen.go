@@ -4,7 +4,8 @@ package plain
 
 import "example.com/golden/generated/memapi"
 
-// The spec declares mechanism plain in this package: Ordinary memory only.
+// Mechanism plain is declared in the spec for this package. Ordinary memory
+// only.
 //
 // The hand-written half is type Mechanism: *Mechanism implements
 // memapi.Mechanism and the capabilities below (memgen check reports a
@@ -14,7 +15,8 @@ var (
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)
 )
 
-// AsVirtualBacking reports that mechanism plain does not offer VirtualBacking: the spec does not declare it.
-func (_ *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
+// AsVirtualBacking reports that mechanism plain does not offer VirtualBacking:
+// the spec does not declare it.
+func (*Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return nil, false
 }
