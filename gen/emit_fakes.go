@@ -261,11 +261,7 @@ func emitFake(g *Gen, f *File, d *fakeDecl, has map[string]bool) {
 	}
 	sort.Strings(faultable)
 	comment(f, lower+"FaultMethods are the methods of "+d.Type+" that Inject can make fail: those with an error result.")
-	f.Var().Id(lower + "FaultMethods").Op("=").Index().String().ValuesFunc(func(v *Group) {
-		for _, n := range faultable {
-			v.Lit(n)
-		}
-	})
+	f.Var().Id(lower + "FaultMethods").Op("=").Add(stringList(faultable))
 	f.Line()
 
 	comment(f, d.Doc)

@@ -41,7 +41,7 @@ func emitGlue(g *Gen) error {
 				optional = append(optional, c.Name)
 			}
 		}
-		doc := "Mechanism " + m.Name + " is declared in the spec for this package. " + sentence(m.Doc) + "\n\n" +
+		doc := "Mechanism " + m.Name + " is declared in the spec for this package. " + sentence(upperFirst(m.Doc)) + "\n\n" +
 			"The hand-written half is type " + m.Type + ": *" + m.Type + " implements memapi.Mechanism and the capabilities below " +
 			"(memgen check reports a capability it implements that the spec does not declare)."
 		if len(optional) > 0 {
@@ -49,7 +49,7 @@ func emitGlue(g *Gen) error {
 				" also has the method offers(memapi.Capability) bool, which says whether this instance offers a capability now " +
 				"(a device may lack a feature at run time); the accessors below ask it."
 		}
-		commentWrapped(f, doc)
+		comment(f, doc)
 		f.Var().DefsFunc(func(d *Group) {
 			d.Id("_").Add(g.C("Mechanism")).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
 			for _, c := range g.Spec.Capabilities {
@@ -67,13 +67,13 @@ func emitGlue(g *Gen) error {
 			}
 			recv := Id("m").Op("*").Id(m.Type)
 			if offered[c.Name] {
-				commentWrapped(f, Accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
+				comment(f, Accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
 				f.Func().Params(recv).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 					If(Op("!").Id("m").Dot("offers").Call(g.C(CapConst(c)))).Block(Return(Nil(), False())),
 					Return(Id("m"), True()),
 				)
 			} else {
-				commentWrapped(f, Accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
+				comment(f, Accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
 				f.Func().Params(Op("*").Id(m.Type)).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 					Return(Nil(), False()),
 				)

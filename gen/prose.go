@@ -1,17 +1,14 @@
 package gen
 
-import "strings"
+import (
+	"strings"
+
+	. "github.com/dave/jennifer/jen"
+)
 
 // commentWidth is the width generated doc comments are wrapped to, counting
 // the "// " prefix but not the indentation.
 const commentWidth = 80
-
-// commentWrapped writes text as // lines wrapped to commentWidth. Blank lines
-// separate paragraphs; lines starting with a tab or "- " are kept as they are
-// (code and lists).
-func commentWrapped(c commenter, text string) {
-	comment(c, wrapText(text, commentWidth-3))
-}
 
 // wrapText fills each paragraph of text to width columns.
 func wrapText(text string, width int) string {
@@ -26,7 +23,7 @@ func wrapText(text string, width int) string {
 			}
 		}
 		for _, l := range strings.Split(para, "\n") {
-			if strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "- ") {
+			if strings.HasPrefix(l, "\t") || strings.HasPrefix(l, " ") || strings.HasPrefix(l, "- ") {
 				flush()
 				lines = append(lines, l)
 				continue
@@ -47,16 +44,35 @@ func wrapText(text string, width int) string {
 	return strings.Join(out, "\n\n")
 }
 
-// sentence returns s trimmed, with its first letter upper-cased and a final
-// period when it ends without punctuation.
+// sentence returns s trimmed, with a final period when it ends without
+// punctuation.
 func sentence(s string) string {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return s
 	}
-	s = strings.ToUpper(s[:1]) + s[1:]
 	if !strings.ContainsAny(s[len(s)-1:], ".!?:") {
 		s += "."
 	}
 	return s
+}
+
+// upperFirst returns s with its first letter upper-cased.
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+type commenter interface{ Comment(string) *Statement }
+
+// comment writes text as // lines, each paragraph filled to commentWidth
+// (jennifer would make a /* */ block of a multi-line comment, which Go doc
+// comments avoid). Lines that start with a tab, a space or "- " (code and
+// lists) are kept as they are.
+func comment(c commenter, text string) {
+	for _, l := range strings.Split(wrapText(text, commentWidth-3), "\n") {
+		c.Comment(l)
+	}
 }

@@ -505,20 +505,24 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 	}
 }
 
-// Describe renders an accounting effect for docs and metadata.
+// Describe renders an accounting effect as a clause for docs and metadata:
+// "consumes req.Size, rounded up to the allocation granularity, drawn from
+// grant", "refunds a.Size to the account to".
 func (a Accounting) Describe() string {
+	round := map[string]string{RoundAlloc: ", rounded up to the allocation granularity,", RoundGranularity: ", rounded up to the granularity,"}[a.Round]
+	if round == "" && a.Effect == EffectConsumes {
+		round = ","
+	}
 	switch a.Effect {
 	case EffectConsumes:
-		return fmt.Sprintf("consumes %s rounded to %s from %s", a.Amount.Text, a.Round, a.Account)
+		return fmt.Sprintf("consumes %s%s drawn from %s", a.Amount.Text, round, a.Account)
 	case EffectRefunds:
-		if a.Round != RoundNone {
-			return fmt.Sprintf("refunds %s rounded to %s to %s", a.Amount.Text, a.Round, a.Account)
-		}
-		return fmt.Sprintf("refunds %s to %s", a.Amount.Text, a.Account)
+		return fmt.Sprintf("refunds %s%s to the account %s", a.Amount.Text, round, a.Account)
+	case EffectQuery:
+		return "only queries"
 	}
-	return a.Effect
+	return "moves no bytes"
 }
-
 // sectionOK reports whether references into top-level section k can be
 // checked: it loaded as a mapping, or it is optional and absent (then it
 // really declares nothing). A required section that is missing, or any
