@@ -523,6 +523,7 @@ func (a Accounting) Describe() string {
 	}
 	return "moves no bytes"
 }
+
 // sectionOK reports whether references into top-level section k can be
 // checked: it loaded as a mapping, or it is optional and absent (then it
 // really declares nothing). A required section that is missing, or any
