@@ -181,7 +181,11 @@ type mechanismAllocateResults struct {
 // The fake runs its state model, unless an injected fault, a stub
 // (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall)
 // decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
+func (fake *Mechanism) Allocate(
+	ctx context.Context,
+	req memapi.AllocRequest,
+	grant memapi.Grant,
+) (*memapi.Allocation, error) {
 	fake.mu.Lock()
 	fakeI := fake.allocateCalls.count
 	fake.allocateCalls.count++
@@ -505,7 +509,10 @@ type mechanismReserveResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide
 // first, in that order. Every call is recorded.
-func (fake *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+func (fake *Mechanism) Reserve(
+	ctx context.Context,
+	req memapi.ReserveRequest,
+) (*memapi.Reservation, error) {
 	fake.mu.Lock()
 	fakeI := fake.reserveCalls.count
 	fake.reserveCalls.count++
@@ -633,7 +640,12 @@ type mechanismCommitResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide
 // first, in that order. Every call is recorded.
-func (fake *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+func (fake *Mechanism) Commit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	grant memapi.Grant,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.commitCalls.count
 	fake.commitCalls.count++
@@ -755,7 +767,12 @@ type mechanismDecommitResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall)
 // decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+func (fake *Mechanism) Decommit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.decommitCalls.count
 	fake.decommitCalls.count++
@@ -999,7 +1016,11 @@ type mechanismReleaseReservationResults struct {
 // (ReleaseReservationCalls), canned results (ReleaseReservationReturns,
 // ReleaseReservationReturnsOnCall) decide first, in that order. Every call is
 // recorded.
-func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+func (fake *Mechanism) ReleaseReservation(
+	ctx context.Context,
+	res *memapi.Reservation,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseReservationCalls.count
 	fake.releaseReservationCalls.count++
@@ -1126,7 +1147,11 @@ type mechanismCreateBackingResults struct {
 // (CreateBackingCalls), canned results (CreateBackingReturns,
 // CreateBackingReturnsOnCall) decide first, in that order. Every call is
 // recorded.
-func (fake *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
+func (fake *Mechanism) CreateBacking(
+	ctx context.Context,
+	size memapi.Bytes,
+	grant memapi.Grant,
+) (*memapi.Backing, error) {
 	fake.mu.Lock()
 	fakeI := fake.createBackingCalls.count
 	fake.createBackingCalls.count++
@@ -1257,7 +1282,13 @@ type mechanismMapViewResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (MapViewCalls), canned results (MapViewReturns, MapViewReturnsOnCall) decide
 // first, in that order. Every call is recorded.
-func (fake *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
+func (fake *Mechanism) MapView(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	b *memapi.Backing,
+	access memapi.Access,
+) (*memapi.View, error) {
 	fake.mu.Lock()
 	fakeI := fake.mapViewCalls.count
 	fake.mapViewCalls.count++
@@ -1507,7 +1538,11 @@ type mechanismCopyOnWriteResults struct {
 // (CopyOnWriteCalls), canned results (CopyOnWriteReturns,
 // CopyOnWriteReturnsOnCall) decide first, in that order. Every call is
 // recorded.
-func (fake *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
+func (fake *Mechanism) CopyOnWrite(
+	ctx context.Context,
+	v *memapi.View,
+	grant memapi.Grant,
+) (*memapi.View, error) {
 	fake.mu.Lock()
 	fakeI := fake.copyOnWriteCalls.count
 	fake.copyOnWriteCalls.count++
@@ -1754,7 +1789,11 @@ type mechanismReleaseBackingResults struct {
 // (ReleaseBackingCalls), canned results (ReleaseBackingReturns,
 // ReleaseBackingReturnsOnCall) decide first, in that order. Every call is
 // recorded.
-func (fake *Mechanism) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
+func (fake *Mechanism) ReleaseBacking(
+	ctx context.Context,
+	b *memapi.Backing,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseBackingCalls.count
 	fake.releaseBackingCalls.count++

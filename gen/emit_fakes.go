@@ -403,7 +403,8 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 	}
 	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
 	comment(f, doc)
-	f.Func().Params(recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
+	head := Func().Params(recv()).Id(m.Name)
+	f.Func().Params(recv()).Id(m.Name).Add(fitParams(head, params, results)).Params(results...).BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
 		b.Add(rec().Dot("count")).Op("++")
@@ -535,7 +536,8 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 			)...,
 		)
 		comment(f, m.Name+"ReturnsOnCall makes the i-th call of "+m.Name+" (counting from 0) return\nthese results, and drops a stub set by "+m.Name+"Calls.")
-		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Params(append([]Code{Id("i").Int()}, ps...)...).Block(
+		onCall := append([]Code{Id("i").Int()}, ps...)
+		f.Func().Params(recv()).Id(m.Name+"ReturnsOnCall").Add(fitParams(Func().Params(recv()).Id(m.Name+"ReturnsOnCall"), onCall, nil)).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),

@@ -1,6 +1,7 @@
 package gen
 
 import (
+	"fmt"
 	"strings"
 
 	. "github.com/dave/jennifer/jen"
@@ -53,4 +54,20 @@ func stringList(items []string) *Statement {
 		return Index().String().Values(lits...)
 	}
 	return Index().String().Custom(Options{Open: "{", Close: "}", Separator: ",", Multi: true}, lits...)
+}
+
+// sigWidth is the width past which a generated signature puts one
+// parameter per line.
+const sigWidth = 100
+
+// fitParams returns the parameter list of a function declared by head (the
+// declaration up to the name: `func (fake *Mechanism) Allocate`) with
+// results: on one line, or one parameter per line when the signature would
+// pass sigWidth columns.
+func fitParams(head *Statement, params, results []Code) *Statement {
+	probe := Null().Add(head).Params(params...).Params(results...)
+	if len(params) > 1 && len(fmt.Sprintf("%#v", probe)) > sigWidth {
+		return Custom(Options{Open: "(", Close: ")", Separator: ",", Multi: true}, params...)
+	}
+	return Params(params...)
 }

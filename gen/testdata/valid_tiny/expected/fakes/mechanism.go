@@ -166,7 +166,11 @@ type mechanismAllocateResults struct {
 // The fake runs its state model, unless an injected fault, a stub
 // (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall)
 // decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
+func (fake *Mechanism) Allocate(
+	ctx context.Context,
+	req memapi.AllocRequest,
+	grant memapi.Grant,
+) (*memapi.Allocation, error) {
 	fake.mu.Lock()
 	fakeI := fake.allocateCalls.count
 	fake.allocateCalls.count++
@@ -487,7 +491,10 @@ type mechanismReserveResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide
 // first, in that order. Every call is recorded.
-func (fake *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+func (fake *Mechanism) Reserve(
+	ctx context.Context,
+	req memapi.ReserveRequest,
+) (*memapi.Reservation, error) {
 	fake.mu.Lock()
 	fakeI := fake.reserveCalls.count
 	fake.reserveCalls.count++
@@ -613,7 +620,12 @@ type mechanismCommitResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide
 // first, in that order. Every call is recorded.
-func (fake *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+func (fake *Mechanism) Commit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	grant memapi.Grant,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.commitCalls.count
 	fake.commitCalls.count++
@@ -734,7 +746,12 @@ type mechanismDecommitResults struct {
 // with ErrUnsupported otherwise, unless an injected fault, a stub
 // (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall)
 // decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+func (fake *Mechanism) Decommit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.decommitCalls.count
 	fake.decommitCalls.count++
@@ -976,7 +993,11 @@ type mechanismReleaseReservationResults struct {
 // (ReleaseReservationCalls), canned results (ReleaseReservationReturns,
 // ReleaseReservationReturnsOnCall) decide first, in that order. Every call is
 // recorded.
-func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+func (fake *Mechanism) ReleaseReservation(
+	ctx context.Context,
+	res *memapi.Reservation,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseReservationCalls.count
 	fake.releaseReservationCalls.count++
