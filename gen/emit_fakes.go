@@ -537,7 +537,7 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 		)
 		comment(f, m.Name+"ReturnsOnCall makes the i-th call of "+m.Name+" (counting from 0) return\nthese results, and drops a stub set by "+m.Name+"Calls.")
 		onCall := append([]Code{Id("i").Int()}, ps...)
-		f.Func().Params(recv()).Id(m.Name+"ReturnsOnCall").Add(fitParams(Func().Params(recv()).Id(m.Name+"ReturnsOnCall"), onCall, nil)).Block(
+		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Add(fitParams(Func().Params(recv()).Id(m.Name+"ReturnsOnCall"), onCall, nil)).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),

@@ -41,7 +41,7 @@ func TestFakesFollowTheSpec(t *testing.T) {
 	files := emitOnly(t, s, emitContract, emitFakes)
 	mech := string(files["fakes/mechanism.go"])
 	for _, want := range []string{
-		"func (fake *Mechanism) Trim(ctx context.Context, res *memapi.Reservation, keep memapi.Bytes) (memapi.Bytes, error)",
+		"func (fake *Mechanism) Trim(\n\tctx context.Context,\n\tres *memapi.Reservation,\n\tkeep memapi.Bytes,\n) (memapi.Bytes, error)",
 		"func (fake *Mechanism) TrimCallCount() int",
 		"func (fake *Mechanism) TrimArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Bytes)",
 		"func (fake *Mechanism) TrimReturns(result1 memapi.Bytes, result2 error)",
