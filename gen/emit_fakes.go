@@ -403,8 +403,8 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 	}
 	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
 	comment(f, doc)
-	head := Func().Params(recv()).Id(m.Name)
-	f.Func().Params(recv()).Id(m.Name).Add(fitParams(head, params, results)).Params(results...).BlockFunc(func(b *Group) {
+	head := "func (fake *" + d.Type + ") " + m.Name
+	f.Func().Params(recv()).Id(m.Name).Add(fitParams(g.sigLen(head, nil, m.Method), params)).Params(results...).BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
 		b.Add(rec().Dot("count")).Op("++")
@@ -537,7 +537,11 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 		)
 		comment(f, m.Name+"ReturnsOnCall makes the i-th call of "+m.Name+" (counting from 0) return\nthese results, and drops a stub set by "+m.Name+"Calls.")
 		onCall := append([]Code{Id("i").Int()}, ps...)
-		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Add(fitParams(Func().Params(recv()).Id(m.Name+"ReturnsOnCall"), onCall, nil)).Block(
+		n := len("func (fake *"+d.Type+") "+m.Name+"ReturnsOnCall(i int") + 2
+		for i, r := range m.Returns {
+			n += len(resultName(i)) + 3 + len(g.typeText(r.Type))
+		}
+		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Add(fitParams(n, onCall)).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),

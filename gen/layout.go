@@ -1,7 +1,6 @@
 package gen
 
 import (
-	"fmt"
 	"strings"
 
 	. "github.com/dave/jennifer/jen"
@@ -60,14 +59,48 @@ func stringList(items []string) *Statement {
 // parameter per line.
 const sigWidth = 100
 
-// fitParams returns the parameter list of a function declared by head (the
-// declaration up to the name: `func (fake *Mechanism) Allocate`) with
-// results: on one line, or one parameter per line when the signature would
-// pass sigWidth columns.
-func fitParams(head *Statement, params, results []Code) *Statement {
-	probe := Null().Add(head).Params(params...).Params(results...)
-	if len(params) > 1 && len(fmt.Sprintf("%#v", probe)) > sigWidth {
+// fitParams returns a parameter list: on one line, or one parameter per
+// line when the signature it belongs to is longer than sigWidth columns on
+// one line (sigLen estimates that).
+func fitParams(sigLen int, params []Code) *Statement {
+	if len(params) > 1 && sigLen > sigWidth {
 		return Custom(Options{Open: "(", Close: ")", Separator: ",", Multi: true}, params...)
 	}
 	return Params(params...)
+}
+
+// typeText is the Go text of a spec type as the emitters write it outside
+// the contract package ("memapi.Bytes", "*memapi.Allocation").
+func (g *Gen) typeText(name string) string {
+	switch name {
+	case "context.Context", "[]byte", "<-chan struct{}", "error", "bool", "int", "string", "uint64":
+		return name
+	}
+	if g.IsHandle(name) {
+		return "*memapi." + name
+	}
+	return "memapi." + name
+}
+
+// sigLen is the length of `head(params) results` on one line, for a spec
+// method's parameters (with extra ones before them) and results.
+func (g *Gen) sigLen(head string, extra []string, m *Method) int {
+	n := len(head) + 2
+	parts := append([]string(nil), extra...)
+	for _, p := range m.Params {
+		parts = append(parts, p.Name+" "+g.typeText(p.Type))
+	}
+	n += len(strings.Join(parts, ", "))
+	var rs []string
+	for _, r := range m.Returns {
+		rs = append(rs, g.typeText(r.Type))
+	}
+	switch len(rs) {
+	case 0:
+	case 1:
+		n += 1 + len(rs[0])
+	default:
+		n += 3 + len(strings.Join(rs, ", "))
+	}
+	return n + 2 // " {"
 }
