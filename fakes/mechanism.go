@@ -151,9 +151,13 @@ func (fake *Mechanism) InfoCalls(stub func() memapi.MechanismInfo) {
 // mechanismAllocateRecord holds the calls, stub and canned results of
 // Mechanism.Allocate.
 type mechanismAllocateRecord struct {
-	count   int
-	args    []mechanismAllocateArgs
-	stub    func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)
+	count int
+	args  []mechanismAllocateArgs
+	stub  func(
+		context.Context,
+		memapi.AllocRequest,
+		memapi.Grant,
+	) (*memapi.Allocation, error)
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
@@ -234,7 +238,11 @@ func (fake *Mechanism) AllocateCallCount() int {
 
 // AllocateArgsForCall returns the arguments of the i-th call of Allocate,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) AllocateArgsForCall(i int) (context.Context, memapi.AllocRequest, memapi.Grant) {
+func (fake *Mechanism) AllocateArgsForCall(i int) (
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -273,7 +281,11 @@ func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, 
 
 // AllocateCalls makes Allocate call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)) {
+func (fake *Mechanism) AllocateCalls(stub func(
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) (*memapi.Allocation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.allocateCalls.stub = stub
@@ -282,9 +294,13 @@ func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequ
 // mechanismFreeRecord holds the calls, stub and canned results of
 // Mechanism.Free.
 type mechanismFreeRecord struct {
-	count   int
-	args    []mechanismFreeArgs
-	stub    func(context.Context, *memapi.Allocation, memapi.Account) error
+	count int
+	args  []mechanismFreeArgs
+	stub  func(
+		context.Context,
+		*memapi.Allocation,
+		memapi.Account,
+	) error
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
@@ -357,7 +373,11 @@ func (fake *Mechanism) FreeCallCount() int {
 
 // FreeArgsForCall returns the arguments of the i-th call of Free, counting from
 // 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocation, memapi.Account) {
+func (fake *Mechanism) FreeArgsForCall(i int) (
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -390,7 +410,11 @@ func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 
 // FreeCalls makes Free call stub instead of the state model (nil removes the
 // stub). Injected faults still come first.
-func (fake *Mechanism) FreeCalls(stub func(context.Context, *memapi.Allocation, memapi.Account) error) {
+func (fake *Mechanism) FreeCalls(stub func(
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.freeCalls.stub = stub
@@ -482,9 +506,12 @@ func (fake *Mechanism) UsedBytesCalls(stub func() memapi.Bytes) {
 // mechanismReserveRecord holds the calls, stub and canned results of
 // Mechanism.Reserve.
 type mechanismReserveRecord struct {
-	count   int
-	args    []mechanismReserveArgs
-	stub    func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)
+	count int
+	args  []mechanismReserveArgs
+	stub  func(
+		context.Context,
+		memapi.ReserveRequest,
+	) (*memapi.Reservation, error)
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
@@ -601,7 +628,10 @@ func (fake *Mechanism) ReserveReturnsOnCall(i int, result1 *memapi.Reservation, 
 
 // ReserveCalls makes Reserve call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)) {
+func (fake *Mechanism) ReserveCalls(stub func(
+	context.Context,
+	memapi.ReserveRequest,
+) (*memapi.Reservation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.reserveCalls.stub = stub
@@ -610,9 +640,14 @@ func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveReq
 // mechanismCommitRecord holds the calls, stub and canned results of
 // Mechanism.Commit.
 type mechanismCommitRecord struct {
-	count   int
-	args    []mechanismCommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error
+	count int
+	args  []mechanismCommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Grant,
+	) error
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
@@ -696,7 +731,12 @@ func (fake *Mechanism) CommitCallCount() int {
 
 // CommitArgsForCall returns the arguments of the i-th call of Commit, counting
 // from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) {
+func (fake *Mechanism) CommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -729,7 +769,12 @@ func (fake *Mechanism) CommitReturnsOnCall(i int, result1 error) {
 
 // CommitCalls makes Commit call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error) {
+func (fake *Mechanism) CommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.commitCalls.stub = stub
@@ -738,9 +783,14 @@ func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservatio
 // mechanismDecommitRecord holds the calls, stub and canned results of
 // Mechanism.Decommit.
 type mechanismDecommitRecord struct {
-	count   int
-	args    []mechanismDecommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error
+	count int
+	args  []mechanismDecommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Account,
+	) error
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
@@ -823,7 +873,12 @@ func (fake *Mechanism) DecommitCallCount() int {
 
 // DecommitArgsForCall returns the arguments of the i-th call of Decommit,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) DecommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Account) {
+func (fake *Mechanism) DecommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -856,7 +911,12 @@ func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 
 // DecommitCalls makes Decommit call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Mechanism) DecommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error) {
+func (fake *Mechanism) DecommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.decommitCalls.stub = stub
@@ -987,9 +1047,13 @@ func (fake *Mechanism) CommittedBytesCalls(stub func(*memapi.Reservation) (memap
 // mechanismReleaseReservationRecord holds the calls, stub and canned results of
 // Mechanism.ReleaseReservation.
 type mechanismReleaseReservationRecord struct {
-	count   int
-	args    []mechanismReleaseReservationArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Account) error
+	count int
+	args  []mechanismReleaseReservationArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
@@ -1072,7 +1136,11 @@ func (fake *Mechanism) ReleaseReservationCallCount() int {
 // ReleaseReservationArgsForCall returns the arguments of the i-th call of
 // ReleaseReservation, counting from 0. It panics for a fake made with
 // Config.Quiet.
-func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Account) {
+func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1107,7 +1175,11 @@ func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 
 // ReleaseReservationCalls makes ReleaseReservation call stub instead of the
 // state model (nil removes the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseReservationCalls(stub func(context.Context, *memapi.Reservation, memapi.Account) error) {
+func (fake *Mechanism) ReleaseReservationCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseReservationCalls.stub = stub
@@ -1116,9 +1188,13 @@ func (fake *Mechanism) ReleaseReservationCalls(stub func(context.Context, *memap
 // mechanismCreateBackingRecord holds the calls, stub and canned results of
 // Mechanism.CreateBacking.
 type mechanismCreateBackingRecord struct {
-	count   int
-	args    []mechanismCreateBackingArgs
-	stub    func(context.Context, memapi.Bytes, memapi.Grant) (*memapi.Backing, error)
+	count int
+	args  []mechanismCreateBackingArgs
+	stub  func(
+		context.Context,
+		memapi.Bytes,
+		memapi.Grant,
+	) (*memapi.Backing, error)
 	returns *mechanismCreateBackingResults
 	onCall  map[int]mechanismCreateBackingResults
 }
@@ -1202,7 +1278,11 @@ func (fake *Mechanism) CreateBackingCallCount() int {
 
 // CreateBackingArgsForCall returns the arguments of the i-th call of
 // CreateBacking, counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CreateBackingArgsForCall(i int) (context.Context, memapi.Bytes, memapi.Grant) {
+func (fake *Mechanism) CreateBackingArgsForCall(i int) (
+	context.Context,
+	memapi.Bytes,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1242,7 +1322,11 @@ func (fake *Mechanism) CreateBackingReturnsOnCall(i int, result1 *memapi.Backing
 
 // CreateBackingCalls makes CreateBacking call stub instead of the state model
 // (nil removes the stub). Injected faults still come first.
-func (fake *Mechanism) CreateBackingCalls(stub func(context.Context, memapi.Bytes, memapi.Grant) (*memapi.Backing, error)) {
+func (fake *Mechanism) CreateBackingCalls(stub func(
+	context.Context,
+	memapi.Bytes,
+	memapi.Grant,
+) (*memapi.Backing, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.createBackingCalls.stub = stub
@@ -1251,9 +1335,15 @@ func (fake *Mechanism) CreateBackingCalls(stub func(context.Context, memapi.Byte
 // mechanismMapViewRecord holds the calls, stub and canned results of
 // Mechanism.MapView.
 type mechanismMapViewRecord struct {
-	count   int
-	args    []mechanismMapViewArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) (*memapi.View, error)
+	count int
+	args  []mechanismMapViewArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		*memapi.Backing,
+		memapi.Access,
+	) (*memapi.View, error)
 	returns *mechanismMapViewResults
 	onCall  map[int]mechanismMapViewResults
 }
@@ -1341,7 +1431,13 @@ func (fake *Mechanism) MapViewCallCount() int {
 
 // MapViewArgsForCall returns the arguments of the i-th call of MapView,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) MapViewArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) {
+func (fake *Mechanism) MapViewArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	*memapi.Backing,
+	memapi.Access,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1380,7 +1476,13 @@ func (fake *Mechanism) MapViewReturnsOnCall(i int, result1 *memapi.View, result2
 
 // MapViewCalls makes MapView call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) MapViewCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) (*memapi.View, error)) {
+func (fake *Mechanism) MapViewCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	*memapi.Backing,
+	memapi.Access,
+) (*memapi.View, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.mapViewCalls.stub = stub
@@ -1506,9 +1608,13 @@ func (fake *Mechanism) UnmapViewCalls(stub func(context.Context, *memapi.View) e
 // mechanismCopyOnWriteRecord holds the calls, stub and canned results of
 // Mechanism.CopyOnWrite.
 type mechanismCopyOnWriteRecord struct {
-	count   int
-	args    []mechanismCopyOnWriteArgs
-	stub    func(context.Context, *memapi.View, memapi.Grant) (*memapi.View, error)
+	count int
+	args  []mechanismCopyOnWriteArgs
+	stub  func(
+		context.Context,
+		*memapi.View,
+		memapi.Grant,
+	) (*memapi.View, error)
 	returns *mechanismCopyOnWriteResults
 	onCall  map[int]mechanismCopyOnWriteResults
 }
@@ -1593,7 +1699,11 @@ func (fake *Mechanism) CopyOnWriteCallCount() int {
 
 // CopyOnWriteArgsForCall returns the arguments of the i-th call of CopyOnWrite,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CopyOnWriteArgsForCall(i int) (context.Context, *memapi.View, memapi.Grant) {
+func (fake *Mechanism) CopyOnWriteArgsForCall(i int) (
+	context.Context,
+	*memapi.View,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1632,7 +1742,11 @@ func (fake *Mechanism) CopyOnWriteReturnsOnCall(i int, result1 *memapi.View, res
 
 // CopyOnWriteCalls makes CopyOnWrite call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Mechanism) CopyOnWriteCalls(stub func(context.Context, *memapi.View, memapi.Grant) (*memapi.View, error)) {
+func (fake *Mechanism) CopyOnWriteCalls(stub func(
+	context.Context,
+	*memapi.View,
+	memapi.Grant,
+) (*memapi.View, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyOnWriteCalls.stub = stub
@@ -1760,9 +1874,13 @@ func (fake *Mechanism) ViewCountCalls(stub func(*memapi.Backing) (int, error)) {
 // mechanismReleaseBackingRecord holds the calls, stub and canned results of
 // Mechanism.ReleaseBacking.
 type mechanismReleaseBackingRecord struct {
-	count   int
-	args    []mechanismReleaseBackingArgs
-	stub    func(context.Context, *memapi.Backing, memapi.Account) error
+	count int
+	args  []mechanismReleaseBackingArgs
+	stub  func(
+		context.Context,
+		*memapi.Backing,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseBackingResults
 	onCall  map[int]mechanismReleaseBackingResults
 }
@@ -1843,7 +1961,11 @@ func (fake *Mechanism) ReleaseBackingCallCount() int {
 
 // ReleaseBackingArgsForCall returns the arguments of the i-th call of
 // ReleaseBacking, counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) ReleaseBackingArgsForCall(i int) (context.Context, *memapi.Backing, memapi.Account) {
+func (fake *Mechanism) ReleaseBackingArgsForCall(i int) (
+	context.Context,
+	*memapi.Backing,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1877,7 +1999,11 @@ func (fake *Mechanism) ReleaseBackingReturnsOnCall(i int, result1 error) {
 
 // ReleaseBackingCalls makes ReleaseBacking call stub instead of the state model
 // (nil removes the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseBackingCalls(stub func(context.Context, *memapi.Backing, memapi.Account) error) {
+func (fake *Mechanism) ReleaseBackingCalls(stub func(
+	context.Context,
+	*memapi.Backing,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseBackingCalls.stub = stub

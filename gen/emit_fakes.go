@@ -319,16 +319,20 @@ func resultsType(d *fakeDecl, m *fakeMeth) string {
 	return lowerFirst(d.Type) + m.Name + "Results"
 }
 
-// funcType is the type of a stub of m.
+// funcType is the type of a stub of m, its parameters one per line when
+// the method's XCalls signature would pass sigWidth columns.
 func funcType(g *Gen, m *Method) *Statement {
 	var ps, rs []Code
+	n := len("func (fake *Mechanism) "+m.Name+"Calls(stub func(") + 4
 	for _, p := range m.Params {
 		ps = append(ps, g.Type(p.Type))
+		n += len(g.typeText(p.Type)) + 2
 	}
 	for _, r := range m.Returns {
 		rs = append(rs, g.Type(r.Type))
+		n += len(g.typeText(r.Type)) + 2
 	}
-	return Func().Params(ps...).Params(rs...)
+	return Func().Add(fitParams(n, ps)).Params(rs...)
 }
 
 func resultName(i int) string { return fmt.Sprintf("result%d", i+1) }
@@ -512,7 +516,11 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 			vals = append(vals, Id("a").Dot(p.Name))
 		}
 		comment(f, m.Name+"ArgsForCall returns the arguments of the i-th call of "+m.Name+", counting\nfrom 0. It panics for a fake made with Config.Quiet.")
-		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Params(types...).Block(
+		n := len("func (fake *" + d.Type + ") " + m.Name + "ArgsForCall(i int) () {")
+		for _, p := range m.Params {
+			n += len(g.typeText(p.Type)) + 2
+		}
+		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Add(fitParams(n, types)).Block(
 			append(lock,
 				If(Id("fake").Dot("quiet")).Block(Panic(Lit("fakes: "+d.Type+"."+m.Name+"ArgsForCall: a Quiet fake keeps no arguments"))),
 				Id("a").Op(":=").Add(rec().Dot("args")).Index(Id("i")),

@@ -562,9 +562,13 @@ func (fake *Stream) CopyFromDeviceCalls(stub func([]byte, memapi.DeviceAddr) err
 // streamCopyDeviceRecord holds the calls, stub and canned results of
 // Stream.CopyDevice.
 type streamCopyDeviceRecord struct {
-	count   int
-	args    []streamCopyDeviceArgs
-	stub    func(memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) error
+	count int
+	args  []streamCopyDeviceArgs
+	stub  func(
+		memapi.DeviceAddr,
+		memapi.DeviceAddr,
+		memapi.Bytes,
+	) error
 	returns *streamCopyDeviceResults
 	onCall  map[int]streamCopyDeviceResults
 }
@@ -632,7 +636,11 @@ func (fake *Stream) CopyDeviceCallCount() int {
 
 // CopyDeviceArgsForCall returns the arguments of the i-th call of CopyDevice,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Stream) CopyDeviceArgsForCall(i int) (memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) {
+func (fake *Stream) CopyDeviceArgsForCall(i int) (
+	memapi.DeviceAddr,
+	memapi.DeviceAddr,
+	memapi.Bytes,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -665,7 +673,11 @@ func (fake *Stream) CopyDeviceReturnsOnCall(i int, result1 error) {
 
 // CopyDeviceCalls makes CopyDevice call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Stream) CopyDeviceCalls(stub func(memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) error) {
+func (fake *Stream) CopyDeviceCalls(stub func(
+	memapi.DeviceAddr,
+	memapi.DeviceAddr,
+	memapi.Bytes,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyDeviceCalls.stub = stub

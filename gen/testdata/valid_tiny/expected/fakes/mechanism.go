@@ -138,9 +138,13 @@ func (fake *Mechanism) InfoCalls(stub func() memapi.MechanismInfo) {
 // mechanismAllocateRecord holds the calls, stub and canned results of
 // Mechanism.Allocate.
 type mechanismAllocateRecord struct {
-	count   int
-	args    []mechanismAllocateArgs
-	stub    func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)
+	count int
+	args  []mechanismAllocateArgs
+	stub  func(
+		context.Context,
+		memapi.AllocRequest,
+		memapi.Grant,
+	) (*memapi.Allocation, error)
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
@@ -219,7 +223,11 @@ func (fake *Mechanism) AllocateCallCount() int {
 
 // AllocateArgsForCall returns the arguments of the i-th call of Allocate,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) AllocateArgsForCall(i int) (context.Context, memapi.AllocRequest, memapi.Grant) {
+func (fake *Mechanism) AllocateArgsForCall(i int) (
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -258,7 +266,11 @@ func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, 
 
 // AllocateCalls makes Allocate call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)) {
+func (fake *Mechanism) AllocateCalls(stub func(
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) (*memapi.Allocation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.allocateCalls.stub = stub
@@ -267,9 +279,13 @@ func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequ
 // mechanismFreeRecord holds the calls, stub and canned results of
 // Mechanism.Free.
 type mechanismFreeRecord struct {
-	count   int
-	args    []mechanismFreeArgs
-	stub    func(context.Context, *memapi.Allocation, memapi.Account) error
+	count int
+	args  []mechanismFreeArgs
+	stub  func(
+		context.Context,
+		*memapi.Allocation,
+		memapi.Account,
+	) error
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
@@ -341,7 +357,11 @@ func (fake *Mechanism) FreeCallCount() int {
 
 // FreeArgsForCall returns the arguments of the i-th call of Free, counting from
 // 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocation, memapi.Account) {
+func (fake *Mechanism) FreeArgsForCall(i int) (
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -374,7 +394,11 @@ func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 
 // FreeCalls makes Free call stub instead of the state model (nil removes the
 // stub). Injected faults still come first.
-func (fake *Mechanism) FreeCalls(stub func(context.Context, *memapi.Allocation, memapi.Account) error) {
+func (fake *Mechanism) FreeCalls(stub func(
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.freeCalls.stub = stub
@@ -465,9 +489,12 @@ func (fake *Mechanism) UsedBytesCalls(stub func() memapi.Bytes) {
 // mechanismReserveRecord holds the calls, stub and canned results of
 // Mechanism.Reserve.
 type mechanismReserveRecord struct {
-	count   int
-	args    []mechanismReserveArgs
-	stub    func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)
+	count int
+	args  []mechanismReserveArgs
+	stub  func(
+		context.Context,
+		memapi.ReserveRequest,
+	) (*memapi.Reservation, error)
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
@@ -583,7 +610,10 @@ func (fake *Mechanism) ReserveReturnsOnCall(i int, result1 *memapi.Reservation, 
 
 // ReserveCalls makes Reserve call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)) {
+func (fake *Mechanism) ReserveCalls(stub func(
+	context.Context,
+	memapi.ReserveRequest,
+) (*memapi.Reservation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.reserveCalls.stub = stub
@@ -592,9 +622,14 @@ func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveReq
 // mechanismCommitRecord holds the calls, stub and canned results of
 // Mechanism.Commit.
 type mechanismCommitRecord struct {
-	count   int
-	args    []mechanismCommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error
+	count int
+	args  []mechanismCommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Grant,
+	) error
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
@@ -676,7 +711,12 @@ func (fake *Mechanism) CommitCallCount() int {
 
 // CommitArgsForCall returns the arguments of the i-th call of Commit, counting
 // from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) {
+func (fake *Mechanism) CommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -709,7 +749,12 @@ func (fake *Mechanism) CommitReturnsOnCall(i int, result1 error) {
 
 // CommitCalls makes Commit call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error) {
+func (fake *Mechanism) CommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.commitCalls.stub = stub
@@ -718,9 +763,14 @@ func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservatio
 // mechanismDecommitRecord holds the calls, stub and canned results of
 // Mechanism.Decommit.
 type mechanismDecommitRecord struct {
-	count   int
-	args    []mechanismDecommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error
+	count int
+	args  []mechanismDecommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Account,
+	) error
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
@@ -802,7 +852,12 @@ func (fake *Mechanism) DecommitCallCount() int {
 
 // DecommitArgsForCall returns the arguments of the i-th call of Decommit,
 // counting from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) DecommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Account) {
+func (fake *Mechanism) DecommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -835,7 +890,12 @@ func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 
 // DecommitCalls makes Decommit call stub instead of the state model (nil
 // removes the stub). Injected faults still come first.
-func (fake *Mechanism) DecommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error) {
+func (fake *Mechanism) DecommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.decommitCalls.stub = stub
@@ -965,9 +1025,13 @@ func (fake *Mechanism) CommittedBytesCalls(stub func(*memapi.Reservation) (memap
 // mechanismReleaseReservationRecord holds the calls, stub and canned results of
 // Mechanism.ReleaseReservation.
 type mechanismReleaseReservationRecord struct {
-	count   int
-	args    []mechanismReleaseReservationArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Account) error
+	count int
+	args  []mechanismReleaseReservationArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
@@ -1049,7 +1113,11 @@ func (fake *Mechanism) ReleaseReservationCallCount() int {
 // ReleaseReservationArgsForCall returns the arguments of the i-th call of
 // ReleaseReservation, counting from 0. It panics for a fake made with
 // Config.Quiet.
-func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Account) {
+func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1084,7 +1152,11 @@ func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 
 // ReleaseReservationCalls makes ReleaseReservation call stub instead of the
 // state model (nil removes the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseReservationCalls(stub func(context.Context, *memapi.Reservation, memapi.Account) error) {
+func (fake *Mechanism) ReleaseReservationCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseReservationCalls.stub = stub
