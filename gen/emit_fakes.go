@@ -323,15 +323,16 @@ func resultsType(d *fakeDecl, m *fakeMeth) string {
 // the method's XCalls signature would pass sigWidth columns.
 func funcType(g *Gen, m *Method) *Statement {
 	var ps, rs []Code
-	n := len("func (fake *Mechanism) "+m.Name+"Calls(stub func(") + 4
+	var pt, rt []string
 	for _, p := range m.Params {
 		ps = append(ps, g.Type(p.Type))
-		n += len(g.typeText(p.Type)) + 2
+		pt = append(pt, g.typeText(p.Type))
 	}
 	for _, r := range m.Returns {
 		rs = append(rs, g.Type(r.Type))
-		n += len(g.typeText(r.Type)) + 2
+		rt = append(rt, g.typeText(r.Type))
 	}
+	n := len("func (fake *Mechanism) "+m.Name+"Calls(stub func(") + len(strings.Join(pt, ", ")) + len(") (") + len(strings.Join(rt, ", ")) + len(")) {")
 	return Func().Add(fitParams(n, ps)).Params(rs...)
 }
 
