@@ -4,7 +4,8 @@ package checked
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Info calls the wrapped mechanism's Info.
@@ -12,7 +13,10 @@ func (m *mechanism) Info() memapi.MechanismInfo {
 	return m.inner.Info()
 }
 
-// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Allocate.
+// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded
+// to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch,
+// ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks
+// the figures [no-silent-noop]; then it calls the wrapped mechanism's Allocate.
 func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	if m.verify {
 		return m.allocateVerified(ctx, req, grant)
@@ -61,7 +65,10 @@ func (m *mechanism) allocateVerified(ctx context.Context, req memapi.AllocReques
 	return out0, au.settleDraw(grant, n)
 }
 
-// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Free.
+// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; refunds a.Size to to after success (ErrNoAccount,
+// ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then
+// it calls the wrapped mechanism's Free.
 func (m *mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	if m.verify {
 		return m.freeVerified(ctx, a, to)

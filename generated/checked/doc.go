@@ -89,10 +89,10 @@ unless it fails.
 */
 package checked
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "b0ed06ee3d3acbbad596a36252726c339c300deb8ab08ce69365b1993e108da9"
+const specDigest = "a8fb5757343e964d663122133c381e87cc2e81df9d8940fab27067e0f723b7f0"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

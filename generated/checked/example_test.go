@@ -6,9 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	fakes "github.com/memgen/memgen/fakes"
-	checked "github.com/memgen/memgen/generated/checked"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Wrap a mechanism (here a fake) and every call draws from and refunds to the

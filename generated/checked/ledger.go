@@ -5,7 +5,8 @@ package checked
 import (
 	"errors"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // charge checks the grant of a consuming call and draws amount, rounded up to
@@ -35,8 +36,8 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 	return n, nil
 }
 
-// undraw gives back what charge drew for a call that failed with err; when
-// the grant refuses, both errors are returned.
+// undraw gives back what charge drew for a call that failed with err; when the
+// grant refuses, both errors are returned.
 func (m *mechanism) undraw(grant memapi.Grant, n memapi.Bytes, err error) error {
 	if uerr := grant.Undraw(n); uerr != nil {
 		return errors.Join(err, uerr)
@@ -106,7 +107,8 @@ func (m *mechanism) errPositive(op, req string) error {
 	}
 }
 
-// errWithin reports a range that is empty or leaves its handle (requires within(...)).
+// errWithin reports a range that is empty or leaves its handle (requires
+// within(...)).
 func (m *mechanism) errWithin(op, req string, r memapi.Range, h memapi.HandleID, size memapi.Bytes) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,
@@ -120,7 +122,8 @@ func (m *mechanism) errWithin(op, req string, r memapi.Range, h memapi.HandleID,
 	}
 }
 
-// errAligned reports a range off the mechanism's granularity (requires aligned(...)).
+// errAligned reports a range off the mechanism's granularity (requires
+// aligned(...)).
 func (m *mechanism) errAligned(op, req string, r memapi.Range) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,
@@ -131,7 +134,8 @@ func (m *mechanism) errAligned(op, req string, r memapi.Range) error {
 	}
 }
 
-// errFits reports a range whose length is not the handle's size (requires fits(...)).
+// errFits reports a range whose length is not the handle's size (requires
+// fits(...)).
 func (m *mechanism) errFits(op, req string, r memapi.Range, h memapi.HandleID, size memapi.Bytes) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,

@@ -4,7 +4,8 @@ package checked
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // sharedMapping is the checked SharedMapping of a wrapped mechanism.
@@ -15,7 +16,11 @@ type sharedMapping struct {
 
 var _ memapi.SharedMapping = (*sharedMapping)(nil)
 
-// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CreateBacking.
+// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to
+// Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch,
+// ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks
+// the figures [no-silent-noop]; then it calls the wrapped mechanism's
+// CreateBacking.
 func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	m := w.m
 	if m.verify {
@@ -66,7 +71,11 @@ func (w *sharedMapping) createBackingVerified(ctx context.Context, size memapi.B
 	return out0, au.settleDraw(grant, n)
 }
 
-// MapView checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r, b): length equals the handle's size (ErrInvalidRange); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's MapView.
+// MapView checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+// live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res)
+// (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r,
+// b): length equals the handle's size (ErrInvalidRange); verify mode checks the
+// figures [no-silent-noop]; then it calls the wrapped mechanism's MapView.
 func (w *sharedMapping) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
@@ -129,7 +138,9 @@ func (w *sharedMapping) mapViewVerified(ctx context.Context, res *memapi.Reserva
 	return out0, au.result()
 }
 
-// UnmapView checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's UnmapView.
+// UnmapView checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; verify mode checks the figures [no-silent-noop]; then
+// it calls the wrapped mechanism's UnmapView.
 func (w *sharedMapping) UnmapView(ctx context.Context, v *memapi.View) error {
 	m := w.m
 	if m.verify {
@@ -165,7 +176,11 @@ func (w *sharedMapping) unmapViewVerified(ctx context.Context, v *memapi.View) e
 	return au.result()
 }
 
-// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
+// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from
+// grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize)
+// [charge-before-commit, no-partial-state]; verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
 func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
@@ -214,7 +229,8 @@ func (w *sharedMapping) copyOnWriteVerified(ctx context.Context, v *memapi.View,
 	return out0, au.settleDraw(grant, n)
 }
 
-// ViewCount checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); then it calls the wrapped mechanism's ViewCount.
+// ViewCount checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); then
+// it calls the wrapped mechanism's ViewCount.
 func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 	m := w.m
 	const op = "SharedMapping.ViewCount"
@@ -224,7 +240,10 @@ func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 	return w.inner.ViewCount(b)
 }
 
-// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
+// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; refunds b.Size to to after success (ErrNoAccount,
+// ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then
+// it calls the wrapped mechanism's ReleaseBacking.
 func (w *sharedMapping) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
 	m := w.m
 	if m.verify {

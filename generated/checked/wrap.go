@@ -3,10 +3,11 @@
 package checked
 
 import (
-	memapi "github.com/memgen/memgen/generated/memapi"
 	"reflect"
 	"sync"
 	"sync/atomic"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Option configures Wrap.
@@ -17,9 +18,10 @@ type options struct {
 
 // WithVerify turns on verify mode: around every mutating call the wrapper reads
 // the mechanism's committed and used bytes and returns ErrUntruthful when they
-// did not move by exactly the rounded amount the spec declares [no-silent-noop].
-// Mutating calls through the wrapper are then serialized. Meant for tests and
-// for qualifying a new mechanism; it costs two to four queries per call.
+// did not move by exactly the rounded amount the spec declares
+// [no-silent-noop]. Mutating calls through the wrapper are then serialized.
+// Meant for tests and for qualifying a new mechanism; it costs two to four
+// queries per call.
 func WithVerify() Option {
 	return func(o *options) {
 		o.verify = true
@@ -40,11 +42,12 @@ func WithVerify() Option {
 //   - no-silent-noop (WithVerify): m's counters must move by
 //     exactly the declared amount.
 //
-// The result offers exactly the capabilities m offers (memapi.Negotiate(Wrap(m))
-// == memapi.Negotiate(m)) and its Info is m's Info. Wrap reads m.Info() once:
-// a mechanism's instance, authority and granularities are fixed for its life.
-// Wrapping a wrapper does not stack the checks (that would draw twice): it
-// rewraps the same mechanism with the options of both. Wrap panics when m is nil.
+// The result offers exactly the capabilities m offers
+// (memapi.Negotiate(Wrap(m)) == memapi.Negotiate(m)) and its Info is m's Info.
+// Wrap reads m.Info() once: a mechanism's instance, authority and granularities
+// are fixed for its life. Wrapping a wrapper does not stack the checks (that
+// would draw twice): it rewraps the same mechanism with the options of both.
+// Wrap panics when m is nil.
 func Wrap(m memapi.Mechanism, opts ...Option) memapi.Mechanism {
 	if m == nil {
 		panic("checked: Wrap of a nil Mechanism")
@@ -95,8 +98,9 @@ type mechanism struct {
 
 var _ memapi.Mechanism = (*mechanism)(nil)
 
-// AsVirtualBacking returns the checked VirtualBacking when the wrapped mechanism offers it
-// now, and nil and false when it does not: never more than the mechanism offers.
+// AsVirtualBacking returns the checked VirtualBacking when the wrapped
+// mechanism offers it now, and nil and false when it does not: never more than
+// the mechanism offers.
 func (m *mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	in, ok := m.inner.AsVirtualBacking()
 	if !ok || in == nil {
@@ -113,8 +117,9 @@ func (m *mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return w, true
 }
 
-// AsSharedMapping returns the checked SharedMapping when the wrapped mechanism offers it
-// now, and nil and false when it does not: never more than the mechanism offers.
+// AsSharedMapping returns the checked SharedMapping when the wrapped mechanism
+// offers it now, and nil and false when it does not: never more than the
+// mechanism offers.
 func (m *mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	in, ok := m.inner.AsSharedMapping()
 	if !ok || in == nil {
@@ -138,7 +143,8 @@ func sameValue(a, b any) bool {
 	return t == reflect.TypeOf(b) && t != nil && t.Comparable() && a == b
 }
 
-// queryCommittedBytes reads VirtualBacking.CommittedBytes for a method of another capability.
+// queryCommittedBytes reads VirtualBacking.CommittedBytes for a method of
+// another capability.
 func (m *mechanism) queryCommittedBytes(h *memapi.Reservation) (memapi.Bytes, error) {
 	c, ok := m.inner.AsVirtualBacking()
 	if !ok || c == nil {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Fixtures: each valid<Method> returns the arguments of one valid call of the

@@ -2,12 +2,12 @@
 
 package conformance
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
-// The subtests below are derived from the spec: per method from its
-// accounting effect, what it creates and releases and its requires clauses;
-// per optional capability from its absence; per invariant from what it
-// applies to. The invariants of the spec and where the suite checks them:
+// The subtests below are derived from the spec: per method from its accounting
+// effect, what it creates and releases and its requires clauses; per optional
+// capability from its absence; per invariant from what it applies to. The
+// invariants of the spec and where the suite checks them:
 //
 //   - charge-before-commit: invariant/charge-before-commit/...
 //   - release-by-creator: invariant/release-by-creator/...
@@ -19,7 +19,8 @@ import memapi "github.com/memgen/memgen/generated/memapi"
 //   - context-pinned: not a property of one mechanism; enforced by ep-context-refcount
 //   - no-partial-state: invariant/no-partial-state/...
 
-// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest DeviceAllocator/Allocate/creates-live-handle.
+// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest
+// DeviceAllocator/Allocate/creates-live-handle.
 func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	c := e.validAllocate(t)
 	h, err := c.call(e)
@@ -29,7 +30,8 @@ func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Allocate", h)
 }
 
-// specDeviceAllocatorAllocateExactAccounting is the subtest DeviceAllocator/Allocate/exact-accounting.
+// specDeviceAllocatorAllocateExactAccounting is the subtest
+// DeviceAllocator/Allocate/exact-accounting.
 func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	c := e.validAllocate(t)
 	want := e.round(t, c.req.Size, roundAlloc)
@@ -45,7 +47,8 @@ func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	}
 }
 
-// specInvariantChargeBeforeCommitAllocate is the subtest invariant/charge-before-commit/Allocate.
+// specInvariantChargeBeforeCommitAllocate is the subtest
+// invariant/charge-before-commit/Allocate.
 func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	c := e.validAllocate(t)
 	c.grant = nil
@@ -55,21 +58,24 @@ func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	tolerate(t, "Allocate with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateAllocate is the subtest invariant/no-partial-state/Allocate.
+// specInvariantNoPartialStateAllocate is the subtest
+// invariant/no-partial-state/Allocate.
 func specInvariantNoPartialStateAllocate(t T, e *env) {
 	c := e.validAllocate(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "Allocate with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specDeviceAllocatorAllocateZeroSize is the subtest DeviceAllocator/Allocate/zero-size.
+// specDeviceAllocatorAllocateZeroSize is the subtest
+// DeviceAllocator/Allocate/zero-size.
 func specDeviceAllocatorAllocateZeroSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 0
 	refuse(t, "Allocate with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specDeviceAllocatorAllocateHugeSize is the subtest DeviceAllocator/Allocate/huge-size.
+// specDeviceAllocatorAllocateHugeSize is the subtest
+// DeviceAllocator/Allocate/huge-size.
 func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 1 << 62
@@ -79,7 +85,8 @@ func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	refuse(t, "Allocate with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specDeviceAllocatorFreeExactRefund is the subtest DeviceAllocator/Free/exact-refund.
+// specDeviceAllocatorFreeExactRefund is the subtest
+// DeviceAllocator/Free/exact-refund.
 func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	c := e.validFree(t)
 	want := e.round(t, c.a.Size(), roundNone)
@@ -93,14 +100,16 @@ func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	}
 }
 
-// specDeviceAllocatorFreeNilAccount is the subtest DeviceAllocator/Free/nil-account.
+// specDeviceAllocatorFreeNilAccount is the subtest
+// DeviceAllocator/Free/nil-account.
 func specDeviceAllocatorFreeNilAccount(t T, e *env) {
 	c := e.validFree(t)
 	c.to = nil
 	tolerate(t, "Free without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specDeviceAllocatorFreeDoubleRelease is the subtest DeviceAllocator/Free/double-release.
+// specDeviceAllocatorFreeDoubleRelease is the subtest
+// DeviceAllocator/Free/double-release.
 func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	c := e.validFree(t)
 	if _, err := c.call(e); err != nil {
@@ -109,7 +118,8 @@ func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	refuse(t, "Free of an already released a", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specDeviceAllocatorFreeConcurrentRelease is the subtest DeviceAllocator/Free/concurrent-release.
+// specDeviceAllocatorFreeConcurrentRelease is the subtest
+// DeviceAllocator/Free/concurrent-release.
 func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validFree(t)
@@ -117,7 +127,8 @@ func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorFree is the subtest invariant/release-by-creator/Free.
+// specInvariantReleaseByCreatorFree is the subtest
+// invariant/release-by-creator/Free.
 func specInvariantReleaseByCreatorFree(t T, e *env) {
 	c := e.validFree(t)
 	o := e.other(t)
@@ -132,7 +143,8 @@ func specDeviceAllocatorFreeNilA(t T, e *env) {
 	refuse(t, "Free with a nil a", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingAbsentMeansUnsupported is the subtest VirtualBacking/absent-means-unsupported.
+// specVirtualBackingAbsentMeansUnsupported is the subtest
+// VirtualBacking/absent-means-unsupported.
 func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	v, ok := e.m.AsVirtualBacking()
 	_, again := e.m.AsVirtualBacking()
@@ -140,7 +152,8 @@ func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	checkAccessor(t, "VirtualBacking", ok, v != nil, again == ok, r != nil, err, memapi.Negotiate(e.m).Has(memapi.CapVirtualBacking))
 }
 
-// specVirtualBackingReserveCreatesLiveHandle is the subtest VirtualBacking/Reserve/creates-live-handle.
+// specVirtualBackingReserveCreatesLiveHandle is the subtest
+// VirtualBacking/Reserve/creates-live-handle.
 func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	c := e.validReserve(t)
 	h, err := c.call(e)
@@ -150,7 +163,8 @@ func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Reserve", h)
 }
 
-// specVirtualBackingReserveNoAccounting is the subtest VirtualBacking/Reserve/no-accounting.
+// specVirtualBackingReserveNoAccounting is the subtest
+// VirtualBacking/Reserve/no-accounting.
 func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	c := e.validReserve(t)
 	before := e.books()
@@ -160,14 +174,16 @@ func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	e.expectConsumed(t, "Reserve", before, 0)
 }
 
-// specVirtualBackingReserveZeroSize is the subtest VirtualBacking/Reserve/zero-size.
+// specVirtualBackingReserveZeroSize is the subtest
+// VirtualBacking/Reserve/zero-size.
 func specVirtualBackingReserveZeroSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 0
 	refuse(t, "Reserve with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specVirtualBackingReserveHugeSize is the subtest VirtualBacking/Reserve/huge-size.
+// specVirtualBackingReserveHugeSize is the subtest
+// VirtualBacking/Reserve/huge-size.
 func specVirtualBackingReserveHugeSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 1 << 62
@@ -177,7 +193,8 @@ func specVirtualBackingReserveHugeSize(t T, e *env) {
 	refuse(t, "Reserve with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specVirtualBackingCommitExactAccounting is the subtest VirtualBacking/Commit/exact-accounting.
+// specVirtualBackingCommitExactAccounting is the subtest
+// VirtualBacking/Commit/exact-accounting.
 func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	c := e.validCommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
@@ -188,7 +205,8 @@ func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	e.expectConsumed(t, "Commit", before, want)
 }
 
-// specInvariantChargeBeforeCommitCommit is the subtest invariant/charge-before-commit/Commit.
+// specInvariantChargeBeforeCommitCommit is the subtest
+// invariant/charge-before-commit/Commit.
 func specInvariantChargeBeforeCommitCommit(t T, e *env) {
 	c := e.validCommit(t)
 	c.grant = nil
@@ -198,7 +216,8 @@ func specInvariantChargeBeforeCommitCommit(t T, e *env) {
 	tolerate(t, "Commit with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCommit is the subtest invariant/no-partial-state/Commit.
+// specInvariantNoPartialStateCommit is the subtest
+// invariant/no-partial-state/Commit.
 func specInvariantNoPartialStateCommit(t T, e *env) {
 	c := e.validCommit(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
@@ -212,14 +231,16 @@ func specVirtualBackingCommitNilRes(t T, e *env) {
 	refuse(t, "Commit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommitReleasedRes is the subtest VirtualBacking/Commit/released-res.
+// specVirtualBackingCommitReleasedRes is the subtest
+// VirtualBacking/Commit/released-res.
 func specVirtualBackingCommitReleasedRes(t T, e *env) {
 	c := e.validCommit(t)
 	e.release(t, c.res)
 	refuse(t, "Commit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommitForeignRes is the subtest VirtualBacking/Commit/foreign-res.
+// specVirtualBackingCommitForeignRes is the subtest
+// VirtualBacking/Commit/foreign-res.
 func specVirtualBackingCommitForeignRes(t T, e *env) {
 	c := e.validCommit(t)
 	o := e.other(t)
@@ -227,7 +248,8 @@ func specVirtualBackingCommitForeignRes(t T, e *env) {
 	refuse(t, "Commit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingCommitOutOfRange is the subtest VirtualBacking/Commit/out-of-range.
+// specVirtualBackingCommitOutOfRange is the subtest
+// VirtualBacking/Commit/out-of-range.
 func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r = memapi.Range{
@@ -246,14 +268,16 @@ func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	refuse(t, "Commit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitEmptyRange is the subtest VirtualBacking/Commit/empty-range.
+// specVirtualBackingCommitEmptyRange is the subtest
+// VirtualBacking/Commit/empty-range.
 func specVirtualBackingCommitEmptyRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r.Len = 0
 	refuse(t, "Commit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitUnaligned is the subtest VirtualBacking/Commit/unaligned.
+// specVirtualBackingCommitUnaligned is the subtest
+// VirtualBacking/Commit/unaligned.
 func specVirtualBackingCommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -267,7 +291,8 @@ func specVirtualBackingCommitUnaligned(t T, e *env) {
 	refuse(t, "Commit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingDecommitExactRefund is the subtest VirtualBacking/Decommit/exact-refund.
+// specVirtualBackingDecommitExactRefund is the subtest
+// VirtualBacking/Decommit/exact-refund.
 func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	c := e.validDecommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
@@ -278,28 +303,32 @@ func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	e.expectRefunded(t, "Decommit", before, want)
 }
 
-// specVirtualBackingDecommitNilAccount is the subtest VirtualBacking/Decommit/nil-account.
+// specVirtualBackingDecommitNilAccount is the subtest
+// VirtualBacking/Decommit/nil-account.
 func specVirtualBackingDecommitNilAccount(t T, e *env) {
 	c := e.validDecommit(t)
 	c.to = nil
 	tolerate(t, "Decommit without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingDecommitNilRes is the subtest VirtualBacking/Decommit/nil-res.
+// specVirtualBackingDecommitNilRes is the subtest
+// VirtualBacking/Decommit/nil-res.
 func specVirtualBackingDecommitNilRes(t T, e *env) {
 	c := e.validDecommit(t)
 	c.res = nil
 	refuse(t, "Decommit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingDecommitReleasedRes is the subtest VirtualBacking/Decommit/released-res.
+// specVirtualBackingDecommitReleasedRes is the subtest
+// VirtualBacking/Decommit/released-res.
 func specVirtualBackingDecommitReleasedRes(t T, e *env) {
 	c := e.validDecommit(t)
 	e.release(t, c.res)
 	refuse(t, "Decommit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingDecommitForeignRes is the subtest VirtualBacking/Decommit/foreign-res.
+// specVirtualBackingDecommitForeignRes is the subtest
+// VirtualBacking/Decommit/foreign-res.
 func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	c := e.validDecommit(t)
 	o := e.other(t)
@@ -307,7 +336,8 @@ func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	refuse(t, "Decommit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingDecommitOutOfRange is the subtest VirtualBacking/Decommit/out-of-range.
+// specVirtualBackingDecommitOutOfRange is the subtest
+// VirtualBacking/Decommit/out-of-range.
 func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r = memapi.Range{
@@ -326,14 +356,16 @@ func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	refuse(t, "Decommit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitEmptyRange is the subtest VirtualBacking/Decommit/empty-range.
+// specVirtualBackingDecommitEmptyRange is the subtest
+// VirtualBacking/Decommit/empty-range.
 func specVirtualBackingDecommitEmptyRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r.Len = 0
 	refuse(t, "Decommit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitUnaligned is the subtest VirtualBacking/Decommit/unaligned.
+// specVirtualBackingDecommitUnaligned is the subtest
+// VirtualBacking/Decommit/unaligned.
 func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -347,21 +379,24 @@ func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	refuse(t, "Decommit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingCommittedBytesNilRes is the subtest VirtualBacking/CommittedBytes/nil-res.
+// specVirtualBackingCommittedBytesNilRes is the subtest
+// VirtualBacking/CommittedBytes/nil-res.
 func specVirtualBackingCommittedBytesNilRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	c.res = nil
 	refuse(t, "CommittedBytes with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommittedBytesReleasedRes is the subtest VirtualBacking/CommittedBytes/released-res.
+// specVirtualBackingCommittedBytesReleasedRes is the subtest
+// VirtualBacking/CommittedBytes/released-res.
 func specVirtualBackingCommittedBytesReleasedRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	e.release(t, c.res)
 	refuse(t, "CommittedBytes with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommittedBytesForeignRes is the subtest VirtualBacking/CommittedBytes/foreign-res.
+// specVirtualBackingCommittedBytesForeignRes is the subtest
+// VirtualBacking/CommittedBytes/foreign-res.
 func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	o := e.other(t)
@@ -369,7 +404,8 @@ func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	refuse(t, "CommittedBytes of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationExactRefund is the subtest VirtualBacking/ReleaseReservation/exact-refund.
+// specVirtualBackingReleaseReservationExactRefund is the subtest
+// VirtualBacking/ReleaseReservation/exact-refund.
 func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	want := e.round(t, e.committedReservation(t, c.res), roundNone)
@@ -383,14 +419,16 @@ func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	}
 }
 
-// specVirtualBackingReleaseReservationNilAccount is the subtest VirtualBacking/ReleaseReservation/nil-account.
+// specVirtualBackingReleaseReservationNilAccount is the subtest
+// VirtualBacking/ReleaseReservation/nil-account.
 func specVirtualBackingReleaseReservationNilAccount(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.to = nil
 	tolerate(t, "ReleaseReservation without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingReleaseReservationDoubleRelease is the subtest VirtualBacking/ReleaseReservation/double-release.
+// specVirtualBackingReleaseReservationDoubleRelease is the subtest
+// VirtualBacking/ReleaseReservation/double-release.
 func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	if _, err := c.call(e); err != nil {
@@ -399,7 +437,8 @@ func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	refuse(t, "ReleaseReservation of an already released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingReleaseReservationConcurrentRelease is the subtest VirtualBacking/ReleaseReservation/concurrent-release.
+// specVirtualBackingReleaseReservationConcurrentRelease is the subtest
+// VirtualBacking/ReleaseReservation/concurrent-release.
 func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validReleaseReservation(t)
@@ -407,7 +446,8 @@ func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorReleaseReservation is the subtest invariant/release-by-creator/ReleaseReservation.
+// specInvariantReleaseByCreatorReleaseReservation is the subtest
+// invariant/release-by-creator/ReleaseReservation.
 func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	o := e.other(t)
@@ -415,14 +455,16 @@ func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	refuse(t, "ReleaseReservation of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationNilRes is the subtest VirtualBacking/ReleaseReservation/nil-res.
+// specVirtualBackingReleaseReservationNilRes is the subtest
+// VirtualBacking/ReleaseReservation/nil-res.
 func specVirtualBackingReleaseReservationNilRes(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.res = nil
 	refuse(t, "ReleaseReservation with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingAbsentMeansUnsupported is the subtest SharedMapping/absent-means-unsupported.
+// specSharedMappingAbsentMeansUnsupported is the subtest
+// SharedMapping/absent-means-unsupported.
 func specSharedMappingAbsentMeansUnsupported(t T, e *env) {
 	v, ok := e.m.AsSharedMapping()
 	_, again := e.m.AsSharedMapping()
@@ -430,7 +472,8 @@ func specSharedMappingAbsentMeansUnsupported(t T, e *env) {
 	checkAccessor(t, "SharedMapping", ok, v != nil, again == ok, r != nil, err, memapi.Negotiate(e.m).Has(memapi.CapSharedMapping))
 }
 
-// specSharedMappingCreateBackingCreatesLiveHandle is the subtest SharedMapping/CreateBacking/creates-live-handle.
+// specSharedMappingCreateBackingCreatesLiveHandle is the subtest
+// SharedMapping/CreateBacking/creates-live-handle.
 func specSharedMappingCreateBackingCreatesLiveHandle(t T, e *env) {
 	c := e.validCreateBacking(t)
 	h, err := c.call(e)
@@ -440,7 +483,8 @@ func specSharedMappingCreateBackingCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "CreateBacking", h)
 }
 
-// specSharedMappingCreateBackingExactAccounting is the subtest SharedMapping/CreateBacking/exact-accounting.
+// specSharedMappingCreateBackingExactAccounting is the subtest
+// SharedMapping/CreateBacking/exact-accounting.
 func specSharedMappingCreateBackingExactAccounting(t T, e *env) {
 	c := e.validCreateBacking(t)
 	want := e.round(t, c.size, roundGranularity)
@@ -456,7 +500,8 @@ func specSharedMappingCreateBackingExactAccounting(t T, e *env) {
 	}
 }
 
-// specInvariantChargeBeforeCommitCreateBacking is the subtest invariant/charge-before-commit/CreateBacking.
+// specInvariantChargeBeforeCommitCreateBacking is the subtest
+// invariant/charge-before-commit/CreateBacking.
 func specInvariantChargeBeforeCommitCreateBacking(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.grant = nil
@@ -466,21 +511,24 @@ func specInvariantChargeBeforeCommitCreateBacking(t T, e *env) {
 	tolerate(t, "CreateBacking with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCreateBacking is the subtest invariant/no-partial-state/CreateBacking.
+// specInvariantNoPartialStateCreateBacking is the subtest
+// invariant/no-partial-state/CreateBacking.
 func specInvariantNoPartialStateCreateBacking(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "CreateBacking with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specSharedMappingCreateBackingZeroSize is the subtest SharedMapping/CreateBacking/zero-size.
+// specSharedMappingCreateBackingZeroSize is the subtest
+// SharedMapping/CreateBacking/zero-size.
 func specSharedMappingCreateBackingZeroSize(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.size = 0
 	refuse(t, "CreateBacking with size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specSharedMappingCreateBackingHugeSize is the subtest SharedMapping/CreateBacking/huge-size.
+// specSharedMappingCreateBackingHugeSize is the subtest
+// SharedMapping/CreateBacking/huge-size.
 func specSharedMappingCreateBackingHugeSize(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.size = 1 << 62
@@ -490,7 +538,8 @@ func specSharedMappingCreateBackingHugeSize(t T, e *env) {
 	refuse(t, "CreateBacking with size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specSharedMappingMapViewCreatesLiveHandle is the subtest SharedMapping/MapView/creates-live-handle.
+// specSharedMappingMapViewCreatesLiveHandle is the subtest
+// SharedMapping/MapView/creates-live-handle.
 func specSharedMappingMapViewCreatesLiveHandle(t T, e *env) {
 	c := e.validMapView(t)
 	h, err := c.call(e)
@@ -500,7 +549,8 @@ func specSharedMappingMapViewCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "MapView", h)
 }
 
-// specSharedMappingMapViewNoAccounting is the subtest SharedMapping/MapView/no-accounting.
+// specSharedMappingMapViewNoAccounting is the subtest
+// SharedMapping/MapView/no-accounting.
 func specSharedMappingMapViewNoAccounting(t T, e *env) {
 	c := e.validMapView(t)
 	before := e.books()
@@ -517,14 +567,16 @@ func specSharedMappingMapViewNilRes(t T, e *env) {
 	refuse(t, "MapView with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingMapViewReleasedRes is the subtest SharedMapping/MapView/released-res.
+// specSharedMappingMapViewReleasedRes is the subtest
+// SharedMapping/MapView/released-res.
 func specSharedMappingMapViewReleasedRes(t T, e *env) {
 	c := e.validMapView(t)
 	e.release(t, c.res)
 	refuse(t, "MapView with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingMapViewForeignRes is the subtest SharedMapping/MapView/foreign-res.
+// specSharedMappingMapViewForeignRes is the subtest
+// SharedMapping/MapView/foreign-res.
 func specSharedMappingMapViewForeignRes(t T, e *env) {
 	c := e.validMapView(t)
 	o := e.other(t)
@@ -539,14 +591,16 @@ func specSharedMappingMapViewNilB(t T, e *env) {
 	refuse(t, "MapView with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingMapViewReleasedB is the subtest SharedMapping/MapView/released-b.
+// specSharedMappingMapViewReleasedB is the subtest
+// SharedMapping/MapView/released-b.
 func specSharedMappingMapViewReleasedB(t T, e *env) {
 	c := e.validMapView(t)
 	e.release(t, c.b)
 	refuse(t, "MapView with a released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingMapViewForeignB is the subtest SharedMapping/MapView/foreign-b.
+// specSharedMappingMapViewForeignB is the subtest
+// SharedMapping/MapView/foreign-b.
 func specSharedMappingMapViewForeignB(t T, e *env) {
 	c := e.validMapView(t)
 	o := e.other(t)
@@ -554,7 +608,8 @@ func specSharedMappingMapViewForeignB(t T, e *env) {
 	refuse(t, "MapView of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingMapViewOutOfRange is the subtest SharedMapping/MapView/out-of-range.
+// specSharedMappingMapViewOutOfRange is the subtest
+// SharedMapping/MapView/out-of-range.
 func specSharedMappingMapViewOutOfRange(t T, e *env) {
 	c := e.validMapView(t)
 	c.r = memapi.Range{
@@ -573,7 +628,8 @@ func specSharedMappingMapViewOutOfRange(t T, e *env) {
 	refuse(t, "MapView of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specSharedMappingMapViewUnaligned is the subtest SharedMapping/MapView/unaligned.
+// specSharedMappingMapViewUnaligned is the subtest
+// SharedMapping/MapView/unaligned.
 func specSharedMappingMapViewUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -584,7 +640,8 @@ func specSharedMappingMapViewUnaligned(t T, e *env) {
 	refuse(t, "MapView of a range whose offset is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specSharedMappingMapViewSizeMismatch is the subtest SharedMapping/MapView/size-mismatch.
+// specSharedMappingMapViewSizeMismatch is the subtest
+// SharedMapping/MapView/size-mismatch.
 func specSharedMappingMapViewSizeMismatch(t T, e *env) {
 	g := e.gran(t)
 	c := e.validMapView(t)
@@ -597,7 +654,8 @@ func specSharedMappingMapViewSizeMismatch(t T, e *env) {
 	}
 }
 
-// specSharedMappingUnmapViewNoAccounting is the subtest SharedMapping/UnmapView/no-accounting.
+// specSharedMappingUnmapViewNoAccounting is the subtest
+// SharedMapping/UnmapView/no-accounting.
 func specSharedMappingUnmapViewNoAccounting(t T, e *env) {
 	c := e.validUnmapView(t)
 	before := e.books()
@@ -607,7 +665,8 @@ func specSharedMappingUnmapViewNoAccounting(t T, e *env) {
 	e.expectConsumed(t, "UnmapView", before, 0)
 }
 
-// specSharedMappingUnmapViewDoubleRelease is the subtest SharedMapping/UnmapView/double-release.
+// specSharedMappingUnmapViewDoubleRelease is the subtest
+// SharedMapping/UnmapView/double-release.
 func specSharedMappingUnmapViewDoubleRelease(t T, e *env) {
 	c := e.validUnmapView(t)
 	if _, err := c.call(e); err != nil {
@@ -616,7 +675,8 @@ func specSharedMappingUnmapViewDoubleRelease(t T, e *env) {
 	refuse(t, "UnmapView of an already released v", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingUnmapViewConcurrentRelease is the subtest SharedMapping/UnmapView/concurrent-release.
+// specSharedMappingUnmapViewConcurrentRelease is the subtest
+// SharedMapping/UnmapView/concurrent-release.
 func specSharedMappingUnmapViewConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validUnmapView(t)
@@ -624,7 +684,8 @@ func specSharedMappingUnmapViewConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorUnmapView is the subtest invariant/release-by-creator/UnmapView.
+// specInvariantReleaseByCreatorUnmapView is the subtest
+// invariant/release-by-creator/UnmapView.
 func specInvariantReleaseByCreatorUnmapView(t T, e *env) {
 	c := e.validUnmapView(t)
 	o := e.other(t)
@@ -639,7 +700,8 @@ func specSharedMappingUnmapViewNilV(t T, e *env) {
 	refuse(t, "UnmapView with a nil v", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingCopyOnWriteCreatesLiveHandle is the subtest SharedMapping/CopyOnWrite/creates-live-handle.
+// specSharedMappingCopyOnWriteCreatesLiveHandle is the subtest
+// SharedMapping/CopyOnWrite/creates-live-handle.
 func specSharedMappingCopyOnWriteCreatesLiveHandle(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	h, err := c.call(e)
@@ -649,7 +711,8 @@ func specSharedMappingCopyOnWriteCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "CopyOnWrite", h)
 }
 
-// specSharedMappingCopyOnWriteExactAccounting is the subtest SharedMapping/CopyOnWrite/exact-accounting.
+// specSharedMappingCopyOnWriteExactAccounting is the subtest
+// SharedMapping/CopyOnWrite/exact-accounting.
 func specSharedMappingCopyOnWriteExactAccounting(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	want := e.round(t, c.v.Range().Len, roundGranularity)
@@ -660,7 +723,8 @@ func specSharedMappingCopyOnWriteExactAccounting(t T, e *env) {
 	e.expectConsumed(t, "CopyOnWrite", before, want)
 }
 
-// specInvariantChargeBeforeCommitCopyOnWrite is the subtest invariant/charge-before-commit/CopyOnWrite.
+// specInvariantChargeBeforeCommitCopyOnWrite is the subtest
+// invariant/charge-before-commit/CopyOnWrite.
 func specInvariantChargeBeforeCommitCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.grant = nil
@@ -670,14 +734,16 @@ func specInvariantChargeBeforeCommitCopyOnWrite(t T, e *env) {
 	tolerate(t, "CopyOnWrite with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCopyOnWrite is the subtest invariant/no-partial-state/CopyOnWrite.
+// specInvariantNoPartialStateCopyOnWrite is the subtest
+// invariant/no-partial-state/CopyOnWrite.
 func specInvariantNoPartialStateCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "CopyOnWrite with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specSharedMappingCopyOnWriteDoubleRelease is the subtest SharedMapping/CopyOnWrite/double-release.
+// specSharedMappingCopyOnWriteDoubleRelease is the subtest
+// SharedMapping/CopyOnWrite/double-release.
 func specSharedMappingCopyOnWriteDoubleRelease(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	if _, err := c.call(e); err != nil {
@@ -686,7 +752,8 @@ func specSharedMappingCopyOnWriteDoubleRelease(t T, e *env) {
 	refuse(t, "CopyOnWrite of an already released v", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingCopyOnWriteConcurrentRelease is the subtest SharedMapping/CopyOnWrite/concurrent-release.
+// specSharedMappingCopyOnWriteConcurrentRelease is the subtest
+// SharedMapping/CopyOnWrite/concurrent-release.
 func specSharedMappingCopyOnWriteConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validCopyOnWrite(t)
@@ -694,7 +761,8 @@ func specSharedMappingCopyOnWriteConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorCopyOnWrite is the subtest invariant/release-by-creator/CopyOnWrite.
+// specInvariantReleaseByCreatorCopyOnWrite is the subtest
+// invariant/release-by-creator/CopyOnWrite.
 func specInvariantReleaseByCreatorCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	o := e.other(t)
@@ -702,7 +770,8 @@ func specInvariantReleaseByCreatorCopyOnWrite(t T, e *env) {
 	refuse(t, "CopyOnWrite of a View made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingCopyOnWriteNilV is the subtest SharedMapping/CopyOnWrite/nil-v.
+// specSharedMappingCopyOnWriteNilV is the subtest
+// SharedMapping/CopyOnWrite/nil-v.
 func specSharedMappingCopyOnWriteNilV(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.v = nil
@@ -716,14 +785,16 @@ func specSharedMappingViewCountNilB(t T, e *env) {
 	refuse(t, "ViewCount with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingViewCountReleasedB is the subtest SharedMapping/ViewCount/released-b.
+// specSharedMappingViewCountReleasedB is the subtest
+// SharedMapping/ViewCount/released-b.
 func specSharedMappingViewCountReleasedB(t T, e *env) {
 	c := e.validViewCount(t)
 	e.release(t, c.b)
 	refuse(t, "ViewCount with a released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingViewCountForeignB is the subtest SharedMapping/ViewCount/foreign-b.
+// specSharedMappingViewCountForeignB is the subtest
+// SharedMapping/ViewCount/foreign-b.
 func specSharedMappingViewCountForeignB(t T, e *env) {
 	c := e.validViewCount(t)
 	o := e.other(t)
@@ -731,7 +802,8 @@ func specSharedMappingViewCountForeignB(t T, e *env) {
 	refuse(t, "ViewCount of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingReleaseBackingExactRefund is the subtest SharedMapping/ReleaseBacking/exact-refund.
+// specSharedMappingReleaseBackingExactRefund is the subtest
+// SharedMapping/ReleaseBacking/exact-refund.
 func specSharedMappingReleaseBackingExactRefund(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	want := e.round(t, c.b.Size(), roundNone)
@@ -745,14 +817,16 @@ func specSharedMappingReleaseBackingExactRefund(t T, e *env) {
 	}
 }
 
-// specSharedMappingReleaseBackingNilAccount is the subtest SharedMapping/ReleaseBacking/nil-account.
+// specSharedMappingReleaseBackingNilAccount is the subtest
+// SharedMapping/ReleaseBacking/nil-account.
 func specSharedMappingReleaseBackingNilAccount(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	c.to = nil
 	tolerate(t, "ReleaseBacking without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specSharedMappingReleaseBackingDoubleRelease is the subtest SharedMapping/ReleaseBacking/double-release.
+// specSharedMappingReleaseBackingDoubleRelease is the subtest
+// SharedMapping/ReleaseBacking/double-release.
 func specSharedMappingReleaseBackingDoubleRelease(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	if _, err := c.call(e); err != nil {
@@ -761,7 +835,8 @@ func specSharedMappingReleaseBackingDoubleRelease(t T, e *env) {
 	refuse(t, "ReleaseBacking of an already released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingReleaseBackingConcurrentRelease is the subtest SharedMapping/ReleaseBacking/concurrent-release.
+// specSharedMappingReleaseBackingConcurrentRelease is the subtest
+// SharedMapping/ReleaseBacking/concurrent-release.
 func specSharedMappingReleaseBackingConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validReleaseBacking(t)
@@ -769,7 +844,8 @@ func specSharedMappingReleaseBackingConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorReleaseBacking is the subtest invariant/release-by-creator/ReleaseBacking.
+// specInvariantReleaseByCreatorReleaseBacking is the subtest
+// invariant/release-by-creator/ReleaseBacking.
 func specInvariantReleaseByCreatorReleaseBacking(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	o := e.other(t)
@@ -777,14 +853,16 @@ func specInvariantReleaseByCreatorReleaseBacking(t T, e *env) {
 	refuse(t, "ReleaseBacking of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingReleaseBackingNilB is the subtest SharedMapping/ReleaseBacking/nil-b.
+// specSharedMappingReleaseBackingNilB is the subtest
+// SharedMapping/ReleaseBacking/nil-b.
 func specSharedMappingReleaseBackingNilB(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	c.b = nil
 	refuse(t, "ReleaseBacking with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specInvariantNoSilentNoopVirtualBacking is the subtest invariant/no-silent-noop/VirtualBacking.
+// specInvariantNoSilentNoopVirtualBacking is the subtest
+// invariant/no-silent-noop/VirtualBacking.
 func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validReserve(t)
@@ -832,7 +910,8 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	}
 }
 
-// specInvariantNoSilentNoopSharedMapping is the subtest invariant/no-silent-noop/SharedMapping.
+// specInvariantNoSilentNoopSharedMapping is the subtest
+// invariant/no-silent-noop/SharedMapping.
 func specInvariantNoSilentNoopSharedMapping(t T, e *env) {
 	{
 		c := e.validCreateBacking(t)

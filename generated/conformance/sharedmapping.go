@@ -5,7 +5,7 @@ package conformance
 import (
 	"fmt"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 func (e *env) validCreateBacking(t T) *callCreateBacking {

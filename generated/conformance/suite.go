@@ -62,7 +62,7 @@ import (
 	"testing"
 	"time"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // T is the part of *testing.T the suite uses. Fatalf and Skipf must end the

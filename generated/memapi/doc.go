@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "b0ed06ee3d3acbbad596a36252726c339c300deb8ab08ce69365b1993e108da9"
+const SpecDigest = "a8fb5757343e964d663122133c381e87cc2e81df9d8940fab27067e0f723b7f0"

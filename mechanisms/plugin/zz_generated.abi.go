@@ -2,10 +2,10 @@
 
 package plugin
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
-// The plugin C ABI version this loader speaks, from the spec's plugin_abi block,
-// and the entry point a plugin of this major exports.
+// The plugin C ABI version this loader speaks, from the spec's plugin_abi
+// block, and the entry point a plugin of this major exports.
 const (
 	ABIMajor           = 1
 	ABIMinor           = 1
@@ -145,22 +145,26 @@ type cPlugin struct {
 	Reserved         [4]uintptr // reserved
 }
 
-// clearNewer zeroes the slots of memgen_device_allocator that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of memgen_device_allocator that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cDeviceAllocator) clearNewer(minor uint32) {}
 
-// clearNewer zeroes the slots of memgen_virtual_backing that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of memgen_virtual_backing that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cVirtualBacking) clearNewer(minor uint32) {}
 
-// clearNewer zeroes the slots of memgen_shared_mapping that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of memgen_shared_mapping that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cSharedMapping) clearNewer(minor uint32) {
 	if minor < 1 {
 		v.CopyOnWrite = 0
 	}
 }
 
-// clearNewer zeroes the slots of memgen_device_context that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of memgen_device_context that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cDeviceContext) clearNewer(minor uint32) {}

@@ -2,10 +2,10 @@
 
 package loader
 
-import memapi "example.com/golden/generated/memapi"
+import "example.com/golden/generated/memapi"
 
-// The plugin C ABI version this loader speaks, from the spec's plugin_abi block,
-// and the entry point a plugin of this major exports.
+// The plugin C ABI version this loader speaks, from the spec's plugin_abi
+// block, and the entry point a plugin of this major exports.
 const (
 	ABIMajor           = 3
 	ABIMinor           = 2
@@ -117,22 +117,24 @@ type cPlugin struct {
 	Reserved         [2]uintptr // reserved
 }
 
-// clearNewer zeroes the slots of tiny_device_allocator that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_device_allocator that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cDeviceAllocator) clearNewer(minor uint32) {
 	if minor < 2 {
 		v.UsedBytes = 0
 	}
 }
 
-// clearNewer zeroes the slots of tiny_virtual_backing that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_virtual_backing that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cVirtualBacking) clearNewer(minor uint32) {
 	if minor < 1 {
 		v.CommittedBytes = 0
 	}
 }
 
-// clearNewer zeroes the slots of tiny_device_context that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_device_context that a plugin of the given
+// minor cannot have: the host never calls a slot newer than the plugin's minor.
 func (v *cDeviceContext) clearNewer(minor uint32) {}

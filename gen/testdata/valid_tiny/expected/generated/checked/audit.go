@@ -4,8 +4,9 @@ package checked
 
 import (
 	"errors"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/generated/memapi"
 )
 
 // audit is what verify mode saw around one mutating call: the figures the spec
@@ -152,9 +153,8 @@ func (a *audit) result() error {
 // settleDraw makes the grant reflect what the mechanism really installed: the
 // figures' observed growth when they were measured and agree with each other,
 // else (the truth is unknown) the drawn amount after success and nothing after
-// failure. A surplus is undrawn (a commit that
-// installed nothing gives everything back); an excess is drawn, which the grant
-// may refuse.
+// failure. A surplus is undrawn (a commit that installed nothing gives
+// everything back); an excess is drawn, which the grant may refuse.
 func (a *audit) settleDraw(grant memapi.Grant, drawn memapi.Bytes) error {
 	var actual memapi.Bytes
 	switch {
@@ -178,8 +178,8 @@ func (a *audit) settleDraw(grant memapi.Grant, drawn memapi.Bytes) error {
 
 // settleRefund refunds what the mechanism really released: the figures'
 // observed shrinkage when they agree, capped at the amount due (bytes beyond it
-// were not this account's); else the amount due after success and nothing
-// after failure.
+// were not this account's); else the amount due after success and nothing after
+// failure.
 func (a *audit) settleRefund(to memapi.Account, due memapi.Bytes) error {
 	var freed memapi.Bytes
 	switch {

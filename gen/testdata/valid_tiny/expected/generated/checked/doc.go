@@ -74,7 +74,7 @@ unless it fails.
 */
 package checked
 
-import memapi "example.com/golden/generated/memapi"
+import "example.com/golden/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
 const specDigest = "3a180f8fec8ee9ff58fa3dc5e3a4daa6b7588eb8fa1c83d82fdc139e5750e4a4"

@@ -5,10 +5,11 @@ package checked_test
 import (
 	"context"
 	"errors"
-	fakes "example.com/golden/fakes"
-	checked "example.com/golden/generated/checked"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/fakes"
+	"example.com/golden/generated/checked"
+	"example.com/golden/generated/memapi"
 )
 
 // Wrap a mechanism (here a fake) and every call draws from and refunds to the

@@ -3,10 +3,11 @@
 package checked
 
 import (
-	memapi "example.com/golden/generated/memapi"
 	"reflect"
 	"sync"
 	"sync/atomic"
+
+	"example.com/golden/generated/memapi"
 )
 
 // Option configures Wrap.
@@ -17,9 +18,9 @@ type options struct {
 
 // WithVerify turns on verify mode: around every mutating call the wrapper reads
 // the mechanism's committed and used bytes and returns ErrUntruthful when they
-// did not move by exactly the rounded amount the spec declares.
-// Mutating calls through the wrapper are then serialized. Meant for tests and
-// for qualifying a new mechanism; it costs two to four queries per call.
+// did not move by exactly the rounded amount the spec declares. Mutating calls
+// through the wrapper are then serialized. Meant for tests and for qualifying a
+// new mechanism; it costs two to four queries per call.
 func WithVerify() Option {
 	return func(o *options) {
 		o.verify = true
@@ -40,11 +41,12 @@ func WithVerify() Option {
 //   - verify mode (WithVerify): m's counters must move by
 //     exactly the declared amount.
 //
-// The result offers exactly the capabilities m offers (memapi.Negotiate(Wrap(m))
-// == memapi.Negotiate(m)) and its Info is m's Info. Wrap reads m.Info() once:
-// a mechanism's instance, authority and granularities are fixed for its life.
-// Wrapping a wrapper does not stack the checks (that would draw twice): it
-// rewraps the same mechanism with the options of both. Wrap panics when m is nil.
+// The result offers exactly the capabilities m offers
+// (memapi.Negotiate(Wrap(m)) == memapi.Negotiate(m)) and its Info is m's Info.
+// Wrap reads m.Info() once: a mechanism's instance, authority and granularities
+// are fixed for its life. Wrapping a wrapper does not stack the checks (that
+// would draw twice): it rewraps the same mechanism with the options of both.
+// Wrap panics when m is nil.
 func Wrap(m memapi.Mechanism, opts ...Option) memapi.Mechanism {
 	if m == nil {
 		panic("checked: Wrap of a nil Mechanism")
@@ -94,8 +96,9 @@ type mechanism struct {
 
 var _ memapi.Mechanism = (*mechanism)(nil)
 
-// AsVirtualBacking returns the checked VirtualBacking when the wrapped mechanism offers it
-// now, and nil and false when it does not: never more than the mechanism offers.
+// AsVirtualBacking returns the checked VirtualBacking when the wrapped
+// mechanism offers it now, and nil and false when it does not: never more than
+// the mechanism offers.
 func (m *mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	in, ok := m.inner.AsVirtualBacking()
 	if !ok || in == nil {

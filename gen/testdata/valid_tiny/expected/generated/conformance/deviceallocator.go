@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // Fixtures: each valid<Method> returns the arguments of one valid call of the

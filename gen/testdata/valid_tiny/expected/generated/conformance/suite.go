@@ -62,7 +62,7 @@ import (
 	"testing"
 	"time"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // T is the part of *testing.T the suite uses. Fatalf and Skipf must end the

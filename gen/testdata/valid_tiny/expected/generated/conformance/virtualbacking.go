@@ -5,7 +5,7 @@ package conformance
 import (
 	"fmt"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 func (e *env) validReserve(t T) *callReserve {
