@@ -17,11 +17,14 @@ func init() { register(Emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
 // The checked wrapper is generated from each capability method's accounting
 // effect, creates/releases and requires clauses. It leans on these errors by
 // name beyond what validate already demands of every spec.
-var checkedNeededErrors = []string{"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported"}
+var checkedNeededErrors = []string{
+	"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant",
+	"ErrForeignGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported",
+}
 
 // checkedLocals are the names the generated method bodies declare; a spec
 // parameter with one of these names would be shadowed.
-var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true}
+var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true, "returned": true}
 
 // Invariant enforcers the checked wrapper answers for (spec invariants[].enforced_by).
 const (
@@ -269,7 +272,7 @@ func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) strin
 	releasing := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Releases != "" }), ", ")
 	var how []string
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Consumes {
-		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails. A rejected call draws nothing and calls nothing.")
+		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.")
 	}
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Releases {
 		how = append(how, "On "+releasing+": the released handle (and every handle the call reads) is checked with memapi.CheckHandle against the mechanism's instance before the call: nil is ErrNilHandle, another instance's handle is ErrForeignHandle, a released one is ErrReleased; the mechanism is not called.")
@@ -314,13 +317,19 @@ spec's invariants on every call. It is generated from ` + s.File + `:
 each method's checks follow from its accounting effect, the handle it creates
 or releases, and its requires clauses.
 
-	m := checked.Wrap(mech)                        // checks, and the ledger
-	m := checked.Wrap(mech, checked.WithVerify())  // also truthfulness, for tests
+	m := checked.Wrap(mech, gov)                        // checks, and the ledger
+	m := checked.Wrap(mech, gov, checked.WithVerify())  // also truthfulness, for tests
+
+where gov is the Ledger whose grants and accounts the wrapper accepts (the
+governor implements it); a grant or account it did not issue is rejected with
+ErrForeignGrant.
 
 The wrapper is where the ledger moves: mechanisms never draw from grants nor
 refund to accounts. A consuming call draws its rounded amount from the grant
 before the mechanism runs and undraws it when the mechanism fails; a refunding
 call refunds the account after the mechanism really released the memory.
+When the mechanism panics (or ends its goroutine) inside a consuming call,
+the draw is given back and the panic goes on to the caller unrecovered.
 
 Every check runs before the mechanism is called and before anything is drawn,
 so a rejected call returns an *memapi.Error whose Kind is the sentinel
@@ -339,7 +348,8 @@ the error each returns):
 
 Refund amounts are read before the mechanism is called (committed(res) from
 the capability's committed-bytes query). A refunding call needs an account of
-the mechanism's authority (ErrNoAccount, ErrAuthorityMismatch). When the
+the wrapper's ledger and the mechanism's authority (ErrNoAccount,
+ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
 error is returned: the handle is released all the same.
 
@@ -370,8 +380,8 @@ is not a new instance, and handles are the mechanism's own.
 
 Cost: the wrapper keeps no per-call state (only its options and, for each
 optional capability, a cached wrapper). Outside verify mode a call adds a few
-comparisons, one Authority call and the Draw or Refund, and allocates nothing
-unless it fails.`
+comparisons, one ledger check, one Authority call and the Draw or Refund, and
+allocates nothing unless it fails.`
 	f.PackageComment(doc)
 	comment(f, "specDigest is the sha256 of the spec this package was generated from.")
 	f.Const().Id("specDigest").Op("=").Lit(s.Digest)
@@ -408,9 +418,9 @@ func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
 	a := m.Accounting
 	switch a.Effect {
 	case EffectConsumes:
-		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
+		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
 	case EffectRefunds:
-		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrAuthorityMismatch)")
+		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch)")
 	}
 	if a.Effect != EffectQuery {
 		notes = append(notes, "verify mode checks the figures"+cite(ck.invariants("verify")))
@@ -436,6 +446,53 @@ func (ck *checkedGen) emitWrap() {
 	g := ck.g
 	s := ck.s
 	c := g.C
+
+	comment(f, `Ledger is where the grants and accounts a wrapper accepts come from. A
+consuming call's grant and a refunding call's account must be vouched for by
+the ledger the wrapper was built with, as a handle must have been made by the
+wrapped instance: a grant of any other origin (forged, or issued by another
+ledger) draws nothing the ledger sees, so the wrapper rejects it with
+ErrForeignGrant and calls nothing. A ledger vouches only for values it made
+itself, recognised by their concrete type and their link back to it, never by
+what the value says about itself. The methods are called on every consuming
+and refunding call and must be cheap and safe for concurrent use.`)
+	f.Type().Id("Ledger").Interface(
+		Comment("IssuedGrant reports whether g was issued by this ledger."),
+		Id("IssuedGrant").Params(Id("g").Add(c("Grant"))).Bool(),
+		Comment("IssuedAccount reports whether a is an account of this ledger."),
+		Id("IssuedAccount").Params(Id("a").Add(c("Account"))).Bool(),
+	)
+	comment(f, `NoLedger vouches for nothing. A wrapper built with it answers queries and
+checks handles, and rejects every consuming and refunding call with
+ErrForeignGrant: the wrapper to hand out for inspection.`)
+	f.Var().Id("NoLedger").Id("Ledger").Op("=").Id("noLedger").Values()
+	f.Type().Id("noLedger").Struct()
+	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c("Grant")).Bool().Block(Return(False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c("Account")).Bool().Block(Return(False()))
+	comment(f, `Ledgers returns a Ledger that vouches for what any of ls vouches for: a
+wrapper that takes the grants of several ledgers.`)
+	f.Func().Id("Ledgers").Params(Id("ls").Op("...").Id("Ledger")).Id("Ledger").Block(
+		Return(Id("anyLedger").Call(Qual("slices", "Clone").Call(Id("ls")))),
+	)
+	f.Type().Id("anyLedger").Index().Id("Ledger")
+	for _, kind := range []string{"Grant", "Account"} {
+		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
+		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Bool().Block(
+			For(List(Id("_"), Id("l")).Op(":=").Range().Id("ls")).Block(
+				If(Id("l").Op("!=").Nil().Op("&&").Id("l").Dot("Issued"+kind).Call(Id(arg))).Block(Return(True())),
+			),
+			Return(False()),
+		)
+	}
+	comment(f, `allLedgers vouches for what both of its ledgers vouch for: the ledger of a
+rewrapped wrapper.`)
+	f.Type().Id("allLedgers").Index(Lit(2)).Id("Ledger")
+	for _, kind := range []string{"Grant", "Account"} {
+		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
+		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued" + kind).Params(Id(arg).Add(c(kind))).Bool().Block(
+			Return(Id("ls").Index(Lit(0)).Dot("Issued" + kind).Call(Id(arg)).Op("&&").Id("ls").Index(Lit(1)).Dot("Issued" + kind).Call(Id(arg))),
+		)
+	}
 
 	comment(f, "Option configures Wrap.")
 	f.Type().Id("Option").Func().Params(Op("*").Id("options"))
@@ -465,27 +522,34 @@ for qualifying a new mechanism; it costs two to four queries per call.`)
 	comment(f, `Wrap returns m with the spec's invariants enforced on every call (see the
 package documentation for the full list, per method):
   - `+ids("consumes", "charging")+`: consuming calls draw their rounded
-    amount from a grant of m's authority before m runs, and undraw it when m
-    fails; a call rejected by a check draws nothing;
+    amount from a grant of l and of m's authority before m runs, and undraw
+    it when m fails or panics; a call rejected by a check draws nothing;
   - `+ids("releases", "handles")+`: handles are checked against m's instance
     before m runs; another instance's handle, a released handle or nil is
     rejected with a typed error and m is not called;
   - ranges (requires clauses): within, aligned and fits are checked against
     the handle's size and m's granularity;
-  - refunds: refunding calls refund their account after m released the memory;
+  - refunds: refunding calls refund their account, which must be l's and of
+    m's authority, after m released the memory;
   - `+ids("verify", "verify mode")+` (WithVerify): m's counters must move by
     exactly the declared amount.
 
 The result offers exactly the capabilities m offers (memapi.Negotiate(Wrap(m))
 == memapi.Negotiate(m)) and its Info is m's Info. Wrap reads m.Info() once:
 a mechanism's instance, authority and granularities are fixed for its life.
-Wrapping a wrapper does not stack the checks (that would draw twice): it
-rewraps the same mechanism with the options of both. Wrap panics when m is nil.`)
-	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
+Grants and accounts are accepted only when l vouches for them: any other is
+rejected with ErrForeignGrant before anything is drawn or called. Wrapping a
+wrapper does not stack the checks (that would draw twice): it rewraps the same
+mechanism with the options of both and accepts only what both ledgers vouch
+for, so a rewrap never trusts more than the wrapper it was given. Wrap panics
+when m or l is nil.`)
+	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("l").Id("Ledger"), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
 		If(Id("m").Op("==").Nil()).Block(Panic(Lit("checked: Wrap of a nil Mechanism"))),
+		If(Id("l").Op("==").Nil()).Block(Panic(Lit("checked: Wrap without a Ledger (use NoLedger for a wrapper that takes no grant)"))),
 		Var().Id("o").Id("options"),
 		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(
 			List(Id("m"), Id("o").Dot("verify")).Op("=").List(Id("w").Dot("inner"), Id("w").Dot("verify")),
+			Id("l").Op("=").Id("allLedgers").Values(Id("w").Dot("ledger"), Id("l")),
 		),
 		For(List(Id("_"), Id("opt")).Op(":=").Range().Id("opts")).Block(
 			If(Id("opt").Op("!=").Nil()).Block(Id("opt").Call(Op("&").Id("o"))),
@@ -493,13 +557,9 @@ rewraps the same mechanism with the options of both. Wrap panics when m is nil.`
 		Return(Op("&").Id("mechanism").Values(Dict{
 			Id("inner"):  Id("m"),
 			Id("info"):   Id("m").Dot("Info").Call(),
+			Id("ledger"): Id("l"),
 			Id("verify"): Id("o").Dot("verify"),
 		})),
-	)
-	comment(f, "Unwrap returns the mechanism a checked wrapper wraps, or m itself when m is\nnot a checked wrapper.")
-	f.Func().Id("Unwrap").Params(Id("m").Add(c("Mechanism"))).Add(c("Mechanism")).Block(
-		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(Return(Id("w").Dot("inner"))),
-		Return(Id("m")),
 	)
 	comment(f, "Verifying reports whether m is a checked wrapper in verify mode.")
 	f.Func().Id("Verifying").Params(Id("m").Add(c("Mechanism"))).Bool().Block(
@@ -514,6 +574,7 @@ capability value.`)
 	f.Type().Id("mechanism").StructFunc(func(b *Group) {
 		b.Id("inner").Add(c("Mechanism"))
 		b.Id("info").Add(c("MechanismInfo")).Comment("read once by Wrap")
+		b.Id("ledger").Id("Ledger").Comment("vouches for the grants and accounts the wrapper accepts")
 		b.Id("verify").Bool()
 		b.Id("mu").Qual("sync", "Mutex").Comment("verify mode: serializes mutating calls so before/after figures are exact")
 		for _, cp := range optional {
@@ -620,6 +681,9 @@ rejected call draws nothing.`)
 		If(Id("grant").Op("==").Nil()).Block(
 			Return(Lit(0), mkErr("ErrNoGrant", nil, Id("amount"), nil, Lit("a consuming call needs a grant to draw from"))),
 		),
+		If(Op("!").Id("m").Dot("ledger").Dot("IssuedGrant").Call(Id("grant"))).Block(
+			Return(Lit(0), Id("m").Dot("foreignGrant").Call(Id("op"), Lit("grant"), Id("grant"))),
+		),
 		If(Id("a").Op(":=").Id("grant").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
 			Return(Lit(0), Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("grant"), Id("a"))),
 		),
@@ -635,6 +699,12 @@ rejected call draws nothing.`)
 		),
 		Return(Id("err")),
 	)
+	comment(f, `abandon gives back the n bytes a consuming call drew from grant when the
+mechanism's call did not return: it panicked (the panic goes on, unrecovered)
+or ended its goroutine. The grant's own error, if any, cannot be reported.`)
+	f.Func().Params(mrecv()).Id("abandon").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("returned").Op("*").Bool()).Block(
+		If(Op("!*").Id("returned")).Block(Id("_").Op("=").Id("grant").Dot("Undraw").Call(Id("n"))),
+	)
 	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
 	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
 		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
@@ -648,6 +718,9 @@ rejected call draws nothing.`)
 		If(Id("to").Op("==").Nil()).Block(
 			Return(mkErr("ErrNoAccount", nil, nil, nil, Lit("a refunding call needs an account to refund to"))),
 		),
+		If(Op("!").Id("m").Dot("ledger").Dot("IssuedAccount").Call(Id("to"))).Block(
+			Return(Id("m").Dot("foreignGrant").Call(Id("op"), Lit("account"), Id("to"))),
+		),
 		If(Id("a").Op(":=").Id("to").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
 			Return(Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("account"), Id("a"))),
 		),
@@ -658,6 +731,13 @@ rejected call draws nothing.`)
 		If(Id("n").Op("==").Lit(0)).Block(Return(Nil())),
 		Return(Id("to").Dot("Refund").Call(Id("n"))),
 	)
+	comment(f, `foreignGrant reports a grant or account the wrapper's ledger does not vouch
+for. It names the value's type, never its methods' answers: a forged value
+says what it likes about itself.`)
+	f.Func().Params(mrecv()).Id("foreignGrant").Params(Id("op"), Id("what").String(), Id("v").Any()).Error().Block(
+		Return(mkErr("ErrForeignGrant", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of type %T was not issued by a ledger this wrapper trusts"), Id("what"), Id("v")))),
+	)
+	comment(f, "foreignAuthority reports a grant or account of another authority than the\nmechanism's.")
 	f.Func().Params(mrecv()).Id("foreignAuthority").Params(Id("op"), Id("what").String(), Id("a").Add(c("AuthorityID"))).Error().Block(
 		Return(mkErr("ErrAuthorityMismatch", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of authority %q, mechanism of authority %q"), Id("what"), Id("a"), Id("m").Dot("info").Dot("Authority")))),
 	)
@@ -992,6 +1072,8 @@ func (x *methodCtx) body(b *Group) {
 		amt, _ := ck.expr(m, a.Amount)
 		b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("charge").Call(Id("op"), Id(a.Account), amt, unit(a.Round))
 		b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		b.Id("returned").Op(":=").False()
+		b.Defer().Id("m").Dot("abandon").Call(Id(a.Account), Id("n"), Op("&").Id("returned"))
 	case EffectRefunds:
 		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		switch {
@@ -1014,6 +1096,7 @@ func (x *methodCtx) body(b *Group) {
 		case EffectConsumes:
 			outs := x.outs()
 			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+			b.Id("returned").Op("=").True()
 			b.If(Id("err").Op("!=").Nil()).Block(Return(append(outs[:len(outs)-1:len(outs)-1], Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
 			b.Return(append(outs[:len(outs)-1:len(outs)-1], Nil())...)
 		case EffectRefunds:
@@ -1036,6 +1119,9 @@ func (x *methodCtx) body(b *Group) {
 	}
 	outs := x.outs()
 	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	if a.Effect == EffectConsumes {
+		b.Id("returned").Op("=").True()
+	}
 	amount := Code(Lit(0))
 	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
 		amount = Id("n")
@@ -1140,7 +1226,7 @@ func (ck *checkedGen) emitExample() error {
 	f.Func().Id("ExampleWrap").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host")})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech")),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger")),
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
 		Id("acct").Op(":=").Add(fk("NewAccount")).Call(Lit("host")),
 		Line(),
@@ -1160,7 +1246,7 @@ func (ck *checkedGen) emitExample() error {
 	f.Func().Id("ExampleWithVerify").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host"), Id("LyingEager"): True()})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), chk("WithVerify").Call()),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger"), chk("WithVerify").Call()),
 		List(Id("vb"), Err()).Op(":=").Add(c("RequireVirtualBacking")).Call(Id("m")),
 		must,
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),

@@ -37,7 +37,10 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 //go:embed conformancetmpl/*.go.tmpl
 var conformanceTemplates embed.FS
 
-var fixtureRE = regexp.MustCompile(`(?m)^func \(e \*env\) valid([A-Z][A-Za-z0-9]*)\(t T\)`)
+var (
+	fixtureRE = regexp.MustCompile(`(?m)^func \(e \*env\) valid([A-Z][A-Za-z0-9]*)\(t T\)`)
+	witnessRE = regexp.MustCompile(`(?m)^func \(e \*env\) witness([A-Z][A-Za-z0-9]*)\(t T, c \*call[A-Za-z0-9]*\) func\(memapi\.Handle\)`)
+)
 
 func emitConformance(g *Gen) error {
 	if g.Spec.Packages.Conformance == "" {
@@ -52,11 +55,11 @@ func emitConformance(g *Gen) error {
 			seen[m.Name] = m
 		}
 	}
-	fixtures, err := g.conformanceStatic()
+	fixtures, witnesses, err := g.conformanceStatic()
 	if err != nil {
 		return err
 	}
-	cg := &confGen{g: g, fixtures: fixtures, used: map[string]*Method{}, names: map[string]bool{}}
+	cg := &confGen{g: g, fixtures: fixtures, witnesses: witnesses, used: map[string]*Method{}, names: map[string]bool{}}
 	if err := cg.emitCalls(); err != nil {
 		return err
 	}
@@ -73,21 +76,28 @@ func emitConformance(g *Gen) error {
 		sort.Strings(missing)
 		return fmt.Errorf("conformance: no fixture (func (e *env) valid<Method>(t T) in gen/conformancetmpl) for %s", strings.Join(missing, ", "))
 	}
+	for _, m := range cg.unwitnessed {
+		missing = append(missing, fmt.Sprintf("%s.%s (declared at %s)", m.Owner, m.Name, m.Pos))
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return fmt.Errorf("conformance: no witness (func (e *env) witness<Method>(t T, c *call<Method>) func(memapi.Handle) in gen/conformancetmpl) for the consuming method %s", strings.Join(missing, ", "))
+	}
 	return nil
 }
 
 // conformanceStatic emits the templates whose requirements the spec meets
-// and returns the methods they provide fixtures for.
-func (g *Gen) conformanceStatic() (map[string]bool, error) {
+// and returns the methods they provide fixtures and witnesses for.
+func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
 	ents, err := conformanceTemplates.ReadDir("conformancetmpl")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	fixtures := map[string]bool{}
+	fixtures, witnesses = map[string]bool{}, map[string]bool{}
 	for _, ent := range ents {
 		data, err := conformanceTemplates.ReadFile("conformancetmpl/" + ent.Name())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		body, reqs := splitDirectives(data)
 		ok := true
@@ -103,14 +113,17 @@ func (g *Gen) conformanceStatic() (map[string]bool, error) {
 		src := Header + "\n\n" + strings.ReplaceAll(string(body), "{{.Contract}}", g.Contract())
 		out, err := format.Source([]byte(src))
 		if err != nil {
-			return nil, fmt.Errorf("conformance template %s: %w", ent.Name(), err)
+			return nil, nil, fmt.Errorf("conformance template %s: %w", ent.Name(), err)
 		}
 		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(ent.Name(), ".tmpl")), out)
 		for _, m := range fixtureRE.FindAllSubmatch(out, -1) {
 			fixtures[string(m[1])] = true
 		}
+		for _, m := range witnessRE.FindAllSubmatch(out, -1) {
+			witnesses[string(m[1])] = true
+		}
 	}
-	return fixtures, nil
+	return fixtures, witnesses, nil
 }
 
 // splitDirectives removes the leading //memgen:requires lines of a template
@@ -175,13 +188,15 @@ func (g *Gen) declares(name string) bool {
 }
 
 type confGen struct {
-	g        *Gen
-	fixtures map[string]bool
-	used     map[string]*Method // fixtures the rules call
-	names    map[string]bool
-	order    []string // subtest names in specTests order
-	tests    []Code   // entries of specTests
-	funcs    *File
+	g           *Gen
+	fixtures    map[string]bool
+	witnesses   map[string]bool    // methods with a witness<Method> in the templates
+	unwitnessed []*Method          // consuming methods without one
+	used        map[string]*Method // fixtures the rules call
+	names       map[string]bool
+	order       []string // subtest names in specTests order
+	tests       []Code   // entries of specTests
+	funcs       *File
 }
 
 func (cg *confGen) file(name string) *File {

@@ -12,7 +12,7 @@ func (m *mechanism) Info() memapi.MechanismInfo {
 	return m.inner.Info()
 }
 
-// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Allocate.
+// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Allocate.
 func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	if m.verify {
 		return m.allocateVerified(ctx, req, grant)
@@ -25,7 +25,10 @@ func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	out0, err := m.inner.Allocate(ctx, req, grant)
+	returned = true
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
@@ -44,8 +47,11 @@ func (m *mechanism) allocateVerified(ctx context.Context, req memapi.AllocReques
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	used0 := m.inner.UsedBytes()
 	out0, err := m.inner.Allocate(ctx, req, grant)
+	returned = true
 	au := audit{
 		amount: n,
 		effect: memapi.EffectConsumes,
@@ -61,7 +67,7 @@ func (m *mechanism) allocateVerified(ctx context.Context, req memapi.AllocReques
 	return out0, au.settleDraw(grant, n)
 }
 
-// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Free.
+// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Free.
 func (m *mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	if m.verify {
 		return m.freeVerified(ctx, a, to)

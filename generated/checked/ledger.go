@@ -22,6 +22,9 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 			Wanted:    amount,
 		}
 	}
+	if !m.ledger.IssuedGrant(grant) {
+		return 0, m.foreignGrant(op, "grant", grant)
+	}
 	if a := grant.Authority(); a != m.info.Authority {
 		return 0, m.foreignAuthority(op, "grant", a)
 	}
@@ -42,6 +45,15 @@ func (m *mechanism) undraw(grant memapi.Grant, n memapi.Bytes, err error) error 
 		return errors.Join(err, uerr)
 	}
 	return err
+}
+
+// abandon gives back the n bytes a consuming call drew from grant when the
+// mechanism's call did not return: it panicked (the panic goes on, unrecovered)
+// or ended its goroutine. The grant's own error, if any, cannot be reported.
+func (m *mechanism) abandon(grant memapi.Grant, n memapi.Bytes, returned *bool) {
+	if !*returned {
+		_ = grant.Undraw(n)
+	}
 }
 
 // round rounds amount up to unit, failing with ErrInvalidSize on overflow.
@@ -71,6 +83,9 @@ func (m *mechanism) account(op string, to memapi.Account) error {
 			Op:        op,
 		}
 	}
+	if !m.ledger.IssuedAccount(to) {
+		return m.foreignGrant(op, "account", to)
+	}
 	if a := to.Authority(); a != m.info.Authority {
 		return m.foreignAuthority(op, "account", a)
 	}
@@ -85,6 +100,21 @@ func refund(to memapi.Account, n memapi.Bytes) error {
 	return to.Refund(n)
 }
 
+// foreignGrant reports a grant or account the wrapper's ledger does not vouch
+// for. It names the value's type, never its methods' answers: a forged value
+// says what it likes about itself.
+func (m *mechanism) foreignGrant(op, what string, v any) error {
+	return &memapi.Error{
+		Authority: m.info.Authority,
+		Detail:    fmt.Sprintf("%s of type %T was not issued by a ledger this wrapper trusts", what, v),
+		Kind:      memapi.ErrForeignGrant,
+		Mechanism: m.info.Mechanism,
+		Op:        op,
+	}
+}
+
+// foreignAuthority reports a grant or account of another authority than the
+// mechanism's.
 func (m *mechanism) foreignAuthority(op, what string, a memapi.AuthorityID) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,

@@ -15,7 +15,7 @@ type sharedMapping struct {
 
 var _ memapi.SharedMapping = (*sharedMapping)(nil)
 
-// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CreateBacking.
+// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CreateBacking.
 func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	m := w.m
 	if m.verify {
@@ -29,7 +29,10 @@ func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, gr
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	out0, err := w.inner.CreateBacking(ctx, size, grant)
+	returned = true
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
@@ -49,8 +52,11 @@ func (w *sharedMapping) createBackingVerified(ctx context.Context, size memapi.B
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	used0 := m.inner.UsedBytes()
 	out0, err := w.inner.CreateBacking(ctx, size, grant)
+	returned = true
 	au := audit{
 		amount: n,
 		effect: memapi.EffectConsumes,
@@ -165,7 +171,7 @@ func (w *sharedMapping) unmapViewVerified(ctx context.Context, v *memapi.View) e
 	return au.result()
 }
 
-// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
+// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
 func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
@@ -179,7 +185,10 @@ func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant m
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	out0, err := w.inner.CopyOnWrite(ctx, v, grant)
+	returned = true
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
@@ -199,8 +208,11 @@ func (w *sharedMapping) copyOnWriteVerified(ctx context.Context, v *memapi.View,
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	used0 := m.inner.UsedBytes()
 	out0, err := w.inner.CopyOnWrite(ctx, v, grant)
+	returned = true
 	au := audit{
 		amount: n,
 		effect: memapi.EffectConsumes,
@@ -224,7 +236,7 @@ func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 	return w.inner.ViewCount(b)
 }
 
-// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
+// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
 func (w *sharedMapping) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
 	m := w.m
 	if m.verify {

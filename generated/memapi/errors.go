@@ -41,6 +41,8 @@ var (
 	ErrNoGrant = errors.New("memapi: no grant")
 	// ErrNoAccount is a refunding call was made through the checked wrapper without an account to refund to.
 	ErrNoAccount = errors.New("memapi: no account")
+	// ErrForeignGrant is a grant or account was not issued by a ledger the checked wrapper trusts; it is forged or comes from another ledger.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
 	// ErrGrantClosed is the grant was committed, cancelled or reclaimed after its deadline.
 	ErrGrantClosed = errors.New("memapi: grant closed")
 	// ErrGrantExhausted is the grant does not cover the bytes drawn from it.

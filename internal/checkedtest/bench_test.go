@@ -22,11 +22,14 @@ var targets = []struct {
 	{"testmech", func() memapi.Mechanism { return newMech(auth, 0) }},
 }
 
+// wrap wraps m as the benchmarks and tests of this package do: trusting this
+// package's ledger doubles (benchLedger first, the benchmarks' grant) and the
+// generated fakes' grants.
 func wrap(m memapi.Mechanism, verify bool) memapi.Mechanism {
 	if verify {
-		return checked.Wrap(m, checked.WithVerify())
+		return checked.Wrap(m, doubles, checked.WithVerify())
 	}
-	return checked.Wrap(m)
+	return checked.Wrap(m, doubles)
 }
 
 // runWorkload times w.step for b.N calls, resetting untimed every batch calls.

@@ -174,6 +174,6 @@ func TestFakesNegotiation(t *testing.T) {
 	da := memapi.Of(memapi.CapDeviceAllocator)
 	for _, offers := range []memapi.CapSet{da, da | memapi.Of(memapi.CapVirtualBacking), da | memapi.Of(memapi.CapSharedMapping), 0} {
 		f := fakes.NewMechanism(fakes.Config{Offers: offers})
-		require.Equal(t, memapi.Negotiate(f), memapi.Negotiate(checked.Wrap(f)), "offers %v", offers)
+		require.Equal(t, memapi.Negotiate(f), memapi.Negotiate(checked.Wrap(f, doubles)), "offers %v", offers)
 	}
 }

@@ -51,7 +51,7 @@ func (w *virtualBacking) reserveVerified(ctx context.Context, req memapi.Reserve
 	return out0, au.result()
 }
 
-// Commit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures; then it calls the wrapped mechanism's Commit.
+// Commit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures; then it calls the wrapped mechanism's Commit.
 func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	m := w.m
 	if m.verify {
@@ -71,7 +71,10 @@ func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r 
 	if err != nil {
 		return err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	err = w.inner.Commit(ctx, res, r, grant)
+	returned = true
 	if err != nil {
 		return m.undraw(grant, n, err)
 	}
@@ -97,9 +100,12 @@ func (w *virtualBacking) commitVerified(ctx context.Context, res *memapi.Reserva
 	if err != nil {
 		return err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
 	c0Before, c0BeforeErr := w.inner.CommittedBytes(res)
 	used0 := m.inner.UsedBytes()
 	err = w.inner.Commit(ctx, res, r, grant)
+	returned = true
 	au := audit{
 		amount: n,
 		effect: memapi.EffectConsumes,
@@ -113,7 +119,7 @@ func (w *virtualBacking) commitVerified(ctx context.Context, res *memapi.Reserva
 	return au.settleDraw(grant, n)
 }
 
-// Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures; then it calls the wrapped mechanism's Decommit.
+// Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures; then it calls the wrapped mechanism's Decommit.
 func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
 	m := w.m
 	if m.verify {
@@ -191,7 +197,7 @@ func (w *virtualBacking) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, 
 	return w.inner.CommittedBytes(res)
 }
 
-// ReleaseReservation checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds committed(res) to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures; then it calls the wrapped mechanism's ReleaseReservation.
+// ReleaseReservation checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds committed(res) to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures; then it calls the wrapped mechanism's ReleaseReservation.
 func (w *virtualBacking) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
 	m := w.m
 	if m.verify {

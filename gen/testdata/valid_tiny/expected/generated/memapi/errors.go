@@ -41,6 +41,8 @@ var (
 	ErrNoGrant = errors.New("memapi: no grant")
 	// ErrNoAccount is a refunding call without an account.
 	ErrNoAccount = errors.New("memapi: no account")
+	// ErrForeignGrant is a grant or account from a ledger the checked wrapper does not trust.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
 	// ErrGrantClosed is the grant is closed.
 	ErrGrantClosed = errors.New("memapi: grant closed")
 	// ErrGrantExhausted is the grant does not cover the bytes.
