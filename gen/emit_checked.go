@@ -76,6 +76,7 @@ func emitChecked(g *Gen) error {
 		}
 	}
 	ck.emitDoc()
+	ck.emitChargeBook()
 	ck.emitWrap()
 	ck.emitLedger()
 	ck.emitAudit()
@@ -705,6 +706,17 @@ or ended its goroutine. The grant's own error, if any, cannot be reported.`)
 	f.Func().Params(mrecv()).Id("abandon").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("returned").Op("*").Bool()).Block(
 		If(Op("!*").Id("returned")).Block(Id("_").Op("=").Id("grant").Dot("Undraw").Call(Id("n"))),
 	)
+	comment(f, `book is the wrapper's claim on memapi's ChargeBook, made once when the
+package is initialized: the committed bytes charged through any checked
+wrapper against a reservation-like handle are kept in the handle itself, so
+that a refund of what is committed in it (committed(h) in the spec) reads
+that figure instead of asking the mechanism first. No other code can change
+the figures.`)
+	f.Var().Id("book").Op("=").Func().Params().Op("*").Add(c("ChargeBook")).Block(
+		Id("b").Op(":=").Add(c("ClaimChargeBook")).Call(),
+		If(Id("b").Op("==").Nil()).Block(Panic(Lit("checked: memapi's ChargeBook was claimed before package checked"))),
+		Return(Id("b")),
+	).Call()
 	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
 	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
 		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
@@ -759,6 +771,63 @@ says what it likes about itself.`)
 	)
 }
 
+// --- the charge book, in the contract package ------------------------------
+
+// emitChargeBook writes the contract's ChargeBook: the one place, in each
+// handle, where the checked wrapper keeps the committed bytes it charged.
+// It lives in the contract package because only that package reaches a
+// handle's header; it is the wrapper's, so this emitter writes it.
+func (ck *checkedGen) emitChargeBook() {
+	f := ck.g.contractFile("charge_book.go")
+	comment(f, `ChargeBook is the checked wrapper's record, kept in every handle, of the
+committed bytes it charged against the handle and has not refunded: what a
+refund of committed(h) gives back. There is one, claimed by package checked
+when it is initialized (ClaimChargeBook); its methods change nothing when
+called on any other value, so no other code can make a refund larger or
+smaller.`)
+	f.Type().Id("ChargeBook").Struct(Id("_").Byte())
+	f.Var().Defs(
+		Id("chargeBook").Op("=").Op("&").Id("ChargeBook").Values(),
+		Id("chargeBookClaimed").Qual("sync/atomic", "Bool"),
+	)
+	comment(f, "ClaimChargeBook returns the ChargeBook to its first caller and nil to every\nlater one.")
+	f.Func().Id("ClaimChargeBook").Params().Op("*").Id("ChargeBook").Block(
+		If(Op("!").Id("chargeBookClaimed").Dot("CompareAndSwap").Call(False(), True())).Block(Return(Nil())),
+		Return(Id("chargeBook")),
+	)
+	comment(f, "header returns h's header when b is the claimed book and h is not nil.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("header").Params(Id("h").Id("Handle")).Op("*").Id("handleHeader").Block(
+		If(Id("b").Op("!=").Id("chargeBook").Op("||").Id("h").Op("==").Nil()).Block(Return(Nil())),
+		Return(Id("h").Dot("header").Call()),
+	)
+	comment(f, "Add records n more bytes charged against h.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Add").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil().Op("&&").Id("n").Op("!=").Lit(0)).Block(
+			Id("hd").Dot("charged").Dot("Add").Call(Id("uint64").Call(Id("n"))),
+		),
+	)
+	comment(f, "Sub records that n of the bytes charged against h were refunded; the\nfigure never goes below zero (bytes committed past the wrapper were never\ncharged).")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Sub").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
+		Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")),
+		If(Id("hd").Op("==").Nil().Op("||").Id("n").Op("==").Lit(0)).Block(Return()),
+		For().Block(
+			Id("old").Op(":=").Id("hd").Dot("charged").Dot("Load").Call(),
+			If(Id("hd").Dot("charged").Dot("CompareAndSwap").Call(Id("old"), Id("old").Op("-").Min(Id("old"), Id("uint64").Call(Id("n"))))).Block(Return()),
+		),
+	)
+	comment(f, "Charged returns the bytes charged against h and not refunded.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Charged").Params(Id("h").Id("Handle")).Id("Bytes").Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(
+			Return(Id("Bytes").Call(Id("hd").Dot("charged").Dot("Load").Call())),
+		),
+		Return(Lit(0)),
+	)
+	comment(f, "Clear forgets what was charged against h, once h was released and its bytes\nrefunded.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Clear").Params(Id("h").Id("Handle")).Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(Id("hd").Dot("charged").Dot("Store").Call(Lit(0))),
+	)
+}
+
 // --- verify mode -----------------------------------------------------------
 
 func (ck *checkedGen) emitAudit() {
@@ -796,6 +865,7 @@ reported and what its counters show.`)
 		Id("measured").Bool().Comment("moved holds the primary figure's movement"),
 		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
 		Id("disagree").Bool().Comment("another figure moved by a different amount"),
+		Id("settled").Add(B()).Comment("what settleDraw kept drawn or settleRefund refunded"),
 		Id("faults").Index().Error(),
 	)
 	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
@@ -883,9 +953,11 @@ may refuse.`)
 			Case(Id("actual").Op(">").Id("drawn")).Block(
 				If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("actual").Op("-").Id("drawn")), Id("err").Op("!=").Nil()).Block(
 					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
+					Id("actual").Op("=").Id("drawn"),
 				),
 			),
 		),
+		Id("a").Dot("settled").Op("=").Id("actual"),
 		Return(Id("a").Dot("result").Call()),
 	)
 	comment(f, `settleRefund refunds what the mechanism really released: the figures'
@@ -901,6 +973,7 @@ after failure.`)
 		If(Id("err").Op(":=").Id("refund").Call(Id("to"), Id("freed")), Id("err").Op("!=").Nil()).Block(
 			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
 		),
+		Id("a").Dot("settled").Op("=").Id("freed"),
 		Return(Id("a").Dot("result").Call()),
 	)
 }
@@ -1056,6 +1129,19 @@ func (x *methodCtx) figureParams() []*Param {
 	return ps
 }
 
+// bookParams are the handles whose committed bytes the call moves by its
+// amount: the reservation-like params (with a committed-bytes query) of a
+// consuming or refunding call that creates and releases none of them, such as
+// Commit and Decommit of res. The wrapper books what it charged against them
+// (memapi.ChargeBook), so a later refund of committed(h) needs no query.
+func (x *methodCtx) bookParams() []*Param {
+	a := x.m.Accounting
+	if (a.Effect != EffectConsumes && a.Effect != EffectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
+		return nil
+	}
+	return x.figureParams()
+}
+
 func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
@@ -1078,9 +1164,7 @@ func (x *methodCtx) body(b *Group) {
 		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		switch {
 		case a.Amount.Func == "committed":
-			p := m.Param(a.Amount.Param)
-			b.List(Id("n"), Id("err")).Op(x.declare(1)).Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-			b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+			b.Id("n").Op(":=").Id("book").Dot("Charged").Call(Id(a.Amount.Param))
 		case a.Round == RoundNone || a.Round == "":
 			amt, _ := ck.expr(m, a.Amount)
 			b.Id("n").Op(":=").Add(amt)
@@ -1098,11 +1182,20 @@ func (x *methodCtx) body(b *Group) {
 			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
 			b.Id("returned").Op("=").True()
 			b.If(Id("err").Op("!=").Nil()).Block(Return(append(outs[:len(outs)-1:len(outs)-1], Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
+			for _, p := range x.bookParams() {
+				b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
+			}
 			b.Return(append(outs[:len(outs)-1:len(outs)-1], Nil())...)
 		case EffectRefunds:
 			outs := x.outs()
 			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
 			b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
+			for _, p := range x.bookParams() {
+				b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
+			}
+			if a.Amount.Func == "committed" {
+				b.Id("book").Dot("Clear").Call(Id(a.Amount.Param))
+			}
 			b.Return(append(outs[:len(outs)-1:len(outs)-1], Id("refund").Call(Id(a.Account), Id("n")))...)
 		default:
 			b.Return(call)
@@ -1152,9 +1245,29 @@ func (x *methodCtx) body(b *Group) {
 	head := outs[: len(outs)-1 : len(outs)-1]
 	switch a.Effect {
 	case EffectConsumes:
+		if ps := x.bookParams(); len(ps) > 0 {
+			b.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
+			for _, p := range ps {
+				b.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
+			}
+			b.Return(append(head, Id("err"))...)
+			break
+		}
 		b.Return(append(head, Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n")))...)
 	case EffectRefunds:
-		b.Return(append(head, Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n")))...)
+		ps := x.bookParams()
+		if len(ps) == 0 && a.Amount.Func != "committed" {
+			b.Return(append(head, Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n")))...)
+			break
+		}
+		b.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
+		for _, p := range ps {
+			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
+		}
+		if a.Amount.Func == "committed" {
+			b.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
+		}
+		b.Return(append(head, Id("err"))...)
 	default:
 		b.Return(append(head, Id("au").Dot("result").Call())...)
 	}

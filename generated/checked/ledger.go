@@ -56,6 +56,20 @@ func (m *mechanism) abandon(grant memapi.Grant, n memapi.Bytes, returned *bool) 
 	}
 }
 
+// book is the wrapper's claim on memapi's ChargeBook, made once when the
+// package is initialized: the committed bytes charged through any checked
+// wrapper against a reservation-like handle are kept in the handle itself, so
+// that a refund of what is committed in it (committed(h) in the spec) reads
+// that figure instead of asking the mechanism first. No other code can change
+// the figures.
+var book = func() *memapi.ChargeBook {
+	b := memapi.ClaimChargeBook()
+	if b == nil {
+		panic("checked: memapi's ChargeBook was claimed before package checked")
+	}
+	return b
+}()
+
 // round rounds amount up to unit, failing with ErrInvalidSize on overflow.
 func (m *mechanism) round(op string, amount, unit memapi.Bytes) (memapi.Bytes, error) {
 	n, ok := memapi.RoundUp(amount, unit)

@@ -29,7 +29,7 @@ func newFakeRig(t *testing.T, cfg fakes.Config, verify bool) *fakeRig {
 	rec := fakes.NewRecorder()
 	cfg.Recorder = rec
 	f := fakes.NewMechanism(cfg)
-	r := &fakeRig{f: f, m: wrap(f, verify), g: fakes.NewGrant(fakeAuth, 1<<30), acct: fakes.NewAccount(fakeAuth), rec: rec}
+	r := &fakeRig{f: f, m: wrapWith(f, doubles, verify), g: fakes.NewGrant(fakeAuth, 1<<30), acct: fakes.NewAccount(fakeAuth), rec: rec}
 	r.g.SetRecorder(rec)
 	r.acct.SetRecorder(rec)
 	r.vb, _ = r.m.AsVirtualBacking()

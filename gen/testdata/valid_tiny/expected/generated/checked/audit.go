@@ -20,6 +20,7 @@ type audit struct {
 	measured bool         // moved holds the primary figure's movement
 	moved    memapi.Bytes // how far the primary figure moved the declared way
 	disagree bool         // another figure moved by a different amount
+	settled  memapi.Bytes // what settleDraw kept drawn or settleRefund refunded
 	faults   []error
 }
 
@@ -171,8 +172,10 @@ func (a *audit) settleDraw(grant memapi.Grant, drawn memapi.Bytes) error {
 	case actual > drawn:
 		if err := grant.Draw(actual - drawn); err != nil {
 			a.faults = append(a.faults, err)
+			actual = drawn
 		}
 	}
+	a.settled = actual
 	return a.result()
 }
 
@@ -191,5 +194,6 @@ func (a *audit) settleRefund(to memapi.Account, due memapi.Bytes) error {
 	if err := refund(to, freed); err != nil {
 		a.faults = append(a.faults, err)
 	}
+	a.settled = freed
 	return a.result()
 }

@@ -78,6 +78,7 @@ func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r 
 	if err != nil {
 		return m.undraw(grant, n, err)
 	}
+	book.Add(res, n)
 	return nil
 }
 
@@ -116,7 +117,9 @@ func (w *virtualBacking) commitVerified(ctx context.Context, res *memapi.Reserva
 	c0After, c0AfterErr := w.inner.CommittedBytes(res)
 	au.figure("VirtualBacking.CommittedBytes(res)", c0Before, c0BeforeErr, c0After, c0AfterErr)
 	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	return au.settleDraw(grant, n)
+	err = au.settleDraw(grant, n)
+	book.Add(res, au.settled)
+	return err
 }
 
 // Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures; then it calls the wrapped mechanism's Decommit.
@@ -146,6 +149,7 @@ func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, 
 	if err != nil {
 		return err
 	}
+	book.Sub(res, n)
 	return refund(to, n)
 }
 
@@ -184,7 +188,9 @@ func (w *virtualBacking) decommitVerified(ctx context.Context, res *memapi.Reser
 	c0After, c0AfterErr := w.inner.CommittedBytes(res)
 	au.figure("VirtualBacking.CommittedBytes(res)", c0Before, c0BeforeErr, c0After, c0AfterErr)
 	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	return au.settleRefund(to, n)
+	err = au.settleRefund(to, n)
+	book.Sub(res, au.settled)
+	return err
 }
 
 // CommittedBytes checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); then it calls the wrapped mechanism's CommittedBytes.
@@ -210,14 +216,12 @@ func (w *virtualBacking) ReleaseReservation(ctx context.Context, res *memapi.Res
 	if err := m.account(op, to); err != nil {
 		return err
 	}
-	n, err := w.inner.CommittedBytes(res)
+	n := book.Charged(res)
+	err := w.inner.ReleaseReservation(ctx, res, to)
 	if err != nil {
 		return err
 	}
-	err = w.inner.ReleaseReservation(ctx, res, to)
-	if err != nil {
-		return err
-	}
+	book.Clear(res)
 	return refund(to, n)
 }
 
@@ -233,12 +237,9 @@ func (w *virtualBacking) releaseReservationVerified(ctx context.Context, res *me
 	if err := m.account(op, to); err != nil {
 		return err
 	}
-	n, err := w.inner.CommittedBytes(res)
-	if err != nil {
-		return err
-	}
+	n := book.Charged(res)
 	used0 := m.inner.UsedBytes()
-	err = w.inner.ReleaseReservation(ctx, res, to)
+	err := w.inner.ReleaseReservation(ctx, res, to)
 	au := audit{
 		amount: n,
 		effect: memapi.EffectRefunds,
@@ -248,5 +249,9 @@ func (w *virtualBacking) releaseReservationVerified(ctx context.Context, res *me
 	}
 	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
 	au.released("res", res)
-	return au.settleRefund(to, n)
+	err = au.settleRefund(to, n)
+	if au.err == nil {
+		book.Clear(res)
+	}
+	return err
 }
