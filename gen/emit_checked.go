@@ -347,8 +347,12 @@ the error each returns):
 
 ` + strings.Join(table, "\n") + `
 
-Refund amounts are read before the mechanism is called (committed(res) from
-the capability's committed-bytes query). A refunding call needs an account of
+Refund amounts are known before the mechanism is called: a handle's size, a
+range's rounded length or, for committed(res), the committed bytes the
+wrapper charged against res (what Commit drew less what Decommit refunded),
+which it keeps in the handle through memapi.ChargeBook instead of asking the
+mechanism; bytes committed past the wrapper were never charged and are not
+refunded. A refunding call needs an account of
 the wrapper's ledger and the mechanism's authority (ErrNoAccount,
 ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
@@ -866,6 +870,8 @@ reported and what its counters show.`)
 		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
 		Id("disagree").Bool().Comment("another figure moved by a different amount"),
 		Id("settled").Add(B()).Comment("what settleDraw kept drawn or settleRefund refunded"),
+		Id("before").Index(Lit(auditFigures)).Add(B()).Comment("each figure read before the call"),
+		Id("beforeErr").Index(Lit(auditFigures)).Error(),
 		Id("faults").Index().Error(),
 	)
 	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
@@ -873,10 +879,12 @@ reported and what its counters show.`)
 		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Parens(Id("a").Dot("effect").Op("!=").Add(c("EffectConsumes")).Op("&&").Id("a").Dot("effect").Op("!=").Add(c("EffectRefunds")))).Block(Return(Lit(0))),
 		Return(Id("a").Dot("amount")),
 	)
-	comment(f, `figure compares one counter read before and after the call with the declared
-movement (up for consuming calls, down for refunding ones). The first figure
-of a call is its primary one: the ledger settles on its observed movement.`)
-	f.Func().Params(arecv()).Id("figure").Params(Id("name").String(), Id("before").Add(B()), Id("berr").Error(), Id("after").Add(B()), Id("aerr").Error()).Block(
+	comment(f, `figure compares counter i, read before the call (before[i], beforeErr[i])
+and after it, with the declared movement (up for consuming calls, down for
+refunding ones). Figure 0 of a call is its primary one: the ledger settles
+on its observed movement.`)
+	f.Func().Params(arecv()).Id("figure").Params(Id("i").Int(), Id("name").String(), Id("after").Add(B()), Id("aerr").Error()).Block(
+		List(Id("before"), Id("berr")).Op(":=").List(Id("a").Dot("before").Index(Id("i")), Id("a").Dot("beforeErr").Index(Id("i"))),
 		If(Id("berr").Op("!=").Nil().Op("||").Id("aerr").Op("!=").Nil()).Block(
 			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Qual("fmt", "Errorf").Call(Lit("%s: reading %s: %w"), Id("a").Dot("op"), Id("name"), Qual("errors", "Join").Call(Id("berr"), Id("aerr")))),
 			Return(),
@@ -1001,10 +1009,9 @@ func (ck *checkedGen) emitCapability(c *Capability) error {
 
 // methodCtx is one wrapper method being generated.
 type methodCtx struct {
-	ck     *checkedGen
-	c      *Capability
-	m      *Method
-	verify bool
+	ck *checkedGen
+	c  *Capability
+	m  *Method
 	// errDeclared records that the body declared err at function scope.
 	errDeclared bool
 }
@@ -1079,32 +1086,27 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 	}
 	comment(f, doc)
 	mutating := m.Accounting.Effect != EffectQuery
+	if n := len(x.figureParams()) + 1; mutating && n > auditFigures {
+		return fmt.Errorf("%s: %s.%s: verify mode reads %d figures around the call, more than the %d it has room for", m.Pos, c.Name, m.Name, n, auditFigures)
+	}
 	f.Func().Params(x.recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
 		if !c.Required && (mutating || len(ck.checks(m)) > 0) {
 			b.Id("m").Op(":=").Id("w").Dot("m")
 		}
 		if mutating {
 			b.If(Id("m").Dot("verify")).Block(
-				Return(Id(x.recvName()).Dot(lowerFirst(m.Name) + "Verified").Call(x.args()...)),
+				Comment("Verify mode serializes mutating calls, so the figures read around this one are exact."),
+				Id("m").Dot("mu").Dot("Lock").Call(),
+				Defer().Id("m").Dot("mu").Dot("Unlock").Call(),
 			)
 		}
 		x.body(b)
 	})
-	if !mutating {
-		return nil
-	}
-	comment(f, lowerFirst(m.Name)+"Verified is "+m.Name+" in verify mode.")
-	vx := &methodCtx{ck: ck, c: c, m: m, verify: true}
-	f.Func().Params(x.recv()).Id(lowerFirst(m.Name) + "Verified").Params(params...).Params(results...).BlockFunc(func(b *Group) {
-		if !c.Required {
-			b.Id("m").Op(":=").Id("w").Dot("m")
-		}
-		b.Id("m").Dot("mu").Dot("Lock").Call()
-		b.Defer().Id("m").Dot("mu").Dot("Unlock").Call()
-		vx.body(b)
-	})
 	return nil
 }
+
+// auditFigures is how many figures verify mode can read around one call.
+const auditFigures = 4
 
 // unit is the granularity an amount is rounded to.
 func unit(round string) Code {
@@ -1146,7 +1148,7 @@ func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
 	checks := ck.checks(m)
-	if len(checks) > 0 || a.Effect == EffectConsumes || a.Effect == EffectRefunds || x.verify {
+	if len(checks) > 0 || a.Effect != EffectQuery {
 		b.Const().Id("op").Op("=").Lit(x.c.Name + "." + m.Name)
 	}
 	for _, k := range checks {
@@ -1175,101 +1177,101 @@ func (x *methodCtx) body(b *Group) {
 		}
 	}
 	call := x.inner().Dot(m.Name).Call(x.args()...)
-	if !x.verify {
-		switch a.Effect {
-		case EffectConsumes:
-			outs := x.outs()
-			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-			b.Id("returned").Op("=").True()
-			b.If(Id("err").Op("!=").Nil()).Block(Return(append(outs[:len(outs)-1:len(outs)-1], Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
-			for _, p := range x.bookParams() {
-				b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
-			}
-			b.Return(append(outs[:len(outs)-1:len(outs)-1], Nil())...)
-		case EffectRefunds:
-			outs := x.outs()
-			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-			b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
-			for _, p := range x.bookParams() {
-				b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
-			}
-			if a.Amount.Func == "committed" {
-				b.Id("book").Dot("Clear").Call(Id(a.Amount.Param))
-			}
-			b.Return(append(outs[:len(outs)-1:len(outs)-1], Id("refund").Call(Id(a.Account), Id("n")))...)
-		default:
-			b.Return(call)
-		}
+	if a.Effect == EffectQuery {
+		b.Return(call)
 		return
 	}
-	// Verify mode: figures before, the call, figures after.
-	figs := x.figureParams()
-	for i, p := range figs {
-		b.List(Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-	}
-	if ck.used != nil {
-		b.Id("used0").Op(":=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
-	}
 	outs := x.outs()
-	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-	if a.Effect == EffectConsumes {
-		b.Id("returned").Op("=").True()
-	}
+	head := outs[: len(outs)-1 : len(outs)-1]
 	amount := Code(Lit(0))
 	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
 		amount = Id("n")
 	}
-	b.Id("au").Op(":=").Id("audit").Values(Dict{
-		Id("m"): Id("m"), Id("op"): Id("op"), Id("effect"): ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
-		Id("amount"): amount, Id("err"): Id("err"),
-	})
-	for i, p := range figs {
-		q := committedQuery(ck.s, p.Type)
-		name := ck.capabilityOf(q).Name + "." + q.Name + "(" + p.Name + ")"
-		b.List(Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-		b.Id("au").Dot("figure").Call(Lit(name), Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i)), Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i)))
-	}
-	if ck.used != nil {
-		name := ck.capabilityOf(ck.used).Name + "." + ck.used.Name + "()"
-		b.Id("au").Dot("figure").Call(Lit(name), Id("used0"), Nil(), Id("m").Dot("inner").Dot(ck.used.Name).Call(), Nil())
-	}
-	if m.Creates != "" {
-		b.Id("au").Dot("created").Call(Id("out0"))
-		if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
-			b.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
+	effect := ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:])
+
+	// Verify mode: the figures before the call.
+	figs := x.figureParams()
+	b.Var().Id("au").Id("audit")
+	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
+		v.Id("au").Op("=").Id("audit").Values(Dict{
+			Id("m"): Id("m"), Id("op"): Id("op"), Id("effect"): effect, Id("amount"): amount,
+		})
+		for i, p := range figs {
+			v.List(Id("au").Dot("before").Index(Lit(i)), Id("au").Dot("beforeErr").Index(Lit(i))).Op("=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
 		}
+		if ck.used != nil {
+			v.Id("au").Dot("before").Index(Lit(len(figs))).Op("=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
+		}
+	})
+
+	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	if a.Effect == EffectConsumes {
+		b.Id("returned").Op("=").True()
 	}
-	if m.Releases != "" {
-		b.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
-	}
-	head := outs[: len(outs)-1 : len(outs)-1]
+
+	// Verify mode: the figures after the call, and the ledger settled on
+	// what they show.
+	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
+		v.Id("au").Dot("err").Op("=").Id("err")
+		for i, p := range figs {
+			q := committedQuery(ck.s, p.Type)
+			name := ck.capabilityOf(q).Name + "." + q.Name + "(" + p.Name + ")"
+			after, aerr := fmt.Sprintf("c%d", i), fmt.Sprintf("c%dErr", i)
+			v.List(Id(after), Id(aerr)).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
+			v.Id("au").Dot("figure").Call(Lit(i), Lit(name), Id(after), Id(aerr))
+		}
+		if ck.used != nil {
+			name := ck.capabilityOf(ck.used).Name + "." + ck.used.Name + "()"
+			v.Id("au").Dot("figure").Call(Lit(len(figs)), Lit(name), Id("m").Dot("inner").Dot(ck.used.Name).Call(), Nil())
+		}
+		if m.Creates != "" {
+			v.Id("au").Dot("created").Call(Id("out0"))
+			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
+				v.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
+			}
+		}
+		if m.Releases != "" {
+			v.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
+		}
+		switch a.Effect {
+		case EffectConsumes:
+			v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
+			for _, p := range x.bookParams() {
+				v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
+			}
+		case EffectRefunds:
+			v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
+			for _, p := range x.bookParams() {
+				v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
+			}
+			if a.Amount.Func == "committed" {
+				v.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
+			}
+		default:
+			v.Id("err").Op("=").Id("au").Dot("result").Call()
+		}
+		v.Return(append(head, Id("err"))...)
+	})
+
+	// The ledger side, after the call.
 	switch a.Effect {
 	case EffectConsumes:
-		if ps := x.bookParams(); len(ps) > 0 {
-			b.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
-			for _, p := range ps {
-				b.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
-			}
-			b.Return(append(head, Id("err"))...)
-			break
+		b.If(Id("err").Op("!=").Nil()).Block(Return(append(head, Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
+		for _, p := range x.bookParams() {
+			b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
 		}
-		b.Return(append(head, Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n")))...)
+		b.Return(append(head, Nil())...)
 	case EffectRefunds:
-		ps := x.bookParams()
-		if len(ps) == 0 && a.Amount.Func != "committed" {
-			b.Return(append(head, Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n")))...)
-			break
-		}
-		b.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
-		for _, p := range ps {
-			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
+		b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
+		for _, p := range x.bookParams() {
+			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
 		}
 		if a.Amount.Func == "committed" {
-			b.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
+			b.Id("book").Dot("Clear").Call(Id(a.Amount.Param))
 		}
-		b.Return(append(head, Id("err"))...)
+		b.Return(append(head, Id("refund").Call(Id(a.Account), Id("n")))...)
 	default:
-		b.Return(append(head, Id("au").Dot("result").Call())...)
+		b.Return(outs...)
 	}
 }
 

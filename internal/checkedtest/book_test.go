@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/stretchr/testify/require"
 )
 
@@ -39,4 +40,22 @@ func TestReleaseReservationRefundsBookedBytes(t *testing.T) {
 		require.EqualValues(t, 5*testGran, refunded)
 		require.Zero(t, r.inner.UsedBytes())
 	})
+}
+
+// TestChargeBookCannotBeClaimedOrForged: package checked holds the only
+// memapi.ChargeBook (claimed at its initialization); a ChargeBook value made
+// by anyone else changes no handle's figure, so it cannot make a refund larger
+// or smaller.
+func TestChargeBookCannotBeClaimedOrForged(t *testing.T) {
+	require.Nil(t, memapi.ClaimChargeBook(), "package checked claimed the book when it was initialized")
+	r := newRig(t, false)
+	res := r.reserve(4 * testGran)
+	r.commit(res, 0, testGran)
+	forged := &memapi.ChargeBook{}
+	forged.Add(res, 1<<30)
+	require.Zero(t, forged.Charged(res), "a forged book reads nothing")
+	forged.Clear(res)
+	require.NoError(t, r.vb.ReleaseReservation(ctx, res, r.acct))
+	refunded, _ := r.acct.state()
+	require.EqualValues(t, testGran, refunded)
 }

@@ -42,8 +42,12 @@ the error each returns):
   - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased).
   - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds committed(res) to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures.
 
-Refund amounts are read before the mechanism is called (committed(res) from
-the capability's committed-bytes query). A refunding call needs an account of
+Refund amounts are known before the mechanism is called: a handle's size, a
+range's rounded length or, for committed(res), the committed bytes the
+wrapper charged against res (what Commit drew less what Decommit refunded),
+which it keeps in the handle through memapi.ChargeBook instead of asking the
+mechanism; bytes committed past the wrapper were never charged and are not
+refunded. A refunding call needs an account of
 the wrapper's ledger and the mechanism's authority (ErrNoAccount,
 ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
