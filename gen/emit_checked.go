@@ -155,6 +155,27 @@ func (ck *checkedGen) invariants(kind string) []string {
 	return ids
 }
 
+// fill wraps text at width columns, breaking between words; lines after the
+// first start with indent. Generated doc comments read like hand-written ones.
+func fill(text string, width int, indent string) string {
+	var b strings.Builder
+	col := 0
+	for i, w := range strings.Fields(text) {
+		switch {
+		case i == 0:
+		case col+1+len(w) > width:
+			b.WriteString("\n" + indent)
+			col = len(indent)
+		default:
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(w)
+		col += len(w)
+	}
+	return b.String()
+}
+
 func cite(ids []string) string {
 	if len(ids) == 0 {
 		return ""
@@ -290,7 +311,7 @@ func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) strin
 	} else {
 		seen[text] = iv.ID
 	}
-	return "  - " + iv.ID + ": " + iv.Says + "\n    " + text
+	return "  - " + fill(iv.ID+": "+iv.Says, 74, "    ") + "\n    " + fill(text, 78, "    ")
 }
 
 func (ck *checkedGen) emitDoc() {
@@ -310,7 +331,7 @@ func (ck *checkedGen) emitDoc() {
 			if len(notes) == 0 {
 				continue
 			}
-			table = append(table, "  - "+c.Name+"."+m.Name+": "+strings.Join(notes, "; ")+".")
+			table = append(table, "  - "+fill(c.Name+"."+m.Name+": "+strings.Join(notes, "; ")+".", 74, "    "))
 		}
 	}
 	doc := `Package checked wraps any memapi.Mechanism in a layer that enforces the
@@ -1084,7 +1105,7 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 	if len(notes) > 0 {
 		doc = m.Name + " checks " + strings.Join(notes, "; ") + "; then it calls the wrapped mechanism's " + m.Name + "."
 	}
-	comment(f, doc)
+	comment(f, fill(doc, 77, ""))
 	mutating := m.Accounting.Effect != EffectQuery
 	if n := len(x.figureParams()) + 1; mutating && n > auditFigures {
 		return fmt.Errorf("%s: %s.%s: verify mode reads %d figures around the call, more than the %d it has room for", m.Pos, c.Name, m.Name, n, auditFigures)

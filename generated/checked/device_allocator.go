@@ -12,7 +12,11 @@ func (m *mechanism) Info() memapi.MechanismInfo {
 	return m.inner.Info()
 }
 
-// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Allocate.
+// Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded
+// to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant,
+// ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+// no-partial-state]; verify mode checks the figures [no-silent-noop]; then it
+// calls the wrapped mechanism's Allocate.
 func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	if m.verify {
 		// Verify mode serializes mutating calls, so the figures read around this one are exact.
@@ -57,7 +61,10 @@ func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	return out0, nil
 }
 
-// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Free.
+// Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; refunds a.Size to to after success (ErrNoAccount,
+// ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's Free.
 func (m *mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	if m.verify {
 		// Verify mode serializes mutating calls, so the figures read around this one are exact.

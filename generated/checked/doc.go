@@ -28,34 +28,95 @@ Undraw, Refund) are returned as they are, joined when both fail.
 
 Invariants enforced (ids from the spec):
 
-  - charge-before-commit: Physical backing is installed only against a live grant that covers it.
-    On DeviceAllocator.Allocate, VirtualBacking.Commit, SharedMapping.CreateBacking, SharedMapping.CopyOnWrite: every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.
+  - charge-before-commit: Physical backing is installed only against a live
+    grant that covers it.
+    On DeviceAllocator.Allocate, VirtualBacking.Commit,
+    SharedMapping.CreateBacking, SharedMapping.CopyOnWrite: every precondition
+    is checked first, then the grant must be non-nil (ErrNoGrant), issued by
+    the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority
+    (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's
+    granularity (ErrInvalidSize on overflow), is drawn from the grant before
+    the mechanism is called, and undrawn when the call fails or panics. A
+    rejected call draws nothing and calls nothing.
 
-  - release-by-creator: An allocation, reservation or physical handle is released only by the mechanism instance that created it.
-    On DeviceAllocator.Free, VirtualBacking.ReleaseReservation, SharedMapping.UnmapView, SharedMapping.CopyOnWrite, SharedMapping.ReleaseBacking: the released handle (and every handle the call reads) is checked with memapi.CheckHandle against the mechanism's instance before the call: nil is ErrNilHandle, another instance's handle is ErrForeignHandle, a released one is ErrReleased; the mechanism is not called.
+  - release-by-creator: An allocation, reservation or physical handle is
+    released only by the mechanism instance that created it.
+    On DeviceAllocator.Free, VirtualBacking.ReleaseReservation,
+    SharedMapping.UnmapView, SharedMapping.CopyOnWrite,
+    SharedMapping.ReleaseBacking: the released handle (and every handle the
+    call reads) is checked with memapi.CheckHandle against the mechanism's
+    instance before the call: nil is ErrNilHandle, another instance's handle
+    is ErrForeignHandle, a released one is ErrReleased; the mechanism is not
+    called.
 
-  - no-silent-noop: An unsupported capability is absent, never a successful no-op.
-    In verify mode (WithVerify) the wrapper reads the mechanism's own counters around every mutating call and returns ErrUntruthful when they did not move by exactly the rounded amount the spec declares: the check that catches an eager mechanism whose commit is a successful no-op.
+  - no-silent-noop: An unsupported capability is absent, never a successful
+    no-op.
+    In verify mode (WithVerify) the wrapper reads the mechanism's own counters
+    around every mutating call and returns ErrUntruthful when they did not
+    move by exactly the rounded amount the spec declares: the check that
+    catches an eager mechanism whose commit is a successful no-op.
 
-  - no-partial-state: A failed multi-step operation leaves the previous state intact and the ledger as before.
-    By the same checks as charge-before-commit: a call rejected by a check draws nothing and calls nothing, and a call the mechanism fails gives its draw back.
+  - no-partial-state: A failed multi-step operation leaves the previous state
+    intact and the ledger as before.
+    By the same checks as charge-before-commit: a call rejected by a check draws
+    nothing and calls nothing, and a call the mechanism fails gives its draw
+    back.
 
 Checks per method, in the order they run (the spec's requires clauses, with
 the error each returns):
 
-  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds committed(res) to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - SharedMapping.CreateBacking: positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.MapView: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r, b): length equals the handle's size (ErrInvalidRange); verify mode checks the figures [no-silent-noop].
-  - SharedMapping.UnmapView: live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.CopyOnWrite: live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.ViewCount: live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - SharedMapping.ReleaseBacking: live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
+  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws
+    req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant,
+    ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+    [charge-before-commit, no-partial-state]; verify mode checks the
+    figures [no-silent-noop].
+  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; refunds a.Size to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); draws r.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); refunds r.Len to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle,
+    ErrForeignHandle, ErrReleased) [release-by-creator]; refunds
+    committed(res) to to after success (ErrNoAccount, ErrForeignGrant,
+    ErrAuthorityMismatch); verify mode checks the figures
+    [no-silent-noop].
+  - SharedMapping.CreateBacking: positive(size) (ErrInvalidSize); draws size
+    rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - SharedMapping.MapView: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+    within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
+    (ErrUnaligned); fits(r, b): length equals the handle's size
+    (ErrInvalidRange); verify mode checks the figures [no-silent-noop].
+  - SharedMapping.UnmapView: live(v) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; verify mode checks the figures
+    [no-silent-noop].
+  - SharedMapping.CopyOnWrite: live(v) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; draws v.Range.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - SharedMapping.ViewCount: live(b) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - SharedMapping.ReleaseBacking: live(b) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; refunds b.Size to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
 
 Refund amounts are known before the mechanism is called: a handle's size, a
 range's rounded length or, for committed(res), the committed bytes the

@@ -15,7 +15,11 @@ type sharedMapping struct {
 
 var _ memapi.SharedMapping = (*sharedMapping)(nil)
 
-// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CreateBacking.
+// CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to
+// Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+// ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+// no-partial-state]; verify mode checks the figures [no-silent-noop]; then it
+// calls the wrapped mechanism's CreateBacking.
 func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	m := w.m
 	if m.verify {
@@ -61,7 +65,11 @@ func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, gr
 	return out0, nil
 }
 
-// MapView checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r, b): length equals the handle's size (ErrInvalidRange); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's MapView.
+// MapView checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+// live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res)
+// (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r,
+// b): length equals the handle's size (ErrInvalidRange); verify mode checks the
+// figures [no-silent-noop]; then it calls the wrapped mechanism's MapView.
 func (w *sharedMapping) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
@@ -109,7 +117,9 @@ func (w *sharedMapping) MapView(ctx context.Context, res *memapi.Reservation, r 
 	return out0, err
 }
 
-// UnmapView checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's UnmapView.
+// UnmapView checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; verify mode checks the figures [no-silent-noop]; then
+// it calls the wrapped mechanism's UnmapView.
 func (w *sharedMapping) UnmapView(ctx context.Context, v *memapi.View) error {
 	m := w.m
 	if m.verify {
@@ -142,7 +152,11 @@ func (w *sharedMapping) UnmapView(ctx context.Context, v *memapi.View) error {
 	return err
 }
 
-// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
+// CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from
+// grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+// [charge-before-commit, no-partial-state]; verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
 func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
@@ -186,7 +200,8 @@ func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant m
 	return out0, nil
 }
 
-// ViewCount checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); then it calls the wrapped mechanism's ViewCount.
+// ViewCount checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); then
+// it calls the wrapped mechanism's ViewCount.
 func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 	m := w.m
 	const op = "SharedMapping.ViewCount"
@@ -196,7 +211,10 @@ func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 	return w.inner.ViewCount(b)
 }
 
-// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
+// ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased)
+// [release-by-creator]; refunds b.Size to to after success (ErrNoAccount,
+// ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
 func (w *sharedMapping) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
 	m := w.m
 	if m.verify {

@@ -15,7 +15,8 @@ type virtualBacking struct {
 
 var _ memapi.VirtualBacking = (*virtualBacking)(nil)
 
-// Reserve checks positive(req.Size) (ErrInvalidSize); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Reserve.
+// Reserve checks positive(req.Size) (ErrInvalidSize); verify mode checks the
+// figures [no-silent-noop]; then it calls the wrapped mechanism's Reserve.
 func (w *virtualBacking) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
 	m := w.m
 	if m.verify {
@@ -48,7 +49,12 @@ func (w *virtualBacking) Reserve(ctx context.Context, req memapi.ReserveRequest)
 	return out0, err
 }
 
-// Commit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Commit.
+// Commit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+// within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
+// (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant
+// (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+// [charge-before-commit, no-partial-state]; verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's Commit.
 func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	m := w.m
 	if m.verify {
@@ -101,7 +107,11 @@ func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r 
 	return nil
 }
 
-// Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's Decommit.
+// Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+// within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
+// (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount,
+// ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's Decommit.
 func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
 	m := w.m
 	if m.verify {
@@ -154,7 +164,8 @@ func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, 
 	return refund(to, n)
 }
 
-// CommittedBytes checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); then it calls the wrapped mechanism's CommittedBytes.
+// CommittedBytes checks live(res) (ErrNilHandle, ErrForeignHandle,
+// ErrReleased); then it calls the wrapped mechanism's CommittedBytes.
 func (w *virtualBacking) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error) {
 	m := w.m
 	const op = "VirtualBacking.CommittedBytes"
@@ -164,7 +175,11 @@ func (w *virtualBacking) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, 
 	return w.inner.CommittedBytes(res)
 }
 
-// ReleaseReservation checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds committed(res) to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then it calls the wrapped mechanism's ReleaseReservation.
+// ReleaseReservation checks live(res) (ErrNilHandle, ErrForeignHandle,
+// ErrReleased) [release-by-creator]; refunds committed(res) to to after success
+// (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the
+// figures [no-silent-noop]; then it calls the wrapped mechanism's
+// ReleaseReservation.
 func (w *virtualBacking) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
 	m := w.m
 	if m.verify {

@@ -28,19 +28,46 @@ Undraw, Refund) are returned as they are, joined when both fail.
 
 Invariants enforced (ids from the spec):
 
-  - charge-before-commit: Physical backing is installed only against a live grant that covers it.
-    On DeviceAllocator.Allocate, VirtualBacking.Commit: every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.
+  - charge-before-commit: Physical backing is installed only against a live
+    grant that covers it.
+    On DeviceAllocator.Allocate, VirtualBacking.Commit: every precondition is
+    checked first, then the grant must be non-nil (ErrNoGrant), issued by the
+    wrapper's ledger (ErrForeignGrant) and of the mechanism's authority
+    (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's
+    granularity (ErrInvalidSize on overflow), is drawn from the grant before
+    the mechanism is called, and undrawn when the call fails or panics. A
+    rejected call draws nothing and calls nothing.
 
 Checks per method, in the order they run (the spec's requires clauses, with
 the error each returns):
 
-  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures.
-  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds a.Size to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures.
-  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode checks the figures.
-  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures.
-  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures.
-  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds committed(res) to to after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures.
+  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws
+    req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant,
+    ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+    [charge-before-commit]; verify mode checks the figures.
+  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); refunds a.Size to to after success (ErrNoAccount,
+    ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the
+    figures.
+  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode
+    checks the figures.
+  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); draws r.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify
+    mode checks the figures.
+  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); refunds r.Len to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures.
+  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle,
+    ErrForeignHandle, ErrReleased); refunds committed(res) to to after
+    success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify
+    mode checks the figures.
 
 Refund amounts are known before the mechanism is called: a handle's size, a
 range's rounded length or, for committed(res), the committed bytes the
