@@ -1037,13 +1037,6 @@ type methodCtx struct {
 	errDeclared bool
 }
 
-func (x *methodCtx) recvName() string {
-	if x.c.Required {
-		return "m"
-	}
-	return "w"
-}
-
 func (x *methodCtx) recv() *Statement {
 	if x.c.Required {
 		return Id("m").Op("*").Id("mechanism")

@@ -185,43 +185,6 @@ func (g *Gen) declaredNames() map[string]bool {
 	return out
 }
 
-// declares reports whether the spec declares name: a capability, a
-// Capability.Method, a type, an enum value (TypeValue) or an error.
-func (g *Gen) declares(name string) bool {
-	s := g.Spec
-	if c, m, ok := strings.Cut(name, "."); ok {
-		cp := s.Capability(c)
-		if cp == nil {
-			return false
-		}
-		for _, x := range cp.Methods {
-			if x.Name == m {
-				return true
-			}
-		}
-		return false
-	}
-	if s.Capability(name) != nil || s.Type(name) != nil {
-		return true
-	}
-	for _, e := range s.Errors {
-		if e.Name == name {
-			return true
-		}
-	}
-	for _, t := range s.Types {
-		if t.Kind != KindEnum {
-			continue
-		}
-		for _, v := range t.Values {
-			if t.Name+v.Name == name {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 type confGen struct {
 	g           *Gen
 	fixtures    map[string]bool
