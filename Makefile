@@ -34,7 +34,7 @@ TIDY_MODULES := . $(MODULES) integrations/ort
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all generate check drift vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz xproc-soak regen-stable ci
+.PHONY: all generate check drift vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci
 
 all: check test
 
@@ -106,6 +106,14 @@ bench:
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+
+## fuzz-ci: both fuzz targets of the generator for a bounded time each (FUZZCI_TIME, 12s by default:
+## about half a minute in all), as CI runs them: FuzzLoad (the loader never panics, every error has a
+## position) and FuzzGenerate (whatever the loader accepts generates Go that type-checks)
+FUZZCI_TIME ?= 12s
+fuzz-ci:
+	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
+	$(GO) test ./gen -run '^$$' -fuzz '^FuzzGenerate$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
 
 ## xproc-soak: 1,000 kill -9 trials of a process sharing a ledger (XPROC_TRIALS), and the ledger
 ## file's parser fuzzed (FUZZTIME)

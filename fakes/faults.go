@@ -10,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Fault makes a fake fail chosen calls before they change any state.
@@ -51,7 +51,12 @@ func (f *faults) init(source string, methods []string) {
 // that returns an error, or carries no error.
 func (f *faults) Inject(ft Fault) {
 	if _, ok := slices.BinarySearch(f.methods, ft.Method); !ok {
-		panic(fmt.Sprintf("fakes: %s has no method %q that can fail (have %s)", f.source, ft.Method, strings.Join(f.methods, ", ")))
+		panic(fmt.Sprintf(
+			"fakes: %s has no method %q that can fail (have %s)",
+			f.source,
+			ft.Method,
+			strings.Join(f.methods, ", "),
+		))
 	}
 	if ft.Err == nil {
 		panic("fakes: Fault.Err is nil")
@@ -97,7 +102,11 @@ func (f *faults) check(c *Call) error {
 		if errors.As(ft.Err, &me) {
 			return ft.Err
 		}
-		return &memapi.Error{Op: f.source + "." + c.Method, Kind: ft.Err, Detail: fmt.Sprintf("injected fault on call %d", n)}
+		return &memapi.Error{
+			Op:     f.source + "." + c.Method,
+			Kind:   ft.Err,
+			Detail: fmt.Sprintf("injected fault on call %d", n),
+		}
 	}
 	return nil
 }
@@ -106,5 +115,9 @@ func (f *faults) check(c *Call) error {
 // the fakes' state model has no behaviour for it yet: the method still
 // records, counts, takes stubs and canned results and can be faulted.
 func errNoBehaviour(op string) error {
-	return &memapi.Error{Op: op, Kind: memapi.ErrUnsupported, Detail: "the fake has no behaviour for this method yet"}
+	return &memapi.Error{
+		Op:     op,
+		Kind:   memapi.ErrUnsupported,
+		Detail: "the fake has no behaviour for this method yet",
+	}
 }

@@ -5,7 +5,7 @@ package fakes
 import (
 	"sync"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // grantState is the model behind Grant: a budget of limit bytes, drawn and
@@ -31,7 +31,13 @@ func (s *grantState) Draw(n memapi.Bytes) error {
 		return &memapi.Error{Op: op, Kind: memapi.ErrGrantClosed, Authority: s.authority, Wanted: n}
 	}
 	if n > s.limit-s.drawn {
-		return &memapi.Error{Op: op, Kind: memapi.ErrGrantExhausted, Authority: s.authority, Wanted: n, Available: s.limit - s.drawn}
+		return &memapi.Error{
+			Op:        op,
+			Kind:      memapi.ErrGrantExhausted,
+			Authority: s.authority,
+			Wanted:    n,
+			Available: s.limit - s.drawn,
+		}
 	}
 	s.drawn += n
 	return nil
@@ -48,7 +54,14 @@ func (s *grantState) undraw(op string, n memapi.Bytes) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n > s.drawn {
-		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Authority: s.authority, Wanted: n, Available: s.drawn, Detail: "more than was drawn"}
+		return &memapi.Error{
+			Op:        op,
+			Kind:      memapi.ErrInvalidSize,
+			Authority: s.authority,
+			Wanted:    n,
+			Available: s.drawn,
+			Detail:    "more than was drawn",
+		}
 	}
 	s.drawn -= n
 	return nil

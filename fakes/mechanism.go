@@ -4,8 +4,9 @@ package fakes
 
 import (
 	"context"
-	memapi "github.com/memgen/memgen/generated/memapi"
 	"sync"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 var (
@@ -15,8 +16,23 @@ var (
 	_ memapi.SharedMapping   = (*Mechanism)(nil)
 )
 
-// mechanismFaultMethods are the methods of Mechanism that Inject can make fail: those with an error result.
-var mechanismFaultMethods = []string{"Allocate", "Commit", "CommittedBytes", "CopyOnWrite", "CreateBacking", "Decommit", "Free", "MapView", "ReleaseBacking", "ReleaseReservation", "Reserve", "UnmapView", "ViewCount"}
+// mechanismFaultMethods are the methods of Mechanism that Inject can make fail:
+// those with an error result.
+var mechanismFaultMethods = []string{
+	"Allocate",
+	"Commit",
+	"CommittedBytes",
+	"CopyOnWrite",
+	"CreateBacking",
+	"Decommit",
+	"Free",
+	"MapView",
+	"ReleaseBacking",
+	"ReleaseReservation",
+	"Reserve",
+	"UnmapView",
+	"ViewCount",
+}
 
 // Mechanism is a stateful in-memory mechanism that obeys the spec: host memory
 // behind every handle, the spec's accounting (rounding, UsedBytes,
@@ -50,7 +66,8 @@ type Mechanism struct {
 	releaseBackingCalls     mechanismReleaseBackingRecord
 }
 
-// mechanismInfoRecord holds the calls, stub and canned results of Mechanism.Info.
+// mechanismInfoRecord holds the calls, stub and canned results of
+// Mechanism.Info.
 type mechanismInfoRecord struct {
 	count   int
 	stub    func() memapi.MechanismInfo
@@ -64,9 +81,11 @@ type mechanismInfoResults struct {
 
 // Info describes the mechanism instance.
 //
-// Accounting: query only.
+// It only queries.
 //
-// The fake runs its state model, unless a stub (InfoCalls), canned results (InfoReturns, InfoReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (InfoCalls), canned results
+// (InfoReturns, InfoReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Mechanism) Info() memapi.MechanismInfo {
 	fake.mu.Lock()
 	fakeI := fake.infoCalls.count
@@ -100,8 +119,8 @@ func (fake *Mechanism) InfoCallCount() int {
 	return fake.infoCalls.count
 }
 
-// InfoReturns makes every later call of Info return these results
-// instead of running the state model, and drops a stub set by InfoCalls.
+// InfoReturns makes every later call of Info return these results instead of
+// running the state model, and drops a stub set by InfoCalls.
 func (fake *Mechanism) InfoReturns(result1 memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -109,8 +128,8 @@ func (fake *Mechanism) InfoReturns(result1 memapi.MechanismInfo) {
 	fake.infoCalls.returns = &mechanismInfoResults{result1: result1}
 }
 
-// InfoReturnsOnCall makes the i-th call of Info (counting from 0) return
-// these results, and drops a stub set by InfoCalls.
+// InfoReturnsOnCall makes the i-th call of Info (counting from 0) return these
+// results, and drops a stub set by InfoCalls.
 func (fake *Mechanism) InfoReturnsOnCall(i int, result1 memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -121,19 +140,24 @@ func (fake *Mechanism) InfoReturnsOnCall(i int, result1 memapi.MechanismInfo) {
 	fake.infoCalls.onCall[i] = mechanismInfoResults{result1: result1}
 }
 
-// InfoCalls makes Info call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// InfoCalls makes Info call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Mechanism) InfoCalls(stub func() memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.infoCalls.stub = stub
 }
 
-// mechanismAllocateRecord holds the calls, stub and canned results of Mechanism.Allocate.
+// mechanismAllocateRecord holds the calls, stub and canned results of
+// Mechanism.Allocate.
 type mechanismAllocateRecord struct {
-	count   int
-	args    []mechanismAllocateArgs
-	stub    func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)
+	count int
+	args  []mechanismAllocateArgs
+	stub  func(
+		context.Context,
+		memapi.AllocRequest,
+		memapi.Grant,
+	) (*memapi.Allocation, error)
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
@@ -149,12 +173,23 @@ type mechanismAllocateResults struct {
 	result2 error
 }
 
-// Allocate obtains req.Size bytes rounded up to the allocation granularity. It fails with ErrInvalidSize for a zero or absurd size and ErrOutOfMemory when the device refuses.
+// Allocate obtains req.Size bytes rounded up to the allocation granularity. It
+// fails with ErrInvalidSize for a zero or absurd size and ErrOutOfMemory when
+// the device refuses.
 //
-// Accounting: consumes req.Size rounded to alloc from grant. Creates an Allocation that records this instance as its creator. Requires: positive(req.Size).
+// It consumes req.Size, rounded up to the allocation granularity, drawn from
+// grant (the checked wrapper moves the bytes; the mechanism never does). It
+// creates an Allocation that records this instance as its creator. The checked
+// wrapper requires positive(req.Size).
 //
-// The fake runs its state model, unless an injected fault, a stub (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
+// The fake runs its state model, unless an injected fault, a stub
+// (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall)
+// decide first, in that order. Every call is recorded.
+func (fake *Mechanism) Allocate(
+	ctx context.Context,
+	req memapi.AllocRequest,
+	grant memapi.Grant,
+) (*memapi.Allocation, error) {
 	fake.mu.Lock()
 	fakeI := fake.allocateCalls.count
 	fake.allocateCalls.count++
@@ -201,9 +236,13 @@ func (fake *Mechanism) AllocateCallCount() int {
 	return fake.allocateCalls.count
 }
 
-// AllocateArgsForCall returns the arguments of the i-th call of Allocate, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) AllocateArgsForCall(i int) (context.Context, memapi.AllocRequest, memapi.Grant) {
+// AllocateArgsForCall returns the arguments of the i-th call of Allocate,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) AllocateArgsForCall(i int) (
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -225,8 +264,8 @@ func (fake *Mechanism) AllocateReturns(result1 *memapi.Allocation, result2 error
 	}
 }
 
-// AllocateReturnsOnCall makes the i-th call of Allocate (counting from 0) return
-// these results, and drops a stub set by AllocateCalls.
+// AllocateReturnsOnCall makes the i-th call of Allocate (counting from 0)
+// return these results, and drops a stub set by AllocateCalls.
 func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -240,19 +279,28 @@ func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, 
 	}
 }
 
-// AllocateCalls makes Allocate call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)) {
+// AllocateCalls makes Allocate call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Mechanism) AllocateCalls(stub func(
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) (*memapi.Allocation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.allocateCalls.stub = stub
 }
 
-// mechanismFreeRecord holds the calls, stub and canned results of Mechanism.Free.
+// mechanismFreeRecord holds the calls, stub and canned results of
+// Mechanism.Free.
 type mechanismFreeRecord struct {
-	count   int
-	args    []mechanismFreeArgs
-	stub    func(context.Context, *memapi.Allocation, memapi.Account) error
+	count int
+	args  []mechanismFreeArgs
+	stub  func(
+		context.Context,
+		*memapi.Allocation,
+		memapi.Account,
+	) error
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
@@ -267,11 +315,16 @@ type mechanismFreeResults struct {
 	result1 error
 }
 
-// Free returns the allocation's memory. Only the creating instance frees it; a second Free fails with ErrReleased.
+// Free returns the allocation's memory. Only the creating instance frees it; a
+// second Free fails with ErrReleased.
 //
-// Accounting: refunds a.Size to to. Releases a; only its creator may, and only once. Requires: live(a).
+// It refunds a.Size to the account to (the checked wrapper moves the bytes; the
+// mechanism never does). It releases a; only its creator may, and only once.
+// The checked wrapper requires live(a).
 //
-// The fake runs its state model, unless an injected fault, a stub (FreeCalls), canned results (FreeReturns, FreeReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (FreeCalls),
+// canned results (FreeReturns, FreeReturnsOnCall) decide first, in that order.
+// Every call is recorded.
 func (fake *Mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	fake.mu.Lock()
 	fakeI := fake.freeCalls.count
@@ -318,9 +371,13 @@ func (fake *Mechanism) FreeCallCount() int {
 	return fake.freeCalls.count
 }
 
-// FreeArgsForCall returns the arguments of the i-th call of Free, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocation, memapi.Account) {
+// FreeArgsForCall returns the arguments of the i-th call of Free, counting from
+// 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) FreeArgsForCall(i int) (
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -330,8 +387,8 @@ func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocati
 	return a.ctx, a.a, a.to
 }
 
-// FreeReturns makes every later call of Free return these results
-// instead of running the state model, and drops a stub set by FreeCalls.
+// FreeReturns makes every later call of Free return these results instead of
+// running the state model, and drops a stub set by FreeCalls.
 func (fake *Mechanism) FreeReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -339,8 +396,8 @@ func (fake *Mechanism) FreeReturns(result1 error) {
 	fake.freeCalls.returns = &mechanismFreeResults{result1: result1}
 }
 
-// FreeReturnsOnCall makes the i-th call of Free (counting from 0) return
-// these results, and drops a stub set by FreeCalls.
+// FreeReturnsOnCall makes the i-th call of Free (counting from 0) return these
+// results, and drops a stub set by FreeCalls.
 func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -351,15 +408,20 @@ func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 	fake.freeCalls.onCall[i] = mechanismFreeResults{result1: result1}
 }
 
-// FreeCalls makes Free call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) FreeCalls(stub func(context.Context, *memapi.Allocation, memapi.Account) error) {
+// FreeCalls makes Free call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
+func (fake *Mechanism) FreeCalls(stub func(
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.freeCalls.stub = stub
 }
 
-// mechanismUsedBytesRecord holds the calls, stub and canned results of Mechanism.UsedBytes.
+// mechanismUsedBytesRecord holds the calls, stub and canned results of
+// Mechanism.UsedBytes.
 type mechanismUsedBytesRecord struct {
 	count   int
 	stub    func() memapi.Bytes
@@ -371,11 +433,14 @@ type mechanismUsedBytesResults struct {
 	result1 memapi.Bytes
 }
 
-// UsedBytes reports the physical bytes the instance holds now, over all its capabilities.
+// UsedBytes reports the physical bytes the instance holds now, over all its
+// capabilities.
 //
-// Accounting: query only.
+// It only queries.
 //
-// The fake runs its state model, unless a stub (UsedBytesCalls), canned results (UsedBytesReturns, UsedBytesReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (UsedBytesCalls), canned results
+// (UsedBytesReturns, UsedBytesReturnsOnCall) decide first, in that order. Every
+// call is recorded.
 func (fake *Mechanism) UsedBytes() memapi.Bytes {
 	fake.mu.Lock()
 	fakeI := fake.usedBytesCalls.count
@@ -418,8 +483,8 @@ func (fake *Mechanism) UsedBytesReturns(result1 memapi.Bytes) {
 	fake.usedBytesCalls.returns = &mechanismUsedBytesResults{result1: result1}
 }
 
-// UsedBytesReturnsOnCall makes the i-th call of UsedBytes (counting from 0) return
-// these results, and drops a stub set by UsedBytesCalls.
+// UsedBytesReturnsOnCall makes the i-th call of UsedBytes (counting from 0)
+// return these results, and drops a stub set by UsedBytesCalls.
 func (fake *Mechanism) UsedBytesReturnsOnCall(i int, result1 memapi.Bytes) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -430,19 +495,23 @@ func (fake *Mechanism) UsedBytesReturnsOnCall(i int, result1 memapi.Bytes) {
 	fake.usedBytesCalls.onCall[i] = mechanismUsedBytesResults{result1: result1}
 }
 
-// UsedBytesCalls makes UsedBytes call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// UsedBytesCalls makes UsedBytes call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Mechanism) UsedBytesCalls(stub func() memapi.Bytes) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.usedBytesCalls.stub = stub
 }
 
-// mechanismReserveRecord holds the calls, stub and canned results of Mechanism.Reserve.
+// mechanismReserveRecord holds the calls, stub and canned results of
+// Mechanism.Reserve.
 type mechanismReserveRecord struct {
-	count   int
-	args    []mechanismReserveArgs
-	stub    func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)
+	count int
+	args  []mechanismReserveArgs
+	stub  func(
+		context.Context,
+		memapi.ReserveRequest,
+	) (*memapi.Reservation, error)
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
@@ -457,12 +526,20 @@ type mechanismReserveResults struct {
 	result2 error
 }
 
-// Reserve obtains req.Size bytes of address space (rounded up to the granularity) with no physical backing.
+// Reserve obtains req.Size bytes of address space (rounded up to the
+// granularity) with no physical backing.
 //
-// Accounting: none. Creates a Reservation that records this instance as its creator. Requires: positive(req.Size).
+// It moves no bytes. It creates a Reservation that records this instance as its
+// creator. The checked wrapper requires positive(req.Size).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide
+// first, in that order. Every call is recorded.
+func (fake *Mechanism) Reserve(
+	ctx context.Context,
+	req memapi.ReserveRequest,
+) (*memapi.Reservation, error) {
 	fake.mu.Lock()
 	fakeI := fake.reserveCalls.count
 	fake.reserveCalls.count++
@@ -510,8 +587,8 @@ func (fake *Mechanism) ReserveCallCount() int {
 	return fake.reserveCalls.count
 }
 
-// ReserveArgsForCall returns the arguments of the i-th call of Reserve, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// ReserveArgsForCall returns the arguments of the i-th call of Reserve,
+// counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) ReserveArgsForCall(i int) (context.Context, memapi.ReserveRequest) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -522,8 +599,8 @@ func (fake *Mechanism) ReserveArgsForCall(i int) (context.Context, memapi.Reserv
 	return a.ctx, a.req
 }
 
-// ReserveReturns makes every later call of Reserve return these results
-// instead of running the state model, and drops a stub set by ReserveCalls.
+// ReserveReturns makes every later call of Reserve return these results instead
+// of running the state model, and drops a stub set by ReserveCalls.
 func (fake *Mechanism) ReserveReturns(result1 *memapi.Reservation, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -551,17 +628,26 @@ func (fake *Mechanism) ReserveReturnsOnCall(i int, result1 *memapi.Reservation, 
 
 // ReserveCalls makes Reserve call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)) {
+func (fake *Mechanism) ReserveCalls(stub func(
+	context.Context,
+	memapi.ReserveRequest,
+) (*memapi.Reservation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.reserveCalls.stub = stub
 }
 
-// mechanismCommitRecord holds the calls, stub and canned results of Mechanism.Commit.
+// mechanismCommitRecord holds the calls, stub and canned results of
+// Mechanism.Commit.
 type mechanismCommitRecord struct {
-	count   int
-	args    []mechanismCommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error
+	count int
+	args  []mechanismCommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Grant,
+	) error
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
@@ -577,12 +663,24 @@ type mechanismCommitResults struct {
 	result1 error
 }
 
-// Commit installs physical backing for r, which must be aligned, inside res, and not yet committed. Fresh backing reads as zeros. It fails with ErrOutOfMemory, leaving nothing installed, when the device refuses.
+// Commit installs physical backing for r, which must be aligned, inside res,
+// and not yet committed. Fresh backing reads as zeros. It fails with
+// ErrOutOfMemory, leaving nothing installed, when the device refuses.
 //
-// Accounting: consumes r.Len rounded to granularity from grant. Requires: live(res), within(r, res), aligned(r).
+// It consumes r.Len, rounded up to the granularity, drawn from grant (the
+// checked wrapper moves the bytes; the mechanism never does). The checked
+// wrapper requires live(res), within(r, res), aligned(r).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide
+// first, in that order. Every call is recorded.
+func (fake *Mechanism) Commit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	grant memapi.Grant,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.commitCalls.count
 	fake.commitCalls.count++
@@ -633,7 +731,12 @@ func (fake *Mechanism) CommitCallCount() int {
 
 // CommitArgsForCall returns the arguments of the i-th call of Commit, counting
 // from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) {
+func (fake *Mechanism) CommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -643,8 +746,8 @@ func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reserv
 	return a.ctx, a.res, a.r, a.grant
 }
 
-// CommitReturns makes every later call of Commit return these results
-// instead of running the state model, and drops a stub set by CommitCalls.
+// CommitReturns makes every later call of Commit return these results instead
+// of running the state model, and drops a stub set by CommitCalls.
 func (fake *Mechanism) CommitReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -666,17 +769,28 @@ func (fake *Mechanism) CommitReturnsOnCall(i int, result1 error) {
 
 // CommitCalls makes Commit call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error) {
+func (fake *Mechanism) CommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.commitCalls.stub = stub
 }
 
-// mechanismDecommitRecord holds the calls, stub and canned results of Mechanism.Decommit.
+// mechanismDecommitRecord holds the calls, stub and canned results of
+// Mechanism.Decommit.
 type mechanismDecommitRecord struct {
-	count   int
-	args    []mechanismDecommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error
+	count int
+	args  []mechanismDecommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Account,
+	) error
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
@@ -692,12 +806,23 @@ type mechanismDecommitResults struct {
 	result1 error
 }
 
-// Decommit removes the physical backing of r, which must be fully committed, and keeps the address range reserved.
+// Decommit removes the physical backing of r, which must be fully committed,
+// and keeps the address range reserved.
 //
-// Accounting: refunds r.Len rounded to granularity to to. Requires: live(res), within(r, res), aligned(r).
+// It refunds r.Len, rounded up to the granularity, to the account to (the
+// checked wrapper moves the bytes; the mechanism never does). The checked
+// wrapper requires live(res), within(r, res), aligned(r).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall)
+// decide first, in that order. Every call is recorded.
+func (fake *Mechanism) Decommit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.decommitCalls.count
 	fake.decommitCalls.count++
@@ -746,9 +871,14 @@ func (fake *Mechanism) DecommitCallCount() int {
 	return fake.decommitCalls.count
 }
 
-// DecommitArgsForCall returns the arguments of the i-th call of Decommit, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) DecommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Account) {
+// DecommitArgsForCall returns the arguments of the i-th call of Decommit,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) DecommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -767,8 +897,8 @@ func (fake *Mechanism) DecommitReturns(result1 error) {
 	fake.decommitCalls.returns = &mechanismDecommitResults{result1: result1}
 }
 
-// DecommitReturnsOnCall makes the i-th call of Decommit (counting from 0) return
-// these results, and drops a stub set by DecommitCalls.
+// DecommitReturnsOnCall makes the i-th call of Decommit (counting from 0)
+// return these results, and drops a stub set by DecommitCalls.
 func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -779,15 +909,21 @@ func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 	fake.decommitCalls.onCall[i] = mechanismDecommitResults{result1: result1}
 }
 
-// DecommitCalls makes Decommit call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) DecommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error) {
+// DecommitCalls makes Decommit call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Mechanism) DecommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.decommitCalls.stub = stub
 }
 
-// mechanismCommittedBytesRecord holds the calls, stub and canned results of Mechanism.CommittedBytes.
+// mechanismCommittedBytesRecord holds the calls, stub and canned results of
+// Mechanism.CommittedBytes.
 type mechanismCommittedBytesRecord struct {
 	count   int
 	args    []mechanismCommittedBytesArgs
@@ -805,11 +941,16 @@ type mechanismCommittedBytesResults struct {
 	result2 error
 }
 
-// CommittedBytes reports the bytes of res that have private physical backing installed by Commit.
+// CommittedBytes reports the bytes of res that have private physical backing
+// installed by Commit.
 //
-// Accounting: query only. Requires: live(res).
+// It only queries. The checked wrapper requires live(res).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CommittedBytesCalls), canned results (CommittedBytesReturns, CommittedBytesReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CommittedBytesCalls), canned results (CommittedBytesReturns,
+// CommittedBytesReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error) {
 	fake.mu.Lock()
 	fakeI := fake.committedBytesCalls.count
@@ -855,8 +996,8 @@ func (fake *Mechanism) CommittedBytesCallCount() int {
 	return fake.committedBytesCalls.count
 }
 
-// CommittedBytesArgsForCall returns the arguments of the i-th call of CommittedBytes, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// CommittedBytesArgsForCall returns the arguments of the i-th call of
+// CommittedBytes, counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) CommittedBytesArgsForCall(i int) *memapi.Reservation {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -867,8 +1008,9 @@ func (fake *Mechanism) CommittedBytesArgsForCall(i int) *memapi.Reservation {
 	return a.res
 }
 
-// CommittedBytesReturns makes every later call of CommittedBytes return these results
-// instead of running the state model, and drops a stub set by CommittedBytesCalls.
+// CommittedBytesReturns makes every later call of CommittedBytes return these
+// results instead of running the state model, and drops a stub set by
+// CommittedBytesCalls.
 func (fake *Mechanism) CommittedBytesReturns(result1 memapi.Bytes, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -879,8 +1021,8 @@ func (fake *Mechanism) CommittedBytesReturns(result1 memapi.Bytes, result2 error
 	}
 }
 
-// CommittedBytesReturnsOnCall makes the i-th call of CommittedBytes (counting from 0) return
-// these results, and drops a stub set by CommittedBytesCalls.
+// CommittedBytesReturnsOnCall makes the i-th call of CommittedBytes (counting
+// from 0) return these results, and drops a stub set by CommittedBytesCalls.
 func (fake *Mechanism) CommittedBytesReturnsOnCall(i int, result1 memapi.Bytes, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -894,19 +1036,24 @@ func (fake *Mechanism) CommittedBytesReturnsOnCall(i int, result1 memapi.Bytes, 
 	}
 }
 
-// CommittedBytesCalls makes CommittedBytes call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CommittedBytesCalls makes CommittedBytes call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
 func (fake *Mechanism) CommittedBytesCalls(stub func(*memapi.Reservation) (memapi.Bytes, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.committedBytesCalls.stub = stub
 }
 
-// mechanismReleaseReservationRecord holds the calls, stub and canned results of Mechanism.ReleaseReservation.
+// mechanismReleaseReservationRecord holds the calls, stub and canned results of
+// Mechanism.ReleaseReservation.
 type mechanismReleaseReservationRecord struct {
-	count   int
-	args    []mechanismReleaseReservationArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Account) error
+	count int
+	args  []mechanismReleaseReservationArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
@@ -921,12 +1068,23 @@ type mechanismReleaseReservationResults struct {
 	result1 error
 }
 
-// ReleaseReservation decommits what is still committed and frees the address range. It fails with ErrInUse while views are mapped in it.
+// ReleaseReservation decommits what is still committed and frees the address
+// range. It fails with ErrInUse while views are mapped in it.
 //
-// Accounting: refunds committed(res) to to. Releases res; only its creator may, and only once. Requires: live(res).
+// It refunds committed(res) to the account to (the checked wrapper moves the
+// bytes; the mechanism never does). It releases res; only its creator may, and
+// only once. The checked wrapper requires live(res).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ReleaseReservationCalls), canned results (ReleaseReservationReturns, ReleaseReservationReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ReleaseReservationCalls), canned results (ReleaseReservationReturns,
+// ReleaseReservationReturnsOnCall) decide first, in that order. Every call is
+// recorded.
+func (fake *Mechanism) ReleaseReservation(
+	ctx context.Context,
+	res *memapi.Reservation,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseReservationCalls.count
 	fake.releaseReservationCalls.count++
@@ -967,16 +1125,22 @@ func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reser
 	return fakeR1
 }
 
-// ReleaseReservationCallCount returns how many times ReleaseReservation was called.
+// ReleaseReservationCallCount returns how many times ReleaseReservation was
+// called.
 func (fake *Mechanism) ReleaseReservationCallCount() int {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	return fake.releaseReservationCalls.count
 }
 
-// ReleaseReservationArgsForCall returns the arguments of the i-th call of ReleaseReservation, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Account) {
+// ReleaseReservationArgsForCall returns the arguments of the i-th call of
+// ReleaseReservation, counting from 0. It panics for a fake made with
+// Config.Quiet.
+func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -986,8 +1150,9 @@ func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *m
 	return a.ctx, a.res, a.to
 }
 
-// ReleaseReservationReturns makes every later call of ReleaseReservation return these results
-// instead of running the state model, and drops a stub set by ReleaseReservationCalls.
+// ReleaseReservationReturns makes every later call of ReleaseReservation return
+// these results instead of running the state model, and drops a stub set by
+// ReleaseReservationCalls.
 func (fake *Mechanism) ReleaseReservationReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -995,8 +1160,9 @@ func (fake *Mechanism) ReleaseReservationReturns(result1 error) {
 	fake.releaseReservationCalls.returns = &mechanismReleaseReservationResults{result1: result1}
 }
 
-// ReleaseReservationReturnsOnCall makes the i-th call of ReleaseReservation (counting from 0) return
-// these results, and drops a stub set by ReleaseReservationCalls.
+// ReleaseReservationReturnsOnCall makes the i-th call of ReleaseReservation
+// (counting from 0) return these results, and drops a stub set by
+// ReleaseReservationCalls.
 func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1007,19 +1173,28 @@ func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 	fake.releaseReservationCalls.onCall[i] = mechanismReleaseReservationResults{result1: result1}
 }
 
-// ReleaseReservationCalls makes ReleaseReservation call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseReservationCalls(stub func(context.Context, *memapi.Reservation, memapi.Account) error) {
+// ReleaseReservationCalls makes ReleaseReservation call stub instead of the
+// state model (nil removes the stub). Injected faults still come first.
+func (fake *Mechanism) ReleaseReservationCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseReservationCalls.stub = stub
 }
 
-// mechanismCreateBackingRecord holds the calls, stub and canned results of Mechanism.CreateBacking.
+// mechanismCreateBackingRecord holds the calls, stub and canned results of
+// Mechanism.CreateBacking.
 type mechanismCreateBackingRecord struct {
-	count   int
-	args    []mechanismCreateBackingArgs
-	stub    func(context.Context, memapi.Bytes, memapi.Grant) (*memapi.Backing, error)
+	count int
+	args  []mechanismCreateBackingArgs
+	stub  func(
+		context.Context,
+		memapi.Bytes,
+		memapi.Grant,
+	) (*memapi.Backing, error)
 	returns *mechanismCreateBackingResults
 	onCall  map[int]mechanismCreateBackingResults
 }
@@ -1035,12 +1210,24 @@ type mechanismCreateBackingResults struct {
 	result2 error
 }
 
-// CreateBacking obtains size bytes (rounded up to the granularity) of physical memory, mapped nowhere yet. Fresh backing reads as zeros.
+// CreateBacking obtains size bytes (rounded up to the granularity) of physical
+// memory, mapped nowhere yet. Fresh backing reads as zeros.
 //
-// Accounting: consumes size rounded to granularity from grant. Creates a Backing that records this instance as its creator. Requires: positive(size).
+// It consumes size, rounded up to the granularity, drawn from grant (the
+// checked wrapper moves the bytes; the mechanism never does). It creates a
+// Backing that records this instance as its creator. The checked wrapper
+// requires positive(size).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CreateBackingCalls), canned results (CreateBackingReturns, CreateBackingReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CreateBackingCalls), canned results (CreateBackingReturns,
+// CreateBackingReturnsOnCall) decide first, in that order. Every call is
+// recorded.
+func (fake *Mechanism) CreateBacking(
+	ctx context.Context,
+	size memapi.Bytes,
+	grant memapi.Grant,
+) (*memapi.Backing, error) {
 	fake.mu.Lock()
 	fakeI := fake.createBackingCalls.count
 	fake.createBackingCalls.count++
@@ -1089,9 +1276,13 @@ func (fake *Mechanism) CreateBackingCallCount() int {
 	return fake.createBackingCalls.count
 }
 
-// CreateBackingArgsForCall returns the arguments of the i-th call of CreateBacking, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CreateBackingArgsForCall(i int) (context.Context, memapi.Bytes, memapi.Grant) {
+// CreateBackingArgsForCall returns the arguments of the i-th call of
+// CreateBacking, counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) CreateBackingArgsForCall(i int) (
+	context.Context,
+	memapi.Bytes,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1101,8 +1292,9 @@ func (fake *Mechanism) CreateBackingArgsForCall(i int) (context.Context, memapi.
 	return a.ctx, a.size, a.grant
 }
 
-// CreateBackingReturns makes every later call of CreateBacking return these results
-// instead of running the state model, and drops a stub set by CreateBackingCalls.
+// CreateBackingReturns makes every later call of CreateBacking return these
+// results instead of running the state model, and drops a stub set by
+// CreateBackingCalls.
 func (fake *Mechanism) CreateBackingReturns(result1 *memapi.Backing, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1113,8 +1305,8 @@ func (fake *Mechanism) CreateBackingReturns(result1 *memapi.Backing, result2 err
 	}
 }
 
-// CreateBackingReturnsOnCall makes the i-th call of CreateBacking (counting from 0) return
-// these results, and drops a stub set by CreateBackingCalls.
+// CreateBackingReturnsOnCall makes the i-th call of CreateBacking (counting
+// from 0) return these results, and drops a stub set by CreateBackingCalls.
 func (fake *Mechanism) CreateBackingReturnsOnCall(i int, result1 *memapi.Backing, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1128,19 +1320,30 @@ func (fake *Mechanism) CreateBackingReturnsOnCall(i int, result1 *memapi.Backing
 	}
 }
 
-// CreateBackingCalls makes CreateBacking call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) CreateBackingCalls(stub func(context.Context, memapi.Bytes, memapi.Grant) (*memapi.Backing, error)) {
+// CreateBackingCalls makes CreateBacking call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
+func (fake *Mechanism) CreateBackingCalls(stub func(
+	context.Context,
+	memapi.Bytes,
+	memapi.Grant,
+) (*memapi.Backing, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.createBackingCalls.stub = stub
 }
 
-// mechanismMapViewRecord holds the calls, stub and canned results of Mechanism.MapView.
+// mechanismMapViewRecord holds the calls, stub and canned results of
+// Mechanism.MapView.
 type mechanismMapViewRecord struct {
-	count   int
-	args    []mechanismMapViewArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) (*memapi.View, error)
+	count int
+	args  []mechanismMapViewArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		*memapi.Backing,
+		memapi.Access,
+	) (*memapi.View, error)
 	returns *mechanismMapViewResults
 	onCall  map[int]mechanismMapViewResults
 }
@@ -1158,12 +1361,24 @@ type mechanismMapViewResults struct {
 	result2 error
 }
 
-// MapView maps the whole backing b at range r of res with the given access; r must be aligned, inside res, uncommitted and unmapped, and as long as b.
+// MapView maps the whole backing b at range r of res with the given access; r
+// must be aligned, inside res, uncommitted and unmapped, and as long as b.
 //
-// Accounting: none. Creates a View that records this instance as its creator. Requires: live(res), live(b), within(r, res), aligned(r), fits(r, b).
+// It moves no bytes. It creates a View that records this instance as its
+// creator. The checked wrapper requires live(res), live(b), within(r, res),
+// aligned(r), fits(r, b).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (MapViewCalls), canned results (MapViewReturns, MapViewReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (MapViewCalls), canned results (MapViewReturns, MapViewReturnsOnCall) decide
+// first, in that order. Every call is recorded.
+func (fake *Mechanism) MapView(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	b *memapi.Backing,
+	access memapi.Access,
+) (*memapi.View, error) {
 	fake.mu.Lock()
 	fakeI := fake.mapViewCalls.count
 	fake.mapViewCalls.count++
@@ -1214,9 +1429,15 @@ func (fake *Mechanism) MapViewCallCount() int {
 	return fake.mapViewCalls.count
 }
 
-// MapViewArgsForCall returns the arguments of the i-th call of MapView, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) MapViewArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) {
+// MapViewArgsForCall returns the arguments of the i-th call of MapView,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) MapViewArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	*memapi.Backing,
+	memapi.Access,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1226,8 +1447,8 @@ func (fake *Mechanism) MapViewArgsForCall(i int) (context.Context, *memapi.Reser
 	return a.ctx, a.res, a.r, a.b, a.access
 }
 
-// MapViewReturns makes every later call of MapView return these results
-// instead of running the state model, and drops a stub set by MapViewCalls.
+// MapViewReturns makes every later call of MapView return these results instead
+// of running the state model, and drops a stub set by MapViewCalls.
 func (fake *Mechanism) MapViewReturns(result1 *memapi.View, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1255,13 +1476,20 @@ func (fake *Mechanism) MapViewReturnsOnCall(i int, result1 *memapi.View, result2
 
 // MapViewCalls makes MapView call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) MapViewCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, *memapi.Backing, memapi.Access) (*memapi.View, error)) {
+func (fake *Mechanism) MapViewCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	*memapi.Backing,
+	memapi.Access,
+) (*memapi.View, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.mapViewCalls.stub = stub
 }
 
-// mechanismUnmapViewRecord holds the calls, stub and canned results of Mechanism.UnmapView.
+// mechanismUnmapViewRecord holds the calls, stub and canned results of
+// Mechanism.UnmapView.
 type mechanismUnmapViewRecord struct {
 	count   int
 	args    []mechanismUnmapViewArgs
@@ -1279,11 +1507,16 @@ type mechanismUnmapViewResults struct {
 	result1 error
 }
 
-// UnmapView removes the view and leaves its range reserved with no backing. The backing stays alive.
+// UnmapView removes the view and leaves its range reserved with no backing. The
+// backing stays alive.
 //
-// Accounting: none. Releases v; only its creator may, and only once. Requires: live(v).
+// It moves no bytes. It releases v; only its creator may, and only once. The
+// checked wrapper requires live(v).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (UnmapViewCalls), canned results (UnmapViewReturns, UnmapViewReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (UnmapViewCalls), canned results (UnmapViewReturns, UnmapViewReturnsOnCall)
+// decide first, in that order. Every call is recorded.
 func (fake *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 	fake.mu.Lock()
 	fakeI := fake.unmapViewCalls.count
@@ -1331,8 +1564,8 @@ func (fake *Mechanism) UnmapViewCallCount() int {
 	return fake.unmapViewCalls.count
 }
 
-// UnmapViewArgsForCall returns the arguments of the i-th call of UnmapView, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// UnmapViewArgsForCall returns the arguments of the i-th call of UnmapView,
+// counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) UnmapViewArgsForCall(i int) (context.Context, *memapi.View) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1352,8 +1585,8 @@ func (fake *Mechanism) UnmapViewReturns(result1 error) {
 	fake.unmapViewCalls.returns = &mechanismUnmapViewResults{result1: result1}
 }
 
-// UnmapViewReturnsOnCall makes the i-th call of UnmapView (counting from 0) return
-// these results, and drops a stub set by UnmapViewCalls.
+// UnmapViewReturnsOnCall makes the i-th call of UnmapView (counting from 0)
+// return these results, and drops a stub set by UnmapViewCalls.
 func (fake *Mechanism) UnmapViewReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1364,19 +1597,24 @@ func (fake *Mechanism) UnmapViewReturnsOnCall(i int, result1 error) {
 	fake.unmapViewCalls.onCall[i] = mechanismUnmapViewResults{result1: result1}
 }
 
-// UnmapViewCalls makes UnmapView call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// UnmapViewCalls makes UnmapView call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Mechanism) UnmapViewCalls(stub func(context.Context, *memapi.View) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.unmapViewCalls.stub = stub
 }
 
-// mechanismCopyOnWriteRecord holds the calls, stub and canned results of Mechanism.CopyOnWrite.
+// mechanismCopyOnWriteRecord holds the calls, stub and canned results of
+// Mechanism.CopyOnWrite.
 type mechanismCopyOnWriteRecord struct {
-	count   int
-	args    []mechanismCopyOnWriteArgs
-	stub    func(context.Context, *memapi.View, memapi.Grant) (*memapi.View, error)
+	count int
+	args  []mechanismCopyOnWriteArgs
+	stub  func(
+		context.Context,
+		*memapi.View,
+		memapi.Grant,
+	) (*memapi.View, error)
 	returns *mechanismCopyOnWriteResults
 	onCall  map[int]mechanismCopyOnWriteResults
 }
@@ -1392,12 +1630,25 @@ type mechanismCopyOnWriteResults struct {
 	result2 error
 }
 
-// CopyOnWrite replaces view v by a read-write view of a new private backing holding a copy of v's bytes. The new backing is charged; v is released; the old backing stays alive for its other views.
+// CopyOnWrite replaces view v by a read-write view of a new private backing
+// holding a copy of v's bytes. The new backing is charged; v is released; the
+// old backing stays alive for its other views.
 //
-// Accounting: consumes v.Range.Len rounded to granularity from grant. Creates a View that records this instance as its creator. Releases v; only its creator may, and only once. Requires: live(v).
+// It consumes v.Range.Len, rounded up to the granularity, drawn from grant (the
+// checked wrapper moves the bytes; the mechanism never does). It creates a View
+// that records this instance as its creator. It releases v; only its creator
+// may, and only once. The checked wrapper requires live(v).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CopyOnWriteCalls), canned results (CopyOnWriteReturns, CopyOnWriteReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CopyOnWriteCalls), canned results (CopyOnWriteReturns,
+// CopyOnWriteReturnsOnCall) decide first, in that order. Every call is
+// recorded.
+func (fake *Mechanism) CopyOnWrite(
+	ctx context.Context,
+	v *memapi.View,
+	grant memapi.Grant,
+) (*memapi.View, error) {
 	fake.mu.Lock()
 	fakeI := fake.copyOnWriteCalls.count
 	fake.copyOnWriteCalls.count++
@@ -1446,9 +1697,13 @@ func (fake *Mechanism) CopyOnWriteCallCount() int {
 	return fake.copyOnWriteCalls.count
 }
 
-// CopyOnWriteArgsForCall returns the arguments of the i-th call of CopyOnWrite, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CopyOnWriteArgsForCall(i int) (context.Context, *memapi.View, memapi.Grant) {
+// CopyOnWriteArgsForCall returns the arguments of the i-th call of CopyOnWrite,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) CopyOnWriteArgsForCall(i int) (
+	context.Context,
+	*memapi.View,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1470,8 +1725,8 @@ func (fake *Mechanism) CopyOnWriteReturns(result1 *memapi.View, result2 error) {
 	}
 }
 
-// CopyOnWriteReturnsOnCall makes the i-th call of CopyOnWrite (counting from 0) return
-// these results, and drops a stub set by CopyOnWriteCalls.
+// CopyOnWriteReturnsOnCall makes the i-th call of CopyOnWrite (counting from 0)
+// return these results, and drops a stub set by CopyOnWriteCalls.
 func (fake *Mechanism) CopyOnWriteReturnsOnCall(i int, result1 *memapi.View, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1485,15 +1740,20 @@ func (fake *Mechanism) CopyOnWriteReturnsOnCall(i int, result1 *memapi.View, res
 	}
 }
 
-// CopyOnWriteCalls makes CopyOnWrite call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) CopyOnWriteCalls(stub func(context.Context, *memapi.View, memapi.Grant) (*memapi.View, error)) {
+// CopyOnWriteCalls makes CopyOnWrite call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Mechanism) CopyOnWriteCalls(stub func(
+	context.Context,
+	*memapi.View,
+	memapi.Grant,
+) (*memapi.View, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyOnWriteCalls.stub = stub
 }
 
-// mechanismViewCountRecord holds the calls, stub and canned results of Mechanism.ViewCount.
+// mechanismViewCountRecord holds the calls, stub and canned results of
+// Mechanism.ViewCount.
 type mechanismViewCountRecord struct {
 	count   int
 	args    []mechanismViewCountArgs
@@ -1513,9 +1773,12 @@ type mechanismViewCountResults struct {
 
 // ViewCount reports how many views of b are mapped.
 //
-// Accounting: query only. Requires: live(b).
+// It only queries. The checked wrapper requires live(b).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ViewCountCalls), canned results (ViewCountReturns, ViewCountReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ViewCountCalls), canned results (ViewCountReturns, ViewCountReturnsOnCall)
+// decide first, in that order. Every call is recorded.
 func (fake *Mechanism) ViewCount(b *memapi.Backing) (int, error) {
 	fake.mu.Lock()
 	fakeI := fake.viewCountCalls.count
@@ -1561,8 +1824,8 @@ func (fake *Mechanism) ViewCountCallCount() int {
 	return fake.viewCountCalls.count
 }
 
-// ViewCountArgsForCall returns the arguments of the i-th call of ViewCount, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// ViewCountArgsForCall returns the arguments of the i-th call of ViewCount,
+// counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) ViewCountArgsForCall(i int) *memapi.Backing {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1585,8 +1848,8 @@ func (fake *Mechanism) ViewCountReturns(result1 int, result2 error) {
 	}
 }
 
-// ViewCountReturnsOnCall makes the i-th call of ViewCount (counting from 0) return
-// these results, and drops a stub set by ViewCountCalls.
+// ViewCountReturnsOnCall makes the i-th call of ViewCount (counting from 0)
+// return these results, and drops a stub set by ViewCountCalls.
 func (fake *Mechanism) ViewCountReturnsOnCall(i int, result1 int, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1600,19 +1863,24 @@ func (fake *Mechanism) ViewCountReturnsOnCall(i int, result1 int, result2 error)
 	}
 }
 
-// ViewCountCalls makes ViewCount call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// ViewCountCalls makes ViewCount call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Mechanism) ViewCountCalls(stub func(*memapi.Backing) (int, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.viewCountCalls.stub = stub
 }
 
-// mechanismReleaseBackingRecord holds the calls, stub and canned results of Mechanism.ReleaseBacking.
+// mechanismReleaseBackingRecord holds the calls, stub and canned results of
+// Mechanism.ReleaseBacking.
 type mechanismReleaseBackingRecord struct {
-	count   int
-	args    []mechanismReleaseBackingArgs
-	stub    func(context.Context, *memapi.Backing, memapi.Account) error
+	count int
+	args  []mechanismReleaseBackingArgs
+	stub  func(
+		context.Context,
+		*memapi.Backing,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseBackingResults
 	onCall  map[int]mechanismReleaseBackingResults
 }
@@ -1627,12 +1895,23 @@ type mechanismReleaseBackingResults struct {
 	result1 error
 }
 
-// ReleaseBacking frees the physical memory of b. It fails with ErrInUse while views of b are mapped.
+// ReleaseBacking frees the physical memory of b. It fails with ErrInUse while
+// views of b are mapped.
 //
-// Accounting: refunds b.Size to to. Releases b; only its creator may, and only once. Requires: live(b).
+// It refunds b.Size to the account to (the checked wrapper moves the bytes; the
+// mechanism never does). It releases b; only its creator may, and only once.
+// The checked wrapper requires live(b).
 //
-// The fake runs its state model when Config.Offers has SharedMapping and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ReleaseBackingCalls), canned results (ReleaseBackingReturns, ReleaseBackingReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
+// The fake runs its state model when Config.Offers has SharedMapping and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ReleaseBackingCalls), canned results (ReleaseBackingReturns,
+// ReleaseBackingReturnsOnCall) decide first, in that order. Every call is
+// recorded.
+func (fake *Mechanism) ReleaseBacking(
+	ctx context.Context,
+	b *memapi.Backing,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseBackingCalls.count
 	fake.releaseBackingCalls.count++
@@ -1680,9 +1959,13 @@ func (fake *Mechanism) ReleaseBackingCallCount() int {
 	return fake.releaseBackingCalls.count
 }
 
-// ReleaseBackingArgsForCall returns the arguments of the i-th call of ReleaseBacking, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) ReleaseBackingArgsForCall(i int) (context.Context, *memapi.Backing, memapi.Account) {
+// ReleaseBackingArgsForCall returns the arguments of the i-th call of
+// ReleaseBacking, counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) ReleaseBackingArgsForCall(i int) (
+	context.Context,
+	*memapi.Backing,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -1692,8 +1975,9 @@ func (fake *Mechanism) ReleaseBackingArgsForCall(i int) (context.Context, *memap
 	return a.ctx, a.b, a.to
 }
 
-// ReleaseBackingReturns makes every later call of ReleaseBacking return these results
-// instead of running the state model, and drops a stub set by ReleaseBackingCalls.
+// ReleaseBackingReturns makes every later call of ReleaseBacking return these
+// results instead of running the state model, and drops a stub set by
+// ReleaseBackingCalls.
 func (fake *Mechanism) ReleaseBackingReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1701,8 +1985,8 @@ func (fake *Mechanism) ReleaseBackingReturns(result1 error) {
 	fake.releaseBackingCalls.returns = &mechanismReleaseBackingResults{result1: result1}
 }
 
-// ReleaseBackingReturnsOnCall makes the i-th call of ReleaseBacking (counting from 0) return
-// these results, and drops a stub set by ReleaseBackingCalls.
+// ReleaseBackingReturnsOnCall makes the i-th call of ReleaseBacking (counting
+// from 0) return these results, and drops a stub set by ReleaseBackingCalls.
 func (fake *Mechanism) ReleaseBackingReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1713,9 +1997,13 @@ func (fake *Mechanism) ReleaseBackingReturnsOnCall(i int, result1 error) {
 	fake.releaseBackingCalls.onCall[i] = mechanismReleaseBackingResults{result1: result1}
 }
 
-// ReleaseBackingCalls makes ReleaseBacking call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseBackingCalls(stub func(context.Context, *memapi.Backing, memapi.Account) error) {
+// ReleaseBackingCalls makes ReleaseBacking call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
+func (fake *Mechanism) ReleaseBackingCalls(stub func(
+	context.Context,
+	*memapi.Backing,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseBackingCalls.stub = stub
@@ -1773,8 +2061,8 @@ func (fake *Mechanism) Restore() {
 	fake.releaseBackingCalls.onCall = nil
 }
 
-// AsVirtualBacking returns the fake as VirtualBacking when Config.Offers has it, and nil and
-// false otherwise.
+// AsVirtualBacking returns the fake as VirtualBacking when Config.Offers has
+// it, and nil and false otherwise.
 func (fake *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !fake.offers(memapi.CapVirtualBacking) {
 		return nil, false
@@ -1782,8 +2070,8 @@ func (fake *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return fake, true
 }
 
-// AsSharedMapping returns the fake as SharedMapping when Config.Offers has it, and nil and
-// false otherwise.
+// AsSharedMapping returns the fake as SharedMapping when Config.Offers has it,
+// and nil and false otherwise.
 func (fake *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	if !fake.offers(memapi.CapSharedMapping) {
 		return nil, false

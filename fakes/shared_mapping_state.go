@@ -5,7 +5,7 @@ package fakes
 import (
 	"context"
 
-	memapi "github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 type backingState struct {
@@ -22,7 +22,11 @@ type viewState struct {
 }
 
 // CreateBacking makes zeroed host memory mapped nowhere yet.
-func (s *mechanismState) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
+func (s *mechanismState) CreateBacking(
+	ctx context.Context,
+	size memapi.Bytes,
+	grant memapi.Grant,
+) (*memapi.Backing, error) {
 	const op = "SharedMapping.CreateBacking"
 	if grant == nil {
 		return nil, s.errorf(op, memapi.ErrNoGrant, 0, "a consuming call needs a grant")
@@ -45,7 +49,13 @@ func (s *mechanismState) CreateBacking(ctx context.Context, size memapi.Bytes, g
 }
 
 // MapView points every granule of r at b's memory.
-func (s *mechanismState) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
+func (s *mechanismState) MapView(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	b *memapi.Backing,
+	access memapi.Access,
+) (*memapi.View, error) {
 	const op = "SharedMapping.MapView"
 	if err := s.ctxErr(op, ctx); err != nil {
 		return nil, err
@@ -68,12 +78,26 @@ func (s *mechanismState) MapView(ctx context.Context, res *memapi.Reservation, r
 		return nil, err
 	}
 	if r.Len != b.Size() {
-		return nil, s.errorf(op, memapi.ErrInvalidSize, b.ID(), "range %v is %d bytes, the backing %d", r, r.Len, b.Size())
+		return nil, s.errorf(
+			op,
+			memapi.ErrInvalidSize,
+			b.ID(),
+			"range %v is %d bytes, the backing %d",
+			r,
+			r.Len,
+			b.Size(),
+		)
 	}
 	first, n := s.granules(r)
 	for i := first; i < first+n; i++ {
 		if rs.slots[i] != nil {
-			return nil, s.errorf(op, memapi.ErrCommitted, res.ID(), "offset %#x already has backing", i*uint64(s.cfg.Granularity))
+			return nil, s.errorf(
+				op,
+				memapi.ErrCommitted,
+				res.ID(),
+				"offset %#x already has backing",
+				i*uint64(s.cfg.Granularity),
+			)
 		}
 	}
 	vs := &viewState{res: rs, first: first, n: n, b: bs, access: access}
@@ -117,7 +141,11 @@ func (s *mechanismState) UnmapView(ctx context.Context, v *memapi.View) error {
 
 // CopyOnWrite copies v's bytes into a new backing and remaps v's range to it
 // read-write.
-func (s *mechanismState) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
+func (s *mechanismState) CopyOnWrite(
+	ctx context.Context,
+	v *memapi.View,
+	grant memapi.Grant,
+) (*memapi.View, error) {
 	const op = "SharedMapping.CopyOnWrite"
 	if grant == nil {
 		return nil, s.errorf(op, memapi.ErrNoGrant, v.ID(), "a consuming call needs a grant")

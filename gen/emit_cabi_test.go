@@ -181,7 +181,10 @@ func TestCABIDrift(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(stale, s.PluginABI.Header) {
-		t.Errorf("Diff reported %v as stale, not the header the spec no longer produces", stale)
+	// A spec without the block declares no header, so its directory is no
+	// longer one memgen writes: generate removes stale files only where it
+	// writes (Owned), and the old header is left for its owner to delete.
+	if slices.Contains(stale, s.PluginABI.Header) {
+		t.Errorf("Diff reported %v as stale: the header lies outside every output directory of a spec without plugin_abi", stale)
 	}
 }

@@ -75,7 +75,7 @@ func emitEnum(f *File, t *TypeDecl) {
 	f.Type().Id(t.Name).Uint8()
 	f.Const().DefsFunc(func(d *Group) {
 		for i, v := range t.Values {
-			comment(d, Doc(t.Name+v.Name, v.Doc))
+			comment(d, ValueDoc(t.Name+v.Name, v.Doc))
 			if i == 0 {
 				d.Id(t.Name + v.Name).Id(t.Name).Op("=").Iota().Op("+").Lit(1)
 			} else {
@@ -103,7 +103,7 @@ func emitErrors(g *Gen) {
 	comment(f, "wraps exactly one of them, usually inside an *Error carrying the figures.")
 	f.Var().DefsFunc(func(d *Group) {
 		for _, e := range g.Spec.Errors {
-			comment(d, Doc(e.Name, e.Doc))
+			comment(d, ErrorDoc(e.Name, e.Doc))
 			msg := "memapi: " + words(strings.TrimPrefix(e.Name, "Err"))
 			if e.Unsupported {
 				d.Id(e.Name).Op("=").Qual("fmt", "Errorf").Call(Lit(msg+": %w"), Qual("errors", "ErrUnsupported"))
@@ -202,24 +202,24 @@ func methodDoc(m *Method) string {
 	var notes []string
 	switch m.Accounting.Effect {
 	case EffectConsumes, EffectRefunds:
-		notes = append(notes, "Accounting: "+m.Accounting.Describe()+".")
+		notes = append(notes, "It "+m.Accounting.Describe()+" (the checked wrapper moves the bytes; the mechanism never does).")
 	case EffectQuery:
-		notes = append(notes, "Accounting: query only.")
+		notes = append(notes, "It only queries.")
 	case EffectNone:
-		notes = append(notes, "Accounting: none.")
+		notes = append(notes, "It moves no bytes.")
 	}
 	if m.Creates != "" {
-		notes = append(notes, "Creates "+article(m.Creates)+" "+m.Creates+" that records this instance as its creator.")
+		notes = append(notes, "It creates "+article(m.Creates)+" "+m.Creates+" that records this instance as its creator.")
 	}
 	if m.Releases != "" {
-		notes = append(notes, "Releases "+m.Releases+"; only its creator may, and only once.")
+		notes = append(notes, "It releases "+m.Releases+"; only its creator may, and only once.")
 	}
 	if len(m.Requires) > 0 {
 		var rs []string
 		for _, r := range m.Requires {
 			rs = append(rs, r.Text)
 		}
-		notes = append(notes, "Requires: "+strings.Join(rs, ", ")+".")
+		notes = append(notes, "The checked wrapper requires "+strings.Join(rs, ", ")+".")
 	}
 	return d + "\n\n" + strings.Join(notes, " ")
 }
@@ -232,7 +232,7 @@ func emitCapabilities(g *Gen) {
 		if c.Required {
 			doc += "\n\nEvery mechanism offers " + c.Name + "."
 		} else {
-			doc += "\n\nOptional: reach it through Mechanism." + Accessor(c) + " or Require" + c.Name + "; never assume it."
+			doc += "\n\nIt is optional: reach it through Mechanism." + Accessor(c) + " or Require" + c.Name + "; never assume it."
 		}
 		comment(f, doc)
 		f.Type().Id(c.Name).InterfaceFunc(func(b *Group) {
@@ -374,6 +374,7 @@ from live to released; a released handle stays released.`)
 		Id("creator").Id("InstanceID"),
 		Id("state").Qual("sync/atomic", "Uint32"),
 		Id("impl").Any(),
+		Id("charged").Qual("sync/atomic", "Uint64").Comment("committed bytes the checked wrapper charged against the handle (ChargeBook)"),
 	)
 	f.Var().Defs(
 		Id("nextHandle").Qual("sync/atomic", "Uint64"),
@@ -629,7 +630,7 @@ func emitMeta(g *Gen) {
 					Id("Capability"): Id(CapConst(c)),
 					Id("Name"):       Lit(c.Name),
 					Id("Required"):   Lit(c.Required),
-					Id("Doc"):        Lit(c.Doc),
+					Id("Doc"):        longLit(c.Doc),
 					Id("Methods"): Index().Id("MethodMeta").ValuesFunc(func(mv *Group) {
 						for _, m := range c.Methods {
 							a := m.Accounting
@@ -644,7 +645,7 @@ func emitMeta(g *Gen) {
 							mv.Values(Dict{
 								Id("Capability"): Id(CapConst(c)),
 								Id("Name"):       Lit(m.Name),
-								Id("Doc"):        Lit(m.Doc),
+								Id("Doc"):        longLit(m.Doc),
 								Id("Effect"):     Id("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
 								Id("Amount"):     Lit(amount),
 								Id("Round"):      Lit(a.Round),
@@ -671,7 +672,7 @@ func emitMeta(g *Gen) {
 					Id("Device"):      Lit(m.Device),
 					Id("Offers"):      Id("Of").Call(offers...),
 					Id("Granularity"): Lit(m.Granularity),
-					Id("Doc"):         Lit(m.Doc),
+					Id("Doc"):         longLit(m.Doc),
 				})
 			}
 		}),
@@ -679,7 +680,7 @@ func emitMeta(g *Gen) {
 			for _, iv := range s.Invariants {
 				v.Values(Dict{
 					Id("ID"):           Lit(iv.ID),
-					Id("Says"):         Lit(iv.Says),
+					Id("Says"):         longLit(iv.Says),
 					Id("EnforcedBy"):   strs(iv.EnforcedBy),
 					Id("Consumes"):     Lit(iv.Applies.Consumes),
 					Id("Releases"):     Lit(iv.Applies.Releases),

@@ -261,11 +261,7 @@ func emitFake(g *Gen, f *File, d *fakeDecl, has map[string]bool) {
 	}
 	sort.Strings(faultable)
 	comment(f, lower+"FaultMethods are the methods of "+d.Type+" that Inject can make fail: those with an error result.")
-	f.Var().Id(lower + "FaultMethods").Op("=").Index().String().ValuesFunc(func(v *Group) {
-		for _, n := range faultable {
-			v.Lit(n)
-		}
-	})
+	f.Var().Id(lower + "FaultMethods").Op("=").Add(stringList(faultable))
 	f.Line()
 
 	comment(f, d.Doc)
@@ -323,16 +319,21 @@ func resultsType(d *fakeDecl, m *fakeMeth) string {
 	return lowerFirst(d.Type) + m.Name + "Results"
 }
 
-// funcType is the type of a stub of m.
+// funcType is the type of a stub of m, its parameters one per line when
+// the method's XCalls signature would pass sigWidth columns.
 func funcType(g *Gen, m *Method) *Statement {
 	var ps, rs []Code
+	var pt, rt []string
 	for _, p := range m.Params {
 		ps = append(ps, g.Type(p.Type))
+		pt = append(pt, g.typeText(p.Type))
 	}
 	for _, r := range m.Returns {
 		rs = append(rs, g.Type(r.Type))
+		rt = append(rt, g.typeText(r.Type))
 	}
-	return Func().Params(ps...).Params(rs...)
+	n := len("func (fake *Mechanism) "+m.Name+"Calls(stub func(") + len(strings.Join(pt, ", ")) + len(") (") + len(strings.Join(rt, ", ")) + len(")) {")
+	return Func().Add(fitParams(n, ps)).Params(rs...)
 }
 
 func resultName(i int) string { return fmt.Sprintf("result%d", i+1) }
@@ -407,7 +408,8 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 	}
 	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
 	comment(f, doc)
-	f.Func().Params(recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
+	head := "func (fake *" + d.Type + ") " + m.Name
+	f.Func().Params(recv()).Id(m.Name).Add(fitParams(g.sigLen(head, nil, m.Method), params)).Params(results...).BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
 		b.Add(rec().Dot("count")).Op("++")
@@ -515,7 +517,11 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 			vals = append(vals, Id("a").Dot(p.Name))
 		}
 		comment(f, m.Name+"ArgsForCall returns the arguments of the i-th call of "+m.Name+", counting\nfrom 0. It panics for a fake made with Config.Quiet.")
-		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Params(types...).Block(
+		n := len("func (fake *" + d.Type + ") " + m.Name + "ArgsForCall(i int) () {")
+		for _, p := range m.Params {
+			n += len(g.typeText(p.Type)) + 2
+		}
+		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Add(fitParams(n, types)).Block(
 			append(lock,
 				If(Id("fake").Dot("quiet")).Block(Panic(Lit("fakes: "+d.Type+"."+m.Name+"ArgsForCall: a Quiet fake keeps no arguments"))),
 				Id("a").Op(":=").Add(rec().Dot("args")).Index(Id("i")),
@@ -539,7 +545,12 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 			)...,
 		)
 		comment(f, m.Name+"ReturnsOnCall makes the i-th call of "+m.Name+" (counting from 0) return\nthese results, and drops a stub set by "+m.Name+"Calls.")
-		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Params(append([]Code{Id("i").Int()}, ps...)...).Block(
+		onCall := append([]Code{Id("i").Int()}, ps...)
+		n := len("func (fake *"+d.Type+") "+m.Name+"ReturnsOnCall(i int") + 2
+		for i, r := range m.Returns {
+			n += len(resultName(i)) + 3 + len(g.typeText(r.Type))
+		}
+		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Add(fitParams(n, onCall)).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),

@@ -39,7 +39,7 @@ func emitNegotiationTest(g *Gen) error {
 		}
 		f.Func().Params(Id("requiredOnly")).Id(Accessor(c)).Params().Params(Id(c.Name), Bool()).Block(Return(Nil(), False()))
 	}
-	comment(f, "TestNegotiateReportsAbsence: optional capabilities a mechanism does not offer\nare absent from Negotiate, and Require reports them as unsupported.")
+	comment(f, "TestNegotiateReportsAbsence checks that the optional capabilities a mechanism\ndoes not offer are absent from Negotiate, and that Require reports them as\nunsupported.")
 	f.Func().Id("TestNegotiateReportsAbsence").Params(Id("t").Op("*").Qual("testing", "T")).BlockFunc(func(b *Group) {
 		b.Var().Id("m").Id("Mechanism").Op("=").Id("requiredOnly").Values()
 		b.Id("got").Op(":=").Id("Negotiate").Call(Id("m"))

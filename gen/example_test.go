@@ -9,7 +9,8 @@ import (
 	"github.com/memgen/memgen/gen"
 )
 
-// Load reports every problem of a spec at once, each with its position.
+// Load reports every problem of a spec at once, each with its position:
+// mistakes of structure and of reference, and what the generator needs.
 func ExampleLoad() {
 	spec := []byte(`version: 1
 packages: {contract: generated/memapi, checked: generated/checked, conformance: generated/conformance, fakes: fakes}
@@ -29,6 +30,10 @@ invariants:
 		}
 	}
 	// Output:
+	// spec/capabilities.yaml:1:1: no interface has role "account", which consuming and refunding methods need
+	// spec/capabilities.yaml:1:1: no interface has role "grant", which consuming and refunding methods need
+	// spec/capabilities.yaml:1:1: the generator needs errors "ErrUnsupported", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNilHandle", "ErrForeignHandle", "ErrReleased", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", which the spec does not declare
+	// spec/capabilities.yaml:1:1: the generator needs types "AuthorityID", "HandleID", "InstanceID", "MechanismInfo", "Range", which the spec does not declare
 	// spec/capabilities.yaml:4:17: type Bytes: unknown kind "number" (want scalar, enum, struct or handle)
 	// spec/capabilities.yaml:7:3: mechanism cpu: missing "offers"
 	// spec/capabilities.yaml:7:65: mechanism cpu: unknown key "offer" (want one of package, type, device, offers, granularity, doc)
@@ -63,6 +68,7 @@ func ExampleGenerate() {
 	fmt.Println(string(files[gen.DocFile][:len(gen.MarkdownHeader)]))
 	// Output:
 	// generated/memapi/capabilities.go
+	// generated/memapi/charge_book.go
 	// generated/memapi/digest_test.go
 	// generated/memapi/doc.go
 	// generated/memapi/errors.go

@@ -1,9 +1,13 @@
 package gen
 
 import (
+	"crypto/sha256"
 	"errors"
+	"go/scanner"
+	"go/token"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -59,11 +63,15 @@ func FuzzLoad(f *testing.F) {
 	})
 }
 
-// FuzzGenerate mutates valid specs and runs the emitters on every mutant the
-// loader accepts: a spec that validates must never make an emitter panic,
-// and whatever Generate returns must carry memgen's header.
+// FuzzGenerate mutates valid specs and holds the generator to what the
+// loader promises: every spec it accepts generates without error, every file
+// carries memgen's header, and the Go files type-check (go/types over the
+// generated packages, importing one another and the standard library, with
+// stand-ins for the hand-written mechanisms).
 //
-//	go test ./gen -run '^$' -fuzz FuzzGenerate -fuzztime 60s -fuzzminimizetime 5s
+//	go test ./gen -run '^$' -fuzz '^FuzzGenerate$' -fuzztime 60s -fuzzminimizetime 5s
+//
+// `make fuzz-ci` runs it, and FuzzLoad, for a bounded time in CI.
 func FuzzGenerate(f *testing.F) {
 	seeds, _ := filepath.Glob("testdata/*/expected")
 	for i := range seeds {
@@ -77,6 +85,10 @@ func FuzzGenerate(f *testing.F) {
 		}
 		f.Add(data)
 	}
+	// Most mutants the loader accepts differ from one already checked only
+	// in prose (doc comments, the spec text in Meta), which cannot change a
+	// type: the code's shape is checked once per worker.
+	checked := map[[32]byte]bool{}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Load(specName, data)
 		if err != nil {
@@ -84,12 +96,50 @@ func FuzzGenerate(f *testing.F) {
 		}
 		files, err := Generate(s, Config{Module: goldenModule})
 		if err != nil {
-			return
+			t.Fatalf("the loader accepted the spec, but generation failed:\n%v", err)
 		}
 		for rel, b := range files {
 			if !HasHeader(b) {
 				t.Fatalf("%s lacks the header", rel)
 			}
 		}
+		key := codeShape(files)
+		if checked[key] {
+			return
+		}
+		if err := typeCheck(s, goldenModule, files); err != nil {
+			t.Fatalf("the loader accepted the spec, but the generated code does not type-check:\n%v", err)
+		}
+		checked[key] = true
 	})
+}
+
+// codeShape hashes the Go files of a generation without their comments and
+// with every string literal emptied: two generations with the same shape
+// type-check alike.
+func codeShape(files map[string][]byte) [32]byte {
+	h := sha256.New()
+	fset := token.NewFileSet()
+	for _, rel := range sortedKeys(files) {
+		if !strings.HasSuffix(rel, ".go") {
+			continue
+		}
+		h.Write([]byte(rel + "\n"))
+		var sc scanner.Scanner
+		src := files[rel]
+		sc.Init(fset.AddFile(rel, -1, len(src)), src, nil, 0)
+		for {
+			_, tok, lit := sc.Scan()
+			if tok == token.EOF {
+				break
+			}
+			if tok == token.STRING {
+				lit = `""`
+			}
+			h.Write([]byte(tok.String() + " " + lit + "\n"))
+		}
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
 }

@@ -2,11 +2,16 @@ package gen
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"go/format"
+	"go/scanner"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/dave/jennifer/jen"
@@ -44,7 +49,12 @@ type Gen struct {
 	Config Config
 	jfiles map[string]*jen.File
 	raw    map[string][]byte
+	errs   errs
 }
+
+// Errorf records a generation error at a spec position without stopping the
+// emitter: Generate reports every error of a run together.
+func (g *Gen) Errorf(p Pos, format string, args ...any) { g.errs.add(p, format, args...) }
 
 // File returns the jennifer file for a module-relative path, creating it in
 // package pkg (the last path element of its directory unless given).
@@ -72,10 +82,17 @@ func (g *Gen) Import(dir string) string { return g.Config.Module + "/" + dir }
 // Contract returns the import path of the contract package.
 func (g *Gen) Contract() string { return g.Import(g.Spec.Packages.Contract) }
 
+func newGen(s *Spec, cfg Config) *Gen {
+	return &Gen{Spec: s, Config: cfg, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
+}
+
 // Generate runs every emitter and returns the files it produced, keyed by
-// module-relative slash path, gofmt-clean.
+// module-relative slash path, gofmt-clean with goimports-grouped imports. On
+// failure the error is an ErrorList holding every problem of the run, each at
+// a spec position: emitters do not stop at the first, and a file that does
+// not format is reported with a short excerpt, never as a source dump.
 func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
-	g := &Gen{Spec: s, Config: cfg, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
+	g := newGen(s, cfg)
 	es := append([]Emitter(nil), emitters...)
 	sort.SliceStable(es, func(i, j int) bool {
 		if es[i].Order != es[j].Order {
@@ -85,23 +102,160 @@ func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
 	})
 	for _, e := range es {
 		if err := e.Emit(g); err != nil {
-			return nil, fmt.Errorf("emit %s: %w", e.Name, err)
+			g.emitError(e.Name, err)
 		}
 	}
-	out := make(map[string][]byte, len(g.jfiles)+len(g.raw))
-	for rel, f := range g.jfiles {
-		var buf bytes.Buffer
-		if err := f.Render(&buf); err != nil {
-			return nil, fmt.Errorf("render %s: %w", rel, err)
-		}
-		// Render already formats the source (gofmt); only the blank lines
-		// between top-level declarations are added here.
-		out[rel] = spaceDecls(buf.Bytes())
+	if len(g.errs.list) > 0 {
+		// A failed emitter leaves its files half-built; formatting them
+		// would only add consequences to the report.
+		return nil, g.errs.list.sorted()
 	}
-	for rel, b := range g.raw {
-		out[rel] = b
+	out := g.render()
+	if len(g.errs.list) > 0 {
+		return nil, g.errs.list.sorted()
 	}
 	return out, nil
+}
+
+// render formats every file, recording the ones that do not format.
+func (g *Gen) render() map[string][]byte {
+	out := make(map[string][]byte, len(g.jfiles)+len(g.raw))
+	for _, rel := range sortedFiles(g.jfiles) {
+		f := g.jfiles[rel]
+		f.NoFormat = true // formatted below, so that a failure is reported briefly
+		var buf bytes.Buffer
+		if err := f.Render(&buf); err != nil {
+			g.Errorf(Pos{g.Spec.File, 1, 1}, "render %s: %v", rel, err)
+			continue
+		}
+		src, err := format.Source(buf.Bytes())
+		if err != nil {
+			g.formatError(rel, buf.Bytes(), err)
+			continue
+		}
+		out[rel] = spaceDecls(groupImports(src))
+	}
+	for rel, b := range g.raw {
+		if strings.HasSuffix(rel, ".go") {
+			b = groupImports(b)
+		}
+		out[rel] = b
+	}
+	return out
+}
+
+func sortedFiles(m map[string]*jen.File) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// posPrefix matches an error message that starts with a spec position.
+var posPrefix = regexp.MustCompile(`^(.+?):(\d+):(\d+): (.*)$`)
+
+// emitError records what an emitter returned: an ErrorList or SpecError as
+// it is, a message that starts with a spec position at that position, and
+// anything else at the top of the spec, naming the emitter.
+func (g *Gen) emitError(name string, err error) {
+	var list ErrorList
+	var one *SpecError
+	switch {
+	case errors.As(err, &list):
+		g.errs.list = append(g.errs.list, list...)
+	case errors.As(err, &one):
+		g.errs.list = append(g.errs.list, one)
+	default:
+		msg := err.Error()
+		if m := posPrefix.FindStringSubmatch(msg); m != nil && m[1] == g.Spec.File {
+			line, _ := strconv.Atoi(m[2])
+			col, _ := strconv.Atoi(m[3])
+			g.Errorf(Pos{g.Spec.File, line, col}, "%s: %s", name, m[4])
+			return
+		}
+		g.Errorf(Pos{g.Spec.File, 1, 1}, "%s: %s", name, msg)
+	}
+}
+
+// formatError reports generated source that does not parse: the generated
+// file and line, a few lines around it, and the spec declaration the
+// offending line names (its first identifier the spec declares), so that the
+// report points at the spec rather than dumping the source.
+func (g *Gen) formatError(rel string, src []byte, err error) {
+	line, col, msg := 1, 1, err.Error()
+	var list scanner.ErrorList
+	if errors.As(err, &list) && len(list) > 0 {
+		line, col, msg = list[0].Pos.Line, list[0].Pos.Column, list[0].Msg
+	}
+	lines := strings.Split(string(src), "\n")
+	var ex strings.Builder
+	for i := max(line-2, 1); i <= min(line+2, len(lines)); i++ {
+		l := strings.TrimSpace(lines[i-1])
+		if len(l) > 100 {
+			l = l[:100] + "..."
+		}
+		mark := "  "
+		if i == line {
+			mark = "> "
+		}
+		fmt.Fprintf(&ex, "\n\t%s%d: %s", mark, i, l)
+	}
+	culprit := ""
+	if line <= len(lines) {
+		culprit = lines[line-1]
+	}
+	p, what := g.blame(culprit)
+	g.Errorf(p, "generated %s:%d:%d does not compile: %s (%s; the validator should have caught this: please report it)%s", rel, line, col, msg, what, ex.String())
+}
+
+var identToken = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
+
+// blame finds the spec declaration a generated line most likely comes from:
+// the first identifier on it that names a declared type, interface,
+// capability, method or parameter.
+func (g *Gen) blame(line string) (Pos, string) {
+	s := g.Spec
+	decl := map[string]Pos{}
+	add := func(n string, p Pos) {
+		if _, ok := decl[n]; !ok && n != "" {
+			decl[n] = p
+		}
+	}
+	for _, t := range s.Types {
+		add(t.Name, t.Pos)
+		for _, f := range t.Fields {
+			add(f.Name, f.Pos)
+			add(fieldName(f.Name), f.Pos)
+		}
+	}
+	for _, c := range s.Capabilities {
+		add(c.Name, c.Pos)
+	}
+	for _, i := range s.Interfaces {
+		add(i.Name, i.Pos)
+	}
+	methods := func(ms []*Method) {
+		for _, m := range ms {
+			add(m.Name, m.Pos)
+			for _, p := range m.Params {
+				add(p.Name, p.NamePos)
+			}
+		}
+	}
+	for _, c := range s.Capabilities {
+		methods(c.Methods)
+	}
+	for _, i := range s.Interfaces {
+		methods(i.Methods)
+	}
+	for _, id := range identToken.FindAllString(line, -1) {
+		if p, ok := decl[id]; ok {
+			return p, "the line names " + id
+		}
+	}
+	return Pos{s.File, 1, 1}, "no spec name on the line"
 }
 
 // MechanismDirExists reports whether the hand-written package of m is there:

@@ -21,8 +21,10 @@ const specName = "spec/capabilities.yaml"
 const goldenModule = "example.com/golden"
 
 // TestGolden runs every case under testdata/<case>/: spec.yaml is loaded and
-// either fails with exactly the lines of want_errors.txt, or generates
-// exactly the files under expected/. `go test ./gen -update` rewrites them.
+// generated (against root/ as the module root when the case has one), and
+// either fails, at load or generation, with exactly the lines of
+// want_errors.txt, or generates exactly the files under expected/.
+// `go test ./gen -update` rewrites them.
 func TestGolden(t *testing.T) {
 	cases := goldenCases(t)
 	if len(cases) == 0 {
@@ -39,9 +41,16 @@ func TestGolden(t *testing.T) {
 				goldenErrors(t, dir, err)
 				return
 			}
-			files, err := Generate(s, Config{Module: goldenModule})
+			// A case with a root/ folder generates against it as the module
+			// root: hand-written mechanism files for the generator to read.
+			cfg := Config{Module: goldenModule}
+			if _, err := os.Stat(filepath.Join(dir, "root")); err == nil {
+				cfg.Root = filepath.Join(dir, "root")
+			}
+			files, err := Generate(s, cfg)
 			if err != nil {
-				t.Fatalf("generate: %v", err)
+				goldenErrors(t, dir, err)
+				return
 			}
 			goldenFiles(t, dir, files)
 		})

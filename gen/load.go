@@ -1,20 +1,3 @@
-// Package gen is memgen's generator library: it loads spec/capabilities.yaml
-// through yaml.Node (so every error carries its line and column), validates
-// it as a whole (every problem reported at once, as
-// "spec/capabilities.yaml:LINE:COL: message"), builds the model (Spec) and
-// runs the registered emitters, one file each, to produce the generated tree:
-// the contract (generated/memapi), the checked wrappers, the conformance
-// suite, the fakes, each mechanism's glue and docs/capabilities.md.
-//
-// Load, Generate, Diff and Write are what cmd/memgen is made of:
-//
-//	s, err := gen.Load("spec/capabilities.yaml", data) // err is an ErrorList
-//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
-//	written, removed, err := gen.Write(root, files)
-//
-// Output is deterministic and gofmt-clean, and every file starts with Header
-// (or MarkdownHeader). Golden tests live under testdata/; run
-// `go test ./gen -update` after changing an emitter on purpose.
 package gen
 
 import (
@@ -32,12 +15,14 @@ import (
 // ErrorList holding every problem found, each with its line and column,
 // sorted by position.
 //
-// Checking runs in two passes: the structure first (YAML syntax, known keys,
-// value shapes, names, expression syntax), then, when the structure is sound,
-// the cross-references (declared types and capabilities, grant and account
-// parameters, handle effects, name clashes). A structural error therefore
-// hides the cross-reference errors until it is fixed; this keeps one mistake
-// from being reported as a cascade of consequences.
+// Checking runs in two passes over one report: the structure (YAML syntax,
+// known keys, value shapes, names, expression syntax), then the
+// cross-references (declared types and capabilities, grant and account
+// parameters, handle effects, name clashes, package layout). Both passes
+// always run, so one run lists every problem. A reference is checked only
+// against sections that loaded: a section that is missing or not a mapping
+// is reported once, not again by every name that would have been declared in
+// it, and a name declared twice still resolves to its first declaration.
 func Load(file string, data []byte) (*Spec, error) {
 	l := &loader{file: file, s: &Spec{File: file}}
 	sum := sha256.Sum256(data)
@@ -51,10 +36,8 @@ func Load(file string, data []byte) (*Spec, error) {
 		return nil, ErrorList{{Pos: Pos{file, 1, 1}, Msg: "empty spec"}}
 	}
 	l.root(doc.Content[0])
-	if len(l.e.list) == 0 {
-		validate(l.s, &l.e)
-		validatePluginABI(l.s, &l.e)
-	}
+	validate(l.s, &l.e)
+	validatePluginABI(l.s, &l.e)
 	if len(l.e.list) > 0 {
 		return nil, l.e.list.sorted()
 	}
@@ -194,7 +177,13 @@ func (l *loader) exported(k *yaml.Node, what string) string {
 }
 
 func (l *loader) root(n *yaml.Node) {
+	if n.Kind == yaml.MappingNode {
+		l.s.loaded = map[string]bool{}
+	}
 	for _, p := range l.mapping(n, "spec", specKeys["spec"]...) {
+		if p.k.Value != "version" {
+			l.s.loaded[p.k.Value] = p.v.Kind == yaml.MappingNode
+		}
 		switch p.k.Value {
 		case "version":
 			v, err := strconv.Atoi(p.v.Value)
@@ -243,8 +232,10 @@ func (l *loader) root(n *yaml.Node) {
 
 func (l *loader) packages(n *yaml.Node) {
 	ps := &l.s.Packages
+	l.s.pkgPos = map[string]Pos{}
 	for _, p := range l.mapping(n, "packages", specKeys["packages"]...) {
 		v := l.str(p.v, "packages."+p.k.Value)
+		l.s.pkgPos[p.k.Value] = l.pos(p.v)
 		switch p.k.Value {
 		case "contract":
 			ps.Contract = v
@@ -272,6 +263,7 @@ func (l *loader) typ(k, v *yaml.Node) {
 			t.Kind = l.str(p.v, what+".kind")
 			if t.Kind != "" && !contains([]string{KindScalar, KindEnum, KindStruct, KindHandle}, t.Kind) {
 				l.e.add(l.pos(p.v), "%s: unknown kind %q (want scalar, enum, struct or handle)", what, t.Kind)
+				t.Kind = "" // unknown: references to it are not checked against a kind
 			}
 		case "go":
 			t.Go = l.str(p.v, what+".go")
@@ -287,7 +279,7 @@ func (l *loader) typ(k, v *yaml.Node) {
 			}
 		}
 	}
-	if t.Kind == "" && v.Kind == yaml.MappingNode && !hasKey(v, "kind") {
+	if v.Kind == yaml.MappingNode && !hasKey(v, "kind") {
 		l.e.add(t.Pos, "%s: missing \"kind\"", what)
 	}
 	if t.Doc == "" && v.Kind == yaml.MappingNode && !hasKey(v, "doc") {
@@ -373,11 +365,15 @@ func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *Method 
 		case "doc":
 			m.Doc = l.str(p.v, what+".doc")
 		case "params":
+			if p.v.Kind != yaml.MappingNode {
+				m.badParams = true
+			}
 			for _, q := range l.mapping(p.v, what+".params") {
 				if !paramRE.MatchString(q.k.Value) {
 					l.e.add(l.pos(q.k), "%s.params: %q is not a lower-case parameter name", what, q.k.Value)
+					m.badParams = true
 				}
-				m.Params = append(m.Params, &Param{Name: q.k.Value, Type: l.str(q.v, what+".params."+q.k.Value), Pos: l.pos(q.v)})
+				m.Params = append(m.Params, &Param{Name: q.k.Value, Type: l.str(q.v, what+".params."+q.k.Value), Pos: l.pos(q.v), NamePos: l.pos(q.k)})
 			}
 		case "returns":
 			ts, ps := l.strList(p.v, what+".returns")
@@ -523,13 +519,13 @@ func (l *loader) mechanism(k, v *yaml.Node) {
 	for _, p := range l.mapping(v, what, specKeys["mechanism"]...) {
 		switch p.k.Value {
 		case "package":
-			m.Package = l.str(p.v, what+".package")
+			m.Package, m.PackagePos = l.str(p.v, what+".package"), l.pos(p.v)
 		case "type":
-			m.Type = l.str(p.v, what+".type")
+			m.Type, m.TypePos = l.str(p.v, what+".type"), l.pos(p.v)
 		case "device":
-			m.Device = l.str(p.v, what+".device")
+			m.Device, m.DevicePos = l.str(p.v, what+".device"), l.pos(p.v)
 		case "granularity":
-			m.Granularity = l.str(p.v, what+".granularity")
+			m.Granularity, m.GranularityPos = l.str(p.v, what+".granularity"), l.pos(p.v)
 		case "doc":
 			m.Doc = l.str(p.v, what+".doc")
 		case "offers":
@@ -572,7 +568,13 @@ func (l *loader) invariant(k, v *yaml.Node) {
 		case "says":
 			iv.Says = l.str(p.v, what+".says")
 		case "enforced_by":
-			iv.EnforcedBy, _ = l.strList(p.v, what+".enforced_by")
+			var ps []Pos
+			iv.EnforcedBy, ps = l.strList(p.v, what+".enforced_by")
+			for i, e := range iv.EnforcedBy {
+				if _, ok := Enforcers[e]; !ok {
+					l.e.add(ps[i], "%s.enforced_by: unknown enforcer %q (want one of %s)", what, e, strings.Join(enforcerNames(), ", "))
+				}
+			}
 		case "applies_to":
 			iv.AppliesPos = l.pos(p.v)
 			iv.HasApplies = true

@@ -30,6 +30,11 @@ type Spec struct {
 	types map[string]*TypeDecl
 	ifcs  map[string]*InterfaceDecl
 	caps  map[string]*Capability
+
+	// loaded says, per top-level section present, whether it was a mapping;
+	// validate checks references only against sections that loaded.
+	loaded map[string]bool
+	pkgPos map[string]Pos // packages.<key> value positions
 }
 
 // Packages are the module-relative directories the generator writes.
@@ -108,12 +113,18 @@ type Method struct {
 	Releases   string // param name of the handle released
 	Requires   []*Requirement
 	Pos        Pos
+
+	// badParams is set when the parameters did not load cleanly; references
+	// to parameters are then not checked (they were reported already).
+	badParams bool
 }
 
-// Param is a named, typed parameter.
+// Param is a named, typed parameter. Pos is the position of its type,
+// NamePos of its name.
 type Param struct {
 	Name, Type string
 	Pos        Pos
+	NamePos    Pos
 }
 
 // Accounting effects.
@@ -166,12 +177,15 @@ type Requirement struct {
 	Pos  Pos
 }
 
-// Mechanism is a declared implementation.
+// Mechanism is a declared implementation. Package is a module-relative
+// directory; its last element is the Go package name.
 type Mechanism struct {
 	Name, Package, Type, Device, Granularity, Doc string
 	Offers                                        []string
 	OfferPos                                      []Pos
 	Pos                                           Pos
+	PackagePos, TypePos, DevicePos                Pos
+	GranularityPos                                Pos
 }
 
 // Invariant is a rule of DESIGN.md section 3.

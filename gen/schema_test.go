@@ -124,15 +124,6 @@ func TestSchemaValidates(t *testing.T) {
 	}
 }
 
-func sortedNames(m map[string][]string) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 func keysOf(m map[string]any) []string {
 	var out []string
 	for k := range m {
@@ -151,4 +142,30 @@ func sorted(xs []string) []string {
 func asSlice(v any) []any {
 	s, _ := v.([]any)
 	return s
+}
+
+// TestSchemaEnforcers keeps the schema's vocabulary of enforced_by, and of
+// granularity, equal to the loader's.
+func TestSchemaEnforcers(t *testing.T) {
+	data, err := os.ReadFile(schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs map[string]struct {
+			Properties map[string]struct {
+				Enum  []string
+				Items struct{ Enum []string }
+			}
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(data, &schema); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sorted(schema.Defs["invariant"].Properties["enforced_by"].Items.Enum), enforcerNames(); !slices.Equal(got, want) {
+		t.Errorf("schema's enforced_by vocabulary %v, the loader's (Enforcers) %v", got, want)
+	}
+	if got, want := sorted(schema.Defs["mechanism"].Properties["granularity"].Enum), sorted(granularities); !slices.Equal(got, want) {
+		t.Errorf("schema's granularity values %v, the loader's %v", got, want)
+	}
 }

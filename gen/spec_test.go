@@ -199,7 +199,15 @@ func TestGoldenCompiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for name, data := range map[string][]byte{"go.mod": mod, "go.sum": gosum, "spec/capabilities.yaml": spec} {
+			ls, err := Load(specName, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra := map[string][]byte{"go.mod": mod, "go.sum": gosum, "spec/capabilities.yaml": spec}
+			for rel, src := range mechanismStubs(ls, goldenModule) {
+				extra[rel] = src
+			}
+			for name, data := range extra {
 				p := filepath.Join(tmp, filepath.FromSlash(name))
 				must(t, os.MkdirAll(filepath.Dir(p), 0o755))
 				must(t, os.WriteFile(p, data, 0o644))

@@ -1,10 +1,9 @@
 package gen
 
 import (
+	"go/token"
 	"strings"
 	"unicode"
-
-	"go/token"
 
 	. "github.com/dave/jennifer/jen"
 )
@@ -89,6 +88,16 @@ func words(name string) string {
 	return b.String()
 }
 
+// lowerWord lower-cases the first letter of prose unless its first word is
+// an acronym or a name ("NVIDIA GPU memory", "CUDA", "Go").
+func lowerWord(s string) string {
+	first, _, _ := strings.Cut(s, " ")
+	if len(first) > 1 && unicode.IsUpper(rune(first[1])) || first == "Go" || first == "Linux" {
+		return s
+	}
+	return lowerFirst(s)
+}
+
 // lowerFirst returns n with its first letter lower-cased.
 func lowerFirst(n string) string {
 	if n == "" {
@@ -97,33 +106,63 @@ func lowerFirst(n string) string {
 	return strings.ToLower(n[:1]) + n[1:]
 }
 
-// Doc wraps a spec doc string as a Go comment starting with name.
+// Doc makes a spec doc string the doc comment of name, a sentence that
+// starts with the name as Go doc comments do: a doc that already starts with
+// it is kept; "A ..."/"An ..."/"The ..." becomes "name is a ..."; a verb
+// ("Completes when ...") follows the name; anything else ("Ordinary memory
+// made by ...", "Where refunded bytes go ...") becomes "name is ...".
 func Doc(name, doc string) string {
 	doc = strings.TrimSpace(doc)
 	if doc == "" {
 		return name + " is declared in the spec."
 	}
 	if strings.HasPrefix(doc, name+" ") || strings.HasPrefix(doc, name+"\n") {
-		return doc
+		return sentence(doc)
 	}
 	first, _, _ := strings.Cut(doc, " ")
 	switch {
 	case first == "A" || first == "An" || first == "The":
-		return name + " is " + lowerFirst(doc)
-	case strings.HasSuffix(first, "s") && !strings.HasSuffix(first, "ss"):
-		return name + " " + lowerFirst(doc)
+		return name + " is " + sentence(lowerWord(doc))
+	case isVerb(first):
+		return name + " " + sentence(lowerWord(doc))
 	}
-	return name + ": " + doc
+	return name + " is " + sentence(lowerWord(doc))
 }
 
-type commenter interface{ Comment(string) *Statement }
-
-// comment writes text as // lines (jennifer would make a /* */ block of a
-// multi-line comment, which Go doc comments avoid).
-func comment(c commenter, text string) {
-	for _, l := range strings.Split(text, "\n") {
-		c.Comment(l)
+// isVerb guesses whether the first word of a doc is a verb in the third
+// person ("Completes", "Reserves", "Asks"), not a plural noun ("Reads
+// succeed") or a word ending in ss.
+func isVerb(w string) bool {
+	if !strings.HasSuffix(w, "s") || strings.HasSuffix(w, "ss") || w == "Reads" || w == "Writes" || w == "Bytes" {
+		return false
 	}
+	return w[0] >= 'A' && w[0] <= 'Z'
+}
+
+// ErrorDoc is the doc comment of a sentinel error: the spec says in what
+// case it is returned ("A size is zero or too large.").
+func ErrorDoc(name, doc string) string {
+	doc = strings.TrimSpace(doc)
+	if doc == "" || strings.HasPrefix(doc, name+" ") {
+		return Doc(name, doc)
+	}
+	return name + " is returned when " + sentence(lowerWord(doc))
+}
+
+// ValueDoc is the doc comment of an enum value: what the value means
+// ("Reads succeed; writes fault.", "Host memory, served by the CPU
+// mechanism.").
+func ValueDoc(name, doc string) string {
+	doc = strings.TrimSpace(doc)
+	if doc == "" || strings.HasPrefix(doc, name+" ") {
+		return Doc(name, doc)
+	}
+	// A doc that is a clause about accesses ("Reads succeed; ...") says what
+	// the value means; a noun phrase says what it is.
+	if first, _, _ := strings.Cut(doc, " "); first == "Reads" || first == "Writes" {
+		return name + " means " + sentence(lowerWord(doc))
+	}
+	return name + " is " + sentence(lowerWord(doc))
 }
 
 // fieldName is the unexported struct field holding a handle's exported field.

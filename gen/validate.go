@@ -2,6 +2,8 @@ package gen
 
 import (
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -27,7 +29,7 @@ var (
 	// declaration with one of these names would not compile. A test keeps the
 	// list in step with the contract emitter.
 	reservedNames = []string{
-		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "CheckHandle",
+		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "ChargeBook", "CheckHandle", "ClaimChargeBook",
 		"Effect", "EffectConsumes", "EffectNone", "EffectQuery", "EffectRefunds",
 		"Error", "Errorf", "Handle", "Invariant", "InvariantMeta", "Issuer",
 		"Mechanism", "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
@@ -37,65 +39,90 @@ var (
 	// handleMethods and rangeMethods are the methods the contract gives every
 	// handle and Range; a field of the same name would not compile.
 	handleMethods = []string{"Creator", "ID", "Live", "String"}
+	// handleMembers are the identifiers the generated handle struct and its
+	// Issuer.New<Handle> constructor use beside the fields, which are stored
+	// under fieldName(field) and passed as parameters of that name.
+	handleMembers = []string{"handleHeader", "hdr", "header", "i", "impl", "nextHandle", "nextInstance"}
 	rangeMethods  = []string{"Aligned", "End", "Overlaps", "String", "Within"}
 
 	// maxCapabilities is the width of the generated CapSet.
 	maxCapabilities = 32
 )
 
-// validate checks the cross-references of a structurally sound spec.
+// validate checks the cross-references of a spec, however sound its
+// structure: it is the second pass of one report (see Load).
 func validate(s *Spec, e *errs) {
 	s.types = map[string]*TypeDecl{}
 	s.ifcs = map[string]*InterfaceDecl{}
 	s.caps = map[string]*Capability{}
+	if s.loaded == nil {
+		return // the document is not a mapping: nothing was declared
+	}
+	// A name declared twice is reported once, and every later reference
+	// resolves to its first declaration of that kind, so the duplicate does
+	// not also turn into "unknown" errors wherever the name is used.
 	names := map[string]Pos{}
-	declare := func(n string, p Pos, kind string) bool {
+	declare := func(n string, p Pos) {
 		if prev, ok := names[n]; ok {
 			e.add(p, "duplicate name %q (already declared at %d:%d)", n, prev.Line, prev.Col)
-			return false
+			return
 		}
 		names[n] = p
-		return true
 	}
 	for _, t := range s.Types {
-		if declare(t.Name, t.Pos, "type") {
+		declare(t.Name, t.Pos)
+		if s.types[t.Name] == nil {
 			s.types[t.Name] = t
 		}
 	}
 	for _, i := range s.Interfaces {
-		if declare(i.Name, i.Pos, "interface") {
+		declare(i.Name, i.Pos)
+		if s.ifcs[i.Name] == nil {
 			s.ifcs[i.Name] = i
 		}
 	}
 	for _, c := range s.Capabilities {
-		if declare(c.Name, c.Pos, "capability") {
+		declare(c.Name, c.Pos)
+		if s.caps[c.Name] == nil {
 			s.caps[c.Name] = c
 		}
 	}
 	errNames := map[string]bool{}
 	for _, d := range s.Errors {
-		if declare(d.Name, d.Pos, "error") {
-			errNames[d.Name] = true
-		}
+		declare(d.Name, d.Pos)
+		errNames[d.Name] = true
 	}
 	validateNames(s, names, e)
+	validatePackages(s, e)
 
 	top := Pos{s.File, 1, 1}
-	for n, fields := range neededTypes {
-		t := s.types[n]
-		if t == nil {
-			e.add(top, "the generator needs type %q, which is not declared", n)
-			continue
-		}
-		for _, f := range fields {
-			if !t.hasField(f) {
-				e.add(t.Pos, "type %s: the generator needs field %q", n, f)
+	if s.sectionOK("types") {
+		var missing []string
+		for _, n := range sortedNames(neededTypes) {
+			t := s.types[n]
+			if t == nil {
+				missing = append(missing, strconv.Quote(n))
+				continue
+			}
+			for _, f := range neededTypes[n] {
+				if !t.hasField(f) {
+					e.add(t.Pos, "type %s: the generator needs field %q", n, f)
+				}
 			}
 		}
+		if len(missing) > 0 {
+			e.add(top, "the generator needs %s %s, which the spec does not declare", plural(len(missing), "type", "types"), strings.Join(missing, ", "))
+		}
 	}
-	for _, n := range neededErrors {
-		if !errNames[n] {
-			e.add(top, "the generator needs error %q, which is not declared", n)
+	if s.sectionOK("errors") {
+		var missing []string
+		for _, n := range neededErrors {
+			if !errNames[n] {
+				missing = append(missing, strconv.Quote(n))
+			}
+		}
+		if len(missing) > 0 {
+			e.add(top, "the generator needs %s %s, which the spec does not declare", plural(len(missing), "error", "errors"), strings.Join(missing, ", "))
 		}
 	}
 
@@ -115,8 +142,9 @@ func validate(s *Spec, e *errs) {
 			validateSignature(s, m, e)
 		}
 	}
+	validateCycles(s, e)
 	for _, r := range []string{RoleGrant, RoleAccount} {
-		if roles[r] == nil {
+		if roles[r] == nil && s.sectionOK("interfaces") {
 			e.add(top, "no interface has role %q, which consuming and refunding methods need", r)
 		}
 	}
@@ -139,48 +167,21 @@ func validate(s *Spec, e *errs) {
 			validateEffects(s, m, e)
 		}
 	}
-	if required == 0 && len(s.Capabilities) > 0 {
+	if required == 0 && len(s.Capabilities) > 0 && s.sectionOK("capabilities") {
 		e.add(s.Capabilities[0].Pos, "no capability is required: mark the one every mechanism offers with required: true")
 	}
 
-	mechNames := map[string]bool{}
-	for _, m := range s.Mechanisms {
-		mechNames[m.Name] = true
-		offered := map[string]bool{}
-		for i, o := range m.Offers {
-			offered[o] = true
-			if s.caps[o] == nil {
-				e.add(m.OfferPos[i], "mechanism %s: offers undeclared capability %q", m.Name, o)
-			}
-		}
-		for _, c := range s.Capabilities {
-			if c.Required && !offered[c.Name] {
-				e.add(m.Pos, "mechanism %s: does not offer required capability %s", m.Name, c.Name)
-			}
-		}
-		if m.Granularity != "" && !contains(granularities, m.Granularity) {
-			e.add(m.Pos, "mechanism %s: unknown granularity %q (want %s)", m.Name, m.Granularity, strings.Join(granularities, ", "))
-		}
-		if m.Type != "" && !identRE.MatchString(m.Type) {
-			e.add(m.Pos, "mechanism %s: type %q is not an exported Go name", m.Name, m.Type)
-		}
-		if dk := s.types["DeviceKind"]; dk != nil && m.Device != "" && !dk.hasValue(m.Device) {
-			e.add(m.Pos, "mechanism %s: device %q is not a DeviceKind value", m.Name, m.Device)
-		}
-		if m.Package != "" && (strings.HasPrefix(m.Package, "/") || strings.Contains(m.Package, "..")) {
-			e.add(m.Pos, "mechanism %s: package %q must be a module-relative directory", m.Name, m.Package)
-		}
-	}
+	validateMechanisms(s, e)
 
 	for _, iv := range s.Invariants {
 		a := iv.Applies
 		for i, c := range a.Capabilities {
-			if s.caps[c] == nil {
+			if s.caps[c] == nil && s.sectionOK("capabilities") {
 				e.add(a.CapPos[i], "invariant %s: unknown capability %q", iv.ID, c)
 			}
 		}
 		for i, n := range a.Interfaces {
-			if s.ifcs[n] == nil {
+			if s.ifcs[n] == nil && s.sectionOK("interfaces") {
 				e.add(a.IfcPos[i], "invariant %s: unknown interface %q", iv.ID, n)
 			}
 		}
@@ -243,8 +244,11 @@ func validateNames(s *Spec, declared map[string]Pos, e *errs) {
 			methods = rangeMethods
 		}
 		for _, f := range t.Fields {
-			if contains(methods, f.Name) {
+			switch {
+			case contains(methods, f.Name):
 				e.add(f.Pos, "type %s: field %s clashes with the generated method %s.%s", t.Name, f.Name, t.Name, f.Name)
+			case t.Kind == KindHandle && contains(handleMembers, fieldName(f.Name)):
+				e.add(f.Pos, "type %s: field %s would be stored as %s, which the generated handle code already uses (its header, Issuer.New%s's receiver and impl, or a package-level name)", t.Name, f.Name, fieldName(f.Name), t.Name)
 			}
 		}
 	}
@@ -304,17 +308,17 @@ func validateType(s *Spec, t *TypeDecl, e *errs) {
 			e.add(t.Pos, "type %s: struct declares no fields", t.Name)
 		}
 		for _, f := range t.Fields {
-			if !s.knownValueType(f.Type) {
+			if !s.knownValueType(f.Type) && s.refsChecked() {
 				e.add(f.Pos, "type %s: field %s has undeclared type %q", t.Name, f.Name, f.Type)
 			} else if f.Type == t.Name {
 				e.add(f.Pos, "type %s: field %s refers to its own type", t.Name, f.Name)
 			}
 		}
 	}
-	if t.Kind != KindScalar && t.Go != "" {
+	if t.Kind != KindScalar && t.Kind != "" && t.Go != "" {
 		e.add(t.Pos, "type %s: only scalars take \"go\"", t.Name)
 	}
-	if t.Kind != KindEnum && len(t.Values) > 0 {
+	if t.Kind != KindEnum && t.Kind != "" && len(t.Values) > 0 {
 		e.add(t.Pos, "type %s: only enums take \"values\"", t.Name)
 	}
 }
@@ -331,13 +335,16 @@ func validateSignature(s *Spec, m *Method, e *errs) {
 		if seen[p.Name] {
 			e.add(p.Pos, "%s: duplicate parameter %q", what, p.Name)
 		}
+		if why := badParamName(p.Name, s.caps[m.Owner] != nil); why != "" {
+			e.add(p.NamePos, "%s: parameter %q %s; rename it", what, p.Name, why)
+		}
 		seen[p.Name] = true
-		if p.Type != "" && !s.knownType(p.Type) {
+		if p.Type != "" && !s.knownType(p.Type) && s.refsChecked() {
 			e.add(p.Pos, "%s: parameter %s has undeclared type %q", what, p.Name, p.Type)
 		}
 	}
 	for i, r := range m.Returns {
-		if !s.knownType(r.Type) {
+		if !s.knownType(r.Type) && s.refsChecked() {
 			e.add(r.Pos, "%s: result has undeclared type %q", what, r.Type)
 		}
 		if r.Type == "error" && i != len(m.Returns)-1 {
@@ -351,6 +358,9 @@ func validateSignature(s *Spec, m *Method, e *errs) {
 func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
 	what := m.Owner + "." + m.Name
 	p := m.Param(x.Param)
+	if p == nil && m.badParams {
+		return ""
+	}
 	if p == nil {
 		e.add(x.Pos, "%s: %q names no parameter", what, x.Text)
 		return ""
@@ -421,6 +431,7 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 			want, role = grant, "grant"
 		}
 		switch {
+		case p == nil && m.badParams:
 		case p == nil && a.Effect == EffectConsumes:
 			e.add(a.Pos, "%s: consuming method without a grant parameter (from: %q names no parameter)", what, a.Account)
 		case p == nil:
@@ -437,10 +448,13 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 	}
 	if m.Releases != "" {
 		p := m.Param(m.Releases)
-		if p == nil {
+		switch {
+		case p == nil && !m.badParams:
 			e.add(m.Pos, "%s: release method without the handle it releases (releases: %q names no parameter)", what, m.Releases)
-		} else if t := s.types[p.Type]; t == nil || t.Kind != KindHandle {
-			e.add(p.Pos, "%s: releases %s, which is not a handle", what, p.Name)
+		case p != nil:
+			if t := s.types[p.Type]; t == nil && s.refsChecked() || t != nil && t.Kind != KindHandle && t.Kind != "" {
+				e.add(p.Pos, "%s: releases %s, which is not a handle", what, p.Name)
+			}
 		}
 		if !m.ReturnsError() {
 			e.add(m.Pos, "%s: a release method must return an error", what)
@@ -491,16 +505,53 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 	}
 }
 
-// Describe renders an accounting effect for docs and metadata.
+// Describe renders an accounting effect as a clause for docs and metadata:
+// "consumes req.Size, rounded up to the allocation granularity, drawn from
+// grant", "refunds a.Size to the account to".
 func (a Accounting) Describe() string {
+	round := map[string]string{RoundAlloc: ", rounded up to the allocation granularity,", RoundGranularity: ", rounded up to the granularity,"}[a.Round]
+	if round == "" && a.Effect == EffectConsumes {
+		round = ","
+	}
 	switch a.Effect {
 	case EffectConsumes:
-		return fmt.Sprintf("consumes %s rounded to %s from %s", a.Amount.Text, a.Round, a.Account)
+		return fmt.Sprintf("consumes %s%s drawn from %s", a.Amount.Text, round, a.Account)
 	case EffectRefunds:
-		if a.Round != RoundNone {
-			return fmt.Sprintf("refunds %s rounded to %s to %s", a.Amount.Text, a.Round, a.Account)
-		}
-		return fmt.Sprintf("refunds %s to %s", a.Amount.Text, a.Account)
+		return fmt.Sprintf("refunds %s%s to the account %s", a.Amount.Text, round, a.Account)
+	case EffectQuery:
+		return "only queries"
 	}
-	return a.Effect
+	return "moves no bytes"
+}
+
+// sectionOK reports whether references into top-level section k can be
+// checked: it loaded as a mapping, or it is optional and absent (then it
+// really declares nothing). A required section that is missing, or any
+// section that is not a mapping, was reported already; references into it
+// are not reported again.
+func (s *Spec) sectionOK(k string) bool {
+	if ok, present := s.loaded[k]; present {
+		return ok
+	}
+	return !contains(specRequired["spec"], k)
+}
+
+// refsChecked reports whether type references can be checked: both sections
+// that declare types loaded.
+func (s *Spec) refsChecked() bool { return s.sectionOK("types") && s.sectionOK("interfaces") }
+
+func sortedNames[V any](m map[string]V) []string {
+	ns := make([]string, 0, len(m))
+	for n := range m {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

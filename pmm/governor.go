@@ -3,6 +3,7 @@ package pmm
 import (
 	"context"
 
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 )
 
@@ -29,4 +30,20 @@ func (g govGrant) Commit() (Lease, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// IssuedGrant reports whether g is a grant of this governor as the manager
+// passes it (checked.Ledger).
+func (l govLedger) IssuedGrant(g memapi.Grant) bool {
+	gg, ok := g.(govGrant)
+	return ok && l.g.IssuedGrant(gg.Grant)
+}
+
+// IssuedAccount reports whether a is a grant or a lease of this governor as
+// the manager passes them (checked.Ledger).
+func (l govLedger) IssuedAccount(a memapi.Account) bool {
+	if gg, ok := a.(govGrant); ok {
+		return l.g.IssuedAccount(gg.Grant)
+	}
+	return l.g.IssuedAccount(a)
 }

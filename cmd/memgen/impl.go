@@ -42,8 +42,8 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 	ok := true
 	var contractPkg *types.Package
 	for _, pkg := range pkgs {
-		for _, e := range pkg.Errors {
-			fmt.Fprintf(stderr, "memgen check: %s: %v\n", pkg.PkgPath, e)
+		for _, e := range packageErrors(pkg, p.root) {
+			fmt.Fprintln(stderr, e)
 			ok = false
 		}
 		if pkg.PkgPath == contract {

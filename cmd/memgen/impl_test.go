@@ -86,8 +86,15 @@ func TestImplementationCheck(t *testing.T) {
 		if strings.Contains(stderr, "plain") {
 			t.Errorf("plain is exact, yet:\n%s", stderr)
 		}
-		// The glue was generated beside the hand-written code.
+		// The glue was generated beside the hand-written code, and for the
+		// mechanism not written yet too, saying what to write; generate said so.
 		wantContains(t, readFile(t, root, "mechanisms/plain/zz_generated.memgen.go"), gen.Header)
+		wantContains(t, readFile(t, root, "mechanisms/arena/zz_generated.memgen.go"), gen.Header, "The hand-written half is type Arena")
+		_, _, genErr := memgen(t, "generate", "-root", root)
+		wantContains(t, genErr, "mechanism arena: wrote mechanisms/arena/zz_generated.memgen.go; write type Arena")
+		if strings.Contains(genErr, "mechanism plain") {
+			t.Errorf("generate noted plain, which is written:\n%s", genErr)
+		}
 	})
 
 	t.Run("one capability too many", func(t *testing.T) {

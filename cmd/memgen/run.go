@@ -109,7 +109,7 @@ type command struct {
 
 var commands = map[string]command{
 	"generate": {
-		help: "Writes every generated file from the spec. Files are written to temporary\nnames and renamed only when all succeeded; stale files carrying memgen's\nheader are removed; files without the header are never touched.",
+		help: "Writes every generated file from the spec. Files are written to temporary\nnames and renamed only when all succeeded; stale files carrying memgen's\nheader are removed from its output directories (and stale mechanism glue);\nfiles without the header, or outside those places, are never touched.",
 		flags: func(fs *flag.FlagSet, o *options) {
 			fs.BoolVar(&o.verbose, "v", false, "list the files written and removed")
 		},
@@ -192,6 +192,7 @@ func runGenerate(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "memgen generate:", err)
 		return exitSpec
 	}
+	noteUnwritten(p, stderr)
 	if o.verbose {
 		for _, f := range written {
 			fmt.Fprintln(stdout, "wrote", f)

@@ -6,9 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	fakes "github.com/memgen/memgen/fakes"
-	checked "github.com/memgen/memgen/generated/checked"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Wrap a mechanism (here a fake) and every call draws from and refunds to the
@@ -16,7 +17,7 @@ import (
 func ExampleWrap() {
 	ctx := context.Background()
 	mech := fakes.NewMechanism(fakes.Config{Authority: "host"})
-	m := checked.Wrap(mech)
+	m := checked.Wrap(mech, fakes.Ledger)
 	grant := fakes.NewGrant("host", 1048576)
 	acct := fakes.NewAccount("host")
 
@@ -43,7 +44,7 @@ func ExampleWithVerify() {
 		Authority:  "host",
 		LyingEager: true,
 	})
-	m := checked.Wrap(mech, checked.WithVerify())
+	m := checked.Wrap(mech, fakes.Ledger, checked.WithVerify())
 	vb, err := memapi.RequireVirtualBacking(m)
 	if err != nil {
 		panic(err)

@@ -5,7 +5,8 @@ package checked
 import (
 	"errors"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // charge checks the grant of a consuming call and draws amount, rounded up to
@@ -22,6 +23,9 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 			Wanted:    amount,
 		}
 	}
+	if !m.ledger.IssuedGrant(grant) {
+		return 0, m.foreignGrant(op, "grant", grant)
+	}
 	if a := grant.Authority(); a != m.info.Authority {
 		return 0, m.foreignAuthority(op, "grant", a)
 	}
@@ -35,14 +39,37 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 	return n, nil
 }
 
-// undraw gives back what charge drew for a call that failed with err; when
-// the grant refuses, both errors are returned.
+// undraw gives back what charge drew for a call that failed with err; when the
+// grant refuses, both errors are returned.
 func (m *mechanism) undraw(grant memapi.Grant, n memapi.Bytes, err error) error {
 	if uerr := grant.Undraw(n); uerr != nil {
 		return errors.Join(err, uerr)
 	}
 	return err
 }
+
+// abandon gives back the n bytes a consuming call drew from grant when the
+// mechanism's call did not return: it panicked (the panic goes on, unrecovered)
+// or ended its goroutine. The grant's own error, if any, cannot be reported.
+func (m *mechanism) abandon(grant memapi.Grant, n memapi.Bytes, returned *bool) {
+	if !*returned {
+		_ = grant.Undraw(n)
+	}
+}
+
+// book is the wrapper's claim on memapi's ChargeBook, made once when the
+// package is initialized: the committed bytes charged through any checked
+// wrapper against a reservation-like handle are kept in the handle itself, so
+// that a refund of what is committed in it (committed(h) in the spec) reads
+// that figure instead of asking the mechanism first. No other code can change
+// the figures.
+var book = func() *memapi.ChargeBook {
+	b := memapi.ClaimChargeBook()
+	if b == nil {
+		panic("checked: memapi's ChargeBook was claimed before package checked")
+	}
+	return b
+}()
 
 // round rounds amount up to unit, failing with ErrInvalidSize on overflow.
 func (m *mechanism) round(op string, amount, unit memapi.Bytes) (memapi.Bytes, error) {
@@ -71,6 +98,9 @@ func (m *mechanism) account(op string, to memapi.Account) error {
 			Op:        op,
 		}
 	}
+	if !m.ledger.IssuedAccount(to) {
+		return m.foreignGrant(op, "account", to)
+	}
 	if a := to.Authority(); a != m.info.Authority {
 		return m.foreignAuthority(op, "account", a)
 	}
@@ -85,6 +115,21 @@ func refund(to memapi.Account, n memapi.Bytes) error {
 	return to.Refund(n)
 }
 
+// foreignGrant reports a grant or account the wrapper's ledger does not vouch
+// for. It names the value's type, never its methods' answers: a forged value
+// says what it likes about itself.
+func (m *mechanism) foreignGrant(op, what string, v any) error {
+	return &memapi.Error{
+		Authority: m.info.Authority,
+		Detail:    fmt.Sprintf("%s of type %T was not issued by a ledger this wrapper trusts", what, v),
+		Kind:      memapi.ErrForeignGrant,
+		Mechanism: m.info.Mechanism,
+		Op:        op,
+	}
+}
+
+// foreignAuthority reports a grant or account of another authority than the
+// mechanism's.
 func (m *mechanism) foreignAuthority(op, what string, a memapi.AuthorityID) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,
@@ -106,7 +151,8 @@ func (m *mechanism) errPositive(op, req string) error {
 	}
 }
 
-// errWithin reports a range that is empty or leaves its handle (requires within(...)).
+// errWithin reports a range that is empty or leaves its handle (requires
+// within(...)).
 func (m *mechanism) errWithin(op, req string, r memapi.Range, h memapi.HandleID, size memapi.Bytes) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,
@@ -120,7 +166,8 @@ func (m *mechanism) errWithin(op, req string, r memapi.Range, h memapi.HandleID,
 	}
 }
 
-// errAligned reports a range off the mechanism's granularity (requires aligned(...)).
+// errAligned reports a range off the mechanism's granularity (requires
+// aligned(...)).
 func (m *mechanism) errAligned(op, req string, r memapi.Range) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,
@@ -131,7 +178,8 @@ func (m *mechanism) errAligned(op, req string, r memapi.Range) error {
 	}
 }
 
-// errFits reports a range whose length is not the handle's size (requires fits(...)).
+// errFits reports a range whose length is not the handle's size (requires
+// fits(...)).
 func (m *mechanism) errFits(op, req string, r memapi.Range, h memapi.HandleID, size memapi.Bytes) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,

@@ -5,7 +5,8 @@ package conformance
 import (
 	"context"
 	"fmt"
-	memapi "github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
 // capabilities holds the optional capabilities the subject offers.
@@ -187,7 +188,8 @@ func (c *callDecommit) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callCommittedBytes holds the arguments of one VirtualBacking.CommittedBytes call.
+// callCommittedBytes holds the arguments of one VirtualBacking.CommittedBytes
+// call.
 type callCommittedBytes struct {
 	res *memapi.Reservation
 }
@@ -211,7 +213,8 @@ func (c *callCommittedBytes) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callReleaseReservation holds the arguments of one VirtualBacking.ReleaseReservation call.
+// callReleaseReservation holds the arguments of one
+// VirtualBacking.ReleaseReservation call.
 type callReleaseReservation struct {
 	ctx context.Context
 	res *memapi.Reservation
@@ -237,7 +240,8 @@ func (c *callReleaseReservation) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callCreateBacking holds the arguments of one SharedMapping.CreateBacking call.
+// callCreateBacking holds the arguments of one SharedMapping.CreateBacking
+// call.
 type callCreateBacking struct {
 	ctx   context.Context
 	size  memapi.Bytes
@@ -384,7 +388,8 @@ func (c *callViewCount) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callReleaseBacking holds the arguments of one SharedMapping.ReleaseBacking call.
+// callReleaseBacking holds the arguments of one SharedMapping.ReleaseBacking
+// call.
 type callReleaseBacking struct {
 	ctx context.Context
 	b   *memapi.Backing
@@ -471,8 +476,8 @@ func (e *env) committedReservation(t T, h *memapi.Reservation) memapi.Bytes {
 	return n
 }
 
-// observeQueries records the answer of every query method of the spec, for
-// the mechanism and for every live handle a query takes.
+// observeQueries records the answer of every query method of the spec, for the
+// mechanism and for every live handle a query takes.
 func (e *env) observeQueries(prefix string, s state, hs []memapi.Handle) {
 	{
 		r0 := e.m.Info()

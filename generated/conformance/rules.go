@@ -2,12 +2,12 @@
 
 package conformance
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
-// The subtests below are derived from the spec: per method from its
-// accounting effect, what it creates and releases and its requires clauses;
-// per optional capability from its absence; per invariant from what it
-// applies to. The invariants of the spec and where the suite checks them:
+// The subtests below are derived from the spec: per method from its accounting
+// effect, what it creates and releases and its requires clauses; per optional
+// capability from its absence; per invariant from what it applies to. The
+// invariants of the spec and where the suite checks them:
 //
 //   - charge-before-commit: invariant/charge-before-commit/...
 //   - release-by-creator: invariant/release-by-creator/...
@@ -19,7 +19,8 @@ import memapi "github.com/memgen/memgen/generated/memapi"
 //   - context-pinned: not a property of one mechanism; enforced by ep-context-refcount
 //   - no-partial-state: invariant/no-partial-state/...
 
-// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest DeviceAllocator/Allocate/creates-live-handle.
+// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest
+// DeviceAllocator/Allocate/creates-live-handle.
 func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	c := e.validAllocate(t)
 	h, err := c.call(e)
@@ -29,23 +30,27 @@ func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Allocate", h)
 }
 
-// specDeviceAllocatorAllocateExactAccounting is the subtest DeviceAllocator/Allocate/exact-accounting.
+// specDeviceAllocatorAllocateExactAccounting is the subtest
+// DeviceAllocator/Allocate/exact-accounting.
 func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	c := e.validAllocate(t)
 	want := e.round(t, c.req.Size, roundAlloc)
+	witness := e.witnessAllocate(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	e.expectConsumed(t, "Allocate", before, want)
+	witness(h)
 	checkCreated(t, e, "Allocate", h)
 	if x, _ := h.(*memapi.Allocation); x != nil && x.Size() != want {
 		t.Errorf("Allocate: the Allocation's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
 	}
 }
 
-// specInvariantChargeBeforeCommitAllocate is the subtest invariant/charge-before-commit/Allocate.
+// specInvariantChargeBeforeCommitAllocate is the subtest
+// invariant/charge-before-commit/Allocate.
 func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	c := e.validAllocate(t)
 	c.grant = nil
@@ -55,21 +60,24 @@ func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	tolerate(t, "Allocate with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateAllocate is the subtest invariant/no-partial-state/Allocate.
+// specInvariantNoPartialStateAllocate is the subtest
+// invariant/no-partial-state/Allocate.
 func specInvariantNoPartialStateAllocate(t T, e *env) {
 	c := e.validAllocate(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "Allocate with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specDeviceAllocatorAllocateZeroSize is the subtest DeviceAllocator/Allocate/zero-size.
+// specDeviceAllocatorAllocateZeroSize is the subtest
+// DeviceAllocator/Allocate/zero-size.
 func specDeviceAllocatorAllocateZeroSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 0
 	refuse(t, "Allocate with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specDeviceAllocatorAllocateHugeSize is the subtest DeviceAllocator/Allocate/huge-size.
+// specDeviceAllocatorAllocateHugeSize is the subtest
+// DeviceAllocator/Allocate/huge-size.
 func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 1 << 62
@@ -79,7 +87,8 @@ func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	refuse(t, "Allocate with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specDeviceAllocatorFreeExactRefund is the subtest DeviceAllocator/Free/exact-refund.
+// specDeviceAllocatorFreeExactRefund is the subtest
+// DeviceAllocator/Free/exact-refund.
 func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	c := e.validFree(t)
 	want := e.round(t, c.a.Size(), roundNone)
@@ -93,14 +102,16 @@ func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	}
 }
 
-// specDeviceAllocatorFreeNilAccount is the subtest DeviceAllocator/Free/nil-account.
+// specDeviceAllocatorFreeNilAccount is the subtest
+// DeviceAllocator/Free/nil-account.
 func specDeviceAllocatorFreeNilAccount(t T, e *env) {
 	c := e.validFree(t)
 	c.to = nil
 	tolerate(t, "Free without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specDeviceAllocatorFreeDoubleRelease is the subtest DeviceAllocator/Free/double-release.
+// specDeviceAllocatorFreeDoubleRelease is the subtest
+// DeviceAllocator/Free/double-release.
 func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	c := e.validFree(t)
 	if _, err := c.call(e); err != nil {
@@ -109,7 +120,8 @@ func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	refuse(t, "Free of an already released a", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specDeviceAllocatorFreeConcurrentRelease is the subtest DeviceAllocator/Free/concurrent-release.
+// specDeviceAllocatorFreeConcurrentRelease is the subtest
+// DeviceAllocator/Free/concurrent-release.
 func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validFree(t)
@@ -117,7 +129,8 @@ func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorFree is the subtest invariant/release-by-creator/Free.
+// specInvariantReleaseByCreatorFree is the subtest
+// invariant/release-by-creator/Free.
 func specInvariantReleaseByCreatorFree(t T, e *env) {
 	c := e.validFree(t)
 	o := e.other(t)
@@ -132,7 +145,8 @@ func specDeviceAllocatorFreeNilA(t T, e *env) {
 	refuse(t, "Free with a nil a", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingAbsentMeansUnsupported is the subtest VirtualBacking/absent-means-unsupported.
+// specVirtualBackingAbsentMeansUnsupported is the subtest
+// VirtualBacking/absent-means-unsupported.
 func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	v, ok := e.m.AsVirtualBacking()
 	_, again := e.m.AsVirtualBacking()
@@ -140,7 +154,8 @@ func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	checkAccessor(t, "VirtualBacking", ok, v != nil, again == ok, r != nil, err, memapi.Negotiate(e.m).Has(memapi.CapVirtualBacking))
 }
 
-// specVirtualBackingReserveCreatesLiveHandle is the subtest VirtualBacking/Reserve/creates-live-handle.
+// specVirtualBackingReserveCreatesLiveHandle is the subtest
+// VirtualBacking/Reserve/creates-live-handle.
 func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	c := e.validReserve(t)
 	h, err := c.call(e)
@@ -150,7 +165,8 @@ func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Reserve", h)
 }
 
-// specVirtualBackingReserveNoAccounting is the subtest VirtualBacking/Reserve/no-accounting.
+// specVirtualBackingReserveNoAccounting is the subtest
+// VirtualBacking/Reserve/no-accounting.
 func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	c := e.validReserve(t)
 	before := e.books()
@@ -160,14 +176,16 @@ func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	e.expectConsumed(t, "Reserve", before, 0)
 }
 
-// specVirtualBackingReserveZeroSize is the subtest VirtualBacking/Reserve/zero-size.
+// specVirtualBackingReserveZeroSize is the subtest
+// VirtualBacking/Reserve/zero-size.
 func specVirtualBackingReserveZeroSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 0
 	refuse(t, "Reserve with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specVirtualBackingReserveHugeSize is the subtest VirtualBacking/Reserve/huge-size.
+// specVirtualBackingReserveHugeSize is the subtest
+// VirtualBacking/Reserve/huge-size.
 func specVirtualBackingReserveHugeSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 1 << 62
@@ -177,18 +195,23 @@ func specVirtualBackingReserveHugeSize(t T, e *env) {
 	refuse(t, "Reserve with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specVirtualBackingCommitExactAccounting is the subtest VirtualBacking/Commit/exact-accounting.
+// specVirtualBackingCommitExactAccounting is the subtest
+// VirtualBacking/Commit/exact-accounting.
 func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	c := e.validCommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
+	witness := e.witnessCommit(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	e.expectConsumed(t, "Commit", before, want)
+	witness(h)
 }
 
-// specInvariantChargeBeforeCommitCommit is the subtest invariant/charge-before-commit/Commit.
+// specInvariantChargeBeforeCommitCommit is the subtest
+// invariant/charge-before-commit/Commit.
 func specInvariantChargeBeforeCommitCommit(t T, e *env) {
 	c := e.validCommit(t)
 	c.grant = nil
@@ -198,7 +221,8 @@ func specInvariantChargeBeforeCommitCommit(t T, e *env) {
 	tolerate(t, "Commit with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCommit is the subtest invariant/no-partial-state/Commit.
+// specInvariantNoPartialStateCommit is the subtest
+// invariant/no-partial-state/Commit.
 func specInvariantNoPartialStateCommit(t T, e *env) {
 	c := e.validCommit(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
@@ -212,14 +236,16 @@ func specVirtualBackingCommitNilRes(t T, e *env) {
 	refuse(t, "Commit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommitReleasedRes is the subtest VirtualBacking/Commit/released-res.
+// specVirtualBackingCommitReleasedRes is the subtest
+// VirtualBacking/Commit/released-res.
 func specVirtualBackingCommitReleasedRes(t T, e *env) {
 	c := e.validCommit(t)
 	e.release(t, c.res)
 	refuse(t, "Commit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommitForeignRes is the subtest VirtualBacking/Commit/foreign-res.
+// specVirtualBackingCommitForeignRes is the subtest
+// VirtualBacking/Commit/foreign-res.
 func specVirtualBackingCommitForeignRes(t T, e *env) {
 	c := e.validCommit(t)
 	o := e.other(t)
@@ -227,7 +253,8 @@ func specVirtualBackingCommitForeignRes(t T, e *env) {
 	refuse(t, "Commit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingCommitOutOfRange is the subtest VirtualBacking/Commit/out-of-range.
+// specVirtualBackingCommitOutOfRange is the subtest
+// VirtualBacking/Commit/out-of-range.
 func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r = memapi.Range{
@@ -246,14 +273,16 @@ func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	refuse(t, "Commit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitEmptyRange is the subtest VirtualBacking/Commit/empty-range.
+// specVirtualBackingCommitEmptyRange is the subtest
+// VirtualBacking/Commit/empty-range.
 func specVirtualBackingCommitEmptyRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r.Len = 0
 	refuse(t, "Commit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitUnaligned is the subtest VirtualBacking/Commit/unaligned.
+// specVirtualBackingCommitUnaligned is the subtest
+// VirtualBacking/Commit/unaligned.
 func specVirtualBackingCommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -267,7 +296,8 @@ func specVirtualBackingCommitUnaligned(t T, e *env) {
 	refuse(t, "Commit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingDecommitExactRefund is the subtest VirtualBacking/Decommit/exact-refund.
+// specVirtualBackingDecommitExactRefund is the subtest
+// VirtualBacking/Decommit/exact-refund.
 func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	c := e.validDecommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
@@ -278,28 +308,32 @@ func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	e.expectRefunded(t, "Decommit", before, want)
 }
 
-// specVirtualBackingDecommitNilAccount is the subtest VirtualBacking/Decommit/nil-account.
+// specVirtualBackingDecommitNilAccount is the subtest
+// VirtualBacking/Decommit/nil-account.
 func specVirtualBackingDecommitNilAccount(t T, e *env) {
 	c := e.validDecommit(t)
 	c.to = nil
 	tolerate(t, "Decommit without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingDecommitNilRes is the subtest VirtualBacking/Decommit/nil-res.
+// specVirtualBackingDecommitNilRes is the subtest
+// VirtualBacking/Decommit/nil-res.
 func specVirtualBackingDecommitNilRes(t T, e *env) {
 	c := e.validDecommit(t)
 	c.res = nil
 	refuse(t, "Decommit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingDecommitReleasedRes is the subtest VirtualBacking/Decommit/released-res.
+// specVirtualBackingDecommitReleasedRes is the subtest
+// VirtualBacking/Decommit/released-res.
 func specVirtualBackingDecommitReleasedRes(t T, e *env) {
 	c := e.validDecommit(t)
 	e.release(t, c.res)
 	refuse(t, "Decommit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingDecommitForeignRes is the subtest VirtualBacking/Decommit/foreign-res.
+// specVirtualBackingDecommitForeignRes is the subtest
+// VirtualBacking/Decommit/foreign-res.
 func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	c := e.validDecommit(t)
 	o := e.other(t)
@@ -307,7 +341,8 @@ func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	refuse(t, "Decommit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingDecommitOutOfRange is the subtest VirtualBacking/Decommit/out-of-range.
+// specVirtualBackingDecommitOutOfRange is the subtest
+// VirtualBacking/Decommit/out-of-range.
 func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r = memapi.Range{
@@ -326,14 +361,16 @@ func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	refuse(t, "Decommit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitEmptyRange is the subtest VirtualBacking/Decommit/empty-range.
+// specVirtualBackingDecommitEmptyRange is the subtest
+// VirtualBacking/Decommit/empty-range.
 func specVirtualBackingDecommitEmptyRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r.Len = 0
 	refuse(t, "Decommit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitUnaligned is the subtest VirtualBacking/Decommit/unaligned.
+// specVirtualBackingDecommitUnaligned is the subtest
+// VirtualBacking/Decommit/unaligned.
 func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -347,21 +384,24 @@ func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	refuse(t, "Decommit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingCommittedBytesNilRes is the subtest VirtualBacking/CommittedBytes/nil-res.
+// specVirtualBackingCommittedBytesNilRes is the subtest
+// VirtualBacking/CommittedBytes/nil-res.
 func specVirtualBackingCommittedBytesNilRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	c.res = nil
 	refuse(t, "CommittedBytes with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommittedBytesReleasedRes is the subtest VirtualBacking/CommittedBytes/released-res.
+// specVirtualBackingCommittedBytesReleasedRes is the subtest
+// VirtualBacking/CommittedBytes/released-res.
 func specVirtualBackingCommittedBytesReleasedRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	e.release(t, c.res)
 	refuse(t, "CommittedBytes with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommittedBytesForeignRes is the subtest VirtualBacking/CommittedBytes/foreign-res.
+// specVirtualBackingCommittedBytesForeignRes is the subtest
+// VirtualBacking/CommittedBytes/foreign-res.
 func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	o := e.other(t)
@@ -369,7 +409,8 @@ func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	refuse(t, "CommittedBytes of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationExactRefund is the subtest VirtualBacking/ReleaseReservation/exact-refund.
+// specVirtualBackingReleaseReservationExactRefund is the subtest
+// VirtualBacking/ReleaseReservation/exact-refund.
 func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	want := e.round(t, e.committedReservation(t, c.res), roundNone)
@@ -383,14 +424,16 @@ func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	}
 }
 
-// specVirtualBackingReleaseReservationNilAccount is the subtest VirtualBacking/ReleaseReservation/nil-account.
+// specVirtualBackingReleaseReservationNilAccount is the subtest
+// VirtualBacking/ReleaseReservation/nil-account.
 func specVirtualBackingReleaseReservationNilAccount(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.to = nil
 	tolerate(t, "ReleaseReservation without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingReleaseReservationDoubleRelease is the subtest VirtualBacking/ReleaseReservation/double-release.
+// specVirtualBackingReleaseReservationDoubleRelease is the subtest
+// VirtualBacking/ReleaseReservation/double-release.
 func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	if _, err := c.call(e); err != nil {
@@ -399,7 +442,8 @@ func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	refuse(t, "ReleaseReservation of an already released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingReleaseReservationConcurrentRelease is the subtest VirtualBacking/ReleaseReservation/concurrent-release.
+// specVirtualBackingReleaseReservationConcurrentRelease is the subtest
+// VirtualBacking/ReleaseReservation/concurrent-release.
 func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validReleaseReservation(t)
@@ -407,7 +451,8 @@ func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorReleaseReservation is the subtest invariant/release-by-creator/ReleaseReservation.
+// specInvariantReleaseByCreatorReleaseReservation is the subtest
+// invariant/release-by-creator/ReleaseReservation.
 func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	o := e.other(t)
@@ -415,14 +460,16 @@ func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	refuse(t, "ReleaseReservation of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationNilRes is the subtest VirtualBacking/ReleaseReservation/nil-res.
+// specVirtualBackingReleaseReservationNilRes is the subtest
+// VirtualBacking/ReleaseReservation/nil-res.
 func specVirtualBackingReleaseReservationNilRes(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.res = nil
 	refuse(t, "ReleaseReservation with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingAbsentMeansUnsupported is the subtest SharedMapping/absent-means-unsupported.
+// specSharedMappingAbsentMeansUnsupported is the subtest
+// SharedMapping/absent-means-unsupported.
 func specSharedMappingAbsentMeansUnsupported(t T, e *env) {
 	v, ok := e.m.AsSharedMapping()
 	_, again := e.m.AsSharedMapping()
@@ -430,7 +477,8 @@ func specSharedMappingAbsentMeansUnsupported(t T, e *env) {
 	checkAccessor(t, "SharedMapping", ok, v != nil, again == ok, r != nil, err, memapi.Negotiate(e.m).Has(memapi.CapSharedMapping))
 }
 
-// specSharedMappingCreateBackingCreatesLiveHandle is the subtest SharedMapping/CreateBacking/creates-live-handle.
+// specSharedMappingCreateBackingCreatesLiveHandle is the subtest
+// SharedMapping/CreateBacking/creates-live-handle.
 func specSharedMappingCreateBackingCreatesLiveHandle(t T, e *env) {
 	c := e.validCreateBacking(t)
 	h, err := c.call(e)
@@ -440,23 +488,27 @@ func specSharedMappingCreateBackingCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "CreateBacking", h)
 }
 
-// specSharedMappingCreateBackingExactAccounting is the subtest SharedMapping/CreateBacking/exact-accounting.
+// specSharedMappingCreateBackingExactAccounting is the subtest
+// SharedMapping/CreateBacking/exact-accounting.
 func specSharedMappingCreateBackingExactAccounting(t T, e *env) {
 	c := e.validCreateBacking(t)
 	want := e.round(t, c.size, roundGranularity)
+	witness := e.witnessCreateBacking(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("CreateBacking: %v", err)
 	}
 	e.expectConsumed(t, "CreateBacking", before, want)
+	witness(h)
 	checkCreated(t, e, "CreateBacking", h)
 	if x, _ := h.(*memapi.Backing); x != nil && x.Size() != want {
 		t.Errorf("CreateBacking: the Backing's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
 	}
 }
 
-// specInvariantChargeBeforeCommitCreateBacking is the subtest invariant/charge-before-commit/CreateBacking.
+// specInvariantChargeBeforeCommitCreateBacking is the subtest
+// invariant/charge-before-commit/CreateBacking.
 func specInvariantChargeBeforeCommitCreateBacking(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.grant = nil
@@ -466,21 +518,24 @@ func specInvariantChargeBeforeCommitCreateBacking(t T, e *env) {
 	tolerate(t, "CreateBacking with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCreateBacking is the subtest invariant/no-partial-state/CreateBacking.
+// specInvariantNoPartialStateCreateBacking is the subtest
+// invariant/no-partial-state/CreateBacking.
 func specInvariantNoPartialStateCreateBacking(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "CreateBacking with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specSharedMappingCreateBackingZeroSize is the subtest SharedMapping/CreateBacking/zero-size.
+// specSharedMappingCreateBackingZeroSize is the subtest
+// SharedMapping/CreateBacking/zero-size.
 func specSharedMappingCreateBackingZeroSize(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.size = 0
 	refuse(t, "CreateBacking with size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specSharedMappingCreateBackingHugeSize is the subtest SharedMapping/CreateBacking/huge-size.
+// specSharedMappingCreateBackingHugeSize is the subtest
+// SharedMapping/CreateBacking/huge-size.
 func specSharedMappingCreateBackingHugeSize(t T, e *env) {
 	c := e.validCreateBacking(t)
 	c.size = 1 << 62
@@ -490,7 +545,8 @@ func specSharedMappingCreateBackingHugeSize(t T, e *env) {
 	refuse(t, "CreateBacking with size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specSharedMappingMapViewCreatesLiveHandle is the subtest SharedMapping/MapView/creates-live-handle.
+// specSharedMappingMapViewCreatesLiveHandle is the subtest
+// SharedMapping/MapView/creates-live-handle.
 func specSharedMappingMapViewCreatesLiveHandle(t T, e *env) {
 	c := e.validMapView(t)
 	h, err := c.call(e)
@@ -500,7 +556,8 @@ func specSharedMappingMapViewCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "MapView", h)
 }
 
-// specSharedMappingMapViewNoAccounting is the subtest SharedMapping/MapView/no-accounting.
+// specSharedMappingMapViewNoAccounting is the subtest
+// SharedMapping/MapView/no-accounting.
 func specSharedMappingMapViewNoAccounting(t T, e *env) {
 	c := e.validMapView(t)
 	before := e.books()
@@ -517,14 +574,16 @@ func specSharedMappingMapViewNilRes(t T, e *env) {
 	refuse(t, "MapView with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingMapViewReleasedRes is the subtest SharedMapping/MapView/released-res.
+// specSharedMappingMapViewReleasedRes is the subtest
+// SharedMapping/MapView/released-res.
 func specSharedMappingMapViewReleasedRes(t T, e *env) {
 	c := e.validMapView(t)
 	e.release(t, c.res)
 	refuse(t, "MapView with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingMapViewForeignRes is the subtest SharedMapping/MapView/foreign-res.
+// specSharedMappingMapViewForeignRes is the subtest
+// SharedMapping/MapView/foreign-res.
 func specSharedMappingMapViewForeignRes(t T, e *env) {
 	c := e.validMapView(t)
 	o := e.other(t)
@@ -539,14 +598,16 @@ func specSharedMappingMapViewNilB(t T, e *env) {
 	refuse(t, "MapView with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingMapViewReleasedB is the subtest SharedMapping/MapView/released-b.
+// specSharedMappingMapViewReleasedB is the subtest
+// SharedMapping/MapView/released-b.
 func specSharedMappingMapViewReleasedB(t T, e *env) {
 	c := e.validMapView(t)
 	e.release(t, c.b)
 	refuse(t, "MapView with a released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingMapViewForeignB is the subtest SharedMapping/MapView/foreign-b.
+// specSharedMappingMapViewForeignB is the subtest
+// SharedMapping/MapView/foreign-b.
 func specSharedMappingMapViewForeignB(t T, e *env) {
 	c := e.validMapView(t)
 	o := e.other(t)
@@ -554,7 +615,8 @@ func specSharedMappingMapViewForeignB(t T, e *env) {
 	refuse(t, "MapView of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingMapViewOutOfRange is the subtest SharedMapping/MapView/out-of-range.
+// specSharedMappingMapViewOutOfRange is the subtest
+// SharedMapping/MapView/out-of-range.
 func specSharedMappingMapViewOutOfRange(t T, e *env) {
 	c := e.validMapView(t)
 	c.r = memapi.Range{
@@ -573,7 +635,8 @@ func specSharedMappingMapViewOutOfRange(t T, e *env) {
 	refuse(t, "MapView of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specSharedMappingMapViewUnaligned is the subtest SharedMapping/MapView/unaligned.
+// specSharedMappingMapViewUnaligned is the subtest
+// SharedMapping/MapView/unaligned.
 func specSharedMappingMapViewUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -584,7 +647,8 @@ func specSharedMappingMapViewUnaligned(t T, e *env) {
 	refuse(t, "MapView of a range whose offset is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specSharedMappingMapViewSizeMismatch is the subtest SharedMapping/MapView/size-mismatch.
+// specSharedMappingMapViewSizeMismatch is the subtest
+// SharedMapping/MapView/size-mismatch.
 func specSharedMappingMapViewSizeMismatch(t T, e *env) {
 	g := e.gran(t)
 	c := e.validMapView(t)
@@ -597,7 +661,8 @@ func specSharedMappingMapViewSizeMismatch(t T, e *env) {
 	}
 }
 
-// specSharedMappingUnmapViewNoAccounting is the subtest SharedMapping/UnmapView/no-accounting.
+// specSharedMappingUnmapViewNoAccounting is the subtest
+// SharedMapping/UnmapView/no-accounting.
 func specSharedMappingUnmapViewNoAccounting(t T, e *env) {
 	c := e.validUnmapView(t)
 	before := e.books()
@@ -607,7 +672,8 @@ func specSharedMappingUnmapViewNoAccounting(t T, e *env) {
 	e.expectConsumed(t, "UnmapView", before, 0)
 }
 
-// specSharedMappingUnmapViewDoubleRelease is the subtest SharedMapping/UnmapView/double-release.
+// specSharedMappingUnmapViewDoubleRelease is the subtest
+// SharedMapping/UnmapView/double-release.
 func specSharedMappingUnmapViewDoubleRelease(t T, e *env) {
 	c := e.validUnmapView(t)
 	if _, err := c.call(e); err != nil {
@@ -616,7 +682,8 @@ func specSharedMappingUnmapViewDoubleRelease(t T, e *env) {
 	refuse(t, "UnmapView of an already released v", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingUnmapViewConcurrentRelease is the subtest SharedMapping/UnmapView/concurrent-release.
+// specSharedMappingUnmapViewConcurrentRelease is the subtest
+// SharedMapping/UnmapView/concurrent-release.
 func specSharedMappingUnmapViewConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validUnmapView(t)
@@ -624,7 +691,8 @@ func specSharedMappingUnmapViewConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorUnmapView is the subtest invariant/release-by-creator/UnmapView.
+// specInvariantReleaseByCreatorUnmapView is the subtest
+// invariant/release-by-creator/UnmapView.
 func specInvariantReleaseByCreatorUnmapView(t T, e *env) {
 	c := e.validUnmapView(t)
 	o := e.other(t)
@@ -639,7 +707,8 @@ func specSharedMappingUnmapViewNilV(t T, e *env) {
 	refuse(t, "UnmapView with a nil v", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingCopyOnWriteCreatesLiveHandle is the subtest SharedMapping/CopyOnWrite/creates-live-handle.
+// specSharedMappingCopyOnWriteCreatesLiveHandle is the subtest
+// SharedMapping/CopyOnWrite/creates-live-handle.
 func specSharedMappingCopyOnWriteCreatesLiveHandle(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	h, err := c.call(e)
@@ -649,18 +718,23 @@ func specSharedMappingCopyOnWriteCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "CopyOnWrite", h)
 }
 
-// specSharedMappingCopyOnWriteExactAccounting is the subtest SharedMapping/CopyOnWrite/exact-accounting.
+// specSharedMappingCopyOnWriteExactAccounting is the subtest
+// SharedMapping/CopyOnWrite/exact-accounting.
 func specSharedMappingCopyOnWriteExactAccounting(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	want := e.round(t, c.v.Range().Len, roundGranularity)
+	witness := e.witnessCopyOnWrite(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("CopyOnWrite: %v", err)
 	}
 	e.expectConsumed(t, "CopyOnWrite", before, want)
+	witness(h)
 }
 
-// specInvariantChargeBeforeCommitCopyOnWrite is the subtest invariant/charge-before-commit/CopyOnWrite.
+// specInvariantChargeBeforeCommitCopyOnWrite is the subtest
+// invariant/charge-before-commit/CopyOnWrite.
 func specInvariantChargeBeforeCommitCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.grant = nil
@@ -670,14 +744,16 @@ func specInvariantChargeBeforeCommitCopyOnWrite(t T, e *env) {
 	tolerate(t, "CopyOnWrite with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specInvariantNoPartialStateCopyOnWrite is the subtest invariant/no-partial-state/CopyOnWrite.
+// specInvariantNoPartialStateCopyOnWrite is the subtest
+// invariant/no-partial-state/CopyOnWrite.
 func specInvariantNoPartialStateCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.grant = e.newGrant(e.info.Authority, 0)
 	tolerate(t, "CopyOnWrite with a grant that cannot be drawn from", e, c.call, memapi.ErrGrantExhausted)
 }
 
-// specSharedMappingCopyOnWriteDoubleRelease is the subtest SharedMapping/CopyOnWrite/double-release.
+// specSharedMappingCopyOnWriteDoubleRelease is the subtest
+// SharedMapping/CopyOnWrite/double-release.
 func specSharedMappingCopyOnWriteDoubleRelease(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	if _, err := c.call(e); err != nil {
@@ -686,7 +762,8 @@ func specSharedMappingCopyOnWriteDoubleRelease(t T, e *env) {
 	refuse(t, "CopyOnWrite of an already released v", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingCopyOnWriteConcurrentRelease is the subtest SharedMapping/CopyOnWrite/concurrent-release.
+// specSharedMappingCopyOnWriteConcurrentRelease is the subtest
+// SharedMapping/CopyOnWrite/concurrent-release.
 func specSharedMappingCopyOnWriteConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validCopyOnWrite(t)
@@ -694,7 +771,8 @@ func specSharedMappingCopyOnWriteConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorCopyOnWrite is the subtest invariant/release-by-creator/CopyOnWrite.
+// specInvariantReleaseByCreatorCopyOnWrite is the subtest
+// invariant/release-by-creator/CopyOnWrite.
 func specInvariantReleaseByCreatorCopyOnWrite(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	o := e.other(t)
@@ -702,7 +780,8 @@ func specInvariantReleaseByCreatorCopyOnWrite(t T, e *env) {
 	refuse(t, "CopyOnWrite of a View made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingCopyOnWriteNilV is the subtest SharedMapping/CopyOnWrite/nil-v.
+// specSharedMappingCopyOnWriteNilV is the subtest
+// SharedMapping/CopyOnWrite/nil-v.
 func specSharedMappingCopyOnWriteNilV(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	c.v = nil
@@ -716,14 +795,16 @@ func specSharedMappingViewCountNilB(t T, e *env) {
 	refuse(t, "ViewCount with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specSharedMappingViewCountReleasedB is the subtest SharedMapping/ViewCount/released-b.
+// specSharedMappingViewCountReleasedB is the subtest
+// SharedMapping/ViewCount/released-b.
 func specSharedMappingViewCountReleasedB(t T, e *env) {
 	c := e.validViewCount(t)
 	e.release(t, c.b)
 	refuse(t, "ViewCount with a released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingViewCountForeignB is the subtest SharedMapping/ViewCount/foreign-b.
+// specSharedMappingViewCountForeignB is the subtest
+// SharedMapping/ViewCount/foreign-b.
 func specSharedMappingViewCountForeignB(t T, e *env) {
 	c := e.validViewCount(t)
 	o := e.other(t)
@@ -731,7 +812,8 @@ func specSharedMappingViewCountForeignB(t T, e *env) {
 	refuse(t, "ViewCount of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingReleaseBackingExactRefund is the subtest SharedMapping/ReleaseBacking/exact-refund.
+// specSharedMappingReleaseBackingExactRefund is the subtest
+// SharedMapping/ReleaseBacking/exact-refund.
 func specSharedMappingReleaseBackingExactRefund(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	want := e.round(t, c.b.Size(), roundNone)
@@ -745,14 +827,16 @@ func specSharedMappingReleaseBackingExactRefund(t T, e *env) {
 	}
 }
 
-// specSharedMappingReleaseBackingNilAccount is the subtest SharedMapping/ReleaseBacking/nil-account.
+// specSharedMappingReleaseBackingNilAccount is the subtest
+// SharedMapping/ReleaseBacking/nil-account.
 func specSharedMappingReleaseBackingNilAccount(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	c.to = nil
 	tolerate(t, "ReleaseBacking without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specSharedMappingReleaseBackingDoubleRelease is the subtest SharedMapping/ReleaseBacking/double-release.
+// specSharedMappingReleaseBackingDoubleRelease is the subtest
+// SharedMapping/ReleaseBacking/double-release.
 func specSharedMappingReleaseBackingDoubleRelease(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	if _, err := c.call(e); err != nil {
@@ -761,7 +845,8 @@ func specSharedMappingReleaseBackingDoubleRelease(t T, e *env) {
 	refuse(t, "ReleaseBacking of an already released b", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specSharedMappingReleaseBackingConcurrentRelease is the subtest SharedMapping/ReleaseBacking/concurrent-release.
+// specSharedMappingReleaseBackingConcurrentRelease is the subtest
+// SharedMapping/ReleaseBacking/concurrent-release.
 func specSharedMappingReleaseBackingConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validReleaseBacking(t)
@@ -769,7 +854,8 @@ func specSharedMappingReleaseBackingConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorReleaseBacking is the subtest invariant/release-by-creator/ReleaseBacking.
+// specInvariantReleaseByCreatorReleaseBacking is the subtest
+// invariant/release-by-creator/ReleaseBacking.
 func specInvariantReleaseByCreatorReleaseBacking(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	o := e.other(t)
@@ -777,14 +863,16 @@ func specInvariantReleaseByCreatorReleaseBacking(t T, e *env) {
 	refuse(t, "ReleaseBacking of a Backing made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specSharedMappingReleaseBackingNilB is the subtest SharedMapping/ReleaseBacking/nil-b.
+// specSharedMappingReleaseBackingNilB is the subtest
+// SharedMapping/ReleaseBacking/nil-b.
 func specSharedMappingReleaseBackingNilB(t T, e *env) {
 	c := e.validReleaseBacking(t)
 	c.b = nil
 	refuse(t, "ReleaseBacking with a nil b", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specInvariantNoSilentNoopVirtualBacking is the subtest invariant/no-silent-noop/VirtualBacking.
+// specInvariantNoSilentNoopVirtualBacking is the subtest
+// invariant/no-silent-noop/VirtualBacking.
 func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validReserve(t)
@@ -798,21 +886,25 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validCommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessCommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Commit", err)
 		if err == nil {
 			e.expectConsumed(t, "Commit", before, want)
+			witness(h)
 		}
 	}
 	{
 		c := e.validDecommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessDecommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Decommit", err)
 		if err == nil {
 			e.expectRefunded(t, "Decommit", before, want)
+			witness(h)
 		}
 	}
 	{
@@ -832,16 +924,19 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	}
 }
 
-// specInvariantNoSilentNoopSharedMapping is the subtest invariant/no-silent-noop/SharedMapping.
+// specInvariantNoSilentNoopSharedMapping is the subtest
+// invariant/no-silent-noop/SharedMapping.
 func specInvariantNoSilentNoopSharedMapping(t T, e *env) {
 	{
 		c := e.validCreateBacking(t)
 		want := e.round(t, c.size, roundGranularity)
+		witness := e.witnessCreateBacking(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "SharedMapping", "CreateBacking", err)
 		if err == nil {
 			e.expectConsumed(t, "CreateBacking", before, want)
+			witness(h)
 		}
 	}
 	{
@@ -865,11 +960,13 @@ func specInvariantNoSilentNoopSharedMapping(t T, e *env) {
 	{
 		c := e.validCopyOnWrite(t)
 		want := e.round(t, c.v.Range().Len, roundGranularity)
+		witness := e.witnessCopyOnWrite(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "SharedMapping", "CopyOnWrite", err)
 		if err == nil {
 			e.expectConsumed(t, "CopyOnWrite", before, want)
+			witness(h)
 		}
 	}
 	{

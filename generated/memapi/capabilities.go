@@ -8,61 +8,84 @@ import (
 	"strings"
 )
 
-// DeviceAllocator obtains and returns ordinary memory. Every mechanism
-// offers it. Allocate takes the full physical size at once.
+// DeviceAllocator obtains and returns ordinary memory. Every mechanism offers
+// it. Allocate takes the full physical size at once.
 //
 // Every mechanism offers DeviceAllocator.
 type DeviceAllocator interface {
 	// Info describes the mechanism instance.
 	//
-	// Accounting: query only.
+	// It only queries.
 	Info() MechanismInfo
 
-	// Allocate obtains req.Size bytes rounded up to the allocation granularity. It fails with ErrInvalidSize for a zero or absurd size and ErrOutOfMemory when the device refuses.
+	// Allocate obtains req.Size bytes rounded up to the allocation granularity. It
+	// fails with ErrInvalidSize for a zero or absurd size and ErrOutOfMemory when
+	// the device refuses.
 	//
-	// Accounting: consumes req.Size rounded to alloc from grant. Creates an Allocation that records this instance as its creator. Requires: positive(req.Size).
+	// It consumes req.Size, rounded up to the allocation granularity, drawn from
+	// grant (the checked wrapper moves the bytes; the mechanism never does). It
+	// creates an Allocation that records this instance as its creator. The checked
+	// wrapper requires positive(req.Size).
 	Allocate(ctx context.Context, req AllocRequest, grant Grant) (*Allocation, error)
 
-	// Free returns the allocation's memory. Only the creating instance frees it; a second Free fails with ErrReleased.
+	// Free returns the allocation's memory. Only the creating instance frees it; a
+	// second Free fails with ErrReleased.
 	//
-	// Accounting: refunds a.Size to to. Releases a; only its creator may, and only once. Requires: live(a).
+	// It refunds a.Size to the account to (the checked wrapper moves the bytes; the
+	// mechanism never does). It releases a; only its creator may, and only once.
+	// The checked wrapper requires live(a).
 	Free(ctx context.Context, a *Allocation, to Account) error
 
-	// UsedBytes reports the physical bytes the instance holds now, over all its capabilities.
+	// UsedBytes reports the physical bytes the instance holds now, over all its
+	// capabilities.
 	//
-	// Accounting: query only.
+	// It only queries.
 	UsedBytes() Bytes
 }
 
 // VirtualBacking reserves a stable address range and installs or removes
-// physical backing in granularity-aligned sub-ranges. The address never
-// moves while the backing grows and shrinks.
+// physical backing in granularity-aligned sub-ranges. The address never moves
+// while the backing grows and shrinks.
 //
-// Optional: reach it through Mechanism.AsVirtualBacking or RequireVirtualBacking; never assume it.
+// It is optional: reach it through Mechanism.AsVirtualBacking or
+// RequireVirtualBacking; never assume it.
 type VirtualBacking interface {
-	// Reserve obtains req.Size bytes of address space (rounded up to the granularity) with no physical backing.
+	// Reserve obtains req.Size bytes of address space (rounded up to the
+	// granularity) with no physical backing.
 	//
-	// Accounting: none. Creates a Reservation that records this instance as its creator. Requires: positive(req.Size).
+	// It moves no bytes. It creates a Reservation that records this instance as its
+	// creator. The checked wrapper requires positive(req.Size).
 	Reserve(ctx context.Context, req ReserveRequest) (*Reservation, error)
 
-	// Commit installs physical backing for r, which must be aligned, inside res, and not yet committed. Fresh backing reads as zeros. It fails with ErrOutOfMemory, leaving nothing installed, when the device refuses.
+	// Commit installs physical backing for r, which must be aligned, inside res,
+	// and not yet committed. Fresh backing reads as zeros. It fails with
+	// ErrOutOfMemory, leaving nothing installed, when the device refuses.
 	//
-	// Accounting: consumes r.Len rounded to granularity from grant. Requires: live(res), within(r, res), aligned(r).
+	// It consumes r.Len, rounded up to the granularity, drawn from grant (the
+	// checked wrapper moves the bytes; the mechanism never does). The checked
+	// wrapper requires live(res), within(r, res), aligned(r).
 	Commit(ctx context.Context, res *Reservation, r Range, grant Grant) error
 
-	// Decommit removes the physical backing of r, which must be fully committed, and keeps the address range reserved.
+	// Decommit removes the physical backing of r, which must be fully committed,
+	// and keeps the address range reserved.
 	//
-	// Accounting: refunds r.Len rounded to granularity to to. Requires: live(res), within(r, res), aligned(r).
+	// It refunds r.Len, rounded up to the granularity, to the account to (the
+	// checked wrapper moves the bytes; the mechanism never does). The checked
+	// wrapper requires live(res), within(r, res), aligned(r).
 	Decommit(ctx context.Context, res *Reservation, r Range, to Account) error
 
-	// CommittedBytes reports the bytes of res that have private physical backing installed by Commit.
+	// CommittedBytes reports the bytes of res that have private physical backing
+	// installed by Commit.
 	//
-	// Accounting: query only. Requires: live(res).
+	// It only queries. The checked wrapper requires live(res).
 	CommittedBytes(res *Reservation) (Bytes, error)
 
-	// ReleaseReservation decommits what is still committed and frees the address range. It fails with ErrInUse while views are mapped in it.
+	// ReleaseReservation decommits what is still committed and frees the address
+	// range. It fails with ErrInUse while views are mapped in it.
 	//
-	// Accounting: refunds committed(res) to to. Releases res; only its creator may, and only once. Requires: live(res).
+	// It refunds committed(res) to the account to (the checked wrapper moves the
+	// bytes; the mechanism never does). It releases res; only its creator may, and
+	// only once. The checked wrapper requires live(res).
 	ReleaseReservation(ctx context.Context, res *Reservation, to Account) error
 }
 
@@ -70,48 +93,68 @@ type VirtualBacking interface {
 // read-only or read-write. Writing into shared pages needs an explicit
 // CopyOnWrite, which is charged; there is no silent write sharing.
 //
-// Optional: reach it through Mechanism.AsSharedMapping or RequireSharedMapping; never assume it.
+// It is optional: reach it through Mechanism.AsSharedMapping or
+// RequireSharedMapping; never assume it.
 type SharedMapping interface {
-	// CreateBacking obtains size bytes (rounded up to the granularity) of physical memory, mapped nowhere yet. Fresh backing reads as zeros.
+	// CreateBacking obtains size bytes (rounded up to the granularity) of physical
+	// memory, mapped nowhere yet. Fresh backing reads as zeros.
 	//
-	// Accounting: consumes size rounded to granularity from grant. Creates a Backing that records this instance as its creator. Requires: positive(size).
+	// It consumes size, rounded up to the granularity, drawn from grant (the
+	// checked wrapper moves the bytes; the mechanism never does). It creates a
+	// Backing that records this instance as its creator. The checked wrapper
+	// requires positive(size).
 	CreateBacking(ctx context.Context, size Bytes, grant Grant) (*Backing, error)
 
-	// MapView maps the whole backing b at range r of res with the given access; r must be aligned, inside res, uncommitted and unmapped, and as long as b.
+	// MapView maps the whole backing b at range r of res with the given access; r
+	// must be aligned, inside res, uncommitted and unmapped, and as long as b.
 	//
-	// Accounting: none. Creates a View that records this instance as its creator. Requires: live(res), live(b), within(r, res), aligned(r), fits(r, b).
+	// It moves no bytes. It creates a View that records this instance as its
+	// creator. The checked wrapper requires live(res), live(b), within(r, res),
+	// aligned(r), fits(r, b).
 	MapView(ctx context.Context, res *Reservation, r Range, b *Backing, access Access) (*View, error)
 
-	// UnmapView removes the view and leaves its range reserved with no backing. The backing stays alive.
+	// UnmapView removes the view and leaves its range reserved with no backing. The
+	// backing stays alive.
 	//
-	// Accounting: none. Releases v; only its creator may, and only once. Requires: live(v).
+	// It moves no bytes. It releases v; only its creator may, and only once. The
+	// checked wrapper requires live(v).
 	UnmapView(ctx context.Context, v *View) error
 
-	// CopyOnWrite replaces view v by a read-write view of a new private backing holding a copy of v's bytes. The new backing is charged; v is released; the old backing stays alive for its other views.
+	// CopyOnWrite replaces view v by a read-write view of a new private backing
+	// holding a copy of v's bytes. The new backing is charged; v is released; the
+	// old backing stays alive for its other views.
 	//
-	// Accounting: consumes v.Range.Len rounded to granularity from grant. Creates a View that records this instance as its creator. Releases v; only its creator may, and only once. Requires: live(v).
+	// It consumes v.Range.Len, rounded up to the granularity, drawn from grant (the
+	// checked wrapper moves the bytes; the mechanism never does). It creates a View
+	// that records this instance as its creator. It releases v; only its creator
+	// may, and only once. The checked wrapper requires live(v).
 	CopyOnWrite(ctx context.Context, v *View, grant Grant) (*View, error)
 
 	// ViewCount reports how many views of b are mapped.
 	//
-	// Accounting: query only. Requires: live(b).
+	// It only queries. The checked wrapper requires live(b).
 	ViewCount(b *Backing) (int, error)
 
-	// ReleaseBacking frees the physical memory of b. It fails with ErrInUse while views of b are mapped.
+	// ReleaseBacking frees the physical memory of b. It fails with ErrInUse while
+	// views of b are mapped.
 	//
-	// Accounting: refunds b.Size to to. Releases b; only its creator may, and only once. Requires: live(b).
+	// It refunds b.Size to the account to (the checked wrapper moves the bytes; the
+	// mechanism never does). It releases b; only its creator may, and only once.
+	// The checked wrapper requires live(b).
 	ReleaseBacking(ctx context.Context, b *Backing, to Account) error
 }
 
-// Mechanism is a memory mechanism: the required capabilities, plus one
-// accessor per optional capability that reports whether this instance really
-// offers it now. An accessor that returns false means absent: there is no
-// default implementation to fall back on.
+// Mechanism is a memory mechanism: the required capabilities, plus one accessor
+// per optional capability that reports whether this instance really offers it
+// now. An accessor that returns false means absent: there is no default
+// implementation to fall back on.
 type Mechanism interface {
 	DeviceAllocator
-	// AsVirtualBacking returns the VirtualBacking capability and true when the instance offers it, or nil and false.
+	// AsVirtualBacking returns the VirtualBacking capability and true when the
+	// instance offers it, or nil and false.
 	AsVirtualBacking() (VirtualBacking, bool)
-	// AsSharedMapping returns the SharedMapping capability and true when the instance offers it, or nil and false.
+	// AsSharedMapping returns the SharedMapping capability and true when the
+	// instance offers it, or nil and false.
 	AsSharedMapping() (SharedMapping, bool)
 }
 
@@ -179,8 +222,9 @@ func Negotiate(m Mechanism) CapSet {
 	return s
 }
 
-// RequireVirtualBacking returns m's VirtualBacking, or an *Error of kind ErrUnsupported
-// (errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.
+// RequireVirtualBacking returns m's VirtualBacking, or an *Error of kind
+// ErrUnsupported (errors.Is(err, errors.ErrUnsupported) holds) when m does not
+// offer it.
 func RequireVirtualBacking(m Mechanism) (VirtualBacking, error) {
 	if v, ok := m.AsVirtualBacking(); ok && v != nil {
 		return v, nil
@@ -193,8 +237,9 @@ func RequireVirtualBacking(m Mechanism) (VirtualBacking, error) {
 	}
 }
 
-// RequireSharedMapping returns m's SharedMapping, or an *Error of kind ErrUnsupported
-// (errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.
+// RequireSharedMapping returns m's SharedMapping, or an *Error of kind
+// ErrUnsupported (errors.Is(err, errors.ErrUnsupported) holds) when m does not
+// offer it.
 func RequireSharedMapping(m Mechanism) (SharedMapping, error) {
 	if v, ok := m.AsSharedMapping(); ok && v != nil {
 		return v, nil

@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "b0ed06ee3d3acbbad596a36252726c339c300deb8ab08ce69365b1993e108da9"
+const SpecDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"

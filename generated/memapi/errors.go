@@ -11,52 +11,70 @@ import (
 // Sentinel errors. Compare with errors.Is: every error the contract returns
 // wraps exactly one of them, usually inside an *Error carrying the figures.
 var (
-	// ErrUnsupported is the mechanism does not offer the capability or operation.
+	// ErrUnsupported is returned when the mechanism does not offer the capability
+	// or operation.
 	ErrUnsupported = fmt.Errorf("memapi: unsupported: %w", errors.ErrUnsupported)
-	// ErrUnavailable is the mechanism cannot run on this machine (no driver, no device).
+	// ErrUnavailable is returned when the mechanism cannot run on this machine (no
+	// driver, no device).
 	ErrUnavailable = errors.New("memapi: unavailable")
-	// ErrOutOfMemory is the device or kernel refused the physical memory.
+	// ErrOutOfMemory is returned when the device or kernel refused the physical
+	// memory.
 	ErrOutOfMemory = errors.New("memapi: out of memory")
-	// ErrInvalidSize is a size is zero, not a multiple of the required alignment, or too large.
+	// ErrInvalidSize is returned when a size is zero, not a multiple of the
+	// required alignment, or too large.
 	ErrInvalidSize = errors.New("memapi: invalid size")
-	// ErrInvalidRange is a range is empty or lies outside its reservation.
+	// ErrInvalidRange is returned when a range is empty or lies outside its
+	// reservation.
 	ErrInvalidRange = errors.New("memapi: invalid range")
-	// ErrUnaligned is a range or size is not aligned to the mechanism's granularity.
+	// ErrUnaligned is returned when a range or size is not aligned to the
+	// mechanism's granularity.
 	ErrUnaligned = errors.New("memapi: unaligned")
-	// ErrNilHandle is a handle argument is nil.
+	// ErrNilHandle is returned when a handle argument is nil.
 	ErrNilHandle = errors.New("memapi: nil handle")
-	// ErrForeignHandle is a handle was created by another mechanism instance.
+	// ErrForeignHandle is returned when a handle was created by another mechanism
+	// instance.
 	ErrForeignHandle = errors.New("memapi: foreign handle")
-	// ErrReleased is a handle was already released (double release or use after release).
+	// ErrReleased is returned when a handle was already released (double release or
+	// use after release).
 	ErrReleased = errors.New("memapi: released")
-	// ErrInUse is the handle still has dependants (mapped views, committed ranges, live allocations).
+	// ErrInUse is returned when the handle still has dependants (mapped views,
+	// committed ranges, live allocations).
 	ErrInUse = errors.New("memapi: in use")
-	// ErrCommitted: Part of the range already has physical backing.
+	// ErrCommitted is returned when part of the range already has physical backing.
 	ErrCommitted = errors.New("memapi: committed")
-	// ErrNotCommitted: Part of the range has no physical backing.
+	// ErrNotCommitted is returned when part of the range has no physical backing.
 	ErrNotCommitted = errors.New("memapi: not committed")
-	// ErrReadOnly is a write was attempted through a read-only view.
+	// ErrReadOnly is returned when a write was attempted through a read-only view.
 	ErrReadOnly = errors.New("memapi: read only")
-	// ErrNoGrant is a consuming call was made without a grant.
+	// ErrNoGrant is returned when a consuming call was made without a grant.
 	ErrNoGrant = errors.New("memapi: no grant")
-	// ErrNoAccount is a refunding call was made through the checked wrapper without an account to refund to.
+	// ErrNoAccount is returned when a refunding call was made through the checked
+	// wrapper without an account to refund to.
 	ErrNoAccount = errors.New("memapi: no account")
-	// ErrGrantClosed is the grant was committed, cancelled or reclaimed after its deadline.
+	// ErrForeignGrant is returned when a grant or account was not issued by a
+	// ledger the checked wrapper trusts; it is forged or comes from another ledger.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
+	// ErrGrantClosed is returned when the grant was committed, cancelled or
+	// reclaimed after its deadline.
 	ErrGrantClosed = errors.New("memapi: grant closed")
-	// ErrGrantExhausted is the grant does not cover the bytes drawn from it.
+	// ErrGrantExhausted is returned when the grant does not cover the bytes drawn
+	// from it.
 	ErrGrantExhausted = errors.New("memapi: grant exhausted")
-	// ErrAuthorityMismatch is the grant or account belongs to another authority than the mechanism.
+	// ErrAuthorityMismatch is returned when the grant or account belongs to another
+	// authority than the mechanism.
 	ErrAuthorityMismatch = errors.New("memapi: authority mismatch")
-	// ErrOverBudget is the authority cannot grant the bytes, even after pressure.
+	// ErrOverBudget is returned when the authority cannot grant the bytes, even
+	// after pressure.
 	ErrOverBudget = errors.New("memapi: over budget")
-	// ErrUntruthful is the mechanism reported success but its committed bytes did not move by the rounded amount.
+	// ErrUntruthful is returned when the mechanism reported success but its
+	// committed bytes did not move by the rounded amount.
 	ErrUntruthful = errors.New("memapi: untruthful")
-	// ErrClosed is the object was closed.
+	// ErrClosed is returned when the object was closed.
 	ErrClosed = errors.New("memapi: closed")
 )
 
-// Error is the typed error of the contract: the operation, the kind (one of
-// the sentinels), the figures involved, and the underlying cause (an errno, a
+// Error is the typed error of the contract: the operation, the kind (one of the
+// sentinels), the figures involved, and the underlying cause (an errno, a
 // CUresult). errors.Is matches both the kind and the cause.
 type Error struct {
 	Op        string // Capability.Method or a layer's operation

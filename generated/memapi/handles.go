@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 )
 
-// Handle is what every handle type has in common. Handles are created only
-// by an Issuer, record the mechanism instance that created them, and move once
+// Handle is what every handle type has in common. Handles are created only by
+// an Issuer, record the mechanism instance that created them, and move once
 // from live to released; a released handle stays released.
 type Handle interface {
 	// ID returns the handle's process-unique id (0 for a nil handle).
@@ -31,6 +31,7 @@ type handleHeader struct {
 	creator InstanceID
 	state   atomic.Uint32
 	impl    any
+	charged atomic.Uint64 // committed bytes the checked wrapper charged against the handle (ChargeBook)
 }
 
 var (
@@ -38,9 +39,11 @@ var (
 	nextInstance atomic.Uint64
 )
 
-// Allocation: Ordinary memory made by DeviceAllocator.Allocate. Size is the physical size after rounding.
+// Allocation is ordinary memory made by DeviceAllocator.Allocate. Size is the
+// physical size after rounding.
 //
-// An Allocation is made only by Issuer.NewAllocation; its fields are read through methods.
+// An Allocation is made only by Issuer.NewAllocation; its fields are read
+// through methods.
 type Allocation struct {
 	hdr  handleHeader
 	addr DeviceAddr
@@ -92,9 +95,11 @@ func (a *Allocation) String() string {
 	return fmt.Sprintf("Allocation#%d(instance %d)", a.hdr.id, a.hdr.creator)
 }
 
-// Reservation is an address range made by VirtualBacking.Reserve; physical backing is installed in sub-ranges.
+// Reservation is an address range made by VirtualBacking.Reserve; physical
+// backing is installed in sub-ranges.
 //
-// A Reservation is made only by Issuer.NewReservation; its fields are read through methods.
+// A Reservation is made only by Issuer.NewReservation; its fields are read
+// through methods.
 type Reservation struct {
 	hdr  handleHeader
 	addr DeviceAddr
@@ -146,9 +151,11 @@ func (r *Reservation) String() string {
 	return fmt.Sprintf("Reservation#%d(instance %d)", r.hdr.id, r.hdr.creator)
 }
 
-// Backing is a physical backing made by SharedMapping.CreateBacking, mappable at several addresses.
+// Backing is a physical backing made by SharedMapping.CreateBacking, mappable
+// at several addresses.
 //
-// A Backing is made only by Issuer.NewBacking; its fields are read through methods.
+// A Backing is made only by Issuer.NewBacking; its fields are read through
+// methods.
 type Backing struct {
 	hdr  handleHeader
 	size Bytes
@@ -194,7 +201,7 @@ func (b *Backing) String() string {
 	return fmt.Sprintf("Backing#%d(instance %d)", b.hdr.id, b.hdr.creator)
 }
 
-// View: One mapping of a Backing into a range of a Reservation.
+// View is one mapping of a Backing into a range of a Reservation.
 //
 // A View is made only by Issuer.NewView; its fields are read through methods.
 type View struct {
@@ -278,8 +285,8 @@ func (i *Issuer) Instance() InstanceID {
 	return i.instance
 }
 
-// NewAllocation creates a live Allocation stamped with the Issuer's instance; impl is the
-// mechanism's private state, returned by Impl and BeginRelease.
+// NewAllocation creates a live Allocation stamped with the Issuer's instance;
+// impl is the mechanism's private state, returned by Impl and BeginRelease.
 func (i *Issuer) NewAllocation(addr DeviceAddr, size Bytes, impl any) *Allocation {
 	return &Allocation{
 		addr: addr,
@@ -292,8 +299,8 @@ func (i *Issuer) NewAllocation(addr DeviceAddr, size Bytes, impl any) *Allocatio
 	}
 }
 
-// NewReservation creates a live Reservation stamped with the Issuer's instance; impl is the
-// mechanism's private state, returned by Impl and BeginRelease.
+// NewReservation creates a live Reservation stamped with the Issuer's instance;
+// impl is the mechanism's private state, returned by Impl and BeginRelease.
 func (i *Issuer) NewReservation(addr DeviceAddr, size Bytes, impl any) *Reservation {
 	return &Reservation{
 		addr: addr,
@@ -306,8 +313,8 @@ func (i *Issuer) NewReservation(addr DeviceAddr, size Bytes, impl any) *Reservat
 	}
 }
 
-// NewBacking creates a live Backing stamped with the Issuer's instance; impl is the
-// mechanism's private state, returned by Impl and BeginRelease.
+// NewBacking creates a live Backing stamped with the Issuer's instance; impl is
+// the mechanism's private state, returned by Impl and BeginRelease.
 func (i *Issuer) NewBacking(size Bytes, impl any) *Backing {
 	return &Backing{
 		hdr: handleHeader{
@@ -396,8 +403,8 @@ func (i *Issuer) BeginRelease(op string, h Handle) (any, error) {
 	return hd.impl, nil
 }
 
-// EndRelease finishes BeginRelease: released when ok, live again when the
-// free failed and the memory is still held.
+// EndRelease finishes BeginRelease: released when ok, live again when the free
+// failed and the memory is still held.
 func (i *Issuer) EndRelease(h Handle, ok bool) {
 	hd := h.header()
 	if hd == nil || hd.creator != i.instance {

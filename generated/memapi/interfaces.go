@@ -4,20 +4,21 @@ package memapi
 
 import "context"
 
-// Grant is a provisional budget from the ledger. Consuming calls draw from it: the
-// checked wrapper draws the rounded bytes before it calls the mechanism and
+// Grant is a provisional budget from the ledger. Consuming calls draw from it:
+// the checked wrapper draws the rounded bytes before it calls the mechanism and
 // undraws them if the call fails. Mechanisms themselves never draw.
 type Grant interface {
 	// Authority returns the authority the grant belongs to.
 	Authority() AuthorityID
-	// Draw takes n bytes from the grant. It fails with ErrGrantExhausted when fewer remain and with ErrGrantClosed after commit, cancel or deadline.
+	// Draw takes n bytes from the grant. It fails with ErrGrantExhausted when fewer
+	// remain and with ErrGrantClosed after commit, cancel or deadline.
 	Draw(n Bytes) error
 	// Undraw gives back n previously drawn bytes.
 	Undraw(n Bytes) error
 }
 
-// Account: Where refunded bytes go: an open grant (refunding un-draws) or a lease
-// (refunding moves the bytes back to the authority's free pool). The
+// Account is where refunded bytes go: an open grant (refunding un-draws) or a
+// lease (refunding moves the bytes back to the authority's free pool). The
 // checked wrapper refunds after the mechanism really released the memory.
 type Account interface {
 	// Authority returns the authority the account belongs to.
@@ -26,19 +27,24 @@ type Account interface {
 	Refund(n Bytes) error
 }
 
-// Fence completes when all the work submitted to its stream before it was recorded has run.
+// Fence completes when all the work submitted to its stream before it was
+// recorded has run.
 type Fence interface {
 	// Done polls the fence without blocking.
 	Done() bool
-	// Wait blocks until the fence completes or ctx ends; it returns the first error of the work it covers.
+	// Wait blocks until the fence completes or ctx ends; it returns the first error
+	// of the work it covers.
 	Wait(ctx context.Context) error
-	// Ready returns a channel closed when the fence completes, or nil when the fence can only be polled.
+	// Ready returns a channel closed when the fence completes, or nil when the
+	// fence can only be polled.
 	Ready() <-chan struct{}
 }
 
-// Stream is an ordered queue of device work. Copies are enqueued; their errors surface at Synchronize and at the fences recorded after them.
+// Stream is an ordered queue of device work. Copies are enqueued; their errors
+// surface at Synchronize and at the fences recorded after them.
 type Stream interface {
-	// CopyToDevice enqueues a copy of src into device memory at dst. src must not change until a later fence completes.
+	// CopyToDevice enqueues a copy of src into device memory at dst. src must not
+	// change until a later fence completes.
 	CopyToDevice(dst DeviceAddr, src []byte) error
 	// CopyFromDevice enqueues a copy of device memory at src into dst.
 	CopyFromDevice(dst []byte, src DeviceAddr) error
@@ -52,7 +58,8 @@ type Stream interface {
 	Close() error
 }
 
-// DeviceContext is the execution side of one device; it owns streams and orders releases behind fences.
+// DeviceContext is the execution side of one device; it owns streams and orders
+// releases behind fences.
 type DeviceContext interface {
 	// Device returns the device the context runs on.
 	Device() DeviceKey

@@ -7,28 +7,32 @@ import "fmt"
 // Bytes is a count of bytes.
 type Bytes uint64
 
-// DeviceAddr is an address in a device's address space. Host mechanisms use the virtual address of the mapping; device addresses are never Go pointers.
+// DeviceAddr is an address in a device's address space. Host mechanisms use the
+// virtual address of the mapping; device addresses are never Go pointers.
 type DeviceAddr uint64
 
 // MechanismID is the spec name of a mechanism kind, such as "cpu" or "cuda".
 type MechanismID string
 
-// AuthorityID names one physical pool in one accounting scope, such as "cuda:0" or "host".
+// AuthorityID names one physical pool in one accounting scope, such as "cuda:0"
+// or "host".
 type AuthorityID string
 
-// InstanceID identifies one mechanism instance for the life of the process; every handle records the instance that created it.
+// InstanceID identifies one mechanism instance for the life of the process;
+// every handle records the instance that created it.
 type InstanceID uint64
 
 // HandleID identifies one handle for the life of the process.
 type HandleID uint64
 
-// DeviceKind is the kind of device a mechanism serves. The zero value is invalid.
+// DeviceKind is the kind of device a mechanism serves. The zero value is
+// invalid.
 type DeviceKind uint8
 
 const (
-	// DeviceKindHost: Host memory, served by the CPU mechanism.
+	// DeviceKindHost is host memory, served by the CPU mechanism.
 	DeviceKindHost DeviceKind = iota + 1
-	// DeviceKindCUDA: NVIDIA GPU memory, served by the CUDA driver.
+	// DeviceKindCUDA is NVIDIA GPU memory, served by the CUDA driver.
 	DeviceKindCUDA
 )
 
@@ -47,13 +51,15 @@ func (v DeviceKind) Valid() bool {
 	return v >= DeviceKindHost && v <= DeviceKindCUDA
 }
 
-// Access is the access a view grants to the memory it maps. The zero value is invalid.
+// Access is the access a view grants to the memory it maps. The zero value is
+// invalid.
 type Access uint8
 
 const (
-	// AccessReadOnly reads succeed; writes fault on the host and fail through a device context.
+	// AccessReadOnly means reads succeed; writes fault on the host and fail through
+	// a device context.
 	AccessReadOnly Access = iota + 1
-	// AccessReadWrite reads and writes succeed.
+	// AccessReadWrite means reads and writes succeed.
 	AccessReadWrite
 )
 

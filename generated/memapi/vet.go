@@ -2,8 +2,8 @@
 
 package memapi
 
-// VetMeta is what cmd/memvet checks code against, from the spec. Import
-// paths are full; the consuming and refunding methods are in Meta.
+// VetMeta is what cmd/memvet checks code against, from the spec. Import paths
+// are full; the consuming and refunding methods are in Meta.
 type VetMeta struct {
 	Module        string   // the module the packages below belong to
 	Contract      string   // the contract package
@@ -27,8 +27,8 @@ type NegotiatorMeta struct {
 	Accessor   string
 }
 
-// OwningHandleMeta is a type of the layers above the contract that owns
-// memory until its Close method runs (spec section ownership.handles).
+// OwningHandleMeta is a type of the layers above the contract that owns memory
+// until its Close method runs (spec section ownership.handles).
 type OwningHandleMeta struct {
 	Package string
 	Type    string
@@ -43,7 +43,7 @@ var Vet = VetMeta{
 	Generated:  []string{"github.com/memgen/memgen/generated/memapi", "github.com/memgen/memgen/generated/checked", "github.com/memgen/memgen/generated/conformance", "github.com/memgen/memgen/fakes"},
 	Grant:      "Grant",
 	Ledgers:    []string{"github.com/memgen/memgen/governor", "github.com/memgen/memgen/fakes"},
-	Mechanisms: []string{"github.com/memgen/memgen/mechanisms/cpu", "github.com/memgen/memgen/mechanisms/cuda"},
+	Mechanisms: []string{"github.com/memgen/memgen/mechanisms/cpu", "github.com/memgen/memgen/mechanisms/cuda", "github.com/memgen/memgen/mechanisms/example"},
 	Module:     "github.com/memgen/memgen",
 	Negotiators: []NegotiatorMeta{{
 		Accessor:   "AsVirtualBacking",

@@ -82,9 +82,9 @@ func childCUDA() error {
 	if err != nil {
 		return err
 	}
-	m := checked.Wrap(mech)
 	g := governor.New(governor.Options{})
 	defer g.Close()
+	m := checked.Wrap(mech, g)
 	reserve := func(n memapi.Bytes) (*governor.Grant, error) {
 		return g.Reserve(contextBG, "cuda:0", "kv", "chunk", n, 0, time.Time{})
 	}

@@ -45,7 +45,7 @@ func joinCPU() (*cpuMember, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cpuMember{l: l, a: a, g: g, mech: mech, m: checked.Wrap(mech)}, nil
+	return &cpuMember{l: l, a: a, g: g, mech: mech, m: checked.Wrap(mech, g)}, nil
 }
 
 // held is an allocation and the lease that pays for it.

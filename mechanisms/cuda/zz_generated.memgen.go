@@ -2,17 +2,31 @@
 
 package cuda
 
-import memapi "github.com/memgen/memgen/generated/memapi"
+import "github.com/memgen/memgen/generated/memapi"
 
-// The spec declares mechanism cuda: NVIDIA GPU memory through the CUDA driver API loaded at run time; granularity from cuMemGetAllocationGranularity.
+// Mechanism cuda is declared in the spec for this package. NVIDIA GPU memory
+// through the CUDA driver API loaded at run time; granularity from
+// cuMemGetAllocationGranularity.
+//
+// The hand-written half is type Mechanism: *Mechanism implements
+// memapi.Mechanism and the capabilities below (memgen check reports a
+// capability it implements that the spec does not declare). Because it offers
+// the optional VirtualBacking and SharedMapping, *Mechanism also has the method
+// offers(memapi.Capability) bool, which says whether this instance offers a
+// capability now (a device may lack a feature at run time); the accessors below
+// ask it.
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)
 	_ memapi.VirtualBacking  = (*Mechanism)(nil)
 	_ memapi.SharedMapping   = (*Mechanism)(nil)
+	_ interface {
+		offers(memapi.Capability) bool
+	} = (*Mechanism)(nil)
 )
 
-// AsVirtualBacking returns the VirtualBacking capability when this instance offers it now.
+// AsVirtualBacking returns the VirtualBacking capability when this instance
+// offers it now.
 func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !m.offers(memapi.CapVirtualBacking) {
 		return nil, false
@@ -20,7 +34,8 @@ func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	return m, true
 }
 
-// AsSharedMapping returns the SharedMapping capability when this instance offers it now.
+// AsSharedMapping returns the SharedMapping capability when this instance
+// offers it now.
 func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	if !m.offers(memapi.CapSharedMapping) {
 		return nil, false

@@ -4,22 +4,24 @@ package fakes
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
 	"sync"
+
+	"example.com/golden/generated/memapi"
 )
 
 var (
 	_ memapi.DeviceContext = (*Context)(nil)
 )
 
-// contextFaultMethods are the methods of Context that Inject can make fail: those with an error result.
+// contextFaultMethods are the methods of Context that Inject can make fail:
+// those with an error result.
 var contextFaultMethods = []string{"Close", "NewStream"}
 
 // Context is a fake device context over a fake Mechanism's host memory. Its
-// streams really copy; fences complete automatically or, with
-// SetManualFences, when the test says so. Calls are recorded and can be
-// overridden or faulted like every fake's; the context, its streams and its
-// fences share one fault set.
+// streams really copy; fences complete automatically or, with SetManualFences,
+// when the test says so. Calls are recorded and can be overridden or faulted
+// like every fake's; the context, its streams and its fences share one fault
+// set.
 type Context struct {
 	*faults                     // Inject, ClearFaults
 	state          contextState // the hand-written state model
@@ -32,7 +34,8 @@ type Context struct {
 	closeCalls     contextCloseRecord
 }
 
-// contextDeviceRecord holds the calls, stub and canned results of Context.Device.
+// contextDeviceRecord holds the calls, stub and canned results of
+// Context.Device.
 type contextDeviceRecord struct {
 	count   int
 	stub    func() memapi.DeviceKey
@@ -46,7 +49,9 @@ type contextDeviceResults struct {
 
 // Device returns the device.
 //
-// The fake runs its state model, unless a stub (DeviceCalls), canned results (DeviceReturns, DeviceReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (DeviceCalls), canned results
+// (DeviceReturns, DeviceReturnsOnCall) decide first, in that order. Every call
+// is recorded.
 func (fake *Context) Device() memapi.DeviceKey {
 	fake.mu.Lock()
 	fakeI := fake.deviceCalls.count
@@ -80,8 +85,8 @@ func (fake *Context) DeviceCallCount() int {
 	return fake.deviceCalls.count
 }
 
-// DeviceReturns makes every later call of Device return these results
-// instead of running the state model, and drops a stub set by DeviceCalls.
+// DeviceReturns makes every later call of Device return these results instead
+// of running the state model, and drops a stub set by DeviceCalls.
 func (fake *Context) DeviceReturns(result1 memapi.DeviceKey) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -109,7 +114,8 @@ func (fake *Context) DeviceCalls(stub func() memapi.DeviceKey) {
 	fake.deviceCalls.stub = stub
 }
 
-// contextNewStreamRecord holds the calls, stub and canned results of Context.NewStream.
+// contextNewStreamRecord holds the calls, stub and canned results of
+// Context.NewStream.
 type contextNewStreamRecord struct {
 	count   int
 	stub    func() (memapi.Stream, error)
@@ -124,7 +130,9 @@ type contextNewStreamResults struct {
 
 // NewStream creates a stream.
 //
-// The fake runs its state model, unless an injected fault, a stub (NewStreamCalls), canned results (NewStreamReturns, NewStreamReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (NewStreamCalls), canned results (NewStreamReturns, NewStreamReturnsOnCall)
+// decide first, in that order. Every call is recorded.
 func (fake *Context) NewStream() (memapi.Stream, error) {
 	fake.mu.Lock()
 	fakeI := fake.newStreamCalls.count
@@ -174,8 +182,8 @@ func (fake *Context) NewStreamReturns(result1 memapi.Stream, result2 error) {
 	}
 }
 
-// NewStreamReturnsOnCall makes the i-th call of NewStream (counting from 0) return
-// these results, and drops a stub set by NewStreamCalls.
+// NewStreamReturnsOnCall makes the i-th call of NewStream (counting from 0)
+// return these results, and drops a stub set by NewStreamCalls.
 func (fake *Context) NewStreamReturnsOnCall(i int, result1 memapi.Stream, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -189,8 +197,8 @@ func (fake *Context) NewStreamReturnsOnCall(i int, result1 memapi.Stream, result
 	}
 }
 
-// NewStreamCalls makes NewStream call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// NewStreamCalls makes NewStream call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Context) NewStreamCalls(stub func() (memapi.Stream, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -211,7 +219,9 @@ type contextCloseResults struct {
 
 // Close releases the context.
 //
-// The fake runs its state model, unless an injected fault, a stub (CloseCalls), canned results (CloseReturns, CloseReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (CloseCalls),
+// canned results (CloseReturns, CloseReturnsOnCall) decide first, in that
+// order. Every call is recorded.
 func (fake *Context) Close() error {
 	fake.mu.Lock()
 	fakeI := fake.closeCalls.count
@@ -248,8 +258,8 @@ func (fake *Context) CloseCallCount() int {
 	return fake.closeCalls.count
 }
 
-// CloseReturns makes every later call of Close return these results
-// instead of running the state model, and drops a stub set by CloseCalls.
+// CloseReturns makes every later call of Close return these results instead of
+// running the state model, and drops a stub set by CloseCalls.
 func (fake *Context) CloseReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -269,8 +279,8 @@ func (fake *Context) CloseReturnsOnCall(i int, result1 error) {
 	fake.closeCalls.onCall[i] = contextCloseResults{result1: result1}
 }
 
-// CloseCalls makes Close call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CloseCalls makes Close call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Context) CloseCalls(stub func() error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -297,8 +307,16 @@ var (
 	_ memapi.Stream = (*Stream)(nil)
 )
 
-// streamFaultMethods are the methods of Stream that Inject can make fail: those with an error result.
-var streamFaultMethods = []string{"Close", "CopyDevice", "CopyFromDevice", "CopyToDevice", "Record", "Synchronize"}
+// streamFaultMethods are the methods of Stream that Inject can make fail: those
+// with an error result.
+var streamFaultMethods = []string{
+	"Close",
+	"CopyDevice",
+	"CopyFromDevice",
+	"CopyToDevice",
+	"Record",
+	"Synchronize",
+}
 
 // Stream is a fake stream of a Context: an ordered queue of copies over the
 // mechanism's memory. Calls are recorded and can be overridden or faulted.
@@ -317,7 +335,8 @@ type Stream struct {
 	closeCalls          streamCloseRecord
 }
 
-// streamCopyToDeviceRecord holds the calls, stub and canned results of Stream.CopyToDevice.
+// streamCopyToDeviceRecord holds the calls, stub and canned results of
+// Stream.CopyToDevice.
 type streamCopyToDeviceRecord struct {
 	count   int
 	args    []streamCopyToDeviceArgs
@@ -337,7 +356,10 @@ type streamCopyToDeviceResults struct {
 
 // CopyToDevice enqueues a copy into device memory.
 //
-// The fake runs its state model, unless an injected fault, a stub (CopyToDeviceCalls), canned results (CopyToDeviceReturns, CopyToDeviceReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (CopyToDeviceCalls), canned results (CopyToDeviceReturns,
+// CopyToDeviceReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
 	fake.mu.Lock()
 	fakeI := fake.copyToDeviceCalls.count
@@ -383,8 +405,8 @@ func (fake *Stream) CopyToDeviceCallCount() int {
 	return fake.copyToDeviceCalls.count
 }
 
-// CopyToDeviceArgsForCall returns the arguments of the i-th call of CopyToDevice, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// CopyToDeviceArgsForCall returns the arguments of the i-th call of
+// CopyToDevice, counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Stream) CopyToDeviceArgsForCall(i int) (memapi.DeviceAddr, []byte) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -395,8 +417,9 @@ func (fake *Stream) CopyToDeviceArgsForCall(i int) (memapi.DeviceAddr, []byte) {
 	return a.dst, a.src
 }
 
-// CopyToDeviceReturns makes every later call of CopyToDevice return these results
-// instead of running the state model, and drops a stub set by CopyToDeviceCalls.
+// CopyToDeviceReturns makes every later call of CopyToDevice return these
+// results instead of running the state model, and drops a stub set by
+// CopyToDeviceCalls.
 func (fake *Stream) CopyToDeviceReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -404,8 +427,8 @@ func (fake *Stream) CopyToDeviceReturns(result1 error) {
 	fake.copyToDeviceCalls.returns = &streamCopyToDeviceResults{result1: result1}
 }
 
-// CopyToDeviceReturnsOnCall makes the i-th call of CopyToDevice (counting from 0) return
-// these results, and drops a stub set by CopyToDeviceCalls.
+// CopyToDeviceReturnsOnCall makes the i-th call of CopyToDevice (counting from
+// 0) return these results, and drops a stub set by CopyToDeviceCalls.
 func (fake *Stream) CopyToDeviceReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -416,15 +439,16 @@ func (fake *Stream) CopyToDeviceReturnsOnCall(i int, result1 error) {
 	fake.copyToDeviceCalls.onCall[i] = streamCopyToDeviceResults{result1: result1}
 }
 
-// CopyToDeviceCalls makes CopyToDevice call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CopyToDeviceCalls makes CopyToDevice call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
 func (fake *Stream) CopyToDeviceCalls(stub func(memapi.DeviceAddr, []byte) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyToDeviceCalls.stub = stub
 }
 
-// streamCopyFromDeviceRecord holds the calls, stub and canned results of Stream.CopyFromDevice.
+// streamCopyFromDeviceRecord holds the calls, stub and canned results of
+// Stream.CopyFromDevice.
 type streamCopyFromDeviceRecord struct {
 	count   int
 	args    []streamCopyFromDeviceArgs
@@ -444,7 +468,10 @@ type streamCopyFromDeviceResults struct {
 
 // CopyFromDevice enqueues a copy out of device memory.
 //
-// The fake runs its state model, unless an injected fault, a stub (CopyFromDeviceCalls), canned results (CopyFromDeviceReturns, CopyFromDeviceReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (CopyFromDeviceCalls), canned results (CopyFromDeviceReturns,
+// CopyFromDeviceReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Stream) CopyFromDevice(dst []byte, src memapi.DeviceAddr) error {
 	fake.mu.Lock()
 	fakeI := fake.copyFromDeviceCalls.count
@@ -490,8 +517,8 @@ func (fake *Stream) CopyFromDeviceCallCount() int {
 	return fake.copyFromDeviceCalls.count
 }
 
-// CopyFromDeviceArgsForCall returns the arguments of the i-th call of CopyFromDevice, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// CopyFromDeviceArgsForCall returns the arguments of the i-th call of
+// CopyFromDevice, counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Stream) CopyFromDeviceArgsForCall(i int) ([]byte, memapi.DeviceAddr) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -502,8 +529,9 @@ func (fake *Stream) CopyFromDeviceArgsForCall(i int) ([]byte, memapi.DeviceAddr)
 	return a.dst, a.src
 }
 
-// CopyFromDeviceReturns makes every later call of CopyFromDevice return these results
-// instead of running the state model, and drops a stub set by CopyFromDeviceCalls.
+// CopyFromDeviceReturns makes every later call of CopyFromDevice return these
+// results instead of running the state model, and drops a stub set by
+// CopyFromDeviceCalls.
 func (fake *Stream) CopyFromDeviceReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -511,8 +539,8 @@ func (fake *Stream) CopyFromDeviceReturns(result1 error) {
 	fake.copyFromDeviceCalls.returns = &streamCopyFromDeviceResults{result1: result1}
 }
 
-// CopyFromDeviceReturnsOnCall makes the i-th call of CopyFromDevice (counting from 0) return
-// these results, and drops a stub set by CopyFromDeviceCalls.
+// CopyFromDeviceReturnsOnCall makes the i-th call of CopyFromDevice (counting
+// from 0) return these results, and drops a stub set by CopyFromDeviceCalls.
 func (fake *Stream) CopyFromDeviceReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -523,19 +551,24 @@ func (fake *Stream) CopyFromDeviceReturnsOnCall(i int, result1 error) {
 	fake.copyFromDeviceCalls.onCall[i] = streamCopyFromDeviceResults{result1: result1}
 }
 
-// CopyFromDeviceCalls makes CopyFromDevice call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CopyFromDeviceCalls makes CopyFromDevice call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
 func (fake *Stream) CopyFromDeviceCalls(stub func([]byte, memapi.DeviceAddr) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyFromDeviceCalls.stub = stub
 }
 
-// streamCopyDeviceRecord holds the calls, stub and canned results of Stream.CopyDevice.
+// streamCopyDeviceRecord holds the calls, stub and canned results of
+// Stream.CopyDevice.
 type streamCopyDeviceRecord struct {
-	count   int
-	args    []streamCopyDeviceArgs
-	stub    func(memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) error
+	count int
+	args  []streamCopyDeviceArgs
+	stub  func(
+		memapi.DeviceAddr,
+		memapi.DeviceAddr,
+		memapi.Bytes,
+	) error
 	returns *streamCopyDeviceResults
 	onCall  map[int]streamCopyDeviceResults
 }
@@ -552,7 +585,9 @@ type streamCopyDeviceResults struct {
 
 // CopyDevice enqueues a device-to-device copy.
 //
-// The fake runs its state model, unless an injected fault, a stub (CopyDeviceCalls), canned results (CopyDeviceReturns, CopyDeviceReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (CopyDeviceCalls), canned results (CopyDeviceReturns,
+// CopyDeviceReturnsOnCall) decide first, in that order. Every call is recorded.
 func (fake *Stream) CopyDevice(dst memapi.DeviceAddr, src memapi.DeviceAddr, n memapi.Bytes) error {
 	fake.mu.Lock()
 	fakeI := fake.copyDeviceCalls.count
@@ -599,9 +634,13 @@ func (fake *Stream) CopyDeviceCallCount() int {
 	return fake.copyDeviceCalls.count
 }
 
-// CopyDeviceArgsForCall returns the arguments of the i-th call of CopyDevice, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Stream) CopyDeviceArgsForCall(i int) (memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) {
+// CopyDeviceArgsForCall returns the arguments of the i-th call of CopyDevice,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Stream) CopyDeviceArgsForCall(i int) (
+	memapi.DeviceAddr,
+	memapi.DeviceAddr,
+	memapi.Bytes,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -620,8 +659,8 @@ func (fake *Stream) CopyDeviceReturns(result1 error) {
 	fake.copyDeviceCalls.returns = &streamCopyDeviceResults{result1: result1}
 }
 
-// CopyDeviceReturnsOnCall makes the i-th call of CopyDevice (counting from 0) return
-// these results, and drops a stub set by CopyDeviceCalls.
+// CopyDeviceReturnsOnCall makes the i-th call of CopyDevice (counting from 0)
+// return these results, and drops a stub set by CopyDeviceCalls.
 func (fake *Stream) CopyDeviceReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -632,9 +671,13 @@ func (fake *Stream) CopyDeviceReturnsOnCall(i int, result1 error) {
 	fake.copyDeviceCalls.onCall[i] = streamCopyDeviceResults{result1: result1}
 }
 
-// CopyDeviceCalls makes CopyDevice call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Stream) CopyDeviceCalls(stub func(memapi.DeviceAddr, memapi.DeviceAddr, memapi.Bytes) error) {
+// CopyDeviceCalls makes CopyDevice call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Stream) CopyDeviceCalls(stub func(
+	memapi.DeviceAddr,
+	memapi.DeviceAddr,
+	memapi.Bytes,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.copyDeviceCalls.stub = stub
@@ -655,7 +698,9 @@ type streamRecordResults struct {
 
 // Record returns a fence.
 //
-// The fake runs its state model, unless an injected fault, a stub (RecordCalls), canned results (RecordReturns, RecordReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (RecordCalls), canned results (RecordReturns, RecordReturnsOnCall) decide
+// first, in that order. Every call is recorded.
 func (fake *Stream) Record() (memapi.Fence, error) {
 	fake.mu.Lock()
 	fakeI := fake.recordCalls.count
@@ -693,8 +738,8 @@ func (fake *Stream) RecordCallCount() int {
 	return fake.recordCalls.count
 }
 
-// RecordReturns makes every later call of Record return these results
-// instead of running the state model, and drops a stub set by RecordCalls.
+// RecordReturns makes every later call of Record return these results instead
+// of running the state model, and drops a stub set by RecordCalls.
 func (fake *Stream) RecordReturns(result1 memapi.Fence, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -728,7 +773,8 @@ func (fake *Stream) RecordCalls(stub func() (memapi.Fence, error)) {
 	fake.recordCalls.stub = stub
 }
 
-// streamSynchronizeRecord holds the calls, stub and canned results of Stream.Synchronize.
+// streamSynchronizeRecord holds the calls, stub and canned results of
+// Stream.Synchronize.
 type streamSynchronizeRecord struct {
 	count   int
 	args    []streamSynchronizeArgs
@@ -747,7 +793,10 @@ type streamSynchronizeResults struct {
 
 // Synchronize waits for all enqueued work.
 //
-// The fake runs its state model, unless an injected fault, a stub (SynchronizeCalls), canned results (SynchronizeReturns, SynchronizeReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (SynchronizeCalls), canned results (SynchronizeReturns,
+// SynchronizeReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Stream) Synchronize(ctx context.Context) error {
 	fake.mu.Lock()
 	fakeI := fake.synchronizeCalls.count
@@ -790,8 +839,8 @@ func (fake *Stream) SynchronizeCallCount() int {
 	return fake.synchronizeCalls.count
 }
 
-// SynchronizeArgsForCall returns the arguments of the i-th call of Synchronize, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// SynchronizeArgsForCall returns the arguments of the i-th call of Synchronize,
+// counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Stream) SynchronizeArgsForCall(i int) context.Context {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -811,8 +860,8 @@ func (fake *Stream) SynchronizeReturns(result1 error) {
 	fake.synchronizeCalls.returns = &streamSynchronizeResults{result1: result1}
 }
 
-// SynchronizeReturnsOnCall makes the i-th call of Synchronize (counting from 0) return
-// these results, and drops a stub set by SynchronizeCalls.
+// SynchronizeReturnsOnCall makes the i-th call of Synchronize (counting from 0)
+// return these results, and drops a stub set by SynchronizeCalls.
 func (fake *Stream) SynchronizeReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -823,8 +872,8 @@ func (fake *Stream) SynchronizeReturnsOnCall(i int, result1 error) {
 	fake.synchronizeCalls.onCall[i] = streamSynchronizeResults{result1: result1}
 }
 
-// SynchronizeCalls makes Synchronize call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// SynchronizeCalls makes Synchronize call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Stream) SynchronizeCalls(stub func(context.Context) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -845,7 +894,9 @@ type streamCloseResults struct {
 
 // Close releases the stream.
 //
-// The fake runs its state model, unless an injected fault, a stub (CloseCalls), canned results (CloseReturns, CloseReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (CloseCalls),
+// canned results (CloseReturns, CloseReturnsOnCall) decide first, in that
+// order. Every call is recorded.
 func (fake *Stream) Close() error {
 	fake.mu.Lock()
 	fakeI := fake.closeCalls.count
@@ -882,8 +933,8 @@ func (fake *Stream) CloseCallCount() int {
 	return fake.closeCalls.count
 }
 
-// CloseReturns makes every later call of Close return these results
-// instead of running the state model, and drops a stub set by CloseCalls.
+// CloseReturns makes every later call of Close return these results instead of
+// running the state model, and drops a stub set by CloseCalls.
 func (fake *Stream) CloseReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -903,8 +954,8 @@ func (fake *Stream) CloseReturnsOnCall(i int, result1 error) {
 	fake.closeCalls.onCall[i] = streamCloseResults{result1: result1}
 }
 
-// CloseCalls makes Close call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CloseCalls makes Close call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Stream) CloseCalls(stub func() error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -940,7 +991,8 @@ var (
 	_ memapi.Fence = (*Fence)(nil)
 )
 
-// fenceFaultMethods are the methods of Fence that Inject can make fail: those with an error result.
+// fenceFaultMethods are the methods of Fence that Inject can make fail: those
+// with an error result.
 var fenceFaultMethods = []string{"Wait"}
 
 // Fence is a fake fence recorded on a Stream. Calls are recorded and can be
@@ -971,7 +1023,9 @@ type fenceDoneResults struct {
 
 // Done polls the fence.
 //
-// The fake runs its state model, unless a stub (DoneCalls), canned results (DoneReturns, DoneReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (DoneCalls), canned results
+// (DoneReturns, DoneReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Fence) Done() bool {
 	fake.mu.Lock()
 	fakeI := fake.doneCalls.count
@@ -1005,8 +1059,8 @@ func (fake *Fence) DoneCallCount() int {
 	return fake.doneCalls.count
 }
 
-// DoneReturns makes every later call of Done return these results
-// instead of running the state model, and drops a stub set by DoneCalls.
+// DoneReturns makes every later call of Done return these results instead of
+// running the state model, and drops a stub set by DoneCalls.
 func (fake *Fence) DoneReturns(result1 bool) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1014,8 +1068,8 @@ func (fake *Fence) DoneReturns(result1 bool) {
 	fake.doneCalls.returns = &fenceDoneResults{result1: result1}
 }
 
-// DoneReturnsOnCall makes the i-th call of Done (counting from 0) return
-// these results, and drops a stub set by DoneCalls.
+// DoneReturnsOnCall makes the i-th call of Done (counting from 0) return these
+// results, and drops a stub set by DoneCalls.
 func (fake *Fence) DoneReturnsOnCall(i int, result1 bool) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1026,8 +1080,8 @@ func (fake *Fence) DoneReturnsOnCall(i int, result1 bool) {
 	fake.doneCalls.onCall[i] = fenceDoneResults{result1: result1}
 }
 
-// DoneCalls makes Done call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// DoneCalls makes Done call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Fence) DoneCalls(stub func() bool) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1053,7 +1107,9 @@ type fenceWaitResults struct {
 
 // Wait blocks until the fence completes.
 //
-// The fake runs its state model, unless an injected fault, a stub (WaitCalls), canned results (WaitReturns, WaitReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (WaitCalls),
+// canned results (WaitReturns, WaitReturnsOnCall) decide first, in that order.
+// Every call is recorded.
 func (fake *Fence) Wait(ctx context.Context) error {
 	fake.mu.Lock()
 	fakeI := fake.waitCalls.count
@@ -1096,8 +1152,8 @@ func (fake *Fence) WaitCallCount() int {
 	return fake.waitCalls.count
 }
 
-// WaitArgsForCall returns the arguments of the i-th call of Wait, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// WaitArgsForCall returns the arguments of the i-th call of Wait, counting from
+// 0. It panics for a fake made with Config.Quiet.
 func (fake *Fence) WaitArgsForCall(i int) context.Context {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1108,8 +1164,8 @@ func (fake *Fence) WaitArgsForCall(i int) context.Context {
 	return a.ctx
 }
 
-// WaitReturns makes every later call of Wait return these results
-// instead of running the state model, and drops a stub set by WaitCalls.
+// WaitReturns makes every later call of Wait return these results instead of
+// running the state model, and drops a stub set by WaitCalls.
 func (fake *Fence) WaitReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1117,8 +1173,8 @@ func (fake *Fence) WaitReturns(result1 error) {
 	fake.waitCalls.returns = &fenceWaitResults{result1: result1}
 }
 
-// WaitReturnsOnCall makes the i-th call of Wait (counting from 0) return
-// these results, and drops a stub set by WaitCalls.
+// WaitReturnsOnCall makes the i-th call of Wait (counting from 0) return these
+// results, and drops a stub set by WaitCalls.
 func (fake *Fence) WaitReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1129,8 +1185,8 @@ func (fake *Fence) WaitReturnsOnCall(i int, result1 error) {
 	fake.waitCalls.onCall[i] = fenceWaitResults{result1: result1}
 }
 
-// WaitCalls makes Wait call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// WaitCalls makes Wait call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Fence) WaitCalls(stub func(context.Context) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1151,7 +1207,9 @@ type fenceReadyResults struct {
 
 // Ready returns a channel closed on completion, or nil.
 //
-// The fake runs its state model, unless a stub (ReadyCalls), canned results (ReadyReturns, ReadyReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (ReadyCalls), canned results
+// (ReadyReturns, ReadyReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Fence) Ready() <-chan struct{} {
 	fake.mu.Lock()
 	fakeI := fake.readyCalls.count
@@ -1185,8 +1243,8 @@ func (fake *Fence) ReadyCallCount() int {
 	return fake.readyCalls.count
 }
 
-// ReadyReturns makes every later call of Ready return these results
-// instead of running the state model, and drops a stub set by ReadyCalls.
+// ReadyReturns makes every later call of Ready return these results instead of
+// running the state model, and drops a stub set by ReadyCalls.
 func (fake *Fence) ReadyReturns(result1 <-chan struct{}) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1206,8 +1264,8 @@ func (fake *Fence) ReadyReturnsOnCall(i int, result1 <-chan struct{}) {
 	fake.readyCalls.onCall[i] = fenceReadyResults{result1: result1}
 }
 
-// ReadyCalls makes Ready call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// ReadyCalls makes Ready call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Fence) ReadyCalls(stub func() <-chan struct{}) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()

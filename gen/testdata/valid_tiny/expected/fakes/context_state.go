@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // NewContext returns a fake device context over the host memory of m: its
@@ -62,11 +62,20 @@ func (s *contextState) NewStream() (memapi.Stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, &memapi.Error{Op: "DeviceContext.NewStream", Kind: memapi.ErrClosed, Mechanism: s.m.state.cfg.Name}
+		return nil, &memapi.Error{
+			Op:        "DeviceContext.NewStream",
+			Kind:      memapi.ErrClosed,
+			Mechanism: s.m.state.cfg.Name,
+		}
 	}
 	s.nstreams++
 	c := s.self
-	st := &Stream{source: fmt.Sprintf("%s.stream#%d", s.m.state.cfg.Name, s.nstreams), rec: c.rec, quiet: c.quiet, faults: c.faults}
+	st := &Stream{
+		source: fmt.Sprintf("%s.stream#%d", s.m.state.cfg.Name, s.nstreams),
+		rec:    c.rec,
+		quiet:  c.quiet,
+		faults: c.faults,
+	}
 	st.state.ctx = c
 	st.state.progress = make(chan struct{})
 	s.streams[st] = struct{}{}
@@ -79,7 +88,12 @@ func (s *contextState) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := len(s.streams); n > 0 {
-		return &memapi.Error{Op: "DeviceContext.Close", Kind: memapi.ErrInUse, Mechanism: s.m.state.cfg.Name, Detail: fmt.Sprintf("%d streams are open", n)}
+		return &memapi.Error{
+			Op:        "DeviceContext.Close",
+			Kind:      memapi.ErrInUse,
+			Mechanism: s.m.state.cfg.Name,
+			Detail:    fmt.Sprintf("%d streams are open", n),
+		}
 	}
 	s.closed = true
 	return nil
@@ -195,7 +209,12 @@ func (s *streamState) execute(it item) {
 }
 
 func (s *streamState) closedErr(op string) error {
-	return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: s.ctx.state.m.state.cfg.Name, Detail: "stream closed"}
+	return &memapi.Error{
+		Op:        op,
+		Kind:      memapi.ErrClosed,
+		Mechanism: s.ctx.state.m.state.cfg.Name,
+		Detail:    "stream closed",
+	}
 }
 
 // enqueue runs it now (automatic mode) or queues it (manual mode).
@@ -279,7 +298,12 @@ func (s *streamState) Record() (memapi.Fence, error) {
 	c.state.nfences++
 	n := c.state.nfences
 	c.state.mu.Unlock()
-	f := &Fence{source: fmt.Sprintf("%s.fence#%d", c.state.m.state.cfg.Name, n), rec: c.rec, quiet: c.quiet, faults: c.faults}
+	f := &Fence{
+		source: fmt.Sprintf("%s.fence#%d", c.state.m.state.cfg.Name, n),
+		rec:    c.rec,
+		quiet:  c.quiet,
+		faults: c.faults,
+	}
 	f.state.stream = s
 	f.state.pollOnly = pollOnly
 	f.state.ready = make(chan struct{})
@@ -305,7 +329,12 @@ func (s *streamState) Synchronize(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return &memapi.Error{Op: op, Mechanism: s.ctx.state.m.state.cfg.Name, Detail: "context done before the stream's work ran", Err: ctx.Err()}
+			return &memapi.Error{
+				Op:        op,
+				Mechanism: s.ctx.state.m.state.cfg.Name,
+				Detail:    "context done before the stream's work ran",
+				Err:       ctx.Err(),
+			}
 		}
 		s.mu.Lock()
 	}
@@ -369,7 +398,11 @@ func (s *fenceState) Wait(ctx context.Context) error {
 	case <-s.ready:
 		return s.err
 	case <-ctx.Done():
-		return &memapi.Error{Op: "Fence.Wait", Detail: "context done before the fence completed", Err: ctx.Err()}
+		return &memapi.Error{
+			Op:     "Fence.Wait",
+			Detail: "context done before the fence completed",
+			Err:    ctx.Err(),
+		}
 	}
 }
 

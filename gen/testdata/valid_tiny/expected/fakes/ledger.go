@@ -3,8 +3,9 @@
 package fakes
 
 import (
-	memapi "example.com/golden/generated/memapi"
 	"sync"
+
+	"example.com/golden/generated/memapi"
 )
 
 var (
@@ -12,11 +13,12 @@ var (
 	_ memapi.Account = (*Grant)(nil)
 )
 
-// grantFaultMethods are the methods of Grant that Inject can make fail: those with an error result.
+// grantFaultMethods are the methods of Grant that Inject can make fail: those
+// with an error result.
 var grantFaultMethods = []string{"Draw", "Refund", "Undraw"}
 
-// Grant is a fake ledger grant: a budget that Draw takes from and Undraw
-// (and Refund: a grant is also an account) gives back, refusing draws beyond the
+// Grant is a fake ledger grant: a budget that Draw takes from and Undraw (and
+// Refund: a grant is also an account) gives back, refusing draws beyond the
 // budget (ErrGrantExhausted) or after Close (ErrGrantClosed). Calls are
 // recorded and can be overridden or faulted like every fake's.
 type Grant struct {
@@ -32,7 +34,8 @@ type Grant struct {
 	refundCalls    grantRefundRecord
 }
 
-// grantAuthorityRecord holds the calls, stub and canned results of Grant.Authority.
+// grantAuthorityRecord holds the calls, stub and canned results of
+// Grant.Authority.
 type grantAuthorityRecord struct {
 	count   int
 	stub    func() memapi.AuthorityID
@@ -46,7 +49,9 @@ type grantAuthorityResults struct {
 
 // Authority returns the authority of the grant.
 //
-// The fake runs its state model, unless a stub (AuthorityCalls), canned results (AuthorityReturns, AuthorityReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (AuthorityCalls), canned results
+// (AuthorityReturns, AuthorityReturnsOnCall) decide first, in that order. Every
+// call is recorded.
 func (fake *Grant) Authority() memapi.AuthorityID {
 	fake.mu.Lock()
 	fakeI := fake.authorityCalls.count
@@ -89,8 +94,8 @@ func (fake *Grant) AuthorityReturns(result1 memapi.AuthorityID) {
 	fake.authorityCalls.returns = &grantAuthorityResults{result1: result1}
 }
 
-// AuthorityReturnsOnCall makes the i-th call of Authority (counting from 0) return
-// these results, and drops a stub set by AuthorityCalls.
+// AuthorityReturnsOnCall makes the i-th call of Authority (counting from 0)
+// return these results, and drops a stub set by AuthorityCalls.
 func (fake *Grant) AuthorityReturnsOnCall(i int, result1 memapi.AuthorityID) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -101,8 +106,8 @@ func (fake *Grant) AuthorityReturnsOnCall(i int, result1 memapi.AuthorityID) {
 	fake.authorityCalls.onCall[i] = grantAuthorityResults{result1: result1}
 }
 
-// AuthorityCalls makes Authority call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// AuthorityCalls makes Authority call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Grant) AuthorityCalls(stub func() memapi.AuthorityID) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -128,7 +133,9 @@ type grantDrawResults struct {
 
 // Draw takes n bytes from the grant.
 //
-// The fake runs its state model, unless an injected fault, a stub (DrawCalls), canned results (DrawReturns, DrawReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (DrawCalls),
+// canned results (DrawReturns, DrawReturnsOnCall) decide first, in that order.
+// Every call is recorded.
 func (fake *Grant) Draw(n memapi.Bytes) error {
 	fake.mu.Lock()
 	fakeI := fake.drawCalls.count
@@ -171,8 +178,8 @@ func (fake *Grant) DrawCallCount() int {
 	return fake.drawCalls.count
 }
 
-// DrawArgsForCall returns the arguments of the i-th call of Draw, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// DrawArgsForCall returns the arguments of the i-th call of Draw, counting from
+// 0. It panics for a fake made with Config.Quiet.
 func (fake *Grant) DrawArgsForCall(i int) memapi.Bytes {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -183,8 +190,8 @@ func (fake *Grant) DrawArgsForCall(i int) memapi.Bytes {
 	return a.n
 }
 
-// DrawReturns makes every later call of Draw return these results
-// instead of running the state model, and drops a stub set by DrawCalls.
+// DrawReturns makes every later call of Draw return these results instead of
+// running the state model, and drops a stub set by DrawCalls.
 func (fake *Grant) DrawReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -192,8 +199,8 @@ func (fake *Grant) DrawReturns(result1 error) {
 	fake.drawCalls.returns = &grantDrawResults{result1: result1}
 }
 
-// DrawReturnsOnCall makes the i-th call of Draw (counting from 0) return
-// these results, and drops a stub set by DrawCalls.
+// DrawReturnsOnCall makes the i-th call of Draw (counting from 0) return these
+// results, and drops a stub set by DrawCalls.
 func (fake *Grant) DrawReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -204,8 +211,8 @@ func (fake *Grant) DrawReturnsOnCall(i int, result1 error) {
 	fake.drawCalls.onCall[i] = grantDrawResults{result1: result1}
 }
 
-// DrawCalls makes Draw call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// DrawCalls makes Draw call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Grant) DrawCalls(stub func(memapi.Bytes) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -231,7 +238,9 @@ type grantUndrawResults struct {
 
 // Undraw gives back n drawn bytes.
 //
-// The fake runs its state model, unless an injected fault, a stub (UndrawCalls), canned results (UndrawReturns, UndrawReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (UndrawCalls), canned results (UndrawReturns, UndrawReturnsOnCall) decide
+// first, in that order. Every call is recorded.
 func (fake *Grant) Undraw(n memapi.Bytes) error {
 	fake.mu.Lock()
 	fakeI := fake.undrawCalls.count
@@ -286,8 +295,8 @@ func (fake *Grant) UndrawArgsForCall(i int) memapi.Bytes {
 	return a.n
 }
 
-// UndrawReturns makes every later call of Undraw return these results
-// instead of running the state model, and drops a stub set by UndrawCalls.
+// UndrawReturns makes every later call of Undraw return these results instead
+// of running the state model, and drops a stub set by UndrawCalls.
 func (fake *Grant) UndrawReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -334,7 +343,9 @@ type grantRefundResults struct {
 
 // Refund returns n bytes.
 //
-// The fake runs its state model, unless an injected fault, a stub (RefundCalls), canned results (RefundReturns, RefundReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (RefundCalls), canned results (RefundReturns, RefundReturnsOnCall) decide
+// first, in that order. Every call is recorded.
 func (fake *Grant) Refund(n memapi.Bytes) error {
 	fake.mu.Lock()
 	fakeI := fake.refundCalls.count
@@ -389,8 +400,8 @@ func (fake *Grant) RefundArgsForCall(i int) memapi.Bytes {
 	return a.n
 }
 
-// RefundReturns makes every later call of Refund return these results
-// instead of running the state model, and drops a stub set by RefundCalls.
+// RefundReturns makes every later call of Refund return these results instead
+// of running the state model, and drops a stub set by RefundCalls.
 func (fake *Grant) RefundReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -441,7 +452,8 @@ var (
 	_ memapi.Account = (*Account)(nil)
 )
 
-// accountFaultMethods are the methods of Account that Inject can make fail: those with an error result.
+// accountFaultMethods are the methods of Account that Inject can make fail:
+// those with an error result.
 var accountFaultMethods = []string{"Refund"}
 
 // Account is a fake ledger account that sums what is refunded to it. Calls are
@@ -457,7 +469,8 @@ type Account struct {
 	refundCalls    accountRefundRecord
 }
 
-// accountAuthorityRecord holds the calls, stub and canned results of Account.Authority.
+// accountAuthorityRecord holds the calls, stub and canned results of
+// Account.Authority.
 type accountAuthorityRecord struct {
 	count   int
 	stub    func() memapi.AuthorityID
@@ -471,7 +484,9 @@ type accountAuthorityResults struct {
 
 // Authority returns the authority of the account.
 //
-// The fake runs its state model, unless a stub (AuthorityCalls), canned results (AuthorityReturns, AuthorityReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (AuthorityCalls), canned results
+// (AuthorityReturns, AuthorityReturnsOnCall) decide first, in that order. Every
+// call is recorded.
 func (fake *Account) Authority() memapi.AuthorityID {
 	fake.mu.Lock()
 	fakeI := fake.authorityCalls.count
@@ -514,8 +529,8 @@ func (fake *Account) AuthorityReturns(result1 memapi.AuthorityID) {
 	fake.authorityCalls.returns = &accountAuthorityResults{result1: result1}
 }
 
-// AuthorityReturnsOnCall makes the i-th call of Authority (counting from 0) return
-// these results, and drops a stub set by AuthorityCalls.
+// AuthorityReturnsOnCall makes the i-th call of Authority (counting from 0)
+// return these results, and drops a stub set by AuthorityCalls.
 func (fake *Account) AuthorityReturnsOnCall(i int, result1 memapi.AuthorityID) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -526,15 +541,16 @@ func (fake *Account) AuthorityReturnsOnCall(i int, result1 memapi.AuthorityID) {
 	fake.authorityCalls.onCall[i] = accountAuthorityResults{result1: result1}
 }
 
-// AuthorityCalls makes Authority call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// AuthorityCalls makes Authority call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Account) AuthorityCalls(stub func() memapi.AuthorityID) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.authorityCalls.stub = stub
 }
 
-// accountRefundRecord holds the calls, stub and canned results of Account.Refund.
+// accountRefundRecord holds the calls, stub and canned results of
+// Account.Refund.
 type accountRefundRecord struct {
 	count   int
 	args    []accountRefundArgs
@@ -553,7 +569,9 @@ type accountRefundResults struct {
 
 // Refund returns n bytes.
 //
-// The fake runs its state model, unless an injected fault, a stub (RefundCalls), canned results (RefundReturns, RefundReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub
+// (RefundCalls), canned results (RefundReturns, RefundReturnsOnCall) decide
+// first, in that order. Every call is recorded.
 func (fake *Account) Refund(n memapi.Bytes) error {
 	fake.mu.Lock()
 	fakeI := fake.refundCalls.count
@@ -608,8 +626,8 @@ func (fake *Account) RefundArgsForCall(i int) memapi.Bytes {
 	return a.n
 }
 
-// RefundReturns makes every later call of Refund return these results
-// instead of running the state model, and drops a stub set by RefundCalls.
+// RefundReturns makes every later call of Refund return these results instead
+// of running the state model, and drops a stub set by RefundCalls.
 func (fake *Account) RefundReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()

@@ -4,8 +4,9 @@ package fakes
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
 	"sync"
+
+	"example.com/golden/generated/memapi"
 )
 
 var (
@@ -14,8 +15,17 @@ var (
 	_ memapi.VirtualBacking  = (*Mechanism)(nil)
 )
 
-// mechanismFaultMethods are the methods of Mechanism that Inject can make fail: those with an error result.
-var mechanismFaultMethods = []string{"Allocate", "Commit", "CommittedBytes", "Decommit", "Free", "ReleaseReservation", "Reserve"}
+// mechanismFaultMethods are the methods of Mechanism that Inject can make fail:
+// those with an error result.
+var mechanismFaultMethods = []string{
+	"Allocate",
+	"Commit",
+	"CommittedBytes",
+	"Decommit",
+	"Free",
+	"ReleaseReservation",
+	"Reserve",
+}
 
 // Mechanism is a stateful in-memory mechanism that obeys the spec: host memory
 // behind every handle, the spec's accounting (rounding, UsedBytes,
@@ -43,7 +53,8 @@ type Mechanism struct {
 	releaseReservationCalls mechanismReleaseReservationRecord
 }
 
-// mechanismInfoRecord holds the calls, stub and canned results of Mechanism.Info.
+// mechanismInfoRecord holds the calls, stub and canned results of
+// Mechanism.Info.
 type mechanismInfoRecord struct {
 	count   int
 	stub    func() memapi.MechanismInfo
@@ -57,9 +68,11 @@ type mechanismInfoResults struct {
 
 // Info describes the instance.
 //
-// Accounting: query only.
+// It only queries.
 //
-// The fake runs its state model, unless a stub (InfoCalls), canned results (InfoReturns, InfoReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (InfoCalls), canned results
+// (InfoReturns, InfoReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Mechanism) Info() memapi.MechanismInfo {
 	fake.mu.Lock()
 	fakeI := fake.infoCalls.count
@@ -93,8 +106,8 @@ func (fake *Mechanism) InfoCallCount() int {
 	return fake.infoCalls.count
 }
 
-// InfoReturns makes every later call of Info return these results
-// instead of running the state model, and drops a stub set by InfoCalls.
+// InfoReturns makes every later call of Info return these results instead of
+// running the state model, and drops a stub set by InfoCalls.
 func (fake *Mechanism) InfoReturns(result1 memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -102,8 +115,8 @@ func (fake *Mechanism) InfoReturns(result1 memapi.MechanismInfo) {
 	fake.infoCalls.returns = &mechanismInfoResults{result1: result1}
 }
 
-// InfoReturnsOnCall makes the i-th call of Info (counting from 0) return
-// these results, and drops a stub set by InfoCalls.
+// InfoReturnsOnCall makes the i-th call of Info (counting from 0) return these
+// results, and drops a stub set by InfoCalls.
 func (fake *Mechanism) InfoReturnsOnCall(i int, result1 memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -114,19 +127,24 @@ func (fake *Mechanism) InfoReturnsOnCall(i int, result1 memapi.MechanismInfo) {
 	fake.infoCalls.onCall[i] = mechanismInfoResults{result1: result1}
 }
 
-// InfoCalls makes Info call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// InfoCalls makes Info call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
 func (fake *Mechanism) InfoCalls(stub func() memapi.MechanismInfo) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.infoCalls.stub = stub
 }
 
-// mechanismAllocateRecord holds the calls, stub and canned results of Mechanism.Allocate.
+// mechanismAllocateRecord holds the calls, stub and canned results of
+// Mechanism.Allocate.
 type mechanismAllocateRecord struct {
-	count   int
-	args    []mechanismAllocateArgs
-	stub    func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)
+	count int
+	args  []mechanismAllocateArgs
+	stub  func(
+		context.Context,
+		memapi.AllocRequest,
+		memapi.Grant,
+	) (*memapi.Allocation, error)
 	returns *mechanismAllocateResults
 	onCall  map[int]mechanismAllocateResults
 }
@@ -144,10 +162,19 @@ type mechanismAllocateResults struct {
 
 // Allocate obtains req.Size bytes.
 //
-// Accounting: consumes req.Size rounded to alloc from grant. Creates an Allocation that records this instance as its creator. Requires: positive(req.Size).
+// It consumes req.Size, rounded up to the allocation granularity, drawn from
+// grant (the checked wrapper moves the bytes; the mechanism never does). It
+// creates an Allocation that records this instance as its creator. The checked
+// wrapper requires positive(req.Size).
 //
-// The fake runs its state model, unless an injected fault, a stub (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
+// The fake runs its state model, unless an injected fault, a stub
+// (AllocateCalls), canned results (AllocateReturns, AllocateReturnsOnCall)
+// decide first, in that order. Every call is recorded.
+func (fake *Mechanism) Allocate(
+	ctx context.Context,
+	req memapi.AllocRequest,
+	grant memapi.Grant,
+) (*memapi.Allocation, error) {
 	fake.mu.Lock()
 	fakeI := fake.allocateCalls.count
 	fake.allocateCalls.count++
@@ -194,9 +221,13 @@ func (fake *Mechanism) AllocateCallCount() int {
 	return fake.allocateCalls.count
 }
 
-// AllocateArgsForCall returns the arguments of the i-th call of Allocate, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) AllocateArgsForCall(i int) (context.Context, memapi.AllocRequest, memapi.Grant) {
+// AllocateArgsForCall returns the arguments of the i-th call of Allocate,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) AllocateArgsForCall(i int) (
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -218,8 +249,8 @@ func (fake *Mechanism) AllocateReturns(result1 *memapi.Allocation, result2 error
 	}
 }
 
-// AllocateReturnsOnCall makes the i-th call of Allocate (counting from 0) return
-// these results, and drops a stub set by AllocateCalls.
+// AllocateReturnsOnCall makes the i-th call of Allocate (counting from 0)
+// return these results, and drops a stub set by AllocateCalls.
 func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -233,19 +264,28 @@ func (fake *Mechanism) AllocateReturnsOnCall(i int, result1 *memapi.Allocation, 
 	}
 }
 
-// AllocateCalls makes Allocate call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) AllocateCalls(stub func(context.Context, memapi.AllocRequest, memapi.Grant) (*memapi.Allocation, error)) {
+// AllocateCalls makes Allocate call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Mechanism) AllocateCalls(stub func(
+	context.Context,
+	memapi.AllocRequest,
+	memapi.Grant,
+) (*memapi.Allocation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.allocateCalls.stub = stub
 }
 
-// mechanismFreeRecord holds the calls, stub and canned results of Mechanism.Free.
+// mechanismFreeRecord holds the calls, stub and canned results of
+// Mechanism.Free.
 type mechanismFreeRecord struct {
-	count   int
-	args    []mechanismFreeArgs
-	stub    func(context.Context, *memapi.Allocation, memapi.Account) error
+	count int
+	args  []mechanismFreeArgs
+	stub  func(
+		context.Context,
+		*memapi.Allocation,
+		memapi.Account,
+	) error
 	returns *mechanismFreeResults
 	onCall  map[int]mechanismFreeResults
 }
@@ -262,9 +302,13 @@ type mechanismFreeResults struct {
 
 // Free returns the allocation's memory.
 //
-// Accounting: refunds a.Size to to. Releases a; only its creator may, and only once. Requires: live(a).
+// It refunds a.Size to the account to (the checked wrapper moves the bytes; the
+// mechanism never does). It releases a; only its creator may, and only once.
+// The checked wrapper requires live(a).
 //
-// The fake runs its state model, unless an injected fault, a stub (FreeCalls), canned results (FreeReturns, FreeReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless an injected fault, a stub (FreeCalls),
+// canned results (FreeReturns, FreeReturnsOnCall) decide first, in that order.
+// Every call is recorded.
 func (fake *Mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	fake.mu.Lock()
 	fakeI := fake.freeCalls.count
@@ -311,9 +355,13 @@ func (fake *Mechanism) FreeCallCount() int {
 	return fake.freeCalls.count
 }
 
-// FreeArgsForCall returns the arguments of the i-th call of Free, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocation, memapi.Account) {
+// FreeArgsForCall returns the arguments of the i-th call of Free, counting from
+// 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) FreeArgsForCall(i int) (
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -323,8 +371,8 @@ func (fake *Mechanism) FreeArgsForCall(i int) (context.Context, *memapi.Allocati
 	return a.ctx, a.a, a.to
 }
 
-// FreeReturns makes every later call of Free return these results
-// instead of running the state model, and drops a stub set by FreeCalls.
+// FreeReturns makes every later call of Free return these results instead of
+// running the state model, and drops a stub set by FreeCalls.
 func (fake *Mechanism) FreeReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -332,8 +380,8 @@ func (fake *Mechanism) FreeReturns(result1 error) {
 	fake.freeCalls.returns = &mechanismFreeResults{result1: result1}
 }
 
-// FreeReturnsOnCall makes the i-th call of Free (counting from 0) return
-// these results, and drops a stub set by FreeCalls.
+// FreeReturnsOnCall makes the i-th call of Free (counting from 0) return these
+// results, and drops a stub set by FreeCalls.
 func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -344,15 +392,20 @@ func (fake *Mechanism) FreeReturnsOnCall(i int, result1 error) {
 	fake.freeCalls.onCall[i] = mechanismFreeResults{result1: result1}
 }
 
-// FreeCalls makes Free call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) FreeCalls(stub func(context.Context, *memapi.Allocation, memapi.Account) error) {
+// FreeCalls makes Free call stub instead of the state model (nil removes the
+// stub). Injected faults still come first.
+func (fake *Mechanism) FreeCalls(stub func(
+	context.Context,
+	*memapi.Allocation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.freeCalls.stub = stub
 }
 
-// mechanismUsedBytesRecord holds the calls, stub and canned results of Mechanism.UsedBytes.
+// mechanismUsedBytesRecord holds the calls, stub and canned results of
+// Mechanism.UsedBytes.
 type mechanismUsedBytesRecord struct {
 	count   int
 	stub    func() memapi.Bytes
@@ -366,9 +419,11 @@ type mechanismUsedBytesResults struct {
 
 // UsedBytes reports the physical bytes held.
 //
-// Accounting: query only.
+// It only queries.
 //
-// The fake runs its state model, unless a stub (UsedBytesCalls), canned results (UsedBytesReturns, UsedBytesReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model, unless a stub (UsedBytesCalls), canned results
+// (UsedBytesReturns, UsedBytesReturnsOnCall) decide first, in that order. Every
+// call is recorded.
 func (fake *Mechanism) UsedBytes() memapi.Bytes {
 	fake.mu.Lock()
 	fakeI := fake.usedBytesCalls.count
@@ -411,8 +466,8 @@ func (fake *Mechanism) UsedBytesReturns(result1 memapi.Bytes) {
 	fake.usedBytesCalls.returns = &mechanismUsedBytesResults{result1: result1}
 }
 
-// UsedBytesReturnsOnCall makes the i-th call of UsedBytes (counting from 0) return
-// these results, and drops a stub set by UsedBytesCalls.
+// UsedBytesReturnsOnCall makes the i-th call of UsedBytes (counting from 0)
+// return these results, and drops a stub set by UsedBytesCalls.
 func (fake *Mechanism) UsedBytesReturnsOnCall(i int, result1 memapi.Bytes) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -423,19 +478,23 @@ func (fake *Mechanism) UsedBytesReturnsOnCall(i int, result1 memapi.Bytes) {
 	fake.usedBytesCalls.onCall[i] = mechanismUsedBytesResults{result1: result1}
 }
 
-// UsedBytesCalls makes UsedBytes call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// UsedBytesCalls makes UsedBytes call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
 func (fake *Mechanism) UsedBytesCalls(stub func() memapi.Bytes) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.usedBytesCalls.stub = stub
 }
 
-// mechanismReserveRecord holds the calls, stub and canned results of Mechanism.Reserve.
+// mechanismReserveRecord holds the calls, stub and canned results of
+// Mechanism.Reserve.
 type mechanismReserveRecord struct {
-	count   int
-	args    []mechanismReserveArgs
-	stub    func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)
+	count int
+	args  []mechanismReserveArgs
+	stub  func(
+		context.Context,
+		memapi.ReserveRequest,
+	) (*memapi.Reservation, error)
 	returns *mechanismReserveResults
 	onCall  map[int]mechanismReserveResults
 }
@@ -452,10 +511,17 @@ type mechanismReserveResults struct {
 
 // Reserve obtains address space.
 //
-// Accounting: none. Creates a Reservation that records this instance as its creator. Requires: positive(req.Size).
+// It moves no bytes. It creates a Reservation that records this instance as its
+// creator. The checked wrapper requires positive(req.Size).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ReserveCalls), canned results (ReserveReturns, ReserveReturnsOnCall) decide
+// first, in that order. Every call is recorded.
+func (fake *Mechanism) Reserve(
+	ctx context.Context,
+	req memapi.ReserveRequest,
+) (*memapi.Reservation, error) {
 	fake.mu.Lock()
 	fakeI := fake.reserveCalls.count
 	fake.reserveCalls.count++
@@ -503,8 +569,8 @@ func (fake *Mechanism) ReserveCallCount() int {
 	return fake.reserveCalls.count
 }
 
-// ReserveArgsForCall returns the arguments of the i-th call of Reserve, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// ReserveArgsForCall returns the arguments of the i-th call of Reserve,
+// counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) ReserveArgsForCall(i int) (context.Context, memapi.ReserveRequest) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -515,8 +581,8 @@ func (fake *Mechanism) ReserveArgsForCall(i int) (context.Context, memapi.Reserv
 	return a.ctx, a.req
 }
 
-// ReserveReturns makes every later call of Reserve return these results
-// instead of running the state model, and drops a stub set by ReserveCalls.
+// ReserveReturns makes every later call of Reserve return these results instead
+// of running the state model, and drops a stub set by ReserveCalls.
 func (fake *Mechanism) ReserveReturns(result1 *memapi.Reservation, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -544,17 +610,26 @@ func (fake *Mechanism) ReserveReturnsOnCall(i int, result1 *memapi.Reservation, 
 
 // ReserveCalls makes Reserve call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) ReserveCalls(stub func(context.Context, memapi.ReserveRequest) (*memapi.Reservation, error)) {
+func (fake *Mechanism) ReserveCalls(stub func(
+	context.Context,
+	memapi.ReserveRequest,
+) (*memapi.Reservation, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.reserveCalls.stub = stub
 }
 
-// mechanismCommitRecord holds the calls, stub and canned results of Mechanism.Commit.
+// mechanismCommitRecord holds the calls, stub and canned results of
+// Mechanism.Commit.
 type mechanismCommitRecord struct {
-	count   int
-	args    []mechanismCommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error
+	count int
+	args  []mechanismCommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Grant,
+	) error
 	returns *mechanismCommitResults
 	onCall  map[int]mechanismCommitResults
 }
@@ -572,10 +647,20 @@ type mechanismCommitResults struct {
 
 // Commit installs backing for r.
 //
-// Accounting: consumes r.Len rounded to granularity from grant. Requires: live(res), within(r, res), aligned(r).
+// It consumes r.Len, rounded up to the granularity, drawn from grant (the
+// checked wrapper moves the bytes; the mechanism never does). The checked
+// wrapper requires live(res), within(r, res), aligned(r).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CommitCalls), canned results (CommitReturns, CommitReturnsOnCall) decide
+// first, in that order. Every call is recorded.
+func (fake *Mechanism) Commit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	grant memapi.Grant,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.commitCalls.count
 	fake.commitCalls.count++
@@ -626,7 +711,12 @@ func (fake *Mechanism) CommitCallCount() int {
 
 // CommitArgsForCall returns the arguments of the i-th call of Commit, counting
 // from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) {
+func (fake *Mechanism) CommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -636,8 +726,8 @@ func (fake *Mechanism) CommitArgsForCall(i int) (context.Context, *memapi.Reserv
 	return a.ctx, a.res, a.r, a.grant
 }
 
-// CommitReturns makes every later call of Commit return these results
-// instead of running the state model, and drops a stub set by CommitCalls.
+// CommitReturns makes every later call of Commit return these results instead
+// of running the state model, and drops a stub set by CommitCalls.
 func (fake *Mechanism) CommitReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -659,17 +749,28 @@ func (fake *Mechanism) CommitReturnsOnCall(i int, result1 error) {
 
 // CommitCalls makes Commit call stub instead of the state model (nil removes
 // the stub). Injected faults still come first.
-func (fake *Mechanism) CommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Grant) error) {
+func (fake *Mechanism) CommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Grant,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.commitCalls.stub = stub
 }
 
-// mechanismDecommitRecord holds the calls, stub and canned results of Mechanism.Decommit.
+// mechanismDecommitRecord holds the calls, stub and canned results of
+// Mechanism.Decommit.
 type mechanismDecommitRecord struct {
-	count   int
-	args    []mechanismDecommitArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error
+	count int
+	args  []mechanismDecommitArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Range,
+		memapi.Account,
+	) error
 	returns *mechanismDecommitResults
 	onCall  map[int]mechanismDecommitResults
 }
@@ -687,10 +788,20 @@ type mechanismDecommitResults struct {
 
 // Decommit removes the backing of r.
 //
-// Accounting: refunds r.Len rounded to granularity to to. Requires: live(res), within(r, res), aligned(r).
+// It refunds r.Len, rounded up to the granularity, to the account to (the
+// checked wrapper moves the bytes; the mechanism never does). The checked
+// wrapper requires live(res), within(r, res), aligned(r).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (DecommitCalls), canned results (DecommitReturns, DecommitReturnsOnCall)
+// decide first, in that order. Every call is recorded.
+func (fake *Mechanism) Decommit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.decommitCalls.count
 	fake.decommitCalls.count++
@@ -739,9 +850,14 @@ func (fake *Mechanism) DecommitCallCount() int {
 	return fake.decommitCalls.count
 }
 
-// DecommitArgsForCall returns the arguments of the i-th call of Decommit, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) DecommitArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Range, memapi.Account) {
+// DecommitArgsForCall returns the arguments of the i-th call of Decommit,
+// counting from 0. It panics for a fake made with Config.Quiet.
+func (fake *Mechanism) DecommitArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -760,8 +876,8 @@ func (fake *Mechanism) DecommitReturns(result1 error) {
 	fake.decommitCalls.returns = &mechanismDecommitResults{result1: result1}
 }
 
-// DecommitReturnsOnCall makes the i-th call of Decommit (counting from 0) return
-// these results, and drops a stub set by DecommitCalls.
+// DecommitReturnsOnCall makes the i-th call of Decommit (counting from 0)
+// return these results, and drops a stub set by DecommitCalls.
 func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -772,15 +888,21 @@ func (fake *Mechanism) DecommitReturnsOnCall(i int, result1 error) {
 	fake.decommitCalls.onCall[i] = mechanismDecommitResults{result1: result1}
 }
 
-// DecommitCalls makes Decommit call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) DecommitCalls(stub func(context.Context, *memapi.Reservation, memapi.Range, memapi.Account) error) {
+// DecommitCalls makes Decommit call stub instead of the state model (nil
+// removes the stub). Injected faults still come first.
+func (fake *Mechanism) DecommitCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Range,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.decommitCalls.stub = stub
 }
 
-// mechanismCommittedBytesRecord holds the calls, stub and canned results of Mechanism.CommittedBytes.
+// mechanismCommittedBytesRecord holds the calls, stub and canned results of
+// Mechanism.CommittedBytes.
 type mechanismCommittedBytesRecord struct {
 	count   int
 	args    []mechanismCommittedBytesArgs
@@ -800,9 +922,13 @@ type mechanismCommittedBytesResults struct {
 
 // CommittedBytes reports the committed bytes of res.
 //
-// Accounting: query only. Requires: live(res).
+// It only queries. The checked wrapper requires live(res).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (CommittedBytesCalls), canned results (CommittedBytesReturns, CommittedBytesReturnsOnCall) decide first, in that order. Every call is recorded.
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (CommittedBytesCalls), canned results (CommittedBytesReturns,
+// CommittedBytesReturnsOnCall) decide first, in that order. Every call is
+// recorded.
 func (fake *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error) {
 	fake.mu.Lock()
 	fakeI := fake.committedBytesCalls.count
@@ -848,8 +974,8 @@ func (fake *Mechanism) CommittedBytesCallCount() int {
 	return fake.committedBytesCalls.count
 }
 
-// CommittedBytesArgsForCall returns the arguments of the i-th call of CommittedBytes, counting
-// from 0. It panics for a fake made with Config.Quiet.
+// CommittedBytesArgsForCall returns the arguments of the i-th call of
+// CommittedBytes, counting from 0. It panics for a fake made with Config.Quiet.
 func (fake *Mechanism) CommittedBytesArgsForCall(i int) *memapi.Reservation {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -860,8 +986,9 @@ func (fake *Mechanism) CommittedBytesArgsForCall(i int) *memapi.Reservation {
 	return a.res
 }
 
-// CommittedBytesReturns makes every later call of CommittedBytes return these results
-// instead of running the state model, and drops a stub set by CommittedBytesCalls.
+// CommittedBytesReturns makes every later call of CommittedBytes return these
+// results instead of running the state model, and drops a stub set by
+// CommittedBytesCalls.
 func (fake *Mechanism) CommittedBytesReturns(result1 memapi.Bytes, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -872,8 +999,8 @@ func (fake *Mechanism) CommittedBytesReturns(result1 memapi.Bytes, result2 error
 	}
 }
 
-// CommittedBytesReturnsOnCall makes the i-th call of CommittedBytes (counting from 0) return
-// these results, and drops a stub set by CommittedBytesCalls.
+// CommittedBytesReturnsOnCall makes the i-th call of CommittedBytes (counting
+// from 0) return these results, and drops a stub set by CommittedBytesCalls.
 func (fake *Mechanism) CommittedBytesReturnsOnCall(i int, result1 memapi.Bytes, result2 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -887,19 +1014,24 @@ func (fake *Mechanism) CommittedBytesReturnsOnCall(i int, result1 memapi.Bytes, 
 	}
 }
 
-// CommittedBytesCalls makes CommittedBytes call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
+// CommittedBytesCalls makes CommittedBytes call stub instead of the state model
+// (nil removes the stub). Injected faults still come first.
 func (fake *Mechanism) CommittedBytesCalls(stub func(*memapi.Reservation) (memapi.Bytes, error)) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.committedBytesCalls.stub = stub
 }
 
-// mechanismReleaseReservationRecord holds the calls, stub and canned results of Mechanism.ReleaseReservation.
+// mechanismReleaseReservationRecord holds the calls, stub and canned results of
+// Mechanism.ReleaseReservation.
 type mechanismReleaseReservationRecord struct {
-	count   int
-	args    []mechanismReleaseReservationArgs
-	stub    func(context.Context, *memapi.Reservation, memapi.Account) error
+	count int
+	args  []mechanismReleaseReservationArgs
+	stub  func(
+		context.Context,
+		*memapi.Reservation,
+		memapi.Account,
+	) error
 	returns *mechanismReleaseReservationResults
 	onCall  map[int]mechanismReleaseReservationResults
 }
@@ -916,10 +1048,20 @@ type mechanismReleaseReservationResults struct {
 
 // ReleaseReservation frees the range.
 //
-// Accounting: refunds committed(res) to to. Releases res; only its creator may, and only once. Requires: live(res).
+// It refunds committed(res) to the account to (the checked wrapper moves the
+// bytes; the mechanism never does). It releases res; only its creator may, and
+// only once. The checked wrapper requires live(res).
 //
-// The fake runs its state model when Config.Offers has VirtualBacking and fails with ErrUnsupported otherwise, unless an injected fault, a stub (ReleaseReservationCalls), canned results (ReleaseReservationReturns, ReleaseReservationReturnsOnCall) decide first, in that order. Every call is recorded.
-func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+// The fake runs its state model when Config.Offers has VirtualBacking and fails
+// with ErrUnsupported otherwise, unless an injected fault, a stub
+// (ReleaseReservationCalls), canned results (ReleaseReservationReturns,
+// ReleaseReservationReturnsOnCall) decide first, in that order. Every call is
+// recorded.
+func (fake *Mechanism) ReleaseReservation(
+	ctx context.Context,
+	res *memapi.Reservation,
+	to memapi.Account,
+) error {
 	fake.mu.Lock()
 	fakeI := fake.releaseReservationCalls.count
 	fake.releaseReservationCalls.count++
@@ -960,16 +1102,22 @@ func (fake *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reser
 	return fakeR1
 }
 
-// ReleaseReservationCallCount returns how many times ReleaseReservation was called.
+// ReleaseReservationCallCount returns how many times ReleaseReservation was
+// called.
 func (fake *Mechanism) ReleaseReservationCallCount() int {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	return fake.releaseReservationCalls.count
 }
 
-// ReleaseReservationArgsForCall returns the arguments of the i-th call of ReleaseReservation, counting
-// from 0. It panics for a fake made with Config.Quiet.
-func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *memapi.Reservation, memapi.Account) {
+// ReleaseReservationArgsForCall returns the arguments of the i-th call of
+// ReleaseReservation, counting from 0. It panics for a fake made with
+// Config.Quiet.
+func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.quiet {
@@ -979,8 +1127,9 @@ func (fake *Mechanism) ReleaseReservationArgsForCall(i int) (context.Context, *m
 	return a.ctx, a.res, a.to
 }
 
-// ReleaseReservationReturns makes every later call of ReleaseReservation return these results
-// instead of running the state model, and drops a stub set by ReleaseReservationCalls.
+// ReleaseReservationReturns makes every later call of ReleaseReservation return
+// these results instead of running the state model, and drops a stub set by
+// ReleaseReservationCalls.
 func (fake *Mechanism) ReleaseReservationReturns(result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -988,8 +1137,9 @@ func (fake *Mechanism) ReleaseReservationReturns(result1 error) {
 	fake.releaseReservationCalls.returns = &mechanismReleaseReservationResults{result1: result1}
 }
 
-// ReleaseReservationReturnsOnCall makes the i-th call of ReleaseReservation (counting from 0) return
-// these results, and drops a stub set by ReleaseReservationCalls.
+// ReleaseReservationReturnsOnCall makes the i-th call of ReleaseReservation
+// (counting from 0) return these results, and drops a stub set by
+// ReleaseReservationCalls.
 func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
@@ -1000,9 +1150,13 @@ func (fake *Mechanism) ReleaseReservationReturnsOnCall(i int, result1 error) {
 	fake.releaseReservationCalls.onCall[i] = mechanismReleaseReservationResults{result1: result1}
 }
 
-// ReleaseReservationCalls makes ReleaseReservation call stub instead of the state model (nil removes
-// the stub). Injected faults still come first.
-func (fake *Mechanism) ReleaseReservationCalls(stub func(context.Context, *memapi.Reservation, memapi.Account) error) {
+// ReleaseReservationCalls makes ReleaseReservation call stub instead of the
+// state model (nil removes the stub). Injected faults still come first.
+func (fake *Mechanism) ReleaseReservationCalls(stub func(
+	context.Context,
+	*memapi.Reservation,
+	memapi.Account,
+) error) {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	fake.releaseReservationCalls.stub = stub
@@ -1042,8 +1196,8 @@ func (fake *Mechanism) Restore() {
 	fake.releaseReservationCalls.onCall = nil
 }
 
-// AsVirtualBacking returns the fake as VirtualBacking when Config.Offers has it, and nil and
-// false otherwise.
+// AsVirtualBacking returns the fake as VirtualBacking when Config.Offers has
+// it, and nil and false otherwise.
 func (fake *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !fake.offers(memapi.CapVirtualBacking) {
 		return nil, false

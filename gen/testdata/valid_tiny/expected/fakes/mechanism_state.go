@@ -9,7 +9,7 @@ import (
 	"sort"
 	"sync"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // Config configures a fake mechanism. The zero Config is a complete fake
@@ -117,7 +117,15 @@ type allocState struct {
 	mem *store
 }
 
-func (a *allocState) segments(_ *mechanismState, _ string, _, off, n uint64, _ bool, buf segments) (segments, error) {
+func (a *allocState) segments(
+	_ *mechanismState,
+	_ string,
+	_,
+	off,
+	n uint64,
+	_ bool,
+	buf segments,
+) (segments, error) {
 	return append(buf, segment{st: a.mem, off: off, n: n}), nil
 }
 
@@ -139,8 +147,21 @@ func (s *mechanismState) init(cfg Config) {
 func (m *Mechanism) offers(c memapi.Capability) bool { return m.state.cfg.Offers.Has(c) }
 
 // errorf returns an *memapi.Error naming the fake.
-func (s *mechanismState) errorf(op string, kind error, h memapi.HandleID, format string, args ...any) *memapi.Error {
-	return &memapi.Error{Op: op, Kind: kind, Mechanism: s.cfg.Name, Authority: s.cfg.Authority, Handle: h, Detail: fmt.Sprintf(format, args...)}
+func (s *mechanismState) errorf(
+	op string,
+	kind error,
+	h memapi.HandleID,
+	format string,
+	args ...any,
+) *memapi.Error {
+	return &memapi.Error{
+		Op:        op,
+		Kind:      kind,
+		Mechanism: s.cfg.Name,
+		Authority: s.cfg.Authority,
+		Handle:    h,
+		Detail:    fmt.Sprintf(format, args...),
+	}
 }
 
 // fill adds the fake's names to an *memapi.Error from the Issuer.
@@ -157,7 +178,13 @@ func (s *mechanismState) ctxErr(op string, ctx context.Context) error {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return &memapi.Error{Op: op, Mechanism: s.cfg.Name, Authority: s.cfg.Authority, Detail: "context done", Err: err}
+		return &memapi.Error{
+			Op:        op,
+			Mechanism: s.cfg.Name,
+			Authority: s.cfg.Authority,
+			Detail:    "context done",
+			Err:       err,
+		}
 	}
 	return nil
 }
@@ -169,7 +196,14 @@ func (s *mechanismState) size(op string, n, g memapi.Bytes) (memapi.Bytes, error
 	}
 	r, ok := memapi.RoundUp(n, g)
 	if !ok || r > maxObjectSize {
-		return 0, s.errorf(op, memapi.ErrInvalidSize, 0, "size %d is larger than the fake's limit %d", n, uint64(maxObjectSize))
+		return 0, s.errorf(
+			op,
+			memapi.ErrInvalidSize,
+			0,
+			"size %d is larger than the fake's limit %d",
+			n,
+			uint64(maxObjectSize),
+		)
 	}
 	return r, nil
 }
@@ -211,7 +245,11 @@ func (s *mechanismState) unplace(o *object) {
 func (s *mechanismState) Info() memapi.MechanismInfo { return s.info }
 
 // Allocate gives host memory at a fresh synthetic address.
-func (s *mechanismState) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
+func (s *mechanismState) Allocate(
+	ctx context.Context,
+	req memapi.AllocRequest,
+	grant memapi.Grant,
+) (*memapi.Allocation, error) {
 	const op = "DeviceAllocator.Allocate"
 	if grant == nil {
 		return nil, s.errorf(op, memapi.ErrNoGrant, 0, "a consuming call needs a grant")
@@ -270,7 +308,13 @@ func (s *mechanismState) UsedBytes() memapi.Bytes {
 // ErrInvalidRange where no live object covers the bytes, ErrNotCommitted
 // where a reservation has no backing, and ErrReadOnly when write is set and a
 // read-only view covers them. Callers hold mu.
-func (s *mechanismState) resolve(op string, addr memapi.DeviceAddr, n uint64, write bool, buf segments) (segments, error) {
+func (s *mechanismState) resolve(
+	op string,
+	addr memapi.DeviceAddr,
+	n uint64,
+	write bool,
+	buf segments,
+) (segments, error) {
 	if n == 0 {
 		return buf, nil
 	}
@@ -282,7 +326,16 @@ func (s *mechanismState) resolve(op string, addr memapi.DeviceAddr, n uint64, wr
 	o := s.objs[i]
 	end := a + n
 	if end < a || end > o.base+o.size {
-		return nil, s.errorf(op, memapi.ErrInvalidRange, 0, "%d bytes at %#x run past the end of the object at %#x (%d bytes)", n, a, o.base, o.size)
+		return nil, s.errorf(
+			op,
+			memapi.ErrInvalidRange,
+			0,
+			"%d bytes at %#x run past the end of the object at %#x (%d bytes)",
+			n,
+			a,
+			o.base,
+			o.size,
+		)
 	}
 	return o.r.segments(s, op, o.base, a-o.base, n, write, buf)
 }
@@ -340,5 +393,11 @@ func NewMechanism(cfg Config) *Mechanism {
 // absent is the error of a method of a capability the fake is configured
 // without: absent, never a silent no-op.
 func (m *Mechanism) absent(capability, method string) error {
-	return &memapi.Error{Op: capability + "." + method, Kind: memapi.ErrUnsupported, Mechanism: m.state.cfg.Name, Authority: m.state.cfg.Authority, Detail: "the fake is configured without " + capability}
+	return &memapi.Error{
+		Op:        capability + "." + method,
+		Kind:      memapi.ErrUnsupported,
+		Mechanism: m.state.cfg.Name,
+		Authority: m.state.cfg.Authority,
+		Detail:    "the fake is configured without " + capability,
+	}
 }

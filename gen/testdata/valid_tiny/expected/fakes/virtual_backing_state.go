@@ -5,7 +5,7 @@ package fakes
 import (
 	"context"
 
-	memapi "example.com/golden/generated/memapi"
+	"example.com/golden/generated/memapi"
 )
 
 // resState is the model of a reservation: its granules, each without
@@ -24,7 +24,10 @@ type slot struct {
 }
 
 // Reserve takes address space only (all of it physically when lying eager).
-func (s *mechanismState) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
+func (s *mechanismState) Reserve(
+	ctx context.Context,
+	req memapi.ReserveRequest,
+) (*memapi.Reservation, error) {
 	const op = "VirtualBacking.Reserve"
 	if err := s.ctxErr(op, ctx); err != nil {
 		return nil, err
@@ -57,10 +60,24 @@ func (s *mechanismState) Reserve(ctx context.Context, req memapi.ReserveRequest)
 // and ErrUnaligned for one off the granularity.
 func (s *mechanismState) checkRange(op string, h memapi.HandleID, size memapi.Bytes, r memapi.Range) error {
 	if !r.Within(size) {
-		return s.errorf(op, memapi.ErrInvalidRange, h, "range %v is empty or outside the reservation's %d bytes", r, size)
+		return s.errorf(
+			op,
+			memapi.ErrInvalidRange,
+			h,
+			"range %v is empty or outside the reservation's %d bytes",
+			r,
+			size,
+		)
 	}
 	if !r.Aligned(s.cfg.Granularity) {
-		return s.errorf(op, memapi.ErrUnaligned, h, "range %v is not aligned to granularity %d", r, s.cfg.Granularity)
+		return s.errorf(
+			op,
+			memapi.ErrUnaligned,
+			h,
+			"range %v is not aligned to granularity %d",
+			r,
+			s.cfg.Granularity,
+		)
 	}
 	return nil
 }
@@ -72,7 +89,12 @@ func (s *mechanismState) granules(r memapi.Range) (first, n uint64) {
 }
 
 // Commit installs zeroed private memory in every granule of r.
-func (s *mechanismState) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+func (s *mechanismState) Commit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	grant memapi.Grant,
+) error {
 	const op = "VirtualBacking.Commit"
 	if grant == nil {
 		return s.errorf(op, memapi.ErrNoGrant, res.ID(), "a consuming call needs a grant")
@@ -97,7 +119,14 @@ func (s *mechanismState) Commit(ctx context.Context, res *memapi.Reservation, r 
 	for i := first; i < first+n; i++ {
 		if sl := rs.slots[i]; sl != nil {
 			what := "committed"
-			return s.errorf(op, memapi.ErrCommitted, res.ID(), "offset %#x is already %s", i*uint64(s.cfg.Granularity), what)
+			return s.errorf(
+				op,
+				memapi.ErrCommitted,
+				res.ID(),
+				"offset %#x is already %s",
+				i*uint64(s.cfg.Granularity),
+				what,
+			)
 		}
 	}
 	if err := s.charge(op, r.Len); err != nil {
@@ -112,7 +141,12 @@ func (s *mechanismState) Commit(ctx context.Context, res *memapi.Reservation, r 
 }
 
 // Decommit drops the private memory of every granule of r; its bytes are gone.
-func (s *mechanismState) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+func (s *mechanismState) Decommit(
+	ctx context.Context,
+	res *memapi.Reservation,
+	r memapi.Range,
+	to memapi.Account,
+) error {
 	const op = "VirtualBacking.Decommit"
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,7 +164,13 @@ func (s *mechanismState) Decommit(ctx context.Context, res *memapi.Reservation, 
 	first, n := s.granules(r)
 	for i := first; i < first+n; i++ {
 		if sl := rs.slots[i]; sl == nil || sl.mem == nil {
-			return s.errorf(op, memapi.ErrNotCommitted, res.ID(), "offset %#x has no committed backing", i*uint64(s.cfg.Granularity))
+			return s.errorf(
+				op,
+				memapi.ErrNotCommitted,
+				res.ID(),
+				"offset %#x has no committed backing",
+				i*uint64(s.cfg.Granularity),
+			)
 		}
 	}
 	for i := first; i < first+n; i++ {
@@ -154,7 +194,11 @@ func (s *mechanismState) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, 
 }
 
 // ReleaseReservation drops what is committed and the address range.
-func (s *mechanismState) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+func (s *mechanismState) ReleaseReservation(
+	ctx context.Context,
+	res *memapi.Reservation,
+	to memapi.Account,
+) error {
 	const op = "VirtualBacking.ReleaseReservation"
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -177,7 +221,15 @@ func (s *mechanismState) ReleaseReservation(ctx context.Context, res *memapi.Res
 	return nil
 }
 
-func (rs *resState) segments(s *mechanismState, op string, base, off, n uint64, write bool, buf segments) (segments, error) {
+func (rs *resState) segments(
+	s *mechanismState,
+	op string,
+	base,
+	off,
+	n uint64,
+	write bool,
+	buf segments,
+) (segments, error) {
 	g := uint64(s.cfg.Granularity)
 	for stop := off + n; off < stop; {
 		gi, in := off/g, off%g

@@ -2,10 +2,10 @@
 
 package loader
 
-import memapi "example.com/golden/generated/memapi"
+import "example.com/golden/generated/memapi"
 
-// The plugin C ABI version this loader speaks, from the spec's plugin_abi block,
-// and the entry point a plugin of this major exports.
+// The plugin C ABI version this loader speaks, from the spec's plugin_abi
+// block, and the entry point a plugin of this major exports.
 const (
 	ABIMajor           = 3
 	ABIMinor           = 2
@@ -15,10 +15,10 @@ const (
 
 // statusKinds maps the ABI's status codes (the index) to the contract's
 // sentinel errors; code 0 is success.
-var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
+var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrForeignGrant, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
 
 // statusNames are the C names of the status codes.
-var statusNames = [...]string{"TINY_OK", "TINY_ERR_UNSUPPORTED", "TINY_ERR_UNAVAILABLE", "TINY_ERR_OUT_OF_MEMORY", "TINY_ERR_INVALID_SIZE", "TINY_ERR_INVALID_RANGE", "TINY_ERR_UNALIGNED", "TINY_ERR_NIL_HANDLE", "TINY_ERR_FOREIGN_HANDLE", "TINY_ERR_RELEASED", "TINY_ERR_IN_USE", "TINY_ERR_COMMITTED", "TINY_ERR_NOT_COMMITTED", "TINY_ERR_READ_ONLY", "TINY_ERR_NO_GRANT", "TINY_ERR_NO_ACCOUNT", "TINY_ERR_GRANT_CLOSED", "TINY_ERR_GRANT_EXHAUSTED", "TINY_ERR_AUTHORITY_MISMATCH", "TINY_ERR_OVER_BUDGET", "TINY_ERR_UNTRUTHFUL", "TINY_ERR_CLOSED"}
+var statusNames = [...]string{"TINY_OK", "TINY_ERR_UNSUPPORTED", "TINY_ERR_UNAVAILABLE", "TINY_ERR_OUT_OF_MEMORY", "TINY_ERR_INVALID_SIZE", "TINY_ERR_INVALID_RANGE", "TINY_ERR_UNALIGNED", "TINY_ERR_NIL_HANDLE", "TINY_ERR_FOREIGN_HANDLE", "TINY_ERR_RELEASED", "TINY_ERR_IN_USE", "TINY_ERR_COMMITTED", "TINY_ERR_NOT_COMMITTED", "TINY_ERR_READ_ONLY", "TINY_ERR_NO_GRANT", "TINY_ERR_NO_ACCOUNT", "TINY_ERR_FOREIGN_GRANT", "TINY_ERR_GRANT_CLOSED", "TINY_ERR_GRANT_EXHAUSTED", "TINY_ERR_AUTHORITY_MISMATCH", "TINY_ERR_OVER_BUDGET", "TINY_ERR_UNTRUTHFUL", "TINY_ERR_CLOSED"}
 
 // declaredPlugin is a plugin mechanism the spec declares.
 type declaredPlugin struct {
@@ -117,22 +117,24 @@ type cPlugin struct {
 	Reserved         [2]uintptr // reserved
 }
 
-// clearNewer zeroes the slots of tiny_device_allocator that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_device_allocator that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cDeviceAllocator) clearNewer(minor uint32) {
 	if minor < 2 {
 		v.UsedBytes = 0
 	}
 }
 
-// clearNewer zeroes the slots of tiny_virtual_backing that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_virtual_backing that a plugin of the
+// given minor cannot have: the host never calls a slot newer than the plugin's
+// minor.
 func (v *cVirtualBacking) clearNewer(minor uint32) {
 	if minor < 1 {
 		v.CommittedBytes = 0
 	}
 }
 
-// clearNewer zeroes the slots of tiny_device_context that a plugin of the given minor
-// cannot have: the host never calls a slot newer than the plugin's minor.
+// clearNewer zeroes the slots of tiny_device_context that a plugin of the given
+// minor cannot have: the host never calls a slot newer than the plugin's minor.
 func (v *cDeviceContext) clearNewer(minor uint32) {}

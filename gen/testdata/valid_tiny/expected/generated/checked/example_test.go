@@ -5,10 +5,11 @@ package checked_test
 import (
 	"context"
 	"errors"
-	fakes "example.com/golden/fakes"
-	checked "example.com/golden/generated/checked"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/fakes"
+	"example.com/golden/generated/checked"
+	"example.com/golden/generated/memapi"
 )
 
 // Wrap a mechanism (here a fake) and every call draws from and refunds to the
@@ -16,7 +17,7 @@ import (
 func ExampleWrap() {
 	ctx := context.Background()
 	mech := fakes.NewMechanism(fakes.Config{Authority: "host"})
-	m := checked.Wrap(mech)
+	m := checked.Wrap(mech, fakes.Ledger)
 	grant := fakes.NewGrant("host", 1048576)
 	acct := fakes.NewAccount("host")
 
@@ -43,7 +44,7 @@ func ExampleWithVerify() {
 		Authority:  "host",
 		LyingEager: true,
 	})
-	m := checked.Wrap(mech, checked.WithVerify())
+	m := checked.Wrap(mech, fakes.Ledger, checked.WithVerify())
 	vb, err := memapi.RequireVirtualBacking(m)
 	if err != nil {
 		panic(err)

@@ -4,8 +4,9 @@ package conformance
 
 import (
 	"context"
-	memapi "example.com/golden/generated/memapi"
 	"fmt"
+
+	"example.com/golden/generated/memapi"
 )
 
 // capabilities holds the optional capabilities the subject offers.
@@ -182,7 +183,8 @@ func (c *callDecommit) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callCommittedBytes holds the arguments of one VirtualBacking.CommittedBytes call.
+// callCommittedBytes holds the arguments of one VirtualBacking.CommittedBytes
+// call.
 type callCommittedBytes struct {
 	res *memapi.Reservation
 }
@@ -206,7 +208,8 @@ func (c *callCommittedBytes) call(e *env) (memapi.Handle, error) {
 	return nil, err
 }
 
-// callReleaseReservation holds the arguments of one VirtualBacking.ReleaseReservation call.
+// callReleaseReservation holds the arguments of one
+// VirtualBacking.ReleaseReservation call.
 type callReleaseReservation struct {
 	ctx context.Context
 	res *memapi.Reservation
@@ -270,8 +273,8 @@ func (e *env) committedReservation(t T, h *memapi.Reservation) memapi.Bytes {
 	return n
 }
 
-// observeQueries records the answer of every query method of the spec, for
-// the mechanism and for every live handle a query takes.
+// observeQueries records the answer of every query method of the spec, for the
+// mechanism and for every live handle a query takes.
 func (e *env) observeQueries(prefix string, s state, hs []memapi.Handle) {
 	{
 		r0 := e.m.Info()

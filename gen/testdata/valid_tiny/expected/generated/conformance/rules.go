@@ -2,18 +2,19 @@
 
 package conformance
 
-import memapi "example.com/golden/generated/memapi"
+import "example.com/golden/generated/memapi"
 
-// The subtests below are derived from the spec: per method from its
-// accounting effect, what it creates and releases and its requires clauses;
-// per optional capability from its absence; per invariant from what it
-// applies to. The invariants of the spec and where the suite checks them:
+// The subtests below are derived from the spec: per method from its accounting
+// effect, what it creates and releases and its requires clauses; per optional
+// capability from its absence; per invariant from what it applies to. The
+// invariants of the spec and where the suite checks them:
 //
 //   - charge-before-commit: invariant/charge-before-commit/...
 //   - release-by-creator: invariant/release-by-creator/...
 //   - no-silent-noop: invariant/no-silent-noop/...
 
-// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest DeviceAllocator/Allocate/creates-live-handle.
+// specDeviceAllocatorAllocateCreatesLiveHandle is the subtest
+// DeviceAllocator/Allocate/creates-live-handle.
 func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	c := e.validAllocate(t)
 	h, err := c.call(e)
@@ -23,23 +24,27 @@ func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Allocate", h)
 }
 
-// specDeviceAllocatorAllocateExactAccounting is the subtest DeviceAllocator/Allocate/exact-accounting.
+// specDeviceAllocatorAllocateExactAccounting is the subtest
+// DeviceAllocator/Allocate/exact-accounting.
 func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	c := e.validAllocate(t)
 	want := e.round(t, c.req.Size, roundAlloc)
+	witness := e.witnessAllocate(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	e.expectConsumed(t, "Allocate", before, want)
+	witness(h)
 	checkCreated(t, e, "Allocate", h)
 	if x, _ := h.(*memapi.Allocation); x != nil && x.Size() != want {
 		t.Errorf("Allocate: the Allocation's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
 	}
 }
 
-// specInvariantChargeBeforeCommitAllocate is the subtest invariant/charge-before-commit/Allocate.
+// specInvariantChargeBeforeCommitAllocate is the subtest
+// invariant/charge-before-commit/Allocate.
 func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	c := e.validAllocate(t)
 	c.grant = nil
@@ -49,14 +54,16 @@ func specInvariantChargeBeforeCommitAllocate(t T, e *env) {
 	tolerate(t, "Allocate with a grant of another authority", e, c.call, memapi.ErrAuthorityMismatch)
 }
 
-// specDeviceAllocatorAllocateZeroSize is the subtest DeviceAllocator/Allocate/zero-size.
+// specDeviceAllocatorAllocateZeroSize is the subtest
+// DeviceAllocator/Allocate/zero-size.
 func specDeviceAllocatorAllocateZeroSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 0
 	refuse(t, "Allocate with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specDeviceAllocatorAllocateHugeSize is the subtest DeviceAllocator/Allocate/huge-size.
+// specDeviceAllocatorAllocateHugeSize is the subtest
+// DeviceAllocator/Allocate/huge-size.
 func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	c := e.validAllocate(t)
 	c.req.Size = 1 << 62
@@ -66,7 +73,8 @@ func specDeviceAllocatorAllocateHugeSize(t T, e *env) {
 	refuse(t, "Allocate with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specDeviceAllocatorFreeExactRefund is the subtest DeviceAllocator/Free/exact-refund.
+// specDeviceAllocatorFreeExactRefund is the subtest
+// DeviceAllocator/Free/exact-refund.
 func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	c := e.validFree(t)
 	want := e.round(t, c.a.Size(), roundNone)
@@ -80,14 +88,16 @@ func specDeviceAllocatorFreeExactRefund(t T, e *env) {
 	}
 }
 
-// specDeviceAllocatorFreeNilAccount is the subtest DeviceAllocator/Free/nil-account.
+// specDeviceAllocatorFreeNilAccount is the subtest
+// DeviceAllocator/Free/nil-account.
 func specDeviceAllocatorFreeNilAccount(t T, e *env) {
 	c := e.validFree(t)
 	c.to = nil
 	tolerate(t, "Free without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specDeviceAllocatorFreeDoubleRelease is the subtest DeviceAllocator/Free/double-release.
+// specDeviceAllocatorFreeDoubleRelease is the subtest
+// DeviceAllocator/Free/double-release.
 func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	c := e.validFree(t)
 	if _, err := c.call(e); err != nil {
@@ -96,7 +106,8 @@ func specDeviceAllocatorFreeDoubleRelease(t T, e *env) {
 	refuse(t, "Free of an already released a", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specDeviceAllocatorFreeConcurrentRelease is the subtest DeviceAllocator/Free/concurrent-release.
+// specDeviceAllocatorFreeConcurrentRelease is the subtest
+// DeviceAllocator/Free/concurrent-release.
 func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validFree(t)
@@ -104,7 +115,8 @@ func specDeviceAllocatorFreeConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorFree is the subtest invariant/release-by-creator/Free.
+// specInvariantReleaseByCreatorFree is the subtest
+// invariant/release-by-creator/Free.
 func specInvariantReleaseByCreatorFree(t T, e *env) {
 	c := e.validFree(t)
 	o := e.other(t)
@@ -119,7 +131,8 @@ func specDeviceAllocatorFreeNilA(t T, e *env) {
 	refuse(t, "Free with a nil a", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingAbsentMeansUnsupported is the subtest VirtualBacking/absent-means-unsupported.
+// specVirtualBackingAbsentMeansUnsupported is the subtest
+// VirtualBacking/absent-means-unsupported.
 func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	v, ok := e.m.AsVirtualBacking()
 	_, again := e.m.AsVirtualBacking()
@@ -127,7 +140,8 @@ func specVirtualBackingAbsentMeansUnsupported(t T, e *env) {
 	checkAccessor(t, "VirtualBacking", ok, v != nil, again == ok, r != nil, err, memapi.Negotiate(e.m).Has(memapi.CapVirtualBacking))
 }
 
-// specVirtualBackingReserveCreatesLiveHandle is the subtest VirtualBacking/Reserve/creates-live-handle.
+// specVirtualBackingReserveCreatesLiveHandle is the subtest
+// VirtualBacking/Reserve/creates-live-handle.
 func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	c := e.validReserve(t)
 	h, err := c.call(e)
@@ -137,7 +151,8 @@ func specVirtualBackingReserveCreatesLiveHandle(t T, e *env) {
 	checkCreated(t, e, "Reserve", h)
 }
 
-// specVirtualBackingReserveNoAccounting is the subtest VirtualBacking/Reserve/no-accounting.
+// specVirtualBackingReserveNoAccounting is the subtest
+// VirtualBacking/Reserve/no-accounting.
 func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	c := e.validReserve(t)
 	before := e.books()
@@ -147,14 +162,16 @@ func specVirtualBackingReserveNoAccounting(t T, e *env) {
 	e.expectConsumed(t, "Reserve", before, 0)
 }
 
-// specVirtualBackingReserveZeroSize is the subtest VirtualBacking/Reserve/zero-size.
+// specVirtualBackingReserveZeroSize is the subtest
+// VirtualBacking/Reserve/zero-size.
 func specVirtualBackingReserveZeroSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 0
 	refuse(t, "Reserve with req.Size = 0", []*env{e}, c.call, e, memapi.ErrInvalidSize)
 }
 
-// specVirtualBackingReserveHugeSize is the subtest VirtualBacking/Reserve/huge-size.
+// specVirtualBackingReserveHugeSize is the subtest
+// VirtualBacking/Reserve/huge-size.
 func specVirtualBackingReserveHugeSize(t T, e *env) {
 	c := e.validReserve(t)
 	c.req.Size = 1 << 62
@@ -164,18 +181,23 @@ func specVirtualBackingReserveHugeSize(t T, e *env) {
 	refuse(t, "Reserve with req.Size = 1<<64-1 (rounding it up overflows)", []*env{e}, c.call, e, memapi.ErrInvalidSize, memapi.ErrOutOfMemory)
 }
 
-// specVirtualBackingCommitExactAccounting is the subtest VirtualBacking/Commit/exact-accounting.
+// specVirtualBackingCommitExactAccounting is the subtest
+// VirtualBacking/Commit/exact-accounting.
 func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	c := e.validCommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
+	witness := e.witnessCommit(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	e.expectConsumed(t, "Commit", before, want)
+	witness(h)
 }
 
-// specInvariantChargeBeforeCommitCommit is the subtest invariant/charge-before-commit/Commit.
+// specInvariantChargeBeforeCommitCommit is the subtest
+// invariant/charge-before-commit/Commit.
 func specInvariantChargeBeforeCommitCommit(t T, e *env) {
 	c := e.validCommit(t)
 	c.grant = nil
@@ -192,14 +214,16 @@ func specVirtualBackingCommitNilRes(t T, e *env) {
 	refuse(t, "Commit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommitReleasedRes is the subtest VirtualBacking/Commit/released-res.
+// specVirtualBackingCommitReleasedRes is the subtest
+// VirtualBacking/Commit/released-res.
 func specVirtualBackingCommitReleasedRes(t T, e *env) {
 	c := e.validCommit(t)
 	e.release(t, c.res)
 	refuse(t, "Commit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommitForeignRes is the subtest VirtualBacking/Commit/foreign-res.
+// specVirtualBackingCommitForeignRes is the subtest
+// VirtualBacking/Commit/foreign-res.
 func specVirtualBackingCommitForeignRes(t T, e *env) {
 	c := e.validCommit(t)
 	o := e.other(t)
@@ -207,7 +231,8 @@ func specVirtualBackingCommitForeignRes(t T, e *env) {
 	refuse(t, "Commit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingCommitOutOfRange is the subtest VirtualBacking/Commit/out-of-range.
+// specVirtualBackingCommitOutOfRange is the subtest
+// VirtualBacking/Commit/out-of-range.
 func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r = memapi.Range{
@@ -226,14 +251,16 @@ func specVirtualBackingCommitOutOfRange(t T, e *env) {
 	refuse(t, "Commit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitEmptyRange is the subtest VirtualBacking/Commit/empty-range.
+// specVirtualBackingCommitEmptyRange is the subtest
+// VirtualBacking/Commit/empty-range.
 func specVirtualBackingCommitEmptyRange(t T, e *env) {
 	c := e.validCommit(t)
 	c.r.Len = 0
 	refuse(t, "Commit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingCommitUnaligned is the subtest VirtualBacking/Commit/unaligned.
+// specVirtualBackingCommitUnaligned is the subtest
+// VirtualBacking/Commit/unaligned.
 func specVirtualBackingCommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -247,7 +274,8 @@ func specVirtualBackingCommitUnaligned(t T, e *env) {
 	refuse(t, "Commit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingDecommitExactRefund is the subtest VirtualBacking/Decommit/exact-refund.
+// specVirtualBackingDecommitExactRefund is the subtest
+// VirtualBacking/Decommit/exact-refund.
 func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	c := e.validDecommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
@@ -258,28 +286,32 @@ func specVirtualBackingDecommitExactRefund(t T, e *env) {
 	e.expectRefunded(t, "Decommit", before, want)
 }
 
-// specVirtualBackingDecommitNilAccount is the subtest VirtualBacking/Decommit/nil-account.
+// specVirtualBackingDecommitNilAccount is the subtest
+// VirtualBacking/Decommit/nil-account.
 func specVirtualBackingDecommitNilAccount(t T, e *env) {
 	c := e.validDecommit(t)
 	c.to = nil
 	tolerate(t, "Decommit without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingDecommitNilRes is the subtest VirtualBacking/Decommit/nil-res.
+// specVirtualBackingDecommitNilRes is the subtest
+// VirtualBacking/Decommit/nil-res.
 func specVirtualBackingDecommitNilRes(t T, e *env) {
 	c := e.validDecommit(t)
 	c.res = nil
 	refuse(t, "Decommit with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingDecommitReleasedRes is the subtest VirtualBacking/Decommit/released-res.
+// specVirtualBackingDecommitReleasedRes is the subtest
+// VirtualBacking/Decommit/released-res.
 func specVirtualBackingDecommitReleasedRes(t T, e *env) {
 	c := e.validDecommit(t)
 	e.release(t, c.res)
 	refuse(t, "Decommit with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingDecommitForeignRes is the subtest VirtualBacking/Decommit/foreign-res.
+// specVirtualBackingDecommitForeignRes is the subtest
+// VirtualBacking/Decommit/foreign-res.
 func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	c := e.validDecommit(t)
 	o := e.other(t)
@@ -287,7 +319,8 @@ func specVirtualBackingDecommitForeignRes(t T, e *env) {
 	refuse(t, "Decommit of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingDecommitOutOfRange is the subtest VirtualBacking/Decommit/out-of-range.
+// specVirtualBackingDecommitOutOfRange is the subtest
+// VirtualBacking/Decommit/out-of-range.
 func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r = memapi.Range{
@@ -306,14 +339,16 @@ func specVirtualBackingDecommitOutOfRange(t T, e *env) {
 	refuse(t, "Decommit of a range whose end overflows", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitEmptyRange is the subtest VirtualBacking/Decommit/empty-range.
+// specVirtualBackingDecommitEmptyRange is the subtest
+// VirtualBacking/Decommit/empty-range.
 func specVirtualBackingDecommitEmptyRange(t T, e *env) {
 	c := e.validDecommit(t)
 	c.r.Len = 0
 	refuse(t, "Decommit of an empty range", []*env{e}, c.call, e, memapi.ErrInvalidRange)
 }
 
-// specVirtualBackingDecommitUnaligned is the subtest VirtualBacking/Decommit/unaligned.
+// specVirtualBackingDecommitUnaligned is the subtest
+// VirtualBacking/Decommit/unaligned.
 func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	g := e.gran(t)
 	if g < 2 {
@@ -327,21 +362,24 @@ func specVirtualBackingDecommitUnaligned(t T, e *env) {
 	refuse(t, "Decommit of a range whose length is half a granule off", []*env{e}, c.call, e, memapi.ErrUnaligned)
 }
 
-// specVirtualBackingCommittedBytesNilRes is the subtest VirtualBacking/CommittedBytes/nil-res.
+// specVirtualBackingCommittedBytesNilRes is the subtest
+// VirtualBacking/CommittedBytes/nil-res.
 func specVirtualBackingCommittedBytesNilRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	c.res = nil
 	refuse(t, "CommittedBytes with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specVirtualBackingCommittedBytesReleasedRes is the subtest VirtualBacking/CommittedBytes/released-res.
+// specVirtualBackingCommittedBytesReleasedRes is the subtest
+// VirtualBacking/CommittedBytes/released-res.
 func specVirtualBackingCommittedBytesReleasedRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	e.release(t, c.res)
 	refuse(t, "CommittedBytes with a released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingCommittedBytesForeignRes is the subtest VirtualBacking/CommittedBytes/foreign-res.
+// specVirtualBackingCommittedBytesForeignRes is the subtest
+// VirtualBacking/CommittedBytes/foreign-res.
 func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	c := e.validCommittedBytes(t)
 	o := e.other(t)
@@ -349,7 +387,8 @@ func specVirtualBackingCommittedBytesForeignRes(t T, e *env) {
 	refuse(t, "CommittedBytes of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationExactRefund is the subtest VirtualBacking/ReleaseReservation/exact-refund.
+// specVirtualBackingReleaseReservationExactRefund is the subtest
+// VirtualBacking/ReleaseReservation/exact-refund.
 func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	want := e.round(t, e.committedReservation(t, c.res), roundNone)
@@ -363,14 +402,16 @@ func specVirtualBackingReleaseReservationExactRefund(t T, e *env) {
 	}
 }
 
-// specVirtualBackingReleaseReservationNilAccount is the subtest VirtualBacking/ReleaseReservation/nil-account.
+// specVirtualBackingReleaseReservationNilAccount is the subtest
+// VirtualBacking/ReleaseReservation/nil-account.
 func specVirtualBackingReleaseReservationNilAccount(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.to = nil
 	tolerate(t, "ReleaseReservation without an account", e, c.call, memapi.ErrNoAccount)
 }
 
-// specVirtualBackingReleaseReservationDoubleRelease is the subtest VirtualBacking/ReleaseReservation/double-release.
+// specVirtualBackingReleaseReservationDoubleRelease is the subtest
+// VirtualBacking/ReleaseReservation/double-release.
 func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	if _, err := c.call(e); err != nil {
@@ -379,7 +420,8 @@ func specVirtualBackingReleaseReservationDoubleRelease(t T, e *env) {
 	refuse(t, "ReleaseReservation of an already released res", []*env{e}, c.call, e, memapi.ErrReleased)
 }
 
-// specVirtualBackingReleaseReservationConcurrentRelease is the subtest VirtualBacking/ReleaseReservation/concurrent-release.
+// specVirtualBackingReleaseReservationConcurrentRelease is the subtest
+// VirtualBacking/ReleaseReservation/concurrent-release.
 func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	for range 4 {
 		c := e.validReleaseReservation(t)
@@ -387,7 +429,8 @@ func specVirtualBackingReleaseReservationConcurrentRelease(t T, e *env) {
 	}
 }
 
-// specInvariantReleaseByCreatorReleaseReservation is the subtest invariant/release-by-creator/ReleaseReservation.
+// specInvariantReleaseByCreatorReleaseReservation is the subtest
+// invariant/release-by-creator/ReleaseReservation.
 func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	o := e.other(t)
@@ -395,14 +438,16 @@ func specInvariantReleaseByCreatorReleaseReservation(t T, e *env) {
 	refuse(t, "ReleaseReservation of a Reservation made by another instance", []*env{e, o}, c.call, e, memapi.ErrForeignHandle)
 }
 
-// specVirtualBackingReleaseReservationNilRes is the subtest VirtualBacking/ReleaseReservation/nil-res.
+// specVirtualBackingReleaseReservationNilRes is the subtest
+// VirtualBacking/ReleaseReservation/nil-res.
 func specVirtualBackingReleaseReservationNilRes(t T, e *env) {
 	c := e.validReleaseReservation(t)
 	c.res = nil
 	refuse(t, "ReleaseReservation with a nil res", []*env{e}, c.call, e, memapi.ErrNilHandle)
 }
 
-// specInvariantNoSilentNoopVirtualBacking is the subtest invariant/no-silent-noop/VirtualBacking.
+// specInvariantNoSilentNoopVirtualBacking is the subtest
+// invariant/no-silent-noop/VirtualBacking.
 func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validReserve(t)
@@ -416,21 +461,25 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validCommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessCommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Commit", err)
 		if err == nil {
 			e.expectConsumed(t, "Commit", before, want)
+			witness(h)
 		}
 	}
 	{
 		c := e.validDecommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessDecommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Decommit", err)
 		if err == nil {
 			e.expectRefunded(t, "Decommit", before, want)
+			witness(h)
 		}
 	}
 	{

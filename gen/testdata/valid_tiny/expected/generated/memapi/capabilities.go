@@ -14,62 +14,76 @@ import (
 type DeviceAllocator interface {
 	// Info describes the instance.
 	//
-	// Accounting: query only.
+	// It only queries.
 	Info() MechanismInfo
 
 	// Allocate obtains req.Size bytes.
 	//
-	// Accounting: consumes req.Size rounded to alloc from grant. Creates an Allocation that records this instance as its creator. Requires: positive(req.Size).
+	// It consumes req.Size, rounded up to the allocation granularity, drawn from
+	// grant (the checked wrapper moves the bytes; the mechanism never does). It
+	// creates an Allocation that records this instance as its creator. The checked
+	// wrapper requires positive(req.Size).
 	Allocate(ctx context.Context, req AllocRequest, grant Grant) (*Allocation, error)
 
 	// Free returns the allocation's memory.
 	//
-	// Accounting: refunds a.Size to to. Releases a; only its creator may, and only once. Requires: live(a).
+	// It refunds a.Size to the account to (the checked wrapper moves the bytes; the
+	// mechanism never does). It releases a; only its creator may, and only once.
+	// The checked wrapper requires live(a).
 	Free(ctx context.Context, a *Allocation, to Account) error
 
 	// UsedBytes reports the physical bytes held.
 	//
-	// Accounting: query only.
+	// It only queries.
 	UsedBytes() Bytes
 }
 
 // VirtualBacking reserves address ranges and backs sub-ranges.
 //
-// Optional: reach it through Mechanism.AsVirtualBacking or RequireVirtualBacking; never assume it.
+// It is optional: reach it through Mechanism.AsVirtualBacking or
+// RequireVirtualBacking; never assume it.
 type VirtualBacking interface {
 	// Reserve obtains address space.
 	//
-	// Accounting: none. Creates a Reservation that records this instance as its creator. Requires: positive(req.Size).
+	// It moves no bytes. It creates a Reservation that records this instance as its
+	// creator. The checked wrapper requires positive(req.Size).
 	Reserve(ctx context.Context, req ReserveRequest) (*Reservation, error)
 
 	// Commit installs backing for r.
 	//
-	// Accounting: consumes r.Len rounded to granularity from grant. Requires: live(res), within(r, res), aligned(r).
+	// It consumes r.Len, rounded up to the granularity, drawn from grant (the
+	// checked wrapper moves the bytes; the mechanism never does). The checked
+	// wrapper requires live(res), within(r, res), aligned(r).
 	Commit(ctx context.Context, res *Reservation, r Range, grant Grant) error
 
 	// Decommit removes the backing of r.
 	//
-	// Accounting: refunds r.Len rounded to granularity to to. Requires: live(res), within(r, res), aligned(r).
+	// It refunds r.Len, rounded up to the granularity, to the account to (the
+	// checked wrapper moves the bytes; the mechanism never does). The checked
+	// wrapper requires live(res), within(r, res), aligned(r).
 	Decommit(ctx context.Context, res *Reservation, r Range, to Account) error
 
 	// CommittedBytes reports the committed bytes of res.
 	//
-	// Accounting: query only. Requires: live(res).
+	// It only queries. The checked wrapper requires live(res).
 	CommittedBytes(res *Reservation) (Bytes, error)
 
 	// ReleaseReservation frees the range.
 	//
-	// Accounting: refunds committed(res) to to. Releases res; only its creator may, and only once. Requires: live(res).
+	// It refunds committed(res) to the account to (the checked wrapper moves the
+	// bytes; the mechanism never does). It releases res; only its creator may, and
+	// only once. The checked wrapper requires live(res).
 	ReleaseReservation(ctx context.Context, res *Reservation, to Account) error
 }
 
-// Mechanism is a memory mechanism: the required capabilities, plus one
-// accessor per optional capability that reports whether this instance really
-// offers it now. An accessor that returns false means absent: there is no
-// default implementation to fall back on.
+// Mechanism is a memory mechanism: the required capabilities, plus one accessor
+// per optional capability that reports whether this instance really offers it
+// now. An accessor that returns false means absent: there is no default
+// implementation to fall back on.
 type Mechanism interface {
 	DeviceAllocator
-	// AsVirtualBacking returns the VirtualBacking capability and true when the instance offers it, or nil and false.
+	// AsVirtualBacking returns the VirtualBacking capability and true when the
+	// instance offers it, or nil and false.
 	AsVirtualBacking() (VirtualBacking, bool)
 }
 
@@ -131,8 +145,9 @@ func Negotiate(m Mechanism) CapSet {
 	return s
 }
 
-// RequireVirtualBacking returns m's VirtualBacking, or an *Error of kind ErrUnsupported
-// (errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.
+// RequireVirtualBacking returns m's VirtualBacking, or an *Error of kind
+// ErrUnsupported (errors.Is(err, errors.ErrUnsupported) holds) when m does not
+// offer it.
 func RequireVirtualBacking(m Mechanism) (VirtualBacking, error) {
 	if v, ok := m.AsVirtualBacking(); ok && v != nil {
 		return v, nil

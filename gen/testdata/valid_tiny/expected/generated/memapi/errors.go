@@ -11,52 +11,55 @@ import (
 // Sentinel errors. Compare with errors.Is: every error the contract returns
 // wraps exactly one of them, usually inside an *Error carrying the figures.
 var (
-	// ErrUnsupported is the mechanism does not offer the capability.
+	// ErrUnsupported is returned when the mechanism does not offer the capability.
 	ErrUnsupported = fmt.Errorf("memapi: unsupported: %w", errors.ErrUnsupported)
-	// ErrUnavailable is the mechanism cannot run here.
+	// ErrUnavailable is returned when the mechanism cannot run here.
 	ErrUnavailable = errors.New("memapi: unavailable")
-	// ErrOutOfMemory is the device refused the memory.
+	// ErrOutOfMemory is returned when the device refused the memory.
 	ErrOutOfMemory = errors.New("memapi: out of memory")
-	// ErrInvalidSize is a size is zero or too large.
+	// ErrInvalidSize is returned when a size is zero or too large.
 	ErrInvalidSize = errors.New("memapi: invalid size")
-	// ErrInvalidRange is a range lies outside its reservation.
+	// ErrInvalidRange is returned when a range lies outside its reservation.
 	ErrInvalidRange = errors.New("memapi: invalid range")
-	// ErrUnaligned is a range is not aligned.
+	// ErrUnaligned is returned when a range is not aligned.
 	ErrUnaligned = errors.New("memapi: unaligned")
-	// ErrNilHandle is a handle argument is nil.
+	// ErrNilHandle is returned when a handle argument is nil.
 	ErrNilHandle = errors.New("memapi: nil handle")
-	// ErrForeignHandle is a handle was created by another instance.
+	// ErrForeignHandle is returned when a handle was created by another instance.
 	ErrForeignHandle = errors.New("memapi: foreign handle")
-	// ErrReleased is a handle was already released.
+	// ErrReleased is returned when a handle was already released.
 	ErrReleased = errors.New("memapi: released")
-	// ErrInUse is the handle still has dependants.
+	// ErrInUse is returned when the handle still has dependants.
 	ErrInUse = errors.New("memapi: in use")
-	// ErrCommitted: Part of the range already has backing.
+	// ErrCommitted is returned when part of the range already has backing.
 	ErrCommitted = errors.New("memapi: committed")
-	// ErrNotCommitted: Part of the range has no backing.
+	// ErrNotCommitted is returned when part of the range has no backing.
 	ErrNotCommitted = errors.New("memapi: not committed")
-	// ErrReadOnly is a write through a read-only view.
+	// ErrReadOnly is returned when a write through a read-only view.
 	ErrReadOnly = errors.New("memapi: read only")
-	// ErrNoGrant is a consuming call without a grant.
+	// ErrNoGrant is returned when a consuming call without a grant.
 	ErrNoGrant = errors.New("memapi: no grant")
-	// ErrNoAccount is a refunding call without an account.
+	// ErrNoAccount is returned when a refunding call without an account.
 	ErrNoAccount = errors.New("memapi: no account")
-	// ErrGrantClosed is the grant is closed.
+	// ErrForeignGrant is returned when a grant or account from a ledger the checked
+	// wrapper does not trust.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
+	// ErrGrantClosed is returned when the grant is closed.
 	ErrGrantClosed = errors.New("memapi: grant closed")
-	// ErrGrantExhausted is the grant does not cover the bytes.
+	// ErrGrantExhausted is returned when the grant does not cover the bytes.
 	ErrGrantExhausted = errors.New("memapi: grant exhausted")
-	// ErrAuthorityMismatch is the grant belongs to another authority.
+	// ErrAuthorityMismatch is returned when the grant belongs to another authority.
 	ErrAuthorityMismatch = errors.New("memapi: authority mismatch")
-	// ErrOverBudget is the authority cannot grant the bytes.
+	// ErrOverBudget is returned when the authority cannot grant the bytes.
 	ErrOverBudget = errors.New("memapi: over budget")
-	// ErrUntruthful is the mechanism's committed bytes did not move.
+	// ErrUntruthful is returned when the mechanism's committed bytes did not move.
 	ErrUntruthful = errors.New("memapi: untruthful")
-	// ErrClosed is the object was closed.
+	// ErrClosed is returned when the object was closed.
 	ErrClosed = errors.New("memapi: closed")
 )
 
-// Error is the typed error of the contract: the operation, the kind (one of
-// the sentinels), the figures involved, and the underlying cause (an errno, a
+// Error is the typed error of the contract: the operation, the kind (one of the
+// sentinels), the figures involved, and the underlying cause (an errno, a
 // CUresult). errors.Is matches both the kind and the cause.
 type Error struct {
 	Op        string // Capability.Method or a layer's operation

@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 )
 
-// Handle is what every handle type has in common. Handles are created only
-// by an Issuer, record the mechanism instance that created them, and move once
+// Handle is what every handle type has in common. Handles are created only by
+// an Issuer, record the mechanism instance that created them, and move once
 // from live to released; a released handle stays released.
 type Handle interface {
 	// ID returns the handle's process-unique id (0 for a nil handle).
@@ -31,6 +31,7 @@ type handleHeader struct {
 	creator InstanceID
 	state   atomic.Uint32
 	impl    any
+	charged atomic.Uint64 // committed bytes the checked wrapper charged against the handle (ChargeBook)
 }
 
 var (
@@ -38,9 +39,10 @@ var (
 	nextInstance atomic.Uint64
 )
 
-// Allocation: Ordinary memory.
+// Allocation is ordinary memory.
 //
-// An Allocation is made only by Issuer.NewAllocation; its fields are read through methods.
+// An Allocation is made only by Issuer.NewAllocation; its fields are read
+// through methods.
 type Allocation struct {
 	hdr  handleHeader
 	addr DeviceAddr
@@ -94,7 +96,8 @@ func (a *Allocation) String() string {
 
 // Reservation is an address range.
 //
-// A Reservation is made only by Issuer.NewReservation; its fields are read through methods.
+// A Reservation is made only by Issuer.NewReservation; its fields are read
+// through methods.
 type Reservation struct {
 	hdr  handleHeader
 	addr DeviceAddr
@@ -164,8 +167,8 @@ func (i *Issuer) Instance() InstanceID {
 	return i.instance
 }
 
-// NewAllocation creates a live Allocation stamped with the Issuer's instance; impl is the
-// mechanism's private state, returned by Impl and BeginRelease.
+// NewAllocation creates a live Allocation stamped with the Issuer's instance;
+// impl is the mechanism's private state, returned by Impl and BeginRelease.
 func (i *Issuer) NewAllocation(addr DeviceAddr, size Bytes, impl any) *Allocation {
 	return &Allocation{
 		addr: addr,
@@ -178,8 +181,8 @@ func (i *Issuer) NewAllocation(addr DeviceAddr, size Bytes, impl any) *Allocatio
 	}
 }
 
-// NewReservation creates a live Reservation stamped with the Issuer's instance; impl is the
-// mechanism's private state, returned by Impl and BeginRelease.
+// NewReservation creates a live Reservation stamped with the Issuer's instance;
+// impl is the mechanism's private state, returned by Impl and BeginRelease.
 func (i *Issuer) NewReservation(addr DeviceAddr, size Bytes, impl any) *Reservation {
 	return &Reservation{
 		addr: addr,
@@ -253,8 +256,8 @@ func (i *Issuer) BeginRelease(op string, h Handle) (any, error) {
 	return hd.impl, nil
 }
 
-// EndRelease finishes BeginRelease: released when ok, live again when the
-// free failed and the memory is still held.
+// EndRelease finishes BeginRelease: released when ok, live again when the free
+// failed and the memory is still held.
 func (i *Issuer) EndRelease(h Handle, ok bool) {
 	hd := h.header()
 	if hd == nil || hd.creator != i.instance {

@@ -14,7 +14,7 @@ type Grant interface {
 	Undraw(n Bytes) error
 }
 
-// Account: Where refunded bytes go.
+// Account is where refunded bytes go.
 type Account interface {
 	// Authority returns the authority of the account.
 	Authority() AuthorityID

@@ -32,8 +32,9 @@ func (requiredOnly) AsVirtualBacking() (VirtualBacking, bool) {
 	return nil, false
 }
 
-// TestNegotiateReportsAbsence: optional capabilities a mechanism does not offer
-// are absent from Negotiate, and Require reports them as unsupported.
+// TestNegotiateReportsAbsence checks that the optional capabilities a mechanism
+// does not offer are absent from Negotiate, and that Require reports them as
+// unsupported.
 func TestNegotiateReportsAbsence(t *testing.T) {
 	var m Mechanism = requiredOnly{}
 	got := Negotiate(m)

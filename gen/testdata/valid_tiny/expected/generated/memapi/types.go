@@ -22,11 +22,12 @@ type InstanceID uint64
 // HandleID identifies one handle.
 type HandleID uint64
 
-// DeviceKind is the kind of device a mechanism serves. The zero value is invalid.
+// DeviceKind is the kind of device a mechanism serves. The zero value is
+// invalid.
 type DeviceKind uint8
 
 const (
-	// DeviceKindHost: Host memory.
+	// DeviceKindHost is host memory.
 	DeviceKindHost DeviceKind = iota + 1
 )
 
@@ -47,9 +48,9 @@ func (v DeviceKind) Valid() bool {
 type Access uint8
 
 const (
-	// AccessReadOnly reads only.
+	// AccessReadOnly means reads only.
 	AccessReadOnly Access = iota + 1
-	// AccessReadWrite reads and writes.
+	// AccessReadWrite means reads and writes.
 	AccessReadWrite
 )
 

@@ -2,8 +2,8 @@
 
 package memapi
 
-// VetMeta is what cmd/memvet checks code against, from the spec. Import
-// paths are full; the consuming and refunding methods are in Meta.
+// VetMeta is what cmd/memvet checks code against, from the spec. Import paths
+// are full; the consuming and refunding methods are in Meta.
 type VetMeta struct {
 	Module        string   // the module the packages below belong to
 	Contract      string   // the contract package
@@ -27,8 +27,8 @@ type NegotiatorMeta struct {
 	Accessor   string
 }
 
-// OwningHandleMeta is a type of the layers above the contract that owns
-// memory until its Close method runs (spec section ownership.handles).
+// OwningHandleMeta is a type of the layers above the contract that owns memory
+// until its Close method runs (spec section ownership.handles).
 type OwningHandleMeta struct {
 	Package string
 	Type    string

@@ -1,0 +1,3 @@
+package arena
+
+type Arena struct{}

@@ -1,0 +1,3 @@
+package simple
+
+type Mechanism struct{}
