@@ -339,6 +339,7 @@ func (a *Authority) release() error {
 		return nil
 	}
 	if err := a.trimLocked(); err != nil {
+		a.released = true
 		return err
 	}
 	snap, ok := a.g.Authority(a.id)

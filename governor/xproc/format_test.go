@@ -1,9 +1,11 @@
 package xproc
 
 import (
+	"context"
 	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 // image returns a valid ledger image of n slots and the given capacity.
@@ -182,5 +184,27 @@ func TestPIDReuse(t *testing.T) {
 	h, s := inspect(t, path)
 	if h.Claimed != 200 || s[1].Claim != 200 || s[0].Claim != 0 || h.Reclaims != 1 || l.Slot() != 0 {
 		t.Fatalf("after the join: %+v, slot %d", h, l.Slot())
+	}
+}
+
+// A file truncated under its members is a typed error at their next use,
+// never a fault, and Close still shuts them down.
+func TestTruncatedUnderMembers(t *testing.T) {
+	path := ledgerPath(t)
+	l, a, _ := member(t, path, 1000, Options{})
+	if err := os.Truncate(path, 64); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reserve(context.Background(), "h", "r", 10, 0, time.Time{}); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("Reserve: %v", err)
+	}
+	if err := a.Settle(); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("Settle: %v", err)
+	}
+	if _, _, err := Inspect(path); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if err := l.Close(); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("Close: %v", err)
 	}
 }

@@ -353,11 +353,15 @@ func (l *Ledger) State() (Header, []Slot, error) {
 // Close stops the watcher and gives the slot back. It fails with ErrInUse,
 // changing nothing, while the bound authority holds bytes: they are this
 // process's until it frees them (or exits, and a survivor reclaims the
-// slot).
+// slot). On a file truncated under it, it shuts down all the same and
+// returns ErrTruncated.
 func (l *Ledger) Close() error {
+	var broken error
 	if a := l.auth.Load(); a != nil {
-		if err := a.release(); err != nil {
+		if err := a.release(); errors.Is(err, ErrInUse) {
 			return err
+		} else if err != nil {
+			broken = err // a file made unusable under us: shut down all the same
 		}
 	}
 	l.mu.Lock()
@@ -372,14 +376,21 @@ func (l *Ledger) Close() error {
 	_, _ = unix.Write(l.stop, one[:])
 	<-l.done
 	unix.Close(l.stop)
-	return l.leave()
+	if err := l.leave(); broken == nil {
+		broken = err
+	}
+	return broken
 }
 
 // leave frees the slot, unmaps and closes the file.
 func (l *Ledger) leave() error {
 	err := flock(l.f, unix.LOCK_EX)
 	if err == nil {
-		if l.slot >= 0 && int(l.load(l.sw(l.slot, sPID))) == l.pid {
+		var st unix.Stat_t
+		if ferr := unix.Fstat(int(l.f.Fd()), &st); ferr != nil || st.Size != int64(len(l.mem)) {
+			// Truncated under us: touching the mapping would fault.
+			err = ledgerErr("", l.path, ErrTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
+		} else if l.slot >= 0 && int(l.load(l.sw(l.slot, sPID))) == l.pid {
 			l.freeSlotLocked(l.slot)
 		}
 		_ = flock(l.f, unix.LOCK_UN)

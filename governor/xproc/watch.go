@@ -1,6 +1,8 @@
 package xproc
 
 import (
+	"errors"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -48,7 +50,10 @@ func (l *Ledger) watch() {
 			}
 		}
 		if err := l.lock(); err != nil {
-			return
+			if errors.Is(err, ErrClosed) {
+				return
+			}
+			continue // a file someone truncated: every use reports it; keep watching
 		}
 		var ev []Event
 		for i := 0; i < l.slots; i++ {
