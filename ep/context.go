@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -18,11 +19,14 @@ type Context struct {
 	pins   int
 	closed bool
 	zero   chan struct{} // closed while pins == 0
+
+	quarantined atomic.Int64 // handles whose release failed, not retried yet
 }
 
 // NewContext wraps dev and starts its deferred-free queue.
 func NewContext(dev memapi.DeviceContext, opts Options) *Context {
 	c := &Context{dev: dev, queue: NewQueue(opts), zero: make(chan struct{})}
+	c.queue.owner = c
 	close(c.zero)
 	return c
 }
@@ -39,6 +43,18 @@ func (c *Context) Live() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.pins
+}
+
+// Quarantined returns how many handles made in the context are
+// quarantined: their release failed, their memory is still held and they
+// stay pinned until a retry frees them.
+func (c *Context) Quarantined() int { return int(c.quarantined.Load()) }
+
+// pinState returns the pins and the channel closed when they reach zero.
+func (c *Context) pinState() (int, chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pins, c.zero
 }
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
@@ -84,19 +100,19 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 	c.mu.Unlock()
 	if pins > 0 {
 		if !wait {
-			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(pins)}
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(pins)}
 		}
 		select {
 		case <-zero:
 		case <-ctx.Done():
-			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(c.Live()), Err: ctx.Err()}
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
 		}
 	}
 	c.mu.Lock()
 	if c.pins > 0 { // pinned again meanwhile
 		n := c.pins
 		c.mu.Unlock()
-		return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(n)}
+		return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(n)}
 	}
 	c.closed = true
 	c.mu.Unlock()
@@ -112,9 +128,13 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 	return nil
 }
 
-func pinDetail(n int) string {
+func (c *Context) pinDetail(n int) string {
+	s := strconv.Itoa(n) + " allocations are still alive in this context"
 	if n == 1 {
-		return "1 allocation is still alive in this context"
+		s = "1 allocation is still alive in this context"
 	}
-	return strconv.Itoa(n) + " allocations are still alive in this context"
+	if q := c.Quarantined(); q > 0 {
+		s += " (" + strconv.Itoa(q) + " quarantined: release failed, memory still held)"
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -29,7 +30,50 @@ type Release struct {
 	Name   string
 	Fences []memapi.Fence
 	Free   func(ctx context.Context) error
+	// Done (optional) is completed once Free has run, whether it failed
+	// or not. A later release that depends on this one lists Done among
+	// its Fences: the queue orders the two, and no Free ever waits for
+	// another inside the queue's goroutine.
+	Done *Completion
 }
+
+// Completion is a fence that completes when a queued release has run. It
+// orders releases that depend on each other (a region's Close after its
+// shrinks) inside the queue.
+type Completion struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+// NewCompletion returns a completion that is not done.
+func NewCompletion() *Completion { return &Completion{ch: make(chan struct{})} }
+
+// Done reports whether the release ran.
+func (c *Completion) Done() bool {
+	select {
+	case <-c.ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Ready returns a channel closed when the release ran.
+func (c *Completion) Ready() <-chan struct{} { return c.ch }
+
+// Wait blocks until the release ran or ctx ends.
+func (c *Completion) Wait(ctx context.Context) error {
+	select {
+	case <-c.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Completion) complete() { c.once.Do(func() { close(c.ch) }) }
+
+var _ memapi.Fence = (*Completion)(nil)
 
 // QueueStats are a queue's counters.
 type QueueStats struct {
@@ -47,8 +91,9 @@ type job struct {
 // goroutine, plus one short-lived watcher per fence that offers a Ready
 // channel, all of which end by Close.
 type Queue struct {
-	opts Options
-	log  *slog.Logger
+	opts  Options
+	log   *slog.Logger
+	owner *Context // the context whose pins keep the queue open, or nil
 
 	mu      sync.Mutex
 	jobs    []*job
@@ -148,10 +193,27 @@ func pendingDetail(n int) string {
 	return strconv.Itoa(n) + " releases still wait for their fences"
 }
 
-// Close waits until every pending release has run, then stops the queue's
-// goroutines. If ctx ends first it returns an error of kind memapi.ErrInUse
-// and the queue keeps running, so nothing is lost; Close may be called again.
+// Close waits until no handle of the owning context is pinned (a queue
+// closed under a live handle could never release it) and every pending
+// release has run, then stops the queue's goroutines. If ctx ends first it
+// returns an error of kind memapi.ErrInUse and the queue keeps running, so
+// nothing is lost; Close may be called again.
 func (q *Queue) Close(ctx context.Context) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.mu.Unlock()
+	if c := q.owner; c != nil {
+		if pins, zero := c.pinState(); pins > 0 {
+			select {
+			case <-zero:
+			case <-ctx.Done():
+				return &memapi.Error{Op: "ep.Queue.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
+			}
+		}
+	}
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -270,7 +332,10 @@ func (q *Queue) loop() {
 }
 
 func (q *Queue) run(j *job) {
-	err := j.rel.Free(context.Background())
+	err := q.free(j.rel)
+	if j.rel.Done != nil {
+		j.rel.Done.complete()
+	}
 	if err != nil {
 		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
 		if q.opts.OnError != nil {
@@ -288,4 +353,16 @@ func (q *Queue) run(j *job) {
 		close(q.idle)
 	}
 	q.mu.Unlock()
+}
+
+// free runs one release's Free. A panic is recovered and reported as the
+// release's failure: the queue serves every handle of its context and must
+// not die with one.
+func (q *Queue) free(r Release) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("ep: release %s panicked: %v", r.Name, p)
+		}
+	}()
+	return r.Free(context.Background())
 }

@@ -64,11 +64,16 @@ func (b *Binding) Close() error {
 			Detail: fmt.Sprintf("holder %s (%s) still has %d live handle(s)", b.holder, b.role, b.live)}
 	}
 	b.closed = true
+	b.m.mu.Lock()
+	delete(b.m.bindings, b)
+	b.m.mu.Unlock()
 	return nil
 }
 
 // counted runs make, one of the binding's constructors, on the device
 // resolved now, with the new handle counted live; a failure uncounts it.
+// The handle's lifecycle uncounts it when it is closed (ep.Hooks.Closed),
+// by Close or by the leak backstop.
 func counted[T any](b *Binding, op string, make func(*device) (T, error)) (T, error) {
 	var zero T
 	b.mu.Lock()
@@ -110,24 +115,14 @@ func cancel(g Grant, err error) error {
 }
 
 // Buffer is an owning handle of ordinary memory. Record the fences of device
-// work that uses it; Close schedules its release behind them.
+// work that uses it; Close schedules its release behind them. Its lifecycle
+// is ep.Lifecycle's: open, pending once closed, released once freed, or
+// quarantined (State, Err) when the free failed, its bytes still charged,
+// until Retry or Close frees them.
 type Buffer struct {
 	*ep.Owned
-	bind *Binding
-	once sync.Once
 	addr memapi.DeviceAddr
 	size memapi.Bytes
-}
-
-// Close schedules the release behind the recorded fences and returns at
-// once; the lease is pending-free until the mechanism really freed the
-// memory. It is idempotent.
-func (x *Buffer) Close() error {
-	err := x.Owned.Close()
-	if err == nil {
-		x.once.Do(x.bind.release)
-	}
-	return err
 }
 
 // Addr returns the buffer's device address.
@@ -162,15 +157,42 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	lease, err := g.Commit()
 	if err != nil {
 		if ferr := mech.Free(ctx, a, g); ferr != nil {
-			return nil, errors.Join(err, ferr)
+			return nil, quarantineGrant(g, a.Size(), errors.Join(err, ferr))
 		}
 		return nil, cancel(g, err)
 	}
-	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()),
-		func() { _ = lease.MarkPending(a.Size()) },
-		func(ctx context.Context) error { return mech.Free(ctx, a, lease) })
+	// The hooks close over the allocation, never over the Buffer: the
+	// leak backstop watches the Buffer.
+	var quar bool // set by a failed free, read by its retry (both on the queue)
+	owned, err := d.ctx.OwnHooks(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()), ep.Hooks{
+		Closed:  b.release,
+		Pending: func() { _ = lease.MarkPending(a.Size()) },
+		Free: func(ctx context.Context) error {
+			acct := memapi.Account(lease)
+			if quar {
+				acct = quarantined{lease}
+			}
+			if err := mech.Free(ctx, a, acct); err != nil {
+				if !quar {
+					quar = lease.Quarantine(a.Size()) == nil
+				}
+				return err
+			}
+			return nil
+		},
+	})
 	if err != nil {
-		return nil, errors.Join(err, mech.Free(ctx, a, lease))
+		if ferr := mech.Free(ctx, a, lease); ferr != nil {
+			return nil, errors.Join(err, ferr, lease.Quarantine(a.Size()))
+		}
+		return nil, err
 	}
-	return &Buffer{Owned: owned, bind: b, addr: a.Addr(), size: a.Size()}, nil
+	return &Buffer{Owned: owned, addr: a.Addr(), size: a.Size()}, nil
+}
+
+// quarantineGrant keeps a grant whose backing could not be removed: its
+// drawn bytes stay reserved (visible in the ledger) and the error says so.
+func quarantineGrant(g Grant, n memapi.Bytes, err error) error {
+	return &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
+		Detail: "rollback failed; the grant keeps the bytes drawn", Err: err}
 }

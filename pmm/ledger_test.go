@@ -22,7 +22,8 @@ type testLedger struct {
 	onEvent                 func(string)
 }
 
-type figures struct{ Reserved, Drawn, Charged, Pending memapi.Bytes }
+// Quarantined is the part of Charged whose free failed.
+type figures struct{ Reserved, Drawn, Charged, Pending, Quarantined memapi.Bytes }
 
 var errInjected = fmt.Errorf("injected ledger fault")
 
@@ -125,9 +126,40 @@ func (g *tGrant) Cancel() error {
 }
 
 type tLease struct {
-	l                *testLedger
-	auth             memapi.AuthorityID
-	charged, pending memapi.Bytes
+	l                      *testLedger
+	auth                   memapi.AuthorityID
+	charged, pending, quar memapi.Bytes
+}
+
+func (s *tLease) Quarantine(n memapi.Bytes) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if n > s.pending+s.charged-s.quar {
+		return fmt.Errorf("quarantine %d of %d", n, s.pending+s.charged-s.quar)
+	}
+	p := min(n, s.pending)
+	s.pending -= p
+	s.l.Pending -= p
+	s.charged += p
+	s.l.Charged += p
+	s.quar += n
+	s.l.Quarantined += n
+	s.l.event("quarantine")
+	return nil
+}
+
+func (s *tLease) RefundQuarantined(n memapi.Bytes) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if n > s.quar {
+		return fmt.Errorf("refund %d of %d quarantined", n, s.quar)
+	}
+	s.quar -= n
+	s.l.Quarantined -= n
+	s.charged -= n
+	s.l.Charged -= n
+	s.l.event("refund")
+	return nil
 }
 
 func (s *tLease) Authority() memapi.AuthorityID { return s.auth }
@@ -135,8 +167,8 @@ func (s *tLease) Authority() memapi.AuthorityID { return s.auth }
 func (s *tLease) MarkPending(n memapi.Bytes) error {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	if n > s.charged {
-		return fmt.Errorf("pending %d of %d charged", n, s.charged)
+	if n > s.charged-s.quar {
+		return fmt.Errorf("pending %d of %d charged", n, s.charged-s.quar)
 	}
 	s.charged -= n
 	s.pending += n
