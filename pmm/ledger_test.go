@@ -16,7 +16,7 @@ type testLedger struct {
 	mu       sync.Mutex
 	capacity memapi.Bytes
 	figures
-	failReserve, failCommit int // fail the Nth call (1-based); 0 = never
+	failReserve, failCommit int // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
 	reserves, commits       int
 	events                  []string
 	onEvent                 func(string)
@@ -96,7 +96,7 @@ func (g *tGrant) Commit() (pmm.Lease, error) {
 	g.l.mu.Lock()
 	defer g.l.mu.Unlock()
 	g.l.commits++
-	if g.l.failCommit == g.l.commits {
+	if g.l.failCommit == g.l.commits || g.l.failCommit < 0 {
 		return nil, errInjected
 	}
 	if g.closed {
