@@ -23,6 +23,8 @@ type Binding struct {
 	mu     sync.Mutex
 	live   int
 	closed bool
+
+	pool grantPool // Allocate's reusable grants (governor ledger only)
 }
 
 // Holder returns the binding's holder.
@@ -146,13 +148,16 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	if size == 0 || !ok {
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: size}
 	}
-	g, err := b.reserve(ctx, d, n)
+	g, slot, err := b.reserveReusable(ctx, d, n)
 	if err != nil {
 		return nil, err
 	}
 	a, err := mech.Allocate(ctx, memapi.AllocRequest{Size: size}, g)
 	if err != nil {
-		return nil, cancel(g, err)
+		if err := cancel(g, err); !errors.Is(err, memapi.ErrInUse) {
+			b.putGrant(slot)
+		}
+		return nil, err
 	}
 	lease, err := g.Commit()
 	if err != nil {
@@ -178,6 +183,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 				}
 				return err
 			}
+			b.putGrant(slot) // its lease is refunded whole: reusable
 			return nil
 		},
 	})
