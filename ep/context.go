@@ -3,8 +3,8 @@ package ep
 import (
 	"context"
 	"strconv"
+	"errors"
 	"sync"
-	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -20,7 +20,9 @@ type Context struct {
 	closed bool
 	zero   chan struct{} // closed while pins == 0
 
-	quarantined atomic.Int64 // handles whose release failed, not retried yet
+	// quarantine holds the handles whose release failed, not retried
+	// yet: reachable from here even when their holder dropped them.
+	quarantine map[*Lifecycle]struct{}
 }
 
 // NewContext wraps dev and starts its deferred-free queue.
@@ -48,7 +50,40 @@ func (c *Context) Live() int {
 // Quarantined returns how many handles made in the context are
 // quarantined: their release failed, their memory is still held and they
 // stay pinned until a retry frees them.
-func (c *Context) Quarantined() int { return int(c.quarantined.Load()) }
+func (c *Context) Quarantined() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.quarantine)
+}
+
+// RetryQuarantined queues the release of every quarantined handle again,
+// including those their holder dropped.
+func (c *Context) RetryQuarantined() error {
+	c.mu.Lock()
+	ls := make([]*Lifecycle, 0, len(c.quarantine))
+	for l := range c.quarantine {
+		ls = append(ls, l)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		errs = append(errs, l.Retry())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Context) setQuarantined(l *Lifecycle, on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !on {
+		delete(c.quarantine, l)
+		return
+	}
+	if c.quarantine == nil {
+		c.quarantine = map[*Lifecycle]struct{}{}
+	}
+	c.quarantine[l] = struct{}{}
+}
 
 // pinState returns the pins and the channel closed when they reach zero.
 func (c *Context) pinState() (int, chan struct{}) {

@@ -326,7 +326,7 @@ func (l *Lifecycle) Retry() error {
 	}
 	l.state = Pending
 	l.mu.Unlock()
-	l.c.quarantined.Add(-1)
+	l.c.setQuarantined(l, false)
 	return l.enqueue(nil)
 }
 
@@ -366,7 +366,7 @@ func (l *Lifecycle) quarantine(err error) {
 	l.state = Quarantined
 	l.err = &memapi.Error{Op: "ep.release", Kind: ErrQuarantined, Detail: l.name, Err: err}
 	l.mu.Unlock()
-	l.c.quarantined.Add(1)
+	l.c.setQuarantined(l, true)
 }
 
 func (l *Lifecycle) leaked() {

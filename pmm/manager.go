@@ -142,8 +142,9 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 // context are waited for (bounded by ctx). It frees nothing underneath a
 // live handle: a binding that still has live handles stays open, and the
 // error, of kind memapi.ErrInUse, says which, with every device context's
-// allocations still alive and quarantined. Close may be called again once
-// the holders closed their handles.
+// allocations still alive and quarantined. Quarantined releases are
+// retried first. Close may be called again once the holders closed their
+// handles.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	m.closed = true
@@ -166,6 +167,7 @@ func (m *Manager) Close(ctx context.Context) error {
 			continue
 		}
 		seen[d.ctx] = true
+		errs = append(errs, d.ctx.RetryQuarantined())
 		if err := d.ctx.Queue().Drain(ctx); err != nil {
 			errs = append(errs, err)
 			continue
