@@ -2,8 +2,8 @@ package ep
 
 import (
 	"context"
-	"strconv"
 	"errors"
+	"strconv"
 	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
