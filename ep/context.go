@@ -56,6 +56,24 @@ func (c *Context) Quarantined() int {
 	return len(c.quarantine)
 }
 
+// QuarantineErrors returns the error of every quarantined handle's last
+// failed release (each of kind ErrQuarantined, naming its handle).
+func (c *Context) QuarantineErrors() []error {
+	c.mu.Lock()
+	ls := make([]*Lifecycle, 0, len(c.quarantine))
+	for l := range c.quarantine {
+		ls = append(ls, l)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		if err := l.Err(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
 // RetryQuarantined queues the release of every quarantined handle again,
 // including those their holder dropped.
 func (c *Context) RetryQuarantined() error {

@@ -174,7 +174,8 @@ func (m *Manager) Close(ctx context.Context) error {
 		}
 		if n := d.ctx.Live(); n > 0 {
 			errs = append(errs, &memapi.Error{Op: "pmm.Manager.Close", Kind: memapi.ErrInUse,
-				Detail: fmt.Sprintf("device %v: %d allocation(s) still alive, %d quarantined", d.key, n, d.ctx.Quarantined())})
+				Detail: fmt.Sprintf("device %v: %d allocation(s) still alive, %d quarantined", d.key, n, d.ctx.Quarantined()),
+				Err:    errors.Join(d.ctx.QuarantineErrors()...)})
 		}
 	}
 	return errors.Join(errs...)

@@ -556,7 +556,7 @@ func (m *pmodel) quiesce(rt *rapid.T) {
 		time.Sleep(time.Millisecond)
 	}
 	if n := m.ectx.Live(); n != 0 {
-		rt.Fatalf("%d handles still pinned (%d quarantined)", n, m.ectx.Quarantined())
+		rt.Fatalf("%d handles still pinned (%d quarantined: %v)", n, m.ectx.Quarantined(), m.ectx.QuarantineErrors())
 	}
 	m.identity(rt)
 	s, _ := m.g.Authority(modelAuth)

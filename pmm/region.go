@@ -25,7 +25,15 @@ type segment struct {
 	grant Grant
 	quar  bool // its free failed: its bytes are booked quarantined
 	hole  bool // nothing installed (a copy-on-write undo could not map back)
+	// unmapped: the view is gone but its private backing's release
+	// failed; a retry releases only the backing.
+	unmapped bool
+	backing  *memapi.Backing
 }
+
+// committed reports whether the segment is private committed memory, which
+// adjacent ones are decommitted in one call.
+func (s segment) committed() bool { return s.view == nil && !s.hole && !s.unmapped }
 
 // account is what removing the segment refunds.
 func (s segment) account() memapi.Account {
@@ -352,7 +360,7 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 	if keep > 0 {
 		sg := s.segs[keep-1]
 		if end := sg.r.Off + sg.r.Len; end > newTop {
-			if sg.view != nil || sg.hole {
+			if !sg.committed() {
 				newTop = end
 			} else {
 				partial = keep - 1
@@ -421,15 +429,15 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	var left []segment
 	for end := len(segs); end > 0; {
 		start := end - 1
-		if segs[start].view == nil && !segs[start].hole {
-			for start > 0 && segs[start-1].view == nil && !segs[start-1].hole && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+		if segs[start].committed() {
+			for start > 0 && segs[start-1].committed() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
 				start--
 			}
 		}
 		run := segs[start:end]
 		var err error
 		if len(run) == 1 {
-			err = s.remove(ctx, run[0])
+			err = s.remove(ctx, &run[0])
 		} else {
 			last := run[len(run)-1].r
 			rng := memapi.Range{Off: run[0].r.Off, Len: last.Off + last.Len - run[0].r.Off}
@@ -476,28 +484,35 @@ func (a splitAccount) Refund(n memapi.Bytes) error {
 }
 
 // remove releases one segment: decommit private memory (refunding its
-// account), or unmap a view (dropping the shared reference behind the
-// region's fences, or releasing the private backing of a copy-on-write
-// view).
-func (s *regionState) remove(ctx context.Context, sg segment) error {
+// account), or unmap a view (dropping the shared reference, or releasing
+// the private backing of a copy-on-write view). What it did stays done: a
+// view unmapped before its backing's release failed is not unmapped again
+// by the retry.
+func (s *regionState) remove(ctx context.Context, sg *segment) error {
 	if sg.hole {
 		return nil
 	}
-	if sg.view == nil {
+	if sg.view == nil && !sg.unmapped {
 		return s.vb.Decommit(ctx, s.res, sg.r, sg.account())
 	}
 	sm, err := memapi.RequireSharedMapping(s.mech)
 	if err != nil {
 		return err
 	}
-	backing := sg.view.Backing()
-	if err := sm.UnmapView(ctx, sg.view); err != nil {
-		return err
+	if !sg.unmapped {
+		sg.backing = sg.view.Backing()
+		if err := sm.UnmapView(ctx, sg.view); err != nil {
+			return err
+		}
+		sg.unmapped, sg.view = true, nil
 	}
 	if sg.shared != nil {
-		return sg.shared.drop(nil)
+		// The view's hold ends whatever happens to the shared
+		// backing's own release, which its lifecycle carries.
+		_ = sg.shared.drop(nil)
+		return nil
 	}
-	return sm.ReleaseBacking(ctx, backing, sg.account())
+	return sm.ReleaseBacking(ctx, sg.backing, sg.account())
 }
 
 // markPending is the region's ep.Hooks.Pending: every lease's bytes wait
