@@ -280,6 +280,7 @@ type pmodel struct {
 	kernel []func() (memapi.Bytes, error)
 
 	handles []*mhandle
+	focus   *mhandle // the handle every call of a batch targets, if set
 	fences  []*testFence
 	closed  bool
 }
@@ -327,6 +328,9 @@ type op struct {
 }
 
 func (m *pmodel) pick(rt *rapid.T, ok func(*mhandle) bool) *mhandle {
+	if m.focus != nil && ok(m.focus) {
+		return m.focus
+	}
 	var c []*mhandle
 	for _, h := range m.handles {
 		if ok(h) {
@@ -384,9 +388,24 @@ func (m *pmodel) prepare(rt *rapid.T) op {
 			break
 		}
 		n := memapi.Bytes(rapid.IntRange(0, int(h.r.Cap())).Draw(rt, "len"))
+		// A slow holder widens the window in which a Close or another
+		// transaction of the batch lands inside this one.
+		slow := rapid.Bool().Draw(rt, "slow holder")
+		refuse := rapid.IntRange(0, 3).Draw(rt, "holder refuses") == 0 // its update fails: the rollback runs
 		return op{name, func(ctx context.Context) (*mhandle, error) {
 			var view memapi.Bytes
-			update := func(l memapi.Bytes) error { view = l; return nil }
+			calls := 0
+			update := func(l memapi.Bytes) error {
+				if slow {
+					time.Sleep(300 * time.Microsecond)
+				}
+				calls++
+				if refuse && calls == 1 {
+					return &memapi.Error{Op: "model.update", Kind: memapi.ErrInUse, Detail: "the holder refuses"}
+				}
+				view = l
+				return nil
+			}
 			before := h.r.Len()
 			var err error
 			if name == "grow" {
@@ -473,6 +492,10 @@ func (m *pmodel) prepare(rt *rapid.T) op {
 // returned, with nil or a typed error.
 func (m *pmodel) batch(rt *rapid.T) {
 	k := rapid.IntRange(1, 3).Draw(rt, "goroutines")
+	m.focus = nil
+	if k > 1 && rapid.Bool().Draw(rt, "one handle") {
+		m.focus = m.pick(rt, isRegion) // Close racing transactions on it
+	}
 	ops := make([]op, k)
 	for i := range ops {
 		ops[i] = m.prepare(rt)
