@@ -87,6 +87,32 @@ type Hooks struct {
 	Free func(ctx context.Context) error
 }
 
+// Releaser is Hooks as one value: a layer whose state has the three
+// transitions as methods hands itself over, with no closure to allocate.
+// Its methods follow Hooks' rules.
+type Releaser interface {
+	Closed()
+	Pending()
+	Free(ctx context.Context) error
+}
+
+// hooks adapts Hooks to Releaser.
+type hooks struct{ h Hooks }
+
+func (h *hooks) Closed() {
+	if h.h.Closed != nil {
+		h.h.Closed()
+	}
+}
+
+func (h *hooks) Pending() {
+	if h.h.Pending != nil {
+		h.h.Pending()
+	}
+}
+
+func (h *hooks) Free(ctx context.Context) error { return h.h.Free(ctx) }
+
 // Lifecycle is the state of one owning handle, written once for every kind
 // of handle (pmm's Buffer, Region and Shared). It never refers to the
 // handle the layer above hands out, so the leak backstop registered on that
@@ -98,9 +124,9 @@ type Hooks struct {
 // is scheduled when the last one ends, so a transaction is never cut in
 // half.
 type Lifecycle struct {
-	c     *Context
-	name  string
-	hooks Hooks
+	c    *Context
+	name string
+	rel  Releaser
 
 	mu     sync.Mutex
 	state  State
@@ -129,10 +155,19 @@ func (c *Context) OwnHooks(name string, h Hooks) (*Owned, error) {
 	if h.Free == nil {
 		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no free function", name)
 	}
+	return c.OwnReleaser(name, &hooks{h})
+}
+
+// OwnReleaser pins the context and returns an owning handle in state Open
+// whose transitions call r. r must not reach the handle (see Hooks).
+func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
+	if r == nil {
+		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
+	}
 	if err := c.Pin(); err != nil {
 		return nil, err
 	}
-	l := &Lifecycle{c: c, name: name, hooks: h}
+	l := &Lifecycle{c: c, name: name, rel: r}
 	o := &Owned{l: l}
 	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
 	return o, nil
@@ -286,7 +321,6 @@ func (l *Lifecycle) Close() (err error) {
 	}
 	l.state = Closing
 	schedule := l.holds == 0
-	closed := l.hooks.Closed
 	l.mu.Unlock()
 	// A panicking Closed hook still leaves the release scheduled, so
 	// nothing is lost; the panic goes on to the caller.
@@ -295,9 +329,7 @@ func (l *Lifecycle) Close() (err error) {
 			err = l.schedule()
 		}
 	}()
-	if closed != nil {
-		closed()
-	}
+	l.rel.Closed()
 	return nil
 }
 
@@ -311,9 +343,7 @@ func (l *Lifecycle) schedule() (err error) {
 	l.fences = nil
 	l.mu.Unlock()
 	defer func() { err = l.enqueue(fences) }()
-	if l.hooks.Pending != nil {
-		l.hooks.Pending()
-	}
+	l.rel.Pending()
 	return nil
 }
 
@@ -358,7 +388,7 @@ func (l *Lifecycle) free(ctx context.Context) (err error) {
 		l.mu.Unlock()
 		l.c.Unpin()
 	}()
-	return l.hooks.Free(ctx)
+	return l.rel.Free(ctx)
 }
 
 func (l *Lifecycle) quarantine(err error) {

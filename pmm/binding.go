@@ -8,6 +8,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // Binding is a holder's scoped access to one device in one role. It carries
@@ -166,27 +167,10 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 		}
 		return nil, cancel(g, err)
 	}
-	// The hooks close over the allocation, never over the Buffer: the
-	// leak backstop watches the Buffer.
-	var quar bool // set by a failed free, read by its retry (both on the queue)
-	owned, err := d.ctx.OwnHooks(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()), ep.Hooks{
-		Closed:  b.release,
-		Pending: func() { _ = lease.MarkPending(a.Size()) },
-		Free: func(ctx context.Context) error {
-			acct := memapi.Account(lease)
-			if quar {
-				acct = quarantined{lease}
-			}
-			if err := mech.Free(ctx, a, acct); err != nil {
-				if !quar {
-					quar = lease.Quarantine(a.Size()) == nil
-				}
-				return err
-			}
-			b.putGrant(slot) // its lease is refunded whole: reusable
-			return nil
-		},
-	})
+	// The release holds the allocation, never the Buffer: the leak
+	// backstop watches the Buffer.
+	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease, slot: slot}
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()), rel)
 	if err != nil {
 		if ferr := mech.Free(ctx, a, lease); ferr != nil {
 			return nil, errors.Join(err, ferr, lease.Quarantine(a.Size()))
@@ -194,6 +178,34 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 		return nil, err
 	}
 	return &Buffer{Owned: owned, addr: a.Addr(), size: a.Size()}, nil
+}
+
+// bufferRelease is a Buffer's ep.Releaser.
+type bufferRelease struct {
+	b     *Binding
+	mech  memapi.Mechanism
+	a     *memapi.Allocation
+	lease Lease
+	slot  *governor.Grant
+	quar  bool // set by a failed free, read by its retry (both ordered by the lifecycle)
+}
+
+func (r *bufferRelease) Closed()  { r.b.release() }
+func (r *bufferRelease) Pending() { _ = r.lease.MarkPending(r.a.Size()) }
+
+func (r *bufferRelease) Free(ctx context.Context) error {
+	acct := memapi.Account(r.lease)
+	if r.quar {
+		acct = quarantined{r.lease}
+	}
+	if err := r.mech.Free(ctx, r.a, acct); err != nil {
+		if !r.quar {
+			r.quar = r.lease.Quarantine(r.a.Size()) == nil
+		}
+		return err
+	}
+	r.b.putGrant(r.slot) // its lease is refunded whole: reusable
+	return nil
 }
 
 // quarantineGrant keeps a grant whose backing could not be removed: its

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
@@ -269,6 +270,11 @@ func (h *mhandle) owned() *ep.Owned {
 	return h.sh.Owned
 }
 
+type tracked struct {
+	kind string
+	o    weak.Pointer[ep.Lifecycle]
+}
+
 type pmodel struct {
 	be     backend
 	inj    *injector
@@ -281,6 +287,7 @@ type pmodel struct {
 
 	handles []*mhandle
 	focus   *mhandle // the handle every call of a batch targets, if set
+	all     []tracked // every handle made, weakly, for the failure report
 	fences  []*testFence
 	closed  bool
 }
@@ -514,6 +521,7 @@ func (m *pmodel) batch(rt *rapid.T) {
 			out <- res{h, err, o.name}
 		}()
 	}
+	m.focus = nil // a dropped handle must be unreachable for the backstop
 	watchdog := time.After(20 * time.Second)
 	for range ops {
 		select {
@@ -521,6 +529,11 @@ func (m *pmodel) batch(rt *rapid.T) {
 			modelOps.Add(1)
 			if r.h != nil {
 				m.handles = append(m.handles, r.h)
+				kind := map[bool]string{true: "buffer", false: "region"}[r.h.buf != nil]
+				if r.h.sh != nil {
+					kind = "shared"
+				}
+				m.all = append(m.all, tracked{kind, weak.Make(r.h.owned().Lifecycle())})
 			}
 			var me *memapi.Error
 			if r.err != nil && !errors.As(r.err, &me) {
@@ -579,7 +592,13 @@ func (m *pmodel) quiesce(rt *rapid.T) {
 		time.Sleep(time.Millisecond)
 	}
 	if n := m.ectx.Live(); n != 0 {
-		rt.Fatalf("%d handles still pinned (%d quarantined: %v)", n, m.ectx.Quarantined(), m.ectx.QuarantineErrors())
+		var left []string
+		for _, x := range m.all {
+			if l := x.o.Value(); l != nil && l.State() != ep.Released {
+				left = append(left, fmt.Sprintf("%s %v holds=%d", x.kind, l.State(), l.Holds()))
+			}
+		}
+		rt.Fatalf("%d handles still pinned (%d quarantined: %v); not released: %v", n, m.ectx.Quarantined(), m.ectx.QuarantineErrors(), left)
 	}
 	m.identity(rt)
 	s, _ := m.g.Authority(modelAuth)

@@ -103,8 +103,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	}
 	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
 		txn: make(chan struct{}, 1)}
-	owned, err := d.ctx.OwnHooks(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()),
-		ep.Hooks{Closed: b.release, Pending: s.markPending, Free: s.releaseAll})
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
 		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, zeroAccount(d.authority)))
 	}
@@ -515,9 +514,15 @@ func (s *regionState) remove(ctx context.Context, sg *segment) error {
 	return sm.ReleaseBacking(ctx, sg.backing, sg.account())
 }
 
-// markPending is the region's ep.Hooks.Pending: every lease's bytes wait
+// Closed is the region's ep.Releaser.Closed: the binding uncounts it.
+func (s *regionState) Closed() { s.bind.release() }
+
+// Free is the region's ep.Releaser.Free: releaseAll.
+func (s *regionState) Free(ctx context.Context) error { return s.releaseAll(ctx) }
+
+// Pending is the region's ep.Releaser.Pending: every lease's bytes wait
 // for the fences. Quarantined ones are already booked apart.
-func (s *regionState) markPending() {
+func (s *regionState) Pending() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sg := range s.segs {
@@ -527,7 +532,7 @@ func (s *regionState) markPending() {
 	}
 }
 
-// releaseAll is the region's ep.Hooks.Free: it runs on the queue after the
+// releaseAll is the region's release: it runs on the queue after the
 // region's fences, which include the completions of its shrinks, so no
 // shrink is still to run. What it cannot remove is quarantined and removed
 // again by the retry.

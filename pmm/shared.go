@@ -23,6 +23,7 @@ type Shared struct {
 // the Shared handle, so the leak backstop can run while views remain.
 type sharedState struct {
 	lc      *ep.Lifecycle
+	bind    *Binding
 	d       *device
 	sm      memapi.SharedMapping
 	backing *memapi.Backing
@@ -61,9 +62,8 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 		}
 		return nil, cancel(g, err)
 	}
-	s := &sharedState{d: d, sm: sm, backing: bk, lease: lease}
-	owned, err := d.ctx.OwnHooks(fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk),
-		ep.Hooks{Closed: b.release, Pending: s.markPending, Free: s.free})
+	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk), s)
 	if err != nil {
 		if rerr := sm.ReleaseBacking(ctx, bk, lease); rerr != nil {
 			return nil, errors.Join(err, rerr, lease.Quarantine(bk.Size()))
@@ -80,9 +80,13 @@ func (s *Shared) Size() memapi.Bytes { return s.s.backing.Size() }
 // Views returns how many views of the backing are mapped.
 func (s *Shared) Views() int { return s.s.lc.Holds() }
 
-func (s *sharedState) markPending() { _ = s.lease.MarkPending(s.backing.Size()) }
+// Closed, Pending and Free are the backing's ep.Releaser: uncount it from
+// its binding, mark its lease pending, release it.
+func (s *sharedState) Closed() { s.bind.release() }
 
-func (s *sharedState) free(ctx context.Context) error {
+func (s *sharedState) Pending() { _ = s.lease.MarkPending(s.backing.Size()) }
+
+func (s *sharedState) Free(ctx context.Context) error {
 	acct := memapi.Account(s.lease)
 	if s.quar {
 		acct = quarantined{s.lease}
