@@ -286,7 +286,7 @@ type pmodel struct {
 	kernel []func() (memapi.Bytes, error)
 
 	handles []*mhandle
-	focus   *mhandle // the handle every call of a batch targets, if set
+	focus   *mhandle  // the handle every call of a batch targets, if set
 	all     []tracked // every handle made, weakly, for the failure report
 	fences  []*testFence
 	closed  bool
