@@ -9,8 +9,9 @@ import (
 // with. When the ledger vouches for its grants and leases (GovernorLedger
 // does), the wrapper checks every grant's issuer: the ledger's grants and
 // leases, and the manager's own accounts over them (a decommit's
-// splitAccount, whose every part refunds to such a lease, and zeroAccount,
-// which refunds nothing). A Ledger that cannot vouch is trusted for what
+// splitAccount, whose every part refunds to such a lease; quarantined, a
+// retry's refund of such a lease's quarantined bytes; and zeroAccount, which
+// refunds nothing). A Ledger that cannot vouch is trusted for what
 // reaches those wrappers, which is only what the manager passes. The wrapper
 // Mechanism hands out trusts nothing either way.
 func trustOf(l Ledger) checked.Ledger {
@@ -34,6 +35,8 @@ func (t managerTrust) IssuedAccount(a memapi.Account) bool {
 			}
 		}
 		return true
+	case quarantined:
+		return t.ledger.IssuedAccount(v.l)
 	case zeroAccount:
 		return true
 	}
