@@ -43,6 +43,8 @@ func runChild(name string) int {
 		err = childChurn()
 	case "cuda":
 		err = childCUDA()
+	case "cache":
+		err = childCache()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}
