@@ -49,7 +49,9 @@ func newOwner(m memapi.Mechanism) *owner {
 	return o
 }
 
-func wrap(m memapi.Mechanism) memapi.Mechanism { return checked.Wrap(m, fakes.Ledger, checked.WithVerify()) }
+func wrap(m memapi.Mechanism) memapi.Mechanism {
+	return checked.Wrap(m, fakes.Ledger, checked.WithVerify())
+}
 
 func (o *owner) use(g memapi.Grant, to memapi.Account) error {
 	a, err := o.mech.Allocate(ctx, memapi.AllocRequest{Size: 1}, g)
