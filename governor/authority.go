@@ -30,6 +30,7 @@ type authority struct {
 	// grant without the lock (see Grant.reissue).
 	closed atomic.Bool
 
+	admit        Admission // raises capacity for a reservation that does not fit (SetAdmission), or nil
 	capacity     memapi.Bytes
 	reserved     memapi.Bytes // open grant sizes + drawn bytes of expired grants
 	charged      memapi.Bytes

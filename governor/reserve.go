@@ -75,19 +75,30 @@ func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, 
 	}
 	// Refunds not settled yet show as reserved: count them before refusing.
 	a.settleLocked()
-	if c.limit != 0 && c.used()+c.waiting+bytes > c.limit {
-		use := c.used() + c.waiting
-		a.overBudget++
+	if err := a.overLimitLocked(c, bytes); err != nil {
 		a.mu.Unlock()
-		return nil, &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: a.id, Holder: c.h.id,
-			Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: use}
+		return nil, err
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
 		gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
 		a.mu.Unlock()
 		return gr, nil
 	}
+	if a.admit != nil {
+		return g.admitLocked(ctx, a, c, role, bytes, priority, deadline, into)
+	}
 	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline, into)
+}
+
+// overLimitLocked refuses bytes beyond c's holder limit (counted as an
+// over-budget refusal), or returns nil.
+func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
+	if c.limit == 0 || c.used()+c.waiting+bytes <= c.limit {
+		return nil
+	}
+	a.overBudget++
+	return &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: a.id, Holder: c.h.id,
+		Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: c.used() + c.waiting}
 }
 
 // queueLocked is the slow path of reserveLocked: the request fails at once
@@ -95,7 +106,8 @@ func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, 
 func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
 	holder := c.h.id
 	w := &waiter{acct: c, bytes: bytes, role: role, priority: priority, deadline: deadline}
-	if bytes > a.capacity {
+	if bytes > a.capacity && (a.admit == nil || ctx.Done() == nil && deadline.IsZero()) {
+		// (An Admission may raise the capacity for one that waits.)
 		err := a.overBudgetLocked(w, a.waitingBytes, "larger than the capacity", nil)
 		a.mu.Unlock()
 		g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: holder, Role: role, Bytes: bytes, Err: err})

@@ -1,0 +1,105 @@
+package governor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Admission raises an authority's capacity when a reservation does not fit
+// it: a capacity that is itself a share of something larger (a claim on a
+// ledger several processes share, package governor/xproc) grows by the
+// shortfall before the reservation queues. It is installed on one authority
+// with SetAdmission and is called by every reservation on it, whatever API
+// it comes through (Reserve, Binding.Reserve, Binding.ReserveInto), only
+// when the reservation does not fit and the governor holds no lock: Admit
+// may block, take its own locks and call SetCapacity and Authority.
+type Admission interface {
+	// Admit tries to raise the capacity (with SetCapacity) by at least
+	// need bytes for a reservation of bytes by holder with priority; wait says
+	// whether the reservation may wait (its ctx can end, or it has a
+	// deadline). It returns nil once the capacity grew, or the reason it
+	// could not: an *OverBudgetError is the reservation's error when it may
+	// not wait or exceeds the error's Capacity (then no capacity can ever
+	// serve it); otherwise the reservation queues, even beyond the local
+	// capacity, and it is the Admission's to raise the capacity for the
+	// waiting reservations later (Snapshot's Waiters and WaitingBytes).
+	// Any other error ends the reservation with it.
+	Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, priority Priority, wait bool) error
+}
+
+// ErrNoAdmission is what an Admission returns when it does not serve a
+// reservation (for instance one made by its own holder): the reservation
+// proceeds as on an authority without one.
+var ErrNoAdmission = errors.New("governor: admission declined")
+
+// SetAdmission installs adm on authority (nil removes it). It fails with
+// ErrUnknownAuthority.
+func (g *Governor) SetAdmission(authority memapi.AuthorityID, adm Admission) error {
+	a := g.authority(authority)
+	if a == nil {
+		return opError("governor.SetAdmission", ErrUnknownAuthority, authority, 0, 0, "")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.shut != nil {
+		return opError("governor.SetAdmission", ErrUnknownAuthority, authority, 0, 0, "")
+	}
+	a.admit = adm
+	return nil
+}
+
+// admitLocked is reserveLocked for a reservation that does not fit an
+// authority with an Admission, called with a.mu held (it releases it): the
+// Admission raises the capacity by the shortfall, outside the lock, and the
+// reservation tries again; once the Admission cannot, it queues as on any
+// authority, or fails with the Admission's error when it may not wait.
+func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+	adm := a.admit
+	wait := ctx.Done() != nil || !deadline.IsZero()
+	for {
+		need := a.waitingBytes + bytes
+		if free := a.freeLocked(); need > free {
+			need -= free
+		}
+		a.mu.Unlock()
+		err := adm.Admit(ctx, c.h.id, bytes, need, priority, wait)
+		a.mu.Lock()
+		if a.shut != nil {
+			a.mu.Unlock()
+			return nil, a.shut
+		}
+		if c.gone {
+			a.mu.Unlock()
+			return nil, opError(opReserve, ErrUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id))
+		}
+		a.settleLocked()
+		// The holder's other reservations may have grown meanwhile.
+		if err := a.overLimitLocked(c, bytes); err != nil {
+			a.mu.Unlock()
+			return nil, err
+		}
+		if a.head == nil && a.freeLocked() >= bytes {
+			gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+			a.mu.Unlock()
+			return gr, nil
+		}
+		if err == nil {
+			continue // the bytes went to another reservation meanwhile: claim again
+		}
+		if errors.Is(err, ErrNoAdmission) {
+			break
+		}
+		var ob *OverBudgetError
+		if !errors.As(err, &ob) || !wait || bytes > ob.Capacity {
+			a.overBudget++
+			a.mu.Unlock()
+			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: c.h.id, Role: role, Bytes: bytes, Err: err})
+			return nil, err
+		}
+		break
+	}
+	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline, into)
+}
