@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -29,8 +30,10 @@ const PressureHolder governor.HolderID = "xproc.pressure"
 // grant covers. A claim that does not fit fails with an
 // *governor.OverBudgetError before any mechanism is called.
 //
-// Every reservation on the authority goes through Reserve: a direct
-// governor.Reserve on it sees only the bytes already claimed.
+// Every reservation on the bound authority claims so, whatever API it
+// comes through (governor.Governor.Reserve, governor.Binding.Reserve and
+// ReserveInto, and so pmm): Bind installs the Authority as the local
+// authority's governor.Admission.
 type Authority struct {
 	l  *Ledger
 	g  *governor.Governor
@@ -40,8 +43,10 @@ type Authority struct {
 	// between a claim and the local reservation it is for, nothing else
 	// reserves or trims, so the claimed bytes are that reservation's.
 	mu       sync.Mutex
-	released bool
+	released atomic.Bool // set once under mu; read without it by Reserve
 	seenWant uint64
+	wanted   bool              // a want this process posted may still stand
+	wantPri  governor.Priority // the priority it was posted with
 }
 
 // Bind adds authority id to g with capacity 0 and ties it to the ledger.
@@ -63,6 +68,10 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 		return nil, err
 	}
 	a := &Authority{l: l, g: g, id: id}
+	if err := g.SetAdmission(id, a); err != nil {
+		_ = g.RemoveAuthority(id)
+		return nil, err
+	}
 	l.auth.Store(a)
 	return a, nil
 }
@@ -70,102 +79,70 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 // ID returns the local authority's ID.
 func (a *Authority) ID() memapi.AuthorityID { return a.id }
 
-// Reserve is governor.Reserve on the shared authority. When the local free
-// bytes do not cover bytes, the shortfall is claimed from the ledger
-// first; when the ledger cannot give it, a reservation that may wait (ctx
-// can end, or deadline is set) posts the want, which every process's
-// watcher answers with tickets to its holders, and retries until ctx ends
-// or the deadline passes; one that may not wait fails at once. Either way
+// Reserve is governor.Reserve on the shared authority, kept for callers
+// that hold the Authority: every reservation on the bound authority, made
+// through Reserve, governor.Governor.Reserve, governor.Binding.Reserve or
+// ReserveInto (and so pmm), claims from the ledger the same way (Admit).
+// When the local free bytes do not cover bytes, the shortfall is claimed
+// from the ledger first; when the ledger cannot give it, a reservation that
+// may wait (ctx can end, or deadline is set) posts the want, which every
+// process's watcher answers with tickets to its holders, and queues
+// locally: the watcher claims for the local waiters every Poll until they
+// are served or give up. One that may not wait fails at once. Either way
 // the failure is an *governor.OverBudgetError of Kind memapi.ErrOverBudget
-// with the shared figures, and no physical allocation was attempted.
+// and no physical allocation was attempted.
 func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role governor.Role, bytes memapi.Bytes, priority governor.Priority, deadline time.Time) (*governor.Grant, error) {
-	var dl <-chan time.Time
-	if !deadline.IsZero() {
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		dl = t.C
+	if a.released.Load() {
+		return nil, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
-	if bytes == 0 || uint64(bytes) > maxBytes {
-		// No claim can serve it: the governor's typed error, the ledger untouched.
-		return a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
+	return a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
+}
+
+// Admit is the governor's admission hook on the bound authority
+// (governor.Admission): it claims need bytes from the ledger and raises the
+// local capacity to the new claim, both under a.mu, so a settle never gives
+// back a claim the capacity does not show yet. The governor calls it
+// without its own lock when a reservation does not fit; PressureHolder's
+// reservations (answers to another process's want) never claim.
+func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+	if holder == PressureHolder {
+		return governor.ErrNoAdmission
 	}
-	wait := ctx.Done() != nil || !deadline.IsZero()
 	a.mu.Lock()
-	for {
-		err := a.claimFor(holder, bytes, priority, wait)
-		if err == nil {
-			break
-		}
-		if !wait || !errors.Is(err, memapi.ErrOverBudget) {
-			a.mu.Unlock()
-			return nil, err
-		}
-		a.mu.Unlock()
-		t := time.NewTimer(a.l.poll / 10)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			a.clearWant()
-			return nil, withCause(err, ctx.Err())
-		case <-dl:
-			t.Stop()
-			a.clearWant()
-			return nil, withCause(err, context.DeadlineExceeded)
-		case <-t.C:
-		}
-		a.mu.Lock()
-	}
 	defer a.mu.Unlock()
-	gr, err := a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
-	if err != nil {
-		// An unknown holder, a holder's limit: what was claimed for the
-		// reservation goes back at once, so a failed Reserve leaves the
-		// ledger holding no more than it did.
-		_ = a.trimLocked()
-		return nil, err
-	}
-	a.clearWantLocked()
-	return gr, nil
+	return a.claimLocked(holder, bytes, need, priority, wait)
 }
 
-func withCause(err, cause error) error {
-	var ob *governor.OverBudgetError
-	if errors.As(err, &ob) {
-		ob.Err = cause
-	}
-	return err
-}
-
-// claimFor makes the local free bytes cover bytes, claiming the shortfall
-// from the ledger; a reservation that will wait posts its want when the
-// ledger cannot give it. Called with a.mu held.
-func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, priority governor.Priority, wait bool) error {
-	if a.released {
+// claimLocked claims need more bytes from the ledger for a reservation of
+// bytes and raises the local capacity to the claim; a reservation that will
+// wait posts its want when the ledger cannot give it. Called with a.mu held.
+func (a *Authority) claimLocked(holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+	if a.released.Load() {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
 	}
-	if snap.Free >= bytes || snap.Waiters != 0 {
-		return nil // the local governor decides (and queues behind its waiters)
-	}
-	need := uint64(bytes - snap.Free)
 	l := a.l
+	if uint64(need) > maxBytes {
+		return &governor.OverBudgetError{Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
+			Reason: "beyond any shared capacity", Wanted: bytes, Free: snap.Free}
+	}
 	if err := l.lock(); err != nil {
 		return err
 	}
 	free := l.freeLocked()
 	var ev []Event
-	if need > free {
+	if uint64(need) > free {
 		// A stale slot must not refuse a live process: reclaim the dead first.
 		ev = l.scanLocked()
 		free = l.freeLocked()
 	}
-	if need > free {
+	if uint64(need) > free {
 		e := &governor.OverBudgetError{
 			Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
-			Reason:   fmt.Sprintf("the shared ledger %s has %d bytes unclaimed, %d short", l.path, free, need-free),
+			Reason:   fmt.Sprintf("the shared ledger %s has %d bytes unclaimed, %d short", l.path, free, uint64(need)-free),
 			Wanted:   bytes,
 			Free:     snap.Free + memapi.Bytes(free),
 			Capacity: memapi.Bytes(l.load(l.hw(hCapacity))),
@@ -173,19 +150,22 @@ func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, prior
 			Charged:  memapi.Bytes(l.load(l.hw(hCharged))),
 			Pending:  memapi.Bytes(l.load(l.hw(hPending))),
 		}
-		if wait && l.load(l.hw(hWant)) < need-free {
-			l.store(l.hw(hWant), need-free)
-			l.store(l.hw(hWantPri), uint64(int64(priority)))
-			l.add(l.hw(hWantSeq), 1)
+		if wait {
+			a.wanted, a.wantPri = true, priority
+			if l.load(l.hw(hWant)) < uint64(need)-free {
+				l.store(l.hw(hWant), uint64(need)-free)
+				l.store(l.hw(hWantPri), uint64(int64(priority)))
+				l.add(l.hw(hWantSeq), 1)
+			}
 		}
 		l.unlock()
 		l.emitAll(ev)
 		return e
 	}
-	claim := l.load(l.sw(l.slot, sClaim)) + need
+	claim := l.load(l.sw(l.slot, sClaim)) + uint64(need)
 	l.begin()
 	l.store(l.sw(l.slot, sClaim), claim)
-	l.add(l.hw(hClaimed), need)
+	l.add(l.hw(hClaimed), uint64(need))
 	l.end()
 	l.unlock()
 	l.emitAll(ev)
@@ -194,13 +174,36 @@ func (a *Authority) claimFor(holder governor.HolderID, bytes memapi.Bytes, prior
 		// goes back so the ledger never counts bytes nobody can use.
 		_ = l.lock()
 		l.begin()
-		l.store(l.sw(l.slot, sClaim), claim-need)
-		l.add(l.hw(hClaimed), -need)
+		l.store(l.sw(l.slot, sClaim), claim-uint64(need))
+		l.add(l.hw(hClaimed), -uint64(need))
 		l.end()
 		l.unlock()
 		return err
 	}
+	a.clearWantLocked()
 	return nil
+}
+
+// claimWaitersLocked claims for the local reservations that wait (a want
+// they posted was answered, or capacity came free): the bytes they lack
+// beyond the local free ones, all at once or, when the ledger cannot give
+// them, posting the want again. A want this process posted is withdrawn
+// once nobody waits.
+func (a *Authority) claimWaitersLocked() {
+	snap, ok := a.g.Authority(a.id)
+	if !ok {
+		return
+	}
+	if snap.Waiters == 0 {
+		if a.wanted {
+			a.wanted = false
+			a.clearWantLocked()
+		}
+		return
+	}
+	if snap.WaitingBytes > snap.Free {
+		_ = a.claimLocked(PressureHolder, snap.WaitingBytes, snap.WaitingBytes-snap.Free, a.wantPri, true)
+	}
 }
 
 // freeLocked is the shared capacity not claimed (0 while a lowered
@@ -211,12 +214,6 @@ func (l *Ledger) freeLocked() uint64 {
 		return 0
 	}
 	return c - u
-}
-
-func (a *Authority) clearWant() {
-	a.mu.Lock()
-	a.clearWantLocked()
-	a.mu.Unlock()
 }
 
 // clearWantLocked withdraws a posted want once served or given up. (A want
@@ -247,10 +244,11 @@ func (a *Authority) Settle() error { return a.settle() }
 func (a *Authority) settle() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.released {
+	if a.released.Load() {
 		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed}
 	}
 	a.answerLocked()
+	a.claimWaitersLocked()
 	return a.trimLocked()
 }
 
@@ -335,11 +333,11 @@ func (a *Authority) answerLocked() {
 func (a *Authority) release() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.released {
+	if a.released.Load() {
 		return nil
 	}
 	if err := a.trimLocked(); err != nil {
-		a.released = true
+		a.released.Store(true)
 		return err
 	}
 	snap, ok := a.g.Authority(a.id)
@@ -351,6 +349,6 @@ func (a *Authority) release() error {
 			return err
 		}
 	}
-	a.released = true
+	a.released.Store(true)
 	return nil
 }

@@ -39,6 +39,8 @@ func runChild(name string) int {
 	switch name {
 	case "reserve":
 		err = childReserve()
+	case "pmm":
+		err = childPmm()
 	case "churn":
 		err = childChurn()
 	case "cuda":
