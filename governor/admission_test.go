@@ -18,6 +18,8 @@ type poolAdmission struct {
 	g  *Governor
 	id memapi.AuthorityID
 
+	during func() // run once, before the capacity grows, outside mu
+
 	mu      sync.Mutex
 	pool    memapi.Bytes
 	calls   int
@@ -31,6 +33,10 @@ func (p *poolAdmission) Admit(_ context.Context, holder HolderID, bytes, need me
 		return errors.New("called under the lock") // calling the governor would deadlock
 	} else {
 		a.mu.Unlock()
+	}
+	if f := p.during; f != nil {
+		p.during = nil
+		f()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -124,4 +130,34 @@ func TestAdmissionRefuses(t *testing.T) {
 	if s := h.auth(hostA); s.Waiters != 0 || s.Grants != 0 {
 		t.Fatalf("after the refusals: %+v", s)
 	}
+}
+
+// What the holder reserved while Admit ran counts: the retry refuses bytes
+// past its limit even though the capacity now covers them.
+func TestAdmissionRechecksTheLimit(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 0})
+	h.register("kv", nil, HolderOptions{Limit: map[memapi.AuthorityID]memapi.Bytes{hostA: 500}})
+	p := &poolAdmission{t: t, g: h.g, id: hostA, pool: 1000}
+	if err := h.g.SetAdmission(hostA, p); err != nil {
+		t.Fatal(err)
+	}
+	var other *Grant
+	p.during = func() {
+		if err := h.g.SetCapacity(hostA, 400); err != nil {
+			t.Error(err)
+		}
+		var err error
+		if other, err = h.g.Reserve(context.Background(), hostA, "kv", "r", 400, 0, time.Time{}); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 300, 0, time.Time{})
+	if !errors.Is(err, ErrOverLimit) {
+		t.Fatalf("past the limit after the admission: %v, want ErrOverLimit", err)
+	}
+	if other == nil {
+		t.Fatal("the reservation made during Admit failed")
+	}
+	_ = other.Cancel()
+	h.wantLedger(hostA, ledger{Free: 700})
 }
