@@ -93,7 +93,11 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			break
 		}
 		var ob *OverBudgetError
-		if !errors.As(err, &ob) || !wait || bytes > ob.Capacity {
+		if !errors.As(err, &ob) {
+			a.mu.Unlock()
+			return nil, err
+		}
+		if !wait || bytes > ob.Capacity {
 			a.overBudget++
 			a.mu.Unlock()
 			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: c.h.id, Role: role, Bytes: bytes, Err: err})

@@ -127,7 +127,7 @@ func TestAdmissionRefuses(t *testing.T) {
 		t.Fatalf("declined admission: %v, want the governor's own refusal", err)
 	}
 	h.wantLedger(hostA, ledger{})
-	if s := h.auth(hostA); s.Waiters != 0 || s.Grants != 0 {
+	if s := h.auth(hostA); s.Waiters != 0 || s.Grants != 0 || s.OverBudget != 3 {
 		t.Fatalf("after the refusals: %+v", s)
 	}
 }
