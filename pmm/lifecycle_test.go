@@ -371,8 +371,9 @@ func TestTransactionQueuedBehindCloseFails(t *testing.T) {
 	r, err := b.ReserveVirtual(ctx, 8*gran)
 	require.NoError(t, err)
 	in, out := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
 	go func() {
-		_ = r.Grow(ctx, gran, func(memapi.Bytes) error { close(in); <-out; return nil })
+		first <- r.Grow(ctx, gran, func(memapi.Bytes) error { close(in); <-out; return nil })
 	}()
 	<-in
 	second := make(chan error, 1)
@@ -381,6 +382,10 @@ func TestTransactionQueuedBehindCloseFails(t *testing.T) {
 	require.NoError(t, r.Close())
 	close(out)
 	require.ErrorIs(t, <-second, memapi.ErrClosed)
+	// The first Grow ends its transaction after the second learns it
+	// lost: only then is the region's release scheduled, so wait for it
+	// before the queue is drained.
+	require.NoError(t, <-first)
 	e.settled(t)
 }
 
