@@ -2,6 +2,7 @@ package ep
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 
@@ -18,11 +19,16 @@ type Context struct {
 	pins   int
 	closed bool
 	zero   chan struct{} // closed while pins == 0
+
+	// quarantine holds the handles whose release failed, not retried
+	// yet: reachable from here even when their holder dropped them.
+	quarantine map[*Lifecycle]struct{}
 }
 
 // NewContext wraps dev and starts its deferred-free queue.
 func NewContext(dev memapi.DeviceContext, opts Options) *Context {
 	c := &Context{dev: dev, queue: NewQueue(opts), zero: make(chan struct{})}
+	c.queue.owner = c
 	close(c.zero)
 	return c
 }
@@ -39,6 +45,69 @@ func (c *Context) Live() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.pins
+}
+
+// Quarantined returns how many handles made in the context are
+// quarantined: their release failed, their memory is still held and they
+// stay pinned until a retry frees them.
+func (c *Context) Quarantined() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.quarantine)
+}
+
+// QuarantineErrors returns the error of every quarantined handle's last
+// failed release (each of kind ErrQuarantined, naming its handle).
+func (c *Context) QuarantineErrors() []error {
+	c.mu.Lock()
+	ls := make([]*Lifecycle, 0, len(c.quarantine))
+	for l := range c.quarantine {
+		ls = append(ls, l)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		if err := l.Err(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// RetryQuarantined queues the release of every quarantined handle again,
+// including those their holder dropped.
+func (c *Context) RetryQuarantined() error {
+	c.mu.Lock()
+	ls := make([]*Lifecycle, 0, len(c.quarantine))
+	for l := range c.quarantine {
+		ls = append(ls, l)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		errs = append(errs, l.Retry())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Context) setQuarantined(l *Lifecycle, on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !on {
+		delete(c.quarantine, l)
+		return
+	}
+	if c.quarantine == nil {
+		c.quarantine = map[*Lifecycle]struct{}{}
+	}
+	c.quarantine[l] = struct{}{}
+}
+
+// pinState returns the pins and the channel closed when they reach zero.
+func (c *Context) pinState() (int, chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pins, c.zero
 }
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
@@ -84,19 +153,19 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 	c.mu.Unlock()
 	if pins > 0 {
 		if !wait {
-			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(pins)}
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(pins)}
 		}
 		select {
 		case <-zero:
 		case <-ctx.Done():
-			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(c.Live()), Err: ctx.Err()}
+			return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
 		}
 	}
 	c.mu.Lock()
 	if c.pins > 0 { // pinned again meanwhile
 		n := c.pins
 		c.mu.Unlock()
-		return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: pinDetail(n)}
+		return &memapi.Error{Op: "ep.Context.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(n)}
 	}
 	c.closed = true
 	c.mu.Unlock()
@@ -112,9 +181,13 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 	return nil
 }
 
-func pinDetail(n int) string {
+func (c *Context) pinDetail(n int) string {
+	s := strconv.Itoa(n) + " allocations are still alive in this context"
 	if n == 1 {
-		return "1 allocation is still alive in this context"
+		s = "1 allocation is still alive in this context"
 	}
-	return strconv.Itoa(n) + " allocations are still alive in this context"
+	if q := c.Quarantined(); q > 0 {
+		s += " (" + strconv.Itoa(q) + " quarantined: release failed, memory still held)"
+	}
+	return s
 }

@@ -15,7 +15,18 @@
 // queue when they complete; fences that can only be polled are polled in
 // batches with exponential backoff while any release waits on one.
 //
+// Every owning handle follows one Lifecycle: Open → Closing → Pending →
+// Released, or Quarantined when its free failed (the memory still held and
+// charged, the context pinned, Retry or Close trying again). Transactions
+// hold a handle open between Begin and End; Close during one schedules the
+// release when it ends. Releases that depend on each other are ordered by
+// the queue (a Completion is a fence on another release), so no release
+// waits for another inside the queue's goroutine. A panicking hook still
+// leaves the release scheduled; a panicking free is recovered on the queue
+// and quarantines its handle.
+//
 // A handle dropped without Close is reported as a leak (log/slog and a
 // counter) and still released through the queue; runtime.AddCleanup is that
-// backstop, never the normal path.
+// backstop, never the normal path. It watches the Owned, never the
+// Lifecycle it releases, so it runs for every kind of handle.
 package ep

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -18,7 +19,9 @@ type Options struct {
 	// PollMin and PollMax bound the backoff between polling rounds of fences
 	// that can only be polled. Defaults: 20µs and 2ms.
 	PollMin, PollMax time.Duration
-	// OnError is called (from the queue's goroutine) when a free fails. The
+	// OnError is called (from the goroutine that ran the free: the queue's,
+	// or Enqueue's caller for a release with nothing to wait for) when a
+	// free fails. The
 	// memory is then still held by its mechanism; the failure is also counted.
 	OnError func(name string, err error)
 }
@@ -30,7 +33,50 @@ type Release struct {
 	Name   string
 	Fences []memapi.Fence
 	Free   func(ctx context.Context) error
+	// Done (optional) is completed once Free has run, whether it failed
+	// or not. A later release that depends on this one lists Done among
+	// its Fences: the queue orders the two, and no Free ever waits for
+	// another inside the queue's goroutine.
+	Done *Completion
 }
+
+// Completion is a fence that completes when a queued release has run. It
+// orders releases that depend on each other (a region's Close after its
+// shrinks) inside the queue.
+type Completion struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+// NewCompletion returns a completion that is not done.
+func NewCompletion() *Completion { return &Completion{ch: make(chan struct{})} }
+
+// Done reports whether the release ran.
+func (c *Completion) Done() bool {
+	select {
+	case <-c.ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Ready returns a channel closed when the release ran.
+func (c *Completion) Ready() <-chan struct{} { return c.ch }
+
+// Wait blocks until the release ran or ctx ends.
+func (c *Completion) Wait(ctx context.Context) error {
+	select {
+	case <-c.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Completion) complete() { c.once.Do(func() { close(c.ch) }) }
+
+var _ memapi.Fence = (*Completion)(nil)
 
 // QueueStats are a queue's counters.
 type QueueStats struct {
@@ -48,8 +94,9 @@ type job struct {
 // goroutine, plus one short-lived watcher per fence that offers a Ready
 // channel, all of which end by Close.
 type Queue struct {
-	opts Options
-	log  *slog.Logger
+	opts  Options
+	log   *slog.Logger
+	owner *Context // the context whose pins keep the queue open, or nil
 
 	mu      sync.Mutex
 	jobs    []*job
@@ -90,8 +137,10 @@ func NewQueue(opts Options) *Queue {
 	return q
 }
 
-// Enqueue schedules r. It never blocks on the device. After Close it fails
-// with memapi.ErrClosed and r is not run.
+// Enqueue schedules r. It never blocks on the device: a release with every
+// fence complete and nothing outstanding runs at once, in the caller's
+// goroutine; any other waits on the queue. After Close it fails with
+// memapi.ErrClosed and r is not run.
 func (q *Queue) Enqueue(r Release) error {
 	if r.Free == nil {
 		return memapi.Errorf("ep.Enqueue", memapi.ErrInvalidSize, "release %q has no Free", r.Name)
@@ -101,15 +150,34 @@ func (q *Queue) Enqueue(r Release) error {
 		q.mu.Unlock()
 		return memapi.Errorf("ep.Enqueue", memapi.ErrClosed, "queue is closed; release %q not scheduled", r.Name)
 	}
+	// Nothing to wait for and nothing outstanding: the release runs now, in
+	// the caller's goroutine, instead of a hop to the queue's goroutine and
+	// back. It orders behind nothing, so the order is the queue's all the
+	// same; it blocks on no device work, only on the free itself.
+	inline := q.outstanding == 0 && allDone(r.Fences)
 	if q.outstanding == 0 {
 		q.idle = make(chan struct{})
 	}
 	q.outstanding++
-	q.jobs = append(q.jobs, &job{rel: r})
 	q.stats.Enqueued++
+	if inline {
+		q.mu.Unlock()
+		q.run(&job{rel: r})
+		return nil
+	}
+	q.jobs = append(q.jobs, &job{rel: r})
 	q.mu.Unlock()
 	q.poke()
 	return nil
+}
+
+func allDone(fs []memapi.Fence) bool {
+	for _, f := range fs {
+		if f != nil && !f.Done() {
+			return false
+		}
+	}
+	return true
 }
 
 func (q *Queue) poke() {
@@ -149,10 +217,27 @@ func pendingDetail(n int) string {
 	return strconv.Itoa(n) + " releases still wait for their fences"
 }
 
-// Close waits until every pending release has run, then stops the queue's
-// goroutines. If ctx ends first it returns an error of kind memapi.ErrInUse
-// and the queue keeps running, so nothing is lost; Close may be called again.
+// Close waits until no handle of the owning context is pinned (a queue
+// closed under a live handle could never release it) and every pending
+// release has run, then stops the queue's goroutines. If ctx ends first it
+// returns an error of kind memapi.ErrInUse and the queue keeps running, so
+// nothing is lost; Close may be called again.
 func (q *Queue) Close(ctx context.Context) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.mu.Unlock()
+	if c := q.owner; c != nil {
+		if pins, zero := c.pinState(); pins > 0 {
+			select {
+			case <-zero:
+			case <-ctx.Done():
+				return &memapi.Error{Op: "ep.Queue.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
+			}
+		}
+	}
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -271,7 +356,10 @@ func (q *Queue) loop() {
 }
 
 func (q *Queue) run(j *job) {
-	err := j.rel.Free(context.Background())
+	err := q.free(j.rel)
+	if j.rel.Done != nil {
+		j.rel.Done.complete()
+	}
 	if err != nil {
 		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
 		if q.opts.OnError != nil {
@@ -289,4 +377,16 @@ func (q *Queue) run(j *job) {
 		close(q.idle)
 	}
 	q.mu.Unlock()
+}
+
+// free runs one release's Free. A panic is recovered and reported as the
+// release's failure: the queue serves every handle of its context and must
+// not die with one.
+func (q *Queue) free(r Release) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("ep: release %s panicked: %v", r.Name, p)
+		}
+	}()
+	return r.Free(context.Background())
 }

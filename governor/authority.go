@@ -35,6 +35,7 @@ type authority struct {
 	charged      memapi.Bytes
 	pending      memapi.Bytes
 	expiredDrawn memapi.Bytes // the part of reserved held by expired grants
+	quarantined  memapi.Bytes // the part of charged whose free failed (Lease.Quarantine)
 	asking       memapi.Bytes // bytes asked by tickets whose Reclaim has not returned
 
 	head, tail   *waiter

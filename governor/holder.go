@@ -74,6 +74,7 @@ type account struct {
 	reserved memapi.Bytes // open grant sizes + drawn bytes of expired grants
 	charged  memapi.Bytes
 	pending  memapi.Bytes
+	quar     memapi.Bytes // the part of charged whose free failed (Lease.Quarantine)
 	waiting  memapi.Bytes // bytes of queued reservations
 	asking   memapi.Bytes // bytes asked of this holder by tickets in flight
 	grants   int          // open grants
@@ -93,10 +94,11 @@ func (c *account) inUse() bool { return c.used() != 0 || c.waiting != 0 || c.gra
 // reclaimable is what a ticket may ask of the holder now: charged bytes over
 // the guarantee, less what tickets in flight already ask.
 func (c *account) reclaimable() memapi.Bytes {
-	if c.h.reclaimer == nil || c.charged <= c.guarantee {
+	// Quarantined bytes cannot be freed by the holder: never asked for.
+	if c.h.reclaimer == nil || c.charged-c.quar <= c.guarantee {
 		return 0
 	}
-	r := c.charged - c.guarantee
+	r := c.charged - c.quar - c.guarantee
 	if r <= c.asking {
 		return 0
 	}

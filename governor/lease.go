@@ -12,8 +12,9 @@ type Lease struct {
 	g *Grant
 	// guarded by the authority's mutex, and set when the commit is settled: every
 	// method settles its own grant first (lockLease)
-	charged memapi.Bytes
-	pending memapi.Bytes
+	charged     memapi.Bytes
+	pending     memapi.Bytes
+	quarantined memapi.Bytes // the part of charged whose free failed
 }
 
 var _ memapi.Account = (*Lease)(nil)
@@ -48,6 +49,14 @@ func (l *Lease) Pending() memapi.Bytes {
 	a := l.lockLease()
 	defer a.mu.Unlock()
 	return l.pending
+}
+
+// Quarantined returns the part of the charged bytes whose free failed: the
+// memory is still held by its mechanism, waiting for a retry.
+func (l *Lease) Quarantined() memapi.Bytes {
+	a := l.lockLease()
+	defer a.mu.Unlock()
+	return l.quarantined
 }
 
 // Bytes returns charged + pending: what the lease still holds.
@@ -131,6 +140,13 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 	a := c.a
 	fromPending := min(n, l.pending)
 	fromCharged := n - fromPending
+	// Charged bytes not quarantined go first: quarantined ones are freed
+	// by a retry, which refunds them with RefundQuarantined.
+	if q := fromCharged - min(fromCharged, l.charged-l.quarantined); q != 0 {
+		l.quarantined -= q
+		a.quarantined -= q
+		c.quar -= q
+	}
 	l.pending -= fromPending
 	a.pending -= fromPending
 	c.pending -= fromPending
@@ -149,11 +165,12 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 // MarkPending moves n charged bytes to pending: the holder released the
 // memory but its free waits for device fences. Refund them when it happens.
 // It fails with ErrOverReturn, changing nothing, beyond the charged bytes.
+// Quarantined bytes are not marked: their free already failed.
 func (l *Lease) MarkPending(n memapi.Bytes) error {
 	a, c := l.lockLease(), l.g.acct
 	defer a.mu.Unlock()
-	if n > l.charged {
-		return opError("governor.Lease.MarkPending", ErrOverReturn, a.id, n, l.charged, "more than the charged bytes")
+	if n > l.charged-l.quarantined {
+		return opError("governor.Lease.MarkPending", ErrOverReturn, a.id, n, l.charged-l.quarantined, "more than the charged bytes not quarantined")
 	}
 	l.charged -= n
 	a.charged -= n
@@ -175,4 +192,56 @@ func (l *Lease) Release() memapi.Bytes {
 	n := l.charged + l.pending
 	l.refundLocked(n)
 	return n
+}
+
+// Quarantine books n bytes of the lease whose free failed (pending ones
+// first, then charged ones) as quarantined: charged again, since the memory
+// is still held, and shown apart in snapshots (Quarantined), never asked
+// for by a ticket. A retry that frees them refunds them with
+// RefundQuarantined. It fails with ErrOverReturn, changing nothing, beyond
+// the bytes not quarantined yet.
+func (l *Lease) Quarantine(n memapi.Bytes) error {
+	a, c := l.lockLease(), l.g.acct
+	defer a.mu.Unlock()
+	if free := l.pending + l.charged - l.quarantined; n > free {
+		return opError("governor.Lease.Quarantine", ErrOverReturn, a.id, n, free, "more than the bytes not quarantined")
+	}
+	p := min(n, l.pending)
+	l.pending -= p
+	a.pending -= p
+	c.pending -= p
+	l.charged += p
+	a.charged += p
+	c.charged += p
+	l.quarantined += n
+	a.quarantined += n
+	c.quar += n
+	return nil
+}
+
+// RefundQuarantined returns n quarantined bytes that a retry really freed.
+// It fails with ErrOverReturn, changing nothing, beyond the quarantined
+// bytes.
+func (l *Lease) RefundQuarantined(n memapi.Bytes) error {
+	a := l.lockLease()
+	defer a.mu.Unlock()
+	if n > l.quarantined {
+		return opError("governor.Lease.RefundQuarantined", ErrOverReturn, a.id, n, l.quarantined, "more than the quarantined bytes")
+	}
+	// refundLocked takes pending first: refund from charged alone.
+	c := l.g.acct
+	l.quarantined -= n
+	a.quarantined -= n
+	c.quar -= n
+	l.charged -= n
+	a.charged -= n
+	c.charged -= n
+	if l.charged == 0 && l.pending == 0 && n != 0 {
+		a.leases--
+		c.leases--
+	}
+	if a.head != nil {
+		a.serveLocked()
+	}
+	return nil
 }

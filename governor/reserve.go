@@ -137,10 +137,7 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 		}
 	}
 	a.mu.Unlock()
-	if short != 0 {
-		g.emit(Event{Kind: EventPressure, Authority: a.id, Holder: holder, Role: role, Bytes: short})
-	}
-	return g.wait(ctx, a, w)
+	return g.wait(ctx, a, w, short)
 }
 
 // unclaimLocked gives a waiter's unserved grant (ReserveInto) back to its
@@ -214,7 +211,11 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 // wait asks holders for w's shortfall, one ticket at a time (so a holder
 // that frees less than asked, or fails, is followed by the next one), then
 // waits for w to be served.
-func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, error) {
+//
+// Every callback it makes (the event hook, a holder's Reclaim) runs after
+// the cleanup below is armed: should one panic, w leaves the queue (or its
+// grant goes back) and no ask stays booked, then the panic goes on.
+func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*Grant, error) {
 	holder := w.acct.h.id
 	var issued int
 	var freed memapi.Bytes
@@ -235,7 +236,21 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, e
 		a.abandonLocked(w)
 		a.mu.Unlock()
 	}()
-	for ctx.Err() == nil {
+	if short != 0 {
+		g.emit(Event{Kind: EventPressure, Authority: a.id, Holder: holder, Role: w.role, Bytes: short})
+	}
+	// A holder's Reclaim answers for this reservation: it gets a context
+	// that ends at the reservation's deadline, so a Reclaim that waits on
+	// its context never keeps Reserve waiting past it.
+	rctx := ctx
+	if !w.deadline.IsZero() {
+		c, stop := context.WithCancelCause(ctx)
+		t := g.clock.AfterFunc(w.deadline.Sub(g.clock.Now()), func() { stop(context.DeadlineExceeded) })
+		defer t.Stop()
+		defer stop(nil)
+		rctx = c
+	}
+	for rctx.Err() == nil {
 		a.mu.Lock()
 		t := a.nextTicketLocked(w, asked)
 		a.mu.Unlock()
@@ -246,7 +261,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, e
 		current = t
 		h := t.acct.h
 		g.emit(Event{Kind: EventTicket, Authority: a.id, Holder: h.id, Ticket: t.Ticket, Bytes: t.Wanted})
-		n, err := h.reclaimer.Reclaim(ctx, t.Ticket)
+		n, err := h.reclaimer.Reclaim(rctx, t.Ticket)
 		issued++
 		freed += n
 		a.mu.Lock()
@@ -304,7 +319,18 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter) (*Grant, e
 		return nil, w.err
 	case w.grant != nil && cause == nil:
 		a.mu.Unlock()
+		// A hook that panics here would strand a grant nobody owns: it
+		// goes back first.
+		served := false
+		defer func() {
+			if !served {
+				a.mu.Lock()
+				a.abandonLocked(w)
+				a.mu.Unlock()
+			}
+		}()
 		g.emit(Event{Kind: EventServed, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes})
+		served = true
 		return w.grant, nil
 	}
 	ahead := a.abandonLocked(w)

@@ -30,6 +30,7 @@ type AuthoritySnapshot struct {
 	Free     memapi.Bytes
 
 	ExpiredDrawn memapi.Bytes // the part of Reserved held by expired grants awaiting rollback
+	Quarantined  memapi.Bytes // the part of Charged whose free failed: still held, waiting for a retry
 	Reclaimable  memapi.Bytes // charged bytes over guarantees, of holders that can reclaim
 	Asking       memapi.Bytes // bytes asked by tickets whose Reclaim has not returned
 
@@ -83,6 +84,7 @@ type HolderAuthoritySnapshot struct {
 	Reserved      memapi.Bytes
 	Charged       memapi.Bytes
 	Pending       memapi.Bytes
+	Quarantined   memapi.Bytes // the part of Charged whose free failed
 	Waiting       memapi.Bytes
 	Reclaimable   memapi.Bytes
 	Grants        int
@@ -117,6 +119,7 @@ func (g *Governor) Snapshot() Snapshot {
 				Reserved:      c.reserved,
 				Charged:       c.charged,
 				Pending:       c.pending,
+				Quarantined:   c.quar,
 				Waiting:       c.waiting,
 				Reclaimable:   c.reclaimable(),
 				Grants:        c.grants,
@@ -165,6 +168,7 @@ func (a *authority) snapshotLocked() AuthoritySnapshot {
 		Pending:        a.pending,
 		Free:           a.freeLocked(),
 		ExpiredDrawn:   a.expiredDrawn,
+		Quarantined:    a.quarantined,
 		Reclaimable:    a.reclaimableLocked(),
 		Asking:         a.asking,
 		Waiters:        a.waiters,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // Binding is a holder's scoped access to one device in one role. It carries
@@ -23,6 +24,8 @@ type Binding struct {
 	mu     sync.Mutex
 	live   int
 	closed bool
+
+	pool grantPool // Allocate's reusable grants (governor ledger only)
 }
 
 // Holder returns the binding's holder.
@@ -64,11 +67,16 @@ func (b *Binding) Close() error {
 			Detail: fmt.Sprintf("holder %s (%s) still has %d live handle(s)", b.holder, b.role, b.live)}
 	}
 	b.closed = true
+	b.m.mu.Lock()
+	delete(b.m.bindings, b)
+	b.m.mu.Unlock()
 	return nil
 }
 
 // counted runs make, one of the binding's constructors, on the device
 // resolved now, with the new handle counted live; a failure uncounts it.
+// The handle's lifecycle uncounts it when it is closed (ep.Hooks.Closed),
+// by Close or by the leak backstop.
 func counted[T any](b *Binding, op string, make func(*device) (T, error)) (T, error) {
 	var zero T
 	b.mu.Lock()
@@ -110,24 +118,14 @@ func cancel(g Grant, err error) error {
 }
 
 // Buffer is an owning handle of ordinary memory. Record the fences of device
-// work that uses it; Close schedules its release behind them.
+// work that uses it; Close schedules its release behind them. Its lifecycle
+// is ep.Lifecycle's: open, pending once closed, released once freed, or
+// quarantined (State, Err) when the free failed, its bytes still charged,
+// until Retry or Close frees them.
 type Buffer struct {
 	*ep.Owned
-	bind *Binding
-	once sync.Once
 	addr memapi.DeviceAddr
 	size memapi.Bytes
-}
-
-// Close schedules the release behind the recorded fences and returns at
-// once; the lease is pending-free until the mechanism really freed the
-// memory. It is idempotent.
-func (x *Buffer) Close() error {
-	err := x.Owned.Close()
-	if err == nil {
-		x.once.Do(x.bind.release)
-	}
-	return err
 }
 
 // Addr returns the buffer's device address.
@@ -151,26 +149,68 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	if size == 0 || !ok {
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: size}
 	}
-	g, err := b.reserve(ctx, d, n)
+	g, slot, err := b.reserveReusable(ctx, d, n)
 	if err != nil {
 		return nil, err
 	}
 	a, err := mech.Allocate(ctx, memapi.AllocRequest{Size: size}, g)
 	if err != nil {
-		return nil, cancel(g, err)
+		if err := cancel(g, err); !errors.Is(err, memapi.ErrInUse) {
+			b.putGrant(slot)
+		}
+		return nil, err
 	}
 	lease, err := g.Commit()
 	if err != nil {
 		if ferr := mech.Free(ctx, a, g); ferr != nil {
-			return nil, errors.Join(err, ferr)
+			return nil, quarantineGrant(g, a.Size(), errors.Join(err, ferr))
 		}
 		return nil, cancel(g, err)
 	}
-	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()),
-		func() { _ = lease.MarkPending(a.Size()) },
-		func(ctx context.Context) error { return mech.Free(ctx, a, lease) })
+	// The release holds the allocation, never the Buffer: the leak
+	// backstop watches the Buffer.
+	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease, slot: slot}
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()), rel)
 	if err != nil {
-		return nil, errors.Join(err, mech.Free(ctx, a, lease))
+		if ferr := mech.Free(ctx, a, lease); ferr != nil {
+			return nil, errors.Join(err, ferr, lease.Quarantine(a.Size()))
+		}
+		return nil, err
 	}
-	return &Buffer{Owned: owned, bind: b, addr: a.Addr(), size: a.Size()}, nil
+	return &Buffer{Owned: owned, addr: a.Addr(), size: a.Size()}, nil
+}
+
+// bufferRelease is a Buffer's ep.Releaser.
+type bufferRelease struct {
+	b     *Binding
+	mech  memapi.Mechanism
+	a     *memapi.Allocation
+	lease Lease
+	slot  *governor.Grant
+	quar  bool // set by a failed free, read by its retry (both ordered by the lifecycle)
+}
+
+func (r *bufferRelease) Closed()  { r.b.release() }
+func (r *bufferRelease) Pending() { _ = r.lease.MarkPending(r.a.Size()) }
+
+func (r *bufferRelease) Free(ctx context.Context) error {
+	acct := memapi.Account(r.lease)
+	if r.quar {
+		acct = quarantined{r.lease}
+	}
+	if err := r.mech.Free(ctx, r.a, acct); err != nil {
+		if !r.quar {
+			r.quar = r.lease.Quarantine(r.a.Size()) == nil
+		}
+		return err
+	}
+	r.b.putGrant(r.slot) // its lease is refunded whole: reusable
+	return nil
+}
+
+// quarantineGrant keeps a grant whose backing could not be removed: its
+// drawn bytes stay reserved (visible in the ledger) and the error says so.
+func quarantineGrant(g Grant, n memapi.Bytes, err error) error {
+	return &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
+		Detail: "rollback failed; the grant keeps the bytes drawn", Err: err}
 }

@@ -24,4 +24,11 @@
 // after every recorded fence completed, and the refund follows the free.
 // Streams, copies and fences stay with the device context (invariant
 // manager-not-ep); the manager chooses mechanisms and authorities only.
+//
+// Buffer, Region and Shared share ep's one lifecycle: a transaction holds
+// its handle open and Close during it releases what it left; a free or a
+// rollback that fails keeps its bytes charged as quarantined (visible in the
+// governor's snapshots) until Retry or Close frees them; a holder callback
+// that panics is rolled back, then the panic goes on. Manager.Close closes
+// the bindings and reports what is still live. See docs/pmm.md.
 package pmm

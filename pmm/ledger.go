@@ -35,7 +35,18 @@ type Grant interface {
 
 // Lease is a holder's charge. MarkPending moves bytes to pending-free when
 // the memory waits for fences; Refund returns bytes really freed.
+// Quarantine books bytes whose free (or rollback) failed as quarantined,
+// charged and visible, and RefundQuarantined returns them once a retry
+// freed them.
 type Lease interface {
 	memapi.Account
 	MarkPending(n memapi.Bytes) error
+	Quarantine(n memapi.Bytes) error
+	RefundQuarantined(n memapi.Bytes) error
 }
+
+// quarantined is the account a retry refunds: the lease's quarantined bytes.
+type quarantined struct{ l Lease }
+
+func (q quarantined) Authority() memapi.AuthorityID { return q.l.Authority() }
+func (q quarantined) Refund(n memapi.Bytes) error   { return q.l.RefundQuarantined(n) }

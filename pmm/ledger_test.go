@@ -16,13 +16,14 @@ type testLedger struct {
 	mu       sync.Mutex
 	capacity memapi.Bytes
 	figures
-	failReserve, failCommit int // fail the Nth call (1-based); 0 = never
+	failReserve, failCommit int // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
 	reserves, commits       int
 	events                  []string
 	onEvent                 func(string)
 }
 
-type figures struct{ Reserved, Drawn, Charged, Pending memapi.Bytes }
+// Quarantined is the part of Charged whose free failed.
+type figures struct{ Reserved, Drawn, Charged, Pending, Quarantined memapi.Bytes }
 
 var errInjected = fmt.Errorf("injected ledger fault")
 
@@ -95,7 +96,7 @@ func (g *tGrant) Commit() (pmm.Lease, error) {
 	g.l.mu.Lock()
 	defer g.l.mu.Unlock()
 	g.l.commits++
-	if g.l.failCommit == g.l.commits {
+	if g.l.failCommit == g.l.commits || g.l.failCommit < 0 {
 		return nil, errInjected
 	}
 	if g.closed {
@@ -125,9 +126,40 @@ func (g *tGrant) Cancel() error {
 }
 
 type tLease struct {
-	l                *testLedger
-	auth             memapi.AuthorityID
-	charged, pending memapi.Bytes
+	l                      *testLedger
+	auth                   memapi.AuthorityID
+	charged, pending, quar memapi.Bytes
+}
+
+func (s *tLease) Quarantine(n memapi.Bytes) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if n > s.pending+s.charged-s.quar {
+		return fmt.Errorf("quarantine %d of %d", n, s.pending+s.charged-s.quar)
+	}
+	p := min(n, s.pending)
+	s.pending -= p
+	s.l.Pending -= p
+	s.charged += p
+	s.l.Charged += p
+	s.quar += n
+	s.l.Quarantined += n
+	s.l.event("quarantine")
+	return nil
+}
+
+func (s *tLease) RefundQuarantined(n memapi.Bytes) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if n > s.quar {
+		return fmt.Errorf("refund %d of %d quarantined", n, s.quar)
+	}
+	s.quar -= n
+	s.l.Quarantined -= n
+	s.charged -= n
+	s.l.Charged -= n
+	s.l.event("refund")
+	return nil
 }
 
 func (s *tLease) Authority() memapi.AuthorityID { return s.auth }
@@ -135,8 +167,8 @@ func (s *tLease) Authority() memapi.AuthorityID { return s.auth }
 func (s *tLease) MarkPending(n memapi.Bytes) error {
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
-	if n > s.charged {
-		return fmt.Errorf("pending %d of %d charged", n, s.charged)
+	if n > s.charged-s.quar {
+		return fmt.Errorf("pending %d of %d charged", n, s.charged-s.quar)
 	}
 	s.charged -= n
 	s.pending += n

@@ -1,6 +1,8 @@
 package pmm
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -39,13 +41,15 @@ type Manager struct {
 	ledger Ledger
 	opts   Options
 
-	mu      sync.RWMutex
-	devices map[memapi.DeviceKey]*device
+	mu       sync.RWMutex
+	devices  map[memapi.DeviceKey]*device
+	bindings map[*Binding]struct{} // open bindings
+	closed   bool
 }
 
 // New returns a manager that draws capacity from ledger.
 func New(ledger Ledger, opts Options) *Manager {
-	return &Manager{ledger: ledger, opts: opts, devices: map[memapi.DeviceKey]*device{}}
+	return &Manager{ledger: ledger, opts: opts, devices: map[memapi.DeviceKey]*device{}, bindings: map[*Binding]struct{}{}}
 }
 
 func (m *Manager) wrap(mech memapi.Mechanism) memapi.Mechanism {
@@ -124,7 +128,57 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 	for _, o := range opts {
 		o(b)
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, memapi.Errorf("pmm.Bind", memapi.ErrClosed, "manager is closed")
+	}
+	m.bindings[b] = struct{}{}
 	return b, nil
+}
+
+// Close ends the manager: new bindings fail with memapi.ErrClosed, every
+// open binding is closed, and the releases already queued on every device
+// context are waited for (bounded by ctx). It frees nothing underneath a
+// live handle: a binding that still has live handles stays open, and the
+// error, of kind memapi.ErrInUse, says which, with every device context's
+// allocations still alive and quarantined. Quarantined releases are
+// retried first. Close may be called again once the holders closed their
+// handles.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	bs := make([]*Binding, 0, len(m.bindings))
+	for b := range m.bindings {
+		bs = append(bs, b)
+	}
+	devs := make([]*device, 0, len(m.devices))
+	for _, d := range m.devices {
+		devs = append(devs, d)
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, b := range bs {
+		errs = append(errs, b.Close())
+	}
+	seen := map[*ep.Context]bool{}
+	for _, d := range devs {
+		if seen[d.ctx] {
+			continue
+		}
+		seen[d.ctx] = true
+		errs = append(errs, d.ctx.RetryQuarantined())
+		if err := d.ctx.Queue().Drain(ctx); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if n := d.ctx.Live(); n > 0 {
+			errs = append(errs, &memapi.Error{Op: "pmm.Manager.Close", Kind: memapi.ErrInUse,
+				Detail: fmt.Sprintf("device %v: %d allocation(s) still alive, %d quarantined", d.key, n, d.ctx.Quarantined()),
+				Err:    errors.Join(d.ctx.QuarantineErrors()...)})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // BindOption configures a Binding.

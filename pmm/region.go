@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/memgen/memgen/ep"
@@ -17,31 +18,70 @@ type segment struct {
 	r      memapi.Range
 	lease  Lease        // commit and copy-on-write segments
 	view   *memapi.View // view segments
-	shared *Shared      // view of a shared backing; nil for a copy-on-write view
+	shared *sharedState // view of a shared backing; nil for a copy-on-write view
+	// grant, instead of lease: backing whose rollback failed before its
+	// grant could be committed; removing it refunds (undraws) the grant,
+	// which is then cancelled.
+	grant Grant
+	quar  bool // its free failed: its bytes are booked quarantined
+	hole  bool // nothing installed (a copy-on-write undo could not map back)
+	// unmapped: the view is gone but its private backing's release
+	// failed; a retry releases only the backing.
+	unmapped bool
+	backing  *memapi.Backing
+}
+
+// committed reports whether the segment is private committed memory, which
+// adjacent ones are decommitted in one call.
+func (s segment) committed() bool { return s.view == nil && !s.hole && !s.unmapped }
+
+// account is what removing the segment refunds.
+func (s segment) account() memapi.Account {
+	switch {
+	case s.grant != nil:
+		return s.grant
+	case s.quar:
+		return quarantined{s.lease}
+	}
+	return s.lease
 }
 
 // Region is a growable range of device addresses (VirtualBacking): the
 // address never moves while backing is installed and removed behind it. It
 // is backed contiguously from its start up to Len, by private commits and by
 // views of shared backings.
+//
+// Its lifecycle is ep.Lifecycle's. Every transaction (Grow, Shrink,
+// MapShared, CopyOnWrite) holds the region open: Close during one returns at
+// once and the release is scheduled when the transaction ends, so the
+// release sees the state it left; a transaction that had not begun fails
+// with memapi.ErrClosed. Backing whose removal failed (a rollback, a
+// shrink's release, the final release) is quarantined: its bytes stay
+// charged and visible, and a later Grow, Retry or Close removes it first.
 type Region struct {
 	*ep.Owned
+	s *regionState
+}
+
+// regionState is everything the region's release needs; it never refers
+// to the Region, so the leak backstop can run.
+type regionState struct {
+	lc   *ep.Lifecycle
 	bind *Binding
 	d    *device
 	mech memapi.Mechanism
 	vb   memapi.VirtualBacking
 	res  *memapi.Reservation
 	gran memapi.Bytes
-	once sync.Once
 
 	txn chan struct{} // serializes transactions; taken with the caller's ctx
 
-	mu       sync.Mutex
-	segs     []segment
-	top      memapi.Bytes
-	draining int
-	drained  chan struct{} // closed while draining == 0
-	closed   bool
+	mu      sync.Mutex
+	segs    []segment
+	top     memapi.Bytes
+	quar    []segment        // above top: removal failed, retried first
+	shrinks []*ep.Completion // shrink releases not run yet
+	resGone bool             // the reservation was released
 }
 
 // ReserveVirtual reserves max bytes of addresses for a growable region. When
@@ -61,77 +101,166 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
-		txn: make(chan struct{}, 1), drained: make(chan struct{})}
-	close(r.drained)
-	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), r.markPending, r.releaseAll)
+	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
+		txn: make(chan struct{}, 1)}
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
 		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, zeroAccount(d.authority)))
 	}
-	r.Owned = owned
-	return r, nil
+	s.lc = owned.Lifecycle()
+	return &Region{Owned: owned, s: s}, nil
 }
 
 // Addr returns the region's stable base address.
-func (r *Region) Addr() memapi.DeviceAddr { return r.res.Addr() }
+func (r *Region) Addr() memapi.DeviceAddr { return r.s.res.Addr() }
 
 // Cap returns the bytes of address space reserved.
-func (r *Region) Cap() memapi.Bytes { return r.res.Size() }
+func (r *Region) Cap() memapi.Bytes { return r.s.res.Size() }
 
 // Len returns the bytes backed from the start of the region.
-func (r *Region) Len() memapi.Bytes {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.top
+func (r *Region) Len() memapi.Bytes { return r.s.len() }
+
+// Quarantined returns the bytes of backing whose removal failed and that
+// wait for a retry (Grow, Retry or Close), still charged.
+func (r *Region) Quarantined() memapi.Bytes {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	var n memapi.Bytes
+	for _, q := range r.s.quar {
+		n += q.r.Len
+	}
+	return n
+}
+
+func (s *regionState) len() memapi.Bytes {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.top
 }
 
 // Granularity returns the unit in which the region grows.
-func (r *Region) Granularity() memapi.Bytes { return r.gran }
+func (r *Region) Granularity() memapi.Bytes { return r.s.gran }
 
-func (r *Region) begin(ctx context.Context, op string) error {
+// Retry removes quarantined backing now (its fences completed before it was
+// quarantined) and, once the region is closed, queues its failed release
+// again. It returns what still failed.
+func (r *Region) Retry(ctx context.Context) error {
+	if r.State() == ep.Quarantined {
+		return r.Owned.Retry()
+	}
+	const op = "pmm.Region.Retry"
+	if err := r.s.begin(ctx, op); err != nil {
+		return err
+	}
+	defer r.s.end()
+	return r.s.settleQuarantine(ctx, op)
+}
+
+// begin starts a transaction: it holds the region open, takes its turn, and
+// waits (bounded by ctx) for earlier shrinks' releases to run, since the
+// range they freed is not reusable until it is really gone.
+func (s *regionState) begin(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "context ended before the transaction began", Err: err}
 	}
+	if err := s.lc.Begin(op); err != nil {
+		return err
+	}
 	select {
-	case r.txn <- struct{}{}:
+	case s.txn <- struct{}{}:
 	case <-ctx.Done():
+		_ = s.lc.End()
 		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "region busy", Err: ctx.Err()}
 	}
-	r.mu.Lock()
-	closed, drained := r.closed, r.drained
-	r.mu.Unlock()
-	if closed {
-		<-r.txn
-		return memapi.Errorf(op, memapi.ErrClosed, "region is closed")
+	if st := s.lc.State(); st != ep.Open {
+		s.end()
+		return memapi.Errorf(op, memapi.ErrClosed, "region is %v", st)
 	}
-	// Backing removed by an earlier Shrink may still wait for its fences:
-	// the range is not reusable until it is really gone.
-	select {
-	case <-drained:
-		return nil
-	case <-ctx.Done():
-		<-r.txn
-		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "earlier shrink still waits for fences", Err: ctx.Err()}
+	s.mu.Lock()
+	shrinks := slices.Clone(s.shrinks)
+	s.mu.Unlock()
+	for _, c := range shrinks {
+		if err := c.Wait(ctx); err != nil {
+			s.end()
+			return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "earlier shrink still waits for fences", Err: err}
+		}
 	}
+	s.mu.Lock()
+	s.shrinks = slices.DeleteFunc(s.shrinks, (*ep.Completion).Done)
+	s.mu.Unlock()
+	return nil
 }
 
-func (r *Region) end() { <-r.txn }
+// end ends a transaction; fences order the region's final release behind
+// work the transaction queued.
+func (s *regionState) end(fences ...memapi.Fence) {
+	<-s.txn
+	_ = s.lc.End(fences...) // a scheduling failure quarantines the region
+}
+
+// settleQuarantine removes quarantined backing before the range above top
+// is used again. Called in a transaction.
+func (s *regionState) settleQuarantine(ctx context.Context, op string) error {
+	s.mu.Lock()
+	q := s.quar
+	s.quar = nil
+	s.mu.Unlock()
+	if len(q) == 0 {
+		return nil
+	}
+	left, err := s.removeAll(ctx, q)
+	s.mu.Lock()
+	s.quar = append(left, s.quar...)
+	s.mu.Unlock()
+	if err != nil {
+		return &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: sumLen(left),
+			Detail: "backing above the region's end could not be removed; Retry", Err: err}
+	}
+	return nil
+}
+
+func sumLen(segs []segment) memapi.Bytes {
+	var n memapi.Bytes
+	for _, s := range segs {
+		n += s.r.Len
+	}
+	return n
+}
+
+// guard runs f; should it panic, undo runs first and the panic goes on.
+// Holder callbacks are guarded so: the region and the ledger are rolled
+// back, the holder's own view is the holder's to repair.
+func guard(f func() error, undo func()) error {
+	ok := false
+	defer func() {
+		if !ok {
+			undo()
+		}
+	}()
+	err := f()
+	ok = true
+	return err
+}
 
 // Grow backs the region up to newLen bytes (rounded up to the granularity)
 // as one transaction: grant → commit the new range → update(newLen), the
 // holder's view → commit the charge. On any failure the range is decommitted,
 // the grant returned, update is called again with the old length if it had
-// run, and the region is as before. Growing to at most Len only calls update.
+// run, and the region is as before; should the decommit itself fail, the
+// range is quarantined (charged, visible) and the error is of kind
+// ep.ErrQuarantined. A panicking update rolls back the same way, then
+// panics on. Growing to at most Len only calls update.
 func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newLen memapi.Bytes) error) error {
 	const op = "pmm.Region.Grow"
-	if err := r.begin(ctx, op); err != nil {
+	s := r.s
+	if err := s.begin(ctx, op); err != nil {
 		return err
 	}
-	defer r.end()
-	old := r.Len()
-	newTop, ok := memapi.RoundUp(newLen, r.gran)
-	if !ok || newTop > r.res.Size() {
-		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: newLen, Available: r.res.Size(), Detail: "beyond the reserved range"}
+	defer s.end()
+	old := s.len()
+	newTop, ok := memapi.RoundUp(newLen, s.gran)
+	if !ok || newTop > s.res.Size() {
+		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: newLen, Available: s.res.Size(), Detail: "beyond the reserved range"}
 	}
 	if newTop <= old {
 		if update != nil {
@@ -139,25 +268,28 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 		}
 		return nil
 	}
+	if err := s.settleQuarantine(ctx, op); err != nil {
+		return err
+	}
 	rng := memapi.Range{Off: old, Len: newTop - old}
-	g, err := r.bind.reserve(ctx, r.d, rng.Len)
+	g, err := s.bind.reserve(ctx, s.d, rng.Len)
 	if err != nil {
 		return err
 	}
-	if err := r.vb.Commit(ctx, r.res, rng, g); err != nil {
+	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
 		return cancel(g, err)
 	}
 	rollback := func(err error, viewUpdated bool) error {
 		if viewUpdated {
 			err = errors.Join(err, update(old))
 		}
-		if derr := r.vb.Decommit(ctx, r.res, rng, g); derr != nil {
-			return errors.Join(err, derr) // the grant keeps the bytes drawn: nothing is lost
+		if derr := s.vb.Decommit(ctx, s.res, rng, g); derr != nil {
+			return s.quarantineGrow(rng, g, errors.Join(err, derr))
 		}
 		return cancel(g, err)
 	}
 	if update != nil {
-		if err := update(newLen); err != nil {
+		if err := guard(func() error { return update(newLen) }, func() { _ = rollback(nil, false) }); err != nil {
 			return rollback(err, false)
 		}
 	}
@@ -165,127 +297,167 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 	if err != nil {
 		return rollback(err, update != nil)
 	}
-	r.mu.Lock()
-	r.segs = append(r.segs, segment{r: rng, lease: lease})
-	r.top = newTop
-	r.mu.Unlock()
+	s.mu.Lock()
+	s.segs = append(s.segs, segment{r: rng, lease: lease})
+	s.top = newTop
+	s.mu.Unlock()
 	return nil
+}
+
+// quarantineGrow keeps a grown range whose rollback could not decommit it:
+// committed into a quarantined lease when the grant still commits, else kept
+// with its open grant (the drawn bytes stay reserved). Either way the bytes
+// stay visible and the next Grow, Retry or Close removes the range first.
+func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error {
+	seg := segment{r: rng, grant: g, quar: true}
+	if lease, cerr := g.Commit(); cerr == nil {
+		seg.grant, seg.lease = nil, lease
+		if qerr := lease.Quarantine(rng.Len); qerr != nil {
+			err = errors.Join(err, qerr)
+		}
+	}
+	s.mu.Lock()
+	s.quar = append(s.quar, seg)
+	s.mu.Unlock()
+	return &memapi.Error{Op: "pmm.Region.Grow", Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: rng.Len,
+		Detail: "rollback could not remove the new backing; it stays charged until a retry removes it", Err: err}
 }
 
 // Shrink removes backing above newLen (rounded up to the granularity; a
 // view is removed whole, so newLen rounds up to the end of a view it cuts).
 // update(newLen) runs first, so the holder stops using the range; the removed
 // backing is released behind the region's recorded fences, its lease pending
-// until then. A failing update changes nothing.
+// until then, and the range is reused only after that release ran. A failing
+// (or panicking) update changes nothing. A release that fails quarantines
+// the backing.
 func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(newLen memapi.Bytes) error) error {
 	const op = "pmm.Region.Shrink"
-	if err := r.begin(ctx, op); err != nil {
+	s := r.s
+	if err := s.begin(ctx, op); err != nil {
 		return err
 	}
-	defer r.end()
-	newTop, ok := memapi.RoundUp(newLen, r.gran)
+	var done memapi.Fence
+	defer func() { s.end(done) }()
+	newTop, ok := memapi.RoundUp(newLen, s.gran)
 	if !ok {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: newLen}
 	}
-	r.mu.Lock()
-	if newTop >= r.top {
-		r.mu.Unlock()
+	s.mu.Lock()
+	if newTop >= s.top {
+		s.mu.Unlock()
 		if update != nil {
 			return update(newLen)
 		}
 		return nil
 	}
 	// Find the cut: whole views stay whole.
-	keep := len(r.segs)
-	for keep > 0 && r.segs[keep-1].r.Off >= newTop {
+	keep := len(s.segs)
+	for keep > 0 && s.segs[keep-1].r.Off >= newTop {
 		keep--
 	}
-	var partial *segment
+	partial := -1
 	if keep > 0 {
-		s := &r.segs[keep-1]
-		if end := s.r.Off + s.r.Len; end > newTop {
-			if s.view != nil {
+		sg := s.segs[keep-1]
+		if end := sg.r.Off + sg.r.Len; end > newTop {
+			if !sg.committed() {
 				newTop = end
 			} else {
-				partial = s
+				partial = keep - 1
 			}
 		}
 	}
-	r.mu.Unlock()
+	s.mu.Unlock()
 	if update != nil {
 		if err := update(newLen); err != nil {
 			return err
 		}
 	}
-	r.mu.Lock()
+	s.mu.Lock()
 	var drop []segment
-	if partial != nil {
-		cut := partial.r.Off + partial.r.Len - newTop
-		drop = append(drop, segment{r: memapi.Range{Off: newTop, Len: cut}, lease: partial.lease})
-		partial.r.Len -= cut
+	if partial >= 0 {
+		p := &s.segs[partial]
+		cut := p.r.Off + p.r.Len - newTop
+		drop = append(drop, segment{r: memapi.Range{Off: newTop, Len: cut}, lease: p.lease})
+		p.r.Len -= cut
 	}
-	drop = append(drop, r.segs[keep:]...)
-	for i := keep; i < len(r.segs); i++ {
-		r.segs[i] = segment{}
-	}
-	r.segs = r.segs[:keep]
-	r.top = newTop
-	for _, s := range drop {
-		if s.lease != nil {
-			_ = s.lease.MarkPending(s.r.Len)
+	drop = append(drop, s.segs[keep:]...)
+	clear(s.segs[keep:])
+	s.segs = s.segs[:keep]
+	s.top = newTop
+	for _, sg := range drop {
+		if sg.lease != nil {
+			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
-	if r.draining == 0 {
-		r.drained = make(chan struct{})
-	}
-	r.draining++
-	r.mu.Unlock()
-	return r.d.ctx.Queue().Enqueue(ep.Release{
-		Name:   fmt.Sprintf("shrink of region %#x to %d", r.res.Addr(), newTop),
-		Fences: r.Pending(),
+	c := ep.NewCompletion()
+	s.shrinks = append(s.shrinks, c)
+	s.mu.Unlock()
+	done = c
+	return s.d.ctx.Queue().Enqueue(ep.Release{
+		Name:   fmt.Sprintf("shrink of region %#x to %d", s.res.Addr(), newTop),
+		Fences: s.lc.Pending(),
+		Done:   c,
 		Free: func(ctx context.Context) error {
-			defer r.drainDone()
-			return r.removeAll(ctx, drop)
+			left, err := s.removeAll(ctx, drop)
+			s.quarantine(left)
+			return err
 		},
 	})
 }
 
-func (r *Region) drainDone() {
-	r.mu.Lock()
-	r.draining--
-	if r.draining == 0 {
-		close(r.drained)
+// quarantine books segments whose removal failed as quarantined and keeps
+// them for a retry.
+func (s *regionState) quarantine(left []segment) {
+	for i := range left {
+		if sg := &left[i]; !sg.quar && sg.lease != nil {
+			sg.quar = sg.lease.Quarantine(sg.r.Len) == nil
+		}
 	}
-	r.mu.Unlock()
+	s.mu.Lock()
+	s.quar = append(s.quar, left...)
+	slices.SortFunc(s.quar, func(x, y segment) int { return cmpOff(x.r.Off, y.r.Off) })
+	s.mu.Unlock()
 }
 
-// removeAll releases segments in address order, top first. Adjacent private
-// commits are decommitted by one call (one mprotect and one madvise for the
-// whole run instead of one per growth step), its refund split over their
-// leases.
-func (r *Region) removeAll(ctx context.Context, segs []segment) error {
+// removeAll releases segments in address order, top first, and returns
+// those it could not remove. Adjacent private commits are decommitted by one
+// call (one mprotect and one madvise for the whole run instead of one per
+// growth step), its refund split over their accounts.
+func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment, error) {
 	var errs []error
+	var left []segment
 	for end := len(segs); end > 0; {
 		start := end - 1
-		if segs[start].view == nil {
-			for start > 0 && segs[start-1].view == nil && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+		if segs[start].committed() {
+			for start > 0 && segs[start-1].committed() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
 				start--
 			}
 		}
 		run := segs[start:end]
+		var err error
 		if len(run) == 1 {
-			errs = append(errs, r.remove(ctx, run[0]))
+			err = s.remove(ctx, &run[0])
 		} else {
 			last := run[len(run)-1].r
 			rng := memapi.Range{Off: run[0].r.Off, Len: last.Off + last.Len - run[0].r.Off}
-			errs = append(errs, r.vb.Decommit(ctx, r.res, rng, splitAccount{auth: r.d.authority, parts: run}))
+			err = s.vb.Decommit(ctx, s.res, rng, splitAccount{auth: s.d.authority, parts: run})
+		}
+		if err != nil {
+			errs = append(errs, err)
+			left = append(run[:len(run):len(run)], left...)
+		} else {
+			for _, sg := range run {
+				if sg.grant != nil {
+					errs = append(errs, sg.grant.Cancel())
+				}
+			}
 		}
 		end = start
 	}
-	return errors.Join(errs...)
+	return left, errors.Join(errs...)
 }
 
-// splitAccount refunds a decommit of adjacent commits to each one's lease,
+// splitAccount refunds a decommit of adjacent commits to each one's account,
 // in address order, by the bytes each held.
 //
 //memvet:allow it issues nothing: it forwards a decommit's refund to the governor leases of the segments it covers
@@ -303,7 +475,7 @@ func (a splitAccount) Refund(n memapi.Bytes) error {
 		if k == 0 {
 			break
 		}
-		errs = append(errs, p.lease.Refund(k))
+		errs = append(errs, p.account().Refund(k))
 		n -= k
 	}
 	if n != 0 {
@@ -312,61 +484,89 @@ func (a splitAccount) Refund(n memapi.Bytes) error {
 	return errors.Join(errs...)
 }
 
-// remove releases one segment: decommit private memory (refunding its lease),
-// or unmap a view (dropping the shared reference, or releasing the private
-// backing of a copy-on-write view).
-func (r *Region) remove(ctx context.Context, s segment) error {
-	if s.view == nil {
-		return r.vb.Decommit(ctx, r.res, s.r, s.lease)
+// remove releases one segment: decommit private memory (refunding its
+// account), or unmap a view (dropping the shared reference, or releasing
+// the private backing of a copy-on-write view). What it did stays done: a
+// view unmapped before its backing's release failed is not unmapped again
+// by the retry.
+func (s *regionState) remove(ctx context.Context, sg *segment) error {
+	if sg.hole {
+		return nil
 	}
-	sm, err := memapi.RequireSharedMapping(r.mech)
+	if sg.view == nil && !sg.unmapped {
+		return s.vb.Decommit(ctx, s.res, sg.r, sg.account())
+	}
+	sm, err := memapi.RequireSharedMapping(s.mech)
 	if err != nil {
 		return err
 	}
-	backing := s.view.Backing()
-	if err := sm.UnmapView(ctx, s.view); err != nil {
-		return err
+	if !sg.unmapped {
+		sg.backing = sg.view.Backing()
+		if err := sm.UnmapView(ctx, sg.view); err != nil {
+			return err
+		}
+		sg.unmapped, sg.view = true, nil
 	}
-	if s.shared != nil {
-		s.shared.drop(nil)
+	if sg.shared != nil {
+		// The view's hold ends whatever happens to the shared
+		// backing's own release, which its lifecycle carries.
+		_ = sg.shared.drop(nil)
 		return nil
 	}
-	return sm.ReleaseBacking(ctx, backing, s.lease)
+	return sm.ReleaseBacking(ctx, sg.backing, sg.account())
 }
 
-func (r *Region) markPending() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closed = true
-	for _, s := range r.segs {
-		if s.lease != nil {
-			_ = s.lease.MarkPending(s.r.Len)
+// Closed is the region's ep.Releaser.Closed: the binding uncounts it.
+func (s *regionState) Closed() { s.bind.release() }
+
+// Free is the region's ep.Releaser.Free: releaseAll.
+func (s *regionState) Free(ctx context.Context) error { return s.releaseAll(ctx) }
+
+// Pending is the region's ep.Releaser.Pending: every lease's bytes wait
+// for the fences. Quarantined ones are already booked apart.
+func (s *regionState) Pending() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sg := range s.segs {
+		if sg.lease != nil && !sg.quar {
+			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
 }
 
-func (r *Region) releaseAll(ctx context.Context) error {
-	r.mu.Lock()
-	segs := r.segs
-	r.segs, r.top = nil, 0
-	drained := r.drained
-	r.mu.Unlock()
-	<-drained // earlier shrinks ran first: the queue orders them
-	if err := r.removeAll(ctx, segs); err != nil {
+// releaseAll is the region's release: it runs on the queue after the
+// region's fences, which include the completions of its shrinks, so no
+// shrink is still to run. What it cannot remove is quarantined and removed
+// again by the retry.
+func (s *regionState) releaseAll(ctx context.Context) error {
+	s.mu.Lock()
+	segs := append(s.segs, s.quar...)
+	s.segs, s.quar, s.top = nil, nil, 0
+	s.mu.Unlock()
+	slices.SortFunc(segs, func(x, y segment) int { return cmpOff(x.r.Off, y.r.Off) })
+	left, err := s.removeAll(ctx, segs)
+	if err != nil {
+		s.quarantine(left)
 		return err
 	}
-	return r.vb.ReleaseReservation(ctx, r.res, zeroAccount(r.d.authority))
+	if s.resGone {
+		return nil
+	}
+	if err := s.vb.ReleaseReservation(ctx, s.res, zeroAccount(s.d.authority)); err != nil {
+		return err
+	}
+	s.resGone = true
+	return nil
 }
 
-// Close schedules the release of the whole region behind its recorded
-// fences: views unmapped, private backing decommitted and refunded, the
-// address range freed. It returns at once and is idempotent.
-func (r *Region) Close() error {
-	err := r.Owned.Close()
-	if err == nil {
-		r.once.Do(r.bind.release)
+func cmpOff(x, y memapi.Bytes) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
 	}
-	return err
+	return 0
 }
 
 // zeroAccount receives the refund of a release that should have nothing left

@@ -4,27 +4,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
 // Shared is a physical backing (SharedMapping) created once and charged
-// once to its creating holder, mappable read-only into many regions. It is
-// freed and refunded when its owner closed it and its last view is gone.
+// once to its creating holder, mappable read-only into many regions. Its
+// lifecycle is ep.Lifecycle's, each view holding it open: after Close (or
+// the leak backstop) no view is added, and the backing is freed and refunded
+// behind the fences of its last view's use once that view is gone.
 type Shared struct {
+	*ep.Owned
+	s *sharedState
+}
+
+// sharedState is what the views and the release need; it never refers to
+// the Shared handle, so the leak backstop can run while views remain.
+type sharedState struct {
+	lc      *ep.Lifecycle
 	bind    *Binding
 	d       *device
 	sm      memapi.SharedMapping
 	backing *memapi.Backing
 	lease   Lease
-	once    sync.Once
-
-	mu       sync.Mutex
-	views    int
-	closed   bool
-	released bool
+	quar    bool // set by a failed release, read by its retry (both on the queue)
 }
 
 // CreateShared creates a backing of size bytes (rounded up to the
@@ -51,142 +55,109 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	if err != nil {
 		return nil, cancel(g, err)
 	}
-	undo := func(err error, to memapi.Account) error {
-		if rerr := sm.ReleaseBacking(ctx, bk, to); rerr != nil {
-			return errors.Join(err, rerr)
-		}
-		return err
-	}
 	lease, err := g.Commit()
 	if err != nil {
-		return nil, cancel(g, undo(err, g))
+		if rerr := sm.ReleaseBacking(ctx, bk, g); rerr != nil {
+			return nil, quarantineGrant(g, bk.Size(), errors.Join(err, rerr))
+		}
+		return nil, cancel(g, err)
 	}
-	if err := d.ctx.Pin(); err != nil {
-		return nil, undo(err, lease)
+	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
+	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk), s)
+	if err != nil {
+		if rerr := sm.ReleaseBacking(ctx, bk, lease); rerr != nil {
+			return nil, errors.Join(err, rerr, lease.Quarantine(bk.Size()))
+		}
+		return nil, err
 	}
-	return &Shared{bind: b, d: d, sm: sm, backing: bk, lease: lease}, nil
+	s.lc = owned.Lifecycle()
+	return &Shared{Owned: owned, s: s}, nil
 }
 
 // Size returns the backing's size: the bytes charged once.
-func (s *Shared) Size() memapi.Bytes { return s.backing.Size() }
+func (s *Shared) Size() memapi.Bytes { return s.s.backing.Size() }
 
 // Views returns how many views of the backing are mapped.
-func (s *Shared) Views() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.views
-}
+func (s *Shared) Views() int { return s.s.lc.Holds() }
 
-// Close drops the owner's reference. The backing is freed and its lease
-// refunded once the last view is gone too. Idempotent.
-func (s *Shared) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
+// Closed, Pending and Free are the backing's ep.Releaser: uncount it from
+// its binding, mark its lease pending, release it.
+func (s *sharedState) Closed() { s.bind.release() }
+
+func (s *sharedState) Pending() { _ = s.lease.MarkPending(s.backing.Size()) }
+
+func (s *sharedState) Free(ctx context.Context) error {
+	acct := memapi.Account(s.lease)
+	if s.quar {
+		acct = quarantined{s.lease}
 	}
-	s.closed = true
-	last := s.views == 0
-	s.mu.Unlock()
-	s.once.Do(s.bind.release)
-	if last {
-		return s.free(nil)
+	if err := s.sm.ReleaseBacking(ctx, s.backing, acct); err != nil {
+		if !s.quar {
+			s.quar = s.lease.Quarantine(s.backing.Size()) == nil
+		}
+		return err
 	}
 	return nil
 }
 
-// acquire counts a new view; it fails once the owner closed the backing.
-func (s *Shared) acquire(op string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return memapi.Errorf(op, memapi.ErrClosed, "shared backing is closed")
-	}
-	s.views++
-	return nil
-}
-
-// drop uncounts a view; the last one after Close frees the backing behind
-// fences.
-func (s *Shared) drop(fences []memapi.Fence) {
-	s.mu.Lock()
-	s.views--
-	last := s.views == 0 && s.closed
-	s.mu.Unlock()
-	if last {
-		_ = s.free(fences)
-	}
-}
-
-func (s *Shared) free(fences []memapi.Fence) error {
-	s.mu.Lock()
-	if s.released {
-		s.mu.Unlock()
-		return nil
-	}
-	s.released = true
-	s.mu.Unlock()
-	_ = s.lease.MarkPending(s.backing.Size())
-	return s.d.ctx.Queue().Enqueue(ep.Release{
-		Name:   fmt.Sprintf("shared backing %v", s.backing),
-		Fences: fences,
-		Free: func(ctx context.Context) error {
-			if err := s.sm.ReleaseBacking(ctx, s.backing, s.lease); err != nil {
-				return err
-			}
-			s.d.ctx.Unpin()
-			return nil
-		},
-	})
-}
+// drop ends a view's hold; the fences are the region's work that may still
+// read the view. The last one after Close schedules the free behind them.
+func (s *sharedState) drop(fences []memapi.Fence) error { return s.lc.End(fences...) }
 
 // MapShared maps the whole shared backing at the region's current end with
 // the given access (read-only for a shared prefix) and returns the range it
 // occupies. Nothing is charged: the backing was charged once at creation.
-func (r *Region) MapShared(ctx context.Context, s *Shared, access memapi.Access) (memapi.Range, error) {
+func (r *Region) MapShared(ctx context.Context, sh *Shared, access memapi.Access) (memapi.Range, error) {
 	const op = "pmm.Region.MapShared"
-	if s.sm == nil || s.d.mech.Info().Instance != r.mech.Info().Instance {
+	rs, s := r.s, sh.s
+	if s.sm == nil || s.d.mech.Info().Instance != rs.mech.Info().Instance {
 		return memapi.Range{}, memapi.Errorf(op, memapi.ErrForeignHandle, "backing and region come from different mechanism instances")
 	}
-	if err := r.begin(ctx, op); err != nil {
+	if err := rs.begin(ctx, op); err != nil {
 		return memapi.Range{}, err
 	}
-	defer r.end()
-	rng := memapi.Range{Off: r.Len(), Len: s.Size()}
-	if !rng.Within(r.res.Size()) {
-		return memapi.Range{}, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: rng.Off + rng.Len, Available: r.res.Size()}
-	}
-	if err := s.acquire(op); err != nil {
+	defer rs.end()
+	if err := rs.settleQuarantine(ctx, op); err != nil {
 		return memapi.Range{}, err
 	}
-	v, err := s.sm.MapView(ctx, r.res, rng, s.backing, access)
+	rng := memapi.Range{Off: rs.len(), Len: s.backing.Size()}
+	if !rng.Within(rs.res.Size()) {
+		return memapi.Range{}, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: rng.Off + rng.Len, Available: rs.res.Size()}
+	}
+	if err := s.lc.Begin(op); err != nil {
+		return memapi.Range{}, err
+	}
+	v, err := s.sm.MapView(ctx, rs.res, rng, s.backing, access)
 	if err != nil {
-		s.mu.Lock()
-		s.views--
-		s.mu.Unlock()
-		return memapi.Range{}, err
+		return memapi.Range{}, errors.Join(err, s.lc.End())
 	}
-	r.mu.Lock()
-	r.segs = append(r.segs, segment{r: rng, view: v, shared: s})
-	r.top = rng.Off + rng.Len
-	r.mu.Unlock()
+	rs.mu.Lock()
+	rs.segs = append(rs.segs, segment{r: rng, view: v, shared: s})
+	rs.top = rng.Off + rng.Len
+	rs.mu.Unlock()
 	return rng, nil
 }
 
 // CopyOnWrite gives the region a private, read-write copy of the shared view
 // that holds offset off: a new backing charged to the region's holder,
 // holding a copy of the bytes, mapped at the same addresses. Other views are
-// unchanged. On failure the region keeps its shared view and the grant is
-// returned. The caller must have no device work in flight on the range.
+// unchanged; the shared reference is dropped behind the region's fences. On
+// failure the region keeps its shared view and the grant is returned; when
+// the undo itself fails, what could not be undone stays accounted (the copy
+// kept with its grant, or the range left unbacked, its shared reference
+// dropped) and the error says so. The caller must have no device work in
+// flight on the range.
 func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 	const op = "pmm.Region.CopyOnWrite"
-	if err := r.begin(ctx, op); err != nil {
+	rs := r.s
+	if err := rs.begin(ctx, op); err != nil {
 		return err
 	}
-	defer r.end()
-	r.mu.Lock()
+	var after []memapi.Fence
+	defer func() { rs.end(after...) }()
+	rs.mu.Lock()
 	idx := -1
-	for i, s := range r.segs {
+	for i, s := range rs.segs {
 		if off >= s.r.Off && off < s.r.Off+s.r.Len {
 			idx = i
 			break
@@ -194,14 +165,14 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 	}
 	var seg segment
 	if idx >= 0 {
-		seg = r.segs[idx]
+		seg = rs.segs[idx]
 	}
-	r.mu.Unlock()
+	rs.mu.Unlock()
 	if idx < 0 || seg.shared == nil {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: off, Detail: "offset is not in a shared view"}
 	}
 	sm := seg.shared.sm
-	g, err := r.bind.reserve(ctx, r.d, seg.r.Len)
+	g, err := rs.bind.reserve(ctx, rs.d, seg.r.Len)
 	if err != nil {
 		return err
 	}
@@ -215,22 +186,37 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 		// Undo: drop the private copy (refunding the grant), map the shared
 		// backing back as it was.
 		bk := nv.Backing()
-		uerr := sm.UnmapView(ctx, nv)
-		if uerr == nil {
-			uerr = sm.ReleaseBacking(ctx, bk, g)
+		if uerr := sm.UnmapView(ctx, nv); uerr != nil {
+			// The copy stays mapped, drawn from the open grant: the
+			// region keeps it as a private view, removed (and the grant
+			// undrawn and cancelled) by its release.
+			rs.mu.Lock()
+			rs.segs[idx] = segment{r: seg.r, view: nv, grant: g}
+			rs.mu.Unlock()
+			return errors.Join(err, uerr, seg.shared.drop(rs.lc.Pending()))
 		}
-		ov, merr := sm.MapView(ctx, r.res, seg.r, seg.shared.backing, oldAccess)
-		if uerr != nil || merr != nil {
-			return errors.Join(err, uerr, merr)
+		if rerr := sm.ReleaseBacking(ctx, bk, g); rerr != nil {
+			err = errors.Join(err, quarantineGrant(g, bk.Size(), rerr))
+		} else {
+			err = cancel(g, err)
 		}
-		r.mu.Lock()
-		r.segs[idx].view = ov
-		r.mu.Unlock()
-		return cancel(g, err)
+		ov, merr := sm.MapView(ctx, rs.res, seg.r, seg.shared.backing, oldAccess)
+		if merr != nil {
+			// Nothing is mapped at the range any more: a hole the
+			// region's release skips, its shared reference dropped.
+			rs.mu.Lock()
+			rs.segs[idx] = segment{r: seg.r, hole: true}
+			rs.mu.Unlock()
+			return errors.Join(err, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: seg.r.Len,
+				Detail: "the shared view could not be mapped back; the range is unbacked", Err: merr}, seg.shared.drop(rs.lc.Pending()))
+		}
+		rs.mu.Lock()
+		rs.segs[idx].view = ov
+		rs.mu.Unlock()
+		return err
 	}
-	r.mu.Lock()
-	r.segs[idx] = segment{r: seg.r, view: nv, lease: lease}
-	r.mu.Unlock()
-	seg.shared.drop(r.Pending())
-	return nil
+	rs.mu.Lock()
+	rs.segs[idx] = segment{r: seg.r, view: nv, lease: lease}
+	rs.mu.Unlock()
+	return seg.shared.drop(rs.lc.Pending())
 }

@@ -84,7 +84,7 @@ memgen_governor_holder_reclaimable_bytes{authority="host",holder="kv"} 0
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 19+10 {
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 20+11 {
 		t.Fatalf("%d series, %v", n, err)
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {

@@ -1,0 +1,425 @@
+package ep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// ErrQuarantined is the kind of the error a handle reports when its release
+// failed: the memory is still held by its mechanism and its bytes are still
+// charged (the layer above books them quarantined, visible in the ledger),
+// the context stays pinned, and Retry or a later Close tries again.
+var ErrQuarantined = errors.New("ep: release failed; memory quarantined")
+
+// leaks counts handles dropped without Close, process-wide.
+var leaks atomic.Uint64
+
+// Leaks returns how many owning handles were garbage collected without Close
+// in this process. Each was still released through its queue.
+func Leaks() uint64 { return leaks.Load() }
+
+// State is where an owning handle is in its lifecycle:
+//
+//	Open ──Close──▶ Closing ──last End──▶ Pending ──free ok──▶ Released
+//	                                         │  ▲
+//	                                 free failed│  │Retry / Close
+//	                                         ▼  │
+//	                                      Quarantined
+//
+// Close of a handle with no transaction in flight passes through Closing at
+// once.
+type State uint8
+
+const (
+	// Open: usable; transactions may begin.
+	Open State = iota
+	// Closing: Close was called while transactions (or views) still hold
+	// the handle; the release is scheduled when the last one ends.
+	Closing
+	// Pending: the release is queued behind the recorded fences.
+	Pending
+	// Quarantined: the release failed; the memory is still held and
+	// charged. Retry (or Close) queues it again.
+	Quarantined
+	// Released: freed by its mechanism and refunded; the context unpinned.
+	Released
+)
+
+func (s State) String() string {
+	switch s {
+	case Open:
+		return "open"
+	case Closing:
+		return "closing"
+	case Pending:
+		return "pending"
+	case Quarantined:
+		return "quarantined"
+	case Released:
+		return "released"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Hooks are what a layer above does at the lifecycle's transitions. None
+// of them may reach the handle the layer hands out (the object the leak
+// backstop watches): they close over the layer's state only.
+type Hooks struct {
+	// Closed (optional) runs once, in Close or the leak backstop, when the
+	// handle leaves Open: the place to uncount it from its binding.
+	Closed func()
+	// Pending (optional) runs once, when the release is about to be
+	// queued and before its Free can run: the place to mark the lease
+	// pending-free.
+	Pending func()
+	// Free runs on the queue after every recorded fence completed: it
+	// frees through the creating mechanism and refunds the ledger. An
+	// error (or a panic, which the queue recovers) quarantines the
+	// handle; Free is then called again by Retry and must free only what
+	// is still held.
+	Free func(ctx context.Context) error
+}
+
+// Releaser is Hooks as one value: a layer whose state has the three
+// transitions as methods hands itself over, with no closure to allocate.
+// Its methods follow Hooks' rules.
+type Releaser interface {
+	Closed()
+	Pending()
+	Free(ctx context.Context) error
+}
+
+// hooks adapts Hooks to Releaser.
+type hooks struct{ h Hooks }
+
+func (h *hooks) Closed() {
+	if h.h.Closed != nil {
+		h.h.Closed()
+	}
+}
+
+func (h *hooks) Pending() {
+	if h.h.Pending != nil {
+		h.h.Pending()
+	}
+}
+
+func (h *hooks) Free(ctx context.Context) error { return h.h.Free(ctx) }
+
+// Lifecycle is the state of one owning handle, written once for every kind
+// of handle (pmm's Buffer, Region and Shared). It never refers to the
+// handle the layer above hands out, so the leak backstop registered on that
+// handle can run.
+//
+// Transactions (a region growing, a view of a shared backing) hold the
+// handle open between Begin and End: Close during one moves the handle to
+// Closing at once (new Begins fail with memapi.ErrClosed) and the release
+// is scheduled when the last one ends, so a transaction is never cut in
+// half.
+type Lifecycle struct {
+	c    *Context
+	name string
+	rel  Releaser
+
+	mu     sync.Mutex
+	state  State
+	holds  int
+	fences []memapi.Fence
+	err    error // the last failed release
+}
+
+// Owned is an owning handle of memory made in a Context: the object the
+// leak backstop watches, with its Lifecycle. Layers above (pmm) embed it in
+// their handles.
+type Owned struct {
+	l       *Lifecycle
+	cleanup runtime.Cleanup
+}
+
+// Own pins the context and returns an owning handle in state Open. onClose
+// (optional) is Hooks.Pending and free is Hooks.Free; see OwnHooks.
+func (c *Context) Own(name string, onClose func(), free func(ctx context.Context) error) (*Owned, error) {
+	return c.OwnHooks(name, Hooks{Pending: onClose, Free: free})
+}
+
+// OwnHooks pins the context and returns an owning handle in state Open
+// whose transitions run h.
+func (c *Context) OwnHooks(name string, h Hooks) (*Owned, error) {
+	if h.Free == nil {
+		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no free function", name)
+	}
+	return c.OwnReleaser(name, &hooks{h})
+}
+
+// OwnReleaser pins the context and returns an owning handle in state Open
+// whose transitions call r. r must not reach the handle (see Hooks).
+func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
+	if r == nil {
+		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
+	}
+	if err := c.Pin(); err != nil {
+		return nil, err
+	}
+	l := &Lifecycle{c: c, name: name, rel: r}
+	o := &Owned{l: l}
+	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
+	return o, nil
+}
+
+// Lifecycle returns the handle's lifecycle, for the layer's own state to
+// hold (it must not hold the Owned, or the backstop could never run).
+func (o *Owned) Lifecycle() *Lifecycle { return o.l }
+
+// RecordUse records a fence of device work that uses the memory; the memory
+// is freed only after it completes. It fails with memapi.ErrReleased once
+// the release is scheduled.
+func (o *Owned) RecordUse(f memapi.Fence) error { return o.l.RecordUse(f) }
+
+// Closed reports whether Close was called.
+func (o *Owned) Closed() bool { return o.l.State() != Open }
+
+// State returns where the handle is in its lifecycle.
+func (o *Owned) State() State { return o.l.State() }
+
+// Err returns the error of the handle's last failed release (of kind
+// ErrQuarantined) while it is quarantined, else nil.
+func (o *Owned) Err() error { return o.l.Err() }
+
+// Pending returns the recorded fences that have not completed yet.
+func (o *Owned) Pending() []memapi.Fence { return o.l.Pending() }
+
+// Close schedules the release behind the recorded fences (or, while a
+// transaction holds the handle, when it ends) and returns without waiting
+// for the device. On a quarantined handle it retries the release. Otherwise
+// later calls return nil.
+func (o *Owned) Close() error {
+	o.cleanup.Stop()
+	return o.l.Close()
+}
+
+// Retry queues the release of a quarantined handle again; on any other
+// handle it does nothing and returns nil.
+func (o *Owned) Retry() error { return o.l.Retry() }
+
+// State returns where the handle is in its lifecycle.
+func (l *Lifecycle) State() State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state
+}
+
+// Err returns the last failed release's error while quarantined, else nil.
+func (l *Lifecycle) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != Quarantined {
+		return nil
+	}
+	return l.err
+}
+
+// RecordUse records a fence of device work that uses the memory. It fails
+// with memapi.ErrReleased once the release is scheduled.
+func (l *Lifecycle) RecordUse(f memapi.Fence) error {
+	if f == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != Open && l.state != Closing {
+		return memapi.Errorf("ep.Owned.RecordUse", memapi.ErrReleased, "%s was closed", l.name)
+	}
+	l.addLocked(f)
+	return nil
+}
+
+// addLocked records f, dropping completed fences once the list grows:
+// completed fences order nothing, fences in flight all stay.
+func (l *Lifecycle) addLocked(f memapi.Fence) {
+	if len(l.fences) >= 8 {
+		keep := l.fences[:0]
+		for _, g := range l.fences {
+			if !g.Done() {
+				keep = append(keep, g)
+			}
+		}
+		clear(l.fences[len(keep):])
+		l.fences = keep
+	}
+	l.fences = append(l.fences, f)
+}
+
+// Pending returns the recorded fences that have not completed yet: work that
+// still uses the memory. Layers that release part of the memory early (a
+// region shrinking) order that release behind these fences.
+func (l *Lifecycle) Pending() []memapi.Fence {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []memapi.Fence
+	for _, f := range l.fences {
+		if !f.Done() {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Begin holds the handle open for a transaction (or a view). It fails with
+// memapi.ErrClosed once Close was called.
+func (l *Lifecycle) Begin(op string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != Open {
+		return memapi.Errorf(op, memapi.ErrClosed, "%s is %v", l.name, l.state)
+	}
+	l.holds++
+	return nil
+}
+
+// End ends a hold taken by Begin, recording fences of work that used the
+// memory meanwhile (a release the transaction queued, a view's last use).
+// The last End after Close schedules the release; its error is End's.
+func (l *Lifecycle) End(fences ...memapi.Fence) error {
+	l.mu.Lock()
+	if l.holds == 0 {
+		l.mu.Unlock()
+		panic("ep: Lifecycle.End without Begin")
+	}
+	l.holds--
+	for _, f := range fences {
+		if f != nil && !f.Done() {
+			l.addLocked(f)
+		}
+	}
+	schedule := l.holds == 0 && l.state == Closing
+	l.mu.Unlock()
+	if schedule {
+		return l.schedule()
+	}
+	return nil
+}
+
+// Close moves an open handle to Closing and schedules its release unless a
+// transaction holds it; on a quarantined handle it is Retry.
+func (l *Lifecycle) Close() (err error) {
+	l.mu.Lock()
+	switch l.state {
+	case Open:
+	case Quarantined:
+		l.mu.Unlock()
+		return l.Retry()
+	default:
+		l.mu.Unlock()
+		return nil
+	}
+	l.state = Closing
+	schedule := l.holds == 0
+	l.mu.Unlock()
+	// A panicking Closed hook still leaves the release scheduled, so
+	// nothing is lost; the panic goes on to the caller.
+	defer func() {
+		if schedule {
+			err = l.schedule()
+		}
+	}()
+	l.rel.Closed()
+	return nil
+}
+
+// schedule moves a closing handle with no holds to Pending and queues its
+// release. A panicking Pending hook still queues it (the free then refunds
+// from the charged bytes), and the panic goes on.
+func (l *Lifecycle) schedule() (err error) {
+	l.mu.Lock()
+	l.state = Pending
+	fences := l.fences
+	l.fences = nil
+	l.mu.Unlock()
+	defer func() { err = l.enqueue(fences) }()
+	l.rel.Pending()
+	return nil
+}
+
+// Retry queues the release of a quarantined handle again.
+func (l *Lifecycle) Retry() error {
+	l.mu.Lock()
+	if l.state != Quarantined {
+		l.mu.Unlock()
+		return nil
+	}
+	l.state = Pending
+	l.mu.Unlock()
+	l.c.setQuarantined(l, false)
+	return l.enqueue(nil)
+}
+
+func (l *Lifecycle) enqueue(fences []memapi.Fence) error {
+	err := l.c.queue.Enqueue(Release{Name: l.name, Fences: fences, Free: l.free})
+	if err != nil {
+		// A pinned context keeps its queue open, so this is not expected;
+		// should it happen, nothing is lost: the handle is quarantined.
+		l.quarantine(err)
+		return &memapi.Error{Op: "ep.Owned.Close", Kind: ErrQuarantined, Detail: l.name, Err: err}
+	}
+	return nil
+}
+
+// free runs on the queue goroutine. A panic in the layer's Free is
+// recovered there (the queue serves every context's releases and must not
+// die): the handle is quarantined with the panic as its error.
+func (l *Lifecycle) free(ctx context.Context) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("ep: free of %s panicked: %v", l.name, p)
+		}
+		if err != nil {
+			l.quarantine(err)
+			return
+		}
+		l.mu.Lock()
+		l.state, l.err = Released, nil
+		l.mu.Unlock()
+		l.c.Unpin()
+	}()
+	return l.rel.Free(ctx)
+}
+
+func (l *Lifecycle) quarantine(err error) {
+	l.mu.Lock()
+	l.state = Quarantined
+	l.err = &memapi.Error{Op: "ep.release", Kind: ErrQuarantined, Detail: l.name, Err: err}
+	l.mu.Unlock()
+	l.c.setQuarantined(l, true)
+}
+
+func (l *Lifecycle) leaked() {
+	l.mu.Lock()
+	open := l.state == Open
+	l.mu.Unlock()
+	if !open {
+		return
+	}
+	leaks.Add(1)
+	q := l.c.queue
+	q.mu.Lock()
+	q.stats.Leaked++
+	q.mu.Unlock()
+	q.log.Warn("memgen: owning handle dropped without Close; releasing it through the queue", slog.String("handle", l.name))
+	if err := l.Close(); err != nil {
+		q.log.Error("memgen: could not release leaked handle", slog.String("handle", l.name), slog.Any("err", err))
+	}
+}
+
+// Holds returns how many transactions (or views) hold the handle now.
+func (l *Lifecycle) Holds() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holds
+}

@@ -1,0 +1,166 @@
+package ep_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/stretchr/testify/require"
+)
+
+// Bug 11: an onClose that panicked wedged the queue (the queued Free
+// waited forever for the marking). Now the release is still queued and
+// runs, and the panic goes on to Close's caller.
+func TestPanickingOnCloseStillReleases(t *testing.T) {
+	c, _ := newCtx(t)
+	var freed atomic.Bool
+	o, err := c.Own("buf", func() { panic("hook bug") }, func(context.Context) error { freed.Store(true); return nil })
+	require.NoError(t, err)
+	require.PanicsWithValue(t, "hook bug", func() { _ = o.Close() })
+	drain(t, c)
+	require.True(t, freed.Load())
+	require.Zero(t, c.Live())
+	require.Equal(t, ep.Released, o.State())
+	// Later releases on the context still run.
+	o2, err := c.Own("next", nil, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.NoError(t, o2.Close())
+	drain(t, c)
+	require.Zero(t, c.Live())
+}
+
+// A panicking Free is recovered on the queue: the handle is quarantined,
+// the queue runs on.
+func TestPanickingFreeQuarantines(t *testing.T) {
+	c, _ := newCtx(t)
+	var boom atomic.Bool
+	boom.Store(true)
+	o, err := c.Own("buf", nil, func(context.Context) error {
+		if boom.Load() {
+			panic("free bug")
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, o.Close())
+	drain(t, c)
+	require.Equal(t, ep.Quarantined, o.State())
+	require.ErrorIs(t, o.Err(), ep.ErrQuarantined)
+	require.Contains(t, o.Err().Error(), "free bug")
+	require.Equal(t, 1, c.Live())
+	require.Equal(t, 1, c.Quarantined())
+	boom.Store(false)
+	require.NoError(t, o.Retry())
+	drain(t, c)
+	require.Equal(t, ep.Released, o.State())
+	require.Zero(t, c.Live())
+	require.Zero(t, c.Quarantined())
+}
+
+// Also: Queue().Close() succeeded while handles were pinned, after which
+// they could never be released.
+func TestQueueRefusesToCloseWhilePinned(t *testing.T) {
+	c, _ := newCtx(t)
+	var freed atomic.Bool
+	o, err := c.Own("buf", nil, func(context.Context) error { freed.Store(true); return nil })
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	err = c.Queue().Close(ctx)
+	require.ErrorIs(t, err, memapi.ErrInUse)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, o.Close())
+	drain(t, c)
+	require.True(t, freed.Load(), "the handle could not be released")
+}
+
+// A transaction holds the handle open: Close during it returns at once and
+// the release waits for its end; Begin after Close fails.
+func TestCloseDuringATransactionWaitsForIt(t *testing.T) {
+	c, _ := newCtx(t)
+	var pending, freed atomic.Bool
+	o, err := c.Own("r", func() { pending.Store(true) }, func(context.Context) error { freed.Store(true); return nil })
+	require.NoError(t, err)
+	l := o.Lifecycle()
+	require.NoError(t, l.Begin("txn"))
+	require.NoError(t, o.Close())
+	require.Equal(t, ep.Closing, o.State())
+	require.ErrorIs(t, l.Begin("later"), memapi.ErrClosed)
+	drain(t, c)
+	require.False(t, pending.Load(), "marked pending during the transaction")
+	require.False(t, freed.Load(), "freed during the transaction")
+	f := newFence(false)
+	require.NoError(t, l.End(f)) // the transaction queued work behind f
+	require.True(t, pending.Load())
+	time.Sleep(2 * time.Millisecond)
+	require.False(t, freed.Load(), "freed before the transaction's fence")
+	f.Complete()
+	drain(t, c)
+	require.True(t, freed.Load())
+	require.Equal(t, ep.Released, o.State())
+}
+
+// Behaviour: the free never runs before the handle is marked pending.
+func TestFreeRunsOnlyAfterPendingIsMarked(t *testing.T) {
+	c, _ := newCtx(t)
+	var early atomic.Bool
+	for range 50 {
+		marked := new(atomic.Bool)
+		o, err := c.Own("buf", func() { time.Sleep(100 * time.Microsecond); marked.Store(true) }, func(context.Context) error {
+			if !marked.Load() {
+				early.Store(true)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.NoError(t, o.Close())
+	}
+	drain(t, c)
+	require.False(t, early.Load(), "a free ran before its handle was marked pending")
+}
+
+// Behaviour: compaction of the recorded fences drops only completed ones.
+func TestRecordUseKeepsFencesInFlight(t *testing.T) {
+	c, _ := newCtx(t)
+	var freed atomic.Bool
+	o, err := c.Own("buf", nil, func(context.Context) error { freed.Store(true); return nil })
+	require.NoError(t, err)
+	inFlight := newFence(false)
+	require.NoError(t, o.RecordUse(inFlight))
+	for range 20 {
+		f := newFence(false)
+		f.Complete()
+		require.NoError(t, o.RecordUse(f))
+	}
+	require.Len(t, o.Pending(), 1)
+	require.NoError(t, o.Close())
+	time.Sleep(5 * time.Millisecond)
+	require.False(t, freed.Load(), "freed before a fence in flight completed")
+	inFlight.Complete()
+	drain(t, c)
+	require.True(t, freed.Load())
+}
+
+// Releases that depend on each other are ordered by a Completion, never by
+// one Free waiting for another.
+func TestCompletionOrdersReleases(t *testing.T) {
+	q := ep.NewQueue(ep.Options{})
+	defer func() { require.NoError(t, q.Close(context.Background())) }()
+	f := newFence(true)
+	first := ep.NewCompletion()
+	var order []string
+	done := make(chan struct{})
+	require.NoError(t, q.Enqueue(ep.Release{Name: "first", Fences: []memapi.Fence{f}, Done: first,
+		Free: func(context.Context) error { order = append(order, "first"); return errors.New("fails") }}))
+	require.NoError(t, q.Enqueue(ep.Release{Name: "second", Fences: []memapi.Fence{first},
+		Free: func(context.Context) error { order = append(order, "second"); close(done); return nil }}))
+	time.Sleep(2 * time.Millisecond)
+	require.Empty(t, order)
+	f.Complete()
+	<-done
+	require.Equal(t, []string{"first", "second"}, order, "a failed release completes too")
+}
