@@ -92,3 +92,13 @@ func (e *env) checkLedger(t *testing.T) pool.Stats {
 	require.Equal(t, s.Segments, s.Cached+s.InUse, "cached + in use == segments")
 	return s
 }
+
+var noDeadline time.Time
+
+func pattern(i, n int) []byte {
+	p := make([]byte, n)
+	for k := range p {
+		p[k] = byte(i*31 + k*7 + 1)
+	}
+	return p
+}

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
@@ -33,6 +34,9 @@ type Options struct {
 	// SlabBytes is about what one slab of a size class holds (default
 	// 2 MiB).
 	SlabBytes memapi.Bytes
+	// Wait bounds how long a growth waits for other holders' refunds
+	// after asking them (default 1 s); the caller's ctx may end it sooner.
+	Wait time.Duration
 	// Backing must be BackingSegments or empty; anything else is
 	// memapi.ErrUnsupported.
 	Backing Backing
@@ -82,6 +86,9 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	}
 	if opts.SegmentBytes == 0 {
 		opts.SegmentBytes = 8 << 20
+	}
+	if opts.Wait == 0 {
+		opts.Wait = time.Second
 	}
 	if opts.SlabBytes == 0 {
 		opts.SlabBytes = 2 << 20
@@ -248,7 +255,9 @@ func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block
 // the binding allocates: the governor may ask this very pool to Reclaim.
 func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	size := max(need, uint64(p.opts.SegmentBytes))
-	buf, err := p.bind.Allocate(ctx, memapi.Bytes(size))
+	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
+	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
+	cancel()
 	if err != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
