@@ -17,11 +17,14 @@ func init() { register(Emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
 // The checked wrapper is generated from each capability method's accounting
 // effect, creates/releases and requires clauses. It leans on these errors by
 // name beyond what validate already demands of every spec.
-var checkedNeededErrors = []string{"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported"}
+var checkedNeededErrors = []string{
+	"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant",
+	"ErrForeignGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported",
+}
 
 // checkedLocals are the names the generated method bodies declare; a spec
 // parameter with one of these names would be shadowed.
-var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true}
+var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true, "returned": true}
 
 // Invariant enforcers the checked wrapper answers for (spec invariants[].enforced_by).
 const (
@@ -73,6 +76,7 @@ func emitChecked(g *Gen) error {
 		}
 	}
 	ck.emitDoc()
+	ck.emitChargeBook()
 	ck.emitWrap()
 	ck.emitLedger()
 	ck.emitAudit()
@@ -149,6 +153,27 @@ func (ck *checkedGen) invariants(kind string) []string {
 		}
 	}
 	return ids
+}
+
+// fill wraps text at width columns, breaking between words; lines after the
+// first start with indent. Generated doc comments read like hand-written ones.
+func fill(text string, width int, indent string) string {
+	var b strings.Builder
+	col := 0
+	for i, w := range strings.Fields(text) {
+		switch {
+		case i == 0:
+		case col+1+len(w) > width:
+			b.WriteString("\n" + indent)
+			col = len(indent)
+		default:
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(w)
+		col += len(w)
+	}
+	return b.String()
 }
 
 func cite(ids []string) string {
@@ -269,7 +294,7 @@ func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) strin
 	releasing := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Releases != "" }), ", ")
 	var how []string
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Consumes {
-		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails. A rejected call draws nothing and calls nothing.")
+		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.")
 	}
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Releases {
 		how = append(how, "On "+releasing+": the released handle (and every handle the call reads) is checked with memapi.CheckHandle against the mechanism's instance before the call: nil is ErrNilHandle, another instance's handle is ErrForeignHandle, a released one is ErrReleased; the mechanism is not called.")
@@ -286,7 +311,7 @@ func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) strin
 	} else {
 		seen[text] = iv.ID
 	}
-	return "  - " + iv.ID + ": " + iv.Says + "\n    " + text
+	return "  - " + fill(iv.ID+": "+iv.Says, 74, "    ") + "\n    " + fill(text, 78, "    ")
 }
 
 func (ck *checkedGen) emitDoc() {
@@ -306,7 +331,7 @@ func (ck *checkedGen) emitDoc() {
 			if len(notes) == 0 {
 				continue
 			}
-			table = append(table, "  - "+c.Name+"."+m.Name+": "+strings.Join(notes, "; ")+".")
+			table = append(table, "  - "+fill(c.Name+"."+m.Name+": "+strings.Join(notes, "; ")+".", 74, "    "))
 		}
 	}
 	doc := `Package checked wraps any memapi.Mechanism in a layer that enforces the
@@ -314,13 +339,19 @@ spec's invariants on every call. It is generated from ` + s.File + `:
 each method's checks follow from its accounting effect, the handle it creates
 or releases, and its requires clauses.
 
-	m := checked.Wrap(mech)                        // checks, and the ledger
-	m := checked.Wrap(mech, checked.WithVerify())  // also truthfulness, for tests
+	m := checked.Wrap(mech, gov)                        // checks, and the ledger
+	m := checked.Wrap(mech, gov, checked.WithVerify())  // also truthfulness, for tests
+
+where gov is the Ledger whose grants and accounts the wrapper accepts (the
+governor implements it); a grant or account it did not issue is rejected with
+ErrForeignGrant.
 
 The wrapper is where the ledger moves: mechanisms never draw from grants nor
 refund to accounts. A consuming call draws its rounded amount from the grant
 before the mechanism runs and undraws it when the mechanism fails; a refunding
 call refunds the account after the mechanism really released the memory.
+When the mechanism panics (or ends its goroutine) inside a consuming call,
+the draw is given back and the panic goes on to the caller unrecovered.
 
 Every check runs before the mechanism is called and before anything is drawn,
 so a rejected call returns an *memapi.Error whose Kind is the sentinel
@@ -337,9 +368,14 @@ the error each returns):
 
 ` + strings.Join(table, "\n") + `
 
-Refund amounts are read before the mechanism is called (committed(res) from
-the capability's committed-bytes query). A refunding call needs an account of
-the mechanism's authority (ErrNoAccount, ErrAuthorityMismatch). When the
+Refund amounts are known before the mechanism is called: a handle's size, a
+range's rounded length or, for committed(res), the committed bytes the
+wrapper charged against res (what Commit drew less what Decommit refunded),
+which it keeps in the handle through memapi.ChargeBook instead of asking the
+mechanism; bytes committed past the wrapper were never charged and are not
+refunded. A refunding call needs an account of
+the wrapper's ledger and the mechanism's authority (ErrNoAccount,
+ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
 error is returned: the handle is released all the same.
 
@@ -370,8 +406,8 @@ is not a new instance, and handles are the mechanism's own.
 
 Cost: the wrapper keeps no per-call state (only its options and, for each
 optional capability, a cached wrapper). Outside verify mode a call adds a few
-comparisons, one Authority call and the Draw or Refund, and allocates nothing
-unless it fails.`
+comparisons, one ledger check, one Authority call and the Draw or Refund, and
+allocates nothing unless it fails.`
 	f.PackageComment(doc)
 	comment(f, "specDigest is the sha256 of the spec this package was generated from.")
 	f.Const().Id("specDigest").Op("=").Lit(s.Digest)
@@ -408,9 +444,9 @@ func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
 	a := m.Accounting
 	switch a.Effect {
 	case EffectConsumes:
-		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
+		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
 	case EffectRefunds:
-		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrAuthorityMismatch)")
+		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch)")
 	}
 	if a.Effect != EffectQuery {
 		notes = append(notes, "verify mode checks the figures"+cite(ck.invariants("verify")))
@@ -436,6 +472,53 @@ func (ck *checkedGen) emitWrap() {
 	g := ck.g
 	s := ck.s
 	c := g.C
+
+	comment(f, `Ledger is where the grants and accounts a wrapper accepts come from. A
+consuming call's grant and a refunding call's account must be vouched for by
+the ledger the wrapper was built with, as a handle must have been made by the
+wrapped instance: a grant of any other origin (forged, or issued by another
+ledger) draws nothing the ledger sees, so the wrapper rejects it with
+ErrForeignGrant and calls nothing. A ledger vouches only for values it made
+itself, recognised by their concrete type and their link back to it, never by
+what the value says about itself. The methods are called on every consuming
+and refunding call and must be cheap and safe for concurrent use.`)
+	f.Type().Id("Ledger").Interface(
+		Comment("IssuedGrant reports whether g was issued by this ledger."),
+		Id("IssuedGrant").Params(Id("g").Add(c("Grant"))).Bool(),
+		Comment("IssuedAccount reports whether a is an account of this ledger."),
+		Id("IssuedAccount").Params(Id("a").Add(c("Account"))).Bool(),
+	)
+	comment(f, `NoLedger vouches for nothing. A wrapper built with it answers queries and
+checks handles, and rejects every consuming and refunding call with
+ErrForeignGrant: the wrapper to hand out for inspection.`)
+	f.Var().Id("NoLedger").Id("Ledger").Op("=").Id("noLedger").Values()
+	f.Type().Id("noLedger").Struct()
+	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c("Grant")).Bool().Block(Return(False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c("Account")).Bool().Block(Return(False()))
+	comment(f, `Ledgers returns a Ledger that vouches for what any of ls vouches for: a
+wrapper that takes the grants of several ledgers.`)
+	f.Func().Id("Ledgers").Params(Id("ls").Op("...").Id("Ledger")).Id("Ledger").Block(
+		Return(Id("anyLedger").Call(Qual("slices", "Clone").Call(Id("ls")))),
+	)
+	f.Type().Id("anyLedger").Index().Id("Ledger")
+	for _, kind := range []string{"Grant", "Account"} {
+		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
+		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Bool().Block(
+			For(List(Id("_"), Id("l")).Op(":=").Range().Id("ls")).Block(
+				If(Id("l").Op("!=").Nil().Op("&&").Id("l").Dot("Issued"+kind).Call(Id(arg))).Block(Return(True())),
+			),
+			Return(False()),
+		)
+	}
+	comment(f, `allLedgers vouches for what both of its ledgers vouch for: the ledger of a
+rewrapped wrapper.`)
+	f.Type().Id("allLedgers").Index(Lit(2)).Id("Ledger")
+	for _, kind := range []string{"Grant", "Account"} {
+		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
+		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued" + kind).Params(Id(arg).Add(c(kind))).Bool().Block(
+			Return(Id("ls").Index(Lit(0)).Dot("Issued" + kind).Call(Id(arg)).Op("&&").Id("ls").Index(Lit(1)).Dot("Issued" + kind).Call(Id(arg))),
+		)
+	}
 
 	comment(f, "Option configures Wrap.")
 	f.Type().Id("Option").Func().Params(Op("*").Id("options"))
@@ -465,27 +548,34 @@ for qualifying a new mechanism; it costs two to four queries per call.`)
 	comment(f, `Wrap returns m with the spec's invariants enforced on every call (see the
 package documentation for the full list, per method):
   - `+ids("consumes", "charging")+`: consuming calls draw their rounded
-    amount from a grant of m's authority before m runs, and undraw it when m
-    fails; a call rejected by a check draws nothing;
+    amount from a grant of l and of m's authority before m runs, and undraw
+    it when m fails or panics; a call rejected by a check draws nothing;
   - `+ids("releases", "handles")+`: handles are checked against m's instance
     before m runs; another instance's handle, a released handle or nil is
     rejected with a typed error and m is not called;
   - ranges (requires clauses): within, aligned and fits are checked against
     the handle's size and m's granularity;
-  - refunds: refunding calls refund their account after m released the memory;
+  - refunds: refunding calls refund their account, which must be l's and of
+    m's authority, after m released the memory;
   - `+ids("verify", "verify mode")+` (WithVerify): m's counters must move by
     exactly the declared amount.
 
 The result offers exactly the capabilities m offers (memapi.Negotiate(Wrap(m))
 == memapi.Negotiate(m)) and its Info is m's Info. Wrap reads m.Info() once:
 a mechanism's instance, authority and granularities are fixed for its life.
-Wrapping a wrapper does not stack the checks (that would draw twice): it
-rewraps the same mechanism with the options of both. Wrap panics when m is nil.`)
-	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
+Grants and accounts are accepted only when l vouches for them: any other is
+rejected with ErrForeignGrant before anything is drawn or called. Wrapping a
+wrapper does not stack the checks (that would draw twice): it rewraps the same
+mechanism with the options of both and accepts only what both ledgers vouch
+for, so a rewrap never trusts more than the wrapper it was given. Wrap panics
+when m or l is nil.`)
+	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("l").Id("Ledger"), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
 		If(Id("m").Op("==").Nil()).Block(Panic(Lit("checked: Wrap of a nil Mechanism"))),
+		If(Id("l").Op("==").Nil()).Block(Panic(Lit("checked: Wrap without a Ledger (use NoLedger for a wrapper that takes no grant)"))),
 		Var().Id("o").Id("options"),
 		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(
 			List(Id("m"), Id("o").Dot("verify")).Op("=").List(Id("w").Dot("inner"), Id("w").Dot("verify")),
+			Id("l").Op("=").Id("allLedgers").Values(Id("w").Dot("ledger"), Id("l")),
 		),
 		For(List(Id("_"), Id("opt")).Op(":=").Range().Id("opts")).Block(
 			If(Id("opt").Op("!=").Nil()).Block(Id("opt").Call(Op("&").Id("o"))),
@@ -493,13 +583,9 @@ rewraps the same mechanism with the options of both. Wrap panics when m is nil.`
 		Return(Op("&").Id("mechanism").Values(Dict{
 			Id("inner"):  Id("m"),
 			Id("info"):   Id("m").Dot("Info").Call(),
+			Id("ledger"): Id("l"),
 			Id("verify"): Id("o").Dot("verify"),
 		})),
-	)
-	comment(f, "Unwrap returns the mechanism a checked wrapper wraps, or m itself when m is\nnot a checked wrapper.")
-	f.Func().Id("Unwrap").Params(Id("m").Add(c("Mechanism"))).Add(c("Mechanism")).Block(
-		If(List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")), Id("ok")).Block(Return(Id("w").Dot("inner"))),
-		Return(Id("m")),
 	)
 	comment(f, "Verifying reports whether m is a checked wrapper in verify mode.")
 	f.Func().Id("Verifying").Params(Id("m").Add(c("Mechanism"))).Bool().Block(
@@ -514,6 +600,7 @@ capability value.`)
 	f.Type().Id("mechanism").StructFunc(func(b *Group) {
 		b.Id("inner").Add(c("Mechanism"))
 		b.Id("info").Add(c("MechanismInfo")).Comment("read once by Wrap")
+		b.Id("ledger").Id("Ledger").Comment("vouches for the grants and accounts the wrapper accepts")
 		b.Id("verify").Bool()
 		b.Id("mu").Qual("sync", "Mutex").Comment("verify mode: serializes mutating calls so before/after figures are exact")
 		for _, cp := range optional {
@@ -620,6 +707,9 @@ rejected call draws nothing.`)
 		If(Id("grant").Op("==").Nil()).Block(
 			Return(Lit(0), mkErr("ErrNoGrant", nil, Id("amount"), nil, Lit("a consuming call needs a grant to draw from"))),
 		),
+		If(Op("!").Id("m").Dot("ledger").Dot("IssuedGrant").Call(Id("grant"))).Block(
+			Return(Lit(0), Id("m").Dot("foreignGrant").Call(Id("op"), Lit("grant"), Id("grant"))),
+		),
 		If(Id("a").Op(":=").Id("grant").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
 			Return(Lit(0), Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("grant"), Id("a"))),
 		),
@@ -635,6 +725,23 @@ rejected call draws nothing.`)
 		),
 		Return(Id("err")),
 	)
+	comment(f, `abandon gives back the n bytes a consuming call drew from grant when the
+mechanism's call did not return: it panicked (the panic goes on, unrecovered)
+or ended its goroutine. The grant's own error, if any, cannot be reported.`)
+	f.Func().Params(mrecv()).Id("abandon").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("returned").Op("*").Bool()).Block(
+		If(Op("!*").Id("returned")).Block(Id("_").Op("=").Id("grant").Dot("Undraw").Call(Id("n"))),
+	)
+	comment(f, `book is the wrapper's claim on memapi's ChargeBook, made once when the
+package is initialized: the committed bytes charged through any checked
+wrapper against a reservation-like handle are kept in the handle itself, so
+that a refund of what is committed in it (committed(h) in the spec) reads
+that figure instead of asking the mechanism first. No other code can change
+the figures.`)
+	f.Var().Id("book").Op("=").Func().Params().Op("*").Add(c("ChargeBook")).Block(
+		Id("b").Op(":=").Add(c("ClaimChargeBook")).Call(),
+		If(Id("b").Op("==").Nil()).Block(Panic(Lit("checked: memapi's ChargeBook was claimed before package checked"))),
+		Return(Id("b")),
+	).Call()
 	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
 	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
 		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
@@ -648,6 +755,9 @@ rejected call draws nothing.`)
 		If(Id("to").Op("==").Nil()).Block(
 			Return(mkErr("ErrNoAccount", nil, nil, nil, Lit("a refunding call needs an account to refund to"))),
 		),
+		If(Op("!").Id("m").Dot("ledger").Dot("IssuedAccount").Call(Id("to"))).Block(
+			Return(Id("m").Dot("foreignGrant").Call(Id("op"), Lit("account"), Id("to"))),
+		),
 		If(Id("a").Op(":=").Id("to").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
 			Return(Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("account"), Id("a"))),
 		),
@@ -658,6 +768,13 @@ rejected call draws nothing.`)
 		If(Id("n").Op("==").Lit(0)).Block(Return(Nil())),
 		Return(Id("to").Dot("Refund").Call(Id("n"))),
 	)
+	comment(f, `foreignGrant reports a grant or account the wrapper's ledger does not vouch
+for. It names the value's type, never its methods' answers: a forged value
+says what it likes about itself.`)
+	f.Func().Params(mrecv()).Id("foreignGrant").Params(Id("op"), Id("what").String(), Id("v").Any()).Error().Block(
+		Return(mkErr("ErrForeignGrant", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of type %T was not issued by a ledger this wrapper trusts"), Id("what"), Id("v")))),
+	)
+	comment(f, "foreignAuthority reports a grant or account of another authority than the\nmechanism's.")
 	f.Func().Params(mrecv()).Id("foreignAuthority").Params(Id("op"), Id("what").String(), Id("a").Add(c("AuthorityID"))).Error().Block(
 		Return(mkErr("ErrAuthorityMismatch", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of authority %q, mechanism of authority %q"), Id("what"), Id("a"), Id("m").Dot("info").Dot("Authority")))),
 	)
@@ -676,6 +793,63 @@ rejected call draws nothing.`)
 	comment(f, "errFits reports a range whose length is not the handle's size (requires fits(...)).")
 	f.Func().Params(mrecv()).Id("errFits").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
 		Return(mkErr("ErrInvalidRange", Id("h"), Id("size"), Id("r").Dot("Len"), Qual("fmt", "Sprintf").Call(Lit("range %v is %#x bytes long, the handle %#x (requires %s)"), Id("r"), Id("r").Dot("Len"), Id("size"), Id("req")))),
+	)
+}
+
+// --- the charge book, in the contract package ------------------------------
+
+// emitChargeBook writes the contract's ChargeBook: the one place, in each
+// handle, where the checked wrapper keeps the committed bytes it charged.
+// It lives in the contract package because only that package reaches a
+// handle's header; it is the wrapper's, so this emitter writes it.
+func (ck *checkedGen) emitChargeBook() {
+	f := ck.g.contractFile("charge_book.go")
+	comment(f, `ChargeBook is the checked wrapper's record, kept in every handle, of the
+committed bytes it charged against the handle and has not refunded: what a
+refund of committed(h) gives back. There is one, claimed by package checked
+when it is initialized (ClaimChargeBook); its methods change nothing when
+called on any other value, so no other code can make a refund larger or
+smaller.`)
+	f.Type().Id("ChargeBook").Struct(Id("_").Byte())
+	f.Var().Defs(
+		Id("chargeBook").Op("=").Op("&").Id("ChargeBook").Values(),
+		Id("chargeBookClaimed").Qual("sync/atomic", "Bool"),
+	)
+	comment(f, "ClaimChargeBook returns the ChargeBook to its first caller and nil to every\nlater one.")
+	f.Func().Id("ClaimChargeBook").Params().Op("*").Id("ChargeBook").Block(
+		If(Op("!").Id("chargeBookClaimed").Dot("CompareAndSwap").Call(False(), True())).Block(Return(Nil())),
+		Return(Id("chargeBook")),
+	)
+	comment(f, "header returns h's header when b is the claimed book and h is not nil.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("header").Params(Id("h").Id("Handle")).Op("*").Id("handleHeader").Block(
+		If(Id("b").Op("!=").Id("chargeBook").Op("||").Id("h").Op("==").Nil()).Block(Return(Nil())),
+		Return(Id("h").Dot("header").Call()),
+	)
+	comment(f, "Add records n more bytes charged against h.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Add").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil().Op("&&").Id("n").Op("!=").Lit(0)).Block(
+			Id("hd").Dot("charged").Dot("Add").Call(Id("uint64").Call(Id("n"))),
+		),
+	)
+	comment(f, "Sub records that n of the bytes charged against h were refunded; the\nfigure never goes below zero (bytes committed past the wrapper were never\ncharged).")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Sub").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
+		Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")),
+		If(Id("hd").Op("==").Nil().Op("||").Id("n").Op("==").Lit(0)).Block(Return()),
+		For().Block(
+			Id("old").Op(":=").Id("hd").Dot("charged").Dot("Load").Call(),
+			If(Id("hd").Dot("charged").Dot("CompareAndSwap").Call(Id("old"), Id("old").Op("-").Min(Id("old"), Id("uint64").Call(Id("n"))))).Block(Return()),
+		),
+	)
+	comment(f, "Charged returns the bytes charged against h and not refunded.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Charged").Params(Id("h").Id("Handle")).Id("Bytes").Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(
+			Return(Id("Bytes").Call(Id("hd").Dot("charged").Dot("Load").Call())),
+		),
+		Return(Lit(0)),
+	)
+	comment(f, "Clear forgets what was charged against h, once h was released and its bytes\nrefunded.")
+	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Clear").Params(Id("h").Id("Handle")).Block(
+		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(Id("hd").Dot("charged").Dot("Store").Call(Lit(0))),
 	)
 }
 
@@ -716,6 +890,9 @@ reported and what its counters show.`)
 		Id("measured").Bool().Comment("moved holds the primary figure's movement"),
 		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
 		Id("disagree").Bool().Comment("another figure moved by a different amount"),
+		Id("settled").Add(B()).Comment("what settleDraw kept drawn or settleRefund refunded"),
+		Id("before").Index(Lit(auditFigures)).Add(B()).Comment("each figure read before the call"),
+		Id("beforeErr").Index(Lit(auditFigures)).Error(),
 		Id("faults").Index().Error(),
 	)
 	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
@@ -723,10 +900,12 @@ reported and what its counters show.`)
 		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Parens(Id("a").Dot("effect").Op("!=").Add(c("EffectConsumes")).Op("&&").Id("a").Dot("effect").Op("!=").Add(c("EffectRefunds")))).Block(Return(Lit(0))),
 		Return(Id("a").Dot("amount")),
 	)
-	comment(f, `figure compares one counter read before and after the call with the declared
-movement (up for consuming calls, down for refunding ones). The first figure
-of a call is its primary one: the ledger settles on its observed movement.`)
-	f.Func().Params(arecv()).Id("figure").Params(Id("name").String(), Id("before").Add(B()), Id("berr").Error(), Id("after").Add(B()), Id("aerr").Error()).Block(
+	comment(f, `figure compares counter i, read before the call (before[i], beforeErr[i])
+and after it, with the declared movement (up for consuming calls, down for
+refunding ones). Figure 0 of a call is its primary one: the ledger settles
+on its observed movement.`)
+	f.Func().Params(arecv()).Id("figure").Params(Id("i").Int(), Id("name").String(), Id("after").Add(B()), Id("aerr").Error()).Block(
+		List(Id("before"), Id("berr")).Op(":=").List(Id("a").Dot("before").Index(Id("i")), Id("a").Dot("beforeErr").Index(Id("i"))),
 		If(Id("berr").Op("!=").Nil().Op("||").Id("aerr").Op("!=").Nil()).Block(
 			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Qual("fmt", "Errorf").Call(Lit("%s: reading %s: %w"), Id("a").Dot("op"), Id("name"), Qual("errors", "Join").Call(Id("berr"), Id("aerr")))),
 			Return(),
@@ -803,9 +982,11 @@ may refuse.`)
 			Case(Id("actual").Op(">").Id("drawn")).Block(
 				If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("actual").Op("-").Id("drawn")), Id("err").Op("!=").Nil()).Block(
 					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
+					Id("actual").Op("=").Id("drawn"),
 				),
 			),
 		),
+		Id("a").Dot("settled").Op("=").Id("actual"),
 		Return(Id("a").Dot("result").Call()),
 	)
 	comment(f, `settleRefund refunds what the mechanism really released: the figures'
@@ -821,6 +1002,7 @@ after failure.`)
 		If(Id("err").Op(":=").Id("refund").Call(Id("to"), Id("freed")), Id("err").Op("!=").Nil()).Block(
 			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
 		),
+		Id("a").Dot("settled").Op("=").Id("freed"),
 		Return(Id("a").Dot("result").Call()),
 	)
 }
@@ -848,19 +1030,11 @@ func (ck *checkedGen) emitCapability(c *Capability) error {
 
 // methodCtx is one wrapper method being generated.
 type methodCtx struct {
-	ck     *checkedGen
-	c      *Capability
-	m      *Method
-	verify bool
+	ck *checkedGen
+	c  *Capability
+	m  *Method
 	// errDeclared records that the body declared err at function scope.
 	errDeclared bool
-}
-
-func (x *methodCtx) recvName() string {
-	if x.c.Required {
-		return "m"
-	}
-	return "w"
 }
 
 func (x *methodCtx) recv() *Statement {
@@ -924,34 +1098,29 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 	if len(notes) > 0 {
 		doc = m.Name + " checks " + strings.Join(notes, "; ") + "; then it calls the wrapped mechanism's " + m.Name + "."
 	}
-	comment(f, doc)
+	comment(f, fill(doc, 77, ""))
 	mutating := m.Accounting.Effect != EffectQuery
+	if n := len(x.figureParams()) + 1; mutating && n > auditFigures {
+		return fmt.Errorf("%s: %s.%s: verify mode reads %d figures around the call, more than the %d it has room for", m.Pos, c.Name, m.Name, n, auditFigures)
+	}
 	f.Func().Params(x.recv()).Id(m.Name).Params(params...).Params(results...).BlockFunc(func(b *Group) {
 		if !c.Required && (mutating || len(ck.checks(m)) > 0) {
 			b.Id("m").Op(":=").Id("w").Dot("m")
 		}
 		if mutating {
 			b.If(Id("m").Dot("verify")).Block(
-				Return(Id(x.recvName()).Dot(lowerFirst(m.Name) + "Verified").Call(x.args()...)),
+				Comment("Verify mode serializes mutating calls, so the figures read around this one are exact."),
+				Id("m").Dot("mu").Dot("Lock").Call(),
+				Defer().Id("m").Dot("mu").Dot("Unlock").Call(),
 			)
 		}
 		x.body(b)
 	})
-	if !mutating {
-		return nil
-	}
-	comment(f, lowerFirst(m.Name)+"Verified is "+m.Name+" in verify mode.")
-	vx := &methodCtx{ck: ck, c: c, m: m, verify: true}
-	f.Func().Params(x.recv()).Id(lowerFirst(m.Name) + "Verified").Params(params...).Params(results...).BlockFunc(func(b *Group) {
-		if !c.Required {
-			b.Id("m").Op(":=").Id("w").Dot("m")
-		}
-		b.Id("m").Dot("mu").Dot("Lock").Call()
-		b.Defer().Id("m").Dot("mu").Dot("Unlock").Call()
-		vx.body(b)
-	})
 	return nil
 }
+
+// auditFigures is how many figures verify mode can read around one call.
+const auditFigures = 4
 
 // unit is the granularity an amount is rounded to.
 func unit(round string) Code {
@@ -976,11 +1145,24 @@ func (x *methodCtx) figureParams() []*Param {
 	return ps
 }
 
+// bookParams are the handles whose committed bytes the call moves by its
+// amount: the reservation-like params (with a committed-bytes query) of a
+// consuming or refunding call that creates and releases none of them, such as
+// Commit and Decommit of res. The wrapper books what it charged against them
+// (memapi.ChargeBook), so a later refund of committed(h) needs no query.
+func (x *methodCtx) bookParams() []*Param {
+	a := x.m.Accounting
+	if (a.Effect != EffectConsumes && a.Effect != EffectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
+		return nil
+	}
+	return x.figureParams()
+}
+
 func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
 	checks := ck.checks(m)
-	if len(checks) > 0 || a.Effect == EffectConsumes || a.Effect == EffectRefunds || x.verify {
+	if len(checks) > 0 || a.Effect != EffectQuery {
 		b.Const().Id("op").Op("=").Lit(x.c.Name + "." + m.Name)
 	}
 	for _, k := range checks {
@@ -992,13 +1174,13 @@ func (x *methodCtx) body(b *Group) {
 		amt, _ := ck.expr(m, a.Amount)
 		b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("charge").Call(Id("op"), Id(a.Account), amt, unit(a.Round))
 		b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		b.Id("returned").Op(":=").False()
+		b.Defer().Id("m").Dot("abandon").Call(Id(a.Account), Id("n"), Op("&").Id("returned"))
 	case EffectRefunds:
 		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		switch {
 		case a.Amount.Func == "committed":
-			p := m.Param(a.Amount.Param)
-			b.List(Id("n"), Id("err")).Op(x.declare(1)).Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-			b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+			b.Id("n").Op(":=").Id("book").Dot("Charged").Call(Id(a.Amount.Param))
 		case a.Round == RoundNone || a.Round == "":
 			amt, _ := ck.expr(m, a.Amount)
 			b.Id("n").Op(":=").Add(amt)
@@ -1009,68 +1191,101 @@ func (x *methodCtx) body(b *Group) {
 		}
 	}
 	call := x.inner().Dot(m.Name).Call(x.args()...)
-	if !x.verify {
-		switch a.Effect {
-		case EffectConsumes:
-			outs := x.outs()
-			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-			b.If(Id("err").Op("!=").Nil()).Block(Return(append(outs[:len(outs)-1:len(outs)-1], Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
-			b.Return(append(outs[:len(outs)-1:len(outs)-1], Nil())...)
-		case EffectRefunds:
-			outs := x.outs()
-			b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-			b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
-			b.Return(append(outs[:len(outs)-1:len(outs)-1], Id("refund").Call(Id(a.Account), Id("n")))...)
-		default:
-			b.Return(call)
-		}
+	if a.Effect == EffectQuery {
+		b.Return(call)
 		return
 	}
-	// Verify mode: figures before, the call, figures after.
-	figs := x.figureParams()
-	for i, p := range figs {
-		b.List(Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-	}
-	if ck.used != nil {
-		b.Id("used0").Op(":=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
-	}
 	outs := x.outs()
-	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	head := outs[: len(outs)-1 : len(outs)-1]
 	amount := Code(Lit(0))
 	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
 		amount = Id("n")
 	}
-	b.Id("au").Op(":=").Id("audit").Values(Dict{
-		Id("m"): Id("m"), Id("op"): Id("op"), Id("effect"): ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
-		Id("amount"): amount, Id("err"): Id("err"),
-	})
-	for i, p := range figs {
-		q := committedQuery(ck.s, p.Type)
-		name := ck.capabilityOf(q).Name + "." + q.Name + "(" + p.Name + ")"
-		b.List(Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i))).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
-		b.Id("au").Dot("figure").Call(Lit(name), Id(fmt.Sprintf("c%dBefore", i)), Id(fmt.Sprintf("c%dBeforeErr", i)), Id(fmt.Sprintf("c%dAfter", i)), Id(fmt.Sprintf("c%dAfterErr", i)))
-	}
-	if ck.used != nil {
-		name := ck.capabilityOf(ck.used).Name + "." + ck.used.Name + "()"
-		b.Id("au").Dot("figure").Call(Lit(name), Id("used0"), Nil(), Id("m").Dot("inner").Dot(ck.used.Name).Call(), Nil())
-	}
-	if m.Creates != "" {
-		b.Id("au").Dot("created").Call(Id("out0"))
-		if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
-			b.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
+	effect := ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:])
+
+	// Verify mode: the figures before the call.
+	figs := x.figureParams()
+	b.Var().Id("au").Id("audit")
+	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
+		v.Id("au").Op("=").Id("audit").Values(Dict{
+			Id("m"): Id("m"), Id("op"): Id("op"), Id("effect"): effect, Id("amount"): amount,
+		})
+		for i, p := range figs {
+			v.List(Id("au").Dot("before").Index(Lit(i)), Id("au").Dot("beforeErr").Index(Lit(i))).Op("=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
 		}
+		if ck.used != nil {
+			v.Id("au").Dot("before").Index(Lit(len(figs))).Op("=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
+		}
+	})
+
+	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	if a.Effect == EffectConsumes {
+		b.Id("returned").Op("=").True()
 	}
-	if m.Releases != "" {
-		b.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
-	}
-	head := outs[: len(outs)-1 : len(outs)-1]
+
+	// Verify mode: the figures after the call, and the ledger settled on
+	// what they show.
+	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
+		v.Id("au").Dot("err").Op("=").Id("err")
+		for i, p := range figs {
+			q := committedQuery(ck.s, p.Type)
+			name := ck.capabilityOf(q).Name + "." + q.Name + "(" + p.Name + ")"
+			after, aerr := fmt.Sprintf("c%d", i), fmt.Sprintf("c%dErr", i)
+			v.List(Id(after), Id(aerr)).Op(":=").Add(ck.committedCall(x.c, Id(p.Name), p.Type))
+			v.Id("au").Dot("figure").Call(Lit(i), Lit(name), Id(after), Id(aerr))
+		}
+		if ck.used != nil {
+			name := ck.capabilityOf(ck.used).Name + "." + ck.used.Name + "()"
+			v.Id("au").Dot("figure").Call(Lit(len(figs)), Lit(name), Id("m").Dot("inner").Dot(ck.used.Name).Call(), Nil())
+		}
+		if m.Creates != "" {
+			v.Id("au").Dot("created").Call(Id("out0"))
+			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
+				v.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
+			}
+		}
+		if m.Releases != "" {
+			v.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
+		}
+		switch a.Effect {
+		case EffectConsumes:
+			v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
+			for _, p := range x.bookParams() {
+				v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
+			}
+		case EffectRefunds:
+			v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
+			for _, p := range x.bookParams() {
+				v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
+			}
+			if a.Amount.Func == "committed" {
+				v.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
+			}
+		default:
+			v.Id("err").Op("=").Id("au").Dot("result").Call()
+		}
+		v.Return(append(head, Id("err"))...)
+	})
+
+	// The ledger side, after the call.
 	switch a.Effect {
 	case EffectConsumes:
-		b.Return(append(head, Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n")))...)
+		b.If(Id("err").Op("!=").Nil()).Block(Return(append(head, Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
+		for _, p := range x.bookParams() {
+			b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
+		}
+		b.Return(append(head, Nil())...)
 	case EffectRefunds:
-		b.Return(append(head, Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n")))...)
+		b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
+		for _, p := range x.bookParams() {
+			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
+		}
+		if a.Amount.Func == "committed" {
+			b.Id("book").Dot("Clear").Call(Id(a.Amount.Param))
+		}
+		b.Return(append(head, Id("refund").Call(Id(a.Account), Id("n")))...)
 	default:
-		b.Return(append(head, Id("au").Dot("result").Call())...)
+		b.Return(outs...)
 	}
 }
 
@@ -1140,7 +1355,7 @@ func (ck *checkedGen) emitExample() error {
 	f.Func().Id("ExampleWrap").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host")})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech")),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger")),
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
 		Id("acct").Op(":=").Add(fk("NewAccount")).Call(Lit("host")),
 		Line(),
@@ -1160,7 +1375,7 @@ func (ck *checkedGen) emitExample() error {
 	f.Func().Id("ExampleWithVerify").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host"), Id("LyingEager"): True()})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), chk("WithVerify").Call()),
+		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger"), chk("WithVerify").Call()),
 		List(Id("vb"), Err()).Op(":=").Add(c("RequireVirtualBacking")).Call(Id("m")),
 		must,
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),

@@ -1,15 +1,18 @@
 package gen
 
 import (
-	"bufio"
 	"bytes"
 	"embed"
 	"fmt"
+	"go/ast"
 	"go/format"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"path"
-	"regexp"
 	"sort"
 	"strings"
+	"text/template"
 
 	. "github.com/dave/jennifer/jen"
 )
@@ -21,9 +24,11 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 // conformancetmpl/*.go.tmpl hold the static part: the harness (T, Run, RunT,
 // the per-subtest environment, the suite's own grant and account, the
 // helpers that read and write memory through the device context), one
-// fixture per method (valid<Method>: the arguments of one valid call) and the
-// hand-written scenarios. Each template starts with //memgen:requires lines
-// naming the declarations it uses; a template is emitted only when the spec
+// fixture per method (valid<Method>: the arguments of one valid call), one
+// witness per consuming method (witness<Method>: the check, through the
+// device context, that the call did its work) and the hand-written
+// scenarios. Each template starts with a {{/* needs: ... */}} line naming
+// the declarations it uses; a template is emitted only when the spec
 // declares them all, so smaller specs get a smaller suite.
 //
 // This file derives the rest from the spec: one call type per method (its
@@ -36,8 +41,6 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 //
 //go:embed conformancetmpl/*.go.tmpl
 var conformanceTemplates embed.FS
-
-var fixtureRE = regexp.MustCompile(`(?m)^func \(e \*env\) valid([A-Z][A-Za-z0-9]*)\(t T\)`)
 
 func emitConformance(g *Gen) error {
 	if g.Spec.Packages.Conformance == "" {
@@ -52,11 +55,11 @@ func emitConformance(g *Gen) error {
 			seen[m.Name] = m
 		}
 	}
-	fixtures, err := g.conformanceStatic()
+	fixtures, witnesses, err := g.conformanceStatic()
 	if err != nil {
 		return err
 	}
-	cg := &confGen{g: g, fixtures: fixtures, used: map[string]*Method{}, names: map[string]bool{}}
+	cg := &confGen{g: g, fixtures: fixtures, witnesses: witnesses, used: map[string]*Method{}, names: map[string]bool{}}
 	if err := cg.emitCalls(); err != nil {
 		return err
 	}
@@ -73,115 +76,125 @@ func emitConformance(g *Gen) error {
 		sort.Strings(missing)
 		return fmt.Errorf("conformance: no fixture (func (e *env) valid<Method>(t T) in gen/conformancetmpl) for %s", strings.Join(missing, ", "))
 	}
+	for _, m := range cg.unwitnessed {
+		missing = append(missing, fmt.Sprintf("%s.%s (declared at %s)", m.Owner, m.Name, m.Pos))
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return fmt.Errorf("conformance: no witness (func (e *env) witness<Method>(t T, c *call<Method>) func(memapi.Handle) in gen/conformancetmpl) for the consuming method %s", strings.Join(missing, ", "))
+	}
 	return nil
 }
 
-// conformanceStatic emits the templates whose requirements the spec meets
-// and returns the methods they provide fixtures for.
-func (g *Gen) conformanceStatic() (map[string]bool, error) {
-	ents, err := conformanceTemplates.ReadDir("conformancetmpl")
+// conformanceStatic emits the templates whose needs the spec meets and
+// returns the methods they provide fixtures and witnesses for. The templates
+// are rendered by the same machinery as gen/fakestmpl: text/template over
+// {{.Contract}}, a first line {{/* needs: ... */}} naming what the template
+// uses (capabilities, Capability.Method, types, enum values, errors), gofmt,
+// and the fixtures (func (e *env) valid<Method>(t T) *call<Method>) and
+// witnesses (func (e *env) witness<Method>(t T, c *call<Method>)
+// func(memapi.Handle)) found in the syntax tree, not by matching text.
+func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
+	names, err := fs.Glob(conformanceTemplates, "conformancetmpl/*.go.tmpl")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	fixtures := map[string]bool{}
-	for _, ent := range ents {
-		data, err := conformanceTemplates.ReadFile("conformancetmpl/" + ent.Name())
+	sort.Strings(names)
+	data := struct {
+		Contract string
+		Caps     map[string]bool // every name the spec declares, as g.declares reads them
+	}{g.Contract(), g.declaredNames()}
+	fixtures, witnesses = map[string]bool{}, map[string]bool{}
+	for _, n := range names {
+		text, err := conformanceTemplates.ReadFile(n)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		body, reqs := splitDirectives(data)
-		ok := true
-		for _, r := range reqs {
-			if !g.declares(r) {
-				ok = false
-				break
-			}
-		}
-		if !ok {
+		if !templateNeedsMet(string(text), data.Caps) {
 			continue
 		}
-		src := Header + "\n\n" + strings.ReplaceAll(string(body), "{{.Contract}}", g.Contract())
-		out, err := format.Source([]byte(src))
+		t, err := template.New(n).Parse(string(text))
 		if err != nil {
-			return nil, fmt.Errorf("conformance template %s: %w", ent.Name(), err)
+			return nil, nil, err
 		}
-		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(ent.Name(), ".tmpl")), out)
-		for _, m := range fixtureRE.FindAllSubmatch(out, -1) {
-			fixtures[string(m[1])] = true
+		var buf bytes.Buffer
+		buf.WriteString(Header + "\n\n")
+		if err := t.Execute(&buf, data); err != nil {
+			return nil, nil, err
 		}
-	}
-	return fixtures, nil
-}
-
-// splitDirectives removes the leading //memgen:requires lines of a template
-// and returns the names they list.
-func splitDirectives(data []byte) (body []byte, reqs []string) {
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	var out bytes.Buffer
-	head := true
-	for sc.Scan() {
-		l := sc.Text()
-		if head {
-			if rest, ok := strings.CutPrefix(l, "//memgen:requires "); ok {
-				reqs = append(reqs, strings.Fields(rest)...)
+		out, err := format.Source(buf.Bytes())
+		if err != nil {
+			return nil, nil, fmt.Errorf("conformance template %s: %w", path.Base(n), err)
+		}
+		file, err := parser.ParseFile(token.NewFileSet(), n, out, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, d := range file.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || !isEnvMethod(fd) {
 				continue
 			}
-			head = false
-			if strings.TrimSpace(l) == "" {
-				continue
+			name := fd.Name.Name
+			switch params := fd.Type.Params.List; {
+			case strings.HasPrefix(name, "valid") && len(params) == 1:
+				fixtures[strings.TrimPrefix(name, "valid")] = true
+			case strings.HasPrefix(name, "witness") && len(params) == 2 && fd.Type.Results != nil:
+				witnesses[strings.TrimPrefix(name, "witness")] = true
 			}
 		}
-		out.WriteString(l)
-		out.WriteByte('\n')
+		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(path.Base(n), ".tmpl")), out)
 	}
-	return out.Bytes(), reqs
+	return fixtures, witnesses, nil
 }
 
-// declares reports whether the spec declares name: a capability, a
-// Capability.Method, a type, an enum value (TypeValue) or an error.
-func (g *Gen) declares(name string) bool {
-	s := g.Spec
-	if c, m, ok := strings.Cut(name, "."); ok {
-		cp := s.Capability(c)
-		if cp == nil {
-			return false
-		}
-		for _, x := range cp.Methods {
-			if x.Name == m {
-				return true
-			}
-		}
+// isEnvMethod reports whether fd is a method of *env.
+func isEnvMethod(fd *ast.FuncDecl) bool {
+	if fd.Recv == nil || len(fd.Recv.List) != 1 {
 		return false
 	}
-	if s.Capability(name) != nil || s.Type(name) != nil {
-		return true
+	st, ok := fd.Recv.List[0].Type.(*ast.StarExpr)
+	if !ok {
+		return false
 	}
-	for _, e := range s.Errors {
-		if e.Name == name {
-			return true
+	id, ok := st.X.(*ast.Ident)
+	return ok && id.Name == "env"
+}
+
+// declaredNames returns every name declares accepts, for templates' needs.
+func (g *Gen) declaredNames() map[string]bool {
+	s := g.Spec
+	out := map[string]bool{}
+	for _, c := range s.Capabilities {
+		out[c.Name] = true
+		for _, m := range c.Methods {
+			out[c.Name+"."+m.Name] = true
 		}
 	}
 	for _, t := range s.Types {
-		if t.Kind != KindEnum {
-			continue
-		}
-		for _, v := range t.Values {
-			if t.Name+v.Name == name {
-				return true
+		out[t.Name] = true
+		if t.Kind == KindEnum {
+			for _, v := range t.Values {
+				out[t.Name+v.Name] = true
 			}
 		}
 	}
-	return false
+	for _, e := range s.Errors {
+		out[e.Name] = true
+	}
+	return out
 }
 
 type confGen struct {
-	g        *Gen
-	fixtures map[string]bool
-	used     map[string]*Method // fixtures the rules call
-	names    map[string]bool
-	order    []string // subtest names in specTests order
-	tests    []Code   // entries of specTests
-	funcs    *File
+	g           *Gen
+	fixtures    map[string]bool
+	witnesses   map[string]bool    // methods with a witness<Method> in the templates
+	unwitnessed []*Method          // consuming methods without one
+	used        map[string]*Method // fixtures the rules call
+	names       map[string]bool
+	order       []string // subtest names in specTests order
+	tests       []Code   // entries of specTests
+	funcs       *File
 }
 
 func (cg *confGen) file(name string) *File {

@@ -374,6 +374,7 @@ from live to released; a released handle stays released.`)
 		Id("creator").Id("InstanceID"),
 		Id("state").Qual("sync/atomic", "Uint32"),
 		Id("impl").Any(),
+		Id("charged").Qual("sync/atomic", "Uint64").Comment("committed bytes the checked wrapper charged against the handle (ChargeBook)"),
 	)
 	f.Var().Defs(
 		Id("nextHandle").Qual("sync/atomic", "Uint64"),

@@ -68,6 +68,7 @@ func ExampleGenerate() {
 	fmt.Println(string(files[gen.DocFile][:len(gen.MarkdownHeader)]))
 	// Output:
 	// generated/memapi/capabilities.go
+	// generated/memapi/charge_book.go
 	// generated/memapi/digest_test.go
 	// generated/memapi/doc.go
 	// generated/memapi/errors.go

@@ -1,20 +1,3 @@
-// Package gen is memgen's generator library: it loads spec/capabilities.yaml
-// through yaml.Node (so every error carries its line and column), validates
-// it as a whole (every problem reported at once, as
-// "spec/capabilities.yaml:LINE:COL: message"), builds the model (Spec) and
-// runs the registered emitters, one file each, to produce the generated tree:
-// the contract (generated/memapi), the checked wrappers, the conformance
-// suite, the fakes, each mechanism's glue and docs/capabilities.md.
-//
-// Load, Generate, Diff and Write are what cmd/memgen is made of:
-//
-//	s, err := gen.Load("spec/capabilities.yaml", data) // err is an ErrorList
-//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
-//	written, removed, err := gen.Write(root, files)
-//
-// Output is deterministic and gofmt-clean, and every file starts with Header
-// (or MarkdownHeader). Golden tests live under testdata/; run
-// `go test ./gen -update` after changing an emitter on purpose.
 package gen
 
 import (

@@ -29,7 +29,7 @@ var (
 	// declaration with one of these names would not compile. A test keeps the
 	// list in step with the contract emitter.
 	reservedNames = []string{
-		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "CheckHandle",
+		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "ChargeBook", "CheckHandle", "ClaimChargeBook",
 		"Effect", "EffectConsumes", "EffectNone", "EffectQuery", "EffectRefunds",
 		"Error", "Errorf", "Handle", "Invariant", "InvariantMeta", "Issuer",
 		"Mechanism", "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",

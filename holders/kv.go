@@ -336,13 +336,13 @@ func (s *KVStore) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes,
 	var errs []error
 	for _, v := range idle {
 		if err := v.region.Close(); err != nil {
-			// Not scheduled: the request keeps its memory and runs on.
-			s.mu.Lock()
-			s.unpreemptLocked(v.r, v.region)
-			s.mu.Unlock()
+			// Close ends the region whatever it returns (pmm's one
+			// lifecycle: an error means its release could not be queued
+			// and its bytes stay charged, quarantined and visible, until a
+			// retry frees them). So the request stays preempted, but those
+			// bytes are not freed for this ticket.
 			freed -= v.bytes
 			errs = append(errs, err)
-			continue
 		}
 		if s.cfg.OnPreempt != nil {
 			s.cfg.OnPreempt(v.r)

@@ -36,6 +36,22 @@ func (g govGrant) Commit() (Lease, error) {
 	return l, nil
 }
 
+// IssuedGrant reports whether g is a grant of this governor as the manager
+// passes it (checked.Ledger).
+func (l govLedger) IssuedGrant(g memapi.Grant) bool {
+	gg, ok := g.(govGrant)
+	return ok && l.g.IssuedGrant(gg.Grant)
+}
+
+// IssuedAccount reports whether a is a grant or a lease of this governor as
+// the manager passes them (checked.Ledger).
+func (l govLedger) IssuedAccount(a memapi.Account) bool {
+	if gg, ok := a.(govGrant); ok {
+		return l.g.IssuedAccount(gg.Grant)
+	}
+	return l.g.IssuedAccount(a)
+}
+
 // grantPool is a binding's reservation path on the governor for one
 // authority, and the grants whose use ended (cancelled, or committed and
 // refunded whole), which ReserveInto fills again without allocating.

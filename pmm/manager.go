@@ -31,7 +31,8 @@ type device struct {
 	key       memapi.DeviceKey
 	ctx       *ep.Context
 	authority memapi.AuthorityID
-	mech      memapi.Mechanism // checked wrapper over the current mechanism
+	mech      memapi.Mechanism // checked wrapper over the current mechanism, trusting the manager's ledger
+	public    memapi.Mechanism // checked wrapper over it that takes no grant: what Mechanism hands out
 	bare      memapi.Mechanism
 	gen       uint64 // bumped by Replace
 }
@@ -39,6 +40,7 @@ type device struct {
 // Manager is the ProcessMemoryManager.
 type Manager struct {
 	ledger Ledger
+	trust  checked.Ledger // whose grants and accounts the manager's wrappers accept
 	opts   Options
 
 	mu       sync.RWMutex
@@ -49,14 +51,19 @@ type Manager struct {
 
 // New returns a manager that draws capacity from ledger.
 func New(ledger Ledger, opts Options) *Manager {
-	return &Manager{ledger: ledger, opts: opts, devices: map[memapi.DeviceKey]*device{}, bindings: map[*Binding]struct{}{}}
+	return &Manager{ledger: ledger, trust: trustOf(ledger), opts: opts, devices: map[memapi.DeviceKey]*device{}, bindings: map[*Binding]struct{}{}}
 }
 
-func (m *Manager) wrap(mech memapi.Mechanism) memapi.Mechanism {
+// wrap returns the manager's checked wrapper over mech, which only the
+// manager's own calls reach, and the one Mechanism hands out, which accepts
+// no grant or account at all: nothing public yields a way to draw from or
+// refund to the ledger past the manager, nor the raw mechanism.
+func (m *Manager) wrap(mech memapi.Mechanism) (own, public memapi.Mechanism) {
+	var opts []checked.Option
 	if m.opts.Verify {
-		return checked.Wrap(mech, checked.WithVerify())
+		opts = append(opts, checked.WithVerify())
 	}
-	return checked.Wrap(mech)
+	return checked.Wrap(mech, m.trust, opts...), checked.Wrap(mech, checked.NoLedger)
 }
 
 // Register adds a device. Its mechanism's authority must be the device's.
@@ -73,7 +80,8 @@ func (m *Manager) Register(d Device) error {
 	if _, ok := m.devices[d.Key]; ok {
 		return memapi.Errorf("pmm.Register", memapi.ErrInUse, "device %v is already registered", d.Key)
 	}
-	m.devices[d.Key] = &device{key: d.Key, ctx: d.Context, authority: d.Authority, mech: m.wrap(d.Mechanism), bare: d.Mechanism}
+	own, public := m.wrap(d.Mechanism)
+	m.devices[d.Key] = &device{key: d.Key, ctx: d.Context, authority: d.Authority, mech: own, public: public, bare: d.Mechanism}
 	return nil
 }
 
@@ -94,7 +102,8 @@ func (m *Manager) Replace(key memapi.DeviceKey, mech memapi.Mechanism) error {
 			Detail: fmt.Sprintf("mechanism accounts to %q", a)}
 	}
 	nd := *d
-	nd.mech, nd.bare, nd.gen = m.wrap(mech), mech, d.gen+1
+	own, public := m.wrap(mech)
+	nd.mech, nd.public, nd.bare, nd.gen = own, public, mech, d.gen+1
 	m.devices[key] = &nd
 	return nil
 }
@@ -110,13 +119,17 @@ func (m *Manager) device(op string, key memapi.DeviceKey) (*device, error) {
 }
 
 // Mechanism returns what the device's current mechanism is, for inspection
-// (Info, Negotiate); it is the checked wrapper, never the raw allocator.
+// (Info, Negotiate, the queries); it is a checked wrapper built with
+// checked.NoLedger, never the raw allocator: every consuming and refunding
+// call through it fails with memapi.ErrForeignGrant, whatever grant it is
+// given, and rewrapping it cannot widen that. Memory is obtained through a
+// Binding.
 func (m *Manager) Mechanism(key memapi.DeviceKey) (memapi.Mechanism, error) {
 	d, err := m.device("pmm.Mechanism", key)
 	if err != nil {
 		return nil, err
 	}
-	return d.mech, nil
+	return d.public, nil
 }
 
 // Bind returns a scoped binding of holder in role to a device.

@@ -6,13 +6,19 @@ spec's invariants on every call. It is generated from spec/capabilities.yaml:
 each method's checks follow from its accounting effect, the handle it creates
 or releases, and its requires clauses.
 
-	m := checked.Wrap(mech)                        // checks, and the ledger
-	m := checked.Wrap(mech, checked.WithVerify())  // also truthfulness, for tests
+	m := checked.Wrap(mech, gov)                        // checks, and the ledger
+	m := checked.Wrap(mech, gov, checked.WithVerify())  // also truthfulness, for tests
+
+where gov is the Ledger whose grants and accounts the wrapper accepts (the
+governor implements it); a grant or account it did not issue is rejected with
+ErrForeignGrant.
 
 The wrapper is where the ledger moves: mechanisms never draw from grants nor
 refund to accounts. A consuming call draws its rounded amount from the grant
 before the mechanism runs and undraws it when the mechanism fails; a refunding
 call refunds the account after the mechanism really released the memory.
+When the mechanism panics (or ends its goroutine) inside a consuming call,
+the draw is given back and the panic goes on to the caller unrecovered.
 
 Every check runs before the mechanism is called and before anything is drawn,
 so a rejected call returns an *memapi.Error whose Kind is the sentinel
@@ -22,38 +28,104 @@ Undraw, Refund) are returned as they are, joined when both fail.
 
 Invariants enforced (ids from the spec):
 
-  - charge-before-commit: Physical backing is installed only against a live grant that covers it.
-    On DeviceAllocator.Allocate, VirtualBacking.Commit, SharedMapping.CreateBacking, SharedMapping.CopyOnWrite: every precondition is checked first, then the grant must be non-nil (ErrNoGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails. A rejected call draws nothing and calls nothing.
+  - charge-before-commit: Physical backing is installed only against a live
+    grant that covers it.
+    On DeviceAllocator.Allocate, VirtualBacking.Commit,
+    SharedMapping.CreateBacking, SharedMapping.CopyOnWrite: every precondition
+    is checked first, then the grant must be non-nil (ErrNoGrant), issued by
+    the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority
+    (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's
+    granularity (ErrInvalidSize on overflow), is drawn from the grant before
+    the mechanism is called, and undrawn when the call fails or panics. A
+    rejected call draws nothing and calls nothing.
 
-  - release-by-creator: An allocation, reservation or physical handle is released only by the mechanism instance that created it.
-    On DeviceAllocator.Free, VirtualBacking.ReleaseReservation, SharedMapping.UnmapView, SharedMapping.CopyOnWrite, SharedMapping.ReleaseBacking: the released handle (and every handle the call reads) is checked with memapi.CheckHandle against the mechanism's instance before the call: nil is ErrNilHandle, another instance's handle is ErrForeignHandle, a released one is ErrReleased; the mechanism is not called.
+  - release-by-creator: An allocation, reservation or physical handle is
+    released only by the mechanism instance that created it.
+    On DeviceAllocator.Free, VirtualBacking.ReleaseReservation,
+    SharedMapping.UnmapView, SharedMapping.CopyOnWrite,
+    SharedMapping.ReleaseBacking: the released handle (and every handle the
+    call reads) is checked with memapi.CheckHandle against the mechanism's
+    instance before the call: nil is ErrNilHandle, another instance's handle
+    is ErrForeignHandle, a released one is ErrReleased; the mechanism is not
+    called.
 
-  - no-silent-noop: An unsupported capability is absent, never a successful no-op.
-    In verify mode (WithVerify) the wrapper reads the mechanism's own counters around every mutating call and returns ErrUntruthful when they did not move by exactly the rounded amount the spec declares: the check that catches an eager mechanism whose commit is a successful no-op.
+  - no-silent-noop: An unsupported capability is absent, never a successful
+    no-op.
+    In verify mode (WithVerify) the wrapper reads the mechanism's own counters
+    around every mutating call and returns ErrUntruthful when they did not
+    move by exactly the rounded amount the spec declares: the check that
+    catches an eager mechanism whose commit is a successful no-op.
 
-  - no-partial-state: A failed multi-step operation leaves the previous state intact and the ledger as before.
-    By the same checks as charge-before-commit: a call rejected by a check draws nothing and calls nothing, and a call the mechanism fails gives its draw back.
+  - no-partial-state: A failed multi-step operation leaves the previous state
+    intact and the ledger as before.
+    By the same checks as charge-before-commit: a call rejected by a check draws
+    nothing and calls nothing, and a call the mechanism fails gives its draw
+    back.
 
 Checks per method, in the order they run (the spec's requires clauses, with
 the error each returns):
 
-  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds a.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds committed(res) to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
-  - SharedMapping.CreateBacking: positive(size) (ErrInvalidSize); draws size rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.MapView: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); fits(r, b): length equals the handle's size (ErrInvalidRange); verify mode checks the figures [no-silent-noop].
-  - SharedMapping.UnmapView: live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.CopyOnWrite: live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks the figures [no-silent-noop].
-  - SharedMapping.ViewCount: live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - SharedMapping.ReleaseBacking: live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased) [release-by-creator]; refunds b.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop].
+  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws
+    req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant,
+    ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+    [charge-before-commit, no-partial-state]; verify mode checks the
+    figures [no-silent-noop].
+  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; refunds a.Size to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); draws r.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); refunds r.Len to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
+  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle,
+    ErrForeignHandle, ErrReleased) [release-by-creator]; refunds
+    committed(res) to to after success (ErrNoAccount, ErrForeignGrant,
+    ErrAuthorityMismatch); verify mode checks the figures
+    [no-silent-noop].
+  - SharedMapping.CreateBacking: positive(size) (ErrInvalidSize); draws size
+    rounded to Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - SharedMapping.MapView: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased);
+    within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
+    (ErrUnaligned); fits(r, b): length equals the handle's size
+    (ErrInvalidRange); verify mode checks the figures [no-silent-noop].
+  - SharedMapping.UnmapView: live(v) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; verify mode checks the figures
+    [no-silent-noop].
+  - SharedMapping.CopyOnWrite: live(v) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; draws v.Range.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+    no-partial-state]; verify mode checks the figures [no-silent-noop].
+  - SharedMapping.ViewCount: live(b) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - SharedMapping.ReleaseBacking: live(b) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased) [release-by-creator]; refunds b.Size to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures [no-silent-noop].
 
-Refund amounts are read before the mechanism is called (committed(res) from
-the capability's committed-bytes query). A refunding call needs an account of
-the mechanism's authority (ErrNoAccount, ErrAuthorityMismatch). When the
+Refund amounts are known before the mechanism is called: a handle's size, a
+range's rounded length or, for committed(res), the committed bytes the
+wrapper charged against res (what Commit drew less what Decommit refunded),
+which it keeps in the handle through memapi.ChargeBook instead of asking the
+mechanism; bytes committed past the wrapper were never charged and are not
+refunded. A refunding call needs an account of
+the wrapper's ledger and the mechanism's authority (ErrNoAccount,
+ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
 error is returned: the handle is released all the same.
 
@@ -84,15 +156,15 @@ is not a new instance, and handles are the mechanism's own.
 
 Cost: the wrapper keeps no per-call state (only its options and, for each
 optional capability, a cached wrapper). Outside verify mode a call adds a few
-comparisons, one Authority call and the Draw or Refund, and allocates nothing
-unless it fails.
+comparisons, one ledger check, one Authority call and the Draw or Refund, and
+allocates nothing unless it fails.
 */
 package checked
 
 import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "a8fb5757343e964d663122133c381e87cc2e81df9d8940fab27067e0f723b7f0"
+const specDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

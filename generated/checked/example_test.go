@@ -17,7 +17,7 @@ import (
 func ExampleWrap() {
 	ctx := context.Background()
 	mech := fakes.NewMechanism(fakes.Config{Authority: "host"})
-	m := checked.Wrap(mech)
+	m := checked.Wrap(mech, fakes.Ledger)
 	grant := fakes.NewGrant("host", 1048576)
 	acct := fakes.NewAccount("host")
 
@@ -44,7 +44,7 @@ func ExampleWithVerify() {
 		Authority:  "host",
 		LyingEager: true,
 	})
-	m := checked.Wrap(mech, checked.WithVerify())
+	m := checked.Wrap(mech, fakes.Ledger, checked.WithVerify())
 	vb, err := memapi.RequireVirtualBacking(m)
 	if err != nil {
 		panic(err)

@@ -23,6 +23,9 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 			Wanted:    amount,
 		}
 	}
+	if !m.ledger.IssuedGrant(grant) {
+		return 0, m.foreignGrant(op, "grant", grant)
+	}
 	if a := grant.Authority(); a != m.info.Authority {
 		return 0, m.foreignAuthority(op, "grant", a)
 	}
@@ -44,6 +47,29 @@ func (m *mechanism) undraw(grant memapi.Grant, n memapi.Bytes, err error) error 
 	}
 	return err
 }
+
+// abandon gives back the n bytes a consuming call drew from grant when the
+// mechanism's call did not return: it panicked (the panic goes on, unrecovered)
+// or ended its goroutine. The grant's own error, if any, cannot be reported.
+func (m *mechanism) abandon(grant memapi.Grant, n memapi.Bytes, returned *bool) {
+	if !*returned {
+		_ = grant.Undraw(n)
+	}
+}
+
+// book is the wrapper's claim on memapi's ChargeBook, made once when the
+// package is initialized: the committed bytes charged through any checked
+// wrapper against a reservation-like handle are kept in the handle itself, so
+// that a refund of what is committed in it (committed(h) in the spec) reads
+// that figure instead of asking the mechanism first. No other code can change
+// the figures.
+var book = func() *memapi.ChargeBook {
+	b := memapi.ClaimChargeBook()
+	if b == nil {
+		panic("checked: memapi's ChargeBook was claimed before package checked")
+	}
+	return b
+}()
 
 // round rounds amount up to unit, failing with ErrInvalidSize on overflow.
 func (m *mechanism) round(op string, amount, unit memapi.Bytes) (memapi.Bytes, error) {
@@ -72,6 +98,9 @@ func (m *mechanism) account(op string, to memapi.Account) error {
 			Op:        op,
 		}
 	}
+	if !m.ledger.IssuedAccount(to) {
+		return m.foreignGrant(op, "account", to)
+	}
 	if a := to.Authority(); a != m.info.Authority {
 		return m.foreignAuthority(op, "account", a)
 	}
@@ -86,6 +115,21 @@ func refund(to memapi.Account, n memapi.Bytes) error {
 	return to.Refund(n)
 }
 
+// foreignGrant reports a grant or account the wrapper's ledger does not vouch
+// for. It names the value's type, never its methods' answers: a forged value
+// says what it likes about itself.
+func (m *mechanism) foreignGrant(op, what string, v any) error {
+	return &memapi.Error{
+		Authority: m.info.Authority,
+		Detail:    fmt.Sprintf("%s of type %T was not issued by a ledger this wrapper trusts", what, v),
+		Kind:      memapi.ErrForeignGrant,
+		Mechanism: m.info.Mechanism,
+		Op:        op,
+	}
+}
+
+// foreignAuthority reports a grant or account of another authority than the
+// mechanism's.
 func (m *mechanism) foreignAuthority(op, what string, a memapi.AuthorityID) error {
 	return &memapi.Error{
 		Authority: m.info.Authority,

@@ -17,14 +17,16 @@ type sharedMapping struct {
 var _ memapi.SharedMapping = (*sharedMapping)(nil)
 
 // CreateBacking checks positive(size) (ErrInvalidSize); draws size rounded to
-// Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch,
-// ErrInvalidSize) [charge-before-commit, no-partial-state]; verify mode checks
-// the figures [no-silent-noop]; then it calls the wrapped mechanism's
-// CreateBacking.
+// Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+// ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
+// no-partial-state]; verify mode checks the figures [no-silent-noop]; then it
+// calls the wrapped mechanism's CreateBacking.
 func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	m := w.m
 	if m.verify {
-		return w.createBackingVerified(ctx, size, grant)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "SharedMapping.CreateBacking"
 	if size == 0 {
@@ -34,41 +36,34 @@ func (w *sharedMapping) CreateBacking(ctx context.Context, size memapi.Bytes, gr
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectConsumes,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
 	out0, err := w.inner.CreateBacking(ctx, size, grant)
+	returned = true
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.created(out0)
+		if out0 != nil {
+			au.size("Backing.Size()", out0.Size())
+		}
+		err = au.settleDraw(grant, n)
+		return out0, err
+	}
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
 	return out0, nil
-}
-
-// createBackingVerified is CreateBacking in verify mode.
-func (w *sharedMapping) createBackingVerified(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "SharedMapping.CreateBacking"
-	if size == 0 {
-		return nil, m.errPositive(op, "positive(size)")
-	}
-	n, err := m.charge(op, grant, size, m.info.Granularity)
-	if err != nil {
-		return nil, err
-	}
-	used0 := m.inner.UsedBytes()
-	out0, err := w.inner.CreateBacking(ctx, size, grant)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectConsumes,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.created(out0)
-	if out0 != nil {
-		au.size("Backing.Size()", out0.Size())
-	}
-	return out0, au.settleDraw(grant, n)
 }
 
 // MapView checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
@@ -79,7 +74,9 @@ func (w *sharedMapping) createBackingVerified(ctx context.Context, size memapi.B
 func (w *sharedMapping) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
-		return w.mapViewVerified(ctx, res, r, b, access)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "SharedMapping.MapView"
 	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
@@ -97,45 +94,28 @@ func (w *sharedMapping) MapView(ctx context.Context, res *memapi.Reservation, r 
 	if r.Len != b.Size() {
 		return nil, m.errFits(op, "fits(r, b)", r, b.ID(), b.Size())
 	}
-	return w.inner.MapView(ctx, res, r, b, access)
-}
-
-// mapViewVerified is MapView in verify mode.
-func (w *sharedMapping) mapViewVerified(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "SharedMapping.MapView"
-	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
-		return nil, err
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: 0,
+			effect: memapi.EffectNone,
+			m:      m,
+			op:     op,
+		}
+		au.before[0], au.beforeErr[0] = m.queryCommittedBytes(res)
+		au.before[1] = m.inner.UsedBytes()
 	}
-	if err := memapi.CheckHandle(op, b, m.info.Instance); err != nil {
-		return nil, err
-	}
-	if !r.Within(res.Size()) {
-		return nil, m.errWithin(op, "within(r, res)", r, res.ID(), res.Size())
-	}
-	if !r.Aligned(m.info.Granularity) {
-		return nil, m.errAligned(op, "aligned(r)", r)
-	}
-	if r.Len != b.Size() {
-		return nil, m.errFits(op, "fits(r, b)", r, b.ID(), b.Size())
-	}
-	c0Before, c0BeforeErr := m.queryCommittedBytes(res)
-	used0 := m.inner.UsedBytes()
 	out0, err := w.inner.MapView(ctx, res, r, b, access)
-	au := audit{
-		amount: 0,
-		effect: memapi.EffectNone,
-		err:    err,
-		m:      m,
-		op:     op,
+	if m.verify {
+		au.err = err
+		c0, c0Err := m.queryCommittedBytes(res)
+		au.figure(0, "VirtualBacking.CommittedBytes(res)", c0, c0Err)
+		au.figure(1, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.created(out0)
+		err = au.result()
+		return out0, err
 	}
-	c0After, c0AfterErr := m.queryCommittedBytes(res)
-	au.figure("VirtualBacking.CommittedBytes(res)", c0Before, c0BeforeErr, c0After, c0AfterErr)
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.created(out0)
-	return out0, au.result()
+	return out0, err
 }
 
 // UnmapView checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
@@ -144,47 +124,46 @@ func (w *sharedMapping) mapViewVerified(ctx context.Context, res *memapi.Reserva
 func (w *sharedMapping) UnmapView(ctx context.Context, v *memapi.View) error {
 	m := w.m
 	if m.verify {
-		return w.unmapViewVerified(ctx, v)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "SharedMapping.UnmapView"
 	if err := memapi.CheckHandle(op, v, m.info.Instance); err != nil {
 		return err
 	}
-	return w.inner.UnmapView(ctx, v)
-}
-
-// unmapViewVerified is UnmapView in verify mode.
-func (w *sharedMapping) unmapViewVerified(ctx context.Context, v *memapi.View) error {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "SharedMapping.UnmapView"
-	if err := memapi.CheckHandle(op, v, m.info.Instance); err != nil {
-		return err
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: 0,
+			effect: memapi.EffectNone,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
 	}
-	used0 := m.inner.UsedBytes()
 	err := w.inner.UnmapView(ctx, v)
-	au := audit{
-		amount: 0,
-		effect: memapi.EffectNone,
-		err:    err,
-		m:      m,
-		op:     op,
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.released("v", v)
+		err = au.result()
+		return err
 	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.released("v", v)
-	return au.result()
+	return err
 }
 
 // CopyOnWrite checks live(v) (ErrNilHandle, ErrForeignHandle, ErrReleased)
 // [release-by-creator]; draws v.Range.Len rounded to Info().Granularity from
-// grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize)
+// grant (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
 // [charge-before-commit, no-partial-state]; verify mode checks the figures
 // [no-silent-noop]; then it calls the wrapped mechanism's CopyOnWrite.
 func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
 	m := w.m
 	if m.verify {
-		return w.copyOnWriteVerified(ctx, v, grant)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "SharedMapping.CopyOnWrite"
 	if err := memapi.CheckHandle(op, v, m.info.Instance); err != nil {
@@ -194,39 +173,32 @@ func (w *sharedMapping) CopyOnWrite(ctx context.Context, v *memapi.View, grant m
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectConsumes,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
 	out0, err := w.inner.CopyOnWrite(ctx, v, grant)
+	returned = true
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.created(out0)
+		au.released("v", v)
+		err = au.settleDraw(grant, n)
+		return out0, err
+	}
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
 	return out0, nil
-}
-
-// copyOnWriteVerified is CopyOnWrite in verify mode.
-func (w *sharedMapping) copyOnWriteVerified(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "SharedMapping.CopyOnWrite"
-	if err := memapi.CheckHandle(op, v, m.info.Instance); err != nil {
-		return nil, err
-	}
-	n, err := m.charge(op, grant, v.Range().Len, m.info.Granularity)
-	if err != nil {
-		return nil, err
-	}
-	used0 := m.inner.UsedBytes()
-	out0, err := w.inner.CopyOnWrite(ctx, v, grant)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectConsumes,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.created(out0)
-	au.released("v", v)
-	return out0, au.settleDraw(grant, n)
 }
 
 // ViewCount checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased); then
@@ -242,12 +214,14 @@ func (w *sharedMapping) ViewCount(b *memapi.Backing) (int, error) {
 
 // ReleaseBacking checks live(b) (ErrNilHandle, ErrForeignHandle, ErrReleased)
 // [release-by-creator]; refunds b.Size to to after success (ErrNoAccount,
-// ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then
-// it calls the wrapped mechanism's ReleaseBacking.
+// ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's ReleaseBacking.
 func (w *sharedMapping) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
 	m := w.m
 	if m.verify {
-		return w.releaseBackingVerified(ctx, b, to)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "SharedMapping.ReleaseBacking"
 	if err := memapi.CheckHandle(op, b, m.info.Instance); err != nil {
@@ -257,36 +231,26 @@ func (w *sharedMapping) ReleaseBacking(ctx context.Context, b *memapi.Backing, t
 		return err
 	}
 	n := b.Size()
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectRefunds,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
 	err := w.inner.ReleaseBacking(ctx, b, to)
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.released("b", b)
+		err = au.settleRefund(to, n)
+		return err
+	}
 	if err != nil {
 		return err
 	}
 	return refund(to, n)
-}
-
-// releaseBackingVerified is ReleaseBacking in verify mode.
-func (w *sharedMapping) releaseBackingVerified(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "SharedMapping.ReleaseBacking"
-	if err := memapi.CheckHandle(op, b, m.info.Instance); err != nil {
-		return err
-	}
-	if err := m.account(op, to); err != nil {
-		return err
-	}
-	n := b.Size()
-	used0 := m.inner.UsedBytes()
-	err := w.inner.ReleaseBacking(ctx, b, to)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectRefunds,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.released("b", b)
-	return au.settleRefund(to, n)
 }

@@ -21,48 +21,47 @@ var _ memapi.VirtualBacking = (*virtualBacking)(nil)
 func (w *virtualBacking) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
 	m := w.m
 	if m.verify {
-		return w.reserveVerified(ctx, req)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "VirtualBacking.Reserve"
 	if req.Size == 0 {
 		return nil, m.errPositive(op, "positive(req.Size)")
 	}
-	return w.inner.Reserve(ctx, req)
-}
-
-// reserveVerified is Reserve in verify mode.
-func (w *virtualBacking) reserveVerified(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "VirtualBacking.Reserve"
-	if req.Size == 0 {
-		return nil, m.errPositive(op, "positive(req.Size)")
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: 0,
+			effect: memapi.EffectNone,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
 	}
-	used0 := m.inner.UsedBytes()
 	out0, err := w.inner.Reserve(ctx, req)
-	au := audit{
-		amount: 0,
-		effect: memapi.EffectNone,
-		err:    err,
-		m:      m,
-		op:     op,
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.created(out0)
+		err = au.result()
+		return out0, err
 	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.created(out0)
-	return out0, au.result()
+	return out0, err
 }
 
 // Commit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
 // within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
 // (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant
-// (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit,
-// no-partial-state]; verify mode checks the figures [no-silent-noop]; then it
-// calls the wrapped mechanism's Commit.
+// (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+// [charge-before-commit, no-partial-state]; verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's Commit.
 func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	m := w.m
 	if m.verify {
-		return w.commitVerified(ctx, res, r, grant)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "VirtualBacking.Commit"
 	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
@@ -78,57 +77,48 @@ func (w *virtualBacking) Commit(ctx context.Context, res *memapi.Reservation, r 
 	if err != nil {
 		return err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectConsumes,
+			m:      m,
+			op:     op,
+		}
+		au.before[0], au.beforeErr[0] = w.inner.CommittedBytes(res)
+		au.before[1] = m.inner.UsedBytes()
+	}
 	err = w.inner.Commit(ctx, res, r, grant)
+	returned = true
+	if m.verify {
+		au.err = err
+		c0, c0Err := w.inner.CommittedBytes(res)
+		au.figure(0, "VirtualBacking.CommittedBytes(res)", c0, c0Err)
+		au.figure(1, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		err = au.settleDraw(grant, n)
+		book.Add(res, au.settled)
+		return err
+	}
 	if err != nil {
 		return m.undraw(grant, n, err)
 	}
+	book.Add(res, n)
 	return nil
-}
-
-// commitVerified is Commit in verify mode.
-func (w *virtualBacking) commitVerified(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "VirtualBacking.Commit"
-	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
-		return err
-	}
-	if !r.Within(res.Size()) {
-		return m.errWithin(op, "within(r, res)", r, res.ID(), res.Size())
-	}
-	if !r.Aligned(m.info.Granularity) {
-		return m.errAligned(op, "aligned(r)", r)
-	}
-	n, err := m.charge(op, grant, r.Len, m.info.Granularity)
-	if err != nil {
-		return err
-	}
-	c0Before, c0BeforeErr := w.inner.CommittedBytes(res)
-	used0 := m.inner.UsedBytes()
-	err = w.inner.Commit(ctx, res, r, grant)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectConsumes,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	c0After, c0AfterErr := w.inner.CommittedBytes(res)
-	au.figure("VirtualBacking.CommittedBytes(res)", c0Before, c0BeforeErr, c0After, c0AfterErr)
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	return au.settleDraw(grant, n)
 }
 
 // Decommit checks live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased);
 // within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity
 // (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount,
-// ErrAuthorityMismatch); verify mode checks the figures [no-silent-noop]; then
-// it calls the wrapped mechanism's Decommit.
+// ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the figures
+// [no-silent-noop]; then it calls the wrapped mechanism's Decommit.
 func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
 	m := w.m
 	if m.verify {
-		return w.decommitVerified(ctx, res, r, to)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "VirtualBacking.Decommit"
 	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
@@ -147,49 +137,32 @@ func (w *virtualBacking) Decommit(ctx context.Context, res *memapi.Reservation, 
 	if err != nil {
 		return err
 	}
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectRefunds,
+			m:      m,
+			op:     op,
+		}
+		au.before[0], au.beforeErr[0] = w.inner.CommittedBytes(res)
+		au.before[1] = m.inner.UsedBytes()
+	}
 	err = w.inner.Decommit(ctx, res, r, to)
+	if m.verify {
+		au.err = err
+		c0, c0Err := w.inner.CommittedBytes(res)
+		au.figure(0, "VirtualBacking.CommittedBytes(res)", c0, c0Err)
+		au.figure(1, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		err = au.settleRefund(to, n)
+		book.Sub(res, au.settled)
+		return err
+	}
 	if err != nil {
 		return err
 	}
+	book.Sub(res, n)
 	return refund(to, n)
-}
-
-// decommitVerified is Decommit in verify mode.
-func (w *virtualBacking) decommitVerified(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "VirtualBacking.Decommit"
-	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
-		return err
-	}
-	if !r.Within(res.Size()) {
-		return m.errWithin(op, "within(r, res)", r, res.ID(), res.Size())
-	}
-	if !r.Aligned(m.info.Granularity) {
-		return m.errAligned(op, "aligned(r)", r)
-	}
-	if err := m.account(op, to); err != nil {
-		return err
-	}
-	n, err := m.round(op, r.Len, m.info.Granularity)
-	if err != nil {
-		return err
-	}
-	c0Before, c0BeforeErr := w.inner.CommittedBytes(res)
-	used0 := m.inner.UsedBytes()
-	err = w.inner.Decommit(ctx, res, r, to)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectRefunds,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	c0After, c0AfterErr := w.inner.CommittedBytes(res)
-	au.figure("VirtualBacking.CommittedBytes(res)", c0Before, c0BeforeErr, c0After, c0AfterErr)
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	return au.settleRefund(to, n)
 }
 
 // CommittedBytes checks live(res) (ErrNilHandle, ErrForeignHandle,
@@ -205,12 +178,15 @@ func (w *virtualBacking) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, 
 
 // ReleaseReservation checks live(res) (ErrNilHandle, ErrForeignHandle,
 // ErrReleased) [release-by-creator]; refunds committed(res) to to after success
-// (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures
-// [no-silent-noop]; then it calls the wrapped mechanism's ReleaseReservation.
+// (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the
+// figures [no-silent-noop]; then it calls the wrapped mechanism's
+// ReleaseReservation.
 func (w *virtualBacking) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
 	m := w.m
 	if m.verify {
-		return w.releaseReservationVerified(ctx, res, to)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "VirtualBacking.ReleaseReservation"
 	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
@@ -219,43 +195,31 @@ func (w *virtualBacking) ReleaseReservation(ctx context.Context, res *memapi.Res
 	if err := m.account(op, to); err != nil {
 		return err
 	}
-	n, err := w.inner.CommittedBytes(res)
+	n := book.Charged(res)
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectRefunds,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
+	err := w.inner.ReleaseReservation(ctx, res, to)
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.released("res", res)
+		err = au.settleRefund(to, n)
+		if au.err == nil {
+			book.Clear(res)
+		}
+		return err
+	}
 	if err != nil {
 		return err
 	}
-	err = w.inner.ReleaseReservation(ctx, res, to)
-	if err != nil {
-		return err
-	}
+	book.Clear(res)
 	return refund(to, n)
-}
-
-// releaseReservationVerified is ReleaseReservation in verify mode.
-func (w *virtualBacking) releaseReservationVerified(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
-	m := w.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "VirtualBacking.ReleaseReservation"
-	if err := memapi.CheckHandle(op, res, m.info.Instance); err != nil {
-		return err
-	}
-	if err := m.account(op, to); err != nil {
-		return err
-	}
-	n, err := w.inner.CommittedBytes(res)
-	if err != nil {
-		return err
-	}
-	used0 := m.inner.UsedBytes()
-	err = w.inner.ReleaseReservation(ctx, res, to)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectRefunds,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.released("res", res)
-	return au.settleRefund(to, n)
 }

@@ -4,11 +4,81 @@ package checked
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
+
+// Ledger is where the grants and accounts a wrapper accepts come from. A
+// consuming call's grant and a refunding call's account must be vouched for by
+// the ledger the wrapper was built with, as a handle must have been made by the
+// wrapped instance: a grant of any other origin (forged, or issued by another
+// ledger) draws nothing the ledger sees, so the wrapper rejects it with
+// ErrForeignGrant and calls nothing. A ledger vouches only for values it made
+// itself, recognised by their concrete type and their link back to it, never by
+// what the value says about itself. The methods are called on every consuming
+// and refunding call and must be cheap and safe for concurrent use.
+type Ledger interface {
+	// IssuedGrant reports whether g was issued by this ledger.
+	IssuedGrant(g memapi.Grant) bool
+	// IssuedAccount reports whether a is an account of this ledger.
+	IssuedAccount(a memapi.Account) bool
+}
+
+// NoLedger vouches for nothing. A wrapper built with it answers queries and
+// checks handles, and rejects every consuming and refunding call with
+// ErrForeignGrant: the wrapper to hand out for inspection.
+var NoLedger Ledger = noLedger{}
+
+type noLedger struct{}
+
+func (noLedger) IssuedGrant(memapi.Grant) bool {
+	return false
+}
+
+func (noLedger) IssuedAccount(memapi.Account) bool {
+	return false
+}
+
+// Ledgers returns a Ledger that vouches for what any of ls vouches for: a
+// wrapper that takes the grants of several ledgers.
+func Ledgers(ls ...Ledger) Ledger {
+	return anyLedger(slices.Clone(ls))
+}
+
+type anyLedger []Ledger
+
+func (ls anyLedger) IssuedGrant(g memapi.Grant) bool {
+	for _, l := range ls {
+		if l != nil && l.IssuedGrant(g) {
+			return true
+		}
+	}
+	return false
+}
+
+func (ls anyLedger) IssuedAccount(a memapi.Account) bool {
+	for _, l := range ls {
+		if l != nil && l.IssuedAccount(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// allLedgers vouches for what both of its ledgers vouch for: the ledger of a
+// rewrapped wrapper.
+type allLedgers [2]Ledger
+
+func (ls allLedgers) IssuedGrant(g memapi.Grant) bool {
+	return ls[0].IssuedGrant(g) && ls[1].IssuedGrant(g)
+}
+
+func (ls allLedgers) IssuedAccount(a memapi.Account) bool {
+	return ls[0].IssuedAccount(a) && ls[1].IssuedAccount(a)
+}
 
 // Option configures Wrap.
 type Option func(*options)
@@ -31,30 +101,38 @@ func WithVerify() Option {
 // Wrap returns m with the spec's invariants enforced on every call (see the
 // package documentation for the full list, per method):
 //   - charge-before-commit, no-partial-state: consuming calls draw their rounded
-//     amount from a grant of m's authority before m runs, and undraw it when m
-//     fails; a call rejected by a check draws nothing;
+//     amount from a grant of l and of m's authority before m runs, and undraw
+//     it when m fails or panics; a call rejected by a check draws nothing;
 //   - release-by-creator: handles are checked against m's instance
 //     before m runs; another instance's handle, a released handle or nil is
 //     rejected with a typed error and m is not called;
 //   - ranges (requires clauses): within, aligned and fits are checked against
 //     the handle's size and m's granularity;
-//   - refunds: refunding calls refund their account after m released the memory;
+//   - refunds: refunding calls refund their account, which must be l's and of
+//     m's authority, after m released the memory;
 //   - no-silent-noop (WithVerify): m's counters must move by
 //     exactly the declared amount.
 //
 // The result offers exactly the capabilities m offers
 // (memapi.Negotiate(Wrap(m)) == memapi.Negotiate(m)) and its Info is m's Info.
 // Wrap reads m.Info() once: a mechanism's instance, authority and granularities
-// are fixed for its life. Wrapping a wrapper does not stack the checks (that
-// would draw twice): it rewraps the same mechanism with the options of both.
-// Wrap panics when m is nil.
-func Wrap(m memapi.Mechanism, opts ...Option) memapi.Mechanism {
+// are fixed for its life. Grants and accounts are accepted only when l vouches
+// for them: any other is rejected with ErrForeignGrant before anything is drawn
+// or called. Wrapping a wrapper does not stack the checks (that would draw
+// twice): it rewraps the same mechanism with the options of both and accepts
+// only what both ledgers vouch for, so a rewrap never trusts more than the
+// wrapper it was given. Wrap panics when m or l is nil.
+func Wrap(m memapi.Mechanism, l Ledger, opts ...Option) memapi.Mechanism {
 	if m == nil {
 		panic("checked: Wrap of a nil Mechanism")
+	}
+	if l == nil {
+		panic("checked: Wrap without a Ledger (use NoLedger for a wrapper that takes no grant)")
 	}
 	var o options
 	if w, ok := m.(*mechanism); ok {
 		m, o.verify = w.inner, w.verify
+		l = allLedgers{w.ledger, l}
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -64,17 +142,9 @@ func Wrap(m memapi.Mechanism, opts ...Option) memapi.Mechanism {
 	return &mechanism{
 		info:   m.Info(),
 		inner:  m,
+		ledger: l,
 		verify: o.verify,
 	}
-}
-
-// Unwrap returns the mechanism a checked wrapper wraps, or m itself when m is
-// not a checked wrapper.
-func Unwrap(m memapi.Mechanism) memapi.Mechanism {
-	if w, ok := m.(*mechanism); ok {
-		return w.inner
-	}
-	return m
 }
 
 // Verifying reports whether m is a checked wrapper in verify mode.
@@ -90,6 +160,7 @@ func Verifying(m memapi.Mechanism) bool {
 type mechanism struct {
 	inner          memapi.Mechanism
 	info           memapi.MechanismInfo // read once by Wrap
+	ledger         Ledger               // vouches for the grants and accounts the wrapper accepts
 	verify         bool
 	mu             sync.Mutex // verify mode: serializes mutating calls so before/after figures are exact
 	virtualBacking atomic.Pointer[virtualBacking]

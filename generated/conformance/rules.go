@@ -35,12 +35,14 @@ func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	c := e.validAllocate(t)
 	want := e.round(t, c.req.Size, roundAlloc)
+	witness := e.witnessAllocate(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	e.expectConsumed(t, "Allocate", before, want)
+	witness(h)
 	checkCreated(t, e, "Allocate", h)
 	if x, _ := h.(*memapi.Allocation); x != nil && x.Size() != want {
 		t.Errorf("Allocate: the Allocation's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
@@ -198,11 +200,14 @@ func specVirtualBackingReserveHugeSize(t T, e *env) {
 func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	c := e.validCommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
+	witness := e.witnessCommit(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	e.expectConsumed(t, "Commit", before, want)
+	witness(h)
 }
 
 // specInvariantChargeBeforeCommitCommit is the subtest
@@ -488,12 +493,14 @@ func specSharedMappingCreateBackingCreatesLiveHandle(t T, e *env) {
 func specSharedMappingCreateBackingExactAccounting(t T, e *env) {
 	c := e.validCreateBacking(t)
 	want := e.round(t, c.size, roundGranularity)
+	witness := e.witnessCreateBacking(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("CreateBacking: %v", err)
 	}
 	e.expectConsumed(t, "CreateBacking", before, want)
+	witness(h)
 	checkCreated(t, e, "CreateBacking", h)
 	if x, _ := h.(*memapi.Backing); x != nil && x.Size() != want {
 		t.Errorf("CreateBacking: the Backing's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
@@ -716,11 +723,14 @@ func specSharedMappingCopyOnWriteCreatesLiveHandle(t T, e *env) {
 func specSharedMappingCopyOnWriteExactAccounting(t T, e *env) {
 	c := e.validCopyOnWrite(t)
 	want := e.round(t, c.v.Range().Len, roundGranularity)
+	witness := e.witnessCopyOnWrite(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("CopyOnWrite: %v", err)
 	}
 	e.expectConsumed(t, "CopyOnWrite", before, want)
+	witness(h)
 }
 
 // specInvariantChargeBeforeCommitCopyOnWrite is the subtest
@@ -876,21 +886,25 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validCommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessCommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Commit", err)
 		if err == nil {
 			e.expectConsumed(t, "Commit", before, want)
+			witness(h)
 		}
 	}
 	{
 		c := e.validDecommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessDecommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Decommit", err)
 		if err == nil {
 			e.expectRefunded(t, "Decommit", before, want)
+			witness(h)
 		}
 	}
 	{
@@ -916,11 +930,13 @@ func specInvariantNoSilentNoopSharedMapping(t T, e *env) {
 	{
 		c := e.validCreateBacking(t)
 		want := e.round(t, c.size, roundGranularity)
+		witness := e.witnessCreateBacking(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "SharedMapping", "CreateBacking", err)
 		if err == nil {
 			e.expectConsumed(t, "CreateBacking", before, want)
+			witness(h)
 		}
 	}
 	{
@@ -944,11 +960,13 @@ func specInvariantNoSilentNoopSharedMapping(t T, e *env) {
 	{
 		c := e.validCopyOnWrite(t)
 		want := e.round(t, c.v.Range().Len, roundGranularity)
+		witness := e.witnessCopyOnWrite(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "SharedMapping", "CopyOnWrite", err)
 		if err == nil {
 			e.expectConsumed(t, "CopyOnWrite", before, want)
+			witness(h)
 		}
 	}
 	{

@@ -45,6 +45,34 @@ func (e *env) validReleaseBacking(t T) *callReleaseBacking {
 	return &callReleaseBacking{ctx: e.ctx, b: e.createBacking(t, 2*e.gran(t)), to: e.account}
 }
 
+// witnessCreateBacking maps the new backing read-write into a reservation of
+// its own and writes and reads every byte through it.
+func (e *env) witnessCreateBacking(t T, c *callCreateBacking) func(memapi.Handle) {
+	return func(h memapi.Handle) {
+		t.Helper()
+		b, _ := h.(*memapi.Backing)
+		if b == nil {
+			t.Errorf("CreateBacking reported success with no Backing")
+			return
+		}
+		res := e.reserve(t, b.Size())
+		v := e.mapView(t, res, memapi.Range{Len: b.Size()}, b, memapi.AccessReadWrite)
+		e.witnessed(t, "CreateBacking", viewAddr(v), b.Size())
+	}
+}
+
+func (e *env) witnessCopyOnWrite(t T, c *callCopyOnWrite) func(memapi.Handle) {
+	return func(h memapi.Handle) {
+		t.Helper()
+		v, _ := h.(*memapi.View)
+		if v == nil {
+			t.Errorf("CopyOnWrite reported success with no View")
+			return
+		}
+		e.witnessed(t, "CopyOnWrite", viewAddr(v), v.Range().Len)
+	}
+}
+
 // createBacking creates a backing of size bytes; it must work.
 func (e *env) createBacking(t T, size memapi.Bytes) *memapi.Backing {
 	t.Helper()

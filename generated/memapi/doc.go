@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "a8fb5757343e964d663122133c381e87cc2e81df9d8940fab27067e0f723b7f0"
+const SpecDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"

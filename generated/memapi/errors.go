@@ -51,6 +51,9 @@ var (
 	// ErrNoAccount is returned when a refunding call was made through the checked
 	// wrapper without an account to refund to.
 	ErrNoAccount = errors.New("memapi: no account")
+	// ErrForeignGrant is returned when a grant or account was not issued by a
+	// ledger the checked wrapper trusts; it is forged or comes from another ledger.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
 	// ErrGrantClosed is returned when the grant was committed, cancelled or
 	// reclaimed after its deadline.
 	ErrGrantClosed = errors.New("memapi: grant closed")

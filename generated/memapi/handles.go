@@ -31,6 +31,7 @@ type handleHeader struct {
 	creator InstanceID
 	state   atomic.Uint32
 	impl    any
+	charged atomic.Uint64 // committed bytes the checked wrapper charged against the handle (ChargeBook)
 }
 
 var (

@@ -168,30 +168,35 @@ enum memgen_status_code {
    */
   MEMGEN_ERR_NO_ACCOUNT = 15,
   /*
+   * A grant or account was not issued by a ledger the checked wrapper trusts;
+   * it is forged or comes from another ledger.
+   */
+  MEMGEN_ERR_FOREIGN_GRANT = 16,
+  /*
    * The grant was committed, cancelled or reclaimed after its deadline.
    */
-  MEMGEN_ERR_GRANT_CLOSED = 16,
+  MEMGEN_ERR_GRANT_CLOSED = 17,
   /*
    * The grant does not cover the bytes drawn from it.
    */
-  MEMGEN_ERR_GRANT_EXHAUSTED = 17,
+  MEMGEN_ERR_GRANT_EXHAUSTED = 18,
   /*
    * The grant or account belongs to another authority than the mechanism.
    */
-  MEMGEN_ERR_AUTHORITY_MISMATCH = 18,
+  MEMGEN_ERR_AUTHORITY_MISMATCH = 19,
   /*
    * The authority cannot grant the bytes, even after pressure.
    */
-  MEMGEN_ERR_OVER_BUDGET = 19,
+  MEMGEN_ERR_OVER_BUDGET = 20,
   /*
    * The mechanism reported success but its committed bytes did not move by
    * the rounded amount.
    */
-  MEMGEN_ERR_UNTRUTHFUL = 20,
+  MEMGEN_ERR_UNTRUTHFUL = 21,
   /*
    * The object was closed.
    */
-  MEMGEN_ERR_CLOSED = 21,
+  MEMGEN_ERR_CLOSED = 22,
   MEMGEN_STATUS_MAX_ = 0x7fffffff
 };
 MEMGEN_STATIC_ASSERT(sizeof(enum memgen_status_code) == 4, "status codes are 32 bits");

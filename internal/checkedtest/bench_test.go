@@ -22,11 +22,19 @@ var targets = []struct {
 	{"testmech", func() memapi.Mechanism { return newMech(auth, 0) }},
 }
 
+// wrap wraps m as the benchmarks do: trusting this package's ledger doubles
+// (benchLedger is the benchmarks' grant and account), one ledger check per
+// call, as with a governor.
 func wrap(m memapi.Mechanism, verify bool) memapi.Mechanism {
+	return wrapWith(m, testDoubles{}, verify)
+}
+
+// wrapWith wraps m trusting l, in verify mode or not.
+func wrapWith(m memapi.Mechanism, l checked.Ledger, verify bool) memapi.Mechanism {
 	if verify {
-		return checked.Wrap(m, checked.WithVerify())
+		return checked.Wrap(m, l, checked.WithVerify())
 	}
-	return checked.Wrap(m)
+	return checked.Wrap(m, l)
 }
 
 // runWorkload times w.step for b.N calls, resetting untimed every batch calls.

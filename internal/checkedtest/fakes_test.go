@@ -29,7 +29,7 @@ func newFakeRig(t *testing.T, cfg fakes.Config, verify bool) *fakeRig {
 	rec := fakes.NewRecorder()
 	cfg.Recorder = rec
 	f := fakes.NewMechanism(cfg)
-	r := &fakeRig{f: f, m: wrap(f, verify), g: fakes.NewGrant(fakeAuth, 1<<30), acct: fakes.NewAccount(fakeAuth), rec: rec}
+	r := &fakeRig{f: f, m: wrapWith(f, doubles, verify), g: fakes.NewGrant(fakeAuth, 1<<30), acct: fakes.NewAccount(fakeAuth), rec: rec}
 	r.g.SetRecorder(rec)
 	r.acct.SetRecorder(rec)
 	r.vb, _ = r.m.AsVirtualBacking()
@@ -174,6 +174,6 @@ func TestFakesNegotiation(t *testing.T) {
 	da := memapi.Of(memapi.CapDeviceAllocator)
 	for _, offers := range []memapi.CapSet{da, da | memapi.Of(memapi.CapVirtualBacking), da | memapi.Of(memapi.CapSharedMapping), 0} {
 		f := fakes.NewMechanism(fakes.Config{Offers: offers})
-		require.Equal(t, memapi.Negotiate(f), memapi.Negotiate(checked.Wrap(f)), "offers %v", offers)
+		require.Equal(t, memapi.Negotiate(f), memapi.Negotiate(checked.Wrap(f, doubles)), "offers %v", offers)
 	}
 }

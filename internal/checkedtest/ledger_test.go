@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -108,3 +110,28 @@ func (l *benchLedger) Authority() memapi.AuthorityID { return l.authority }
 func (l *benchLedger) Draw(n memapi.Bytes) error     { l.drawn.Add(uint64(n)); return nil }
 func (l *benchLedger) Undraw(n memapi.Bytes) error   { l.drawn.Add(-uint64(n)); return nil }
 func (l *benchLedger) Refund(n memapi.Bytes) error   { l.drawn.Add(-uint64(n)); return nil }
+
+// doubles is the ledger of this package's doubles and of the generated
+// fakes: the wrappers under test are built with it, so that they accept the
+// grants and accounts above and fakes.NewGrant's.
+var doubles = checked.Ledgers(testDoubles{}, fakes.Ledger)
+
+// testDoubles vouches for this package's grant, account and benchLedger
+// (recognised by type, as a real ledger recognises what it issued).
+type testDoubles struct{}
+
+func (testDoubles) IssuedGrant(g memapi.Grant) bool {
+	switch g.(type) {
+	case *grant, *benchLedger:
+		return true
+	}
+	return false
+}
+
+func (testDoubles) IssuedAccount(a memapi.Account) bool {
+	switch a.(type) {
+	case *account, *benchLedger:
+		return true
+	}
+	return false
+}

@@ -69,6 +69,7 @@ type mech struct {
 	capacity memapi.Bytes // 0: unlimited
 	nextAddr memapi.DeviceAddr
 	faults   [nMethods]error
+	panics   [nMethods]any
 }
 
 type resState struct {
@@ -130,9 +131,21 @@ func (m *mech) failNext(k method, err error) {
 	m.mu.Unlock()
 }
 
-// enter counts a call and returns its injected fault; m.mu is held.
+// panicNext makes the next call of k panic with v before it changes anything.
+func (m *mech) panicNext(k method, v any) {
+	m.mu.Lock()
+	m.panics[k] = v
+	m.mu.Unlock()
+}
+
+// enter counts a call and returns its injected fault, or panics with the
+// injected panic; m.mu is held (and released by the caller's deferred unlock).
 func (m *mech) enter(k method) error {
 	m.calls[k].Add(1)
+	if v := m.panics[k]; v != nil {
+		m.panics[k] = nil
+		panic(v)
+	}
 	err := m.faults[k]
 	m.faults[k] = nil
 	return err

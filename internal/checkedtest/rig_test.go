@@ -35,7 +35,7 @@ func newRigOver(t *testing.T, inner *mech, verify bool) *rig {
 	if verify {
 		opts = append(opts, checked.WithVerify())
 	}
-	m := checked.Wrap(inner, opts...)
+	m := checked.Wrap(inner, doubles, opts...)
 	vb, err := memapi.RequireVirtualBacking(m)
 	require.NoError(t, err)
 	sm, err := memapi.RequireSharedMapping(m)

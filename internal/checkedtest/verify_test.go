@@ -218,8 +218,8 @@ func TestVerifyCatchesDecommitThatDoesNothing(t *testing.T) {
 func TestVerifyingOption(t *testing.T) {
 	m := newMech(auth, 0)
 	require.False(t, checked.Verifying(m))
-	require.False(t, checked.Verifying(checked.Wrap(m)))
-	require.True(t, checked.Verifying(checked.Wrap(m, checked.WithVerify())))
+	require.False(t, checked.Verifying(checked.Wrap(m, doubles)))
+	require.True(t, checked.Verifying(checked.Wrap(m, doubles, checked.WithVerify())))
 }
 
 // A commit that installs more than asked: the figures agree on the larger

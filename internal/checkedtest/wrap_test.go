@@ -23,7 +23,7 @@ func TestNegotiationThroughTheWrapper(t *testing.T) {
 	} {
 		t.Run(offers.String(), func(t *testing.T) {
 			inner := newMech(auth, offers)
-			m := checked.Wrap(inner)
+			m := checked.Wrap(inner, doubles)
 			require.Equal(t, memapi.Negotiate(inner), memapi.Negotiate(m))
 			require.Equal(t, offers, memapi.Negotiate(m))
 
@@ -57,7 +57,7 @@ func TestNegotiationThroughTheWrapper(t *testing.T) {
 // through the wrapper too.
 func TestNegotiationFollowsTheMechanismNow(t *testing.T) {
 	inner := newMech(auth, 0)
-	m := checked.Wrap(inner)
+	m := checked.Wrap(inner, doubles)
 	_, ok := m.AsVirtualBacking()
 	require.True(t, ok)
 	inner.offers = memapi.Of(memapi.CapDeviceAllocator)
@@ -74,7 +74,7 @@ type claimsNil struct{ *mech }
 func (claimsNil) AsVirtualBacking() (memapi.VirtualBacking, bool) { return nil, true }
 
 func TestClaimedButNilCapabilityIsAbsent(t *testing.T) {
-	m := checked.Wrap(claimsNil{newMech(auth, 0)})
+	m := checked.Wrap(claimsNil{newMech(auth, 0)}, doubles)
 	vb, ok := m.AsVirtualBacking()
 	require.False(t, ok)
 	require.Nil(t, vb)
@@ -85,7 +85,7 @@ func TestClaimedButNilCapabilityIsAbsent(t *testing.T) {
 // TestAccessorIsCached: asking again hands out the same checked capability,
 // without allocating.
 func TestAccessorIsCached(t *testing.T) {
-	m := checked.Wrap(newMech(auth, 0))
+	m := checked.Wrap(newMech(auth, 0), doubles)
 	a, _ := m.AsVirtualBacking()
 	b, _ := m.AsVirtualBacking()
 	require.Same(t, a, b)
@@ -103,7 +103,7 @@ type incomparable struct {
 func (m incomparable) AsVirtualBacking() (memapi.VirtualBacking, bool) { return m, true }
 
 func TestAccessorSurvivesIncomparableCapabilities(t *testing.T) {
-	m := checked.Wrap(incomparable{mech: newMech(auth, 0)})
+	m := checked.Wrap(incomparable{mech: newMech(auth, 0)}, doubles)
 	for range 2 {
 		vb, ok := m.AsVirtualBacking()
 		require.True(t, ok)
@@ -113,7 +113,7 @@ func TestAccessorSurvivesIncomparableCapabilities(t *testing.T) {
 
 func TestInfoIsTheMechanismsInfo(t *testing.T) {
 	inner := newMech(auth, 0)
-	m := checked.Wrap(inner, checked.WithVerify())
+	m := checked.Wrap(inner, doubles, checked.WithVerify())
 	require.Equal(t, inner.Info(), m.Info())
 	require.Equal(t, inner.iss.Instance(), m.Info().Instance)
 }
@@ -121,22 +121,23 @@ func TestInfoIsTheMechanismsInfo(t *testing.T) {
 // TestWrapTwiceChecksOnce: wrapping a wrapper must not draw twice.
 func TestWrapTwiceChecksOnce(t *testing.T) {
 	inner := newMech(auth, 0)
-	m := checked.Wrap(checked.Wrap(inner))
-	require.Same(t, inner, checked.Unwrap(m))
+	m := checked.Wrap(checked.Wrap(inner, doubles), doubles)
 	g := newGrant(auth, 0)
 	_, err := m.Allocate(ctx, memapi.AllocRequest{Size: 1}, g)
 	require.NoError(t, err)
 	drawn, draws, _ := g.state()
 	require.EqualValues(t, testAllocGran, drawn)
 	require.Equal(t, 1, draws)
+	require.EqualValues(t, 1, inner.count(mAllocate), "the rewrap calls the mechanism itself, once")
 
-	require.True(t, checked.Verifying(checked.Wrap(checked.Wrap(inner, checked.WithVerify()))), "options are kept")
-	require.True(t, checked.Verifying(checked.Wrap(checked.Wrap(inner), checked.WithVerify())), "options are added")
-	require.Same(t, inner, checked.Unwrap(inner))
+	require.True(t, checked.Verifying(checked.Wrap(checked.Wrap(inner, doubles, checked.WithVerify()), doubles)), "options are kept")
+	require.True(t, checked.Verifying(checked.Wrap(checked.Wrap(inner, doubles), doubles, checked.WithVerify())), "options are added")
 }
 
 func TestWrapNilPanics(t *testing.T) {
-	require.PanicsWithValue(t, "checked: Wrap of a nil Mechanism", func() { checked.Wrap(nil) })
+	require.PanicsWithValue(t, "checked: Wrap of a nil Mechanism", func() { checked.Wrap(nil, doubles) })
+	require.PanicsWithValue(t, "checked: Wrap without a Ledger (use NoLedger for a wrapper that takes no grant)",
+		func() { checked.Wrap(newMech(auth, 0), nil) })
 }
 
 // TestConcurrentUse hammers one wrapper from many goroutines under -race;

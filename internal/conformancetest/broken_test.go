@@ -2,6 +2,7 @@ package conformancetest
 
 import (
 	"context"
+	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -21,6 +22,74 @@ func (b noopCommit) Commit(ctx context.Context, res *memapi.Reservation, r memap
 		return err
 	}
 	return b.Mechanism.Decommit(ctx, res, r, nil)
+}
+
+// hollowCommit: Commit moves every counter as an honest one would
+// (CommittedBytes, UsedBytes, and so the checked wrapper's verify mode) but
+// installs nothing; Decommit and ReleaseReservation take the hollow bytes
+// back. Only reading the memory through the device context shows the lie.
+type hollowCommit struct {
+	*Mechanism
+	mu     sync.Mutex
+	hollow map[*memapi.Reservation]memapi.Bytes
+}
+
+func newHollowCommit(m *Mechanism) *hollowCommit {
+	return &hollowCommit{Mechanism: m, hollow: map[*memapi.Reservation]memapi.Bytes{}}
+}
+
+func (b *hollowCommit) AsVirtualBacking() (memapi.VirtualBacking, bool) { return b, true }
+
+func (b *hollowCommit) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
+	// Every check of the honest Commit, then nothing installed.
+	if err := b.Mechanism.Commit(ctx, res, r, grant); err != nil {
+		return err
+	}
+	if err := b.Mechanism.Decommit(ctx, res, r, nil); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.hollow[res] += r.Len
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *hollowCommit) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
+	b.mu.Lock()
+	if b.hollow[res] >= r.Len {
+		b.hollow[res] -= r.Len
+		b.mu.Unlock()
+		return nil
+	}
+	b.mu.Unlock()
+	return b.Mechanism.Decommit(ctx, res, r, to)
+}
+
+func (b *hollowCommit) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error) {
+	n, err := b.Mechanism.CommittedBytes(res)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return n + b.hollow[res], err
+}
+
+func (b *hollowCommit) UsedBytes() memapi.Bytes {
+	b.mu.Lock()
+	var n memapi.Bytes
+	for _, h := range b.hollow {
+		n += h
+	}
+	b.mu.Unlock()
+	return b.Mechanism.UsedBytes() + n
+}
+
+func (b *hollowCommit) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
+	err := b.Mechanism.ReleaseReservation(ctx, res, to)
+	if err == nil {
+		b.mu.Lock()
+		delete(b.hollow, res)
+		b.mu.Unlock()
+	}
+	return err
 }
 
 // foreignFree: Free of an allocation made by another instance reports success.

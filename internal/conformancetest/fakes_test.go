@@ -22,7 +22,7 @@ func fakeFactory(cfg fakes.Config, wrap bool) conformance.Factory {
 		})
 		var mech memapi.Mechanism = m
 		if wrap {
-			mech = checked.Wrap(m, checked.WithVerify())
+			mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 		}
 		return conformance.Subject{Mechanism: mech, Context: ctx}
 	}

@@ -10,9 +10,10 @@ import (
 
 // Config configures an in-memory Mechanism.
 type Config struct {
-	Offers           memapi.CapSet // 0: every capability
-	AllocGranularity memapi.Bytes  // default 4096
-	Granularity      memapi.Bytes  // default 65536
+	Name             memapi.MechanismID // Info().Mechanism; default "mem", which the spec does not declare
+	Offers           memapi.CapSet      // 0: every capability
+	AllocGranularity memapi.Bytes       // default 4096
+	Granularity      memapi.Bytes       // default 65536
 }
 
 // limit is the largest size the in-memory mechanism hands out; beyond it the
@@ -87,11 +88,14 @@ func New(cfg Config) *Mechanism {
 	if cfg.Granularity == 0 {
 		cfg.Granularity = 65536
 	}
+	if cfg.Name == "" {
+		cfg.Name = "mem"
+	}
 	iss := memapi.NewIssuer()
 	return &Mechanism{
 		iss: iss,
 		info: memapi.MechanismInfo{
-			Mechanism:        "mem",
+			Mechanism:        cfg.Name,
 			Instance:         iss.Instance(),
 			Device:           memapi.DeviceKey{Kind: memapi.DeviceKindHost},
 			Authority:        "mem",

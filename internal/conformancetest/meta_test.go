@@ -34,7 +34,7 @@ func verified(inner func(*Mechanism) memapi.Mechanism) func(*Mechanism) memapi.M
 		if inner != nil {
 			mech = inner(m)
 		}
-		return checked.Wrap(mech, checked.WithVerify())
+		return checked.Wrap(mech, conformance.Ledger, checked.WithVerify())
 	}
 }
 
@@ -133,6 +133,11 @@ var broken = []struct {
 		name:     "commit-does-nothing",
 		wrap:     func(m *Mechanism) memapi.Mechanism { return noopCommit{m} },
 		mustFail: []string{"VirtualBacking/Commit/exact-accounting", "VirtualBacking/Commit/round-trip", "invariant/no-silent-noop/VirtualBacking"},
+	},
+	{
+		name:     "commit-moves-counters-installs-nothing",
+		wrap:     func(m *Mechanism) memapi.Mechanism { return newHollowCommit(m) },
+		mustFail: []string{"invariant/no-silent-noop/VirtualBacking", "VirtualBacking/Commit/exact-accounting"},
 	},
 	{
 		name:     "frees-foreign-handle",
@@ -240,6 +245,70 @@ func TestCheckedWrapperCatches(t *testing.T) {
 			}
 			if log := strings.Join(o.Log, "\n"); !strings.Contains(log, untruthful) {
 				t.Errorf("the failure does not come from the wrapper's verify mode (%q):\n%s", untruthful, log)
+			}
+		})
+	}
+}
+
+// TestHollowCommitCaughtThroughVerify: a Commit that moves every counter but
+// installs nothing passes the checked wrapper's verify mode, which reads
+// those counters; the suite's witness, which reads the memory through the
+// device context, still fails it.
+func TestHollowCommitCaughtThroughVerify(t *testing.T) {
+	res := Record(factory(Config{}, verified(func(m *Mechanism) memapi.Mechanism { return newHollowCommit(m) })))
+	for _, n := range []string{"invariant/no-silent-noop/VirtualBacking", "VirtualBacking/Commit/exact-accounting"} {
+		o, ok := res.Outcome(n)
+		if !ok || !o.Failed {
+			t.Errorf("%s passed through the wrapper", n)
+			continue
+		}
+		if log := strings.Join(o.Log, "\n"); !strings.Contains(log, "Commit reported success, but") {
+			t.Errorf("%s failed, but not because of the witness:\n%s", n, log)
+		}
+	}
+}
+
+// TestSpecDisagreementsCaught: the spec/... subtests compare the subject with
+// its declaration in memapi.Meta (found by Info().Mechanism). The honest
+// mechanism, presenting itself as the spec's cpu (host, every capability,
+// configurable granularity), passes them; hiding a declared capability,
+// running on another device than declared, or a granularity of another kind
+// fails the subtest meant to catch it; a mechanism the spec does not declare
+// skips them.
+func TestSpecDisagreementsCaught(t *testing.T) {
+	specs := []string{"spec/offers", "spec/device", "spec/granularity"}
+	run := func(t *testing.T, cfg Config) *Results {
+		t.Helper()
+		return Record(factory(cfg, nil))
+	}
+	t.Run("honest", func(t *testing.T) {
+		res := run(t, Config{Name: "cpu"})
+		for _, n := range specs {
+			if o, ok := res.Outcome(n); !ok || o.Failed || o.Skipped {
+				t.Errorf("%s: %+v, want passed", n, o)
+			}
+		}
+	})
+	t.Run("undeclared", func(t *testing.T) {
+		res := run(t, Config{})
+		for _, n := range specs {
+			if o, ok := res.Outcome(n); !ok || !o.Skipped {
+				t.Errorf("%s: %+v, want skipped for a mechanism the spec does not declare", n, o)
+			}
+		}
+	})
+	for _, c := range []struct {
+		name, subtest string
+		cfg           Config
+	}{
+		{"hides-declared-capability", "spec/offers", Config{Name: "cpu", Offers: memapi.Of(memapi.CapDeviceAllocator, memapi.CapVirtualBacking)}},
+		{"wrong-device", "spec/device", Config{Name: "cuda"}},
+		{"wrong-granularity-kind", "spec/granularity", Config{Name: "cpu", Granularity: 3 << 12}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res := run(t, c.cfg)
+			if o, ok := res.Outcome(c.subtest); !ok || !o.Failed {
+				t.Errorf("%s passed; it must catch this mechanism", c.subtest)
 			}
 		})
 	}

@@ -35,7 +35,7 @@ func TestConformanceBare(t *testing.T) {
 
 func TestConformanceChecked(t *testing.T) {
 	conformance.Run(t, factory(fakes.Config{}, func(m memapi.Mechanism) memapi.Mechanism {
-		return checked.Wrap(m, checked.WithVerify())
+		return checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 	}))
 }
 
@@ -52,7 +52,7 @@ func TestConformanceShapes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conformance.Run(t, factory(tc.cfg, func(m memapi.Mechanism) memapi.Mechanism {
-				return checked.Wrap(m, checked.WithVerify())
+				return checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 			}))
 		})
 	}
@@ -67,7 +67,7 @@ func TestLyingEagerCaughtByVerify(t *testing.T) {
 		if verify {
 			opts = append(opts, checked.WithVerify())
 		}
-		vb, err := memapi.RequireVirtualBacking(checked.Wrap(m, opts...))
+		vb, err := memapi.RequireVirtualBacking(checked.Wrap(m, fakes.Ledger, opts...))
 		ok(t, err)
 		g := fakes.NewGrant("fake", 1<<30)
 		res, err := vb.Reserve(bg, memapi.ReserveRequest{Size: 4 * g64})

@@ -16,7 +16,7 @@ import (
 func TestCheckedLedger(t *testing.T) {
 	granularities(t, func(t *testing.T, gran memapi.Bytes) {
 		cpu := newMech(t, gran)
-		m := checked.Wrap(cpu, checked.WithVerify())
+		m := checked.Wrap(cpu, fakes.Ledger, checked.WithVerify())
 		if m.Info() != cpu.Info() || memapi.Negotiate(m) != memapi.Negotiate(cpu) {
 			t.Fatal("the wrapper does not present the mechanism")
 		}

@@ -177,7 +177,7 @@ func childCommitOOM() error {
 	}
 	// Through the checked wrapper the ledger is as it was: the draw is undone.
 	gr := fakes.NewGrant(m.Info().Authority, 1<<30)
-	vb, _ := checked.Wrap(m, checked.WithVerify()).AsVirtualBacking()
+	vb, _ := checked.Wrap(m, fakes.Ledger, checked.WithVerify()).AsVirtualBacking()
 	if err := vb.Commit(bg, res, big, gr); !errors.Is(err, memapi.ErrOutOfMemory) {
 		return fmt.Errorf("checked commit over RLIMIT_DATA returned %v", err)
 	}

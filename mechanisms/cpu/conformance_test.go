@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 					})
 					var mech memapi.Mechanism = m
 					if wrapped {
-						mech = checked.Wrap(m, checked.WithVerify())
+						mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 					}
 					return conformance.Subject{Mechanism: mech, Context: c}
 				})

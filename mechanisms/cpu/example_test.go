@@ -18,7 +18,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	m := checked.Wrap(mech)
+	m := checked.Wrap(mech, fakes.Ledger)
 	vb, err := memapi.RequireVirtualBacking(m)
 	if err != nil {
 		panic(err)

@@ -33,7 +33,7 @@ func factory(gran uint64, wrap bool) conformance.Factory {
 		})
 		var mech memapi.Mechanism = m
 		if wrap {
-			mech = checked.Wrap(m, checked.WithVerify())
+			mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 		}
 		return conformance.Subject{Mechanism: mech, Context: c}
 	}
@@ -72,6 +72,10 @@ func TestConformanceWithoutVMM(t *testing.T) {
 			t.Fatalf("NewContext: %v", err)
 		}
 		t.Cleanup(func() { _ = c.Close(); _ = m.Close() })
-		return conformance.Subject{Mechanism: checked.Wrap(m, checked.WithVerify()), Context: c}
+		return conformance.Subject{
+			Mechanism: checked.Wrap(m, conformance.Ledger, checked.WithVerify()),
+			Context:   c,
+			Lacks:     memapi.Of(memapi.CapVirtualBacking, memapi.CapSharedMapping),
+		}
 	})
 }

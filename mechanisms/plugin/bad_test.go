@@ -80,7 +80,7 @@ func TestGarbageHandles(t *testing.T) {
 func TestLyingCommit(t *testing.T) {
 	m, _ := newSubject(t, refhost(t, "REFHOST_BAD_COMMIT"))
 	gran := m.Info().Granularity
-	wrapped, err := memapi.RequireVirtualBacking(checked.Wrap(m, checked.WithVerify()))
+	wrapped, err := memapi.RequireVirtualBacking(checked.Wrap(m, countingLedger{}, checked.WithVerify()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +107,17 @@ func TestLyingCommit(t *testing.T) {
 
 // countingGrant is a grant that records what is drawn.
 type countingGrant struct{ drawn memapi.Bytes }
+
+// countingLedger vouches for the test's countingGrant and nothing else: the
+// checked wrapper refuses grants of ledgers it was not built with.
+type countingLedger struct{}
+
+func (countingLedger) IssuedGrant(g memapi.Grant) bool {
+	_, ok := g.(*countingGrant)
+	return ok
+}
+
+func (countingLedger) IssuedAccount(memapi.Account) bool { return false }
 
 func (*countingGrant) Authority() memapi.AuthorityID { return "host" }
 func (c *countingGrant) Draw(n memapi.Bytes) error   { c.drawn += n; return nil }

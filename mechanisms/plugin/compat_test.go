@@ -31,7 +31,7 @@ func TestCompatibility(t *testing.T) {
 		if got := memapi.Negotiate(m); got != want {
 			t.Errorf("Negotiate = %v, want %v", got, want)
 		}
-		if _, err := memapi.RequireSharedMapping(checked.Wrap(m)); !errors.Is(err, errors.ErrUnsupported) {
+		if _, err := memapi.RequireSharedMapping(checked.Wrap(m, checked.NoLedger)); !errors.Is(err, errors.ErrUnsupported) {
 			t.Errorf("RequireSharedMapping = %v, want ErrUnsupported", err)
 		}
 		// What it has works (the conformance run below checks all of it).
@@ -62,7 +62,7 @@ func TestCompatibility(t *testing.T) {
 		path := refhost(t, "REFHOST_MINOR=0")
 		conformance.Run(t, func(t *testing.T) conformance.Subject {
 			m, c := newSubject(t, path)
-			return conformance.Subject{Mechanism: checked.Wrap(m, checked.WithVerify()), Context: c}
+			return conformance.Subject{Mechanism: checked.Wrap(m, conformance.Ledger, checked.WithVerify()), Context: c}
 		})
 	})
 	t.Run("newer-minor/conformance", func(t *testing.T) {
@@ -81,7 +81,7 @@ func TestCompatibility(t *testing.T) {
 		// aborts the process if the host ever called it.
 		conformance.Run(t, func(t *testing.T) conformance.Subject {
 			m, c := newSubject(t, path)
-			return conformance.Subject{Mechanism: checked.Wrap(m, checked.WithVerify()), Context: c}
+			return conformance.Subject{Mechanism: checked.Wrap(m, conformance.Ledger, checked.WithVerify()), Context: c}
 		})
 	})
 	t.Run("other-major", func(t *testing.T) {

@@ -24,7 +24,7 @@ func TestConformance(t *testing.T) {
 				m, c := newSubject(t, path)
 				var mech memapi.Mechanism = m
 				if wrapped {
-					mech = checked.Wrap(m, checked.WithVerify())
+					mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 				}
 				return conformance.Subject{Mechanism: mech, Context: c}
 			})

@@ -22,7 +22,7 @@
 //
 //	m, err := plugin.New("libvendor.so", plugin.Options{})
 //	dc, err := m.NewContext()
-//	mech := checked.Wrap(m)
+//	mech := checked.Wrap(m, gov) // accepts only the governor's grants
 //
 // A fault inside a C slot cannot be contained in-process; a panic on the Go
 // side of a call is. docs/cabi.md is the guide to writing a plugin, with the

@@ -29,7 +29,7 @@ func Example() {
 		return
 	}
 	defer dc.Close()
-	mech := checked.Wrap(m) // draws before and refunds after every slot call
+	mech := checked.Wrap(m, checked.NoLedger) // inspection only: this wrapper accepts no grant
 	fmt.Println(memapi.Negotiate(mech), m.Library())
 	if _, err := memapi.RequireSharedMapping(mech); err != nil {
 		fmt.Println("an older plugin: no SharedMapping") // absent, never a no-op

@@ -15,10 +15,10 @@ const (
 
 // statusKinds maps the ABI's status codes (the index) to the contract's
 // sentinel errors; code 0 is success.
-var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
+var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrForeignGrant, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
 
 // statusNames are the C names of the status codes.
-var statusNames = [...]string{"MEMGEN_OK", "MEMGEN_ERR_UNSUPPORTED", "MEMGEN_ERR_UNAVAILABLE", "MEMGEN_ERR_OUT_OF_MEMORY", "MEMGEN_ERR_INVALID_SIZE", "MEMGEN_ERR_INVALID_RANGE", "MEMGEN_ERR_UNALIGNED", "MEMGEN_ERR_NIL_HANDLE", "MEMGEN_ERR_FOREIGN_HANDLE", "MEMGEN_ERR_RELEASED", "MEMGEN_ERR_IN_USE", "MEMGEN_ERR_COMMITTED", "MEMGEN_ERR_NOT_COMMITTED", "MEMGEN_ERR_READ_ONLY", "MEMGEN_ERR_NO_GRANT", "MEMGEN_ERR_NO_ACCOUNT", "MEMGEN_ERR_GRANT_CLOSED", "MEMGEN_ERR_GRANT_EXHAUSTED", "MEMGEN_ERR_AUTHORITY_MISMATCH", "MEMGEN_ERR_OVER_BUDGET", "MEMGEN_ERR_UNTRUTHFUL", "MEMGEN_ERR_CLOSED"}
+var statusNames = [...]string{"MEMGEN_OK", "MEMGEN_ERR_UNSUPPORTED", "MEMGEN_ERR_UNAVAILABLE", "MEMGEN_ERR_OUT_OF_MEMORY", "MEMGEN_ERR_INVALID_SIZE", "MEMGEN_ERR_INVALID_RANGE", "MEMGEN_ERR_UNALIGNED", "MEMGEN_ERR_NIL_HANDLE", "MEMGEN_ERR_FOREIGN_HANDLE", "MEMGEN_ERR_RELEASED", "MEMGEN_ERR_IN_USE", "MEMGEN_ERR_COMMITTED", "MEMGEN_ERR_NOT_COMMITTED", "MEMGEN_ERR_READ_ONLY", "MEMGEN_ERR_NO_GRANT", "MEMGEN_ERR_NO_ACCOUNT", "MEMGEN_ERR_FOREIGN_GRANT", "MEMGEN_ERR_GRANT_CLOSED", "MEMGEN_ERR_GRANT_EXHAUSTED", "MEMGEN_ERR_AUTHORITY_MISMATCH", "MEMGEN_ERR_OVER_BUDGET", "MEMGEN_ERR_UNTRUTHFUL", "MEMGEN_ERR_CLOSED"}
 
 // declaredPlugin is a plugin mechanism the spec declares.
 type declaredPlugin struct {

@@ -1,6 +1,7 @@
 package handleclose_test
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/memgen/memgen/memvet/handleclose"
@@ -9,7 +10,15 @@ import (
 
 // The test packages live under testdata inside this module so that they
 // import the real pmm; analysistest loads them in module mode.
-const root = "../.."
+var root = func() string {
+	// Absolute: analysistest hands root's go.work to the go command as
+	// GOWORK, which must be an absolute path.
+	d, err := filepath.Abs("../..")
+	if err != nil {
+		panic(err)
+	}
+	return d
+}()
 
 func TestLeaks(t *testing.T) {
 	analysistest.Run(t, root, handleclose.Analyzer, "./memvet/handleclose/testdata/leaks")

@@ -25,7 +25,7 @@ func raw(g memapi.Grant, to memapi.Account) {
 	if vb, err := memapi.RequireVirtualBacking(m); err == nil {
 		_ = vb.Commit(ctx, nil, memapi.Range{}, g) // want `VirtualBacking.Commit consumes`
 	}
-	mm = checked.Wrap(m)
+	mm = checked.Wrap(m, fakes.Ledger)
 	_ = mm.UsedBytes() // queries are not checked
 }
 
@@ -49,7 +49,9 @@ func newOwner(m memapi.Mechanism) *owner {
 	return o
 }
 
-func wrap(m memapi.Mechanism) memapi.Mechanism { return checked.Wrap(m, checked.WithVerify()) }
+func wrap(m memapi.Mechanism) memapi.Mechanism {
+	return checked.Wrap(m, fakes.Ledger, checked.WithVerify())
+}
 
 func (o *owner) use(g memapi.Grant, to memapi.Account) error {
 	a, err := o.mech.Allocate(ctx, memapi.AllocRequest{Size: 1}, g)
@@ -80,7 +82,7 @@ type mixed struct{ mech memapi.Mechanism }
 
 func newMixed(m memapi.Mechanism, wrapped bool) *mixed {
 	if wrapped {
-		return &mixed{mech: checked.Wrap(m)}
+		return &mixed{mech: checked.Wrap(m, fakes.Ledger)}
 	}
 	return &mixed{mech: m}
 }
@@ -96,7 +98,7 @@ func helper(m memapi.Mechanism, g memapi.Grant) {
 
 func callers(g memapi.Grant) {
 	m := fakes.NewMechanism(fakes.Config{})
-	helper(checked.Wrap(m), g)
+	helper(checked.Wrap(m, fakes.Ledger), g)
 	helper(m, g)
 }
 

@@ -164,29 +164,33 @@ enum tiny_status_code {
    */
   TINY_ERR_NO_ACCOUNT = 15,
   /*
+   * A grant or account from a ledger the checked wrapper does not trust.
+   */
+  TINY_ERR_FOREIGN_GRANT = 16,
+  /*
    * The grant is closed.
    */
-  TINY_ERR_GRANT_CLOSED = 16,
+  TINY_ERR_GRANT_CLOSED = 17,
   /*
    * The grant does not cover the bytes.
    */
-  TINY_ERR_GRANT_EXHAUSTED = 17,
+  TINY_ERR_GRANT_EXHAUSTED = 18,
   /*
    * The grant belongs to another authority.
    */
-  TINY_ERR_AUTHORITY_MISMATCH = 18,
+  TINY_ERR_AUTHORITY_MISMATCH = 19,
   /*
    * The authority cannot grant the bytes.
    */
-  TINY_ERR_OVER_BUDGET = 19,
+  TINY_ERR_OVER_BUDGET = 20,
   /*
    * The mechanism's committed bytes did not move.
    */
-  TINY_ERR_UNTRUTHFUL = 20,
+  TINY_ERR_UNTRUTHFUL = 21,
   /*
    * The object was closed.
    */
-  TINY_ERR_CLOSED = 21,
+  TINY_ERR_CLOSED = 22,
   TINY_STATUS_MAX_ = 0x7fffffff
 };
 TINY_STATIC_ASSERT(sizeof(enum tiny_status_code) == 4, "status codes are 32 bits");

@@ -15,10 +15,10 @@ const (
 
 // statusKinds maps the ABI's status codes (the index) to the contract's
 // sentinel errors; code 0 is success.
-var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
+var statusKinds = [...]error{nil, memapi.ErrUnsupported, memapi.ErrUnavailable, memapi.ErrOutOfMemory, memapi.ErrInvalidSize, memapi.ErrInvalidRange, memapi.ErrUnaligned, memapi.ErrNilHandle, memapi.ErrForeignHandle, memapi.ErrReleased, memapi.ErrInUse, memapi.ErrCommitted, memapi.ErrNotCommitted, memapi.ErrReadOnly, memapi.ErrNoGrant, memapi.ErrNoAccount, memapi.ErrForeignGrant, memapi.ErrGrantClosed, memapi.ErrGrantExhausted, memapi.ErrAuthorityMismatch, memapi.ErrOverBudget, memapi.ErrUntruthful, memapi.ErrClosed}
 
 // statusNames are the C names of the status codes.
-var statusNames = [...]string{"TINY_OK", "TINY_ERR_UNSUPPORTED", "TINY_ERR_UNAVAILABLE", "TINY_ERR_OUT_OF_MEMORY", "TINY_ERR_INVALID_SIZE", "TINY_ERR_INVALID_RANGE", "TINY_ERR_UNALIGNED", "TINY_ERR_NIL_HANDLE", "TINY_ERR_FOREIGN_HANDLE", "TINY_ERR_RELEASED", "TINY_ERR_IN_USE", "TINY_ERR_COMMITTED", "TINY_ERR_NOT_COMMITTED", "TINY_ERR_READ_ONLY", "TINY_ERR_NO_GRANT", "TINY_ERR_NO_ACCOUNT", "TINY_ERR_GRANT_CLOSED", "TINY_ERR_GRANT_EXHAUSTED", "TINY_ERR_AUTHORITY_MISMATCH", "TINY_ERR_OVER_BUDGET", "TINY_ERR_UNTRUTHFUL", "TINY_ERR_CLOSED"}
+var statusNames = [...]string{"TINY_OK", "TINY_ERR_UNSUPPORTED", "TINY_ERR_UNAVAILABLE", "TINY_ERR_OUT_OF_MEMORY", "TINY_ERR_INVALID_SIZE", "TINY_ERR_INVALID_RANGE", "TINY_ERR_UNALIGNED", "TINY_ERR_NIL_HANDLE", "TINY_ERR_FOREIGN_HANDLE", "TINY_ERR_RELEASED", "TINY_ERR_IN_USE", "TINY_ERR_COMMITTED", "TINY_ERR_NOT_COMMITTED", "TINY_ERR_READ_ONLY", "TINY_ERR_NO_GRANT", "TINY_ERR_NO_ACCOUNT", "TINY_ERR_FOREIGN_GRANT", "TINY_ERR_GRANT_CLOSED", "TINY_ERR_GRANT_EXHAUSTED", "TINY_ERR_AUTHORITY_MISMATCH", "TINY_ERR_OVER_BUDGET", "TINY_ERR_UNTRUTHFUL", "TINY_ERR_CLOSED"}
 
 // declaredPlugin is a plugin mechanism the spec declares.
 type declaredPlugin struct {

@@ -13,15 +13,18 @@ import (
 // says the call moves, and every disagreement between what the mechanism
 // reported and what its counters show.
 type audit struct {
-	m        *mechanism
-	op       string
-	effect   memapi.Effect
-	amount   memapi.Bytes // the rounded amount the call declares
-	err      error        // the mechanism's own result
-	measured bool         // moved holds the primary figure's movement
-	moved    memapi.Bytes // how far the primary figure moved the declared way
-	disagree bool         // another figure moved by a different amount
-	faults   []error
+	m         *mechanism
+	op        string
+	effect    memapi.Effect
+	amount    memapi.Bytes    // the rounded amount the call declares
+	err       error           // the mechanism's own result
+	measured  bool            // moved holds the primary figure's movement
+	moved     memapi.Bytes    // how far the primary figure moved the declared way
+	disagree  bool            // another figure moved by a different amount
+	settled   memapi.Bytes    // what settleDraw kept drawn or settleRefund refunded
+	before    [4]memapi.Bytes // each figure read before the call
+	beforeErr [4]error
+	faults    []error
 }
 
 // want is how far the figures must have moved: the amount after a successful
@@ -33,10 +36,12 @@ func (a *audit) want() memapi.Bytes {
 	return a.amount
 }
 
-// figure compares one counter read before and after the call with the declared
-// movement (up for consuming calls, down for refunding ones). The first figure
-// of a call is its primary one: the ledger settles on its observed movement.
-func (a *audit) figure(name string, before memapi.Bytes, berr error, after memapi.Bytes, aerr error) {
+// figure compares counter i, read before the call (before[i], beforeErr[i]) and
+// after it, with the declared movement (up for consuming calls, down for
+// refunding ones). Figure 0 of a call is its primary one: the ledger settles on
+// its observed movement.
+func (a *audit) figure(i int, name string, after memapi.Bytes, aerr error) {
+	before, berr := a.before[i], a.beforeErr[i]
 	if berr != nil || aerr != nil {
 		a.faults = append(a.faults, fmt.Errorf("%s: reading %s: %w", a.op, name, errors.Join(berr, aerr)))
 		return
@@ -171,8 +176,10 @@ func (a *audit) settleDraw(grant memapi.Grant, drawn memapi.Bytes) error {
 	case actual > drawn:
 		if err := grant.Draw(actual - drawn); err != nil {
 			a.faults = append(a.faults, err)
+			actual = drawn
 		}
 	}
+	a.settled = actual
 	return a.result()
 }
 
@@ -191,5 +198,6 @@ func (a *audit) settleRefund(to memapi.Account, due memapi.Bytes) error {
 	if err := refund(to, freed); err != nil {
 		a.faults = append(a.faults, err)
 	}
+	a.settled = freed
 	return a.result()
 }

@@ -14,12 +14,14 @@ func (m *mechanism) Info() memapi.MechanismInfo {
 }
 
 // Allocate checks positive(req.Size) (ErrInvalidSize); draws req.Size rounded
-// to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch,
-// ErrInvalidSize) [charge-before-commit]; verify mode checks the figures; then
-// it calls the wrapped mechanism's Allocate.
+// to Info().AllocGranularity from grant (ErrNoGrant, ErrForeignGrant,
+// ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode
+// checks the figures; then it calls the wrapped mechanism's Allocate.
 func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	if m.verify {
-		return m.allocateVerified(ctx, req, grant)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "DeviceAllocator.Allocate"
 	if req.Size == 0 {
@@ -29,48 +31,45 @@ func (m *mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if err != nil {
 		return nil, err
 	}
+	returned := false
+	defer m.abandon(grant, n, &returned)
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectConsumes,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
 	out0, err := m.inner.Allocate(ctx, req, grant)
+	returned = true
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.created(out0)
+		if out0 != nil {
+			au.size("Allocation.Size()", out0.Size())
+		}
+		err = au.settleDraw(grant, n)
+		return out0, err
+	}
 	if err != nil {
 		return out0, m.undraw(grant, n, err)
 	}
 	return out0, nil
 }
 
-// allocateVerified is Allocate in verify mode.
-func (m *mechanism) allocateVerified(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "DeviceAllocator.Allocate"
-	if req.Size == 0 {
-		return nil, m.errPositive(op, "positive(req.Size)")
-	}
-	n, err := m.charge(op, grant, req.Size, m.info.AllocGranularity)
-	if err != nil {
-		return nil, err
-	}
-	used0 := m.inner.UsedBytes()
-	out0, err := m.inner.Allocate(ctx, req, grant)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectConsumes,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.created(out0)
-	if out0 != nil {
-		au.size("Allocation.Size()", out0.Size())
-	}
-	return out0, au.settleDraw(grant, n)
-}
-
 // Free checks live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds
-// a.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode
-// checks the figures; then it calls the wrapped mechanism's Free.
+// a.Size to to after success (ErrNoAccount, ErrForeignGrant,
+// ErrAuthorityMismatch); verify mode checks the figures; then it calls the
+// wrapped mechanism's Free.
 func (m *mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	if m.verify {
-		return m.freeVerified(ctx, a, to)
+		// Verify mode serializes mutating calls, so the figures read around this one are exact.
+		m.mu.Lock()
+		defer m.mu.Unlock()
 	}
 	const op = "DeviceAllocator.Free"
 	if err := memapi.CheckHandle(op, a, m.info.Instance); err != nil {
@@ -80,37 +79,28 @@ func (m *mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Ac
 		return err
 	}
 	n := a.Size()
+	var au audit
+	if m.verify {
+		au = audit{
+			amount: n,
+			effect: memapi.EffectRefunds,
+			m:      m,
+			op:     op,
+		}
+		au.before[0] = m.inner.UsedBytes()
+	}
 	err := m.inner.Free(ctx, a, to)
+	if m.verify {
+		au.err = err
+		au.figure(0, "DeviceAllocator.UsedBytes()", m.inner.UsedBytes(), nil)
+		au.released("a", a)
+		err = au.settleRefund(to, n)
+		return err
+	}
 	if err != nil {
 		return err
 	}
 	return refund(to, n)
-}
-
-// freeVerified is Free in verify mode.
-func (m *mechanism) freeVerified(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	const op = "DeviceAllocator.Free"
-	if err := memapi.CheckHandle(op, a, m.info.Instance); err != nil {
-		return err
-	}
-	if err := m.account(op, to); err != nil {
-		return err
-	}
-	n := a.Size()
-	used0 := m.inner.UsedBytes()
-	err := m.inner.Free(ctx, a, to)
-	au := audit{
-		amount: n,
-		effect: memapi.EffectRefunds,
-		err:    err,
-		m:      m,
-		op:     op,
-	}
-	au.figure("DeviceAllocator.UsedBytes()", used0, nil, m.inner.UsedBytes(), nil)
-	au.released("a", a)
-	return au.settleRefund(to, n)
 }
 
 // UsedBytes calls the wrapped mechanism's UsedBytes.

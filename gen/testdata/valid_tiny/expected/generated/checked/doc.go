@@ -6,13 +6,19 @@ spec's invariants on every call. It is generated from spec/capabilities.yaml:
 each method's checks follow from its accounting effect, the handle it creates
 or releases, and its requires clauses.
 
-	m := checked.Wrap(mech)                        // checks, and the ledger
-	m := checked.Wrap(mech, checked.WithVerify())  // also truthfulness, for tests
+	m := checked.Wrap(mech, gov)                        // checks, and the ledger
+	m := checked.Wrap(mech, gov, checked.WithVerify())  // also truthfulness, for tests
+
+where gov is the Ledger whose grants and accounts the wrapper accepts (the
+governor implements it); a grant or account it did not issue is rejected with
+ErrForeignGrant.
 
 The wrapper is where the ledger moves: mechanisms never draw from grants nor
 refund to accounts. A consuming call draws its rounded amount from the grant
 before the mechanism runs and undraws it when the mechanism fails; a refunding
 call refunds the account after the mechanism really released the memory.
+When the mechanism panics (or ends its goroutine) inside a consuming call,
+the draw is given back and the panic goes on to the caller unrecovered.
 
 Every check runs before the mechanism is called and before anything is drawn,
 so a rejected call returns an *memapi.Error whose Kind is the sentinel
@@ -22,23 +28,55 @@ Undraw, Refund) are returned as they are, joined when both fail.
 
 Invariants enforced (ids from the spec):
 
-  - charge-before-commit: Physical backing is installed only against a live grant that covers it.
-    On DeviceAllocator.Allocate, VirtualBacking.Commit: every precondition is checked first, then the grant must be non-nil (ErrNoGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails. A rejected call draws nothing and calls nothing.
+  - charge-before-commit: Physical backing is installed only against a live
+    grant that covers it.
+    On DeviceAllocator.Allocate, VirtualBacking.Commit: every precondition is
+    checked first, then the grant must be non-nil (ErrNoGrant), issued by the
+    wrapper's ledger (ErrForeignGrant) and of the mechanism's authority
+    (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's
+    granularity (ErrInvalidSize on overflow), is drawn from the grant before
+    the mechanism is called, and undrawn when the call fails or panics. A
+    rejected call draws nothing and calls nothing.
 
 Checks per method, in the order they run (the spec's requires clauses, with
 the error each returns):
 
-  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures.
-  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds a.Size to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures.
-  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode checks the figures.
-  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); draws r.Len rounded to Info().Granularity from grant (ErrNoGrant, ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify mode checks the figures.
-  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to Info().Granularity (ErrUnaligned); refunds r.Len to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures.
-  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased).
-  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle, ErrForeignHandle, ErrReleased); refunds committed(res) to to after success (ErrNoAccount, ErrAuthorityMismatch); verify mode checks the figures.
+  - DeviceAllocator.Allocate: positive(req.Size) (ErrInvalidSize); draws
+    req.Size rounded to Info().AllocGranularity from grant (ErrNoGrant,
+    ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)
+    [charge-before-commit]; verify mode checks the figures.
+  - DeviceAllocator.Free: live(a) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); refunds a.Size to to after success (ErrNoAccount,
+    ErrForeignGrant, ErrAuthorityMismatch); verify mode checks the
+    figures.
+  - VirtualBacking.Reserve: positive(req.Size) (ErrInvalidSize); verify mode
+    checks the figures.
+  - VirtualBacking.Commit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); draws r.Len rounded to
+    Info().Granularity from grant (ErrNoGrant, ErrForeignGrant,
+    ErrAuthorityMismatch, ErrInvalidSize) [charge-before-commit]; verify
+    mode checks the figures.
+  - VirtualBacking.Decommit: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased); within(r, res) (ErrInvalidRange); aligned(r) to
+    Info().Granularity (ErrUnaligned); refunds r.Len to to after success
+    (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify mode
+    checks the figures.
+  - VirtualBacking.CommittedBytes: live(res) (ErrNilHandle, ErrForeignHandle,
+    ErrReleased).
+  - VirtualBacking.ReleaseReservation: live(res) (ErrNilHandle,
+    ErrForeignHandle, ErrReleased); refunds committed(res) to to after
+    success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch); verify
+    mode checks the figures.
 
-Refund amounts are read before the mechanism is called (committed(res) from
-the capability's committed-bytes query). A refunding call needs an account of
-the mechanism's authority (ErrNoAccount, ErrAuthorityMismatch). When the
+Refund amounts are known before the mechanism is called: a handle's size, a
+range's rounded length or, for committed(res), the committed bytes the
+wrapper charged against res (what Commit drew less what Decommit refunded),
+which it keeps in the handle through memapi.ChargeBook instead of asking the
+mechanism; bytes committed past the wrapper were never charged and are not
+refunded. A refunding call needs an account of
+the wrapper's ledger and the mechanism's authority (ErrNoAccount,
+ErrForeignGrant, ErrAuthorityMismatch). When the
 mechanism released the memory but the account's Refund failed, the account's
 error is returned: the handle is released all the same.
 
@@ -69,15 +107,15 @@ is not a new instance, and handles are the mechanism's own.
 
 Cost: the wrapper keeps no per-call state (only its options and, for each
 optional capability, a cached wrapper). Outside verify mode a call adds a few
-comparisons, one Authority call and the Draw or Refund, and allocates nothing
-unless it fails.
+comparisons, one ledger check, one Authority call and the Draw or Refund, and
+allocates nothing unless it fails.
 */
 package checked
 
 import "example.com/golden/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "3a180f8fec8ee9ff58fa3dc5e3a4daa6b7588eb8fa1c83d82fdc139e5750e4a4"
+const specDigest = "977fa84e24f599d22ee6bffba223b214961f39fdc230f00896a28e2ca984c999"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

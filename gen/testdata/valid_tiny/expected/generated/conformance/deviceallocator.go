@@ -23,6 +23,24 @@ func (e *env) validFree(t T) *callFree {
 	return &callFree{ctx: e.ctx, a: e.allocate(t, e.allocGran()+1), to: e.account}
 }
 
+// Witnesses: for a method with one, invariant/no-silent-noop calls
+// witness<Method>(t, c) before the valid call c and the function it returns
+// after the call succeeded, with the handle the call made; it checks through
+// the device context that the call really did its work. Every consuming
+// method has one.
+
+func (e *env) witnessAllocate(t T, c *callAllocate) func(memapi.Handle) {
+	return func(h memapi.Handle) {
+		t.Helper()
+		a, _ := h.(*memapi.Allocation)
+		if a == nil {
+			t.Errorf("Allocate reported success with no Allocation")
+			return
+		}
+		e.witnessed(t, "Allocate", a.Addr(), a.Size())
+	}
+}
+
 func init() {
 	da := memapi.Of(memapi.CapDeviceAllocator)
 	scenarios = append(scenarios,

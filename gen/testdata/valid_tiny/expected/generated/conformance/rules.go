@@ -29,12 +29,14 @@ func specDeviceAllocatorAllocateCreatesLiveHandle(t T, e *env) {
 func specDeviceAllocatorAllocateExactAccounting(t T, e *env) {
 	c := e.validAllocate(t)
 	want := e.round(t, c.req.Size, roundAlloc)
+	witness := e.witnessAllocate(t, c)
 	before := e.books()
 	h, err := c.call(e)
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	e.expectConsumed(t, "Allocate", before, want)
+	witness(h)
 	checkCreated(t, e, "Allocate", h)
 	if x, _ := h.(*memapi.Allocation); x != nil && x.Size() != want {
 		t.Errorf("Allocate: the Allocation's Size() is %d, want %d (the amount rounded as the spec declares)", x.Size(), want)
@@ -184,11 +186,14 @@ func specVirtualBackingReserveHugeSize(t T, e *env) {
 func specVirtualBackingCommitExactAccounting(t T, e *env) {
 	c := e.validCommit(t)
 	want := e.round(t, c.r.Len, roundGranularity)
+	witness := e.witnessCommit(t, c)
 	before := e.books()
-	if _, err := c.call(e); err != nil {
+	h, err := c.call(e)
+	if err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	e.expectConsumed(t, "Commit", before, want)
+	witness(h)
 }
 
 // specInvariantChargeBeforeCommitCommit is the subtest
@@ -456,21 +461,25 @@ func specInvariantNoSilentNoopVirtualBacking(t T, e *env) {
 	{
 		c := e.validCommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessCommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Commit", err)
 		if err == nil {
 			e.expectConsumed(t, "Commit", before, want)
+			witness(h)
 		}
 	}
 	{
 		c := e.validDecommit(t)
 		want := e.round(t, c.r.Len, roundGranularity)
+		witness := e.witnessDecommit(t, c)
 		before := e.books()
-		_, err := c.call(e)
+		h, err := c.call(e)
 		noSilentNoop(t, e, "VirtualBacking", "Decommit", err)
 		if err == nil {
 			e.expectRefunded(t, "Decommit", before, want)
+			witness(h)
 		}
 	}
 	{

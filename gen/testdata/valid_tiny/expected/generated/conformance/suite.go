@@ -86,6 +86,11 @@ type T interface {
 type Subject struct {
 	Mechanism memapi.Mechanism
 	Context   memapi.DeviceContext
+	// Lacks lists the capabilities the spec declares for the mechanism that
+	// this subject does not have on this machine, as the factory knows (a
+	// GPU without virtual memory management offers DeviceAllocator alone).
+	// spec/offers accepts their absence, and only theirs.
+	Lacks memapi.CapSet
 }
 
 // Factory makes a fresh Subject for one subtest and registers its cleanup
@@ -241,6 +246,7 @@ type env struct {
 	dc      memapi.DeviceContext
 	info    memapi.MechanismInfo
 	caps    memapi.CapSet
+	lacks   memapi.CapSet // Subject.Lacks
 	ctx     context.Context
 	ledger  *ledger
 	grant   *grant
@@ -262,7 +268,7 @@ func newEnv(t T, f FactoryT) *env {
 		t.Fatalf("the factory returned no Context")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, ctx: ctx}
+	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, ctx: ctx}
 	e.info = s.Mechanism.Info()
 	e.caps = e.capabilities.load(s.Mechanism)
 	e.ledger = &ledger{}
@@ -460,6 +466,28 @@ func (a *account) Refund(n memapi.Bytes) error {
 	defer a.ledger.mu.Unlock()
 	a.ledger.refunded += n
 	return nil
+}
+
+// Ledger vouches for the grants and accounts the suite makes, and for
+// nothing else. A factory that wraps its mechanism in the checked wrapper
+// builds it with this ledger, so that the suite's grants are accepted:
+//
+//	conformance.Subject{Mechanism: checked.Wrap(m, conformance.Ledger), Context: ctx}
+var Ledger = suiteLedger{}
+
+// suiteLedger is the type of Ledger.
+type suiteLedger struct{}
+
+// IssuedGrant reports whether g is one of the suite's grants.
+func (suiteLedger) IssuedGrant(g memapi.Grant) bool {
+	_, ok := g.(*grant)
+	return ok
+}
+
+// IssuedAccount reports whether a is one of the suite's accounts.
+func (suiteLedger) IssuedAccount(a memapi.Account) bool {
+	_, ok := a.(*account)
+	return ok
 }
 
 // books is UsedBytes and the ledger at one moment.
@@ -793,6 +821,31 @@ func (e *env) read(t T, what string, addr memapi.DeviceAddr, n memapi.Bytes) []b
 		t.Fatalf("%s: reading %d bytes at %#x through the device context: %v", what, n, addr, err)
 	}
 	return b
+}
+
+// witnessed writes a pattern over the n bytes at addr, one granule-sized
+// stretch after another, and reads every byte back through the device
+// context: the check of no-silent-noop that does not trust the mechanism's
+// counters. Memory a call reported installing must hold what is written.
+func (e *env) witnessed(t T, what string, addr memapi.DeviceAddr, n memapi.Bytes) {
+	t.Helper()
+	if n == 0 {
+		t.Errorf("%s: reported success with nothing to read back", what)
+		return
+	}
+	data := pattern(n, byte(addr>>12)|1)
+	if err := e.writeOn(e.sharedStream(t), addr, data); err != nil {
+		t.Errorf("%s reported success, but writing its %d bytes at %#x through the device context fails: %v", what, n, addr, err)
+		return
+	}
+	got, err := e.readOn(e.sharedStream(t), addr, n)
+	if err != nil {
+		t.Errorf("%s reported success, but reading its %d bytes at %#x back through the device context fails: %v", what, n, addr, err)
+		return
+	}
+	if i := firstDiff(got, data); i >= 0 {
+		t.Errorf("%s reported success, but byte %d of %d at %#x reads back %#02x, not the %#02x written: the memory is not installed", what, i, n, addr, got[i], data[i])
+	}
 }
 
 // expectBytes reads len(want) bytes at addr and compares them.

@@ -44,6 +44,32 @@ func (e *env) validReleaseReservation(t T) *callReleaseReservation {
 	return &callReleaseReservation{ctx: e.ctx, res: res, to: e.account}
 }
 
+func (e *env) witnessCommit(t T, c *callCommit) func(memapi.Handle) {
+	return func(memapi.Handle) {
+		t.Helper()
+		e.witnessed(t, "Commit", at(c.res, c.r.Off), c.r.Len)
+	}
+}
+
+// witnessDecommit fills the committed range before the Decommit; afterwards
+// it commits the range again, which must read zeros: a Decommit that freed
+// nothing keeps the old bytes.
+func (e *env) witnessDecommit(t T, c *callDecommit) func(memapi.Handle) {
+	t.Helper()
+	e.write(t, "before Decommit", at(c.res, c.r.Off), pattern(c.r.Len, 0x5a))
+	return func(memapi.Handle) {
+		t.Helper()
+		if err := (&callCommit{ctx: e.ctx, res: c.res, r: c.r, grant: e.grant}).do(e); err != nil {
+			t.Errorf("Commit of %v again after Decommit: %v", c.r, err)
+			return
+		}
+		got := e.read(t, "Commit after Decommit", at(c.res, c.r.Off), c.r.Len)
+		if i := firstDiff(got, make([]byte, len(got))); i >= 0 {
+			t.Errorf("Decommit reported success, but committing %v again reads %#02x at byte %d, not zero: the old backing was kept", c.r, got[i], i)
+		}
+	}
+}
+
 // reserve reserves size bytes of address space; it must work.
 func (e *env) reserve(t T, size memapi.Bytes) *memapi.Reservation {
 	t.Helper()

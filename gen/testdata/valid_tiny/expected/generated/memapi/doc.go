@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "3a180f8fec8ee9ff58fa3dc5e3a4daa6b7588eb8fa1c83d82fdc139e5750e4a4"
+const SpecDigest = "977fa84e24f599d22ee6bffba223b214961f39fdc230f00896a28e2ca984c999"

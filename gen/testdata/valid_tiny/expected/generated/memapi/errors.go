@@ -41,6 +41,9 @@ var (
 	ErrNoGrant = errors.New("memapi: no grant")
 	// ErrNoAccount is returned when a refunding call without an account.
 	ErrNoAccount = errors.New("memapi: no account")
+	// ErrForeignGrant is returned when a grant or account from a ledger the checked
+	// wrapper does not trust.
+	ErrForeignGrant = errors.New("memapi: foreign grant")
 	// ErrGrantClosed is returned when the grant is closed.
 	ErrGrantClosed = errors.New("memapi: grant closed")
 	// ErrGrantExhausted is returned when the grant does not cover the bytes.

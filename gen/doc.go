@@ -1,0 +1,56 @@
+// Package gen is memgen's generator library: it loads spec/capabilities.yaml
+// through yaml.Node (so every error carries its line and column), validates
+// it as a whole (every problem reported at once, as
+// "spec/capabilities.yaml:LINE:COL: message"), builds the model (Spec) and
+// runs the registered emitters to produce the generated tree: the contract
+// (generated/memapi), the checked wrappers, the conformance suite, the fakes,
+// each mechanism's glue and docs/capabilities.md.
+//
+// Load, Generate, Diff and Write are what cmd/memgen is made of:
+//
+//	s, err := gen.Load("spec/capabilities.yaml", data) // err is an ErrorList
+//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
+//	written, removed, err := gen.Write(root, files)
+//
+// Output is deterministic and gofmt-clean, and every file starts with Header
+// (or MarkdownHeader). Golden tests live under testdata/; run
+// `go test ./gen -update` after changing an emitter on purpose.
+//
+// # Where things go
+//
+// An emitter is one file, emit_<output>.go, that registers itself from an
+// init function (register(Emitter{Name, Order, Emit})) and writes one output
+// package or document: emit_contract.go (generated/memapi), emit_checked.go
+// (generated/checked, and the contract's ChargeBook, which only the wrapper
+// uses), emit_conformance.go with emit_conformance_rules.go
+// (generated/conformance), emit_fakes.go (fakes/), emit_glue.go (each
+// mechanism's zz_generated.memgen.go), emit_doc.go (docs/capabilities.md).
+// Order sorts emitters whose outputs depend on each other's names.
+//
+// Code whose shape follows the spec (one method, type or subtest per spec
+// declaration) is built with jennifer (github.com/dave/jennifer), so names,
+// imports and formatting are computed rather than pasted. Code that is the
+// same for every spec (the fakes' state models, the conformance suite's
+// harness, fixtures, witnesses and hand-written scenarios) is a Go source
+// template, one file per concept, under the emitter's own directory:
+// fakestmpl/ for the fakes, conformancetmpl/ for the suite. Both are rendered
+// by one machinery: text/template with {{.Contract}} for the contract's
+// import path (and .Caps for what the spec declares), a first line
+// {{/* needs: A B.M ... */}} that leaves the template out when the spec
+// lacks one of the names, gofmt, and then go/parser over the result, so the
+// generator learns what a template provides (a fake's state methods, the
+// suite's fixtures and witnesses) from its syntax tree. A template must not
+// contain "{{" outside an action: write a composite literal of composite
+// literals as "{ {a}, {b} }" (gofmt restores "{{a}, {b}}").
+//
+// A fixture is the conformance suite's valid call of one method: a method
+// func (e *env) valid<Method>(t T) *call<Method> in the conformancetmpl
+// template of its capability (deviceallocator.go.tmpl, virtualbacking.go.tmpl,
+// sharedmapping.go.tmpl). Every capability method needs one; a consuming
+// method also needs a witness, func (e *env) witness<Method>(t T, c
+// *call<Method>) func(memapi.Handle), which checks through the device
+// context that the call really did its work. A spec method without its
+// fixture or witness is a generation error naming it. A golden case is a
+// folder under testdata/: spec.yaml with want_errors.txt (a spec the loader
+// must refuse) or expected/ (the files a valid spec generates).
+package gen
