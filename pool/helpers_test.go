@@ -2,6 +2,7 @@ package pool_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,3 +103,5 @@ func pattern(i, n int) []byte {
 	}
 	return p
 }
+
+func slicesSort(d []time.Duration) { slices.Sort(d) }

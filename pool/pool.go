@@ -168,7 +168,7 @@ func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Str
 			return h, nil
 		}
 		if p.depot[c].n == 0 {
-			if !p.newSlabLocked(c) {
+			if !p.newSlabLocked(c) && !p.compactLocked(func() bool { return p.newSlabLocked(c) }) {
 				p.mu.Unlock()
 				if err := p.grow(ctx, n, classSize[c]*uint64(slabCount(c, uint64(p.opts.SlabBytes)))); err != nil {
 					return Block{}, err
@@ -179,7 +179,7 @@ func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Str
 		b := p.depot[c].pop()
 		sh := p.pick()
 		sh.mu.Lock()
-		for i := 0; i < refillMax && p.depot[c].n > 0; i++ {
+		for i := 0; i < shardMax(c)/2 && p.depot[c].n > 0; i++ {
 			sh.lists[c].push(p.depot[c].pop())
 		}
 		sh.allocs++
@@ -203,6 +203,17 @@ func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
 	h := p.hand(b, n, s)
 	sh.mu.Unlock()
 	return h
+}
+
+// compactLocked gathers the shards' free blocks into the depot and gives
+// the slabs that are then wholly free back to the arena, where any class or
+// a large block can use them; then it retries try. It runs before the pool
+// grows, so free slabs of one class never make it hold a segment more for
+// another.
+func (p *Pool) compactLocked(try func() bool) bool {
+	p.flushShardsLocked()
+	p.freeSlabsLocked()
+	return try()
 }
 
 // newSlabLocked carves a slab of class c from the arena into the depot; it
@@ -235,7 +246,11 @@ func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block
 			return Block{}, errClosed()
 		}
 		p.sweepLocked()
-		if ch := p.arena.take(r); ch != nil {
+		ch := p.arena.take(r)
+		if ch == nil {
+			p.compactLocked(func() bool { ch = p.arena.take(r); return ch != nil })
+		}
+		if ch != nil {
 			b := &block{p: p, addr: ch.addr, size: r, ch: ch}
 			b.word.Store(pack(0, ep.Released))
 			ch.blk = b
@@ -322,14 +337,14 @@ func (p *Pool) Free(h Block) error {
 		sh.frees++
 		l := &sh.lists[b.slab.class]
 		l.push(b)
-		if l.n < shardMax {
+		if l.n < shardMax(b.slab.class) {
 			sh.mu.Unlock()
 			return nil
 		}
 		sh.mu.Unlock()
 		p.mu.Lock()
 		sh.mu.Lock()
-		for l.n > shardMax/2 {
+		for l.n > shardMax(b.slab.class)/2 {
 			p.depot[b.slab.class].push(l.pop())
 		}
 		sh.mu.Unlock()

@@ -18,9 +18,12 @@ type shard struct {
 	_      [64]byte // keeps shards on their own cache lines
 }
 
-const (
-	shardMax  = 64 // blocks per class a shard keeps before spilling half
-	refillMax = 16 // blocks per class a refill moves from the depot
-)
+// shardKeep is the bytes of one class a shard keeps before it spills half
+// to the depot, and about what a refill moves: bounded in bytes, so that
+// large classes are not stranded in idle shards.
+const shardKeep = 256 << 10
+
+// shardMax is how many blocks of class c a shard keeps (2 to 64).
+func shardMax(c int) int { return int(min(64, max(2, shardKeep/classSize[c]))) }
 
 func (p *Pool) pick() *shard { return &p.shards[rand.Uint32()&p.mask] }
