@@ -60,14 +60,26 @@ func TestReclaimReleasesCache(t *testing.T) {
 func TestReclaimNeverTouchesInUse(t *testing.T) {
 	e := setup(t, 1<<30, pool.Options{SegmentBytes: 2 << 20})
 	ctx := context.Background()
+	// Large blocks that fill their segments exactly: all in use.
+	full := allocAll(t, e.p, 3, 3<<20)
+	require.Zero(t, e.p.Stats().Cached)
+	n, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
+	require.NoError(t, err)
+	require.Zero(t, n, "everything in use: nothing to give")
+	freeAll(t, full)
+	_, err = e.p.Trim(ctx)
+	require.NoError(t, err)
+
 	bs := allocAll(t, e.p, 40, 1<<20)
 	bs = append(bs, allocAll(t, e.p, 3, 3<<20)...)
 	for i, b := range bs {
 		require.NoError(t, e.m.WriteMemory(b.Addr(), pattern(i, 512)))
 	}
-	n, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
+	before := e.p.Stats()
+	n, err = e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
 	require.NoError(t, err)
-	require.Zero(t, n, "everything in use: nothing to give")
+	require.LessOrEqual(t, n, before.Cached, "only cached bytes go")
+	require.Equal(t, before.InUse, e.p.Stats().InUse)
 	freeAll(t, bs[:20])
 	n, err = e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
 	require.NoError(t, err)
