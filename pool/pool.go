@@ -28,8 +28,9 @@ const MaxAlloc = 1 << 46
 
 // Options configure a pool. Zero values take the defaults.
 type Options struct {
-	// SegmentBytes is the least a new segment holds (default 8 MiB); a
-	// larger request gets a segment of its own size.
+	// SegmentBytes is the least a new segment holds (default 2 MiB, the
+	// caching allocator's small segment; 8 and 32 MiB fragmented more on
+	// the random pattern); a larger request gets a segment of its own size.
 	SegmentBytes memapi.Bytes
 	// SlabBytes is about what one slab of a size class holds (default
 	// 2 MiB).
@@ -51,6 +52,7 @@ type Pool struct {
 
 	shards []shard
 	mask   uint32
+	hint   sync.Pool // *shard: the shard of the caller's P (pick)
 	closed atomic.Bool
 
 	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
@@ -85,7 +87,7 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "backing " + string(opts.Backing) + " is not implemented"}
 	}
 	if opts.SegmentBytes == 0 {
-		opts.SegmentBytes = 8 << 20
+		opts.SegmentBytes = 2 << 20
 	}
 	if opts.Wait == 0 {
 		opts.Wait = time.Second
@@ -122,15 +124,18 @@ func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (B
 		sh.mu.Lock()
 		if p.closed.Load() {
 			sh.mu.Unlock()
+			p.unpick(sh)
 			return Block{}, errClosed()
 		}
 		if b := sh.lists[c].pop(); b != nil {
 			sh.allocs++
 			h := p.hand(b, n, s)
 			sh.mu.Unlock()
+			p.unpick(sh)
 			return h, nil
 		}
 		sh.mu.Unlock()
+		p.unpick(sh)
 		return p.allocSmallSlow(ctx, c, n, s)
 	}
 	return p.allocLarge(ctx, n, s)
@@ -179,12 +184,13 @@ func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Str
 		b := p.depot[c].pop()
 		sh := p.pick()
 		sh.mu.Lock()
-		for i := 0; i < shardMax(c)/2 && p.depot[c].n > 0; i++ {
+		for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
 			sh.lists[c].push(p.depot[c].pop())
 		}
 		sh.allocs++
 		h := p.hand(b, n, s)
 		sh.mu.Unlock()
+		p.unpick(sh)
 		p.mu.Unlock()
 		return h, nil
 	}
@@ -202,6 +208,7 @@ func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
 	sh.allocs++
 	h := p.hand(b, n, s)
 	sh.mu.Unlock()
+	p.unpick(sh)
 	return h
 }
 
@@ -215,6 +222,9 @@ func (p *Pool) compactLocked(try func() bool) bool {
 	p.freeSlabsLocked()
 	return try()
 }
+
+// depotPutLocked puts a free small block in the depot.
+func (p *Pool) depotPutLocked(b *block) { p.depot[b.slab.class].push(b) }
 
 // newSlabLocked carves a slab of class c from the arena into the depot; it
 // reports false when no free chunk is large enough.
@@ -337,18 +347,20 @@ func (p *Pool) Free(h Block) error {
 		sh.frees++
 		l := &sh.lists[b.slab.class]
 		l.push(b)
-		if l.n < shardMax(b.slab.class) {
+		if l.n <= shardMax(b.slab.class) {
 			sh.mu.Unlock()
+			p.unpick(sh)
 			return nil
 		}
 		sh.mu.Unlock()
 		p.mu.Lock()
 		sh.mu.Lock()
-		for l.n > shardMax(b.slab.class)/2 {
-			p.depot[b.slab.class].push(l.pop())
+		for l.n > (shardMax(b.slab.class)+1)/2 {
+			p.depotPutLocked(l.pop())
 		}
 		sh.mu.Unlock()
 		p.mu.Unlock()
+		p.unpick(sh)
 		return nil
 	}
 	p.mu.Lock()
@@ -364,6 +376,7 @@ func (p *Pool) countSmallFree() {
 	sh.mu.Lock()
 	sh.frees++
 	sh.mu.Unlock()
+	p.unpick(sh)
 }
 
 func (p *Pool) unuse(b *block) {
@@ -403,7 +416,7 @@ func (p *Pool) sweepLocked() {
 		b.word.Store(pack(gen, ep.Released))
 		b.reset()
 		if b.slab != nil {
-			p.depot[b.slab.class].push(b)
+			p.depotPutLocked(b)
 		} else {
 			p.arena.give(b.ch)
 		}

@@ -19,7 +19,7 @@ func TestClasses(t *testing.T) {
 		require.Zero(t, uint64(b.Addr())%pool.Alignment)
 		r := b.Rounded()
 		require.GreaterOrEqual(t, r, n)
-		if n > 1024 {
+		if n > 1024 && n <= pool.SmallMax {
 			require.LessOrEqual(t, float64(r), float64(n)*1.25+1, "four classes per doubling: at most 25%% rounding for %d", n)
 		}
 		require.NoError(t, b.Free())

@@ -78,7 +78,7 @@ func (p *Pool) flushShardsLocked() {
 		sh.mu.Lock()
 		for c := range sh.lists {
 			for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
-				p.depot[c].push(b)
+				p.depotPutLocked(b)
 			}
 		}
 		sh.mu.Unlock()

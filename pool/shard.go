@@ -23,7 +23,21 @@ type shard struct {
 // large classes are not stranded in idle shards.
 const shardKeep = 256 << 10
 
-// shardMax is how many blocks of class c a shard keeps (2 to 64).
-func shardMax(c int) int { return int(min(64, max(2, shardKeep/classSize[c]))) }
+// shardMax is how many blocks of class c a shard keeps (1 to 64).
+func shardMax(c int) int { return int(min(64, max(1, shardKeep/classSize[c]))) }
 
-func (p *Pool) pick() *shard { return &p.shards[rand.Uint32()&p.mask] }
+// pick returns the shard for this call. The hint is a sync.Pool, whose Get
+// and Put are per-P and lock-free: a goroutine keeps meeting the shard of
+// its P, so what it frees it allocates again from the same cache. The hint
+// only names shards (all of them stay in p.shards, so a garbage collection
+// that empties the sync.Pool loses no block); when it is empty a shard is
+// picked by a cheap random number.
+func (p *Pool) pick() *shard {
+	if sh, ok := p.hint.Get().(*shard); ok {
+		return sh
+	}
+	return &p.shards[rand.Uint32()&p.mask]
+}
+
+// unpick gives the shard back to the hint.
+func (p *Pool) unpick(sh *shard) { p.hint.Put(sh) }
