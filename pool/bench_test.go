@@ -11,6 +11,8 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/mechanisms/cuda"
+	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
 	"github.com/memgen/memgen/pmm"
 	"github.com/memgen/memgen/pool"
 )
@@ -22,11 +24,27 @@ func benchEnv(b *testing.B, capacity memapi.Bytes) (*pool.Pool, *pmm.Binding, fu
 	if err != nil {
 		b.Fatal(err)
 	}
-	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
+	return benchOn(b, capacity, m, cpu.NewContext(m), dev0, func() {})
+}
+
+// cudaEnv is benchEnv on the CUDA mechanism over the simulated driver.
+func cudaEnv(b *testing.B, capacity memapi.Bytes) (*pool.Pool, *pmm.Binding, func()) {
+	b.Helper()
+	sim := cudasim.New(cudasim.Config{})
+	m, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: auth})
+	must(b, err)
+	dc, err := m.NewContext()
+	must(b, err)
+	return benchOn(b, capacity, m, dc, memapi.DeviceKey{Kind: memapi.DeviceKindCUDA, Ordinal: 0}, func() { _ = m.Close() })
+}
+
+func benchOn(b *testing.B, capacity memapi.Bytes, m memapi.Mechanism, dc memapi.DeviceContext, key memapi.DeviceKey, closeMech func()) (*pool.Pool, *pmm.Binding, func()) {
+	ectx := ep.NewContext(dc, ep.Options{})
 	g := governor.New(governor.Options{})
 	must(b, g.AddAuthority(auth, capacity))
 	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
-	must(b, mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: auth}))
+	must(b, mgr.Register(pmm.Device{Key: key, Mechanism: m, Context: ectx, Authority: auth}))
+	dev0 := key
 	bp, err := mgr.Bind("pool", "workspace", dev0)
 	must(b, err)
 	bb, err := mgr.Bind("bare", "workspace", dev0)
@@ -42,6 +60,7 @@ func benchEnv(b *testing.B, capacity memapi.Bytes) (*pool.Pool, *pmm.Binding, fu
 		must(b, mgr.Close(ctx))
 		must(b, ectx.Close(ctx, true))
 		must(b, g.Close())
+		closeMech()
 	}
 }
 
@@ -90,9 +109,15 @@ func runRandom[T any](b *testing.B, sizes []memapi.Bytes, bound memapi.Bytes, al
 
 // BenchmarkRandomAllocations: 10,000 allocations up to 1 MiB, at most
 // 64 MiB live, through the pool and through the unpooled binding, on the
-// CPU mechanism; the ratio and the pool's peak fragmentation.
+// CPU mechanism and on the CUDA mechanism over the simulated driver; the
+// ratio and the pool's peak fragmentation.
 func BenchmarkRandomAllocations(b *testing.B) {
-	p, bare, done := benchEnv(b, 1<<30)
+	b.Run("cpu", func(b *testing.B) { randomAllocations(b, benchEnv) })
+	b.Run("cudasim", func(b *testing.B) { randomAllocations(b, cudaEnv) })
+}
+
+func randomAllocations(b *testing.B, mk func(*testing.B, memapi.Bytes) (*pool.Pool, *pmm.Binding, func())) {
+	p, bare, done := mk(b, 1<<30)
 	defer done()
 	ctx := context.Background()
 	sizes := randomPattern(1, 10000, 1<<20, 64<<20)
