@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/pmm"
 )
 
-// segment is one piece of backing: a pmm Buffer of the pool's binding.
+// segment is one piece of backing: a pmm Buffer of the pool's binding, or
+// the pool's one Region (BackingRegion), whose size is its length.
 type segment struct {
 	buf  *pmm.Buffer
+	reg  *pmm.Region
 	base uint64
 	size uint64
 	head *chunk // first chunk in address order
@@ -125,4 +128,15 @@ func (a *arena) freeBytes() (n uint64) {
 		n += c.size
 	}
 	return n
+}
+
+// owned is the segment's pmm handle.
+func (s *segment) owned() interface {
+	RecordUse(memapi.Fence) error
+	Close() error
+} {
+	if s.reg != nil {
+		return s.reg
+	}
+	return s.buf
 }

@@ -32,9 +32,20 @@ type env struct {
 	p    *pool.Pool
 }
 
+// setup makes the env; an empty opts.Backing means BackingSegments here
+// (tests of the region say so).
 func setup(t *testing.T, capacity memapi.Bytes, opts pool.Options) *env {
 	t.Helper()
-	m := fakes.NewMechanism(fakes.Config{Authority: auth})
+	if opts.Backing == "" {
+		opts.Backing = pool.BackingSegments
+	}
+	return setupWith(t, capacity, opts, fakes.Config{})
+}
+
+func setupWith(t *testing.T, capacity memapi.Bytes, opts pool.Options, cfg fakes.Config) *env {
+	t.Helper()
+	cfg.Authority = auth
+	m := fakes.NewMechanism(cfg)
 	fctx := fakes.NewContext(m)
 	ectx := ep.NewContext(fctx, ep.Options{})
 	g := governor.New(governor.Options{})

@@ -28,12 +28,23 @@ type live struct {
 // Stats equal the model's figures, the ledger identity after every step,
 // that a failed step changes nothing, and that all is zero after Close.
 func TestPoolModel(t *testing.T) {
+	for _, backing := range []pool.Backing{pool.BackingSegments, pool.BackingRegion} {
+		t.Run(string(backing), func(t *testing.T) { poolModel(t, backing) })
+	}
+}
+
+func poolModel(t *testing.T, backing pool.Backing) {
 	rapid.Check(t, func(rt *rapid.T) {
-		e := setup(t, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10})
+		e := setup(t, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, Backing: backing})
+		require.Equal(t, backing, e.p.Stats().Backing)
 		ctx := context.Background()
 		faultRate := rapid.SampledFrom([]int{0, 5, 25}).Draw(rt, "faultRate")
 		calls := 0
-		e.m.Inject(fakes.Fault{Method: "Allocate", When: func(fakes.Call) bool {
+		method := "Allocate"
+		if backing == pool.BackingRegion {
+			method = "Commit"
+		}
+		e.m.Inject(fakes.Fault{Method: method, When: func(fakes.Call) bool {
 			calls++
 			return faultRate > 0 && calls%100 < faultRate
 		}, Err: memapi.ErrOutOfMemory})

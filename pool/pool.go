@@ -38,9 +38,14 @@ type Options struct {
 	// Wait bounds how long a growth waits for other holders' refunds
 	// after asking them (default 1 s); the caller's ctx may end it sooner.
 	Wait time.Duration
-	// Backing must be BackingSegments or empty; anything else is
-	// memapi.ErrUnsupported.
+	// Backing chooses the backing; empty: BackingRegion when the binding's
+	// mechanism offers VirtualBacking, else BackingSegments. Stats.Backing
+	// says which. BackingRegion without VirtualBacking, or any other value,
+	// is memapi.ErrUnsupported.
 	Backing Backing
+	// RegionBytes is the address range a BackingRegion pool reserves
+	// (default 16 GiB): the most it can ever hold.
+	RegionBytes memapi.Bytes
 }
 
 // Pool is a caching sub-allocator over one pmm Binding. It is a governor
@@ -57,6 +62,10 @@ type Pool struct {
 
 	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
 	peakInUse, peakRequested atomic.Int64
+
+	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
+	region *pmm.Region // BackingRegion: reserved at the first growth
+	rseg   *segment    // BackingRegion: the region as the arena's segment
 
 	mu      sync.Mutex // the depot, the arena, the segments, pending blocks
 	depot   [numClasses]freeList
@@ -80,11 +89,23 @@ type counters struct {
 
 // New returns a pool over b. It holds nothing until the first Alloc.
 func New(b *pmm.Binding, opts Options) (*Pool, error) {
-	if opts.Backing == "" {
-		opts.Backing = BackingSegments
+	caps, err := b.Capabilities()
+	if err != nil {
+		return nil, err
 	}
-	if opts.Backing != BackingSegments {
-		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "backing " + string(opts.Backing) + " is not implemented"}
+	vb := caps.Has(memapi.CapVirtualBacking)
+	switch {
+	case opts.Backing == "" && vb:
+		opts.Backing = BackingRegion
+	case opts.Backing == "":
+		opts.Backing = BackingSegments
+	case opts.Backing == BackingRegion && !vb:
+		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "BackingRegion needs VirtualBacking, which the mechanism lacks"}
+	case opts.Backing != BackingRegion && opts.Backing != BackingSegments:
+		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "unknown backing " + string(opts.Backing)}
+	}
+	if opts.RegionBytes == 0 {
+		opts.RegionBytes = 16 << 30
 	}
 	if opts.SegmentBytes == 0 {
 		opts.SegmentBytes = 2 << 20
@@ -279,21 +300,15 @@ func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block
 // grow adds a segment of at least need bytes. It holds no pool lock while
 // the binding allocates: the governor may ask this very pool to Reclaim.
 func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
+	if p.opts.Backing == BackingRegion {
+		return p.regionGrow(ctx, wanted, need)
+	}
 	size := max(need, uint64(p.opts.SegmentBytes))
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	cancel()
 	if err != nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.c.growFails++
-		if !errors.Is(err, memapi.ErrOverBudget) {
-			return err
-		}
-		p.c.overBudget++
-		inUse := uint64(p.inUse.Load())
-		return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
-			InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
+		return p.growFailed(wanted, size, err)
 	}
 	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size())}
 	p.mu.Lock()
@@ -307,6 +322,21 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	p.c.segAllocs++
 	p.arena.add(seg)
 	return nil
+}
+
+// growFailed counts a failed growth and gives its error, with the pool's
+// figures when it was over budget.
+func (p *Pool) growFailed(wanted, size uint64, err error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.c.growFails++
+	if !errors.Is(err, memapi.ErrOverBudget) {
+		return err
+	}
+	p.c.overBudget++
+	inUse := uint64(p.inUse.Load())
+	return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
+		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
 }
 
 // Free returns a block to the pool. Freed with fences that have not all
@@ -452,13 +482,17 @@ func (p *Pool) Close() error {
 		fences[seg] = append(fences[seg], b.fences...)
 	}
 	var errs []error
+	if p.rseg != nil {
+		p.segs[p.rseg] = struct{}{}
+	}
 	for seg := range p.segs {
 		for _, f := range fences[seg] {
-			errs = append(errs, seg.buf.RecordUse(f))
+			errs = append(errs, seg.owned().RecordUse(f))
 		}
-		errs = append(errs, seg.buf.Close())
+		errs = append(errs, seg.owned().Close())
 		p.c.segFrees++
 	}
+	p.region, p.rseg = nil, nil
 	clear(p.segs)
 	p.held, p.pending, p.arena.free = 0, nil, nil
 	p.depot = [numClasses]freeList{}

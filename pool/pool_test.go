@@ -49,7 +49,7 @@ func TestErrors(t *testing.T) {
 		require.Equal(t, before.Frees+1, after.Frees)
 	}
 	require.ErrorIs(t, pool.Block{}.Free(), pool.ErrForeignBlock)
-	_, err = pool.New(e.p.Binding(), pool.Options{Backing: "region"})
+	_, err = pool.New(e.p.Binding(), pool.Options{Backing: "bogus"})
 	require.ErrorIs(t, err, memapi.ErrUnsupported)
 
 	b, err := e.p.Alloc(ctx, 100, nil)

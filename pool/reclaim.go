@@ -15,16 +15,20 @@ import (
 // the cache, slabs whose every block is free go back to the arena, and
 // segments that are then wholly free are closed (their pmm lifecycle frees
 // them behind any fences and refunds the lease) until t.Wanted bytes are
-// freed or none is left. It never touches a block in use and may free 0.
+// freed or none is left; with BackingRegion the region's free tail is
+// decommitted (Region.Shrink, behind the region's fences). It never touches
+// a block in use and may free 0 (always while the pool's own region grows:
+// that growth may be the reservation that asked).
 func (p *Pool) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 	return p.trim(ctx, uint64(t.Wanted))
 }
 
-// Trim gives back every cached segment that is wholly free, like the
-// caching allocator's empty_cache, and reports the bytes.
+// Trim gives back every cached segment that is wholly free (BackingRegion:
+// the region's free tail), like the caching allocator's empty_cache, and
+// reports the bytes.
 func (p *Pool) Trim(ctx context.Context) (memapi.Bytes, error) { return p.trim(ctx, math.MaxUint64) }
 
-func (p *Pool) trim(_ context.Context, wanted uint64) (memapi.Bytes, error) {
+func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 	p.mu.Lock()
 	if p.closed.Load() {
 		p.mu.Unlock()
@@ -33,6 +37,11 @@ func (p *Pool) trim(_ context.Context, wanted uint64) (memapi.Bytes, error) {
 	p.sweepLocked()
 	p.flushShardsLocked()
 	p.freeSlabsLocked()
+	if p.opts.Backing == BackingRegion {
+		p.mu.Unlock()
+		n, err := p.regionTrim(ctx, wanted)
+		return memapi.Bytes(n), err
+	}
 	var segs []*segment
 	for s := range p.segs {
 		if s.wholeFree() {

@@ -72,7 +72,7 @@ func (p *Pool) Stats() Stats {
 		PeakInUse:     memapi.Bytes(p.peakInUse.Load()),
 		PeakRequested: memapi.Bytes(p.peakRequested.Load()),
 		PeakSegments:  memapi.Bytes(p.peak),
-		NumSegments:   len(p.segs),
+		NumSegments:   len(p.segs) + boolInt(p.rseg != nil),
 		Allocs:        p.c.largeAllocs,
 		Frees:         p.c.largeFrees,
 		SegmentAllocs: p.c.segAllocs,
@@ -102,4 +102,11 @@ func (p *Pool) Stats() Stats {
 	}
 	s.Cached = memapi.Bytes(cached) + s.Pending
 	return s
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
