@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
@@ -35,7 +36,7 @@ func TestPoolModel(t *testing.T) {
 
 func poolModel(t *testing.T, backing pool.Backing) {
 	rapid.Check(t, func(rt *rapid.T) {
-		e := setup(t, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, Backing: backing})
+		e := setup(t, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, Backing: backing, Wait: 10 * time.Millisecond})
 		require.Equal(t, backing, e.p.Stats().Backing)
 		ctx := context.Background()
 		faultRate := rapid.SampledFrom([]int{0, 5, 25}).Draw(rt, "faultRate")
@@ -61,7 +62,9 @@ func poolModel(t *testing.T, backing pool.Backing) {
 				before := e.p.Stats()
 				b, err := e.p.Alloc(ctx, n, nil)
 				if err != nil {
-					require.ErrorIs(t, err, memapi.ErrOutOfMemory, "only injected faults fail here")
+					// Injected faults, or the budget (96 MiB) when the
+					// live blocks fill it: both change nothing.
+					require.True(t, errors.Is(err, memapi.ErrOutOfMemory) || errors.Is(err, memapi.ErrOverBudget), "unexpected error %v", err)
 					after := e.p.Stats()
 					require.Equal(t, before.Segments, after.Segments)
 					require.Equal(t, before.InUse, after.InUse)
