@@ -306,9 +306,10 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	size := max(need, uint64(p.opts.SegmentBytes))
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
+	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, size, err)
+		return p.growFailed(wanted, size, err, waited)
 	}
 	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size())}
 	p.mu.Lock()
@@ -325,12 +326,14 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 }
 
 // growFailed counts a failed growth and gives its error, with the pool's
-// figures when it was over budget.
-func (p *Pool) growFailed(wanted, size uint64, err error) error {
+// figures when it was over budget. A growth that ran past Options.Wait (the
+// governor's wait, or the mechanism call after it, which sees the same
+// context) is over budget too: the bytes were not there in time.
+func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.c.growFails++
-	if !errors.Is(err, memapi.ErrOverBudget) {
+	if !errors.Is(err, memapi.ErrOverBudget) && !(waited && errors.Is(err, context.DeadlineExceeded)) {
 		return err
 	}
 	p.c.overBudget++

@@ -54,9 +54,10 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	err := r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
+	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, newLen-old, err)
+		return p.growFailed(wanted, newLen-old, err, waited)
 	}
 	got := uint64(r.Len())
 	p.mu.Lock()
