@@ -154,3 +154,27 @@ func TestOverBudgetTrimsOwnCacheFirst(t *testing.T) {
 	freeAll(t, bs[6:])
 	_ = errors.Is
 }
+
+// TestOwnCacheAskedFirst: among caches, a pool that is short asks its own
+// cache before another cache, even one of lower priority.
+func TestOwnCacheAskedFirst(t *testing.T) {
+	e := setup(t, 32<<20, pool.Options{SegmentBytes: 4 << 20, Wait: 20 * time.Millisecond})
+	ctx := context.Background()
+	asked := 0
+	require.NoError(t, e.g.Register("other-cache", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) {
+		asked++
+		return 0, nil
+	}), governor.HolderOptions{Cache: true, Priority: -10}))
+	other, err := e.g.Reserve(ctx, auth, "other-cache", "cache", 8<<20, 0, noDeadline)
+	require.NoError(t, err)
+	require.NoError(t, other.Draw(8<<20))
+	lease, err := other.Commit()
+	require.NoError(t, err)
+	freeAll(t, allocAll(t, e.p, 6, 4<<20)) // 24 MiB cached: the budget is full
+	big, err := e.p.Alloc(ctx, 12<<20, nil)
+	require.NoError(t, err)
+	require.Zero(t, asked, "the other cache was asked before the pool's own")
+	require.NoError(t, big.Free())
+	require.NoError(t, lease.Refund(8<<20))
+	e.checkLedger(t)
+}
