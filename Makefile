@@ -19,6 +19,7 @@ BENCHES ?= ./gen:^BenchmarkGenerate$$ \
 	./governor:^BenchmarkCycle$$ ./governor:^BenchmarkRefundToWake$$ \
 	./pmm:. \
 	./holders:^BenchmarkKVAppend$$ \
+	./pool:. \
 	./mechanisms/plugin:^BenchmarkABIOverhead$$ \
 	./governor/xproc:^BenchmarkReserve$$
 BENCHTIME ?= 1s

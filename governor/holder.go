@@ -46,6 +46,12 @@ func (f HolderFunc) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, error)
 type HolderOptions struct {
 	// Priority orders holders under pressure: lower is asked first.
 	Priority Priority
+	// Cache says the holder's charged bytes are a cache (a caching pool's
+	// free segments) that it can drop without losing data. Under pressure
+	// caches are asked before every other holder, whatever the priorities;
+	// a cache whose own reservation is short is asked first of all (it
+	// trims itself before it takes from others).
+	Cache bool
 	// Guarantee per authority: charged bytes up to it are never asked for
 	// (cgroup memory.min).
 	Guarantee map[memapi.AuthorityID]memapi.Bytes
@@ -59,6 +65,7 @@ type holder struct {
 	id        HolderID
 	reclaimer Holder // nil: the holder is never asked
 	priority  Priority
+	cache     bool
 	guarantee map[memapi.AuthorityID]memapi.Bytes
 	limit     map[memapi.AuthorityID]memapi.Bytes
 }
@@ -129,6 +136,7 @@ func (g *Governor) Register(id HolderID, h Holder, opts HolderOptions) error {
 		id:        id,
 		reclaimer: h,
 		priority:  opts.Priority,
+		cache:     opts.Cache,
 		guarantee: maps.Clone(opts.Guarantee),
 		limit:     maps.Clone(opts.Limit),
 	}

@@ -180,9 +180,26 @@ type plannedTicket struct {
 	acct *account
 }
 
+// askBefore reports whether holder account c (reclaimable r) is asked
+// before best (reclaimable bestR) for requester's shortfall: caches first
+// (HolderOptions.Cache), the requester's own cache first among them, then
+// lower priority, then the most reclaimable bytes, then the id.
+func askBefore(c *account, r memapi.Bytes, best *account, bestR memapi.Bytes, requester *account) bool {
+	if c.h.cache != best.h.cache {
+		return c.h.cache
+	}
+	if c.h.cache && (c == requester) != (best == requester) {
+		return c == requester
+	}
+	if c.h.priority != best.h.priority {
+		return c.h.priority < best.h.priority
+	}
+	return r > bestR || r == bestR && c.h.id < best.h.id
+}
+
 // nextTicketLocked books a ticket for w's shortfall to the best holder not
-// yet asked in this round: lower priority first, then the most reclaimable
-// bytes, then the id. It returns nil when w is served, nothing is short, or
+// yet asked in this round (askBefore): caches first, then lower priority,
+// then the most reclaimable bytes, then the id. It returns nil when w is served, nothing is short, or
 // no holder can give more.
 func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket {
 	if w.grant != nil || w.err != nil {
@@ -200,8 +217,7 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 		if r == 0 || slices.Contains(asked, c) {
 			continue
 		}
-		if best == nil || c.h.priority < best.h.priority ||
-			c.h.priority == best.h.priority && (r > bestR || r == bestR && c.h.id < best.h.id) {
+		if best == nil || askBefore(c, r, best, bestR, w.acct) {
 			best, bestR = c, r
 		}
 	}

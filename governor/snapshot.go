@@ -73,6 +73,7 @@ type HolderSnapshot struct {
 	ID          HolderID
 	Priority    Priority
 	Reclaims    bool                      // it has a Reclaim to ask
+	Cache       bool                      // asked before other holders (HolderOptions.Cache)
 	Authorities []HolderAuthoritySnapshot // sorted by authority
 }
 
@@ -132,7 +133,7 @@ func (g *Governor) Snapshot() Snapshot {
 		a.mu.Unlock()
 	}
 	for _, h := range holders {
-		s.Holders = append(s.Holders, HolderSnapshot{ID: h.id, Priority: h.priority, Reclaims: h.reclaimer != nil, Authorities: per[h.id]})
+		s.Holders = append(s.Holders, HolderSnapshot{ID: h.id, Priority: h.priority, Reclaims: h.reclaimer != nil, Cache: h.cache, Authorities: per[h.id]})
 	}
 	return s
 }

@@ -1,0 +1,142 @@
+package pool
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
+)
+
+// segment is one piece of backing: a pmm Buffer of the pool's binding, or
+// the pool's one Region (BackingRegion), whose size is its length.
+type segment struct {
+	buf  *pmm.Buffer
+	reg  *pmm.Region
+	base uint64
+	size uint64
+	head *chunk // first chunk in address order
+}
+
+// chunk is a contiguous piece of a segment: free, a slab, or a large block.
+// The chunks of a segment tile it in address order (prev/next), so freeing
+// one coalesces with free neighbours (best-fit with coalescing, BFC-style).
+type chunk struct {
+	seg        *segment
+	addr, size uint64
+	prev, next *chunk
+	free       bool
+	slab       *slab
+	blk        *block
+}
+
+// slab is a chunk carved into blocks of one size class.
+type slab struct {
+	ch    *chunk
+	class int
+	slots []block
+}
+
+// arena is the best-fit index of the free chunks, sorted by size then
+// address; it is guarded by the pool's mutex.
+type arena struct {
+	free   []*chunk
+	splits uint64
+	merges uint64
+}
+
+func cmpChunk(x, y *chunk) int {
+	if c := cmp.Compare(x.size, y.size); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.addr, y.addr)
+}
+
+func (a *arena) insert(c *chunk) {
+	c.free = true
+	i, _ := slices.BinarySearchFunc(a.free, c, cmpChunk)
+	a.free = slices.Insert(a.free, i, c)
+}
+
+func (a *arena) remove(c *chunk) {
+	i, ok := slices.BinarySearchFunc(a.free, c, cmpChunk)
+	if !ok {
+		panic("pool: free chunk missing from the arena index")
+	}
+	a.free = slices.Delete(a.free, i, i+1)
+	c.free = false
+}
+
+// take returns the smallest free chunk of at least n bytes, split so that
+// it is exactly n (the rest stays free), or nil.
+func (a *arena) take(n uint64) *chunk {
+	i, _ := slices.BinarySearchFunc(a.free, &chunk{size: n}, cmpChunk)
+	if i == len(a.free) {
+		return nil
+	}
+	c := a.free[i]
+	a.free = slices.Delete(a.free, i, i+1)
+	c.free = false
+	if c.size > n {
+		rest := &chunk{seg: c.seg, addr: c.addr + n, size: c.size - n, prev: c, next: c.next}
+		if c.next != nil {
+			c.next.prev = rest
+		}
+		c.next, c.size = rest, n
+		a.insert(rest)
+		a.splits++
+	}
+	return c
+}
+
+// give frees a chunk, coalescing it with free neighbours.
+func (a *arena) give(c *chunk) {
+	c.slab, c.blk = nil, nil
+	if p := c.prev; p != nil && p.free {
+		a.remove(p)
+		p.size += c.size
+		p.next = c.next
+		if c.next != nil {
+			c.next.prev = p
+		}
+		c = p
+		a.merges++
+	}
+	if n := c.next; n != nil && n.free {
+		a.remove(n)
+		c.size += n.size
+		c.next = n.next
+		if n.next != nil {
+			n.next.prev = c
+		}
+		a.merges++
+	}
+	a.insert(c)
+}
+
+// add makes a new segment one free chunk.
+func (a *arena) add(s *segment) {
+	s.head = &chunk{seg: s, addr: s.base, size: s.size}
+	a.insert(s.head)
+}
+
+// wholeFree reports whether the segment is one free chunk.
+func (s *segment) wholeFree() bool { return s.head.free && s.head.next == nil && s.head.size == s.size }
+
+func (a *arena) freeBytes() (n uint64) {
+	for _, c := range a.free {
+		n += c.size
+	}
+	return n
+}
+
+// owned is the segment's pmm handle.
+func (s *segment) owned() interface {
+	RecordUse(memapi.Fence) error
+	Close() error
+} {
+	if s.reg != nil {
+		return s.reg
+	}
+	return s.buf
+}

@@ -1,0 +1,260 @@
+package pool_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/mechanisms/cuda"
+	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
+	"github.com/memgen/memgen/pmm"
+	"github.com/memgen/memgen/pool"
+)
+
+// benchEnv is a pool and its binding over the CPU mechanism, governed.
+func benchEnv(b *testing.B, capacity memapi.Bytes) (*pool.Pool, *pmm.Binding, func()) {
+	b.Helper()
+	m, err := cpu.New(cpu.Options{Granularity: 64 << 10, Authority: auth})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return benchOn(b, capacity, m, cpu.NewContext(m), dev0, func() {})
+}
+
+// cudaEnv is benchEnv on the CUDA mechanism over the simulated driver.
+func cudaEnv(b *testing.B, capacity memapi.Bytes) (*pool.Pool, *pmm.Binding, func()) {
+	b.Helper()
+	sim := cudasim.New(cudasim.Config{})
+	m, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: auth})
+	must(b, err)
+	dc, err := m.NewContext()
+	must(b, err)
+	return benchOn(b, capacity, m, dc, memapi.DeviceKey{Kind: memapi.DeviceKindCUDA, Ordinal: 0}, func() { _ = m.Close() })
+}
+
+// lastGov is the governor of the latest benchOn (benchmarks run one at a time).
+var lastGov *governor.Governor
+
+func benchOn(b *testing.B, capacity memapi.Bytes, m memapi.Mechanism, dc memapi.DeviceContext, key memapi.DeviceKey, closeMech func()) (*pool.Pool, *pmm.Binding, func()) {
+	ectx := ep.NewContext(dc, ep.Options{})
+	g := governor.New(governor.Options{})
+	lastGov = g
+	must(b, g.AddAuthority(auth, capacity))
+	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	must(b, mgr.Register(pmm.Device{Key: key, Mechanism: m, Context: ectx, Authority: auth}))
+	dev0 := key
+	bp, err := mgr.Bind("pool", "workspace", dev0)
+	must(b, err)
+	bb, err := mgr.Bind("bare", "workspace", dev0)
+	must(b, err)
+	p, err := pool.New(bp, pool.Options{})
+	must(b, err)
+	must(b, g.Register("pool", p, governor.HolderOptions{Cache: true}))
+	must(b, g.Register("bare", nil, governor.HolderOptions{}))
+	return p, bb, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		must(b, p.Close())
+		must(b, mgr.Close(ctx))
+		must(b, ectx.Close(ctx, true))
+		must(b, g.Close())
+		closeMech()
+	}
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// randomPattern is RMM's random_allocations: n allocations of sizes up to
+// max, a random live one freed whenever the live bytes would pass bound.
+func randomPattern(seed uint64, n int, maxSize, bound memapi.Bytes) []memapi.Bytes {
+	r := rand.New(rand.NewPCG(seed, 7))
+	out := make([]memapi.Bytes, n)
+	for i := range out {
+		out[i] = memapi.Bytes(1 + r.Uint64N(uint64(maxSize)))
+	}
+	_ = bound
+	return out
+}
+
+func runRandom[T any](b *testing.B, sizes []memapi.Bytes, bound memapi.Bytes, alloc func(memapi.Bytes) T, free func(T)) {
+	r := rand.New(rand.NewPCG(3, 4))
+	type liveT struct {
+		v T
+		n memapi.Bytes
+	}
+	var live []liveT
+	var held memapi.Bytes
+	for _, n := range sizes {
+		for held+n > bound && len(live) > 0 {
+			i := r.IntN(len(live))
+			free(live[i].v)
+			held -= live[i].n
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+		}
+		live = append(live, liveT{alloc(n), n})
+		held += n
+	}
+	for _, l := range live {
+		free(l.v)
+	}
+}
+
+// BenchmarkRandomAllocations: 10,000 allocations up to 1 MiB, at most
+// 64 MiB live, through the pool and through the unpooled binding, on the
+// CPU mechanism and on the CUDA mechanism over the simulated driver; the
+// ratio and the pool's peak fragmentation.
+func BenchmarkRandomAllocations(b *testing.B) {
+	b.Run("cpu", func(b *testing.B) { randomAllocations(b, benchEnv) })
+	b.Run("cudasim", func(b *testing.B) { randomAllocations(b, cudaEnv) })
+}
+
+func randomAllocations(b *testing.B, mk func(*testing.B, memapi.Bytes) (*pool.Pool, *pmm.Binding, func())) {
+	p, bare, done := mk(b, 1<<30)
+	defer done()
+	ctx := context.Background()
+	sizes := randomPattern(1, 10000, 1<<20, 64<<20)
+	var tPool, tBare time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		runRandom(b, sizes, 64<<20, func(n memapi.Bytes) pool.Block {
+			blk, err := p.Alloc(ctx, n, nil)
+			must(b, err)
+			return blk
+		}, func(blk pool.Block) { must(b, blk.Free()) })
+		t1 := time.Now()
+		runRandom(b, sizes, 64<<20, func(n memapi.Bytes) *pmm.Buffer {
+			buf, err := bare.Allocate(ctx, n)
+			must(b, err)
+			return buf
+		}, func(buf *pmm.Buffer) { must(b, buf.Close()) })
+		t2 := time.Now()
+		tPool += t1.Sub(t0)
+		tBare += t2.Sub(t1)
+	}
+	s := p.Stats()
+	b.ReportMetric(float64(tPool)/float64(b.N)/10000, "pool-ns/alloc")
+	b.ReportMetric(float64(tBare)/float64(b.N)/10000, "bare-ns/alloc")
+	b.ReportMetric(float64(tPool)/float64(tBare), "x-vs-unpooled")
+	b.ReportMetric(s.PeakFragmentation(), "peak-held/peak-requested")
+}
+
+// BenchmarkSmallAllocFree: one Alloc+Free of sizes up to 64 KiB, through the
+// pool and through the unpooled binding (the ratio), uncontended.
+func BenchmarkSmallAllocFree(b *testing.B) {
+	p, bare, done := benchEnv(b, 1<<30)
+	defer done()
+	ctx := context.Background()
+	sizes := []memapi.Bytes{256, 4096, 20000, 65536}
+	for _, n := range sizes { // warm the cache
+		blk, err := p.Alloc(ctx, n, nil)
+		must(b, err)
+		must(b, blk.Free())
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	t0 := time.Now()
+	for i := 0; i < b.N; i++ {
+		blk, err := p.Alloc(ctx, sizes[i&3], nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := blk.Free(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tPool := time.Since(t0)
+	b.StopTimer()
+	const bareN = 200
+	t1 := time.Now()
+	for i := range bareN {
+		buf, err := bare.Allocate(ctx, sizes[i&3])
+		must(b, err)
+		must(b, buf.Close())
+	}
+	tBare := time.Since(t1)
+	perPool := float64(tPool) / float64(b.N)
+	b.ReportMetric(perPool, "pool-ns/op")
+	b.ReportMetric(perPool/(float64(tBare)/bareN), "x-vs-unpooled")
+}
+
+// BenchmarkSmallAllocFreeContended: the same with two goroutines, reported
+// against one goroutine's cost in the same run.
+func BenchmarkSmallAllocFreeContended(b *testing.B) {
+	p, _, done := benchEnv(b, 1<<30)
+	defer done()
+	ctx := context.Background()
+	loop := func(n int) {
+		for i := range n {
+			blk, err := p.Alloc(ctx, memapi.Bytes(256<<(i&7)), nil)
+			if err != nil {
+				panic(err)
+			}
+			if err := blk.Free(); err != nil {
+				panic(err)
+			}
+		}
+	}
+	loop(1000)
+	t0 := time.Now()
+	loop(b.N)
+	one := time.Since(t0)
+	var wg sync.WaitGroup
+	t1 := time.Now()
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(b.N) }()
+	}
+	wg.Wait()
+	two := time.Since(t1)
+	b.ReportMetric(float64(one)/float64(b.N), "one-ns/op")
+	b.ReportMetric(float64(two)/float64(b.N), "two-ns/op")
+	b.ReportMetric(float64(two)/float64(one), "x-vs-uncontended")
+}
+
+// BenchmarkPressureToRefund: a ticket asks for the cached bytes; the time
+// until the governor sees them refunded (p50, p99), on the CPU mechanism
+// (its region's free tail).
+func BenchmarkPressureToRefund(b *testing.B) {
+	p, _, done := benchEnv(b, 1<<30)
+	defer done()
+	charged := func() memapi.Bytes {
+		for _, h := range lastGov.Snapshot().Holders {
+			if h.ID == "pool" && len(h.Authorities) > 0 {
+				return h.Authorities[0].Charged + h.Authorities[0].Pending
+			}
+		}
+		return 0
+	}
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		blk, err := p.Alloc(ctx, 2<<20, nil)
+		must(b, err)
+		must(b, blk.Free())
+		t0 := time.Now()
+		n, err := p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1})
+		must(b, err)
+		if n == 0 {
+			b.Fatal("nothing reclaimed")
+		}
+		for charged() != 0 {
+			time.Sleep(time.Microsecond)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slicesSort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+}

@@ -1,0 +1,513 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
+)
+
+// Backing says how a pool obtains its memory.
+type Backing string
+
+const (
+	// BackingSegments is whole pmm Buffers (Binding.Allocate), each freed
+	// whole once every block in it is free.
+	BackingSegments Backing = "segments"
+)
+
+// MaxAlloc is the largest request a pool accepts; larger ones are
+// memapi.ErrInvalidSize (no device has that much).
+const MaxAlloc = 1 << 46
+
+// Options configure a pool. Zero values take the defaults.
+type Options struct {
+	// SegmentBytes is the least a new segment holds (default 2 MiB, the
+	// caching allocator's small segment; 8 and 32 MiB fragmented more on
+	// the random pattern); a larger request gets a segment of its own size.
+	SegmentBytes memapi.Bytes
+	// SlabBytes is about what one slab of a size class holds (default
+	// 2 MiB).
+	SlabBytes memapi.Bytes
+	// Wait bounds how long a growth waits for other holders' refunds
+	// after asking them (default 1 s); the caller's ctx may end it sooner.
+	Wait time.Duration
+	// Backing chooses the backing; empty: BackingRegion when the binding's
+	// mechanism offers VirtualBacking, else BackingSegments. Stats.Backing
+	// says which. BackingRegion without VirtualBacking, or any other value,
+	// is memapi.ErrUnsupported.
+	Backing Backing
+	// RegionBytes is the address range a BackingRegion pool reserves
+	// (default 16 GiB): the most it can ever hold.
+	RegionBytes memapi.Bytes
+}
+
+// Pool is a caching sub-allocator over one pmm Binding. It is a governor
+// Holder (Reclaim): register it with HolderOptions.Cache so that pressure
+// asks it before holders that would evict data.
+type Pool struct {
+	bind *pmm.Binding
+	opts Options
+
+	shards []shard
+	mask   uint32
+	hint   sync.Pool // *shard: the shard of the caller's P (pick)
+	closed atomic.Bool
+
+	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
+	peakInUse, peakRequested atomic.Int64
+
+	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
+	region *pmm.Region // BackingRegion: reserved at the first growth
+	rseg   *segment    // BackingRegion: the region as the arena's segment
+
+	mu      sync.Mutex // the depot, the arena, the segments, pending blocks
+	depot   [numClasses]freeList
+	arena   arena
+	segs    map[*segment]struct{}
+	held    uint64 // bytes in segments
+	peak    uint64 // peak held
+	pending []*block
+	c       counters
+}
+
+// counters are the pool's slow-path figures, guarded by mu.
+type counters struct {
+	largeAllocs, largeFrees uint64
+	segAllocs, segFrees     uint64
+	slabs                   uint64
+	reclaims, reclaimed     uint64
+	overBudget, growFails   uint64
+	streamReuse             uint64
+}
+
+// New returns a pool over b. It holds nothing until the first Alloc.
+func New(b *pmm.Binding, opts Options) (*Pool, error) {
+	caps, err := b.Capabilities()
+	if err != nil {
+		return nil, err
+	}
+	vb := caps.Has(memapi.CapVirtualBacking)
+	switch {
+	case opts.Backing == "" && vb:
+		opts.Backing = BackingRegion
+	case opts.Backing == "":
+		opts.Backing = BackingSegments
+	case opts.Backing == BackingRegion && !vb:
+		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "BackingRegion needs VirtualBacking, which the mechanism lacks"}
+	case opts.Backing != BackingRegion && opts.Backing != BackingSegments:
+		return nil, &memapi.Error{Op: "pool.New", Kind: memapi.ErrUnsupported, Detail: "unknown backing " + string(opts.Backing)}
+	}
+	if opts.RegionBytes == 0 {
+		opts.RegionBytes = 16 << 30
+	}
+	if opts.SegmentBytes == 0 {
+		opts.SegmentBytes = 2 << 20
+	}
+	if opts.Wait == 0 {
+		opts.Wait = time.Second
+	}
+	if opts.SlabBytes == 0 {
+		opts.SlabBytes = 2 << 20
+	}
+	n := 1
+	for n < 4*runtime.GOMAXPROCS(0) && n < 64 {
+		n *= 2
+	}
+	return &Pool{bind: b, opts: opts, shards: make([]shard, n), mask: uint32(n - 1), segs: map[*segment]struct{}{}}, nil
+}
+
+// Binding returns the pool's binding.
+func (p *Pool) Binding() *pmm.Binding { return p.bind }
+
+// Alloc returns a block of at least size bytes for use on stream s (nil: no
+// stream), aligned to Alignment. Requests up to SmallMax come from the
+// size-class slabs through a shard (no pool-wide lock when the shard has a
+// block); larger ones are best-fit chunks. When the pool must grow and the
+// governor is short, the pool's own cache is asked first (HolderOptions.
+// Cache), then other holders; if that fails the error is an
+// *OverBudgetError. Zero and absurd sizes are memapi.ErrInvalidSize;
+// after Close, memapi.ErrClosed.
+func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (Block, error) {
+	if size == 0 || size > MaxAlloc {
+		return Block{}, invalidSize(size, "0 or larger than pool.MaxAlloc")
+	}
+	n := uint64(size)
+	if n <= SmallMax {
+		c := classOf(n)
+		sh := p.pick()
+		sh.mu.Lock()
+		if p.closed.Load() {
+			sh.mu.Unlock()
+			p.unpick(sh)
+			return Block{}, errClosed()
+		}
+		if b := sh.lists[c].pop(); b != nil {
+			sh.allocs++
+			h := p.hand(b, n, s)
+			sh.mu.Unlock()
+			p.unpick(sh)
+			return h, nil
+		}
+		sh.mu.Unlock()
+		p.unpick(sh)
+		return p.allocSmallSlow(ctx, c, n, s)
+	}
+	return p.allocLarge(ctx, n, s)
+}
+
+func errClosed() error { return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrClosed} }
+
+// hand opens b and counts it in use; called under the lock that popped it.
+func (p *Pool) hand(b *block, n uint64, s memapi.Stream) Block {
+	raise(&p.peakInUse, p.inUse.Add(int64(b.size)))
+	raise(&p.peakRequested, p.requested.Add(int64(n)))
+	return b.open(n, s)
+}
+
+func raise(peak *atomic.Int64, v int64) {
+	for {
+		old := peak.Load()
+		if v <= old || peak.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Stream) (Block, error) {
+	for {
+		p.mu.Lock()
+		if p.closed.Load() {
+			p.mu.Unlock()
+			return Block{}, errClosed()
+		}
+		p.sweepLocked()
+		if b := p.takePendingLocked(c, s); b != nil {
+			h := p.handLocked(b, n, s)
+			p.mu.Unlock()
+			return h, nil
+		}
+		if p.depot[c].n == 0 {
+			if !p.newSlabLocked(c) && !p.compactLocked(func() bool { return p.newSlabLocked(c) }) {
+				p.mu.Unlock()
+				if err := p.grow(ctx, n, classSize[c]*uint64(slabCount(c, uint64(p.opts.SlabBytes)))); err != nil {
+					return Block{}, err
+				}
+				continue
+			}
+		}
+		b := p.depot[c].pop()
+		sh := p.pick()
+		sh.mu.Lock()
+		for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
+			sh.lists[c].push(p.depot[c].pop())
+		}
+		sh.allocs++
+		h := p.hand(b, n, s)
+		sh.mu.Unlock()
+		p.unpick(sh)
+		p.mu.Unlock()
+		return h, nil
+	}
+}
+
+// handLocked hands out a block taken under mu (a small block from the
+// pending list), counting the alloc on a shard.
+func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
+	if b.slab == nil {
+		p.c.largeAllocs++
+		return p.hand(b, n, s)
+	}
+	sh := p.pick()
+	sh.mu.Lock()
+	sh.allocs++
+	h := p.hand(b, n, s)
+	sh.mu.Unlock()
+	p.unpick(sh)
+	return h
+}
+
+// compactLocked gathers the shards' free blocks into the depot and gives
+// the slabs that are then wholly free back to the arena, where any class or
+// a large block can use them; then it retries try. It runs before the pool
+// grows, so free slabs of one class never make it hold a segment more for
+// another.
+func (p *Pool) compactLocked(try func() bool) bool {
+	p.flushShardsLocked()
+	p.freeSlabsLocked()
+	return try()
+}
+
+// depotPutLocked puts a free small block in the depot.
+func (p *Pool) depotPutLocked(b *block) { p.depot[b.slab.class].push(b) }
+
+// newSlabLocked carves a slab of class c from the arena into the depot; it
+// reports false when no free chunk is large enough.
+func (p *Pool) newSlabLocked(c int) bool {
+	k := slabCount(c, uint64(p.opts.SlabBytes))
+	sz := classSize[c]
+	ch := p.arena.take(sz * uint64(k))
+	if ch == nil {
+		return false
+	}
+	sl := &slab{ch: ch, class: c, slots: make([]block, k)}
+	ch.slab = sl
+	for i := k - 1; i >= 0; i-- {
+		b := &sl.slots[i]
+		b.p, b.addr, b.size, b.slab = p, ch.addr+uint64(i)*sz, sz, sl
+		b.word.Store(pack(0, ep.Released))
+		p.depot[c].push(b)
+	}
+	p.c.slabs++
+	return true
+}
+
+func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block, error) {
+	r := roundLarge(n)
+	for {
+		p.mu.Lock()
+		if p.closed.Load() {
+			p.mu.Unlock()
+			return Block{}, errClosed()
+		}
+		p.sweepLocked()
+		ch := p.arena.take(r)
+		if ch == nil {
+			p.compactLocked(func() bool { ch = p.arena.take(r); return ch != nil })
+		}
+		if ch != nil {
+			b := &block{p: p, addr: ch.addr, size: r, ch: ch}
+			b.word.Store(pack(0, ep.Released))
+			ch.blk = b
+			p.c.largeAllocs++
+			h := p.hand(b, n, s)
+			p.mu.Unlock()
+			return h, nil
+		}
+		p.mu.Unlock()
+		if err := p.grow(ctx, n, r); err != nil {
+			return Block{}, err
+		}
+	}
+}
+
+// grow adds a segment of at least need bytes. It holds no pool lock while
+// the binding allocates: the governor may ask this very pool to Reclaim.
+func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
+	if p.opts.Backing == BackingRegion {
+		return p.regionGrow(ctx, wanted, need)
+	}
+	size := max(need, uint64(p.opts.SegmentBytes))
+	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
+	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
+	waited := wctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	if err != nil {
+		return p.growFailed(wanted, size, err, waited)
+	}
+	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size())}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return errors.Join(errClosed(), buf.Close())
+	}
+	p.segs[seg] = struct{}{}
+	p.held += seg.size
+	p.peak = max(p.peak, p.held)
+	p.c.segAllocs++
+	p.arena.add(seg)
+	return nil
+}
+
+// growFailed counts a failed growth and gives its error, with the pool's
+// figures when it was over budget. A growth that ran past Options.Wait (the
+// governor's wait, or the mechanism call after it, which sees the same
+// context) is over budget too: the bytes were not there in time.
+func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.c.growFails++
+	if !errors.Is(err, memapi.ErrOverBudget) && !(waited && errors.Is(err, context.DeadlineExceeded)) {
+		return err
+	}
+	p.c.overBudget++
+	inUse := uint64(p.inUse.Load())
+	return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
+		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
+}
+
+// Free returns a block to the pool. Freed with fences that have not all
+// completed, the block is pending: reusable at once on its own stream (if
+// every fence was recorded with RecordUse), on others once they complete.
+// A block freed twice is ErrDoubleFree; one from another pool, or a zero
+// Block, ErrForeignBlock. Neither changes anything.
+func (p *Pool) Free(h Block) error {
+	b := h.b
+	if b == nil || b.p != p {
+		return &memapi.Error{Op: "pool.Free", Kind: ErrForeignBlock}
+	}
+	pendingNow := len(b.fences) > 0 && !b.done()
+	st := ep.Released
+	if pendingNow {
+		st = ep.Pending
+	}
+	if !b.word.CompareAndSwap(pack(h.gen, ep.Open), pack(h.gen+1, st)) {
+		return &memapi.Error{Op: "pool.Free", Kind: ErrDoubleFree, Wanted: memapi.Bytes(b.size)}
+	}
+	if pendingNow {
+		p.mu.Lock()
+		p.unuse(b)
+		p.pending = append(p.pending, b)
+		if b.slab == nil {
+			p.c.largeFrees++
+		} else {
+			p.countSmallFree()
+		}
+		p.mu.Unlock()
+		return nil
+	}
+	b.reset()
+	if b.slab != nil {
+		sh := p.pick()
+		sh.mu.Lock()
+		p.unuse(b)
+		sh.frees++
+		l := &sh.lists[b.slab.class]
+		l.push(b)
+		if l.n <= shardMax(b.slab.class) {
+			sh.mu.Unlock()
+			p.unpick(sh)
+			return nil
+		}
+		sh.mu.Unlock()
+		p.mu.Lock()
+		sh.mu.Lock()
+		for l.n > (shardMax(b.slab.class)+1)/2 {
+			p.depotPutLocked(l.pop())
+		}
+		sh.mu.Unlock()
+		p.mu.Unlock()
+		p.unpick(sh)
+		return nil
+	}
+	p.mu.Lock()
+	p.unuse(b)
+	p.c.largeFrees++
+	p.arena.give(b.ch)
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *Pool) countSmallFree() {
+	sh := p.pick()
+	sh.mu.Lock()
+	sh.frees++
+	sh.mu.Unlock()
+	p.unpick(sh)
+}
+
+func (p *Pool) unuse(b *block) {
+	p.inUse.Add(-int64(b.size))
+	p.requested.Add(-int64(b.req))
+}
+
+// takePendingLocked takes a pending small block of class c whose fences
+// were all recorded on stream s (reusable at once on s), or nil.
+func (p *Pool) takePendingLocked(c int, s memapi.Stream) *block {
+	if s == nil {
+		return nil
+	}
+	for i, b := range p.pending {
+		if b.slab != nil && b.slab.class == c && !b.foreign && b.stream == s {
+			p.pending = append(p.pending[:i], p.pending[i+1:]...)
+			b.reset()
+			p.c.streamReuse++
+			return b
+		}
+	}
+	return nil
+}
+
+// sweepLocked moves pending blocks whose fences all completed to the cache.
+func (p *Pool) sweepLocked() {
+	if len(p.pending) == 0 {
+		return
+	}
+	kept := p.pending[:0]
+	for _, b := range p.pending {
+		if !b.done() {
+			kept = append(kept, b)
+			continue
+		}
+		gen, _ := b.unpack()
+		b.word.Store(pack(gen, ep.Released))
+		b.reset()
+		if b.slab != nil {
+			p.depotPutLocked(b)
+		} else {
+			p.arena.give(b.ch)
+		}
+	}
+	clear(p.pending[len(kept):])
+	p.pending = kept
+}
+
+// Close releases every segment, behind the fences of pending blocks. It
+// fails with memapi.ErrInUse, changing nothing, while blocks are in use.
+// It is idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return nil
+	}
+	p.closed.Store(true)
+	for i := range p.shards {
+		p.shards[i].mu.Lock()
+	}
+	inUse := p.inUse.Load()
+	for i := range p.shards {
+		p.shards[i].mu.Unlock()
+	}
+	if inUse != 0 {
+		p.closed.Store(false)
+		return &memapi.Error{Op: "pool.Close", Kind: memapi.ErrInUse, Wanted: memapi.Bytes(inUse), Detail: "blocks still in use"}
+	}
+	fences := map[*segment][]memapi.Fence{}
+	for _, b := range p.pending {
+		seg := b.segment()
+		fences[seg] = append(fences[seg], b.fences...)
+	}
+	var errs []error
+	if p.rseg != nil {
+		p.segs[p.rseg] = struct{}{}
+	}
+	for seg := range p.segs {
+		for _, f := range fences[seg] {
+			errs = append(errs, seg.owned().RecordUse(f))
+		}
+		errs = append(errs, seg.owned().Close())
+		p.c.segFrees++
+	}
+	p.region, p.rseg = nil, nil
+	clear(p.segs)
+	p.held, p.pending, p.arena.free = 0, nil, nil
+	p.depot = [numClasses]freeList{}
+	for i := range p.shards {
+		p.shards[i].lists = [numClasses]freeList{}
+	}
+	return errors.Join(errs...)
+}
+
+func (b *block) segment() *segment {
+	if b.slab != nil {
+		return b.slab.ch.seg
+	}
+	return b.ch.seg
+}

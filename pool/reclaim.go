@@ -1,0 +1,124 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+)
+
+// Reclaim is the pool's answer to a pressure ticket (governor.Holder). It
+// gives back cached memory only: pending blocks whose fences completed join
+// the cache, slabs whose every block is free go back to the arena, and
+// segments that are then wholly free are closed (their pmm lifecycle frees
+// them behind any fences and refunds the lease) until t.Wanted bytes are
+// freed or none is left; with BackingRegion the region's free tail is
+// decommitted (Region.Shrink, behind the region's fences). It never touches
+// a block in use and may free 0 (always while the pool's own region grows:
+// that growth may be the reservation that asked).
+func (p *Pool) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
+	return p.trim(ctx, uint64(t.Wanted))
+}
+
+// Trim gives back every cached segment that is wholly free (BackingRegion:
+// the region's free tail), like the caching allocator's empty_cache, and
+// reports the bytes.
+func (p *Pool) Trim(ctx context.Context) (memapi.Bytes, error) { return p.trim(ctx, math.MaxUint64) }
+
+func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
+	p.mu.Lock()
+	if p.closed.Load() {
+		p.mu.Unlock()
+		return 0, nil
+	}
+	p.sweepLocked()
+	p.flushShardsLocked()
+	p.freeSlabsLocked()
+	if p.opts.Backing == BackingRegion {
+		p.mu.Unlock()
+		n, err := p.regionTrim(ctx, wanted)
+		return memapi.Bytes(n), err
+	}
+	var segs []*segment
+	for s := range p.segs {
+		if s.wholeFree() {
+			segs = append(segs, s)
+		}
+	}
+	// Largest first: the fewest releases for the bytes asked.
+	slices.SortFunc(segs, func(x, y *segment) int {
+		if x.size != y.size {
+			return int(int64(y.size>>8) - int64(x.size>>8))
+		}
+		return int(int64(x.base>>8) - int64(y.base>>8))
+	})
+	var freed uint64
+	var out []*segment
+	for _, s := range segs {
+		if freed >= wanted {
+			break
+		}
+		p.arena.remove(s.head)
+		delete(p.segs, s)
+		p.held -= s.size
+		p.c.segFrees++
+		freed += s.size
+		out = append(out, s)
+	}
+	if freed > 0 {
+		p.c.reclaims++
+		p.c.reclaimed += freed
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, s := range out {
+		errs = append(errs, s.buf.Close())
+	}
+	return memapi.Bytes(freed), errors.Join(errs...)
+}
+
+// flushShardsLocked moves every shard's free blocks to the depot.
+func (p *Pool) flushShardsLocked() {
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for c := range sh.lists {
+			for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
+				p.depotPutLocked(b)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// freeSlabsLocked gives the chunks of slabs whose every block is in the
+// depot back to the arena.
+func (p *Pool) freeSlabsLocked() {
+	count := map[*slab]int{}
+	for c := range p.depot {
+		for b := p.depot[c].head; b != nil; b = b.next {
+			count[b.slab]++
+		}
+	}
+	for c := range p.depot {
+		var keep freeList
+		var rev []*block
+		for b := p.depot[c].pop(); b != nil; b = p.depot[c].pop() {
+			if count[b.slab] != len(b.slab.slots) {
+				rev = append(rev, b)
+			}
+		}
+		for i := len(rev) - 1; i >= 0; i-- {
+			keep.push(rev[i])
+		}
+		p.depot[c] = keep
+	}
+	for sl, n := range count {
+		if n == len(sl.slots) {
+			p.arena.give(sl.ch)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package pool
+
+import (
+	"context"
+	"errors"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// BackingRegion is one stable growable pmm Region per pool (expandable
+// segments): growth commits at the end, trimming decommits the free tail.
+// Addresses never move. The pool's arena is then one segment whose size is
+// the region's length.
+const BackingRegion Backing = "region"
+
+// regionGrow extends the region by at least need bytes past its free tail.
+// Grows are serialized by growMu; the new range joins the arena only after
+// Grow committed, so a rollback has nothing to take back.
+func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	if p.region == nil {
+		r, err := p.bind.ReserveVirtual(ctx, p.opts.RegionBytes)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.region = r
+		p.rseg = &segment{reg: r, base: uint64(r.Addr())}
+		p.rseg.head = &chunk{seg: p.rseg, addr: p.rseg.base}
+		p.mu.Unlock()
+	}
+	r := p.region
+	p.mu.Lock()
+	if p.closed.Load() {
+		p.mu.Unlock()
+		return errClosed()
+	}
+	tail := p.rseg.tail()
+	free := uint64(0)
+	if tail.free {
+		free = tail.size
+	}
+	old := p.rseg.size
+	p.mu.Unlock()
+	if free >= need {
+		return nil // another grow made room meanwhile
+	}
+	gran := uint64(r.Granularity())
+	newLen := (old + max(need-free, uint64(p.opts.SegmentBytes)) + gran - 1) / gran * gran
+	if newLen > uint64(r.Cap()) {
+		return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrOutOfMemory, Wanted: memapi.Bytes(wanted),
+			Available: memapi.Bytes(uint64(r.Cap()) - old), Detail: "the pool's region is full (Options.RegionBytes)"}
+	}
+	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
+	err := r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
+	waited := wctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	if err != nil {
+		return p.growFailed(wanted, newLen-old, err, waited)
+	}
+	got := uint64(r.Len())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rseg == nil {
+		return errClosed() // Close came meanwhile; the region's release has the range
+	}
+	p.extendLocked(got)
+	p.c.segAllocs++
+	return nil
+}
+
+// extendLocked makes the region's arena segment size bytes long, the new
+// range one free chunk (coalesced with a free tail).
+func (p *Pool) extendLocked(size uint64) {
+	s := p.rseg
+	add := size - s.size
+	if add == 0 {
+		return
+	}
+	if s.size == 0 {
+		s.head.size = add
+		p.arena.insert(s.head)
+	} else {
+		t := s.tail()
+		c := &chunk{seg: s, addr: s.base + s.size, size: add, prev: t}
+		t.next = c
+		p.arena.give(c)
+	}
+	s.size = size
+	p.held += add
+	p.peak = max(p.peak, p.held)
+}
+
+// regionTrim decommits the region's free tail (rounded to the granularity)
+// once wanted is more than 0. It never waits for a grow in flight (the grow
+// may be the reservation that asked): it gives 0 then.
+func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
+	if wanted == 0 || !p.growMu.TryLock() {
+		return 0, nil
+	}
+	defer p.growMu.Unlock()
+	r := p.region
+	if r == nil {
+		return 0, nil
+	}
+	gran := uint64(r.Granularity())
+	p.mu.Lock()
+	t := p.rseg.tail()
+	if !t.free || p.closed.Load() {
+		p.mu.Unlock()
+		return 0, nil
+	}
+	keep := (t.addr - p.rseg.base + gran - 1) / gran * gran
+	old := p.rseg.size
+	p.mu.Unlock()
+	if keep >= old {
+		return 0, nil
+	}
+	var freed uint64
+	err := r.Shrink(ctx, memapi.Bytes(keep), func(memapi.Bytes) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		t := p.rseg.tail()
+		if !t.free || t.addr > p.rseg.base+keep || p.rseg.size != old {
+			return errTailTaken
+		}
+		p.arena.remove(t)
+		if cut := p.rseg.base + keep - t.addr; cut > 0 {
+			t.size = cut
+			p.arena.insert(t)
+		} else if t.prev != nil {
+			t.prev.next = nil
+		} else {
+			t.size = 0 // the head of an empty region
+		}
+		freed = old - keep
+		p.rseg.size = keep
+		p.held -= freed
+		p.c.segFrees++
+		return nil
+	})
+	if errors.Is(err, errTailTaken) {
+		return 0, nil
+	}
+	if freed > 0 {
+		p.mu.Lock()
+		p.c.reclaims++
+		p.c.reclaimed += freed
+		p.mu.Unlock()
+	}
+	return freed, err
+}
+
+var errTailTaken = errors.New("pool: the free tail was taken meanwhile")
+
+// tail returns the segment's last chunk.
+func (s *segment) tail() *chunk {
+	c := s.head
+	for c.next != nil {
+		c = c.next
+	}
+	return c
+}

@@ -1,0 +1,51 @@
+package pool_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/pool"
+	"github.com/stretchr/testify/require"
+)
+
+// TestBackingChoice: a mechanism with VirtualBacking gets one region, one
+// without gets segments, and Stats says which.
+func TestBackingChoice(t *testing.T) {
+	e := setupWith(t, 1<<30, pool.Options{}, fakes.Config{})
+	require.Equal(t, pool.BackingRegion, e.p.Stats().Backing)
+	o := setupWith(t, 1<<30, pool.Options{}, fakes.Config{Offers: memapi.Of(memapi.CapDeviceAllocator)})
+	require.Equal(t, pool.BackingSegments, o.p.Stats().Backing)
+	_, err := pool.New(o.p.Binding(), pool.Options{Backing: pool.BackingRegion})
+	require.ErrorIs(t, err, memapi.ErrUnsupported)
+}
+
+// TestRegionGrowsAndTrimsTail: the region grows at its end at a fixed
+// address; a ticket decommits the free tail only, never a block in use.
+func TestRegionGrowsAndTrimsTail(t *testing.T) {
+	e := setup(t, 1<<30, pool.Options{Backing: pool.BackingRegion, SegmentBytes: 1 << 20})
+	ctx := context.Background()
+	a := allocAll(t, e.p, 4, 3<<20)
+	b := allocAll(t, e.p, 4, 3<<20)
+	s := e.checkLedger(t)
+	require.Equal(t, 1, s.NumSegments)
+	require.GreaterOrEqual(t, s.Segments, memapi.Bytes(24<<20))
+	require.Equal(t, a[0].Addr()+memapi.DeviceAddr(3<<20), a[1].Addr(), "one contiguous range")
+	freeAll(t, a) // a hole in the middle: not decommitted
+	n, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
+	require.NoError(t, err)
+	tailBefore := s.Segments - 24<<20
+	require.Equal(t, tailBefore, n, "only the free tail goes")
+	s = e.checkLedger(t)
+	require.Equal(t, memapi.Bytes(24<<20), s.Segments)
+	freeAll(t, b)
+	n, err = e.p.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, memapi.Bytes(24<<20), n)
+	require.Zero(t, e.checkLedger(t).Segments)
+	c := allocAll(t, e.p, 1, 5<<20)
+	require.Equal(t, a[0].Addr(), c[0].Addr(), "the address never moves")
+	freeAll(t, c)
+}

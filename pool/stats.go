@@ -1,0 +1,112 @@
+package pool
+
+import "github.com/memgen/memgen/generated/memapi"
+
+// Stats are a pool's figures, taken at one instant (every lock held). They
+// cover ONNX Runtime's allocator statistics (GetStats: InUse, TotalAllocated,
+// MaxInUse, NumAllocs, NumArenaExtensions, NumArenaShrinkages) and PyTorch's
+// memory_stats (allocated, requested, reserved, active/inactive split,
+// segment, alloc and free counts, num_ooms).
+type Stats struct {
+	Backing Backing
+
+	InUse     memapi.Bytes // bytes of blocks in use, rounded (allocated_bytes)
+	Requested memapi.Bytes // bytes asked for by blocks in use (requested_bytes)
+	Cached    memapi.Bytes // bytes held and not in use: free chunks, free slab blocks, pending blocks
+	Pending   memapi.Bytes // of Cached: blocks freed behind fences not yet complete
+	Segments  memapi.Bytes // bytes held from the binding (reserved_bytes, TotalAllocated)
+
+	PeakInUse     memapi.Bytes // MaxInUse
+	PeakRequested memapi.Bytes
+	PeakSegments  memapi.Bytes
+
+	NumSegments   int
+	Allocs, Frees uint64 // NumAllocs; frees
+	SegmentAllocs uint64 // NumArenaExtensions (segment allocations)
+	SegmentFrees  uint64 // NumArenaShrinkages (segments given back)
+	Slabs         uint64 // slabs carved
+	Splits        uint64 // chunks split by best fit
+	Merges        uint64 // chunks coalesced
+	Reclaims      uint64 // Reclaim or Trim calls that gave bytes back
+	Reclaimed     memapi.Bytes
+	OverBudget    uint64 // allocations failed over budget (num_ooms)
+	StreamReuse   uint64 // pending blocks reused at once on their own stream
+}
+
+// Fragmentation is held bytes over requested bytes in use (1 is perfect; 0
+// when nothing is requested).
+func (s Stats) Fragmentation() float64 {
+	if s.Requested == 0 {
+		return 0
+	}
+	return float64(s.Segments) / float64(s.Requested)
+}
+
+// PeakFragmentation is peak held over peak requested.
+func (s Stats) PeakFragmentation() float64 {
+	if s.PeakRequested == 0 {
+		return 0
+	}
+	return float64(s.PeakSegments) / float64(s.PeakRequested)
+}
+
+// Stats returns the pool's figures. Cached is counted from the free lists,
+// the arena and the pending list, not derived from InUse, so that
+// Cached + InUse == Segments is a check, not a definition.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range p.shards {
+		p.shards[i].mu.Lock()
+	}
+	defer func() {
+		for i := range p.shards {
+			p.shards[i].mu.Unlock()
+		}
+	}()
+	s := Stats{
+		Backing:       p.opts.Backing,
+		InUse:         memapi.Bytes(p.inUse.Load()),
+		Requested:     memapi.Bytes(p.requested.Load()),
+		Segments:      memapi.Bytes(p.held),
+		PeakInUse:     memapi.Bytes(p.peakInUse.Load()),
+		PeakRequested: memapi.Bytes(p.peakRequested.Load()),
+		PeakSegments:  memapi.Bytes(p.peak),
+		NumSegments:   len(p.segs) + boolInt(p.rseg != nil),
+		Allocs:        p.c.largeAllocs,
+		Frees:         p.c.largeFrees,
+		SegmentAllocs: p.c.segAllocs,
+		SegmentFrees:  p.c.segFrees,
+		Slabs:         p.c.slabs,
+		Splits:        p.arena.splits,
+		Merges:        p.arena.merges,
+		Reclaims:      p.c.reclaims,
+		Reclaimed:     memapi.Bytes(p.c.reclaimed),
+		OverBudget:    p.c.overBudget,
+		StreamReuse:   p.c.streamReuse,
+	}
+	cached := p.arena.freeBytes()
+	for c := range p.depot {
+		cached += uint64(p.depot[c].n) * classSize[c]
+	}
+	for i := range p.shards {
+		sh := &p.shards[i]
+		s.Allocs += sh.allocs
+		s.Frees += sh.frees
+		for c := range sh.lists {
+			cached += uint64(sh.lists[c].n) * classSize[c]
+		}
+	}
+	for _, b := range p.pending {
+		s.Pending += memapi.Bytes(b.size)
+	}
+	s.Cached = memapi.Bytes(cached) + s.Pending
+	return s
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
