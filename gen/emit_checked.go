@@ -23,8 +23,9 @@ var checkedNeededErrors = []string{
 }
 
 // checkedLocals are the names the generated method bodies declare; a spec
-// parameter with one of these names would be shadowed.
-var checkedLocals = map[string]bool{"w": true, "m": true, "op": true, "n": true, "err": true, "au": true, "ok": true, "used0": true, "returned": true}
+// parameter with one of these names would be shadowed. The validator
+// rejects them (badParamName); the check in emitChecked is its backstop.
+var checkedLocals = []string{"au", "err", "m", "n", "ok", "op", "returned", "used0", "w"}
 
 // Invariant enforcers the checked wrapper answers for (spec invariants[].enforced_by).
 const (
@@ -63,7 +64,7 @@ func emitChecked(g *Gen) error {
 	for _, c := range s.Capabilities {
 		for _, m := range c.Methods {
 			for _, p := range m.Params {
-				if checkedLocals[p.Name] {
+				if contains(checkedLocals, p.Name) {
 					return fmt.Errorf("%s: %s.%s: parameter name %q collides with a local of the checked wrapper; rename it", m.Pos, c.Name, m.Name, p.Name)
 				}
 			}

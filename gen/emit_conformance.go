@@ -267,6 +267,11 @@ func (cg *confGen) recv(m *Method) *Statement {
 	return Id("e").Dot(capField(c))
 }
 
+// conformanceLocals are the names of the suite's call methods; a spec
+// parameter with one of these names would clash with them. The validator
+// rejects them (badParamName); the check in the emitter is its backstop.
+var conformanceLocals = []string{"call", "do"}
+
 func callType(m *Method) string { return "call" + m.Name }
 
 // emitCalls writes calls.go: the capabilities the env holds, one call type
@@ -306,7 +311,7 @@ func (cg *confGen) emitCalls() error {
 	for _, c := range s.Capabilities {
 		for _, m := range c.Methods {
 			for _, p := range m.Params {
-				if p.Name == "do" || p.Name == "call" {
+				if contains(conformanceLocals, p.Name) {
 					return fmt.Errorf("conformance: %s.%s: parameter name %q clashes with the suite's call methods", c.Name, m.Name, p.Name)
 				}
 			}

@@ -27,10 +27,6 @@ var (
 		"atomic", "bytes", "checked", "conformance", "context", "errors", "fakes", "fmt",
 		"memapi", "os", "reflect", "slices", "sort", "strings", "sync", "testing", "time",
 	}
-	// generatedLocals are the names the generated capability method bodies
-	// declare beside the parameters (the checked wrapper's receiver, results
-	// and counters; the conformance suite's call helpers).
-	generatedLocals = []string{"au", "call", "do", "err", "m", "n", "ok", "op", "used0", "w"}
 	// predeclared are Go's predeclared identifiers; a parameter of that name
 	// would hide the type, constant or builtin the generated code uses.
 	predeclared = []string{
@@ -148,7 +144,7 @@ func validateMechanisms(s *Spec, e *errs) {
 // checked wrapper and the conformance suite generate.
 func badParamName(n string, capability bool) string {
 	switch {
-	case capability && contains(generatedLocals, n):
+	case capability && (contains(checkedLocals, n) || contains(conformanceLocals, n)):
 		return "is a local name of the generated checked wrapper or conformance suite"
 	case token.IsKeyword(n):
 		return "is a Go keyword"
