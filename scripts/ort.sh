@@ -93,7 +93,7 @@ check_version() {
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
-/* The first two members of OrtApiBase (onnxruntime_c_api.h). */
+/* The first two members of OrtApiBase (ONNX Runtime's C API; see integrations/ort/ortapi.h). */
 typedef struct { const void *(*GetApi)(uint32_t); const char *(*GetVersionString)(void); } ApiBase;
 int main(int argc, char **argv) {
 	void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);

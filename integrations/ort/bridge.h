@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "onnxruntime_c_api.h"
+#include "ortapi.h"
 
 // memgen_ort_allocator is an OrtAllocator followed by the id of the Go
 // allocator it calls. ONNX Runtime sees only the OrtAllocator part.

@@ -27,8 +27,11 @@
 //
 // Sessions and tensors come from github.com/yalue/onnxruntime_go: Init loads
 // the library through it and opens the same library for the bridge, which
-// asks for the C API version of the headers in include/ (ORT_API_VERSION
-// 24, served by ONNX Runtime 1.30.0).
+// asks for C API version 24 (ORT_API_VERSION, served by ONNX Runtime
+// 1.30.0). The bridge declares the part of the C API it uses itself, in
+// ortapi.h; ortapi_test.go holds those declarations to onnxruntime_go's
+// onnxruntime_c_api.h (slot offsets and types, OrtAllocator's layout, enum
+// values).
 //
 // This package is a nested Go module so that memgen's core module stays
 // free of cgo and of ONNX Runtime; `make ort` fetches the runtime and the

@@ -1,8 +1,8 @@
 package ort
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/include -O2
-#cgo CXXFLAGS: -I${SRCDIR}/include -O2 -std=c++17
+#cgo CFLAGS: -O2
+#cgo CXXFLAGS: -O2 -std=c++17
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "bridge.h"
