@@ -114,8 +114,13 @@ type HolderAuthoritySnapshot struct {
 }
 
 // InUse is the part of Charged that holds data: neither cache nor
-// quarantined.
-func (s HolderAuthoritySnapshot) InUse() memapi.Bytes { return s.Charged - s.Cached - s.Quarantined }
+// quarantined (0 for a hand-made snapshot whose parts exceed Charged).
+func (s HolderAuthoritySnapshot) InUse() memapi.Bytes {
+	if s.Cached+s.Quarantined > s.Charged {
+		return 0
+	}
+	return s.Charged - s.Cached - s.Quarantined
+}
 
 // Snapshot returns the governor's figures now.
 func (g *Governor) Snapshot() Snapshot {

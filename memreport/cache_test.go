@@ -21,7 +21,9 @@ type poolHolder struct{ cached atomic.Uint64 }
 
 func (*poolHolder) Reclaim(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }
 
-func (p *poolHolder) CachedBytes(memapi.AuthorityID) memapi.Bytes { return memapi.Bytes(p.cached.Load()) }
+func (p *poolHolder) CachedBytes(memapi.AuthorityID) memapi.Bytes {
+	return memapi.Bytes(p.cached.Load())
+}
 
 // cacheScenario samples a governor with a pool (whose cache grows and
 // shrinks, and part of whose charge gets quarantined) beside a holder

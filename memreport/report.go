@@ -166,9 +166,9 @@ type LedgerHolder struct {
 	Cached      memapi.Bytes       `json:"cached"`      // held for reuse, given back without evicting data
 	Quarantined memapi.Bytes       `json:"quarantined"` // frees that failed, still held
 	Pending     memapi.Bytes       `json:"pending"`
-	Reserved  memapi.Bytes       `json:"reserved"`
-	Tickets   uint64             `json:"tickets"`
-	Reclaimed memapi.Bytes       `json:"reclaimed"`
+	Reserved    memapi.Bytes       `json:"reserved"`
+	Tickets     uint64             `json:"tickets"`
+	Reclaimed   memapi.Bytes       `json:"reclaimed"`
 }
 
 // Span is one interval of the program's work.
