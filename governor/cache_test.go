@@ -212,7 +212,14 @@ func TestCachedBytesCalledWithoutLocks(t *testing.T) {
 	})
 	h.register("pool", pool, HolderOptions{Cache: true})
 	charge(t, h.g, "dev", "pool", 100)
-	s := h.g.Snapshot()
+	done := make(chan Snapshot, 1)
+	go func() { done <- h.g.Snapshot() }()
+	var s Snapshot
+	select {
+	case s = <-done:
+	case <-time.After(watchdog):
+		t.Fatal("Snapshot deadlocked with a CachedBytes that uses the governor")
+	}
 	if ha := holderAuth(t, s, "pool", "dev"); ha.Cached != 5 || ha.CacheErrors != 0 {
 		t.Fatalf("%+v", ha)
 	}

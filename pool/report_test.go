@@ -56,6 +56,8 @@ func TestSnapshotSplitsPoolCharge(t *testing.T) {
 			s = e.checkSplit(t)
 			require.NotZero(t, s.Cached)
 			require.NotZero(t, s.InUse)
+			require.Equal(t, s.Cached, e.p.CachedBytes(auth))
+			require.Zero(t, e.p.CachedBytes("another"), "nothing cached on another authority")
 
 			// A block freed behind a fence not yet complete is cache too.
 			b, err := e.p.Alloc(ctx, 5<<20, s1)
@@ -84,7 +86,6 @@ func TestSnapshotSplitsPoolCharge(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, e.checkSplit(t).Segments)
 
-			require.Zero(t, e.p.CachedBytes("another"), "nothing cached on another authority")
 		})
 	}
 }
