@@ -160,6 +160,8 @@ func TestReportSplitsCharge(t *testing.T) {
 	require.Contains(t, page, `<tr data-holder="pool" data-peak="33554432" data-final="33554432" data-in-use="20971520" data-cached="8388608" data-quarantined="4194304">`)
 	require.Contains(t, page, `<tr data-authority="dev" data-cached="8388608" data-quarantined="4194304">`)
 	require.Contains(t, page, `>pool (workspace) cached</text>`, "the legend names the cache")
+	require.Contains(t, page, `<th>of it in use</th><th>cached</th><th>quarantined</th><th>peak cached</th>`)
+	require.Contains(t, page, `<td>32 MiB</td><td>20 MiB</td><td>8 MiB</td><td>4 MiB</td><td>20 MiB</td></tr>`, "the pool's final charge, its split and its peak cache")
 }
 
 // TestReportCacheInChromium: the page's script draws the cache layer, reads

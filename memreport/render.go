@@ -145,8 +145,9 @@ func roleOf(rep Report, h governor.HolderID) string {
 }
 
 // writeHolderStats writes the per-holder table of an authority: peak,
-// time-weighted mean and final bytes, the final bytes split into in use,
-// cached and quarantined, and the peak of the cache.
+// time-weighted mean and final bytes and, where a holder had a cache or
+// quarantined bytes, the final bytes split into in use, cached and
+// quarantined, and the peak of the cache.
 func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.HolderID]string) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	if len(tl.HolderStats) == 0 {
@@ -156,12 +157,24 @@ func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[gove
 	if rep.Ledger.Marked {
 		final = "at the end of the work"
 	}
-	p("<h3>Holders</h3>\n<div class=\"wide\"><table class=\"holder-stats\" data-authority=\"%s\">\n<thead><tr><th class=\"k\">holder</th><th class=\"k\">role</th><th>peak</th><th>mean</th><th>%s</th><th>of it in use</th><th>cached</th><th>quarantined</th><th>peak cached</th></tr></thead><tbody>\n", esc(string(tl.Authority)), esc(final))
+	// The split columns only where some holder had a cache or quarantined
+	// bytes: elsewhere in use is the final charge and the rest is 0.
+	split := slices.ContainsFunc(tl.HolderStats, func(s HolderStats) bool {
+		return s.PeakCached != 0 || s.FinalCached != 0 || s.FinalQuarantined != 0
+	})
+	head := ""
+	if split {
+		head = "<th>of it in use</th><th>cached</th><th>quarantined</th><th>peak cached</th>"
+	}
+	p("<h3>Holders</h3>\n<div class=\"wide\"><table class=\"holder-stats\" data-authority=\"%s\">\n<thead><tr><th class=\"k\">holder</th><th class=\"k\">role</th><th>peak</th><th>mean</th><th>%s</th>%s</tr></thead><tbody>\n", esc(string(tl.Authority)), esc(final), head)
 	for _, s := range tl.HolderStats {
-		p("<tr data-holder=\"%s\" data-peak=\"%d\" data-final=\"%d\" data-in-use=\"%d\" data-cached=\"%d\" data-quarantined=\"%d\"><td class=\"k\"><span class=\"sw\" style=\"background:%s\"></span>%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
+		p("<tr data-holder=\"%s\" data-peak=\"%d\" data-final=\"%d\" data-in-use=\"%d\" data-cached=\"%d\" data-quarantined=\"%d\"><td class=\"k\"><span class=\"sw\" style=\"background:%s\"></span>%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td>",
 			esc(string(s.Holder)), s.Peak, s.Final, s.FinalInUse, s.FinalCached, s.FinalQuarantined, colours[s.Holder], esc(string(s.Holder)), esc(s.Role),
-			FormatBytes(s.Peak), FormatBytes(memapi.Bytes(math.Round(s.Mean))), FormatBytes(s.Final),
-			FormatBytes(s.FinalInUse), FormatBytes(s.FinalCached), FormatBytes(s.FinalQuarantined), FormatBytes(s.PeakCached))
+			FormatBytes(s.Peak), FormatBytes(memapi.Bytes(math.Round(s.Mean))), FormatBytes(s.Final))
+		if split {
+			p("<td>%s</td><td>%s</td><td>%s</td><td>%s</td>", FormatBytes(s.FinalInUse), FormatBytes(s.FinalCached), FormatBytes(s.FinalQuarantined), FormatBytes(s.PeakCached))
+		}
+		p("</tr>\n")
 	}
 	p("</tbody></table></div>\n")
 }

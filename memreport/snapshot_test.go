@@ -169,6 +169,7 @@ func TestHolderStatsAndTheEndOfTheWork(t *testing.T) {
 	require.Contains(t, page, "Ledger at the end of the work")
 	require.Contains(t, page, `<tr data-holder="weights" data-peak="83886080" data-final="83886080" data-in-use="83886080" data-cached="0" data-quarantined="0">`)
 	require.Contains(t, page, `<tr data-holder="weights" data-charged="83886080" data-in-use="83886080" data-cached="0" data-quarantined="0">`)
+	require.NotContains(t, page, `<th>peak cached</th>`, "no split columns where no holder had a cache or quarantined bytes")
 }
 
 func TestTicketWallTimeToAnswer(t *testing.T) {
