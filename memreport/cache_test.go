@@ -3,6 +3,7 @@ package memreport
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"encoding/xml"
 	"os"
 	"path/filepath"
@@ -162,6 +163,35 @@ func TestReportSplitsCharge(t *testing.T) {
 	require.Contains(t, page, `>pool (workspace) cached</text>`, "the legend names the cache")
 	require.Contains(t, page, `<th>of it in use</th><th>cached</th><th>quarantined</th><th>peak cached</th>`)
 	require.Contains(t, page, `<td>32 MiB</td><td>20 MiB</td><td>8 MiB</td><td>4 MiB</td><td>20 MiB</td></tr>`, "the pool's final charge, its split and its peak cache")
+}
+
+// TestTraceSplitsCharge: a holder's counter track stacks its bytes in use,
+// cached and quarantined, which add up to its charge.
+func TestTraceSplitsCharge(t *testing.T) {
+	rec, snaps := cacheScenario(t)
+	var buf bytes.Buffer
+	require.NoError(t, rec.WriteTrace(&buf))
+	var tr struct {
+		TraceEvents []struct {
+			Name string          `json:"name"`
+			Ph   string          `json:"ph"`
+			Args json.RawMessage `json:"args"`
+		} `json:"traceEvents"`
+	}
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &tr))
+	var k int
+	for _, e := range tr.TraceEvents {
+		if e.Ph != "C" || e.Name != "holder pool" {
+			continue
+		}
+		var args map[string]memapi.Bytes
+		require.NoError(t, json.Unmarshal(e.Args, &args))
+		ha := holderOf(t, snaps[k], "pool")
+		require.Equal(t, map[string]memapi.Bytes{"in_use": ha.InUse(), "cached": ha.Cached, "quarantined": ha.Quarantined}, args, "sample %d", k)
+		require.Equal(t, ha.Charged, args["in_use"]+args["cached"]+args["quarantined"])
+		k++
+	}
+	require.Equal(t, len(snaps), k)
 }
 
 // TestReportCacheInChromium: the page's script draws the cache layer, reads
