@@ -93,7 +93,10 @@ reserved).
 
 Governor.Snapshot returns a value with every figure per authority and per
 holder, the tickets issued, the bytes each holder reported freeing and the
-recent pressure events with their time. Options.OnEvent receives events as
+recent pressure events with their time. A holder that implements
+CacheReporter (a caching pool) has its charge shown split into cached bytes
+and bytes in use; the snapshot asks it with no lock held and clamps the
+figure to the charge. Options.OnEvent receives events as
 they happen. Package promgov exports a snapshot as Prometheus metrics, so this
 package has no dependency beyond the contract.
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -63,7 +64,8 @@ type HolderOptions struct {
 
 type holder struct {
 	id        HolderID
-	reclaimer Holder // nil: the holder is never asked
+	reclaimer Holder        // nil: the holder is never asked
+	cacheRep  CacheReporter // the reclaimer, when it reports a cache
 	priority  Priority
 	cache     bool
 	guarantee map[memapi.AuthorityID]memapi.Bytes
@@ -91,6 +93,9 @@ type account struct {
 	freed         memapi.Bytes
 	reclaimErrors uint64
 
+	// Read and counted by snapshots without the lock (cacheRead).
+	cacheClamped, cacheErrors atomic.Uint64
+
 	gone bool // removed by Unregister: a Binding holding it resolves again
 }
 
@@ -113,7 +118,8 @@ func (c *account) reclaimable() memapi.Bytes {
 }
 
 // Register adds a holder. h may be nil for a holder that is never asked to
-// reclaim. Guarantee and limit are checked for consistency (a guarantee above
+// reclaim. An h that implements CacheReporter has its cached bytes shown
+// in every snapshot. Guarantee and limit are checked for consistency (a guarantee above
 // the limit is ErrInvalidSize).
 func (g *Governor) Register(id HolderID, h Holder, opts HolderOptions) error {
 	const op = "governor.Register"
@@ -132,9 +138,11 @@ func (g *Governor) Register(id HolderID, h Holder, opts HolderOptions) error {
 		return opError(op, ErrDuplicate, "", 0, 0, "holder "+string(id))
 	}
 	next := maps.Clone(old)
+	rep, _ := h.(CacheReporter)
 	next[id] = &holder{
 		id:        id,
 		reclaimer: h,
+		cacheRep:  rep,
 		priority:  opts.Priority,
 		cache:     opts.Cache,
 		guarantee: maps.Clone(opts.Guarantee),

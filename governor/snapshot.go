@@ -12,7 +12,9 @@ import (
 // read under its lock, so its identity holds exactly; different authorities
 // are read one after the other. The swaps of the hot path take no lock (see
 // the package documentation): one that runs while the snapshot is taken
-// appears either before or after it, each grant as a whole.
+// appears either before or after it, each grant as a whole. The cached
+// bytes of holders that report a cache (CacheReporter) are read after each
+// authority's lock is released, and clamped to the charge read under it.
 type Snapshot struct {
 	Time        time.Time
 	Authorities []AuthoritySnapshot // sorted by ID
@@ -31,6 +33,7 @@ type AuthoritySnapshot struct {
 
 	ExpiredDrawn memapi.Bytes // the part of Reserved held by expired grants awaiting rollback
 	Quarantined  memapi.Bytes // the part of Charged whose free failed: still held, waiting for a retry
+	Cached       memapi.Bytes // the part of Charged its holders report as cache: the sum of their HolderAuthoritySnapshot.Cached
 	Reclaimable  memapi.Bytes // charged bytes over guarantees, of holders that can reclaim
 	Asking       memapi.Bytes // bytes asked by tickets whose Reclaim has not returned
 
@@ -78,14 +81,29 @@ type HolderSnapshot struct {
 }
 
 // HolderAuthoritySnapshot is one holder's figures on one authority.
+//
+// Charged = InUse() + Cached + Quarantined: Cached is what the holder
+// reports as cache (CacheReporter; 0 for a holder that does not report
+// one), never more than Charged - Quarantined; the rest is data in use.
 type HolderAuthoritySnapshot struct {
-	Authority     memapi.AuthorityID
-	Guarantee     memapi.Bytes
-	Limit         memapi.Bytes
-	Reserved      memapi.Bytes
-	Charged       memapi.Bytes
-	Pending       memapi.Bytes
-	Quarantined   memapi.Bytes // the part of Charged whose free failed
+	Authority   memapi.AuthorityID
+	Guarantee   memapi.Bytes
+	Limit       memapi.Bytes
+	Reserved    memapi.Bytes
+	Charged     memapi.Bytes
+	Pending     memapi.Bytes
+	Quarantined memapi.Bytes // the part of Charged whose free failed
+	// Cached is the part of Charged the holder holds only for reuse and
+	// can give back without evicting data (a pool's free and pending
+	// blocks), as its CachedBytes reported it just after the charge was
+	// read, clamped to Charged - Quarantined.
+	Cached memapi.Bytes
+	// CacheClamped counts the snapshots whose CachedBytes reported more
+	// than Charged - Quarantined (a race with a growth or a refund, or a
+	// holder that lies); CacheErrors those whose CachedBytes panicked
+	// (counted as 0). Both since the account was created.
+	CacheClamped  uint64
+	CacheErrors   uint64
 	Waiting       memapi.Bytes
 	Reclaimable   memapi.Bytes
 	Grants        int
@@ -95,11 +113,27 @@ type HolderAuthoritySnapshot struct {
 	ReclaimErrors uint64
 }
 
+// InUse is the part of Charged that holds data: neither cache nor
+// quarantined (0 for a hand-made snapshot whose parts exceed Charged).
+func (s HolderAuthoritySnapshot) InUse() memapi.Bytes {
+	if s.Cached+s.Quarantined > s.Charged {
+		return 0
+	}
+	return s.Charged - s.Cached - s.Quarantined
+}
+
 // Snapshot returns the governor's figures now.
 func (g *Governor) Snapshot() Snapshot {
 	s := Snapshot{Time: g.clock.Now()}
 	holders := sortedHolders(*g.holders.Load())
 	per := make(map[HolderID][]HolderAuthoritySnapshot, len(holders))
+	type pendingRead struct {
+		cacheRead
+		holder HolderID
+		entry  int // in per[holder]
+		auth   int // in s.Authorities
+	}
+	var reads []pendingRead
 	for _, a := range g.sortedAuthorities() {
 		a.mu.Lock()
 		s.Authorities = append(s.Authorities, a.snapshotLocked())
@@ -112,6 +146,9 @@ func (g *Governor) Snapshot() Snapshot {
 					per[h.id] = append(per[h.id], HolderAuthoritySnapshot{Authority: a.id, Guarantee: h.guarantee[a.id], Limit: h.limit[a.id]})
 				}
 				continue
+			}
+			if r, ok := cacheReadLocked(c); ok {
+				reads = append(reads, pendingRead{cacheRead: r, holder: h.id, entry: len(per[h.id]), auth: len(s.Authorities) - 1})
 			}
 			per[h.id] = append(per[h.id], HolderAuthoritySnapshot{
 				Authority:     a.id,
@@ -132,21 +169,40 @@ func (g *Governor) Snapshot() Snapshot {
 		}
 		a.mu.Unlock()
 	}
+	// No lock is held now: a holder's CachedBytes may take its own locks,
+	// which it may hold while it calls the governor (a pool's growth).
+	for _, r := range reads {
+		e := &per[r.holder][r.entry]
+		e.Cached, e.CacheClamped, e.CacheErrors = r.read(g)
+		s.Authorities[r.auth].Cached += e.Cached
+	}
 	for _, h := range holders {
 		s.Holders = append(s.Holders, HolderSnapshot{ID: h.id, Priority: h.priority, Reclaims: h.reclaimer != nil, Cache: h.cache, Authorities: per[h.id]})
 	}
 	return s
 }
 
-// Authority returns one authority's figures.
+// Authority returns one authority's figures, its Cached read as Snapshot
+// reads it.
 func (g *Governor) Authority(id memapi.AuthorityID) (AuthoritySnapshot, bool) {
 	a := g.authority(id)
 	if a == nil {
 		return AuthoritySnapshot{}, false
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.snapshotLocked(), true
+	s := a.snapshotLocked()
+	var reads []cacheRead
+	for _, c := range a.accts {
+		if r, ok := cacheReadLocked(c); ok {
+			reads = append(reads, r)
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range reads {
+		n, _, _ := r.read(g)
+		s.Cached += n
+	}
+	return s, true
 }
 
 // Authorities returns the ids of the authorities, sorted.

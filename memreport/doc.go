@@ -1,10 +1,12 @@
 // Package memreport turns a governor's ledger into a memory report: a
 // self-contained HTML page with a timeline of every authority's ledger
-// (one stacked area per holder, labelled with its role, the bytes pending
+// (one stacked area per holder, labelled with its role, its cache paler
+// above the rest of its charge when it reports one, the bytes pending
 // free and reserved on top, the capacity as a line, events marked) that the
 // page's script redraws at the window's width with zoom, pan, a cursor
 // readout and holder toggles; per authority a table of each holder's peak,
-// mean and final bytes and a table of its events (tickets with the holder
+// mean and final bytes (the final split into in use, cached and
+// quarantined) and a table of its events (tickets with the holder
 // asked, the bytes wanted and freed and the time to answer; pressure;
 // the program's own events such as offloads and preemptions) linked to the
 // chart; a versioned JSON snapshot of the same data (report.schema.json

@@ -78,16 +78,32 @@ type timeline struct {
 type point struct {
 	t                                    time.Time
 	capacity, reserved, charged, pending memapi.Bytes
-	holders                              map[governor.HolderID]memapi.Bytes
+	holders                              map[governor.HolderID]holderPoint
+}
+
+// holderPoint is one holder's charge at a sample, and the parts of it that
+// are cache and quarantined.
+type holderPoint struct {
+	charged, cached, quarantined memapi.Bytes
+}
+
+// inUse is the part of the charge that holds data (0 for a hand-made
+// snapshot whose parts exceed its charge).
+func (p holderPoint) inUse() memapi.Bytes {
+	if p.cached+p.quarantined > p.charged {
+		return 0
+	}
+	return p.charged - p.cached - p.quarantined
 }
 
 // holderStat is one holder's charge on an authority over every sample
 // offered, not only the kept ones.
 type holderStat struct {
-	peak    memapi.Bytes
-	last    memapi.Bytes
-	lastT   time.Time
-	byteSec float64 // the integral of the charge over time
+	peak       memapi.Bytes
+	peakCached memapi.Bytes
+	last       holderPoint
+	lastT      time.Time
+	byteSec    float64 // the integral of the charge over time
 }
 
 // event is a kept event with the times its JSON form is computed from.
@@ -223,11 +239,11 @@ func (r *Recorder) Sample(s governor.Snapshot) {
 	r.latest = s
 	for _, a := range s.Authorities {
 		p := point{t: s.Time, capacity: a.Capacity, reserved: a.Reserved, charged: a.Charged, pending: a.Pending,
-			holders: map[governor.HolderID]memapi.Bytes{}}
+			holders: map[governor.HolderID]holderPoint{}}
 		for _, h := range s.Holders {
 			for _, ha := range h.Authorities {
 				if ha.Authority == a.ID {
-					p.holders[h.ID] = ha.Charged
+					p.holders[h.ID] = holderPoint{charged: ha.Charged, cached: ha.Cached, quarantined: ha.Quarantined}
 				}
 			}
 		}
@@ -246,7 +262,7 @@ func (tl *timeline) stat(p point) {
 	tl.last = p.t
 	for h := range tl.stats {
 		if _, ok := p.holders[h]; !ok {
-			p.holders[h] = 0 // an account closed: 0 from now on
+			p.holders[h] = holderPoint{} // an account closed: 0 from now on
 		}
 	}
 	for h, v := range p.holders {
@@ -255,9 +271,10 @@ func (tl *timeline) stat(p point) {
 			st = &holderStat{lastT: p.t}
 			tl.stats[h] = st
 		}
-		st.byteSec += float64(st.last) * p.t.Sub(st.lastT).Seconds()
+		st.byteSec += float64(st.last.charged) * p.t.Sub(st.lastT).Seconds()
 		st.last, st.lastT = v, p.t
-		st.peak = max(st.peak, v)
+		st.peak = max(st.peak, v.charged)
+		st.peakCached = max(st.peakCached, v.cached)
 	}
 }
 

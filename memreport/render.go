@@ -86,7 +86,7 @@ func (rep Report) WriteHTML(w io.Writer) error {
 	p("<title>%s</title>\n<style>%s</style>\n</head>\n<body>\n", esc(rep.Title), style)
 	p("<h1>%s</h1>\n", esc(rep.Title))
 	if !rep.Start.IsZero() {
-		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; ticks above the plot mark events (red: pressure, orange: tickets, purple: offloads, blue: reloads, brown: preemptions), listed with the routine ones (reservations waiting and served) in each authority's events table; click a tick or a row to find the other.</p>\n",
+		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom; the part a holder reports as cache, such as a caching pool's free blocks, paler above the bytes it uses), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; ticks above the plot mark events (red: pressure, orange: tickets, purple: offloads, blue: reloads, brown: preemptions), listed with the routine ones (reservations waiting and served) in each authority's events table; click a tick or a row to find the other.</p>\n",
 			esc(rep.Start.UTC().Format("2006-01-02 15:04:05.000 UTC")))
 	}
 	colours := holderColours(rep)
@@ -145,7 +145,9 @@ func roleOf(rep Report, h governor.HolderID) string {
 }
 
 // writeHolderStats writes the per-holder table of an authority: peak,
-// time-weighted mean and final bytes.
+// time-weighted mean and final bytes and, where a holder had a cache or
+// quarantined bytes, the final bytes split into in use, cached and
+// quarantined, and the peak of the cache.
 func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.HolderID]string) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	if len(tl.HolderStats) == 0 {
@@ -155,10 +157,24 @@ func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[gove
 	if rep.Ledger.Marked {
 		final = "at the end of the work"
 	}
-	p("<h3>Holders</h3>\n<div class=\"wide\"><table class=\"holder-stats\" data-authority=\"%s\">\n<thead><tr><th class=\"k\">holder</th><th class=\"k\">role</th><th>peak</th><th>mean</th><th>%s</th></tr></thead><tbody>\n", esc(string(tl.Authority)), esc(final))
+	// The split columns only where some holder had a cache or quarantined
+	// bytes: elsewhere in use is the final charge and the rest is 0.
+	split := slices.ContainsFunc(tl.HolderStats, func(s HolderStats) bool {
+		return s.PeakCached != 0 || s.FinalCached != 0 || s.FinalQuarantined != 0
+	})
+	head := ""
+	if split {
+		head = "<th>of it in use</th><th>cached</th><th>quarantined</th><th>peak cached</th>"
+	}
+	p("<h3>Holders</h3>\n<div class=\"wide\"><table class=\"holder-stats\" data-authority=\"%s\">\n<thead><tr><th class=\"k\">holder</th><th class=\"k\">role</th><th>peak</th><th>mean</th><th>%s</th>%s</tr></thead><tbody>\n", esc(string(tl.Authority)), esc(final), head)
 	for _, s := range tl.HolderStats {
-		p("<tr data-holder=\"%s\" data-peak=\"%d\" data-final=\"%d\"><td class=\"k\"><span class=\"sw\" style=\"background:%s\"></span>%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
-			esc(string(s.Holder)), s.Peak, s.Final, colours[s.Holder], esc(string(s.Holder)), esc(s.Role), FormatBytes(s.Peak), FormatBytes(memapi.Bytes(math.Round(s.Mean))), FormatBytes(s.Final))
+		p("<tr data-holder=\"%s\" data-peak=\"%d\" data-final=\"%d\" data-in-use=\"%d\" data-cached=\"%d\" data-quarantined=\"%d\"><td class=\"k\"><span class=\"sw\" style=\"background:%s\"></span>%s</td><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td>",
+			esc(string(s.Holder)), s.Peak, s.Final, s.FinalInUse, s.FinalCached, s.FinalQuarantined, colours[s.Holder], esc(string(s.Holder)), esc(s.Role),
+			FormatBytes(s.Peak), FormatBytes(memapi.Bytes(math.Round(s.Mean))), FormatBytes(s.Final))
+		if split {
+			p("<td>%s</td><td>%s</td><td>%s</td><td>%s</td>", FormatBytes(s.FinalInUse), FormatBytes(s.FinalCached), FormatBytes(s.FinalQuarantined), FormatBytes(s.PeakCached))
+		}
+		p("</tr>\n")
 	}
 	p("</tbody></table></div>\n")
 }
@@ -238,11 +254,12 @@ type chartAuthority struct {
 }
 
 type chartLayer struct {
-	Kind   string         `json:"kind"`
-	Holder string         `json:"holder"`
-	Label  string         `json:"label"`
-	Colour string         `json:"colour"`
-	Values []memapi.Bytes `json:"values"`
+	Kind    string         `json:"kind"`
+	Holder  string         `json:"holder"`
+	Label   string         `json:"label"`
+	Colour  string         `json:"colour"`
+	Opacity float64        `json:"opacity"`
+	Values  []memapi.Bytes `json:"values"`
 }
 
 type chartEvent struct {
@@ -269,7 +286,7 @@ func writeData(w *bufio.Writer, rep Report, colours map[governor.HolderID]string
 	for _, tl := range rep.Authorities {
 		a := chartAuthority{Authority: tl.Authority, Times: tl.Times, Capacity: tl.Capacity, Layers: []chartLayer{}, Events: []chartEvent{}}
 		for _, l := range layers(tl, colours) {
-			a.Layers = append(a.Layers, chartLayer{Kind: l.kind, Holder: l.holder, Label: l.label, Colour: l.colour, Values: l.values})
+			a.Layers = append(a.Layers, chartLayer{Kind: l.kind, Holder: l.holder, Label: l.label, Colour: l.colour, Opacity: l.opacity(), Values: l.values})
 		}
 		for i, e := range tl.Events {
 			if marked(e.Kind) {
@@ -316,10 +333,22 @@ type layer struct {
 	values                            []memapi.Bytes
 }
 
+// opacity is a layer's fill opacity: a holder's cache is paler than the
+// bytes it uses.
+func (l layer) opacity() float64 {
+	if l.kind == "cached" {
+		return 0.4
+	}
+	return 0.9
+}
+
 // layers returns the stack bottom to top: holders from the steadiest (the
 // least total variation of their charge over the timeline) to the most
 // variable, so pinned data forms a flat base, then pending and reserved
-// bytes. colours gives every holder the same colour on every chart.
+// bytes. A holder that had cached bytes at any kept sample is two layers:
+// its charge less the cache ("holder"), then the cache ("cached", in its
+// colour, paler). colours gives every holder the same colour on every
+// chart.
 func layers(tl Timeline, colours map[governor.HolderID]string) []layer {
 	order := make([]int, len(tl.Holders))
 	variation := make([]memapi.Bytes, len(tl.Holders))
@@ -338,8 +367,18 @@ func layers(tl Timeline, colours map[governor.HolderID]string) []layer {
 		if h.Role != "" {
 			label += " (" + h.Role + ")"
 		}
-		ls = append(ls, layer{kind: "holder", holder: string(h.Holder), role: h.Role, label: label,
-			colour: colours[h.Holder], values: h.Charged})
+		if !slices.ContainsFunc(h.Cached, func(v memapi.Bytes) bool { return v != 0 }) {
+			ls = append(ls, layer{kind: "holder", holder: string(h.Holder), role: h.Role, label: label,
+				colour: colours[h.Holder], values: h.Charged})
+			continue
+		}
+		used := make([]memapi.Bytes, len(h.Charged))
+		for k := range used {
+			used[k] = h.Charged[k] - min(h.Cached[k], h.Charged[k])
+		}
+		ls = append(ls,
+			layer{kind: "holder", holder: string(h.Holder), role: h.Role, label: label, colour: colours[h.Holder], values: used},
+			layer{kind: "cached", holder: string(h.Holder), role: h.Role, label: label + " cached", colour: colours[h.Holder], values: h.Cached})
 	}
 	ls = append(ls,
 		layer{kind: "pending", label: "pending free", colour: pendingColour, values: tl.Pending},
@@ -399,8 +438,8 @@ func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.H
 		for _, v := range l.values {
 			peak = max(peak, v)
 		}
-		p("<polygon class=\"layer\" data-kind=\"%s\" data-holder=\"%s\" data-role=\"%s\" data-values=\"%s\" fill=\"%s\" fill-opacity=\"0.9\" stroke=\"none\" points=\"%s\">",
-			l.kind, esc(l.holder), esc(l.role), joinBytes(l.values), l.colour, strings.TrimSpace(pts.String()))
+		p("<polygon class=\"layer\" data-kind=\"%s\" data-holder=\"%s\" data-role=\"%s\" data-values=\"%s\" fill=\"%s\" fill-opacity=\"%s\" stroke=\"none\" points=\"%s\">",
+			l.kind, esc(l.holder), esc(l.role), joinBytes(l.values), l.colour, f(l.opacity()), strings.TrimSpace(pts.String()))
 		p("<title>%s: peak %s</title></polygon>\n", esc(l.label), esc(FormatBytes(peak)))
 		base = top
 	}
@@ -433,7 +472,7 @@ func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.H
 	lx, ly := padLeft+plotW+18, padTop+6
 	for i := len(ls) - 1; i >= 0; i-- {
 		l := ls[i]
-		p("<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n", lx, ly, l.colour, lx+20, ly+12, esc(l.label))
+		p("<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\" fill-opacity=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n", lx, ly, l.colour, f(l.opacity()), lx+20, ly+12, esc(l.label))
 		ly += 22
 	}
 	p("<line class=\"cap\" x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/><text x=\"%d\" y=\"%d\">capacity</text>\n", lx, ly+7, lx+14, ly+7, lx+20, ly+12)
@@ -444,7 +483,8 @@ func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.H
 }
 
 // writeLedger writes the ledger at the end of the work (or the latest
-// sample when the program marked none) per authority and holder.
+// sample when the program marked none) per authority and holder, each
+// holder's charge split into in use, cached and quarantined bytes.
 func writeLedger(w *bufio.Writer, rep Report) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	l := rep.Ledger
@@ -455,18 +495,19 @@ func writeLedger(w *bufio.Writer, rep Report) {
 	if l.Marked {
 		when = "end of the work"
 	}
-	p("<h2>Ledger at the %s (t = %s s)</h2>\n<div class=\"wide\"><table class=\"ledger-authorities\">\n<tr><th class=\"k\">authority</th><th>capacity</th><th>reserved</th><th>charged</th><th>pending</th><th>free</th><th>balanced</th><th>grants</th><th>waited</th><th>over budget</th><th>tickets</th><th>reclaimed</th><th>pressure events</th></tr>\n",
+	p("<h2>Ledger at the %s (t = %s s)</h2>\n<div class=\"wide\"><table class=\"ledger-authorities\">\n<tr><th class=\"k\">authority</th><th>capacity</th><th>reserved</th><th>charged</th><th>of it cached</th><th>quarantined</th><th>pending</th><th>free</th><th>balanced</th><th>grants</th><th>waited</th><th>over budget</th><th>tickets</th><th>reclaimed</th><th>pressure events</th></tr>\n",
 		when, strconv.FormatFloat(l.Time, 'f', 3, 64))
 	for _, a := range l.Authorities {
-		p("<tr data-authority=\"%s\"><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%t</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%s</td><td>%d</td></tr>\n",
-			esc(string(a.Authority)), esc(string(a.Authority)), FormatBytes(a.Capacity), FormatBytes(a.Reserved), FormatBytes(a.Charged), FormatBytes(a.Pending), FormatBytes(a.Free),
+		p("<tr data-authority=\"%s\" data-cached=\"%d\" data-quarantined=\"%d\"><td class=\"k\">%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%t</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%s</td><td>%d</td></tr>\n",
+			esc(string(a.Authority)), a.Cached, a.Quarantined, esc(string(a.Authority)), FormatBytes(a.Capacity), FormatBytes(a.Reserved), FormatBytes(a.Charged),
+			FormatBytes(a.Cached), FormatBytes(a.Quarantined), FormatBytes(a.Pending), FormatBytes(a.Free),
 			a.Balanced, a.Granted, a.Waited, a.OverBudget, a.Tickets, FormatBytes(a.Reclaimed), a.PressureEvents)
 	}
-	p("</table></div>\n<div class=\"wide\"><table class=\"ledger-holders\">\n<tr><th class=\"k\">holder</th><th class=\"k\">authority</th><th>priority</th><th>charged</th><th>pending</th><th>reserved</th><th>tickets</th><th>reclaimed</th></tr>\n")
+	p("</table></div>\n<div class=\"wide\"><table class=\"ledger-holders\">\n<tr><th class=\"k\">holder</th><th class=\"k\">authority</th><th>priority</th><th>charged</th><th>in use</th><th>cached</th><th>quarantined</th><th>pending</th><th>reserved</th><th>tickets</th><th>reclaimed</th></tr>\n")
 	for _, h := range l.Holders {
-		p("<tr data-holder=\"%s\" data-charged=\"%d\"><td class=\"k\">%s</td><td class=\"k\">%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>\n",
-			esc(string(h.Holder)), h.Charged, esc(string(h.Holder)), esc(string(h.Authority)), h.Priority,
-			FormatBytes(h.Charged), FormatBytes(h.Pending), FormatBytes(h.Reserved), h.Tickets, FormatBytes(h.Reclaimed))
+		p("<tr data-holder=\"%s\" data-charged=\"%d\" data-in-use=\"%d\" data-cached=\"%d\" data-quarantined=\"%d\"><td class=\"k\">%s</td><td class=\"k\">%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>\n",
+			esc(string(h.Holder)), h.Charged, h.InUse, h.Cached, h.Quarantined, esc(string(h.Holder)), esc(string(h.Authority)), h.Priority,
+			FormatBytes(h.Charged), FormatBytes(h.InUse), FormatBytes(h.Cached), FormatBytes(h.Quarantined), FormatBytes(h.Pending), FormatBytes(h.Reserved), h.Tickets, FormatBytes(h.Reclaimed))
 	}
 	p("</table></div>\n")
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // Version is the version of the JSON snapshot's layout, its "version"
-// field; report.schema.json describes it.
-const Version = 2
+// field; report.schema.json describes it. Version 3 split each holder's
+// charge into in use, cached and quarantined bytes.
+const Version = 3
 
 // Report is the data of a memory report: what WriteJSON writes and
 // WriteHTML draws. Every key of its JSON form is snake_case, every figure
@@ -70,22 +71,34 @@ type Timeline struct {
 	EventCounts map[string]uint64 `json:"event_counts"`
 }
 
-// Series is one holder's charged bytes at each kept sample.
+// Series is one holder's charged bytes at each kept sample, and their
+// split: Charged = InUse + Cached + Quarantined at every sample. Cached is
+// what the holder reports as cache (governor.CacheReporter: a pool's free
+// and pending blocks), 0 for holders that report none.
 type Series struct {
-	Holder  governor.HolderID `json:"holder"`
-	Role    string            `json:"role"` // its roles, comma separated
-	Charged []memapi.Bytes    `json:"charged"`
+	Holder      governor.HolderID `json:"holder"`
+	Role        string            `json:"role"` // its roles, comma separated
+	Charged     []memapi.Bytes    `json:"charged"`
+	InUse       []memapi.Bytes    `json:"in_use"`
+	Cached      []memapi.Bytes    `json:"cached"`
+	Quarantined []memapi.Bytes    `json:"quarantined"`
 }
 
 // HolderStats are one holder's figures on an authority over every sample
 // offered: the most it was charged, its charge averaged over time (each
-// sample's charge holding until the next), and its charge in the ledger.
+// sample's charge holding until the next), and its charge in the ledger;
+// the most of it that was cache, and the ledger's split of the final
+// charge into in use, cached and quarantined bytes.
 type HolderStats struct {
-	Holder governor.HolderID `json:"holder"`
-	Role   string            `json:"role"`
-	Peak   memapi.Bytes      `json:"peak"`
-	Mean   float64           `json:"mean"`
-	Final  memapi.Bytes      `json:"final"`
+	Holder           governor.HolderID `json:"holder"`
+	Role             string            `json:"role"`
+	Peak             memapi.Bytes      `json:"peak"`
+	Mean             float64           `json:"mean"`
+	Final            memapi.Bytes      `json:"final"`
+	PeakCached       memapi.Bytes      `json:"peak_cached"`
+	FinalInUse       memapi.Bytes      `json:"final_in_use"`
+	FinalCached      memapi.Bytes      `json:"final_cached"`
+	FinalQuarantined memapi.Bytes      `json:"final_quarantined"`
 }
 
 // Event is one kept event: a governor event (kind pressure, ticket,
@@ -129,6 +142,8 @@ type LedgerAuthority struct {
 	Capacity       memapi.Bytes       `json:"capacity"`
 	Reserved       memapi.Bytes       `json:"reserved"`
 	Charged        memapi.Bytes       `json:"charged"`
+	Cached         memapi.Bytes       `json:"cached"`      // of Charged: its holders' cache
+	Quarantined    memapi.Bytes       `json:"quarantined"` // of Charged: frees that failed, waiting for a retry
 	Pending        memapi.Bytes       `json:"pending"`
 	Free           memapi.Bytes       `json:"free"`
 	Balanced       bool               `json:"balanced"`
@@ -140,16 +155,20 @@ type LedgerAuthority struct {
 	PressureEvents uint64             `json:"pressure_events"`
 }
 
-// LedgerHolder is one holder's account on one authority.
+// LedgerHolder is one holder's account on one authority. Charged = InUse
+// + Cached + Quarantined.
 type LedgerHolder struct {
-	Holder    governor.HolderID  `json:"holder"`
-	Authority memapi.AuthorityID `json:"authority"`
-	Priority  int                `json:"priority"`
-	Charged   memapi.Bytes       `json:"charged"`
-	Pending   memapi.Bytes       `json:"pending"`
-	Reserved  memapi.Bytes       `json:"reserved"`
-	Tickets   uint64             `json:"tickets"`
-	Reclaimed memapi.Bytes       `json:"reclaimed"`
+	Holder      governor.HolderID  `json:"holder"`
+	Authority   memapi.AuthorityID `json:"authority"`
+	Priority    int                `json:"priority"`
+	Charged     memapi.Bytes       `json:"charged"`
+	InUse       memapi.Bytes       `json:"in_use"`      // data: neither cache nor quarantined
+	Cached      memapi.Bytes       `json:"cached"`      // held for reuse, given back without evicting data
+	Quarantined memapi.Bytes       `json:"quarantined"` // frees that failed, still held
+	Pending     memapi.Bytes       `json:"pending"`
+	Reserved    memapi.Bytes       `json:"reserved"`
+	Tickets     uint64             `json:"tickets"`
+	Reclaimed   memapi.Bytes       `json:"reclaimed"`
 }
 
 // Span is one interval of the program's work.
@@ -204,21 +223,29 @@ func (r *Recorder) Report() Report {
 		}
 		span := tl.last.Sub(tl.first).Seconds()
 		for _, h := range slices.Sorted(maps.Keys(tl.stats)) {
-			s := Series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, len(pts))}
+			n := len(pts)
+			s := Series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, n), InUse: make([]memapi.Bytes, n),
+				Cached: make([]memapi.Bytes, n), Quarantined: make([]memapi.Bytes, n)}
 			for i, p := range pts {
-				s.Charged[i] = p.holders[h]
+				v := p.holders[h]
+				s.Charged[i], s.Cached[i], s.Quarantined[i] = v.charged, v.cached, v.quarantined
+				s.InUse[i] = v.inUse()
 			}
 			out.Holders = append(out.Holders, s)
 			st := tl.stats[h]
-			hs := HolderStats{Holder: h, Role: s.Role, Peak: st.peak, Mean: float64(st.last), Final: st.last}
+			last := st.last
+			hs := HolderStats{Holder: h, Role: s.Role, Peak: st.peak, Mean: float64(last.charged), PeakCached: st.peakCached}
 			if span > 0 {
 				hs.Mean = st.byteSec / span
 			}
 			if i := slices.IndexFunc(rep.Ledger.Holders, func(l LedgerHolder) bool { return l.Holder == h && l.Authority == id }); i >= 0 {
-				hs.Final = rep.Ledger.Holders[i].Charged
+				l := rep.Ledger.Holders[i]
+				last = holderPoint{charged: l.Charged, cached: l.Cached, quarantined: l.Quarantined}
 			} else if r.end != nil {
-				hs.Final = 0
+				last = holderPoint{}
 			}
+			hs.Final, hs.FinalCached, hs.FinalQuarantined = last.charged, last.cached, last.quarantined
+			hs.FinalInUse = last.inUse()
 			out.HolderStats = append(out.HolderStats, hs)
 		}
 		for _, e := range tl.events {
@@ -250,13 +277,13 @@ func ledgerOf(s governor.Snapshot, t float64, marked bool) Ledger {
 	l := Ledger{Time: t, Marked: marked, Authorities: []LedgerAuthority{}, Holders: []LedgerHolder{}}
 	for _, a := range s.Authorities {
 		l.Authorities = append(l.Authorities, LedgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged,
-			Pending: a.Pending, Free: a.Free, Balanced: a.Balanced(), Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget,
+			Cached: a.Cached, Quarantined: a.Quarantined, Pending: a.Pending, Free: a.Free, Balanced: a.Balanced(), Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget,
 			Tickets: a.Tickets, Reclaimed: a.Freed, PressureEvents: a.PressureEvents})
 	}
 	for _, h := range s.Holders {
 		for _, ha := range h.Authorities {
 			l.Holders = append(l.Holders, LedgerHolder{Holder: h.ID, Authority: ha.Authority, Priority: int(h.Priority), Charged: ha.Charged,
-				Pending: ha.Pending, Reserved: ha.Reserved, Tickets: ha.Tickets, Reclaimed: ha.Freed})
+				InUse: ha.InUse(), Cached: ha.Cached, Quarantined: ha.Quarantined, Pending: ha.Pending, Reserved: ha.Reserved, Tickets: ha.Tickets, Reclaimed: ha.Freed})
 		}
 	}
 	return l

@@ -86,7 +86,7 @@
       "data-t0": fmtTime(state.t0), "data-t1": fmtTime(state.t1) }, box);
     var span = state.t1 - state.t0;
     function x(t) { return L + (t - state.t0) / span * pw; }
-    var layers = a.layers.filter(function (l) { return !(l.kind === "holder" && state.hide[l.holder]); });
+    var layers = a.layers.filter(function (l) { return !(l.holder && state.hide[l.holder]); });
     var n = a.times.length, lo = Math.max(index(a.times, state.t0), 0), hi = Math.min(index(a.times, state.t1) + 1, n - 1);
     var vmax = 1;
     for (var i = lo; i <= hi; i++) {
@@ -117,7 +117,7 @@
       var top = [], pts = [];
       for (var i = lo; i <= hi; i++) { top.push(base[i - lo] + l.values[i]); pts.push(x(a.times[i]).toFixed(1) + "," + y(top[i - lo]).toFixed(1)); }
       for (i = hi; i >= lo; i--) { pts.push(x(a.times[i]).toFixed(1) + "," + y(base[i - lo]).toFixed(1)); }
-      mk("polygon", { "class": "layer", "data-kind": l.kind, "data-holder": l.holder, fill: l.colour, "fill-opacity": "0.9", points: pts.join(" ") }, g);
+      mk("polygon", { "class": "layer", "data-kind": l.kind, "data-holder": l.holder, fill: l.colour, "fill-opacity": String(l.opacity || 0.9), points: pts.join(" ") }, g);
       base = top;
     });
     var cap = [];
@@ -198,7 +198,7 @@
     if (t === null || a.times.length === 0) { out.textContent = "Move over the chart for each holder's bytes; drag or wheel to zoom, shift+wheel to pan, double-click to reset."; return; }
     var i = index(a.times, t), parts = ["t = " + fmtTime(t) + " s"];
     a.layers.slice().reverse().forEach(function (l) {
-      if (l.kind === "holder" && state.hide[l.holder]) { return; }
+      if (l.holder && state.hide[l.holder]) { return; }
       parts.push(l.label + " " + fmtBytes(l.values[i]));
     });
     parts.push("capacity " + fmtBytes(a.capacity[i]));

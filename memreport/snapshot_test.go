@@ -72,7 +72,7 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 	// The schema rejects what the old snapshot did.
 	for name, edit := range map[string]func(string) string{
 		"events null":     func(s string) string { return strings.Replace(s, `"events": [`, `"events": null, "x": [`, 1) },
-		"no version":      func(s string) string { return strings.Replace(s, `"version": 2,`, ``, 1) },
+		"no version":      func(s string) string { return strings.Replace(s, `"version": 3,`, ``, 1) },
 		"a Go field name": func(s string) string { return strings.Replace(s, `"capacity": [`, `"Capacity": [`, 1) },
 		"a number as prose": func(s string) string {
 			return regexp.MustCompile(`"samples": \d+`).ReplaceAllString(s, `"samples": "7"`)
@@ -80,7 +80,10 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 		"a key with spaces": func(s string) string {
 			return strings.Replace(s, `"key": "requests_served"`, `"key": "  requests served"`, 1)
 		},
-		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 2,`, `"version": 1,`, 1) },
+		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 3,`, `"version": 2,`, 1) },
+		"a holder without its split": func(s string) string {
+			return regexp.MustCompile(`"in_use": \d+,`).ReplaceAllString(s, ``)
+		},
 	} {
 		var b bytes.Buffer
 		require.NoError(t, rec.WriteJSON(&b))
@@ -164,8 +167,9 @@ func TestHolderStatsAndTheEndOfTheWork(t *testing.T) {
 	require.NoError(t, rec.WriteHTML(&buf))
 	page := buf.String()
 	require.Contains(t, page, "Ledger at the end of the work")
-	require.Contains(t, page, `<tr data-holder="weights" data-peak="83886080" data-final="83886080">`)
-	require.Contains(t, page, `<tr data-holder="weights" data-charged="83886080">`)
+	require.Contains(t, page, `<tr data-holder="weights" data-peak="83886080" data-final="83886080" data-in-use="83886080" data-cached="0" data-quarantined="0">`)
+	require.Contains(t, page, `<tr data-holder="weights" data-charged="83886080" data-in-use="83886080" data-cached="0" data-quarantined="0">`)
+	require.NotContains(t, page, `<th>peak cached</th>`, "no split columns where no holder had a cache or quarantined bytes")
 }
 
 func TestTicketWallTimeToAnswer(t *testing.T) {

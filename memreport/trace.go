@@ -53,7 +53,7 @@ func (rep Report) Trace() Trace {
 				Args: map[string]any{"reserved": tl.Reserved[k], "charged": tl.Charged[k], "pending": tl.Pending[k], "free": max(free, 0)}})
 			for _, h := range tl.Holders {
 				add(TraceEvent{Name: "holder " + string(h.Holder), Category: "memory", Phase: "C", Time: us(t), PID: pid,
-					Args: map[string]any{"charged": h.Charged[k]}})
+					Args: map[string]any{"in_use": h.InUse[k], "cached": h.Cached[k], "quarantined": h.Quarantined[k]}}) // stacked: the charge
 			}
 		}
 		for _, e := range tl.Events {

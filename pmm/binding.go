@@ -37,6 +37,16 @@ func (b *Binding) Role() string { return b.role }
 // Device returns the binding's device.
 func (b *Binding) Device() memapi.DeviceKey { return b.key }
 
+// Authority returns the authority of the binding's device: the ledger its
+// memory is charged on.
+func (b *Binding) Authority() (memapi.AuthorityID, error) {
+	d, err := b.m.device("pmm.Binding.Authority", b.key)
+	if err != nil {
+		return "", err
+	}
+	return d.authority, nil
+}
+
 // Live returns the handles made through the binding and not yet closed.
 func (b *Binding) Live() int {
 	b.mu.Lock()

@@ -5,7 +5,8 @@
 // Every scrape takes one governor.Snapshot and turns it into metrics named
 // memgen_governor_*: per authority the ledger (capacity, reserved, charged,
 // pending, free bytes, ...) and its counters (grants, waits, tickets, ...),
-// and per holder and authority its figures and the tickets it was handed.
+// and per holder and authority its figures (charged split into in use,
+// cached and quarantined) and the tickets it was handed.
 package promgov
 
 import (
@@ -62,6 +63,7 @@ var authMetrics = []authMetric{
 	{authDesc("free_bytes", "Free bytes: capacity - reserved - charged - pending."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.Free) }},
 	{authDesc("expired_drawn_bytes", "Drawn bytes of grants reclaimed after their deadline, still installed."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.ExpiredDrawn) }},
 	{authDesc("quarantined_bytes", "Charged bytes whose free failed: still held by their mechanism, waiting for a retry."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.Quarantined) }},
+	{authDesc("cached_bytes", "Charged bytes its holders report as cache (governor.CacheReporter): held for reuse, given back without evicting data."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.Cached) }},
 	{authDesc("reclaimable_bytes", "Charged bytes over their holders' guarantees, of holders that can reclaim."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.Reclaimable) }},
 	{authDesc("waiters", "Reservations queued for bytes."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.Waiters) }},
 	{authDesc("waiting_bytes", "Bytes of the queued reservations."), gauge, func(s governor.AuthoritySnapshot) float64 { return float64(s.WaitingBytes) }},
@@ -84,11 +86,15 @@ var holderMetrics = []holderMetric{
 	{holderDesc("charged_bytes", "The holder's charged bytes."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Charged) }},
 	{holderDesc("pending_bytes", "The holder's pending bytes."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Pending) }},
 	{holderDesc("quarantined_bytes", "The holder's charged bytes whose free failed, waiting for a retry."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Quarantined) }},
+	{holderDesc("cached_bytes", "The holder's charged bytes it reports as cache (governor.CacheReporter), at most charged - quarantined."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Cached) }},
+	{holderDesc("in_use_bytes", "The holder's charged bytes holding data: charged - cached - quarantined."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.InUse()) }},
 	{holderDesc("waiting_bytes", "Bytes of the holder's queued reservations."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Waiting) }},
 	{holderDesc("reclaimable_bytes", "The holder's charged bytes over its guarantee not yet asked for."), gauge, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Reclaimable) }},
 	{holderDesc("tickets_total", "Pressure tickets handed to the holder."), counter, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Tickets) }},
 	{holderDesc("reclaimed_bytes_total", "Bytes the holder reported freeing."), counter, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.Freed) }},
 	{holderDesc("reclaim_errors_total", "Reclaim calls that returned an error."), counter, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.ReclaimErrors) }},
+	{holderDesc("cache_clamped_total", "Snapshots whose cache report exceeded the holder's charge not quarantined and was clamped."), counter, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.CacheClamped) }},
+	{holderDesc("cache_errors_total", "Snapshots whose cache report panicked (counted as 0 cached bytes)."), counter, func(s governor.HolderAuthoritySnapshot) float64 { return float64(s.CacheErrors) }},
 }
 
 // Describe sends every metric's description.

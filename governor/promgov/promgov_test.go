@@ -84,11 +84,82 @@ memgen_governor_holder_reclaimable_bytes{authority="host",holder="kv"} 0
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := testutil.GatherAndCount(reg); err != nil || n != 20+11 {
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 21+15 {
 		t.Fatalf("%d series, %v", n, err)
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Fatalf("lint: %v %v", problems, err)
 	}
 	l.Release()
+}
+
+// cacheHolder reports a fixed cache on every authority.
+type cacheHolder memapi.Bytes
+
+func (cacheHolder) Reclaim(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }
+
+func (c cacheHolder) CachedBytes(memapi.AuthorityID) memapi.Bytes { return memapi.Bytes(c) }
+
+func TestCollectorExportsCachedBytes(t *testing.T) {
+	g := governor.New(governor.Options{})
+	defer g.Close()
+	if err := g.AddAuthority("dev", 1000); err != nil {
+		t.Fatal(err)
+	}
+	for id, h := range map[governor.HolderID]governor.Holder{"pool": cacheHolder(150), "liar": cacheHolder(900), "kv": nil} {
+		if err := g.Register(id, h, governor.HolderOptions{Cache: h != nil}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var leases []*governor.Lease
+	for id, n := range map[governor.HolderID]memapi.Bytes{"pool": 400, "liar": 200, "kv": 100} {
+		gr, err := g.Reserve(context.Background(), "dev", id, "", n, 0, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gr.Draw(n); err != nil {
+			t.Fatal(err)
+		}
+		l, err := gr.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(promgov.NewCollector(g)); err != nil {
+		t.Fatal(err)
+	}
+	// The liar's 900 is clamped to its 200 charged: the authority's cache is
+	// 150 + 200, and the scrape counts the clamp.
+	want := `
+# HELP memgen_governor_cached_bytes Charged bytes its holders report as cache (governor.CacheReporter): held for reuse, given back without evicting data.
+# TYPE memgen_governor_cached_bytes gauge
+memgen_governor_cached_bytes{authority="dev"} 350
+# HELP memgen_governor_holder_cached_bytes The holder's charged bytes it reports as cache (governor.CacheReporter), at most charged - quarantined.
+# TYPE memgen_governor_holder_cached_bytes gauge
+memgen_governor_holder_cached_bytes{authority="dev",holder="kv"} 0
+memgen_governor_holder_cached_bytes{authority="dev",holder="liar"} 200
+memgen_governor_holder_cached_bytes{authority="dev",holder="pool"} 150
+# HELP memgen_governor_holder_in_use_bytes The holder's charged bytes holding data: charged - cached - quarantined.
+# TYPE memgen_governor_holder_in_use_bytes gauge
+memgen_governor_holder_in_use_bytes{authority="dev",holder="kv"} 100
+memgen_governor_holder_in_use_bytes{authority="dev",holder="liar"} 0
+memgen_governor_holder_in_use_bytes{authority="dev",holder="pool"} 250
+# HELP memgen_governor_holder_cache_clamped_total Snapshots whose cache report exceeded the holder's charge not quarantined and was clamped.
+# TYPE memgen_governor_holder_cache_clamped_total counter
+memgen_governor_holder_cache_clamped_total{authority="dev",holder="kv"} 0
+memgen_governor_holder_cache_clamped_total{authority="dev",holder="liar"} 1
+memgen_governor_holder_cache_clamped_total{authority="dev",holder="pool"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "memgen_governor_cached_bytes", "memgen_governor_holder_cached_bytes",
+		"memgen_governor_holder_in_use_bytes", "memgen_governor_holder_cache_clamped_total"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+	for _, l := range leases {
+		l.Release()
+	}
 }
