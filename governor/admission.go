@@ -17,8 +17,14 @@ import (
 // when the reservation does not fit and the governor holds no lock: Admit
 // may block, take its own locks and call SetCapacity and Authority.
 type Admission interface {
-	// Admit tries to raise the capacity (with SetCapacity) by at least
-	// need bytes for a reservation of bytes by holder with priority; wait says
+	// Admit tries to raise the capacity (with SetCapacity) by need bytes
+	// for a reservation of bytes by holder with priority: the shortfall of
+	// the queue ahead and of the reservation beyond the free bytes, as the
+	// governor saw it before it released its lock. An Admission that
+	// orders its claims under a lock of its own may recompute the
+	// shortfall there from Authority's Free and WaitingBytes (which may
+	// have moved since) and raise the capacity by that, or not at all when
+	// nothing is short any more. wait says
 	// whether the reservation may wait (its ctx can end, or it has a
 	// deadline). It returns nil once the capacity grew, or the reason it
 	// could not: an *OverBudgetError is the reservation's error when it may
@@ -60,10 +66,21 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	for {
-		need := a.waitingBytes + bytes
-		if free := a.freeLocked(); need > free {
-			need -= free
+		// The shortfall: the queue ahead is served first, so it lacks the
+		// waiters' bytes and its own beyond the free ones, and nothing
+		// when the free bytes cover them all (a settle booked a refund
+		// without serving the queue; its refunder serves it next).
+		need, free := a.waitingBytes+bytes, a.freeLocked()
+		if need <= free {
+			a.serveLocked()
+			if a.head == nil && a.freeLocked() >= bytes {
+				gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+				a.mu.Unlock()
+				return gr, nil
+			}
+			break
 		}
+		need -= free
 		a.mu.Unlock()
 		err := adm.Admit(ctx, c.h.id, bytes, need, priority, wait)
 		a.mu.Lock()

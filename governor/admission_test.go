@@ -161,3 +161,49 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 	_ = other.Cancel()
 	h.wantLedger(hostA, ledger{Free: 700})
 }
+
+// A reservation behind waiters that the free bytes already cover (a settle
+// booked a refund without serving them; the refunder serves them next) has
+// no shortfall. It asked the Admission for the waiters' bytes and its own,
+// all of which a shared ledger would claim for nothing. Now it asks for
+// nothing: the queue is served, then the reservation.
+func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
+	h, p := newPooled(t)
+	p.decline = true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wc := make(chan *Grant, 1)
+	go func() {
+		gr, err := h.g.Reserve(ctx, hostA, "kv", "w", 100, 0, time.Time{})
+		if err != nil {
+			t.Error(err)
+		}
+		wc <- gr
+	}()
+	h.awaitWaiting("kv")
+	// What a settle that books a refund without serving leaves.
+	a := h.g.authority(hostA)
+	a.mu.Lock()
+	a.capacity += 150
+	a.mu.Unlock()
+	p.mu.Lock()
+	p.decline = false
+	calls := p.calls
+	p.mu.Unlock()
+	gr, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 30, 0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := <-wc
+	p.mu.Lock()
+	asked := p.needs[calls:]
+	p.mu.Unlock()
+	if len(asked) != 0 {
+		t.Fatalf("asked the Admission for %v with the queue and the reservation covered", asked)
+	}
+	_ = gr.Cancel()
+	if w != nil {
+		_ = w.Cancel()
+	}
+	h.wantLedger(hostA, ledger{Free: 150})
+}

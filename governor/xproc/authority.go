@@ -47,6 +47,8 @@ type Authority struct {
 	seenWant uint64
 	wanted   bool              // a want this process posted may still stand
 	wantPri  governor.Priority // the priority it was posted with
+
+	beforeClaim func(bytes memapi.Bytes) // tests only, set before use: runs in Admit before a.mu is taken
 }
 
 // Bind adds authority id to g with capacity 0 and ties it to the ledger.
@@ -99,17 +101,37 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 }
 
 // Admit is the governor's admission hook on the bound authority
-// (governor.Admission): it claims need bytes from the ledger and raises the
-// local capacity to the new claim, both under a.mu, so a settle never gives
-// back a claim the capacity does not show yet. The governor calls it
+// (governor.Admission): it claims the shortfall from the ledger and raises
+// the local capacity to the new claim, both under a.mu, so a settle never
+// gives back a claim the capacity does not show yet. The shortfall is
+// computed under a.mu (the waiting bytes and the reservation's beyond the
+// local free ones), not taken from the governor's need, which a settle
+// claiming for the waiters meanwhile would make stale: the claims are never
+// more than what the reservations ahead and this one lack. The governor calls it
 // without its own lock when a reservation does not fit; PressureHolder's
 // reservations (answers to another process's want) never claim.
 func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
 	if holder == PressureHolder {
 		return governor.ErrNoAdmission
 	}
+	if a.beforeClaim != nil {
+		a.beforeClaim(bytes)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// need is the shortfall the governor saw before it released its lock;
+	// a settle may have claimed for the waiters ahead (and served them)
+	// since. Claim the shortfall as it is now, under a.mu, which orders
+	// every claim of this process: the bytes the waiters ahead and this
+	// reservation lack beyond the local free ones.
+	snap, ok := a.g.Authority(a.id)
+	if !ok {
+		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
+	}
+	if snap.WaitingBytes+bytes <= snap.Free {
+		return nil // nothing is short any more: the governor tries again
+	}
+	need = snap.WaitingBytes + bytes - snap.Free
 	return a.claimLocked(holder, bytes, need, priority, wait)
 }
 
