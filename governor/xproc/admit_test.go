@@ -2,6 +2,7 @@ package xproc
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -113,6 +114,62 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	}
 	if err := r.gr.Cancel(); err != nil {
 		t.Fatal(err)
+	}
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	claimsEqualReserved(t, l, g)
+}
+
+// The claim made for a reservation that then fails locally (here on its
+// holder's limit, which another reservation of the holder reached while it
+// claimed) stayed spare until the next settle. Now it goes back at once:
+// the claims equal what is reserved right after the failure.
+func TestAdmitGivesBackTheClaimOfAFailedReservation(t *testing.T) {
+	l, a, g := admitMember(t, 4000, nil)
+	if err := g.Register("lim", nil, governor.HolderOptions{Limit: map[memapi.AuthorityID]memapi.Bytes{"dev": 500}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var other *governor.Grant
+	a.beforeClaim = func(bytes memapi.Bytes) {
+		if bytes != 300 {
+			return
+		}
+		var err error
+		if other, err = a.Reserve(ctx, "lim", "other", 400, 0, time.Time{}); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := a.Reserve(ctx, "lim", "r", 300, 0, time.Time{})
+	if !errors.Is(err, governor.ErrOverLimit) {
+		t.Fatalf("past the limit after the claim: %v, want ErrOverLimit", err)
+	}
+	if other == nil {
+		t.Fatal("the reservation made during the claim failed")
+	}
+	claimsEqualReserved(t, l, g)
+	if err := other.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	claimsEqualReserved(t, l, g)
+}
+
+// ReturnAdmitted gives back at most the failed reservation's bytes: spare
+// bytes beyond them stay the process's until the next settle, as freed
+// bytes do, so its next reservation reuses them without the file lock.
+func TestReturnAdmittedGivesBackAtMostTheReservation(t *testing.T) {
+	l, a, g := admitMember(t, 4000, nil)
+	ls := take(t, a, 300)
+	if err := ls.Refund(300); err != nil {
+		t.Fatal(err)
+	}
+	a.ReturnAdmitted("h", 100)
+	if _, slots := inspect(t, l.path); slots[l.Slot()].Claim != 200 {
+		t.Fatalf("claim %d after giving back 100 of 300 spare, want 200", slots[l.Slot()].Claim)
 	}
 	if err := a.Settle(); err != nil {
 		t.Fatal(err)

@@ -271,16 +271,31 @@ func (a *Authority) settle() error {
 	}
 	a.answerLocked()
 	a.claimWaitersLocked()
-	return a.trimLocked()
+	return a.trimLocked(memapi.Bytes(maxBytes))
 }
 
-// trimLocked gives the spare claim back and publishes the figures.
-func (a *Authority) trimLocked() error {
+// ReturnAdmitted is the governor's hook for a reservation of n bytes that
+// failed locally after Admit claimed for it (governor.AdmissionReturn): up
+// to n bytes of the claim still spare go back to the ledger at once,
+// rather than at the next settle (spare bytes beyond those stay the
+// process's until then, as freed bytes do).
+func (a *Authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.released.Load() {
+		return
+	}
+	_ = a.trimLocked(n) // a ledger that cannot be locked now is trimmed by the next settle
+}
+
+// trimLocked gives back the spare claim, at most most bytes of it, and
+// publishes the figures.
+func (a *Authority) trimLocked(most memapi.Bytes) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
 	}
-	spare := snap.Free
+	spare := min(snap.Free, most)
 	if snap.Waiters != 0 {
 		spare = 0 // the local waiters are owed these bytes
 	}
@@ -358,7 +373,7 @@ func (a *Authority) release() error {
 	if a.released.Load() {
 		return nil
 	}
-	if err := a.trimLocked(); err != nil {
+	if err := a.trimLocked(memapi.Bytes(maxBytes)); err != nil {
 		a.released.Store(true)
 		return err
 	}
