@@ -110,7 +110,7 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 // more than what the reservations ahead and this one lack. The governor calls it
 // without its own lock when a reservation does not fit; PressureHolder's
 // reservations (answers to another process's want) never claim.
-func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
 	if holder == PressureHolder {
 		return governor.ErrNoAdmission
 	}
@@ -119,11 +119,11 @@ func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, ne
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// need is the shortfall the governor saw before it released its lock;
-	// a settle may have claimed for the waiters ahead (and served them)
-	// since. Claim the shortfall as it is now, under a.mu, which orders
-	// every claim of this process: the bytes the waiters ahead and this
-	// reservation lack beyond the local free ones.
+	// The governor's need is the shortfall it saw before it released its
+	// lock; a settle may have claimed for the waiters ahead (and served
+	// them) since. Claim the shortfall as it is now, under a.mu, which
+	// orders every claim of this process: the bytes the waiters ahead and
+	// this reservation lack beyond the local free ones.
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
@@ -131,8 +131,7 @@ func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, ne
 	if snap.WaitingBytes+bytes <= snap.Free {
 		return nil // nothing is short any more: the governor tries again
 	}
-	need = snap.WaitingBytes + bytes - snap.Free
-	return a.claimLocked(holder, bytes, need, priority, wait)
+	return a.claimLocked(holder, bytes, snap.WaitingBytes+bytes-snap.Free, priority, wait)
 }
 
 // claimLocked claims need more bytes from the ledger for a reservation of
