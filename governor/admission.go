@@ -123,7 +123,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		need -= free
 		if ctx.Err() != nil {
 			w := &waiter{acct: c, bytes: bytes}
-			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended while the admission raised the capacity", context.Cause(ctx)), true)
+			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended before the admission raised enough capacity", context.Cause(ctx)), true)
 		}
 		if tries == MaxAdmitTries {
 			if wait {
