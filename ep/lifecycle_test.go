@@ -241,3 +241,40 @@ func TestOwnWhileTheQueueDrainsIsRefused(t *testing.T) {
 	require.Zero(t, c.Quarantined())
 	require.Zero(t, c.Live())
 }
+
+// Memory no handle owns any more (a failed rollback) is held by a
+// lifecycle born quarantined: it pins the context, is listed with its
+// cause, and RetryQuarantined frees it.
+func TestOwnQuarantinedIsRetried(t *testing.T) {
+	c, _ := newCtx(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	cause := errors.New("rollback failed")
+	l, err := c.OwnQuarantined("left", &releaser{free: func(context.Context) error {
+		if fail.Load() {
+			return errors.New("still failing")
+		}
+		return nil
+	}}, cause)
+	require.NoError(t, err)
+	require.Equal(t, ep.Quarantined, l.State())
+	require.Equal(t, 1, c.Live())
+	require.Equal(t, 1, c.Quarantined())
+	require.ErrorIs(t, c.QuarantineErrors()[0], cause)
+	require.ErrorIs(t, c.Close(context.Background(), false), memapi.ErrInUse)
+	require.NoError(t, c.RetryQuarantined())
+	drain(t, c)
+	require.Equal(t, ep.Quarantined, l.State(), "a failing retry keeps it")
+	fail.Store(false)
+	require.NoError(t, c.RetryQuarantined())
+	drain(t, c)
+	require.Equal(t, ep.Released, l.State())
+	require.Zero(t, c.Live())
+	require.Zero(t, c.Quarantined())
+}
+
+type releaser struct{ free func(context.Context) error }
+
+func (r *releaser) Closed()                        {}
+func (r *releaser) Pending()                       {}
+func (r *releaser) Free(ctx context.Context) error { return r.free(ctx) }
