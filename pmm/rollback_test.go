@@ -25,23 +25,20 @@ func TestFailedRollbackIsRetried(t *testing.T) {
 		fail func(t *testing.T, e *env, arm func()) error
 	}{
 		{"allocate", "Free", 4096, func(t *testing.T, e *env, arm func()) error {
-			b, err := e.mgr.Bind("w", "weights", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "w", "weights")
 			arm()
-			_, err = b.Allocate(context.Background(), 4096)
+			_, err := b.Allocate(context.Background(), 4096)
 			return err
 		}},
 		{"create-shared", "ReleaseBacking", gran, func(t *testing.T, e *env, arm func()) error {
-			b, err := e.mgr.Bind("p", "prompt", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "p", "prompt")
 			arm()
-			_, err = b.CreateShared(context.Background(), gran)
+			_, err := b.CreateShared(context.Background(), gran)
 			return err
 		}},
 		{"copy-on-write", "ReleaseBacking", gran, func(t *testing.T, e *env, arm func()) error {
 			ctx := context.Background()
-			b, err := e.mgr.Bind("p", "kv", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "p", "kv")
 			sh, err := b.CreateShared(ctx, gran)
 			require.NoError(t, err)
 			r, err := b.ReserveVirtual(ctx, 4*gran)
@@ -103,11 +100,10 @@ func TestFailedRollbackIsRetried(t *testing.T) {
 // cancel failed only cancels the next time: it never frees twice.
 func TestFailedRollbackRetryCancelsOnly(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("w", "weights", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "w", "weights")
 	e.l.failCommit = -1
 	e.m.Inject(fakes.Fault{Method: "Free", Err: memapi.ErrUnavailable})
-	_, err = b.Allocate(context.Background(), 4096)
+	_, err := b.Allocate(context.Background(), 4096)
 	require.ErrorIs(t, err, ep.ErrQuarantined)
 	e.m.ClearFaults()
 	e.l.failCommit = 0
