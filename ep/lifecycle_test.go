@@ -278,3 +278,22 @@ type releaser struct{ free func(context.Context) error }
 func (r *releaser) Closed()                        {}
 func (r *releaser) Pending()                       {}
 func (r *releaser) Free(ctx context.Context) error { return r.free(ctx) }
+
+// Two Closes of one queue, the second while the first drains: both return
+// nil and the queue stops once (the second stop panicked: close of a closed
+// channel).
+func TestQueueClosedTwiceAtOnce(t *testing.T) {
+	c, _ := newCtx(t)
+	q := c.Queue()
+	nested := false
+	var inner error
+	ep.SetCloseHook(q, func(s ep.CloseStep) {
+		if s == ep.StepClosing && !nested {
+			nested = true
+			inner = q.Close(context.Background())
+		}
+	})
+	require.NotPanics(t, func() { require.NoError(t, q.Close(context.Background())) })
+	require.NoError(t, inner)
+	require.ErrorIs(t, q.Enqueue(ep.Release{Name: "late", Free: func(context.Context) error { return nil }}), memapi.ErrClosed)
+}

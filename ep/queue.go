@@ -281,6 +281,10 @@ func (q *Queue) Close(ctx context.Context) error {
 		return err
 	}
 	q.mu.Lock()
+	if q.closed { // a concurrent Close stopped it meanwhile
+		q.mu.Unlock()
+		return nil
+	}
 	q.closed = true
 	q.mu.Unlock()
 	close(q.stop)
