@@ -19,6 +19,9 @@ type Context struct {
 	pins   int
 	closed bool
 	zero   chan struct{} // closed while pins == 0
+	// queueClosing is set by the queue's Close once it saw no pins: a
+	// handle pinned after that could never be released.
+	queueClosing bool
 
 	// quarantine holds the handles whose release failed, not retried
 	// yet: reachable from here even when their holder dropped them.
@@ -111,12 +114,15 @@ func (c *Context) pinState() (int, chan struct{}) {
 }
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
-// Close.
+// Close, and once the queue's Close began (see Queue.Close).
 func (c *Context) Pin() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
+	}
+	if c.queueClosing {
+		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "the device context's deferred-free queue is closing or closed")
 	}
 	if c.pins == 0 {
 		c.zero = make(chan struct{})

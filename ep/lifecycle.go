@@ -173,6 +173,25 @@ func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
 	return o, nil
 }
 
+// OwnQuarantined pins the context for memory that no handle owns any more
+// because its rollback failed (an allocation whose grant could not commit
+// and which could not be freed back into it): a lifecycle born Quarantined
+// with cause as its error, reachable from the context, whose release r.Free
+// tries when RetryQuarantined (or Retry) queues it. Closed and Pending are
+// never called. Its bytes stay visible where the layer above booked them
+// until the free succeeds and the context is unpinned.
+func (c *Context) OwnQuarantined(name string, r Releaser, cause error) (*Lifecycle, error) {
+	if r == nil {
+		return nil, memapi.Errorf("ep.Context.OwnQuarantined", memapi.ErrInvalidSize, "%q has no releaser", name)
+	}
+	if err := c.Pin(); err != nil {
+		return nil, err
+	}
+	l := &Lifecycle{c: c, name: name, rel: r}
+	l.quarantine(cause)
+	return l, nil
+}
+
 // Lifecycle returns the handle's lifecycle, for the layer's own state to
 // hold (it must not hold the Owned, or the backstop could never run).
 func (o *Owned) Lifecycle() *Lifecycle { return o.l }

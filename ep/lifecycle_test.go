@@ -164,3 +164,136 @@ func TestCompletionOrdersReleases(t *testing.T) {
 	<-done
 	require.Equal(t, []string{"first", "second"}, order, "a failed release completes too")
 }
+
+// Queue.Close saw no pins, and a handle made just then (before closing was
+// set) had its release refused once closing was set: quarantined, its
+// context pinned by a queue that could never release it. Now Close re-checks
+// the pins with the flag in one step: the new handle's release is accepted
+// and runs, and Close waits for it.
+func TestHandleMadeAsTheQueueClosesIsReleased(t *testing.T) {
+	c, _ := newCtx(t)
+	q := c.Queue()
+	var (
+		h       *ep.Owned
+		ownErr  error
+		made    bool
+		freed   atomic.Bool
+		waiting = make(chan struct{}, 1)
+	)
+	ep.SetCloseHook(q, func(s ep.CloseStep) {
+		switch s {
+		case ep.StepPinsZero: // the window: pins seen at zero, closing not set
+			if !made {
+				made = true
+				h, ownErr = c.Own("late", nil, func(context.Context) error { freed.Store(true); return nil })
+			}
+		case ep.StepWaitPins:
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	})
+	errc := make(chan error, 1)
+	go func() { errc <- q.Close(context.Background()) }()
+	var closeErr error
+	returned := false
+	select {
+	case <-waiting: // Close saw the new pin and waits for it
+	case closeErr = <-errc:
+		returned = true
+	}
+	require.NoError(t, ownErr)
+	require.NoError(t, h.Close(), "the release of a handle made as the queue closed was refused")
+	if !returned {
+		closeErr = <-errc
+	}
+	require.NoError(t, closeErr)
+	require.True(t, freed.Load())
+	require.Equal(t, ep.Released, h.State())
+	require.Zero(t, c.Quarantined())
+	require.Zero(t, c.Live())
+}
+
+// While Queue.Close drains (closing set, a release still waits for its
+// fence), a new handle of the owning context is refused with
+// memapi.ErrClosed: its release could never be scheduled.
+func TestOwnWhileTheQueueDrainsIsRefused(t *testing.T) {
+	c, _ := newCtx(t)
+	q := c.Queue()
+	f := newFence(false)
+	require.NoError(t, q.Enqueue(ep.Release{Name: "pending", Fences: []memapi.Fence{f}, Free: func(context.Context) error { return nil }}))
+	var (
+		h      *ep.Owned
+		ownErr error
+	)
+	ep.SetCloseHook(q, func(s ep.CloseStep) {
+		if s == ep.StepClosing {
+			h, ownErr = c.Own("late", nil, func(context.Context) error { return nil })
+			f.Complete()
+		}
+	})
+	require.NoError(t, q.Close(context.Background()))
+	if h != nil {
+		_ = h.Close()
+	}
+	require.ErrorIs(t, ownErr, memapi.ErrClosed)
+	require.Zero(t, c.Quarantined())
+	require.Zero(t, c.Live())
+}
+
+// Memory no handle owns any more (a failed rollback) is held by a
+// lifecycle born quarantined: it pins the context, is listed with its
+// cause, and RetryQuarantined frees it.
+func TestOwnQuarantinedIsRetried(t *testing.T) {
+	c, _ := newCtx(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	cause := errors.New("rollback failed")
+	l, err := c.OwnQuarantined("left", &releaser{free: func(context.Context) error {
+		if fail.Load() {
+			return errors.New("still failing")
+		}
+		return nil
+	}}, cause)
+	require.NoError(t, err)
+	require.Equal(t, ep.Quarantined, l.State())
+	require.Equal(t, 1, c.Live())
+	require.Equal(t, 1, c.Quarantined())
+	require.ErrorIs(t, c.QuarantineErrors()[0], cause)
+	require.ErrorIs(t, c.Close(context.Background(), false), memapi.ErrInUse)
+	require.NoError(t, c.RetryQuarantined())
+	drain(t, c)
+	require.Equal(t, ep.Quarantined, l.State(), "a failing retry keeps it")
+	fail.Store(false)
+	require.NoError(t, c.RetryQuarantined())
+	drain(t, c)
+	require.Equal(t, ep.Released, l.State())
+	require.Zero(t, c.Live())
+	require.Zero(t, c.Quarantined())
+}
+
+type releaser struct{ free func(context.Context) error }
+
+func (r *releaser) Closed()                        {}
+func (r *releaser) Pending()                       {}
+func (r *releaser) Free(ctx context.Context) error { return r.free(ctx) }
+
+// Two Closes of one queue, the second while the first drains: both return
+// nil and the queue stops once (the second stop panicked: close of a closed
+// channel).
+func TestQueueClosedTwiceAtOnce(t *testing.T) {
+	c, _ := newCtx(t)
+	q := c.Queue()
+	nested := false
+	var inner error
+	ep.SetCloseHook(q, func(s ep.CloseStep) {
+		if s == ep.StepClosing && !nested {
+			nested = true
+			inner = q.Close(context.Background())
+		}
+	})
+	require.NotPanics(t, func() { require.NoError(t, q.Close(context.Background())) })
+	require.NoError(t, inner)
+	require.ErrorIs(t, q.Enqueue(ep.Release{Name: "late", Free: func(context.Context) error { return nil }}), memapi.ErrClosed)
+}

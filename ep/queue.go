@@ -111,6 +111,25 @@ type Queue struct {
 	wake chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// closeHook (tests only, set before Close) runs at Close's steps, so a
+	// test can act in the gaps between them.
+	closeHook func(closeStep)
+}
+
+// closeStep names a step of Queue.Close, for closeHook.
+type closeStep uint8
+
+const (
+	stepWaitPins closeStep = iota // about to wait for the owner's pins to reach zero
+	stepPinsZero                  // the owner's pins were seen at zero
+	stepClosing                   // closing is set; Close drains
+)
+
+func (q *Queue) step(s closeStep) {
+	if q.closeHook != nil {
+		q.closeHook(s)
+	}
 }
 
 // NewQueue starts a queue.
@@ -219,9 +238,14 @@ func pendingDetail(n int) string {
 
 // Close waits until no handle of the owning context is pinned (a queue
 // closed under a live handle could never release it) and every pending
-// release has run, then stops the queue's goroutines. If ctx ends first it
-// returns an error of kind memapi.ErrInUse and the queue keeps running, so
-// nothing is lost; Close may be called again.
+// release has run, then stops the queue's goroutines. The owner's pins are
+// checked and closing is set in one step under the owner's lock, and the
+// owner refuses new pins from then on (memapi.ErrClosed), so no release of
+// a live handle is ever refused: a handle made before that step holds Close
+// until it is released, one made after it is never made. If ctx ends first
+// Close returns an error of kind memapi.ErrInUse and the queue keeps
+// running (and pins are accepted again), so nothing is lost; Close may be
+// called again.
 func (q *Queue) Close(ctx context.Context) error {
 	q.mu.Lock()
 	if q.closed {
@@ -229,34 +253,77 @@ func (q *Queue) Close(ctx context.Context) error {
 		return nil
 	}
 	q.mu.Unlock()
-	if c := q.owner; c != nil {
-		if pins, zero := c.pinState(); pins > 0 {
-			select {
-			case <-zero:
-			case <-ctx.Done():
-				return &memapi.Error{Op: "ep.Queue.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
+	c := q.owner
+	for {
+		if c != nil {
+			if pins, zero := c.pinState(); pins > 0 {
+				q.step(stepWaitPins)
+				select {
+				case <-zero:
+				case <-ctx.Done():
+					return &memapi.Error{Op: "ep.Queue.Close", Kind: memapi.ErrInUse, Detail: c.pinDetail(c.Live()), Err: ctx.Err()}
+				}
 			}
+			q.step(stepPinsZero)
 		}
+		started, closed := q.beginClose()
+		if closed {
+			return nil
+		}
+		if started {
+			break
+		}
+		// Pinned again between the wait and the check: wait again.
 	}
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return nil
-	}
-	q.closing = true
-	q.mu.Unlock()
+	q.step(stepClosing)
 	if err := q.Drain(ctx); err != nil {
-		q.mu.Lock()
-		q.closing = false
-		q.mu.Unlock()
+		q.endClose()
 		return err
 	}
 	q.mu.Lock()
+	if q.closed { // a concurrent Close stopped it meanwhile
+		q.mu.Unlock()
+		return nil
+	}
 	q.closed = true
 	q.mu.Unlock()
 	close(q.stop)
 	q.wg.Wait()
 	return nil
+}
+
+// beginClose sets closing if the owner (if any) has no pins, and makes the
+// owner refuse new ones, in one step under the owner's lock (the order is
+// the owner's lock, then the queue's; nothing takes them the other way).
+// It reports whether it did, and whether the queue was closed already.
+func (q *Queue) beginClose() (started, closed bool) {
+	if c := q.owner; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.pins > 0 {
+			return false, false
+		}
+		c.queueClosing = true
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false, true
+	}
+	q.closing = true
+	return true, false
+}
+
+// endClose undoes beginClose after a Close that gave up.
+func (q *Queue) endClose() {
+	if c := q.owner; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.queueClosing = false
+	}
+	q.mu.Lock()
+	q.closing = false
+	q.mu.Unlock()
 }
 
 // ready removes and returns the jobs whose fences have all completed, starts

@@ -3,6 +3,7 @@ package governor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -17,8 +18,14 @@ import (
 // when the reservation does not fit and the governor holds no lock: Admit
 // may block, take its own locks and call SetCapacity and Authority.
 type Admission interface {
-	// Admit tries to raise the capacity (with SetCapacity) by at least
-	// need bytes for a reservation of bytes by holder with priority; wait says
+	// Admit tries to raise the capacity (with SetCapacity) by need bytes
+	// for a reservation of bytes by holder with priority: the shortfall of
+	// the queue ahead and of the reservation beyond the free bytes, as the
+	// governor saw it before it released its lock. An Admission that
+	// orders its claims under a lock of its own may recompute the
+	// shortfall there from Authority's Free and WaitingBytes (which may
+	// have moved since) and raise the capacity by that, or not at all when
+	// nothing is short any more. wait says
 	// whether the reservation may wait (its ctx can end, or it has a
 	// deadline). It returns nil once the capacity grew, or the reason it
 	// could not: an *OverBudgetError is the reservation's error when it may
@@ -51,35 +58,94 @@ func (g *Governor) SetAdmission(authority memapi.AuthorityID, adm Admission) err
 	return nil
 }
 
+// AdmissionReturn is an Admission that takes back capacity it raised for a
+// reservation that then failed before it was granted (its holder's limit,
+// the holder unregistered, its context ended, its tries ran out): the
+// bytes would otherwise stay spare, a share of something larger held for
+// nothing, until the Admission next trims. The governor calls
+// ReturnAdmitted without its lock, once, for a failed reservation of bytes
+// for which Admit returned nil at least once; the Admission gives back up
+// to bytes of the capacity that is still free (what it raised beyond the
+// reservation's own bytes went to the waiters ahead, and bytes other
+// reservations took meanwhile are theirs).
+type AdmissionReturn interface {
+	ReturnAdmitted(holder HolderID, bytes memapi.Bytes)
+}
+
+// ErrAdmissionContended is the cause inside the *OverBudgetError of a
+// reservation that may not wait after MaxAdmitTries admissions whose
+// capacity other reservations took each time before it tried again.
+var ErrAdmissionContended = errors.New("governor: the capacity admitted for the reservation went to other reservations every time")
+
+// MaxAdmitTries bounds the admissions one reservation asks for: past it, a
+// reservation that may wait queues (served in arrival order from then on)
+// and one that may not fails with ErrAdmissionContended.
+const MaxAdmitTries = 8
+
 // admitLocked is reserveLocked for a reservation that does not fit an
 // authority with an Admission, called with a.mu held (it releases it): the
 // Admission raises the capacity by the shortfall, outside the lock, and the
-// reservation tries again; once the Admission cannot, it queues as on any
-// authority, or fails with the Admission's error when it may not wait.
+// reservation tries again, at most MaxAdmitTries times and while its ctx
+// lasts; once the Admission cannot, it queues as on any authority, or
+// fails with the Admission's error when it may not wait. A reservation that
+// fails after an admission gives the admitted bytes back (AdmissionReturn).
 func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
-	for {
-		need := a.waitingBytes + bytes
-		if free := a.freeLocked(); need > free {
-			need -= free
+	admitted := false // Admit returned nil for this reservation
+	// fail ends the reservation with err, emitting an EventOverBudget when
+	// asked, and gives the admitted bytes back; called with a.mu held.
+	fail := func(err error, event bool) (*Grant, error) {
+		a.mu.Unlock()
+		if r, ok := adm.(AdmissionReturn); ok && admitted {
+			r.ReturnAdmitted(c.h.id, bytes)
+		}
+		if event {
+			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: c.h.id, Role: role, Bytes: bytes, Err: err})
+		}
+		return nil, err
+	}
+	for tries := 0; ; tries++ {
+		// The shortfall: the queue ahead is served first, so it lacks the
+		// waiters' bytes and its own beyond the free ones, and nothing
+		// when the free bytes cover them all (a settle booked a refund
+		// without serving the queue; its refunder serves it next).
+		need, free := a.waitingBytes+bytes, a.freeLocked()
+		if need <= free {
+			a.serveLocked()
+			if a.head == nil && a.freeLocked() >= bytes {
+				gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+				a.mu.Unlock()
+				return gr, nil
+			}
+			break
+		}
+		need -= free
+		if ctx.Err() != nil {
+			w := &waiter{acct: c, bytes: bytes}
+			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended before the admission raised enough capacity", context.Cause(ctx)), true)
+		}
+		if tries == MaxAdmitTries {
+			if wait {
+				break // queue: served in arrival order from here on
+			}
+			w := &waiter{acct: c, bytes: bytes}
+			return fail(a.overBudgetLocked(w, a.waitingBytes, fmt.Sprintf("other reservations took the capacity admitted for it %d times", MaxAdmitTries), ErrAdmissionContended), true)
 		}
 		a.mu.Unlock()
 		err := adm.Admit(ctx, c.h.id, bytes, need, priority, wait)
 		a.mu.Lock()
+		admitted = admitted || err == nil
 		if a.shut != nil {
-			a.mu.Unlock()
-			return nil, a.shut
+			return fail(a.shut, false)
 		}
 		if c.gone {
-			a.mu.Unlock()
-			return nil, opError(opReserve, ErrUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id))
+			return fail(opError(opReserve, ErrUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id)), false)
 		}
 		a.settleLocked()
 		// The holder's other reservations may have grown meanwhile.
 		if err := a.overLimitLocked(c, bytes); err != nil {
-			a.mu.Unlock()
-			return nil, err
+			return fail(err, false)
 		}
 		if a.head == nil && a.freeLocked() >= bytes {
 			gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
@@ -94,14 +160,11 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		}
 		var ob *OverBudgetError
 		if !errors.As(err, &ob) {
-			a.mu.Unlock()
-			return nil, err
+			return fail(err, false)
 		}
 		if !wait || bytes > ob.Capacity {
 			a.overBudget++
-			a.mu.Unlock()
-			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: c.h.id, Role: role, Bytes: bytes, Err: err})
-			return nil, err
+			return fail(err, true)
 		}
 		break
 	}

@@ -56,6 +56,20 @@ func (p *poolAdmission) Admit(_ context.Context, holder HolderID, bytes, need me
 	return nil
 }
 
+// ReturnAdmitted gives back up to n bytes of capacity still free to the
+// pool, as a shared ledger takes back the claim of a failed reservation of
+// n bytes.
+func (p *poolAdmission) ReturnAdmitted(_ HolderID, n memapi.Bytes) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, _ := p.g.Authority(p.id)
+	back := min(n, s.Free)
+	if back == 0 || p.g.SetCapacity(p.id, s.Capacity-back) != nil {
+		return
+	}
+	p.pool += back
+}
+
 func newPooled(t *testing.T) (*harness, *poolAdmission) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 0})
 	h.register("kv", nil, HolderOptions{})
@@ -158,6 +172,195 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 	if other == nil {
 		t.Fatal("the reservation made during Admit failed")
 	}
+	// The 300 bytes admitted for the failed reservation went back at once
+	// (they stayed spare, Free 700, until something trimmed them).
+	if p.pool != 1000 {
+		t.Fatalf("pool %d after the failed reservation, want 1000: its 300 admitted bytes back", p.pool)
+	}
 	_ = other.Cancel()
-	h.wantLedger(hostA, ledger{Free: 700})
+	h.wantLedger(hostA, ledger{Free: 400})
+}
+
+// A reservation behind waiters that the free bytes already cover (a settle
+// booked a refund without serving them; the refunder serves them next) has
+// no shortfall. It asked the Admission for the waiters' bytes and its own,
+// all of which a shared ledger would claim for nothing. Now it asks for
+// nothing: the queue is served, then the reservation.
+func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
+	h, p := newPooled(t)
+	p.decline = true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wc := make(chan *Grant, 1)
+	go func() {
+		gr, err := h.g.Reserve(ctx, hostA, "kv", "w", 100, 0, time.Time{})
+		if err != nil {
+			t.Error(err)
+		}
+		wc <- gr
+	}()
+	h.awaitWaiting("kv")
+	// What a settle that books a refund without serving leaves.
+	a := h.g.authority(hostA)
+	a.mu.Lock()
+	a.capacity += 150
+	a.mu.Unlock()
+	p.mu.Lock()
+	p.decline = false
+	calls := p.calls
+	p.mu.Unlock()
+	gr, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 30, 0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := <-wc
+	p.mu.Lock()
+	asked := p.needs[calls:]
+	p.mu.Unlock()
+	if len(asked) != 0 {
+		t.Fatalf("asked the Admission for %v with the queue and the reservation covered", asked)
+	}
+	_ = gr.Cancel()
+	if w != nil {
+		_ = w.Cancel()
+	}
+	h.wantLedger(hostA, ledger{Free: 150})
+}
+
+// stealingAdmission raises the capacity by the shortfall, and then, its
+// first steals times, another holder's reservation takes those bytes before
+// the reservation that asked tries again.
+type stealingAdmission struct {
+	g      *Governor
+	id     memapi.AuthorityID
+	onCall func(n int) // called with the call's number, before the capacity grows
+
+	mu     sync.Mutex
+	calls  int
+	steals int
+	stolen []*Grant
+}
+
+func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need memapi.Bytes, _ Priority, _ bool) error {
+	if holder == "thief" {
+		return ErrNoAdmission
+	}
+	s.mu.Lock()
+	s.calls++
+	n, steal := s.calls, s.calls <= s.steals
+	s.mu.Unlock()
+	if s.onCall != nil {
+		s.onCall(n)
+	}
+	snap, _ := s.g.Authority(s.id)
+	if err := s.g.SetCapacity(s.id, snap.Capacity+need); err != nil {
+		return err
+	}
+	if steal {
+		gr, err := s.g.Reserve(context.Background(), s.id, "thief", "t", need, 0, time.Time{})
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.stolen = append(s.stolen, gr)
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *stealingAdmission) giveBack(t *testing.T) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, gr := range s.stolen {
+		if err := gr.Cancel(); err != nil {
+			t.Error(err)
+		}
+	}
+	s.stolen = nil
+}
+
+func newStealing(t *testing.T, steals int) (*harness, *stealingAdmission) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 0})
+	h.register("kv", nil, HolderOptions{})
+	h.register("thief", nil, HolderOptions{})
+	s := &stealingAdmission{g: h.g, id: hostA, steals: steals}
+	if err := h.g.SetAdmission(hostA, s); err != nil {
+		t.Fatal(err)
+	}
+	return h, s
+}
+
+// While Admit raises the capacity and other reservations keep taking it, a
+// reservation that may not wait tried again without end (here until the
+// Admission stopped stealing, after 100 calls). Now it gives up after a
+// bounded number of tries with a typed over-budget error.
+func TestAdmissionRetriesAreBounded(t *testing.T) {
+	h, s := newStealing(t, 100)
+	_, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 50, 0, time.Time{})
+	var ob *OverBudgetError
+	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, ErrAdmissionContended) || ob.Wanted != 50 {
+		t.Fatalf("after %d admissions: %v, want an *OverBudgetError caused by ErrAdmissionContended", s.calls, err)
+	}
+	if s.calls != MaxAdmitTries {
+		t.Fatalf("%d admissions for one reservation, want MaxAdmitTries (%d)", s.calls, MaxAdmitTries)
+	}
+	if ev := h.eventsOf(EventOverBudget); len(ev) != 1 || ev[0].Holder != "kv" {
+		t.Fatalf("over-budget events %+v, want the refusal's", ev)
+	}
+	s.giveBack(t)
+	if st := h.auth(hostA); st.Reserved != 0 || st.Waiters != 0 {
+		t.Fatalf("after the refusal: %+v", st)
+	}
+}
+
+// A reservation that may wait stops asking once its ctx ends, and fails
+// with the context's error; before, it kept asking.
+func TestAdmissionRetriesEndWithTheContext(t *testing.T) {
+	h, s := newStealing(t, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.onCall = func(n int) {
+		if n == 3 {
+			cancel()
+		}
+	}
+	_, err := h.g.Reserve(ctx, hostA, "kv", "r", 50, 0, time.Time{})
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("after %d admissions: %v, want an over-budget error caused by context.Canceled", s.calls, err)
+	}
+	if s.calls != 3 {
+		t.Fatalf("%d admissions, want 3: none after the context ended", s.calls)
+	}
+	s.giveBack(t)
+}
+
+// A reservation that may wait and whose admitted bytes keep being taken
+// stops asking after the bounded tries and queues, served in arrival order
+// once bytes come back.
+func TestAdmissionContendedReservationQueues(t *testing.T) {
+	h, s := newStealing(t, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		gr  *Grant
+		err error
+	}
+	rc := make(chan result, 1)
+	go func() {
+		gr, err := h.g.Reserve(ctx, hostA, "kv", "r", 50, 0, time.Time{})
+		rc <- result{gr, err}
+	}()
+	h.awaitWaiting("kv")
+	s.mu.Lock()
+	calls := s.calls
+	s.mu.Unlock()
+	if calls != MaxAdmitTries {
+		t.Fatalf("%d admissions before it queued, want MaxAdmitTries (%d)", calls, MaxAdmitTries)
+	}
+	s.giveBack(t)
+	r := <-rc
+	if r.err != nil {
+		t.Fatalf("the queued reservation: %v", r.err)
+	}
+	_ = r.gr.Cancel()
 }

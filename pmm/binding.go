@@ -173,7 +173,8 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	lease, err := g.Commit()
 	if err != nil {
 		if ferr := mech.Free(ctx, a, g); ferr != nil {
-			return nil, quarantineGrant(g, a.Size(), errors.Join(err, ferr))
+			free := func(ctx context.Context, acct memapi.Account) error { return mech.Free(ctx, a, acct) }
+			return nil, keepRollback(d, fmt.Sprintf("%s/%s allocation %#x (failed rollback)", b.holder, b.role, a.Addr()), g, a.Size(), free, errors.Join(err, ferr))
 		}
 		return nil, cancel(g, err)
 	}
@@ -218,9 +219,41 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 	return nil
 }
 
-// quarantineGrant keeps a grant whose backing could not be removed: its
-// drawn bytes stay reserved (visible in the ledger) and the error says so.
-func quarantineGrant(g Grant, n memapi.Bytes, err error) error {
-	return &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
-		Detail: "rollback failed; the grant keeps the bytes drawn", Err: err}
+// keepRollback books backing whose rollback failed after its grant could not
+// commit: the drawn bytes stay in the open grant (reserved, visible), and the
+// leftover is quarantined on the device context, which it pins, so that
+// ep.Context.RetryQuarantined or Manager.Close frees it back into the grant
+// and cancels the grant once the fault clears. The error is of kind
+// ep.ErrQuarantined. Only when the context refuses the pin (it is closing)
+// is nothing left to retry it; the bytes stay reserved and the error says so.
+func keepRollback(d *device, name string, g Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
+	qerr := &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
+		Detail: "rollback failed; the grant keeps the bytes drawn until a retry (ep.Context.RetryQuarantined, Manager.Close) frees them", Err: err}
+	if _, perr := d.ctx.OwnQuarantined(name, &leftover{g: g, free: free}, qerr); perr != nil {
+		qerr.Detail = "rollback failed; the grant keeps the bytes drawn, and the context refused to hold them for a retry"
+		qerr.Err = errors.Join(err, perr)
+	}
+	return qerr
+}
+
+// leftover is the ep.Releaser of backing a failed rollback left drawn from
+// an open grant: free it into the grant (which undraws), then cancel the
+// grant. A retry after a failed cancel only cancels.
+type leftover struct {
+	g     Grant
+	free  func(context.Context, memapi.Account) error
+	freed bool // set by a successful free, read by the retry (both ordered by the lifecycle)
+}
+
+func (l *leftover) Closed()  {}
+func (l *leftover) Pending() {}
+
+func (l *leftover) Free(ctx context.Context) error {
+	if !l.freed {
+		if err := l.free(ctx, l.g); err != nil {
+			return err
+		}
+		l.freed = true
+	}
+	return l.g.Cancel()
 }

@@ -17,7 +17,9 @@ type testLedger struct {
 	capacity memapi.Bytes
 	figures
 	failReserve, failCommit int // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
+	failCancel              int // fail the Nth Cancel (1-based); 0 = never
 	reserves, commits       int
+	cancels                 int
 	events                  []string
 	onEvent                 func(string)
 }
@@ -113,6 +115,10 @@ func (g *tGrant) Commit() (pmm.Lease, error) {
 func (g *tGrant) Cancel() error {
 	g.l.mu.Lock()
 	defer g.l.mu.Unlock()
+	g.l.cancels++
+	if g.l.failCancel == g.l.cancels {
+		return errInjected
+	}
 	if g.closed {
 		return memapi.ErrGrantClosed
 	}

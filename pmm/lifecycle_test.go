@@ -44,8 +44,7 @@ func gcUntil(t *testing.T, cond func() bool) {
 // argument reached the Region).
 func TestDroppedRegionIsReleased(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "kv", "cache")
 	before := ep.Leaks()
 	func() {
 		r, err := b.ReserveVirtual(context.Background(), 4*gran)
@@ -62,8 +61,7 @@ func TestDroppedRegionIsReleased(t *testing.T) {
 // once the region goes too, both are released.
 func TestDroppedSharedIsReleasedAfterItsViews(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("p", "kv", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "p", "kv")
 	ctx := context.Background()
 	r, err := b.ReserveVirtual(ctx, 4*gran)
 	require.NoError(t, err)
@@ -85,8 +83,7 @@ func TestDroppedSharedIsReleasedAfterItsViews(t *testing.T) {
 // binding, so Binding.Close failed forever.
 func TestDroppedBufferSettlesTheBinding(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("h", "r", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "h", "r")
 	func() {
 		_, err := b.Allocate(context.Background(), 4096)
 		require.NoError(t, err)
@@ -101,11 +98,8 @@ func TestDroppedBufferSettlesTheBinding(t *testing.T) {
 // just committed, then Grow committed the charge.
 func TestCloseDuringGrowReleasesWhatGrowCommitted(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	b, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, gran, nil))
 	require.NoError(t, r.Grow(ctx, 4*gran, func(memapi.Bytes) error {
 		require.NoError(t, r.Close())
@@ -121,8 +115,7 @@ func TestCloseDuringGrowReleasesWhatGrowCommitted(t *testing.T) {
 // backing never freed.
 func TestCloseDuringMapSharedReleasesTheView(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("p", "kv", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "p", "kv")
 	ctx := context.Background()
 	sh, err := b.CreateShared(ctx, gran)
 	require.NoError(t, err)
@@ -144,11 +137,8 @@ func TestCloseDuringMapSharedReleasesTheView(t *testing.T) {
 // Bug 5: Region.Close during Shrink panicked with the region's lock held.
 func TestCloseDuringShrink(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, 4*gran, nil))
 	require.NoError(t, r.Shrink(ctx, gran, func(memapi.Bytes) error {
 		require.NoError(t, r.Close())
@@ -188,11 +178,8 @@ func (f *flipFence) complete() { f.once.Do(func() { f.armed.Store(true); close(f
 // close's release waited inside the queue's goroutine for the shrink's.
 func TestShrinkThenCloseNeverBlocksTheQueue(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, 4*gran, nil))
 	f := &flipFence{ch: make(chan struct{})}
 	require.NoError(t, r.RecordUse(f))
@@ -210,15 +197,12 @@ func TestShrinkThenCloseNeverBlocksTheQueue(t *testing.T) {
 // Grow.
 func TestGrowRollbackThatFailsIsQuarantined(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, gran, nil))
 	e.l.failCommit = e.l.commits + 1
 	e.m.Inject(fakes.Fault{Method: "Decommit", Nth: e.m.DecommitCallCount() + 1, Err: memapi.ErrUnavailable})
-	err = r.Grow(ctx, 3*gran, nil)
+	err := r.Grow(ctx, 3*gran, nil)
 	require.ErrorIs(t, err, ep.ErrQuarantined)
 	require.ErrorIs(t, err, errInjected)
 	require.Equal(t, memapi.Bytes(gran), r.Len())
@@ -237,14 +221,11 @@ func TestGrowRollbackThatFailsIsQuarantined(t *testing.T) {
 // the drawn bytes (reserved, visible) and Close removes them.
 func TestGrowRollbackThatFailsKeepsTheGrant(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	e.l.failCommit = -1 // every commit fails
 	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
-	err = r.Grow(ctx, 2*gran, nil)
+	err := r.Grow(ctx, 2*gran, nil)
 	require.ErrorIs(t, err, ep.ErrQuarantined)
 	require.Equal(t, figures{Reserved: 2 * gran, Drawn: 2 * gran}, e.l.snapshot())
 	require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
@@ -259,18 +240,15 @@ func TestGrowRollbackThatFailsKeepsTheGrant(t *testing.T) {
 // range could never be grown again.
 func TestFailedShrinkReleaseIsQuarantinedAndRetried(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, 4*gran, nil))
 	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
 	require.NoError(t, r.Shrink(ctx, gran, nil))
 	e.drain(t)
 	require.Equal(t, figures{Charged: 4 * gran, Quarantined: 3 * gran}, e.l.snapshot())
 	require.Equal(t, memapi.Bytes(3*gran), r.Quarantined())
-	err = r.Grow(ctx, 2*gran, nil)
+	err := r.Grow(ctx, 2*gran, nil)
 	require.ErrorIs(t, err, ep.ErrQuarantined, "a grow over a quarantined range fails while its removal fails")
 	require.Equal(t, memapi.Bytes(gran), r.Len())
 	e.m.ClearFaults()
@@ -284,11 +262,8 @@ func TestFailedShrinkReleaseIsQuarantinedAndRetried(t *testing.T) {
 // and freed by Close (or Retry) once the mechanism recovers.
 func TestFailedCloseIsQuarantinedAndRetried(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	b, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, 2*gran, nil))
 	buf, err := b.Allocate(ctx, 4096)
 	require.NoError(t, err)
@@ -316,8 +291,7 @@ func TestFailedCloseIsQuarantinedAndRetried(t *testing.T) {
 // view that was already unmapped.
 func TestCopyOnWriteUndoThatFailsLeavesNothingBehind(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("p", "kv", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "p", "kv")
 	ctx := context.Background()
 	sh, err := b.CreateShared(ctx, gran)
 	require.NoError(t, err)
@@ -341,11 +315,8 @@ func TestCopyOnWriteUndoThatFailsLeavesNothingBehind(t *testing.T) {
 // A panicking update rolls Grow back (mechanism and ledger), then panics on.
 func TestPanickingGrowUpdateRollsBack(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	b, r := e.region(t, 8*gran)
 	require.NoError(t, r.Grow(ctx, gran, nil))
 	before := e.state(b)
 	require.PanicsWithValue(t, "holder bug", func() {
@@ -365,11 +336,8 @@ func TestPanickingGrowUpdateRollsBack(t *testing.T) {
 // A transaction waiting for its turn when Close comes fails cleanly.
 func TestTransactionQueuedBehindCloseFails(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 8*gran)
-	require.NoError(t, err)
+	_, r := e.region(t, 8*gran)
 	in, out := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
@@ -393,13 +361,11 @@ func TestTransactionQueuedBehindCloseFails(t *testing.T) {
 // what is still live.
 func TestManagerClose(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("h", "r", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "h", "r")
 	ctx := context.Background()
 	buf, err := b.Allocate(ctx, 4096)
 	require.NoError(t, err)
-	idle, err := e.mgr.Bind("idle", "r", dev0)
-	require.NoError(t, err)
+	idle := e.bind(t, "idle", "r")
 	err = e.mgr.Close(ctx)
 	require.ErrorIs(t, err, memapi.ErrInUse)
 	require.Contains(t, err.Error(), "holder h")
@@ -421,8 +387,7 @@ var _ = pmm.Options{}
 // failed forever. A retry now releases only what is left.
 func TestRetryAfterAFailedBackingReleaseDoesNotUnmapTwice(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("p", "kv", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "p", "kv")
 	ctx := context.Background()
 	sh, err := b.CreateShared(ctx, gran)
 	require.NoError(t, err)

@@ -58,6 +58,24 @@ func (e *env) drain(t *testing.T) {
 	require.NoError(t, e.ectx.Queue().Drain(ctx))
 }
 
+// bind binds holder in role to dev0.
+func (e *env) bind(t *testing.T, holder, role string) *pmm.Binding {
+	t.Helper()
+	b, err := e.mgr.Bind(holder, role, dev0)
+	require.NoError(t, err)
+	return b
+}
+
+// region binds the holder "kv" in role "cache" to dev0 and reserves a
+// region of size bytes through it.
+func (e *env) region(t *testing.T, size memapi.Bytes) (*pmm.Binding, *pmm.Region) {
+	t.Helper()
+	b := e.bind(t, "kv", "cache")
+	r, err := b.ReserveVirtual(context.Background(), size)
+	require.NoError(t, err)
+	return b, r
+}
+
 // state is everything a failed transaction must leave as it was.
 type state struct {
 	ledger figures
@@ -81,8 +99,7 @@ func (e *env) fence(t *testing.T) *fakes.Fence {
 
 func TestAllocateChargesTheRoundedSize(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("weights", "model", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "weights", "model")
 	buf, err := b.Allocate(context.Background(), 5000)
 	require.NoError(t, err)
 	require.Equal(t, memapi.Bytes(8192), buf.Size())
@@ -100,8 +117,7 @@ func TestAllocateChargesTheRoundedSize(t *testing.T) {
 func TestReleaseFlowOrder(t *testing.T) {
 	e := setup(t, fakes.Config{})
 	e.fctx.SetManualFences(true)
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "kv", "cache")
 	buf, err := b.Allocate(context.Background(), 1<<16)
 	require.NoError(t, err)
 
@@ -161,8 +177,7 @@ func TestAllocateFaultsLeaveNoTrace(t *testing.T) {
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
 			e := setup(t, fakes.Config{})
-			b, err := e.mgr.Bind("h", "r", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "h", "r")
 			keep, err := b.Allocate(context.Background(), 4096) // some prior state
 			require.NoError(t, err)
 			before := e.state(b)
@@ -179,11 +194,10 @@ func TestAllocateFaultsLeaveNoTrace(t *testing.T) {
 	}
 	t.Run("closed-context", func(t *testing.T) {
 		e := setup(t, fakes.Config{})
-		b, err := e.mgr.Bind("h", "r", dev0)
-		require.NoError(t, err)
+		b := e.bind(t, "h", "r")
 		require.NoError(t, e.ectx.Close(context.Background(), false))
 		before := e.state(b)
-		_, err = b.Allocate(context.Background(), 4096)
+		_, err := b.Allocate(context.Background(), 4096)
 		require.ErrorIs(t, err, memapi.ErrClosed)
 		require.Equal(t, before, e.state(b))
 	})
@@ -197,11 +211,8 @@ func (v *view) update(n memapi.Bytes) error { v.len = n; return nil }
 func TestGrowAndShrink(t *testing.T) {
 	e := setup(t, fakes.Config{})
 	e.fctx.SetManualFences(true)
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
 	ctx := context.Background()
-	r, err := b.ReserveVirtual(ctx, 16*65536)
-	require.NoError(t, err)
+	b, r := e.region(t, 16*65536)
 	addr := r.Addr()
 	var v view
 	require.NoError(t, r.Grow(ctx, 100_000, v.update))
@@ -256,8 +267,7 @@ func TestGrowFaultsLeaveNoTrace(t *testing.T) {
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
 			e := setup(t, fakes.Config{})
-			b, err := e.mgr.Bind("kv", "cache", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "kv", "cache")
 			ctx := context.Background()
 			r, err := b.ReserveVirtual(ctx, 8*65536)
 			require.NoError(t, err)
@@ -283,8 +293,7 @@ func TestGrowFaultsLeaveNoTrace(t *testing.T) {
 
 func TestReserveVirtualUnsupported(t *testing.T) {
 	e := setup(t, fakes.Config{Offers: memapi.Of(memapi.CapDeviceAllocator)})
-	b, err := e.mgr.Bind("kv", "cache", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "kv", "cache")
 	caps, err := b.Capabilities()
 	require.NoError(t, err)
 	require.False(t, caps.Has(memapi.CapVirtualBacking))
@@ -299,10 +308,8 @@ func TestReserveVirtualUnsupported(t *testing.T) {
 func TestSharedPrefix(t *testing.T) {
 	e := setup(t, fakes.Config{})
 	ctx := context.Background()
-	sys, err := e.mgr.Bind("prefix", "kv", dev0)
-	require.NoError(t, err)
-	kv, err := e.mgr.Bind("requests", "kv", dev0)
-	require.NoError(t, err)
+	sys := e.bind(t, "prefix", "kv")
+	kv := e.bind(t, "requests", "kv")
 
 	sh, err := sys.CreateShared(ctx, 2*65536)
 	require.NoError(t, err)
@@ -368,11 +375,10 @@ func TestSharedFaultsLeaveNoTrace(t *testing.T) {
 	} {
 		t.Run("create/"+st.name, func(t *testing.T) {
 			e := setup(t, fakes.Config{})
-			b, err := e.mgr.Bind("p", "kv", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "p", "kv")
 			before := e.state(b)
 			st.inject(e)
-			_, err = b.CreateShared(context.Background(), 65536)
+			_, err := b.CreateShared(context.Background(), 65536)
 			require.ErrorIs(t, err, st.want)
 			e.m.ClearFaults()
 			require.Equal(t, before, e.state(b))
@@ -385,8 +391,7 @@ func TestSharedFaultsLeaveNoTrace(t *testing.T) {
 		t.Run("map/"+st.name, func(t *testing.T) {
 			e := setup(t, fakes.Config{})
 			ctx := context.Background()
-			b, err := e.mgr.Bind("p", "kv", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "p", "kv")
 			sh, err := b.CreateShared(ctx, 65536)
 			require.NoError(t, err)
 			r, err := b.ReserveVirtual(ctx, 4*65536)
@@ -413,8 +418,7 @@ func TestSharedFaultsLeaveNoTrace(t *testing.T) {
 		t.Run("cow/"+st.name, func(t *testing.T) {
 			e := setup(t, fakes.Config{})
 			ctx := context.Background()
-			b, err := e.mgr.Bind("p", "kv", dev0)
-			require.NoError(t, err)
+			b := e.bind(t, "p", "kv")
 			sh, err := b.CreateShared(ctx, 65536)
 			require.NoError(t, err)
 			w, err := b.ReserveVirtual(ctx, 65536)
@@ -448,8 +452,7 @@ func TestSharedFaultsLeaveNoTrace(t *testing.T) {
 func TestReplaceMechanism(t *testing.T) {
 	e := setup(t, fakes.Config{Name: "old"})
 	ctx := context.Background()
-	b, err := e.mgr.Bind("h", "r", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "h", "r")
 	oldBuf, err := b.Allocate(ctx, 4096)
 	require.NoError(t, err)
 
@@ -481,8 +484,7 @@ func TestReplaceMechanism(t *testing.T) {
 
 func TestBindingClose(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("h", "r", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "h", "r")
 	buf, err := b.Allocate(context.Background(), 4096)
 	require.NoError(t, err)
 	err = b.Close()
@@ -501,8 +503,7 @@ func TestBindingClose(t *testing.T) {
 
 func TestDroppedBufferIsReleased(t *testing.T) {
 	e := setup(t, fakes.Config{})
-	b, err := e.mgr.Bind("h", "r", dev0)
-	require.NoError(t, err)
+	b := e.bind(t, "h", "r")
 	before := ep.Leaks()
 	func() {
 		_, err := b.Allocate(context.Background(), 4096)

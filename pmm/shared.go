@@ -58,7 +58,7 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	lease, err := g.Commit()
 	if err != nil {
 		if rerr := sm.ReleaseBacking(ctx, bk, g); rerr != nil {
-			return nil, quarantineGrant(g, bk.Size(), errors.Join(err, rerr))
+			return nil, keepRollback(d, fmt.Sprintf("%s/%s shared backing %v (failed rollback)", b.holder, b.role, bk), g, bk.Size(), releaser(sm, bk), errors.Join(err, rerr))
 		}
 		return nil, cancel(g, err)
 	}
@@ -72,6 +72,11 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	}
 	s.lc = owned.Lifecycle()
 	return &Shared{Owned: owned, s: s}, nil
+}
+
+// releaser releases bk through sm, refunding the account it is given.
+func releaser(sm memapi.SharedMapping, bk *memapi.Backing) func(context.Context, memapi.Account) error {
+	return func(ctx context.Context, acct memapi.Account) error { return sm.ReleaseBacking(ctx, bk, acct) }
 }
 
 // Size returns the backing's size: the bytes charged once.
@@ -196,7 +201,8 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 			return errors.Join(err, uerr, seg.shared.drop(rs.lc.Pending()))
 		}
 		if rerr := sm.ReleaseBacking(ctx, bk, g); rerr != nil {
-			err = errors.Join(err, quarantineGrant(g, bk.Size(), rerr))
+			name := fmt.Sprintf("%s/%s copy-on-write backing %v (failed rollback)", rs.bind.holder, rs.bind.role, bk)
+			err = errors.Join(err, keepRollback(rs.d, name, g, bk.Size(), releaser(sm, bk), rerr))
 		} else {
 			err = cancel(g, err)
 		}

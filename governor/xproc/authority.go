@@ -47,6 +47,8 @@ type Authority struct {
 	seenWant uint64
 	wanted   bool              // a want this process posted may still stand
 	wantPri  governor.Priority // the priority it was posted with
+
+	beforeClaim func(bytes memapi.Bytes) // tests only, set before use: runs in Admit before a.mu is taken
 }
 
 // Bind adds authority id to g with capacity 0 and ties it to the ledger.
@@ -99,18 +101,37 @@ func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role 
 }
 
 // Admit is the governor's admission hook on the bound authority
-// (governor.Admission): it claims need bytes from the ledger and raises the
-// local capacity to the new claim, both under a.mu, so a settle never gives
-// back a claim the capacity does not show yet. The governor calls it
+// (governor.Admission): it claims the shortfall from the ledger and raises
+// the local capacity to the new claim, both under a.mu, so a settle never
+// gives back a claim the capacity does not show yet. The shortfall is
+// computed under a.mu (the waiting bytes and the reservation's beyond the
+// local free ones), not taken from the governor's need, which a settle
+// claiming for the waiters meanwhile would make stale: the claims are never
+// more than what the reservations ahead and this one lack. The governor calls it
 // without its own lock when a reservation does not fit; PressureHolder's
 // reservations (answers to another process's want) never claim.
-func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
 	if holder == PressureHolder {
 		return governor.ErrNoAdmission
 	}
+	if a.beforeClaim != nil {
+		a.beforeClaim(bytes)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.claimLocked(holder, bytes, need, priority, wait)
+	// The governor's need is the shortfall it saw before it released its
+	// lock; a settle may have claimed for the waiters ahead (and served
+	// them) since. Claim the shortfall as it is now, under a.mu, which
+	// orders every claim of this process: the bytes the waiters ahead and
+	// this reservation lack beyond the local free ones.
+	snap, ok := a.g.Authority(a.id)
+	if !ok {
+		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
+	}
+	if snap.WaitingBytes+bytes <= snap.Free {
+		return nil // nothing is short any more: the governor tries again
+	}
+	return a.claimLocked(holder, bytes, snap.WaitingBytes+bytes-snap.Free, priority, wait)
 }
 
 // claimLocked claims need more bytes from the ledger for a reservation of
@@ -249,16 +270,31 @@ func (a *Authority) settle() error {
 	}
 	a.answerLocked()
 	a.claimWaitersLocked()
-	return a.trimLocked()
+	return a.trimLocked(memapi.Bytes(maxBytes))
 }
 
-// trimLocked gives the spare claim back and publishes the figures.
-func (a *Authority) trimLocked() error {
+// ReturnAdmitted is the governor's hook for a reservation of n bytes that
+// failed locally after Admit claimed for it (governor.AdmissionReturn): up
+// to n bytes of the claim still spare go back to the ledger at once,
+// rather than at the next settle (spare bytes beyond those stay the
+// process's until then, as freed bytes do).
+func (a *Authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.released.Load() {
+		return
+	}
+	_ = a.trimLocked(n) // a ledger that cannot be locked now is trimmed by the next settle
+}
+
+// trimLocked gives back the spare claim, at most most bytes of it, and
+// publishes the figures.
+func (a *Authority) trimLocked(most memapi.Bytes) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
 	}
-	spare := snap.Free
+	spare := min(snap.Free, most)
 	if snap.Waiters != 0 {
 		spare = 0 // the local waiters are owed these bytes
 	}
@@ -336,7 +372,7 @@ func (a *Authority) release() error {
 	if a.released.Load() {
 		return nil
 	}
-	if err := a.trimLocked(); err != nil {
+	if err := a.trimLocked(memapi.Bytes(maxBytes)); err != nil {
 		a.released.Store(true)
 		return err
 	}

@@ -56,6 +56,6 @@ func BenchmarkReserve(b *testing.B) {
 // trimNow gives the spare claim back (Settle without the pressure answer).
 func (a *Authority) trimNow() {
 	a.mu.Lock()
-	_ = a.trimLocked()
+	_ = a.trimLocked(memapi.Bytes(maxBytes))
 	a.mu.Unlock()
 }
