@@ -60,8 +60,13 @@ type Pool struct {
 	hint   sync.Pool // *shard: the shard of the caller's P (pick)
 	closed atomic.Bool
 
+	// The figures every Alloc and Free updates live on cache lines of
+	// their own: sharing one with the fields above (read on every call)
+	// made each goroutine's reads miss after the other's writes.
+	_                        [64]byte
 	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
 	peakInUse, peakRequested atomic.Int64
+	_                        [64]byte
 
 	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
 	region *pmm.Region // BackingRegion: reserved at the first growth
