@@ -46,6 +46,9 @@ type Options struct {
 	// RegionBytes is the address range a BackingRegion pool reserves
 	// (default 16 GiB): the most it can ever hold.
 	RegionBytes memapi.Bytes
+	// HugeBytes is the least request that gets a segment of its own,
+	// never split, whatever the backing (default 8 MiB; huge.go).
+	HugeBytes memapi.Bytes
 }
 
 // Pool is a caching sub-allocator over one pmm Binding. It is a governor
@@ -79,6 +82,8 @@ type Pool struct {
 	held    uint64 // bytes in segments
 	peak    uint64 // peak held
 	pending []*block
+	// hugeFree are the free huge segments' chunks (huge.go).
+	hugeFree []*chunk
 	// released are the segments the pool closed, until pmm released
 	// them (release.go); a failed release stays here, quarantined.
 	released []*pmm.Buffer
@@ -123,6 +128,9 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	}
 	if opts.SlabBytes == 0 {
 		opts.SlabBytes = 2 << 20
+	}
+	if opts.HugeBytes == 0 {
+		opts.HugeBytes = 8 << 20
 	}
 	n := 1
 	for n < 4*runtime.GOMAXPROCS(0) && n < 64 {
@@ -289,6 +297,17 @@ func (p *Pool) newSlabLocked(c int) bool {
 
 func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block, error) {
 	r := roundLarge(n)
+	if r >= uint64(p.opts.HugeBytes) {
+		for {
+			h, ok, err := p.takeHuge(r, n, s)
+			if ok || err != nil {
+				return h, err
+			}
+			if err := p.growHuge(ctx, n, r); err != nil {
+				return Block{}, err
+			}
+		}
+	}
 	for {
 		h, ok, err := p.takeLarge(r, n, s)
 		if ok || err != nil {
@@ -326,10 +345,22 @@ func (p *Pool) takeLarge(r, n uint64, s memapi.Stream) (Block, bool, error) {
 // grow adds a segment of at least need bytes. It holds no pool lock while
 // the binding allocates: the governor may ask this very pool to Reclaim.
 func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
+	if err := p.releaseFreeHuge(); err != nil {
+		return err
+	}
 	if p.opts.Backing == BackingRegion {
 		return p.regionGrow(ctx, wanted, need)
 	}
-	size := max(need, uint64(p.opts.SegmentBytes))
+	return p.growSegment(ctx, wanted, need, false)
+}
+
+// growSegment adds a segment (a pmm Buffer) of at least need bytes, at
+// least SegmentBytes unless it is huge.
+func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) error {
+	size := need
+	if !huge {
+		size = max(need, uint64(p.opts.SegmentBytes))
+	}
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	waited := wctx.Err() != nil && ctx.Err() == nil
@@ -337,7 +368,7 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	if err != nil {
 		return p.growFailed(wanted, size, err, waited)
 	}
-	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size())}
+	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size()), huge: huge}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
@@ -347,7 +378,12 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	p.held += seg.size
 	p.peak = max(p.peak, p.held)
 	p.c.segAllocs++
-	p.arena.add(seg)
+	if huge {
+		seg.head = &chunk{seg: seg, addr: seg.base, size: seg.size}
+		p.giveLocked(seg.head)
+	} else {
+		p.arena.add(seg)
+	}
 	return nil
 }
 
@@ -401,7 +437,7 @@ func (p *Pool) Free(h Block) error {
 	defer p.mu.Unlock()
 	p.unuse(b)
 	p.c.largeFrees++
-	p.arena.give(b.ch)
+	p.giveLocked(b.ch)
 	return nil
 }
 
@@ -498,7 +534,7 @@ func (p *Pool) sweepLocked() {
 		if b.slab != nil {
 			p.depotPutLocked(b)
 		} else {
-			p.arena.give(b.ch)
+			p.giveLocked(b.ch)
 		}
 	}
 }
@@ -555,7 +591,7 @@ func (p *Pool) closeLocked() (err error, wasClosed bool) {
 	// p.region stays: its release may fail and be retried (release.go).
 	p.rseg = nil
 	clear(p.segs)
-	p.held, p.pending, p.arena.free = 0, nil, nil
+	p.held, p.pending, p.arena.free, p.hugeFree = 0, nil, nil, nil
 	p.depot = [numClasses]freeList{}
 	for i := range p.shards {
 		p.shards[i].lists = [numClasses]freeList{}

@@ -35,15 +35,26 @@ func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 	if closed {
 		return 0, rerr
 	}
-	if p.opts.Backing == BackingRegion {
-		n, err := p.regionTrim(ctx, wanted)
-		return memapi.Bytes(n), errors.Join(rerr, err)
-	}
 	errs := []error{rerr}
 	for _, s := range out {
 		errs = append(errs, s.buf.Close())
 	}
+	if p.opts.Backing == BackingRegion && freed < wanted {
+		n, err := p.regionTrim(ctx, wanted-freed)
+		freed += n
+		errs = append(errs, err)
+	}
+	if freed > 0 {
+		p.countReclaim(freed)
+	}
 	return memapi.Bytes(freed), errors.Join(errs...)
+}
+
+func (p *Pool) countReclaim(freed uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.c.reclaims++
+	p.c.reclaimed += freed
 }
 
 // trimLocked gathers the cache under mu and, with BackingSegments, takes
@@ -58,9 +69,6 @@ func (p *Pool) trimLocked(wanted uint64) (out []*segment, freed uint64, closed b
 	p.sweepLocked()
 	p.flushShardsLocked()
 	p.freeSlabsLocked()
-	if p.opts.Backing == BackingRegion {
-		return nil, 0, false
-	}
 	var segs []*segment
 	for s := range p.segs {
 		if s.wholeFree() {
@@ -77,17 +85,14 @@ func (p *Pool) trimLocked(wanted uint64) (out []*segment, freed uint64, closed b
 		if freed >= wanted {
 			break
 		}
-		p.arena.remove(s.head)
-		delete(p.segs, s)
-		p.released = append(p.released, s.buf)
-		p.held -= s.size
-		p.c.segFrees++
+		if s.huge {
+			i := slices.Index(p.hugeFree, s.head)
+			p.hugeFree = slices.Delete(p.hugeFree, i, i+1)
+		} else {
+			p.arena.remove(s.head)
+		}
 		freed += s.size
-		out = append(out, s)
-	}
-	if freed > 0 {
-		p.c.reclaims++
-		p.c.reclaimed += freed
+		out = append(out, p.dropSegmentLocked(s))
 	}
 	return out, freed, false
 }

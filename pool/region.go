@@ -148,8 +148,6 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 		p.rseg.size = keep
 		p.held -= freed
 		p.c.segFrees++
-		p.c.reclaims++
-		p.c.reclaimed += freed
 		return nil
 	})
 	if errors.Is(err, errTailTaken) {

@@ -91,6 +91,9 @@ func (p *Pool) Stats() Stats {
 		StreamReuse:   p.c.streamReuse,
 	}
 	cached := p.arena.freeBytes()
+	for _, c := range p.hugeFree {
+		cached += c.size
+	}
 	for c := range p.depot {
 		cached += uint64(p.depot[c].n) * classSize[c]
 	}
