@@ -91,8 +91,9 @@ func poolModel(t *testing.T, backing pool.Backing) {
 					// live blocks fill it, or a region whose quarantined
 					// backing could not be removed before it grew: none
 					// changes what is in use. Only cache may have gone
-					// (free huge segments are closed before any growth,
-					// and an over-budget growth trims the pool's cache).
+					// (free huge segments that fit no request are closed
+					// before a huge growth, and an over-budget growth trims
+					// the pool's cache).
 					require.True(rt, errors.Is(err, memapi.ErrOutOfMemory) || errors.Is(err, memapi.ErrOverBudget) ||
 						errors.Is(err, ep.ErrQuarantined), "unexpected error %v", err)
 					after := e.p.Stats()

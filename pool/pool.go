@@ -345,9 +345,6 @@ func (p *Pool) takeLarge(r, n uint64, s memapi.Stream) (Block, bool, error) {
 // grow adds a segment of at least need bytes. It holds no pool lock while
 // the binding allocates: the governor may ask this very pool to Reclaim.
 func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
-	if err := p.releaseFreeHuge(); err != nil {
-		return err
-	}
 	if p.opts.Backing == BackingRegion {
 		return p.regionGrow(ctx, wanted, need)
 	}
