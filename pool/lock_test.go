@@ -27,22 +27,35 @@ func (f *panicFence) Done() bool {
 func (f *panicFence) Wait(context.Context) error { return nil }
 func (f *panicFence) Ready() <-chan struct{}     { return nil }
 
+// flagFence is a caller's fence done once set.
+type flagFence struct{ done atomic.Bool }
+
+func (f *flagFence) Done() bool                 { return f.done.Load() }
+func (f *flagFence) Wait(context.Context) error { return nil }
+func (f *flagFence) Ready() <-chan struct{}     { return nil }
+
 // TestPanicInLockedSectionReleasesLocks: the pool polls a caller's fences
 // under its mutex (sweeping pending blocks). A fence that panics there must
 // not leave the mutex held (every later call, Close included, would hang)
-// nor the pending list half rewritten: the panic reaches the caller, and
-// the pool goes on, exact.
+// nor the pending list half rewritten (a block swept before the panic gone
+// from it, none twice): the panic reaches the caller, and the pool goes on,
+// exact.
 func TestPanicInLockedSectionReleasesLocks(t *testing.T) {
 	for _, size := range []uint64{4 << 20, 4096} {
 		e := setup(t, 1<<30, pool.Options{})
 		ctx := context.Background()
 		s, err := e.fctx.NewStream()
 		require.NoError(t, err)
-		b, err := e.p.Alloc(ctx, memBytes(size), s)
-		require.NoError(t, err)
-		f := &panicFence{}
-		require.NoError(t, b.RecordStreamUse(f))
-		require.NoError(t, b.Free()) // Done #1: pending
+		// Pending in this order: a (done by the sweep), b (not done), c
+		// (panics).
+		fa, fb, fc := &flagFence{}, &flagFence{}, &panicFence{}
+		for _, f := range []memapi.Fence{fa, fb, fc} {
+			blk, err := e.p.Alloc(ctx, memBytes(size), s)
+			require.NoError(t, err)
+			require.NoError(t, blk.RecordStreamUse(f))
+			require.NoError(t, blk.Free()) // fc: Done #1, pending
+		}
+		fa.done.Store(true)
 		within(t, 10*time.Second, "Alloc", func() {
 			require.Panics(t, func() {
 				// Drain the shards and the depot so the slow path, which
@@ -62,12 +75,16 @@ func TestPanicInLockedSectionReleasesLocks(t *testing.T) {
 		})
 		within(t, 10*time.Second, "Stats after the panic", func() {
 			st := e.p.Stats()
-			require.Equal(t, memBytes(size), st.Pending, "the pending block is still pending, once")
+			require.Equal(t, memBytes(2*size), st.Pending, "b and c pending, once each")
 		})
 		within(t, 10*time.Second, "Trim after the panic", func() {
-			_, err := e.p.Trim(ctx) // Done #3: the block joins the cache
+			_, err := e.p.Trim(ctx) // c: Done #3, cached
 			require.NoError(t, err)
 		})
+		require.Equal(t, memBytes(size), e.checkLedger(t).Pending)
+		fb.done.Store(true)
+		_, err = e.p.Trim(ctx)
+		require.NoError(t, err)
 		st := e.checkLedger(t)
 		require.Zero(t, st.Pending)
 		require.Zero(t, st.InUse)
