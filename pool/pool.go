@@ -228,7 +228,7 @@ func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64
 	if b := p.takePendingLocked(c, s); b != nil {
 		return p.handLocked(b, n, s), 0, nil
 	}
-	if p.depot[c].n == 0 {
+	if p.depot[c].n == 0 && !p.stealLocked(c) {
 		if !p.newSlabLocked(c) && !p.compactLocked(func() bool { return p.newSlabLocked(c) }) {
 			return Block{}, classSize[c] * uint64(slabCount(c, uint64(p.opts.SlabBytes))), nil
 		}
@@ -243,6 +243,25 @@ func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64
 	}
 	sh.allocs++
 	return p.hand(b, n, s), 0, nil
+}
+
+// stealLocked moves the free blocks of class c that other shards keep to
+// the depot, before a new slab is carved: a shard whose P stopped calling
+// (or whose hint a garbage collection dropped) would otherwise strand them
+// until the pool next compacts, and the new slab would add to the peak.
+func (p *Pool) stealLocked(c int) bool {
+	for i := range p.shards {
+		p.stealShardLocked(&p.shards[i], c)
+	}
+	return p.depot[c].n > 0
+}
+
+func (p *Pool) stealShardLocked(sh *shard, c int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
+		p.depotPutLocked(b)
+	}
 }
 
 // handLocked hands out a block taken under mu (a small block from the
