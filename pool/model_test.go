@@ -58,7 +58,7 @@ func noErrorButQuarantine(t require.TestingT, err error) {
 }
 
 func poolModel(t *testing.T, backing pool.Backing) {
-	seen := map[bool]bool{}
+	var heavy, sawAny int // checks with 50 % release faults, and of them those that saw a quarantined release
 	rapid.Check(t, func(rt *rapid.T) {
 		e := setup(rt, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, HugeBytes: 4 << 20, Backing: backing, Wait: 10 * time.Millisecond})
 		require.Equal(rt, backing, e.p.Stats().Backing)
@@ -183,9 +183,14 @@ func poolModel(t *testing.T, backing pool.Backing) {
 		require.Zero(rt, e.holder("pool").Charged)
 		require.Zero(rt, e.holder("pool").Quarantined)
 		require.Zero(rt, s.Segments)
-		if releaseRate >= 50 && len(seen) < 2 {
-			seen[sawQuarantine] = true
+		if releaseRate >= 50 {
+			heavy++
+			if sawQuarantine {
+				sawAny++
+			}
 		}
 	})
-	require.True(t, seen[true], "no check saw a quarantined release: the release faults were not exercised")
+	if heavy >= 10 { // a short run (-rapid.checks) may draw too few to tell
+		require.NotZero(t, sawAny, "no check saw a quarantined release: the release faults were not exercised")
+	}
 }
