@@ -16,6 +16,7 @@ type segment struct {
 	base uint64
 	size uint64
 	head *chunk // first chunk in address order
+	huge bool   // one block at a time, never in the arena (huge.go)
 }
 
 // chunk is a contiguous piece of a segment: free, a slab, or a large block.

@@ -2,6 +2,7 @@ package pool_test
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -32,9 +33,17 @@ type env struct {
 	p    *pool.Pool
 }
 
+// tb is what the helpers need of a test: a *testing.T, or a *rapid.T in
+// the model test, whose cleanups then run at the end of each check.
+type tb interface {
+	require.TestingT
+	Helper()
+	Cleanup(func())
+}
+
 // setup makes the env; an empty opts.Backing means BackingSegments here
 // (tests of the region say so).
-func setup(t *testing.T, capacity memapi.Bytes, opts pool.Options) *env {
+func setup(t tb, capacity memapi.Bytes, opts pool.Options) *env {
 	t.Helper()
 	if opts.Backing == "" {
 		opts.Backing = pool.BackingSegments
@@ -42,7 +51,7 @@ func setup(t *testing.T, capacity memapi.Bytes, opts pool.Options) *env {
 	return setupWith(t, capacity, opts, fakes.Config{})
 }
 
-func setupWith(t *testing.T, capacity memapi.Bytes, opts pool.Options, cfg fakes.Config) *env {
+func setupWith(t tb, capacity memapi.Bytes, opts pool.Options, cfg fakes.Config) *env {
 	t.Helper()
 	cfg.Authority = auth
 	m := fakes.NewMechanism(cfg)
@@ -61,7 +70,11 @@ func setupWith(t *testing.T, capacity memapi.Bytes, opts pool.Options, cfg fakes
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = p.Close()
+		m.ClearFaults()
+		within(t, 30*time.Second, "Pool.Close", func() {
+			_ = p.Close()
+			_ = p.Close() // retries what a fault made fail before
+		})
 		fctx.CompleteAll()
 		require.NoError(t, mgr.Close(ctx))
 		require.NoError(t, ectx.Close(ctx, true))
@@ -70,7 +83,24 @@ func setupWith(t *testing.T, capacity memapi.Bytes, opts pool.Options, cfg fakes
 	return e
 }
 
-func (e *env) drain(t *testing.T) {
+// within runs f and fails the test with every goroutine's stack if f has
+// not returned after d: a lock left held (a panic in a locked section that
+// a recover swallowed) or a deadlock shows as a failure, not a hang.
+func within(t tb, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Errorf("%s did not return within %v; goroutines:\n%s", what, d, buf)
+		t.FailNow()
+	}
+}
+
+func (e *env) drain(t tb) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -90,17 +120,19 @@ func (e *env) holder(id governor.HolderID) governor.HolderAuthoritySnapshot {
 	return governor.HolderAuthoritySnapshot{}
 }
 
-// checkLedger asserts the ledger identity: the governor charges the pool's
-// holder exactly its segments (nothing pending once drained), the mechanism
-// holds them, and cached + in use == segments.
-func (e *env) checkLedger(t *testing.T) pool.Stats {
+// checkLedger asserts the ledger identity (release.go): once drained, the
+// governor charges the pool's holder exactly its segments and the backing
+// whose release failed (quarantined, and booked so), nothing is pending, the
+// mechanism holds the same bytes, and cached + in use == segments.
+func (e *env) checkLedger(t tb) pool.Stats {
 	t.Helper()
 	e.drain(t)
 	s := e.p.Stats()
 	h := e.holder("pool")
-	require.Equal(t, s.Segments, h.Charged, "charged == segments")
+	require.Equal(t, s.Segments+s.Quarantined, h.Charged, "charged == segments + quarantined")
+	require.Equal(t, s.Quarantined, h.Quarantined, "the pool's quarantined bytes are the ledger's")
 	require.Zero(t, h.Pending)
-	require.Equal(t, s.Segments, e.m.UsedBytes(), "mechanism holds the segments")
+	require.Equal(t, s.Segments+s.Quarantined, e.m.UsedBytes(), "mechanism holds the segments and the quarantined bytes")
 	require.Equal(t, s.Segments, s.Cached+s.InUse, "cached + in use == segments")
 	return s
 }

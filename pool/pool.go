@@ -46,6 +46,9 @@ type Options struct {
 	// RegionBytes is the address range a BackingRegion pool reserves
 	// (default 16 GiB): the most it can ever hold.
 	RegionBytes memapi.Bytes
+	// HugeBytes is the least request that gets a segment of its own,
+	// never split, whatever the backing (default 8 MiB; huge.go).
+	HugeBytes memapi.Bytes
 }
 
 // Pool is a caching sub-allocator over one pmm Binding. It is a governor
@@ -60,8 +63,13 @@ type Pool struct {
 	hint   sync.Pool // *shard: the shard of the caller's P (pick)
 	closed atomic.Bool
 
+	// The figures every Alloc and Free updates live on cache lines of
+	// their own: sharing one with the fields above (read on every call)
+	// made each goroutine's reads miss after the other's writes.
+	_                        [64]byte
 	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
 	peakInUse, peakRequested atomic.Int64
+	_                        [64]byte
 
 	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
 	region *pmm.Region // BackingRegion: reserved at the first growth
@@ -74,7 +82,12 @@ type Pool struct {
 	held    uint64 // bytes in segments
 	peak    uint64 // peak held
 	pending []*block
-	c       counters
+	// hugeFree are the free huge segments' chunks (huge.go).
+	hugeFree []*chunk
+	// released are the segments the pool closed, until pmm released
+	// them (release.go); a failed release stays here, quarantined.
+	released []*pmm.Buffer
+	c        counters
 }
 
 // counters are the pool's slow-path figures, guarded by mu.
@@ -116,6 +129,9 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	if opts.SlabBytes == 0 {
 		opts.SlabBytes = 2 << 20
 	}
+	if opts.HugeBytes == 0 {
+		opts.HugeBytes = 8 << 20
+	}
 	n := 1
 	for n < 4*runtime.GOMAXPROCS(0) && n < 64 {
 		n *= 2
@@ -141,25 +157,32 @@ func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (B
 	n := uint64(size)
 	if n <= SmallMax {
 		c := classOf(n)
-		sh := p.pick()
-		sh.mu.Lock()
-		if p.closed.Load() {
-			sh.mu.Unlock()
-			p.unpick(sh)
-			return Block{}, errClosed()
+		if h, done, err := p.allocShard(c, n, s); done {
+			return h, err
 		}
-		if b := sh.lists[c].pop(); b != nil {
-			sh.allocs++
-			h := p.hand(b, n, s)
-			sh.mu.Unlock()
-			p.unpick(sh)
-			return h, nil
-		}
-		sh.mu.Unlock()
-		p.unpick(sh)
 		return p.allocSmallSlow(ctx, c, n, s)
 	}
 	return p.allocLarge(ctx, n, s)
+}
+
+// allocShard is the fast path: a block of class c from the caller's shard,
+// with no pool-wide lock. done is false when the shard had none. Every
+// locked section of the pool unlocks by defer, so that a panic (a caller's
+// fence, a runtime error) never leaves a lock held.
+func (p *Pool) allocShard(c int, n uint64, s memapi.Stream) (h Block, done bool, err error) {
+	sh := p.pick()
+	defer p.unpick(sh)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if p.closed.Load() {
+		return Block{}, true, errClosed()
+	}
+	b := sh.lists[c].pop()
+	if b == nil {
+		return Block{}, false, nil
+	}
+	sh.allocs++
+	return p.hand(b, n, s), true, nil
 }
 
 func errClosed() error { return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrClosed} }
@@ -182,38 +205,62 @@ func raise(peak *atomic.Int64, v int64) {
 
 func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Stream) (Block, error) {
 	for {
-		p.mu.Lock()
-		if p.closed.Load() {
-			p.mu.Unlock()
-			return Block{}, errClosed()
+		h, grow, err := p.takeSmall(c, n, s)
+		if grow == 0 {
+			return h, err
 		}
-		p.sweepLocked()
-		if b := p.takePendingLocked(c, s); b != nil {
-			h := p.handLocked(b, n, s)
-			p.mu.Unlock()
-			return h, nil
+		if err := p.grow(ctx, n, grow); err != nil {
+			return Block{}, err
 		}
-		if p.depot[c].n == 0 {
-			if !p.newSlabLocked(c) && !p.compactLocked(func() bool { return p.newSlabLocked(c) }) {
-				p.mu.Unlock()
-				if err := p.grow(ctx, n, classSize[c]*uint64(slabCount(c, uint64(p.opts.SlabBytes)))); err != nil {
-					return Block{}, err
-				}
-				continue
-			}
+	}
+}
+
+// takeSmall takes a block of class c under mu: from the pending list (its
+// own stream), the depot (refilling the caller's shard), or a new slab. When
+// the arena has no room it reports the bytes to grow by instead.
+func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return Block{}, 0, errClosed()
+	}
+	p.sweepLocked()
+	if b := p.takePendingLocked(c, s); b != nil {
+		return p.handLocked(b, n, s), 0, nil
+	}
+	if p.depot[c].n == 0 && !p.stealLocked(c) {
+		if !p.newSlabLocked(c) && !p.compactLocked(func() bool { return p.newSlabLocked(c) }) {
+			return Block{}, classSize[c] * uint64(slabCount(c, uint64(p.opts.SlabBytes))), nil
 		}
-		b := p.depot[c].pop()
-		sh := p.pick()
-		sh.mu.Lock()
-		for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
-			sh.lists[c].push(p.depot[c].pop())
-		}
-		sh.allocs++
-		h := p.hand(b, n, s)
-		sh.mu.Unlock()
-		p.unpick(sh)
-		p.mu.Unlock()
-		return h, nil
+	}
+	b := p.depot[c].pop()
+	sh := p.pick()
+	defer p.unpick(sh)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
+		sh.lists[c].push(p.depot[c].pop())
+	}
+	sh.allocs++
+	return p.hand(b, n, s), 0, nil
+}
+
+// stealLocked moves the free blocks of class c that other shards keep to
+// the depot, before a new slab is carved: a shard whose P stopped calling
+// (or whose hint a garbage collection dropped) would otherwise strand them
+// until the pool next compacts, and the new slab would add to the peak.
+func (p *Pool) stealLocked(c int) bool {
+	for i := range p.shards {
+		p.stealShardLocked(&p.shards[i], c)
+	}
+	return p.depot[c].n > 0
+}
+
+func (p *Pool) stealShardLocked(sh *shard, c int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
+		p.depotPutLocked(b)
 	}
 }
 
@@ -225,12 +272,11 @@ func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
 		return p.hand(b, n, s)
 	}
 	sh := p.pick()
+	defer p.unpick(sh)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	sh.allocs++
-	h := p.hand(b, n, s)
-	sh.mu.Unlock()
-	p.unpick(sh)
-	return h
+	return p.hand(b, n, s)
 }
 
 // compactLocked gathers the shards' free blocks into the depot and gives
@@ -270,31 +316,49 @@ func (p *Pool) newSlabLocked(c int) bool {
 
 func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block, error) {
 	r := roundLarge(n)
+	if r >= uint64(p.opts.HugeBytes) {
+		for {
+			h, ok, err := p.takeHuge(r, n, s)
+			if ok || err != nil {
+				return h, err
+			}
+			if err := p.growHuge(ctx, n, r); err != nil {
+				return Block{}, err
+			}
+		}
+	}
 	for {
-		p.mu.Lock()
-		if p.closed.Load() {
-			p.mu.Unlock()
-			return Block{}, errClosed()
+		h, ok, err := p.takeLarge(r, n, s)
+		if ok || err != nil {
+			return h, err
 		}
-		p.sweepLocked()
-		ch := p.arena.take(r)
-		if ch == nil {
-			p.compactLocked(func() bool { ch = p.arena.take(r); return ch != nil })
-		}
-		if ch != nil {
-			b := &block{p: p, addr: ch.addr, size: r, ch: ch}
-			b.word.Store(pack(0, ep.Released))
-			ch.blk = b
-			p.c.largeAllocs++
-			h := p.hand(b, n, s)
-			p.mu.Unlock()
-			return h, nil
-		}
-		p.mu.Unlock()
 		if err := p.grow(ctx, n, r); err != nil {
 			return Block{}, err
 		}
 	}
+}
+
+// takeLarge takes a best-fit chunk of r bytes under mu; ok is false when
+// the arena has none even after compaction.
+func (p *Pool) takeLarge(r, n uint64, s memapi.Stream) (Block, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return Block{}, false, errClosed()
+	}
+	p.sweepLocked()
+	ch := p.arena.take(r)
+	if ch == nil {
+		p.compactLocked(func() bool { ch = p.arena.take(r); return ch != nil })
+	}
+	if ch == nil {
+		return Block{}, false, nil
+	}
+	b := &block{p: p, addr: ch.addr, size: r, ch: ch}
+	b.word.Store(pack(0, ep.Released))
+	ch.blk = b
+	p.c.largeAllocs++
+	return p.hand(b, n, s), true, nil
 }
 
 // grow adds a segment of at least need bytes. It holds no pool lock while
@@ -303,7 +367,16 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	if p.opts.Backing == BackingRegion {
 		return p.regionGrow(ctx, wanted, need)
 	}
-	size := max(need, uint64(p.opts.SegmentBytes))
+	return p.growSegment(ctx, wanted, need, false)
+}
+
+// growSegment adds a segment (a pmm Buffer) of at least need bytes, at
+// least SegmentBytes unless it is huge.
+func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) error {
+	size := need
+	if !huge {
+		size = max(need, uint64(p.opts.SegmentBytes))
+	}
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	waited := wctx.Err() != nil && ctx.Err() == nil
@@ -311,7 +384,7 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	if err != nil {
 		return p.growFailed(wanted, size, err, waited)
 	}
-	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size())}
+	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size()), huge: huge}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
@@ -321,7 +394,12 @@ func (p *Pool) grow(ctx context.Context, wanted, need uint64) error {
 	p.held += seg.size
 	p.peak = max(p.peak, p.held)
 	p.c.segAllocs++
-	p.arena.add(seg)
+	if huge {
+		seg.head = &chunk{seg: seg, addr: seg.base, size: seg.size}
+		p.giveLocked(seg.head)
+	} else {
+		p.arena.add(seg)
+	}
 	return nil
 }
 
@@ -361,55 +439,73 @@ func (p *Pool) Free(h Block) error {
 		return &memapi.Error{Op: "pool.Free", Kind: ErrDoubleFree, Wanted: memapi.Bytes(b.size)}
 	}
 	if pendingNow {
-		p.mu.Lock()
-		p.unuse(b)
-		p.pending = append(p.pending, b)
-		if b.slab == nil {
-			p.c.largeFrees++
-		} else {
-			p.countSmallFree()
-		}
-		p.mu.Unlock()
+		p.freePending(b)
 		return nil
 	}
 	b.reset()
 	if b.slab != nil {
-		sh := p.pick()
-		sh.mu.Lock()
-		p.unuse(b)
-		sh.frees++
-		l := &sh.lists[b.slab.class]
-		l.push(b)
-		if l.n <= shardMax(b.slab.class) {
-			sh.mu.Unlock()
-			p.unpick(sh)
-			return nil
+		if sh := p.freeToShard(b); sh != nil {
+			p.spill(sh, b.slab.class)
 		}
-		sh.mu.Unlock()
-		p.mu.Lock()
-		sh.mu.Lock()
-		for l.n > (shardMax(b.slab.class)+1)/2 {
-			p.depotPutLocked(l.pop())
-		}
-		sh.mu.Unlock()
-		p.mu.Unlock()
-		p.unpick(sh)
 		return nil
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.unuse(b)
 	p.c.largeFrees++
-	p.arena.give(b.ch)
-	p.mu.Unlock()
+	p.giveLocked(b.ch)
 	return nil
+}
+
+// freePending puts a block freed behind unfinished fences on the pending
+// list.
+func (p *Pool) freePending(b *block) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unuse(b)
+	p.pending = append(p.pending, b)
+	if b.slab == nil {
+		p.c.largeFrees++
+	} else {
+		p.countSmallFree()
+	}
+}
+
+// freeToShard pushes a free small block on the caller's shard; it returns
+// the shard when that is now over its bound (the caller spills it).
+func (p *Pool) freeToShard(b *block) *shard {
+	sh := p.pick()
+	defer p.unpick(sh)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	p.unuse(b)
+	sh.frees++
+	l := &sh.lists[b.slab.class]
+	l.push(b)
+	if l.n <= shardMax(b.slab.class) {
+		return nil
+	}
+	return sh
+}
+
+// spill moves half of a full shard list of class c to the depot.
+func (p *Pool) spill(sh *shard, c int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l := &sh.lists[c]
+	for l.n > (shardMax(c)+1)/2 {
+		p.depotPutLocked(l.pop())
+	}
 }
 
 func (p *Pool) countSmallFree() {
 	sh := p.pick()
+	defer p.unpick(sh)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	sh.frees++
-	sh.mu.Unlock()
-	p.unpick(sh)
 }
 
 func (p *Pool) unuse(b *block) {
@@ -435,37 +531,47 @@ func (p *Pool) takePendingLocked(c int, s memapi.Stream) *block {
 }
 
 // sweepLocked moves pending blocks whose fences all completed to the cache.
+// Fences are the caller's code (Done may panic): the list is consistent
+// after every block, so a panic loses or duplicates nothing.
 func (p *Pool) sweepLocked() {
-	if len(p.pending) == 0 {
-		return
-	}
-	kept := p.pending[:0]
-	for _, b := range p.pending {
+	for i := 0; i < len(p.pending); {
+		b := p.pending[i]
 		if !b.done() {
-			kept = append(kept, b)
+			i++
 			continue
 		}
+		last := len(p.pending) - 1
+		p.pending[i] = p.pending[last]
+		p.pending[last] = nil
+		p.pending = p.pending[:last]
 		gen, _ := b.unpack()
 		b.word.Store(pack(gen, ep.Released))
 		b.reset()
 		if b.slab != nil {
 			p.depotPutLocked(b)
 		} else {
-			p.arena.give(b.ch)
+			p.giveLocked(b.ch)
 		}
 	}
-	clear(p.pending[len(kept):])
-	p.pending = kept
 }
 
 // Close releases every segment, behind the fences of pending blocks. It
 // fails with memapi.ErrInUse, changing nothing, while blocks are in use.
 // It is idempotent.
 func (p *Pool) Close() error {
+	err, closed := p.closeLocked()
+	if closed {
+		// Closed before: retry the releases that failed.
+		return p.retryReleases(context.Background())
+	}
+	return err
+}
+
+func (p *Pool) closeLocked() (err error, wasClosed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
-		return nil
+		return nil, true
 	}
 	p.closed.Store(true)
 	for i := range p.shards {
@@ -477,7 +583,7 @@ func (p *Pool) Close() error {
 	}
 	if inUse != 0 {
 		p.closed.Store(false)
-		return &memapi.Error{Op: "pool.Close", Kind: memapi.ErrInUse, Wanted: memapi.Bytes(inUse), Detail: "blocks still in use"}
+		return &memapi.Error{Op: "pool.Close", Kind: memapi.ErrInUse, Wanted: memapi.Bytes(inUse), Detail: "blocks still in use"}, false
 	}
 	fences := map[*segment][]memapi.Fence{}
 	for _, b := range p.pending {
@@ -493,16 +599,20 @@ func (p *Pool) Close() error {
 			errs = append(errs, seg.owned().RecordUse(f))
 		}
 		errs = append(errs, seg.owned().Close())
+		if seg.buf != nil {
+			p.released = append(p.released, seg.buf)
+		}
 		p.c.segFrees++
 	}
-	p.region, p.rseg = nil, nil
+	// p.region stays: its release may fail and be retried (release.go).
+	p.rseg = nil
 	clear(p.segs)
-	p.held, p.pending, p.arena.free = 0, nil, nil
+	p.held, p.pending, p.arena.free, p.hugeFree = 0, nil, nil, nil
 	p.depot = [numClasses]freeList{}
 	for i := range p.shards {
 		p.shards[i].lists = [numClasses]freeList{}
 	}
-	return errors.Join(errs...)
+	return errors.Join(errs...), false
 }
 
 func (b *block) segment() *segment {

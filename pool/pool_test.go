@@ -87,6 +87,7 @@ func TestStreamOrderedReuse(t *testing.T) {
 	require.Equal(t, ep.Pending, b.State())
 	st := e.p.Stats()
 	require.Equal(t, memapi.Bytes(4096), st.Pending)
+	e.checkLedger(t) // a pending block is cached, not in use
 
 	// Another stream gets other memory however many it asks for.
 	var others []pool.Block
@@ -141,4 +142,43 @@ func TestPendingSegmentWaitsForFence(t *testing.T) {
 	e.drain(t)
 	require.Zero(t, e.m.UsedBytes())
 	require.Zero(t, e.holder("pool").Charged)
+}
+
+// TestStreamUseForbidsOwnStream: a block whose fences include another
+// stream's work (RecordStreamUse) is not reused even on its own stream
+// before they complete, then is.
+func TestStreamUseForbidsOwnStream(t *testing.T) {
+	e := setup(t, 1<<30, pool.Options{})
+	e.fctx.SetManualFences(true)
+	ctx := context.Background()
+	s1, err := e.fctx.NewStream()
+	require.NoError(t, err)
+	s2, err := e.fctx.NewStream()
+	require.NoError(t, err)
+	defer s1.Close()
+	defer s2.Close()
+	b, err := e.p.Alloc(ctx, 4096, s1)
+	require.NoError(t, err)
+	own, err := s1.Record()
+	require.NoError(t, err)
+	other, err := s2.Record()
+	require.NoError(t, err)
+	require.NoError(t, b.RecordUse(own))
+	require.NoError(t, b.RecordStreamUse(other))
+	require.NoError(t, b.Free())
+	var mine []pool.Block
+	for range 4000 {
+		o, err := e.p.Alloc(ctx, 4096, s1)
+		require.NoError(t, err)
+		require.NotEqual(t, b.Addr(), o.Addr(), "reused on its own stream before the other stream's fence")
+		mine = append(mine, o)
+	}
+	require.Zero(t, e.p.Stats().StreamReuse)
+	freeAll(t, mine)
+	e.fctx.CompleteAll()
+	n, err := e.p.Trim(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, n)
+	s := e.checkLedger(t)
+	require.Zero(t, s.Pending)
 }

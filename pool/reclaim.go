@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -29,68 +30,87 @@ func (p *Pool) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, er
 func (p *Pool) Trim(ctx context.Context) (memapi.Bytes, error) { return p.trim(ctx, math.MaxUint64) }
 
 func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
+	rerr := p.retryReleases(ctx)
+	out, freed, closed := p.trimLocked(wanted)
+	if closed {
+		return 0, rerr
+	}
+	errs := []error{rerr}
+	for _, s := range out {
+		errs = append(errs, s.buf.Close())
+	}
+	if p.opts.Backing == BackingRegion && freed < wanted {
+		n, err := p.regionTrim(ctx, wanted-freed)
+		freed += n
+		errs = append(errs, err)
+	}
+	if freed > 0 {
+		p.countReclaim(freed)
+	}
+	return memapi.Bytes(freed), errors.Join(errs...)
+}
+
+func (p *Pool) countReclaim(freed uint64) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.c.reclaims++
+	p.c.reclaimed += freed
+}
+
+// trimLocked gathers the cache under mu and, with BackingSegments, takes
+// wholly free segments (largest first: the fewest releases for the bytes
+// asked) out of the pool until wanted bytes; the caller closes them.
+func (p *Pool) trimLocked(wanted uint64) (out []*segment, freed uint64, closed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.closed.Load() {
-		p.mu.Unlock()
-		return 0, nil
+		return nil, 0, true
 	}
 	p.sweepLocked()
 	p.flushShardsLocked()
 	p.freeSlabsLocked()
-	if p.opts.Backing == BackingRegion {
-		p.mu.Unlock()
-		n, err := p.regionTrim(ctx, wanted)
-		return memapi.Bytes(n), err
-	}
 	var segs []*segment
 	for s := range p.segs {
 		if s.wholeFree() {
 			segs = append(segs, s)
 		}
 	}
-	// Largest first: the fewest releases for the bytes asked.
 	slices.SortFunc(segs, func(x, y *segment) int {
 		if x.size != y.size {
-			return int(int64(y.size>>8) - int64(x.size>>8))
+			return cmp.Compare(y.size, x.size)
 		}
-		return int(int64(x.base>>8) - int64(y.base>>8))
+		return cmp.Compare(x.base, y.base)
 	})
-	var freed uint64
-	var out []*segment
 	for _, s := range segs {
 		if freed >= wanted {
 			break
 		}
-		p.arena.remove(s.head)
-		delete(p.segs, s)
-		p.held -= s.size
-		p.c.segFrees++
+		if s.huge {
+			i := slices.Index(p.hugeFree, s.head)
+			p.hugeFree = slices.Delete(p.hugeFree, i, i+1)
+		} else {
+			p.arena.remove(s.head)
+		}
 		freed += s.size
-		out = append(out, s)
+		out = append(out, p.dropSegmentLocked(s))
 	}
-	if freed > 0 {
-		p.c.reclaims++
-		p.c.reclaimed += freed
-	}
-	p.mu.Unlock()
-	var errs []error
-	for _, s := range out {
-		errs = append(errs, s.buf.Close())
-	}
-	return memapi.Bytes(freed), errors.Join(errs...)
+	return out, freed, false
 }
 
 // flushShardsLocked moves every shard's free blocks to the depot.
 func (p *Pool) flushShardsLocked() {
 	for i := range p.shards {
-		sh := &p.shards[i]
-		sh.mu.Lock()
-		for c := range sh.lists {
-			for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
-				p.depotPutLocked(b)
-			}
+		p.flushShardLocked(&p.shards[i])
+	}
+}
+
+func (p *Pool) flushShardLocked(sh *shard) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for c := range sh.lists {
+		for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
+			p.depotPutLocked(b)
 		}
-		sh.mu.Unlock()
 	}
 }
 

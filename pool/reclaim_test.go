@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/pool"
@@ -177,4 +179,60 @@ func TestOwnCacheAskedFirst(t *testing.T) {
 	require.NoError(t, big.Free())
 	require.NoError(t, lease.Refund(8<<20))
 	e.checkLedger(t)
+}
+
+// TestFailedReleaseStaysVisible: a segment release (the mechanism's Free,
+// or the region's Decommit) that fails stays charged, quarantined, in the
+// pool's Stats and the governor's snapshot; the next Trim retries it, and a
+// Close that fails the same way is retried by the next Close.
+func TestFailedReleaseStaysVisible(t *testing.T) {
+	for _, tc := range []struct {
+		backing pool.Backing
+		method  string
+	}{{pool.BackingSegments, "Free"}, {pool.BackingRegion, "Decommit"}} {
+		t.Run(string(tc.backing), func(t *testing.T) {
+			e := setup(t, 1<<30, pool.Options{Backing: tc.backing, SegmentBytes: 4 << 20})
+			ctx := context.Background()
+			freeAll(t, allocAll(t, e.p, 1, 3<<20))
+			before := e.checkLedger(t)
+			require.NotZero(t, before.Segments)
+			e.m.Inject(fakes.Fault{Method: tc.method, Err: memapi.ErrUnavailable})
+			n, err := e.p.Trim(ctx)
+			require.NoError(t, err)
+			require.Equal(t, before.Segments, n)
+			s := e.checkLedger(t)
+			require.Zero(t, s.Segments)
+			require.Equal(t, before.Segments, s.Quarantined, "the failed release is quarantined, visible")
+			require.Equal(t, before.Segments, e.holder("pool").Quarantined)
+
+			// A Trim retries it; failing again, it stays.
+			_, err = e.p.Trim(ctx)
+			if err != nil {
+				require.ErrorIs(t, err, ep.ErrQuarantined)
+			}
+			require.Equal(t, before.Segments, e.checkLedger(t).Quarantined)
+			e.m.ClearFaults()
+			_, err = e.p.Trim(ctx)
+			require.NoError(t, err)
+			s = e.checkLedger(t)
+			require.Zero(t, s.Quarantined, "the retry released it")
+			require.Zero(t, e.m.UsedBytes())
+
+			// Close's own releases fail: still visible; Close again retries.
+			bs := allocAll(t, e.p, 2, 3<<20)
+			freeAll(t, bs)
+			held := e.checkLedger(t).Segments
+			e.m.Inject(fakes.Fault{Method: tc.method, Err: memapi.ErrUnavailable})
+			require.NoError(t, e.p.Close())
+			s = e.checkLedger(t)
+			require.Zero(t, s.Segments)
+			require.Equal(t, held, s.Quarantined)
+			e.m.ClearFaults()
+			require.NoError(t, e.p.Close())
+			s = e.checkLedger(t)
+			require.Zero(t, s.Quarantined)
+			require.Zero(t, e.m.UsedBytes())
+			require.Zero(t, e.holder("pool").Charged)
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
 )
 
 // BackingRegion is one stable growable pmm Region per pool (expandable
@@ -19,30 +20,23 @@ const BackingRegion Backing = "region"
 func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	p.growMu.Lock()
 	defer p.growMu.Unlock()
+	if p.closed.Load() {
+		return errClosed()
+	}
 	if p.region == nil {
 		r, err := p.bind.ReserveVirtual(ctx, p.opts.RegionBytes)
 		if err != nil {
 			return err
 		}
-		p.mu.Lock()
-		p.region = r
-		p.rseg = &segment{reg: r, base: uint64(r.Addr())}
-		p.rseg.head = &chunk{seg: p.rseg, addr: p.rseg.base}
-		p.mu.Unlock()
+		if err := p.adoptRegion(r); err != nil {
+			return errors.Join(err, r.Close())
+		}
 	}
 	r := p.region
-	p.mu.Lock()
-	if p.closed.Load() {
-		p.mu.Unlock()
-		return errClosed()
+	free, old, err := p.regionTail()
+	if err != nil {
+		return err
 	}
-	tail := p.rseg.tail()
-	free := uint64(0)
-	if tail.free {
-		free = tail.size
-	}
-	old := p.rseg.size
-	p.mu.Unlock()
 	if free >= need {
 		return nil // another grow made room meanwhile
 	}
@@ -53,7 +47,7 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 			Available: memapi.Bytes(uint64(r.Cap()) - old), Detail: "the pool's region is full (Options.RegionBytes)"}
 	}
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
-	err := r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
+	err = r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
@@ -68,6 +62,32 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	p.extendLocked(got)
 	p.c.segAllocs++
 	return nil
+}
+
+// adoptRegion makes r the pool's region unless the pool closed meanwhile.
+func (p *Pool) adoptRegion(r *pmm.Region) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return errClosed()
+	}
+	p.region = r
+	p.rseg = &segment{reg: r, base: uint64(r.Addr())}
+	p.rseg.head = &chunk{seg: p.rseg, addr: p.rseg.base}
+	return nil
+}
+
+// regionTail returns the bytes free at the region's end and its length.
+func (p *Pool) regionTail() (free, size uint64, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() || p.rseg == nil {
+		return 0, 0, errClosed()
+	}
+	if t := p.rseg.tail(); t.free {
+		free = t.size
+	}
+	return free, p.rseg.size, nil
 }
 
 // extendLocked makes the region's arena segment size bytes long, the new
@@ -100,27 +120,17 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 		return 0, nil
 	}
 	defer p.growMu.Unlock()
-	r := p.region
-	if r == nil {
-		return 0, nil
-	}
-	gran := uint64(r.Granularity())
-	p.mu.Lock()
-	t := p.rseg.tail()
-	if !t.free || p.closed.Load() {
-		p.mu.Unlock()
-		return 0, nil
-	}
-	keep := (t.addr - p.rseg.base + gran - 1) / gran * gran
-	old := p.rseg.size
-	p.mu.Unlock()
-	if keep >= old {
+	r, keep, old, ok := p.freeTail()
+	if !ok {
 		return 0, nil
 	}
 	var freed uint64
 	err := r.Shrink(ctx, memapi.Bytes(keep), func(memapi.Bytes) error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.rseg == nil {
+			return errTailTaken // Close came meanwhile; the region's release has the range
+		}
 		t := p.rseg.tail()
 		if !t.free || t.addr > p.rseg.base+keep || p.rseg.size != old {
 			return errTailTaken
@@ -143,13 +153,25 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 	if errors.Is(err, errTailTaken) {
 		return 0, nil
 	}
-	if freed > 0 {
-		p.mu.Lock()
-		p.c.reclaims++
-		p.c.reclaimed += freed
-		p.mu.Unlock()
-	}
 	return freed, err
+}
+
+// freeTail returns the region, the length it would keep without its free
+// tail (rounded up to its granularity) and its length now; ok is false when
+// there is no free tail to give.
+func (p *Pool) freeTail() (r *pmm.Region, keep, old uint64, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() || p.rseg == nil {
+		return nil, 0, 0, false
+	}
+	t := p.rseg.tail()
+	if !t.free {
+		return nil, 0, 0, false
+	}
+	gran := uint64(p.region.Granularity())
+	keep = (t.addr - p.rseg.base + gran - 1) / gran * gran
+	return p.region, keep, p.rseg.size, keep < p.rseg.size
 }
 
 var errTailTaken = errors.New("pool: the free tail was taken meanwhile")

@@ -15,6 +15,11 @@ type Stats struct {
 	Cached    memapi.Bytes // bytes held and not in use: free chunks, free slab blocks, pending blocks
 	Pending   memapi.Bytes // of Cached: blocks freed behind fences not yet complete
 	Segments  memapi.Bytes // bytes held from the binding (reserved_bytes, TotalAllocated)
+	// Quarantined is backing the pool gave back whose release failed:
+	// not in Segments, still charged to the pool's holder (as quarantined)
+	// and held by the mechanism, retried by the next Trim, Reclaim or
+	// Close (release.go).
+	Quarantined memapi.Bytes
 
 	PeakInUse     memapi.Bytes // MaxInUse
 	PeakRequested memapi.Bytes
@@ -86,6 +91,9 @@ func (p *Pool) Stats() Stats {
 		StreamReuse:   p.c.streamReuse,
 	}
 	cached := p.arena.freeBytes()
+	for _, c := range p.hugeFree {
+		cached += c.size
+	}
 	for c := range p.depot {
 		cached += uint64(p.depot[c].n) * classSize[c]
 	}
@@ -101,6 +109,7 @@ func (p *Pool) Stats() Stats {
 		s.Pending += memapi.Bytes(b.size)
 	}
 	s.Cached = memapi.Bytes(cached) + s.Pending
+	s.Quarantined = memapi.Bytes(p.quarantinedLocked())
 	return s
 }
 

@@ -1,0 +1,75 @@
+package pool
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/pmm"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStealFromIdleShards: free blocks that another shard keeps (its P went
+// quiet, or a GC dropped the hint that led back to it) are taken before a
+// new slab is carved.
+func TestStealFromIdleShards(t *testing.T) {
+	const a = memapi.AuthorityID("dev")
+	m := fakes.NewMechanism(fakes.Config{Authority: a, Offers: memapi.Of(memapi.CapDeviceAllocator)})
+	ectx := ep.NewContext(fakes.NewContext(m), ep.Options{})
+	g := governor.New(governor.Options{})
+	require.NoError(t, g.AddAuthority(a, 1<<30))
+	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
+	require.NoError(t, mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: a}))
+	b, err := mgr.Bind("pool", "workspace", dev)
+	require.NoError(t, err)
+	p, err := New(b, Options{})
+	require.NoError(t, err)
+	require.NoError(t, g.Register("pool", p, governor.HolderOptions{Cache: true}))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, p.Close())
+		require.NoError(t, mgr.Close(ctx))
+		require.NoError(t, ectx.Close(ctx, true))
+		require.NoError(t, g.Close())
+	}()
+	ctx := context.Background()
+	const size = 4096
+	c := classOf(size)
+	k := slabCount(c, uint64(p.opts.SlabBytes))
+	var blocks []Block
+	for range k { // one whole slab
+		blk, err := p.Alloc(ctx, size, nil)
+		require.NoError(t, err)
+		blocks = append(blocks, blk)
+	}
+	for _, blk := range blocks {
+		require.NoError(t, blk.Free())
+	}
+	require.Equal(t, uint64(1), p.Stats().Slabs)
+	// Every free block of the class to the last shard, nothing in the
+	// depot, and the caller's hint naming the first.
+	func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.flushShardsLocked()
+		last := &p.shards[len(p.shards)-1]
+		for b := p.depot[c].pop(); b != nil; b = p.depot[c].pop() {
+			last.lists[c].push(b)
+		}
+	}()
+	require.Greater(t, len(p.shards), 1)
+	for range k {
+		p.hint.Put(&p.shards[0])
+		blk, err := p.Alloc(ctx, size, nil)
+		require.NoError(t, err)
+		blocks = append(blocks[:0], blk)
+		require.NoError(t, blk.Free())
+	}
+	require.Equal(t, uint64(1), p.Stats().Slabs, "the idle shard's blocks were used, no new slab")
+}
