@@ -79,7 +79,7 @@ func (r *Region) Decommit(ctx context.Context, rng memapi.Range) error {
 	s.shrinks = append(s.shrinks, c)
 	s.mu.Unlock()
 	done = c
-	return s.d.ctx.Queue().Enqueue(ep.Release{
+	err = s.d.ctx.Queue().Enqueue(ep.Release{
 		Name:   fmt.Sprintf("decommit of [%#x, +%#x) in region %#x", rng.Off, rng.Len, s.res.Addr()),
 		Fences: s.lc.Pending(),
 		Done:   c,
@@ -89,6 +89,19 @@ func (r *Region) Decommit(ctx context.Context, rng memapi.Range) error {
 			return err
 		},
 	})
+	if err != nil {
+		// Not scheduled (a closing queue, which a live region's pin
+		// forbids): the pieces stay charged and visible, for a retry,
+		// and no transaction waits for the release that never runs.
+		s.mu.Lock()
+		s.shrinks = slices.DeleteFunc(s.shrinks, func(x *ep.Completion) bool { return x == c })
+		s.mu.Unlock()
+		done = nil
+		s.quarantine(drop)
+		return &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: rng.Len,
+			Detail: "the decommit could not be scheduled; the range stays charged until a retry removes it", Err: err}
+	}
+	return nil
 }
 
 // cutOut splits the segments that rng covers at its ends and returns the
