@@ -109,8 +109,11 @@ func (p *Pool) coversHolesLocked(ch *chunk) bool {
 func (p *Pool) takeLocked(n uint64) *chunk {
 	a := &p.arena
 	i := a.fit(n)
-	if p.holes.n == 0 || p.rseg == nil || i == len(a.free) {
-		return a.take(n)
+	if i == len(a.free) {
+		return nil
+	}
+	if p.holes.n == 0 || p.rseg == nil {
+		return a.takeAt(i, n, false)
 	}
 	for k := i; k < len(a.free) && k < i+committedFitScan; k++ {
 		c := a.free[k]

@@ -9,7 +9,9 @@ import (
 )
 
 // BackingRegion is one stable growable pmm Region per pool (expandable
-// segments): growth commits at the end, trimming decommits the free tail.
+// segments): growth commits at the end, trimming decommits the free tail,
+// and whole free granules inside it are decommitted and committed again
+// in place (holes.go).
 // Addresses never move. The pool's arena is then one segment whose size is
 // the region's length.
 const BackingRegion Backing = "region"
