@@ -69,16 +69,6 @@ func (a *arena) remove(c *chunk) {
 	c.free = false
 }
 
-// take returns the smallest free chunk of at least n bytes, split so that
-// it is exactly n (the rest stays free), or nil.
-func (a *arena) take(n uint64) *chunk {
-	i := a.fit(n)
-	if i == len(a.free) {
-		return nil
-	}
-	return a.takeAt(i, n, false)
-}
-
 // fit returns the index of the smallest free chunk of at least n bytes
 // (len(a.free) if none).
 func (a *arena) fit(n uint64) int {
@@ -86,8 +76,10 @@ func (a *arena) fit(n uint64) int {
 	return i
 }
 
-// takeAt takes n bytes of the free chunk at index i: its first n bytes,
-// or its last n when fromEnd (the rest stays free).
+// takeAt takes n bytes of the free chunk at index i, split so that the
+// chunk returned is exactly n: its first n bytes, or its last n when
+// fromEnd (the rest stays free). Best fit is takeAt(fit(n), n, false)
+// (Pool.takeLocked).
 func (a *arena) takeAt(i int, n uint64, fromEnd bool) *chunk {
 	c := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)

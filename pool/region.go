@@ -139,6 +139,7 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 // trimTail shrinks the region to the start of its free tail. The caller
 // holds growMu.
 func (p *Pool) trimTail(ctx context.Context) (uint64, error) {
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeLocked) and release.go retries
 	r, keep, old, ok := p.freeTail()
 	if !ok {
 		return 0, nil
