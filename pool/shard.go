@@ -15,6 +15,7 @@ type shard struct {
 	lists  [numClasses]freeList
 	allocs uint64
 	frees  uint64
+	t      tally    // its share of the bytes in use and requested
 	_      [64]byte // keeps shards on their own cache lines
 }
 
