@@ -151,6 +151,12 @@ void memgen_ort_free_call(memgen_ort_allocator *a, void *p) { a->base.Free(&a->b
 
 OrtAllocator *memgen_ort_base(memgen_ort_allocator *a) { return &a->base; }
 
+long memgen_ort_callback_loop(long n) {
+	uintptr_t s = 0;
+	for (long i = 0; i < 2 * n; i++) s += memgenOrtNoop((uintptr_t)i);
+	return (long)(s & 1);
+}
+
 char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *found) {
 	OrtKeyValuePairs *kv = NULL;
 	OrtStatus *st = via_api ? api->AllocatorGetStats(a, &kv) : a->GetStats(a, &kv);

@@ -48,6 +48,10 @@ OrtAllocator *memgen_ort_base(memgen_ort_allocator *a);
 // a NULL, or -1 when an Alloc threw (a refusal).
 long memgen_ort_alloc_free_loop(OrtAllocator *a, size_t size, long n);
 
+// memgen_ort_callback_loop makes 2n cgo callbacks that do nothing (the
+// cost of the two callbacks of one Alloc+Free).
+long memgen_ort_callback_loop(long n);
+
 // GetStats: the number of keys and each key's name (NULL out of range).
 #define MEMGEN_ORT_NSTATS 9
 const char *memgen_ort_stat_key(int i);

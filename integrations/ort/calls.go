@@ -40,6 +40,9 @@ func (o ortAllocator) allocFreeLoop(size, n int) bool {
 	return C.memgen_ort_alloc_free_loop(o.p, C.size_t(size), C.long(n)) == C.long(n)
 }
 
+// callbackLoop makes 2n cgo callbacks into Go that do nothing.
+func callbackLoop(n int) { C.memgen_ort_callback_loop(C.long(n)) }
+
 // statKeys are GetStats' keys, in order.
 var statKeys = func() (k [C.MEMGEN_ORT_NSTATS]string) {
 	for i := range k {

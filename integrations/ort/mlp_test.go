@@ -2,7 +2,6 @@ package ort
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"os"
 	"testing"
@@ -125,9 +124,7 @@ func TestFanSession(t *testing.T) {
 		}
 	}
 	r.audit(t, "after the runs")
-	t.Logf("pool: %s", fmtPool(r.alloc.Pool().Stats()))
+	t.Logf("pool: %+v", r.alloc.Pool().Stats())
 	mem.close()
 	r.auditZero(t, "session closed")
 }
-
-func fmtPool(s interface{ Fragmentation() float64 }) string { return fmt.Sprintf("%+v", s) }
