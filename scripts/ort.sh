@@ -29,8 +29,11 @@
 #                           where it prints FAIL and exits 1.
 #   scripts/ort.sh bench    fetch and build the benchmark model, then the
 #                           module's benchmarks (make ort-bench;
-#                           ORT_BENCHTIME for the inference, default 10x;
-#                           ORT_ALLOC_BENCHTIME for Alloc+Free, default 20000x)
+#                           ORT_BENCHTIME for the MLP inference, default 10x;
+#                           ORT_FAN_BENCHTIME for the fan-out inference,
+#                           default 20x; ORT_ALLOC_BENCHTIME for Alloc+Free,
+#                           default 20000x; ORT_BENCHCOUNT runs of the last
+#                           two, default 3)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
@@ -73,7 +76,8 @@ test | bench)
 		exec go test -race -count=1 ./...
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
-	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count 1 .
+	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .
+	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
 	;;
 *) die "usage: $0 [fetch|fetch-bench|test|bench]" ;;
 esac

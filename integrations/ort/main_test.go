@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -160,7 +161,11 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 		if err := a.Close(); err != nil {
 			t.Error(err)
 		}
-		if err := ectx.Close(context.Background(), true); err != nil {
+		// Bounded: a test that failed with blocks still live must not hang
+		// here waiting for them.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ectx.Close(ctx, true); err != nil {
 			t.Error(err)
 		}
 		if err := g.Close(); err != nil {

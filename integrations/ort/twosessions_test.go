@@ -34,7 +34,8 @@ func holderFigures(g *governor.Governor, id governor.HolderID) (charged, pending
 // sessions have run, the budget is cut to what is charged plus 2 MiB; the
 // third holder's Reserve of most of what the two pools cache succeeds,
 // because the governor asks the caches first and the pools give their free
-// segments back. Runs under the tight budget either succeed exactly or fail
+// segments back; a fourth holder, of lower priority, whose data could be
+// evicted, is not asked. Runs under the tight budget either succeed exactly or fail
 // with ONNX Runtime's allocation status. At every quiescent point the
 // ledger is exact: each holder's charge is its pool's segments plus its
 // reserved buffers (the third's, its buffer), their sum is the mechanism's
@@ -49,7 +50,8 @@ func holderFigures(g *governor.Governor, id governor.HolderID) (charged, pending
 // that each session's runs reach its own allocator only.
 func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 	needFan(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure must not hang the closes
+	defer cancel()
 	g := governor.New(governor.Options{})
 	if err := g.AddAuthority(hostAuth, 1<<30); err != nil {
 		t.Fatal(err)
@@ -122,6 +124,31 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 	if err := g.Register("kv", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }), governor.HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A holder of data it can evict (say, offloadable weights), of lower
+	// priority than everyone: the governor would ask it first if the
+	// pools' caches were not caches (HolderOptions.Cache), and it must not
+	// be asked while they cover the shortfall.
+	wBind, err := mgr.Bind("weights", "offload", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var weights *pmm.Buffer
+	var evicted bool
+	if err := g.Register("weights", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) {
+		if evicted {
+			return 0, nil
+		}
+		evicted = true
+		n := weights.Size()
+		return n, weights.Close()
+	}), governor.HolderOptions{Priority: -1}); err != nil {
+		t.Fatal(err)
+	}
+	weights, err = wBind.Allocate(ctx, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weightsHeld := weights.Size()
 
 	// audit checks the ledger at a quiescent point and returns the total
 	// charge.
@@ -152,6 +179,14 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 			t.Errorf("%s: kv charged %d pending %d, holds %d", what, charged, pending, kvHeld)
 		}
 		sum += kvHeld
+		wantW := weightsHeld
+		if evicted {
+			wantW = 0
+		}
+		if charged, pending := holderFigures(g, "weights"); charged != wantW || pending != 0 {
+			t.Errorf("%s: weights charged %d pending %d, holds %d", what, charged, pending, wantW)
+		}
+		sum += wantW
 		if !s.Balanced() || s.Charged != sum || s.Pending != 0 || s.Reserved != 0 || used != s.Charged || kern != used {
 			t.Errorf("%s: authority charged %d (holders %d) pending %d reserved %d balanced %v; mechanism %d, kernel %d",
 				what, s.Charged, sum, s.Pending, s.Reserved, s.Balanced(), used, kern)
@@ -189,14 +224,17 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := cachedA + cachedB - 4<<20
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 	kv, err := kvBind.Allocate(rctx, want)
-	cancel()
+	rcancel()
 	if err != nil {
 		t.Fatalf("kv's Reserve of %d bytes with %d cached in the pools: %v", want, cachedA+cachedB, err)
 	}
 	kvHeld = kv.Size()
 	audit("kv holds its buffer")
+	if evicted {
+		t.Error("the evictable weights were asked before the pools' caches")
+	}
 	ra, rb := a.Pool().Stats(), b.Pool().Stats()
 	if ra.Reclaimed+rb.Reclaimed < want-2<<20 || ra.Reclaims+rb.Reclaims == 0 {
 		t.Errorf("the pools gave back %d and %d bytes (%d and %d reclaims), want at least %d between them",
@@ -235,6 +273,12 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	kvHeld = 0
+	if !evicted {
+		if err := weights.Close(); err != nil {
+			t.Fatal(err)
+		}
+		weightsHeld = 0
+	}
 	s1.close()
 	s2.close()
 	audit("sessions destroyed")
