@@ -77,6 +77,7 @@ void memgen_ort_release_allocator(OrtAllocator *a);
 // (MEMGEN_ORT_*); threads > 0 sets the intra-op threads.
 #define MEMGEN_ORT_ENV_ALLOCATORS 1    // session.use_env_allocators = 1
 #define MEMGEN_ORT_NO_MEM_PATTERN 2    // DisableMemPattern: every run allocates its intermediates
+#define MEMGEN_ORT_PARALLEL 4          // ORT_PARALLEL with 2 inter-op threads: nodes (and their allocations) on ONNX Runtime's own threads
 char *memgen_ort_session_new(const char *path, int flags, int threads, OrtSession **out);
 void memgen_ort_session_free(OrtSession *s);
 char *memgen_ort_session_count(OrtSession *s, int outputs, size_t *n);

@@ -87,15 +87,27 @@ func fanInput(batch int) tensor {
 
 // TestFanSession runs the fan model with memory patterns off and a batch
 // that changes every run, through the memgen allocator and through ONNX
-// Runtime's own arena: the same outputs, more than fanBranches allocations
-// through the pool every run, the ledger exact once the session closes.
+// Runtime's own arena, with the sequential and the parallel executor: the
+// same outputs, more than fanBranches allocations through the pool every
+// run, the ledger exact once the session closes.
 func TestFanSession(t *testing.T) {
+	t.Run("sequential", func(t *testing.T) { fanSession(t, 0) })
+	// The parallel executor runs the branches on its inter-op thread pool
+	// (2 threads: the caller's and one of ONNX Runtime's own), which call
+	// Alloc and Free concurrently.
+	t.Run("parallel", func(t *testing.T) { fanSession(t, sessParallel) })
+}
+
+func fanSession(t *testing.T, flags int) {
 	needFan(t)
 	r := newRig(t, 1<<30, Options{})
-	if rec != nil {
+	if rec != nil && flags == 0 {
 		rec.mark("fan128dyn/no-mem-pattern")
 	}
-	mem, err := newSessionWith(fanModel, sessEnvAllocators|sessNoMemPattern, 1)
+	if rec != nil && flags != 0 {
+		r.alloc.observe = nil // the trace is the sequential order
+	}
+	mem, err := newSessionWith(fanModel, sessEnvAllocators|sessNoMemPattern|flags, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,6 +89,7 @@ func newSession(path string, useEnv bool, threads int) (*session, error) {
 const (
 	sessEnvAllocators = C.MEMGEN_ORT_ENV_ALLOCATORS // session.use_env_allocators = 1
 	sessNoMemPattern  = C.MEMGEN_ORT_NO_MEM_PATTERN // memory patterns off: every run allocates
+	sessParallel      = C.MEMGEN_ORT_PARALLEL       // nodes run on ONNX Runtime's inter-op threads
 )
 
 // newSessionWith is newSession with the options in flags (sess*).

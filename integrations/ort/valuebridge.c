@@ -33,6 +33,8 @@ char *memgen_ort_session_new(const char *path, int flags, int threads, OrtSessio
 	if (!st && (flags & MEMGEN_ORT_ENV_ALLOCATORS)) st = api->AddSessionConfigEntry(o, "session.use_env_allocators", "1");
 	if (!st && threads > 0) st = api->SetIntraOpNumThreads(o, threads);
 	if (!st && (flags & MEMGEN_ORT_NO_MEM_PATTERN)) st = api->DisableMemPattern(o);
+	if (!st && (flags & MEMGEN_ORT_PARALLEL)) st = api->SetSessionExecutionMode(o, ORT_PARALLEL);
+	if (!st && (flags & MEMGEN_ORT_PARALLEL)) st = api->SetInterOpNumThreads(o, 2);
 	if (!st) st = api->CreateSession(env, path, o, out);
 	if (o) api->ReleaseSessionOptions(o);
 	api->ReleaseEnv(env);
