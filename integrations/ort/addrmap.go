@@ -29,45 +29,110 @@ func (h held) size() int64 {
 
 // addrMap maps the address ONNX Runtime holds to what stands behind it, so
 // that Free finds it in O(1). It is sharded by address to keep Alloc and
-// Free on different threads off one lock. Its values are plain structs (a
-// pool.Block is a value), so a put costs no heap allocation once a shard's
-// map has grown to the number of blocks live at once.
+// Free on different threads off one lock; each shard is an open-addressing
+// table (linear probing, backward-shift deletion: no tombstones), whose
+// values are plain structs (a pool.Block is a value), so a put costs no
+// heap allocation once a shard has grown to the blocks live in it at once.
 type addrMap struct {
 	shards [addrShards]addrShard
 }
 
 type addrShard struct {
-	mu sync.Mutex
-	m  map[uint64]held
-	_  [40]byte // keep shards on separate cache lines
+	mu    sync.Mutex
+	slots []addrSlot // a power of two long; addr 0 marks an empty slot
+	n     int
+	_     [32]byte // keep shards on separate cache lines
 }
 
-func shardOf(addr uint64) int {
-	// Blocks are 256-byte aligned: drop the alignment bits, then mix
-	// (Fibonacci hashing) so neighbouring blocks land on different shards.
-	return int(((addr >> 8) * 0x9E3779B97F4A7C15) >> (64 - 6))
+type addrSlot struct {
+	addr uint64
+	h    held
 }
 
+// mix spreads an address (256-byte aligned: the low bits carry nothing)
+// over 64 bits (Fibonacci hashing); its top bits pick the shard, the next
+// ones the slot.
+func mix(addr uint64) uint64 { return (addr >> 8) * 0x9E3779B97F4A7C15 }
+
+func shardOf(addr uint64) int { return int(mix(addr) >> (64 - 6)) }
+
+func (s *addrShard) home(addr uint64) int {
+	return int((mix(addr) << 6) >> (64 - bitsOf(len(s.slots))))
+}
+
+// bitsOf returns log2(n) for a power of two n.
+func bitsOf(n int) int {
+	b := 0
+	for 1<<b < n {
+		b++
+	}
+	return b
+}
+
+// put records h at addr (not present: every address is put once between
+// takes).
 func (m *addrMap) put(addr uint64, h held) {
 	s := &m.shards[shardOf(addr)]
 	s.mu.Lock()
-	if s.m == nil {
-		s.m = make(map[uint64]held)
+	if 2*(s.n+1) > len(s.slots) { // at most half full
+		s.grow()
 	}
-	s.m[addr] = h
+	s.insert(addr, h)
+	s.n++
 	s.mu.Unlock()
+}
+
+func (s *addrShard) insert(addr uint64, h held) {
+	mask := len(s.slots) - 1
+	i := s.home(addr)
+	for s.slots[i].addr != 0 {
+		i = (i + 1) & mask
+	}
+	s.slots[i] = addrSlot{addr: addr, h: h}
+}
+
+func (s *addrShard) grow() {
+	old := s.slots
+	s.slots = make([]addrSlot, max(16, 2*len(old)))
+	for _, e := range old {
+		if e.addr != 0 {
+			s.insert(e.addr, e.h)
+		}
+	}
 }
 
 // take removes and returns what stands at addr; false when nothing does.
 func (m *addrMap) take(addr uint64) (held, bool) {
+	if addr == 0 {
+		return held{}, false
+	}
 	s := &m.shards[shardOf(addr)]
 	s.mu.Lock()
-	h, ok := s.m[addr]
-	if ok {
-		delete(s.m, addr)
+	defer s.mu.Unlock()
+	if len(s.slots) == 0 {
+		return held{}, false
 	}
-	s.mu.Unlock()
-	return h, ok
+	mask := len(s.slots) - 1
+	i := s.home(addr)
+	for s.slots[i].addr != addr {
+		if s.slots[i].addr == 0 {
+			return held{}, false
+		}
+		i = (i + 1) & mask
+	}
+	h := s.slots[i].h
+	// Backward-shift deletion: move later entries of the probe run into
+	// the hole when their home does not lie after it.
+	for j := (i + 1) & mask; s.slots[j].addr != 0; j = (j + 1) & mask {
+		k := s.home(s.slots[j].addr)
+		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+			s.slots[i] = s.slots[j]
+			i = j
+		}
+	}
+	s.slots[i] = addrSlot{}
+	s.n--
+	return h, true
 }
 
 // len counts the addresses in the map.
@@ -76,7 +141,7 @@ func (m *addrMap) len() int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		n += s.n
 		s.mu.Unlock()
 	}
 	return n
