@@ -40,8 +40,9 @@ type addrMap struct {
 type addrShard struct {
 	mu    sync.Mutex
 	slots []addrSlot // a power of two long; addr 0 marks an empty slot
+	shift uint       // 64 - log2(len(slots))
 	n     int
-	_     [32]byte // keep shards on separate cache lines
+	_     [16]byte // keep shards on separate cache lines (64 bytes each)
 }
 
 type addrSlot struct {
@@ -56,18 +57,7 @@ func mix(addr uint64) uint64 { return (addr >> 8) * 0x9E3779B97F4A7C15 }
 
 func shardOf(addr uint64) int { return int(mix(addr) >> (64 - 6)) }
 
-func (s *addrShard) home(addr uint64) int {
-	return int((mix(addr) << 6) >> (64 - bitsOf(len(s.slots))))
-}
-
-// bitsOf returns log2(n) for a power of two n.
-func bitsOf(n int) int {
-	b := 0
-	for 1<<b < n {
-		b++
-	}
-	return b
-}
+func (s *addrShard) home(addr uint64) int { return int((mix(addr) << 6) >> s.shift) }
 
 // put records h at addr (not present: every address is put once between
 // takes).
@@ -93,7 +83,12 @@ func (s *addrShard) insert(addr uint64, h held) {
 
 func (s *addrShard) grow() {
 	old := s.slots
-	s.slots = make([]addrSlot, max(16, 2*len(old)))
+	n := max(16, 2*len(old))
+	s.slots = make([]addrSlot, n)
+	s.shift = 64
+	for 1<<(64-s.shift) < n {
+		s.shift--
+	}
 	for _, e := range old {
 		if e.addr != 0 {
 			s.insert(e.addr, e.h)
