@@ -42,7 +42,10 @@ type addrShard struct {
 	slots []addrSlot // a power of two long; addr 0 marks an empty slot
 	shift uint       // 64 - log2(len(slots))
 	n     int
-	_     [16]byte // keep shards on separate cache lines (64 bytes each)
+	// What went through the shard: counted under its lock, so that the
+	// hot path pays no atomic add for the allocator's counters.
+	allocs, reserves, frees uint64
+	_                       [56]byte // keep shards on separate cache lines (128 bytes each)
 }
 
 type addrSlot struct {
@@ -69,6 +72,25 @@ func (m *addrMap) put(addr uint64, h held) {
 	}
 	s.insert(addr, h)
 	s.n++
+	if h.buf != nil {
+		s.reserves++
+	} else {
+		s.allocs++
+	}
+	s.mu.Unlock()
+}
+
+// unfree puts back what take took, for a Free that failed: it is counted
+// neither as a new allocation nor as a free.
+func (m *addrMap) unfree(addr uint64, h held) {
+	s := &m.shards[shardOf(addr)]
+	s.mu.Lock()
+	if 2*(s.n+1) > len(s.slots) {
+		s.grow()
+	}
+	s.insert(addr, h)
+	s.n++
+	s.frees--
 	s.mu.Unlock()
 }
 
@@ -127,17 +149,28 @@ func (m *addrMap) take(addr uint64) (held, bool) {
 	}
 	s.slots[i] = addrSlot{}
 	s.n--
+	s.frees++
 	return h, true
 }
 
 // len counts the addresses in the map.
-func (m *addrMap) len() int {
-	n := 0
+func (m *addrMap) len() int { return m.counts().live }
+
+type mapCounts struct {
+	live                    int
+	allocs, reserves, frees uint64
+}
+
+// counts sums the shards' figures.
+func (m *addrMap) counts() (c mapCounts) {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += s.n
+		c.live += s.n
+		c.allocs += s.allocs
+		c.reserves += s.reserves
+		c.frees += s.frees
 		s.mu.Unlock()
 	}
-	return n
+	return c
 }

@@ -77,7 +77,7 @@ type Allocator struct {
 	c    *C.memgen_ort_allocator
 	live addrMap
 
-	allocs, reserves, frees, refused, freeErrors atomic.Uint64
+	refused, freeErrors                          atomic.Uint64 // (allocs, reserves and frees are counted in live's shards)
 	liveBytes, reservedBytes, peakBytes, maxSize atomic.Int64
 	lastErr                                      atomic.Pointer[error]
 
@@ -165,13 +165,14 @@ func (a *Allocator) Pool() *pool.Pool { return a.pool }
 
 // Stats returns the allocator's counters.
 func (a *Allocator) Stats() Stats {
+	c := a.live.counts()
 	return Stats{
-		Allocs:        a.allocs.Load(),
-		Reserves:      a.reserves.Load(),
-		Frees:         a.frees.Load(),
+		Allocs:        c.allocs,
+		Reserves:      c.reserves,
+		Frees:         c.frees,
 		Refused:       a.refused.Load(),
 		FreeErrors:    a.freeErrors.Load(),
-		Live:          a.live.len(),
+		Live:          c.live,
 		LiveBytes:     memapi.Bytes(a.liveBytes.Load()),
 		ReservedBytes: memapi.Bytes(a.reservedBytes.Load()),
 		PeakBytes:     memapi.Bytes(a.peakBytes.Load()),
@@ -221,7 +222,7 @@ func (a *Allocator) alloc(size uint64) (uint64, error) {
 		return 0, err
 	}
 	addr := uint64(blk.Addr())
-	a.hold(addr, size, held{blk: blk}, &a.allocs)
+	a.hold(addr, size, held{blk: blk})
 	return addr, nil
 }
 
@@ -255,15 +256,14 @@ func (a *Allocator) reserve(size uint64) (uint64, error) {
 	}
 	addr := uint64(buf.Addr())
 	a.reservedBytes.Add(int64(buf.Size()))
-	a.hold(addr, size, held{buf: buf}, &a.reserves)
+	a.hold(addr, size, held{buf: buf})
 	return addr, nil
 }
 
-func (a *Allocator) hold(addr, size uint64, h held, counter *atomic.Uint64) {
+func (a *Allocator) hold(addr, size uint64, h held) {
 	a.live.put(addr, h)
 	raise(&a.maxSize, int64(size))
 	raise(&a.peakBytes, a.liveBytes.Add(h.size()))
-	counter.Add(1)
 }
 
 // free serves OrtAllocator::Free: the block is found from the address and
@@ -287,7 +287,7 @@ func (a *Allocator) free(addr uint64) {
 		err = h.blk.Free()
 	}
 	if err != nil {
-		a.live.put(addr, h) // still held: a later Free may succeed
+		a.live.unfree(addr, h) // still held: a later Free may succeed
 		a.fail(fmt.Errorf("%s of %#x: %w", op, addr, err), &a.freeErrors)
 		return
 	}
@@ -295,7 +295,6 @@ func (a *Allocator) free(addr uint64) {
 		a.reservedBytes.Add(-size)
 	}
 	a.liveBytes.Add(-size)
-	a.frees.Add(1)
 }
 
 // Unregister takes the allocator out of the ONNX Runtime environment
