@@ -60,7 +60,6 @@ type Pool struct {
 
 	shards []shard
 	mask   uint32
-	hint   sync.Pool // *shard: the shard of the caller's P (pick)
 	closed atomic.Bool
 
 	// The bytes in use and requested are the shards' tallies (tally.go);
@@ -130,8 +129,8 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	if opts.HugeBytes == 0 {
 		opts.HugeBytes = 8 << 20
 	}
-	n := 1
-	for n < 4*runtime.GOMAXPROCS(0) && n < 64 {
+	n := 1 // a shard per P (pick), for every P the machine can run at once
+	for n < max(runtime.GOMAXPROCS(0), runtime.NumCPU()) && n < 64 {
 		n *= 2
 	}
 	return &Pool{bind: b, opts: opts, shards: make([]shard, n), mask: uint32(n - 1), segs: map[*segment]struct{}{}}, nil
@@ -181,7 +180,6 @@ const (
 // a runtime error) never leaves a lock held.
 func (p *Pool) allocShard(c int, n uint64, s memapi.Stream) (h Block, res int, err error) {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if p.closed.Load() {
@@ -267,7 +265,6 @@ func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64
 // to the caller's shard and counts the caller's alloc there.
 func (p *Pool) refillLocked(c int) {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
@@ -278,7 +275,7 @@ func (p *Pool) refillLocked(c int) {
 
 // stealLocked moves the free blocks of class c that other shards keep to
 // the depot, before a new slab is carved: a shard whose P stopped calling
-// (or whose hint a garbage collection dropped) would otherwise strand them
+// (or that a goroutine left for another P) would otherwise strand them
 // until the pool next compacts, and the new slab would add to the peak.
 func (p *Pool) stealLocked(c int) bool {
 	for i := range p.shards {
@@ -308,7 +305,6 @@ func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
 
 func (p *Pool) countSmallAlloc() {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.allocs++
@@ -513,7 +509,6 @@ func (p *Pool) freePending(b *block) {
 // the shard when that is now over its bound (the caller spills it).
 func (p *Pool) freeToShard(b *block) *shard {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.t.sub(b.size, b.req)
@@ -540,7 +535,6 @@ func (p *Pool) spill(sh *shard, c int) {
 
 func (p *Pool) countSmallFree() {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.frees++

@@ -94,7 +94,6 @@ func (p *Pool) count(b *block, n uint64) {
 // countShard adds to the caller's shard if that stays under its caps.
 func (p *Pool) countShard(size, n uint64) bool {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if !sh.t.fits(size, n) {
@@ -108,7 +107,6 @@ func (p *Pool) countShard(size, n uint64) bool {
 // without locking it (every shard is locked already).
 func (p *Pool) syncShard() *shard {
 	sh := p.pick()
-	p.unpick(sh)
 	return sh
 }
 
@@ -116,7 +114,6 @@ func (p *Pool) syncShard() *shard {
 // caller holds no shard's lock.
 func (p *Pool) uncount(b *block) {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.t.sub(b.size, b.req)
