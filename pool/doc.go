@@ -6,8 +6,8 @@ and given back when a pressure ticket asks (Reclaim).
 Requests up to SmallMax (64 KiB) round to one of 28 size classes (256, 512,
 768, 1024, then four per doubling) and come from slabs; a small Alloc or
 Free locks one shard (the caller's P's) and no pool-wide lock when the shard
-has a block. Larger requests are best-fit chunks of the arena rounded to 256
-B, split on take and coalesced on free. The arena's backing is one stable
+has a block. Larger requests are best-fit chunks of the arena rounded to
+256 B, split on take and coalesced on free. The arena's backing is one stable
 growable pmm Region where the mechanism offers VirtualBacking
 (BackingRegion: growth commits at the end, Reclaim decommits the free tail),
 else whole Buffers of the binding (BackingSegments), each closed, through
