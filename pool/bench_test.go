@@ -242,6 +242,7 @@ func BenchmarkSmallAllocFreeContended(b *testing.B) {
 	b.ReportMetric(float64(two)/float64(b.N), "two-ns/op")
 	b.ReportMetric(float64(two)/float64(one), "x-vs-uncontended")
 	b.ReportMetric(float64(cpuTwo)/float64(2*b.N)/(float64(cpuOne)/float64(b.N)), "cpu-x-vs-uncontended")
+	b.ReportMetric(float64(p.Stats().PeakSyncs)/float64(rounds*3*b.N+1000), "peak-syncs/alloc")
 }
 
 // cpuTime is the process's user and system time.

@@ -81,7 +81,7 @@ func poolModel(t *testing.T, backing pool.Backing) {
 		}
 		sawQuarantine := false
 		var blocks []live
-		var inUse, requested, peakReq memapi.Bytes
+		var inUse, requested, peakUse, peakReq memapi.Bytes
 		var allocs, frees uint64
 		seed := 0
 		sizes := rapid.OneOf(rapid.Uint64Range(1, 4096), rapid.Uint64Range(4097, 1<<20), rapid.Uint64Range(1<<20+1, 6<<20))
@@ -120,6 +120,7 @@ func poolModel(t *testing.T, backing pool.Backing) {
 				inUse += b.Rounded()
 				requested += n
 				peakReq = max(peakReq, requested)
+				peakUse = max(peakUse, inUse)
 				allocs++
 			case 5, 6, 7:
 				if len(blocks) == 0 {
@@ -159,6 +160,7 @@ func poolModel(t *testing.T, backing pool.Backing) {
 			require.Equal(rt, inUse, s.InUse)
 			require.Equal(rt, requested, s.Requested)
 			require.Equal(rt, peakReq, s.PeakRequested)
+			require.Equal(rt, peakUse, s.PeakInUse)
 			require.Equal(rt, allocs, s.Allocs)
 			require.Equal(rt, frees, s.Frees)
 			require.Equal(rt, len(blocks) == 0, s.InUse == 0)

@@ -68,16 +68,13 @@ type Pool struct {
 
 	shards []shard
 	mask   uint32
-	hint   sync.Pool // *shard: the shard of the caller's P (pick)
 	closed atomic.Bool
 
-	// The figures every Alloc and Free updates live on cache lines of
-	// their own: sharing one with the fields above (read on every call)
-	// made each goroutine's reads miss after the other's writes.
-	_                        [64]byte
-	inUse, requested         atomic.Int64 // bytes in blocks in use (rounded, asked)
-	peakInUse, peakRequested atomic.Int64
-	_                        [64]byte
+	// The bytes in use and requested are the shards' tallies (tally.go);
+	// their peaks, and the count of syncs that raised them, are guarded
+	// by every shard's lock.
+	peakUse, peakReq int64
+	syncs            uint64
 
 	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
 	region *pmm.Region // BackingRegion: reserved at the first growth
@@ -149,8 +146,8 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	if opts.HugeBytes == 0 {
 		opts.HugeBytes = 8 << 20
 	}
-	n := 1
-	for n < 4*runtime.GOMAXPROCS(0) && n < 64 {
+	n := 1 // a shard per P (pick), for every P the machine can run at once
+	for n < max(runtime.GOMAXPROCS(0), runtime.NumCPU()) && n < 64 {
 		n *= 2
 	}
 	return &Pool{bind: b, opts: opts, shards: make([]shard, n), mask: uint32(n - 1), segs: map[*segment]struct{}{}}, nil
@@ -174,50 +171,76 @@ func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (B
 	n := uint64(size)
 	if n <= SmallMax {
 		c := classOf(n)
-		if h, done, err := p.allocShard(c, n, s); done {
+		switch h, res, err := p.allocShard(c, n, s); res {
+		case shardServed:
 			return h, err
+		case shardSync:
+			if h, ok, err := p.allocSynced(c, n, s); ok {
+				return h, err
+			}
 		}
 		return p.allocSmallSlow(ctx, c, n, s)
 	}
 	return p.allocLarge(ctx, n, s)
 }
 
+// What the fast path did.
+const (
+	shardServed = iota // a block, or the pool's error
+	shardEmpty         // the shard has no block of the class
+	shardSync          // it has one, but counting it needs a sync (tally.go)
+)
+
 // allocShard is the fast path: a block of class c from the caller's shard,
-// with no pool-wide lock. done is false when the shard had none. Every
-// locked section of the pool unlocks by defer, so that a panic (a caller's
-// fence, a runtime error) never leaves a lock held.
-func (p *Pool) allocShard(c int, n uint64, s memapi.Stream) (h Block, done bool, err error) {
+// with no pool-wide lock and no write outside the shard. Every locked
+// section of the pool unlocks by defer, so that a panic (a caller's fence,
+// a runtime error) never leaves a lock held.
+func (p *Pool) allocShard(c int, n uint64, s memapi.Stream) (h Block, res int, err error) {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if p.closed.Load() {
+		return Block{}, shardServed, errClosed()
+	}
+	l := &sh.lists[c]
+	if l.head == nil {
+		return Block{}, shardEmpty, nil
+	}
+	if !sh.t.fits(classSize[c], n) {
+		return Block{}, shardSync, nil
+	}
+	b := l.pop()
+	sh.t.add(b.size, n)
+	sh.allocs++
+	return b.open(n, s), shardServed, nil
+}
+
+// allocSynced is the fast path when the block would pass the shard's caps:
+// the same, under every shard's lock, counted through a sync. ok is false
+// when the shard's list emptied meanwhile.
+func (p *Pool) allocSynced(c int, n uint64, s memapi.Stream) (h Block, ok bool, err error) {
+	p.lockShards()
+	defer p.unlockShards()
+	if p.closed.Load() {
 		return Block{}, true, errClosed()
 	}
+	sh := p.syncShard()
 	b := sh.lists[c].pop()
 	if b == nil {
 		return Block{}, false, nil
 	}
+	p.syncLocked(sh, b.size, n)
 	sh.allocs++
-	return p.hand(b, n, s), true, nil
+	return b.open(n, s), true, nil
 }
 
 func errClosed() error { return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrClosed} }
 
-// hand opens b and counts it in use; called under the lock that popped it.
+// hand counts b in use and opens it, for a block taken under mu (the
+// caller holds no shard's lock).
 func (p *Pool) hand(b *block, n uint64, s memapi.Stream) Block {
-	raise(&p.peakInUse, p.inUse.Add(int64(b.size)))
-	raise(&p.peakRequested, p.requested.Add(int64(n)))
+	p.count(b, n)
 	return b.open(n, s)
-}
-
-func raise(peak *atomic.Int64, v int64) {
-	for {
-		old := peak.Load()
-		if v <= old || peak.CompareAndSwap(old, v) {
-			return
-		}
-	}
 }
 
 func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Stream) (Block, error) {
@@ -271,20 +294,25 @@ func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64
 		p.carveSlabLocked(c, ch)
 	}
 	b := p.depot[c].pop()
+	p.refillLocked(c)
+	return p.hand(b, n, s), 0, nil, nil
+}
+
+// refillLocked moves about half a shard's bound of class c from the depot
+// to the caller's shard and counts the caller's alloc there.
+func (p *Pool) refillLocked(c int) {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
 		sh.lists[c].push(p.depot[c].pop())
 	}
 	sh.allocs++
-	return p.hand(b, n, s), 0, nil, nil
 }
 
 // stealLocked moves the free blocks of class c that other shards keep to
 // the depot, before a new slab is carved: a shard whose P stopped calling
-// (or whose hint a garbage collection dropped) would otherwise strand them
+// (or that a goroutine left for another P) would otherwise strand them
 // until the pool next compacts, and the new slab would add to the peak.
 func (p *Pool) stealLocked(c int) bool {
 	for i := range p.shards {
@@ -306,14 +334,17 @@ func (p *Pool) stealShardLocked(sh *shard, c int) {
 func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
 	if b.slab == nil {
 		p.c.largeAllocs++
-		return p.hand(b, n, s)
+	} else {
+		p.countSmallAlloc()
 	}
+	return p.hand(b, n, s)
+}
+
+func (p *Pool) countSmallAlloc() {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.allocs++
-	return p.hand(b, n, s)
 }
 
 // compactLocked gathers the shards' free blocks into the depot and gives
@@ -487,7 +518,10 @@ func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
 		return err
 	}
 	p.c.overBudget++
-	inUse := uint64(p.inUse.Load())
+	p.lockShards()
+	use, _ := p.totalsLocked()
+	p.unlockShards()
+	inUse := uint64(use)
 	return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
 		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
 }
@@ -523,7 +557,7 @@ func (p *Pool) Free(h Block) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.unuse(b)
+	p.uncount(b)
 	p.c.largeFrees++
 	p.giveLocked(b.ch)
 	return nil
@@ -534,7 +568,7 @@ func (p *Pool) Free(h Block) error {
 func (p *Pool) freePending(b *block) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.unuse(b)
+	p.uncount(b)
 	p.pending = append(p.pending, b)
 	if b.slab == nil {
 		p.c.largeFrees++
@@ -547,10 +581,9 @@ func (p *Pool) freePending(b *block) {
 // the shard when that is now over its bound (the caller spills it).
 func (p *Pool) freeToShard(b *block) *shard {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	p.unuse(b)
+	sh.t.sub(b.size, b.req)
 	sh.frees++
 	l := &sh.lists[b.slab.class]
 	l.push(b)
@@ -574,15 +607,9 @@ func (p *Pool) spill(sh *shard, c int) {
 
 func (p *Pool) countSmallFree() {
 	sh := p.pick()
-	defer p.unpick(sh)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.frees++
-}
-
-func (p *Pool) unuse(b *block) {
-	p.inUse.Add(-int64(b.size))
-	p.requested.Add(-int64(b.req))
 }
 
 // takePendingLocked takes a pending small block of class c whose fences
@@ -646,13 +673,9 @@ func (p *Pool) closeLocked() (err error, wasClosed bool) {
 		return nil, true
 	}
 	p.closed.Store(true)
-	for i := range p.shards {
-		p.shards[i].mu.Lock()
-	}
-	inUse := p.inUse.Load()
-	for i := range p.shards {
-		p.shards[i].mu.Unlock()
-	}
+	p.lockShards()
+	inUse, _ := p.totalsLocked()
+	p.unlockShards()
 	if inUse != 0 {
 		p.closed.Store(false)
 		return &memapi.Error{Op: "pool.Close", Kind: memapi.ErrInUse, Wanted: memapi.Bytes(inUse), Detail: "blocks still in use"}, false

@@ -32,6 +32,10 @@ type Stats struct {
 	PeakInUse     memapi.Bytes // MaxInUse
 	PeakRequested memapi.Bytes
 	PeakSegments  memapi.Bytes
+	// PeakSyncs is how many allocations took every shard's lock to keep
+	// the peaks exact (tally.go): a workload at a steady level stops
+	// adding to it.
+	PeakSyncs uint64
 
 	NumSegments   int
 	Allocs, Frees uint64 // NumAllocs; frees
@@ -71,22 +75,18 @@ func (s Stats) PeakFragmentation() float64 {
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i := range p.shards {
-		p.shards[i].mu.Lock()
-	}
-	defer func() {
-		for i := range p.shards {
-			p.shards[i].mu.Unlock()
-		}
-	}()
+	p.lockShards()
+	defer p.unlockShards()
+	use, req := p.totalsLocked()
 	s := Stats{
 		Backing:       p.opts.Backing,
-		InUse:         memapi.Bytes(p.inUse.Load()),
-		Requested:     memapi.Bytes(p.requested.Load()),
+		InUse:         memapi.Bytes(use),
+		Requested:     memapi.Bytes(req),
 		Segments:      memapi.Bytes(p.held),
-		PeakInUse:     memapi.Bytes(p.peakInUse.Load()),
-		PeakRequested: memapi.Bytes(p.peakRequested.Load()),
+		PeakInUse:     memapi.Bytes(p.peakUse),
+		PeakRequested: memapi.Bytes(p.peakReq),
 		PeakSegments:  memapi.Bytes(p.peak),
+		PeakSyncs:     p.syncs,
 		NumSegments:   len(p.segs) + boolInt(p.rseg != nil),
 		Allocs:        p.c.largeAllocs,
 		Frees:         p.c.largeFrees,

@@ -8,12 +8,13 @@
 #     API (OrtGetApiBase()->GetVersionString()).
 #   - The ONNX project's conformance models: Debian's libonnx-testdata
 #     (/usr/share/libonnx-testdata/data/), and python3-onnx to build the
-#     pressure test's MLP (4 layers of width 512, 1 MiB) into the cache.
+#     pressure test's MLP (4 layers of width 512, 1 MiB) and the allocation
+#     benchmark's fan-out model (128 branches, 2.1 MiB) into the cache.
 #   - For `bench` only: the benchmark's MLP (24 layers of width 2048,
 #     403 MB), built once into the cache.
 #
 # It prints the environment the tests read (MEMGEN_ORT_LIB,
-# MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, and MEMGEN_ORT_BENCH_MODEL
+# MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, MEMGEN_ORT_FAN_MODEL, and MEMGEN_ORT_BENCH_MODEL
 # once built) and writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means
 # everything is in place; anything else means it could not be fetched.
 #
@@ -28,8 +29,11 @@
 #                           where it prints FAIL and exits 1.
 #   scripts/ort.sh bench    fetch and build the benchmark model, then the
 #                           module's benchmarks (make ort-bench;
-#                           ORT_BENCHTIME for the inference, default 10x;
-#                           ORT_ALLOC_BENCHTIME for Alloc+Free, default 20000x)
+#                           ORT_BENCHTIME for the MLP inference, default 10x;
+#                           ORT_FAN_BENCHTIME for the fan-out inference,
+#                           default 20x; ORT_ALLOC_BENCHTIME for Alloc+Free,
+#                           default 20000x; ORT_BENCHCOUNT runs of the last
+#                           two, default 3)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
@@ -42,6 +46,7 @@ TESTDATA="${MEMGEN_ONNX_TESTDATA:-/usr/share/libonnx-testdata/data}"
 LIB="$CACHE/libonnxruntime.so.1"
 MODEL="$CACHE/mlp24x2048b64.onnx"
 SMALL="$CACHE/mlp4x512b256.onnx"
+FAN="$CACHE/fan128dyn.onnx"
 
 say() { printf 'ort.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -71,7 +76,8 @@ test | bench)
 		exec go test -race -count=1 ./...
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
-	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count 1 .
+	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .
+	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
 	;;
 *) die "usage: $0 [fetch|fetch-bench|test|bench]" ;;
 esac
@@ -189,6 +195,50 @@ PY
 }
 # The pressure test: 4 layers of width 512, batch 256 (1 MiB weights, 512 KiB activations).
 mlp 4 512 256 "$SMALL"
+
+# fan BRANCHES FILE: x [N, 64] (N, the batch, left symbolic) through
+# BRANCHES parallel MatMul+Relu branches of widths 16 to 256, concatenated:
+# every branch's output is live until the Concat, so a run allocates at
+# least BRANCHES+1 tensors whatever ONNX Runtime's planner reuses, of sizes
+# that follow the batch.
+fan() {
+	local file="$2"
+	[ -f "$file" ] && return 0
+	say "building $file with python3-onnx"
+	/usr/bin/python3 - "$@" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+branches, path = int(sys.argv[1]), sys.argv[2]
+rng = np.random.default_rng(11)
+nodes, inits, outs, total = [], [], [], 0
+for i in range(branches):
+    width = 16 * (1 + i % 16)
+    total += width
+    w = (rng.standard_normal((64, width), dtype=np.float32) / 8).astype(np.float32)
+    inits.append(numpy_helper.from_array(w, f"w{i}"))
+    nodes += [
+        helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
+        helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
+    ]
+    outs.append(f"r{i}")
+nodes.append(helper.make_node("Concat", outs, ["y"], axis=1))
+graph = helper.make_graph(
+    nodes, f"fan{branches}",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", total])],
+    inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+onnx.checker.check_model(model)
+onnx.save(model, path + ".tmp")
+PY
+	mv "$file.tmp" "$file"
+}
+# The allocation benchmark and test: 128 branches (2.1 MiB of weights).
+fan 128 "$FAN"
 # The benchmark, for bench only: 24 layers of width 2048 (16 MiB of weights
 # each, 403 MB in all), batch 64 (512 KiB activations between layers).
 [ "$mode" = fetch-bench ] && mlp 24 2048 64 "$MODEL"
@@ -197,6 +247,7 @@ mlp 4 512 256 "$SMALL"
 	echo "MEMGEN_ORT_LIB=$LIB"
 	echo "MEMGEN_ONNX_TESTDATA=$TESTDATA"
 	echo "MEMGEN_ORT_SMALL_MODEL=$SMALL"
+	echo "MEMGEN_ORT_FAN_MODEL=$FAN"
 	[ ! -f "$MODEL" ] || echo "MEMGEN_ORT_BENCH_MODEL=$MODEL"
 } >"$CACHE/env"
 cat "$CACHE/env"

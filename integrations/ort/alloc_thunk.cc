@@ -26,16 +26,24 @@ class refused : public std::bad_alloc {
   std::string msg_;
 };
 
-}  // namespace
-
-extern "C" void *memgen_ort_alloc_thunk(OrtAllocator *this_, size_t size) {
+// call serves Alloc (reserve 0) and Reserve (reserve 1) through Go.
+void *call(OrtAllocator *this_, size_t size, int reserve) {
   uintptr_t id = reinterpret_cast<memgen_ort_allocator *>(this_)->id;
   char why[512];
   why[0] = 0;
-  uintptr_t p = memgenOrtAlloc(id, size, why, sizeof why);
-  if (p != 0) return reinterpret_cast<void *>(p);
+  uintptr_t p = memgenOrtAlloc(id, size, reserve, why, sizeof why);
+  // A zero-byte request gets NULL, as OrtAllocator's contract says (ONNX
+  // Runtime asks Reserve(0) for empty initializers, and its own CPU
+  // allocator answers NULL too); Go recorded it as memapi.ErrInvalidSize.
+  if (p != 0 || size == 0) return reinterpret_cast<void *>(p);
   throw refused(std::string("memgen allocator refused the allocation: ") + why);
 }
+
+}  // namespace
+
+extern "C" void *memgen_ort_alloc_thunk(OrtAllocator *this_, size_t size) { return call(this_, size, 0); }
+
+extern "C" void *memgen_ort_reserve_thunk(OrtAllocator *this_, size_t size) { return call(this_, size, 1); }
 
 extern "C" void *memgen_ort_alloc_call(memgen_ort_allocator *a, size_t size) {
   try {
@@ -43,4 +51,25 @@ extern "C" void *memgen_ort_alloc_call(memgen_ort_allocator *a, size_t size) {
   } catch (const std::bad_alloc &) {
     return nullptr;
   }
+}
+
+extern "C" void *memgen_ort_reserve_call(memgen_ort_allocator *a, size_t size) {
+  try {
+    return a->base.Reserve(&a->base, size);
+  } catch (const std::bad_alloc &) {
+    return nullptr;
+  }
+}
+
+extern "C" long memgen_ort_alloc_free_loop(OrtAllocator *a, size_t size, long n) {
+  try {
+    for (long i = 0; i < n; i++) {
+      void *p = a->Alloc(a, size);
+      if (!p) return i;
+      a->Free(a, p);
+    }
+  } catch (const std::bad_alloc &) {
+    return -1;
+  }
+  return n;
 }

@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -16,69 +17,84 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/pmm"
+	"github.com/memgen/memgen/pool"
 )
 
-// DefaultWait is how long Alloc waits for the governor by default when the
-// binding's capacity is short: long enough for pending frees (another
-// session's released blocks waiting in the deferred-free queue) and holders
-// answering pressure tickets, short enough that a session over budget fails
-// promptly.
+// DefaultWait is how long an allocation waits for the governor by default
+// when the binding's capacity is short: long enough for pending frees
+// (another session's released blocks waiting in the deferred-free queue)
+// and holders answering pressure tickets, short enough that a session over
+// budget fails promptly.
 const DefaultWait = 100 * time.Millisecond
 
 // Options configure an Allocator.
 type Options struct {
-	// Wait bounds how long one Alloc waits for the governor when capacity
-	// is short. 0 means DefaultWait; a negative value means no wait.
+	// Wait bounds how long one allocation waits for the governor when
+	// capacity is short (the pool's growth, or a Reserve). 0 means
+	// DefaultWait; a negative value means no wait: a Reserve is answered
+	// from what is free now, and the pool's growth runs under 1 ms (the
+	// pool bounds its whole growth, region transaction included, by its
+	// Wait, and a growth under a context already done would never start).
 	Wait time.Duration
 	// OnError, when set, is called (from ONNX Runtime's thread) with every
-	// failed Alloc and every failed Free. A failed Alloc returns NULL to
-	// ONNX Runtime (as an exception it turns into its error status); a
-	// failed Free leaves the block charged.
+	// refused allocation and every failed Free. A refused allocation
+	// reaches ONNX Runtime as an exception it turns into its error status;
+	// a failed Free leaves the block charged.
 	OnError func(err error)
+	// Pool configures the pool Alloc draws from (pool.Options; its Wait
+	// is set from Wait above).
+	Pool pool.Options
 }
 
 // Stats count an Allocator's calls.
 type Stats struct {
-	Allocs     uint64       // successful Alloc and Reserve calls
-	Frees      uint64       // successful Free calls
-	Refused    uint64       // Alloc calls refused (over budget, or the mechanism failed)
-	FreeErrors uint64       // Free calls that failed (unknown pointer or release error)
-	Live       int          // blocks ONNX Runtime holds now
-	LiveBytes  memapi.Bytes // their physical size (rounded to the mechanism's allocation granularity)
-	PeakBytes  memapi.Bytes // the most LiveBytes has been since NewAllocator or ResetPeak
+	Allocs        uint64       // successful Alloc calls (pool blocks)
+	Reserves      uint64       // successful Reserve calls (whole buffers of the binding)
+	Frees         uint64       // successful Free calls
+	Refused       uint64       // Alloc and Reserve calls refused (over budget, bad size, or the mechanism failed)
+	FreeErrors    uint64       // Free calls that failed (unknown pointer or release error)
+	Live          int          // blocks ONNX Runtime holds now
+	LiveBytes     memapi.Bytes // their size: pool blocks rounded to their class, reserved buffers to the mechanism's granularity
+	ReservedBytes memapi.Bytes // of LiveBytes, in reserved buffers
+	PeakBytes     memapi.Bytes // the most LiveBytes has been since NewAllocator or ResetPeak
+	MaxAllocSize  memapi.Bytes // the largest single request served
 }
 
-// Allocator is an OrtAllocator whose memory comes from a memgen binding.
-// NewAllocator registers it with the ONNX Runtime environment; sessions
-// created with SessionOptions then allocate through it. Only one allocator
-// for CPU memory can be registered in the environment at a time.
+// Allocator is an OrtAllocator whose memory comes from a memgen binding:
+// Alloc through a pool.Pool over the binding, Reserve from the binding
+// itself. NewAllocator registers it with the ONNX Runtime environment;
+// sessions created with SessionOptions then allocate through it. Only one
+// allocator for CPU memory can be registered in the environment at a time.
+//
+// The pool caches freed blocks, charged to the binding's holder: register
+// Pool() as that holder with governor.HolderOptions{Cache: true}, so that
+// pressure on the budget asks the cache first.
 type Allocator struct {
 	id   uintptr
 	bind *pmm.Binding
+	pool *pool.Pool
 	opts Options
 	c    *C.memgen_ort_allocator
 	live addrMap
 
-	allocs, frees, refused, freeErrors atomic.Uint64
-	liveBytes, peakBytes               atomic.Int64
-	lastErr                            atomic.Pointer[error]
+	refused, freeErrors                          atomic.Uint64 // (allocs, reserves and frees are counted in live's shards)
+	liveBytes, reservedBytes, peakBytes, maxSize atomic.Int64
+	lastErr                                      atomic.Pointer[error]
+
+	// observe, when set (before ONNX Runtime uses the allocator), sees
+	// every request and free: op 'a' (Alloc), 'r' (Reserve) or 'f' (Free),
+	// the address (0 for a refused request) and the size asked. The tests
+	// record ONNX Runtime's allocation sequence with it.
+	observe func(op byte, addr, size uint64)
 
 	mu     sync.Mutex
 	closed bool
 }
 
-// allocators finds the Go allocator from the id the C struct carries. A
-// closed allocator is removed: a late call from ONNX Runtime finds nothing
-// and is refused instead of touching freed state.
-var (
-	allocators sync.Map // uintptr -> *Allocator
-	nextID     atomic.Uintptr
-)
-
-// NewAllocator makes an allocator over b and registers it with the ONNX
-// Runtime environment loaded by Init. It fails when ONNX Runtime is not
-// loaded or when an allocator for CPU memory is already registered (ONNX
-// Runtime's status message says so).
+// NewAllocator makes an allocator over b (and its pool) and registers it
+// with the ONNX Runtime environment loaded by Init. It fails when ONNX
+// Runtime is not loaded, and with memapi.ErrInUse while another Allocator
+// is registered (Unregister it first: its sessions keep using it).
 func NewAllocator(b *pmm.Binding, opts Options) (*Allocator, error) {
 	const op = "ort.NewAllocator"
 	if b == nil {
@@ -87,18 +103,51 @@ func NewAllocator(b *pmm.Binding, opts Options) (*Allocator, error) {
 	if opts.Wait == 0 {
 		opts.Wait = DefaultWait
 	}
-	a := &Allocator{id: nextID.Add(1), bind: b, opts: opts}
+	popts := opts.Pool
+	popts.Wait = opts.Wait
+	if opts.Wait < 0 {
+		popts.Wait = time.Millisecond
+	}
+	p, err := pool.New(b, popts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	id, err := newID()
+	if err != nil {
+		return nil, errors.Join(err, p.Close())
+	}
+	a := &Allocator{id: id, bind: b, pool: p, opts: opts}
 	var msg *C.char
 	a.c = C.memgen_ort_new_allocator(C.uintptr_t(a.id), &msg)
 	if a.c == nil {
-		return nil, cError(op, msg)
+		return nil, errors.Join(cError(op, msg), p.Close())
 	}
-	allocators.Store(a.id, a)
+	publish(a.id, a)
+	envAlloc.mu.Lock()
+	defer envAlloc.mu.Unlock()
+	if envAlloc.id != 0 {
+		publish(a.id, nil)
+		return nil, errors.Join(memapi.Errorf(op, memapi.ErrInUse,
+			"another Allocator is registered with ONNX Runtime's environment; Unregister or Close it first"), p.Close())
+	}
 	if msg := C.memgen_ort_register(a.c); msg != nil {
-		allocators.Delete(a.id)
-		return nil, cError(op, msg)
+		publish(a.id, nil)
+		return nil, errors.Join(cError(op, msg), p.Close())
 	}
+	envAlloc.id = a.id
 	return a, nil
+}
+
+// envAlloc is the id of the Allocator registered with ONNX Runtime's
+// environment now (0: none). ONNX Runtime 1.30 itself keeps one CPU
+// allocator per device and lets a second RegisterAllocator replace the
+// first silently, and its UnregisterAllocator removes whichever is
+// registered for the device (both seen with this package's tests); so the
+// one-at-a-time rule is kept here: NewAllocator fails while another is
+// registered, and an Allocator unregisters only itself.
+var envAlloc struct {
+	mu sync.Mutex
+	id uintptr
 }
 
 func cError(op string, msg *C.char) error {
@@ -109,25 +158,35 @@ func cError(op string, msg *C.char) error {
 // Binding returns the binding the allocator draws from.
 func (a *Allocator) Binding() *pmm.Binding { return a.bind }
 
+// Pool returns the pool Alloc draws from: a governor.Holder whose Reclaim
+// gives its cache back. Register it as the binding's holder with
+// governor.HolderOptions{Cache: true}.
+func (a *Allocator) Pool() *pool.Pool { return a.pool }
+
 // Stats returns the allocator's counters.
 func (a *Allocator) Stats() Stats {
+	c := a.live.counts()
 	return Stats{
-		Allocs:     a.allocs.Load(),
-		Frees:      a.frees.Load(),
-		Refused:    a.refused.Load(),
-		FreeErrors: a.freeErrors.Load(),
-		Live:       a.live.len(),
-		LiveBytes:  memapi.Bytes(a.liveBytes.Load()),
-		PeakBytes:  memapi.Bytes(a.peakBytes.Load()),
+		Allocs:        c.allocs,
+		Reserves:      c.reserves,
+		Frees:         c.frees,
+		Refused:       a.refused.Load(),
+		FreeErrors:    a.freeErrors.Load(),
+		Live:          c.live,
+		LiveBytes:     memapi.Bytes(a.liveBytes.Load()),
+		ReservedBytes: memapi.Bytes(a.reservedBytes.Load()),
+		PeakBytes:     memapi.Bytes(a.peakBytes.Load()),
+		MaxAllocSize:  memapi.Bytes(a.maxSize.Load()),
 	}
 }
 
 // ResetPeak restarts Stats.PeakBytes from the bytes held now.
 func (a *Allocator) ResetPeak() { a.peakBytes.Store(a.liveBytes.Load()) }
 
-// LastError returns the error of the latest refused Alloc or failed Free,
-// nil when there was none: typically a *governor.OverBudgetError. (ONNX
-// Runtime's status carries its message too.)
+// LastError returns the error of the latest refused allocation or failed
+// Free, nil when there was none: typically a *pool.OverBudgetError (Alloc)
+// or a *governor.OverBudgetError (Reserve), both memapi.ErrOverBudget.
+// (ONNX Runtime's status carries its message too.)
 func (a *Allocator) LastError() error {
 	if p := a.lastErr.Load(); p != nil {
 		return *p
@@ -143,61 +202,133 @@ func (a *Allocator) fail(err error, counter *atomic.Uint64) {
 	}
 }
 
-// alloc serves OrtAllocator::Alloc and ::Reserve. A zero-byte request gets
-// a block of one allocation granule, as malloc(0) may return a unique
-// pointer.
-func (a *Allocator) alloc(size uint64) (uint64, error) {
-	ctx := context.Background()
-	if a.opts.Wait > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.opts.Wait)
-		defer cancel()
-	} else {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		cancel() // no wait: the governor answers from what is free now
+func raise(peak *atomic.Int64, v int64) {
+	for old := peak.Load(); v > old && !peak.CompareAndSwap(old, v); old = peak.Load() {
 	}
-	buf, err := a.bind.Allocate(ctx, memapi.Bytes(max(size, 1)))
+}
+
+// alloc serves OrtAllocator::Alloc from the pool: small requests from its
+// size-class slabs, large ones best fit from its arena. Zero and absurd
+// sizes are memapi.ErrInvalidSize (Refused, LastError, OnError) and change
+// nothing; ONNX Runtime gets NULL for a zero-byte request, as
+// OrtAllocator's contract says, and an exception for an absurd one. The pool's growth
+// waits for the governor at most Options.Wait; the hot path (a cached
+// block) allocates nothing on the heap.
+func (a *Allocator) alloc(size uint64) (uint64, error) {
+	blk, err := a.pool.Alloc(context.Background(), memapi.Bytes(size), nil)
 	if err != nil {
 		err = fmt.Errorf("ort.Allocator.Alloc of %d bytes: %w", size, err)
 		a.fail(err, &a.refused)
 		return 0, err
 	}
-	addr := uint64(buf.Addr())
-	a.live.put(addr, buf)
-	live := a.liveBytes.Add(int64(buf.Size()))
-	for peak := a.peakBytes.Load(); live > peak && !a.peakBytes.CompareAndSwap(peak, live); peak = a.peakBytes.Load() {
-	}
-	a.allocs.Add(1)
+	addr := uint64(blk.Addr())
+	a.hold(addr, size, held{blk: blk})
 	return addr, nil
 }
 
-// free serves OrtAllocator::Free: the buffer is found from the address and
-// closed, which releases it through the device context's deferred-free
-// queue and refunds the holder after the free.
+// reserve serves OrtAllocator::Reserve, which ONNX Runtime uses for memory
+// that its own arena does not cache (BFCArena::Reserve allocates straight
+// from the device allocator): a whole buffer of the binding, outside the
+// pool, so that long-lived blocks (initializers) neither fragment the
+// pool's arena nor sit in what its Reclaim can give back. The buffer is
+// freed and refunded when ONNX Runtime frees the block.
+func (a *Allocator) reserve(size uint64) (uint64, error) {
+	const op = "ort.Allocator.Reserve"
+	if size == 0 || size > pool.MaxAlloc {
+		err := &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: memapi.Bytes(size), Detail: "0 or larger than pool.MaxAlloc"}
+		a.fail(err, &a.refused)
+		return 0, err
+	}
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if a.opts.Wait > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), a.opts.Wait)
+	} else {
+		ctx, cancel = context.WithCancel(context.Background())
+		cancel() // no wait: the governor answers from what is free now
+	}
+	buf, err := a.bind.Allocate(ctx, memapi.Bytes(size))
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("%s of %d bytes: %w", op, size, err)
+		a.fail(err, &a.refused)
+		return 0, err
+	}
+	addr := uint64(buf.Addr())
+	a.reservedBytes.Add(int64(buf.Size()))
+	a.hold(addr, size, held{buf: buf})
+	return addr, nil
+}
+
+func (a *Allocator) hold(addr, size uint64, h held) {
+	a.live.put(addr, h)
+	raise(&a.maxSize, int64(size))
+	raise(&a.peakBytes, a.liveBytes.Add(h.size()))
+}
+
+// free serves OrtAllocator::Free: the block is found from the address and
+// returned to the pool (reusable at once), or the reserved buffer closed
+// (released through the device context's deferred-free queue, the holder
+// refunded after the free). An address this allocator did not hand out, or
+// one freed already, is memapi.ErrForeignHandle and changes nothing.
 func (a *Allocator) free(addr uint64) {
-	buf := a.live.take(addr)
-	if buf == nil {
-		a.fail(&memapi.Error{Op: "ort.Allocator.Free", Kind: memapi.ErrForeignHandle,
+	const op = "ort.Allocator.Free"
+	h, ok := a.live.take(addr)
+	if !ok {
+		a.fail(&memapi.Error{Op: op, Kind: memapi.ErrForeignHandle,
 			Detail: fmt.Sprintf("%#x was not allocated by this allocator (or was freed already)", addr)}, &a.freeErrors)
 		return
 	}
-	size := buf.Size()
-	if err := buf.Close(); err != nil {
-		a.live.put(addr, buf) // still held: a later Free may succeed
-		a.fail(fmt.Errorf("ort.Allocator.Free of %#x: %w", addr, err), &a.freeErrors)
+	size := h.size()
+	var err error
+	if h.buf != nil {
+		err = h.buf.Close()
+	} else {
+		err = h.blk.Free()
+	}
+	if err != nil {
+		a.live.unfree(addr, h) // still held: a later Free may succeed
+		a.fail(fmt.Errorf("%s of %#x: %w", op, addr, err), &a.freeErrors)
 		return
 	}
-	a.liveBytes.Add(-int64(size))
-	a.frees.Add(1)
+	if h.buf != nil {
+		a.reservedBytes.Add(-size)
+	}
+	a.liveBytes.Add(-size)
 }
 
-// Close unregisters the allocator from the environment. It fails with
-// memapi.ErrInUse, and stays registered, while ONNX Runtime still holds
-// blocks from it (destroy the sessions and values first). The small C
-// struct ONNX Runtime knew the allocator by is kept for the life of the
-// process, since a session created before Close may still hold its address;
-// any call through it after Close is refused.
+// Unregister takes the allocator out of the ONNX Runtime environment
+// (OrtApi::UnregisterAllocator) and keeps it serving the sessions created
+// while it was registered: a session takes the environment's allocator
+// when it is created, and keeps it. Another allocator can then be
+// registered for the sessions created next, each with its own binding and
+// pool. It is idempotent.
+func (a *Allocator) Unregister() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unregisterLocked()
+}
+
+func (a *Allocator) unregisterLocked() error {
+	envAlloc.mu.Lock()
+	defer envAlloc.mu.Unlock()
+	if envAlloc.id != a.id {
+		return nil
+	}
+	if msg := C.memgen_ort_unregister(a.c); msg != nil {
+		return cError("ort.Allocator.Unregister", msg)
+	}
+	envAlloc.id = 0
+	return nil
+}
+
+// Close unregisters the allocator from the environment (if it still is)
+// and closes its pool, which gives every cached segment back to the
+// binding. It fails with memapi.ErrInUse, changing nothing, while ONNX
+// Runtime still holds blocks from it (destroy the sessions and values
+// first). The small C struct ONNX Runtime knew the allocator by is kept for
+// the life of the process, since a session created before Close may still
+// hold its address; any call through it after Close is refused.
 func (a *Allocator) Close() error {
 	const op = "ort.Allocator.Close"
 	a.mu.Lock()
@@ -209,27 +340,61 @@ func (a *Allocator) Close() error {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Wanted: memapi.Bytes(a.liveBytes.Load()),
 			Detail: fmt.Sprintf("ONNX Runtime still holds %d block(s)", n)}
 	}
-	var err error
-	if msg := C.memgen_ort_unregister(a.c); msg != nil {
-		err = cError(op, msg)
+	err := a.unregisterLocked()
+	if err != nil {
+		return err
 	}
-	allocators.Delete(a.id)
+	if err := a.pool.Close(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	publish(a.id, nil) // a late call through the C struct is refused
 	a.closed = true
-	return err
+	return nil
 }
 
-// memgenOrtAlloc serves Alloc and Reserve; on a refusal it returns 0 and
-// writes why into the n bytes at why (NUL-terminated), which the C++ thunk
-// throws to ONNX Runtime.
+// statsValues are the figures GetStats reports, in the order of the C
+// bridge's key table (bridge.c, stat_keys): ONNX Runtime's allocator
+// statistics (AllocatorStats, the BFC arena's keys).
+func (a *Allocator) statsValues() [9]int64 {
+	ps := a.pool.Stats()
+	st := a.Stats()
+	reserved := int64(st.ReservedBytes)
+	return [9]int64{
+		-1,                             // Limit: the allocator sets none; the governor's budget bounds it
+		int64(ps.InUse) + reserved,     // InUse: bytes ONNX Runtime holds (pool blocks rounded, reserved buffers)
+		int64(ps.Segments) + reserved,  // TotalAllocated: bytes held from the binding
+		int64(st.PeakBytes),            // MaxInUse
+		int64(st.Allocs + st.Reserves), // NumAllocs: every allocation served
+		int64(st.Reserves),             // NumReserves
+		int64(ps.SegmentAllocs),        // NumArenaExtensions: the pool's growths
+		int64(ps.SegmentFrees),         // NumArenaShrinkages: segments (or region tails) given back
+		int64(st.MaxAllocSize),         // MaxAllocSize
+	}
+}
+
+// memgenOrtAlloc serves Alloc (reserve 0) and Reserve (reserve 1); on a
+// refusal it returns 0 and writes why into the n bytes at why
+// (NUL-terminated), which the C++ thunk throws to ONNX Runtime.
 //
 //export memgenOrtAlloc
-func memgenOrtAlloc(id C.uintptr_t, size C.size_t, why *C.char, n C.size_t) C.uintptr_t {
-	v, ok := allocators.Load(uintptr(id))
-	if !ok {
+func memgenOrtAlloc(id C.uintptr_t, size C.size_t, reserve C.int, why *C.char, n C.size_t) C.uintptr_t {
+	a := lookup(uintptr(id))
+	if a == nil {
 		writeC(why, n, "ort: the allocator is closed")
 		return 0
 	}
-	addr, err := v.(*Allocator).alloc(uint64(size))
+	var addr uint64
+	var err error
+	op := byte('a')
+	if reserve != 0 {
+		op = 'r'
+		addr, err = a.reserve(uint64(size))
+	} else {
+		addr, err = a.alloc(uint64(size))
+	}
+	if a.observe != nil {
+		a.observe(op, addr, uint64(size))
+	}
 	if err != nil {
 		writeC(why, n, err.Error())
 	}
@@ -248,9 +413,33 @@ func writeC(dst *C.char, n C.size_t, msg string) {
 
 //export memgenOrtFree
 func memgenOrtFree(id C.uintptr_t, p C.uintptr_t) {
-	v, ok := allocators.Load(uintptr(id))
-	if !ok {
+	a := lookup(uintptr(id))
+	if a == nil {
 		return
 	}
-	v.(*Allocator).free(uint64(p))
+	if a.observe != nil {
+		a.observe('f', uint64(p), 0)
+	}
+	a.free(uint64(p))
 }
+
+// memgenOrtStats fills out (9 values, the order of statsValues) for
+// GetStats; it returns 0 when the allocator is closed.
+//
+//export memgenOrtStats
+func memgenOrtStats(id C.uintptr_t, out *C.int64_t) C.int {
+	a := lookup(uintptr(id))
+	if a == nil {
+		return 0
+	}
+	vals := a.statsValues()
+	dst := unsafe.Slice((*int64)(unsafe.Pointer(out)), len(vals))
+	copy(dst, vals[:])
+	return 1
+}
+
+// memgenOrtNoop does nothing: the benchmark calls it from C to measure what
+// a cgo callback costs by itself (the floor of every Alloc and Free).
+//
+//export memgenOrtNoop
+func memgenOrtNoop(id C.uintptr_t) C.uintptr_t { return id }

@@ -103,43 +103,169 @@ func median(d []time.Duration) time.Duration {
 }
 
 // BenchmarkAllocFree measures one Alloc and one Free of a 64 KiB block
-// through the OrtAllocator function pointers, as ONNX Runtime calls them:
-// the memgen allocator (reserve, commit, mmap and populate, the charge;
-// the free is enqueued and happens on the deferred-free queue) against ONNX
-// Runtime's default CPU allocator (malloc). The queue is drained outside
-// the timing every 256 blocks; settle-ns/op is what that drain costs per
-// block.
+// through the OrtAllocator function pointers, called from C as ONNX Runtime
+// calls them, in batches of allocFreeBatch timed as a whole: the memgen
+// allocator (the pool's fast path: a C++ thunk, a cgo callback into Go, a
+// size-class block from the caller's shard, and the address map), against
+// ONNX Runtime's BFC arena, the CPU allocator of a session created without
+// env allocators (CreateAllocator on it; the benchmark checks that its
+// GetStats reports arena extensions, i.e. that it is the arena), and
+// against its default CPU allocator (GetAllocatorWithDefaultOptions:
+// malloc, no arena). The batches alternate, in the same run;
+// x-vs-ort-arena is the ratio (goal at most 1.0). two-cgo-callbacks-ns/op
+// is the floor under memgen's figure: two calls from C into a Go function
+// that does nothing (Alloc and Free each cross into Go once).
 func BenchmarkAllocFree(b *testing.B) {
-	r := newRig(b, 4<<30, Options{})
 	const size = 64 << 10
-	var tMem, tDef, tSettle time.Duration
-	b.ResetTimer()
-	for i := range b.N {
-		t0 := time.Now()
-		p := r.alloc.cAlloc(size)
-		if p == nil {
-			b.Fatal(r.alloc.LastError())
-		}
-		r.alloc.cFree(p)
-		t1 := time.Now()
-		q := defaultAlloc(size)
-		if q == nil {
-			b.Fatal("ONNX Runtime's default allocator failed")
-		}
-		defaultFree(q)
-		t2 := time.Now()
-		tMem += t1.Sub(t0)
-		tDef += t2.Sub(t1)
-		if i%256 == 255 {
-			r.settle(b)
-			tSettle += time.Since(t2)
+	r := newRig(b, 4<<30, Options{})
+	s, err := newSession("testdata/double_relu.onnx", false, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.close()
+	arena, err := s.allocator()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer arena.release()
+	def, err := defaultAllocator()
+	if err != nil {
+		b.Fatal(err)
+	}
+	mem := r.alloc.base()
+	for _, a := range []ortAllocator{mem, arena, def} { // warm every cache
+		if !a.allocFreeLoop(size, allocFreeBatch) {
+			b.Fatalf("warm-up refused: %v", r.alloc.LastError())
 		}
 	}
+	if st, err := arena.stats(true); err != nil || st["NumArenaExtensions"] == 0 || st["NumAllocs"] == 0 {
+		b.Fatalf("the baseline is not ONNX Runtime's arena: GetStats %v, %v", st, err)
+	}
+	allocs0 := r.alloc.Stats().Allocs
+	var tMem, tArena, tDef, tCallback time.Duration
+	timed := func(a ortAllocator, n int, into *time.Duration) {
+		t0 := time.Now()
+		ok := a.allocFreeLoop(size, n)
+		*into += time.Since(t0)
+		if !ok {
+			b.Fatalf("an allocation was refused: %v", r.alloc.LastError())
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done, i := 0, 0; done < b.N; i++ {
+		n := min(allocFreeBatch, b.N-done)
+		if i%2 == 0 {
+			timed(mem, n, &tMem)
+			timed(arena, n, &tArena)
+		} else {
+			timed(arena, n, &tArena)
+			timed(mem, n, &tMem)
+		}
+		timed(def, n, &tDef)
+		t0 := time.Now()
+		callbackLoop(n)
+		tCallback += time.Since(t0)
+		done += n
+	}
 	b.StopTimer()
+	if got := r.alloc.Stats().Allocs - allocs0; got != uint64(b.N) {
+		b.Errorf("%d allocations reached the memgen allocator, want %d", got, b.N)
+	}
 	r.auditZero(b, "after the benchmark")
 	n := float64(b.N)
 	b.ReportMetric(float64(tMem.Nanoseconds())/n, "memgen-ns/op")
+	b.ReportMetric(float64(tArena.Nanoseconds())/n, "ort-arena-ns/op")
 	b.ReportMetric(float64(tDef.Nanoseconds())/n, "ort-default-ns/op")
-	b.ReportMetric(float64(tSettle.Nanoseconds())/n, "settle-ns/op")
+	b.ReportMetric(float64(tCallback.Nanoseconds())/n, "two-cgo-callbacks-ns/op")
+	b.ReportMetric(float64(tMem)/float64(tArena), "x-vs-ort-arena")
 	b.ReportMetric(float64(tMem)/float64(tDef), "x-vs-ort-default")
+}
+
+// allocFreeBatch is how many Alloc+Free pairs one timed batch holds.
+const allocFreeBatch = 1000
+
+// BenchmarkFanInference runs the fan-out model (128 MatMul+Relu branches
+// concatenated, ort.sh's fan128dyn.onnx) with memory patterns off and a
+// batch that changes every run (fanBatches), so that every run allocates
+// its intermediates: alternately in a session whose allocations go through
+// the memgen allocator's pool and in one on ONNX Runtime's BFC arena, one
+// intra-op thread each. Only ONNX Runtime's Run is timed (inputs made
+// once); each batch's median over b.N runs, summed over the batches (the
+// per-run figures are that sum over len(fanBatches)). Reports
+// memgen-allocs/run (goal at least 100) and x-vs-ort-arena (goal at most
+// 1.03).
+func BenchmarkFanInference(b *testing.B) {
+	needFan(b)
+	r := newRig(b, 4<<30, Options{})
+	mem, err := newSessionWith(fanModel, sessEnvAllocators|sessNoMemPattern, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.close()
+	arena, err := newSessionWith(fanModel, sessNoMemPattern, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer arena.close()
+	var pm, pa []*preparedRun
+	for _, batch := range fanBatches {
+		in := []tensor{fanInput(batch)}
+		m, err := mem.prepare(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer m.close()
+		a, err := arena.prepare(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer a.close()
+		pm, pa = append(pm, m), append(pa, a)
+	}
+	one := func(p *preparedRun) time.Duration {
+		d, err := p.run()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	for j := range pm { // warm: both caches grow to what a round needs
+		one(pm[j])
+		one(pa[j])
+	}
+	allocs0 := r.alloc.Stats().Allocs
+	// Every batch is run by both sessions back to back, the order swapped
+	// each time, so that a change of the machine's load hits both.
+	tm, ta := make([][]time.Duration, len(pm)), make([][]time.Duration, len(pm))
+	b.ResetTimer()
+	for i := range b.N {
+		for j := range pm {
+			if (i+j)%2 == 0 {
+				tm[j] = append(tm[j], one(pm[j]))
+				ta[j] = append(ta[j], one(pa[j]))
+			} else {
+				ta[j] = append(ta[j], one(pa[j]))
+				tm[j] = append(tm[j], one(pm[j]))
+			}
+		}
+	}
+	b.StopTimer()
+	runs := float64(b.N * len(fanBatches))
+	perRun := float64(r.alloc.Stats().Allocs-allocs0) / runs
+	var mm, ma time.Duration // sums over the batches of each batch's median
+	for j := range pm {
+		mm += median(tm[j])
+		ma += median(ta[j])
+	}
+	k := float64(len(fanBatches))
+	b.ReportMetric(float64(mm.Microseconds())/k, "memgen-us/run")
+	b.ReportMetric(float64(ma.Microseconds())/k, "arena-us/run")
+	b.ReportMetric(float64(mm)/float64(ma), "x-vs-ort-arena")
+	b.ReportMetric(perRun, "memgen-allocs/run")
+	ps := r.alloc.Pool().Stats()
+	b.ReportMetric(ps.PeakFragmentation(), "pool-peak-held/peak-requested")
+	if perRun < 100 {
+		b.Errorf("%.1f allocations per run through memgen, want at least 100", perRun)
+	}
 }

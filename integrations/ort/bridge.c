@@ -68,8 +68,36 @@ const char *memgen_ort_version(void) {
 	return get_base ? get_base()->GetVersionString() : "";
 }
 
-// memgen_ort_alloc_thunk (alloc_thunk.cc) serves Alloc and Reserve.
+// memgen_ort_alloc_thunk and memgen_ort_reserve_thunk (alloc_thunk.cc)
+// serve Alloc and Reserve.
 extern void *memgen_ort_alloc_thunk(OrtAllocator *this_, size_t size);
+extern void *memgen_ort_reserve_thunk(OrtAllocator *this_, size_t size);
+
+// The keys of OrtAllocator::GetStats (onnxruntime_c_api.h, the BFC arena's
+// AllocatorStats), in the order of the Go side's statsValues.
+static const char *const stat_keys[MEMGEN_ORT_NSTATS] = {
+	"Limit", "InUse", "TotalAllocated", "MaxInUse", "NumAllocs",
+	"NumReserves", "NumArenaExtensions", "NumArenaShrinkages", "MaxAllocSize",
+};
+
+const char *memgen_ort_stat_key(int i) { return i >= 0 && i < MEMGEN_ORT_NSTATS ? stat_keys[i] : NULL; }
+
+static OrtStatus *ORT_API_CALL bridge_get_stats(const OrtAllocator *this_, OrtKeyValuePairs **out) {
+	int64_t v[MEMGEN_ORT_NSTATS];
+	*out = NULL;
+	if (!memgenOrtStats(((const memgen_ort_allocator *)this_)->id, v))
+		return api->CreateStatus(ORT_FAIL, "memgen allocator: GetStats after Close");
+	OrtKeyValuePairs *kv = NULL;
+	api->CreateKeyValuePairs(&kv);
+	if (!kv) return api->CreateStatus(ORT_FAIL, "memgen allocator: CreateKeyValuePairs failed");
+	for (int i = 0; i < MEMGEN_ORT_NSTATS; i++) {
+		char buf[32];
+		snprintf(buf, sizeof buf, "%lld", (long long)v[i]);
+		api->AddKeyValuePair(kv, stat_keys[i], buf);
+	}
+	*out = kv;
+	return NULL;
+}
 
 static void ORT_API_CALL bridge_free(OrtAllocator *this_, void *p) {
 	if (p) memgenOrtFree(((memgen_ort_allocator *)this_)->id, (uintptr_t)p);
@@ -101,7 +129,9 @@ memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, char **err) {
 	a->base.Alloc = memgen_ort_alloc_thunk;
 	a->base.Free = bridge_free;
 	a->base.Info = bridge_info;
-	a->base.Reserve = memgen_ort_alloc_thunk; // reserved memory is allocated memory here
+	a->base.Reserve = memgen_ort_reserve_thunk; // ORT_API_VERSION >= 18: a buffer of the binding, outside the pool
+	a->base.GetStats = bridge_get_stats;       // >= 23: the pool's figures under the BFC arena's keys
+	a->base.AllocOnStream = NULL;              // >= 23: optional; ONNX Runtime calls Alloc instead
 	a->id = id;
 	return a;
 }
@@ -118,5 +148,37 @@ char *memgen_ort_unregister(memgen_ort_allocator *a) {
 
 
 void memgen_ort_free_call(memgen_ort_allocator *a, void *p) { a->base.Free(&a->base, p); }
+
+OrtAllocator *memgen_ort_base(memgen_ort_allocator *a) { return &a->base; }
+
+long memgen_ort_callback_loop(long n) {
+	uintptr_t s = 0;
+	for (long i = 0; i < 2 * n; i++) s += memgenOrtNoop((uintptr_t)i);
+	return (long)(s & 1);
+}
+
+char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *found) {
+	OrtKeyValuePairs *kv = NULL;
+	OrtStatus *st = via_api ? api->AllocatorGetStats(a, &kv) : a->GetStats(a, &kv);
+	if (st) return status_msg(via_api ? "AllocatorGetStats" : "OrtAllocator::GetStats", st);
+	for (int i = 0; i < MEMGEN_ORT_NSTATS; i++) {
+		const char *v = kv ? api->GetKeyValue(kv, stat_keys[i]) : NULL;
+		found[i] = v != NULL;
+		out[i] = v ? strtoll(v, NULL, 10) : 0;
+	}
+	if (kv) api->ReleaseKeyValuePairs(kv);
+	return NULL;
+}
+
+char *memgen_ort_session_allocator(OrtSession *s, OrtAllocator **out) {
+	OrtMemoryInfo *info;
+	OrtStatus *st = api->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &info);
+	if (st) return status_msg("CreateCpuMemoryInfo", st);
+	st = api->CreateAllocator(s, info, out);
+	api->ReleaseMemoryInfo(info);
+	return st ? status_msg("CreateAllocator", st) : NULL;
+}
+
+void memgen_ort_release_allocator(OrtAllocator *a) { api->ReleaseAllocator(a); }
 
 const OrtApi *memgen_ort_api(void) { return api; }

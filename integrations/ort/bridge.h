@@ -39,7 +39,33 @@ char *memgen_ort_unregister(memgen_ort_allocator *a);
 // function pointers as ONNX Runtime would (a refusal, thrown to ONNX
 // Runtime, is NULL here); the benchmark of the C path uses them.
 void *memgen_ort_alloc_call(memgen_ort_allocator *a, size_t size);
+void *memgen_ort_reserve_call(memgen_ort_allocator *a, size_t size);
 void memgen_ort_free_call(memgen_ort_allocator *a, void *p);
+OrtAllocator *memgen_ort_base(memgen_ort_allocator *a);
+
+// memgen_ort_alloc_free_loop calls a's Alloc and Free n times with size
+// bytes through its function pointers; it returns n, the count done before
+// a NULL, or -1 when an Alloc threw (a refusal).
+long memgen_ort_alloc_free_loop(OrtAllocator *a, size_t size, long n);
+
+// memgen_ort_callback_loop makes 2n cgo callbacks that do nothing (the
+// cost of the two callbacks of one Alloc+Free).
+long memgen_ort_callback_loop(long n);
+
+// GetStats: the number of keys and each key's name (NULL out of range).
+#define MEMGEN_ORT_NSTATS 9
+const char *memgen_ort_stat_key(int i);
+
+// memgen_ort_get_stats reads allocator a's statistics, through its own
+// GetStats slot (via_api 0) or through OrtApi::AllocatorGetStats (via_api
+// 1), into out (MEMGEN_ORT_NSTATS values, stat_keys' order); found[i] says
+// whether key i was there. An error is a message to free with free().
+char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *found);
+
+// memgen_ort_session_allocator wraps session s's CPU allocator
+// (OrtApi::CreateAllocator); release it with memgen_ort_release_allocator.
+char *memgen_ort_session_allocator(OrtSession *s, OrtAllocator **out);
+void memgen_ort_release_allocator(OrtAllocator *a);
 
 #endif
 
@@ -47,7 +73,12 @@ void memgen_ort_free_call(memgen_ort_allocator *a, void *p);
 // onnxruntime_go cannot express scalar or empty tensors, nor read float16
 // outputs in full; the ONNX conformance models need all three.
 
-char *memgen_ort_session_new(const char *path, int use_env_allocators, int threads, OrtSession **out);
+// memgen_ort_session_new loads the model at path with the options in flags
+// (MEMGEN_ORT_*); threads > 0 sets the intra-op threads.
+#define MEMGEN_ORT_ENV_ALLOCATORS 1    // session.use_env_allocators = 1
+#define MEMGEN_ORT_NO_MEM_PATTERN 2    // DisableMemPattern: every run allocates its intermediates
+#define MEMGEN_ORT_PARALLEL 4          // ORT_PARALLEL with 2 inter-op threads: nodes (and their allocations) on ONNX Runtime's own threads
+char *memgen_ort_session_new(const char *path, int flags, int threads, OrtSession **out);
 void memgen_ort_session_free(OrtSession *s);
 char *memgen_ort_session_count(OrtSession *s, int outputs, size_t *n);
 char *memgen_ort_session_io(OrtSession *s, int outputs, size_t i, char **name, int *onnx_type, int *elem_type);
@@ -60,7 +91,6 @@ char *memgen_ort_value_info(OrtValue *v, int *onnx_type, int *elem_type, int64_t
                             size_t *count, void **data);
 char *memgen_ort_string_at(OrtValue *v, size_t i, char **s, size_t *len);
 
-// ONNX Runtime's default CPU allocator (GetAllocatorWithDefaultOptions), the
+// ONNX Runtime's default CPU allocator (GetAllocatorWithDefaultOptions), a
 // baseline of the Alloc+Free benchmark.
-void *memgen_ort_default_alloc(size_t size);
-void memgen_ort_default_free(void *p);
+char *memgen_ort_default_allocator(OrtAllocator **out);

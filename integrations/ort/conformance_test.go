@@ -212,6 +212,9 @@ func TestConformanceModels(t *testing.T) {
 			models++
 			def, derr := runModel(dir, false)
 			before := r.alloc.Stats().Allocs
+			if rec != nil {
+				rec.mark(name)
+			}
 			mem, merr := runModel(dir, true)
 			r.auditZero(t, name+" closed")
 			if derr != nil {

@@ -2,28 +2,36 @@
 //
 // An Allocator is an OrtAllocator, registered with the process's ONNX
 // Runtime environment (OrtApi::RegisterAllocator), whose Alloc, Reserve,
-// Free and Info are Go functions reached through a small cgo bridge. Every
-// block ONNX Runtime asks for is a pmm.Buffer allocated from a
-// pmm.Binding: the bytes are reserved from the governor, committed into
-// the binding's holder's charge, backed by the CPU mechanism, and refunded
-// when ONNX Runtime frees the block (through the device context's
-// deferred-free queue, like every memgen release). Sessions use it when
+// Free, Info and GetStats are Go functions reached through a small cgo
+// bridge. Alloc draws from a pool.Pool over a pmm.Binding: size-class
+// slabs for requests up to 64 KiB, best fit above, over one growable
+// region of the CPU mechanism; the pool's segments are reserved from the
+// governor and charged to the binding's holder, and the pool is that
+// holder (register Allocator.Pool with governor.HolderOptions{Cache:
+// true}): under pressure the governor asks its cache first, and the pool
+// gives its free segments back. Reserve, which ONNX Runtime uses for
+// blocks its own arena would not cache (pre-packed weights), is a whole
+// pmm.Buffer of the binding, outside the pool. GetStats reports the pool's
+// figures under the BFC arena's keys. Sessions use the allocator when
 // created with the session option `session.use_env_allocators` = "1"
 // (SessionOptions does that); sessions created without it keep ONNX
 // Runtime's own arena.
 //
 // Alloc and Free are called from ONNX Runtime's own threads; both are safe
-// for concurrent use. Free finds the buffer from the pointer in O(1) (a
-// sharded map from address to buffer). When the binding's budget is
-// exhausted (the governor refuses the reservation after Options.Wait), the
-// allocation is refused and ONNX Runtime fails the session call with its own
-// error status, whose message carries memgen's reason; the ledger is
+// for concurrent use. Free finds the block from the pointer in O(1) (a
+// sharded map from address to pool.Block, a value: no heap allocation per
+// Alloc+Free). When the budget is exhausted (the pool trimmed its own cache,
+// the governor asked the other holders and refused the reservation after
+// Options.Wait), the allocation is refused and ONNX Runtime fails the
+// session call with its own error status, whose message carries memgen's
+// reason (a *pool.OverBudgetError with the figures); the ledger is
 // untouched and the session stays usable. The refusal reaches ONNX Runtime
 // as a std::bad_alloc thrown by the Alloc entry point (alloc_thunk.cc), not
 // as a NULL return: ONNX Runtime 1.30 dereferences a NULL from a custom
 // allocator in places (a segmentation fault, found by this package's tests),
 // while it turns every exception into its error status, as for its own CPU
-// allocator's failures.
+// allocator's failures. A zero-byte request gets NULL, as OrtAllocator's
+// contract says.
 //
 // Sessions and tensors come from github.com/yalue/onnxruntime_go: Init loads
 // the library through it and opens the same library for the bridge, which

@@ -16,7 +16,9 @@ import (
 
 // A Go program gives ONNX Runtime a governed allocator: a binding for the
 // holder that owns the session's memory, an Allocator over it registered
-// with the environment, and sessions created with ort.SessionOptions. (The
+// with the environment (its pool registered as that holder, a cache the
+// governor asks first under pressure), and sessions created with
+// ort.SessionOptions. (The
 // program calls ort.Init(libPath, ort.InitOptions{}) once at start; this
 // package's TestMain did.) testdata/double_relu.onnx computes
 // y = relu(2x).
@@ -25,7 +27,6 @@ func Example() {
 	g := governor.New(governor.Options{})
 	defer g.Close()
 	_ = g.AddAuthority("host", 256<<20)
-	_ = g.Register("onnx", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }), governor.HolderOptions{})
 	m, _ := cpu.New(cpu.Options{Authority: "host"})
 	dc := ep.NewContext(cpu.NewContext(m), ep.Options{})
 	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
@@ -38,6 +39,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
+	_ = g.Register("onnx", alloc.Pool(), governor.HolderOptions{Cache: true})
 	opts, _ := ort.SessionOptions() // session.use_env_allocators = 1
 	s, err := ortgo.NewDynamicAdvancedSession("testdata/double_relu.onnx", []string{"x"}, []string{"y"}, opts)
 	_ = opts.Destroy()
@@ -57,13 +59,18 @@ func Example() {
 	_ = out[0].Destroy()
 	_ = x.Destroy()
 	_ = s.Destroy()
-	_ = dc.Queue().Drain(ctx) // releases are deferred; wait for the refunds
 	a, _ := g.Authority("host")
-	fmt.Println("charged after the session:", a.Charged)
-	fmt.Println(alloc.Close(), dc.Close(ctx, true))
+	fmt.Println("cached in the pool after the session:", a.Charged == alloc.Pool().Stats().Cached && a.Charged > 0)
+	fmt.Println(alloc.Close()) // the pool gives its segments back
+	_ = dc.Queue().Drain(ctx)  // releases are deferred; wait for the refunds
+	a, _ = g.Authority("host")
+	fmt.Println("charged after Close:", a.Charged)
+	fmt.Println(dc.Close(ctx, true))
 	// Output:
 	// y = [0 1 4 0]
 	// allocated through memgen: true
-	// charged after the session: 0
-	// <nil> <nil>
+	// cached in the pool after the session: true
+	// <nil>
+	// charged after Close: 0
+	// <nil>
 }

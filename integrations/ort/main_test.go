@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -65,7 +66,17 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "integrations/ort:", err)
 		os.Exit(1)
 	}
+	flag.Parse()
+	if *recordPath != "" {
+		rec = newRecorder()
+	}
 	code := m.Run()
+	if rec != nil && code == 0 {
+		if err := rec.write(*recordPath); err != nil {
+			fmt.Fprintln(os.Stderr, "integrations/ort: -record:", err)
+			code = 1
+		}
+	}
 	if err := goleak.Find(); err != nil && code == 0 {
 		fmt.Fprintln(os.Stderr, "integrations/ort: goroutines outlived the tests:", err)
 		code = 1
@@ -119,9 +130,6 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 	if err := g.AddAuthority(hostAuth, capacity); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Register("ort", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }), governor.HolderOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	m, err := cpu.New(cpu.Options{Granularity: cpu.Granularity2MiB, Authority: hostAuth})
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +148,24 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The allocator's pool is the binding's holder: its cache is what
+	// pressure asks first.
+	if err := g.Register("ort", a.Pool(), governor.HolderOptions{Cache: true}); err != nil {
+		t.Fatal(err)
+	}
+	if rec != nil {
+		a.observe = rec.observe
+	}
 	r := &rig{g: g, m: m, ectx: ectx, bind: bind, alloc: a}
 	t.Cleanup(func() {
 		if err := a.Close(); err != nil {
 			t.Error(err)
 		}
-		if err := ectx.Close(context.Background(), true); err != nil {
+		// Bounded: a test that failed with blocks still live must not hang
+		// here waiting for them.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ectx.Close(ctx, true); err != nil {
 			t.Error(err)
 		}
 		if err := g.Close(); err != nil {
@@ -164,30 +184,50 @@ func (r *rig) settle(t testing.TB) {
 	}
 }
 
-// audit checks, at a quiescent point, that the ledger, the mechanism and
-// the kernel agree: the holder's charge is what the allocator holds, the
-// mechanism's bytes and mincore's count are the same, nothing is pending.
+// audit checks, at a quiescent point, that the ledger, the mechanism, the
+// kernel and the pool agree: the holder's charge is the pool's segments
+// plus the reserved buffers, the mechanism's bytes and mincore's count are
+// the same, nothing is pending; what ONNX Runtime holds is the pool's
+// blocks in use plus the reserved buffers, and the pool's cached and in-use
+// bytes make up its segments.
 func (r *rig) audit(t testing.TB, what string) memapi.Bytes {
 	t.Helper()
 	r.settle(t)
 	s, _ := r.g.Authority(hostAuth)
 	st := r.alloc.Stats()
+	ps := r.alloc.Pool().Stats()
 	used := r.m.UsedBytes()
 	kern, err := r.m.KernelBytes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.Balanced() || s.Pending != 0 || s.Reserved != 0 || s.Charged != st.LiveBytes || used != s.Charged || kern != used {
-		t.Errorf("%s: ledger charged %d pending %d reserved %d (balanced %v), allocator holds %d in %d blocks, mechanism %d, kernel %d",
-			what, s.Charged, s.Pending, s.Reserved, s.Balanced(), st.LiveBytes, st.Live, used, kern)
+	if !s.Balanced() || s.Pending != 0 || s.Reserved != 0 || s.Charged != ps.Segments+st.ReservedBytes || used != s.Charged || kern != used ||
+		st.LiveBytes != ps.InUse+st.ReservedBytes || ps.Cached+ps.InUse != ps.Segments {
+		t.Errorf("%s: ledger charged %d pending %d reserved %d (balanced %v); allocator holds %d in %d blocks (%d reserved); pool segments %d, in use %d, cached %d; mechanism %d, kernel %d",
+			what, s.Charged, s.Pending, s.Reserved, s.Balanced(), st.LiveBytes, st.Live, st.ReservedBytes, ps.Segments, ps.InUse, ps.Cached, used, kern)
 	}
 	return s.Charged
 }
 
-// auditZero is audit after everything ONNX Runtime held was freed.
+// trim gives the pool's whole cache back (Pool.Trim) and waits for the
+// refunds.
+func (r *rig) trim(t testing.TB) {
+	t.Helper()
+	if _, err := r.alloc.Pool().Trim(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.settle(t)
+}
+
+// auditZero is audit after everything ONNX Runtime held was freed: nothing
+// is live, and once the pool's cache is trimmed nothing is charged.
 func (r *rig) auditZero(t testing.TB, what string) {
 	t.Helper()
-	if n := r.audit(t, what); n != 0 || r.alloc.Stats().Live != 0 {
-		t.Errorf("%s: holder still charged %d bytes, %d blocks live", what, n, r.alloc.Stats().Live)
+	if n := r.audit(t, what); r.alloc.Stats().Live != 0 || r.alloc.Pool().Stats().InUse != 0 {
+		t.Errorf("%s: %d blocks live (%d bytes charged)", what, r.alloc.Stats().Live, n)
+	}
+	r.trim(t)
+	if n := r.audit(t, what+", cache trimmed"); n != 0 {
+		t.Errorf("%s: holder still charged %d bytes after the pool's cache was trimmed", what, n)
 	}
 }

@@ -127,6 +127,13 @@ typedef enum ONNXTensorElementDataType {
 	ONNX_TENSOR_ELEMENT_DATA_TYPE_INT2 = 25,
 } ONNXTensorElementDataType;
 
+// How a session runs its graph's nodes: one after another, or independent
+// ones at once on its inter-op threads.
+typedef enum ExecutionMode {
+	ORT_SEQUENTIAL = 0,
+	ORT_PARALLEL = 1,
+} ExecutionMode;
+
 // ---- OrtAllocator: a table of functions the allocator's owner fills ----
 // ONNX Runtime reads a slot only when version says it exists; a NULL
 // optional slot means "not offered".
@@ -174,9 +181,16 @@ struct OrtApi {
 	                          const OrtValue *const *in, size_t nin, const char *const *out_names, size_t nout,
 	                          OrtValue **out);
 	/* 10 */ OrtStatus *(*CreateSessionOptions)(OrtSessionOptions **out);
-	MEMGEN_ORT_SKIP(11, 23);
+	MEMGEN_ORT_SKIP(11, 12);
+	/* 13 */ OrtStatus *(*SetSessionExecutionMode)(OrtSessionOptions *opts, ExecutionMode mode);
+	MEMGEN_ORT_SKIP(14, 16);
+	// Without memory patterns a session allocates its intermediates on
+	// every run instead of planning one block for them.
+	/* 17 */ OrtStatus *(*DisableMemPattern)(OrtSessionOptions *opts);
+	MEMGEN_ORT_SKIP(18, 23);
 	/* 24 */ OrtStatus *(*SetIntraOpNumThreads)(OrtSessionOptions *opts, int threads);
-	MEMGEN_ORT_SKIP(25, 29);
+	/* 25 */ OrtStatus *(*SetInterOpNumThreads)(OrtSessionOptions *opts, int threads);
+	MEMGEN_ORT_SKIP(26, 29);
 	/* 30 */ OrtStatus *(*SessionGetInputCount)(const OrtSession *s, size_t *n);
 	/* 31 */ OrtStatus *(*SessionGetOutputCount)(const OrtSession *s, size_t *n);
 	MEMGEN_ORT_SKIP(32, 32);
@@ -231,7 +245,11 @@ struct OrtApi {
 	/* 128 */ OrtStatus *(*GetStringTensorElement)(const OrtValue *v, size_t n, size_t i, void *buf);
 	MEMGEN_ORT_SKIP(129, 129);
 	/* 130 */ OrtStatus *(*AddSessionConfigEntry)(OrtSessionOptions *opts, const char *key, const char *value);
-	MEMGEN_ORT_SKIP(131, 175);
+	// The allocator session s uses for memory described by info (its arena,
+	// or the registered env allocator); release it with ReleaseAllocator.
+	/* 131 */ OrtStatus *(*CreateAllocator)(const OrtSession *s, const OrtMemoryInfo *info, OrtAllocator **out);
+	/* 132 */ void (*ReleaseAllocator)(OrtAllocator *a);
+	MEMGEN_ORT_SKIP(133, 175);
 	// Shares a with every session of env that sets session.use_env_allocators;
 	// the caller keeps a alive until UnregisterAllocator.
 	/* 176 */ OrtStatus *(*RegisterAllocator)(OrtEnv *env, OrtAllocator *a);

@@ -9,6 +9,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 )
 
@@ -77,14 +78,26 @@ func cErr(msg *C.char) error {
 // through the environment's registered allocator; threads > 0 sets the
 // intra-op thread count.
 func newSession(path string, useEnv bool, threads int) (*session, error) {
+	f := 0
+	if useEnv {
+		f = sessEnvAllocators
+	}
+	return newSessionWith(path, f, threads)
+}
+
+// Session flags of newSessionWith.
+const (
+	sessEnvAllocators = C.MEMGEN_ORT_ENV_ALLOCATORS // session.use_env_allocators = 1
+	sessNoMemPattern  = C.MEMGEN_ORT_NO_MEM_PATTERN // memory patterns off: every run allocates
+	sessParallel      = C.MEMGEN_ORT_PARALLEL       // nodes run on ONNX Runtime's inter-op threads
+)
+
+// newSessionWith is newSession with the options in flags (sess*).
+func newSessionWith(path string, flags, threads int) (*session, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	env := C.int(0)
-	if useEnv {
-		env = 1
-	}
 	s := &session{}
-	if err := cErr(C.memgen_ort_session_new(cpath, env, C.int(threads), &s.s)); err != nil {
+	if err := cErr(C.memgen_ort_session_new(cpath, C.int(flags), C.int(threads), &s.s)); err != nil {
 		return nil, err
 	}
 	for out := range 2 {
@@ -241,4 +254,59 @@ func readValue(v *C.OrtValue) (tensor, error) {
 		t.Data = C.GoBytes(data, C.int(int(count)*sz))
 	}
 	return t, nil
+}
+
+// preparedRun is a run of a session with its inputs made once, for the
+// benchmarks: run times ONNX Runtime's Run alone, and frees its outputs.
+type preparedRun struct {
+	s        *session
+	inNames  []*C.char
+	inVals   []*C.OrtValue
+	outNames []*C.char
+	outVals  []*C.OrtValue
+}
+
+// prepare makes the input values of in (one tensor per input) for runs of s.
+func (s *session) prepare(in []tensor) (*preparedRun, error) {
+	if len(in) != len(s.inputs) {
+		return nil, fmt.Errorf("prepare: %d inputs for a model with %d", len(in), len(s.inputs))
+	}
+	p := &preparedRun{s: s, inNames: make([]*C.char, len(in)+1), inVals: make([]*C.OrtValue, len(in)+1),
+		outNames: make([]*C.char, len(s.outputs)+1), outVals: make([]*C.OrtValue, len(s.outputs)+1)}
+	for i, t := range in {
+		p.inNames[i] = C.CString(s.inputs[i].name)
+		v, err := newValue(t)
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("input %s: %w", s.inputs[i].name, err)
+		}
+		p.inVals[i] = v
+	}
+	for i, o := range s.outputs {
+		p.outNames[i] = C.CString(o.name)
+	}
+	return p, nil
+}
+
+// run runs the session once and returns how long ONNX Runtime's Run took;
+// the outputs are freed (after the timing).
+func (p *preparedRun) run() (time.Duration, error) {
+	t0 := time.Now()
+	err := cErr(C.memgen_ort_run(p.s.s, &p.inNames[0], &p.inVals[0], C.size_t(len(p.s.inputs)), &p.outNames[0], &p.outVals[0], C.size_t(len(p.s.outputs))))
+	d := time.Since(t0)
+	for i, v := range p.outVals {
+		C.memgen_ort_value_free(v)
+		p.outVals[i] = nil
+	}
+	return d, err
+}
+
+func (p *preparedRun) close() {
+	for _, v := range p.inVals {
+		C.memgen_ort_value_free(v)
+	}
+	for _, n := range append(p.inNames, p.outNames...) {
+		C.free(unsafe.Pointer(n))
+	}
+	p.inVals, p.inNames, p.outNames = nil, nil, nil
 }

@@ -24,14 +24,17 @@ static char *fail(const char *where, OrtStatus *st) {
 		if (st_) return fail((where), st_);    \
 	} while (0)
 
-char *memgen_ort_session_new(const char *path, int use_env_allocators, int threads, OrtSession **out) {
+char *memgen_ort_session_new(const char *path, int flags, int threads, OrtSession **out) {
 	const OrtApi *api = memgen_ort_api();
 	OrtEnv *env;
 	TRY("CreateEnv", api->CreateEnv(ORT_LOGGING_LEVEL_ERROR, "memgen", &env));
 	OrtSessionOptions *o;
 	OrtStatus *st = api->CreateSessionOptions(&o);
-	if (!st && use_env_allocators) st = api->AddSessionConfigEntry(o, "session.use_env_allocators", "1");
+	if (!st && (flags & MEMGEN_ORT_ENV_ALLOCATORS)) st = api->AddSessionConfigEntry(o, "session.use_env_allocators", "1");
 	if (!st && threads > 0) st = api->SetIntraOpNumThreads(o, threads);
+	if (!st && (flags & MEMGEN_ORT_NO_MEM_PATTERN)) st = api->DisableMemPattern(o);
+	if (!st && (flags & MEMGEN_ORT_PARALLEL)) st = api->SetSessionExecutionMode(o, ORT_PARALLEL);
+	if (!st && (flags & MEMGEN_ORT_PARALLEL)) st = api->SetInterOpNumThreads(o, 2);
 	if (!st) st = api->CreateSession(env, path, o, out);
 	if (o) api->ReleaseSessionOptions(o);
 	api->ReleaseEnv(env);
@@ -151,27 +154,7 @@ char *memgen_ort_string_at(OrtValue *v, size_t i, char **s, size_t *len) {
 	return NULL;
 }
 
-void *memgen_ort_default_alloc(size_t size) {
-	const OrtApi *api = memgen_ort_api();
-	OrtAllocator *al;
-	OrtStatus *st = api->GetAllocatorWithDefaultOptions(&al);
-	if (st) {
-		api->ReleaseStatus(st);
-		return NULL;
-	}
-	void *p = NULL;
-	st = api->AllocatorAlloc(al, size, &p);
-	if (st) {
-		api->ReleaseStatus(st);
-		return NULL;
-	}
-	return p;
-}
-
-void memgen_ort_default_free(void *p) {
-	const OrtApi *api = memgen_ort_api();
-	OrtAllocator *al;
-	OrtStatus *st = api->GetAllocatorWithDefaultOptions(&al);
-	if (!st) st = api->AllocatorFree(al, p);
-	if (st) api->ReleaseStatus(st);
+char *memgen_ort_default_allocator(OrtAllocator **out) {
+	TRY("GetAllocatorWithDefaultOptions", memgen_ort_api()->GetAllocatorWithDefaultOptions(out));
+	return NULL;
 }
