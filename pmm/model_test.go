@@ -198,7 +198,7 @@ const modelAuth = memapi.AuthorityID("model")
 // discard drops the queue's reports of the failed frees the model injects.
 var discard = slog.New(slog.DiscardHandler)
 
-var modelOps atomic.Int64
+var modelOps, holeOps atomic.Int64
 
 func fakesBackend() backend {
 	return backend{name: "fakes", gran: gran,
@@ -225,7 +225,7 @@ func cpuBackend() backend {
 
 // TestManagerModelFakes and TestManagerModelCPU run random batches of
 // Allocate, ReserveVirtual, CreateShared, Grow, Shrink, MapShared,
-// CopyOnWrite, RecordUse, Close, Retry, Replace, drops left to the backstop
+// CopyOnWrite, Decommit and Commit of holes, RecordUse, Close, Retry, Replace, drops left to the backstop
 // and garbage collections, each batch issued from up to three goroutines at
 // once on shared handles (so Close races transactions), with faults
 // injected at a random rate into every mechanism call, rollback and release
@@ -240,7 +240,7 @@ func TestManagerModelFakes(t *testing.T) { runModel(t, fakesBackend(), 90) }
 func TestManagerModelCPU(t *testing.T) { runModel(t, cpuBackend(), 70) }
 
 func runModel(t *testing.T, be backend, batches int) {
-	start := modelOps.Load()
+	start, holes := modelOps.Load(), holeOps.Load()
 	rapid.Check(t, func(rt *rapid.T) {
 		m := newPModel(rt, be)
 		defer m.teardown()
@@ -251,7 +251,10 @@ func runModel(t *testing.T, be backend, batches int) {
 		}
 		m.quiesce(rt)
 	})
-	t.Logf("%s: %d operations", be.name, modelOps.Load()-start)
+	t.Logf("%s: %d operations, %d successful decommits and commits of holes", be.name, modelOps.Load()-start, holeOps.Load()-holes)
+	if holeOps.Load() == holes {
+		t.Error("no Decommit or Commit of a hole succeeded: the holes were not exercised")
+	}
 }
 
 type mhandle struct {
@@ -361,6 +364,7 @@ func (m *pmodel) prepare(rt *rapid.T) op {
 	}
 	b := m.bind
 	switch name := rapid.SampledFrom([]string{"allocate", "reserve", "shared", "grow", "grow", "shrink", "map", "cow",
+		"decommit", "decommit", "commit", "commit",
 		"record", "close", "retry", "drop", "fence", "fence", "replace", "gc"}).Draw(rt, "op"); name {
 	case "allocate":
 		n := size(3)
@@ -422,6 +426,33 @@ func (m *pmodel) prepare(rt *rapid.T) op {
 			}
 			if err == nil && name == "grow" && n > before && view != n {
 				return nil, fmt.Errorf("grow succeeded but the holder's view is %d, not %d", view, n)
+			}
+			return nil, err
+		}}
+	case "decommit", "commit":
+		// A granule-aligned range inside the region's length (at the
+		// time the op runs, which a concurrent Shrink may cut: then it is
+		// ErrInvalidRange), often across pieces of several commits.
+		h := m.pick(rt, isRegion)
+		if h == nil {
+			break
+		}
+		units := int(h.r.Len() / gr)
+		if units == 0 || rapid.IntRange(0, 9).Draw(rt, "anywhere") == 0 {
+			units = int(h.r.Cap() / gr)
+		}
+		off := rapid.IntRange(0, units-1).Draw(rt, "granule")
+		n := rapid.IntRange(1, min(3, units-off)).Draw(rt, "granules")
+		rng := memapi.Range{Off: memapi.Bytes(off) * gr, Len: memapi.Bytes(n) * gr}
+		return op{name, func(ctx context.Context) (*mhandle, error) {
+			var err error
+			if name == "decommit" {
+				err = h.r.Decommit(ctx, rng)
+			} else {
+				err = h.r.Commit(ctx, rng)
+			}
+			if err == nil {
+				holeOps.Add(1)
 			}
 			return nil, err
 		}}

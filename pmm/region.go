@@ -48,11 +48,12 @@ func (s segment) account() memapi.Account {
 
 // Region is a growable range of device addresses (VirtualBacking): the
 // address never moves while backing is installed and removed behind it. It
-// is backed contiguously from its start up to Len, by private commits and by
-// views of shared backings.
+// is backed from its start up to Len, by private commits and by views of
+// shared backings, except for holes: granule-aligned ranges below Len whose
+// private backing Decommit removed and Commit may install again (holes.go).
 //
 // Its lifecycle is ep.Lifecycle's. Every transaction (Grow, Shrink,
-// MapShared, CopyOnWrite) holds the region open: Close during one returns at
+// MapShared, CopyOnWrite, Decommit, Commit) holds the region open: Close during one returns at
 // once and the release is scheduled when the transaction ends, so the
 // release sees the state it left; a transaction that had not begun fails
 // with memapi.ErrClosed. Backing whose removal failed (a rollback, a
@@ -77,10 +78,10 @@ type regionState struct {
 	txn chan struct{} // serializes transactions; taken with the caller's ctx
 
 	mu      sync.Mutex
-	segs    []segment
+	segs    []segment // in address order; gaps below top are holes
 	top     memapi.Bytes
-	quar    []segment        // above top: removal failed, retried first
-	shrinks []*ep.Completion // shrink releases not run yet
+	quar    []segment        // removal failed (above top, or in a hole), retried first
+	shrinks []*ep.Completion // shrink and decommit releases not run yet
 	resGone bool             // the reservation was released
 }
 
@@ -309,6 +310,11 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 // with its open grant (the drawn bytes stay reserved). Either way the bytes
 // stay visible and the next Grow, Retry or Close removes the range first.
 func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error {
+	return s.quarantineCommit("pmm.Region.Grow", rng, g, err)
+}
+
+// quarantineCommit is quarantineGrow for the operation op (Grow, Commit).
+func (s *regionState) quarantineCommit(op string, rng memapi.Range, g Grant, err error) error {
 	seg := segment{r: rng, grant: g, quar: true}
 	if lease, cerr := g.Commit(); cerr == nil {
 		seg.grant, seg.lease = nil, lease
@@ -319,7 +325,7 @@ func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error
 	s.mu.Lock()
 	s.quar = append(s.quar, seg)
 	s.mu.Unlock()
-	return &memapi.Error{Op: "pmm.Region.Grow", Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: rng.Len,
+	return &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: rng.Len,
 		Detail: "rollback could not remove the new backing; it stays charged until a retry removes it", Err: err}
 }
 

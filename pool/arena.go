@@ -27,6 +27,7 @@ type chunk struct {
 	addr, size uint64
 	prev, next *chunk
 	free       bool
+	busy       bool // out of the arena while its granules are (de)committed (holes.go)
 	slab       *slab
 	blk        *block
 }
@@ -68,16 +69,31 @@ func (a *arena) remove(c *chunk) {
 	c.free = false
 }
 
-// take returns the smallest free chunk of at least n bytes, split so that
-// it is exactly n (the rest stays free), or nil.
-func (a *arena) take(n uint64) *chunk {
+// fit returns the index of the smallest free chunk of at least n bytes
+// (len(a.free) if none).
+func (a *arena) fit(n uint64) int {
 	i, _ := slices.BinarySearchFunc(a.free, &chunk{size: n}, cmpChunk)
-	if i == len(a.free) {
-		return nil
-	}
+	return i
+}
+
+// takeAt takes n bytes of the free chunk at index i, split so that the
+// chunk returned is exactly n: its first n bytes, or its last n when
+// fromEnd (the rest stays free). Best fit is takeAt(fit(n), n, false)
+// (Pool.takeLocked).
+func (a *arena) takeAt(i int, n uint64, fromEnd bool) *chunk {
 	c := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)
 	c.free = false
+	if fromEnd && c.size > n {
+		blk := &chunk{seg: c.seg, addr: c.addr + c.size - n, size: n, prev: c, next: c.next}
+		if c.next != nil {
+			c.next.prev = blk
+		}
+		c.next, c.size = blk, c.size-n
+		a.insert(c)
+		a.splits++
+		return blk
+	}
 	if c.size > n {
 		rest := &chunk{seg: c.seg, addr: c.addr + n, size: c.size - n, prev: c, next: c.next}
 		if c.next != nil {

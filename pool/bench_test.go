@@ -149,6 +149,8 @@ func randomAllocations(b *testing.B, mk func(*testing.B, memapi.Bytes) (*pool.Po
 	b.ReportMetric(float64(tBare)/float64(b.N)/10000, "bare-ns/alloc")
 	b.ReportMetric(float64(tPool)/float64(tBare), "x-vs-unpooled")
 	b.ReportMetric(s.PeakFragmentation(), "peak-held/peak-requested")
+	b.ReportMetric(float64(s.Decommits), "decommit-passes")
+	b.ReportMetric(float64(s.Recommits), "recommits")
 }
 
 // BenchmarkSmallAllocFree: one Alloc+Free of sizes up to 64 KiB, through the

@@ -18,9 +18,17 @@ import (
 // under a budget that the live blocks can fill. Run under -race; at the end
 // the ledger identity holds and a Close and its retry leave nothing.
 func TestConcurrentUse(t *testing.T) {
-	for _, backing := range []pool.Backing{pool.BackingSegments, pool.BackingRegion} {
-		t.Run(string(backing), func(t *testing.T) {
-			e := setup(t, 256<<20, pool.Options{Backing: backing, HugeBytes: 4 << 20})
+	for _, c := range []struct {
+		name    string
+		backing pool.Backing
+		slack   float64
+	}{{"segments", pool.BackingSegments, 0}, {"region", pool.BackingRegion, 0}, {"region-holes", pool.BackingRegion, 1e-9}} {
+		backing := c.backing
+		t.Run(c.name, func(t *testing.T) {
+			// region-holes: every whole free granule is decommitted before
+			// the committed bytes rise, so blocks are placed in holes
+			// (recommitted) while other goroutines free and trim.
+			e := setup(t, 256<<20, pool.Options{Backing: backing, HugeBytes: 4 << 20, HoleSlack: c.slack})
 			for _, m := range []string{"Free", "Decommit"} {
 				e.m.Inject(rateFault(m, 20, memapi.ErrUnavailable))
 			}
@@ -112,6 +120,10 @@ func TestConcurrentUse(t *testing.T) {
 			require.Zero(t, s.InUse)
 			require.Zero(t, s.Requested)
 			require.Equal(t, s.Allocs, s.Frees)
+			if c.slack > 0 {
+				require.NotZero(t, s.Recommits, "no block was placed in a hole")
+				require.NotZero(t, s.Decommits)
+			}
 			require.NoError(t, e.p.Close())
 			e.m.ClearFaults()
 			require.NoError(t, e.p.Close())

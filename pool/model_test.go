@@ -59,8 +59,14 @@ func noErrorButQuarantine(t require.TestingT, err error) {
 
 func poolModel(t *testing.T, backing pool.Backing) {
 	var heavy, sawAny int // checks with 50 % release faults, and of them those that saw a quarantined release
+	var decommits, recommits uint64
 	rapid.Check(t, func(rt *rapid.T) {
-		e := setup(rt, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, HugeBytes: 4 << 20, Backing: backing, Wait: 10 * time.Millisecond})
+		// The region's holes (holes.go): whole free granules decommitted
+		// before every rise of the committed bytes (a slack of 0), at the
+		// default slack, or only by Reclaim and Trim.
+		slack := rapid.SampledFrom([]float64{1e-9, 0, -1}).Draw(rt, "holeSlack")
+		e := setupWith(rt, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, HugeBytes: 4 << 20, Backing: backing,
+			Wait: 10 * time.Millisecond, HoleSlack: slack}, fakes.Config{Granularity: 64 << 10})
 		require.Equal(rt, backing, e.p.Stats().Backing)
 		ctx := context.Background()
 		growRate := rapid.SampledFrom([]int{0, 5, 25}).Draw(rt, "growFaults")
@@ -180,6 +186,9 @@ func poolModel(t *testing.T, backing pool.Backing) {
 		e.m.ClearFaults()
 		require.NoError(rt, e.p.Close())
 		s := e.checkLedger(rt)
+		decommits += s.Decommits
+		recommits += s.Recommits
+		require.Zero(rt, s.Decommitted)
 		require.Zero(rt, s.Quarantined)
 		require.Zero(rt, e.m.UsedBytes())
 		require.Zero(rt, e.holder("pool").Charged)
@@ -192,6 +201,10 @@ func poolModel(t *testing.T, backing pool.Backing) {
 			}
 		}
 	})
+	t.Logf("%s: %d decommit passes, %d recommits", backing, decommits, recommits)
+	if backing == pool.BackingRegion && (decommits == 0 || recommits == 0) {
+		t.Error("the region's holes were not exercised: no decommit or no recommit")
+	}
 	if heavy >= 10 { // a short run (-rapid.checks) may draw too few to tell
 		require.NotZero(t, sawAny, "no check saw a quarantined release: the release faults were not exercised")
 	}

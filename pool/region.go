@@ -9,7 +9,9 @@ import (
 )
 
 // BackingRegion is one stable growable pmm Region per pool (expandable
-// segments): growth commits at the end, trimming decommits the free tail.
+// segments): growth commits at the end, trimming decommits the free tail,
+// and whole free granules inside it are decommitted and committed again
+// in place (holes.go).
 // Addresses never move. The pool's arena is then one segment whose size is
 // the region's length.
 const BackingRegion Backing = "region"
@@ -40,6 +42,10 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	if free >= need {
 		return nil // another grow made room meanwhile
 	}
+	// Before the region grows, the whole free granules inside it go back
+	// (holes.go): the peak held is then what the blocks cover, not the
+	// holes between them. A decommit that fails changes nothing here.
+	p.relieve(ctx)
 	gran := uint64(r.Granularity())
 	newLen := (old + max(need-free, uint64(p.opts.SegmentBytes)) + gran - 1) / gran * gran
 	if newLen > uint64(r.Cap()) {
@@ -113,13 +119,27 @@ func (p *Pool) extendLocked(size uint64) {
 }
 
 // regionTrim decommits the region's free tail (rounded to the granularity)
-// once wanted is more than 0. It never waits for a grow in flight (the grow
-// may be the reservation that asked): it gives 0 then.
+// once wanted is more than 0, then, while that was fewer than wanted, the
+// whole free granules inside the region (holes.go). It never waits for a
+// grow or a recommit in flight (the grow may be the reservation that
+// asked): it gives 0 then.
 func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 	if wanted == 0 || !p.growMu.TryLock() {
 		return 0, nil
 	}
 	defer p.growMu.Unlock()
+	freed, err := p.trimTail(ctx)
+	if freed >= wanted || err != nil {
+		return freed, err
+	}
+	n, err := p.decommitHoles(ctx, wanted-freed)
+	return freed + n, err
+}
+
+// trimTail shrinks the region to the start of its free tail. The caller
+// holds growMu.
+func (p *Pool) trimTail(ctx context.Context) (uint64, error) {
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeLocked) and release.go retries
 	r, keep, old, ok := p.freeTail()
 	if !ok {
 		return 0, nil
@@ -144,7 +164,16 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 		} else {
 			t.size = 0 // the head of an empty region
 		}
-		freed = old - keep
+		// The decommitted granules of the cut are not held already.
+		g := uint64(r.Granularity())
+		var holes uint64
+		for k := keep / g; k < old/g; k++ {
+			if p.holes.has(k) {
+				p.holes.del(k)
+				holes += g
+			}
+		}
+		freed = old - keep - holes
 		p.rseg.size = keep
 		p.held -= freed
 		p.c.segFrees++

@@ -23,7 +23,8 @@ func TestBackingChoice(t *testing.T) {
 }
 
 // TestRegionGrowsAndTrimsTail: the region grows at its end at a fixed
-// address; a ticket decommits the free tail only, never a block in use.
+// address; a ticket decommits the free tail and the whole free granules of
+// the holes inside it (holes.go), never a block in use.
 func TestRegionGrowsAndTrimsTail(t *testing.T) {
 	e := setup(t, 1<<30, pool.Options{Backing: pool.BackingRegion, SegmentBytes: 1 << 20})
 	ctx := context.Background()
@@ -33,17 +34,20 @@ func TestRegionGrowsAndTrimsTail(t *testing.T) {
 	require.Equal(t, 1, s.NumSegments)
 	require.GreaterOrEqual(t, s.Segments, memapi.Bytes(24<<20))
 	require.Equal(t, a[0].Addr()+memapi.DeviceAddr(3<<20), a[1].Addr(), "one contiguous range")
-	freeAll(t, a) // a hole in the middle: not decommitted
+	freeAll(t, a) // a hole in the middle: decommitted after the tail
 	n, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1 << 30})
 	require.NoError(t, err)
 	tailBefore := s.Segments - 24<<20
-	require.Equal(t, tailBefore, n, "only the free tail goes")
+	require.Equal(t, tailBefore+12<<20, n, "the free tail and the hole go")
 	s = e.checkLedger(t)
-	require.Equal(t, memapi.Bytes(24<<20), s.Segments)
+	require.Equal(t, memapi.Bytes(12<<20), s.Segments)
+	require.Equal(t, memapi.Bytes(12<<20), s.Decommitted)
+	require.Equal(t, memapi.Bytes(12<<20), e.m.UsedBytes())
 	freeAll(t, b)
 	n, err = e.p.Trim(ctx)
 	require.NoError(t, err)
-	require.Equal(t, memapi.Bytes(24<<20), n)
+	require.Equal(t, memapi.Bytes(12<<20), n)
+	require.Zero(t, e.checkLedger(t).Decommitted)
 	require.Zero(t, e.checkLedger(t).Segments)
 	c := allocAll(t, e.p, 1, 5<<20)
 	require.Equal(t, a[0].Addr(), c[0].Addr(), "the address never moves")

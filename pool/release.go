@@ -51,6 +51,7 @@ func (p *Pool) quarantinedLocked() uint64 {
 // quarantined backing first anyway (Region.Grow). What still fails stays
 // quarantined and visible.
 func (p *Pool) retryReleases(ctx context.Context) error {
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeLocked)
 	bufs, r := p.toRetry()
 	var errs []error
 	for _, b := range bufs {

@@ -12,9 +12,17 @@ type Stats struct {
 
 	InUse     memapi.Bytes // bytes of blocks in use, rounded (allocated_bytes)
 	Requested memapi.Bytes // bytes asked for by blocks in use (requested_bytes)
-	Cached    memapi.Bytes // bytes held and not in use: free chunks, free slab blocks, pending blocks
+	Cached    memapi.Bytes // bytes held and not in use: free chunks, free slab blocks, pending blocks (decommitted granules excluded)
 	Pending   memapi.Bytes // of Cached: blocks freed behind fences not yet complete
-	Segments  memapi.Bytes // bytes held from the binding (reserved_bytes, TotalAllocated)
+	// Segments is the bytes held from the binding (reserved_bytes,
+	// TotalAllocated): what the governor charges the pool's holder, the
+	// mechanism's committed bytes. With BackingRegion that is the
+	// region's length less its decommitted granules (Decommitted).
+	Segments memapi.Bytes
+	// Decommitted is the bytes of whole free granules inside the region
+	// (BackingRegion) whose backing was given back: addresses only, not
+	// held, not in Segments or Cached (holes.go).
+	Decommitted memapi.Bytes
 	// Quarantined is backing the pool gave back whose release failed:
 	// not in Segments, still charged to the pool's holder (as quarantined)
 	// and held by the mechanism, retried by the next Trim, Reclaim or
@@ -40,6 +48,8 @@ type Stats struct {
 	Reclaimed     memapi.Bytes
 	OverBudget    uint64 // allocations failed over budget (num_ooms)
 	StreamReuse   uint64 // pending blocks reused at once on their own stream
+	Decommits     uint64 // passes that decommitted free granules inside the region
+	Recommits     uint64 // chunks whose decommitted granules were committed again
 }
 
 // Fragmentation is held bytes over requested bytes in use (1 is perfect; 0
@@ -89,6 +99,9 @@ func (p *Pool) Stats() Stats {
 		Reclaimed:     memapi.Bytes(p.c.reclaimed),
 		OverBudget:    p.c.overBudget,
 		StreamReuse:   p.c.streamReuse,
+		Decommitted:   memapi.Bytes(p.holeBytesLocked()),
+		Decommits:     p.c.decommits,
+		Recommits:     p.c.recommits,
 	}
 	cached := p.arena.freeBytes()
 	for _, c := range p.hugeFree {
@@ -108,6 +121,9 @@ func (p *Pool) Stats() Stats {
 	for _, b := range p.pending {
 		s.Pending += memapi.Bytes(b.size)
 	}
+	// Decommitted granules lie only in free chunks and in busy ones
+	// (out of the arena while a pmm call commits or decommits theirs).
+	cached += p.busyBytes - p.holeBytesLocked()
 	s.Cached = memapi.Bytes(cached) + s.Pending
 	s.Quarantined = memapi.Bytes(p.quarantinedLocked())
 	return s

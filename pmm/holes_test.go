@@ -1,0 +1,261 @@
+package pmm_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/fakes"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/pmm"
+	"github.com/stretchr/testify/require"
+)
+
+func span(off, n int) memapi.Range {
+	return memapi.Range{Off: memapi.Bytes(off) * gran, Len: memapi.Bytes(n) * gran}
+}
+
+// Decommit makes a hole inside the region behind its fences (pending until
+// they complete, then refunded after the mechanism's decommit); Commit
+// backs it again with a fresh charge; Len and the address never move.
+func TestDecommitAndCommitHoles(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	e.fctx.SetManualFences(true)
+	ctx := context.Background()
+	b, r := e.region(t, 16*gran)
+	addr := r.Addr()
+	require.NoError(t, r.Grow(ctx, 3*gran, nil))
+	require.NoError(t, r.Grow(ctx, 6*gran, nil))
+	f := e.fence(t)
+	require.NoError(t, r.RecordUse(f))
+	// Across the two grows' segments.
+	require.NoError(t, r.Decommit(ctx, span(2, 2)))
+	require.Equal(t, figures{Charged: 4 * gran, Pending: 2 * gran}, e.l.snapshot())
+	e.notDrained(t)
+	require.Equal(t, memapi.Bytes(6*gran), e.m.UsedBytes(), "decommitted before the fence completed")
+	f.Complete()
+	e.drain(t)
+	require.Equal(t, figures{Charged: 4 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
+	require.Equal(t, memapi.Bytes(4*gran), r.Committed())
+	require.Equal(t, memapi.Bytes(6*gran), r.Len(), "the length stays")
+
+	before := e.state(b)
+	for _, c := range []struct {
+		rng  memapi.Range
+		kind error
+	}{
+		{span(1, 2), memapi.ErrNotCommitted}, // half in the hole
+		{span(6, 1), memapi.ErrInvalidRange}, // above Len
+		{memapi.Range{Off: gran / 2, Len: gran}, memapi.ErrInvalidRange},
+		{memapi.Range{Off: gran, Len: 0}, memapi.ErrInvalidRange},
+	} {
+		require.ErrorIs(t, r.Decommit(ctx, c.rng), c.kind, "decommit %+v", c.rng)
+		require.Equal(t, before, e.state(b))
+	}
+	require.ErrorIs(t, r.Commit(ctx, span(1, 2)), memapi.ErrCommitted)
+	require.ErrorIs(t, r.Commit(ctx, span(5, 2)), memapi.ErrInvalidRange)
+	require.Equal(t, before, e.state(b))
+
+	// A second hole, then the first is backed again piecewise.
+	require.NoError(t, r.Decommit(ctx, span(5, 1)))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 3 * gran}, e.l.snapshot())
+	require.NoError(t, r.Commit(ctx, span(3, 1)))
+	require.NoError(t, r.Commit(ctx, span(2, 1)))
+	require.Equal(t, figures{Charged: 5 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(5*gran), e.m.UsedBytes())
+	require.Equal(t, addr, r.Addr())
+
+	// A shrink across the hole removes only what is backed.
+	require.NoError(t, r.Shrink(ctx, 4*gran, nil))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 4 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
+	require.NoError(t, r.Decommit(ctx, span(0, 4)))
+	require.NoError(t, r.Commit(ctx, span(1, 1)))
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// A transaction after a Decommit waits for its release: the range is
+// committed again only once it is really gone.
+func TestCommitWaitsForAnEarlierDecommit(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	e.fctx.SetManualFences(true)
+	ctx := context.Background()
+	_, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, 3*gran, nil))
+	f := e.fence(t)
+	require.NoError(t, r.RecordUse(f))
+	require.NoError(t, r.Decommit(ctx, span(1, 1)))
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	err := r.Commit(short, span(1, 1))
+	require.ErrorIs(t, err, memapi.ErrInUse)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, figures{Charged: 2 * gran, Pending: gran}, e.l.snapshot())
+	f.Complete()
+	require.NoError(t, r.Commit(ctx, span(1, 1)))
+	require.Equal(t, figures{Charged: 3 * gran}, e.l.snapshot())
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// Every step of Commit fails in turn: the ledger, the mechanism and the
+// region are as before, and the hole can be committed afterwards.
+func TestCommitFaultsLeaveNoTrace(t *testing.T) {
+	steps := []struct {
+		name   string
+		inject func(e *env)
+		want   error
+	}{
+		{"reserve", func(e *env) { e.l.failReserve = e.l.reserves + 1 }, errInjected},
+		{"commit-range", func(e *env) { e.m.Inject(fakes.Fault{Method: "Commit", Err: memapi.ErrOutOfMemory}) }, memapi.ErrOutOfMemory},
+		{"commit-charge", func(e *env) { e.l.failCommit = e.l.commits + 1 }, errInjected},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			e := setup(t, fakes.Config{})
+			ctx := context.Background()
+			b, r := e.region(t, 8*gran)
+			require.NoError(t, r.Grow(ctx, 4*gran, nil))
+			require.NoError(t, r.Decommit(ctx, span(1, 2)))
+			e.drain(t)
+			before, committed := e.state(b), r.Committed()
+			st.inject(e)
+			require.ErrorIs(t, r.Commit(ctx, span(1, 2)), st.want)
+			e.m.ClearFaults()
+			require.Equal(t, before, e.state(b))
+			require.Equal(t, committed, r.Committed())
+			require.Zero(t, r.Quarantined())
+			require.NoError(t, r.Commit(ctx, span(1, 2)))
+			require.Equal(t, figures{Charged: 4 * gran}, e.l.snapshot())
+			require.NoError(t, r.Close())
+			e.settled(t)
+		})
+	}
+}
+
+// A Commit whose charge cannot commit and whose rollback cannot decommit
+// keeps the range quarantined (charged, visible); Retry removes it.
+func TestCommitRollbackThatFailsIsQuarantined(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	_, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, 3*gran, nil))
+	require.NoError(t, r.Decommit(ctx, span(1, 1)))
+	e.drain(t)
+	e.l.failCommit = e.l.commits + 1
+	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
+	require.ErrorIs(t, r.Commit(ctx, span(1, 1)), ep.ErrQuarantined)
+	require.Equal(t, memapi.Bytes(gran), r.Quarantined())
+	require.Equal(t, memapi.Bytes(3*gran), e.m.UsedBytes())
+	require.Equal(t, memapi.Bytes(2*gran), r.Committed())
+	e.m.ClearFaults()
+	require.NoError(t, r.Retry(ctx))
+	require.Zero(t, r.Quarantined())
+	require.Equal(t, memapi.Bytes(2*gran), e.m.UsedBytes())
+	require.Equal(t, figures{Charged: 2 * gran}, e.l.snapshot())
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// A Decommit whose release fails stays charged and quarantined; a Commit
+// of the range fails while it cannot be removed, and removes it first once
+// it can.
+func TestFailedDecommitIsQuarantinedAndRetried(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	_, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, 4*gran, nil))
+	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
+	require.NoError(t, r.Decommit(ctx, span(1, 2)))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 4 * gran, Quarantined: 2 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
+	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
+	require.ErrorIs(t, r.Commit(ctx, span(1, 1)), ep.ErrQuarantined)
+	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
+	e.m.ClearFaults()
+	require.NoError(t, r.Commit(ctx, span(1, 1)))
+	require.Zero(t, r.Quarantined())
+	require.Equal(t, figures{Charged: 3 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(3*gran), e.m.UsedBytes())
+	// Closed with a quarantined hole: Close removes it with the rest.
+	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
+	require.NoError(t, r.Decommit(ctx, span(3, 1)))
+	e.drain(t)
+	e.m.ClearFaults()
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// Close during a Decommit's release: the final release runs after it and
+// frees the rest; nothing is left.
+func TestCloseAfterDecommitBehindAFence(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	e.fctx.SetManualFences(true)
+	ctx := context.Background()
+	_, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, 5*gran, nil))
+	f := e.fence(t)
+	require.NoError(t, r.RecordUse(f))
+	require.NoError(t, r.Decommit(ctx, span(1, 2)))
+	require.NoError(t, r.Close())
+	require.Equal(t, figures{Pending: 5 * gran}, e.l.snapshot())
+	e.notDrained(t)
+	f.Complete()
+	e.settled(t)
+}
+
+// On the CPU mechanism the kernel agrees after every step (mincore), and a
+// hole's neighbours keep their contents.
+func TestHolesOnTheCPU(t *testing.T) {
+	m, err := cpu.New(cpu.Options{Granularity: 4096, Authority: auth})
+	require.NoError(t, err)
+	cctx := cpu.NewContext(m)
+	ectx := ep.NewContext(cctx, ep.Options{})
+	l := &testLedger{}
+	mgr := pmm.New(l, pmm.Options{Verify: true})
+	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: auth}))
+	ctx := context.Background()
+	defer func() { require.NoError(t, ectx.Close(ctx, true)) }()
+	b, err := mgr.Bind("kv", "cache", dev0)
+	require.NoError(t, err)
+	r, err := b.ReserveVirtual(ctx, 64*4096)
+	require.NoError(t, err)
+	check := func(want memapi.Bytes) {
+		t.Helper()
+		require.NoError(t, ectx.Queue().Drain(ctx))
+		k, err := m.KernelBytes()
+		require.NoError(t, err)
+		require.Equal(t, figures{Charged: want}, l.snapshot())
+		require.Equal(t, want, m.UsedBytes())
+		require.Equal(t, want, k, "mincore")
+	}
+	require.NoError(t, r.Grow(ctx, 16*4096, nil))
+	st, err := cctx.NewStream()
+	require.NoError(t, err)
+	defer st.Close()
+	for i := range 16 {
+		require.NoError(t, st.CopyToDevice(r.Addr()+memapi.DeviceAddr(i*4096), []byte{byte(i + 1)}))
+	}
+	require.NoError(t, st.Synchronize(ctx))
+	check(16 * 4096)
+	require.NoError(t, r.Decommit(ctx, memapi.Range{Off: 4 * 4096, Len: 8 * 4096}))
+	check(8 * 4096)
+	require.NoError(t, r.Commit(ctx, memapi.Range{Off: 6 * 4096, Len: 2 * 4096}))
+	check(10 * 4096)
+	for i, want := range map[int]byte{3: 4, 6: 0, 12: 13} {
+		got := make([]byte, 1)
+		require.NoError(t, st.CopyFromDevice(got, r.Addr()+memapi.DeviceAddr(i*4096)))
+		require.NoError(t, st.Synchronize(ctx))
+		require.Equal(t, want, got[0], "granule %d", i)
+	}
+	require.NoError(t, r.Close())
+	check(0)
+	require.NoError(t, b.Close())
+}
