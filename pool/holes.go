@@ -175,7 +175,7 @@ func sumRanges(rs []memapi.Range) (n uint64) {
 // slack keeps the pmm calls, and the recommits of granules given back a
 // moment earlier, few. The caller holds growMu.
 func (p *Pool) relieve(ctx context.Context) {
-	if p.opts.HoleSlack < 0 {
+	if p.opts.HoleSlack <= 0 {
 		return
 	}
 	slack := uint64(float64(p.heldNow()) * p.opts.HoleSlack)

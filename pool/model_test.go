@@ -62,9 +62,10 @@ func poolModel(t *testing.T, backing pool.Backing) {
 	var decommits, recommits uint64
 	rapid.Check(t, func(rt *rapid.T) {
 		// The region's holes (holes.go): whole free granules decommitted
-		// before every rise of the committed bytes (a slack of 0), at the
-		// default slack, or only by Reclaim and Trim.
-		slack := rapid.SampledFrom([]float64{1e-9, 0, -1}).Draw(rt, "holeSlack")
+		// before every rise of the committed bytes (a slack of almost 0),
+		// beyond a slack of 1/20, or only by Reclaim and Trim (0, the
+		// default).
+		slack := rapid.SampledFrom([]float64{1e-9, 1.0 / 20, 0}).Draw(rt, "holeSlack")
 		e := setupWith(rt, 96<<20, pool.Options{SegmentBytes: 2 << 20, SlabBytes: 256 << 10, HugeBytes: 4 << 20, Backing: backing,
 			Wait: 10 * time.Millisecond, HoleSlack: slack}, fakes.Config{Granularity: 64 << 10})
 		require.Equal(rt, backing, e.p.Stats().Backing)

@@ -49,13 +49,16 @@ type Options struct {
 	// HugeBytes is the least request that gets a segment of its own,
 	// never split, whatever the backing (default 8 MiB; huge.go).
 	HugeBytes memapi.Bytes
-	// HoleSlack (BackingRegion) is the share of what the pool holds that
-	// may be whole free granules still committed when the pool's
-	// committed bytes are about to rise (a growth, a recommit); above it
-	// they are decommitted first (holes.go). Default 1/20 (peak held /
-	// peak requested 1.14 on the random pattern at 64 KiB granules, 1.25
-	// without); lower holds less and calls pmm more. Negative: never
-	// before a rise (Reclaim and Trim still decommit them).
+	// HoleSlack (BackingRegion), when above 0, is the share of what the
+	// pool holds that may be whole free granules still committed when the
+	// pool's committed bytes are about to rise (a growth, a recommit);
+	// above it they are decommitted first (holes.go), and a block placed
+	// on them later commits them again. 1/20 gives peak held / peak
+	// requested 1.14 on the random pattern at 64 KiB granules instead of
+	// 1.25, at about 20 times the pool's time there: on the CPU a recommit
+	// pays the kernel's zeroing of the pages again. The default, 0, never
+	// decommits before a rise; Reclaim and Trim decommit the holes either
+	// way, so the cache they hold answers pressure.
 	HoleSlack float64
 }
 
@@ -139,9 +142,6 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	}
 	if opts.SlabBytes == 0 {
 		opts.SlabBytes = 2 << 20
-	}
-	if opts.HoleSlack == 0 {
-		opts.HoleSlack = 1.0 / 20
 	}
 	if opts.HugeBytes == 0 {
 		opts.HugeBytes = 8 << 20
