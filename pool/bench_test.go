@@ -255,6 +255,90 @@ func BenchmarkSmallAllocFreeContended(b *testing.B) {
 	b.ReportMetric(float64(p.Stats().PeakSyncs)/float64(rounds*3*b.N+1000), "peak-syncs/alloc")
 }
 
+// BenchmarkSmallCrossFree: a producer allocates small blocks that a
+// consumer goroutine frees (handed over in batches of 64), against the
+// same allocations freed by the producer itself, in the same run. The
+// consumer's frees lower its own shard's share while the producer's only
+// grows, so near the peak the producer's Allocs sync (tally.go):
+// peak-syncs/alloc says how often, x-vs-same-goroutine what it costs.
+func BenchmarkSmallCrossFree(b *testing.B) {
+	p, _, done := benchEnv(b, 1<<30)
+	defer done()
+	ctx := context.Background()
+	const batch = 64
+	alloc := func(buf []pool.Block) {
+		for i := range buf {
+			blk, err := p.Alloc(ctx, memapi.Bytes(256<<(i&7)), nil)
+			if err != nil {
+				panic(err)
+			}
+			buf[i] = blk
+		}
+	}
+	free := func(buf []pool.Block) {
+		for _, blk := range buf {
+			if err := blk.Free(); err != nil {
+				panic(err)
+			}
+		}
+	}
+	same := func(n int) time.Duration {
+		buf := make([]pool.Block, batch)
+		t0 := time.Now()
+		for range n / batch {
+			alloc(buf)
+			free(buf)
+		}
+		return time.Since(t0)
+	}
+	cross := func(n int) (time.Duration, uint64) {
+		s0 := p.Stats().PeakSyncs
+		ch := make(chan []pool.Block, 2)
+		back := make(chan []pool.Block, 3)
+		for range 3 {
+			back <- make([]pool.Block, batch)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for buf := range ch {
+				free(buf)
+				back <- buf
+			}
+		}()
+		t0 := time.Now()
+		for range n / batch {
+			buf := <-back
+			alloc(buf)
+			ch <- buf
+		}
+		close(ch)
+		wg.Wait()
+		return time.Since(t0), p.Stats().PeakSyncs - s0
+	}
+	same(1 << 12)
+	var tSame, tCross time.Duration
+	var syncs uint64
+	b.ResetTimer()
+	for r := range 3 {
+		d := same(b.N)
+		c, sy := cross(b.N)
+		if r == 0 || d < tSame {
+			tSame = d
+		}
+		if r == 0 || c < tCross {
+			tCross, syncs = c, sy
+		}
+	}
+	b.StopTimer()
+	ops := float64(b.N / batch * batch)
+	b.ReportMetric(float64(tSame.Nanoseconds())/ops, "same-ns/op")
+	b.ReportMetric(float64(tCross.Nanoseconds())/ops, "cross-ns/op")
+	b.ReportMetric(float64(tCross)/float64(tSame), "x-vs-same-goroutine")
+	b.ReportMetric(float64(syncs)/ops, "peak-syncs/alloc")
+}
+
 // cpuTime is the process's user and system time.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
