@@ -8,11 +8,13 @@ import (
 )
 
 // Holes (BackingRegion): whole granules of the region inside free chunks
-// can be decommitted (pmm.Region.Decommit) without moving any block. Before
-// the region grows, and in Reclaim and Trim once its free tail is given
-// back, the pool decommits every whole free granule that is still
-// committed; a chunk the arena hands out that covers decommitted granules is
-// committed again first (pmm.Region.Commit). So what the pool holds, and
+// can be decommitted (pmm.Region.Decommit) without moving any block.
+// Reclaim and Trim, once the region's free tail is given back, decommit
+// the whole free granules still committed; with Options.HoleSlack above 0
+// so does every rise of the committed bytes (a growth, a recommit) when
+// they are more than the slack (relieve). A chunk the arena hands out that
+// covers decommitted granules is committed again first (pmm.Region.Commit).
+// So what the pool holds, and
 // what the governor charges it, is the region's committed bytes:
 //
 //	Segments == region length - decommitted granules
