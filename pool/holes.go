@@ -14,8 +14,8 @@ import (
 // so does every rise of the committed bytes (a growth, a recommit) when
 // they are more than the slack (relieve). A chunk the arena hands out that
 // covers decommitted granules is committed again first (pmm.Region.Commit).
-// So what the pool holds, and
-// what the governor charges it, is the region's committed bytes:
+// So what the pool holds, and what the governor charges it, is the
+// region's committed bytes:
 //
 //	Segments == region length - decommitted granules
 //	Cached   == free and busy chunks + free small blocks + pending - decommitted granules
