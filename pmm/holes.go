@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -75,33 +74,9 @@ func (r *Region) Decommit(ctx context.Context, rng memapi.Range) error {
 	for _, sg := range drop {
 		_ = sg.lease.MarkPending(sg.r.Len)
 	}
-	c := ep.NewCompletion()
-	s.shrinks = append(s.shrinks, c)
 	s.mu.Unlock()
-	done = c
-	err = s.d.ctx.Queue().Enqueue(ep.Release{
-		Name:   fmt.Sprintf("decommit of [%#x, +%#x) in region %#x", rng.Off, rng.Len, s.res.Addr()),
-		Fences: s.lc.Pending(),
-		Done:   c,
-		Free: func(ctx context.Context) error {
-			left, err := s.removeAll(ctx, drop)
-			s.quarantine(left)
-			return err
-		},
-	})
-	if err != nil {
-		// Not scheduled (a closing queue, which a live region's pin
-		// forbids): the pieces stay charged and visible, for a retry,
-		// and no transaction waits for the release that never runs.
-		s.mu.Lock()
-		s.shrinks = slices.DeleteFunc(s.shrinks, func(x *ep.Completion) bool { return x == c })
-		s.mu.Unlock()
-		done = nil
-		s.quarantine(drop)
-		return &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: rng.Len,
-			Detail: "the decommit could not be scheduled; the range stays charged until a retry removes it", Err: err}
-	}
-	return nil
+	done, err = s.queueRelease(op, fmt.Sprintf("decommit of [%#x, +%#x) in region %#x", rng.Off, rng.Len, s.res.Addr()), rng.Len, drop)
+	return err
 }
 
 // cutOut splits the segments that rng covers at its ends and returns the

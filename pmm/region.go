@@ -390,17 +390,33 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 	clear(s.segs[keep:])
 	s.segs = s.segs[:keep]
 	s.top = newTop
+	var dropped memapi.Bytes
 	for _, sg := range drop {
+		dropped += sg.r.Len
 		if sg.lease != nil {
 			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
+	s.mu.Unlock()
+	var err error
+	done, err = s.queueRelease(op, fmt.Sprintf("shrink of region %#x to %d", s.res.Addr(), newTop), dropped, drop)
+	return err
+}
+
+// queueRelease queues the release of drop, segments the caller's
+// transaction (Shrink, Decommit) took out of the region's ledger and marked
+// pending, behind the region's recorded fences, and returns the completion
+// later transactions wait for (begin). A release the queue cannot schedule
+// (a closing queue, which a live region's pin forbids) leaves nothing to
+// wait for: drop is quarantined (charged, visible, retried like a release
+// that failed) and the error is of kind ep.ErrQuarantined.
+func (s *regionState) queueRelease(op, name string, wanted memapi.Bytes, drop []segment) (memapi.Fence, error) {
 	c := ep.NewCompletion()
+	s.mu.Lock()
 	s.shrinks = append(s.shrinks, c)
 	s.mu.Unlock()
-	done = c
-	return s.d.ctx.Queue().Enqueue(ep.Release{
-		Name:   fmt.Sprintf("shrink of region %#x to %d", s.res.Addr(), newTop),
+	err := s.d.ctx.Queue().Enqueue(ep.Release{
+		Name:   name,
 		Fences: s.lc.Pending(),
 		Done:   c,
 		Free: func(ctx context.Context) error {
@@ -409,6 +425,15 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 			return err
 		},
 	})
+	if err == nil {
+		return c, nil
+	}
+	s.mu.Lock()
+	s.shrinks = slices.DeleteFunc(s.shrinks, func(x *ep.Completion) bool { return x == c })
+	s.mu.Unlock()
+	s.quarantine(drop)
+	return nil, &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: wanted,
+		Detail: "the release could not be scheduled; the backing stays charged until a retry removes it", Err: err}
 }
 
 // quarantine books segments whose removal failed as quarantined and keeps
