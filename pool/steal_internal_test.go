@@ -4,13 +4,7 @@ import (
 	"context"
 	"runtime"
 	"testing"
-	"time"
 
-	"github.com/memgen/memgen/ep"
-	"github.com/memgen/memgen/fakes"
-	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
-	"github.com/memgen/memgen/pmm"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,28 +12,8 @@ import (
 // quiet, or the goroutine that freed them moved to another P) are taken before a
 // new slab is carved.
 func TestStealFromIdleShards(t *testing.T) {
-	const a = memapi.AuthorityID("dev")
-	m := fakes.NewMechanism(fakes.Config{Authority: a, Offers: memapi.Of(memapi.CapDeviceAllocator)})
-	ectx := ep.NewContext(fakes.NewContext(m), ep.Options{})
-	g := governor.New(governor.Options{})
-	require.NoError(t, g.AddAuthority(a, 1<<30))
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
-	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	require.NoError(t, mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: a}))
-	b, err := mgr.Bind("pool", "workspace", dev)
-	require.NoError(t, err)
-	p, err := New(b, Options{})
-	require.NoError(t, err)
+	p := newTestPool(t)
 	p.shards, p.mask = make([]shard, 4), 3 // more shards than this machine may have Ps
-	require.NoError(t, g.Register("pool", p, governor.HolderOptions{Cache: true}))
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, p.Close())
-		require.NoError(t, mgr.Close(ctx))
-		require.NoError(t, ectx.Close(ctx, true))
-		require.NoError(t, g.Close())
-	}()
 	ctx := context.Background()
 	const size = 4096
 	c := classOf(size)
