@@ -124,7 +124,11 @@ type rig struct {
 	alloc *Allocator
 }
 
-func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
+// newHost makes a governed host device: a governor with one authority of
+// capacity bytes, the CPU mechanism (2 MiB granularity), its device
+// context behind a deferred-free queue, and a manager with the device
+// registered. The caller closes them.
+func newHost(t testing.TB, capacity memapi.Bytes) (*governor.Governor, *cpu.Mechanism, *ep.Context, *pmm.Manager) {
 	t.Helper()
 	g := governor.New(governor.Options{})
 	if err := g.AddAuthority(hostAuth, capacity); err != nil {
@@ -140,6 +144,13 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
 		t.Fatal(err)
 	}
+	return g, m, ectx, mgr
+}
+
+func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
+	t.Helper()
+	g, m, ectx, mgr := newHost(t, capacity)
+	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	bind, err := mgr.Bind("ort", "session", host)
 	if err != nil {
 		t.Fatal(err)

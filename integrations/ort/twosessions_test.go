@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
-	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -52,20 +50,8 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 	needFan(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure must not hang the closes
 	defer cancel()
-	g := governor.New(governor.Options{})
-	if err := g.AddAuthority(hostAuth, 1<<30); err != nil {
-		t.Fatal(err)
-	}
-	m, err := cpu.New(cpu.Options{Granularity: cpu.Granularity2MiB, Authority: hostAuth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	g, m, ectx, mgr := newHost(t, 1<<30)
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
-		t.Fatal(err)
-	}
 	settle := func() {
 		t.Helper()
 		if err := ectx.Queue().Drain(ctx); err != nil {
