@@ -52,7 +52,8 @@ func (s *regionState) checkHoleRange(op string, rng memapi.Range) error {
 // ctx). A range not wholly committed is memapi.ErrNotCommitted, one out of
 // bounds memapi.ErrInvalidRange, and both change nothing. A release that
 // fails quarantines the backing (charged, visible in Quarantined); a later
-// Commit, Grow, Retry or Close removes it first.
+// Commit or Grow that backs its range removes it first, as do Retry and
+// Close, while other ranges are committed regardless.
 func (r *Region) Decommit(ctx context.Context, rng memapi.Range) error {
 	const op = "pmm.Region.Decommit"
 	s := r.s
@@ -114,7 +115,8 @@ func cutOut(segs []segment, rng memapi.Range) (keep, drop []segment, err error) 
 
 // Commit backs a hole again: rng (aligned to the granularity, below Len)
 // must have no backing. As one transaction, like Grow: quarantined backing
-// is removed first, then a grant for rng's bytes is reserved (with pressure,
+// that overlaps rng is removed first (quarantined pieces elsewhere stay as
+// they are and do not stop it), then a grant for rng's bytes is reserved (with pressure,
 // bounded by ctx) → the mechanism commits rng, drawing from it → the grant
 // is committed into the lease of the new piece. On any failure the range
 // is decommitted, the grant returned and the region is as before; should
@@ -131,7 +133,7 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 	if err := s.checkHoleRange(op, rng); err != nil {
 		return err
 	}
-	if err := s.settleQuarantine(ctx, op); err != nil {
+	if err := s.settleQuarantine(ctx, op, rng); err != nil {
 		return err
 	}
 	s.mu.Lock()

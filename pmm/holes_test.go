@@ -80,17 +80,45 @@ func TestDecommitAndCommitHoles(t *testing.T) {
 	e.settled(t)
 }
 
+// hole is the hole tests' common start: a fresh env, a region of 8
+// granules grown to grow granules, then rng decommitted.
+type hole struct {
+	grow  int
+	rng   memapi.Range
+	fault *fakes.Fault // injected into the mechanism just before the Decommit
+	// fence: the env's fences are manual, and one recorded on the region
+	// before the Decommit is returned not completed, so its release still
+	// waits; without it the release has run when make returns.
+	fence bool
+}
+
+func (h hole) make(t *testing.T) (*env, *pmm.Binding, *pmm.Region, *fakes.Fence) {
+	t.Helper()
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	b, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, memapi.Bytes(h.grow)*gran, nil))
+	var f *fakes.Fence
+	if h.fence {
+		e.fctx.SetManualFences(true)
+		f = e.fence(t)
+		require.NoError(t, r.RecordUse(f))
+	}
+	if h.fault != nil {
+		e.m.Inject(*h.fault)
+	}
+	require.NoError(t, r.Decommit(ctx, h.rng))
+	if !h.fence {
+		e.drain(t)
+	}
+	return e, b, r, f
+}
+
 // A transaction after a Decommit waits for its release: the range is
 // committed again only once it is really gone.
 func TestCommitWaitsForAnEarlierDecommit(t *testing.T) {
-	e := setup(t, fakes.Config{})
-	e.fctx.SetManualFences(true)
+	e, _, r, f := hole{grow: 3, rng: span(1, 1), fence: true}.make(t)
 	ctx := context.Background()
-	_, r := e.region(t, 8*gran)
-	require.NoError(t, r.Grow(ctx, 3*gran, nil))
-	f := e.fence(t)
-	require.NoError(t, r.RecordUse(f))
-	require.NoError(t, r.Decommit(ctx, span(1, 1)))
 	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
 	err := r.Commit(short, span(1, 1))
@@ -118,12 +146,8 @@ func TestCommitFaultsLeaveNoTrace(t *testing.T) {
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
-			e := setup(t, fakes.Config{})
+			e, b, r, _ := hole{grow: 4, rng: span(1, 2)}.make(t)
 			ctx := context.Background()
-			b, r := e.region(t, 8*gran)
-			require.NoError(t, r.Grow(ctx, 4*gran, nil))
-			require.NoError(t, r.Decommit(ctx, span(1, 2)))
-			e.drain(t)
 			before, committed := e.state(b), r.Committed()
 			st.inject(e)
 			require.ErrorIs(t, r.Commit(ctx, span(1, 2)), st.want)
@@ -142,12 +166,8 @@ func TestCommitFaultsLeaveNoTrace(t *testing.T) {
 // A Commit whose charge cannot commit and whose rollback cannot decommit
 // keeps the range quarantined (charged, visible); Retry removes it.
 func TestCommitRollbackThatFailsIsQuarantined(t *testing.T) {
-	e := setup(t, fakes.Config{})
+	e, _, r, _ := hole{grow: 3, rng: span(1, 1)}.make(t)
 	ctx := context.Background()
-	_, r := e.region(t, 8*gran)
-	require.NoError(t, r.Grow(ctx, 3*gran, nil))
-	require.NoError(t, r.Decommit(ctx, span(1, 1)))
-	e.drain(t)
 	e.l.failCommit = e.l.commits + 1
 	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
 	require.ErrorIs(t, r.Commit(ctx, span(1, 1)), ep.ErrQuarantined)
@@ -167,13 +187,9 @@ func TestCommitRollbackThatFailsIsQuarantined(t *testing.T) {
 // of the range fails while it cannot be removed, and removes it first once
 // it can.
 func TestFailedDecommitIsQuarantinedAndRetried(t *testing.T) {
-	e := setup(t, fakes.Config{})
+	stuck := fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable}
+	e, _, r, _ := hole{grow: 4, rng: span(1, 2), fault: &stuck}.make(t)
 	ctx := context.Background()
-	_, r := e.region(t, 8*gran)
-	require.NoError(t, r.Grow(ctx, 4*gran, nil))
-	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
-	require.NoError(t, r.Decommit(ctx, span(1, 2)))
-	e.drain(t)
 	require.Equal(t, figures{Charged: 4 * gran, Quarantined: 2 * gran}, e.l.snapshot())
 	require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
 	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
@@ -185,7 +201,7 @@ func TestFailedDecommitIsQuarantinedAndRetried(t *testing.T) {
 	require.Equal(t, figures{Charged: 3 * gran}, e.l.snapshot())
 	require.Equal(t, memapi.Bytes(3*gran), e.m.UsedBytes())
 	// Closed with a quarantined hole: Close removes it with the rest.
-	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
+	e.m.Inject(stuck)
 	require.NoError(t, r.Decommit(ctx, span(3, 1)))
 	e.drain(t)
 	e.m.ClearFaults()
@@ -193,17 +209,46 @@ func TestFailedDecommitIsQuarantinedAndRetried(t *testing.T) {
 	e.settled(t)
 }
 
+// A hole whose release keeps failing blocks only the transactions that
+// need its range: other holes are committed again, the region grows past
+// it, and its bytes stay quarantined (charged, visible) throughout until a
+// Commit of its own range removes it once the fault clears.
+func TestStuckHoleBlocksOnlyItsOwnRange(t *testing.T) {
+	stuck := fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable,
+		When: func(c fakes.Call) bool { return c.Args[2].(memapi.Range) == span(1, 2) }}
+	e, _, r, _ := hole{grow: 6, rng: span(1, 2), fault: &stuck}.make(t)
+	ctx := context.Background()
+	require.Equal(t, figures{Charged: 6 * gran, Quarantined: 2 * gran}, e.l.snapshot())
+	// Another hole, committed again while the first is stuck.
+	require.NoError(t, r.Decommit(ctx, span(4, 1)))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 5 * gran, Quarantined: 2 * gran}, e.l.snapshot())
+	require.NoError(t, r.Commit(ctx, span(4, 1)))
+	require.NoError(t, r.Grow(ctx, 8*gran, nil))
+	require.Equal(t, figures{Charged: 8 * gran, Quarantined: 2 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(8*gran), e.m.UsedBytes(), "the stuck hole is still committed")
+	require.Equal(t, memapi.Bytes(6*gran), r.Committed())
+	require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
+	// Its own range, whole or in part, fails and changes nothing.
+	for _, rng := range []memapi.Range{span(1, 2), span(2, 1)} {
+		require.ErrorIs(t, r.Commit(ctx, rng), ep.ErrQuarantined, "commit %v", rng)
+		require.Equal(t, figures{Charged: 8 * gran, Quarantined: 2 * gran}, e.l.snapshot())
+		require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
+	}
+	e.m.ClearFaults()
+	require.NoError(t, r.Commit(ctx, span(2, 1)))
+	require.Zero(t, r.Quarantined())
+	require.Equal(t, figures{Charged: 7 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(7*gran), e.m.UsedBytes())
+	require.NoError(t, r.Commit(ctx, span(1, 1)))
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
 // Close during a Decommit's release: the final release runs after it and
 // frees the rest; nothing is left.
 func TestCloseAfterDecommitBehindAFence(t *testing.T) {
-	e := setup(t, fakes.Config{})
-	e.fctx.SetManualFences(true)
-	ctx := context.Background()
-	_, r := e.region(t, 8*gran)
-	require.NoError(t, r.Grow(ctx, 5*gran, nil))
-	f := e.fence(t)
-	require.NoError(t, r.RecordUse(f))
-	require.NoError(t, r.Decommit(ctx, span(1, 2)))
+	e, _, r, f := hole{grow: 5, rng: span(1, 2), fence: true}.make(t)
 	require.NoError(t, r.Close())
 	require.Equal(t, figures{Pending: 5 * gran}, e.l.snapshot())
 	e.notDrained(t)

@@ -58,7 +58,8 @@ func (s segment) account() memapi.Account {
 // release sees the state it left; a transaction that had not begun fails
 // with memapi.ErrClosed. Backing whose removal failed (a rollback, a
 // shrink's release, the final release) is quarantined: its bytes stay
-// charged and visible, and a later Grow, Retry or Close removes it first.
+// charged and visible, and a later transaction that backs its range
+// (Grow, Commit, MapShared), Retry or Close removes it first.
 type Region struct {
 	*ep.Owned
 	s *regionState
@@ -122,7 +123,8 @@ func (r *Region) Cap() memapi.Bytes { return r.s.res.Size() }
 func (r *Region) Len() memapi.Bytes { return r.s.len() }
 
 // Quarantined returns the bytes of backing whose removal failed and that
-// wait for a retry (Grow, Retry or Close), still charged.
+// wait for a retry (a transaction that backs their range, Retry or Close),
+// still charged.
 func (r *Region) Quarantined() memapi.Bytes {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
@@ -154,7 +156,7 @@ func (r *Region) Retry(ctx context.Context) error {
 		return err
 	}
 	defer r.s.end()
-	return r.s.settleQuarantine(ctx, op)
+	return r.s.settleQuarantine(ctx, op, r.s.whole())
 }
 
 // begin starts a transaction: it holds the region open, takes its turn, and
@@ -199,26 +201,38 @@ func (s *regionState) end(fences ...memapi.Fence) {
 	_ = s.lc.End(fences...) // a scheduling failure quarantines the region
 }
 
-// settleQuarantine removes quarantined backing before the range above top
-// is used again. Called in a transaction.
-func (s *regionState) settleQuarantine(ctx context.Context, op string) error {
+// settleQuarantine removes the quarantined backing that overlaps rng, the
+// range the transaction is about to back, before it is used again; pieces
+// elsewhere stay quarantined (charged, visible) for the transaction that
+// needs their range, Retry or the final release, so one piece that cannot
+// be removed blocks only the transactions that need its range. Called in a
+// transaction.
+func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memapi.Range) error {
 	s.mu.Lock()
-	q := s.quar
-	s.quar = nil
+	var q, keep []segment
+	for _, sg := range s.quar {
+		if sg.r.Overlaps(rng) {
+			q = append(q, sg)
+		} else {
+			keep = append(keep, sg)
+		}
+	}
+	s.quar = keep
 	s.mu.Unlock()
 	if len(q) == 0 {
 		return nil
 	}
 	left, err := s.removeAll(ctx, q)
-	s.mu.Lock()
-	s.quar = append(left, s.quar...)
-	s.mu.Unlock()
+	s.quarantine(left) // back, in address order; what is booked stays booked
 	if err != nil {
 		return &memapi.Error{Op: op, Kind: ep.ErrQuarantined, Authority: s.d.authority, Wanted: sumLen(left),
-			Detail: "backing above the region's end could not be removed; Retry", Err: err}
+			Detail: fmt.Sprintf("quarantined backing in %v could not be removed; Retry", rng), Err: err}
 	}
 	return nil
 }
+
+// whole is the region's whole reserved range: what Retry settles.
+func (s *regionState) whole() memapi.Range { return memapi.Range{Len: s.res.Size()} }
 
 func sumLen(segs []segment) memapi.Bytes {
 	var n memapi.Bytes
@@ -269,10 +283,10 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 		}
 		return nil
 	}
-	if err := s.settleQuarantine(ctx, op); err != nil {
+	rng := memapi.Range{Off: old, Len: newTop - old}
+	if err := s.settleQuarantine(ctx, op, rng); err != nil {
 		return err
 	}
-	rng := memapi.Range{Off: old, Len: newTop - old}
 	g, err := s.bind.reserve(ctx, s.d, rng.Len)
 	if err != nil {
 		return err
@@ -308,7 +322,8 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 // quarantineGrow keeps a grown range whose rollback could not decommit it:
 // committed into a quarantined lease when the grant still commits, else kept
 // with its open grant (the drawn bytes stay reserved). Either way the bytes
-// stay visible and the next Grow, Retry or Close removes the range first.
+// stay visible and the next transaction that backs the range (Grow, Commit,
+// MapShared), Retry or Close removes it first.
 func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error {
 	return s.quarantineCommit("pmm.Region.Grow", rng, g, err)
 }

@@ -122,12 +122,12 @@ func (r *Region) MapShared(ctx context.Context, sh *Shared, access memapi.Access
 		return memapi.Range{}, err
 	}
 	defer rs.end()
-	if err := rs.settleQuarantine(ctx, op); err != nil {
-		return memapi.Range{}, err
-	}
 	rng := memapi.Range{Off: rs.len(), Len: s.backing.Size()}
 	if !rng.Within(rs.res.Size()) {
 		return memapi.Range{}, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: rng.Off + rng.Len, Available: rs.res.Size()}
+	}
+	if err := rs.settleQuarantine(ctx, op, rng); err != nil {
+		return memapi.Range{}, err
 	}
 	if err := s.lc.Begin(op); err != nil {
 		return memapi.Range{}, err
