@@ -52,7 +52,8 @@ func (c *Context) Live() int {
 
 // Quarantined returns how many handles made in the context are
 // quarantined: their release failed, their memory is still held and they
-// stay pinned until a retry frees them.
+// stay pinned until a retry frees them (a leftover the context refused to
+// pin, see OwnQuarantined, is counted too, though it pins nothing).
 func (c *Context) Quarantined() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -78,7 +79,8 @@ func (c *Context) QuarantineErrors() []error {
 }
 
 // RetryQuarantined queues the release of every quarantined handle again,
-// including those their holder dropped.
+// including those their holder dropped; after Close it still frees the
+// unpinned leftovers of OwnQuarantined, in the caller's goroutine.
 func (c *Context) RetryQuarantined() error {
 	c.mu.Lock()
 	ls := make([]*Lifecycle, 0, len(c.quarantine))
@@ -149,6 +151,8 @@ func (c *Context) Unpin() {
 // waits until they are all freed or ctx ends. It never frees underneath live
 // allocations. After the pins reach zero it drains the queue, stops it and
 // closes the device context. Close after a successful Close returns nil.
+// Unpinned leftovers (OwnQuarantined) do not hold it: they stay listed in
+// Quarantined for RetryQuarantined.
 func (c *Context) Close(ctx context.Context, wait bool) error {
 	c.mu.Lock()
 	if c.closed {

@@ -127,6 +127,10 @@ type Lifecycle struct {
 	c    *Context
 	name string
 	rel  Releaser
+	// pinned: the lifecycle holds one of c's pins, which its release
+	// returns. Only a leftover the context refused to pin (OwnQuarantined
+	// on a closing context) holds none.
+	pinned bool
 
 	mu     sync.Mutex
 	state  State
@@ -167,27 +171,36 @@ func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
 	if err := c.Pin(); err != nil {
 		return nil, err
 	}
-	l := &Lifecycle{c: c, name: name, rel: r}
+	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
 	o := &Owned{l: l}
 	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
 	return o, nil
 }
 
-// OwnQuarantined pins the context for memory that no handle owns any more
-// because its rollback failed (an allocation whose grant could not commit
-// and which could not be freed back into it): a lifecycle born Quarantined
-// with cause as its error, reachable from the context, whose release r.Free
-// tries when RetryQuarantined (or Retry) queues it. Closed and Pending are
-// never called. Its bytes stay visible where the layer above booked them
-// until the free succeeds and the context is unpinned.
+// OwnQuarantined keeps memory that no handle owns any more because its
+// rollback or its handoff failed (an allocation whose grant could not
+// commit and which could not be freed back into it, or one the context
+// refused to own and which could not be freed): a lifecycle born
+// Quarantined with cause as its error, reachable from the context
+// (Quarantined, QuarantineErrors), whose release r.Free tries when
+// RetryQuarantined (or Retry) queues it. Closed and Pending are never
+// called. Its bytes stay visible where the layer above booked them until
+// the free succeeds.
+//
+// It pins the context, so the context cannot close under it. A context
+// that refuses the pin (closed, or its queue closing) keeps it all the
+// same, unpinned: the memory was never handed out, so no device work
+// uses it and its release waits for no fence; once the queue no longer
+// takes releases, RetryQuarantined runs it in the caller's goroutine.
 func (c *Context) OwnQuarantined(name string, r Releaser, cause error) (*Lifecycle, error) {
 	if r == nil {
 		return nil, memapi.Errorf("ep.Context.OwnQuarantined", memapi.ErrInvalidSize, "%q has no releaser", name)
 	}
+	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
 	if err := c.Pin(); err != nil {
-		return nil, err
+		l.pinned = false
+		cause = errors.Join(cause, err)
 	}
-	l := &Lifecycle{c: c, name: name, rel: r}
 	l.quarantine(cause)
 	return l, nil
 }
@@ -380,7 +393,14 @@ func (l *Lifecycle) Retry() error {
 }
 
 func (l *Lifecycle) enqueue(fences []memapi.Fence) error {
-	err := l.c.queue.Enqueue(Release{Name: l.name, Fences: fences, Free: l.free})
+	rel := Release{Name: l.name, Fences: fences, Free: l.free}
+	err := l.c.queue.Enqueue(rel)
+	if err != nil && !l.pinned && len(fences) == 0 {
+		// An unpinned leftover on a context whose queue no longer takes
+		// releases: nothing to wait for, so it runs here.
+		l.c.queue.runUnqueued(rel)
+		return nil
+	}
 	if err != nil {
 		// A pinned context keeps its queue open, so this is not expected;
 		// should it happen, nothing is lost: the handle is quarantined.
@@ -405,7 +425,9 @@ func (l *Lifecycle) free(ctx context.Context) (err error) {
 		l.mu.Lock()
 		l.state, l.err = Released, nil
 		l.mu.Unlock()
-		l.c.Unpin()
+		if l.pinned {
+			l.c.Unpin()
+		}
 	}()
 	return l.rel.Free(ctx)
 }

@@ -273,6 +273,64 @@ func TestOwnQuarantinedIsRetried(t *testing.T) {
 	require.Zero(t, c.Quarantined())
 }
 
+// A leftover the context refuses to pin (closed, or its queue closing) is
+// kept all the same: listed with its cause and the refusal, pinning
+// nothing (Close is not held), and RetryQuarantined frees it in the
+// caller's goroutine once the queue no longer takes releases; a retry that
+// fails keeps it listed.
+func TestOwnQuarantinedOnAClosingContextIsKept(t *testing.T) {
+	for _, when := range []string{"closed", "queue-closing"} {
+		t.Run(when, func(t *testing.T) {
+			c, _ := newCtx(t)
+			var fail atomic.Bool
+			var frees atomic.Int32
+			fail.Store(true)
+			cause := errors.New("rollback failed")
+			r := &releaser{free: func(context.Context) error {
+				frees.Add(1)
+				if fail.Load() {
+					return errors.New("still failing")
+				}
+				return nil
+			}}
+			var l *ep.Lifecycle
+			own := func() {
+				var err error
+				l, err = c.OwnQuarantined("left", r, cause)
+				require.NoError(t, err)
+			}
+			if when == "closed" {
+				require.NoError(t, c.Close(context.Background(), false))
+				own()
+			} else {
+				ep.SetCloseHook(c.Queue(), func(s ep.CloseStep) {
+					if s == ep.StepClosing {
+						own()
+					}
+				})
+				require.NoError(t, c.Close(context.Background(), false), "an unpinned leftover does not hold Close")
+			}
+			require.Equal(t, ep.Quarantined, l.State())
+			require.Zero(t, c.Live(), "it pins nothing")
+			require.Equal(t, 1, c.Quarantined())
+			require.ErrorIs(t, c.QuarantineErrors()[0], cause)
+			require.ErrorIs(t, c.QuarantineErrors()[0], memapi.ErrClosed, "the refusal is named")
+			require.NoError(t, c.RetryQuarantined())
+			require.Equal(t, int32(1), frees.Load(), "run at once, the queue being closed")
+			require.Equal(t, ep.Quarantined, l.State(), "a failing retry keeps it")
+			require.Equal(t, 1, c.Quarantined())
+			fail.Store(false)
+			require.NoError(t, c.RetryQuarantined())
+			require.Equal(t, ep.Released, l.State())
+			require.Zero(t, c.Quarantined())
+			require.Zero(t, c.Live(), "no unpin without a pin")
+			st := c.Queue().Stats()
+			require.Equal(t, uint64(1), st.Failed)
+			require.Equal(t, uint64(1), st.Freed)
+		})
+	}
+}
+
 type releaser struct{ free func(context.Context) error }
 
 func (r *releaser) Closed()                        {}

@@ -174,11 +174,7 @@ func (q *Queue) Enqueue(r Release) error {
 	// back. It orders behind nothing, so the order is the queue's all the
 	// same; it blocks on no device work, only on the free itself.
 	inline := q.outstanding == 0 && allDone(r.Fences)
-	if q.outstanding == 0 {
-		q.idle = make(chan struct{})
-	}
-	q.outstanding++
-	q.stats.Enqueued++
+	q.admitLocked()
 	if inline {
 		q.mu.Unlock()
 		q.run(&job{rel: r})
@@ -188,6 +184,27 @@ func (q *Queue) Enqueue(r Release) error {
 	q.mu.Unlock()
 	q.poke()
 	return nil
+}
+
+// runUnqueued runs r, a release with no fences, in the caller's goroutine
+// even once the queue is closing or closed, counted and reported like any
+// other (Stats, OnError). Only a leftover that holds no pin of the owner
+// (Context.OwnQuarantined on a closing context) takes this path: nothing
+// orders it, and it needs none of the queue's goroutines.
+func (q *Queue) runUnqueued(r Release) {
+	q.mu.Lock()
+	q.admitLocked()
+	q.mu.Unlock()
+	q.run(&job{rel: r})
+}
+
+// admitLocked counts a release as outstanding until run ends it.
+func (q *Queue) admitLocked() {
+	if q.outstanding == 0 {
+		q.idle = make(chan struct{})
+	}
+	q.outstanding++
+	q.stats.Enqueued++
 }
 
 func allDone(fs []memapi.Fence) bool {

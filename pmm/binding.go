@@ -181,10 +181,11 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	// The release holds the allocation, never the Buffer: the leak
 	// backstop watches the Buffer.
 	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease, slot: slot}
-	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr()), rel)
+	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
+	owned, err := d.ctx.OwnReleaser(name, rel)
 	if err != nil {
-		if ferr := mech.Free(ctx, a, lease); ferr != nil {
-			return nil, errors.Join(err, ferr, lease.Quarantine(a.Size()))
+		if ferr := rel.Free(ctx); ferr != nil {
+			return nil, keepRefused(d, name+" (refused)", rel, a.Size(), errors.Join(err, ferr))
 		}
 		return nil, err
 	}
@@ -221,19 +222,37 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 
 // keepRollback books backing whose rollback failed after its grant could not
 // commit: the drawn bytes stay in the open grant (reserved, visible), and the
-// leftover is quarantined on the device context, which it pins, so that
+// leftover is quarantined on the device context (pinning it, or unpinned
+// when the context is closing: ep.Context.OwnQuarantined), so that
 // ep.Context.RetryQuarantined or Manager.Close frees it back into the grant
 // and cancels the grant once the fault clears. The error is of kind
-// ep.ErrQuarantined. Only when the context refuses the pin (it is closing)
-// is nothing left to retry it; the bytes stay reserved and the error says so.
+// ep.ErrQuarantined.
 func keepRollback(d *device, name string, g Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
 	qerr := &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
 		Detail: "rollback failed; the grant keeps the bytes drawn until a retry (ep.Context.RetryQuarantined, Manager.Close) frees them", Err: err}
-	if _, perr := d.ctx.OwnQuarantined(name, &leftover{g: g, free: free}, qerr); perr != nil {
-		qerr.Detail = "rollback failed; the grant keeps the bytes drawn, and the context refused to hold them for a retry"
-		qerr.Err = errors.Join(err, perr)
+	return keep(d, name, &leftover{g: g, free: free}, qerr)
+}
+
+// keepRefused books memory whose lease is committed but which the context
+// refused to own (it is closing) and which could not be freed either: rel's
+// failed Free booked its bytes quarantined in the lease (charged,
+// visible), and rel is kept on the context (ep.Context.OwnQuarantined), so
+// that ep.Context.RetryQuarantined or Manager.Close frees it and refunds
+// the quarantined bytes once the fault clears. The error is of kind
+// ep.ErrQuarantined and wraps memapi.ErrClosed.
+func keepRefused(d *device, name string, rel ep.Releaser, n memapi.Bytes, err error) error {
+	qerr := &memapi.Error{Op: "pmm.own", Kind: ep.ErrQuarantined, Authority: d.authority, Wanted: n,
+		Detail: "the context refused the new handle and its memory could not be freed; it stays charged, quarantined, until a retry (ep.Context.RetryQuarantined, Manager.Close) frees it", Err: err}
+	return keep(d, name, rel, qerr)
+}
+
+// keep hands a leftover to the device context for a retry; err is the
+// caller's error, joined with the context's should it refuse even that.
+func keep(d *device, name string, rel ep.Releaser, err error) error {
+	if _, kerr := d.ctx.OwnQuarantined(name, rel, err); kerr != nil {
+		return errors.Join(err, kerr)
 	}
-	return qerr
+	return err
 }
 
 // leftover is the ep.Releaser of backing a failed rollback left drawn from

@@ -16,8 +16,9 @@ type testLedger struct {
 	mu       sync.Mutex
 	capacity memapi.Bytes
 	figures
-	failReserve, failCommit int // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
-	failCancel              int // fail the Nth Cancel (1-based); 0 = never
+	failReserve, failCommit int              // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
+	failCancel              int              // fail the Nth Cancel (1-based); 0 = never
+	failCommitIf            func(n int) bool // fail the commits (numbered from 1) it selects, under the lock
 	reserves, commits       int
 	cancels                 int
 	events                  []string
@@ -98,7 +99,7 @@ func (g *tGrant) Commit() (pmm.Lease, error) {
 	g.l.mu.Lock()
 	defer g.l.mu.Unlock()
 	g.l.commits++
-	if g.l.failCommit == g.l.commits || g.l.failCommit < 0 {
+	if g.l.failCommit == g.l.commits || g.l.failCommit < 0 || (g.l.failCommitIf != nil && g.l.failCommitIf(g.l.commits)) {
 		return nil, errInjected
 	}
 	if g.closed {

@@ -156,8 +156,11 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 // live handle: a binding that still has live handles stays open, and the
 // error, of kind memapi.ErrInUse, says which, with every device context's
 // allocations still alive and quarantined. Quarantined releases are
-// retried first. Close may be called again once the holders closed their
-// handles.
+// retried first, including the leftovers of failed rollbacks that a
+// closed context keeps unpinned (ep.Context.OwnQuarantined); one still
+// failing makes the error of kind ep.ErrQuarantined when nothing else is
+// alive, its bytes still booked in the ledger. Close may be called again
+// once the holders closed their handles or the faults cleared.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	m.closed = true
@@ -185,9 +188,13 @@ func (m *Manager) Close(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		if n := d.ctx.Live(); n > 0 {
-			errs = append(errs, &memapi.Error{Op: "pmm.Manager.Close", Kind: memapi.ErrInUse,
-				Detail: fmt.Sprintf("device %v: %d allocation(s) still alive, %d quarantined", d.key, n, d.ctx.Quarantined()),
+		if n, q := d.ctx.Live(), d.ctx.Quarantined(); n > 0 || q > 0 {
+			kind := memapi.ErrInUse
+			if n == 0 { // only leftovers the closed context keeps unpinned
+				kind = ep.ErrQuarantined
+			}
+			errs = append(errs, &memapi.Error{Op: "pmm.Manager.Close", Kind: kind,
+				Detail: fmt.Sprintf("device %v: %d allocation(s) still alive, %d quarantined", d.key, n, q),
 				Err:    errors.Join(d.ctx.QuarantineErrors()...)})
 		}
 	}

@@ -2,11 +2,16 @@ package pmm_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -117,4 +122,146 @@ func TestFailedRollbackRetryCancelsOnly(t *testing.T) {
 	e.settled(t)
 	require.Zero(t, e.ectx.Quarantined())
 	require.Equal(t, 2, e.m.FreeCallCount(), "one failed free, then one that freed: never twice")
+}
+
+// A leftover the device context refuses to pin (it is closed, or its queue
+// is closing) is kept all the same: a failed rollback (its bytes drawn
+// from the open grant) or an allocation the context refused to own whose
+// free failed (its bytes charged, quarantined). It is listed by the
+// context, pins nothing (the context closed), and Manager.Close frees it
+// once the fault clears, reporting it (ep.ErrQuarantined) while it lasts.
+func TestLeftoverOfAClosedContextIsRetriedByManagerClose(t *testing.T) {
+	for _, tc := range []struct {
+		name, method string
+		bytes        memapi.Bytes
+		commitFails  bool // the grant cannot commit: a failed rollback
+		make         func(b *pmm.Binding) error
+	}{
+		{"allocate/rollback", "Free", 4096, true, func(b *pmm.Binding) error {
+			_, err := b.Allocate(context.Background(), 4096)
+			return err
+		}},
+		{"allocate/refused", "Free", 4096, false, func(b *pmm.Binding) error {
+			_, err := b.Allocate(context.Background(), 4096)
+			return err
+		}},
+		{"create-shared/rollback", "ReleaseBacking", gran, true, func(b *pmm.Binding) error {
+			_, err := b.CreateShared(context.Background(), gran)
+			return err
+		}},
+		{"create-shared/refused", "ReleaseBacking", gran, false, func(b *pmm.Binding) error {
+			_, err := b.CreateShared(context.Background(), gran)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, fakes.Config{})
+			ctx := context.Background()
+			b := e.bind(t, "w", "weights")
+			require.NoError(t, e.ectx.Close(ctx, false))
+			if tc.commitFails {
+				e.l.failCommit = -1
+			}
+			e.m.Inject(fakes.Fault{Method: tc.method, Err: memapi.ErrUnavailable})
+			err := tc.make(b)
+			require.ErrorIs(t, err, ep.ErrQuarantined)
+			stuck := figures{Reserved: tc.bytes, Drawn: tc.bytes}
+			if !tc.commitFails {
+				require.ErrorIs(t, err, memapi.ErrClosed, "the context refused the handle")
+				stuck = figures{Charged: tc.bytes, Quarantined: tc.bytes}
+			}
+			require.Equal(t, stuck, e.l.snapshot(), "visible while stuck")
+			require.Equal(t, tc.bytes, e.m.UsedBytes())
+			require.Equal(t, 1, e.ectx.Quarantined(), "kept by the context")
+			require.Zero(t, e.ectx.Live(), "pinning nothing")
+			require.ErrorIs(t, e.mgr.Close(ctx), ep.ErrQuarantined, "reported while the fault lasts")
+			require.Equal(t, stuck, e.l.snapshot())
+			require.Equal(t, 1, e.ectx.Quarantined())
+			e.m.ClearFaults()
+			e.l.failCommit = 0
+			require.NoError(t, e.mgr.Close(ctx))
+			require.Zero(t, e.ectx.Quarantined())
+			e.settled(t)
+		})
+	}
+}
+
+// Allocations whose rollback (or whose free once the context refused them)
+// fails the first time, racing the context's Close: whatever the
+// interleaving, nothing is lost. Before Manager.Close the ledger's figures
+// equal the mechanism's and every leftover is listed by the context;
+// Manager.Close frees them all and everything is 0.
+func TestFailedRollbacksRacingContextClose(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	b := e.bind(t, "w", "weights")
+	e.l.mu.Lock()
+	e.l.failCommitIf = func(n int) bool { return n%2 == 1 }
+	e.l.mu.Unlock()
+	var mu sync.Mutex
+	failed := map[*memapi.Allocation]bool{}
+	e.m.Inject(fakes.Fault{Method: "Free", Err: memapi.ErrUnavailable, When: func(c fakes.Call) bool {
+		a := c.Args[1].(*memapi.Allocation)
+		mu.Lock()
+		defer mu.Unlock()
+		first := !failed[a]
+		failed[a] = true
+		return first
+	}})
+	stop := make(chan struct{})
+	var retries sync.WaitGroup
+	retries.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = e.ectx.RetryQuarantined()
+			time.Sleep(100 * time.Microsecond)
+		}
+	})
+	var closed atomic.Bool
+	var workers sync.WaitGroup
+	for range 4 {
+		workers.Go(func() {
+			for after := 0; after < 20; {
+				if closed.Load() {
+					after++ // the context refuses these
+				} else {
+					time.Sleep(200 * time.Microsecond) // let the pins reach zero now and then
+				}
+				buf, err := b.Allocate(ctx, 4096)
+				if err == nil {
+					assert.NoError(t, buf.Close())
+					continue
+				}
+				assert.ErrorIs(t, err, ep.ErrQuarantined)
+			}
+		})
+	}
+	time.Sleep(time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	// A Close that saw the pins reach zero and then pinned again meanwhile
+	// gives up (ErrInUse); it is called again.
+	for err := e.ectx.Close(ctx, false); err != nil; err = e.ectx.Close(ctx, false) {
+		require.ErrorIs(t, err, memapi.ErrInUse)
+		require.True(t, time.Now().Before(deadline), "the context never closed")
+		time.Sleep(50 * time.Microsecond)
+	}
+	close(stop) // nothing retries the leftovers made from now on but Manager.Close
+	retries.Wait()
+	closed.Store(true)
+	workers.Wait()
+
+	f := e.l.snapshot()
+	require.Zero(t, f.Pending)
+	require.Equal(t, e.m.UsedBytes(), f.Drawn+f.Charged, "the ledger equals the mechanism")
+	require.LessOrEqual(t, f.Drawn, f.Reserved)
+	require.LessOrEqual(t, f.Quarantined, f.Charged)
+	require.Zero(t, e.ectx.Live())
+	require.GreaterOrEqual(t, e.ectx.Quarantined(), 4*20, "the leftovers made after Close are listed")
+	require.NoError(t, e.mgr.Close(ctx))
+	require.Zero(t, e.ectx.Quarantined())
+	e.settled(t)
 }

@@ -63,10 +63,11 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 		return nil, cancel(g, err)
 	}
 	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
-	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk), s)
+	name := fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk)
+	owned, err := d.ctx.OwnReleaser(name, s)
 	if err != nil {
-		if rerr := sm.ReleaseBacking(ctx, bk, lease); rerr != nil {
-			return nil, errors.Join(err, rerr, lease.Quarantine(bk.Size()))
+		if rerr := s.Free(ctx); rerr != nil {
+			return nil, keepRefused(d, name+" (refused)", s, bk.Size(), errors.Join(err, rerr))
 		}
 		return nil, err
 	}
