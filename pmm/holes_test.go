@@ -245,6 +245,41 @@ func TestStuckHoleBlocksOnlyItsOwnRange(t *testing.T) {
 	e.settled(t)
 }
 
+// MapShared removes the quarantined backing in the range it maps (a Grow
+// rollback's, above the end) first, and fails while it cannot; a stuck hole
+// below the end does not stop it and stays quarantined.
+func TestMapSharedRemovesOnlyTheQuarantineInItsRange(t *testing.T) {
+	stuckHole := fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable,
+		When: func(c fakes.Call) bool { return c.Args[2].(memapi.Range) == span(1, 1) }}
+	e, _, r, _ := hole{grow: 3, rng: span(1, 1), fault: &stuckHole}.make(t)
+	ctx := context.Background()
+	e.l.failCommit = e.l.commits + 1
+	e.m.Inject(fakes.Fault{Method: "Decommit", Err: memapi.ErrUnavailable})
+	require.ErrorIs(t, r.Grow(ctx, 5*gran, nil), ep.ErrQuarantined)
+	sh, err := e.bind(t, "p", "prompt").CreateShared(ctx, gran)
+	require.NoError(t, err)
+	stuck := figures{Charged: 6 * gran, Quarantined: 3 * gran}
+	require.Equal(t, stuck, e.l.snapshot())
+	_, err = r.MapShared(ctx, sh, memapi.AccessReadOnly)
+	require.ErrorIs(t, err, ep.ErrQuarantined)
+	require.Equal(t, stuck, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(3*gran), r.Len())
+	e.m.ClearFaults()
+	e.m.Inject(stuckHole)
+	rng, err := r.MapShared(ctx, sh, memapi.AccessReadOnly)
+	require.NoError(t, err)
+	require.Equal(t, span(3, 1), rng)
+	require.Equal(t, memapi.Bytes(gran), r.Quarantined(), "the stuck hole stays")
+	require.Equal(t, figures{Charged: 4 * gran, Quarantined: gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
+	e.m.ClearFaults()
+	require.NoError(t, r.Retry(ctx))
+	require.Equal(t, figures{Charged: 3 * gran}, e.l.snapshot())
+	require.NoError(t, r.Close())
+	require.NoError(t, sh.Close())
+	e.settled(t)
+}
+
 // Close during a Decommit's release: the final release runs after it and
 // frees the rest; nothing is left.
 func TestCloseAfterDecommitBehindAFence(t *testing.T) {
