@@ -23,7 +23,11 @@
 // the queue (a Completion is a fence on another release), so no release
 // waits for another inside the queue's goroutine. A panicking hook still
 // leaves the release scheduled; a panicking free is recovered on the queue
-// and quarantines its handle.
+// and quarantines its handle. Memory no handle owns any more (a rollback
+// that failed) is kept by a lifecycle born Quarantined (OwnQuarantined):
+// it pins the context, or, when the context is closing and refuses the
+// pin, pins nothing and is freed by RetryQuarantined in the caller's
+// goroutine, since it waits for no fence.
 //
 // A handle dropped without Close is reported as a leak (log/slog and a
 // counter) and still released through the queue; runtime.AddCleanup is that
