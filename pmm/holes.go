@@ -133,15 +133,17 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 	if err := s.checkHoleRange(op, rng); err != nil {
 		return err
 	}
-	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return err
-	}
 	s.mu.Lock()
 	i, busy := holeAt(s.segs, rng)
 	s.mu.Unlock()
 	if busy {
 		return &memapi.Error{Op: op, Kind: memapi.ErrCommitted, Wanted: rng.Len,
 			Detail: fmt.Sprintf("[%#x, +%#x) is not a hole", rng.Off, rng.Len)}
+	}
+	// Quarantined pieces never overlap the region's segments, so i
+	// stays where the new piece goes.
+	if err := s.settleQuarantine(ctx, op, rng); err != nil {
+		return err
 	}
 	g, err := s.bind.reserve(ctx, s.d, rng.Len)
 	if err != nil {

@@ -235,6 +235,10 @@ func TestStuckHoleBlocksOnlyItsOwnRange(t *testing.T) {
 		require.Equal(t, figures{Charged: 8 * gran, Quarantined: 2 * gran}, e.l.snapshot())
 		require.Equal(t, memapi.Bytes(2*gran), r.Quarantined())
 	}
+	// A range partly backed is refused before anything is tried.
+	calls := e.m.DecommitCallCount()
+	require.ErrorIs(t, r.Commit(ctx, span(0, 2)), memapi.ErrCommitted)
+	require.Equal(t, calls, e.m.DecommitCallCount(), "nothing was removed for a bad range")
 	e.m.ClearFaults()
 	require.NoError(t, r.Commit(ctx, span(2, 1)))
 	require.Zero(t, r.Quarantined())
