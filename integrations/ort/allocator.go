@@ -48,7 +48,7 @@ type Options struct {
 	// pool blocks of up to pool.SmallMax kept in C, so that ONNX Runtime's
 	// next Alloc of their class is served without a call into Go. 0 means
 	// DefaultFrontBytes; a negative value turns the front off.
-	FrontBytes memapi.Bytes
+	FrontBytes int64
 	// FrontDepth bounds the blocks the front keeps per size class. 0 means
 	// DefaultFrontDepth; it is clamped to 1..4096.
 	FrontDepth int

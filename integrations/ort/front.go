@@ -41,7 +41,7 @@ var (
 // frontBounds returns the front's byte cap (0: off) and per-bin depth from
 // opts.
 func frontBounds(opts Options) (int64, int) {
-	fb := int64(opts.FrontBytes)
+	fb := opts.FrontBytes
 	switch {
 	case fb == 0:
 		fb = DefaultFrontBytes

@@ -120,6 +120,7 @@ type rig struct {
 	g     *governor.Governor
 	m     *cpu.Mechanism
 	ectx  *ep.Context
+	mgr   *pmm.Manager
 	bind  *pmm.Binding
 	alloc *Allocator
 }
@@ -167,7 +168,7 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 	if rec != nil {
 		a.setObserve(rec.observe)
 	}
-	r := &rig{g: g, m: m, ectx: ectx, bind: bind, alloc: a}
+	r := &rig{g: g, m: m, ectx: ectx, mgr: mgr, bind: bind, alloc: a}
 	t.Cleanup(func() {
 		if err := a.Close(); err != nil {
 			t.Error(err)
