@@ -199,6 +199,7 @@ const allocFreeBatch = 1000
 // intra-op thread each. Only ONNX Runtime's Run is timed (inputs made
 // once); each batch's median over b.N runs, summed over the batches (the
 // per-run figures are that sum over len(fanBatches)). Reports
+// front-hit-rate (the share of its Allocs the front cache served),
 // memgen-allocs/run (goal at least 100) and x-vs-ort-arena (goal at most
 // 1.03).
 func BenchmarkFanInference(b *testing.B) {
@@ -240,7 +241,8 @@ func BenchmarkFanInference(b *testing.B) {
 		one(pm[j])
 		one(pa[j])
 	}
-	allocs0 := r.alloc.Stats().Allocs
+	st0 := r.alloc.Stats()
+	allocs0 := st0.Allocs
 	// Every batch is run by both sessions back to back, the order swapped
 	// each time, so that a change of the machine's load hits both.
 	tm, ta := make([][]time.Duration, len(pm)), make([][]time.Duration, len(pm))
@@ -258,7 +260,8 @@ func BenchmarkFanInference(b *testing.B) {
 	}
 	b.StopTimer()
 	runs := float64(b.N * len(fanBatches))
-	perRun := float64(r.alloc.Stats().Allocs-allocs0) / runs
+	st := r.alloc.Stats()
+	perRun := float64(st.Allocs-allocs0) / runs
 	var mm, ma time.Duration // sums over the batches of each batch's median
 	for j := range pm {
 		mm += median(tm[j])
@@ -269,6 +272,7 @@ func BenchmarkFanInference(b *testing.B) {
 	b.ReportMetric(float64(ma.Microseconds())/k, "arena-us/run")
 	b.ReportMetric(float64(mm)/float64(ma), "x-vs-ort-arena")
 	b.ReportMetric(perRun, "memgen-allocs/run")
+	b.ReportMetric(float64(st.FrontHits-st0.FrontHits)/float64(st.Allocs-allocs0), "front-hit-rate")
 	ps := r.alloc.Pool().Stats()
 	b.ReportMetric(ps.PeakFragmentation(), "pool-peak-held/peak-requested")
 	if perRun < 100 {
