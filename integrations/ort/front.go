@@ -118,8 +118,13 @@ func (a *Allocator) drainLocked(disable bool) int {
 	return n
 }
 
-// frontOn lets the front cache again (unless Options turned it off).
-func (a *Allocator) frontOn() { C.memgen_ort_front_enable(&a.c.front, 1) }
+// frontOn lets the front cache again, unless Options turned it off or
+// observe is set (setObserve).
+func (a *Allocator) frontOn() {
+	if a.observe == nil {
+		C.memgen_ort_front_enable(&a.c.front, 1)
+	}
+}
 
 // setObserve sets observe; while it is set the front is off (emptied), so
 // that every Alloc and Free reaches Go and is seen.
