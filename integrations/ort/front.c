@@ -34,7 +34,7 @@ static void put(memgen_ort_front *f, memgen_ort_front_slot s) {
 // unchanged).
 static int grow(memgen_ort_front *f) {
 	size_t n = f->nslots ? 2 * f->nslots : 64;
-	memgen_ort_front_slot *s = calloc(n, sizeof *s);
+	memgen_ort_front_slot *s = f->fail_grow ? NULL : calloc(n, sizeof *s);
 	if (!s) return -1;
 	memgen_ort_front_slot *old = f->slots;
 	size_t oldn = f->nslots;
@@ -240,5 +240,11 @@ void memgen_ort_front_read(memgen_ort_front *f, memgen_ort_front_stats *out) {
 void memgen_ort_front_reset_peak(memgen_ort_front *f) {
 	pthread_mutex_lock(&f->mu);
 	f->st.peak_bytes = f->st.live_bytes;
+	pthread_mutex_unlock(&f->mu);
+}
+
+void memgen_ort_front_fail_grow(memgen_ort_front *f, int on) {
+	pthread_mutex_lock(&f->mu);
+	f->fail_grow = on;
 	pthread_mutex_unlock(&f->mu);
 }

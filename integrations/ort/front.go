@@ -155,5 +155,15 @@ func (a *Allocator) frontStress(threads, iters int) int {
 	return int(C.memgen_ort_front_stress(C.memgen_ort_base(a.c), C.int(threads), C.long(iters)))
 }
 
+// frontFailGrow makes the growth of the front's map fail (the tests' fault
+// injection: calloc failing).
+func (a *Allocator) frontFailGrow(on bool) {
+	v := C.int(0)
+	if on {
+		v = 1
+	}
+	C.memgen_ort_front_fail_grow(&a.c.front, v)
+}
+
 // frontEnabled reports whether the front caches now.
 func (a *Allocator) frontEnabled() bool { return a.front().enabled != 0 }

@@ -60,6 +60,7 @@ typedef struct memgen_ort_front {
 	size_t nslots, used;
 	unsigned shift;
 	memgen_ort_front_stats st;
+	int fail_grow; // for the tests: the map's growth fails as if calloc had
 } memgen_ort_front;
 
 // memgen_ort_front_init sets f up with the pool's class sizes (ascending,
@@ -110,6 +111,10 @@ size_t memgen_ort_front_drain(memgen_ort_front *f, uintptr_t *out, size_t cap, i
 // memgen_ort_front_enable lets the front cache again (if its cap allows)
 // or, on 0, stops it caching (the caller drains it).
 void memgen_ort_front_enable(memgen_ort_front *f, int on);
+
+// memgen_ort_front_fail_grow makes every growth of f's map fail (on 1) as
+// if memory were short, or work again (on 0): the tests' fault injection.
+void memgen_ort_front_fail_grow(memgen_ort_front *f, int on);
 
 // memgen_ort_front_read copies the figures; memgen_ort_front_reset_peak
 // restarts the peak from the live bytes.

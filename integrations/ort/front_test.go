@@ -353,3 +353,34 @@ func TestFrontOffWhileObserved(t *testing.T) {
 	}
 	r.auditZero(t, "observed")
 }
+
+// TestFrontMapCannotGrow: when the front's map cannot grow (calloc fails),
+// the blocks Go serves are not tracked in C and their Frees go to Go, as
+// without the front: nothing is lost, the ledger stays exact, and once
+// memory is there again the front tracks and keeps blocks.
+func TestFrontMapCannotGrow(t *testing.T) {
+	r := newRig(t, 1<<30, Options{})
+	a := r.alloc
+	a.frontFailGrow(true)
+	var ps []unsafe.Pointer
+	for range 10 {
+		p := a.cAlloc(4096)
+		if p == nil {
+			t.Fatal(a.LastError())
+		}
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		a.cFree(p)
+	}
+	if st := a.Stats(); st.FrontUntracked != 10 || st.FrontKept != 0 || st.FrontBlocks != 0 || st.Frees != 10 || st.Live != 0 || st.FreeErrors != 0 {
+		t.Errorf("with the map unable to grow: %+v, want 10 untracked blocks freed through Go", st)
+	}
+	r.auditZero(t, "untracked")
+	a.frontFailGrow(false)
+	a.cFree(a.cAlloc(4096))
+	if st := a.Stats(); st.FrontKept != 1 || st.FrontBlocks != 1 {
+		t.Errorf("once the map can grow again: %+v, want the block kept", st)
+	}
+	r.auditZero(t, "tracked again")
+}
