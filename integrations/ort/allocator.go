@@ -150,7 +150,9 @@ func NewAllocator(b *pmm.Binding, opts Options) (*Allocator, error) {
 		ctab[i] = C.uint64_t(c)
 	}
 	fb, depth := frontBounds(opts)
-	a.frontMax = len(classes) * depth
+	if fb > 0 {
+		a.frontMax = len(classes) * depth
+	}
 	var msg *C.char
 	a.c = C.memgen_ort_new_allocator(C.uintptr_t(a.id), &ctab[0], C.int(len(ctab)), C.int64_t(fb), C.int(depth), &msg)
 	if a.c == nil {
@@ -161,11 +163,13 @@ func NewAllocator(b *pmm.Binding, opts Options) (*Allocator, error) {
 	defer envAlloc.mu.Unlock()
 	if envAlloc.id != 0 {
 		publish(a.id, nil)
+		C.memgen_ort_front_release(&a.c.front)
 		return nil, errors.Join(memapi.Errorf(op, memapi.ErrInUse,
 			"another Allocator is registered with ONNX Runtime's environment; Unregister or Close it first"), p.Close())
 	}
 	if msg := C.memgen_ort_register(a.c); msg != nil {
 		publish(a.id, nil)
+		C.memgen_ort_front_release(&a.c.front)
 		return nil, errors.Join(cError(op, msg), p.Close())
 	}
 	envAlloc.id = a.id
