@@ -30,6 +30,15 @@ var classSize = func() (t [numClasses]uint64) {
 	return t
 }()
 
+// Classes returns the size classes' sizes, ascending: a small request
+// (up to SmallMax) is served a block of the first that holds it. A cache in
+// front of the pool (integrations/ort's front cache, in C) bins blocks by
+// this table instead of repeating the class formula.
+func Classes() []uint64 {
+	t := classSize
+	return t[:]
+}
+
 // classOf returns the class of a request of n bytes, 0 < n <= SmallMax.
 func classOf(n uint64) int {
 	if n <= 1024 {

@@ -15,3 +15,21 @@ func TestClassOfEverySize(t *testing.T) {
 		}
 	}
 }
+
+// TestClassesTable: Classes is the class table, ascending, ending at
+// SmallMax, and a copy (a caller cannot change the pool's classes).
+func TestClassesTable(t *testing.T) {
+	got := Classes()
+	if len(got) != numClasses || got[len(got)-1] != SmallMax {
+		t.Fatalf("Classes() = %v: want %d classes up to SmallMax", got, numClasses)
+	}
+	for i, s := range got {
+		if s != classSize[i] || (i > 0 && s <= got[i-1]) {
+			t.Fatalf("Classes()[%d] = %d, class table %d, previous %v", i, s, classSize[i], got[:i])
+		}
+	}
+	got[0] = 1
+	if classSize[0] != 256 {
+		t.Fatal("writing the slice Classes returned changed the pool's class table")
+	}
+}

@@ -81,8 +81,8 @@ func (m *addrMap) put(addr uint64, h held) {
 }
 
 // unfree puts back what take took, for a Free that failed: it is counted
-// neither as a new allocation nor as a free.
-func (m *addrMap) unfree(addr uint64, h held) {
+// neither as a new allocation nor as a free (counted says take counted it).
+func (m *addrMap) unfree(addr uint64, h held, counted bool) {
 	s := &m.shards[shardOf(addr)]
 	s.mu.Lock()
 	if 2*(s.n+1) > len(s.slots) {
@@ -90,7 +90,9 @@ func (m *addrMap) unfree(addr uint64, h held) {
 	}
 	s.insert(addr, h)
 	s.n++
-	s.frees--
+	if counted {
+		s.frees--
+	}
 	s.mu.Unlock()
 }
 
@@ -119,7 +121,9 @@ func (s *addrShard) grow() {
 }
 
 // take removes and returns what stands at addr; false when nothing does.
-func (m *addrMap) take(addr uint64) (held, bool) {
+// count says whether it is a Free of ONNX Runtime's (counted in frees) or
+// the front cache's drain.
+func (m *addrMap) take(addr uint64, count bool) (held, bool) {
 	if addr == 0 {
 		return held{}, false
 	}
@@ -149,7 +153,9 @@ func (m *addrMap) take(addr uint64) (held, bool) {
 	}
 	s.slots[i] = addrSlot{}
 	s.n--
-	s.frees++
+	if count {
+		s.frees++
+	}
 	return h, true
 }
 

@@ -25,7 +25,7 @@ func TestAddrMap(t *testing.T) {
 			continue
 		}
 		if r.IntN(10) == 0 {
-			if _, ok := m.take(((1 << 14) + 1 + r.Uint64N(99)) << 8); ok {
+			if _, ok := m.take(((1<<14)+1+r.Uint64N(99))<<8, true); ok {
 				t.Fatal("took an address never put")
 			}
 		}
@@ -33,10 +33,10 @@ func TestAddrMap(t *testing.T) {
 		addr := live[i]
 		live[i] = live[len(live)-1]
 		live = live[:len(live)-1]
-		if _, ok := m.take(addr); !ok {
+		if _, ok := m.take(addr, true); !ok {
 			t.Fatalf("step %d: %#x not found", step, addr)
 		}
-		if _, ok := m.take(addr); ok {
+		if _, ok := m.take(addr, true); ok {
 			t.Fatalf("step %d: %#x taken twice", step, addr)
 		}
 		delete(ref, addr)
@@ -45,7 +45,7 @@ func TestAddrMap(t *testing.T) {
 		}
 	}
 	for _, addr := range live {
-		if _, ok := m.take(addr); !ok {
+		if _, ok := m.take(addr, true); !ok {
 			t.Fatalf("%#x not found at the end", addr)
 		}
 	}
@@ -66,7 +66,7 @@ func BenchmarkAddrMap(b *testing.B) {
 	for i := range b.N {
 		addr := uint64(i&1023+1)<<8 | 1<<40
 		m.put(addr, held{})
-		if _, ok := m.take(addr); !ok {
+		if _, ok := m.take(addr, true); !ok {
 			b.Fatal("lost")
 		}
 	}

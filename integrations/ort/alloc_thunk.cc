@@ -26,16 +26,26 @@ class refused : public std::bad_alloc {
   std::string msg_;
 };
 
-// call serves Alloc (reserve 0) and Reserve (reserve 1) through Go.
+// call serves Alloc (reserve 0) from the front cache when it holds a block
+// of the request's class, and otherwise, as Reserve (reserve 1), through
+// Go; the front records what Go served.
 void *call(OrtAllocator *this_, size_t size, int reserve) {
-  uintptr_t id = reinterpret_cast<memgen_ort_allocator *>(this_)->id;
+  memgen_ort_allocator *a = reinterpret_cast<memgen_ort_allocator *>(this_);
+  if (!reserve) {
+    if (void *p = memgen_ort_front_alloc(&a->front, size)) return p;
+  }
   char why[512];
   why[0] = 0;
-  uintptr_t p = memgenOrtAlloc(id, size, reserve, why, sizeof why);
+  uint64_t held = 0;
+  uintptr_t p = memgenOrtAlloc(a->id, size, reserve, &held, why, sizeof why);
+  if (p != 0) {
+    memgen_ort_front_served(&a->front, reinterpret_cast<void *>(p), size, held, !reserve);
+    return reinterpret_cast<void *>(p);
+  }
   // A zero-byte request gets NULL, as OrtAllocator's contract says (ONNX
   // Runtime asks Reserve(0) for empty initializers, and its own CPU
   // allocator answers NULL too); Go recorded it as memapi.ErrInvalidSize.
-  if (p != 0 || size == 0) return reinterpret_cast<void *>(p);
+  if (size == 0) return nullptr;
   throw refused(std::string("memgen allocator refused the allocation: ") + why);
 }
 

@@ -105,16 +105,18 @@ func median(d []time.Duration) time.Duration {
 // BenchmarkAllocFree measures one Alloc and one Free of a 64 KiB block
 // through the OrtAllocator function pointers, called from C as ONNX Runtime
 // calls them, in batches of allocFreeBatch timed as a whole: the memgen
-// allocator (the pool's fast path: a C++ thunk, a cgo callback into Go, a
-// size-class block from the caller's shard, and the address map), against
+// allocator (the front cache's hit: a C++ thunk and a bin of the C front
+// cache under its mutex, no call into Go; front-hit-rate is the share of
+// Allocs it served), against
 // ONNX Runtime's BFC arena, the CPU allocator of a session created without
 // env allocators (CreateAllocator on it; the benchmark checks that its
 // GetStats reports arena extensions, i.e. that it is the arena), and
 // against its default CPU allocator (GetAllocatorWithDefaultOptions:
 // malloc, no arena). The batches alternate, in the same run;
 // x-vs-ort-arena is the ratio (goal at most 1.0). two-cgo-callbacks-ns/op
-// is the floor under memgen's figure: two calls from C into a Go function
-// that does nothing (Alloc and Free each cross into Go once).
+// is what memgen's figure would be at least if Alloc and Free each crossed
+// into Go once, as they did before the front cache: two calls from C into a
+// Go function that does nothing.
 func BenchmarkAllocFree(b *testing.B) {
 	const size = 64 << 10
 	r := newRig(b, 4<<30, Options{})
@@ -141,7 +143,8 @@ func BenchmarkAllocFree(b *testing.B) {
 	if st, err := arena.stats(true); err != nil || st["NumArenaExtensions"] == 0 || st["NumAllocs"] == 0 {
 		b.Fatalf("the baseline is not ONNX Runtime's arena: GetStats %v, %v", st, err)
 	}
-	allocs0 := r.alloc.Stats().Allocs
+	st0 := r.alloc.Stats()
+	allocs0 := st0.Allocs
 	var tMem, tArena, tDef, tCallback time.Duration
 	timed := func(a ortAllocator, n int, into *time.Duration) {
 		t0 := time.Now()
@@ -169,9 +172,11 @@ func BenchmarkAllocFree(b *testing.B) {
 		done += n
 	}
 	b.StopTimer()
-	if got := r.alloc.Stats().Allocs - allocs0; got != uint64(b.N) {
+	st := r.alloc.Stats()
+	if got := st.Allocs - allocs0; got != uint64(b.N) {
 		b.Errorf("%d allocations reached the memgen allocator, want %d", got, b.N)
 	}
+	hits := float64(st.FrontHits-st0.FrontHits) / float64(b.N)
 	r.auditZero(b, "after the benchmark")
 	n := float64(b.N)
 	b.ReportMetric(float64(tMem.Nanoseconds())/n, "memgen-ns/op")
@@ -180,6 +185,7 @@ func BenchmarkAllocFree(b *testing.B) {
 	b.ReportMetric(float64(tCallback.Nanoseconds())/n, "two-cgo-callbacks-ns/op")
 	b.ReportMetric(float64(tMem)/float64(tArena), "x-vs-ort-arena")
 	b.ReportMetric(float64(tMem)/float64(tDef), "x-vs-ort-default")
+	b.ReportMetric(hits, "front-hit-rate")
 }
 
 // allocFreeBatch is how many Alloc+Free pairs one timed batch holds.
@@ -193,6 +199,7 @@ const allocFreeBatch = 1000
 // intra-op thread each. Only ONNX Runtime's Run is timed (inputs made
 // once); each batch's median over b.N runs, summed over the batches (the
 // per-run figures are that sum over len(fanBatches)). Reports
+// front-hit-rate (the share of its Allocs the front cache served),
 // memgen-allocs/run (goal at least 100) and x-vs-ort-arena (goal at most
 // 1.03).
 func BenchmarkFanInference(b *testing.B) {
@@ -234,7 +241,8 @@ func BenchmarkFanInference(b *testing.B) {
 		one(pm[j])
 		one(pa[j])
 	}
-	allocs0 := r.alloc.Stats().Allocs
+	st0 := r.alloc.Stats()
+	allocs0 := st0.Allocs
 	// Every batch is run by both sessions back to back, the order swapped
 	// each time, so that a change of the machine's load hits both.
 	tm, ta := make([][]time.Duration, len(pm)), make([][]time.Duration, len(pm))
@@ -252,7 +260,8 @@ func BenchmarkFanInference(b *testing.B) {
 	}
 	b.StopTimer()
 	runs := float64(b.N * len(fanBatches))
-	perRun := float64(r.alloc.Stats().Allocs-allocs0) / runs
+	st := r.alloc.Stats()
+	perRun := float64(st.Allocs-allocs0) / runs
 	var mm, ma time.Duration // sums over the batches of each batch's median
 	for j := range pm {
 		mm += median(tm[j])
@@ -263,6 +272,7 @@ func BenchmarkFanInference(b *testing.B) {
 	b.ReportMetric(float64(ma.Microseconds())/k, "arena-us/run")
 	b.ReportMetric(float64(mm)/float64(ma), "x-vs-ort-arena")
 	b.ReportMetric(perRun, "memgen-allocs/run")
+	b.ReportMetric(float64(st.FrontHits-st0.FrontHits)/float64(st.Allocs-allocs0), "front-hit-rate")
 	ps := r.alloc.Pool().Stats()
 	b.ReportMetric(ps.PeakFragmentation(), "pool-peak-held/peak-requested")
 	if perRun < 100 {

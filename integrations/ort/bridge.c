@@ -99,15 +99,30 @@ static OrtStatus *ORT_API_CALL bridge_get_stats(const OrtAllocator *this_, OrtKe
 	return NULL;
 }
 
+// bridge_free serves Free: the front cache keeps a pool block when it has
+// room, without Go; anything else Go frees, and the front counts the bytes
+// Go reports freed. A block the front holds cached already is a double
+// free, which Go reports.
 static void ORT_API_CALL bridge_free(OrtAllocator *this_, void *p) {
-	if (p) memgenOrtFree(((memgen_ort_allocator *)this_)->id, (uintptr_t)p);
+	if (!p) return;
+	memgen_ort_allocator *a = (memgen_ort_allocator *)this_;
+	switch (memgen_ort_front_free(&a->front, p)) {
+	case MEMGEN_ORT_FRONT_KEPT:
+		return;
+	case MEMGEN_ORT_FRONT_DOUBLE:
+		memgenOrtDoubleFree(a->id, (uintptr_t)p);
+		return;
+	default:
+		memgen_ort_front_freed(&a->front, memgenOrtFree(a->id, (uintptr_t)p));
+	}
 }
 
 static const OrtMemoryInfo *ORT_API_CALL bridge_info(const OrtAllocator *this_) {
 	return ((const memgen_ort_allocator *)this_)->info;
 }
 
-memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, char **err) {
+memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, const uint64_t *classes, int nclass, int64_t front_bytes,
+                                               int front_depth, char **err) {
 	*err = NULL;
 	if (!api) {
 		*err = dup_msg("memgen_ort_new_allocator", "ONNX Runtime is not loaded");
@@ -118,10 +133,16 @@ memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, char **err) {
 		*err = dup_msg("memgen_ort_new_allocator", "out of memory");
 		return NULL;
 	}
+	if (memgen_ort_front_init(&a->front, classes, nclass, front_bytes, front_depth) != 0) {
+		*err = dup_msg("memgen_ort_new_allocator", "the front cache: bad class table or out of memory");
+		free(a);
+		return NULL;
+	}
 	// A device allocator (no arena): every Alloc and Free reaches Go.
 	OrtStatus *st = api->CreateCpuMemoryInfo(OrtDeviceAllocator, OrtMemTypeDefault, &a->info);
 	if (st) {
 		*err = status_msg("CreateCpuMemoryInfo", st);
+		memgen_ort_front_release(&a->front);
 		free(a);
 		return NULL;
 	}

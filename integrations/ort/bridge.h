@@ -6,14 +6,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "front.h"
 #include "ortapi.h"
 
 // memgen_ort_allocator is an OrtAllocator followed by the id of the Go
-// allocator it calls. ONNX Runtime sees only the OrtAllocator part.
+// allocator it calls and its front cache (front.h). ONNX Runtime sees only
+// the OrtAllocator part.
 typedef struct memgen_ort_allocator {
 	OrtAllocator base;
 	uintptr_t id;
 	OrtMemoryInfo *info;
+	memgen_ort_front front;
 } memgen_ort_allocator;
 
 // memgen_ort_load opens the ONNX Runtime library at path (the same one
@@ -29,9 +32,11 @@ void memgen_ort_unload(void);
 const char *memgen_ort_version(void);
 
 // memgen_ort_new_allocator makes (and memgen_ort_register registers with the
-// OrtEnv) an allocator that calls Go allocator id. Errors are messages to
-// free with free().
-memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, char **err);
+// OrtEnv) an allocator that calls Go allocator id, its front cache set up
+// with the pool's nclass class sizes, a byte cap and a per-bin depth
+// (memgen_ort_front_init). Errors are messages to free with free().
+memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, const uint64_t *classes, int nclass, int64_t front_bytes,
+                                               int front_depth, char **err);
 char *memgen_ort_register(memgen_ort_allocator *a);
 char *memgen_ort_unregister(memgen_ort_allocator *a);
 
@@ -47,6 +52,13 @@ OrtAllocator *memgen_ort_base(memgen_ort_allocator *a);
 // bytes through its function pointers; it returns n, the count done before
 // a NULL, or -1 when an Alloc threw (a refusal).
 long memgen_ort_alloc_free_loop(OrtAllocator *a, size_t size, long n);
+
+// memgen_ort_front_stress runs nthreads pthreads that each make iters
+// Alloc (sizes 1 to 64 KiB and a few larger) and Free calls through a's
+// function pointers, holding up to 16 blocks at a time and checking a
+// pattern written into each block at its Free. It returns the number of
+// errors (refusals, overlapping blocks, a thread that failed to start).
+long memgen_ort_front_stress(OrtAllocator *a, int nthreads, long iters);
 
 // memgen_ort_callback_loop makes 2n cgo callbacks that do nothing (the
 // cost of the two callbacks of one Alloc+Free).

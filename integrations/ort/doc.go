@@ -6,10 +6,14 @@
 // bridge. Alloc draws from a pool.Pool over a pmm.Binding: size-class
 // slabs for requests up to 64 KiB, best fit above, over one growable
 // region of the CPU mechanism; the pool's segments are reserved from the
-// governor and charged to the binding's holder, and the pool is that
-// holder (register Allocator.Pool with governor.HolderOptions{Cache:
-// true}): under pressure the governor asks its cache first, and the pool
-// gives its free segments back. Reserve, which ONNX Runtime uses for
+// governor and charged to the binding's holder, and the Allocator is that
+// holder (register it with governor.HolderOptions{Cache: true}): under
+// pressure the governor asks its caches first, and it gives them back. In
+// front of the pool a small cache in C (front.c) keeps freed blocks of up
+// to 64 KiB per size class, so that ONNX Runtime's next Alloc of a class
+// it holds, and a Free it has room for, make no cgo callback; it is
+// bounded (Options.FrontBytes, Options.FrontDepth), counted as cache, and
+// emptied into the pool first when pressure asks. Reserve, which ONNX Runtime uses for
 // blocks its own arena would not cache (pre-packed weights), is a whole
 // pmm.Buffer of the binding, outside the pool. GetStats reports the pool's
 // figures under the BFC arena's keys. Sessions use the allocator when

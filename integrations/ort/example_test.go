@@ -16,8 +16,9 @@ import (
 
 // A Go program gives ONNX Runtime a governed allocator: a binding for the
 // holder that owns the session's memory, an Allocator over it registered
-// with the environment (its pool registered as that holder, a cache the
-// governor asks first under pressure), and sessions created with
+// with the environment (registered as that holder: its caches, the front
+// cache in C and the pool's, are what the governor asks first under
+// pressure), and sessions created with
 // ort.SessionOptions. (The
 // program calls ort.Init(libPath, ort.InitOptions{}) once at start; this
 // package's TestMain did.) testdata/double_relu.onnx computes
@@ -39,7 +40,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	_ = g.Register("onnx", alloc.Pool(), governor.HolderOptions{Cache: true})
+	_ = g.Register("onnx", alloc, governor.HolderOptions{Cache: true})
 	opts, _ := ort.SessionOptions() // session.use_env_allocators = 1
 	s, err := ortgo.NewDynamicAdvancedSession("testdata/double_relu.onnx", []string{"x"}, []string{"y"}, opts)
 	_ = opts.Destroy()
@@ -60,8 +61,8 @@ func Example() {
 	_ = x.Destroy()
 	_ = s.Destroy()
 	a, _ := g.Authority("host")
-	fmt.Println("cached in the pool after the session:", a.Charged == alloc.Pool().Stats().Cached && a.Charged > 0)
-	fmt.Println(alloc.Close()) // the pool gives its segments back
+	fmt.Println("cached after the session:", a.Charged == alloc.CachedBytes("host") && a.Charged > 0)
+	fmt.Println(alloc.Close()) // the front and the pool give their blocks and segments back
 	_ = dc.Queue().Drain(ctx)  // releases are deferred; wait for the refunds
 	a, _ = g.Authority("host")
 	fmt.Println("charged after Close:", a.Charged)
@@ -69,7 +70,7 @@ func Example() {
 	// Output:
 	// y = [0 1 4 0]
 	// allocated through memgen: true
-	// cached in the pool after the session: true
+	// cached after the session: true
 	// <nil>
 	// charged after Close: 0
 	// <nil>

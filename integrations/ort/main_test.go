@@ -120,6 +120,7 @@ type rig struct {
 	g     *governor.Governor
 	m     *cpu.Mechanism
 	ectx  *ep.Context
+	mgr   *pmm.Manager
 	bind  *pmm.Binding
 	alloc *Allocator
 }
@@ -159,15 +160,15 @@ func newRig(t testing.TB, capacity memapi.Bytes, opts Options) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The allocator's pool is the binding's holder: its cache is what
-	// pressure asks first.
-	if err := g.Register("ort", a.Pool(), governor.HolderOptions{Cache: true}); err != nil {
+	// The allocator is the binding's holder: its caches (the front and
+	// the pool's) are what pressure asks first.
+	if err := g.Register("ort", a, governor.HolderOptions{Cache: true}); err != nil {
 		t.Fatal(err)
 	}
 	if rec != nil {
-		a.observe = rec.observe
+		a.setObserve(rec.observe)
 	}
-	r := &rig{g: g, m: m, ectx: ectx, bind: bind, alloc: a}
+	r := &rig{g: g, m: m, ectx: ectx, mgr: mgr, bind: bind, alloc: a}
 	t.Cleanup(func() {
 		if err := a.Close(); err != nil {
 			t.Error(err)
@@ -199,8 +200,9 @@ func (r *rig) settle(t testing.TB) {
 // kernel and the pool agree: the holder's charge is the pool's segments
 // plus the reserved buffers, the mechanism's bytes and mincore's count are
 // the same, nothing is pending; what ONNX Runtime holds is the pool's
-// blocks in use plus the reserved buffers, and the pool's cached and in-use
-// bytes make up its segments.
+// blocks in use plus the reserved buffers less the front cache's blocks
+// (in use as the pool counts them), and the pool's cached and in-use bytes
+// make up its segments.
 func (r *rig) audit(t testing.TB, what string) memapi.Bytes {
 	t.Helper()
 	r.settle(t)
@@ -213,32 +215,35 @@ func (r *rig) audit(t testing.TB, what string) memapi.Bytes {
 		t.Fatal(err)
 	}
 	if !s.Balanced() || s.Pending != 0 || s.Reserved != 0 || s.Charged != ps.Segments+st.ReservedBytes || used != s.Charged || kern != used ||
-		st.LiveBytes != ps.InUse+st.ReservedBytes || ps.Cached+ps.InUse != ps.Segments {
-		t.Errorf("%s: ledger charged %d pending %d reserved %d (balanced %v); allocator holds %d in %d blocks (%d reserved); pool segments %d, in use %d, cached %d; mechanism %d, kernel %d",
-			what, s.Charged, s.Pending, s.Reserved, s.Balanced(), st.LiveBytes, st.Live, st.ReservedBytes, ps.Segments, ps.InUse, ps.Cached, used, kern)
+		st.LiveBytes+st.FrontBytes != ps.InUse+st.ReservedBytes || ps.Cached+ps.InUse != ps.Segments {
+		t.Errorf("%s: ledger charged %d pending %d reserved %d (balanced %v); allocator holds %d in %d blocks (%d reserved), front caches %d; pool segments %d, in use %d, cached %d; mechanism %d, kernel %d",
+			what, s.Charged, s.Pending, s.Reserved, s.Balanced(), st.LiveBytes, st.Live, st.ReservedBytes, st.FrontBytes, ps.Segments, ps.InUse, ps.Cached, used, kern)
 	}
 	return s.Charged
 }
 
-// trim gives the pool's whole cache back (Pool.Trim) and waits for the
-// refunds.
+// trim gives the allocator's whole cache back (Allocator.Trim: the front,
+// then the pool's) and waits for the refunds.
 func (r *rig) trim(t testing.TB) {
 	t.Helper()
-	if _, err := r.alloc.Pool().Trim(context.Background()); err != nil {
+	if _, err := r.alloc.Trim(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	r.settle(t)
 }
 
 // auditZero is audit after everything ONNX Runtime held was freed: nothing
-// is live, and once the pool's cache is trimmed nothing is charged.
+// is live (the pool's blocks in use are the front's), and once the caches
+// are trimmed nothing is charged or in use.
 func (r *rig) auditZero(t testing.TB, what string) {
 	t.Helper()
-	if n := r.audit(t, what); r.alloc.Stats().Live != 0 || r.alloc.Pool().Stats().InUse != 0 {
-		t.Errorf("%s: %d blocks live (%d bytes charged)", what, r.alloc.Stats().Live, n)
+	if n := r.audit(t, what); r.alloc.Stats().Live != 0 || r.alloc.Pool().Stats().InUse != r.alloc.Stats().FrontBytes {
+		t.Errorf("%s: %d blocks live (%d bytes charged), pool in use %d, front %d", what, r.alloc.Stats().Live, n,
+			r.alloc.Pool().Stats().InUse, r.alloc.Stats().FrontBytes)
 	}
 	r.trim(t)
-	if n := r.audit(t, what+", cache trimmed"); n != 0 {
-		t.Errorf("%s: holder still charged %d bytes after the pool's cache was trimmed", what, n)
+	if n := r.audit(t, what+", cache trimmed"); n != 0 || r.alloc.Pool().Stats().InUse != 0 || r.alloc.Stats().FrontBlocks != 0 {
+		t.Errorf("%s: holder still charged %d bytes (pool in use %d, front %d blocks) after the caches were trimmed",
+			what, n, r.alloc.Pool().Stats().InUse, r.alloc.Stats().FrontBlocks)
 	}
 }

@@ -105,7 +105,7 @@ func fanSession(t *testing.T, flags int) {
 		rec.mark("fan128dyn/no-mem-pattern")
 	}
 	if rec != nil && flags != 0 {
-		r.alloc.observe = nil // the trace is the sequential order
+		r.alloc.setObserve(nil) // the trace is the sequential order
 	}
 	mem, err := newSessionWith(fanModel, sessEnvAllocators|sessNoMemPattern|flags, 1)
 	if err != nil {

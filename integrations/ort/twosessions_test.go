@@ -68,7 +68,7 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := g.Register(governor.HolderID(holder), a.Pool(), governor.HolderOptions{Cache: true}); err != nil {
+		if err := g.Register(governor.HolderID(holder), a, governor.HolderOptions{Cache: true}); err != nil {
 			t.Fatal(err)
 		}
 		return a
@@ -155,9 +155,9 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 		}{{"ort-a", a}, {"ort-b", b}} {
 			charged, pending := holderFigures(g, h.id)
 			ps, st := h.alloc.Pool().Stats(), h.alloc.Stats()
-			if charged != ps.Segments+st.ReservedBytes || pending != 0 || st.LiveBytes != ps.InUse+st.ReservedBytes || ps.Cached+ps.InUse != ps.Segments {
-				t.Errorf("%s: %s charged %d pending %d; pool segments %d (in use %d, cached %d), reserved %d, live %d",
-					what, h.id, charged, pending, ps.Segments, ps.InUse, ps.Cached, st.ReservedBytes, st.LiveBytes)
+			if charged != ps.Segments+st.ReservedBytes || pending != 0 || st.LiveBytes+st.FrontBytes != ps.InUse+st.ReservedBytes || ps.Cached+ps.InUse != ps.Segments {
+				t.Errorf("%s: %s charged %d pending %d; pool segments %d (in use %d, cached %d), reserved %d, live %d, front %d",
+					what, h.id, charged, pending, ps.Segments, ps.InUse, ps.Cached, st.ReservedBytes, st.LiveBytes, st.FrontBytes)
 			}
 			sum += charged
 		}
@@ -200,7 +200,7 @@ func TestTwoSessionPoolsUnderOneBudget(t *testing.T) {
 		}
 	}
 	charged := audit("both sessions ran")
-	cachedA, cachedB := a.Pool().Stats().Cached, b.Pool().Stats().Cached
+	cachedA, cachedB := a.CachedBytes(hostAuth), b.CachedBytes(hostAuth) // the pools' and the fronts' caches
 	if cachedA < 8<<20 || cachedB < 8<<20 {
 		t.Fatalf("the pools cache %d and %d bytes after the runs, want at least 8 MiB each", cachedA, cachedB)
 	}
