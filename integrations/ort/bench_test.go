@@ -243,6 +243,7 @@ func BenchmarkFanInference(b *testing.B) {
 	}
 	st0 := r.alloc.Stats()
 	allocs0 := st0.Allocs
+	segs0 := r.alloc.Pool().Stats().SegmentAllocs
 	// Every batch is run by both sessions back to back, the order swapped
 	// each time, so that a change of the machine's load hits both.
 	tm, ta := make([][]time.Duration, len(pm)), make([][]time.Duration, len(pm))
@@ -275,6 +276,7 @@ func BenchmarkFanInference(b *testing.B) {
 	b.ReportMetric(float64(st.FrontHits-st0.FrontHits)/float64(st.Allocs-allocs0), "front-hit-rate")
 	ps := r.alloc.Pool().Stats()
 	b.ReportMetric(ps.PeakFragmentation(), "pool-peak-held/peak-requested")
+	b.ReportMetric(float64(ps.SegmentAllocs-segs0)/runs, "pool-growths/run")
 	if perRun < 100 {
 		b.Errorf("%.1f allocations per run through memgen, want at least 100", perRun)
 	}
