@@ -45,7 +45,6 @@ type poolData struct {
 	ReclaimedBytes    memapi.Bytes `json:"reclaimed_bytes"`
 	Reclaims          uint64       `json:"reclaims"`
 	Regrowths         uint64       `json:"regrowths"`
-	StreamReuses      uint64       `json:"stream_reuses"`
 	PressureRounds    int          `json:"pressure_rounds"`
 	PoolFirstRounds   int          `json:"pool_first_rounds"`
 	PoolAloneRounds   int          `json:"pool_alone_rounds"`
@@ -92,7 +91,7 @@ func newRunData(cfg Config, o *Outcome, systems []System) runData {
 	if o.PoolSteps > 0 {
 		p, f := o.Pool, o.PoolPressure
 		d.Activations = &poolData{Steps: o.PoolSteps, PeakHeldBytes: p.PeakSegments, PeakInUseBytes: p.PeakInUse, LargestStepBytes: o.PoolLargest,
-			ReclaimedBytes: p.Reclaimed, Reclaims: p.Reclaims, Regrowths: p.SegmentAllocs, StreamReuses: p.StreamReuse,
+			ReclaimedBytes: p.Reclaimed, Reclaims: p.Reclaims, Regrowths: p.SegmentAllocs,
 			PressureRounds: f.Rounds, PoolFirstRounds: f.PoolFirst, PoolAloneRounds: f.PoolAlone, PoolEmptyRounds: f.PoolEmpty,
 			NoTicketRounds: f.NoTicket, CachesFirstFailed: f.Violations}
 	}
