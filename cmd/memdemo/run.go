@@ -457,11 +457,12 @@ func (e *engine) waitFence(ctx context.Context) error {
 	return nil
 }
 
-// decode runs one decode iteration: every running request grows by one
-// token (its region grows a chunk when the token crosses into one, which
-// may preempt others), the token's KV is written through the device
-// stream, and the iteration's fence is recorded on every request and on the
-// served model's weights.
+// decode runs one decode iteration: its activations are taken from the
+// workspace, every running request grows by one token (its region grows a
+// chunk when the token crosses into one, which may preempt others), the
+// token's KV is written through the device stream, and the iteration's
+// fence is recorded on every request, on the served model's weights and on
+// the activations, which go back to the pool.
 func (e *engine) decode(ctx context.Context) error {
 	if err := e.waitFence(ctx); err != nil {
 		return err
