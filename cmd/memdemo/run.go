@@ -229,7 +229,10 @@ func (e *engine) roundUp(n memapi.Bytes) memapi.Bytes { return (n + e.gran - 1) 
 // next steps' growth rarely has to preempt.
 func (e *engine) watermark() memapi.Bytes { return e.gran + e.cfg.Watermark }
 
-// room returns the device bytes free or on their way back (pending).
+// room returns the device bytes free or on their way back (pending). The
+// activation pool's cache is not counted: an admission that took it would
+// only make the next step grow the pool back at the KV store's expense
+// (the governor still takes it first when a reservation is short).
 func (e *engine) room() memapi.Bytes {
 	a, _ := e.s.g.Authority(e.s.devAuth)
 	return a.Free + a.Pending
