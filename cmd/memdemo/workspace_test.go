@@ -194,3 +194,78 @@ func TestWithoutWorkspace(t *testing.T) {
 	require.NotContains(t, stdout.String(), "caches first")
 	require.NotContains(t, stdout.String(), "activation pool")
 }
+
+// gatedFence completes once its gate is opened and the real fence has.
+type gatedFence struct {
+	memapi.Fence
+	gate chan struct{}
+}
+
+func (f gatedFence) Done() bool {
+	select {
+	case <-f.gate:
+		return f.Fence.Done()
+	default:
+		return false
+	}
+}
+
+func (f gatedFence) Wait(ctx context.Context) error {
+	select {
+	case <-f.gate:
+		return f.Fence.Wait(ctx)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f gatedFence) Ready() <-chan struct{} { return nil }
+
+// gatedStream records gated fences: the step's work "runs" until the
+// test opens the gate.
+type gatedStream struct {
+	memapi.Stream
+	gate chan struct{}
+}
+
+func (s gatedStream) Record() (memapi.Fence, error) {
+	f, err := s.Stream.Record()
+	if err != nil {
+		return nil, err
+	}
+	return gatedFence{f, s.gate}, nil
+}
+
+// TestActivationsFreedBehindTheStepsFence: the activations go back to the
+// pool behind the step's fence, so while the step's work runs they are
+// pending, and pressure (a Trim here) cannot take their memory; once the
+// fence completes they are plain cache and Trim gives all of it back.
+func TestActivationsFreedBehindTheStepsFence(t *testing.T) {
+	ctx := context.Background()
+	cfg := tinyConfig(t)
+	cfg.Report = ""
+	s, err := newStack(ctx, cfg, memreport.New(memreport.Options{}), nil)
+	require.NoError(t, err)
+	real, err := s.devDC.NewStream()
+	require.NoError(t, err)
+	st := gatedStream{real, make(chan struct{})}
+	require.NoError(t, s.ws.alloc(ctx, 8, st))
+	f, err := st.Record()
+	require.NoError(t, err)
+	require.NoError(t, s.ws.release(f))
+	ps := s.ws.pool.Stats()
+	require.Zero(t, ps.InUse)
+	require.NotZero(t, ps.Pending, "the step's activations wait for its fence")
+	_, err = s.ws.pool.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ps.Pending, s.ws.pool.Stats().Pending, "pressure does not take memory the step's work may still use")
+	close(st.gate)
+	require.NoError(t, f.Wait(ctx))
+	_, err = s.ws.pool.Trim(ctx)
+	require.NoError(t, err)
+	ps = s.ws.pool.Stats()
+	require.Zero(t, ps.Pending)
+	require.Zero(t, ps.Segments, "once the fence completed, all of it was cache")
+	require.NoError(t, real.Close())
+	require.NoError(t, s.close(ctx))
+}
