@@ -31,6 +31,8 @@ type Config struct {
 	SecondHotFor time.Duration // the second model stays resident this long after a use
 	PrefixTokens int           // shared system prompt: the first tokens of every prompt at least this long
 	Watermark    memapi.Bytes  // room admission leaves free for growth (0: 1% of the budget)
+	Workspace    bool          // each decode step's activations come from a caching pool (the activations holder)
+	Vocab        int           // the served model's vocabulary: the step's logits are batch x Vocab fp32 (0: no logits)
 
 	MaxContext  int // the served model's context length: what static-max reserves per request
 	BlockTokens int // tokens per block of the paged baseline
@@ -76,6 +78,8 @@ func DefaultConfig() Config {
 		SecondEvery:  30 * time.Second,
 		SecondHotFor: 2 * time.Second,
 		PrefixTokens: 768,
+		Workspace:    true,
+		Vocab:        4096,
 		MaxContext:   16384,
 		BlockTokens:  16,
 		Step:         StepModel{Base: 20 * time.Millisecond, PerSeq: 150 * time.Microsecond, PerPrefillToken: 20 * time.Microsecond},
@@ -206,6 +210,8 @@ Flags:
 	fs.DurationVar(&c.SecondHotFor, "second-hot-for", c.SecondHotFor, "the second model stays resident this simulated `long` after a use")
 	fs.IntVar(&c.PrefixTokens, "prefix-tokens", c.PrefixTokens, "shared system prompt `tokens`: prompts at least this long share them read-only (0: no sharing)")
 	fs.Var(bytesFlag{&c.Watermark}, "watermark", "device `bytes` admission leaves free for running requests to grow into (0: 1% of the budget)")
+	fs.BoolVar(&c.Workspace, "workspace", c.Workspace, "allocate each decode step's activations from a caching pool, a governed cache asked first under pressure (--workspace=false: none)")
+	fs.IntVar(&c.Vocab, "vocab", c.Vocab, "the served model's vocabulary in `tokens`: each step's logits are batch x vocab fp32 in the workspace (0: none)")
 	fs.DurationVar(&c.Step.Base, "step-base", c.Step.Base, "simulated decode iteration: fixed `time`")
 	fs.DurationVar(&c.Step.PerSeq, "step-per-seq", c.Step.PerSeq, "simulated decode iteration: `time` per running request")
 	fs.DurationVar(&c.Step.PerPrefillToken, "step-per-prefill-token", c.Step.PerPrefillToken, "simulated decode iteration: `time` per prompt token prefilled or recomputed")
@@ -267,6 +273,7 @@ func (c *Config) validate() error {
 	}{
 		{"--requests", c.Requests, c.Requests < 0},
 		{"--prefix-tokens", c.PrefixTokens, c.PrefixTokens < 0},
+		{"--vocab", c.Vocab, c.Vocab < 0},
 		{"--speedup", c.Speedup, c.Speedup < 0},
 		{"--audit-every", c.AuditEvery, c.AuditEvery < 0},
 		{"--second-every", c.SecondEvery, c.SecondEvery < 0},

@@ -31,7 +31,26 @@ type runData struct {
 	DataChecks        int          `json:"read_backs"`
 	Leaks             uint64       `json:"leaked_handles"`
 	WallSeconds       float64      `json:"wall_seconds"`
+	Activations       *poolData    `json:"activations,omitempty"` // absent with --workspace=false
 	Systems           []systemData `json:"systems"`
+}
+
+// poolData is the activation workspace's figures: its pool's, and the
+// device's pressure rounds (caches first).
+type poolData struct {
+	Steps             uint64       `json:"steps"`
+	PeakHeldBytes     memapi.Bytes `json:"peak_held_bytes"`
+	PeakInUseBytes    memapi.Bytes `json:"peak_in_use_bytes"`
+	LargestStepBytes  memapi.Bytes `json:"largest_step_bytes"`
+	ReclaimedBytes    memapi.Bytes `json:"reclaimed_bytes"`
+	Reclaims          uint64       `json:"reclaims"`
+	Regrowths         uint64       `json:"regrowths"`
+	PressureRounds    int          `json:"pressure_rounds"`
+	PoolFirstRounds   int          `json:"pool_first_rounds"`
+	PoolAloneRounds   int          `json:"pool_alone_rounds"`
+	PoolEmptyRounds   int          `json:"pool_empty_rounds"`
+	NoTicketRounds    int          `json:"no_ticket_rounds"`
+	CachesFirstFailed int          `json:"caches_first_failures"`
 }
 
 // systemData is one system's figures: memgen's own, or a baseline's with
@@ -69,6 +88,13 @@ func newRunData(cfg Config, o *Outcome, systems []System) runData {
 		PressureEvents: o.PressureEvents, Tickets: o.Tickets, ReclaimedBytes: o.Reclaimed, Offloads: o.Offloads, Reloads: o.Reloads,
 		DeferredFrees: o.DeferredFrees, Checks: o.Checks, Failures: o.Failures, KernelChecks: o.KernelChecks, DataChecks: o.DataChecks,
 		Leaks: o.Leaks, WallSeconds: o.Wall.Seconds(), Systems: []systemData{}}
+	if o.PoolSteps > 0 {
+		p, f := o.Pool, o.PoolPressure
+		d.Activations = &poolData{Steps: o.PoolSteps, PeakHeldBytes: p.PeakSegments, PeakInUseBytes: p.PeakInUse, LargestStepBytes: o.PoolLargest,
+			ReclaimedBytes: p.Reclaimed, Reclaims: p.Reclaims, Regrowths: p.SegmentAllocs,
+			PressureRounds: f.Rounds, PoolFirstRounds: f.PoolFirst, PoolAloneRounds: f.PoolAlone, PoolEmptyRounds: f.PoolEmpty,
+			NoTicketRounds: f.NoTicket, CachesFirstFailed: f.Violations}
+	}
 	for _, s := range append([]System{{Name: "memgen", Figures: o.Figures}}, systems...) {
 		d.Systems = append(d.Systems, systemData{Name: s.Name, Served: s.Served, Rejected: s.Rejected, PeakConcurrent: s.PeakConcurrent,
 			MeanConcurrent: s.MeanConcurrent, Tokens: s.Tokens, Steps: s.Steps, SimSeconds: s.SimTime.Seconds(), TokensPerSecond: s.Throughput(),

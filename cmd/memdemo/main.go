@@ -4,7 +4,8 @@
 // ProcessMemoryManager, the reference holders (a KV page store growing one
 // token per decode step with a shared system prompt, and model residency
 // stores, one of them a second model that is offloaded under pressure and
-// reloaded on demand) and the deferred-free queues — on the CPU mechanism
+// reloaded on demand), an activation workspace whose caching pool is asked
+// first under pressure, and the deferred-free queues — on the CPU mechanism
 // by default, where every byte is real memory the kernel confirms.
 //
 // Simulated time drives the workload (arrivals from the trace, a step

@@ -110,6 +110,10 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)
 	require.Zero(t, o.Leaks)
 
+	// The activation workspace: a step's activations each step, its cache
+	// asked first under pressure, its ledger audited, nothing after Close.
+	requirePoolOutcome(t, o)
+
 	// Every baseline ran on the same trace and budget.
 	var names []string
 	for _, s := range systems {
@@ -131,7 +135,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	out := stdout.String()
 	for _, s := range []string{"requests served", "requests preempted", "peak charged", "tickets issued", "offloads / reloads",
 		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "KV utilisation", "static-max", "static-pow2",
-		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: "} {
+		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: ", "activations", "caches first"} {
 		require.Contains(t, out, s)
 	}
 	for _, line := range strings.Split(out, "\n") {
@@ -165,10 +169,14 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.Len(t, rep.Authorities, 2)
 	dev := rep.Authorities[0]
 	require.Equal(t, memapi.AuthorityID("device"), dev.Authority)
-	for _, h := range []governor.HolderID{holderKV, holderModel, holderSecond} {
+	for _, h := range []governor.HolderID{holderKV, holderModel, holderSecond, holderPool} {
 		_, ok := dev.Holder(h)
 		require.True(t, ok, "a series for %s", h)
 	}
+	// The pool's cache is drawn: the report saw it cached.
+	poolStats := dev.HolderStats[slices.IndexFunc(dev.HolderStats, func(s memreport.HolderStats) bool { return s.Holder == holderPool })]
+	require.NotZero(t, poolStats.PeakCached, "the activation pool's cache in the report")
+	require.LessOrEqual(t, poolStats.PeakCached, o.Pool.PeakSegments)
 	// The chart ends with everything closed and free; the ledger tables
 	// show the end of the work, with the weights still loaded.
 	for _, tl := range rep.Authorities {
@@ -237,7 +245,33 @@ func TestDemoEndToEnd(t *testing.T) {
 	}
 	require.Equal(t, o.Served, phases["X"], "a span per request")
 	require.NotZero(t, phases["i"])
-	require.Len(t, holderCounters, 3)
+	require.Len(t, holderCounters, 4)
+}
+
+// requirePoolOutcome checks what a whole run says of its activation pool.
+func requirePoolOutcome(t *testing.T, o *Outcome) {
+	t.Helper()
+	require.Equal(t, uint64(o.Steps), o.PoolSteps, "every decode step took its activations from the pool")
+	p := o.Pool
+	require.NotZero(t, p.PeakInUse)
+	require.GreaterOrEqual(t, p.PeakSegments, p.PeakInUse)
+	require.Equal(t, o.PoolLargest, p.PeakInUse, "the largest step is the pool's peak in use")
+	require.Zero(t, p.InUse, "no activation outlives its step")
+	require.Zero(t, p.OverBudget)
+	require.Equal(t, o.KernelChecks, o.PoolAudits, "every full audit checked the pool's ledger")
+	// Caches first: the pool's cache answered pressure before any
+	// request was preempted or weight offloaded, and alone in some rounds.
+	f := o.PoolPressure
+	require.Zero(t, f.Violations, "%q", f.ViolationLog)
+	require.Equal(t, int(o.PressureEvents), f.Rounds, "a round per pressure event on the device")
+	require.NotZero(t, f.PoolFirst)
+	require.NotZero(t, f.PoolAlone, "the pool's cache alone answered some pressure")
+	require.Equal(t, f.Rounds, f.PoolFirst+f.PoolEmpty+f.NoTicket)
+	require.NotZero(t, p.Reclaims)
+	require.NotZero(t, p.Reclaimed)
+	require.Equal(t, p.Reclaimed, f.PoolFreed, "what the pool gave back is what the governor saw it give")
+	require.Zero(t, o.PoolAfter.Segments)
+	require.Zero(t, o.PoolAfter.Quarantined)
 }
 
 func TestInterruptedRunReturnsEverything(t *testing.T) {
@@ -274,6 +308,9 @@ func TestInterruptedRunReturnsEverything(t *testing.T) {
 	require.NotNil(t, o)
 	require.Less(t, o.Served, o.Requests)
 	require.Zero(t, o.Failures, "%q", o.FailureLog)
+	require.NotZero(t, o.PoolSteps, "the activation pool served steps before the interruption")
+	require.Zero(t, o.PoolAfter.Segments)
+	require.Zero(t, o.PoolAfter.InUse)
 	require.Zero(t, o.UsedAfter)
 	require.Zero(t, o.KernelAfter)
 	require.Equal(t, o.CapacitiesAfter, o.FreeAfter)

@@ -20,6 +20,7 @@ import (
 	"github.com/memgen/memgen/holders"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/memreport"
+	"github.com/memgen/memgen/pool"
 )
 
 // waitLimit bounds, in wall-clock time, one wait of the run loop on the
@@ -62,6 +63,15 @@ type Outcome struct {
 	Offloads, Reloads    uint64
 	DeferredFrees        uint64
 	CopyOnWrites         uint64
+
+	// The activation workspace (--workspace): the pool's figures as the
+	// work ended and after Close, and the pressure rounds on the device.
+	Pool         pool.Stats
+	PoolAfter    pool.Stats
+	PoolLargest  memapi.Bytes // the largest step's activations as the pool rounds them
+	PoolSteps    uint64
+	PoolAudits   int
+	PoolPressure pressureFigures
 
 	Checks, Failures int      // ledger identity checks and their failures
 	FailureLog       []string // the first failures
@@ -219,7 +229,10 @@ func (e *engine) roundUp(n memapi.Bytes) memapi.Bytes { return (n + e.gran - 1) 
 // next steps' growth rarely has to preempt.
 func (e *engine) watermark() memapi.Bytes { return e.gran + e.cfg.Watermark }
 
-// room returns the device bytes free or on their way back (pending).
+// room returns the device bytes free or on their way back (pending). The
+// activation pool's cache is not counted: an admission that took it would
+// only make the next step grow the pool back at the KV store's expense
+// (the governor still takes it first when a reservation is short).
 func (e *engine) room() memapi.Bytes {
 	a, _ := e.s.g.Authority(e.s.devAuth)
 	return a.Free + a.Pending
@@ -447,11 +460,12 @@ func (e *engine) waitFence(ctx context.Context) error {
 	return nil
 }
 
-// decode runs one decode iteration: every running request grows by one
-// token (its region grows a chunk when the token crosses into one, which
-// may preempt others), the token's KV is written through the device
-// stream, and the iteration's fence is recorded on every request and on the
-// served model's weights.
+// decode runs one decode iteration: its activations are taken from the
+// workspace, every running request grows by one token (its region grows a
+// chunk when the token crosses into one, which may preempt others), the
+// token's KV is written through the device stream, and the iteration's
+// fence is recorded on every request, on the served model's weights and on
+// the activations, which go back to the pool.
 func (e *engine) decode(ctx context.Context) error {
 	if err := e.waitFence(ctx); err != nil {
 		return err
@@ -465,14 +479,38 @@ func (e *engine) decode(ctx context.Context) error {
 		}
 		uses = append(uses, u)
 	}
+	// The forward pass's workspace first, for the requests about to run
+	// it: the pool serves it from its cache or grows, which under pressure
+	// asks its own cache first, then the second model and the KV store (a
+	// request preempted now skips the step). The step holds it to its end,
+	// so the pressure of the growth below finds in the pool's cache only
+	// what this step does not use.
+	interrupted := false
+	if e.s.ws != nil {
+		batch := 0
+		for _, a := range e.running {
+			if !a.preempted {
+				batch++
+			}
+		}
+		if err := e.s.ws.alloc(ctx, batch, e.stream); err != nil {
+			if ctx.Err() != nil {
+				interrupted = true
+			} else {
+				e.fail("%v", err)
+			}
+		}
+	}
 	// Grow first: every request gets its next token's memory (which may
 	// preempt others), then the step's work is enqueued, so no preempted
 	// region can have work of this step in flight.
 	var stepped []*active
 	e.finished = e.finished[:0]
-	interrupted := false
 grow:
 	for _, a := range e.running {
+		if interrupted {
+			break
+		}
 		if a.preempted {
 			continue
 		}
@@ -532,6 +570,16 @@ grow:
 		e.fail("record: %v", err)
 	}
 	e.fence = f
+	if e.s.ws != nil {
+		if f == nil { // no fence to free the activations behind: the stamps end first
+			if err := e.stream.Synchronize(context.WithoutCancel(ctx)); err != nil {
+				e.fail("synchronize: %v", err)
+			}
+		}
+		if err := e.s.ws.release(f); err != nil {
+			e.fail("activations: %v", err)
+		}
+	}
 	for _, u := range uses {
 		if f != nil {
 			if err := u.RecordUse(f); err != nil {
@@ -674,6 +722,7 @@ func (e *engine) fullAudit(ctx context.Context, when string) error {
 		e.fail("%s: the KV store holds %d bytes (requests + prefix), the ledger charges it %d", when, want, got)
 	}
 	e.out.CopyOnWrites = kv.CopyOnWrites
+	own := want // the holders' own accounts of the device bytes
 	for _, r := range []struct {
 		id string
 		s  *holders.Residency
@@ -682,12 +731,20 @@ func (e *engine) fullAudit(ctx context.Context, when string) error {
 			continue
 		}
 		st := r.s.Stats()
+		own += st.ResidentBytes
 		if got := holder(r.id, e.s.devAuth).Charged; got != st.ResidentBytes {
 			e.fail("%s: %s has %d bytes resident, the ledger charges %d on the device", when, r.id, st.ResidentBytes, got)
 		}
 		if got := holder(r.id, hostAuthority).Charged; got != st.OffloadedBytes {
 			e.fail("%s: %s has %d bytes offloaded, the ledger charges %d on the host", when, r.id, st.OffloadedBytes, got)
 		}
+	}
+	if e.s.ws != nil {
+		own += e.auditPool(when, holder(holderPool, e.s.devAuth))
+	}
+	// Every byte the device mechanism holds is one a holder accounts for.
+	if used := e.s.devMech.UsedBytes(); own != used {
+		e.fail("%s: the holders account for %d device bytes, the mechanism holds %d", when, own, used)
 	}
 	// The kernel agrees with the mechanisms.
 	for _, m := range []struct {
@@ -715,6 +772,29 @@ func (e *engine) fullAudit(ctx context.Context, when string) error {
 		}
 	}
 	return e.readBack(c, when)
+}
+
+// auditPool checks the activation pool's ledger identity at rest (the step
+// ended and the deferred frees drained): its cached and in-use bytes make
+// up its segments, the governor charges the holder its segments plus what
+// failed to release (quarantined, and booked so there), and the snapshot's
+// cached bytes are the pool's. It returns the device bytes the pool holds.
+func (e *engine) auditPool(when string, ha governor.HolderAuthoritySnapshot) memapi.Bytes {
+	st := e.s.ws.pool.Stats()
+	e.out.PoolAudits++
+	if st.Cached+st.InUse != st.Segments {
+		e.fail("%s: the activation pool caches %d and has %d in use, but holds %d", when, st.Cached, st.InUse, st.Segments)
+	}
+	if ha.Charged != st.Segments+st.Quarantined || ha.Quarantined != st.Quarantined {
+		e.fail("%s: the activation pool holds %d bytes (%d quarantined), the ledger charges %d (%d quarantined)", when, st.Segments, st.Quarantined, ha.Charged, ha.Quarantined)
+	}
+	if ha.Cached != st.Cached {
+		e.fail("%s: the activation pool caches %d bytes, the ledger's snapshot says %d", when, st.Cached, ha.Cached)
+	}
+	if st.InUse != 0 {
+		e.fail("%s: %d bytes of activations in use between steps", when, st.InUse)
+	}
+	return st.Segments + st.Quarantined
 }
 
 // procMemory returns the process's resident memory and its high-water mark
@@ -834,6 +914,9 @@ func (e *engine) finish(ctx context.Context) error {
 			st := e.s.second.Stats()
 			e.out.Offloads, e.out.Reloads = st.Offloads, st.Reloads
 		}
+		if e.s.ws != nil {
+			e.out.Pool, e.out.PoolLargest, e.out.PoolSteps = e.s.ws.pool.Stats(), e.s.ws.largest, e.s.ws.steps
+		}
 		errs = append(errs, e.stream.Close())
 	}
 	// Requests still holding memory (a run cut short) are finished here.
@@ -858,6 +941,25 @@ func (e *engine) finish(ctx context.Context) error {
 	if closeErr != nil {
 		e.fail("closing the memory system: %v", closeErr)
 		errs = append(errs, closeErr)
+	}
+	// Caches first: a round that asked another holder first, or evicted
+	// data the pool's idle cache covered, is a failed check.
+	pf := e.s.rounds.figures()
+	e.out.PoolPressure = pf
+	e.out.Failures += pf.Violations
+	for _, v := range pf.ViolationLog {
+		if len(e.out.FailureLog) < 20 {
+			e.out.FailureLog = append(e.out.FailureLog, "caches first: "+v)
+		}
+	}
+	if e.s.ws != nil {
+		e.out.PoolAfter = e.s.ws.pool.Stats()
+		if pf.PoolFreed != e.out.Pool.Reclaimed {
+			e.fail("the activation pool counts %d bytes reclaimed, the governor's events %d", e.out.Pool.Reclaimed, pf.PoolFreed)
+		}
+		if st := e.out.PoolAfter; st.Segments != 0 || st.Quarantined != 0 || st.InUse != 0 {
+			e.fail("after close, the activation pool holds %d bytes (%d quarantined, %d in use)", st.Segments, st.Quarantined, st.InUse)
+		}
 	}
 	// Everything returned: the ledger is full again, the mechanisms and the
 	// kernel hold nothing.

@@ -54,6 +54,8 @@ type stack struct {
 	model, second   *holders.Residency
 	modelW, secondW []string // weight names
 	weightHead      map[string][]byte
+	ws              *workspace // nil with --workspace=false
+	rounds          *pressureRounds
 	queueErrs       *errorLog
 	onPreempt       func(*holders.Request)
 }
@@ -125,6 +127,7 @@ func newStack(ctx context.Context, cfg Config, rec *memreport.Recorder, log *slo
 		}
 		s.devDC, devMech, s.devMech = dc, s.cudaMech, s.cudaMech
 	}
+	s.rounds = &pressureRounds{auth: s.devAuth}
 	opts := ep.Options{Logger: log, OnError: func(name string, err error) { s.queueErrs.add("deferred free %s: %v", name, err) }}
 	s.devCtx = ep.NewContext(s.devDC, opts)
 	s.hostCtx = ep.NewContext(s.hostDC, opts)
@@ -186,6 +189,21 @@ func newStack(ctx context.Context, cfg Config, rec *memreport.Recorder, log *slo
 			return nil, err
 		}
 		rec.Label(governor.HolderID(h.id), h.role)
+	}
+	if cfg.Workspace {
+		m, err := s.mgr.Mechanism(s.devKey)
+		if err != nil {
+			return nil, err
+		}
+		if s.ws, err = newWorkspace(s, m.Info().Granularity); err != nil {
+			return nil, fmt.Errorf("the activation workspace: %w", err)
+		}
+		undo = append(undo, func() { _ = s.ws.close() })
+		if err := s.ws.register(s.g); err != nil {
+			return nil, err
+		}
+		rec.Label(holderPool, "activations")
+		s.rounds.setPool(s.ws.pool.Stats)
 	}
 
 	// Weights: one tensor per layer, the head of each written with a
@@ -256,17 +274,23 @@ func pattern(name string, n int) []byte {
 // the second model answered with freed bytes is also an offload.
 func (s *stack) event(e governor.Event) {
 	s.rec.Event(e)
+	if s.rounds != nil {
+		s.rounds.event(e)
+	}
 	if e.Kind == governor.EventReclaimed && e.Holder == holderSecond && e.Bytes > 0 {
 		s.rec.Annotate(memreport.Annotation{Time: e.Time, Authority: e.Authority, Kind: "offload", Holder: holderSecond, Bytes: e.Bytes,
 			Detail: fmt.Sprintf("weights to the host, answering ticket %d", e.Ticket.ID)})
 	}
 }
 
-// close tears the stack down: holders first (their memory goes through the
+// close tears the stack down: the activation pool and holders first (their memory goes through the
 // deferred-free queues), then the contexts (which wait for the queues), the
 // governor, and the CUDA mechanism.
 func (s *stack) close(ctx context.Context) error {
 	var errs []error
+	if s.ws != nil {
+		errs = append(errs, s.ws.close()) // the pool before the manager's contexts close
+	}
 	if s.prefix != nil {
 		errs = append(errs, s.prefix.Close())
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -54,6 +55,8 @@ func summaryRows(cfg Config, o *Outcome) []row {
 		{"peak charged", fmt.Sprintf("%s of %s (%s); peak in use incl. grants and pending %s", fmtBytes(o.PeakCharged), fmtBytes(o.Capacity), pct(o.PeakCharged, o.Capacity), fmtBytes(o.PeakInUse))},
 		{"pressure", fmt.Sprintf("%d pressure events, %d tickets issued, %s reclaimed by holders", o.PressureEvents, o.Tickets, fmtBytes(o.Reclaimed))},
 		{"offloads / reloads", fmt.Sprintf("%d / %d (second model)", o.Offloads, o.Reloads)},
+		poolRow(o),
+		cachesFirstRow(o),
 		{"deferred frees", fmt.Sprintf("%d releases freed behind fences", o.DeferredFrees)},
 		{"ledger identity", fmt.Sprintf("%d failures in %d checks (every step, every authority)", o.Failures, o.Checks)},
 		{"kernel-confirmed bytes", kernel},
@@ -64,10 +67,33 @@ func summaryRows(cfg Config, o *Outcome) []row {
 		{"simulated", fmt.Sprintf("%s, %d decode steps, %.0f tokens/s", fmtDuration(o.SimTime), o.Steps, o.Throughput())},
 		{"wall time", o.Wall.Round(time.Millisecond).String()},
 	}
+	rows = slices.DeleteFunc(rows, func(r row) bool { return r.key == "" })
 	for _, f := range o.FailureLog {
 		rows = append(rows, row{"FAILURE", f})
 	}
 	return rows
+}
+
+// poolRow is the activation workspace's line: what its pool held and
+// used at its peaks, and what its cache gave back under pressure.
+func poolRow(o *Outcome) row {
+	if o.PoolSteps == 0 {
+		return row{}
+	}
+	p := o.Pool
+	return row{"activations", fmt.Sprintf("pool over its own binding, %d steps: peak held %s, peak in use %s; %s of cache given back under pressure in %d reclaims, regrown %d times",
+		o.PoolSteps, fmtBytes(p.PeakSegments), fmtBytes(p.PeakInUse), fmtBytes(p.Reclaimed), p.Reclaims, p.SegmentAllocs)}
+}
+
+// cachesFirstRow says how the device's pressure rounds went: the pool's
+// cache asked first, and how often it answered alone.
+func cachesFirstRow(o *Outcome) row {
+	if o.PoolSteps == 0 {
+		return row{}
+	}
+	f := o.PoolPressure
+	return row{"caches first", fmt.Sprintf("%d of %d device pressure rounds asked the activation pool first (%d answered by its cache alone), %d while it held nothing asked others, %d needed no ticket; %d asked another holder first or evicted what its idle cache covered",
+		f.PoolFirst, f.Rounds, f.PoolAlone, f.PoolEmpty, f.NoTicket, f.Violations)}
 }
 
 // comparisonRows are the notes of the comparison for the report: one row
@@ -116,7 +142,11 @@ func writeSummary(w io.Writer, rows []row, o *Outcome, systems []System) {
 // writeComparison prints every system's figures, memgen's first, and then
 // memgen's ratios against each baseline.
 func writeComparison(w io.Writer, o *Outcome, systems []System) {
-	for _, line := range wrap("Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model); memgen also holds the second model. KV util = token-state bytes / KV bytes reserved or committed.", summaryWidth) {
+	note := "Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model); memgen also holds the second model. KV util = token-state bytes / KV bytes reserved or committed."
+	if o.PoolSteps > 0 {
+		note = "Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model, no activations); memgen also holds the second model and its activation pool. KV util = token-state bytes / KV bytes reserved or committed."
+	}
+	for _, line := range wrap(note, summaryWidth) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
