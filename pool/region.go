@@ -128,7 +128,7 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 		return 0, nil
 	}
 	defer p.growMu.Unlock()
-	freed, err := p.trimTail(ctx)
+	freed, err := p.trimTail(ctx, wanted)
 	if freed >= wanted || err != nil {
 		return freed, err
 	}
@@ -136,11 +136,14 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 	return freed + n, err
 }
 
-// trimTail shrinks the region to the start of its free tail. The caller
+// trimTail shrinks the region by its free tail's last granules, as many as
+// hold wanted committed bytes (math.MaxUint64: to the start of the free
+// tail), so that a ticket for a little gets about that little and the next
+// growth does not have to commit back what nobody asked for. The caller
 // holds growMu.
-func (p *Pool) trimTail(ctx context.Context) (uint64, error) {
+func (p *Pool) trimTail(ctx context.Context, wanted uint64) (uint64, error) {
 	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeLocked) and release.go retries
-	r, keep, old, ok := p.freeTail()
+	r, keep, old, ok := p.freeTail(wanted)
 	if !ok {
 		return 0, nil
 	}
@@ -185,10 +188,11 @@ func (p *Pool) trimTail(ctx context.Context) (uint64, error) {
 	return freed, err
 }
 
-// freeTail returns the region, the length it would keep without its free
-// tail (rounded up to its granularity) and its length now; ok is false when
-// there is no free tail to give.
-func (p *Pool) freeTail() (r *pmm.Region, keep, old uint64, ok bool) {
+// freeTail returns the region, the length it would keep once the last
+// granules of its free tail holding wanted committed bytes are cut (at
+// least the start of the free tail, rounded up to the granularity) and its
+// length now; ok is false when there is no free tail to give.
+func (p *Pool) freeTail(wanted uint64) (r *pmm.Region, keep, old uint64, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() || p.rseg == nil {
@@ -199,8 +203,19 @@ func (p *Pool) freeTail() (r *pmm.Region, keep, old uint64, ok bool) {
 		return nil, 0, 0, false
 	}
 	gran := uint64(p.region.Granularity())
-	keep = (t.addr - p.rseg.base + gran - 1) / gran * gran
-	return p.region, keep, p.rseg.size, keep < p.rseg.size
+	least := (t.addr - p.rseg.base + gran - 1) / gran * gran
+	old = p.rseg.size
+	if wanted >= old-least {
+		return p.region, least, old, least < old
+	}
+	keep = old
+	for got := uint64(0); keep > least && got < wanted; {
+		keep -= gran
+		if !p.holes.has(keep / gran) {
+			got += gran
+		}
+	}
+	return p.region, keep, old, keep < old
 }
 
 var errTailTaken = errors.New("pool: the free tail was taken meanwhile")

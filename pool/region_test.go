@@ -53,3 +53,36 @@ func TestRegionGrowsAndTrimsTail(t *testing.T) {
 	require.Equal(t, a[0].Addr(), c[0].Addr(), "the address never moves")
 	freeAll(t, c)
 }
+
+// TestReclaimCutsTheTailToWhatIsAsked: a ticket for less than the region's
+// free tail gets the tail's last granules holding what it asked (at least
+// that, less than a granule more), not the whole tail, so the next growth
+// need not commit back what nobody asked for; a second ticket and Trim
+// take the rest, every byte once.
+func TestReclaimCutsTheTailToWhatIsAsked(t *testing.T) {
+	e := setup(t, 1<<30, pool.Options{Backing: pool.BackingRegion, SegmentBytes: 1 << 20})
+	ctx := context.Background()
+	gran := memapi.Bytes(64 << 10) // the fake mechanism's granularity
+	keep := allocAll(t, e.p, 1, 1<<20)
+	tail := allocAll(t, e.p, 8, 1<<20)
+	held := e.checkLedger(t).Segments
+	freeAll(t, tail)
+	ask := 100 << 10
+	n, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: memapi.Bytes(ask)})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, memapi.Bytes(ask))
+	require.Less(t, n, memapi.Bytes(ask)+gran, "about what was asked, not the whole free tail")
+	s := e.checkLedger(t)
+	require.Equal(t, held-n, s.Segments)
+	require.Equal(t, held-n, e.m.UsedBytes())
+	n2, err := e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 3 << 20})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n2, memapi.Bytes(3<<20))
+	require.Less(t, n2, memapi.Bytes(3<<20)+gran)
+	rest, err := e.p.Trim(ctx)
+	require.NoError(t, err)
+	s = e.checkLedger(t)
+	require.Equal(t, held, n+n2+rest+s.Segments, "every byte given back once")
+	require.Equal(t, memapi.Bytes(1<<20), s.Segments, "the block in use and nothing else")
+	freeAll(t, keep)
+}
