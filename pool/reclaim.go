@@ -16,9 +16,10 @@ import (
 // the cache, slabs whose every block is free go back to the arena, and
 // segments that are then wholly free are closed (their pmm lifecycle frees
 // them behind any fences and refunds the lease) until t.Wanted bytes are
-// freed or none is left; with BackingRegion the region's free tail is
-// decommitted (Region.Shrink, behind the region's fences), then the whole
-// free granules inside the region (Region.Decommit, holes.go). It never touches
+// freed or none is left; with BackingRegion the last granules of the
+// region's free tail that hold t.Wanted bytes are decommitted
+// (Region.Shrink, behind the region's fences), then the whole free
+// granules inside the region (Region.Decommit, holes.go). It never touches
 // a block in use and may free 0 (always while the pool's own region grows:
 // that growth may be the reservation that asked).
 func (p *Pool) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
