@@ -142,15 +142,9 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 	}
 	// Quarantined pieces never overlap the region's segments, so i
 	// stays where the new piece goes.
-	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return err
-	}
-	g, err := s.bind.reserve(ctx, s.d, rng.Len)
+	g, err := s.back(ctx, op, rng)
 	if err != nil {
 		return err
-	}
-	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
-		return cancel(g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {

@@ -231,6 +231,25 @@ func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memap
 	return nil
 }
 
+// back is the first half of a transaction that backs rng (Grow, Commit):
+// the quarantined backing over rng is removed, a grant for rng's bytes is
+// reserved (with pressure, bounded by ctx) and the mechanism commits rng,
+// drawing from it. On a failure nothing is left: the grant is cancelled.
+// The caller commits the grant into the new piece's lease, or rolls back.
+func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (Grant, error) {
+	if err := s.settleQuarantine(ctx, op, rng); err != nil {
+		return nil, err
+	}
+	g, err := s.bind.reserve(ctx, s.d, rng.Len)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
+		return nil, cancel(g, err)
+	}
+	return g, nil
+}
+
 // whole is the region's whole reserved range: what Retry settles.
 func (s *regionState) whole() memapi.Range { return memapi.Range{Len: s.res.Size()} }
 
@@ -284,15 +303,9 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 		return nil
 	}
 	rng := memapi.Range{Off: old, Len: newTop - old}
-	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return err
-	}
-	g, err := s.bind.reserve(ctx, s.d, rng.Len)
+	g, err := s.back(ctx, op, rng)
 	if err != nil {
 		return err
-	}
-	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
-		return cancel(g, err)
 	}
 	rollback := func(err error, viewUpdated bool) error {
 		if viewUpdated {

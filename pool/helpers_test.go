@@ -148,3 +148,12 @@ func pattern(i, n int) []byte {
 }
 
 func slicesSort(d []time.Duration) { slices.Sort(d) }
+
+// stream makes a stream of the fake context, closed at the test's end.
+func (e *env) stream(t tb) memapi.Stream {
+	t.Helper()
+	s, err := e.fctx.NewStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}

@@ -42,9 +42,7 @@ func TestSnapshotSplitsPoolCharge(t *testing.T) {
 			e := setup(t, 1<<30, pool.Options{Backing: backing, SegmentBytes: 2 << 20})
 			e.fctx.SetManualFences(true)
 			ctx := context.Background()
-			s1, err := e.fctx.NewStream()
-			require.NoError(t, err)
-			defer s1.Close()
+			s1 := e.stream(t)
 
 			require.Zero(t, e.checkSplit(t).Segments, "nothing held yet")
 			small := allocAll(t, e.p, 500, 3000)
