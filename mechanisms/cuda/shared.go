@@ -217,7 +217,8 @@ func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 }
 
 // CopyOnWrite gives v's range a private copy: a new handle (pool or
-// cuMemCreate) is mapped read-write at a scratch reservation, filled with
+// cuMemCreate) is mapped read-write at a scratch reservation (aligned to the
+// granularity, as Reserve's are), filled with
 // cuMemcpyDtoD from v, unmapped there, and mapped read-write in v's place
 // (cuMemUnmap of v, cuMemMap, cuMemSetAccess).
 // Any failure undoes every step: v stays mapped as it was.
@@ -259,7 +260,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 		sx := m.txn(t)
 		err = func() error {
 			var tmp driver.DevicePtr
-			if err := sx.step("cuMemAddressReserve", t.MemAddressReserve(&tmp, size, 0, 0, 0), func() {
+			if err := sx.step("cuMemAddressReserve", t.MemAddressReserve(&tmp, size, m.gran, 0, 0), func() {
 				sx.quiet("cuMemAddressFree", t.MemAddressFree(tmp, size))
 			}); err != nil {
 				return err

@@ -73,7 +73,9 @@ func (m *Mechanism) checkRange(op string, rs *resState, r memapi.Range) (int, in
 }
 
 // Reserve obtains address space with cuMemAddressReserve, rounded up to the
-// granularity. It holds no physical memory.
+// granularity and aligned to it: the alignment is passed explicitly, since
+// the driver does not document what its default (0) gives, and cuMemMap
+// needs granularity-aligned addresses. It holds no physical memory.
 func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
 	const op = "VirtualBacking.Reserve"
 	if err := ctx.Err(); err != nil {
@@ -92,7 +94,7 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	defer m.mu.Unlock()
 	var ptr driver.DevicePtr
 	if err := m.dev.do(func(t *driver.Table) error {
-		return check(t, "cuMemAddressReserve", t.MemAddressReserve(&ptr, size, 0, 0, 0))
+		return check(t, "cuMemAddressReserve", t.MemAddressReserve(&ptr, size, m.gran, 0, 0))
 	}); err != nil {
 		return nil, m.driverErr(op, err, size)
 	}
