@@ -171,11 +171,17 @@ func (d *device) do(fn func(t *driver.Table) error) error {
 	}
 	// The thread received the call: it runs it to the end before anything else.
 	<-finished
+	d.noteSticky(err)
+	return err
+}
+
+// noteSticky marks the device lost when err is a sticky driver error (see
+// Sticky), whoever met it: a call's result, or a fence's event.
+func (d *device) noteSticky(err error) {
 	var de *DriverError
 	if err != nil && errors.As(err, &de) && Sticky(de.Code) {
 		d.lost.CompareAndSwap(nil, de)
 	}
-	return err
 }
 
 // release drops one reference; the last one stops the thread, which releases

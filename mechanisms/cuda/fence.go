@@ -61,6 +61,7 @@ func (f *Fence) finish(t *driver.Table, fault error) {
 	f.fault = fault
 	f.done.Store(true)
 	_ = t.EventDestroy(f.ev)
+	f.m.dev.noteSticky(fault) // a fault seen only here loses the context too
 }
 
 // Ready returns nil: a CUDA fence can only be polled.

@@ -229,7 +229,7 @@ func TestFaultAtEveryStep(t *testing.T) {
 				}
 				err := op.run(sc)
 				var de *DriverError
-				if !errors.As(err, &de) || de.Code != code || !errors.Is(err, Kind(code)) {
+				if !errors.As(err, &de) || de.Code != code || !errors.Is(err, Kind(de.Call, code)) {
 					t.Fatalf("%s with %s#%d failing: %v, want the injected %v", op.name, st.call, st.nth, err, code)
 				}
 				if after := sc.snap(t); !after.equal(before) {

@@ -111,7 +111,7 @@ func TestDriverErrorKinds(t *testing.T) {
 			t.Errorf("code %v: %v does not match %v", tc.code, err, tc.kind)
 		}
 	}
-	if Kind(driver.Success) != nil {
+	if Kind("cuInit", driver.Success) != nil {
 		t.Error("Kind(CUDA_SUCCESS) is not nil")
 	}
 	e := &DriverError{Call: "cuMemCreate", Code: driver.ErrOutOfMemory, Name: "CUDA_ERROR_OUT_OF_MEMORY"}
