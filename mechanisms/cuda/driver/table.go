@@ -3,8 +3,9 @@ package driver
 import "unsafe"
 
 // Table holds exactly the driver entry points the cuda mechanism calls, and
-// cuMemcpyDtoHAsync_v2, with which its tests read device memory from a
-// non-blocking stream, with the C signatures of cuda.h (out-parameters and structs by pointer, size_t as
+// two its tests call (cuMemcpyDtoHAsync_v2, to read device memory from a
+// non-blocking stream; cuEventSynchronize, the blocking wait the fences do
+// not use), with the C signatures of cuda.h (out-parameters and structs by pointer, size_t as
 // uint64: the driver API exists only on 64-bit platforms). Open fills it from
 // libcuda.so.1; cudasim fills it with a simulator. Every field is set in a
 // table either returns.
