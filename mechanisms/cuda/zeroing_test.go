@@ -3,6 +3,7 @@ package cuda
 import (
 	"bytes"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -89,5 +90,74 @@ func TestZeroingOrderedForNonBlockingStreams(t *testing.T) {
 	}
 	if err := m.ReleaseBacking(bg, b, gr); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On a GPU the clear is still running when Commit or MapView first queries
+// its event: they poll until it completes, leaving the device thread free,
+// and only then return (the simulator in manual mode holds the event, as a
+// busy GPU would).
+func TestZeroingWaitsForTheClear(t *testing.T) {
+	simOnly(t)
+	m, sim := newMech(t, cudasim.Config{ManualEvents: true, Granularity: 64 << 10}, Config{SpareChunks: -1})
+	g := m.Info().Granularity
+	gr := grantFor(m)
+	res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 4 * g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.ReleaseReservation(bg, res, gr)
+	b, err := m.CreateBacking(bg, g, gr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.ReleaseBacking(bg, b, gr)
+	var view *memapi.View
+	defer func() {
+		if view != nil {
+			_ = m.UnmapView(bg, view)
+		}
+	}()
+	for _, op := range []struct {
+		name string
+		run  func() error
+		at   memapi.DeviceAddr
+	}{
+		{"Commit", func() error { return m.Commit(bg, res, memapi.Range{Len: g}, gr) }, res.Addr()},
+		{"MapView", func() error {
+			var err error
+			view, err = m.MapView(bg, res, memapi.Range{Off: 2 * g, Len: g}, b, memapi.AccessReadOnly)
+			return err
+		}, res.Addr() + memapi.DeviceAddr(2*g)},
+	} {
+		queries := sim.Calls("cuEventQuery")
+		done := make(chan error, 1)
+		go func() { done <- op.run() }()
+		for deadline := time.Now().Add(10 * time.Second); sim.Calls("cuEventQuery") < queries+3; {
+			select {
+			case err := <-done:
+				t.Fatalf("%s returned (%v) while its clear's event was pending", op.name, err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s made %d event queries in 10 s, want it polling", op.name, sim.Calls("cuEventQuery")-queries)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if _, _, err := m.MemInfo(bg); err != nil {
+			t.Errorf("MemInfo while %s waits: %v", op.name, err)
+		}
+		sim.CompleteEvents()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", op.name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not return 10 s after its clear completed", op.name)
+		}
+		if got := nonBlockingRead(t, m, op.at, int(g)); !bytes.Equal(got, make([]byte, g)) {
+			t.Errorf("after %s: a non-blocking stream does not read zeros", op.name)
+		}
 	}
 }
