@@ -20,7 +20,7 @@ import (
 // simulator had to assume. Each runs the same driver calls on a fresh
 // simulator and, with MEMGEN_CUDA=real, on the device, and prints one row
 //
-//	GPU-PROBE | fact | simulator | device | same, DIFFERS or -
+//	GPU-PROBE | fact | simulator | device | same, DIFFERS, no device or -
 //
 // that scripts/gpu-check.sh gathers into a table. A device that differs from
 // the simulator is reported loudly, never failed: the fact is what the run
@@ -50,16 +50,14 @@ func (p probe) check(t *testing.T) {
 	}
 	dev, same := "not run (no MEMGEN_CUDA=real)", "-"
 	if realDriver() {
-		tbl, err := driver.Open()
-		if err != nil {
-			dev = "driver did not load: " + err.Error()
+		if tbl, err := driver.Open(); err != nil {
+			dev, same = "driver did not load: "+err.Error(), "no device"
 		} else {
-			dev = onProbeThread(tbl, p)
-		}
-		same = "same"
-		if dev != sim {
-			same = "DIFFERS"
-			t.Logf("!! %s: the device gives %q, the simulator assumes %q", p.fact, dev, sim)
+			dev, same = onProbeThread(tbl, p), "same"
+			if dev != sim {
+				same = "DIFFERS"
+				t.Logf("!! %s: the device gives %q, the simulator assumes %q", p.fact, dev, sim)
+			}
 		}
 	}
 	fmt.Printf("GPU-PROBE | %s | %s | %s | %s\n", p.fact, sim, dev, same)
