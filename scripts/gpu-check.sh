@@ -174,6 +174,9 @@ run() {
 	facts=$(grep -c '^GPU-PROBE' "$log/probes.txt")
 	echo "   probes: $facts facts recorded, $differ differ from the simulator"
 	[ "$differ" -gt 0 ] && echo "   !! a fact differs: see the rows marked DIFFERS (reported, not failed)"
+	if grep -q '^GPU-PROBE .*| no device$' "$log/probes.txt"; then
+		fail "NO DEVICE: probes: $(grep -m1 '^GPU-PROBE .*| no device$' "$log/probes.txt" | awk -F ' [|] ' '{print $4}')"
+	fi
 
 	if [ "$mode" != probes ]; then
 		echo "== simulator tests (sanity: the binary runs here)"
