@@ -127,3 +127,5 @@ char *memgen_ort_session_dims(OrtSession *s, int outputs, size_t i, int64_t *dim
 // not counted.
 long memgen_ort_values_made(void);
 void memgen_ort_count_value(void);
+// memgen_ort_zero writes n zero bytes at address p (the tests).
+void memgen_ort_zero(uintptr_t p, size_t n);

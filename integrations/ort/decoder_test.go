@@ -2,7 +2,14 @@ package ort
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
+	"os/exec"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,48 +141,416 @@ func argmax(x []float32) int64 {
 	return int64(best)
 }
 
-func TestDecoderSmoke(t *testing.T) {
-	h := newKVHost(t, 256<<20)
-	grow := newDecoder(t, h.bind, KVGrow)
-	cat := newDecoder(t, nil, KVConcat)
-	ctx := context.Background()
-	a, err := grow.NewSequence(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := cat.NewSequence(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ta, tb := int64(1), int64(1)
-	for i := range 100 {
-		la, err := a.Step(ctx, ta)
-		if err != nil {
-			t.Fatal(i, err)
-		}
-		lb, err := b.Step(ctx, tb)
-		if err != nil {
-			t.Fatal(i, err)
-		}
-		var md float64
-		for k := range la {
-			md = max(md, float64(abs32(la[k]-lb[k])))
-		}
-		ta, tb = argmax(la), argmax(lb)
-		t.Logf("step %d: %d %d diff %g backed %d charged %d", i, ta, tb, md, a.Stats().Backed, h.charged(t, "x"))
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	t.Log(h.charged(t, "closed"))
-}
-
 func abs32(x float32) float32 {
 	if x < 0 {
 		return -x
 	}
 	return x
+}
+
+// sampler picks each step's next token by Gumbel-max sampling with a fixed
+// seed: argmax(logits + g) with g_i = -log(-log(u_i)), the same g for every
+// sequence at a step. Greedy decoding of random weights falls into a short
+// cycle of tokens at once; sampling keeps the tokens varied, and sequences
+// whose logits agree draw the same token.
+type sampler struct {
+	r     *rand.Rand
+	noise []float64
+}
+
+func newSampler(vocab int) *sampler {
+	return &sampler{r: rand.New(rand.NewPCG(26, 2048)), noise: make([]float64, vocab)}
+}
+
+// next draws the step's noise.
+func (s *sampler) next() {
+	for i := range s.noise {
+		u := s.r.Float64()
+		for u == 0 {
+			u = s.r.Float64()
+		}
+		s.noise[i] = -math.Log(-math.Log(u))
+	}
+}
+
+// pick is the token of logits under the step's noise.
+func (s *sampler) pick(logits []float32) int64 {
+	best, bv := 0, math.Inf(-1)
+	for i, l := range logits {
+		if v := float64(l) + s.noise[i]; v > bv {
+			best, bv = i, v
+		}
+	}
+	return int64(best)
+}
+
+func maxDiff(a, b []float32) float64 {
+	var m float64
+	for i := range a {
+		m = max(m, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return m
+}
+
+func newSequence(t testing.TB, d *Decoder) *Sequence {
+	t.Helper()
+	q, err := d.NewSequence(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := q.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return q
+}
+
+// TestDecoderGrowMatchesConcat decodes 2,048 tokens with the same sampled
+// token stream three ways, in lockstep: KVGrow (share buffer over Regions
+// grown per token), KVPreallocated (share buffer over Buffers of 4,096
+// rows) and KVConcat (past/present, ONNX Runtime allocating and copying the
+// whole cache every step). After every step:
+//   - the tokens are equal, and the largest logit difference is logged;
+//   - bound once: every cache tensor of the share-buffer sequences is the
+//     same OrtValue as past and as present, its data is its memory's
+//     address, and neither changed since NewSequence; the package made no
+//     OrtValue (the process-wide count), while the concat sequence's pasts
+//     are new tensors of ONNX Runtime's every step;
+//   - accounting: the KVGrow host's ledger, the mechanism's count and
+//     mincore all equal rows × 256 bytes rounded up to the 4 KiB granule,
+//     times the 16 cache tensors; the preallocated host's equal the 16
+//     Buffers of 1 MiB.
+//
+// After Close both hosts are at 0.
+func TestDecoderGrowMatchesConcat(t *testing.T) {
+	const steps = 2048
+	hg := newKVHost(t, 64<<20)
+	hp := newKVHost(t, 64<<20)
+	grow := newDecoder(t, hg.bind, KVGrow)
+	pre := newDecoder(t, hp.bind, KVPreallocated)
+	cat := newDecoder(t, nil, KVConcat)
+	if grow.Tensors() != decTensors || grow.RowBytes() != decRowBytes || grow.Vocab() != 1024 {
+		t.Fatalf("decoder: %d cache tensors of %d-byte rows, vocabulary %d; want %d, %d, 1024", grow.Tensors(), grow.RowBytes(), grow.Vocab(), decTensors, decRowBytes)
+	}
+	sg, sp, sc := newSequence(t, grow), newSequence(t, pre), newSequence(t, cat)
+	preBytes := memapi.Bytes(decTensors * decMaxSeq * decRowBytes)
+	if n := hg.charged(t, "grow: new sequence"); n != 0 {
+		t.Fatalf("a new KVGrow sequence is charged %d bytes, want 0 (addresses only)", n)
+	}
+	if n := hp.charged(t, "preallocated: new sequence"); n != preBytes {
+		t.Fatalf("a new KVPreallocated sequence is charged %d bytes, want %d", n, preBytes)
+	}
+	bg0, err := sg.bindings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp0, err := sp.bindings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bs := range [][]binding{bg0, bp0} {
+		seen := map[uintptr]bool{}
+		for i, b := range bs {
+			if b.past == 0 || b.past != b.present || b.data != uintptr(b.mem) || b.mem == 0 || seen[b.data] {
+				t.Fatalf("cache tensor %d: past %#x, present %#x, data %#x, memory %#x: want one value over its own memory", i, b.past, b.present, b.data, b.mem)
+			}
+			seen[b.data] = true
+		}
+	}
+	const made = 4 + decTensors // input_ids, seqlens_k, total_sequence_length, logits, the cache
+	for _, q := range []*Sequence{sg, sp, sc} {
+		if n := q.Stats().TensorsMade; n != made {
+			t.Fatalf("%v sequence made %d tensors, want %d", q.d.Mode(), n, made)
+		}
+	}
+	bc0, err := sc.bindings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := valuesMade()
+
+	ctx := context.Background()
+	smp := newSampler(grow.Vocab())
+	tg, tp, tc := int64(1), int64(1), int64(1)
+	var diffGrow, diffPre float64
+	for i := range steps {
+		lg, err := sg.Step(ctx, tg)
+		if err != nil {
+			t.Fatalf("step %d: grow: %v", i, err)
+		}
+		lp, err := sp.Step(ctx, tp)
+		if err != nil {
+			t.Fatalf("step %d: preallocated: %v", i, err)
+		}
+		lc, err := sc.Step(ctx, tc)
+		if err != nil {
+			t.Fatalf("step %d: concat: %v", i, err)
+		}
+		diffGrow, diffPre = max(diffGrow, maxDiff(lg, lc)), max(diffPre, maxDiff(lp, lc))
+		smp.next()
+		tg, tp, tc = smp.pick(lg), smp.pick(lp), smp.pick(lc)
+		if tg != tc || tp != tc {
+			t.Fatalf("step %d: next token %d (grow), %d (preallocated), %d (concat)", i, tg, tp, tc)
+		}
+
+		for k, bs := range [][]binding{bg0, bp0} {
+			q := []*Sequence{sg, sp}[k]
+			now, err := q.bindings()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range bs {
+				if now[j] != bs[j] {
+					t.Fatalf("step %d: %v cache tensor %d is bound as %+v, was %+v", i, q.d.Mode(), j, now[j], bs[j])
+				}
+			}
+		}
+		if now, err := sc.bindings(); err != nil {
+			t.Fatal(err)
+		} else if now[0].past == bc0[0].past || now[0].data == bc0[0].data {
+			t.Fatalf("step %d: the concat sequence's past is still its first tensor: the check above would not see a rebinding", i)
+		}
+		if n := valuesMade(); n != values {
+			t.Fatalf("step %d: %d OrtValues made during the steps, want 0", i, n-values)
+		}
+
+		want := kvBytes(i + 1)
+		if n, b := hg.charged(t, fmt.Sprintf("grow: step %d", i)), sg.Stats().Backed; n != want || b != want {
+			t.Fatalf("step %d (%d tokens): grow host charged %d, sequence backed %d; want %d (%d tokens × %d bytes per tensor rounded up to %d, × %d)",
+				i, i+1, n, b, want, i+1, decRowBytes, kvGranule, decTensors)
+		}
+		if n := hp.charged(t, fmt.Sprintf("preallocated: step %d", i)); n != preBytes {
+			t.Fatalf("step %d: preallocated host charged %d, want %d", i, n, preBytes)
+		}
+	}
+	stg, stp, stc := sg.Stats(), sp.Stats(), sc.Stats()
+	if stg.RuntimeTensors != 0 || stp.RuntimeTensors != 0 || stc.RuntimeTensors != steps*decTensors {
+		t.Fatalf("present tensors ONNX Runtime made: grow %d, preallocated %d, concat %d; want 0, 0, %d", stg.RuntimeTensors, stp.RuntimeTensors, stc.RuntimeTensors, steps*decTensors)
+	}
+	if stg.Tokens != steps || stp.Tokens != steps || stc.Tokens != steps {
+		t.Fatalf("tokens %d, %d, %d; want %d", stg.Tokens, stp.Tokens, stc.Tokens, steps)
+	}
+	t.Logf("%d steps, the same %d tokens: max |logit difference| grow vs concat %.3g, preallocated vs concat %.3g", steps, steps, diffGrow, diffPre)
+	t.Logf("cache at the end: grow %d bytes backed, preallocated %d (ratio %.3f); concat made %d present tensors of %.0f MiB in all",
+		stg.Backed, stp.Backed, float64(stg.Backed)/float64(stp.Backed), stc.RuntimeTensors, float64(stc.PresentBytes)/(1<<20))
+
+	for _, q := range []*Sequence{sg, sp, sc} {
+		if err := q.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := hg.charged(t, "grow: closed"); n != 0 {
+		t.Fatalf("grow host charged %d after Close", n)
+	}
+	if n := hp.charged(t, "preallocated: closed"); n != 0 {
+		t.Fatalf("preallocated host charged %d after Close", n)
+	}
+}
+
+// TestDecoderReadsTheCache shows the steps read the rows the Regions back:
+// two KVGrow sequences fed the same 40 tokens agree on the next step's
+// logits, until one's cached keys and values are overwritten with zeros,
+// after which the same token gives other logits.
+func TestDecoderReadsTheCache(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	a, b := newSequence(t, d), newSequence(t, d)
+	ctx := context.Background()
+	step := func(q *Sequence, tok int64) []float32 {
+		t.Helper()
+		l, err := q.Step(ctx, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(l)
+	}
+	for i := range 40 {
+		tok := int64(i * 37 % d.Vocab())
+		if la, lb := step(a, tok), step(b, tok); maxDiff(la, lb) != 0 {
+			t.Fatalf("step %d: the same tokens gave other logits", i)
+		}
+	}
+	bs, err := b.bindings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range bs {
+		zeroAt(x.data, 40*decRowBytes)
+	}
+	if la, lb := step(a, 7), step(b, 7); maxDiff(la, lb) == 0 {
+		t.Fatal("zeroing one sequence's cached rows did not change its logits: the steps do not read the cache")
+	}
+}
+
+// TestDecoderOneRowShortFaults shows that ONNX Runtime touches only the
+// rows a step needs, and really does touch the last: a child process steps
+// a KVGrow sequence 16 tokens (one 4 KiB granule of 16 rows per tensor),
+// then runs the 17th with its Regions grown one row short of it (still one
+// granule: row 16 unbacked, PROT_NONE). It dies of SIGSEGV in that Run. The
+// same child with nothing short grows a second granule and survives.
+func TestDecoderOneRowShortFaults(t *testing.T) {
+	if mode := os.Getenv("MEMGEN_ORT_KV_CHILD"); mode != "" {
+		oneRowShortChild(t, mode == "short")
+		return
+	}
+	needDecoder(t)
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDecoderOneRowShortFaults$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "MEMGEN_ORT_KV_CHILD="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("exact")
+	if err != nil || !strings.Contains(out, "kv-child: survived") {
+		t.Fatalf("the child with every row backed failed (%v):\n%s", err, out)
+	}
+	out, err = run("short")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "SIGSEGV") ||
+		!strings.Contains(out, "kv-child: stepping token 17 with 16 rows backed") || strings.Contains(out, "kv-child: survived") {
+		t.Fatalf("the child one row short did not die of SIGSEGV in the step (%v):\n%s", err, out)
+	}
+	i := strings.Index(out, "SIGSEGV")
+	t.Logf("one row short: the child exited with status 2: %s", strings.SplitN(out[i:], "\n", 2)[0])
+}
+
+func oneRowShortChild(t *testing.T, short bool) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	ctx := context.Background()
+	for i := range 16 {
+		if _, err := q.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := h.charged(t, "16 tokens"); n != kvBytes(16) || kvBytes(16) != decTensors*kvGranule {
+		t.Fatalf("16 tokens: charged %d, want one granule per tensor (%d)", n, decTensors*kvGranule)
+	}
+	if short {
+		q.short = 1
+	}
+	fmt.Fprintf(os.Stderr, "kv-child: stepping token 17 with %d rows backed\n", 17-q.short)
+	if _, err := q.Step(ctx, 16); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(os.Stderr, "kv-child: survived")
+}
+
+// TestDecoderCloseDuringStep closes a KVGrow sequence while its step is
+// about to run (from the step's own hook, after the run's fence was
+// recorded): Close returns at once, the Regions stay backed, charged and
+// pending until the Run has returned, the Run completes on them, and then
+// they are released and refunded. The next Step is memapi.ErrClosed.
+func TestDecoderCloseDuringStep(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	ctx := context.Background()
+	for i := range 40 {
+		if _, err := q.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := h.charged(t, "40 tokens")
+	if held != kvBytes(40) {
+		t.Fatalf("40 tokens: charged %d, want %d", held, kvBytes(40))
+	}
+	ran := false
+	q.beforeRun = func() error {
+		ran = true
+		if err := q.Close(); err != nil {
+			return err
+		}
+		s, _ := h.g.Authority(hostAuth)
+		kern, err := h.m.KernelBytes()
+		if err != nil {
+			return err
+		}
+		for i, r := range q.region {
+			if st := r.State(); st != ep.Pending {
+				return fmt.Errorf("region %d is %v after Close with a run about to start, want pending behind its fence", i, st)
+			}
+		}
+		if s.Pending != held || s.Charged != 0 || h.m.UsedBytes() != held || kern != held {
+			return fmt.Errorf("after Close, before the run: ledger charged %d pending %d, mechanism %d, kernel %d; want the %d bytes pending and still backed",
+				s.Charged, s.Pending, h.m.UsedBytes(), kern, held)
+		}
+		return nil
+	}
+	if _, err := q.Step(ctx, 40); err != nil {
+		t.Fatal(err)
+	}
+	if !ran {
+		t.Fatal("the hook did not run")
+	}
+	if n := h.charged(t, "closed during the step"); n != 0 {
+		t.Fatalf("charged %d after the step closed during returned", n)
+	}
+	if _, err := q.Step(ctx, 1); !errors.Is(err, memapi.ErrClosed) {
+		t.Fatalf("Step after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestDecoderOverBudget refuses a step's growth: the budget holds 32
+// tokens' cache and 5 granules more, so the 33rd token's growth (16
+// granules) fails at the 6th Region. Step returns a *GrowError for which
+// errors.Is(err, memapi.ErrOverBudget), within the caller's deadline; the 5
+// Regions grown for it are shrunk back, so the ledger, the mechanism and
+// mincore are at 32 tokens' cache again. With the budget raised the same
+// step runs, with the logits of a sequence that was never refused.
+func TestDecoderOverBudget(t *testing.T) {
+	h := newKVHost(t, kvBytes(32)+5*kvGranule)
+	d := newDecoder(t, h.bind, KVGrow)
+	ref := newDecoder(t, nil, KVConcat)
+	q, r := newSequence(t, d), newSequence(t, ref)
+	ctx := context.Background()
+	for i := range 32 {
+		if _, err := q.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const deadline = 250 * time.Millisecond
+	sctx, cancel := context.WithTimeout(ctx, deadline)
+	t0 := time.Now()
+	_, err := q.Step(sctx, 32)
+	took := time.Since(t0)
+	cancel()
+	var ge *GrowError
+	if !errors.As(err, &ge) || !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("the 33rd token over budget: %v, want a *GrowError over budget", err)
+	}
+	if took > deadline+time.Second {
+		t.Fatalf("the refusal took %v, past the %v deadline", took, deadline)
+	}
+	t.Logf("refused in %v (deadline %v): %v", took, deadline, err)
+	if ge.Tokens != 33 || ge.Held != kvBytes(32) {
+		t.Fatalf("GrowError tokens %d held %d, want 33 and %d", ge.Tokens, ge.Held, kvBytes(32))
+	}
+	if n, st := h.charged(t, "refused"), q.Stats(); n != kvBytes(32) || st.Backed != n || st.Tokens != 32 {
+		t.Fatalf("after the refusal: charged %d, sequence backed %d with %d tokens; want %d and 32", n, st.Backed, st.Tokens, kvBytes(32))
+	}
+	if err := h.g.SetCapacity(hostAuth, kvBytes(64)); err != nil {
+		t.Fatal(err)
+	}
+	lq, err := q.Step(ctx, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr, err := r.Step(ctx, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dd := maxDiff(lq, lr); dd != 0 {
+		t.Fatalf("the step after a refusal: logits differ from the reference by %g", dd)
+	}
+	if n := h.charged(t, "grown"); n != kvBytes(33) {
+		t.Fatalf("33 tokens: charged %d, want %d", n, kvBytes(33))
+	}
 }

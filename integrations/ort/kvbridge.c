@@ -60,3 +60,5 @@ char *memgen_ort_session_dims(OrtSession *s, int outputs, size_t i, int64_t *dim
 	api->ReleaseTypeInfo(ti);
 	return st ? kv_fail("dimensions", st) : NULL;
 }
+
+void memgen_ort_zero(uintptr_t p, size_t n) { memset((void *)p, 0, n); }

@@ -474,3 +474,7 @@ func (q *Sequence) bindings() ([]binding, error) {
 	}
 	return out, nil
 }
+
+// zeroAt writes n zero bytes at address p; for the tests (cgo cannot be
+// called from test files).
+func zeroAt(p uintptr, n int) { C.memgen_ort_zero(C.uintptr_t(p), C.size_t(n)) }
