@@ -111,6 +111,12 @@ type Decoder struct {
 	inNames  []*C.char
 	outNames []*C.char
 
+	// growTurn lets one sequence at a time grow its Regions: a step's
+	// growths are one unit. Were they interleaved, concurrent steps could
+	// each take part of the room and wait for the rest, and all be refused
+	// where one could have grown.
+	growTurn chan struct{}
+
 	mu     sync.Mutex
 	live   int
 	closed bool
@@ -144,7 +150,7 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
-	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, s: s}
+	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, s: s, growTurn: make(chan struct{}, 1)}
 	if err := d.inspect(); err != nil {
 		s.close()
 		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s is not a share-buffer GroupQueryAttention decoder: %v", path, err)

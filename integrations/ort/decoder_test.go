@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -552,5 +553,233 @@ func TestDecoderOverBudget(t *testing.T) {
 	}
 	if n := h.charged(t, "grown"); n != kvBytes(33) {
 		t.Fatalf("33 tokens: charged %d, want %d", n, kvBytes(33))
+	}
+}
+
+// TestDecoderFleet runs KVGrow sequences under one budget of 3 MiB (three
+// sequences of 256 tokens) to 320 tokens each: 4 at a time, 8 in all,
+// each round stepping every live sequence in its own goroutine (one
+// session, concurrent Runs). A step whose growth the governor refuses
+// must fail with a *GrowError within its 100 ms deadline (over budget, or
+// out of time waiting for another sequence's growth), leaving nothing of
+// its own charged; the scheduler then preempts the youngest refused
+// sequence (closes it), starts the next, and the others step again. After every round the ledger,
+// the mechanism and mincore equal the live sequences' rows rounded up per
+// tensor, never above the budget; after the last, 0.
+func TestDecoderFleet(t *testing.T) {
+	const (
+		target   = 320
+		atOnce   = 4
+		total    = 8
+		deadline = 100 * time.Millisecond
+	)
+	capacity := 3 * kvBytes(256)
+	h := newKVHost(t, capacity)
+	d := newDecoder(t, h.bind, KVGrow)
+	ctx := context.Background()
+	type member struct {
+		q   *Sequence
+		id  int
+		tok int64
+		err error
+		dt  time.Duration
+	}
+	var live []*member
+	started, finished, preempted, refusals, overBudget := 0, 0, 0, 0, 0
+	t.Cleanup(func() {
+		for _, m := range live {
+			_ = m.q.Close()
+		}
+	})
+	refill := func() {
+		for len(live) < atOnce && started < total {
+			q, err := d.NewSequence(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, &member{q: q, id: started, tok: int64(started)})
+			started++
+		}
+	}
+	audit := func(what string) {
+		t.Helper()
+		var want memapi.Bytes
+		for _, m := range live {
+			want += kvBytes(m.q.Tokens())
+		}
+		if n := h.charged(t, what); n != want || n > capacity {
+			t.Fatalf("%s: charged %d, want %d (the live sequences' rows), capacity %d", what, n, want, capacity)
+		}
+	}
+	refill()
+	for round := 0; len(live) > 0; round++ {
+		if round > 4*total*target {
+			t.Fatal("the fleet did not finish")
+		}
+		var wg sync.WaitGroup
+		for _, m := range live {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sctx, cancel := context.WithTimeout(ctx, deadline)
+				defer cancel()
+				t0 := time.Now()
+				l, err := m.q.Step(sctx, m.tok)
+				m.dt, m.err = time.Since(t0), err
+				if err == nil {
+					m.tok = (argmax(l) + int64(m.id)) % int64(d.Vocab())
+				}
+			}()
+		}
+		wg.Wait()
+		// The youngest refused sequence is preempted (closed); the others
+		// refused keep their cache and step again next round.
+		victim := -1
+		for _, m := range live {
+			if m.err == nil {
+				continue
+			}
+			var ge *GrowError
+			if !errors.As(m.err, &ge) || !(errors.Is(m.err, memapi.ErrOverBudget) ||
+				errors.Is(m.err, memapi.ErrInUse) && errors.Is(m.err, context.DeadlineExceeded)) {
+				t.Fatalf("round %d: sequence %d: %v, want a *GrowError over budget or out of time for its turn", round, m.id, m.err)
+			}
+			if m.dt > deadline+time.Second {
+				t.Fatalf("round %d: sequence %d refused after %v, past its %v deadline", round, m.id, m.dt, deadline)
+			}
+			if ge.Held != kvBytes(m.q.Tokens()) {
+				t.Fatalf("round %d: sequence %d refused holding %d, want %d", round, m.id, ge.Held, kvBytes(m.q.Tokens()))
+			}
+			refusals++
+			if errors.Is(m.err, memapi.ErrOverBudget) {
+				overBudget++
+			}
+			victim = max(victim, m.id)
+		}
+		keep := live[:0]
+		for _, m := range live {
+			switch {
+			case m.id == victim:
+				t.Logf("round %d: sequence %d refused at %d tokens in %v; preempted", round, m.id, m.q.Tokens()+1, m.dt.Round(time.Millisecond))
+				if err := m.q.Close(); err != nil {
+					t.Fatal(err)
+				}
+				preempted++
+			case m.q.Tokens() == target:
+				if err := m.q.Close(); err != nil {
+					t.Fatal(err)
+				}
+				finished++
+			default:
+				keep = append(keep, m)
+			}
+		}
+		live = keep
+		audit(fmt.Sprintf("round %d", round))
+		refill()
+	}
+	t.Logf("%d sequences: %d reached %d tokens, %d preempted; %d refusals, %d of them over budget", started, finished, target, preempted, refusals, overBudget)
+	if overBudget == 0 || finished == 0 || preempted == 0 || started != total {
+		t.Fatalf("%d started, %d finished, %d refusals: the budget did not bind", started, finished, refusals)
+	}
+	if n := h.charged(t, "fleet done"); n != 0 {
+		t.Fatalf("charged %d after every sequence closed", n)
+	}
+}
+
+// TestDecoderBadInput: what the Decoder and a Sequence refuse, each a
+// typed error that changes nothing.
+func TestDecoderBadInput(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	needDecoder(t)
+	if _, err := NewDecoder(decoderModel, nil, DecoderOptions{Mode: KVGrow, MaxSeq: 16}); !errors.Is(err, memapi.ErrNilHandle) {
+		t.Errorf("KVGrow without a binding: %v, want ErrNilHandle", err)
+	}
+	if _, err := NewDecoder(decoderModel, h.bind, DecoderOptions{Mode: KVGrow}); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("MaxSeq 0: %v, want ErrInvalidSize", err)
+	}
+	if _, err := NewDecoder(decoderModel, h.bind, DecoderOptions{Mode: KVMode(9), MaxSeq: 16}); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Errorf("an unknown mode: %v, want ErrUnsupported", err)
+	}
+	if _, err := NewDecoder(smallModel, h.bind, DecoderOptions{Mode: KVGrow, MaxSeq: 16}); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Errorf("an MLP as a decoder: %v, want ErrUnsupported", err)
+	} else {
+		t.Log(err)
+	}
+	d, err := NewDecoder(decoderModel, h.bind, DecoderOptions{Mode: KVGrow, MaxSeq: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := d.NewSequence(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tok := range []int64{-1, int64(d.Vocab())} {
+		if _, err := q.Step(ctx, tok); !errors.Is(err, memapi.ErrInvalidRange) {
+			t.Errorf("token %d: %v, want ErrInvalidRange", tok, err)
+		}
+	}
+	if n, st := h.charged(t, "bad tokens"), q.Stats(); n != 0 || st.Tokens != 0 {
+		t.Errorf("after refused tokens: charged %d, %d tokens", n, st.Tokens)
+	}
+	for i := range 16 {
+		if _, err := q.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := q.Step(ctx, 1); !errors.Is(err, memapi.ErrInvalidRange) {
+		t.Errorf("a 17th token with MaxSeq 16: %v, want ErrInvalidRange", err)
+	}
+	if n := h.charged(t, "full"); n != kvBytes(16) {
+		t.Errorf("full: charged %d, want %d", n, kvBytes(16))
+	}
+	if err := d.Close(); !errors.Is(err, memapi.ErrInUse) {
+		t.Errorf("Decoder.Close with a sequence open: %v, want ErrInUse", err)
+	}
+	q.beforeRun = func() error {
+		_, err := q.Step(ctx, 1)
+		return err
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+	if _, err := q.Step(ctx, 1); !errors.Is(err, memapi.ErrClosed) {
+		t.Errorf("Step after Close: %v, want ErrClosed", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NewSequence(ctx); !errors.Is(err, memapi.ErrClosed) {
+		t.Errorf("NewSequence after Close: %v, want ErrClosed", err)
+	}
+	if n := h.charged(t, "closed"); n != 0 {
+		t.Errorf("charged %d after Close", n)
+	}
+}
+
+// TestDecoderConcurrentStepRefused: a Step while another runs on the same
+// sequence is memapi.ErrInUse, and changes nothing.
+func TestDecoderConcurrentStepRefused(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	ctx := context.Background()
+	var inner error
+	q.beforeRun = func() error {
+		_, inner = q.Step(ctx, 2)
+		return nil
+	}
+	if _, err := q.Step(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(inner, memapi.ErrInUse) {
+		t.Fatalf("a Step during a Step: %v, want ErrInUse", inner)
+	}
+	if st := q.Stats(); st.Tokens != 1 {
+		t.Fatalf("%d tokens, want 1", st.Tokens)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -36,7 +37,8 @@ type scalars struct {
 
 // GrowError is a step refused because the cache could not grow to the
 // rows the step writes: the governor refused a Region's growth (over
-// budget within the caller's deadline, or the context ended first). The
+// budget within the caller's deadline), or the context ended while another
+// sequence of the decoder was growing (kind memapi.ErrInUse). The
 // regions that had grown for the step were shrunk back: the sequence holds
 // what it held before, and can step again once there is room. Err is the
 // growth's error (errors.Is(err, memapi.ErrOverBudget) when the budget was
@@ -317,10 +319,28 @@ func (q *Sequence) replacePast(i int, v *C.OrtValue) {
 
 // grow backs every Region up to rows tokens before the run. A Region
 // grows only when rows no longer fit in what it has (once per granule of
-// rows); all of them grow at the same step. A refused growth shrinks the
-// regions grown for this step back to their length before it.
+// rows); all of them grow at the same step, in the decoder's grow turn
+// (one sequence at a time), taken bounded by ctx. A refused growth shrinks
+// the regions grown for this step back to their length before it.
 func (q *Sequence) grow(ctx context.Context, rows int) error {
 	need := memapi.Bytes(rows-q.short) * q.d.rowBytes
+	if need <= slices.Min(q.backed) {
+		return nil // every Region holds the rows already
+	}
+	refuse := func(err error) error {
+		var held memapi.Bytes
+		for _, b := range q.backed {
+			held += b
+		}
+		return &GrowError{Tokens: rows, Wanted: memapi.Bytes(rows) * q.d.rowBytes * memapi.Bytes(len(q.region)), Held: held, Err: err}
+	}
+	select {
+	case q.d.growTurn <- struct{}{}:
+		defer func() { <-q.d.growTurn }()
+	case <-ctx.Done():
+		return refuse(&memapi.Error{Op: "ort.Sequence.Step", Kind: memapi.ErrInUse,
+			Detail: "another sequence's growth held the turn until the context ended", Err: ctx.Err()})
+	}
 	var grown []int
 	var prev []memapi.Bytes
 	for i, r := range q.region {
@@ -328,12 +348,7 @@ func (q *Sequence) grow(ctx context.Context, rows int) error {
 			continue
 		}
 		if err := r.Grow(ctx, need, nil); err != nil {
-			err = errors.Join(err, q.shrinkBack(grown, prev))
-			var held memapi.Bytes
-			for _, b := range q.backed {
-				held += b
-			}
-			return &GrowError{Tokens: rows, Wanted: memapi.Bytes(rows) * q.d.rowBytes * memapi.Bytes(len(q.region)), Held: held, Err: err}
+			return refuse(errors.Join(err, q.shrinkBack(grown, prev)))
 		}
 		grown, prev = append(grown, i), append(prev, q.backed[i])
 		q.backed[i] = r.Len()
