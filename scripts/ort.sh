@@ -35,8 +35,9 @@
 #                           ORT_BENCHTIME for the MLP inference, default 10x;
 #                           ORT_FAN_BENCHTIME for the fan-out inference,
 #                           default 20x; ORT_ALLOC_BENCHTIME for Alloc+Free,
-#                           default 20000x; ORT_BENCHCOUNT runs of the last
-#                           two, default 3)
+#                           default 20000x; BenchmarkDecode, 2,048 tokens
+#                           three ways, ORT_DECODE_BENCHTIME, default 1x;
+#                           ORT_BENCHCOUNT runs of the last three, default 3)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
@@ -81,7 +82,8 @@ test | bench)
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
 	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .
-	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
+	go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
+	exec go test -run '^$' -bench '^BenchmarkDecode$' -benchtime "${ORT_DECODE_BENCHTIME:-1x}" -count "${ORT_BENCHCOUNT:-3}" .
 	;;
 *) die "usage: $0 [fetch|fetch-bench|test|bench]" ;;
 esac
