@@ -734,12 +734,29 @@ func TestDecoderBadInput(t *testing.T) {
 	if n := h.charged(t, "full"); n != kvBytes(16) {
 		t.Errorf("full: charged %d, want %d", n, kvBytes(16))
 	}
+	// The preallocated share buffer is full at MaxSeq too (there no Region
+	// bounds the growth: ONNX Runtime would be asked for a 17th row).
+	dp, err := NewDecoder(decoderModel, h.bind, DecoderOptions{Mode: KVPreallocated, MaxSeq: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := dp.NewSequence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		if _, err := qp.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := qp.Step(ctx, 1); !errors.Is(err, memapi.ErrInvalidRange) {
+		t.Errorf("a 17th token with MaxSeq 16, preallocated: %v, want ErrInvalidRange", err)
+	}
+	if err := errors.Join(qp.Close(), dp.Close()); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.Close(); !errors.Is(err, memapi.ErrInUse) {
 		t.Errorf("Decoder.Close with a sequence open: %v, want ErrInUse", err)
-	}
-	q.beforeRun = func() error {
-		_, err := q.Step(ctx, 1)
-		return err
 	}
 	if err := q.Close(); err != nil {
 		t.Fatal(err)
@@ -770,6 +787,7 @@ func TestDecoderConcurrentStepRefused(t *testing.T) {
 	ctx := context.Background()
 	var inner error
 	q.beforeRun = func() error {
+		q.beforeRun = nil
 		_, inner = q.Step(ctx, 2)
 		return nil
 	}
@@ -781,5 +799,59 @@ func TestDecoderConcurrentStepRefused(t *testing.T) {
 	}
 	if st := q.Stats(); st.Tokens != 1 {
 		t.Fatalf("%d tokens, want 1", st.Tokens)
+	}
+}
+
+// TestDecoderGrowsOneSequenceAtATime: two sequences at 16 tokens step at
+// once with room for one growth (16 granules). A, having grown its first
+// Region, waits up to 200 ms for B to grow one too: were growths
+// interleaved, both would hold part of the room and wait for the rest,
+// and both be refused. In the decoder's grow turn B waits for A's whole
+// growth: A's step runs, B's is refused (over budget, within its 1 s
+// deadline), and the ledger holds A's 17 tokens and B's 16.
+func TestDecoderGrowsOneSequenceAtATime(t *testing.T) {
+	h := newKVHost(t, 2*kvBytes(16)+16*kvGranule)
+	d := newDecoder(t, h.bind, KVGrow)
+	a, b := newSequence(t, d), newSequence(t, d)
+	ctx := context.Background()
+	for i := range 16 {
+		for _, q := range []*Sequence{a, b} {
+			if _, err := q.Step(ctx, int64(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bGrew := make(chan struct{})
+	var once sync.Once
+	a.afterGrow = func(i int) {
+		if i == 0 {
+			select {
+			case <-bGrew:
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	b.afterGrow = func(int) { once.Do(func() { close(bGrew) }) }
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for k, q := range []*Sequence{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if k == 1 {
+				time.Sleep(20 * time.Millisecond) // A first
+			}
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_, errs[k] = q.Step(sctx, 16)
+		}()
+	}
+	wg.Wait()
+	var ge *GrowError
+	if errs[0] != nil || !errors.As(errs[1], &ge) {
+		t.Fatalf("A: %v; B: %v; want A's step to run and B's to be refused", errs[0], errs[1])
+	}
+	if n := h.charged(t, "one grew"); n != kvBytes(17)+kvBytes(16) {
+		t.Fatalf("charged %d, want %d", n, kvBytes(17)+kvBytes(16))
 	}
 }

@@ -80,8 +80,10 @@ type Sequence struct {
 	presentB int64
 
 	// test hooks: rows left unbacked below the step's need (the
-	// one-row-short test), and a call before each Run.
+	// one-row-short test), a call after each Region's growth, and a call
+	// before each Run.
 	short     int
+	afterGrow func(i int)
 	beforeRun func() error
 
 	mu       sync.Mutex
@@ -352,6 +354,9 @@ func (q *Sequence) grow(ctx context.Context, rows int) error {
 		}
 		grown, prev = append(grown, i), append(prev, q.backed[i])
 		q.backed[i] = r.Len()
+		if q.afterGrow != nil {
+			q.afterGrow(i)
+		}
 	}
 	return nil
 }
