@@ -855,3 +855,27 @@ func TestDecoderGrowsOneSequenceAtATime(t *testing.T) {
 		t.Fatalf("charged %d, want %d", n, kvBytes(17)+kvBytes(16))
 	}
 }
+
+// TestDecoderNewSequenceOverBudget: a preallocated sequence whose 16
+// Buffers of 1 MiB do not fit a 4 MiB budget is refused over budget within
+// its deadline, and the Buffers it had made are released: nothing stays
+// charged, and the decoder closes (no sequence counted live).
+func TestDecoderNewSequenceOverBudget(t *testing.T) {
+	h := newKVHost(t, 4<<20)
+	needDecoder(t)
+	d, err := NewDecoder(decoderModel, h.bind, DecoderOptions{Mode: KVPreallocated, MaxSeq: decMaxSeq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := d.NewSequence(ctx); !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("16 MiB of buffers under a 4 MiB budget: %v, want over budget", err)
+	}
+	if n := h.charged(t, "refused"); n != 0 {
+		t.Fatalf("charged %d after the refused sequence", n)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
