@@ -142,12 +142,6 @@ func argmax(x []float32) int64 {
 	return int64(best)
 }
 
-func abs32(x float32) float32 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
 
 // sampler picks each step's next token by Gumbel-max sampling with a fixed
 // seed: argmax(logits + g) with g_i = -log(-log(u_i)), the same g for every
