@@ -142,7 +142,6 @@ func argmax(x []float32) int64 {
 	return int64(best)
 }
 
-
 // sampler picks each step's next token by Gumbel-max sampling with a fixed
 // seed: argmax(logits + g) with g_i = -log(-log(u_i)), the same g for every
 // sequence at a step. Greedy decoding of random weights falls into a short
