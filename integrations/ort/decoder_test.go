@@ -610,6 +610,14 @@ func TestDecoderFleet(t *testing.T) {
 			t.Fatal("the fleet did not finish")
 		}
 		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // figures read while the sequences step
+			defer wg.Done()
+			for _, m := range live {
+				_ = m.q.Stats()
+				_ = m.q.Tokens()
+			}
+		}()
 		for _, m := range live {
 			wg.Add(1)
 			go func() {

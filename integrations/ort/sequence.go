@@ -293,9 +293,11 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) error {
 				continue
 			}
 			// The present becomes the next step's past.
+			q.mu.Lock()
 			q.runtime++
 			q.presentB += int64(pos+1) * int64(d.rowBytes)
 			q.replacePast(sl.in, v)
+			q.mu.Unlock()
 		}
 	}
 	if err != nil {
@@ -305,7 +307,8 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) error {
 	return nil
 }
 
-// replacePast frees input i's past value and binds v in its place.
+// replacePast frees input i's past value and binds v in its place; called
+// with q.mu held.
 func (q *Sequence) replacePast(i int, v *C.OrtValue) {
 	old := q.inVals[i]
 	for k, o := range q.owned {
@@ -353,12 +356,20 @@ func (q *Sequence) grow(ctx context.Context, rows int) error {
 			return refuse(errors.Join(err, q.shrinkBack(grown, prev)))
 		}
 		grown, prev = append(grown, i), append(prev, q.backed[i])
-		q.backed[i] = r.Len()
+		q.setBacked(i, r.Len())
 		if q.afterGrow != nil {
 			q.afterGrow(i)
 		}
 	}
 	return nil
+}
+
+// setBacked records Region i's length (Stats reads it from any goroutine;
+// only the stepping one writes it, so it reads it without the lock).
+func (q *Sequence) setBacked(i int, n memapi.Bytes) {
+	q.mu.Lock()
+	q.backed[i] = n
+	q.mu.Unlock()
 }
 
 // shrinkBack returns the regions in grown to their lengths in prev. It runs
@@ -376,7 +387,7 @@ func (q *Sequence) shrinkBack(grown []int, prev []memapi.Bytes) error {
 		if err := q.region[i].Shrink(ctx, prev[k], nil); err != nil {
 			errs = errors.Join(errs, err)
 		}
-		q.backed[i] = q.region[i].Len()
+		q.setBacked(i, q.region[i].Len())
 	}
 	return errs
 }
