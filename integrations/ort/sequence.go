@@ -61,8 +61,8 @@ func (e *GrowError) Unwrap() error { return e.Err }
 // decoder's mode) and its input, output and cache tensors, made once by
 // NewSequence and bound to every Run. Step runs one token; Close releases
 // the cache behind the fence of a Run in flight. A Sequence runs one Step
-// at a time (a second concurrent Step fails with memapi.ErrInUse); Close
-// may come from any goroutine.
+// at a time (a second concurrent Step fails with memapi.ErrInUse); Close,
+// Stats and Tokens may come from any goroutine.
 type Sequence struct {
 	d      *Decoder
 	mems   []kvMem       // per slot (not KVConcat)
