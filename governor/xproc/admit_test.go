@@ -88,7 +88,7 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	// R arrives behind W and stops before its claim, while this test
 	// holds the Authority's lock: the first grant goes back and a settle
 	// claims what W lacks, serving it.
-	a.mu.Lock()
+	a.sem <- struct{}{}
 	rc := make(chan result, 1)
 	go func() {
 		gr, err := a.Reserve(ctx, "h", "late", 100, 0, time.Time{})
@@ -98,8 +98,10 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	if err := g1.Cancel(); err != nil {
 		t.Error(err)
 	}
-	a.claimWaitersLocked()
-	a.mu.Unlock()
+	if err := a.claimWaitersLocked(context.Background()); err != nil {
+		t.Error(err)
+	}
+	a.unacquire()
 	w := <-wc
 	if w.err != nil {
 		t.Fatalf("the waiter: %v", w.err)
