@@ -96,6 +96,7 @@ func childCUDA() error {
 		if err != nil {
 			return err
 		}
+		cfg.Private = a // the pool is counted in this process's slot
 		reserve = func(n memapi.Bytes) (*governor.Grant, error) {
 			return a.Reserve(contextBG, "kv", "chunk", n, 0, time.Time{})
 		}
@@ -146,13 +147,13 @@ func childCUDA() error {
 			return err
 		}
 	}
+	if err := mech.Close(); err != nil {
+		return err
+	}
 	if l != nil {
 		if err := l.Close(); err != nil {
 			return err
 		}
-	}
-	if err := mech.Close(); err != nil {
-		return err
 	}
 	fmt.Println("done")
 	return nil
