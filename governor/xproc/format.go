@@ -134,6 +134,9 @@ func word(b []byte, i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
 // died while it held the lock) is checked neither against its checksum nor
 // against the slots' sums: the next lock holder recomputes them.
 func Parse(b []byte) (Header, []Slot, error) {
+	if len(b) >= 8 && word(b, hMagic) != magic {
+		return Header{}, nil, &LedgerError{Err: ErrForeign, Detail: fmt.Sprintf("magic %#x", word(b, hMagic))}
+	}
 	if len(b) < headerSize {
 		return Header{}, nil, &LedgerError{Err: ErrTruncated, Detail: fmt.Sprintf("%d bytes, shorter than the %d-byte header", len(b), headerSize)}
 	}
