@@ -54,6 +54,8 @@ func runChild(name string) int {
 		err = childWant()
 	case "idle":
 		err = childIdle()
+	case "cudachurn":
+		err = childCUDAChurn()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -92,8 +93,20 @@ func TestWantOfADeadProcess(t *testing.T) {
 
 // The processes that answer a want free together no more than the
 // shortfall plus one granule (an allocation of their holder, 64 KiB) each.
+// MEMGEN_XPROC_ANSWERS lists the process counts (make xproc-soak: 2,6,12).
 func TestBoundedAnswers(t *testing.T) {
-	for _, n := range []int{2, 6} {
+	counts := []int{2, 6}
+	if v := os.Getenv("MEMGEN_XPROC_ANSWERS"); v != "" {
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				t.Fatalf("MEMGEN_XPROC_ANSWERS=%q", v)
+			}
+			counts = append(counts, n)
+		}
+	}
+	for _, n := range counts {
 		t.Run(strconv.Itoa(n), func(t *testing.T) { boundedAnswers(t, n) })
 	}
 }
