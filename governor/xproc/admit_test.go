@@ -178,3 +178,21 @@ func TestReturnAdmittedGivesBackAtMostTheReservation(t *testing.T) {
 	}
 	claimsEqualReserved(t, l, g)
 }
+
+// Admit claims nothing for a reservation whose context has ended (the
+// governor may call it just after): it fails with ErrOverBudget, its Err
+// the context's, and the ledger is as it was. It used to claim, and the
+// governor granted the reservation after its deadline.
+func TestAdmitAfterItsContextEnded(t *testing.T) {
+	l, a, _ := admitMember(t, 4000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := a.Admit(ctx, "h", 100, 100, 0, true)
+	var ob *governor.OverBudgetError
+	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Admit with an ended context: %v, want ErrOverBudget with the context's error", err)
+	}
+	if _, slots := inspect(t, l.path); slots[l.Slot()].Claim != 0 {
+		t.Fatalf("claimed %d for a reservation whose context ended", slots[l.Slot()].Claim)
+	}
+}

@@ -26,8 +26,15 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 	if s[l.Slot()].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || h.Claimed != uint64(m.PoolLimit()) || m.PoolLimit() != 4*chunk {
 		t.Fatalf("with the mechanism open: %v, shared %+v, pool limit %d", s[l.Slot()], h, m.PoolLimit())
 	}
-	// The pool is not the authority's: a reservation gets the rest.
+	// The pool is not the authority's: a reservation gets the rest, and
+	// a settle keeps the pool in the claim.
 	ls := take(t, a, 8*chunk)
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	if h, s := inspect(t, path); s[l.Slot()].Claim != 12*chunk || h.Claimed != 12*chunk || s[l.Slot()].Charged != 8*chunk {
+		t.Fatalf("settled with the pool kept: %v, shared %+v", s[l.Slot()], h)
+	}
 	if _, err := a.Reserve(contextBG, "h", "r", 1, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("beyond the capacity less the pool: %v", err)
 	}
