@@ -73,4 +73,7 @@ func TestUnsafeLedgerFiles(t *testing.T) {
 	}
 }
 
-func isUnsafe(err error) bool { var le *LedgerError; return errors.As(err, &le) && errors.Is(err, ErrUnsafe) }
+func isUnsafe(err error) bool {
+	var le *LedgerError
+	return errors.As(err, &le) && errors.Is(err, ErrUnsafe)
+}
