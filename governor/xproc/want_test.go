@@ -153,3 +153,108 @@ func boundedAnswers(t testing.TB, n int) (freed uint64) {
 	}
 	return freed
 }
+
+// A process takes shares of several wants at once no larger, together,
+// than what it can give: the rest is left for the other processes.
+func TestSharesBoundedByWhatAProcessCanGive(t *testing.T) {
+	path := ledgerPath(t)
+	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 2000, Slots: 8}, Poll: time.Hour})
+	_, c, _ := member(t, path, 0, Options{Poll: time.Hour})
+	_, a, ga := member(t, path, 0, Options{Poll: time.Hour})
+	ls := slowCache(t, a, ga, 600, 0)
+	defer func() { _ = ls.Refund(ls.Charged()) }()
+	lb, lc := take(t, b, 700), take(t, c, 700)
+	defer lb.Refund(700)
+	defer lc.Refund(700)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan struct{}, 2)
+	for _, x := range []*Authority{b, c} {
+		go func() {
+			if gr, err := x.Reserve(ctx, "h", "r", 500, 0, time.Time{}); err == nil {
+				_ = gr.Cancel()
+			}
+			done <- struct{}{}
+		}()
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if h, _ := inspect(t, path); h.Want == 1000 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the two wants were not posted")
+		}
+	}
+	a.sem <- struct{}{}
+	shares, err := a.takeShares(context.Background())
+	a.unacquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum memapi.Bytes
+	for _, s := range shares {
+		sum += s.bytes
+	}
+	if sum != 600 || len(shares) != 2 {
+		t.Fatalf("shares %+v: %d bytes in all, want the 600 this process can give, split over the two wants", shares, sum)
+	}
+	cancel()
+	<-done
+	<-done
+}
+
+// While a round's shares are out (being answered), the asking process
+// still short does not start a new round: another process takes nothing
+// more, so the answers never ask twice for the same bytes.
+func TestNoNewRoundWhileSharesAreOut(t *testing.T) {
+	path := ledgerPath(t)
+	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 2000, Slots: 8}, Poll: time.Hour})
+	_, a, ga := member(t, path, 0, Options{Poll: time.Hour})
+	_, c, gc := member(t, path, 0, Options{Poll: time.Hour})
+	la := slowCache(t, a, ga, 700, 0)
+	defer func() { _ = la.Refund(la.Charged()) }()
+	lc := slowCache(t, c, gc, 700, 0)
+	defer func() { _ = lc.Refund(lc.Charged()) }()
+	lb := take(t, b, 600)
+	defer lb.Refund(600)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		if gr, err := b.Reserve(ctx, "h", "r", 500, 0, time.Time{}); err == nil {
+			_ = gr.Cancel()
+		}
+		close(done)
+	}()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if h, _ := inspect(t, path); h.Want == 500 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the want was not posted")
+		}
+	}
+	shares := func(x *Authority) []share {
+		x.sem <- struct{}{}
+		defer x.unacquire()
+		s, err := x.takeShares(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := shares(a); len(s) != 1 || s[0].bytes != 500 {
+		t.Fatalf("the first answering process's shares: %+v, want all 500", s)
+	}
+	// B, still short, settles: its round is out, so it stays.
+	b.sem <- struct{}{}
+	if err := b.claimWaitersLocked(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.unacquire()
+	if s := shares(c); len(s) != 0 {
+		t.Fatalf("another process took %+v of a round already out", s)
+	}
+	cancel()
+	<-done
+}
