@@ -33,18 +33,19 @@ func childHoldLock() error {
 	return nil
 }
 
-// bounded runs f in a goroutine and waits for it at most d, reporting
-// whether it returned and how long it took.
-func bounded(d time.Duration, f func() error) (err error, took time.Duration, done chan struct{}) {
+// bounded runs f in a goroutine and waits for it at most d: how long it
+// took, a channel closed once f returned, and its error ("still blocked"
+// when it did not return within d).
+func bounded(d time.Duration, f func() error) (took time.Duration, done chan struct{}, err error) {
 	done = make(chan struct{})
 	res := make(chan error, 1)
 	start := time.Now()
 	go func() { res <- f(); close(done) }()
 	select {
 	case err = <-res:
-		return err, time.Since(start), done
+		return time.Since(start), done, err
 	case <-time.After(d):
-		return errors.New("still blocked"), d, done
+		return d, done, errors.New("still blocked")
 	}
 }
 
@@ -70,7 +71,7 @@ func TestStoppedLockHolder(t *testing.T) {
 	const deadline = time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	err, took, d := bounded(3*time.Second, func() error {
+	took, d, err := bounded(3*time.Second, func() error {
 		_, err := a.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{})
 		return err
 	})
@@ -104,7 +105,7 @@ func TestStoppedLockHolder(t *testing.T) {
 		}},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), short)
-		err, took, d := bounded(3*time.Second, func() error { return c.f(ctx) })
+		took, d, err := bounded(3*time.Second, func() error { return c.f(ctx) })
 		cancel()
 		waits = append(waits, d)
 		t.Logf("%s: %v after %v", c.name, err, took)

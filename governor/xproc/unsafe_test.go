@@ -53,7 +53,7 @@ func TestUnsafeLedgerFiles(t *testing.T) {
 			},
 			"SetCapacity": func() error { _, err := SetCapacity(p, 10, 0); return err },
 		} {
-			err, took, done := bounded(2*time.Second, f)
+			took, done, err := bounded(2*time.Second, f)
 			if err == nil || took >= 2*time.Second {
 				// Let a reader stuck on the FIFO go.
 				if w, e := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); e == nil {
