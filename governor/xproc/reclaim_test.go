@@ -72,7 +72,7 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 			events <- e
 		}
 	}})
-	ls := slowCache(t, a, ga, 768<<10, 1500*time.Millisecond)
+	ls := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
 	defer func() { _ = ls.Refund(ls.Charged()) }()
 	p := spawn(t, "idle", pathEnv+"="+path)
 	p.expect(t, "ready")
@@ -96,7 +96,7 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 		if e.PID != p.pid {
 			t.Fatalf("reclaimed %+v, want the child %d", e, p.pid)
 		}
-		if d := time.Since(killed); d > 700*time.Millisecond {
+		if d := time.Since(killed); d > time.Second {
 			t.Fatalf("the death was reclaimed %v after the kill: behind the answer", d)
 		}
 	case <-time.After(5 * time.Second):
@@ -113,7 +113,7 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 	path := ledgerPath(t)
 	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: time.Hour})
 	_, a, ga := member(t, path, 0, Options{})
-	ls := slowCache(t, a, ga, 768<<10, 1500*time.Millisecond)
+	ls := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
 	defer func() { _ = ls.Refund(ls.Charged()) }()
 	bctx, bcancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer bcancel()
@@ -133,7 +133,9 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 		_ = gr.Cancel()
 	}
 	t.Logf("%v after %v", err, took)
-	if !isOverBudget(err) || took > deadline+250*time.Millisecond {
+	// A second of slack for a loaded machine under -race: behind the
+	// answer it takes 2.3 s.
+	if !isOverBudget(err) || took > deadline+time.Second {
 		t.Fatalf("a reservation with a %v deadline: %v after %v, want ErrOverBudget at its deadline", deadline, err, took)
 	}
 	bcancel()
