@@ -56,6 +56,8 @@ func runChild(name string) int {
 		err = childIdle()
 	case "cudachurn":
 		err = childCUDAChurn()
+	case "owner":
+		err = childOwner()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}
