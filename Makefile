@@ -118,11 +118,20 @@ fuzz-ci:
 	$(GO) test ./gen -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
 	$(GO) test ./gen -run '^$$' -fuzz '^FuzzGenerate$$' -fuzztime $(FUZZCI_TIME) -fuzzminimizetime 5s
 
-## xproc-soak: 1,000 kill -9 trials of a process sharing a ledger (XPROC_TRIALS), and the ledger
-## file's parser fuzzed (FUZZTIME)
+## xproc-soak: 1,000 kill -9 trials of a process sharing a ledger (XPROC_TRIALS: reclaim times,
+## median, p99, worst), 200 kill -9 trials of CUDA processes with the default pool on a shared
+## simulated device (XPROC_CUDA_TRIALS: driver out-of-memory errors, drift), the bytes a want's
+## answers free with 2, 6 and 12 processes, and the ledger file's parser fuzzed (FUZZTIME). The
+## kill trials build without the race detector (XPROC_SOAK_FLAGS adds flags): its runtime makes a
+## killed process's teardown, which the reclaim waits for, several times slower; the unit tests
+## run the same code under -race
 XPROC_TRIALS ?= 1000
+XPROC_CUDA_TRIALS ?= 200
+XPROC_SOAK_FLAGS ?=
 xproc-soak:
-	MEMGEN_XPROC_TRIALS=$(XPROC_TRIALS) $(GO) test -race -count=1 -run '^TestKillNine$$' -v ./governor/xproc/
+	MEMGEN_XPROC_TRIALS=$(XPROC_TRIALS) $(GO) test $(XPROC_SOAK_FLAGS) -count=1 -run '^TestKillNine$$' -v ./governor/xproc/ | grep -E '^(---|ok|FAIL|PASS|\s+kill_test)'
+	MEMGEN_XPROC_CUDA_TRIALS=$(XPROC_CUDA_TRIALS) $(GO) test $(XPROC_SOAK_FLAGS) -count=1 -run '^TestKillNineCUDA$$' -v ./governor/xproc/ | grep -E '^(---|ok|FAIL|PASS|\s+killcuda_test)'
+	MEMGEN_XPROC_ANSWERS=2,6,12 $(GO) test -race -count=1 -run '^TestBoundedAnswers$$' -v ./governor/xproc/ | grep -E '^(\s*---|ok|FAIL|PASS|\s+want_test)'
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./governor/xproc/
 
 ## regen-stable: go generate twice in a row changes no byte

@@ -10,6 +10,11 @@
 //	memctl create PATH BYTES [SLOTS [GID]] make a ledger (mode 0600; with GID,
 //	                                      0660 and that group)
 //
+// --timeout (default 5s) bounds the wait for the ledger's lock: a process
+// that holds it and is stopped (SIGSTOP, a freezer, a debugger) makes
+// memctl fail at the timeout with exit code 1, naming that process and its
+// state.
+//
 // BYTES takes a K, M, G or T suffix (powers of 1024). set-capacity prints
 // whether the change was applied, deferred (the claims exceed it: it holds
 // for new claims at once and fully once the processes give back the

@@ -1,24 +1,45 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
 )
 
 const usage = `usage:
-  memctl show PATH
-  memctl set-capacity PATH BYTES [REVISION]
-  memctl create PATH BYTES [SLOTS [GID]]
+  memctl [--timeout DURATION] show PATH
+  memctl [--timeout DURATION] set-capacity PATH BYTES [REVISION]
+  memctl [--timeout DURATION] create PATH BYTES [SLOTS [GID]]
 `
 
 // run is the command with its arguments and outputs: its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	timeout := xproc.DefaultLockTimeout
+	if len(args) > 0 && (args[0] == "--timeout" || strings.HasPrefix(args[0], "--timeout=")) {
+		v, rest := strings.TrimPrefix(args[0], "--timeout="), args[1:]
+		if args[0] == "--timeout" {
+			if len(rest) == 0 {
+				fmt.Fprint(stderr, usage)
+				return 2
+			}
+			v, rest = rest[0], rest[1:]
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(stderr, "memctl: timeout %q is not a positive duration (e.g. 2s, 500ms)\n", v)
+			return 2
+		}
+		timeout, args = d, rest
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	if len(args) < 2 {
 		fmt.Fprint(stderr, usage)
 		return 2
@@ -26,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	path := args[1]
 	switch {
 	case args[0] == "show" && len(args) == 2:
-		h, slots, err := xproc.Inspect(path)
+		h, slots, err := xproc.InspectContext(ctx, path)
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
@@ -46,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 		}
-		ch, err := xproc.SetCapacity(path, capacity, rev)
+		ch, err := xproc.SetCapacityContext(ctx, path, capacity, rev)
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
@@ -84,12 +105,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "memctl: %s exists\n", path)
 			return 1
 		}
-		l, err := xproc.Open(path, xproc.Options{Create: &c})
+		l, err := xproc.OpenContext(ctx, path, xproc.Options{Create: &c})
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
 		}
-		if err := l.Close(); err != nil {
+		if err := l.CloseContext(ctx); err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
 		}
@@ -106,16 +127,16 @@ func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot) {
 		free = h.Capacity - h.Claimed
 	}
 	fmt.Fprintf(w, "%s: version %d, revision %d, %d slots\n", path, h.Version, h.Revision, h.Slots)
-	fmt.Fprintf(w, "capacity %d  claimed %d  unclaimed %d  reserved %d  charged %d  pending %d\n",
-		h.Capacity, h.Claimed, free, h.Reserved, h.Charged, h.Pending)
+	fmt.Fprintf(w, "capacity %d  claimed %d  unclaimed %d  reserved %d  charged %d  pending %d  private %d\n",
+		h.Capacity, h.Claimed, free, h.Reserved, h.Charged, h.Pending, h.Private)
 	fmt.Fprintf(w, "reclaimed slots %d  repairs %d  wanted %d\n", h.Reclaims, h.Repairs, h.Want)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "slot\tpid\tclaim\treserved\tcharged\tpending\tsettles\t")
+	fmt.Fprintln(tw, "slot\tpid\tclaim\treserved\tcharged\tpending\tprivate\twant\tsettles\t")
 	for _, s := range slots {
 		if s.PID == 0 {
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending, s.Seq)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending, s.Private, s.Want, s.Seq)
 	}
 	tw.Flush()
 }

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
 )
@@ -56,5 +62,73 @@ func TestMemctl(t *testing.T) {
 	}
 	if code, _, _ := memctl("show"); code != 2 {
 		t.Fatalf("no path: exit %d", code)
+	}
+}
+
+const holdEnv = "MEMCTL_TEST_HOLD" // the helper: hold the ledger's file lock
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(holdEnv); path != "" {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err == nil {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println("locked")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// A process stopped while it holds the ledger's lock: memctl answers at its
+// --timeout with exit code 1 and names the process as stopped (it used to
+// hang).
+func TestTimeoutBehindAStoppedHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger")
+	if code, _, e := memctl("create", path, "64M", "8"); code != 0 {
+		t.Fatalf("create: %d %q", code, e)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holdEnv+"="+path)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		in.Close()
+		_ = cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	for _, args := range [][]string{{"show", path}, {"set-capacity", path, "32M"}, {"create", path + "2", "1M"}} {
+		start := time.Now()
+		code, _, e := memctl(append([]string{"--timeout", timeout.String()}, args...)...)
+		took := time.Since(start)
+		t.Logf("%s: exit %d after %v: %s", args[0], code, took, strings.TrimSpace(e))
+		if args[0] == "create" {
+			// A new file: no lock to wait for.
+			if code != 0 {
+				t.Fatalf("create beside a stopped holder: exit %d %q", code, e)
+			}
+			continue
+		}
+		if code != 1 || took > timeout+time.Second || !strings.Contains(e, "pid "+strconv.Itoa(cmd.Process.Pid)+" (stopped)") {
+			t.Fatalf("%s behind a stopped holder: exit %d after %v: %q", args[0], code, took, e)
+		}
+	}
+	if code, _, _ := memctl("--timeout", "soon", "show", path); code != 2 {
+		t.Fatalf("a bad timeout: exit %d, want 2", code)
 	}
 }

@@ -88,7 +88,7 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	// R arrives behind W and stops before its claim, while this test
 	// holds the Authority's lock: the first grant goes back and a settle
 	// claims what W lacks, serving it.
-	a.mu.Lock()
+	a.sem <- struct{}{}
 	rc := make(chan result, 1)
 	go func() {
 		gr, err := a.Reserve(ctx, "h", "late", 100, 0, time.Time{})
@@ -98,8 +98,10 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	if err := g1.Cancel(); err != nil {
 		t.Error(err)
 	}
-	a.claimWaitersLocked()
-	a.mu.Unlock()
+	if err := a.claimWaitersLocked(context.Background()); err != nil {
+		t.Error(err)
+	}
+	a.unacquire()
 	w := <-wc
 	if w.err != nil {
 		t.Fatalf("the waiter: %v", w.err)
@@ -175,4 +177,22 @@ func TestReturnAdmittedGivesBackAtMostTheReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	claimsEqualReserved(t, l, g)
+}
+
+// Admit claims nothing for a reservation whose context has ended (the
+// governor may call it just after): it fails with ErrOverBudget, its Err
+// the context's, and the ledger is as it was. It used to claim, and the
+// governor granted the reservation after its deadline.
+func TestAdmitAfterItsContextEnded(t *testing.T) {
+	l, a, _ := admitMember(t, 4000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := a.Admit(ctx, "h", 100, 100, 0, true)
+	var ob *governor.OverBudgetError
+	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Admit with an ended context: %v, want ErrOverBudget with the context's error", err)
+	}
+	if _, slots := inspect(t, l.path); slots[l.Slot()].Claim != 0 {
+		t.Fatalf("claimed %d for a reservation whose context ended", slots[l.Slot()].Claim)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,23 +38,46 @@ type Authority struct {
 	g  *governor.Governor
 	id memapi.AuthorityID
 
-	// mu orders this process's claims, capacity changes and settles:
+	// sem orders this process's claims, capacity changes and settles:
 	// between a claim and the local reservation it is for, nothing else
-	// reserves or trims, so the claimed bytes are that reservation's.
-	mu       sync.Mutex
-	released atomic.Bool // set once under mu; read without it by Reserve
-	seenWant uint64
-	wanted   bool              // a want this process posted may still stand
-	wantPri  governor.Priority // the priority it was posted with
+	// reserves or trims, so the claimed bytes are that reservation's. It
+	// is a mutex whose waiters give up when their context ends, so a
+	// reservation keeps its deadline while a settle answers a want.
+	sem      chan struct{}
+	released atomic.Bool // set once under sem; read without it by Reserve
+	private  uint64      // bytes kept by KeepPrivate (under sem)
 
-	beforeClaim func(bytes memapi.Bytes) // tests only, set before use: runs in Admit before a.mu is taken
+	// This process's want (its slot's), under sem.
+	posted time.Time // when its current round was posted
+	// The wants of others seen (under sem): the global want sequence at
+	// the last scan, and per slot (-1: the operator's) the round last seen.
+	seenSeq uint64
+	seen    map[int]round
+
+	beforeClaim func(bytes memapi.Bytes) // tests only, set before use: runs in Admit before sem is taken
 }
 
-// Bind adds authority id to g with capacity 0 and ties it to the ledger.
-// A ledger binds one authority.
+// round names one round of a want: the slot's owner and the round's
+// sequence number.
+type round struct {
+	pid   int
+	start uint64
+	seq   uint64
+}
+
+// share is a part of another process's want this process took to answer.
+type share struct {
+	slot  int // -1: the operator's want
+	owner round
+	bytes memapi.Bytes
+	pri   governor.Priority
+}
+
+// Bind adds authority id to g with capacity 0, ties it to the ledger and
+// starts the settler. A ledger binds one authority.
 func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
 	if l.closed {
 		return nil, &LedgerError{Op: "xproc.Bind", Path: l.path, Err: ErrClosed}
 	}
@@ -69,14 +91,36 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 		_ = g.RemoveAuthority(id)
 		return nil, err
 	}
-	a := &Authority{l: l, g: g, id: id}
+	a := &Authority{l: l, g: g, id: id, sem: make(chan struct{}, 1), seen: map[int]round{}}
 	if err := g.SetAdmission(id, a); err != nil {
 		_ = g.RemoveAuthority(id)
 		return nil, err
 	}
 	l.auth.Store(a)
+	l.settled = make(chan struct{})
+	go l.settle(a)
 	return a, nil
 }
+
+// acquire takes a.sem before ctx ends, or returns a *LockError naming
+// the file lock's holders (a call of this process holds a.sem, most often
+// waiting for them).
+func (a *Authority) acquire(ctx context.Context, op string) error {
+	select {
+	case a.sem <- struct{}{}:
+		return nil
+	default:
+	}
+	start := time.Now()
+	select {
+	case a.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return lockTimeout(ctx, op, a.l.path, a.l.fd, start)
+	}
+}
+
+func (a *Authority) unacquire() { <-a.sem }
 
 // ID returns the local authority's ID.
 func (a *Authority) ID() memapi.AuthorityID { return a.id }
@@ -87,43 +131,50 @@ func (a *Authority) ID() memapi.AuthorityID { return a.id }
 // ReserveInto (and so pmm), claims from the ledger the same way (Admit).
 // When the local free bytes do not cover bytes, the shortfall is claimed
 // from the ledger first; when the ledger cannot give it, a reservation that
-// may wait (ctx can end, or deadline is set) posts the want, which every
-// process's watcher answers with tickets to its holders, and queues
-// locally: the watcher claims for the local waiters every Poll until they
-// are served or give up. One that may not wait fails at once. Either way
-// the failure is an *governor.OverBudgetError of Kind memapi.ErrOverBudget
-// and no physical allocation was attempted.
+// may wait (ctx can end, or deadline is set) posts the want in this
+// process's slot, which the other processes split among them and answer
+// with tickets to their holders, and queues locally: the settler claims
+// for the local waiters every Poll until they are served or give up. One
+// that may not wait fails at once. Either way the failure is an
+// *governor.OverBudgetError of Kind memapi.ErrOverBudget and no physical
+// allocation was attempted. A deadline bounds the claim's waits for the
+// locks as ctx does: the reservation fails at it.
 func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role governor.Role, bytes memapi.Bytes, priority governor.Priority, deadline time.Time) (*governor.Grant, error) {
 	if a.released.Load() {
 		return nil, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	return a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
 }
 
 // Admit is the governor's admission hook on the bound authority
 // (governor.Admission): it claims the shortfall from the ledger and raises
-// the local capacity to the new claim, both under a.mu, so a settle never
+// the local capacity to the new claim, both under a.sem, so a settle never
 // gives back a claim the capacity does not show yet. The shortfall is
-// computed under a.mu (the waiting bytes and the reservation's beyond the
+// computed under a.sem (the waiting bytes and the reservation's beyond the
 // local free ones), not taken from the governor's need, which a settle
 // claiming for the waiters meanwhile would make stale: the claims are never
 // more than what the reservations ahead and this one lack. The governor calls it
 // without its own lock when a reservation does not fit; PressureHolder's
-// reservations (answers to another process's want) never claim.
-func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
+// reservations (answers to another process's want) never claim. Its waits
+// for a.sem and for the file lock end with ctx: the reservation then fails
+// with an *governor.OverBudgetError whose Err is the *LockError (or the
+// context's cause) and whose Capacity is 0 (the ledger was not read).
+func (a *Authority) Admit(ctx context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
 	if holder == PressureHolder {
 		return governor.ErrNoAdmission
 	}
 	if a.beforeClaim != nil {
 		a.beforeClaim(bytes)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	// The governor's need is the shortfall it saw before it released its
-	// lock; a settle may have claimed for the waiters ahead (and served
-	// them) since. Claim the shortfall as it is now, under a.mu, which
-	// orders every claim of this process: the bytes the waiters ahead and
-	// this reservation lack beyond the local free ones.
+	if err := a.acquire(ctx, "xproc.Reserve"); err != nil {
+		return a.gaveUp(holder, bytes, err, "another call of this process held the shared authority")
+	}
+	defer a.unacquire()
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
@@ -131,13 +182,25 @@ func (a *Authority) Admit(_ context.Context, holder governor.HolderID, bytes, _ 
 	if snap.WaitingBytes+bytes <= snap.Free {
 		return nil // nothing is short any more: the governor tries again
 	}
-	return a.claimLocked(holder, bytes, snap.WaitingBytes+bytes-snap.Free, priority, wait)
+	if err := ctx.Err(); err != nil {
+		return a.gaveUp(holder, bytes, context.Cause(ctx), "the reservation's context ended")
+	}
+	return a.claimLocked(ctx, holder, bytes, snap.WaitingBytes+bytes-snap.Free, priority, wait)
+}
+
+// gaveUp is the failure of a reservation whose context ended while it
+// waited for a lock: Capacity 0 (the ledger was not read), so the governor
+// ends it with this error rather than queueing it.
+func (a *Authority) gaveUp(holder governor.HolderID, bytes memapi.Bytes, cause error, why string) error {
+	return &governor.OverBudgetError{Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
+		Reason: fmt.Sprintf("gave up at the reservation's deadline: %s (%v)", why, cause), Wanted: bytes, Err: cause}
 }
 
 // claimLocked claims need more bytes from the ledger for a reservation of
 // bytes and raises the local capacity to the claim; a reservation that will
-// wait posts its want when the ledger cannot give it. Called with a.mu held.
-func (a *Authority) claimLocked(holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+// wait posts this process's want when the ledger cannot give it. Called
+// with a.sem held.
+func (a *Authority) claimLocked(ctx context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
 	if a.released.Load() {
 		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
@@ -150,7 +213,10 @@ func (a *Authority) claimLocked(holder governor.HolderID, bytes, need memapi.Byt
 		return &governor.OverBudgetError{Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
 			Reason: "beyond any shared capacity", Wanted: bytes, Free: snap.Free}
 	}
-	if err := l.lock(); err != nil {
+	if err := l.lock(ctx, "xproc.Reserve"); err != nil {
+		if errors.Is(err, ErrLockTimeout) {
+			return a.gaveUp(holder, bytes, err, "the shared ledger's lock was held")
+		}
 		return err
 	}
 	free := l.freeLocked()
@@ -172,59 +238,108 @@ func (a *Authority) claimLocked(holder governor.HolderID, bytes, need memapi.Byt
 			Pending:  memapi.Bytes(l.load(l.hw(hPending))),
 		}
 		if wait {
-			a.wanted, a.wantPri = true, priority
-			if l.load(l.hw(hWant)) < uint64(need)-free {
-				l.store(l.hw(hWant), uint64(need)-free)
-				l.store(l.hw(hWantPri), uint64(int64(priority)))
-				l.add(l.hw(hWantSeq), 1)
-			}
+			a.postLocked(uint64(need)-free, priority)
 		}
 		l.unlock()
 		l.emitAll(ev)
 		return e
 	}
 	claim := l.load(l.sw(l.slot, sClaim)) + uint64(need)
-	l.begin()
 	l.store(l.sw(l.slot, sClaim), claim)
 	l.add(l.hw(hClaimed), uint64(need))
-	l.end()
 	l.unlock()
 	l.emitAll(ev)
-	if err := a.g.SetCapacity(a.id, memapi.Bytes(claim)); err != nil {
+	if err := a.g.SetCapacity(a.id, memapi.Bytes(claim-a.private)); err != nil {
 		// Growing a live authority does not fail; if it did, the claim
 		// goes back so the ledger never counts bytes nobody can use.
-		_ = l.lock()
-		l.begin()
-		l.store(l.sw(l.slot, sClaim), claim-uint64(need))
-		l.add(l.hw(hClaimed), -uint64(need))
-		l.end()
-		l.unlock()
+		if l.lock(context.Background(), "xproc.Reserve") == nil {
+			l.store(l.sw(l.slot, sClaim), l.load(l.sw(l.slot, sClaim))-uint64(need))
+			l.add(l.hw(hClaimed), -uint64(need))
+			l.unlock()
+		}
 		return err
 	}
-	a.clearWantLocked()
 	return nil
+}
+
+// postLocked posts (or updates) this process's want of short bytes with
+// priority, under a.sem and the file lock. A new want, or one whose last
+// round has been answered (nothing out) and which is still short, starts a
+// round: all of it left for the other processes to split. A want that
+// grew adds the growth to what is left; one that shrank keeps its round.
+// A round whose answers never came back (an answering process died) starts
+// again after ten Polls.
+func (a *Authority) postLocked(short uint64, priority governor.Priority) {
+	l := a.l
+	want, left, out := l.load(l.sw(l.slot, sWant)), l.load(l.sw(l.slot, sWantLeft)), l.load(l.sw(l.slot, sWantOut))
+	since := time.Since(a.posted)
+	switch {
+	case want == 0 || out == 0 && (left == 0 || since >= l.poll) || since >= 10*l.poll:
+		left, out = short, 0
+	case short > want:
+		left += short - want
+	case short < want:
+		left = min(left, short)
+		out = min(out, short-left)
+		l.store(l.sw(l.slot, sWant), short)
+		l.store(l.sw(l.slot, sWantLeft), left)
+		l.store(l.sw(l.slot, sWantOut), out)
+		return
+	default:
+		return // its round is being answered
+	}
+	// The figures that bound the others first: want before left and out
+	// when it grows.
+	l.store(l.sw(l.slot, sWant), short)
+	l.store(l.sw(l.slot, sWantLeft), left)
+	l.store(l.sw(l.slot, sWantOut), out)
+	l.store(l.sw(l.slot, sWantPri), uint64(int64(priority)))
+	l.add(l.sw(l.slot, sWantSeq), 1)
+	l.add(l.hw(hWantSeq), 1)
+	a.posted = time.Now()
+}
+
+// withdrawLocked withdraws this process's want, under a.sem and the file
+// lock: its reservations are served or gave up.
+func (a *Authority) withdrawLocked() {
+	l := a.l
+	for _, w := range []int{sWantLeft, sWantOut, sWant} {
+		l.store(l.sw(l.slot, w), 0)
+	}
 }
 
 // claimWaitersLocked claims for the local reservations that wait (a want
 // they posted was answered, or capacity came free): the bytes they lack
 // beyond the local free ones, all at once or, when the ledger cannot give
-// them, posting the want again. A want this process posted is withdrawn
-// once nobody waits.
-func (a *Authority) claimWaitersLocked() {
+// them, posting the want again. The want is withdrawn once nobody waits.
+func (a *Authority) claimWaitersLocked(ctx context.Context) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
-		return
+		return nil
 	}
-	if snap.Waiters == 0 {
-		if a.wanted {
-			a.wanted = false
-			a.clearWantLocked()
+	l := a.l
+	if snap.Waiters == 0 || snap.WaitingBytes <= snap.Free {
+		if l.load(l.sw(l.slot, sWant)) == 0 {
+			return nil
 		}
-		return
+		if err := l.lock(ctx, "xproc.Settle"); err != nil {
+			return err
+		}
+		a.withdrawLocked()
+		l.unlock()
+		return nil
 	}
-	if snap.WaitingBytes > snap.Free {
-		_ = a.claimLocked(PressureHolder, snap.WaitingBytes, snap.WaitingBytes-snap.Free, a.wantPri, true)
+	err := a.claimLocked(ctx, PressureHolder, snap.WaitingBytes, snap.WaitingBytes-snap.Free, a.wantPri(), true)
+	var ob *governor.OverBudgetError
+	if errors.As(err, &ob) {
+		return nil // posted: the others answer it
 	}
+	return err
+}
+
+// wantPri is the priority of this process's want (0 when none).
+func (a *Authority) wantPri() governor.Priority {
+	return governor.Priority(int64(a.l.load(a.l.sw(a.l.slot, sWantPri))))
 }
 
 // freeLocked is the shared capacity not claimed (0 while a lowered
@@ -237,59 +352,69 @@ func (l *Ledger) freeLocked() uint64 {
 	return c - u
 }
 
-// clearWantLocked withdraws a posted want once served or given up. (A want
-// another process posted since is cleared too; that process posts it again
-// on its next try.)
-func (a *Authority) clearWantLocked() {
-	l := a.l
-	if l.load(l.hw(hWant)) == 0 {
-		return
-	}
-	if l.lock() == nil {
-		l.store(l.hw(hWant), 0)
-		l.unlock()
-	}
+// Settle is SettleContext with a context bounded by the ledger's
+// LockTimeout.
+func (a *Authority) Settle() error {
+	ctx, cancel := context.WithTimeout(context.Background(), a.l.lockTimeout)
+	defer cancel()
+	return a.settle(ctx)
 }
 
-// Settle publishes the local figures into this process's slot and gives
-// the claimed bytes it does not use back to the ledger. The watcher calls
-// it every Poll; call it after freeing memory to hand the bytes to other
-// processes at once.
-// It fails with ErrClosed after Close, and with the ledger's error when
-// the file cannot be locked (then nothing was given back).
-func (a *Authority) Settle() error { return a.settle() }
+// SettleContext publishes the local figures into this process's slot and
+// gives the claimed bytes it does not use back to the ledger; it also
+// answers its share of other processes' wants and claims for the local
+// waiters. The settler calls it every Poll; call it after freeing memory
+// to hand the bytes to other processes at once. It fails with ErrClosed
+// after Close, and with the ledger's error (a *LockError when ctx ended
+// first) when the file cannot be locked (then nothing was given back).
+func (a *Authority) SettleContext(ctx context.Context) error { return a.settle(ctx) }
 
-// settle is Settle; it also answers another process's want with tickets
-// to this process's holders (answerLocked). While the holders are asked
-// (at most one Poll) this process's reservations wait for a.mu.
-func (a *Authority) settle() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// settle is SettleContext. While the holders are asked (at most one Poll)
+// this process's reservations wait for a.sem, each at most until its
+// context ends.
+func (a *Authority) settle(ctx context.Context) error {
+	if err := a.acquire(ctx, "xproc.Settle"); err != nil {
+		return err
+	}
+	defer a.unacquire()
 	if a.released.Load() {
 		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed}
 	}
-	a.answerLocked()
-	a.claimWaitersLocked()
-	return a.trimLocked(memapi.Bytes(maxBytes))
+	shares, err := a.takeShares(ctx)
+	if err != nil {
+		return err
+	}
+	a.answer(shares)
+	if err := a.claimWaitersLocked(ctx); err != nil {
+		a.trimLocked(ctx, memapi.Bytes(maxBytes), shares)
+		return err
+	}
+	return a.trimLocked(ctx, memapi.Bytes(maxBytes), shares)
 }
 
 // ReturnAdmitted is the governor's hook for a reservation of n bytes that
 // failed locally after Admit claimed for it (governor.AdmissionReturn): up
 // to n bytes of the claim still spare go back to the ledger at once,
 // rather than at the next settle (spare bytes beyond those stay the
-// process's until then, as freed bytes do).
+// process's until then, as freed bytes do). It waits for the locks at most
+// one Poll: the next settle trims what it could not.
 func (a *Authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
+	defer cancel()
+	if a.acquire(ctx, "xproc.ReturnAdmitted") != nil {
+		return
+	}
+	defer a.unacquire()
 	if a.released.Load() {
 		return
 	}
-	_ = a.trimLocked(n) // a ledger that cannot be locked now is trimmed by the next settle
+	_ = a.trimLocked(ctx, n, nil) // a ledger that cannot be locked now is trimmed by the next settle
 }
 
-// trimLocked gives back the spare claim, at most most bytes of it, and
-// publishes the figures.
-func (a *Authority) trimLocked(most memapi.Bytes) error {
+// trimLocked gives back the spare claim, at most most bytes of it,
+// publishes the figures, and marks the shares answered (what they freed is
+// back in the ledger now).
+func (a *Authority) trimLocked(ctx context.Context, most memapi.Bytes, shares []share) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
@@ -302,7 +427,7 @@ func (a *Authority) trimLocked(most memapi.Bytes) error {
 		spare = 0
 	}
 	l := a.l
-	if err := l.lock(); err != nil {
+	if err := l.lock(ctx, "xproc.Settle"); err != nil {
 		if spare != 0 {
 			// Keep the local capacity equal to the claim.
 			_ = a.g.SetCapacity(a.id, snap.Capacity)
@@ -310,16 +435,15 @@ func (a *Authority) trimLocked(most memapi.Bytes) error {
 		return err
 	}
 	defer l.unlock()
-	// The slot uses no more than it claims after every single store, so
-	// a process that dies here leaves a slot Parse accepts: the figures
-	// that fall first, then those that rise (every mix is at most the old
-	// or the new use, both within the old claim), then the claim shrinks
-	// to the new use.
-	l.begin()
 	figs := []struct {
 		slot, total int
 		v           uint64
 	}{{sReserved, hReserved, uint64(snap.Reserved)}, {sCharged, hCharged, uint64(snap.Charged)}, {sPending, hPending, uint64(snap.Pending)}}
+	// The slot uses no more than it claims after every single store, so
+	// a process that dies here leaves a slot Parse accepts once the next
+	// holder repairs the totals: the figures that fall first, then those
+	// that rise (every mix is at most the old or the new use, both within
+	// the old claim), then the claim shrinks to the new use.
 	for _, rise := range []bool{false, true} {
 		for _, f := range figs {
 			old := l.load(l.sw(l.slot, f.slot))
@@ -330,49 +454,187 @@ func (a *Authority) trimLocked(most memapi.Bytes) error {
 			l.add(l.hw(f.total), f.v-old)
 		}
 	}
-	l.store(l.sw(l.slot, sClaim), uint64(snap.Capacity-spare))
+	l.store(l.sw(l.slot, sClaim), uint64(snap.Capacity-spare)+a.private)
 	l.add(l.hw(hClaimed), -uint64(spare))
 	l.add(l.sw(l.slot, sSeq), 1)
-	l.end()
+	for _, s := range shares {
+		out := l.hw(hWantOut)
+		if s.slot >= 0 {
+			if int(l.load(l.sw(s.slot, sPID))) != s.owner.pid || l.load(l.sw(s.slot, sStart)) != s.owner.start {
+				continue // its owner died: the want went with the slot
+			}
+			out = l.sw(s.slot, sWantOut)
+		}
+		l.store(out, l.load(out)-min(l.load(out), uint64(s.bytes)))
+	}
 	return nil
 }
 
-// answerLocked turns a want posted since the last settle into pressure on
-// this process's holders: a reservation by PressureHolder of the bytes
-// wanted (at most this authority's capacity), with the asking process's
-// priority, for one Poll. The governor then issues tickets exactly as for
-// a local shortfall (lower holder priority first, guarantees never asked),
-// and the bytes the holders free are trimmed back to the ledger, where the
-// asking process claims them.
-func (a *Authority) answerLocked() {
+// takeShares takes this process's shares of the wants posted since the
+// last scan, under the file lock: of each new round, at most what is left
+// of it and what this process can free (its spare claim and the bytes its
+// holders can reclaim, nothing while its own reservations wait), moved
+// from left to out. So the processes answering one want ask their holders
+// for the want in total, not each for all of it. A process with nothing to
+// give takes nothing: the next round (the asking process posts it again
+// when still short) asks again.
+func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 	l := a.l
-	seq, want := l.load(l.hw(hWantSeq)), l.load(l.hw(hWant))
-	if seq == a.seenWant || want == 0 {
-		return
+	seq := l.load(l.hw(hWantSeq))
+	if seq == a.seenSeq {
+		return nil, nil
 	}
-	a.seenWant = seq
 	snap, ok := a.g.Authority(a.id)
-	if !ok || snap.Reclaimable == 0 || snap.Capacity == 0 {
-		return
+	if !ok {
+		return nil, nil
 	}
-	n := min(memapi.Bytes(want), snap.Reclaimable, snap.Capacity)
-	pri := governor.Priority(int64(l.load(l.hw(hWantPri))))
-	ctx, cancel := context.WithTimeout(context.Background(), l.poll)
-	defer cancel()
-	if gr, err := a.g.Reserve(ctx, a.id, PressureHolder, "xproc.pressure", n, pri, time.Time{}); err == nil {
-		_ = gr.Cancel()
+	if err := l.lock(ctx, "xproc.Settle"); err != nil {
+		return nil, err
+	}
+	defer l.unlock()
+	a.seenSeq = l.load(l.hw(hWantSeq))
+	can := min(snap.Free+snap.Reclaimable, snap.Capacity)
+	if snap.Waiters != 0 {
+		can = 0
+	}
+	var shares []share
+	take := func(slot int, owner round, left, out *uint64, pri governor.Priority) {
+		if a.seen[slot] == owner {
+			return
+		}
+		a.seen[slot] = owner
+		n := min(memapi.Bytes(l.load(left)), can)
+		if n == 0 {
+			return
+		}
+		can -= n
+		l.store(left, l.load(left)-uint64(n))
+		l.add(out, uint64(n))
+		shares = append(shares, share{slot: slot, owner: owner, bytes: n, pri: pri})
+	}
+	if l.load(l.hw(hWant)) != 0 {
+		take(-1, round{seq: l.load(l.hw(hOpSeq))}, l.hw(hWantLeft), l.hw(hWantOut), 0)
+	}
+	for i := 0; i < l.slots; i++ {
+		pid := int(l.load(l.sw(i, sPID)))
+		if i == l.slot || pid == 0 || l.load(l.sw(i, sWant)) == 0 {
+			continue
+		}
+		take(i, round{pid: pid, start: l.load(l.sw(i, sStart)), seq: l.load(l.sw(i, sWantSeq))},
+			l.sw(i, sWantLeft), l.sw(i, sWantOut), governor.Priority(int64(l.load(l.sw(i, sWantPri)))))
+	}
+	return shares, nil
+}
+
+// answer turns each share into pressure on this process's holders: a
+// reservation by PressureHolder of the share's bytes, with the asking
+// process's priority, for one Poll. The governor then issues tickets
+// exactly as for a local shortfall (lower holder priority first,
+// guarantees never asked), and the bytes the holders free are trimmed back
+// to the ledger, where the asking process claims them.
+func (a *Authority) answer(shares []share) {
+	for _, s := range shares {
+		ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
+		if gr, err := a.g.Reserve(ctx, a.id, PressureHolder, "xproc.pressure", s.bytes, s.pri, time.Time{}); err == nil {
+			_ = gr.Cancel()
+		}
+		cancel()
 	}
 }
 
+// KeepPrivate claims bytes of the shared capacity for device memory this
+// process's mechanisms keep for themselves, outside any reservation (the
+// CUDA mechanism's handle pool and spare chunks: cuda.Config.Private): the
+// slot's claim covers them, so the claims of all processes never exceed
+// what the device can hold, pools included. It fails with an
+// *governor.OverBudgetError when the ledger has no room for them: the
+// mechanism then refuses to start. They are not in the local capacity.
+func (a *Authority) KeepPrivate(bytes memapi.Bytes) error {
+	ctx, cancel := context.WithTimeout(a.l.ctx, a.l.lockTimeout)
+	defer cancel()
+	if err := a.acquire(ctx, "xproc.KeepPrivate"); err != nil {
+		return err
+	}
+	defer a.unacquire()
+	if a.released.Load() {
+		return &LedgerError{Op: "xproc.KeepPrivate", Path: a.l.path, Err: ErrClosed}
+	}
+	if uint64(bytes) > maxBytes {
+		return memapi.Errorf("xproc.KeepPrivate", memapi.ErrInvalidSize, "%d bytes", bytes)
+	}
+	l := a.l
+	if err := l.lock(ctx, "xproc.KeepPrivate"); err != nil {
+		return err
+	}
+	free := l.freeLocked()
+	var ev []Event
+	if uint64(bytes) > free {
+		ev = l.scanLocked()
+		free = l.freeLocked()
+	}
+	if uint64(bytes) > free {
+		e := &governor.OverBudgetError{Op: "xproc.KeepPrivate", Kind: memapi.ErrOverBudget, Authority: a.id,
+			Reason: fmt.Sprintf("the shared ledger %s has %d bytes unclaimed: no room for %d bytes a mechanism keeps for itself", l.path, free, bytes),
+			Wanted: bytes, Free: memapi.Bytes(free), Capacity: memapi.Bytes(l.load(l.hw(hCapacity)))}
+		l.unlock()
+		l.emitAll(ev)
+		return e
+	}
+	l.add(l.sw(l.slot, sClaim), uint64(bytes))
+	l.add(l.sw(l.slot, sPrivate), uint64(bytes))
+	l.add(l.hw(hClaimed), uint64(bytes))
+	l.add(l.hw(hPrivate), uint64(bytes))
+	a.private += uint64(bytes)
+	l.unlock()
+	l.emitAll(ev)
+	return nil
+}
+
+// ReleasePrivate gives back bytes kept by KeepPrivate, once the mechanism
+// released the memory (cuda's Close). More than is kept is
+// memapi.ErrInvalidSize, and changes nothing.
+func (a *Authority) ReleasePrivate(bytes memapi.Bytes) error {
+	ctx, cancel := context.WithTimeout(context.Background(), a.l.lockTimeout)
+	defer cancel()
+	if err := a.acquire(ctx, "xproc.ReleasePrivate"); err != nil {
+		return err
+	}
+	defer a.unacquire()
+	if uint64(bytes) > a.private {
+		return memapi.Errorf("xproc.ReleasePrivate", memapi.ErrInvalidSize, "%d bytes, %d kept", bytes, a.private)
+	}
+	l := a.l
+	if err := l.lock(ctx, "xproc.ReleasePrivate"); err != nil {
+		return err
+	}
+	l.add(l.sw(l.slot, sPrivate), -uint64(bytes))
+	l.add(l.sw(l.slot, sClaim), -uint64(bytes))
+	l.add(l.hw(hPrivate), -uint64(bytes))
+	l.add(l.hw(hClaimed), -uint64(bytes))
+	a.private -= uint64(bytes)
+	l.unlock()
+	return nil
+}
+
 // release empties the claim and removes the local authority, for Close. It
-// fails with ErrInUse while the authority holds bytes.
-func (a *Authority) release() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// fails with ErrInUse while the authority holds bytes (private ones
+// included), and with a *LockError when the lock is not taken before ctx
+// ends; both change nothing.
+func (a *Authority) release(ctx context.Context) error {
+	if err := a.acquire(ctx, "xproc.Close"); err != nil {
+		return err
+	}
+	defer a.unacquire()
 	if a.released.Load() {
 		return nil
 	}
-	if err := a.trimLocked(memapi.Bytes(maxBytes)); err != nil {
+	if a.private != 0 {
+		return ledgerErr("xproc.Close", a.l.path, ErrInUse, "authority %s keeps %d private bytes (a mechanism not closed)", a.id, a.private)
+	}
+	if err := a.trimLocked(ctx, memapi.Bytes(maxBytes), nil); err != nil {
+		if errors.Is(err, ErrLockTimeout) {
+			return err
+		}
 		a.released.Store(true)
 		return err
 	}

@@ -55,7 +55,7 @@ func BenchmarkReserve(b *testing.B) {
 
 // trimNow gives the spare claim back (Settle without the pressure answer).
 func (a *Authority) trimNow() {
-	a.mu.Lock()
-	_ = a.trimLocked(memapi.Bytes(maxBytes))
-	a.mu.Unlock()
+	a.sem <- struct{}{}
+	_ = a.trimLocked(context.Background(), memapi.Bytes(maxBytes), nil)
+	a.unacquire()
 }

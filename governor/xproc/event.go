@@ -36,6 +36,8 @@ type Event struct {
 	Reserved uint64
 	Charged  uint64
 	Pending  uint64
+	Private  uint64
+	Want     uint64 // its want, withdrawn with the slot
 	Revision uint64 // the limits' revision (EventLimits)
 	Capacity uint64
 }

@@ -3,16 +3,17 @@ package xproc
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc64"
 )
 
-// The ledger file is a header of 16 little-endian 64-bit words followed by
-// one slot of 8 words per process. Every word is read and written as one
+// The ledger file is a header of 24 little-endian 64-bit words followed by
+// one slot of 16 words per process. Every word is read and written as one
 // aligned atomic store in the mapping, so a reader never sees a torn figure.
 const (
 	magic       uint64 = 0x00434f5250584d4d // "MMXPROC\x00"
-	Version     uint64 = 1                  // the format this package reads and writes
-	headerWords        = 16
-	slotWords          = 8
+	Version     uint64 = 2                  // the format this package reads and writes
+	headerWords        = 24
+	slotWords          = 16
 	headerSize         = headerWords * 8
 	slotSize           = slotWords * 8
 	// MaxSlots bounds the processes one ledger can seat.
@@ -23,34 +24,65 @@ const (
 
 // Header words.
 const (
-	hMagic    = iota
-	hVersion  // Version
-	hSlots    // slot count
-	hCapacity // the shared capacity, in bytes
-	hRevision // the limits' revision: bumped by every applied or deferred change
-	hClaimed  // sum of the slots' claims
-	hReserved // sum of the slots' reserved
-	hCharged  // sum of the slots' charged
-	hPending  // sum of the slots' pending
-	hDirty    // non-zero while a writer updates several words (see Ledger.lock)
-	hReclaims // slots of dead processes reclaimed
-	hWant     // bytes a process could not claim (cross-process pressure)
-	hWantSeq  // bumped by every new want
-	hWantPri  // the priority of that reservation
-	hRepairs  // totals recomputed after a writer died mid-update
+	hMagic     = iota
+	hVersion                     // Version
+	hSlots                       // slot count
+	hCapacity                    // the shared capacity, in bytes
+	hRevision                    // the limits' revision: bumped by every applied or deferred change
+	hClaimed                     // sum of the slots' claims
+	hReserved                    // sum of the slots' reserved
+	hCharged                     // sum of the slots' charged
+	hPending                     // sum of the slots' pending
+	hDirty                       // non-zero (dirtyMark of the holder's PID) while a process holds the lock to write
+	hReclaims                    // slots of dead processes reclaimed
+	hWant                        // the operator's want: claims beyond a lowered capacity (SetCapacity, Deferred)
+	hWantSeq                     // bumped by every new want, the operator's or a slot's
+	hWantLeft                    // the part of the operator's want no process has taken to answer yet
+	hRepairs                     // totals recomputed after a lock holder died
+	hPrivate                     // sum of the slots' private bytes
+	hWantOut                     // the part of the operator's want processes are answering now
+	hOpSeq                       // the round of the operator's want: bumped by every SetCapacity that posts it
+	hFirstZero                   // words hFirstZero to hSum-1 are reserved for a later version: written 0
+	hSum       = headerWords - 1 // CRC-64 (ECMA) of words 0 to hSum-1, written with the dirty word 0
 )
 
 // Slot words.
 const (
 	sPID      = iota // 0: the slot is free
 	sStart           // the process's start time (clock ticks after boot): tells a reused PID apart
-	sClaim           // bytes of the shared capacity this process holds: its local authority's capacity
+	sClaim           // bytes of the shared capacity this process holds: its local capacity plus its private bytes
 	sReserved        // its local authority's figures, settled (Authority.Settle)
 	sCharged
 	sPending
-	sSeq    // bumped by every settle
-	sUnused // reserved for a later version (which would bump Version); written 0
+	sSeq       // bumped by every settle
+	sPrivate   // device memory the process's mechanisms keep for themselves (Authority.KeepPrivate)
+	sWant      // bytes this process's waiting reservations lack and the ledger cannot give
+	sWantLeft  // the part of the want no process has taken to answer yet
+	sWantOut   // the part other processes are answering now
+	sWantPri   // the priority of the reservations behind the want
+	sWantSeq   // bumped by every new round of the want
+	sFirstZero // words sFirstZero to slotWords-1 are reserved for a later version: written 0
 )
+
+// dirtyMark is the dirty word of a lock holder: its PID in the low half and
+// the PID's complement in the high half, so that a flipped bit never reads
+// as a valid mark.
+func dirtyMark(pid int) uint64 { return uint64(uint32(pid)) | uint64(^uint32(pid))<<32 }
+
+// validDirty reports whether w is 0 or a dirty mark.
+func validDirty(w uint64) bool { return w == 0 || uint32(w) != 0 && uint32(w>>32) == ^uint32(w) }
+
+// crcTable is the checksum's table.
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+// headerSum is the checksum of a header image (hSum words, the dirty word
+// read as 0).
+func headerSum(b []byte) uint64 {
+	var h [hSum * 8]byte
+	copy(h[:], b[:hSum*8])
+	clear(h[hDirty*8 : hDirty*8+8])
+	return crc64.Checksum(h[:], crcTable)
+}
 
 // Header is the decoded header of a ledger file.
 type Header struct {
@@ -62,11 +94,13 @@ type Header struct {
 	Reserved uint64
 	Charged  uint64
 	Pending  uint64
+	Private  uint64 // sum of the slots' private bytes
 	Dirty    bool
 	Reclaims uint64
 	Repairs  uint64
-	Want     uint64
+	Want     uint64 // bytes wanted: the operator's want plus every slot's
 	WantSeq  uint64
+	Checksum uint64
 }
 
 // Slot is the decoded figures of one process.
@@ -79,6 +113,12 @@ type Slot struct {
 	Charged  uint64
 	Pending  uint64
 	Seq      uint64
+	Private  uint64 // device memory its mechanisms keep for themselves
+	Want     uint64 // bytes its waiting reservations lack (0: no want)
+	WantLeft uint64 // the part of the want no process has taken to answer
+	WantOut  uint64 // the part other processes are answering
+	WantPri  int64  // the priority of the reservations behind the want
+	WantSeq  uint64
 }
 
 // fileSize is the size of a ledger of n slots.
@@ -89,10 +129,14 @@ func word(b []byte, i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
 // Parse decodes and checks a ledger's bytes: the header, then every slot.
 // It never panics: a short, foreign, other-version or inconsistent image is
 // a *LedgerError whose Err is ErrTruncated, ErrForeign, ErrVersion or
-// ErrCorrupt. A header marked dirty (a writer died in the middle of an
-// update) is not checked against the slots' sums: the next lock holder
-// recomputes them.
+// ErrCorrupt. A header not marked dirty must carry its checksum (a flipped
+// bit anywhere in it is ErrCorrupt). A header marked dirty (its lock holder
+// died while it held the lock) is checked neither against its checksum nor
+// against the slots' sums: the next lock holder recomputes them.
 func Parse(b []byte) (Header, []Slot, error) {
+	if len(b) >= 8 && word(b, hMagic) != magic {
+		return Header{}, nil, &LedgerError{Err: ErrForeign, Detail: fmt.Sprintf("magic %#x", word(b, hMagic))}
+	}
 	if len(b) < headerSize {
 		return Header{}, nil, &LedgerError{Err: ErrTruncated, Detail: fmt.Sprintf("%d bytes, shorter than the %d-byte header", len(b), headerSize)}
 	}
@@ -107,14 +151,27 @@ func Parse(b []byte) (Header, []Slot, error) {
 		Reserved: word(b, hReserved),
 		Charged:  word(b, hCharged),
 		Pending:  word(b, hPending),
+		Private:  word(b, hPrivate),
 		Dirty:    word(b, hDirty) != 0,
 		Reclaims: word(b, hReclaims),
 		Repairs:  word(b, hRepairs),
 		Want:     word(b, hWant),
 		WantSeq:  word(b, hWantSeq),
+		Checksum: word(b, hSum),
 	}
 	if h.Version != Version {
 		return h, nil, &LedgerError{Err: ErrVersion, Detail: fmt.Sprintf("version %d, this build reads %d", h.Version, Version)}
+	}
+	if d := word(b, hDirty); !validDirty(d) {
+		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("dirty word %#x is neither 0 nor a holder's mark", d)}
+	}
+	if !h.Dirty && h.Checksum != headerSum(b) {
+		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("header checksum %#x, the header sums to %#x", h.Checksum, headerSum(b))}
+	}
+	for i := hFirstZero; i < hSum; i++ {
+		if word(b, i) != 0 {
+			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("reserved header word %d is not 0", i)}
+		}
 	}
 	n := word(b, hSlots)
 	if n == 0 || n > MaxSlots {
@@ -130,45 +187,59 @@ func Parse(b []byte) (Header, []Slot, error) {
 	for _, f := range []struct {
 		name string
 		v    uint64
-	}{{"capacity", h.Capacity}, {"claimed", h.Claimed}, {"reserved", h.Reserved}, {"charged", h.Charged}, {"pending", h.Pending}, {"want", h.Want}} {
+	}{{"capacity", h.Capacity}, {"claimed", h.Claimed}, {"reserved", h.Reserved}, {"charged", h.Charged}, {"pending", h.Pending},
+		{"private", h.Private}, {"want", h.Want}, {"want left", word(b, hWantLeft)}, {"want out", word(b, hWantOut)}} {
 		if f.v > maxBytes {
 			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("%s %d beyond %d", f.name, f.v, maxBytes)}
 		}
 	}
+	if !h.Dirty && word(b, hWantLeft)+word(b, hWantOut) > h.Want {
+		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("the operator's want %d, %d of it left and %d out", h.Want, word(b, hWantLeft), word(b, hWantOut))}
+	}
 	slots := make([]Slot, h.Slots)
-	var sum [4]uint64
+	var sum [5]uint64
 	for i := range slots {
 		s := b[headerSize+i*slotSize:]
 		sl := Slot{Index: i, Start: word(s, sStart), Claim: word(s, sClaim), Reserved: word(s, sReserved),
-			Charged: word(s, sCharged), Pending: word(s, sPending), Seq: word(s, sSeq)}
+			Charged: word(s, sCharged), Pending: word(s, sPending), Seq: word(s, sSeq), Private: word(s, sPrivate),
+			Want: word(s, sWant), WantLeft: word(s, sWantLeft), WantOut: word(s, sWantOut), WantPri: int64(word(s, sWantPri)), WantSeq: word(s, sWantSeq)}
 		pid := word(s, sPID)
 		if pid > 1<<22 { // PID_MAX_LIMIT
 			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: pid %d", i, pid)}
 		}
 		sl.PID = int(pid)
-		if word(s, sUnused) != 0 {
-			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word is not 0", i)}
+		for w := sFirstZero; w < slotWords; w++ {
+			if word(s, w) != 0 {
+				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word %d is not 0", i, w)}
+			}
 		}
-		if sl.Claim > maxBytes || sl.Reserved > maxBytes || sl.Charged > maxBytes || sl.Pending > maxBytes {
-			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
+		for _, v := range []uint64{sl.Claim, sl.Reserved, sl.Charged, sl.Pending, sl.Private, sl.Want, sl.WantLeft, sl.WantOut} {
+			if v > maxBytes {
+				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
+			}
 		}
 		if !h.Dirty {
-			if sl.PID == 0 && (sl.Claim|sl.Reserved|sl.Charged|sl.Pending) != 0 {
+			if sl.PID == 0 && (sl.Claim|sl.Reserved|sl.Charged|sl.Pending|sl.Private|sl.Want|sl.WantLeft|sl.WantOut) != 0 {
 				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: free but holds bytes", i)}
 			}
-			if sl.Reserved+sl.Charged+sl.Pending > sl.Claim {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: uses %d beyond its claim %d", i, sl.Reserved+sl.Charged+sl.Pending, sl.Claim)}
+			if u := sl.Reserved + sl.Charged + sl.Pending + sl.Private; u > sl.Claim {
+				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: uses %d beyond its claim %d", i, u, sl.Claim)}
+			}
+			if sl.WantLeft+sl.WantOut > sl.Want {
+				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: want %d, %d of it left and %d out", i, sl.Want, sl.WantLeft, sl.WantOut)}
 			}
 		}
 		sum[0] += sl.Claim
 		sum[1] += sl.Reserved
 		sum[2] += sl.Charged
 		sum[3] += sl.Pending
+		sum[4] += sl.Private
+		h.Want += sl.Want
 		slots[i] = sl
 	}
-	if !h.Dirty && (sum != [4]uint64{h.Claimed, h.Reserved, h.Charged, h.Pending}) {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("totals %d/%d/%d/%d (claimed/reserved/charged/pending) are not the slots' sums %v",
-			h.Claimed, h.Reserved, h.Charged, h.Pending, sum)}
+	if !h.Dirty && (sum != [5]uint64{h.Claimed, h.Reserved, h.Charged, h.Pending, h.Private}) {
+		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("totals %d/%d/%d/%d/%d (claimed/reserved/charged/pending/private) are not the slots' sums %v",
+			h.Claimed, h.Reserved, h.Charged, h.Pending, h.Private, sum)}
 	}
 	return h, slots, nil
 }

@@ -16,8 +16,12 @@ func image(n int, capacity uint64) []byte {
 	put(b, hSlots, uint64(n))
 	put(b, hCapacity, capacity)
 	put(b, hRevision, 1)
+	seal(b)
 	return b
 }
+
+// seal writes the header's checksum into an image.
+func seal(b []byte) []byte { put(b, hSum, headerSum(b)); return b }
 
 func put(b []byte, i int, v uint64) {
 	b[i*8], b[i*8+1], b[i*8+2], b[i*8+3], b[i*8+4], b[i*8+5], b[i*8+6], b[i*8+7] = le8(v)
@@ -35,7 +39,7 @@ func TestBadLedgerFiles(t *testing.T) {
 		putSlot(b, 0, sClaim, 100)
 		put(b, hClaimed, 100)
 		f(b)
-		return b
+		return seal(b)
 	}
 	for _, c := range []struct {
 		name string
@@ -45,17 +49,22 @@ func TestBadLedgerFiles(t *testing.T) {
 		{"empty", nil, ErrTruncated},
 		{"short header", valid[:100], ErrTruncated},
 		{"foreign", append([]byte("not a ledger at all"), make([]byte, 200)...), ErrForeign},
-		{"version 2", func() []byte { b := append([]byte(nil), valid...); put(b, hVersion, 2); return b }(), ErrVersion},
-		{"no slots", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 0); return b }(), ErrCorrupt},
-		{"huge slot count", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 1<<40); return b }(), ErrCorrupt},
+		{"version 1", func() []byte { b := append([]byte(nil), valid...); put(b, hVersion, 1); return seal(b) }(), ErrVersion},
+		{"no slots", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 0); return seal(b) }(), ErrCorrupt},
+		{"huge slot count", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 1<<40); return seal(b) }(), ErrCorrupt},
 		{"truncated slots", valid[:len(valid)-1], ErrTruncated},
 		{"trailing bytes", append(append([]byte(nil), valid...), 0), ErrCorrupt},
-		{"capacity beyond", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 1<<60); return b }(), ErrCorrupt},
+		{"capacity beyond", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 1<<60); return seal(b) }(), ErrCorrupt},
+		{"checksum", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 999); return b }(), ErrCorrupt},
+		{"bad dirty word", func() []byte { b := append([]byte(nil), valid...); put(b, hDirty, 77); return b }(), ErrCorrupt},
+		{"reserved header word", func() []byte { b := append([]byte(nil), valid...); put(b, hFirstZero, 1); return seal(b) }(), ErrCorrupt},
+		{"private beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sPrivate, 101); put(b, hPrivate, 101) }), ErrCorrupt},
+		{"want parts beyond want", withSlot(func(b []byte) { putSlot(b, 0, sWant, 10); putSlot(b, 0, sWantLeft, 11) }), ErrCorrupt},
 		{"totals not sums", withSlot(func(b []byte) { put(b, hClaimed, 99) }), ErrCorrupt},
 		{"free slot holds bytes", withSlot(func(b []byte) { putSlot(b, 0, sPID, 0) }), ErrCorrupt},
 		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), ErrCorrupt},
 		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), ErrCorrupt},
-		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sUnused, 1) }), ErrCorrupt},
+		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sFirstZero, 1) }), ErrCorrupt},
 		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), ErrCorrupt},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -90,7 +99,7 @@ func TestDirtyHeaderRepaired(t *testing.T) {
 	putSlot(b, 2, sClaim, 300)
 	putSlot(b, 2, sCharged, 200)
 	put(b, hClaimed, 12345) // the dead writer's half-done total
-	put(b, hDirty, 77)
+	put(b, hDirty, dirtyMark(77))
 	if _, _, err := Parse(b); err != nil {
 		t.Fatalf("Parse of a dirty header: %v", err)
 	}
@@ -140,7 +149,7 @@ func FuzzParse(f *testing.F) {
 	putSlot(b, 1, sPID, 5)
 	putSlot(b, 1, sClaim, 50)
 	put(b, hClaimed, 50)
-	f.Add(b)
+	f.Add(seal(b))
 	f.Add([]byte("MMXPROC"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, s, err := Parse(b)
@@ -169,6 +178,7 @@ func TestPIDReuse(t *testing.T) {
 	putSlot(b, 1, sStart, startTime(os.Getpid())) // this process: alive
 	putSlot(b, 1, sClaim, 200)
 	put(b, hClaimed, 500)
+	seal(b)
 	path := ledgerPath(t)
 	writeFile(t, path, b)
 	events := make(chan Event, 4)
@@ -206,5 +216,65 @@ func TestTruncatedUnderMembers(t *testing.T) {
 	}
 	if err := l.Close(); !errors.Is(err, ErrTruncated) {
 		t.Fatalf("Close: %v", err)
+	}
+}
+
+// Every bit of the header is checked: a flipped bit anywhere in it (the
+// low bit of the capacity, the revision, the counters) is refused.
+func TestHeaderBitFlips(t *testing.T) {
+	b := image(4, 1000)
+	putSlot(b, 1, sPID, 1)
+	putSlot(b, 1, sClaim, 100)
+	put(b, hClaimed, 100)
+	put(b, hReclaims, 3)
+	seal(b)
+	if _, _, err := Parse(b); err != nil {
+		t.Fatalf("the sealed image: %v", err)
+	}
+	accepted := 0
+	for bit := 0; bit < headerSize*8; bit++ {
+		c := append([]byte(nil), b...)
+		c[bit/8] ^= 1 << (bit % 8)
+		if _, _, err := Parse(c); err == nil {
+			if accepted < 5 {
+				t.Errorf("a flip of bit %d of header word %d was accepted", bit%64, bit/64)
+			}
+			accepted++
+		}
+	}
+	if accepted != 0 {
+		t.Fatalf("%d of %d single-bit flips of the header accepted", accepted, headerSize*8)
+	}
+}
+
+// A bit flipped in the header under the members (a stray write into the
+// file) is seen at their next lock: a typed ErrCorrupt, never used.
+func TestCorruptedUnderMembers(t *testing.T) {
+	path := ledgerPath(t)
+	l, a, _ := member(t, path, 1000, Options{Poll: time.Hour})
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w [1]byte
+	if _, err := f.ReadAt(w[:], hCapacity*8); err != nil {
+		t.Fatal(err)
+	}
+	w[0] ^= 1
+	if _, err := f.WriteAt(w[:], hCapacity*8); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := a.Reserve(context.Background(), "h", "r", 10, 0, time.Time{}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Reserve: %v, want ErrCorrupt", err)
+	}
+	if err := a.Settle(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Settle: %v, want ErrCorrupt", err)
+	}
+	if _, _, err := Inspect(path); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Inspect: %v, want ErrCorrupt", err)
+	}
+	if err := l.Close(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Close: %v, want ErrCorrupt", err)
 	}
 }

@@ -83,3 +83,6 @@ func writeFile(t testing.TB, path string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// isOverBudget reports whether err is an over-budget refusal.
+func isOverBudget(err error) bool { return errors.Is(err, memapi.ErrOverBudget) }

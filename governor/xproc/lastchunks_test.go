@@ -78,13 +78,12 @@ func childCUDA() error {
 		return err
 	}
 	sim := cudasim.New(cudasim.Config{Pool: pool, Memory: 1 << 30})
-	mech, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "cuda:0", PoolChunks: -1, SpareChunks: -1})
-	if err != nil {
-		return err
+	cfg := cuda.Config{Driver: sim.Table(), Authority: "cuda:0", PoolChunks: -1, SpareChunks: -1}
+	if os.Getenv(defaultPoolEnv) != "" {
+		cfg.PoolChunks, cfg.SpareChunks = 0, 0 // the defaults: a pool of 4 chunks, 2 of them spares
 	}
 	g := governor.New(governor.Options{})
 	defer g.Close()
-	m := checked.Wrap(mech, g)
 	reserve := func(n memapi.Bytes) (*governor.Grant, error) {
 		return g.Reserve(contextBG, "cuda:0", "kv", "chunk", n, 0, time.Time{})
 	}
@@ -97,12 +96,18 @@ func childCUDA() error {
 		if err != nil {
 			return err
 		}
+		cfg.Private = a // the pool is counted in this process's slot
 		reserve = func(n memapi.Bytes) (*governor.Grant, error) {
 			return a.Reserve(contextBG, "kv", "chunk", n, 0, time.Time{})
 		}
 	} else if err := g.AddAuthority("cuda:0", memapi.Bytes(pool.Free())); err != nil {
 		return err
 	}
+	mech, err := cuda.New(cfg)
+	if err != nil {
+		return err
+	}
+	m := checked.Wrap(mech, g)
 	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
 		return err
 	}
@@ -135,20 +140,20 @@ func childCUDA() error {
 		}
 		hold = append(hold, held{al, ls})
 	}
-	fmt.Println("result", len(hold), over, oom)
+	fmt.Println("result", len(hold), over, oom, uint64(mech.PooledBytes()))
 	waitEOF()
 	for _, h := range hold {
 		if err := m.Free(contextBG, h.al, h.ls); err != nil {
 			return err
 		}
 	}
+	if err := mech.Close(); err != nil {
+		return err
+	}
 	if l != nil {
 		if err := l.Close(); err != nil {
 			return err
 		}
-	}
-	if err := mech.Close(); err != nil {
-		return err
 	}
 	fmt.Println("done")
 	return nil
@@ -157,10 +162,13 @@ func childCUDA() error {
 // lastChunks runs n processes on one simulated device of size bytes and
 // returns the chunks they got, their over-budget refusals and the driver
 // out-of-memory errors they hit.
-func lastChunks(t *testing.T, n int, size uint64, ledger bool) (chunks, over, oom uint64) {
+func lastChunks(t *testing.T, n int, size uint64, ledger, defaultPool bool) (chunks, over, oom uint64) {
 	pool := createPool(t, size)
 	path := ledgerPath(t)
 	env := []string{poolEnv + "=" + pool, pathEnv + "=" + path}
+	if defaultPool {
+		env = append(env, defaultPoolEnv+"=1")
+	}
 	if ledger {
 		l, err := Open(path, Options{Create: &CreateOptions{Capacity: size, Slots: 8}})
 		if err != nil {
@@ -179,19 +187,21 @@ func lastChunks(t *testing.T, n int, size uint64, ledger bool) (chunks, over, oo
 	for _, p := range ps {
 		fmt.Fprintln(p.in, "go")
 	}
+	var pooled uint64
 	for _, p := range ps {
 		f := p.expect(t, "result")
 		chunks += atoi(t, f[0])
 		over += atoi(t, f[1])
 		oom += atoi(t, f[2])
+		pooled += atoi(t, f[3])
 	}
 	dp, err := openPool(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(dp.mem)
-	if used := atomic.LoadUint64(dp.used()); used != chunks*chunk {
-		t.Errorf("the device holds %d bytes, the processes %d chunks", used, chunks)
+	if used := atomic.LoadUint64(dp.used()); used != chunks*chunk+pooled {
+		t.Errorf("the device holds %d bytes, the processes %d chunks and %d pooled bytes", used, chunks, pooled)
 	}
 	if ledger {
 		h, _ := inspect(t, path)
@@ -212,17 +222,34 @@ func lastChunks(t *testing.T, n int, size uint64, ledger bool) (chunks, over, oo
 // with ErrOverBudget first, so the driver never runs out.
 func TestLastChunksRace(t *testing.T) {
 	const n, size = 4, 16 * chunk
-	chunks, over, oom := lastChunks(t, n, size, false)
+	chunks, over, oom := lastChunks(t, n, size, false, false)
 	t.Logf("without the ledger: %d chunks, %d refusals, %d driver out-of-memory", chunks, over, oom)
 	if oom == 0 {
 		t.Fatal("without the ledger no process hit the driver's OUT_OF_MEMORY: #467 not reproduced")
 	}
-	chunks, over, oom = lastChunks(t, n, size, true)
+	chunks, over, oom = lastChunks(t, n, size, true, false)
 	t.Logf("with the ledger: %d chunks, %d refusals, %d driver out-of-memory", chunks, over, oom)
 	if oom != 0 {
 		t.Fatalf("%d driver out-of-memory errors with the shared ledger", oom)
 	}
 	if chunks != size/chunk || over < n {
 		t.Fatalf("%d chunks of %d, %d refusals", chunks, size/chunk, over)
+	}
+}
+
+// The same race with the mechanism's default pool (4 chunks of 2 MiB, 2 of
+// them spares, per process) and the shared capacity equal to the device:
+// the pools are counted in the processes' slots, so the driver never runs
+// out (the pools used to be invisible to the ledger: 8 MiB a process the
+// claims could also take).
+func TestLastChunksWithDefaultPools(t *testing.T) {
+	const n, size = 4, 32 * chunk
+	chunks, over, oom := lastChunks(t, n, size, true, true)
+	t.Logf("default pools, with the ledger: %d chunks, %d refusals, %d driver out-of-memory", chunks, over, oom)
+	if oom != 0 {
+		t.Fatalf("%d driver out-of-memory errors with the shared ledger and the default pools", oom)
+	}
+	if chunks == 0 || over < n {
+		t.Fatalf("%d chunks, %d refusals", chunks, over)
 	}
 }

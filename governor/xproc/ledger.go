@@ -1,13 +1,14 @@
 package xproc
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -35,59 +36,87 @@ type Options struct {
 	// process's figures; 0 means 100 ms. A dead process's slot is
 	// reclaimed within Poll of its death (the pidfd wakes the watcher at
 	// once; the period bounds a slot joined since the last check).
-	Poll    time.Duration
-	OnEvent func(Event) // called from the watcher, never with a lock held
+	Poll time.Duration
+	// LockTimeout bounds the wait for the ledger's lock of the calls that
+	// take no context (Open, Close, Settle, State, KeepPrivate,
+	// ReleasePrivate) and of each round of the watcher and the settler; 0
+	// means DefaultLockTimeout. The *Context forms of the calls take the
+	// caller's context instead.
+	LockTimeout time.Duration
+	OnEvent     func(Event) // called from the watcher, never with a lock held
 }
 
 // Ledger is one process's membership of a shared ledger file: the mapping,
-// its slot, and the watcher that reclaims the slots of dead processes.
+// its slot, the watcher that reclaims the slots of dead processes and,
+// once an authority is bound, the settler that publishes its figures.
 // All methods are safe for concurrent use.
 type Ledger struct {
-	path    string
-	f       *os.File
-	mem     []byte
-	slots   int
-	slot    int // this process's
-	pid     int
-	start   uint64
-	poll    time.Duration
-	onEvent func(Event)
+	path        string
+	f           *os.File
+	fd          int
+	mem         []byte
+	slots       int
+	slot        int // this process's
+	pid         int
+	start       uint64
+	poll        time.Duration
+	lockTimeout time.Duration
+	onEvent     func(Event)
 
-	mu     sync.Mutex // orders this process's users of the file lock
-	closed bool
+	// sem orders this process's users of the file lock: a mutex whose
+	// waiters give up when their context ends.
+	sem    chan struct{}
+	closed bool                      // under sem
 	auth   atomic.Pointer[Authority] // bound by Bind, or nil
 
 	joinRev    uint64  // the limits' revision when this process joined
 	joinEvents []Event // reclaims made while joining, emitted by the watcher
 
-	stop int // eventfd: Close wakes the watcher
-	done chan struct{}
+	ctx     context.Context // ends at Close: the watcher's and the settler's waits
+	cancel  context.CancelFunc
+	stop    int // eventfd: Close wakes the watcher
+	done    chan struct{}
+	settled chan struct{} // the settler's end (nil until Bind starts it)
 }
 
-// Open maps the ledger at path (creating it from o.Create when it does not
-// exist), checks it, takes a free slot for this process and starts the
-// watcher. A short, foreign, other-version or inconsistent file is a
-// *LedgerError (ErrTruncated, ErrForeign, ErrVersion, ErrCorrupt); a ledger
-// whose slots are all held by live processes is ErrFull.
+// Open is OpenContext with a context bounded by o.LockTimeout.
 func Open(path string, o Options) (*Ledger, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), lockTimeoutOf(o.LockTimeout))
+	defer cancel()
+	return OpenContext(ctx, path, o)
+}
+
+func lockTimeoutOf(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultLockTimeout
+	}
+	return d
+}
+
+// OpenContext maps the ledger at path (creating it from o.Create when it
+// does not exist), checks it, takes a free slot for this process and
+// starts the watcher. An unsafe file (a symlink, not a regular file, a mode
+// beyond 0660, a stranger's file: see file.go) is a *LedgerError of
+// ErrUnsafe; a short, foreign, other-version or inconsistent file one of
+// ErrTruncated, ErrForeign, ErrVersion, ErrCorrupt; a ledger whose slots
+// are all held by live processes ErrFull; a lock not taken before ctx ends
+// a *LockError naming its holders.
+func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 	const op = "xproc.Open"
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := openFile(op, path, unix.O_RDWR)
 	if errors.Is(err, os.ErrNotExist) && o.Create != nil {
 		f, err = create(path, *o.Create)
 	}
 	if err != nil {
-		var le *LedgerError
-		if errors.As(err, &le) {
-			return nil, err
-		}
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+		return nil, err
 	}
-	l := &Ledger{path: path, f: f, pid: os.Getpid(), poll: o.Poll, onEvent: o.OnEvent, stop: -1}
+	l := &Ledger{path: path, f: f, fd: int(f.Fd()), pid: os.Getpid(), poll: o.Poll, lockTimeout: lockTimeoutOf(o.LockTimeout),
+		onEvent: o.OnEvent, stop: -1, sem: make(chan struct{}, 1)}
 	if l.poll <= 0 {
 		l.poll = 100 * time.Millisecond
 	}
 	l.start = startTime(l.pid)
-	if err := l.mapAndJoin(); err != nil {
+	if err := l.mapAndJoin(ctx); err != nil {
 		if l.mem != nil {
 			_ = unix.Munmap(l.mem)
 		}
@@ -96,10 +125,12 @@ func Open(path string, o Options) (*Ledger, error) {
 	}
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		_ = l.leave()
+		l.ctx, l.cancel = context.WithCancel(context.Background())
+		_ = l.CloseContext(ctx)
 		return nil, &LedgerError{Op: op, Path: path, Err: err, Detail: "eventfd"}
 	}
 	l.stop = fd
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.done = make(chan struct{})
 	go l.watch()
 	return l, nil
@@ -134,6 +165,7 @@ func create(path string, c CreateOptions) (*os.File, error) {
 	put(hSlots, uint64(c.Slots))
 	put(hCapacity, c.Capacity)
 	put(hRevision, 1)
+	put(hSum, headerSum(b))
 	if _, err := tmp.Write(b); err != nil {
 		return nil, &LedgerError{Op: op, Path: path, Err: err}
 	}
@@ -148,7 +180,7 @@ func create(path string, c CreateOptions) (*os.File, error) {
 	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, &LedgerError{Op: op, Path: path, Err: err}
 	}
-	return os.OpenFile(path, os.O_RDWR, 0)
+	return openFile("xproc.Open", path, unix.O_RDWR)
 }
 
 func le8(v uint64) (a, b, c, d, e, f, g, h byte) {
@@ -162,12 +194,12 @@ func readImage(f *os.File) ([]byte, error) {
 }
 
 // mapAndJoin checks the file under the lock, maps it and takes a slot.
-func (l *Ledger) mapAndJoin() error {
+func (l *Ledger) mapAndJoin(ctx context.Context) error {
 	const op = "xproc.Open"
-	if err := flock(l.f, unix.LOCK_EX); err != nil {
-		return &LedgerError{Op: op, Path: l.path, Err: err, Detail: "flock"}
+	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX); err != nil {
+		return err
 	}
-	defer flock(l.f, unix.LOCK_UN)
+	defer unlockFile(l.fd)
 	b, err := readImage(l.f)
 	if err != nil {
 		return &LedgerError{Op: op, Path: l.path, Err: err}
@@ -179,12 +211,13 @@ func (l *Ledger) mapAndJoin() error {
 		return e
 	}
 	l.slots = h.Slots
-	mem, err := unix.Mmap(int(l.f.Fd()), 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(l.fd, 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return &LedgerError{Op: op, Path: l.path, Err: err, Detail: "mmap"}
 	}
 	l.mem = mem
-	l.repairLocked()
+	l.beginLocked()
+	defer l.sealLocked()
 	l.slot = -1
 	events := l.scanLocked()
 	for i := 0; i < l.slots; i++ {
@@ -203,17 +236,6 @@ func (l *Ledger) mapAndJoin() error {
 	return nil
 }
 
-// flock takes or drops the file lock. It is a robust lock: the kernel drops
-// it when its holder dies, however it dies.
-func flock(f *os.File, how int) error {
-	for {
-		err := unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			return err
-		}
-	}
-}
-
 // hw and sw address a header word and a word of slot i.
 func (l *Ledger) hw(i int) *uint64 { return (*uint64)(unsafe.Pointer(&l.mem[i*8])) }
 func (l *Ledger) sw(slot, i int) *uint64 {
@@ -223,55 +245,106 @@ func (l *Ledger) load(p *uint64) uint64     { return atomic.LoadUint64(p) }
 func (l *Ledger) store(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
 func (l *Ledger) add(p *uint64, d uint64)   { atomic.AddUint64(p, d) }
 
-// lock takes the process's mutex and the file lock; unlock drops both.
-// Writes that move several words run between begin and end, which mark the
-// header dirty: a lock holder that finds it dirty knows a writer died in
-// the middle and recomputes the totals from the slots (repairLocked).
-func (l *Ledger) lock() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return &LedgerError{Path: l.path, Err: ErrClosed}
+// lock takes the process's semaphore and the file lock before ctx ends,
+// checks the file (its size, the header's checksum) and marks the header
+// dirty; unlock seals it (the checksum, then the dirty word cleared) and
+// drops both. A lock holder that finds the header dirty knows the last
+// holder died holding the lock, and recomputes the totals from the slots
+// (repairLocked). op names the caller in a *LockError.
+func (l *Ledger) lock(ctx context.Context, op string) error {
+	start := time.Now()
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		select {
+		case l.sem <- struct{}{}:
+		case <-ctx.Done():
+			return lockTimeout(ctx, op, l.path, l.fd, start)
+		}
 	}
-	if err := flock(l.f, unix.LOCK_EX); err != nil {
-		l.mu.Unlock()
-		return &LedgerError{Path: l.path, Err: err, Detail: "flock"}
+	if l.closed {
+		<-l.sem
+		return &LedgerError{Op: op, Path: l.path, Err: ErrClosed}
+	}
+	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX); err != nil {
+		<-l.sem
+		return err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(int(l.f.Fd()), &st); err != nil || st.Size != int64(len(l.mem)) {
-		l.unlock()
-		return ledgerErr("", l.path, ErrTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
+	if err := unix.Fstat(l.fd, &st); err != nil || st.Size != int64(len(l.mem)) {
+		unlockFile(l.fd)
+		<-l.sem
+		return ledgerErr(op, l.path, ErrTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
 	}
-	l.repairLocked()
+	if d := l.load(l.hw(hDirty)); !validDirty(d) || d == 0 && l.load(l.hw(hSum)) != l.sumLocked() {
+		unlockFile(l.fd)
+		<-l.sem
+		return ledgerErr(op, l.path, ErrCorrupt, "the header's checksum or dirty word is wrong: a bit flipped, or a non-member wrote it")
+	}
+	l.beginLocked()
 	return nil
 }
 
 func (l *Ledger) unlock() {
-	_ = flock(l.f, unix.LOCK_UN)
-	l.mu.Unlock()
+	l.sealLocked()
+	unlockFile(l.fd)
+	<-l.sem
 }
 
-func (l *Ledger) begin() { l.store(l.hw(hDirty), uint64(l.pid)) }
-func (l *Ledger) end()   { l.store(l.hw(hDirty), 0) }
-
-// repairLocked recomputes the totals from the slots when a writer died
-// between begin and end. The slots are the truth: each slot word is one
-// store, and a dead writer's own slot is reclaimed next.
-func (l *Ledger) repairLocked() {
-	if l.load(l.hw(hDirty)) == 0 {
-		return
+// beginLocked repairs a header its last holder left dirty and marks it
+// dirty with this process's mark.
+func (l *Ledger) beginLocked() {
+	if l.load(l.hw(hDirty)) != 0 {
+		l.repairLocked()
 	}
-	var sum [4]uint64
+	l.store(l.hw(hDirty), dirtyMark(l.pid))
+	// The operator's want ends once the claims fit the capacity again.
+	if l.load(l.hw(hWant)) != 0 && l.load(l.hw(hClaimed)) <= l.load(l.hw(hCapacity)) {
+		l.store(l.hw(hWant), 0)
+		l.store(l.hw(hWantLeft), 0)
+		l.store(l.hw(hWantOut), 0)
+	}
+}
+
+// sealLocked writes the header's checksum, then clears the dirty word.
+func (l *Ledger) sealLocked() {
+	l.store(l.hw(hSum), l.sumLocked())
+	l.store(l.hw(hDirty), 0)
+}
+
+// sumLocked is the checksum of the mapped header.
+func (l *Ledger) sumLocked() uint64 {
+	var b [headerSize]byte
+	for i := 0; i < hSum; i++ {
+		binary.LittleEndian.PutUint64(b[i*8:], l.load(l.hw(i)))
+	}
+	return headerSum(b[:])
+}
+
+// repairLocked recomputes the totals from the slots after a lock holder
+// died with the header dirty. The slots are the truth: each slot word is
+// one store, a dead writer's own slot is reclaimed next, and a want whose
+// parts no longer add up starts again whole.
+func (l *Ledger) repairLocked() {
+	var sum [5]uint64
+	tot := []int{hClaimed, hReserved, hCharged, hPending, hPrivate}
 	for i := 0; i < l.slots; i++ {
-		for k, w := range []int{sClaim, sReserved, sCharged, sPending} {
+		for k, w := range []int{sClaim, sReserved, sCharged, sPending, sPrivate} {
 			sum[k] += l.load(l.sw(i, w))
 		}
+		if l.load(l.sw(i, sWantLeft))+l.load(l.sw(i, sWantOut)) > l.load(l.sw(i, sWant)) {
+			l.store(l.sw(i, sWantLeft), l.load(l.sw(i, sWant)))
+			l.store(l.sw(i, sWantOut), 0)
+		}
 	}
-	for k, w := range []int{hClaimed, hReserved, hCharged, hPending} {
+	for k, w := range tot {
 		l.store(l.hw(w), sum[k])
 	}
+	if l.load(l.hw(hWantLeft))+l.load(l.hw(hWantOut)) > l.load(l.hw(hWant)) {
+		l.store(l.hw(hWantLeft), l.load(l.hw(hWant)))
+		l.store(l.hw(hWantOut), 0)
+	}
 	l.add(l.hw(hRepairs), 1)
-	l.end()
 }
 
 // scanLocked reclaims the slots of processes that are gone and returns the
@@ -291,9 +364,10 @@ func (l *Ledger) scanLocked() []Event {
 }
 
 // reclaimLocked frees slot i of a dead process: its claim returns to the
-// shared capacity. The kernel released the process's memory when it died
-// (its mappings, its memfds without other references, its CUDA context and
-// every allocation in it), so the bytes the slot counted are free on the
+// shared capacity and its want is withdrawn. The kernel released the
+// process's memory when it died (its mappings, its memfds without other
+// references, its CUDA context and every allocation in it, its
+// mechanisms' pools), so the bytes the slot counted are free on the
 // device: counting them free is what the hardware says.
 func (l *Ledger) reclaimLocked(i int) Event {
 	e := l.freeSlotLocked(i)
@@ -305,19 +379,16 @@ func (l *Ledger) reclaimLocked(i int) Event {
 func (l *Ledger) freeSlotLocked(i int) Event {
 	e := Event{Kind: EventReclaimed, Slot: i, PID: int(l.load(l.sw(i, sPID))), Time: time.Now(),
 		Claim: l.load(l.sw(i, sClaim)), Reserved: l.load(l.sw(i, sReserved)),
-		Charged: l.load(l.sw(i, sCharged)), Pending: l.load(l.sw(i, sPending))}
-	l.begin()
+		Charged: l.load(l.sw(i, sCharged)), Pending: l.load(l.sw(i, sPending)),
+		Private: l.load(l.sw(i, sPrivate)), Want: l.load(l.sw(i, sWant))}
 	l.add(l.hw(hClaimed), -e.Claim)
 	l.add(l.hw(hReserved), -e.Reserved)
 	l.add(l.hw(hCharged), -e.Charged)
 	l.add(l.hw(hPending), -e.Pending)
-	// The figures before the claim, the PID last: a writer that dies
-	// here leaves a slot that still uses no more than it claims, whose
-	// dead owner the next lock holder reclaims again.
-	for _, w := range []int{sReserved, sCharged, sPending, sClaim, sSeq, sUnused, sStart, sPID} {
+	l.add(l.hw(hPrivate), -e.Private)
+	for w := slotWords - 1; w >= 0; w-- { // the PID last
 		l.store(l.sw(i, w), 0)
 	}
-	l.end()
 	return e
 }
 
@@ -336,95 +407,129 @@ func (l *Ledger) Slot() int { return l.slot }
 // Path returns the ledger file's path.
 func (l *Ledger) Path() string { return l.path }
 
-// State reads the header and every slot under the lock.
+// State reads the header and every slot under the lock (waiting for it at
+// most the ledger's LockTimeout).
 func (l *Ledger) State() (Header, []Slot, error) {
-	if err := l.lock(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), l.lockTimeout)
+	defer cancel()
+	if err := l.lock(ctx, "xproc.State"); err != nil {
 		return Header{}, nil, err
 	}
-	defer l.unlock()
 	b := make([]byte, len(l.mem))
 	for i := 0; i < len(b)/8; i++ {
-		v := atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.mem[i*8])))
-		b[i*8], b[i*8+1], b[i*8+2], b[i*8+3], b[i*8+4], b[i*8+5], b[i*8+6], b[i*8+7] = le8(v)
+		binary.LittleEndian.PutUint64(b[i*8:], atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.mem[i*8]))))
 	}
+	l.unlock()
+	// As sealed.
+	binary.LittleEndian.PutUint64(b[hDirty*8:], 0)
+	binary.LittleEndian.PutUint64(b[hSum*8:], headerSum(b))
 	return Parse(b)
 }
 
-// Close stops the watcher and gives the slot back. It fails with ErrInUse,
-// changing nothing, while the bound authority holds bytes: they are this
-// process's until it frees them (or exits, and a survivor reclaims the
-// slot). On a file truncated under it, it shuts down all the same and
-// returns ErrTruncated.
+// Close is CloseContext with a context bounded by the ledger's LockTimeout.
 func (l *Ledger) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), l.lockTimeout)
+	defer cancel()
+	return l.CloseContext(ctx)
+}
+
+// CloseContext gives the slot back and stops the watcher and the settler.
+// It fails with ErrInUse, changing nothing, while the bound authority
+// holds bytes (private ones included): they are this process's until it
+// frees them (or exits, and a survivor reclaims the slot); and with a
+// *LockError, changing nothing, when the lock is not taken before ctx ends
+// (call it again). On a file truncated or corrupted under it, it shuts
+// down all the same and returns that error.
+func (l *Ledger) CloseContext(ctx context.Context) error {
 	var broken error
 	if a := l.auth.Load(); a != nil {
-		if err := a.release(); errors.Is(err, ErrInUse) {
+		if err := a.release(ctx); errors.Is(err, ErrInUse) || errors.Is(err, ErrLockTimeout) {
 			return err
 		} else if err != nil {
 			broken = err // a file made unusable under us: shut down all the same
 		}
 	}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	err := l.lock(ctx, "xproc.Close")
+	switch {
+	case errors.Is(err, ErrClosed):
 		return nil
+	case errors.Is(err, ErrLockTimeout):
+		return err
+	case err == nil:
+		if l.slot >= 0 && int(l.load(l.sw(l.slot, sPID))) == l.pid {
+			l.freeSlotLocked(l.slot)
+		}
+		l.closed = true
+		l.unlock()
+	default:
+		l.sem <- struct{}{}
+		closed := l.closed
+		l.closed = true
+		<-l.sem
+		if closed {
+			return nil
+		}
+		if broken == nil {
+			broken = err
+		}
 	}
-	l.closed = true
-	l.mu.Unlock()
-	var one [8]byte
-	one[0] = 1
-	_, _ = unix.Write(l.stop, one[:])
-	<-l.done
-	unix.Close(l.stop)
-	if err := l.leave(); broken == nil {
-		broken = err
+	l.shutdown()
+	if broken != nil {
+		var le *LedgerError
+		if errors.As(broken, &le) && le.Op == "" {
+			le.Op = "xproc.Close"
+		}
 	}
 	return broken
 }
 
-// leave frees the slot, unmaps and closes the file.
-func (l *Ledger) leave() error {
-	err := flock(l.f, unix.LOCK_EX)
-	if err == nil {
-		var st unix.Stat_t
-		if ferr := unix.Fstat(int(l.f.Fd()), &st); ferr != nil || st.Size != int64(len(l.mem)) {
-			// Truncated under us: touching the mapping would fault.
-			err = ledgerErr("", l.path, ErrTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
-		} else if l.slot >= 0 && int(l.load(l.sw(l.slot, sPID))) == l.pid {
-			l.freeSlotLocked(l.slot)
-		}
-		_ = flock(l.f, unix.LOCK_UN)
+// shutdown stops the watcher and the settler, unmaps and closes the file.
+func (l *Ledger) shutdown() {
+	l.cancel()
+	if l.stop >= 0 {
+		var one [8]byte
+		one[0] = 1
+		_, _ = unix.Write(l.stop, one[:])
+		<-l.done
+		unix.Close(l.stop)
+	}
+	if l.settled != nil {
+		<-l.settled
 	}
 	_ = unix.Munmap(l.mem)
-	if cerr := l.f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return &LedgerError{Op: "xproc.Close", Path: l.path, Err: err}
-	}
-	return nil
+	l.f.Close()
 }
 
-// Inspect reads a ledger file without joining it (the operator's view,
-// memctl): under a shared lock, checked by Parse.
+// Inspect is InspectContext with a context bounded by DefaultLockTimeout.
 func Inspect(path string) (Header, []Slot, error) {
-	f, err := os.Open(path)
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockTimeout)
+	defer cancel()
+	return InspectContext(ctx, path)
+}
+
+// InspectContext reads a ledger file without joining it (the operator's
+// view, memctl): opened read-only and checked as Open checks it, read under
+// a shared lock taken before ctx ends, checked by Parse.
+func InspectContext(ctx context.Context, path string) (Header, []Slot, error) {
+	const op = "xproc.Inspect"
+	f, err := openFile(op, path, unix.O_RDONLY)
 	if err != nil {
-		return Header{}, nil, &LedgerError{Op: "xproc.Inspect", Path: path, Err: err}
+		return Header{}, nil, err
 	}
 	defer f.Close()
-	if err := flock(f, unix.LOCK_SH); err != nil {
-		return Header{}, nil, &LedgerError{Op: "xproc.Inspect", Path: path, Err: err, Detail: "flock"}
+	fd := int(f.Fd())
+	if err := lockFile(ctx, op, path, fd, unix.LOCK_SH); err != nil {
+		return Header{}, nil, err
 	}
-	defer flock(f, unix.LOCK_UN)
+	defer unlockFile(fd)
 	b, err := readImage(f)
 	if err != nil {
-		return Header{}, nil, &LedgerError{Op: "xproc.Inspect", Path: path, Err: err}
+		return Header{}, nil, &LedgerError{Op: op, Path: path, Err: err}
 	}
 	h, s, err := Parse(b)
 	if err != nil {
 		e := err.(*LedgerError)
-		e.Op, e.Path = "xproc.Inspect", path
+		e.Op, e.Path = op, path
 		return h, s, e
 	}
 	return h, s, nil
@@ -432,5 +537,5 @@ func Inspect(path string) (Header, []Slot, error) {
 
 // String formats a slot for logs and memctl.
 func (s Slot) String() string {
-	return fmt.Sprintf("slot %d pid %d: claim %d reserved %d charged %d pending %d", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending)
+	return fmt.Sprintf("slot %d pid %d: claim %d reserved %d charged %d pending %d private %d want %d", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending, s.Private, s.Want)
 }

@@ -1,6 +1,7 @@
 package xproc
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -45,22 +46,32 @@ type LimitChange struct {
 	Reason   string // Refused: why
 }
 
-// SetCapacity changes the shared capacity of the ledger at path while its
-// processes run. expect, when not 0, is the revision the operator last
-// read: a change made on a stale view is Refused. A change bumps the
-// revision and is Applied or Deferred (see Outcome); every watcher emits
-// EventLimits for it.
+// SetCapacity is SetCapacityContext with a context bounded by
+// DefaultLockTimeout.
 func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockTimeout)
+	defer cancel()
+	return SetCapacityContext(ctx, path, capacity, expect)
+}
+
+// SetCapacityContext changes the shared capacity of the ledger at path
+// while its processes run. expect, when not 0, is the revision the
+// operator last read: a change made on a stale view is Refused. A change
+// bumps the revision and is Applied or Deferred (see Outcome); every
+// watcher emits EventLimits for it. The file is checked as Open checks it,
+// and a lock not taken before ctx ends is a *LockError naming its holders.
+func SetCapacityContext(ctx context.Context, path string, capacity, expect uint64) (LimitChange, error) {
 	const op = "xproc.SetCapacity"
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := openFile(op, path, unix.O_RDWR)
 	if err != nil {
-		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err}
+		return LimitChange{}, err
 	}
 	defer f.Close()
-	if err := flock(f, unix.LOCK_EX); err != nil {
-		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err, Detail: "flock"}
+	fd := int(f.Fd())
+	if err := lockFile(ctx, op, path, fd, unix.LOCK_EX); err != nil {
+		return LimitChange{}, err
 	}
-	defer flock(f, unix.LOCK_UN)
+	defer unlockFile(fd)
 	b, err := readImage(f)
 	if err != nil {
 		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err}
@@ -71,13 +82,14 @@ func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
 		e.Op, e.Path = op, path
 		return LimitChange{}, e
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err, Detail: "mmap"}
 	}
 	defer unix.Munmap(mem)
-	l := &Ledger{mem: mem, slots: h.Slots}
-	l.repairLocked()
+	l := &Ledger{mem: mem, slots: h.Slots, pid: os.Getpid(), slot: -1}
+	l.beginLocked()
+	defer l.sealLocked()
 	ch := LimitChange{Revision: l.load(l.hw(hRevision)), Capacity: l.load(l.hw(hCapacity)), Claimed: l.load(l.hw(hClaimed))}
 	switch {
 	case expect != 0 && expect != ch.Revision:
@@ -93,10 +105,12 @@ func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
 	if ch.Claimed > capacity {
 		ch.Outcome, ch.Excess = Deferred, ch.Claimed-capacity
 		// Ask the processes for the excess, as a refused claim does:
-		// their watchers issue tickets to their holders and give back
-		// what is freed.
+		// they split it among them, issue tickets to their holders and
+		// give back what is freed. It ends once the claims fit.
 		l.store(l.hw(hWant), ch.Excess)
-		l.store(l.hw(hWantPri), 0)
+		l.store(l.hw(hWantLeft), ch.Excess)
+		l.store(l.hw(hWantOut), 0)
+		l.add(l.hw(hOpSeq), 1)
 		l.add(l.hw(hWantSeq), 1)
 	}
 	return ch, nil

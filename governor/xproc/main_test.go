@@ -19,12 +19,13 @@ import (
 // a scenario; TestMain runs it and exits. The child's other settings come
 // through the environment too.
 const (
-	childEnv    = "MEMGEN_XPROC_CHILD"
-	pathEnv     = "MEMGEN_XPROC_LEDGER"
-	seedEnv     = "MEMGEN_XPROC_SEED"
-	poolEnv     = "MEMGEN_XPROC_POOL"     // the simulated GPU's shared memory (cuda scenario)
-	noLedgerEnv = "MEMGEN_XPROC_NOLEDGER" // the cuda scenario without the ledger: kvcached #467's way
-	trialsEnv   = "MEMGEN_XPROC_TRIALS"   // kill -9 trials (TestKillNine)
+	childEnv       = "MEMGEN_XPROC_CHILD"
+	pathEnv        = "MEMGEN_XPROC_LEDGER"
+	seedEnv        = "MEMGEN_XPROC_SEED"
+	poolEnv        = "MEMGEN_XPROC_POOL"        // the simulated GPU's shared memory (cuda scenario)
+	noLedgerEnv    = "MEMGEN_XPROC_NOLEDGER"    // the cuda scenario without the ledger: kvcached #467's way
+	trialsEnv      = "MEMGEN_XPROC_TRIALS"      // kill -9 trials (TestKillNine)
+	defaultPoolEnv = "MEMGEN_XPROC_DEFAULTPOOL" // the cuda scenario with the mechanism's default pool and spares
 )
 
 func TestMain(m *testing.M) {
@@ -47,6 +48,16 @@ func runChild(name string) int {
 		err = childCUDA()
 	case "cache":
 		err = childCache()
+	case "holdlock":
+		err = childHoldLock()
+	case "want":
+		err = childWant()
+	case "idle":
+		err = childIdle()
+	case "cudachurn":
+		err = childCUDAChurn()
+	case "owner":
+		err = childOwner()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}

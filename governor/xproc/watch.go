@@ -1,7 +1,9 @@
 package xproc
 
 import (
+	"context"
 	"errors"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,9 +18,12 @@ type watched struct {
 // watch is the watcher goroutine: it holds a pidfd on the owner of every
 // other slot and polls them with the stop eventfd. A pidfd turns readable
 // when its process exits, so a death wakes the watcher at once; each wake,
-// and at least every Poll, it reclaims the slots of dead owners, opens
-// pidfds on owners that joined since, and settles the bound authority
-// (publishes its figures, gives its spare claim back, answers pressure).
+// and at least every Poll, it reclaims the slots of dead owners and opens
+// pidfds on owners that joined since. It does nothing else: the settle
+// (and the answers to other processes' wants, which may take a Poll) runs
+// in the settler, so a death is never reclaimed behind an answer. Each
+// round waits for the lock at most the ledger's LockTimeout: behind a
+// stopped lock holder it tries again next round, and Close ends the wait.
 func (l *Ledger) watch() {
 	defer close(l.done)
 	fds := map[int]watched{} // slot -> pidfd
@@ -49,11 +54,14 @@ func (l *Ledger) watch() {
 				exited[slots[k]] = true
 			}
 		}
-		if err := l.lock(); err != nil {
-			if errors.Is(err, ErrClosed) {
+		ctx, cancel := context.WithTimeout(l.ctx, l.lockTimeout)
+		err = l.lock(ctx, "xproc.watch")
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrClosed) || l.ctx.Err() != nil {
 				return
 			}
-			continue // a file someone truncated: every use reports it; keep watching
+			continue // a stopped lock holder, a file someone truncated: every use reports it; keep watching
 		}
 		var ev []Event
 		for i := 0; i < l.slots; i++ {
@@ -87,10 +95,25 @@ func (l *Ledger) watch() {
 		}
 		l.unlock()
 		l.emitAll(ev)
-		// After the reclaims, so a death is never delayed behind an
-		// answer to pressure (which may take one Poll).
-		if a := l.auth.Load(); a != nil {
-			_ = a.settle() // its failures are Settle's callers' to see; the watcher tries again next Poll
+	}
+}
+
+// settle is the settler goroutine of a bound authority: every Poll it
+// settles (publishes the figures, answers other processes' wants, claims
+// for the local waiters, gives the spare claim back), waiting for the lock
+// at most the ledger's LockTimeout, until Close.
+func (l *Ledger) settle(a *Authority) {
+	defer close(l.settled)
+	t := time.NewTicker(l.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
 		}
+		ctx, cancel := context.WithTimeout(l.ctx, l.lockTimeout)
+		_ = a.settle(ctx) // its failures are Settle's callers' to see; the settler tries again next Poll
+		cancel()
 	}
 }

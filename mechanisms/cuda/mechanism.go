@@ -48,9 +48,25 @@ type Config struct {
 	// Commit is expected (0 means DefaultSpareChunks, negative none; never
 	// more than the pool). See spare.go.
 	SpareChunks int
+	// Private, when set, accounts the device memory the mechanism keeps
+	// for itself: New keeps PoolLimit bytes with it before it creates the
+	// pool (and fails with its error, having taken nothing on the device,
+	// when it refuses: no room for the pool), and Close releases them once
+	// the pool is gone. Give it the shared authority of a ledger several
+	// processes share (xproc.Authority), so that each process's pool and
+	// spares are counted in its slot and the claims of all of them never
+	// exceed what the device holds.
+	Private PrivateAccount
 	// Logger receives diagnostics (failed rollbacks); nil discards them
 	// (memgen never logs unasked).
 	Logger *slog.Logger
+}
+
+// PrivateAccount accounts memory a mechanism keeps for itself, outside
+// any reservation (Config.Private).
+type PrivateAccount interface {
+	KeepPrivate(bytes memapi.Bytes) error
+	ReleasePrivate(bytes memapi.Bytes) error
 }
 
 // Mechanism is the CUDA mechanism of one device: DeviceAllocator over
@@ -65,6 +81,7 @@ type Mechanism struct {
 	rw, ro  driver.MemAccessDesc
 	poolMax int
 	log     *slog.Logger
+	private PrivateAccount // keeps PoolLimit bytes while the mechanism is open, or nil
 
 	used   atomic.Uint64 // allocations + committed + backings
 	pooled atomic.Uint64 // bytes held in the pool
@@ -158,6 +175,13 @@ func New(cfg Config) (*Mechanism, error) {
 		Authority:        auth,
 		AllocGranularity: ag,
 		Granularity:      memapi.Bytes(m.gran),
+	}
+	if cfg.Private != nil && m.poolMax > 0 {
+		if err := cfg.Private.KeepPrivate(m.PoolLimit()); err != nil {
+			d.release()
+			return nil, err
+		}
+		m.private = cfg.Private
 	}
 	m.fillPool()
 	if m.spareMax > 0 {
@@ -276,6 +300,12 @@ func (m *Mechanism) Close() error {
 	}
 	m.mu.Unlock()
 	m.dev.release()
+	if m.private != nil {
+		// The pool's handles are released (or logged as not releasable).
+		if err := m.private.ReleasePrivate(m.PoolLimit()); err != nil {
+			m.log.Warn("cuda: the pool's private bytes not given back", "err", err)
+		}
+	}
 	if len(leaks) > 0 {
 		return &memapi.Error{Op: "cuda.Close", Kind: memapi.ErrInUse, Mechanism: Name, Authority: m.info.Authority,
 			Detail: fmt.Sprintf("released what was still live: %v", leaks)}

@@ -1,0 +1,65 @@
+package xproc
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/cuda"
+	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
+)
+
+// The CUDA mechanism's pool (its default: 4 chunks, 2 of them spares) is
+// kept in its process's slot while it is open, so the claims cover it; a
+// ledger without room for it makes the mechanism refuse to start, having
+// taken nothing on the device; Close gives the bytes back.
+func TestPrivateBytesOfThePool(t *testing.T) {
+	path := ledgerPath(t)
+	l, a, g := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 12 * chunk, Slots: 4}, Poll: time.Hour})
+	sim := cudasim.New(cudasim.Config{Memory: 1 << 30})
+	m, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "dev", Private: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, s := inspect(t, path)
+	if s[l.Slot()].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || h.Claimed != uint64(m.PoolLimit()) || m.PoolLimit() != 4*chunk {
+		t.Fatalf("with the mechanism open: %v, shared %+v, pool limit %d", s[l.Slot()], h, m.PoolLimit())
+	}
+	// The pool is not the authority's: a reservation gets the rest, and
+	// a settle keeps the pool in the claim.
+	ls := take(t, a, 8*chunk)
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	if h, s := inspect(t, path); s[l.Slot()].Claim != 12*chunk || h.Claimed != 12*chunk || s[l.Slot()].Charged != 8*chunk {
+		t.Fatalf("settled with the pool kept: %v, shared %+v", s[l.Slot()], h)
+	}
+	if _, err := a.Reserve(contextBG, "h", "r", 1, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("beyond the capacity less the pool: %v", err)
+	}
+	if sn, _ := g.Authority("dev"); sn.Capacity != 8*chunk {
+		t.Fatalf("local capacity %d, want the claim less the pool", sn.Capacity)
+	}
+	// No room for a second mechanism's pool: it refuses to start.
+	free := sim.Stats().Used
+	if _, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "dev", Private: a}); !errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("a second pool without room: %v, want ErrOverBudget", err)
+	}
+	if used := sim.Stats().Used; used != free {
+		t.Fatalf("the refused mechanism took %d bytes of the device", used-free)
+	}
+	_ = ls.Refund(8 * chunk)
+	if err := l.Close(); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Close with the pool kept: %v, want ErrInUse", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := inspect(t, path); h.Claimed != 0 || h.Private != 0 {
+		t.Fatalf("after the mechanism closed: %+v", h)
+	}
+}

@@ -1,0 +1,130 @@
+package xproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// childHoldLock: join, take the ledger's lock, say "locked", and keep it
+// until the parent's line; then leave on EOF.
+func childHoldLock() error {
+	l, err := Open(os.Getenv(pathEnv), Options{Poll: 20 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	if err := l.lock(context.Background(), "test"); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	waitLine()
+	l.unlock()
+	waitEOF()
+	if err := l.Close(); err != nil {
+		return err
+	}
+	fmt.Println("done")
+	return nil
+}
+
+// bounded runs f in a goroutine and waits for it at most d: how long it
+// took, a channel closed once f returned, and its error ("still blocked"
+// when it did not return within d).
+func bounded(d time.Duration, f func() error) (took time.Duration, done chan struct{}, err error) {
+	done = make(chan struct{})
+	res := make(chan error, 1)
+	start := time.Now()
+	go func() { res <- f(); close(done) }()
+	select {
+	case err = <-res:
+		return time.Since(start), done, err
+	case <-time.After(d):
+		return d, done, errors.New("still blocked")
+	}
+}
+
+// A process stopped (SIGSTOP) while it holds the ledger's lock: the others
+// give up at their deadlines, with the typed error naming it as stopped.
+func TestStoppedLockHolder(t *testing.T) {
+	path := ledgerPath(t)
+	_, a, _ := member(t, path, 1<<20, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}})
+	p := spawn(t, "holdlock", pathEnv+"="+path)
+	p.expect(t, "locked")
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var waits []chan struct{}
+	defer func() {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		fmt.Fprintln(p.in, "go")
+		for _, d := range waits {
+			<-d
+		}
+		p.finish(t)
+	}()
+	const deadline = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	took, d, err := bounded(3*time.Second, func() error {
+		_, err := a.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{})
+		return err
+	})
+	waits = append(waits, d)
+	t.Logf("reserve: %v after %v", err, took)
+	if !errors.Is(err, memapi.ErrOverBudget) || took > deadline+time.Second {
+		t.Errorf("a reservation with a %v deadline behind a stopped lock holder: %v after %v", deadline, err, took)
+	}
+	stopped(t, "reserve", err, p.pid)
+	const short = 300 * time.Millisecond
+	for _, c := range []struct {
+		name string
+		f    func(ctx context.Context) error
+	}{
+		{"inspect", func(ctx context.Context) error { _, _, err := InspectContext(ctx, path); return err }},
+		{"open", func(ctx context.Context) error {
+			l, err := OpenContext(ctx, path, Options{})
+			if err == nil {
+				l.Close()
+			}
+			return err
+		}},
+		{"set-capacity", func(ctx context.Context) error { _, err := SetCapacityContext(ctx, path, 2<<20, 0); return err }},
+		{"settle", func(ctx context.Context) error { return a.SettleContext(ctx) }},
+		{"open (no context: LockTimeout)", func(context.Context) error {
+			l, err := Open(path, Options{LockTimeout: short})
+			if err == nil {
+				l.Close()
+			}
+			return err
+		}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), short)
+		took, d, err := bounded(3*time.Second, func() error { return c.f(ctx) })
+		cancel()
+		waits = append(waits, d)
+		t.Logf("%s: %v after %v", c.name, err, took)
+		if err == nil || took > short+time.Second {
+			t.Errorf("%s behind a stopped lock holder: %v after %v", c.name, err, took)
+		}
+		stopped(t, c.name, err, p.pid)
+	}
+}
+
+// stopped checks that err is the lock's typed error naming pid as stopped.
+func stopped(t *testing.T, name string, err error, pid int) {
+	t.Helper()
+	var le *LockError
+	if !errors.As(err, &le) || !errors.Is(err, ErrLockTimeout) {
+		t.Errorf("%s: %v, want a *LockError", name, err)
+		return
+	}
+	if len(le.Holders) != 1 || le.Holders[0].PID != pid || le.Holders[0].State != "stopped" {
+		t.Errorf("%s: holders %+v, want pid %d stopped", name, le.Holders, pid)
+	}
+}
