@@ -26,6 +26,9 @@ type Context struct {
 	// quarantine holds the handles whose release failed, not retried
 	// yet: reachable from here even when their holder dropped them.
 	quarantine map[*Lifecycle]struct{}
+	// handles lists the lifecycles holding a pin, linked through their
+	// prev and next (no allocation per handle): what Handles returns.
+	handles *Lifecycle
 }
 
 // NewContext wraps dev and starts its deferred-free queue.
@@ -131,6 +134,58 @@ func (c *Context) Pin() error {
 	}
 	c.pins++
 	return nil
+}
+
+// pinHandle is Pin for an owning handle: it also links l into the list
+// Handles walks.
+func (c *Context) pinHandle(l *Lifecycle) error {
+	if err := c.Pin(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	l.next = c.handles
+	if c.handles != nil {
+		c.handles.prev = l
+	}
+	c.handles = l
+	c.mu.Unlock()
+	return nil
+}
+
+// unpinHandle is Unpin for an owning handle that pinHandle linked.
+func (c *Context) unpinHandle(l *Lifecycle) {
+	c.mu.Lock()
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else if c.handles == l {
+		c.handles = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	c.mu.Unlock()
+	c.Unpin()
+}
+
+// Handles returns the owning handles made in the context that still hold
+// it: open, closing, pending or quarantined, in no particular order
+// (newest first), plus the quarantined leftovers the context keeps
+// unpinned (OwnQuarantined). Each names its handle (Lifecycle.Name). A
+// test harness reports them as leaks at the end of a test.
+func (c *Context) Handles() []*Lifecycle {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*Lifecycle
+	for l := c.handles; l != nil; l = l.next {
+		out = append(out, l)
+	}
+	for l := range c.quarantine {
+		if !l.pinned {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Unpin records that a pinned allocation was freed.
