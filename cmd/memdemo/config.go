@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/bytesize"
 	"github.com/memgen/memgen/holders"
 )
 
@@ -108,57 +108,16 @@ func (b bytesFlag) Set(s string) error {
 	return nil
 }
 
-// parseSize reads a byte count: a non-negative integer with an optional
-// unit B, K/KiB, M/MiB, G/GiB, T/TiB (binary in every spelling).
+// parseSize reads a byte count the way every memgen command does
+// (internal/bytesize): 4096, 64K, 512MiB, 1GiB, 1.5GB.
 func parseSize(s string) (memapi.Bytes, error) {
-	t := strings.TrimSpace(s)
-	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
-	num, unit := t, ""
-	if i >= 0 {
-		num, unit = t[:i], strings.TrimSpace(t[i:])
-	}
-	var mult float64
-	switch strings.ToLower(unit) {
-	case "", "b":
-		mult = 1
-	case "k", "kb", "kib":
-		mult = 1 << 10
-	case "m", "mb", "mib":
-		mult = 1 << 20
-	case "g", "gb", "gib":
-		mult = 1 << 30
-	case "t", "tb", "tib":
-		mult = 1 << 40
-	default:
-		return 0, fmt.Errorf("size %q: unknown unit %q (use B, KiB, MiB, GiB or TiB)", s, unit)
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q is not a non-negative number of bytes", s)
-	}
-	n := v * mult
-	if n >= 1<<62 {
-		return 0, fmt.Errorf("size %q is too large", s)
-	}
-	return memapi.Bytes(n), nil
+	n, err := bytesize.Parse(s)
+	return memapi.Bytes(n), err
 }
 
 // formatSize writes n with the largest binary unit that divides it, or in
 // bytes with the unit B (0 is "0").
-func formatSize(n memapi.Bytes) string {
-	if n == 0 {
-		return "0"
-	}
-	for _, u := range []struct {
-		s string
-		v memapi.Bytes
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.v && n%u.v == 0 {
-			return strconv.FormatUint(uint64(n/u.v), 10) + u.s
-		}
-	}
-	return strconv.FormatUint(uint64(n), 10) + "B"
-}
+func formatSize(n memapi.Bytes) string { return bytesize.Format(uint64(n)) }
 
 // ErrUsage marks a command-line error (exit status 2).
 var ErrUsage = errors.New("usage")
