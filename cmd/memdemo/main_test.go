@@ -135,7 +135,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	out := stdout.String()
 	for _, s := range []string{"requests served", "requests preempted", "peak charged", "tickets issued", "offloads / reloads",
 		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "KV utilisation", "static-max", "static-pow2",
-		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: ", "activations", "caches first"} {
+		"static-oracle", "paged", "util@peak", "memgen ÷ baseline", "memory report: ", "activations", "caches first"} {
 		require.Contains(t, out, s)
 	}
 	for _, line := range strings.Split(out, "\n") {

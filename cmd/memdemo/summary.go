@@ -97,19 +97,23 @@ func cachesFirstRow(o *Outcome) row {
 }
 
 // comparisonRows are the notes of the comparison for the report: one row
-// per baseline with its figures and its ratios against memgen.
+// per baseline with its figures and memgen's ratio to each (memgen ÷
+// baseline, as in the summary).
 func comparisonRows(o *Outcome, systems []System) []row {
 	var rows []row
 	for _, s := range systems {
-		rows = append(rows, row{s.Name, fmt.Sprintf("peak %d (memgen %s), mean %.1f (%s), %.0f tokens/s (%s), makespan %s (%s), KV utilisation %.1f%% mean, %.1f%% at peak, %d served, %d rejected",
+		rows = append(rows, row{s.Name, fmt.Sprintf("peak %d (memgen ÷ it: %s), mean %.1f (%s), %.0f tokens/s (%s), makespan %s (%s), KV utilisation %.1f%% mean, %.1f%% at peak, %d served, %d rejected",
 			s.PeakConcurrent, ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)),
 			s.MeanConcurrent, ratio(o.MeanConcurrent, s.MeanConcurrent),
 			s.Throughput(), ratio(o.Throughput(), s.Throughput()),
-			fmtDuration(s.SimTime), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()),
+			fmtDuration(s.SimTime), ratio(o.SimTime.Seconds(), s.SimTime.Seconds()),
 			100*s.KVUtilMean, 100*s.KVUtilAtPeak, s.Served, s.Rejected)})
 	}
 	return rows
 }
+
+// ratioHeader says which way every ratio of the comparison reads.
+const ratioHeader = "memgen ÷ baseline, every ratio: above 1 memgen's figure is the higher (for makespan, below 1 memgen is faster)"
 
 // writeSummary prints rows as a two-column table that fits summaryWidth
 // columns, long values wrapped at spaces, then the comparison of memgen
@@ -140,7 +144,9 @@ func writeSummary(w io.Writer, rows []row, o *Outcome, systems []System) {
 }
 
 // writeComparison prints every system's figures, memgen's first, and then
-// memgen's ratios against each baseline.
+// memgen's ratio to each baseline, figure by figure: memgen ÷ baseline for
+// all of them. Both tables fit summaryWidth columns whatever the figures
+// (a makespan up to 999 hours, a KV peak up to 1023.99 GiB).
 func writeComparison(w io.Writer, o *Outcome, systems []System) {
 	note := "Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model); memgen also holds the second model. KV util = token-state bytes / KV bytes reserved or committed."
 	if o.PoolSteps > 0 {
@@ -150,23 +156,34 @@ func writeComparison(w io.Writer, o *Outcome, systems []System) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "system       \tpeak\tmean\ttokens/s\tmakespan\tKV peak\tutil mean\tutil@peak\t\n")
+	const figures = "%-13s%6s%7s%9s%11s%12s%11s%11s\n" // 80 columns
+	fmt.Fprintf(w, figures, "system", "peak", "mean", "tokens/s", "makespan", "KV peak", "util mean", "util@peak")
 	all := append([]System{{Name: "memgen", Figures: o.Figures}}, systems...)
 	for _, s := range all {
-		fmt.Fprintf(tw, "%-13s\t%d\t%.1f\t%.0f\t%s\t%s\t%.1f%%\t%.1f%%\t\n", s.Name, s.PeakConcurrent, s.MeanConcurrent, s.Throughput(),
-			fmtDuration(s.SimTime), fmtBytes(s.PeakKVBytes), 100*s.KVUtilMean, 100*s.KVUtilAtPeak)
+		fmt.Fprintf(w, figures, s.Name, fmt.Sprint(s.PeakConcurrent), fmt.Sprintf("%.1f", s.MeanConcurrent), fmt.Sprintf("%.0f", s.Throughput()),
+			clock(s.SimTime), fmtBytes(s.PeakKVBytes), fmt.Sprintf("%.1f%%", 100*s.KVUtilMean), fmt.Sprintf("%.1f%%", 100*s.KVUtilAtPeak))
 	}
-	_ = tw.Flush()
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "memgen vs    \tpeak conc.\tmean conc.\tthroughput\tmakespan\tserved / rejected\t\n")
-	for _, s := range systems {
-		fmt.Fprintf(tw, "%-13s\t%s\t%s\t%s\t%s\t%d / %d\t\n", s.Name,
-			ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
-			ratio(o.Throughput(), s.Throughput()), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()), s.Served, s.Rejected)
+	for _, line := range wrap(ratioHeader+":", summaryWidth) {
+		fmt.Fprintln(w, line)
 	}
-	_ = tw.Flush()
+	const ratios = "%-13s%11s%11s%11s%11s%19s\n" // 76 columns
+	fmt.Fprintf(w, ratios, "vs", "peak conc.", "mean conc.", "throughput", "makespan", "served / rejected")
+	for _, s := range systems {
+		fmt.Fprintf(w, ratios, s.Name,
+			ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
+			ratio(o.Throughput(), s.Throughput()), ratio(o.SimTime.Seconds(), s.SimTime.Seconds()), fmt.Sprintf("%d / %d", s.Served, s.Rejected))
+	}
+}
+
+// clock writes a duration as h:mm:ss.s, at most 10 characters below 1,000
+// hours.
+func clock(d time.Duration) string {
+	d = d.Round(100 * time.Millisecond)
+	h := d / time.Hour
+	m := (d % time.Hour) / time.Minute
+	s := float64(d%time.Minute) / float64(time.Second)
+	return fmt.Sprintf("%d:%02d:%04.1f", h, m, s)
 }
 
 // wrap cuts s into lines of at most width bytes at spaces (a word longer
