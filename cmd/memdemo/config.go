@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/internal/bytesize"
 	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/internal/bytesize"
 )
 
 // Config is everything a run depends on; flags fill it.
