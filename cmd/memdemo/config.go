@@ -20,6 +20,7 @@ type Config struct {
 	Requests int    // replay only the first N requests (0: all)
 
 	Mechanism   string       // "cpu" or "cuda"
+	Authority   string       // the device's authority, as the report and the metrics name it ("": cpu:0, or the CUDA mechanism's cuda:N)
 	Budget      memapi.Bytes // device capacity given to the governor
 	HostBudget  memapi.Bytes // host capacity for offloaded weights (0: enough for both models)
 	Granularity memapi.Bytes // CPU mechanism granularity: the unit KV grows in
@@ -156,6 +157,7 @@ Flags:
 	fs.StringVar(&c.Trace, "trace", c.Trace, "`CSV` trace in the Azure LLM trace format (default: the embedded excerpt, first 2,000 requests of the Azure LLM inference trace 2023)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "replay only the first `N` requests (0: all)")
 	fs.StringVar(&c.Mechanism, "mechanism", c.Mechanism, "device mechanism: cpu, or cuda where a GPU and its driver are present")
+	fs.StringVar(&c.Authority, "authority", c.Authority, "`name` of the device's authority in the report and the metrics (default: cpu:0 on the CPU mechanism, cuda:N on a GPU; the offload target is host)")
 	fs.Var(bytesFlag{&c.Budget}, "budget", "device memory `bytes` the governor may grant (e.g. 512MiB, 2GiB)")
 	fs.Var(bytesFlag{&c.HostBudget}, "host-budget", "host memory `bytes` for offloaded weights (0: both models' weights)")
 	fs.Var(bytesFlag{&c.Granularity}, "granularity", "CPU mechanism granularity, the `bytes` KV grows by (a power of two multiple of the page size)")
@@ -210,6 +212,9 @@ func (c *Config) validate() error {
 	case "cpu", "cuda":
 	default:
 		return fmt.Errorf("--mechanism %q: want cpu or cuda", c.Mechanism)
+	}
+	if c.Authority == string(hostAuthority) {
+		return fmt.Errorf("--authority %q: the host's authority (the offload target) has that name", c.Authority)
 	}
 	switch c.Progress {
 	case "auto", "bar", "line", "off":

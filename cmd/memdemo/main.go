@@ -134,7 +134,13 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	}
 	rows := summaryRows(cfg, o)
 	writeSummary(stdout, rows, o, systems)
-	for _, r := range append(rows, comparisonRows(o, systems)...) {
+	if len(systems) > 0 {
+		rec.Table(comparisonTable(o, systems))
+	}
+	if o.PoolSteps > 0 {
+		rec.Table(poolTable(o))
+	}
+	for _, r := range rows {
 		rec.Note(r.key, r.value)
 	}
 	rec.Data("run", newRunData(cfg, o, systems))
