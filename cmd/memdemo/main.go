@@ -21,7 +21,7 @@
 //
 //	memdemo                                      # the embedded excerpt, 160 MiB budget
 //	memdemo --compare --report out/memory.html
-//	memdemo --trace ../shared/traces/azure-llm-conv-2023.csv --progress line
+//	memdemo --trace AzureLLMInferenceTrace_conv.csv --progress line
 //	memdemo --metrics-addr localhost:9464 --speedup 20
 //
 // The exit status is 0 when every request was served and every check
