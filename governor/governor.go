@@ -30,7 +30,8 @@ type Options struct {
 	// bound, so such a reservation waits until it is served, its ctx is
 	// cancelled or the governor closes. A reservation with a deadline,
 	// or a ctx with one, waits until that deadline: DefaultWait never
-	// shortens nor lengthens it. It bounds the wait only, never the grant.
+	// shortens nor lengthens it. It bounds the wait only, never the grant,
+	// and is measured on Clock (a simulated clock's time, where one is set).
 	DefaultWait time.Duration
 }
 
