@@ -215,6 +215,9 @@ func TestOverBudgetFailsInsteadOfHanging(t *testing.T) {
 	if !errors.Is(err, governor.ErrDefaultWait) || !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("error %v, want ErrOverBudget after the default wait", err)
 	}
+	if !strings.Contains(err.Error(), "default wait of 50ms") {
+		t.Fatalf("error %v does not name the harness's wait (Options.Wait)", err)
+	}
 }
 
 // The authority is named once, in Options: the governor, the mechanism and
