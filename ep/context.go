@@ -123,6 +123,10 @@ func (c *Context) pinState() (int, chan struct{}) {
 func (c *Context) Pin() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.pinLocked()
+}
+
+func (c *Context) pinLocked() error {
 	if c.closed {
 		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
 	}
@@ -137,24 +141,25 @@ func (c *Context) Pin() error {
 }
 
 // pinHandle is Pin for an owning handle: it also links l into the list
-// Handles walks.
+// Handles walks, under the same lock.
 func (c *Context) pinHandle(l *Lifecycle) error {
-	if err := c.Pin(); err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.pinLocked(); err != nil {
 		return err
 	}
-	c.mu.Lock()
 	l.next = c.handles
 	if c.handles != nil {
 		c.handles.prev = l
 	}
 	c.handles = l
-	c.mu.Unlock()
 	return nil
 }
 
 // unpinHandle is Unpin for an owning handle that pinHandle linked.
 func (c *Context) unpinHandle(l *Lifecycle) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if l.prev != nil {
 		l.prev.next = l.next
 	} else if c.handles == l {
@@ -164,8 +169,7 @@ func (c *Context) unpinHandle(l *Lifecycle) {
 		l.next.prev = l.prev
 	}
 	l.prev, l.next = nil, nil
-	c.mu.Unlock()
-	c.Unpin()
+	c.unpinLocked()
 }
 
 // Handles returns the owning handles made in the context that still hold
@@ -192,6 +196,10 @@ func (c *Context) Handles() []*Lifecycle {
 func (c *Context) Unpin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.unpinLocked()
+}
+
+func (c *Context) unpinLocked() {
 	if c.pins == 0 {
 		panic("ep: Unpin without Pin")
 	}
