@@ -26,6 +26,9 @@ type Context struct {
 	// quarantine holds the handles whose release failed, not retried
 	// yet: reachable from here even when their holder dropped them.
 	quarantine map[*Lifecycle]struct{}
+	// handles lists the lifecycles holding a pin, linked through their
+	// prev and next (no allocation per handle): what Handles returns.
+	handles *Lifecycle
 }
 
 // NewContext wraps dev and starts its deferred-free queue.
@@ -120,6 +123,10 @@ func (c *Context) pinState() (int, chan struct{}) {
 func (c *Context) Pin() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.pinLocked()
+}
+
+func (c *Context) pinLocked() error {
 	if c.closed {
 		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
 	}
@@ -133,10 +140,66 @@ func (c *Context) Pin() error {
 	return nil
 }
 
+// pinHandle is Pin for an owning handle: it also links l into the list
+// Handles walks, under the same lock.
+func (c *Context) pinHandle(l *Lifecycle) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.pinLocked(); err != nil {
+		return err
+	}
+	l.next = c.handles
+	if c.handles != nil {
+		c.handles.prev = l
+	}
+	c.handles = l
+	return nil
+}
+
+// unpinHandle is Unpin for an owning handle that pinHandle linked.
+func (c *Context) unpinHandle(l *Lifecycle) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else if c.handles == l {
+		c.handles = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	c.unpinLocked()
+}
+
+// Handles returns the owning handles made in the context that still hold
+// it: open, closing, pending or quarantined, in no particular order
+// (newest first), plus the quarantined leftovers the context keeps
+// unpinned (OwnQuarantined). Each names its handle (Lifecycle.Name). A
+// test harness reports them as leaks at the end of a test.
+func (c *Context) Handles() []*Lifecycle {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*Lifecycle
+	for l := c.handles; l != nil; l = l.next {
+		out = append(out, l)
+	}
+	for l := range c.quarantine {
+		if !l.pinned {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // Unpin records that a pinned allocation was freed.
 func (c *Context) Unpin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.unpinLocked()
+}
+
+func (c *Context) unpinLocked() {
 	if c.pins == 0 {
 		panic("ep: Unpin without Pin")
 	}

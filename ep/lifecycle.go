@@ -132,6 +132,10 @@ type Lifecycle struct {
 	// on a closing context) holds none.
 	pinned bool
 
+	// prev and next link the pinned lifecycle into its context's list of
+	// handles (Context.Handles), under the context's mutex.
+	prev, next *Lifecycle
+
 	mu     sync.Mutex
 	state  State
 	holds  int
@@ -168,10 +172,10 @@ func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
 	if r == nil {
 		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
 	}
-	if err := c.Pin(); err != nil {
+	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
+	if err := c.pinHandle(l); err != nil {
 		return nil, err
 	}
-	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
 	o := &Owned{l: l}
 	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
 	return o, nil
@@ -197,7 +201,7 @@ func (c *Context) OwnQuarantined(name string, r Releaser, cause error) (*Lifecyc
 		return nil, memapi.Errorf("ep.Context.OwnQuarantined", memapi.ErrInvalidSize, "%q has no releaser", name)
 	}
 	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
-	if err := c.Pin(); err != nil {
+	if err := c.pinHandle(l); err != nil {
 		l.pinned = false
 		cause = errors.Join(cause, err)
 	}
@@ -239,6 +243,10 @@ func (o *Owned) Close() error {
 // Retry queues the release of a quarantined handle again; on any other
 // handle it does nothing and returns nil.
 func (o *Owned) Retry() error { return o.l.Retry() }
+
+// Name returns the handle's name, as its errors and log lines give it
+// (pmm's: "holder/role buffer 0x…").
+func (l *Lifecycle) Name() string { return l.name }
 
 // State returns where the handle is in its lifecycle.
 func (l *Lifecycle) State() State {
@@ -426,7 +434,7 @@ func (l *Lifecycle) free(ctx context.Context) (err error) {
 		l.state, l.err = Released, nil
 		l.mu.Unlock()
 		if l.pinned {
-			l.c.Unpin()
+			l.c.unpinHandle(l)
 		}
 	}()
 	return l.rel.Free(ctx)

@@ -313,6 +313,8 @@ func TestOwnQuarantinedOnAClosingContextIsKept(t *testing.T) {
 			require.Equal(t, ep.Quarantined, l.State())
 			require.Zero(t, c.Live(), "it pins nothing")
 			require.Equal(t, 1, c.Quarantined())
+			require.Len(t, c.Handles(), 1, "Handles lists the unpinned leftover")
+			require.Equal(t, "left", c.Handles()[0].Name())
 			require.ErrorIs(t, c.QuarantineErrors()[0], cause)
 			require.ErrorIs(t, c.QuarantineErrors()[0], memapi.ErrClosed, "the refusal is named")
 			require.NoError(t, c.RetryQuarantined())
@@ -323,6 +325,7 @@ func TestOwnQuarantinedOnAClosingContextIsKept(t *testing.T) {
 			require.NoError(t, c.RetryQuarantined())
 			require.Equal(t, ep.Released, l.State())
 			require.Zero(t, c.Quarantined())
+			require.Empty(t, c.Handles())
 			require.Zero(t, c.Live(), "no unpin without a pin")
 			st := c.Queue().Stats()
 			require.Equal(t, uint64(1), st.Failed)
@@ -354,4 +357,41 @@ func TestQueueClosedTwiceAtOnce(t *testing.T) {
 	require.NotPanics(t, func() { require.NoError(t, q.Close(context.Background())) })
 	require.NoError(t, inner)
 	require.ErrorIs(t, q.Enqueue(ep.Release{Name: "late", Free: func(context.Context) error { return nil }}), memapi.ErrClosed)
+}
+
+// Handles names every handle that still holds the context: open,
+// quarantined, and the unpinned leftovers; a released one is gone.
+func TestHandlesNamesWhatStillHoldsTheContext(t *testing.T) {
+	c, _ := newCtx(t)
+	names := func() []string {
+		var out []string
+		for _, l := range c.Handles() {
+			out = append(out, l.Name()+":"+l.State().String())
+		}
+		return out
+	}
+	a, err := c.Own("a", nil, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	var fail atomic.Bool
+	fail.Store(true)
+	b, err := c.Own("b", nil, func(context.Context) error {
+		if fail.Load() {
+			return errors.New("device busy")
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	d, err := c.Own("d", nil, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"a:open", "b:open", "d:open"}, names())
+	require.NoError(t, b.Close())
+	require.NoError(t, d.Close())
+	drain(t, c)
+	require.ElementsMatch(t, []string{"a:open", "b:quarantined"}, names())
+	fail.Store(false)
+	require.NoError(t, b.Retry())
+	require.NoError(t, a.Close())
+	drain(t, c)
+	require.Empty(t, names())
+	require.Zero(t, c.Live())
 }

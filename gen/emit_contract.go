@@ -594,7 +594,7 @@ func emitMeta(g *Gen) {
 		Id("Granularity").String(),
 		Id("Doc").String(),
 	)
-	comment(f, "InvariantMeta is one invariant of DESIGN.md section 3.")
+	comment(f, "InvariantMeta is one invariant of the spec (its invariants section): a rule, where it is enforced and what it applies to.")
 	f.Type().Id("InvariantMeta").Struct(
 		Id("ID").String(),
 		Id("Says").String(),

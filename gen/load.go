@@ -3,6 +3,7 @@ package gen
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ func Load(file string, data []byte) (*Spec, error) {
 
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, ErrorList{yamlError(file, err)}
+		return nil, ErrorList{yamlError(file, data, err)}
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
 		return nil, ErrorList{{Pos: Pos{file, 1, 1}, Msg: "empty spec"}}
@@ -47,15 +48,77 @@ func Load(file string, data []byte) (*Spec, error) {
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
 // yamlError turns a parser error into a positioned one. The YAML parser
-// reports lines but not columns; column 1 is the honest answer then.
-func yamlError(file string, err error) *SpecError {
+// reports the line where the construct it was parsing began (a mapping
+// that starts at the section's key, hundreds of lines above the bad one),
+// not the line of the problem, and no column. The problem's line is the
+// first at which the document stops parsing the same way: problemLine
+// finds it by parsing prefixes of the document, and the error then says
+// both. Its column is that of the line's first character that is not
+// blank.
+func yamlError(file string, data []byte, err error) *SpecError {
 	msg := err.Error()
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		n, _ := strconv.Atoi(m[1])
-		return &SpecError{Pos: Pos{file, n, 1}, Msg: "yaml: " + m[2]}
+	m := yamlLine.FindStringSubmatch(msg)
+	if m == nil {
+		msg = strings.TrimPrefix(msg, "yaml: ")
+		return &SpecError{Pos: Pos{file, 1, 1}, Msg: "yaml: " + msg}
 	}
-	msg = strings.TrimPrefix(msg, "yaml: ")
-	return &SpecError{Pos: Pos{file, 1, 1}, Msg: "yaml: " + msg}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.SplitAfter(string(data), "\n")
+	if p := problemLine(lines, m[2]); p > 0 && p != n {
+		return &SpecError{Pos: Pos{file, p, firstColumn(lines[p-1])}, Msg: fmt.Sprintf("yaml: %s (the parser names line %d, where the enclosing block begins)", m[2], n)}
+	}
+	col := 1
+	if n >= 1 && n <= len(lines) {
+		col = firstColumn(lines[n-1])
+	}
+	return &SpecError{Pos: Pos{file, n, col}, Msg: "yaml: " + m[2]}
+}
+
+// problemLine returns the smallest k such that the document's first k
+// lines fail to parse with the problem problem, or 0 when that is not
+// well defined (a shorter prefix already failing with it, or none at all).
+// A prefix of a block-style document ending at a line boundary is itself
+// a document, so the prefixes parse until the bad line is in them.
+func problemLine(lines []string, problem string) int {
+	fails := func(k int) bool {
+		var n yaml.Node
+		err := yaml.Unmarshal([]byte(strings.Join(lines[:k], "")), &n)
+		if err == nil {
+			return false
+		}
+		m := yamlLine.FindStringSubmatch(err.Error())
+		return m != nil && m[2] == problem
+	}
+	lo, hi := 1, len(lines) // fails(hi) holds: the whole document
+	if !fails(hi) {
+		return 0
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if fails(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	if hi > 1 && fails(hi-1) {
+		return 0
+	}
+	return hi
+}
+
+// firstColumn is the 1-based column of line's first character that is
+// neither a space nor a tab, 1 for a blank line.
+func firstColumn(line string) int {
+	for i, r := range line {
+		if r != ' ' && r != '\t' {
+			if r == '\n' || r == '\r' {
+				return 1
+			}
+			return i + 1
+		}
+	}
+	return 1
 }
 
 // specKeys lists, per object of the spec language, the keys the loader

@@ -188,7 +188,8 @@ type Mechanism struct {
 	GranularityPos                                Pos
 }
 
-// Invariant is a rule of DESIGN.md section 3.
+// Invariant is a rule of the spec's invariants section: what it says, where
+// it is enforced and what it applies to.
 type Invariant struct {
 	ID, Says   string
 	EnforcedBy []string

@@ -59,7 +59,9 @@ func (b *Binding) Role() Role { return b.role }
 
 // Reserve is Governor.Reserve(ctx, b.Authority(), b.Holder(), b.Role(),
 // bytes, priority, deadline): the same grant, waits, pressure tickets and
-// errors.
+// errors. With no deadline, neither deadline nor ctx's, it waits at most
+// the governor's Options.DefaultWait (30 s unless set), then fails with
+// ErrDefaultWait as its cause.
 func (b *Binding) Reserve(ctx context.Context, bytes memapi.Bytes, priority Priority, deadline time.Time) (*Grant, error) {
 	if err := b.g.checkReserve(b.authority, bytes, deadline); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package governor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -23,6 +24,11 @@ var (
 	// ErrExpired is the cause inside the memapi.ErrGrantClosed error of a
 	// grant reclaimed after its deadline.
 	ErrExpired = errors.New("governor: grant deadline passed")
+	// ErrDefaultWait is the cause (OverBudgetError.Err) of a reservation
+	// with no deadline, neither its own nor its ctx's, that was not served
+	// within the governor's Options.DefaultWait. It wraps
+	// context.DeadlineExceeded.
+	ErrDefaultWait = fmt.Errorf("governor: reservation with no deadline not served within Options.DefaultWait: %w", context.DeadlineExceeded)
 	// ErrOverLimit: the reservation would take the holder past its limit on
 	// the authority. It wraps memapi.ErrOverBudget.
 	ErrOverLimit = fmt.Errorf("governor: over holder limit: %w", memapi.ErrOverBudget)
@@ -57,7 +63,7 @@ type OverBudgetError struct {
 	Tickets int          // tickets issued for this reservation
 	Freed   memapi.Bytes // bytes the asked holders reported freeing
 
-	Err error // the cause: the context's error, context.DeadlineExceeded for the reservation deadline, or nil
+	Err error // the cause: the context's error, context.DeadlineExceeded for the reservation deadline, ErrDefaultWait for the governor's default wait, or nil
 }
 
 func (e *OverBudgetError) Error() string {

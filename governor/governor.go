@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -20,7 +21,23 @@ type Options struct {
 	// Logger receives diagnostics (failed reclaims, expired grants); nil
 	// discards them (memgen never logs unasked).
 	Logger *slog.Logger
+	// DefaultWait bounds the wait of a reservation that has no deadline
+	// of its own and whose ctx has none either (context.Background(), a
+	// ctx that is only cancellable): once it passed, the reservation
+	// fails with an *OverBudgetError whose Err is ErrDefaultWait (which
+	// wraps context.DeadlineExceeded), and the reservation is gone from
+	// the queue. 0 means DefaultWaitBound; a negative value removes the
+	// bound, so such a reservation waits until it is served, its ctx is
+	// cancelled or the governor closes. A reservation with a deadline,
+	// or a ctx with one, waits until that deadline: DefaultWait never
+	// shortens nor lengthens it. It bounds the wait only, never the grant,
+	// and is measured on Clock (a simulated clock's time, where one is set).
+	DefaultWait time.Duration
 }
+
+// DefaultWaitBound is the wait of a reservation with no deadline when
+// Options.DefaultWait is 0.
+const DefaultWaitBound = 30 * time.Second
 
 // Governor keeps the ledger of every authority and the registry of holders.
 // All its methods are safe for concurrent use.
@@ -28,6 +45,9 @@ type Governor struct {
 	clock   Clock
 	onEvent func(Event)
 	log     *slog.Logger
+	// defaultWait bounds a wait with no deadline (Options.DefaultWait);
+	// 0 here means none.
+	defaultWait time.Duration
 
 	mu      sync.Mutex // serializes registry changes and Close; taken before any authority's mutex
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
@@ -45,6 +65,12 @@ func New(opts Options) *Governor {
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case opts.DefaultWait == 0:
+		g.defaultWait = DefaultWaitBound
+	case opts.DefaultWait > 0:
+		g.defaultWait = opts.DefaultWait
 	}
 	auths := map[memapi.AuthorityID]*authority{}
 	holders := map[HolderID]*holder{}

@@ -111,7 +111,7 @@ func TestCloseWakesWaitersAndStopsTimers(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 100, gpu: 100})
 	h.register("x", nil, HolderOptions{})
 	l := h.lease(hostA, "x", 100)
-	ch := h.reserveAsync(context.Background(), hostA, "x", 10, 0, time.Time{}) // no deadline, uncancellable ctx
+	ch := h.reserveAsync(context.Background(), hostA, "x", 10, 0, time.Time{}) // no deadline, uncancellable ctx: the default wait bounds it
 	h.awaitWaiting("x")
 	if err := l.Refund(5); err != nil { // not enough
 		t.Fatal(err)
@@ -120,8 +120,10 @@ func TestCloseWakesWaitersAndStopsTimers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.clock.Pending() != 1 {
-		t.Fatalf("%d timers, want the timed grant's", h.clock.Pending())
+	// The waiter's default wait (Options.DefaultWait) keeps two timers:
+	// its reclaim context's and its wait's.
+	if h.clock.Pending() != 3 {
+		t.Fatalf("%d timers, want the waiter's two and the timed grant's", h.clock.Pending())
 	}
 	if err := h.g.Close(); err != nil {
 		t.Fatal(err)

@@ -22,9 +22,12 @@ const opReserve = "governor.Reserve"
 // tickets so holders can weigh the request.
 //
 // deadline (zero: none) bounds both the wait and the grant: a grant still
-// open at its deadline is reclaimed (see Grant). A wait with neither a
-// deadline nor a cancellable ctx lasts until it is served or the governor
-// closes.
+// open at its deadline is reclaimed (see Grant). A reservation with no
+// deadline, whose ctx has none either (context.Background()), waits at most
+// the governor's Options.DefaultWait (DefaultWaitBound, 30 s, unless set),
+// then fails with an *OverBudgetError whose Err is ErrDefaultWait; with
+// Options.DefaultWait negative it waits until it is served, ctx is
+// cancelled or the governor closes.
 //
 // Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
 // ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
@@ -270,10 +273,16 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	// A holder's Reclaim answers for this reservation: it gets a context
 	// that ends at the reservation's deadline, so a Reclaim that waits on
 	// its context never keeps Reserve waiting past it.
+	// With no deadline anywhere, the governor's default wait bounds it
+	// (the grant keeps no deadline: only the wait is bounded).
+	until, timeout := w.deadline, error(context.DeadlineExceeded)
+	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
+		until, timeout = g.clock.Now().Add(g.defaultWait), ErrDefaultWait
+	}
 	rctx := ctx
-	if !w.deadline.IsZero() {
+	if !until.IsZero() {
 		c, stop := context.WithCancelCause(ctx)
-		t := g.clock.AfterFunc(w.deadline.Sub(g.clock.Now()), func() { stop(context.DeadlineExceeded) })
+		t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
 		defer t.Stop()
 		defer stop(nil)
 		rctx = c
@@ -311,8 +320,8 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	}
 
 	var expired <-chan struct{}
-	if !w.deadline.IsZero() {
-		d := w.deadline.Sub(g.clock.Now())
+	if !until.IsZero() {
+		d := until.Sub(g.clock.Now())
 		ch := make(chan struct{})
 		if d <= 0 {
 			close(ch)
@@ -331,7 +340,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
 	case <-expired:
-		cause = context.DeadlineExceeded
+		cause = timeout
 	}
 
 	a.mu.Lock()
@@ -363,7 +372,11 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	}
 	ahead := a.abandonLocked(w)
 	a.cancelled++
-	err := a.overBudgetLocked(w, ahead, "not served before the wait ended", cause)
+	reason := "not served before the wait ended"
+	if cause == ErrDefaultWait {
+		reason = "not served within the governor's default wait of " + g.defaultWait.String() + " (the reservation had no deadline)"
+	}
+	err := a.overBudgetLocked(w, ahead, reason, cause)
 	err.Tickets, err.Freed = issued, freed
 	a.mu.Unlock()
 	g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes, Err: err})

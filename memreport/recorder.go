@@ -50,6 +50,7 @@ type Recorder struct {
 	auths   map[memapi.AuthorityID]*timeline
 	roles   map[governor.HolderID]map[string]struct{}
 	notes   []Note
+	tables  []Table
 	data    map[string]any
 	latest  governor.Snapshot
 	end     *governor.Snapshot
@@ -175,6 +176,27 @@ func (r *Recorder) Note(label, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.notes = append(r.notes, Note{Key: SnakeCase(label), Label: label, Text: text})
+}
+
+// Table adds a table of the program's own, drawn at the top of the
+// report, in the order given. Its Key is made snake_case; a row with
+// fewer cells than Columns is padded with empty ones, and nil lists become
+// empty ones, so the snapshot holds no null.
+func (r *Recorder) Table(t Table) {
+	t.Key = SnakeCase(t.Key)
+	t.Columns = append([]string{}, t.Columns...)
+	rows := make([][]string, 0, len(t.Rows))
+	for _, row := range t.Rows {
+		out := append([]string{}, row...)
+		for len(out) < len(t.Columns) {
+			out = append(out, "")
+		}
+		rows = append(rows, out)
+	}
+	t.Rows = rows
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tables = append(r.tables, t)
 }
 
 // Data attaches v, which must marshal to a JSON object with snake_case

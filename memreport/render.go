@@ -89,6 +89,7 @@ func (rep Report) WriteHTML(w io.Writer) error {
 		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom; the part a holder reports as cache, such as a caching pool's free blocks, paler above the bytes it uses), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; ticks above the plot mark events (red: pressure, orange: tickets, purple: offloads, blue: reloads, brown: preemptions), listed with the routine ones (reservations waiting and served) in each authority's events table; click a tick or a row to find the other.</p>\n",
 			esc(rep.Start.UTC().Format("2006-01-02 15:04:05.000 UTC")))
 	}
+	writeTables(bw, rep)
 	colours := holderColours(rep)
 	writeControls(bw, rep, colours)
 	for _, tl := range rep.Authorities {
@@ -609,4 +610,37 @@ func timeTicks(tmax float64) []float64 {
 		out = append(out, math.Round(t/step)*step)
 	}
 	return out
+}
+
+// writeTables writes the program's tables (a comparison with baselines,
+// an allocator's figures): what a reader compares first, so at the top.
+func writeTables(w *bufio.Writer, rep Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	for _, t := range rep.Tables {
+		p("<section class=\"table\" data-key=\"%s\">\n<h2>%s</h2>\n", esc(t.Key), esc(t.Title))
+		if t.Caption != "" {
+			p("<p class=\"sub\">%s</p>\n", esc(t.Caption))
+		}
+		p("<div class=\"wide\"><table class=\"program\" data-key=\"%s\">\n<thead><tr>", esc(t.Key))
+		for i, c := range t.Columns {
+			class := ""
+			if i == 0 {
+				class = " class=\"k\""
+			}
+			p("<th%s>%s</th>", class, esc(c))
+		}
+		p("</tr></thead><tbody>\n")
+		for _, row := range t.Rows {
+			p("<tr>")
+			for i, c := range row {
+				class := ""
+				if i == 0 {
+					class = " class=\"k\""
+				}
+				p("<td%s>%s</td>", class, esc(c))
+			}
+			p("</tr>\n")
+		}
+		p("</tbody></table></div>\n</section>\n")
+	}
 }

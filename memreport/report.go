@@ -13,8 +13,9 @@ import (
 
 // Version is the version of the JSON snapshot's layout, its "version"
 // field; report.schema.json describes it. Version 3 split each holder's
-// charge into in use, cached and quarantined bytes.
-const Version = 3
+// charge into in use, cached and quarantined bytes; version 4 added the
+// program's tables (Tables).
+const Version = 4
 
 // Report is the data of a memory report: what WriteJSON writes and
 // WriteHTML draws. Every key of its JSON form is snake_case, every figure
@@ -27,6 +28,9 @@ type Report struct {
 	// the report is in seconds since Start.
 	Start time.Time `json:"start"`
 	Notes []Note    `json:"notes"`
+	// Tables are the program's own tables (Recorder.Table), drawn at the
+	// top of the page, before the charts.
+	Tables []Table `json:"tables"`
 	// Data are the program's own figures (Recorder.Data).
 	Data        map[string]any `json:"data"`
 	Authorities []Timeline     `json:"authorities"`
@@ -37,6 +41,17 @@ type Report struct {
 	// counts those over Options.MaxSpans.
 	Spans        []Span `json:"spans"`
 	SpansDropped int    `json:"spans_dropped"`
+}
+
+// Table is a table of the program's own: a comparison with baselines, an
+// allocator's figures. The page draws every table at its top, in the order
+// recorded, before the charts.
+type Table struct {
+	Key     string     `json:"key"`     // snake_case, unique in the report
+	Title   string     `json:"title"`   // its heading
+	Caption string     `json:"caption"` // how to read it (units, which way a ratio reads); may be empty
+	Columns []string   `json:"columns"` // the header; the first column labels the rows
+	Rows    [][]string `json:"rows"`    // each as many cells as Columns
 }
 
 // Note is one row of the summary table.
@@ -189,6 +204,7 @@ func (r *Recorder) Report() Report {
 		TimeLabel:    r.opts.TimeLabel,
 		Start:        r.start,
 		Notes:        append([]Note{}, r.notes...),
+		Tables:       append([]Table{}, r.tables...),
 		Data:         maps.Clone(r.data),
 		Authorities:  []Timeline{},
 		Spans:        []Span{},

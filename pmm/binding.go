@@ -148,6 +148,13 @@ func (b *Buffer) Size() memapi.Bytes { return b.size }
 // Allocate obtains size bytes: reserve a grant, allocate through the checked
 // wrapper (which draws from it), commit the grant into a lease, and return
 // an owning Buffer. Any failure returns the grant and leaves no trace.
+//
+// When the bytes do not fit, the reservation waits (while the governor asks
+// holders to reclaim) until ctx ends; a ctx with no deadline
+// (context.Background()) waits at most the governor's
+// governor.Options.DefaultWait, 30 s unless set, and then fails with an
+// *governor.OverBudgetError whose cause is governor.ErrDefaultWait
+// (errors.Is(err, memapi.ErrOverBudget) holds).
 func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, error) {
 	return counted(b, "pmm.Allocate", func(d *device) (*Buffer, error) { return b.allocate(ctx, d, size) })
 }

@@ -18,6 +18,13 @@ func GovernorLedger(g *governor.Governor) Ledger { return govLedger{g} }
 
 type govLedger struct{ g *governor.Governor }
 
+// HasAuthority reports whether the governor has authority id now
+// (AuthorityLedger).
+func (l govLedger) HasAuthority(id memapi.AuthorityID) bool {
+	_, ok := l.g.Authority(id)
+	return ok
+}
+
 func (l govLedger) Reserve(ctx context.Context, r Request) (Grant, error) {
 	gr, err := l.g.Reserve(ctx, r.Authority, governor.HolderID(r.Holder), governor.Role(r.Role), r.Bytes, governor.Priority(r.Priority), r.Deadline)
 	if err != nil {

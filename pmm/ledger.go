@@ -13,6 +13,15 @@ type Ledger interface {
 	Reserve(ctx context.Context, r Request) (Grant, error)
 }
 
+// AuthorityLedger is a Ledger that knows its authorities. Register and
+// Bind refuse a device whose authority it does not have, with an error of
+// kind governor.ErrUnknownAuthority, instead of letting the first
+// reservation fail. GovernorLedger's ledger is one.
+type AuthorityLedger interface {
+	Ledger
+	HasAuthority(id memapi.AuthorityID) bool
+}
+
 // Request asks the ledger for a provisional grant.
 type Request struct {
 	Authority memapi.AuthorityID

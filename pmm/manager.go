@@ -9,6 +9,7 @@ import (
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // Options configure a Manager.
@@ -66,7 +67,10 @@ func (m *Manager) wrap(mech memapi.Mechanism) (own, public memapi.Mechanism) {
 	return checked.Wrap(mech, m.trust, opts...), checked.Wrap(mech, checked.NoLedger)
 }
 
-// Register adds a device. Its mechanism's authority must be the device's.
+// Register adds a device. Its mechanism's authority must be the device's,
+// and a ledger that knows its authorities (AuthorityLedger, as
+// GovernorLedger's does) must have it: otherwise Register fails with an
+// error of kind governor.ErrUnknownAuthority.
 func (m *Manager) Register(d Device) error {
 	if d.Mechanism == nil || d.Context == nil {
 		return memapi.Errorf("pmm.Register", memapi.ErrInvalidSize, "device %v needs a mechanism and a context", d.Key)
@@ -74,6 +78,9 @@ func (m *Manager) Register(d Device) error {
 	if a := d.Mechanism.Info().Authority; a != d.Authority {
 		return &memapi.Error{Op: "pmm.Register", Kind: memapi.ErrAuthorityMismatch, Authority: d.Authority,
 			Detail: fmt.Sprintf("mechanism accounts to %q", a)}
+	}
+	if err := m.knownAuthority("pmm.Register", d.Key, d.Authority); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -132,9 +139,26 @@ func (m *Manager) Mechanism(key memapi.DeviceKey) (memapi.Mechanism, error) {
 	return d.public, nil
 }
 
-// Bind returns a scoped binding of holder in role to a device.
+// knownAuthority refuses an authority that a ledger knowing its
+// authorities (AuthorityLedger) does not have.
+func (m *Manager) knownAuthority(op string, key memapi.DeviceKey, id memapi.AuthorityID) error {
+	if al, ok := m.ledger.(AuthorityLedger); ok && !al.HasAuthority(id) {
+		return &memapi.Error{Op: op, Kind: governor.ErrUnknownAuthority, Authority: id,
+			Detail: fmt.Sprintf("device %v accounts to %q, which the ledger does not have (add it first: governor.AddAuthority)", key, id)}
+	}
+	return nil
+}
+
+// Bind returns a scoped binding of holder in role to a device. It fails
+// with an error of kind governor.ErrUnknownAuthority when the device's
+// authority is gone from a ledger that knows its authorities (see
+// Register).
 func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOption) (*Binding, error) {
-	if _, err := m.device("pmm.Bind", key); err != nil {
+	d, err := m.device("pmm.Bind", key)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.knownAuthority("pmm.Bind", key, d.authority); err != nil {
 		return nil, err
 	}
 	b := &Binding{m: m, holder: holder, role: role, key: key}

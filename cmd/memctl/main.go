@@ -10,19 +10,22 @@
 //	memctl create PATH BYTES [SLOTS [GID]] make a ledger (mode 0600; with GID,
 //	                                      0660 and that group)
 //
+// PATH is the ledger file the processes share (the path they give to
+// xproc.Open, usually under /dev/shm). BYTES is plain bytes or a number
+// with a binary unit: 4096, 64K, 512MiB, 1GiB. set-capacity prints whether
+// the change was applied, deferred (the claims exceed it: it holds for new
+// claims at once and fully once the processes give back the excess) or
+// refused, and why. memctl --help says all this.
+//
 // --timeout (default 5s) bounds the wait for the ledger's lock: a process
 // that holds it and is stopped (SIGSTOP, a freezer, a debugger) makes
 // memctl fail at the timeout with exit code 1, naming that process and its
 // state.
 //
-// BYTES takes a K, M, G or T suffix (powers of 1024). set-capacity prints
-// whether the change was applied, deferred (the claims exceed it: it holds
-// for new claims at once and fully once the processes give back the
-// excess) or refused, and why.
-//
-// Exit codes: 0 ok (a refused change included: the answer says so), 1 a
-// ledger error (a missing, corrupt, truncated or foreign-version file is
-// reported with its kind), 2 usage error.
+// Exit codes: 0 ok (set-capacity applied or deferred), 1 a ledger error (a
+// missing, corrupt, truncated or foreign-version file is reported with its
+// kind), 2 usage error, 3 set-capacity refused the change (nothing
+// changed).
 package main
 
 import (

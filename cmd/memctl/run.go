@@ -11,16 +11,65 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/bytesize"
 )
 
 const usage = `usage:
   memctl [--timeout DURATION] show PATH
   memctl [--timeout DURATION] set-capacity PATH BYTES [REVISION]
   memctl [--timeout DURATION] create PATH BYTES [SLOTS [GID]]
+  memctl --help
 `
+
+const help = `memctl shows and changes the ledger file that several processes share to
+hold one memory budget (package governor/xproc).
+
+` + usage + `
+PATH is the ledger file: the path the processes give to xproc.Open, usually a
+file under /dev/shm (a tmpfs, such as /dev/shm/memgen-gpu0), or any path on a
+local file system. memctl create makes it; the processes open it.
+
+  show          the capacity, the limits' revision, the totals and every taken
+                slot (pid, claim, reserved, charged, pending)
+  set-capacity  change the shared capacity while the processes run. REVISION,
+                when given, is the revision you last read (show prints it): on
+                a stale view the change is refused. The answer says applied,
+                deferred (the claims exceed the new capacity: it holds for new
+                claims at once and fully once the processes give back the
+                excess) or refused, and why.
+  create        make a ledger with BYTES of capacity and SLOTS process slots;
+                mode 0600, or with GID 0660 and that group
+
+--timeout DURATION (default 5s) bounds the wait for the ledger's lock: behind
+a process that holds it and is stopped (SIGSTOP, a freezer, a debugger),
+memctl fails at the timeout with exit code 1, naming that process and its
+state.
+
+BYTES is a byte count: plain bytes (4096) or with a binary unit, K/KiB, M/MiB,
+G/GiB, T/TiB, any case (64K, 512MiB, 1GiB, 1.5GiB).
+
+Exit codes: 0 done (set-capacity applied or deferred); 1 a ledger error (a
+missing, corrupt, truncated or foreign-version file, reported with its kind);
+2 a usage error (a bad DURATION too); 3 set-capacity refused the change (a stale REVISION, or a
+capacity the ledger cannot take): nothing changed.
+`
+
+// exitRefused is set-capacity's exit code when the ledger refused the
+// change: a script can tell it from one that was applied.
+const exitRefused = 3
 
 // run is the command with its arguments and outputs: its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	for _, a := range args {
+		if a == "-h" || a == "--help" || a == "-help" {
+			fmt.Fprint(stdout, help)
+			return 0
+		}
+	}
+	if len(args) == 1 && args[0] == "help" {
+		fmt.Fprint(stdout, help)
+		return 0
+	}
 	timeout := xproc.DefaultLockTimeout
 	if len(args) > 0 && (args[0] == "--timeout" || strings.HasPrefix(args[0], "--timeout=")) {
 		v, rest := strings.TrimPrefix(args[0], "--timeout="), args[1:]
@@ -77,7 +126,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case xproc.Deferred:
 			fmt.Fprintf(stdout, ", %d bytes to give back", ch.Excess)
 		case xproc.Refused:
-			fmt.Fprintf(stdout, ": %s", ch.Reason)
+			fmt.Fprintf(stdout, ": %s\n", ch.Reason)
+			return exitRefused
 		}
 		fmt.Fprintln(stdout)
 		return 0
@@ -141,16 +191,15 @@ func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot) {
 	tw.Flush()
 }
 
-// parseBytes reads a byte count with an optional K, M, G or T suffix.
+// parseBytes reads a positive byte count (internal/bytesize's syntax, the
+// one memdemo takes too) that a ledger can hold (at most 2^52 bytes).
 func parseBytes(s string) (uint64, error) {
-	mult := uint64(1)
-	if i := strings.IndexAny(s, "KMGTkmgt"); i == len(s)-1 && i > 0 {
-		mult = 1 << (10 * (strings.IndexByte("KMGT", strings.ToUpper(s[i:])[0]) + 1))
-		s = s[:i]
+	v, err := bytesize.Parse(s)
+	if err != nil {
+		return 0, err
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || v == 0 || v > (1<<52)/mult {
-		return 0, fmt.Errorf("%q is not a byte count (a positive integer, K, M, G or T suffix)", s)
+	if v == 0 || v > 1<<52 {
+		return 0, fmt.Errorf("size %q: want a positive byte count of at most 4PiB", s)
 	}
-	return v * mult, nil
+	return v, nil
 }

@@ -46,7 +46,7 @@ func TestMemctl(t *testing.T) {
 	if code, out, _ := memctl("set-capacity", path, "32M", "1"); code != 0 || !strings.HasPrefix(out, "applied: revision 2, capacity 33554432") {
 		t.Fatalf("set-capacity: %d %q", code, out)
 	}
-	if code, out, _ := memctl("set-capacity", path, "16M", "1"); code != 0 || !strings.HasPrefix(out, "refused: revision 2") || !strings.Contains(out, "stale revision 1") {
+	if code, out, _ := memctl("set-capacity", path, "16M", "1"); code != exitRefused || !strings.HasPrefix(out, "refused: revision 2") || !strings.Contains(out, "stale revision 1") {
 		t.Fatalf("stale set-capacity: %d %q", code, out)
 	}
 	if code, _, _ := memctl("set-capacity", path, "0"); code != 2 {
@@ -130,5 +130,59 @@ func TestTimeoutBehindAStoppedHolder(t *testing.T) {
 	}
 	if code, _, _ := memctl("--timeout", "soon", "show", path); code != 2 {
 		t.Fatalf("a bad timeout: exit %d, want 2", code)
+	}
+}
+
+// A refused change exits non-zero (3), and only a refused one: applied and
+// deferred exit 0.
+func TestRefusedSetCapacityExitsNonZero(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger")
+	if code, _, e := memctl("create", path, "1GiB", "4"); code != 0 {
+		t.Fatalf("create: %d %q", code, e)
+	}
+	if code, out, _ := memctl("set-capacity", path, "512MiB", "1"); code != 0 || !strings.HasPrefix(out, "applied") {
+		t.Fatalf("applied: exit %d %q", code, out)
+	}
+	code, out, _ := memctl("set-capacity", path, "256MiB", "1")
+	if code != 3 || !strings.HasPrefix(out, "refused") {
+		t.Fatalf("stale revision: exit %d %q, want 3 and refused", code, out)
+	}
+	if _, out, _ := memctl("show", path); !strings.Contains(out, "capacity 536870912 ") {
+		t.Fatalf("a refused change changed the capacity: %q", out)
+	}
+}
+
+// --help says what PATH is and that a refused change exits non-zero, on
+// stdout with exit 0, wherever it is given.
+func TestHelpSaysWhatPathIs(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"set-capacity", "--help"}, {"show", "/dev/shm/x", "-h"}} {
+		code, out, e := memctl(args...)
+		if code != 0 || e != "" {
+			t.Fatalf("%q: exit %d, stderr %q", args, code, e)
+		}
+		for _, want := range []string{"PATH is the ledger file", "/dev/shm", "3 set-capacity refused the change", "1GiB"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%q: help lacks %q:\n%s", args, want, out)
+			}
+		}
+	}
+}
+
+// memctl reads sizes with the parser memdemo uses: units in every
+// spelling, plain bytes; zero and nonsense are usage errors.
+func TestSizes(t *testing.T) {
+	for in, want := range map[string]uint64{"1GiB": 1 << 30, "512MiB": 512 << 20, "64M": 64 << 20, "4096": 4096, "1.5GiB": 3 << 29, "2g": 2 << 30} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"0", "0MiB", "1XiB", "-1", "8PiB", "5000TiB"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) succeeded", in)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "ledger")
+	if code, out, e := memctl("create", path, "1GiB"); code != 0 || !strings.Contains(out, "capacity 1073741824") {
+		t.Fatalf("create 1GiB: %d %q %q", code, out, e)
 	}
 }

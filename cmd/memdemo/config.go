@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/internal/bytesize"
 )
 
 // Config is everything a run depends on; flags fill it.
@@ -20,6 +20,7 @@ type Config struct {
 	Requests int    // replay only the first N requests (0: all)
 
 	Mechanism   string       // "cpu" or "cuda"
+	Authority   string       // the device's authority, as the report and the metrics name it ("": cpu:0, or the CUDA mechanism's cuda:N)
 	Budget      memapi.Bytes // device capacity given to the governor
 	HostBudget  memapi.Bytes // host capacity for offloaded weights (0: enough for both models)
 	Granularity memapi.Bytes // CPU mechanism granularity: the unit KV grows in
@@ -108,57 +109,16 @@ func (b bytesFlag) Set(s string) error {
 	return nil
 }
 
-// parseSize reads a byte count: a non-negative integer with an optional
-// unit B, K/KiB, M/MiB, G/GiB, T/TiB (binary in every spelling).
+// parseSize reads a byte count the way every memgen command does
+// (internal/bytesize): 4096, 64K, 512MiB, 1GiB, 1.5GB.
 func parseSize(s string) (memapi.Bytes, error) {
-	t := strings.TrimSpace(s)
-	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
-	num, unit := t, ""
-	if i >= 0 {
-		num, unit = t[:i], strings.TrimSpace(t[i:])
-	}
-	var mult float64
-	switch strings.ToLower(unit) {
-	case "", "b":
-		mult = 1
-	case "k", "kb", "kib":
-		mult = 1 << 10
-	case "m", "mb", "mib":
-		mult = 1 << 20
-	case "g", "gb", "gib":
-		mult = 1 << 30
-	case "t", "tb", "tib":
-		mult = 1 << 40
-	default:
-		return 0, fmt.Errorf("size %q: unknown unit %q (use B, KiB, MiB, GiB or TiB)", s, unit)
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q is not a non-negative number of bytes", s)
-	}
-	n := v * mult
-	if n >= 1<<62 {
-		return 0, fmt.Errorf("size %q is too large", s)
-	}
-	return memapi.Bytes(n), nil
+	n, err := bytesize.Parse(s)
+	return memapi.Bytes(n), err
 }
 
 // formatSize writes n with the largest binary unit that divides it, or in
 // bytes with the unit B (0 is "0").
-func formatSize(n memapi.Bytes) string {
-	if n == 0 {
-		return "0"
-	}
-	for _, u := range []struct {
-		s string
-		v memapi.Bytes
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.v && n%u.v == 0 {
-			return strconv.FormatUint(uint64(n/u.v), 10) + u.s
-		}
-	}
-	return strconv.FormatUint(uint64(n), 10) + "B"
-}
+func formatSize(n memapi.Bytes) string { return bytesize.Format(uint64(n)) }
 
 // ErrUsage marks a command-line error (exit status 2).
 var ErrUsage = errors.New("usage")
@@ -197,6 +157,7 @@ Flags:
 	fs.StringVar(&c.Trace, "trace", c.Trace, "`CSV` trace in the Azure LLM trace format (default: the embedded excerpt, first 2,000 requests of the Azure LLM inference trace 2023)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "replay only the first `N` requests (0: all)")
 	fs.StringVar(&c.Mechanism, "mechanism", c.Mechanism, "device mechanism: cpu, or cuda where a GPU and its driver are present")
+	fs.StringVar(&c.Authority, "authority", c.Authority, "`name` of the device's authority in the report and the metrics (default: cpu:0 on the CPU mechanism, cuda:N on a GPU; the offload target is host)")
 	fs.Var(bytesFlag{&c.Budget}, "budget", "device memory `bytes` the governor may grant (e.g. 512MiB, 2GiB)")
 	fs.Var(bytesFlag{&c.HostBudget}, "host-budget", "host memory `bytes` for offloaded weights (0: both models' weights)")
 	fs.Var(bytesFlag{&c.Granularity}, "granularity", "CPU mechanism granularity, the `bytes` KV grows by (a power of two multiple of the page size)")
@@ -251,6 +212,9 @@ func (c *Config) validate() error {
 	case "cpu", "cuda":
 	default:
 		return fmt.Errorf("--mechanism %q: want cpu or cuda", c.Mechanism)
+	}
+	if c.Authority == string(hostAuthority) {
+		return fmt.Errorf("--authority %q: the host's authority (the offload target) has that name", c.Authority)
 	}
 	switch c.Progress {
 	case "auto", "bar", "line", "off":

@@ -51,6 +51,11 @@ type poolData struct {
 	PoolEmptyRounds   int          `json:"pool_empty_rounds"`
 	NoTicketRounds    int          `json:"no_ticket_rounds"`
 	CachesFirstFailed int          `json:"caches_first_failures"`
+	Fragmentation     float64      `json:"peak_fragmentation"` // peak held / peak requested
+	AllocCalls        int          `json:"alloc_calls"`
+	AllocP50Seconds   float64      `json:"alloc_p50_seconds"`
+	AllocP99Seconds   float64      `json:"alloc_p99_seconds"`
+	AllocMaxSeconds   float64      `json:"alloc_max_seconds"`
 }
 
 // systemData is one system's figures: memgen's own, or a baseline's with
@@ -71,7 +76,7 @@ type systemData struct {
 	MemgenPeakRatio  float64      `json:"memgen_peak_concurrent_ratio"`
 	MemgenMeanRatio  float64      `json:"memgen_mean_concurrent_ratio"`
 	MemgenThroughput float64      `json:"memgen_throughput_ratio"`
-	MemgenSpeedup    float64      `json:"memgen_makespan_ratio"` // this system's makespan / memgen's
+	MemgenSpeedup    float64      `json:"memgen_makespan_ratio"` // memgen's makespan / this system's, like every ratio here
 }
 
 func div(a, b float64) float64 {
@@ -93,7 +98,8 @@ func newRunData(cfg Config, o *Outcome, systems []System) runData {
 		d.Activations = &poolData{Steps: o.PoolSteps, PeakHeldBytes: p.PeakSegments, PeakInUseBytes: p.PeakInUse, LargestStepBytes: o.PoolLargest,
 			ReclaimedBytes: p.Reclaimed, Reclaims: p.Reclaims, Regrowths: p.SegmentAllocs,
 			PressureRounds: f.Rounds, PoolFirstRounds: f.PoolFirst, PoolAloneRounds: f.PoolAlone, PoolEmptyRounds: f.PoolEmpty,
-			NoTicketRounds: f.NoTicket, CachesFirstFailed: f.Violations}
+			NoTicketRounds: f.NoTicket, CachesFirstFailed: f.Violations, Fragmentation: p.PeakFragmentation(),
+			AllocCalls: o.PoolLatency.N, AllocP50Seconds: o.PoolLatency.P50.Seconds(), AllocP99Seconds: o.PoolLatency.P99.Seconds(), AllocMaxSeconds: o.PoolLatency.Max.Seconds()}
 	}
 	for _, s := range append([]System{{Name: "memgen", Figures: o.Figures}}, systems...) {
 		d.Systems = append(d.Systems, systemData{Name: s.Name, Served: s.Served, Rejected: s.Rejected, PeakConcurrent: s.PeakConcurrent,
@@ -102,7 +108,7 @@ func newRunData(cfg Config, o *Outcome, systems []System) runData {
 			MemgenPeakRatio:  div(float64(o.PeakConcurrent), float64(s.PeakConcurrent)),
 			MemgenMeanRatio:  div(o.MeanConcurrent, s.MeanConcurrent),
 			MemgenThroughput: div(o.Throughput(), s.Throughput()),
-			MemgenSpeedup:    div(s.SimTime.Seconds(), o.SimTime.Seconds())})
+			MemgenSpeedup:    div(o.SimTime.Seconds(), s.SimTime.Seconds())})
 	}
 	return d
 }

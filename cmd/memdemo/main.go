@@ -21,7 +21,7 @@
 //
 //	memdemo                                      # the embedded excerpt, 160 MiB budget
 //	memdemo --compare --report out/memory.html
-//	memdemo --trace ../shared/traces/azure-llm-conv-2023.csv --progress line
+//	memdemo --trace AzureLLMInferenceTrace_conv.csv --progress line
 //	memdemo --metrics-addr localhost:9464 --speedup 20
 //
 // The exit status is 0 when every request was served and every check
@@ -134,7 +134,13 @@ func demo(ctx context.Context, cfg Config, stdout, stderr io.Writer) (*Outcome, 
 	}
 	rows := summaryRows(cfg, o)
 	writeSummary(stdout, rows, o, systems)
-	for _, r := range append(rows, comparisonRows(o, systems)...) {
+	if len(systems) > 0 {
+		rec.Table(comparisonTable(o, systems))
+	}
+	if o.PoolSteps > 0 {
+		rec.Table(poolTable(o))
+	}
+	for _, r := range rows {
 		rec.Note(r.key, r.value)
 	}
 	rec.Data("run", newRunData(cfg, o, systems))

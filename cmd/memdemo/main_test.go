@@ -135,7 +135,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	out := stdout.String()
 	for _, s := range []string{"requests served", "requests preempted", "peak charged", "tickets issued", "offloads / reloads",
 		"deferred frees", "ledger identity", " 0 failures", "kernel-confirmed bytes", "KV utilisation", "static-max", "static-pow2",
-		"static-oracle", "paged", "util@peak", "memgen vs", "memory report: ", "activations", "caches first"} {
+		"static-oracle", "paged", "util@peak", "memgen ÷ baseline", "memory report: ", "activations", "caches first"} {
 		require.Contains(t, out, s)
 	}
 	for _, line := range strings.Split(out, "\n") {
@@ -168,7 +168,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.NoError(t, json.Unmarshal(js, &rep))
 	require.Len(t, rep.Authorities, 2)
 	dev := rep.Authorities[0]
-	require.Equal(t, memapi.AuthorityID("device"), dev.Authority)
+	require.Equal(t, memapi.AuthorityID("cpu:0"), dev.Authority, "the CPU mechanism's authority, not a generic device")
 	for _, h := range []governor.HolderID{holderKV, holderModel, holderSecond, holderPool} {
 		_, ok := dev.Holder(h)
 		require.True(t, ok, "a series for %s", h)
@@ -187,7 +187,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.True(t, rep.Ledger.Marked)
 	var weights memapi.Bytes
 	for _, h := range rep.Ledger.Holders {
-		if h.Holder == holderModel && h.Authority == "device" {
+		if h.Holder == holderModel && h.Authority == "cpu:0" {
 			weights = h.Charged
 		}
 	}
@@ -196,6 +196,34 @@ func TestDemoEndToEnd(t *testing.T) {
 	require.Equal(t, o.PeakKVBytes >= kvStats.Peak, true, "the KV peak at step ends is at least the charged peak")
 	require.NotZero(t, kvStats.Mean)
 	require.NotEmpty(t, rep.Notes)
+	// The comparison with the baselines and the pool's figures are tables
+	// at the top of the page, before the first chart; every ratio memgen ÷
+	// baseline, the makespan's too.
+	require.Len(t, rep.Tables, 2)
+	cmp, pt := rep.Tables[0], rep.Tables[1]
+	require.Equal(t, "comparison", cmp.Key)
+	require.Len(t, cmp.Rows, 1+len(systems))
+	require.Equal(t, "memgen", cmp.Rows[0][0])
+	mk := slices.Index(cmp.Columns, "makespan")
+	for i, s := range systems {
+		want := fmt.Sprintf("%.2fx", o.SimTime.Seconds()/s.SimTime.Seconds())
+		require.Equal(t, want, cmp.Rows[1+i][len(cmp.Columns)-1], "%s's makespan ratio, memgen ÷ it", s.Name)
+		require.Equal(t, fmtDuration(s.SimTime), cmp.Rows[1+i][mk])
+	}
+	require.Equal(t, "activation_pool", pt.Key)
+	var frag, lat bool
+	for _, r := range pt.Rows {
+		frag = frag || strings.HasPrefix(r[0], "peak held / peak requested") && strings.HasSuffix(r[1], fmt.Sprintf("= %.2f", o.Pool.PeakFragmentation()))
+		lat = lat || strings.HasPrefix(r[0], "Alloc latency p50") && r[1] != ""
+	}
+	require.True(t, frag, "the pool's fragmentation in %q", pt.Rows)
+	require.True(t, lat, "the pool's Alloc latencies in %q", pt.Rows)
+	require.Equal(t, o.Pool.Allocs, uint64(o.PoolLatency.N), "every Alloc timed")
+	require.Positive(t, o.PoolLatency.Max)
+	require.LessOrEqual(t, o.PoolLatency.P50, o.PoolLatency.P99)
+	htmlAt := bytes.Index(page, []byte(`data-key="comparison"`))
+	require.Positive(t, htmlAt)
+	require.Less(t, htmlAt, bytes.Index(page, []byte("<svg")), "the comparison before the charts")
 	kinds := map[string]uint64{}
 	for k, n := range dev.EventCounts {
 		kinds[k] = n
@@ -360,6 +388,7 @@ func TestCommandLineMessages(t *testing.T) {
 		{[]string{"--step-per-seq", "-1ms"}, "memdemo: --step-per-seq -1ms: must not be negative\n", []string{"--step-base"}},
 		{[]string{"--budget", "100"}, "memdemo: --budget 100B: the weights (--weights 64MiB + --second-weights 32MiB) leave no room for KV", nil},
 		{[]string{"--budget", "0"}, "memdemo: --budget 0: must be positive", nil},
+		{[]string{"--authority", "host"}, "memdemo: --authority \"host\": the host's authority (the offload target) has that name", nil},
 	} {
 		out.Reset()
 		errb.Reset()
@@ -562,4 +591,27 @@ func TestAnyTraceWithTheColumnsRuns(t *testing.T) {
 	}
 	require.Equal(t, cfg.Trace, o.TraceName)
 	require.Contains(t, stdout.String(), "30 requests")
+}
+
+// The device's authority is named as the user names it (--authority), and
+// by its mechanism by default: the report's charts and tables say so.
+func TestAuthorityNamedAsTheUserNamedIt(t *testing.T) {
+	dir := t.TempDir()
+	report := filepath.Join(dir, "r.html")
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"--requests", "20", "--progress", "off", "--authority", "gpu-a", "--report", report}, &out, &errb)
+	require.Equal(t, 0, code, "%s\n%s", out.String(), errb.String())
+	page, err := os.ReadFile(report)
+	require.NoError(t, err)
+	require.Contains(t, string(page), "<h2>Authority gpu-a</h2>")
+	require.NotContains(t, string(page), "Authority device")
+	js, err := os.ReadFile(filepath.Join(dir, "r.json"))
+	require.NoError(t, err)
+	var rep memreport.Report
+	require.NoError(t, json.Unmarshal(js, &rep))
+	var ids []memapi.AuthorityID
+	for _, a := range rep.Authorities {
+		ids = append(ids, a.Authority)
+	}
+	require.Equal(t, []memapi.AuthorityID{"gpu-a", "host"}, ids)
 }

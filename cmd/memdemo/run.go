@@ -69,6 +69,7 @@ type Outcome struct {
 	Pool         pool.Stats
 	PoolAfter    pool.Stats
 	PoolLargest  memapi.Bytes // the largest step's activations as the pool rounds them
+	PoolLatency  latencies    // the wall time of the pool's Allocs
 	PoolSteps    uint64
 	PoolAudits   int
 	PoolPressure pressureFigures
@@ -916,6 +917,7 @@ func (e *engine) finish(ctx context.Context) error {
 		}
 		if e.s.ws != nil {
 			e.out.Pool, e.out.PoolLargest, e.out.PoolSteps = e.s.ws.pool.Stats(), e.s.ws.largest, e.s.ws.steps
+			e.out.PoolLatency = summarise(e.s.ws.latency)
 		}
 		errs = append(errs, e.stream.Close())
 	}

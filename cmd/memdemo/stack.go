@@ -107,14 +107,17 @@ func newStack(ctx context.Context, cfg Config, rec *memreport.Recorder, log *slo
 	switch cfg.Mechanism {
 	case "cpu":
 		s.devKey = memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: 0}
-		s.devAuth = "device"
+		s.devAuth = "cpu:0"
+		if cfg.Authority != "" {
+			s.devAuth = memapi.AuthorityID(cfg.Authority)
+		}
 		s.devCPU, err = cpu.New(cpu.Options{Granularity: cfg.Granularity, Authority: s.devAuth})
 		if err != nil {
 			return nil, fmt.Errorf("--granularity %s: %w", formatSize(cfg.Granularity), err)
 		}
 		s.devDC, devMech, s.devMech = cpu.NewContext(s.devCPU), s.devCPU, s.devCPU
 	case "cuda":
-		s.cudaMech, err = cuda.New(cuda.Config{})
+		s.cudaMech, err = cuda.New(cuda.Config{Authority: memapi.AuthorityID(cfg.Authority)})
 		if err != nil {
 			return nil, fmt.Errorf("--mechanism cuda: %w", err)
 		}

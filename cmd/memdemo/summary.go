@@ -81,8 +81,14 @@ func poolRow(o *Outcome) row {
 		return row{}
 	}
 	p := o.Pool
-	return row{"activations", fmt.Sprintf("pool over its own binding, %d steps: peak held %s, peak in use %s; %s of cache given back under pressure in %d reclaims, regrown %d times",
-		o.PoolSteps, fmtBytes(p.PeakSegments), fmtBytes(p.PeakInUse), fmtBytes(p.Reclaimed), p.Reclaims, p.SegmentAllocs)}
+	return row{"activations", fmt.Sprintf("pool over its own binding, %d steps: peak held %s, peak in use %s (fragmentation %.2f: peak held / peak requested); %s of cache given back under pressure in %d reclaims, regrown %d times; Alloc %s",
+		o.PoolSteps, fmtBytes(p.PeakSegments), fmtBytes(p.PeakInUse), p.PeakFragmentation(), fmtBytes(p.Reclaimed), p.Reclaims, p.SegmentAllocs, latencyText(o.PoolLatency))}
+}
+
+// latencyText says the pool's Alloc latencies (wall clock: they vary with
+// the machine's load).
+func latencyText(l latencies) string {
+	return fmt.Sprintf("p50 %v, p99 %v, p99.9 %v, max %v over %d calls (wall clock)", l.P50, l.P99, l.P999, l.Max.Round(time.Microsecond), l.N)
 }
 
 // cachesFirstRow says how the device's pressure rounds went: the pool's
@@ -96,20 +102,48 @@ func cachesFirstRow(o *Outcome) row {
 		f.PoolFirst, f.Rounds, f.PoolAlone, f.PoolEmpty, f.NoTicket, f.Violations)}
 }
 
-// comparisonRows are the notes of the comparison for the report: one row
-// per baseline with its figures and its ratios against memgen.
-func comparisonRows(o *Outcome, systems []System) []row {
-	var rows []row
-	for _, s := range systems {
-		rows = append(rows, row{s.Name, fmt.Sprintf("peak %d (memgen %s), mean %.1f (%s), %.0f tokens/s (%s), makespan %s (%s), KV utilisation %.1f%% mean, %.1f%% at peak, %d served, %d rejected",
-			s.PeakConcurrent, ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)),
-			s.MeanConcurrent, ratio(o.MeanConcurrent, s.MeanConcurrent),
-			s.Throughput(), ratio(o.Throughput(), s.Throughput()),
-			fmtDuration(s.SimTime), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()),
-			100*s.KVUtilMean, 100*s.KVUtilAtPeak, s.Served, s.Rejected)})
+// comparisonTable is the comparison for the report, drawn at its top:
+// every system's figures, memgen's first, and memgen's ratio to each
+// baseline (memgen ÷ baseline, as in the summary).
+func comparisonTable(o *Outcome, systems []System) memreport.Table {
+	t := memreport.Table{Key: "comparison", Title: "memgen against the baselines",
+		Caption: "Same trace, step model and KV budget (the baselines get the budget less the served model's weights; memgen also holds the second model and its activations). KV util = token-state bytes / KV bytes reserved or committed. " + ratioHeader + ".",
+		Columns: []string{"system", "peak concurrent", "mean concurrent", "tokens/s", "makespan", "KV peak", "KV util mean", "KV util at peak", "served / rejected",
+			"memgen ÷ it: peak", "mean", "throughput", "makespan"}}
+	all := append([]System{{Name: "memgen", Figures: o.Figures}}, systems...)
+	for i, s := range all {
+		r := []string{s.Name, fmt.Sprint(s.PeakConcurrent), fmt.Sprintf("%.1f", s.MeanConcurrent), fmt.Sprintf("%.0f", s.Throughput()), fmtDuration(s.SimTime),
+			fmtBytes(s.PeakKVBytes), fmt.Sprintf("%.1f%%", 100*s.KVUtilMean), fmt.Sprintf("%.1f%%", 100*s.KVUtilAtPeak), fmt.Sprintf("%d / %d", s.Served, s.Rejected)}
+		if i > 0 {
+			r = append(r, ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
+				ratio(o.Throughput(), s.Throughput()), ratio(o.SimTime.Seconds(), s.SimTime.Seconds()))
+		}
+		t.Rows = append(t.Rows, r)
 	}
-	return rows
+	return t
 }
+
+// poolTable is the activation pool's figures for the report: how much it
+// held per byte asked (fragmentation) and how long its Allocs took.
+func poolTable(o *Outcome) memreport.Table {
+	p, l := o.Pool, o.PoolLatency
+	return memreport.Table{Key: "activation_pool", Title: "The activation pool",
+		Caption: "Fragmentation is bytes held from the binding over bytes requested by blocks in use (1 is none). Latencies are the wall time of pool.Alloc, the slow ones waiting for the governor to free room: they vary with the machine's load.",
+		Columns: []string{"figure", "value"},
+		Rows: [][]string{
+			{"steps", fmt.Sprint(o.PoolSteps)},
+			{"peak held / peak requested (fragmentation)", fmt.Sprintf("%s / %s = %.2f", fmtBytes(p.PeakSegments), fmtBytes(p.PeakRequested), p.PeakFragmentation())},
+			{"peak in use (rounded blocks)", fmtBytes(p.PeakInUse)},
+			{"Alloc calls", fmt.Sprint(l.N)},
+			{"Alloc latency p50 / p99 / p99.9", fmt.Sprintf("%v / %v / %v", l.P50, l.P99, l.P999)},
+			{"Alloc latency max", l.Max.String()},
+			{"cache given back under pressure", fmt.Sprintf("%s in %d reclaims", fmtBytes(p.Reclaimed), p.Reclaims)},
+			{"regrowths (segments allocated)", fmt.Sprint(p.SegmentAllocs)},
+		}}
+}
+
+// ratioHeader says which way every ratio of the comparison reads.
+const ratioHeader = "memgen ÷ baseline, every ratio: above 1 memgen's figure is the higher (for makespan, below 1 memgen is faster)"
 
 // writeSummary prints rows as a two-column table that fits summaryWidth
 // columns, long values wrapped at spaces, then the comparison of memgen
@@ -140,7 +174,9 @@ func writeSummary(w io.Writer, rows []row, o *Outcome, systems []System) {
 }
 
 // writeComparison prints every system's figures, memgen's first, and then
-// memgen's ratios against each baseline.
+// memgen's ratio to each baseline, figure by figure: memgen ÷ baseline for
+// all of them. Both tables fit summaryWidth columns whatever the figures
+// (a makespan up to 999 hours, a KV peak up to 1023.99 GiB).
 func writeComparison(w io.Writer, o *Outcome, systems []System) {
 	note := "Same trace, step model and KV budget: the baselines get the budget less the served model's weights (no second model); memgen also holds the second model. KV util = token-state bytes / KV bytes reserved or committed."
 	if o.PoolSteps > 0 {
@@ -150,23 +186,34 @@ func writeComparison(w io.Writer, o *Outcome, systems []System) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "system       \tpeak\tmean\ttokens/s\tmakespan\tKV peak\tutil mean\tutil@peak\t\n")
+	const figures = "%-13s%6s%7s%9s%11s%12s%11s%11s\n" // 80 columns
+	fmt.Fprintf(w, figures, "system", "peak", "mean", "tokens/s", "makespan", "KV peak", "util mean", "util@peak")
 	all := append([]System{{Name: "memgen", Figures: o.Figures}}, systems...)
 	for _, s := range all {
-		fmt.Fprintf(tw, "%-13s\t%d\t%.1f\t%.0f\t%s\t%s\t%.1f%%\t%.1f%%\t\n", s.Name, s.PeakConcurrent, s.MeanConcurrent, s.Throughput(),
-			fmtDuration(s.SimTime), fmtBytes(s.PeakKVBytes), 100*s.KVUtilMean, 100*s.KVUtilAtPeak)
+		fmt.Fprintf(w, figures, s.Name, fmt.Sprint(s.PeakConcurrent), fmt.Sprintf("%.1f", s.MeanConcurrent), fmt.Sprintf("%.0f", s.Throughput()),
+			clock(s.SimTime), fmtBytes(s.PeakKVBytes), fmt.Sprintf("%.1f%%", 100*s.KVUtilMean), fmt.Sprintf("%.1f%%", 100*s.KVUtilAtPeak))
 	}
-	_ = tw.Flush()
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "memgen vs    \tpeak conc.\tmean conc.\tthroughput\tmakespan\tserved / rejected\t\n")
-	for _, s := range systems {
-		fmt.Fprintf(tw, "%-13s\t%s\t%s\t%s\t%s\t%d / %d\t\n", s.Name,
-			ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
-			ratio(o.Throughput(), s.Throughput()), ratio(s.SimTime.Seconds(), o.SimTime.Seconds()), s.Served, s.Rejected)
+	for _, line := range wrap(ratioHeader+":", summaryWidth) {
+		fmt.Fprintln(w, line)
 	}
-	_ = tw.Flush()
+	const ratios = "%-13s%11s%11s%11s%11s%19s\n" // 76 columns
+	fmt.Fprintf(w, ratios, "vs", "peak conc.", "mean conc.", "throughput", "makespan", "served / rejected")
+	for _, s := range systems {
+		fmt.Fprintf(w, ratios, s.Name,
+			ratio(float64(o.PeakConcurrent), float64(s.PeakConcurrent)), ratio(o.MeanConcurrent, s.MeanConcurrent),
+			ratio(o.Throughput(), s.Throughput()), ratio(o.SimTime.Seconds(), s.SimTime.Seconds()), fmt.Sprintf("%d / %d", s.Served, s.Rejected))
+	}
+}
+
+// clock writes a duration as h:mm:ss.s, at most 10 characters below 1,000
+// hours.
+func clock(d time.Duration) string {
+	d = d.Round(100 * time.Millisecond)
+	h := d / time.Hour
+	m := (d % time.Hour) / time.Minute
+	s := float64(d%time.Minute) / float64(time.Second)
+	return fmt.Sprintf("%d:%02d:%04.1f", h, m, s)
 }
 
 // wrap cuts s into lines of at most width bytes at spaces (a word longer

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -36,6 +38,9 @@ type workspace struct {
 
 	allocs, steps uint64
 	largest       memapi.Bytes // the largest step's activations, rounded as the pool holds them
+	// latency is the wall time of every pool.Alloc (the slow ones include
+	// the reservations that waited for pressure to free room).
+	latency []time.Duration
 }
 
 // newWorkspace binds the activations holder on the device and builds its
@@ -95,7 +100,9 @@ func (w *workspace) alloc(ctx context.Context, batch int, st memapi.Stream) erro
 	w.steps++
 	var held memapi.Bytes
 	for _, n := range w.sizes(batch) {
+		start := time.Now()
 		blk, err := w.pool.Alloc(ctx, n, st)
+		w.latency = append(w.latency, time.Since(start))
 		if err != nil {
 			return errors.Join(fmt.Errorf("activations of a step of %d requests: %w", batch, err), w.drop(ctx, st))
 		}
@@ -147,4 +154,20 @@ func (w *workspace) drop(ctx context.Context, st memapi.Stream) error {
 // and the binding stay open, both reported.
 func (w *workspace) close() error {
 	return errors.Join(w.pool.Close(), w.bind.Close())
+}
+
+// latencies summarises the wall time of the pool's Allocs.
+type latencies struct {
+	N                   int
+	P50, P99, P999, Max time.Duration
+}
+
+func summarise(ds []time.Duration) latencies {
+	if len(ds) == 0 {
+		return latencies{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return latencies{N: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: s[len(s)-1]}
 }

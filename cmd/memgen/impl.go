@@ -5,6 +5,7 @@ import (
 	"go/types"
 	"io"
 	"sort"
+	"strings"
 
 	"github.com/memgen/memgen/gen"
 	"golang.org/x/tools/go/packages"
@@ -85,16 +86,7 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 			implements := types.Implements(ptr, iface) || types.Implements(obj.Type(), iface)
 			switch {
 			case offered[c.Name] && !implements:
-				missing, wrong := types.MissingMethod(ptr, iface, true)
-				detail := ""
-				if missing != nil {
-					detail = fmt.Sprintf(" (method %s missing", missing.Name())
-					if wrong {
-						detail = fmt.Sprintf(" (method %s has the wrong type", missing.Name())
-					}
-					detail += ")"
-				}
-				fmt.Fprintf(stderr, "%s: mechanism %s: *%s lacks capability %s that the spec declares%s\n", m.Package, m.Name, m.Type, c.Name, detail)
+				fmt.Fprintf(stderr, "%s: mechanism %s: *%s lacks capability %s that the spec declares%s\n", m.Package, m.Name, m.Type, c.Name, methodsDetail(ptr, iface))
 				ok = false
 			case !offered[c.Name] && implements:
 				fmt.Fprintf(stderr, "%s: mechanism %s: *%s implements capability %s, which the spec does not declare for it\n", m.Package, m.Name, m.Type, c.Name)
@@ -102,9 +94,39 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 			}
 		}
 		if mi, _ := contractPkg.Scope().Lookup("Mechanism").Type().Underlying().(*types.Interface); mi != nil && !types.Implements(ptr, mi) {
-			fmt.Fprintf(stderr, "%s: mechanism %s: *%s does not implement memapi.Mechanism\n", m.Package, m.Name, m.Type)
+			fmt.Fprintf(stderr, "%s: mechanism %s: *%s does not implement memapi.Mechanism%s\n", m.Package, m.Name, m.Type, methodsDetail(ptr, mi))
 			ok = false
 		}
 	}
 	return ok
+}
+
+// methodsDetail lists every method of iface that t lacks and every one it
+// has with another signature, by name: " (missing A, B;
+// wrong type: C)", or "" when it lacks none. (The compiler names only the
+// first missing method of each interface.)
+func methodsDetail(t types.Type, iface *types.Interface) string {
+	var missing, wrong []string
+	for i := 0; i < iface.NumMethods(); i++ {
+		want := iface.Method(i)
+		obj, _, _ := types.LookupFieldOrMethod(t, false, want.Pkg(), want.Name())
+		got, ok := obj.(*types.Func)
+		switch {
+		case !ok:
+			missing = append(missing, want.Name())
+		case !types.Identical(got.Type(), want.Type()):
+			wrong = append(wrong, want.Name())
+		}
+	}
+	var parts []string
+	if len(missing) > 0 {
+		parts = append(parts, "missing "+strings.Join(missing, ", "))
+	}
+	if len(wrong) > 0 {
+		parts = append(parts, "wrong type: "+strings.Join(wrong, ", "))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }

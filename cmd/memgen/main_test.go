@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -134,6 +135,12 @@ func TestUsageExitCodes(t *testing.T) {
 		{"help with an unknown command", []string{"help", "frobnicate"}, exitUsage, `want one command's name, got ["frobnicate"]`},
 		{"version", []string{"version"}, exitOK, "memgen github.com/memgen/memgen "},
 		{"version with arguments", []string{"version", "now"}, exitUsage, "unexpected arguments"},
+		{"version --help", []string{"version", "--help"}, exitOK, "usage: memgen version"},
+		{"version -h", []string{"version", "-h"}, exitOK, "usage: memgen version"},
+		{"version with a bad flag", []string{"version", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{"help version", []string{"help", "version"}, exitOK, "usage: memgen version"},
+		{"help help", []string{"help", "help"}, exitOK, "usage: memgen <command>"},
+		{"help --help", []string{"help", "--help"}, exitOK, "usage: memgen <command>"},
 		{"bad flag", []string{"check", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
 		{"extra argument", []string{"generate", "-root", root, "extra"}, exitUsage, "unexpected arguments"},
 		{"missing root", []string{"check", "-root", filepath.Join(root, "nowhere")}, exitUsage, "go.mod"},
@@ -176,6 +183,42 @@ func TestHelpOnEveryVerb(t *testing.T) {
 		// The top-level usage names every verb.
 		_, stdout, _ := memgen(t, "--help")
 		wantContains(t, stdout, "  "+v+" ")
+	}
+}
+
+// TestEveryListedVerbTakesHelp: every verb the top-level usage lists
+// (version and help included) takes --help and -h, and help VERB prints
+// the same, on stdout with exit 0.
+func TestEveryListedVerbTakesHelp(t *testing.T) {
+	_, top, _ := memgen(t, "--help")
+	_, list, ok := strings.Cut(top, "commands:\n")
+	if !ok {
+		t.Fatalf("no commands: section in the usage:\n%s", top)
+	}
+	var verbs []string
+	for _, line := range strings.Split(list, "\n") {
+		if f := strings.Fields(line); strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   ") && len(f) > 0 {
+			verbs = append(verbs, f[0])
+		}
+	}
+	for _, want := range []string{"generate", "check", "doc", "version", "help"} {
+		if !slices.Contains(verbs, want) {
+			t.Fatalf("verbs listed %q lack %s", verbs, want)
+		}
+	}
+	for _, v := range verbs {
+		var outs []string
+		for _, args := range [][]string{{v, "--help"}, {v, "-h"}, {"help", v}} {
+			code, stdout, stderr := memgen(t, args...)
+			wantCode(t, code, exitOK, stdout, stderr)
+			if stderr != "" || !strings.Contains(stdout, "usage: memgen ") {
+				t.Errorf("memgen %q: stdout %q, stderr %q", args, stdout, stderr)
+			}
+			outs = append(outs, stdout)
+		}
+		if outs[0] != outs[2] {
+			t.Errorf("memgen help %s differs from memgen %s --help:\n%s\n---\n%s", v, v, outs[2], outs[0])
+		}
 	}
 }
 

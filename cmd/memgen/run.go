@@ -41,22 +41,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
-		if len(args) == 1 {
+		if len(args) == 1 || args[0] == "help" && len(args) == 2 && (args[1] == "help" || args[1] == "-h" || args[1] == "--help") {
 			fmt.Fprint(stdout, usage)
 			return exitOK
 		}
-		if _, ok := commands[args[1]]; len(args) > 2 || !ok {
+		if _, ok := commands[args[1]]; len(args) > 2 || !ok && args[1] != "version" {
 			fmt.Fprintf(stderr, "memgen help: want one command's name, got %q\n\n%s", args[1:], usage)
 			return exitUsage
 		}
 		return run([]string{args[1], "--help"}, stdout, stderr)
 	case "version":
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "memgen version: unexpected arguments %q\n", args[1:])
-			return exitUsage
-		}
-		fmt.Fprintln(stdout, version())
-		return exitOK
+		return runVersion(args[1:], stdout, stderr)
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -245,5 +240,35 @@ func runCheck(o *options, stdout, stderr io.Writer) int {
 		return exitSpec
 	}
 	fmt.Fprintf(stdout, "memgen check: ok (%d generated files, spec %s)\n", len(files), strings.TrimSpace(p.spec.Digest[:12]))
+	return exitOK
+}
+
+const versionHelp = `usage: memgen version
+
+Prints memgen's module path and version, the VCS revision it was built from
+(with its time, and whether the tree was modified) and the Go version and
+platform, from the build information the Go command records in the binary.
+It takes no flags and no arguments.
+`
+
+// runVersion is the version verb: no flags but --help.
+func runVersion(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("memgen version", flag.ContinueOnError)
+	var flagOut strings.Builder
+	fs.SetOutput(&flagOut)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), versionHelp) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			io.WriteString(stdout, flagOut.String())
+			return exitOK
+		}
+		io.WriteString(stderr, flagOut.String())
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "memgen version: unexpected arguments %q\n\n%s", fs.Args(), versionHelp)
+		return exitUsage
+	}
+	fmt.Fprintln(stdout, version())
 	return exitOK
 }

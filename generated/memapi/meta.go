@@ -50,7 +50,8 @@ type MechanismMeta struct {
 	Doc         string
 }
 
-// InvariantMeta is one invariant of DESIGN.md section 3.
+// InvariantMeta is one invariant of the spec (its invariants section): a rule,
+// where it is enforced and what it applies to.
 type InvariantMeta struct {
 	ID           string
 	Says         string

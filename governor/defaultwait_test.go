@@ -1,0 +1,137 @@
+package governor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// fill charges the whole of authority "gpu" to holder "a" and returns the
+// lease, so the next reservation must wait.
+func fillForWait(h *harness) *Lease {
+	h.register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{})
+	return h.lease("gpu", "a", 100)
+}
+
+func pendingResult(t *testing.T, ch <-chan result) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("the reservation returned (%v, %v), want it still waiting", r.gr, r.err)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// A reservation with no deadline, on context.Background(), fails after the
+// default wait (30 s unless set) instead of waiting forever, and says why.
+func TestNoDeadlineWaitsTheDefaultWait(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{"gpu": 100})
+	fillForWait(h)
+	ch := h.reserveAsync(context.Background(), "gpu", "a", 10, 0, time.Time{})
+	h.awaitWaiting("a")
+	h.clock.Advance(DefaultWaitBound - time.Second)
+	pendingResult(t, ch)
+	h.clock.Advance(time.Second)
+	r := await(t, ch)
+	if r.gr != nil {
+		t.Fatal("served, want the default wait to end it")
+	}
+	mustKind(t, r.err, ErrDefaultWait)
+	mustKind(t, r.err, context.DeadlineExceeded)
+	mustKind(t, r.err, memapi.ErrOverBudget)
+	if !strings.Contains(r.err.Error(), "default wait of 30s") {
+		t.Fatalf("error %q does not name the default wait", r.err)
+	}
+	h.wantLedger("gpu", ledger{Charged: 100})
+	if s := h.auth("gpu"); s.Waiters != 0 {
+		t.Fatalf("%d waiters left in the queue", s.Waiters)
+	}
+}
+
+// Options.DefaultWait sets the bound; on the system clock too.
+func TestDefaultWaitIsSettable(t *testing.T) {
+	g := New(Options{DefaultWait: 10 * time.Millisecond})
+	t.Cleanup(func() { g.Close() })
+	if err := g.AddAuthority("gpu", 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Reserve(context.Background(), "gpu", "a", "r", 100, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Reserve(context.Background(), "gpu", "a", "r", 1, 0, time.Time{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrDefaultWait) {
+			t.Fatalf("error %v, want ErrDefaultWait", err)
+		}
+	case <-time.After(watchdog):
+		t.Fatal("a reservation with no deadline waited past the 10 ms default wait")
+	}
+}
+
+// A negative DefaultWait removes the bound: the reservation waits until it
+// is served.
+func TestNegativeDefaultWaitWaitsUntilServed(t *testing.T) {
+	h := newHarness(t, nil)
+	h.g = New(Options{Clock: h.clock, OnEvent: h.record, DefaultWait: -1})
+	t.Cleanup(func() { h.g.Close() })
+	if err := h.g.AddAuthority("gpu", 100); err != nil {
+		t.Fatal(err)
+	}
+	l := fillForWait(h)
+	ch := h.reserveAsync(context.Background(), "gpu", "a", 10, 0, time.Time{})
+	h.awaitWaiting("a")
+	h.clock.Advance(time.Hour)
+	pendingResult(t, ch)
+	if err := l.Refund(100); err != nil {
+		t.Fatal(err)
+	}
+	r := await(t, ch)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_ = r.gr.Cancel()
+}
+
+// A deadline of the reservation's own, or of its ctx, is the bound: the
+// default wait neither shortens nor replaces it.
+func TestADeadlineOverridesTheDefaultWait(t *testing.T) {
+	for _, kind := range []string{"reservation", "ctx"} {
+		t.Run(kind, func(t *testing.T) {
+			h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{"gpu": 100})
+			l := fillForWait(h)
+			ctx := context.Background()
+			var deadline time.Time
+			if kind == "ctx" {
+				c, cancel := context.WithTimeout(ctx, time.Hour)
+				defer cancel()
+				ctx = c
+			} else {
+				deadline = h.clock.Now().Add(time.Hour)
+			}
+			ch := h.reserveAsync(ctx, "gpu", "a", 10, 0, deadline)
+			h.awaitWaiting("a")
+			h.clock.Advance(2 * DefaultWaitBound)
+			pendingResult(t, ch)
+			if err := l.Refund(100); err != nil {
+				t.Fatal(err)
+			}
+			r := await(t, ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			_ = r.gr.Cancel()
+		})
+	}
+}
