@@ -1,0 +1,93 @@
+package llamacpp
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// childEnv names the environment variable that makes the test binary a
+// child of TestOneRowShortFaults: "short" commits one row less than the
+// decode needs, "exact" the rows it needs.
+const childEnv = "MEMGEN_LLAMACPP_CHILD"
+
+// runChild decodes a prompt of 8 tokens, then one more token with the KV
+// regions committed to 8 rows when it needs 9 (short) or to 9 (exact). A
+// row is 1 KiB and the granule 4 KiB, so 8 rows are exactly 2 granules:
+// the 9th row is the first byte of an uncommitted (PROT_NONE) page.
+func runChild() int {
+	mode := os.Getenv(childEnv)
+	if err := Init(libPath); err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	r, cleanup, err := newChildRig()
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	defer cleanup()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := LoadModel(ctx, modelPath, r.options())
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	c, err := m.NewContext(ctx, ContextOptions{NCtx: 256})
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	if _, err := c.Decode(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	if mode == "short" {
+		rowsShort = 1
+	}
+	next, err := c.Decode(ctx, []int32{9})
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	kv := c.KV()
+	fmt.Printf("child: decoded the 9th token (next %d) with %d bytes committed in %d tensors\n", next, kv.Committed, kv.Tensors)
+	return 0
+}
+
+// TestOneRowShortFaults: llama.cpp touches the rows the decode needs and
+// they must be backed — committing one row short makes the engine fault
+// (in a child process), while committing exactly the rows runs.
+func TestOneRowShortFaults(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("exact")
+	if err != nil || !strings.Contains(out, "child: decoded the 9th token") {
+		t.Fatalf("exact commit: %v\n%s", err, out)
+	}
+	t.Logf("exact: %s", strings.TrimSpace(out))
+	out, err = run("short")
+	if err == nil {
+		t.Fatalf("one row short: the child exited cleanly:\n%s", out)
+	}
+	if !strings.Contains(out, "SIGSEGV") {
+		t.Fatalf("one row short: the child failed without a segmentation fault: %v\n%s", err, out)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	t.Logf("one row short: %v: %s", err, first)
+}
