@@ -127,7 +127,7 @@ fi
 if [ -n "$model" ]; then
 	[ -f "$model" ] || die "no model at $model"
 else
-	model="$CACHE/tiny-llama-seed1.gguf"
+	model="$CACHE/tiny-llama-w3-seed1.gguf"
 	if [ ! -f "$model" ]; then
 		command -v go >/dev/null || die "go is needed to write the tiny model"
 		say "writing $model (integrations/llamacpp/cmd/llamagguf, seed 1)"

@@ -26,7 +26,7 @@ import (
 var (
 	libPath   = envOr("MEMGEN_LLAMACPP_LIB", filepath.Join(cacheDir(), "lib", LibName))
 	srcDir    = envOr("MEMGEN_LLAMACPP_SRC", filepath.Join(cacheDir(), "src"))
-	modelPath = envOr("MEMGEN_LLAMACPP_MODEL", filepath.Join(cacheDir(), "tiny-llama-seed1.gguf"))
+	modelPath = envOr("MEMGEN_LLAMACPP_MODEL", filepath.Join(cacheDir(), "tiny-llama-w3-seed1.gguf"))
 )
 
 func envOr(k, def string) string {
