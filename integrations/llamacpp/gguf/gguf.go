@@ -9,7 +9,6 @@ package gguf
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -53,8 +52,9 @@ type Tensor struct {
 	Data []float32
 }
 
-// Write writes a GGUF file of the metadata and F32 tensors to w.
-func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
+// Write writes a GGUF file of the metadata and F32 tensors to w, from
+// its current offset (the data section is aligned relative to it).
+func Write(w io.WriteSeeker, kvs []KV, tensors []Tensor) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	le := binary.LittleEndian
 	var scratch [8]byte
@@ -121,12 +121,8 @@ func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
 
 // writeData pads the file to the alignment and writes the tensors, each
 // padded to the alignment. w has received the header already.
-func writeData(w io.Writer, tensors []Tensor) error {
-	cw, ok := w.(interface{ Seek(int64, int) (int64, error) })
-	if !ok {
-		return errors.New("gguf: Write needs an io.Seeker to align the data section")
-	}
-	at, err := cw.Seek(0, io.SeekCurrent)
+func writeData(w io.WriteSeeker, tensors []Tensor) error {
+	at, err := w.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return err
 	}
