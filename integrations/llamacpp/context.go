@@ -298,11 +298,35 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 	return next, nil
 }
 
-// decodeBatch grows the regions to the cells after the batch, records the
-// decode's fence on them, and decodes.
+// kvTile is the rows of K and V that ggml's CPU flash-attention kernel
+// reads together when it decodes a batch of 64 tokens or more (its tiled
+// path, GGML_FA_TILE_KV): it reads every row of a tile in which one cell
+// is visible to one query. For a single token it reads exactly the visible
+// rows. See docs/llamacpp.md.
+const kvTile = 64
+
+// touched is the rows of each KV tensor a decode of n tokens after cells
+// cells touches: the cells it writes and reads, and for a batch of more
+// than one token the rest of the last 64-row tile (at most the tensor's
+// rows).
+func touched(cells, n, rows int) int {
+	r := cells + n
+	if n > 1 {
+		r = min((r+kvTile-1)/kvTile*kvTile, rows)
+	}
+	return r
+}
+
+// decodeBatch grows the regions to the rows the decode touches, records
+// the decode's fence on them, decodes, and shrinks them back to the cells
+// in use (the rest of a tile, after a batch).
 func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error) {
 	rows := c.cells + len(batch)
-	if err := c.grow(ctx, rows); err != nil {
+	commit := rows
+	if len(c.tensors) > 0 && !untiled {
+		commit = touched(c.cells, len(batch), c.tensors[0].cells)
+	}
+	if err := c.grow(ctx, commit); err != nil {
 		return 0, err
 	}
 	f := newDecodeFence()
@@ -317,16 +341,38 @@ func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error)
 	f.complete()
 	c.stats.Decodes++
 	if st != 0 {
-		return 0, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
+		// llama.cpp changed nothing: the regions go back to the cells.
+		return 0, errors.Join(fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError()), c.shrinkTo(c.cells))
 	}
 	c.cells = rows
 	c.stats.Tokens += len(batch)
+	if commit > rows {
+		if err := c.shrinkTo(rows); err != nil {
+			return 0, fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err)
+		}
+	}
 	return int32(next), nil
 }
 
-// rowsShort is subtracted from the rows grow commits: 0 but in the test
-// that shows an uncommitted row faults (TestOneRowShortFaults).
-var rowsShort int
+// shrinkTo shrinks every tensor to rows (released behind the fences).
+func (c *Context) shrinkTo(rows int) error {
+	var errs []error
+	for _, t := range c.tensors {
+		if want := memapi.Bytes(rows) * t.rowBytes; want < t.region.Len() {
+			errs = append(errs, t.region.Shrink(context.Background(), want, nil))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rowsShort is subtracted from the rows grow commits, and untiled drops
+// the tile rounding of a batch: both are unset but in the tests that show
+// an uncommitted row faults (TestOneRowShortFaults,
+// TestPrefillNeedsWholeTiles).
+var (
+	rowsShort int
+	untiled   bool
+)
 
 // grow commits every tensor's rows up to rows. On a refusal the tensors
 // grown so far are shrunk back: each holds its c.cells rows again.
@@ -345,7 +391,9 @@ func (c *Context) grow(ctx context.Context, rows int) error {
 		if err := t.region.Grow(ctx, want, nil); err != nil {
 			var errs []error
 			for _, u := range c.tensors[:i] {
-				errs = append(errs, u.region.Shrink(context.Background(), memapi.Bytes(c.cells)*u.rowBytes, nil))
+				if back := memapi.Bytes(c.cells) * u.rowBytes; back < u.region.Len() {
+					errs = append(errs, u.region.Shrink(context.Background(), back, nil))
+				}
 			}
 			kv := memapi.Bytes(0)
 			wanted := memapi.Bytes(0)

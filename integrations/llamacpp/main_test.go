@@ -111,6 +111,8 @@ type rig struct {
 	ectx *ep.Context
 	mgr  *pmm.Manager
 	host memapi.DeviceKey
+	// extra is what holders other than the model's hold.
+	extra memapi.Bytes
 }
 
 func newRig(t testing.TB, capacity memapi.Bytes) *rig {
