@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/cgo"
+	"slices"
 	"sync"
 	"time"
 
@@ -270,31 +271,32 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 		return 0, fmt.Errorf("%w: %d tokens in a context of %d", ErrContextFull, n, c.nCtx)
 	}
 	// The tokens a preemption dropped first, then the new ones.
-	todo := append(c.tokens[c.cells:len(c.tokens):len(c.tokens)], tokens...)
-	recompute := len(c.tokens) - c.cells
+	hist := len(c.tokens)
+	todo := slices.Concat(c.tokens[c.cells:], tokens)
+	recompute := hist - c.cells
 	var next int32
 	for len(todo) > 0 {
 		n := min(len(todo), c.batch)
 		var err error
 		next, err = c.decodeBatch(ctx, todo[:n])
 		if err != nil {
-			// The batches already decoded stay: the cells are the
-			// sequence's first c.cells tokens. A recomputation that
-			// failed is retried by the next Decode.
-			c.tokens = c.tokens[:max(c.cells, len(c.tokens)-recompute)]
-			if c.cells > len(c.tokens) {
-				c.tokens = c.tokens[:c.cells]
+			// The sequence is as before: cells of this call's tokens
+			// decoded by earlier batches are dropped again (recomputed
+			// ones stay, the next Decode goes on from them).
+			if c.cells > hist {
+				if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
+					err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
+				}
+				c.cells = hist
+				err = errors.Join(err, c.shrinkTo(hist))
 			}
 			return 0, err
 		}
-		if recompute > 0 {
-			c.stats.Recomputed += min(n, recompute)
-			recompute -= min(n, recompute)
-		} else {
-			c.tokens = append(c.tokens, todo[:n]...)
-		}
+		c.stats.Recomputed += min(n, recompute)
+		recompute -= min(n, recompute)
 		todo = todo[n:]
 	}
+	c.tokens = append(c.tokens, tokens...)
 	return next, nil
 }
 
