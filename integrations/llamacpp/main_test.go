@@ -53,8 +53,13 @@ func required() bool {
 }
 
 func TestMain(m *testing.M) {
-	// A child of TestOneRowShortFaults runs its own body and nothing else.
-	if os.Getenv(childEnv) != "" {
+	// A child process of a test or benchmark runs its own body and
+	// nothing else.
+	switch os.Getenv(childEnv) {
+	case "":
+	case "rss-stock", "rss-memgen":
+		os.Exit(memChild(os.Getenv(childEnv) == "rss-stock"))
+	default:
 		os.Exit(runChild())
 	}
 	missing := ""
