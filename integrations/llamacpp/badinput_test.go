@@ -245,3 +245,61 @@ func TestDecodeOverBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCloseWaitsForQueuedReleases: when the device context's queue is
+// busy (another holder's release waits for its fence), a context's
+// regions are released on the queue's goroutine, after Close's llama_free
+// returned; Close waits for those refunds before it unregisters the
+// holder, so it succeeds and leaves nothing.
+func TestCloseWaitsForQueuedReleases(t *testing.T) {
+	r := newRig(t, 1<<30)
+	m := loadModel(t, r.options())
+	if err := r.g.Register("busy", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hb, err := r.mgr.Bind("busy", "busy", r.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		c, err := m.NewContext(bg(t), ContextOptions{NCtx: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Decode(bg(t), prompt(round, 40, m.NVocab())); err != nil {
+			t.Fatal(err)
+		}
+		buf, err := hb.Allocate(bg(t), 4<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newDecodeFence()
+		if err := buf.RecordUse(f); err != nil {
+			t.Fatal(err)
+		}
+		if err := buf.Close(); err != nil { // pending until f completes
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			time.Sleep(50 * time.Millisecond)
+			f.complete()
+		}()
+		if err := c.Close(bg(t)); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		<-done
+		if n := r.charged(c.Holder()); n != 0 {
+			t.Fatalf("round %d: closed context charged %d", round, n)
+		}
+	}
+	r.settle(t)
+	if err := hb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.g.Unregister("busy"); err != nil {
+		t.Fatal(err)
+	}
+	r.auditEmpty(t, "after close", m)
+}
