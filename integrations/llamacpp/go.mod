@@ -2,7 +2,10 @@ module github.com/memgen/memgen/integrations/llamacpp
 
 go 1.26.0
 
-require github.com/memgen/memgen v0.1.0
+require (
+	github.com/memgen/memgen v0.1.0
+	go.uber.org/goleak v1.3.0
+)
 
 require golang.org/x/sys v0.50.0 // indirect
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -83,7 +85,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	Verbose(os.Getenv("MEMGEN_LLAMACPP_VERBOSE") == "1")
-	os.Exit(m.Run())
+	code := m.Run()
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "integrations/llamacpp: goroutines outlived the tests:", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // skipAll runs none of m's tests and reports why where a person sees it
