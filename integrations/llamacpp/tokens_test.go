@@ -197,3 +197,47 @@ func closeAll(t testing.TB, cs []*Context) {
 		}
 	}
 }
+
+// TestResetReleasesAndRestarts: Reset drops the sequence
+// (llama_memory_seq_rm) and its regions' backing, refunded behind the
+// decode fences: the context's holder is charged 0 and stays registered;
+// the same prompt then decodes to the same tokens as the first time.
+func TestResetReleasesAndRestarts(t *testing.T) {
+	r := newRig(t, 1<<30)
+	m := loadModel(t, r.options())
+	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func() []int32 {
+		next, err := c.Decode(bg(t), prompt(9, 70, m.NVocab()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int32
+		for range 40 {
+			out = append(out, next)
+			if next, err = c.Decode(bg(t), []int32{next}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	first := run()
+	r.audit(t, "before the reset", m, c)
+	if err := c.Reset(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	r.audit(t, "after the reset", m, c)
+	if n, kv := r.charged(c.Holder()), c.KV(); n != 0 || kv.Committed != 0 || kv.Cells != 0 || len(c.Tokens()) != 0 {
+		t.Fatalf("after the reset: holder charged %d, %+v, %d tokens", n, kv, len(c.Tokens()))
+	}
+	if again := run(); hashTokens(again) != hashTokens(first) {
+		t.Fatalf("after the reset the same prompt gave other tokens:\n%v\n%v", first, again)
+	}
+	r.audit(t, "after the second run", m, c)
+	if err := c.Close(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	r.auditEmpty(t, "after close", m)
+}
