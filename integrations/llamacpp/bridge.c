@@ -61,9 +61,9 @@ void memgen_llama_set_verbose(int on) {
 
 char *memgen_llama_load(const char *lib, const char *dir) {
 	struct memgen_llama_api *a = &memgen_llama_api;
-	if (a->handle) return dupf("%s%s", "llama.cpp is already loaded", "");
+	if (a->handle) return dupf("%s%s", "llama.cpp is already loaded from another path: ", lib);
 	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-	if (!h) return dupf("%s%s", dlerror(), "");
+	if (!h) return dupf("%s%s", "dlopen: ", dlerror());
 	SYM(llama_backend_init);
 	SYM(llama_log_set);
 	SYM(llama_model_default_params);
@@ -100,21 +100,18 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours) {
 	/* Read the file into the weights' buffers: no mapping of it stays. */
 	p.load_mode = LLAMA_LOAD_MODE_NONE;
 	p.use_extra_bufts = false;
-	ggml_backend_dev_t devs[2] = {memgen_llama_device(), NULL};
+	ggml_backend_dev_t devs[2] = {NULL, NULL};
 	/* The input layer's tensors (the token embeddings) stay on the CPU
 	 * device in llama.cpp's plan; this override puts them in memgen's
 	 * buffers too, so that every weight is in pmm. */
 	struct llama_model_tensor_buft_override ov[2] = {{"token_embd", memgen_llama_buft()}, {NULL, NULL}};
+	p.devices = devs; /* stock: no device, every layer on the CPU */
+	p.n_gpu_layers = 0;
 	if (ours) {
-		p.devices = devs;
-		p.n_gpu_layers = -1;
+		devs[0] = memgen_llama_device();
+		p.n_gpu_layers = -1; /* every layer on memgen's device */
 		p.split_mode = LLAMA_SPLIT_MODE_LAYER;
 		p.tensor_buft_overrides = ov;
-	} else {
-		ggml_backend_dev_t none[1] = {NULL};
-		p.devices = none;
-		p.n_gpu_layers = 0;
-		return a->llama_model_load_from_file(path, p);
 	}
 	return a->llama_model_load_from_file(path, p);
 }

@@ -94,7 +94,7 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 	m := &Model{opts: opts, path: path, info: info, nVocab: int(emb.Dims[1]), contexts: map[*Context]struct{}{}}
 	if !opts.Stock {
 		if opts.Manager == nil || opts.Governor == nil {
-			return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "Options.Manager and Options.Governor are required (or Stock)")
+			return nil, memapi.Errorf(op, memapi.ErrNilHandle, "Options.Manager and Options.Governor are required (or Stock)")
 		}
 		m.holder = governor.HolderID(opts.Name + "/weights")
 		if err := opts.Governor.Register(m.holder, nil, governor.HolderOptions{}); err != nil {
