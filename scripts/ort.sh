@@ -9,12 +9,15 @@
 #   - The ONNX project's conformance models: Debian's libonnx-testdata
 #     (/usr/share/libonnx-testdata/data/), and python3-onnx to build the
 #     pressure test's MLP (4 layers of width 512, 1 MiB) and the allocation
-#     benchmark's fan-out model (128 branches, 2.1 MiB) into the cache.
+#     benchmark's fan-out model (128 branches, 2.1 MiB) and the decoder
+#     (4 layers, GroupQueryAttention with 2 KV heads, one cache tensor per
+#     KV head, 4,096 rows; 14 MB) into the cache.
 #   - For `bench` only: the benchmark's MLP (24 layers of width 2048,
 #     403 MB), built once into the cache.
 #
 # It prints the environment the tests read (MEMGEN_ORT_LIB,
-# MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, MEMGEN_ORT_FAN_MODEL, and MEMGEN_ORT_BENCH_MODEL
+# MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, MEMGEN_ORT_FAN_MODEL,
+# MEMGEN_ORT_DECODER_MODEL, and MEMGEN_ORT_BENCH_MODEL
 # once built) and writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means
 # everything is in place; anything else means it could not be fetched.
 #
@@ -32,8 +35,9 @@
 #                           ORT_BENCHTIME for the MLP inference, default 10x;
 #                           ORT_FAN_BENCHTIME for the fan-out inference,
 #                           default 20x; ORT_ALLOC_BENCHTIME for Alloc+Free,
-#                           default 20000x; ORT_BENCHCOUNT runs of the last
-#                           two, default 3)
+#                           default 20000x; BenchmarkDecode, 2,048 tokens
+#                           three ways, ORT_DECODE_BENCHTIME, default 1x;
+#                           ORT_BENCHCOUNT runs of the last three, default 3)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
@@ -47,6 +51,7 @@ LIB="$CACHE/libonnxruntime.so.1"
 MODEL="$CACHE/mlp24x2048b64.onnx"
 SMALL="$CACHE/mlp4x512b256.onnx"
 FAN="$CACHE/fan128dyn.onnx"
+DECODER="$CACHE/gqa-decoder-l4d256h4kv2s4096v1024.onnx"
 
 say() { printf 'ort.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -77,7 +82,8 @@ test | bench)
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
 	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .
-	exec go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
+	go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
+	exec go test -run '^$' -bench '^BenchmarkDecode$' -benchtime "${ORT_DECODE_BENCHTIME:-1x}" -count "${ORT_BENCHCOUNT:-3}" .
 	;;
 *) die "usage: $0 [fetch|fetch-bench|test|bench]" ;;
 esac
@@ -239,6 +245,112 @@ PY
 }
 # The allocation benchmark and test: 128 branches (2.1 MiB of weights).
 fan 128 "$FAN"
+# decoder LAYERS WIDTH HEADS KV_HEADS MAX_SEQ VOCAB FF FILE: a decoder of
+# random weights (seed 26) for integrations/ort's Decoder: token embedding;
+# per layer LayerNormalization, Q/K/V projections, one
+# com.microsoft::GroupQueryAttention node per KV head (kv_num_heads 1, its
+# HEADS/KV_HEADS query heads split off, rotary embedding from cos/sin caches
+# of MAX_SEQ rows), the heads concatenated, output projection, residual,
+# LayerNormalization, a ReLU MLP of width FF, residual; a final
+# LayerNormalization and the vocabulary projection. Inputs input_ids,
+# seqlens_k, total_sequence_length, past_key.L.G and past_value.L.G
+# [1, 1, rows, head_size]; outputs logits [1, 1, VOCAB] and present_key.L.G,
+# present_value.L.G. One KV head per cache tensor: GroupQueryAttention's
+# cache is BNSH (heads outer), so a tensor of several KV heads has its rows
+# in use at the start of each head's slab; one head per tensor makes them a
+# prefix, which a memgen Region backed from its start holds exactly.
+decoder() {
+	local file="$8"
+	[ -f "$file" ] && return 0
+	say "building $file with python3-onnx"
+	/usr/bin/python3 - "$@" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+layers, d, heads, kvh, max_seq, vocab, ff = (int(a) for a in sys.argv[1:8])
+path = sys.argv[8]
+hs = d // heads
+assert heads % kvh == 0 and hs % 2 == 0
+group = heads // kvh
+rng = np.random.default_rng(26)
+inits, nodes = [], []
+
+def w(name, shape, scale):
+    a = (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+    inits.append(numpy_helper.from_array(a, name))
+    return name
+
+def const(name, arr):
+    inits.append(numpy_helper.from_array(np.asarray(arr), name))
+
+inv = 1.0 / (10000.0 ** (np.arange(0, hs, 2, dtype=np.float64) / hs))
+ang = np.outer(np.arange(max_seq, dtype=np.float64), inv)
+const("cos_cache", np.cos(ang).astype(np.float32))  # [max_seq, hs/2]
+const("sin_cache", np.sin(ang).astype(np.float32))
+const("split_q", np.full((kvh,), group * hs, dtype=np.int64))
+const("split_kv", np.full((kvh,), hs, dtype=np.int64))
+const("ln_g", np.ones((d,), dtype=np.float32))
+const("ln_b", np.zeros((d,), dtype=np.float32))
+
+w("embed", (vocab, d), 1.0)
+nodes.append(helper.make_node("Gather", ["embed", "input_ids"], ["x0"], axis=0))
+inputs = [
+    helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1]),
+    helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+    helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+]
+outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, vocab])]
+x = "x0"
+for l in range(layers):
+    p = f"l{l}."
+    nodes.append(helper.make_node("LayerNormalization", [x, "ln_g", "ln_b"], [p + "h"], axis=-1, epsilon=1e-5))
+    for n, cols in (("q", heads * hs), ("k", kvh * hs), ("v", kvh * hs)):
+        nodes.append(helper.make_node("MatMul", [p + "h", w(p + "w" + n, (d, cols), 1 / np.sqrt(d))], [p + n]))
+    qs = [f"{p}q{g}" for g in range(kvh)]
+    ks = [f"{p}k{g}" for g in range(kvh)]
+    vs = [f"{p}v{g}" for g in range(kvh)]
+    nodes.append(helper.make_node("Split", [p + "q", "split_q"], qs, axis=2))
+    nodes.append(helper.make_node("Split", [p + "k", "split_kv"], ks, axis=2))
+    nodes.append(helper.make_node("Split", [p + "v", "split_kv"], vs, axis=2))
+    outs = []
+    for g in range(kvh):
+        pk, pv = f"past_key.{l}.{g}", f"past_value.{l}.{g}"
+        ck, cv = f"present_key.{l}.{g}", f"present_value.{l}.{g}"
+        inputs += [helper.make_tensor_value_info(pk, TensorProto.FLOAT, [1, 1, "past_sequence_length", hs]),
+                   helper.make_tensor_value_info(pv, TensorProto.FLOAT, [1, 1, "past_sequence_length", hs])]
+        outputs += [helper.make_tensor_value_info(ck, TensorProto.FLOAT, [1, 1, "present_sequence_length", hs]),
+                    helper.make_tensor_value_info(cv, TensorProto.FLOAT, [1, 1, "present_sequence_length", hs])]
+        o = f"{p}attn{g}"
+        nodes.append(helper.make_node(
+            "GroupQueryAttention",
+            [qs[g], ks[g], vs[g], pk, pv, "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
+            [o, ck, cv], domain="com.microsoft", num_heads=group, kv_num_heads=1, do_rotary=1))
+        outs.append(o)
+    nodes.append(helper.make_node("Concat", outs, [p + "attn"], axis=2))
+    nodes.append(helper.make_node("MatMul", [p + "attn", w(p + "wo", (heads * hs, d), 1 / np.sqrt(d))], [p + "o"]))
+    nodes.append(helper.make_node("Add", [x, p + "o"], [p + "x1"]))
+    nodes.append(helper.make_node("LayerNormalization", [p + "x1", "ln_g", "ln_b"], [p + "h2"], axis=-1, epsilon=1e-5))
+    nodes.append(helper.make_node("MatMul", [p + "h2", w(p + "w1", (d, ff), 1 / np.sqrt(d))], [p + "m"]))
+    nodes.append(helper.make_node("Relu", [p + "m"], [p + "r"]))
+    nodes.append(helper.make_node("MatMul", [p + "r", w(p + "w2", (ff, d), 1 / np.sqrt(ff))], [p + "f"]))
+    nodes.append(helper.make_node("Add", [p + "x1", p + "f"], [p + "x2"]))
+    x = p + "x2"
+nodes.append(helper.make_node("LayerNormalization", [x, "ln_g", "ln_b"], ["hf"], axis=-1, epsilon=1e-5))
+nodes.append(helper.make_node("MatMul", ["hf", w("lm_head", (d, vocab), 1 / np.sqrt(d))], ["logits"]))
+graph = helper.make_graph(nodes, f"gqa_decoder_{layers}x{d}", inputs, outputs, inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+model.ir_version = 8
+onnx.checker.check_model(model)
+onnx.save(model, path + ".tmp")
+PY
+	mv "$file.tmp" "$file"
+}
+# The Decoder's tests and benchmark: 4 layers of width 256, 4 query heads
+# and 2 KV heads of size 64 (256-byte cache rows), 4,096 rows, a vocabulary
+# of 1,024, an MLP of width 1,024 (14 MB).
+decoder 4 256 4 2 4096 1024 1024 "$DECODER"
 # The benchmark, for bench only: 24 layers of width 2048 (16 MiB of weights
 # each, 403 MB in all), batch 64 (512 KiB activations between layers).
 [ "$mode" = fetch-bench ] && mlp 24 2048 64 "$MODEL"
@@ -248,6 +360,7 @@ fan 128 "$FAN"
 	echo "MEMGEN_ONNX_TESTDATA=$TESTDATA"
 	echo "MEMGEN_ORT_SMALL_MODEL=$SMALL"
 	echo "MEMGEN_ORT_FAN_MODEL=$FAN"
+	echo "MEMGEN_ORT_DECODER_MODEL=$DECODER"
 	[ ! -f "$MODEL" ] || echo "MEMGEN_ORT_BENCH_MODEL=$MODEL"
 } >"$CACHE/env"
 cat "$CACHE/env"

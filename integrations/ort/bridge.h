@@ -106,3 +106,26 @@ char *memgen_ort_string_at(OrtValue *v, size_t i, char **s, size_t *len);
 // ONNX Runtime's default CPU allocator (GetAllocatorWithDefaultOptions), a
 // baseline of the Alloc+Free benchmark.
 char *memgen_ort_default_allocator(OrtAllocator **out);
+
+// ---- tensors over memory the caller owns: the decoder's KV cache (kvbridge.c) ----
+
+// memgen_ort_value_over makes a tensor of elem_type and shape over nbytes
+// at data (OrtApi::CreateTensorWithDataAsOrtValue, CPU memory): ONNX
+// Runtime reads and writes it in place and never frees it. data is an
+// address (a region's, or C memory), passed as an integer.
+char *memgen_ort_value_over(uintptr_t data, size_t nbytes, const int64_t *shape, size_t rank, int elem_type,
+                            OrtValue **out);
+// memgen_ort_value_data returns the address of v's data.
+char *memgen_ort_value_data(OrtValue *v, void **data);
+// memgen_ort_session_dims returns the declared dimensions of session input
+// (outputs 0) or output (outputs 1) i; a symbolic dimension is -1.
+char *memgen_ort_session_dims(OrtSession *s, int outputs, size_t i, int64_t *dims, size_t cap, size_t *rank);
+
+// memgen_ort_values_made counts the OrtValues this package made, by
+// memgen_ort_value_over and memgen_ort_tensor_new (memgen_ort_count_value),
+// since the process started; ONNX Runtime's own (outputs it allocates) are
+// not counted.
+long memgen_ort_values_made(void);
+void memgen_ort_count_value(void);
+// memgen_ort_zero writes n zero bytes at address p (the tests).
+void memgen_ort_zero(uintptr_t p, size_t n);

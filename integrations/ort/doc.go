@@ -37,6 +37,21 @@
 // allocator's failures. A zero-byte request gets NULL, as OrtAllocator's
 // contract says.
 //
+// A Decoder runs a decoder model whose attention is
+// com.microsoft::GroupQueryAttention with its KV cache in memgen memory. A
+// Sequence makes its tensors once and binds them to every Run: each cache
+// tensor (one KV head of one layer, so that the rows in use are a prefix)
+// is one OrtValue over a stable address, passed as both past and present
+// (GroupQueryAttention's share buffer), so a step writes its row in place
+// and changes only three small inputs. In KVGrow mode that address is a
+// pmm.Region of the maximum length, grown through the governor to the
+// step's row before the step runs (a refusal is a *GrowError within the
+// caller's deadline, and the step's growth is undone); KVPreallocated
+// commits the maximum up front, and KVConcat is the past/present way,
+// where ONNX Runtime allocates and copies the cache every step. Each Run
+// records a fence on the cache's handles, so that Sequence.Close, from any
+// goroutine, releases them only once the Run in flight has returned.
+//
 // Sessions and tensors come from github.com/yalue/onnxruntime_go: Init loads
 // the library through it and opens the same library for the bridge, which
 // asks for C API version 24 (ORT_API_VERSION, served by ONNX Runtime

@@ -203,7 +203,13 @@ struct OrtApi {
 	MEMGEN_ORT_SKIP(38, 47);
 	/* 48 */ OrtStatus *(*CreateTensorAsOrtValue)(OrtAllocator *a, const int64_t *shape, size_t rank,
 	                                             ONNXTensorElementDataType type, OrtValue **out);
-	MEMGEN_ORT_SKIP(49, 50);
+	// A tensor over memory the caller owns (p_data, p_data_len bytes, which
+	// must cover the shape): ONNX Runtime reads and writes it in place and
+	// never frees it; the memory must outlive the value and its runs.
+	/* 49 */ OrtStatus *(*CreateTensorWithDataAsOrtValue)(const OrtMemoryInfo *info, void *p_data, size_t p_data_len,
+	                                                     const int64_t *shape, size_t shape_len,
+	                                                     ONNXTensorElementDataType type, OrtValue **out);
+	MEMGEN_ORT_SKIP(50, 50);
 	/* 51 */ OrtStatus *(*GetTensorMutableData)(OrtValue *v, void **out);
 	/* 52 */ OrtStatus *(*FillStringTensor)(OrtValue *v, const char *const *strs, size_t n);
 	MEMGEN_ORT_SKIP(53, 54);

@@ -85,6 +85,7 @@ char *memgen_ort_tensor_new(int elem_type, const int64_t *shape, size_t rank, co
 	TRY("GetAllocatorWithDefaultOptions", api->GetAllocatorWithDefaultOptions(&al));
 	TRY("CreateTensorAsOrtValue",
 	    api->CreateTensorAsOrtValue(al, shape, rank, (ONNXTensorElementDataType)elem_type, out));
+	memgen_ort_count_value();
 	OrtStatus *st = NULL;
 	if (elem_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING) {
 		if (nstrs) st = api->FillStringTensor(*out, (const char *const *)strs, nstrs);

@@ -37,7 +37,7 @@ func BenchmarkVMMChunk(b *testing.B) {
 	b.ResetTimer()
 	err := m.dev.do(func(t *driver.Table) error {
 		var va driver.DevicePtr
-		if err := check(t, "cuMemAddressReserve", t.MemAddressReserve(&va, size, 0, 0, 0)); err != nil {
+		if err := check(t, "cuMemAddressReserve", t.MemAddressReserve(&va, size, m.gran, 0, 0)); err != nil {
 			return err
 		}
 		defer t.MemAddressFree(va, size)

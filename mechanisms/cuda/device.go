@@ -50,8 +50,9 @@ var (
 )
 
 // openDevice returns the device thread for (t, ordinal), starting it when
-// it is not running: cuInit, cuDeviceGet, the VMM attribute and granularity,
-// cuDevicePrimaryCtxRetain and cuCtxSetCurrent, all on the locked thread.
+// it is not running: cuInit, cuDeviceGet, the VMM attribute,
+// cuDevicePrimaryCtxRetain, cuCtxSetCurrent, then the granularity and the
+// memory, all on the locked thread.
 func openDevice(t *driver.Table, ordinal int) (*device, error) {
 	devicesMu.Lock()
 	defer devicesMu.Unlock()
@@ -101,7 +102,11 @@ func (d *device) serve(ordinal int, ready chan<- error) {
 	}
 }
 
-// start opens the device on the calling (locked) thread.
+// start opens the device on the calling (locked) thread: the primary
+// context is retained and made current before anything that a driver may
+// want a context for (the granularity query and cuMemGetInfo_v2; the
+// documentation of cuMemGetAllocationGranularity does not say that it needs
+// none), and released again if a later step fails.
 func (d *device) start(ordinal int) error {
 	t := d.t
 	if err := check(t, "cuInit", t.Init(0)); err != nil {
@@ -115,6 +120,25 @@ func (d *device) start(ordinal int) error {
 		return unavailableInit(err)
 	}
 	d.vmm = vmm != 0
+	var ctx driver.Context
+	if err := check(t, "cuDevicePrimaryCtxRetain", t.DevicePrimaryCtxRetain(&ctx, d.dev)); err != nil {
+		return unavailableInit(err)
+	}
+	if err := check(t, "cuCtxSetCurrent", t.CtxSetCurrent(ctx)); err != nil {
+		_ = t.DevicePrimaryCtxRelease(d.dev)
+		return unavailableInit(err)
+	}
+	if err := d.query(t); err != nil {
+		_ = t.CtxSetCurrent(0)
+		_ = t.DevicePrimaryCtxRelease(d.dev)
+		return err
+	}
+	return nil
+}
+
+// query reads, with the context current, the VMM granularity (when the
+// device has VMM) and the device's memory.
+func (d *device) query(t *driver.Table) error {
 	if d.vmm {
 		prop := driver.DeviceProp(d.dev)
 		if err := check(t, "cuMemGetAllocationGranularity", t.MemGetAllocationGranularity(&d.gran, &prop, driver.MemAllocGranularityMinimum)); err != nil {
@@ -124,18 +148,8 @@ func (d *device) start(ordinal int) error {
 			return &UnavailableError{Reason: DriverFailure, Detail: "granularity is not a power of two"}
 		}
 	}
-	var ctx driver.Context
-	if err := check(t, "cuDevicePrimaryCtxRetain", t.DevicePrimaryCtxRetain(&ctx, d.dev)); err != nil {
-		return unavailableInit(err)
-	}
-	if err := check(t, "cuCtxSetCurrent", t.CtxSetCurrent(ctx)); err != nil {
-		_ = t.DevicePrimaryCtxRelease(d.dev)
-		return unavailableInit(err)
-	}
 	var free uint64
 	if err := check(t, "cuMemGetInfo_v2", t.MemGetInfo(&free, &d.total)); err != nil {
-		_ = t.CtxSetCurrent(0)
-		_ = t.DevicePrimaryCtxRelease(d.dev)
 		return unavailableInit(err)
 	}
 	return nil
@@ -157,11 +171,17 @@ func (d *device) do(fn func(t *driver.Table) error) error {
 	}
 	// The thread received the call: it runs it to the end before anything else.
 	<-finished
+	d.noteSticky(err)
+	return err
+}
+
+// noteSticky marks the device lost when err is a sticky driver error (see
+// Sticky), whoever met it: a call's result, or a fence's event.
+func (d *device) noteSticky(err error) {
 	var de *DriverError
 	if err != nil && errors.As(err, &de) && Sticky(de.Code) {
 		d.lost.CompareAndSwap(nil, de)
 	}
-	return err
 }
 
 // release drops one reference; the last one stops the thread, which releases

@@ -58,9 +58,9 @@
 // *memapi.Error with the operation and the figures. Multi-call operations are
 // transactions: when a call fails, the calls made so far are undone, so the
 // previous state and the ledger stay as they were. A sticky error
-// (CUDA_ERROR_ILLEGAL_ADDRESS and the launch faults, see Sticky) is
-// ErrUnavailable and marks the device lost: every later operation fails with
-// it. Work the driver runs after the call returns (memsets, device copies,
+// (CUDA_ERROR_ILLEGAL_ADDRESS, LAUNCH_TIMEOUT, ASSERT and the launch faults,
+// see Sticky) is ErrUnavailable and marks the device lost, whether a call or
+// a fence met it: every later operation fails with it. Work the driver runs after the call returns (memsets, device copies,
 // host-to-device DMA) is waited for before any memory is unmapped. PinDevice
 // keeps a device's primary context alive between mechanisms.
 //
@@ -72,8 +72,9 @@
 //
 // Mechanism.NewContext returns the memapi.DeviceContext of the mechanism's
 // memory: a CUstream per stream and a CUevent per fence (poll-only: Ready is
-// nil; Wait polls cuEventQuery, or blocks in cuEventSynchronize when its
-// context cannot end; a failed query completes the fence with the error).
+// nil; Wait polls cuEventQuery with a backoff, whatever its context, so it
+// never holds the device thread; a failed query completes the fence with the
+// error).
 // Copies are driver copies run in stream order on the device thread; a
 // host-to-device copy stages its buffer before it returns, so a Go buffer is
 // never read after the call that passed it. Before a copy the context checks the range against the

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
@@ -21,30 +22,43 @@ func (e *DriverError) Error() string {
 	return fmt.Sprintf("%s: %s (%d)", e.Call, e.Name, int32(e.Code))
 }
 
-// Unwrap returns the memapi sentinel of the code.
-func (e *DriverError) Unwrap() error { return Kind(e.Code) }
+// Unwrap returns the memapi sentinel of the code for the call.
+func (e *DriverError) Unwrap() error { return Kind(e.Call, e.Code) }
 
-// Kind maps a CUresult to the memapi sentinel it means:
+// Kind maps a CUresult returned by call (its C name, with or without a
+// version suffix) to the memapi sentinel it means:
 //
 //	CUDA_ERROR_OUT_OF_MEMORY (2)                    ErrOutOfMemory
-//	CUDA_ERROR_INVALID_VALUE (1)                    ErrInvalidRange
+//	CUDA_ERROR_INVALID_VALUE (1)                    per call, see below
 //	CUDA_ERROR_INVALID_HANDLE (400)                 ErrReleased
 //	CUDA_ERROR_INVALID_CONTEXT (201), DEINITIALIZED (4)  ErrClosed
 //	CUDA_ERROR_NOT_SUPPORTED (801)                  ErrUnsupported
-//	anything else (no device, stub library, ECC, ILLEGAL_ADDRESS and the
-//	other sticky launch faults 714-719, unknown)   ErrUnavailable
+//	anything else (no device, stub library, ECC, the sticky codes of
+//	Sticky, unknown)                                ErrUnavailable
+//
+// CUDA_ERROR_INVALID_VALUE says that an argument was refused, and which one
+// depends on the call: a size the driver will not serve (cuMemAlloc,
+// cuMemCreate, cuMemAddressReserve: ErrInvalidSize), a pointer or handle it
+// does not know (cuMemFree, cuMemRelease: ErrReleased), flags or options it
+// does not take (cuInit, cuStreamCreate, cuEventCreate,
+// cuMemGetAllocationGranularity, cuDeviceGetAttribute: ErrUnsupported), and
+// otherwise an address range (cuMemMap, cuMemUnmap, cuMemSetAccess,
+// cuMemAddressFree, the copies and memsets: ErrInvalidRange).
 //
 // A code in the last group means the device cannot be trusted to serve.
 // CUDA_ERROR_ILLEGAL_ADDRESS in particular is sticky: cuda.h says "the
 // process is in an inconsistent state and any further CUDA work will return
 // the same error", so it is not a bad range of this call but a lost context.
-func Kind(code driver.Result) error {
+func Kind(call string, code driver.Result) error {
 	switch code {
 	case driver.Success:
 		return nil
 	case driver.ErrOutOfMemory:
 		return memapi.ErrOutOfMemory
 	case driver.ErrInvalidValue:
+		if k, ok := invalidValueKinds[strings.TrimSuffix(call, "_v2")]; ok {
+			return k
+		}
 		return memapi.ErrInvalidRange
 	case driver.ErrInvalidHandle:
 		return memapi.ErrReleased
@@ -56,13 +70,34 @@ func Kind(code driver.Result) error {
 	return memapi.ErrUnavailable
 }
 
+// invalidValueKinds is what CUDA_ERROR_INVALID_VALUE means for the calls
+// where it is not a bad address range.
+var invalidValueKinds = map[string]error{
+	"cuMemAlloc":                    memapi.ErrInvalidSize,
+	"cuMemCreate":                   memapi.ErrInvalidSize,
+	"cuMemAddressReserve":           memapi.ErrInvalidSize,
+	"cuMemFree":                     memapi.ErrReleased,
+	"cuMemRelease":                  memapi.ErrReleased,
+	"cuInit":                        memapi.ErrUnsupported,
+	"cuStreamCreate":                memapi.ErrUnsupported,
+	"cuEventCreate":                 memapi.ErrUnsupported,
+	"cuMemGetAllocationGranularity": memapi.ErrUnsupported,
+	"cuDeviceGetAttribute":          memapi.ErrUnsupported,
+}
+
 // Sticky reports whether code is one of the errors cuda.h documents as
-// leaving "the process ... in an inconsistent state" where "any further CUDA
-// work will return the same error": CUDA_ERROR_ILLEGAL_ADDRESS (700),
+// leaving the context unusable: CUDA_ERROR_ILLEGAL_ADDRESS (700),
 // HARDWARE_STACK_ERROR (714), ILLEGAL_INSTRUCTION (715), MISALIGNED_ADDRESS
-// (716), INVALID_ADDRESS_SPACE (717), INVALID_PC (718), LAUNCH_FAILED (719).
+// (716), INVALID_ADDRESS_SPACE (717), INVALID_PC (718) and LAUNCH_FAILED
+// (719), after which "the process ... in an inconsistent state" and "any
+// further CUDA work will return the same error"; and LAUNCH_TIMEOUT (702)
+// and ASSERT (710), after which "the context cannot be used anymore".
 func Sticky(code driver.Result) bool {
-	return code == driver.ErrIllegalAddress || (code >= 714 && code <= 719)
+	switch code {
+	case driver.ErrIllegalAddress, driver.ErrLaunchTimeout, driver.ErrAssert:
+		return true
+	}
+	return code >= 714 && code <= 719
 }
 
 // check turns a CUresult into nil or a *DriverError named by the driver. It

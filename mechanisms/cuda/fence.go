@@ -61,6 +61,7 @@ func (f *Fence) finish(t *driver.Table, fault error) {
 	f.fault = fault
 	f.done.Store(true)
 	_ = t.EventDestroy(f.ev)
+	f.m.dev.noteSticky(fault) // a fault seen only here loses the context too
 }
 
 // Ready returns nil: a CUDA fence can only be polled.
@@ -74,9 +75,11 @@ const (
 
 // Wait blocks until the fence completes or ctx ends and returns the first
 // error of the work it covers: a copy's error, or the driver's (a fault of
-// the work, of kind ErrUnavailable). With a context that can end it polls
-// cuEventQuery, so it never holds the device thread; with one that cannot
-// (context.Background) it blocks in cuEventSynchronize on the device thread.
+// the work, of kind ErrUnavailable). It polls cuEventQuery, a short call on
+// the device thread each time, with a backoff from 5 µs to 1 ms between
+// polls, whatever ctx is: blocking in cuEventSynchronize would hold the
+// device's one thread, and every driver call of the device (other
+// mechanisms', the spare refiller's) would wait behind it.
 func (f *Fence) Wait(ctx context.Context) error {
 	if err := f.await(ctx); err != nil {
 		return err
@@ -96,16 +99,9 @@ func (f *Fence) result() error {
 	return nil
 }
 
-// await waits for completion and returns only ctx's error.
+// await waits for completion, polling (see Wait), and returns only ctx's
+// error.
 func (f *Fence) await(ctx context.Context) error {
-	if ctx.Done() == nil && !f.done.Load() {
-		_ = f.m.dev.do(func(t *driver.Table) error {
-			if !f.done.Load() {
-				f.finish(t, check(t, "cuEventSynchronize", t.EventSynchronize(f.ev)))
-			}
-			return nil
-		})
-	}
 	d := pollMin
 	var timer *time.Timer
 	for !f.Done() {

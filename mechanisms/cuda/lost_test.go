@@ -80,3 +80,61 @@ func TestStickyFaultFailsTyped(t *testing.T) {
 		t.Errorf("Context.Close: %v", err)
 	}
 }
+
+// Sticky covers every code cuda.h documents as leaving the context unusable
+// ("the context cannot be used anymore", or "any further CUDA work will
+// return the same error"), and no other.
+func TestStickyCodes(t *testing.T) {
+	sticky := []driver.Result{700, 702, 710, 714, 715, 716, 717, 718, 719}
+	notSticky := []driver.Result{0, 1, 2, 4, 201, 400, 600, 701, 709, 711, 713, 720, 801, 999}
+	for _, c := range sticky {
+		if !Sticky(c) {
+			t.Errorf("Sticky(%d) = false, want true", c)
+		}
+	}
+	for _, c := range notSticky {
+		if Sticky(c) {
+			t.Errorf("Sticky(%d) = true, want false", c)
+		}
+	}
+}
+
+// A kernel that times out (CUDA_ERROR_LAUNCH_TIMEOUT, 702) or fails a device
+// assert (CUDA_ERROR_ASSERT, 710) loses the context like an illegal address:
+// the mechanism refuses what the pool could still have served.
+func TestStickyLaunchCodesLoseTheContext(t *testing.T) {
+	simOnly(t)
+	for _, code := range []driver.Result{702, 710} {
+		t.Run(code.String(), func(t *testing.T) {
+			m, sim := newMech(t, cudasim.Config{Granularity: 64 << 10}, Config{})
+			c, err := m.NewContext()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			st, err := c.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := st.(*Stream)
+			defer func() {
+				if err := s.Close(); !errors.Is(err, memapi.ErrUnavailable) {
+					t.Errorf("Stream.Close after the fault: %v, want ErrUnavailable", err)
+				}
+			}()
+			sim.Fault(code)
+			err = s.Synchronize(bg)
+			var de *DriverError
+			if !errors.As(err, &de) || de.Code != code || !errors.Is(err, memapi.ErrUnavailable) {
+				t.Fatalf("Synchronize after the fault: %v, want ErrUnavailable with code %d", err, code)
+			}
+			creates := sim.Calls("cuMemCreate")
+			if _, err := m.CreateBacking(bg, m.Info().Granularity, grantFor(m)); !errors.Is(err, memapi.ErrUnavailable) {
+				t.Errorf("CreateBacking (pooled) after code %d: %v, want ErrUnavailable", code, err)
+			}
+			if n := sim.Calls("cuMemCreate"); n != creates {
+				t.Errorf("cuMemCreate called %d times after the context was lost", n-creates)
+			}
+		})
+	}
+}

@@ -387,7 +387,7 @@ func (m *Mechanism) driverErr(op string, err error, wanted uint64) error {
 	kind := memapi.ErrUnavailable
 	var de *DriverError
 	if errors.As(err, &de) {
-		kind = Kind(de.Code)
+		kind = Kind(de.Call, de.Code)
 	}
 	e := &memapi.Error{Op: op, Kind: kind, Mechanism: Name, Authority: m.info.Authority, Wanted: memapi.Bytes(wanted), Err: err}
 	if kind == memapi.ErrOutOfMemory {

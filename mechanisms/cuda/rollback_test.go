@@ -135,7 +135,8 @@ func TestFaultAtEveryStep(t *testing.T) {
 		steps []step
 		run   func(sc *scene) error
 	}{
-		{"Commit", []step{{"cuMemCreate", 1}, {"cuMemCreate", 2}, {"cuMemMap", 1}, {"cuMemMap", 2}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1}},
+		{"Commit", []step{{"cuMemCreate", 1}, {"cuMemCreate", 2}, {"cuMemMap", 1}, {"cuMemMap", 2}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1},
+			{"cuEventCreate", 1}, {"cuEventRecord", 1}, {"cuEventQuery", 1}},
 			func(sc *scene) error {
 				return sc.m.Commit(bg, sc.res, memapi.Range{Off: 4 * sc.g, Len: 2 * sc.g}, grantFor(sc.m))
 			}},
@@ -151,7 +152,8 @@ func TestFaultAtEveryStep(t *testing.T) {
 				}
 				return err
 			}},
-		{"MapView", []step{{"cuMemMap", 1}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1}, {"cuStreamSynchronize", 1}, {"cuMemSetAccess", 2}},
+		{"MapView", []step{{"cuMemMap", 1}, {"cuMemSetAccess", 1}, {"cuMemsetD8", 1}, {"cuEventCreate", 1}, {"cuEventRecord", 1},
+			{"cuEventQuery", 1}, {"cuMemSetAccess", 2}},
 			func(sc *scene) error {
 				b, err := sc.m.CreateBacking(bg, 2*sc.g, grantFor(sc.m))
 				if err != nil {
@@ -229,7 +231,7 @@ func TestFaultAtEveryStep(t *testing.T) {
 				}
 				err := op.run(sc)
 				var de *DriverError
-				if !errors.As(err, &de) || de.Code != code || !errors.Is(err, Kind(code)) {
+				if !errors.As(err, &de) || de.Code != code || !errors.Is(err, Kind(de.Call, code)) {
 					t.Fatalf("%s with %s#%d failing: %v, want the injected %v", op.name, st.call, st.nth, err, code)
 				}
 				if after := sc.snap(t); !after.equal(before) {

@@ -85,7 +85,8 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 
 // MapView maps the whole backing at r with cuMemMap and sets the view's
 // access with cuMemSetAccess (PROT_READ or PROT_READWRITE). A backing's first
-// view clears it first, through a read-write mapping.
+// view clears it first, through a read-write mapping, and returns once the
+// clear is done (see zeroing.go).
 func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	const op = "SharedMapping.MapView"
 	if err := ctx.Err(); err != nil {
@@ -130,8 +131,10 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 		}
 	}
 	addr := driver.DevicePtr(rs.addr + uint64(r.Off))
+	var x *txn
+	var ev driver.Event
 	err = m.dev.do(func(t *driver.Table) error {
-		x := m.txn(t)
+		x = m.txn(t)
 		if err := m.evictSpares(x, rs, first, n); err != nil {
 			return err
 		}
@@ -140,24 +143,30 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 		}); err != nil {
 			return err
 		}
-		if !bs.cleared {
-			if err := x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, &m.rw, 1), nil); err != nil {
-				return err
-			}
-			if err := x.step("cuMemsetD8_v2", t.MemsetD8(addr, 0, bs.size), nil); err != nil {
-				return err
-			}
-			m.dev.queued()
-			if access == memapi.AccessReadWrite {
-				return nil
-			}
-			// The clear must be over before the mapping turns read-only.
-			if err := x.settle(m.dev); err != nil {
-				return err
-			}
+		if bs.cleared {
+			return x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, m.accessDesc(access), 1), nil)
 		}
-		return x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, m.accessDesc(access), 1), nil)
+		if err := x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, &m.rw, 1), nil); err != nil {
+			return err
+		}
+		if err := x.step("cuMemsetD8_v2", t.MemsetD8(addr, 0, bs.size), nil); err != nil {
+			return err
+		}
+		m.dev.queued()
+		var err error
+		ev, err = m.recordClear(x)
+		return err
 	})
+	if err == nil && !bs.cleared {
+		// The clear is waited for (see zeroing.go); only then may the
+		// mapping turn read-only.
+		err = m.awaitClear(x, ev)
+		if err == nil && access == memapi.AccessReadOnly {
+			err = m.dev.do(func(t *driver.Table) error {
+				return x.step("cuMemSetAccess", t.MemSetAccess(addr, bs.size, &m.ro, 1), nil)
+			})
+		}
+	}
 	if err != nil {
 		return nil, m.driverErr(op, err, 0)
 	}
@@ -217,7 +226,8 @@ func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 }
 
 // CopyOnWrite gives v's range a private copy: a new handle (pool or
-// cuMemCreate) is mapped read-write at a scratch reservation, filled with
+// cuMemCreate) is mapped read-write at a scratch reservation (aligned to the
+// granularity, as Reserve's are), filled with
 // cuMemcpyDtoD from v, unmapped there, and mapped read-write in v's place
 // (cuMemUnmap of v, cuMemMap, cuMemSetAccess).
 // Any failure undoes every step: v stays mapped as it was.
@@ -259,7 +269,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 		sx := m.txn(t)
 		err = func() error {
 			var tmp driver.DevicePtr
-			if err := sx.step("cuMemAddressReserve", t.MemAddressReserve(&tmp, size, 0, 0, 0), func() {
+			if err := sx.step("cuMemAddressReserve", t.MemAddressReserve(&tmp, size, m.gran, 0, 0), func() {
 				sx.quiet("cuMemAddressFree", t.MemAddressFree(tmp, size))
 			}); err != nil {
 				return err

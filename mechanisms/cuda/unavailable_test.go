@@ -111,11 +111,69 @@ func TestDriverErrorKinds(t *testing.T) {
 			t.Errorf("code %v: %v does not match %v", tc.code, err, tc.kind)
 		}
 	}
-	if Kind(driver.Success) != nil {
+	if Kind("cuInit", driver.Success) != nil {
 		t.Error("Kind(CUDA_SUCCESS) is not nil")
 	}
 	e := &DriverError{Call: "cuMemCreate", Code: driver.ErrOutOfMemory, Name: "CUDA_ERROR_OUT_OF_MEMORY"}
 	if got, want := e.Error(), "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+// CUDA_ERROR_INVALID_VALUE means what the call was given: a size the driver
+// will not serve, a handle it does not know, flags it does not take, or a
+// bad range. The error's kind says which, per call.
+func TestInvalidValueKindPerCall(t *testing.T) {
+	cases := []struct {
+		call string
+		kind error
+	}{
+		{"cuMemAlloc_v2", memapi.ErrInvalidSize},
+		{"cuMemCreate", memapi.ErrInvalidSize},
+		{"cuMemAddressReserve", memapi.ErrInvalidSize},
+		{"cuMemFree_v2", memapi.ErrReleased},
+		{"cuMemRelease", memapi.ErrReleased},
+		{"cuStreamCreate", memapi.ErrUnsupported},
+		{"cuEventCreate", memapi.ErrUnsupported},
+		{"cuMemGetAllocationGranularity", memapi.ErrUnsupported},
+		{"cuMemMap", memapi.ErrInvalidRange},
+		{"cuMemUnmap", memapi.ErrInvalidRange},
+		{"cuMemSetAccess", memapi.ErrInvalidRange},
+		{"cuMemAddressFree", memapi.ErrInvalidRange},
+		{"cuMemsetD8_v2", memapi.ErrInvalidRange},
+		{"cuMemcpyHtoD_v2", memapi.ErrInvalidRange},
+	}
+	for _, tc := range cases {
+		err := error(&DriverError{Call: tc.call, Code: driver.ErrInvalidValue, Name: "CUDA_ERROR_INVALID_VALUE"})
+		if !errors.Is(err, tc.kind) {
+			t.Errorf("%v: kind %v", err, tc.kind)
+		}
+	}
+	if realDriver() {
+		return
+	}
+	// Through the mechanism: the driver refuses a size, and a stream's flags.
+	m, sim := newMech(t, cudasim.Config{Granularity: 64 << 10}, Config{})
+	g := m.Info().Granularity
+	sim.FailCall("cuMemCreate", 1, driver.ErrInvalidValue)
+	if _, err := m.CreateBacking(bg, 2*g, grantFor(m)); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("CreateBacking refused by cuMemCreate: %v, want ErrInvalidSize", err)
+	}
+	sim.FailCall("cuMemAddressReserve", 1, driver.ErrInvalidValue)
+	if _, err := m.Reserve(bg, memapi.ReserveRequest{Size: g}); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("Reserve refused by cuMemAddressReserve: %v, want ErrInvalidSize", err)
+	}
+	sim.FailCall("cuMemAlloc", 1, driver.ErrInvalidValue)
+	if _, err := m.Allocate(bg, memapi.AllocRequest{Size: 1}, grantFor(m)); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("Allocate refused by cuMemAlloc: %v, want ErrInvalidSize", err)
+	}
+	c, err := m.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sim.FailCall("cuStreamCreate", 1, driver.ErrInvalidValue)
+	if _, err := c.NewStream(); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Errorf("NewStream refused by cuStreamCreate: %v, want ErrUnsupported", err)
 	}
 }

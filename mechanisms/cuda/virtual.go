@@ -73,7 +73,9 @@ func (m *Mechanism) checkRange(op string, rs *resState, r memapi.Range) (int, in
 }
 
 // Reserve obtains address space with cuMemAddressReserve, rounded up to the
-// granularity. It holds no physical memory.
+// granularity and aligned to it: the alignment is passed explicitly, since
+// the driver does not document what its default (0) gives, and cuMemMap
+// needs granularity-aligned addresses. It holds no physical memory.
 func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
 	const op = "VirtualBacking.Reserve"
 	if err := ctx.Err(); err != nil {
@@ -92,7 +94,7 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	defer m.mu.Unlock()
 	var ptr driver.DevicePtr
 	if err := m.dev.do(func(t *driver.Table) error {
-		return check(t, "cuMemAddressReserve", t.MemAddressReserve(&ptr, size, 0, 0, 0))
+		return check(t, "cuMemAddressReserve", t.MemAddressReserve(&ptr, size, m.gran, 0, 0))
 	}); err != nil {
 		return nil, m.driverErr(op, err, size)
 	}
@@ -105,8 +107,10 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 
 // Commit installs one physical handle per granularity chunk of r (from the
 // pool or cuMemCreate), maps each with cuMemMap, grants read-write access to
-// the whole range with one cuMemSetAccess and clears it with cuMemsetD8. If
-// any call fails, the calls made so far are undone and nothing is installed.
+// the whole range with one cuMemSetAccess and clears it with cuMemsetD8,
+// returning once the clear is done, so that work on any stream, a
+// non-blocking one included, sees zeros (see zeroing.go). If any call fails,
+// the calls made so far are undone and nothing is installed.
 func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	const op = "VirtualBacking.Commit"
 	if grant == nil {
@@ -194,13 +198,16 @@ func (m *Mechanism) claim(rs *resState, first, n int) *claimed {
 // install makes the claimed chunks committed memory, without m.mu, on the
 // device thread: cuMemCreate for those without a handle, cuMemMap for all
 // but the spares, one cuMemSetAccess over the range unless all were spares,
-// and one cuMemsetD8. If a call fails the calls made so far are undone
-// (handles it created released, mappings removed).
+// and one cuMemsetD8, which it waits for (see zeroing.go). If a call fails
+// the calls made so far are undone (handles it created released, mappings
+// removed).
 func (m *Mechanism) install(rs *resState, first int, cl *claimed) error {
 	n := len(cl.handles)
 	base := rs.addr + uint64(first)*m.gran
-	return m.dev.do(func(t *driver.Table) error {
-		x := m.txn(t)
+	var x *txn
+	var ev driver.Event
+	if err := m.dev.do(func(t *driver.Table) error {
+		x = m.txn(t)
 		for i := range n {
 			if cl.spare[i] {
 				continue // mapped and read-write already
@@ -230,8 +237,13 @@ func (m *Mechanism) install(rs *resState, first int, cl *claimed) error {
 			return err
 		}
 		m.dev.queued()
-		return nil
-	})
+		var err error
+		ev, err = m.recordClear(x)
+		return err
+	}); err != nil {
+		return err
+	}
+	return m.awaitClear(x, ev)
 }
 
 // settle ends a claim with m.mu held: the chunks become committed, or, when

@@ -26,7 +26,7 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 		return [][]byte{b.data[off : off+n]}, driver.Success
 	}
 	res := s.findReservation(addr)
-	if res == nil || (res.dev != nil && res.dev != d) || end > res.addr+res.size {
+	if res == nil || res.dev != d || end > res.addr+res.size {
 		return nil, driver.ErrInvalidValue
 	}
 	var segs [][]byte
@@ -142,6 +142,51 @@ func (s *Sim) memcpyDtoH(dst unsafe.Pointer, src driver.DevicePtr, n uint64) dri
 	}
 	if r := s.runAll(); r != driver.Success {
 		return r
+	}
+	segs, r := s.resolve(d, uint64(src), n, false)
+	if r != driver.Success {
+		s.sticky = driver.ErrIllegalAddress
+		return s.sticky
+	}
+	gather(unsafe.Slice((*byte)(dst), n), segs)
+	return driver.Success
+}
+
+// memcpyDtoHAsync is cuMemcpyDtoHAsync_v2 into pageable memory: "For
+// transfers from device memory to pageable host memory, the function will
+// return only once the copy has completed" (api-sync-behavior), in the order
+// of stream st. On the legacy stream or a blocking stream that order includes
+// the legacy stream's work before it, so that work runs first. A stream made
+// with CU_STREAM_NON_BLOCKING "may run concurrently with work in stream 0"
+// and does not wait for it (driver API, cuStreamCreate): the copy reads what
+// the memory holds now, before the memsets and copies still queued on the
+// legacy stream, as a GPU may. (The simulator queues device work on the
+// legacy stream only, so a non-blocking stream has none of its own to wait
+// for.)
+func (s *Sim) memcpyDtoHAsync(dst unsafe.Pointer, src driver.DevicePtr, n uint64, st driver.Stream) driver.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, r := s.enter("cuMemcpyDtoHAsync", true)
+	if r != driver.Success {
+		return r
+	}
+	str, ok := s.streams[st]
+	if !ok && st != 0 {
+		return driver.ErrInvalidHandle
+	}
+	if n == 0 {
+		return driver.Success
+	}
+	if dst == nil {
+		return driver.ErrInvalidValue
+	}
+	if r := s.check(d, uint64(src), n, false); r != driver.Success {
+		return r
+	}
+	if st == 0 || !str.nonBlocking {
+		if r := s.runAll(); r != driver.Success {
+			return r
+		}
 	}
 	segs, r := s.resolve(d, uint64(src), n, false)
 	if r != driver.Success {

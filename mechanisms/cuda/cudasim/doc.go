@@ -6,23 +6,34 @@
 //
 // Rules enforced (each has a test that breaking it gives the code shown, and
 // each entry point's comment quotes the documentation line it follows; where
-// the documentation is silent the simulator is the more lenient choice):
+// the documentation is silent the simulator is the more lenient choice,
+// except where code could come to rely on the lenient answer: whether the
+// VMM calls need a context, the default reservation alignment, whether a
+// non-blocking stream waits for the legacy stream. There it is the strict
+// one, and the cuda package's TestGPUProbe* tests record what a GPU does):
 //
 //   - nothing but cuInit and cuGetErrorName works before cuInit
 //     (CUDA_ERROR_NOT_INITIALIZED); cuInit reports a stub library or no device
 //     when configured so (CUDA_ERROR_STUB_LIBRARY, CUDA_ERROR_NO_DEVICE);
 //   - the context is current per OS thread: memory (cuMemAlloc, copies,
-//     memsets), stream and event calls on a thread with no current context
-//     fail (CUDA_ERROR_INVALID_CONTEXT), and releasing the last reference to
-//     a primary context destroys everything made in it; the VMM calls name
-//     their device through their arguments and need no current context;
+//     memsets), stream, event and VMM calls and the granularity query on a
+//     thread with no current context fail (CUDA_ERROR_INVALID_CONTEXT), and
+//     releasing the last reference to a primary context destroys everything
+//     made in it. (The documentation does not say that the VMM calls need a
+//     context; a driver may want one, so the simulator does.);
 //   - cuMemAddressReserve: size a multiple of the host page, alignment a
-//     power of two or zero, flags zero; cuMemCreate, cuMemMap: sizes,
+//     power of two or zero, flags zero; with alignment zero the address is
+//     a host page multiple and never a granularity multiple (the default is
+//     undocumented, so nothing may rely on more); no gaps between
+//     reservations; cuMemCreate, cuMemMap: sizes,
 //     addresses and the map offset multiples of the granularity, flags zero
 //     (CUDA_ERROR_INVALID_VALUE);
 //   - cuMemMap maps only inside one reservation, never over another mapping,
 //     never beyond the handle's size (CUDA_ERROR_INVALID_VALUE);
 //   - cuMemSetAccess covers whole mappings only (CUDA_ERROR_INVALID_VALUE);
+//   - a stream made with CU_STREAM_NON_BLOCKING does not wait for the legacy
+//     stream's work: cuMemcpyDtoHAsync_v2 on it reads the memory before the
+//     memsets and copies still queued there, as a GPU may;
 //   - memsets, device-to-device copies and the DMA of host-to-device copies
 //     complete after the call, in order (see work): a device-to-host copy,
 //     a synchronize, an event query or synchronize, CompleteEvents or Drain

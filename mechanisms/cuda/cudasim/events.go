@@ -2,7 +2,8 @@ package cudasim
 
 import "github.com/memgen/memgen/mechanisms/cuda/driver"
 
-// streamCreate is cuStreamCreate (flags CU_STREAM_DEFAULT or NON_BLOCKING).
+// streamCreate is cuStreamCreate (flags CU_STREAM_DEFAULT or
+// CU_STREAM_NON_BLOCKING; see memcpyDtoHAsync for what the second changes).
 func (s *Sim) streamCreate(h *driver.Stream, flags uint32) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -14,7 +15,7 @@ func (s *Sim) streamCreate(h *driver.Stream, flags uint32) driver.Result {
 		return driver.ErrInvalidValue
 	}
 	id := driver.Stream(s.id())
-	s.streams[id] = &stream{dev: d}
+	s.streams[id] = &stream{dev: d, nonBlocking: flags == driver.StreamNonBlocking}
 	*h = id
 	return driver.Success
 }

@@ -59,27 +59,20 @@ func (s *Sim) memFree(ptr driver.DevicePtr) driver.Result {
 // vmm enters a VMM entry point: on a device without VMM they all fail with
 // CUDA_ERROR_NOT_SUPPORTED. The VMM calls name their device through their
 // arguments (the allocation properties, the handle, the access
-// descriptors), and the driver documentation asks none of them for a
-// current context, so none needs one here: d is the calling thread's
-// current context's device, or nil. A sticky error still fails them, as it
+// descriptors), and the driver documentation does not say that they need a
+// current context; but it does not say that they do not, and a driver that
+// wants one answers CUDA_ERROR_INVALID_CONTEXT. The simulator takes the
+// strict side: every VMM call needs a current context on the calling
+// thread, so code that makes one before its context fails here rather than
+// on a GPU. d is that context's device. A sticky error fails them too, as it
 // fails "any further CUDA work".
 func (s *Sim) vmm(call string) (*device, driver.Result) {
-	if _, r := s.enter(call, false); r != driver.Success {
+	d, r := s.enter(call, true)
+	if r != driver.Success {
 		return nil, r
-	}
-	if s.sticky != driver.Success {
-		return nil, s.sticky
 	}
 	if s.cfg.NoVMM {
 		return nil, driver.ErrNotSupported
-	}
-	var d *device
-	if ctx, ok := s.current[threadID()]; ok {
-		for _, dv := range s.devs {
-			if dv.ctx == ctx && dv.refs > 0 {
-				d = dv
-			}
-		}
 	}
 	return d, driver.Success
 }
@@ -93,10 +86,12 @@ const hostPage = 4096
 // must be a multiple of the host page size and the alignment must be a power
 // of two or zero for default alignment" (driver API, cuMemAddressReserve);
 // "flags: Currently unused, must be zero". The address hint is ignored ("the
-// driver treats it as a hint"); a reservation starts at the granularity (or
-// the alignment asked, if larger), and reservations are separated by an
-// unreserved gap. A reservation made with no current context belongs to no
-// context and survives them all.
+// driver treats it as a hint"). The documentation does not say what the
+// default alignment is, so with alignment 0 the simulator promises only the
+// host page and gives no more: the address is a host page past a granularity
+// boundary, and code that maps there without asking for the granularity
+// fails at cuMemMap. With an alignment the address is a multiple of it.
+// Reservations are not separated by gaps (none is documented either).
 func (s *Sim) memAddressReserve(ptr *driver.DevicePtr, size, alignment uint64, _ driver.DevicePtr, flags uint64) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -107,9 +102,16 @@ func (s *Sim) memAddressReserve(ptr *driver.DevicePtr, size, alignment uint64, _
 	if ptr == nil || size == 0 || size%hostPage != 0 || flags != 0 || alignment&(alignment-1) != 0 {
 		return driver.ErrInvalidValue
 	}
-	align := max(alignment, s.cfg.Granularity)
-	addr := roundUp(s.nextReserve, align)
-	s.nextReserve = addr + size + s.cfg.Granularity
+	var addr uint64
+	if alignment == 0 {
+		addr = roundUp(s.nextReserve, hostPage)
+		if addr%s.cfg.Granularity == 0 {
+			addr += hostPage
+		}
+	} else {
+		addr = roundUp(s.nextReserve, max(alignment, hostPage))
+	}
+	s.nextReserve = addr + size
 	s.reserved = append(s.reserved, &reservation{dev: d, addr: addr, size: size})
 	*ptr = driver.DevicePtr(addr)
 	return driver.Success
@@ -146,11 +148,12 @@ func (s *Sim) checkProp(prop *driver.MemAllocationProp) (*device, driver.Result)
 	return d, driver.Success
 }
 
-// memGetAllocationGranularity is cuMemGetAllocationGranularity.
+// memGetAllocationGranularity is cuMemGetAllocationGranularity. Like the
+// other VMM calls (see vmm) it needs a current context here.
 func (s *Sim) memGetAllocationGranularity(g *uint64, prop *driver.MemAllocationProp, option int32) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, r := s.enter("cuMemGetAllocationGranularity", false); r != driver.Success {
+	if _, r := s.enter("cuMemGetAllocationGranularity", true); r != driver.Success {
 		return r
 	}
 	if s.cfg.NoVMM {

@@ -134,7 +134,10 @@ type mapping struct {
 	access int32
 }
 
-type stream struct{ dev *device }
+type stream struct {
+	dev         *device
+	nonBlocking bool // CU_STREAM_NON_BLOCKING: not ordered with the legacy stream
+}
 
 type event struct {
 	dev      *device
@@ -217,6 +220,7 @@ func (s *Sim) Table() *driver.Table {
 		EventDestroy:                s.eventDestroy,
 		MemcpyHtoD:                  s.memcpyHtoD,
 		MemcpyDtoH:                  s.memcpyDtoH,
+		MemcpyDtoHAsync:             s.memcpyDtoHAsync,
 		MemcpyDtoD:                  s.memcpyDtoD,
 		GetErrorName:                s.getErrorName,
 	}

@@ -43,10 +43,12 @@ func (e *env) must(call string, r driver.Result) {
 	}
 }
 
+// reserve reserves size bytes aligned to the granularity (the default
+// alignment is only the host page: see memAddressReserve).
 func (e *env) reserve(size uint64) driver.DevicePtr {
 	e.t.Helper()
 	var p driver.DevicePtr
-	e.must("cuMemAddressReserve", e.d.MemAddressReserve(&p, size, 0, 0, 0))
+	e.must("cuMemAddressReserve", e.d.MemAddressReserve(&p, size, e.s.cfg.Granularity, 0, 0))
 	return p
 }
 

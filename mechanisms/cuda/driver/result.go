@@ -21,6 +21,8 @@ const (
 	ErrInvalidHandle     Result = 400 // CUDA_ERROR_INVALID_HANDLE
 	ErrNotReady          Result = 600 // CUDA_ERROR_NOT_READY
 	ErrIllegalAddress    Result = 700 // CUDA_ERROR_ILLEGAL_ADDRESS
+	ErrLaunchTimeout     Result = 702 // CUDA_ERROR_LAUNCH_TIMEOUT
+	ErrAssert            Result = 710 // CUDA_ERROR_ASSERT
 	ErrNotSupported      Result = 801 // CUDA_ERROR_NOT_SUPPORTED
 	ErrUnknown           Result = 999 // CUDA_ERROR_UNKNOWN
 )
@@ -40,6 +42,8 @@ var resultNames = map[Result]string{
 	ErrInvalidHandle:     "CUDA_ERROR_INVALID_HANDLE",
 	ErrNotReady:          "CUDA_ERROR_NOT_READY",
 	ErrIllegalAddress:    "CUDA_ERROR_ILLEGAL_ADDRESS",
+	ErrLaunchTimeout:     "CUDA_ERROR_LAUNCH_TIMEOUT",
+	ErrAssert:            "CUDA_ERROR_ASSERT",
 	ErrNotSupported:      "CUDA_ERROR_NOT_SUPPORTED",
 	ErrUnknown:           "CUDA_ERROR_UNKNOWN",
 }

@@ -2,8 +2,10 @@ package driver
 
 import "unsafe"
 
-// Table holds exactly the driver entry points the cuda mechanism calls, with
-// the C signatures of cuda.h (out-parameters and structs by pointer, size_t as
+// Table holds exactly the driver entry points the cuda mechanism calls, and
+// two its tests call (cuMemcpyDtoHAsync_v2, to read device memory from a
+// non-blocking stream; cuEventSynchronize, the blocking wait the fences do
+// not use), with the C signatures of cuda.h (out-parameters and structs by pointer, size_t as
 // uint64: the driver API exists only on 64-bit platforms). Open fills it from
 // libcuda.so.1; cudasim fills it with a simulator. Every field is set in a
 // table either returns.
@@ -40,6 +42,7 @@ type Table struct {
 	MemcpyHtoD                  func(dst DevicePtr, src unsafe.Pointer, n uint64) Result                           // cuMemcpyHtoD_v2
 	MemcpyDtoH                  func(dst unsafe.Pointer, src DevicePtr, n uint64) Result                           // cuMemcpyDtoH_v2
 	MemcpyDtoD                  func(dst, src DevicePtr, n uint64) Result                                          // cuMemcpyDtoD_v2
+	MemcpyDtoHAsync             func(dst unsafe.Pointer, src DevicePtr, n uint64, stream Stream) Result            // cuMemcpyDtoHAsync_v2
 	GetErrorName                func(code Result, name **byte) Result                                              // cuGetErrorName
 }
 
@@ -83,6 +86,7 @@ func (t *Table) Entries() []Entry {
 		{[]string{"cuMemcpyHtoD_v2"}, &t.MemcpyHtoD},
 		{[]string{"cuMemcpyDtoH_v2"}, &t.MemcpyDtoH},
 		{[]string{"cuMemcpyDtoD_v2"}, &t.MemcpyDtoD},
+		{[]string{"cuMemcpyDtoHAsync_v2"}, &t.MemcpyDtoHAsync},
 		{[]string{"cuGetErrorName"}, &t.GetErrorName},
 	}
 }

@@ -39,6 +39,7 @@ const (
 // Stream and event creation flags.
 const (
 	StreamDefault      uint32 = 0 // CU_STREAM_DEFAULT: synchronizes with the legacy default stream
+	StreamNonBlocking  uint32 = 1 // CU_STREAM_NON_BLOCKING: may run concurrently with the legacy default stream
 	EventDisableTiming uint32 = 2 // CU_EVENT_DISABLE_TIMING: the cheapest event, for ordering only
 	// eventFlagsKnownMask is every CUevent_flags bit of cuda.h:
 	// CU_EVENT_BLOCKING_SYNC (1), CU_EVENT_DISABLE_TIMING (2) and

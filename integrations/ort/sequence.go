@@ -1,0 +1,511 @@
+package ort
+
+/*
+#include <stdlib.h>
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
+)
+
+// kvMem is the memory of one cache tensor: a *pmm.Region (KVGrow) or a
+// *pmm.Buffer (KVPreallocated).
+type kvMem interface {
+	Addr() memapi.DeviceAddr
+	RecordUse(memapi.Fence) error
+	Close() error
+}
+
+// scalars is the C memory of a sequence's small inputs and its logits,
+// bound once.
+type scalars struct {
+	ids     C.int64_t
+	seqlens C.int32_t
+	total   C.int32_t
+}
+
+// GrowError is a step refused because the cache could not grow to the
+// rows the step writes: the governor refused a Region's growth (over
+// budget within the caller's deadline), or the context ended while another
+// sequence of the decoder was growing (kind memapi.ErrInUse). The
+// regions that had grown for the step were shrunk back: the sequence holds
+// what it held before, and can step again once there is room. Err is the
+// growth's error (errors.Is(err, memapi.ErrOverBudget) when the budget was
+// short), joined with the rollback's should that fail.
+type GrowError struct {
+	Tokens int          // tokens in the cache, the step's own included
+	Wanted memapi.Bytes // bytes of backing the step needed in all
+	Held   memapi.Bytes // bytes of backing the sequence holds (as before the step)
+	Err    error
+}
+
+func (e *GrowError) Error() string {
+	return fmt.Sprintf("ort.Sequence.Step: the KV cache cannot grow to %d tokens (%d bytes backed, %d wanted): %v",
+		e.Tokens, e.Held, e.Wanted, e.Err)
+}
+
+func (e *GrowError) Unwrap() error { return e.Err }
+
+// Sequence is one decoding sequence of a Decoder: its KV cache (in the
+// decoder's mode) and its input, output and cache tensors, made once by
+// NewSequence and bound to every Run. Step runs one token; Close releases
+// the cache behind the fence of a Run in flight. A Sequence runs one Step
+// at a time (a second concurrent Step fails with memapi.ErrInUse); Close,
+// Stats and Tokens may come from any goroutine.
+type Sequence struct {
+	d      *Decoder
+	mems   []kvMem       // per slot (not KVConcat)
+	region []*pmm.Region // per slot (KVGrow)
+	backed []memapi.Bytes
+
+	sc       *scalars // C memory
+	logitsC  unsafe.Pointer
+	inVals   []*C.OrtValue
+	outVals  []*C.OrtValue
+	owned    []*C.OrtValue // values this sequence made, released at the end
+	logits   []float32
+	created  int
+	runtime  int
+	presentB int64
+
+	// test hooks: rows left unbacked below the step's need (the
+	// one-row-short test), a call after each Region's growth, and a call
+	// before each Run.
+	short     int
+	afterGrow func(i int)
+	beforeRun func() error
+
+	mu       sync.Mutex
+	pos      int
+	stepping bool
+	closed   bool
+	freed    bool
+}
+
+// NewSequence makes an empty sequence: for KVGrow one Region of MaxSeq
+// rows per cache tensor (addresses only, nothing charged), for
+// KVPreallocated one Buffer of MaxSeq rows per cache tensor (charged in
+// full), for KVConcat empty past tensors; and every tensor its steps bind.
+func (d *Decoder) NewSequence(ctx context.Context) (*Sequence, error) {
+	const op = "ort.Decoder.NewSequence"
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, memapi.Errorf(op, memapi.ErrClosed, "decoder is closed")
+	}
+	d.live++
+	d.mu.Unlock()
+	q := &Sequence{d: d, logits: make([]float32, d.vocab),
+		inVals: make([]*C.OrtValue, len(d.s.inputs)+1), outVals: make([]*C.OrtValue, len(d.s.outputs)+1)}
+	if err := q.bind(ctx); err != nil {
+		q.mu.Lock()
+		q.closed = true
+		err = errors.Join(err, q.closeMems())
+		q.freeValues()
+		q.mu.Unlock()
+		d.release()
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return q, nil
+}
+
+func (d *Decoder) release() {
+	d.mu.Lock()
+	d.live--
+	d.mu.Unlock()
+}
+
+// valueOver makes a tensor over n bytes at address p (C memory or a
+// memgen handle's), counted.
+func (q *Sequence) valueOver(p uintptr, n uintptr, elem int, shape ...int64) (*C.OrtValue, error) {
+	cs := make([]C.int64_t, len(shape)+1)
+	for i, s := range shape {
+		cs[i] = C.int64_t(s)
+	}
+	var v *C.OrtValue
+	if err := cErr(C.memgen_ort_value_over(C.uintptr_t(p), C.size_t(n), &cs[0], C.size_t(len(shape)), C.int(elem), &v)); err != nil {
+		return nil, err
+	}
+	q.created++
+	q.owned = append(q.owned, v)
+	return v, nil
+}
+
+// bind makes the sequence's memory and tensors.
+func (q *Sequence) bind(ctx context.Context) error {
+	d := q.d
+	q.sc = (*scalars)(C.calloc(1, C.size_t(unsafe.Sizeof(scalars{}))))
+	q.logitsC = C.calloc(C.size_t(d.vocab), 4)
+	if q.sc == nil || q.logitsC == nil {
+		return memapi.Errorf("ort.Decoder.NewSequence", memapi.ErrOutOfMemory, "calloc failed")
+	}
+	var err error
+	const elemInt64, elemInt32 = 7, 6
+	if q.inVals[d.ids], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.ids)), 8, elemInt64, 1, 1); err != nil {
+		return err
+	}
+	if q.inVals[d.seqlens], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.seqlens)), 4, elemInt32, 1); err != nil {
+		return err
+	}
+	if q.inVals[d.total], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.total)), 4, elemInt32); err != nil {
+		return err
+	}
+	if q.outVals[d.logits], err = q.valueOver(uintptr(q.logitsC), uintptr(d.vocab)*4, elemFloat, 1, 1, int64(d.vocab)); err != nil {
+		return err
+	}
+	size := memapi.Bytes(d.maxSeq) * d.rowBytes
+	for _, sl := range d.slots {
+		if d.mode == KVConcat {
+			// An empty past for the first step; ONNX Runtime allocates
+			// every present.
+			if q.inVals[sl.in], err = q.valueOver(0, 0, elemFloat, 1, 1, 0, int64(d.headSize)); err != nil {
+				return err
+			}
+			continue
+		}
+		var m kvMem
+		if d.mode == KVGrow {
+			r, err := d.bind.ReserveVirtual(ctx, size)
+			if err != nil {
+				return err
+			}
+			q.region = append(q.region, r)
+			q.backed = append(q.backed, 0)
+			m = r
+		} else {
+			b, err := d.bind.Allocate(ctx, size)
+			if err != nil {
+				return err
+			}
+			q.backed = append(q.backed, b.Size())
+			m = b
+		}
+		q.mems = append(q.mems, m)
+		v, err := q.valueOver(uintptr(m.Addr()), uintptr(size), elemFloat, 1, 1, int64(d.maxSeq), int64(d.headSize))
+		if err != nil {
+			return err
+		}
+		// Past and present are one tensor: GroupQueryAttention writes the
+		// step's row in place and reads the rows before it.
+		q.inVals[sl.in], q.outVals[sl.out] = v, v
+	}
+	return nil
+}
+
+// Step runs one token through the decoder and returns its logits (valid
+// until the next Step). The token's keys and values go to row Tokens() of
+// every cache tensor. In KVGrow mode every Region is first grown, through
+// the governor and bounded by ctx, to the rows the step writes (rounded up
+// to the mechanism's granularity); a refusal is a *GrowError and changes
+// nothing. It fails with memapi.ErrClosed after Close, memapi.ErrInUse
+// while another Step runs, memapi.ErrInvalidRange when the sequence holds
+// MaxSeq tokens or the token is outside the vocabulary.
+func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
+	const op = "ort.Sequence.Step"
+	q.mu.Lock()
+	switch {
+	case q.closed:
+		q.mu.Unlock()
+		return nil, memapi.Errorf(op, memapi.ErrClosed, "sequence is closed")
+	case q.stepping:
+		q.mu.Unlock()
+		return nil, memapi.Errorf(op, memapi.ErrInUse, "another Step is running")
+	case q.pos >= q.d.maxSeq:
+		q.mu.Unlock()
+		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: memapi.Bytes(q.pos + 1), Available: memapi.Bytes(q.d.maxSeq), Detail: "the sequence is full"}
+	case token < 0 || token >= int64(q.d.vocab):
+		q.mu.Unlock()
+		return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "token %d outside the vocabulary of %d", token, q.d.vocab)
+	}
+	q.stepping = true
+	pos := q.pos
+	q.mu.Unlock()
+
+	err := q.step(ctx, pos, token)
+
+	q.mu.Lock()
+	q.stepping = false
+	if err == nil {
+		q.pos++
+	}
+	if q.closed {
+		q.freeValues() // Close came during the step and left them to it
+	}
+	q.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return q.logits, nil
+}
+
+func (q *Sequence) step(ctx context.Context, pos int, token int64) error {
+	d := q.d
+	if d.mode == KVGrow {
+		if err := q.grow(ctx, pos+1); err != nil {
+			return err
+		}
+	}
+	var f *runFence
+	if d.mode != KVConcat {
+		f = newRunFence()
+		defer f.complete()
+		for _, m := range q.mems {
+			if err := m.RecordUse(f); err != nil {
+				return memapi.Errorf("ort.Sequence.Step", memapi.ErrClosed, "sequence closed before the run: %v", err)
+			}
+		}
+	}
+	q.sc.ids = C.int64_t(token)
+	q.sc.seqlens = C.int32_t(pos)
+	q.sc.total = C.int32_t(pos + 1)
+	if q.beforeRun != nil {
+		if err := q.beforeRun(); err != nil {
+			return err
+		}
+	}
+	if d.mode == KVConcat {
+		for _, sl := range d.slots {
+			q.outVals[sl.out] = nil
+		}
+	}
+	err := cErr(C.memgen_ort_run(d.s.s, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
+		&d.outNames[0], &q.outVals[0], C.size_t(len(d.s.outputs))))
+	if d.mode == KVConcat {
+		for _, sl := range d.slots {
+			v := q.outVals[sl.out]
+			q.outVals[sl.out] = nil
+			if v == nil {
+				continue
+			}
+			if err != nil {
+				C.memgen_ort_value_free(v)
+				continue
+			}
+			// The present becomes the next step's past.
+			q.mu.Lock()
+			q.runtime++
+			q.presentB += int64(pos+1) * int64(d.rowBytes)
+			q.replacePast(sl.in, v)
+			q.mu.Unlock()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("ort.Sequence.Step: %w", err)
+	}
+	copy(q.logits, unsafe.Slice((*float32)(q.logitsC), d.vocab))
+	return nil
+}
+
+// replacePast frees input i's past value and binds v in its place; called
+// with q.mu held.
+func (q *Sequence) replacePast(i int, v *C.OrtValue) {
+	old := q.inVals[i]
+	for k, o := range q.owned {
+		if o == old {
+			q.owned = append(q.owned[:k], q.owned[k+1:]...)
+			break
+		}
+	}
+	C.memgen_ort_value_free(old)
+	q.inVals[i] = v
+	q.owned = append(q.owned, v)
+}
+
+// grow backs every Region up to rows tokens before the run. A Region
+// grows only when rows no longer fit in what it has (once per granule of
+// rows); all of them grow at the same step, in the decoder's grow turn
+// (one sequence at a time), taken bounded by ctx. A refused growth shrinks
+// the regions grown for this step back to their length before it.
+func (q *Sequence) grow(ctx context.Context, rows int) error {
+	need := memapi.Bytes(rows-q.short) * q.d.rowBytes
+	if need <= slices.Min(q.backed) {
+		return nil // every Region holds the rows already
+	}
+	refuse := func(err error) error {
+		var held memapi.Bytes
+		for _, b := range q.backed {
+			held += b
+		}
+		return &GrowError{Tokens: rows, Wanted: memapi.Bytes(rows) * q.d.rowBytes * memapi.Bytes(len(q.region)), Held: held, Err: err}
+	}
+	select {
+	case q.d.growTurn <- struct{}{}:
+		defer func() { <-q.d.growTurn }()
+	case <-ctx.Done():
+		return refuse(&memapi.Error{Op: "ort.Sequence.Step", Kind: memapi.ErrInUse,
+			Detail: "another sequence's growth held the turn until the context ended", Err: ctx.Err()})
+	}
+	var grown []int
+	var prev []memapi.Bytes
+	for i, r := range q.region {
+		if need <= q.backed[i] {
+			continue
+		}
+		if err := r.Grow(ctx, need, nil); err != nil {
+			return refuse(errors.Join(err, q.shrinkBack(grown, prev)))
+		}
+		grown, prev = append(grown, i), append(prev, q.backed[i])
+		q.setBacked(i, r.Len())
+		if q.afterGrow != nil {
+			q.afterGrow(i)
+		}
+	}
+	return nil
+}
+
+// setBacked records Region i's length (Stats reads it from any goroutine;
+// only the stepping one writes it, so it reads it without the lock).
+func (q *Sequence) setBacked(i int, n memapi.Bytes) {
+	q.mu.Lock()
+	q.backed[i] = n
+	q.mu.Unlock()
+}
+
+// shrinkBack returns the regions in grown to their lengths in prev. It runs
+// after the caller's context may have ended (a refusal within the
+// deadline), so it is bounded by its own: nothing else holds the regions'
+// transactions, and their earlier releases wait for no running step.
+func (q *Sequence) shrinkBack(grown []int, prev []memapi.Bytes) error {
+	if len(grown) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs error
+	for k, i := range grown {
+		if err := q.region[i].Shrink(ctx, prev[k], nil); err != nil {
+			errs = errors.Join(errs, err)
+		}
+		q.setBacked(i, q.region[i].Len())
+	}
+	return errs
+}
+
+// Close releases the sequence: its cache memory (each handle behind the
+// fence of a Run still in flight, refunded after its free) and its tensors
+// (at once, or when the Step in flight returns). Later calls return nil.
+func (q *Sequence) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	err := q.closeMems()
+	if !q.stepping {
+		q.freeValues()
+	}
+	q.mu.Unlock()
+	q.d.release()
+	return err
+}
+
+func (q *Sequence) closeMems() error {
+	var err error
+	for _, m := range q.mems {
+		err = errors.Join(err, m.Close())
+	}
+	return err
+}
+
+// freeValues releases the tensors and the C memory; called with q.mu held
+// once no Run uses them.
+func (q *Sequence) freeValues() {
+	if q.freed {
+		return
+	}
+	q.freed = true
+	for _, v := range q.owned {
+		C.memgen_ort_value_free(v)
+	}
+	q.owned = nil
+	clear(q.inVals)
+	clear(q.outVals)
+	C.free(unsafe.Pointer(q.sc))
+	C.free(q.logitsC)
+	q.sc, q.logitsC = nil, nil
+}
+
+// Tokens returns the tokens in the cache.
+func (q *Sequence) Tokens() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pos
+}
+
+// SequenceStats are a sequence's figures.
+type SequenceStats struct {
+	Tokens int // tokens in the cache
+	// Backed is the bytes backing the cache tensors: the Regions' lengths
+	// (KVGrow), the Buffers' sizes (KVPreallocated), 0 for KVConcat
+	// (ONNX Runtime's own memory).
+	Backed memapi.Bytes
+	// TensorsMade is the OrtValues the sequence made, all in NewSequence:
+	// input_ids, seqlens_k, total_sequence_length, logits and one per
+	// cache tensor (past and present being one).
+	TensorsMade int
+	// RuntimeTensors is the present tensors ONNX Runtime allocated during
+	// the steps (KVConcat: one per cache tensor per step; else 0), and
+	// PresentBytes their bytes: the cache the concat way copies.
+	RuntimeTensors int
+	PresentBytes   int64
+}
+
+// Stats returns the sequence's figures.
+func (q *Sequence) Stats() SequenceStats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var b memapi.Bytes
+	for _, n := range q.backed {
+		b += n
+	}
+	return SequenceStats{Tokens: q.pos, Backed: b, TensorsMade: q.created, RuntimeTensors: q.runtime, PresentBytes: q.presentB}
+}
+
+// valuesMade returns how many OrtValues this package has made in the
+// process (memgen_ort_values_made).
+func valuesMade() int64 { return int64(C.memgen_ort_values_made()) }
+
+// binding is one cache tensor as a step binds it: the past input's and
+// the present output's OrtValue, the address of the value's data, and the
+// address of its memory (0 for KVConcat).
+type binding struct {
+	past, present uintptr
+	data          uintptr
+	mem           memapi.DeviceAddr
+}
+
+// bindings returns the cache tensors' bindings, in the decoder's order;
+// for the tests, between steps.
+func (q *Sequence) bindings() ([]binding, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]binding, len(q.d.slots))
+	for i, sl := range q.d.slots {
+		v := q.inVals[sl.in]
+		var p unsafe.Pointer
+		if err := cErr(C.memgen_ort_value_data(v, &p)); err != nil {
+			return nil, err
+		}
+		out[i] = binding{past: uintptr(unsafe.Pointer(v)), present: uintptr(unsafe.Pointer(q.outVals[sl.out])), data: uintptr(p)}
+		if q.mems != nil {
+			out[i].mem = q.mems[i].Addr()
+		}
+	}
+	return out, nil
+}
+
+// zeroAt writes n zero bytes at address p; for the tests (cgo cannot be
+// called from test files).
+func zeroAt(p uintptr, n int) { C.memgen_ort_zero(C.uintptr_t(p), C.size_t(n)) }
