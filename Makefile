@@ -28,9 +28,10 @@ BENCH_OUT ?= out/bench.txt
 
 # The nested modules that `go test ./...` here does not enter, each vetted,
 # checked and tested from its own directory. integrations/ort (cgo, ONNX
-# Runtime) has its own targets below; its go.mod is still tidy-checked.
+# Runtime) and integrations/llamacpp (cgo, llama.cpp) have their own targets
+# below; their go.mod files are still tidy-checked.
 MODULES := governor/promgov cmd/memdemo
-TIDY_MODULES := . $(MODULES) integrations/ort
+TIDY_MODULES := . $(MODULES) integrations/ort integrations/llamacpp
 
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -72,6 +73,8 @@ staticcheck:
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) run $(STATICCHECK) ./...)"; (cd $$m && $(GO) run $(STATICCHECK) ./...); done
 	@# integrations/ort builds with cgo against its own go.mod (no ONNX Runtime needed to check it)
 	cd integrations/ort && GOWORK=off $(GO) run $(STATICCHECK) ./...
+	@# integrations/llamacpp likewise (llama.cpp is loaded with dlopen at run time only)
+	cd integrations/llamacpp && GOWORK=off $(GO) run $(STATICCHECK) ./...
 
 fmt-check:
 	@bad="$$(gofmt -l $(GO_FILES))"; \
@@ -172,6 +175,23 @@ ort-test:
 
 ort-bench:
 	scripts/ort.sh bench
+
+## llamacpp: fetch llama.cpp's prebuilt CPU libraries and the release's headers (npm: node-llama-cpp 3.21.1)
+## and write the tiny llama model (outside the repository; LLAMACPP_MODEL=PATH takes any llama GGUF instead)
+## llamacpp-test: integrations/llamacpp (a nested module) vetted and tested under -race; when the fetch fails a
+## SKIP line and exit 0, or under CI=true a FAIL line and exit 1
+## llamacpp-bench: integrations/llamacpp's benchmarks (tokens/s against stock llama.cpp, memory)
+LLAMACPP_MODEL ?=
+LLAMACPP_ARGS = $(if $(LLAMACPP_MODEL),--model $(LLAMACPP_MODEL))
+.PHONY: llamacpp llamacpp-test llamacpp-bench
+llamacpp:
+	scripts/llamacpp.sh fetch $(LLAMACPP_ARGS)
+
+llamacpp-test:
+	scripts/llamacpp.sh test $(LLAMACPP_ARGS)
+
+llamacpp-bench:
+	scripts/llamacpp.sh bench $(LLAMACPP_ARGS)
 
 ## memvet: memgen's static checks (cmd/memvet: nobypass, handleclose, unsupported, recorduse, the allow
 ## escape) over the module and every nested module, through go vet -vettool; any finding fails

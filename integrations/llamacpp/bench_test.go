@@ -1,0 +1,211 @@
+package llamacpp
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// BenchmarkDecode: one context on stock llama.cpp and one on memgen's
+// device, one thread each, a 16-token prompt then 1,024 greedy
+// single-token steps, the two engines alternating step by step (which
+// goes first alternates too), so that a shared machine's load falls on
+// both alike; fresh contexts of n_ctx 2,048 every iteration. Reports
+// tokens per second of both, memgen's time over stock's (x-vs-stock), and
+// the time memgen spent growing the regions per token (grow-ns/token,
+// inside memgen's time).
+func BenchmarkDecode(b *testing.B) {
+	const steps = 1024
+	stock := loadModel(b, Options{Stock: true, Threads: 1})
+	r := newRig(b, 1<<30)
+	ours := loadModel(b, Options{Manager: r.mgr, Governor: r.g, Device: r.host, Threads: 1})
+	type side struct {
+		c    *Context
+		next int32
+		out  []int32
+		took time.Duration
+	}
+	open := func(m *Model) *side {
+		c, err := m.NewContext(bg(b), ContextOptions{NCtx: 2048})
+		if err != nil {
+			b.Fatal(err)
+		}
+		next, err := c.Decode(bg(b), prompt(5, 16, m.NVocab()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &side{c: c, next: next, out: make([]int32, 0, steps)}
+	}
+	step := func(s *side) {
+		s.out = append(s.out, s.next)
+		start := time.Now()
+		next, err := s.c.Decode(bg(b), []int32{s.next})
+		s.took += time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.next = next
+	}
+	var tStock, tOurs, grow time.Duration
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		a, o := open(stock), open(ours)
+		before := o.c.Stats()
+		b.StartTimer()
+		for i := range steps {
+			if i%2 == 0 {
+				step(a)
+				step(o)
+			} else {
+				step(o)
+				step(a)
+			}
+		}
+		b.StopTimer()
+		if hashTokens(a.out) != hashTokens(o.out) {
+			b.Fatalf("tokens differ: stock %x, memgen %x", hashTokens(a.out), hashTokens(o.out))
+		}
+		tStock += a.took
+		tOurs += o.took
+		grow += o.c.Stats().GrowTime - before.GrowTime
+		for _, s := range []*side{a, o} {
+			if err := s.c.Close(bg(b)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	tokens := float64(b.N * steps)
+	b.ReportMetric(tokens/tStock.Seconds(), "stock-tok/s")
+	b.ReportMetric(tokens/tOurs.Seconds(), "memgen-tok/s")
+	b.ReportMetric(tOurs.Seconds()/tStock.Seconds(), "x-vs-stock")
+	b.ReportMetric(float64(grow.Nanoseconds())/tokens, "grow-ns/token")
+	b.ReportMetric(100*grow.Seconds()/tOurs.Seconds(), "grow-%")
+}
+
+// memChild loads the model (stock or on memgen's device), opens 8 contexts
+// of n_ctx 8,192 and batches of 32 (llama.cpp's compute buffer, outside
+// memgen, grows with n_ctx x batch), decodes 1,024 tokens in each (a
+// 1,008-token prompt and 16 greedy steps), and prints its resident set
+// (and the set before the model was loaded) and, on memgen's device, the
+// weights' and the committed KV's bytes.
+func memChild(stock bool) int {
+	fail := func(err error) int { fmt.Println("child:", err); return 3 }
+	if err := Init(libPath); err != nil {
+		return fail(err)
+	}
+	base, err := residentBytes()
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	opts := Options{Stock: true}
+	if !stock {
+		r, _, err := newChildRig()
+		if err != nil {
+			return fail(err)
+		}
+		opts = r.options()
+	}
+	m, err := LoadModel(ctx, modelPath, opts)
+	if err != nil {
+		return fail(err)
+	}
+	var kv memapi.Bytes
+	for i := range 8 {
+		c, err := m.NewContext(ctx, ContextOptions{NCtx: 8192, Batch: 32})
+		if err != nil {
+			return fail(err)
+		}
+		next, err := c.Decode(ctx, prompt(i, 1008, m.NVocab()))
+		for range 16 {
+			if err != nil {
+				return fail(err)
+			}
+			next, err = c.Decode(ctx, []int32{next})
+		}
+		if err != nil {
+			return fail(err)
+		}
+		kv += c.KV().Committed
+	}
+	rss, err := residentBytes()
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Printf("child: rss %d weights %d kv %d base %d\n", rss, m.WeightBytes(), kv, base)
+	return 0
+}
+
+// residentBytes reads VmRSS from /proc/self/status.
+func residentBytes() (int64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/self/status")
+}
+
+// BenchmarkMemory: 8 contexts x n_ctx 8,192 x 1,024 tokens each, in a
+// child process for stock llama.cpp and one for memgen's device (so that
+// each resident set is its own). Reports both resident sets, memgen's
+// weights + committed KV, memgen's RSS over that (rss-over-held), and the
+// resident set of the process before it loaded the model (base-rss-MiB:
+// the Go runtime and the libraries).
+func BenchmarkMemory(b *testing.B) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(mode string) (rss, weights, kv, base float64) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("%s: %v\n%s", mode, err, out)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if _, err := fmt.Sscanf(l, "child: rss %g weights %g kv %g base %g", &rss, &weights, &kv, &base); err == nil {
+				return rss, weights, kv, base
+			}
+		}
+		b.Fatalf("%s: no figures in\n%s", mode, out)
+		return
+	}
+	var stockRSS, rss, held, base float64
+	for range b.N {
+		s, _, _, _ := run("rss-stock")
+		o, w, k, b0 := run("rss-memgen")
+		stockRSS += s
+		rss += o
+		held += w + k
+		base += b0
+	}
+	n := float64(b.N)
+	b.ReportMetric(stockRSS/n/(1<<20), "stock-rss-MiB")
+	b.ReportMetric(rss/n/(1<<20), "memgen-rss-MiB")
+	b.ReportMetric(held/n/(1<<20), "memgen-held-MiB")
+	b.ReportMetric(base/n/(1<<20), "base-rss-MiB")
+	b.ReportMetric(rss/held, "rss-over-held")
+	b.ReportMetric(rss/stockRSS, "x-vs-stock")
+}

@@ -1,0 +1,167 @@
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge.h"
+
+struct memgen_llama_api memgen_llama_api;
+
+static char *dupf(const char *format, const char *a, const char *b) {
+	size_t n = strlen(format) + strlen(a) + strlen(b) + 1;
+	char *s = malloc(n);
+	if (s) snprintf(s, n, format, a, b);
+	return s;
+}
+
+/* ---- logging ------------------------------------------------------------- */
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char last_error[1024];
+static int verbose;
+static enum ggml_log_level last_level;
+
+static void log_cb(enum ggml_log_level level, const char *text, void *user) {
+	(void)user;
+	pthread_mutex_lock(&log_mu);
+	if (level == GGML_LOG_LEVEL_CONT) level = last_level;
+	last_level = level;
+	if (level == GGML_LOG_LEVEL_ERROR) {
+		size_t have = strlen(last_error);
+		if (have > 0 && have + 1 < sizeof last_error && last_error[have - 1] == '\n') last_error[have++] = ' ', last_error[have] = 0;
+		strncat(last_error, text, sizeof last_error - strlen(last_error) - 1);
+	}
+	if (verbose) fputs(text, stderr);
+	pthread_mutex_unlock(&log_mu);
+}
+
+void memgen_llama_last_error(char *buf, size_t n) {
+	pthread_mutex_lock(&log_mu);
+	size_t l = strlen(last_error);
+	while (l > 0 && (last_error[l - 1] == '\n' || last_error[l - 1] == ' ')) last_error[--l] = 0;
+	snprintf(buf, n, "%s", last_error);
+	last_error[0] = 0;
+	pthread_mutex_unlock(&log_mu);
+}
+
+void memgen_llama_set_verbose(int on) {
+	pthread_mutex_lock(&log_mu);
+	verbose = on;
+	pthread_mutex_unlock(&log_mu);
+}
+
+/* ---- loading ------------------------------------------------------------- */
+
+#define SYM(name)                                                                       \
+	do {                                                                                \
+		*(void **)&a->name = dlsym(h, #name);                                           \
+		if (!a->name) return dupf("%s: no symbol %s", lib, #name);                      \
+	} while (0)
+
+char *memgen_llama_load(const char *lib, const char *dir) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	if (a->handle) return dupf("%s%s", "llama.cpp is already loaded from another path: ", lib);
+	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+	if (!h) return dupf("%s%s", "dlopen: ", dlerror());
+	SYM(llama_backend_init);
+	SYM(llama_log_set);
+	SYM(llama_model_default_params);
+	SYM(llama_context_default_params);
+	SYM(llama_model_load_from_file);
+	SYM(llama_model_free);
+	SYM(llama_init_from_model);
+	SYM(llama_free);
+	SYM(llama_batch_get_one);
+	SYM(llama_decode);
+	SYM(llama_get_logits_ith);
+	SYM(llama_get_memory);
+	SYM(llama_memory_clear);
+	SYM(llama_memory_seq_rm);
+	SYM(ggml_backend_load_all_from_path);
+	SYM(ggml_backend_dev_by_type);
+	SYM(ggml_backend_buffer_init);
+	SYM(ggml_backend_buffer_is_host);
+	SYM(ggml_nbytes);
+	a->llama_log_set(log_cb, NULL);
+	a->ggml_backend_load_all_from_path(dir);
+	a->cpu = a->ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+	if (!a->cpu) return dupf("%s: no CPU backend could be loaded from %s", lib, dir);
+	a->llama_backend_init();
+	a->handle = h;
+	return NULL;
+}
+
+/* ---- llama calls --------------------------------------------------------- */
+
+struct llama_model *memgen_llama_model_load(const char *path, int ours) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	struct llama_model_params p = a->llama_model_default_params();
+	/* Read the file into the weights' buffers: no mapping of it stays. */
+	p.load_mode = LLAMA_LOAD_MODE_NONE;
+	p.use_extra_bufts = false;
+	ggml_backend_dev_t devs[2] = {NULL, NULL};
+	/* The input layer's tensors (the token embeddings) stay on the CPU
+	 * device in llama.cpp's plan; this override puts them in memgen's
+	 * buffers too, so that every weight is in pmm. */
+	struct llama_model_tensor_buft_override ov[2] = {{"token_embd", memgen_llama_buft()}, {NULL, NULL}};
+	p.devices = devs; /* stock: no device, every layer on the CPU */
+	p.n_gpu_layers = 0;
+	if (ours) {
+		devs[0] = memgen_llama_device();
+		p.n_gpu_layers = -1; /* every layer on memgen's device */
+		p.split_mode = LLAMA_SPLIT_MODE_LAYER;
+		p.tensor_buft_overrides = ov;
+	}
+	return a->llama_model_load_from_file(path, p);
+}
+
+void memgen_llama_model_free(struct llama_model *m) { memgen_llama_api.llama_model_free(m); }
+
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	struct llama_context_params p = a->llama_context_default_params();
+	p.n_ctx = n_ctx;
+	p.n_batch = n_batch;
+	p.n_ubatch = n_batch;
+	p.n_seq_max = 1;
+	p.n_threads = n_threads;
+	p.n_threads_batch = n_threads;
+	/* Flash attention: K and V are both one row per cell, so the part of
+	 * each tensor in use is a prefix (see docs/llamacpp.md). */
+	p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+	p.offload_kqv = true;
+	p.no_perf = true;
+	return a->llama_init_from_model(m, p);
+}
+
+void memgen_llama_context_free(struct llama_context *c) { memgen_llama_api.llama_free(c); }
+
+int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	int32_t st = a->llama_decode(c, a->llama_batch_get_one(tokens, n));
+	if (st != 0) return st;
+	const float *logits = a->llama_get_logits_ith(c, -1);
+	if (!logits) return -100;
+	llama_token best = 0;
+	for (int32_t i = 1; i < n_vocab; i++)
+		if (logits[i] > logits[best]) best = i;
+	*next = best;
+	return 0;
+}
+
+void memgen_llama_clear(struct llama_context *c) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	/* data=false: the cells go, the buffers are not written (their
+	 * backing is decommitted by Go right after). */
+	a->llama_memory_clear(a->llama_get_memory(c), false);
+}
+
+bool memgen_llama_seq_rm(struct llama_context *c, llama_pos p0) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	return a->llama_memory_seq_rm(a->llama_get_memory(c), 0, p0, -1);
+}
+
+void memgen_llama_memset(uintptr_t addr, int v, size_t n) { memset((void *)addr, v, n); }
+
+size_t memgen_llama_nbytes(const struct ggml_tensor *t) { return memgen_llama_api.ggml_nbytes(t); }

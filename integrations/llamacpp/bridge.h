@@ -1,0 +1,77 @@
+/*
+ * The bridge between Go and llama.cpp: the library loaded with dlopen, the
+ * llama calls the package makes, and memgen's ggml device and buffer type
+ * (device.c), whose buffers take their memory from Go (pmm) through the
+ * exported functions in buffer.go.
+ */
+#ifndef MEMGEN_LLAMA_BRIDGE_H
+#define MEMGEN_LLAMA_BRIDGE_H
+
+#include "llamaapi.h"
+
+/* The functions of libllama and its ggml libraries that the bridge calls,
+ * resolved with dlsym, as llama.h and ggml-backend.h declare them. */
+struct memgen_llama_api {
+	void *handle;
+	ggml_backend_dev_t cpu;
+	void (*llama_backend_init)(void);
+	void (*llama_log_set)(ggml_log_callback cb, void *user_data);
+	struct llama_model_params (*llama_model_default_params)(void);
+	struct llama_context_params (*llama_context_default_params)(void);
+	struct llama_model *(*llama_model_load_from_file)(const char *path, struct llama_model_params params);
+	void (*llama_model_free)(struct llama_model *model);
+	struct llama_context *(*llama_init_from_model)(struct llama_model *model, struct llama_context_params params);
+	void (*llama_free)(struct llama_context *ctx);
+	struct llama_batch (*llama_batch_get_one)(llama_token *tokens, int32_t n_tokens);
+	int32_t (*llama_decode)(struct llama_context *ctx, struct llama_batch batch);
+	float *(*llama_get_logits_ith)(struct llama_context *ctx, int32_t i);
+	llama_memory_t (*llama_get_memory)(const struct llama_context *ctx);
+	void (*llama_memory_clear)(llama_memory_t mem, bool data);
+	bool (*llama_memory_seq_rm)(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+	void (*ggml_backend_load_all_from_path)(const char *dir_path);
+	ggml_backend_dev_t (*ggml_backend_dev_by_type)(enum ggml_backend_dev_type type);
+	ggml_backend_buffer_t (*ggml_backend_buffer_init)(ggml_backend_buffer_type_t buft, struct ggml_backend_buffer_i iface,
+	                                                  void *context, size_t size);
+	bool (*ggml_backend_buffer_is_host)(ggml_backend_buffer_t buffer);
+	size_t (*ggml_nbytes)(const struct ggml_tensor *tensor);
+};
+extern struct memgen_llama_api memgen_llama_api;
+
+/* memgen_llama_load opens libllama at lib, loads ggml's CPU backend from
+ * dir (the variant for this CPU) and resolves every function the bridge
+ * calls. It returns NULL or a malloc'd message. */
+char *memgen_llama_load(const char *lib, const char *dir);
+/* memgen_llama_last_error copies the last error line llama.cpp logged (""
+ * when none) and forgets it. */
+void memgen_llama_last_error(char *buf, size_t n);
+void memgen_llama_set_verbose(int on);
+
+/* The device and its buffer type (device.c). */
+ggml_backend_dev_t memgen_llama_device(void);
+ggml_backend_buffer_type_t memgen_llama_buft(void);
+/* The Go object (a cgo.Handle) that the buffer type's allocations are made
+ * for until the next call: a model being loaded, a context being made. */
+void memgen_llama_set_owner(uintptr_t owner);
+
+/* Calls into llama.cpp. */
+struct llama_model *memgen_llama_model_load(const char *path, int ours);
+void memgen_llama_model_free(struct llama_model *m);
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads);
+void memgen_llama_context_free(struct llama_context *c);
+/* memgen_llama_decode decodes n tokens at the end of the context's one
+ * sequence and returns llama_decode's status; with argmax set, *next is the
+ * greedy token after the last of them (logits over n_vocab). */
+int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next);
+/* memgen_llama_clear drops the context's whole KV cache (its cells; the
+ * buffers are not written). */
+void memgen_llama_clear(struct llama_context *c);
+/* memgen_llama_seq_rm drops the cells at positions [p0, end). */
+bool memgen_llama_seq_rm(struct llama_context *c, llama_pos p0);
+
+/* memgen_llama_nbytes is ggml_nbytes(t). */
+size_t memgen_llama_nbytes(const struct ggml_tensor *t);
+/* memgen_llama_memset sets n bytes at addr (committed memory of a KV
+ * tensor) to v. */
+void memgen_llama_memset(uintptr_t addr, int v, size_t n);
+
+#endif

@@ -1,0 +1,38 @@
+// Package llamacpp runs llama.cpp (unpatched, its prebuilt CPU libraries)
+// with its weights and KV cache in memory that memgen governs.
+//
+// A ggml backend device of memgen's own (device.c: the CPU device's
+// behaviour, init_backend delegating to the CPU backend, with a buffer type
+// of its own that is host memory) is handed to llama.cpp through the public
+// llama_model_params.devices, every layer offloaded to it: llama.cpp then
+// allocates the layers' weights and every context's KV cache from that
+// buffer type. The weights (and, through a tensor override, the token
+// embeddings) are pmm.Buffers of a binding charged to the holder
+// Name+"/weights". A context's KV buffer is a pmm.Region reserved for its
+// size and never committed, and each KV tensor placed in it is pointed, by
+// the buffer's init_tensor, at a pmm.Region of its own, reserved for all
+// n_ctx rows and committed for none. Each context is a governor holder of
+// its own (Name+"/ctx<N>"). Before every llama_decode the context's regions
+// grow, through the governor and within the caller's deadline, to the
+// rows that decode touches; llama.cpp touches no other (the tests commit
+// one row short and watch the engine fault). Flash attention is on, so K
+// and V both hold one row per cell and the rows in use are a prefix of
+// each tensor.
+//
+// Over budget, a decode fails with an *OverBudgetError carrying the
+// figures, and the sequence is as before. Under pressure the governor asks
+// the contexts' holders; an idle context preempts its whole sequence (its
+// cells are dropped, its regions shrink to nothing behind the decode
+// fences and are refunded) and recomputes it at its next Decode. Reset
+// and Close release the regions the same way.
+//
+// llama.cpp is loaded with dlopen (Init), so building and vetting the
+// package needs no library; the bridge calls it through the project's own
+// declarations (llamaapi.h), which llamaapi_test.go holds to the release's
+// llama.h and ggml-backend-impl.h. Options.Stock loads a model the way
+// llama.cpp does on its own (the tests' and benchmarks' baseline).
+//
+// This package is a nested Go module so that memgen's core module stays
+// free of cgo and of llama.cpp; `make llamacpp` fetches the library and
+// writes the test model, `make llamacpp-test` runs this module's tests.
+package llamacpp

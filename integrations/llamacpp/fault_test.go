@@ -1,0 +1,135 @@
+package llamacpp
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// childEnv names the environment variable that makes the test binary a
+// child of TestOneRowShortFaults: "short" commits one row less than the
+// decode needs, "exact" the rows it needs.
+const childEnv = "MEMGEN_LLAMACPP_CHILD"
+
+// runChild decodes a prompt of 8 tokens, then one more token with the KV
+// regions committed to 8 rows when it needs 9 (short) or to 9 (exact). A
+// row is 1 KiB and the granule 4 KiB, so 8 rows are exactly 2 granules:
+// the 9th row is the first byte of an uncommitted (PROT_NONE) page.
+// "prefill-untiled" instead decodes a prompt of 100 tokens with the rows
+// committed to exactly 100 (not the 128 of two 64-row tiles).
+func runChild() int {
+	mode := os.Getenv(childEnv)
+	if err := Init(libPath); err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	r, cleanup, err := newChildRig()
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	defer cleanup()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := LoadModel(ctx, modelPath, r.options())
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	c, err := m.NewContext(ctx, ContextOptions{NCtx: 256})
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	if mode == "prefill-untiled" || mode == "prefill" {
+		if mode == "prefill-untiled" {
+			untiled = true
+		}
+		if _, err := c.Decode(ctx, prompt(1, 100, m.NVocab())); err != nil {
+			fmt.Println("child:", err)
+			return 3
+		}
+		fmt.Println("child: decoded a prompt of 100 tokens")
+		return 0
+	}
+	if _, err := c.Decode(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	if mode == "short" {
+		rowsShort = 1
+	}
+	next, err := c.Decode(ctx, []int32{9})
+	if err != nil {
+		fmt.Println("child:", err)
+		return 3
+	}
+	kv := c.KV()
+	fmt.Printf("child: decoded the 9th token (next %d) with %d bytes committed in %d tensors\n", next, kv.Committed, kv.Tensors)
+	return 0
+}
+
+// TestOneRowShortFaults: llama.cpp touches the rows the decode needs and
+// they must be backed — committing one row short makes the engine fault
+// (in a child process), while committing exactly the rows runs.
+func TestOneRowShortFaults(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("exact")
+	if err != nil || !strings.Contains(out, "child: decoded the 9th token") {
+		t.Fatalf("exact commit: %v\n%s", err, out)
+	}
+	t.Logf("exact: %s", strings.TrimSpace(out))
+	out, err = run("short")
+	if err == nil {
+		t.Fatalf("one row short: the child exited cleanly:\n%s", out)
+	}
+	if !strings.Contains(out, "SIGSEGV") {
+		t.Fatalf("one row short: the child failed without a segmentation fault: %v\n%s", err, out)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	t.Logf("one row short: %v: %s", err, first)
+}
+
+// TestPrefillNeedsWholeTiles: a batch of 64 tokens or more is attended
+// 64 KV rows at a time, so its rows are committed up to the tile's end
+// (then given back); committed to exactly the batch's rows, the engine
+// faults.
+func TestPrefillNeedsWholeTiles(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("prefill")
+	if err != nil || !strings.Contains(out, "child: decoded a prompt of 100 tokens") {
+		t.Fatalf("tiled commit: %v\n%s", err, out)
+	}
+	out, err = run("prefill-untiled")
+	if err == nil || !strings.Contains(out, "SIGSEGV") {
+		t.Fatalf("untiled commit: want a segmentation fault, got %v\n%s", err, out)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	t.Logf("rows committed to the batch only: %v: %s", err, first)
+}

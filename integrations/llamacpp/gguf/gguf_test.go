@@ -1,0 +1,119 @@
+package gguf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var small = Shape{Embd: 64, Layers: 2, Heads: 4, HeadsKV: 2, FF: 96, Vocab: 40, CtxTrain: 128}
+
+func writeSmall(t *testing.T, seed uint64) (string, []byte) {
+	t.Helper()
+	kvs, ts := Tiny(small, seed)
+	p := filepath.Join(t.TempDir(), "m.gguf")
+	if err := WriteFile(p, kvs, ts); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, b
+}
+
+// TestWriteThenCheck: what Write writes, Check reads back: the metadata,
+// every tensor's dimensions, type and aligned offset, and the file's size
+// is the data section's end.
+func TestWriteThenCheck(t *testing.T) {
+	p, b := writeSmall(t, 1)
+	in, err := Check(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.String("general.architecture") != "llama" || in.String("tokenizer.ggml.model") != "none" {
+		t.Errorf("metadata: %v", in.Meta)
+	}
+	if n, ok := in.Uint("llama.embedding_length"); !ok || n != 64 {
+		t.Errorf("llama.embedding_length = %d, %v", n, ok)
+	}
+	_, ts := Tiny(small, 1)
+	if len(in.Tensors) != len(ts) {
+		t.Fatalf("%d tensors, want %d", len(in.Tensors), len(ts))
+	}
+	var end uint64
+	for i, ti := range in.Tensors {
+		if ti.Name != ts[i].Name || ti.Type != TypeF32 || len(ti.Dims) != len(ts[i].Dims) || ti.Offset%alignment != 0 {
+			t.Errorf("tensor %d: %+v, want %s %v", i, ti, ts[i].Name, ts[i].Dims)
+		}
+		end = ti.Offset + pad(4*uint64(len(ts[i].Data)), alignment)
+	}
+	if data := uint64(len(b)) - end; data%alignment != 0 {
+		t.Errorf("the data section starts at %d, not aligned", data)
+	}
+	emb, _ := in.Tensor("token_embd.weight")
+	if emb.Dims[0] != 64 || emb.Dims[1] != 40 {
+		t.Errorf("token_embd.weight %v", emb.Dims)
+	}
+}
+
+// TestTinyIsDeterministic: the same seed gives the same bytes, another
+// seed other weights.
+func TestTinyIsDeterministic(t *testing.T) {
+	_, a := writeSmall(t, 7)
+	_, b := writeSmall(t, 7)
+	_, c := writeSmall(t, 8)
+	if !bytes.Equal(a, b) {
+		t.Error("seed 7 wrote two different files")
+	}
+	if bytes.Equal(a[len(a)-4096:], c[len(c)-4096:]) {
+		t.Error("seeds 7 and 8 wrote the same weights")
+	}
+}
+
+// TestCheckRejects: every way a file can be wrong is a *FormatError of
+// its kind.
+func TestCheckRejects(t *testing.T) {
+	_, good := writeSmall(t, 1)
+	for _, c := range []struct {
+		name string
+		edit func([]byte) []byte
+		kind error
+	}{
+		{"empty", func(b []byte) []byte { return nil }, ErrTruncated},
+		{"header cut", func(b []byte) []byte { return b[:20] }, ErrTruncated},
+		{"metadata cut", func(b []byte) []byte { return b[:100] }, ErrTruncated},
+		{"data cut", func(b []byte) []byte { return b[:len(b)-100] }, ErrTruncated},
+		{"magic", func(b []byte) []byte { b[3] = 'X'; return b }, ErrCorrupt},
+		{"version", func(b []byte) []byte { binary.LittleEndian.PutUint32(b[4:], 7); return b }, ErrCorrupt},
+		{"tensor count", func(b []byte) []byte { binary.LittleEndian.PutUint64(b[8:], 1<<30); return b }, ErrCorrupt},
+		{"metadata count", func(b []byte) []byte { binary.LittleEndian.PutUint64(b[16:], 1<<30); return b }, ErrCorrupt},
+		{"key length", func(b []byte) []byte { binary.LittleEndian.PutUint64(b[24:], 1<<40); return b }, ErrCorrupt},
+		{"value type", func(b []byte) []byte {
+			// the first key is "general.architecture" (20 bytes): its type follows
+			binary.LittleEndian.PutUint32(b[24+8+20:], 99)
+			return b
+		}, ErrCorrupt},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "bad.gguf")
+			if err := os.WriteFile(p, c.edit(bytes.Clone(good)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Check(p)
+			var fe *FormatError
+			if !errors.As(err, &fe) || !errors.Is(err, c.kind) {
+				t.Fatalf("got %v, want a *FormatError of kind %v", err, c.kind)
+			}
+		})
+	}
+	if _, err := Check(filepath.Join(t.TempDir(), "none")); !errors.Is(err, ErrMissing) {
+		t.Fatalf("missing file: got %v", err)
+	}
+	if _, err := Check(t.TempDir()); !errors.Is(err, ErrMissing) {
+		t.Fatalf("a directory: got %v", err)
+	}
+}

@@ -1,0 +1,77 @@
+package gguf
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Shape is a llama-architecture model's size.
+type Shape struct {
+	Embd, Layers, Heads, HeadsKV, FF, Vocab, CtxTrain int
+}
+
+// TinyShape is the model the integration's tests and benchmarks run: 512
+// wide, 6 layers, 8 heads of 64, a feed-forward of 1,024, 1,024 tokens
+// (no tokenizer: tokens are ids), trained context 16,384; F32 weights,
+// 66 MiB.
+var TinyShape = Shape{Embd: 512, Layers: 6, Heads: 8, HeadsKV: 8, FF: 1024, Vocab: 1024, CtxTrain: 16384}
+
+// Tiny returns the metadata and tensors of a llama-architecture model of
+// the given shape with random weights drawn from seed: each matrix uniform
+// in ±3/sqrt(fan-in) (at ±1/sqrt(fan-in) greedy decoding repeats one token;
+// at 3 it wanders: 242 distinct tokens in 300 steps from seed 1), norms 1.
+// The same seed gives the same bytes.
+func Tiny(s Shape, seed uint64) ([]KV, []Tensor) {
+	rng := rand.New(rand.NewPCG(seed, 0x6d656d67656e))
+	headDim := s.Embd / s.Heads
+	kvs := []KV{
+		{"general.architecture", "llama"},
+		{"general.name", fmt.Sprintf("memgen-tiny-llama-seed%d", seed)},
+		{"general.alignment", uint32(alignment)},
+		{"llama.context_length", uint32(s.CtxTrain)},
+		{"llama.embedding_length", uint32(s.Embd)},
+		{"llama.block_count", uint32(s.Layers)},
+		{"llama.feed_forward_length", uint32(s.FF)},
+		{"llama.attention.head_count", uint32(s.Heads)},
+		{"llama.attention.head_count_kv", uint32(s.HeadsKV)},
+		{"llama.attention.layer_norm_rms_epsilon", float32(1e-5)},
+		{"llama.rope.dimension_count", uint32(headDim)},
+		{"llama.rope.freq_base", float32(10000)},
+		{"llama.vocab_size", uint32(s.Vocab)},
+		{"tokenizer.ggml.model", "none"},
+	}
+	mat := func(name string, in, out int) Tensor {
+		a := float32(3 / math.Sqrt(float64(in)))
+		d := make([]float32, in*out)
+		for i := range d {
+			d[i] = (2*rng.Float32() - 1) * a
+		}
+		return Tensor{Name: name, Dims: []uint64{uint64(in), uint64(out)}, Data: d}
+	}
+	ones := func(name string, n int) Tensor {
+		d := make([]float32, n)
+		for i := range d {
+			d[i] = 1
+		}
+		return Tensor{Name: name, Dims: []uint64{uint64(n)}, Data: d}
+	}
+	kvDim := headDim * s.HeadsKV
+	ts := []Tensor{mat("token_embd.weight", s.Embd, s.Vocab)}
+	for i := range s.Layers {
+		p := fmt.Sprintf("blk.%d.", i)
+		ts = append(ts,
+			ones(p+"attn_norm.weight", s.Embd),
+			mat(p+"attn_q.weight", s.Embd, s.Embd),
+			mat(p+"attn_k.weight", s.Embd, kvDim),
+			mat(p+"attn_v.weight", s.Embd, kvDim),
+			mat(p+"attn_output.weight", s.Embd, s.Embd),
+			ones(p+"ffn_norm.weight", s.Embd),
+			mat(p+"ffn_gate.weight", s.Embd, s.FF),
+			mat(p+"ffn_up.weight", s.Embd, s.FF),
+			mat(p+"ffn_down.weight", s.FF, s.Embd),
+		)
+	}
+	ts = append(ts, ones("output_norm.weight", s.Embd), mat("output.weight", s.Embd, s.Vocab))
+	return kvs, ts
+}

@@ -1,0 +1,238 @@
+package llamacpp
+
+/*
+#include <stdlib.h>
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/cgo"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/integrations/llamacpp/gguf"
+	"github.com/memgen/memgen/pmm"
+)
+
+// Options configure LoadModel.
+type Options struct {
+	// Manager, Governor and Device: the pmm manager whose ledger is
+	// Governor (pmm.GovernorLedger), and the host device (a CPU mechanism
+	// with virtual backing) registered with it. The weights and every
+	// context's KV cache are allocated there.
+	Manager  *pmm.Manager
+	Governor *governor.Governor
+	Device   memapi.DeviceKey
+	// Name prefixes the holders: Name+"/weights", Name+"/ctx<N>". Default
+	// "llama".
+	Name string
+	// Threads is llama.cpp's thread count for decoding. Default 1.
+	Threads int
+	// Stock loads the model the way llama.cpp does on its own: its CPU
+	// buffers (malloc), every context's KV cache allocated and cleared for
+	// all of n_ctx at creation. Manager, Governor and Device are not used.
+	// It is the baseline of the tests and benchmarks.
+	Stock bool
+}
+
+// Model is a llama.cpp model whose weights live in pmm Buffers charged to
+// the holder Name+"/weights" (or, with Options.Stock, in llama.cpp's own
+// buffers).
+type Model struct {
+	opts    Options
+	path    string
+	nVocab  int
+	info    *gguf.Info
+	c       *C.struct_llama_model
+	weights *pmm.Binding
+	holder  governor.HolderID
+
+	// During the load (under loadMu).
+	loadCtx  context.Context
+	allocErr error
+
+	mu       sync.Mutex
+	closed   bool
+	bufs     []*weightBuffer
+	released []*pmm.Buffer // closed, maybe not yet refunded
+	contexts map[*Context]struct{}
+	nextID   int
+}
+
+// LoadModel checks the GGUF file at path (gguf.Check: a missing,
+// truncated or corrupt file is a *gguf.FormatError) and loads it with
+// llama.cpp, every layer (and the token embeddings) on memgen's device.
+// ctx bounds the weights' reservations. On failure nothing stays charged.
+func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
+	const op = "llamacpp.LoadModel"
+	if !loaded() {
+		return nil, ErrNotLoaded
+	}
+	if opts.Name == "" {
+		opts.Name = "llama"
+	}
+	if opts.Threads <= 0 {
+		opts.Threads = 1
+	}
+	info, err := gguf.Check(path)
+	if err != nil {
+		return nil, err
+	}
+	emb, ok := info.Tensor("token_embd.weight")
+	if !ok || len(emb.Dims) != 2 || emb.Dims[1] == 0 {
+		return nil, &gguf.FormatError{Path: path, Kind: gguf.ErrCorrupt, Detail: "no token_embd.weight of 2 dimensions"}
+	}
+	m := &Model{opts: opts, path: path, info: info, nVocab: int(emb.Dims[1]), contexts: map[*Context]struct{}{}}
+	if !opts.Stock {
+		if opts.Manager == nil || opts.Governor == nil {
+			return nil, memapi.Errorf(op, memapi.ErrNilHandle, "Options.Manager and Options.Governor are required (or Stock)")
+		}
+		m.holder = governor.HolderID(opts.Name + "/weights")
+		if err := opts.Governor.Register(m.holder, nil, governor.HolderOptions{}); err != nil {
+			return nil, err
+		}
+		m.weights, err = opts.Manager.Bind(string(m.holder), "weights", opts.Device)
+		if err != nil {
+			return nil, errors.Join(err, opts.Governor.Unregister(m.holder))
+		}
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	ours := C.int(1)
+	if opts.Stock {
+		ours = 0
+	}
+	loadMu.Lock()
+	m.loadCtx = ctx
+	h := cgo.NewHandle(allocator(m))
+	C.memgen_llama_set_owner(C.uintptr_t(h))
+	lastError()
+	m.c = C.memgen_llama_model_load(cpath, ours)
+	C.memgen_llama_set_owner(0)
+	h.Delete()
+	msg, allocErr := lastError(), m.allocErr
+	m.loadCtx, m.allocErr = nil, nil
+	loadMu.Unlock()
+	if m.c == nil {
+		err := fmt.Errorf("%w: %s: %s", ErrModel, path, msg)
+		if allocErr != nil {
+			err = fmt.Errorf("%w: %s: %w", ErrModel, path, allocErr)
+		}
+		return nil, errors.Join(err, m.release(ctx))
+	}
+	return m, nil
+}
+
+// NVocab is the model's vocabulary size: tokens are 0 ... NVocab-1.
+func (m *Model) NVocab() int { return m.nVocab }
+
+// Holder is the weights' holder ("" with Options.Stock).
+func (m *Model) Holder() governor.HolderID { return m.holder }
+
+// WeightBytes is what the weights' buffers hold (0 with Options.Stock).
+func (m *Model) WeightBytes() memapi.Bytes {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n memapi.Bytes
+	for _, b := range m.bufs {
+		n += b.buf.Size()
+	}
+	return n
+}
+
+func (m *Model) allocBuffer(size memapi.Bytes) (buffer, error) {
+	b, err := m.weights.Allocate(m.loadCtx, max(size, 1))
+	if err != nil {
+		m.allocErr = err
+		return nil, err
+	}
+	w := &weightBuffer{m: m, buf: b}
+	m.mu.Lock()
+	m.bufs = append(m.bufs, w)
+	m.mu.Unlock()
+	return w, nil
+}
+
+func (m *Model) freeWeights(w *weightBuffer) {
+	m.mu.Lock()
+	m.bufs = slices.DeleteFunc(m.bufs, func(x *weightBuffer) bool { return x == w })
+	m.released = append(m.released, w.buf)
+	m.mu.Unlock()
+	// No fence: the weights are freed by llama_model_free, after every
+	// context (and so every decode) of the model ended.
+	_ = w.buf.Close() // a failed free is quarantined by pmm and waited for in release
+}
+
+// Close frees the model: its weights are released and refunded, the
+// weights' holder is unregistered. Every context must be closed first
+// (memapi.ErrInUse otherwise); a second Close fails with memapi.ErrClosed.
+// ctx bounds the wait for the refunds.
+func (m *Model) Close(ctx context.Context) error {
+	const op = "llamacpp.Model.Close"
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return memapi.Errorf(op, memapi.ErrClosed, "model %s was closed", m.path)
+	}
+	if n := len(m.contexts); n > 0 {
+		m.mu.Unlock()
+		return memapi.Errorf(op, memapi.ErrInUse, "model %s has %d open contexts", m.path, n)
+	}
+	m.closed = true
+	m.mu.Unlock()
+	C.memgen_llama_model_free(m.c)
+	m.c = nil
+	return m.release(ctx)
+}
+
+// release waits until the weights' buffers were refunded, then ends the
+// holder and its binding.
+func (m *Model) release(ctx context.Context) error {
+	if m.weights == nil {
+		return nil
+	}
+	m.mu.Lock()
+	rel := m.released
+	m.released = nil
+	m.mu.Unlock()
+	if err := waitReleased(ctx, rel...); err != nil {
+		return err
+	}
+	return errors.Join(m.weights.Close(), m.opts.Governor.Unregister(m.holder))
+}
+
+// owned is a pmm handle whose release can be waited for.
+type owned interface {
+	State() ep.State
+	Err() error
+}
+
+// waitReleased waits, bounded by ctx, until every handle was freed and
+// refunded (closed handles are released on their device context's queue,
+// behind their fences).
+func waitReleased[T owned](ctx context.Context, hs ...T) error {
+	delay := 50 * time.Microsecond
+	for _, h := range hs {
+		for h.State() != ep.Released {
+			if h.State() == ep.Quarantined {
+				return fmt.Errorf("llamacpp: a release failed (quarantined, still charged): %w", h.Err())
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("llamacpp: waiting for releases: %w", ctx.Err())
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, 5*time.Millisecond)
+		}
+	}
+	return nil
+}

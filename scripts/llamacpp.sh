@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# make llamacpp: fetch what integrations/llamacpp needs, outside the repository.
+#
+#   - llama.cpp's prebuilt CPU libraries for linux/x64 (libllama, libggml,
+#     libggml-base and the CPU variants, glibc x86-64) from the npm package
+#     @node-llama-cpp/linux-x64@3.21.1 (package/bins/linux-x64/), into
+#     $MEMGEN_LLAMACPP_CACHE/lib (default ${XDG_CACHE_HOME:-$HOME/.cache}/memgen/llamacpp-3.21.1);
+#   - the source of that release, for the headers the declarations are
+#     checked against (llama.h, ggml-backend-impl.h): node-llama-cpp@3.21.1's
+#     llama/gitRelease.bundle, cloned into $MEMGEN_LLAMACPP_CACHE/src;
+#   - the tiny llama model the tests run (gguf.TinyShape: 512 wide, 6 layers,
+#     F32 random weights from seed 1, 66 MiB), written by the module's own
+#     generator (integrations/llamacpp/cmd/llamagguf) into the cache; or,
+#     with --model PATH (or MEMGEN_LLAMACPP_MODEL), any llama GGUF instead.
+#
+# Everything is reused when present. It prints the environment the tests
+# read (MEMGEN_LLAMACPP_LIB, MEMGEN_LLAMACPP_SRC, MEMGEN_LLAMACPP_MODEL) and
+# writes it to $MEMGEN_LLAMACPP_CACHE/env. Exit status 0 means everything
+# is in place.
+#
+#   scripts/llamacpp.sh [--model PATH]        fetch (make llamacpp)
+#   scripts/llamacpp.sh test [--model PATH]   fetch, then vet and test the
+#                           module under -race with MEMGEN_LLAMACPP_REQUIRE=1
+#                           (make llamacpp-test). When the fetch fails it
+#                           prints a SKIP line and exits 0, except under CI
+#                           (CI=true) or MEMGEN_LLAMACPP_REQUIRE=1, where it
+#                           prints FAIL and exits 1.
+#   scripts/llamacpp.sh bench [--model PATH]  fetch, then the module's
+#                           benchmarks (make llamacpp-bench; LLAMACPP_BENCHTIME,
+#                           default 1x; LLAMACPP_BENCHCOUNT, default 3)
+#
+# The module is built with GOWORK=off, against its own go.mod.
+set -euo pipefail
+
+NLC_VERSION=3.21.1
+CACHE="${MEMGEN_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memgen/llamacpp-$NLC_VERSION}"
+LIBNAME=libllama.v0.4.0.so
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+
+say() { printf 'llamacpp.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+mode=fetch
+case "${1:-}" in
+fetch | test | bench) mode="$1"; shift ;;
+esac
+model="${MEMGEN_LLAMACPP_MODEL:-}"
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--model) model="$2"; shift 2 ;;
+	--model=*) model="${1#--model=}"; shift ;;
+	*) die "usage: $0 [fetch|test|bench] [--model PATH]" ;;
+	esac
+done
+
+if [ "$mode" != fetch ]; then
+	args=()
+	[ -z "$model" ] || args=(--model "$model")
+	if ! "$0" fetch "${args[@]}" >/dev/null; then
+		what="llama.cpp (node-llama-cpp $NLC_VERSION) or its model could not be fetched (see above)"
+		if [ "${CI:-}" = true ] || [ "${MEMGEN_LLAMACPP_REQUIRE:-}" = 1 ]; then
+			echo "FAIL: integrations/llamacpp: $what; CI=true or MEMGEN_LLAMACPP_REQUIRE=1 requires its tests to run"
+			exit 1
+		fi
+		echo "SKIP: integrations/llamacpp: $what; its tests did not run"
+		exit 0
+	fi
+	while IFS='=' read -r k v; do export "$k=$v"; done <"$CACHE/env"
+	export MEMGEN_LLAMACPP_REQUIRE=1 GOTOOLCHAIN="${GOTOOLCHAIN:-local}" GOWORK=off
+	cd "$ROOT/integrations/llamacpp"
+	if [ "$mode" = test ]; then
+		go vet ./...
+		bad="$(gofmt -l .)"
+		[ -z "$bad" ] || { echo "gofmt needed on:"; echo "$bad"; exit 1; }
+		exec go test -race -count=1 -timeout 20m ./...
+	fi
+	exec go test -run '^$' -bench . -benchtime "${LLAMACPP_BENCHTIME:-1x}" -count "${LLAMACPP_BENCHCOUNT:-3}" -timeout 60m .
+fi
+
+case "$(uname -s)/$(uname -m)" in
+Linux/x86_64) ;;
+*) die "llama.cpp from @node-llama-cpp/linux-x64 is fetched for linux/x64 only (this is $(uname -s)/$(uname -m))" ;;
+esac
+mkdir -p "$CACHE"
+
+# --- the libraries -----------------------------------------------------------
+if [ -f "$CACHE/lib/$LIBNAME" ] && [ -f "$CACHE/lib/libggml-base.so" ]; then
+	say "reusing $CACHE/lib"
+else
+	command -v npm >/dev/null || die "npm is needed to fetch @node-llama-cpp/linux-x64@$NLC_VERSION"
+	tmp="$(mktemp -d "$CACHE/fetch.XXXXXX")"
+	trap 'rm -rf "$tmp"' EXIT
+	say "fetching @node-llama-cpp/linux-x64@$NLC_VERSION with npm pack"
+	(cd "$tmp" && npm pack --silent "@node-llama-cpp/linux-x64@$NLC_VERSION" >/dev/null) ||
+		die "npm pack @node-llama-cpp/linux-x64@$NLC_VERSION failed"
+	tar -xzf "$tmp"/node-llama-cpp-linux-x64-*.tgz -C "$tmp" --wildcards 'package/bins/linux-x64/*.so' ||
+		die "no package/bins/linux-x64/*.so in the package"
+	[ -f "$tmp/package/bins/linux-x64/$LIBNAME" ] || die "the package has no $LIBNAME"
+	rm -rf "$CACHE/lib.tmp"
+	mv "$tmp/package/bins/linux-x64" "$CACHE/lib.tmp"
+	rm -rf "$CACHE/lib"
+	mv "$CACHE/lib.tmp" "$CACHE/lib"
+	rm -rf "$tmp"
+	trap - EXIT
+	say "installed $CACHE/lib"
+fi
+
+# --- the release's source (headers for the declarations' check) -------------
+if [ -f "$CACHE/src/include/llama.h" ] && [ -f "$CACHE/src/ggml/src/ggml-backend-impl.h" ]; then
+	say "reusing $CACHE/src"
+else
+	command -v git >/dev/null || die "git is needed to open node-llama-cpp's source bundle"
+	tmp="$(mktemp -d "$CACHE/fetch.XXXXXX")"
+	trap 'rm -rf "$tmp"' EXIT
+	say "fetching node-llama-cpp@$NLC_VERSION with npm pack (for llama/gitRelease.bundle)"
+	(cd "$tmp" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null) || die "npm pack node-llama-cpp@$NLC_VERSION failed"
+	tar -xzf "$tmp"/node-llama-cpp-*.tgz -C "$tmp" package/llama/gitRelease.bundle || die "no llama/gitRelease.bundle in node-llama-cpp"
+	rm -rf "$CACHE/src"
+	git clone -q "$tmp/package/llama/gitRelease.bundle" "$CACHE/src.tmp" 2>/dev/null || die "cannot clone the source bundle"
+	mv "$CACHE/src.tmp" "$CACHE/src"
+	rm -rf "$tmp"
+	trap - EXIT
+	say "installed $CACHE/src"
+fi
+
+# --- the model ---------------------------------------------------------------
+if [ -n "$model" ]; then
+	[ -f "$model" ] || die "no model at $model"
+else
+	model="$CACHE/tiny-llama-w3-seed1.gguf"
+	if [ ! -f "$model" ]; then
+		command -v go >/dev/null || die "go is needed to write the tiny model"
+		say "writing $model (integrations/llamacpp/cmd/llamagguf, seed 1)"
+		(cd "$ROOT/integrations/llamacpp" && GOWORK=off GOTOOLCHAIN="${GOTOOLCHAIN:-local}" go run ./cmd/llamagguf -seed 1 -o "$model") ||
+			die "could not write the tiny model"
+	fi
+fi
+
+{
+	echo "MEMGEN_LLAMACPP_LIB=$CACHE/lib/$LIBNAME"
+	echo "MEMGEN_LLAMACPP_SRC=$CACHE/src"
+	echo "MEMGEN_LLAMACPP_MODEL=$model"
+} >"$CACHE/env"
+cat "$CACHE/env"
