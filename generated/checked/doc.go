@@ -164,7 +164,7 @@ package checked
 import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"
+const specDigest = "13cbf938b7ab839809b8057b2e5221a1d33ed556a6808b82cf00215b8e89fa40"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"
+const SpecDigest = "13cbf938b7ab839809b8057b2e5221a1d33ed556a6808b82cf00215b8e89fa40"

@@ -2,9 +2,11 @@ package plugin
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"golang.org/x/sys/unix"
 )
 
 // syscallN calls a C function; a variable so that a test can put a Go
@@ -28,6 +30,20 @@ func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
 	}()
 	r, _, _ = syscallN(fn, args...)
 	return r, nil
+}
+
+// lockThread and unlockThread pin the goroutine to its OS thread around a
+// slot and the last_error call that reads the slot's thread-local message.
+func lockThread()   { runtime.LockOSThread() }
+func unlockThread() { runtime.UnlockOSThread() }
+
+// monotonicNow is CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }
 
 // ptr turns an address the plugin returned into a pointer without tripping
