@@ -95,6 +95,10 @@ type Subject struct {
 	// against instead of the spec: the declaration of a plugin
 	// (plugin.Library.Declaration) or of a Go mechanism in another module.
 	Declared *memapi.MechanismMeta
+	// HostMapped says that every allocation is a host mapping of the
+	// mechanism's own (a host-memory plugin): leak/freed-range-unmapped
+	// checks that a freed range is no longer mapped.
+	HostMapped bool
 }
 
 // Factory makes a fresh Subject for one subtest and registers its cleanup
@@ -252,6 +256,7 @@ type env struct {
 	caps       memapi.CapSet
 	lacks      memapi.CapSet         // Subject.Lacks
 	declaredBy *memapi.MechanismMeta // Subject.Declared
+	hostMapped bool                  // Subject.HostMapped
 	ctx        context.Context
 	ledger     *ledger
 	grant      *grant
@@ -273,7 +278,7 @@ func newEnv(t T, f FactoryT) *env {
 		t.Fatalf("the factory returned no Context")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, declaredBy: s.Declared, ctx: ctx}
+	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, declaredBy: s.Declared, hostMapped: s.HostMapped, ctx: ctx}
 	e.info = s.Mechanism.Info()
 	e.caps = e.capabilities.load(s.Mechanism)
 	e.ledger = &ledger{}
