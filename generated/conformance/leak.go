@@ -3,6 +3,10 @@
 package conformance
 
 import (
+	"os"
+	"strconv"
+	"strings"
+
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -50,4 +54,30 @@ func testFreedUnmapped(t T, e *env) {
 	if still > 0 {
 		t.Errorf("%d of %d freed allocations are still mapped: Free reported success without unmapping (a leak)", still, n)
 	}
+}
+
+// hostMapped reports how many pages of [addr, addr+n) are inside a mapping
+// of this process, as /proc/self/maps lists them; ok is false where there is
+// no such file.
+func hostMapped(addr memapi.DeviceAddr, n memapi.Bytes) (mapped int, ok bool) {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return 0, false
+	}
+	page := uint64(os.Getpagesize())
+	start := uint64(addr) &^ (page - 1)
+	end := uint64(addr) + uint64(n)
+	for _, line := range strings.Split(string(maps), "\n") {
+		lo, hi, found := strings.Cut(strings.Fields(line + " -")[0], "-")
+		if !found {
+			continue
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		b, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || b <= start || a >= end {
+			continue
+		}
+		mapped += int((min(b, end) - max(a, start) + page - 1) / page)
+	}
+	return mapped, true
 }
