@@ -46,6 +46,25 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
+// mappedPages counts the pages of [addr, addr+n) mapped in this process:
+// mincore fails with ENOMEM for a page that is not, so each is asked alone.
+// ok is false when the kernel answers otherwise.
+func mappedPages(addr, n uintptr) (mapped int, ok bool) {
+	page := uintptr(unix.Getpagesize())
+	var vec [1]byte
+	for p := addr &^ (page - 1); p < addr+n; p += page {
+		_, _, errno := unix.Syscall(unix.SYS_MINCORE, p, page, uintptr(unsafe.Pointer(&vec[0])))
+		switch errno {
+		case 0:
+			mapped++
+		case unix.ENOMEM:
+		default:
+			return 0, false
+		}
+	}
+	return mapped, true
+}
+
 // ptr turns an address the plugin returned into a pointer without tripping
 // vet's unsafeptr check: the memory is the plugin's static data, never Go's.
 func ptr(addr uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&addr)) }
