@@ -83,7 +83,7 @@ Accounting. Plugins never see grants or accounts: the host draws from its grant 
 
 Handles are ids the host owns. Before a slot that creates a handle the host writes a fresh id into out->id (nonzero, never used before in the process); the plugin files the new object under it and leaves it unchanged. Every id the host passes later is one it assigned and still holds live for this instance; a plugin that answers %s_ERR_RELEASED for such an id, or changes out->id, breaks the protocol: the host fails the call with a protocol error and keeps the bytes behind the id accounted (quarantined) until the instance closes. Streams and fences are not handles: they hold no accounted memory, and their ids are the plugin's own (nonzero), passed back unchanged.
 
-Deadlines. A slot that consumes memory receives deadline_ns, an absolute CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by then undoes what it did and returns %s_ERR_UNAVAILABLE. The host cannot preempt a C slot: one that returns past its deadline has its result given back, and the call fails with an overrun error the host also counts and logs.
+Deadlines. A slot that consumes memory receives deadline_ns, an absolute CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by then undoes what it did and returns %s_ERR_UNAVAILABLE. The host cannot preempt a C slot: one that returns past its deadline has its result given back (a copy_on_write's is kept, since the view it replaced is gone), and the call fails with an overrun error the host also counts and logs.
 
 Thread safety: every slot may be called from any thread, concurrently with any other slot of the same or another instance; the plugin synchronizes its own state (the host's checks include a concurrent stress). No slot may call back into the host, keep a pointer it was passed beyond the call, or block without bound. A fault inside a slot (a write past an out struct, a touch of memory the plugin never mapped, abort) cannot be contained by the host's process: it ends it.`,
 		a.Header, a.Major, a.Minor, p, a.Major, a.Loader, P, P, P, P))
@@ -204,7 +204,7 @@ func (c *cAbi) slotDoc(m *Method) string {
 	switch acc.Effect {
 	case EffectConsumes:
 		parts = append(parts, fmt.Sprintf("Accounting (host side): before the call the host draws %s%s from its grant, and undraws it if the slot fails. On %s_OK the plugin must have installed exactly that much; the checked wrapper verifies it.", acc.Amount.Text, round, c.P))
-		parts = append(parts, fmt.Sprintf("Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and return %s_ERR_UNAVAILABLE; a slot that returns late anyway has its result given back by the host.", c.P))
+		parts = append(parts, fmt.Sprintf("Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and return %s_ERR_UNAVAILABLE; a slot that returns late anyway has its result given back by the host (copy_on_write: kept and reported).", c.P))
 	case EffectRefunds:
 		amount := acc.Amount.Text
 		if acc.Amount.Func == "committed" {

@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "13cbf938b7ab839809b8057b2e5221a1d33ed556a6808b82cf00215b8e89fa40"
+const SpecDigest = "a53b7e877db711ecccf878d320ba456956d085a280d10dbd3c8c464a2aee20a1"

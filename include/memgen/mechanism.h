@@ -47,8 +47,8 @@
  * CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by
  * then undoes what it did and returns MEMGEN_ERR_UNAVAILABLE. The host cannot
  * preempt a C slot: one that returns past its deadline has its result given
- * back, and the call fails with an overrun error the host also counts and
- * logs.
+ * back (a copy_on_write's is kept, since the view it replaced is gone), and
+ * the call fails with an overrun error the host also counts and logs.
  *
  * Thread safety: every slot may be called from any thread, concurrently with
  * any other slot of the same or another instance; the plugin synchronizes its
@@ -402,7 +402,7 @@ typedef struct memgen_device_allocator {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return MEMGEN_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: out->id holds the id the host assigned to the new Allocation:
    * the plugin files it under that id, leaves out->id unchanged and fills the
@@ -533,7 +533,7 @@ typedef struct memgen_virtual_backing {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return MEMGEN_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: Handle ids passed in are live ids of this instance (the host
    * checked): answering MEMGEN_ERR_RELEASED for one is a protocol error.
@@ -654,7 +654,7 @@ typedef struct memgen_shared_mapping {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return MEMGEN_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: out->id holds the id the host assigned to the new Backing: the
    * plugin files it under that id, leaves out->id unchanged and fills the
@@ -738,7 +738,7 @@ typedef struct memgen_shared_mapping {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return MEMGEN_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: out->id holds the id the host assigned to the new View: the
    * plugin files it under that id, leaves out->id unchanged and fills the
@@ -757,7 +757,8 @@ typedef struct memgen_shared_mapping {
    * size, which the host adopts and counts, mapped read-write over v's range;
    * on MEMGEN_OK v's id is dead and the old backing keeps its other views.
    * MEMGEN_ERR_OUT_OF_MEMORY and MEMGEN_ERR_UNAVAILABLE (past the deadline)
-   * leave v as it was.
+   * leave v as it was; a copy that returns late is kept (v is gone) and
+   * reported as an overrun.
    *
    * The plugin must not: call back into the host, report success for work it
    * did not do, or return a status this header does not declare.

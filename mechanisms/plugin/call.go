@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -37,14 +38,20 @@ func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
 func lockThread()   { runtime.LockOSThread() }
 func unlockThread() { runtime.UnlockOSThread() }
 
-// monotonicNow is CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
-func monotonicNow() uint64 {
+// monoBase and timeBase are one moment on CLOCK_MONOTONIC and on Go's clock,
+// read together once: Go's monotonic clock is CLOCK_MONOTONIC on Linux, so
+// monoOf converts a later time.Time without a system call per slot.
+var monoBase, timeBase = func() (uint64, time.Time) {
 	var ts unix.Timespec
+	t := time.Now()
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0
+		return 0, t
 	}
-	return uint64(ts.Nano())
-}
+	return uint64(ts.Nano()), t
+}()
+
+// monoOf is t on CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
+func monoOf(t time.Time) uint64 { return monoBase + uint64(t.Sub(timeBase)) }
 
 // mappedPages counts the pages of [addr, addr+n) mapped in this process:
 // mincore fails with ENOMEM for a page that is not, so each is asked alone.

@@ -14,6 +14,7 @@ import (
 	"github.com/memgen/memgen/generated/conformance"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/internal/conformancetest"
+	"golang.org/x/sys/unix"
 )
 
 // The broken plugins of testdata/broken.c, each caught with a named error
@@ -28,6 +29,9 @@ func recordSuite(t *testing.T, path string, o Options, wrapped bool) *conformanc
 	l, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler) // the broken plugins' warnings are expected
 	}
 	d := l.Declaration()
 	return conformancetest.Record(func(t conformance.T) conformance.Subject {
@@ -238,5 +242,54 @@ func TestHostChecksBeforeSlots(t *testing.T) {
 	}
 	if _, err := m.Reserve(bg, memapi.ReserveRequest{Size: 1<<48 + 1}); !errors.Is(err, memapi.ErrInvalidSize) {
 		t.Errorf("Reserve over 2^48 = %v, want ErrInvalidSize", err)
+	}
+}
+
+// TestDeadlineIsMonotonic: deadline_ns is on CLOCK_MONOTONIC, as the header
+// says: a slot comparing it with clock_gettime sees the budget it was given.
+func TestDeadlineIsMonotonic(t *testing.T) {
+	m := &Mechanism{timeout: time.Second}
+	ns, _ := m.deadline(bg)
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Skip(err)
+	}
+	if left := time.Duration(ns - uint64(ts.Nano())); left > time.Second+time.Millisecond || left < 900*time.Millisecond {
+		t.Errorf("deadline_ns is %v from CLOCK_MONOTONIC's now, want about 1s", left)
+	}
+}
+
+// TestDisownedID: an id the host holds live that the plugin answers
+// MEMGEN_ERR_RELEASED for (here: freed behind the host's back) is a protocol
+// error; the id is quarantined with its bytes, never passed to the plugin
+// again, and the instance still closes.
+func TestDisownedID(t *testing.T) {
+	m, err := New(refhost(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 8192}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := m.issuer.Impl("test", a)
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(id.(uint64))); err != nil || r != 0 {
+		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
+	}
+	before := m.ProtocolErrors()
+	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Free of a disowned id = %v, want ErrProtocol", err)
+	}
+	if q := m.held(); q != 8192 || !a.Live() {
+		t.Errorf("after the refused Free the host accounts %d bytes and the handle is live=%v; want 8192, true", q, a.Live())
+	}
+	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") {
+		t.Errorf("second Free = %v, want ErrProtocol (quarantined) without calling the plugin", err)
+	}
+	if n := m.ProtocolErrors() - before; n != 2 {
+		t.Errorf("ProtocolErrors moved by %d, want 2", n)
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close with only a quarantined handle left: %v", err)
 	}
 }

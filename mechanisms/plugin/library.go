@@ -57,7 +57,8 @@ func WithAllowList(list map[memapi.MechanismID]Allowed) OpenOption {
 }
 
 // SpecAllowList is WithAllowList with the plugins the spec lists under
-// plugin_abi.plugins.
+// plugin_abi.plugins, each on its listed device with at most its listed
+// offers.
 func SpecAllowList() OpenOption {
 	list := make(map[memapi.MechanismID]Allowed, len(declaredPlugins))
 	for name, d := range declaredPlugins {

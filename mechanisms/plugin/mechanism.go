@@ -357,12 +357,10 @@ func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time) {
 	if d, ok := ctx.Deadline(); ok && d.Before(end) {
 		end = d
 	}
-	mono := monotonicNow()
-	left := end.Sub(now)
-	if left < 0 {
-		left = 0
+	if end.Before(now) {
+		end = now
 	}
-	return mono + uint64(left), end
+	return monoOf(now.Add(end.Sub(now))), end
 }
 
 // overran reports a consuming slot that returned past its deadline: the

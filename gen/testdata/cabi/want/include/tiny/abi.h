@@ -47,8 +47,8 @@
  * CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by
  * then undoes what it did and returns TINY_ERR_UNAVAILABLE. The host cannot
  * preempt a C slot: one that returns past its deadline has its result given
- * back, and the call fails with an overrun error the host also counts and
- * logs.
+ * back (a copy_on_write's is kept, since the view it replaced is gone), and
+ * the call fails with an overrun error the host also counts and logs.
  *
  * Thread safety: every slot may be called from any thread, concurrently with
  * any other slot of the same or another instance; the plugin synchronizes its
@@ -351,7 +351,7 @@ typedef struct tiny_device_allocator {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return TINY_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: out->id holds the id the host assigned to the new Allocation:
    * the plugin files it under that id, leaves out->id unchanged and fills the
@@ -362,6 +362,8 @@ typedef struct tiny_device_allocator {
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
+   *
+   * Limits and statuses: req->size is at least 1.
    *
    * The plugin must not: call back into the host, report success for work it
    * did not do, or return a status this header does not declare.
@@ -450,7 +452,7 @@ typedef struct tiny_virtual_backing {
    *
    * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
    * return TINY_ERR_UNAVAILABLE; a slot that returns late anyway has its
-   * result given back by the host.
+   * result given back by the host (copy_on_write: kept and reported).
    *
    * Ownership: Handle ids passed in are live ids of this instance (the host
    * checked): answering TINY_ERR_RELEASED for one is a protocol error.
