@@ -83,6 +83,9 @@ type Mechanism struct {
 	mu          sync.Mutex // guards table and quarantined
 	table       map[uint64]*entry
 	quarantined memapi.Bytes
+	// disowned counts the table's quarantined entries: while it is 0 a
+	// handle's id needs no lookup before a slot (the fast path).
+	disowned atomic.Int64
 
 	overruns  atomic.Uint64
 	protocols atomic.Uint64
@@ -389,9 +392,22 @@ func (m *Mechanism) lookup(id uint64) *entry {
 	return m.table[id]
 }
 
+// isDisowned reports whether the id of a live handle is quarantined; while
+// no id is, without a lookup.
+func (m *Mechanism) isDisowned(id uint64) bool {
+	if m.disowned.Load() == 0 {
+		return false
+	}
+	e := m.lookup(id)
+	return e == nil || e.quarantined
+}
+
 // forget drops a released id.
 func (m *Mechanism) forget(id uint64) {
 	m.mu.Lock()
+	if e := m.table[id]; e != nil && e.quarantined {
+		m.disowned.Add(-1)
+	}
 	delete(m.table, id)
 	m.mu.Unlock()
 }
@@ -403,7 +419,10 @@ func (m *Mechanism) quarantine(id uint64, n memapi.Bytes) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.table[id]; e != nil {
-		e.quarantined = true
+		if !e.quarantined {
+			e.quarantined = true
+			m.disowned.Add(1)
+		}
 		return
 	}
 	m.quarantined += n
@@ -451,7 +470,7 @@ func (m *Mechanism) idOf(op string, h memapi.Handle) (uint64, error) {
 		return 0, err
 	}
 	id := impl.(uint64)
-	if e := m.lookup(id); e == nil || e.quarantined {
+	if m.isDisowned(id) {
 		return 0, m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
 	}
 	return id, nil
@@ -494,6 +513,7 @@ func (m *Mechanism) Close() error {
 	m.mu.Lock()
 	clear(m.table)
 	m.quarantined = 0
+	m.disowned.Store(0)
 	m.mu.Unlock()
 	if err != nil {
 		return m.protocol("plugin.Close", 0, "%v", err)
@@ -578,7 +598,7 @@ func (m *Mechanism) release(op string, h memapi.Handle, fn uintptr) error {
 		return err
 	}
 	id := impl.(uint64)
-	if e := m.lookup(id); e == nil || e.quarantined {
+	if m.isDisowned(id) {
 		m.issuer.EndRelease(h, false)
 		return m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
 	}
@@ -880,7 +900,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 		return nil, err
 	}
 	old := impl.(uint64)
-	if e := m.lookup(old); e == nil || e.quarantined {
+	if m.isDisowned(old) {
 		m.issuer.EndRelease(v, false)
 		return nil, m.protocol(op, v.ID(), "view %d is quarantined: the plugin disowned it", old)
 	}
