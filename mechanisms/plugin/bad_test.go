@@ -3,6 +3,7 @@ package plugin
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/memgen/memgen/generated/checked"
@@ -63,8 +64,8 @@ func TestAllowList(t *testing.T) {
 	}
 	_, err = Open(path, SpecAllowList())
 	var le *LoadError
-	if !errors.Is(err, ErrUndeclared) || !errors.As(err, &le) {
-		t.Fatalf("Open with the spec's allow-list = %v, want a *LoadError of kind ErrUndeclared", err)
+	if !errors.Is(err, ErrUndeclared) || !errors.As(err, &le) || !strings.Contains(le.Detail, "not on the allow-list") {
+		t.Fatalf("Open with the spec's allow-list = %v, want a *LoadError of kind ErrUndeclared: not on the allow-list", err)
 	}
 	if _, err := Open(refhost(t), SpecAllowList()); err != nil {
 		t.Fatalf("Open of refhost, which the spec lists: %v", err)
