@@ -261,6 +261,15 @@ func (c *cAbi) contextDoc(name string, m *Method) string {
 		parts = append(parts, "Writes 1 to *out_done once the fence completed (and 0 before), and then returns the first error of the work the fence covers. The host serves Fence.Wait by polling this slot, so it must not block.")
 	case strings.HasPrefix(name, "stream_copy"):
 		parts = append(parts, "A copy may run before the slot returns (then its error is the slot's status) or later (then its error surfaces at the next fence and at stream_synchronize). The host's buffer is borrowed until the next fence of the stream completes.")
+		parts = append(parts, fmt.Sprintf("Limits and statuses: a length of 0 copies nothing and succeeds. %[1]s_ERR_INVALID_RANGE when a device range does not lie inside one live allocation or reservation of the instance, %[1]s_ERR_NOT_COMMITTED when part of it has no backing, %[1]s_ERR_READ_ONLY when a byte written lies in a read-only view, %[1]s_ERR_CLOSED for a stream the plugin does not know.", c.P))
+	}
+	switch name {
+	case "stream_create", "stream_record":
+		parts = append(parts, "Limits and statuses: "+c.P+"_ERR_OUT_OF_MEMORY when the plugin cannot make one; "+c.P+"_ERR_CLOSED (stream_record) for a stream it does not know.")
+	case "stream_synchronize":
+		parts = append(parts, "Limits and statuses: the first error of the stream's work, or "+c.P+"_ERR_CLOSED for a stream the plugin does not know.")
+	case "fence_done":
+		parts = append(parts, "Limits and statuses: "+c.P+"_ERR_RELEASED for a fence the plugin does not know.")
 	}
 	parts = append(parts, "Thread safety: any thread; the host never uses one stream from two threads at once, but different streams concurrently.")
 	return strings.Join(parts, "\n\n")

@@ -831,6 +831,9 @@ typedef struct memgen_device_context {
    * On MEMGEN_OK *out_stream is the plugin's new stream id; the host passes
    * it to stream_close exactly once.
    *
+   * Limits and statuses: MEMGEN_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; MEMGEN_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -844,6 +847,13 @@ typedef struct memgen_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * MEMGEN_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, MEMGEN_ERR_NOT_COMMITTED when
+   * part of it has no backing, MEMGEN_ERR_READ_ONLY when a byte written lies
+   * in a read-only view, MEMGEN_ERR_CLOSED for a stream the plugin does not
+   * know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -855,6 +865,13 @@ typedef struct memgen_device_context {
    * status) or later (then its error surfaces at the next fence and at
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
+   *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * MEMGEN_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, MEMGEN_ERR_NOT_COMMITTED when
+   * part of it has no backing, MEMGEN_ERR_READ_ONLY when a byte written lies
+   * in a read-only view, MEMGEN_ERR_CLOSED for a stream the plugin does not
+   * know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -868,6 +885,13 @@ typedef struct memgen_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * MEMGEN_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, MEMGEN_ERR_NOT_COMMITTED when
+   * part of it has no backing, MEMGEN_ERR_READ_ONLY when a byte written lies
+   * in a read-only view, MEMGEN_ERR_CLOSED for a stream the plugin does not
+   * know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -879,12 +903,18 @@ typedef struct memgen_device_context {
    * On MEMGEN_OK *out_fence is a new fence id; the host releases it with
    * fence_release.
    *
+   * Limits and statuses: MEMGEN_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; MEMGEN_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
   memgen_status (*stream_record)(void *instance, memgen_handle stream, memgen_handle *out_fence);
   /*
    * Synchronize waits for all enqueued work and returns its first error.
+   *
+   * Limits and statuses: the first error of the stream's work, or
+   * MEMGEN_ERR_CLOSED for a stream the plugin does not know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -905,6 +935,9 @@ typedef struct memgen_device_context {
    * Writes 1 to *out_done once the fence completed (and 0 before), and then
    * returns the first error of the work the fence covers. The host serves
    * Fence.Wait by polling this slot, so it must not block.
+   *
+   * Limits and statuses: MEMGEN_ERR_RELEASED for a fence the plugin does not
+   * know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.

@@ -544,6 +544,9 @@ typedef struct tiny_device_context {
    * On TINY_OK *out_stream is the plugin's new stream id; the host passes it
    * to stream_close exactly once.
    *
+   * Limits and statuses: TINY_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; TINY_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -555,6 +558,12 @@ typedef struct tiny_device_context {
    * status) or later (then its error surfaces at the next fence and at
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
+   *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -568,6 +577,12 @@ typedef struct tiny_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -580,6 +595,12 @@ typedef struct tiny_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -590,12 +611,18 @@ typedef struct tiny_device_context {
    * On TINY_OK *out_fence is a new fence id; the host releases it with
    * fence_release.
    *
+   * Limits and statuses: TINY_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; TINY_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
   tiny_status (*stream_record)(void *instance, tiny_handle stream, tiny_handle *out_fence);
   /*
    * Synchronize waits for all enqueued work.
+   *
+   * Limits and statuses: the first error of the stream's work, or
+   * TINY_ERR_CLOSED for a stream the plugin does not know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -616,6 +643,9 @@ typedef struct tiny_device_context {
    * Writes 1 to *out_done once the fence completed (and 0 before), and then
    * returns the first error of the work the fence covers. The host serves
    * Fence.Wait by polling this slot, so it must not block.
+   *
+   * Limits and statuses: TINY_ERR_RELEASED for a fence the plugin does not
+   * know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
