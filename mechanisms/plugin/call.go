@@ -53,25 +53,6 @@ var monoBase, timeBase = func() (uint64, time.Time) {
 // monoOf is t on CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
 func monoOf(t time.Time) uint64 { return monoBase + uint64(t.Sub(timeBase)) }
 
-// mappedPages counts the pages of [addr, addr+n) mapped in this process:
-// mincore fails with ENOMEM for a page that is not, so each is asked alone.
-// ok is false when the kernel answers otherwise.
-func mappedPages(addr, n uintptr) (mapped int, ok bool) {
-	page := uintptr(unix.Getpagesize())
-	var vec [1]byte
-	for p := addr &^ (page - 1); p < addr+n; p += page {
-		_, _, errno := unix.Syscall(unix.SYS_MINCORE, p, page, uintptr(unsafe.Pointer(&vec[0])))
-		switch errno {
-		case 0:
-			mapped++
-		case unix.ENOMEM:
-		default:
-			return 0, false
-		}
-	}
-	return mapped, true
-}
-
 // ptr turns an address the plugin returned into a pointer without tripping
 // vet's unsafeptr check: the memory is the plugin's static data, never Go's.
 func ptr(addr uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&addr)) }

@@ -122,9 +122,10 @@ func TestOffUsedBytes(t *testing.T) {
 	}
 }
 
-// TestLeakyFree: a free that reports success and leaves the memory mapped is
-// caught by verify mode (ErrUntruthful naming the pages still mapped) and by
-// the suite's leak check; the host's accounting follows the plugin's.
+// TestLeakyFree: a free that reports success and leaves the memory mapped
+// keeps every figure right (the plugin reports 0, the host holds 0: the
+// leak is physical, not in the books), so only the suite's leak check, which
+// looks at the address space, catches it.
 func TestLeakyFree(t *testing.T) {
 	path := build(t, "broken", "BROKEN_LEAKY_FREE")
 	m, _ := newSubjectOpts(t, path, Options{Verify: true})
@@ -132,15 +133,14 @@ func TestLeakyFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = m.Free(bg, a, nil)
-	if !errors.Is(err, memapi.ErrUntruthful) || !strings.Contains(err.Error(), "still mapped") {
-		t.Fatalf("Free that leaves the mapping = %v, want ErrUntruthful (still mapped)", err)
+	if err := m.Free(bg, a, nil); err != nil {
+		t.Fatalf("Free: %v", err)
 	}
 	if used := m.UsedBytes(); used != 0 || m.held() != 0 {
 		t.Errorf("after the free the plugin reports %d, the host holds %d", used, m.held())
 	}
 	res := recordSuite(t, path, Options{}, false)
-	if o, _ := res.Outcome("leak/freed-range-unmapped"); !o.Failed || !strings.Contains(strings.Join(o.Log, " "), "still mapped") {
+	if o, _ := res.Outcome("leak/freed-range-unmapped"); !o.Failed || !strings.Contains(strings.Join(o.Log, " "), "32 of 32 freed allocations are still mapped") {
 		t.Errorf("the suite's leak check = %+v, want it failed", o)
 	}
 }
