@@ -81,7 +81,7 @@ type Mechanism struct {
 	vmu sync.Mutex
 
 	mu          sync.Mutex // guards table and quarantined
-	table       map[uint64]*entry
+	table       map[uint64]entry
 	quarantined memapi.Bytes
 	// disowned counts the table's quarantined entries: while it is 0 a
 	// handle's id needs no lookup before a slot (the fast path).
@@ -143,7 +143,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	out := cOpenOut{AllocGranularity: l.desc.AllocGranularity, Granularity: l.desc.Granularity, Ordinal: l.desc.Ordinal}
 	is := memapi.NewIssuer()
-	m := &Mechanism{lib: l, issuer: is, table: map[uint64]*entry{}, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
+	m := &Mechanism{lib: l, issuer: is, table: map[uint64]entry{}, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
 	if m.timeout <= 0 {
 		m.timeout = DefaultSlotTimeout
 	}
@@ -353,8 +353,8 @@ func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintp
 }
 
 // deadline returns the absolute CLOCK_MONOTONIC nanoseconds a consuming slot
-// must finish by and the same moment on Go's clock.
-func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time) {
+// must finish by, now, and the deadline on Go's clock.
+func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time, time.Time) {
 	now := time.Now()
 	end := now.Add(m.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(end) {
@@ -363,7 +363,7 @@ func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time) {
 	if end.Before(now) {
 		end = now
 	}
-	return monoOf(now.Add(end.Sub(now))), end
+	return monoOf(now.Add(end.Sub(now))), now, end // now.Add keeps the monotonic reading
 }
 
 // overran reports a consuming slot that returned past its deadline: the
@@ -381,15 +381,16 @@ func (m *Mechanism) overran(op string, start, end time.Time) error {
 // holding n bytes.
 func (m *Mechanism) adoptNew(k int, id uint64, n memapi.Bytes) {
 	m.mu.Lock()
-	m.table[id] = &entry{kind: k, bytes: n}
+	m.table[id] = entry{kind: k, bytes: n}
 	m.mu.Unlock()
 }
 
 // lookup returns the table entry of a live id.
-func (m *Mechanism) lookup(id uint64) *entry {
+func (m *Mechanism) lookup(id uint64) (entry, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.table[id]
+	e, ok := m.table[id]
+	return e, ok
 }
 
 // isDisowned reports whether the id of a live handle is quarantined; while
@@ -398,14 +399,14 @@ func (m *Mechanism) isDisowned(id uint64) bool {
 	if m.disowned.Load() == 0 {
 		return false
 	}
-	e := m.lookup(id)
-	return e == nil || e.quarantined
+	e, ok := m.lookup(id)
+	return !ok || e.quarantined
 }
 
 // forget drops a released id.
 func (m *Mechanism) forget(id uint64) {
 	m.mu.Lock()
-	if e := m.table[id]; e != nil && e.quarantined {
+	if e, ok := m.table[id]; ok && e.quarantined {
 		m.disowned.Add(-1)
 	}
 	delete(m.table, id)
@@ -418,9 +419,10 @@ func (m *Mechanism) forget(id uint64) {
 func (m *Mechanism) quarantine(id uint64, n memapi.Bytes) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.table[id]; e != nil {
+	if e, ok := m.table[id]; ok {
 		if !e.quarantined {
 			e.quarantined = true
+			m.table[id] = e
 			m.disowned.Add(1)
 		}
 		return
@@ -451,7 +453,7 @@ func (m *Mechanism) changedID(op string, assigned, got uint64, fn uintptr, n mem
 		return nil
 	}
 	what := "given back"
-	if got == 0 || m.lookup(got) != nil || !m.tryRelease(fn, got) {
+	if _, live := m.lookup(got); got == 0 || live || !m.tryRelease(fn, got) {
 		m.quarantine(0, n)
 		what = fmt.Sprintf("%d bytes quarantined", n)
 	}
@@ -560,8 +562,7 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 	in := cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}
 	id := newID()
 	out := cAllocationOut{ID: id}
-	dl, end := m.deadline(ctx)
-	start := time.Now()
+	dl, start, end := m.deadline(ctx)
 	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(dl), uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
@@ -697,8 +698,7 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 		return err
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
-	dl, end := m.deadline(ctx)
-	start := time.Now()
+	dl, start, end := m.deadline(ctx)
 	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(dl), uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.unknown(op, res.ID(), id, err)
 	}
@@ -714,8 +714,9 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 
 func (m *Mechanism) addCommitted(id uint64, n memapi.Bytes) {
 	m.mu.Lock()
-	if e := m.table[id]; e != nil {
+	if e, ok := m.table[id]; ok {
 		e.bytes += n
+		m.table[id] = e
 	}
 	m.mu.Unlock()
 }
@@ -738,8 +739,9 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		return m.done(op, m.unknown(op, res.ID(), id, err))
 	}
 	m.mu.Lock()
-	if e := m.table[id]; e != nil {
+	if e, ok := m.table[id]; ok {
 		e.bytes -= min(e.bytes, r.Len)
+		m.table[id] = e
 	}
 	m.mu.Unlock()
 	return m.done(op, nil)
@@ -792,8 +794,7 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.Bytes) (*memapi.Backing, error) {
 	id := newID()
 	out := cBackingOut{ID: id}
-	dl, end := m.deadline(ctx)
-	start := time.Now()
+	dl, start, end := m.deadline(ctx)
 	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(dl), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
@@ -897,8 +898,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	rid, _ := m.issuer.Impl(op, res) // live: v keeps it
 	vid, bid := newID(), newID()
 	out := cViewOut{ID: vid, Backing: bid}
-	dl, end := m.deadline(ctx)
-	start := time.Now()
+	dl, start, end := m.deadline(ctx)
 	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(dl), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
 		err = m.unknown(op, v.ID(), old, err)
 		m.issuer.EndRelease(v, false)
