@@ -19,7 +19,28 @@ type PluginABI struct {
 	Reserved     int    // reserved pointer slots at the end of the descriptor
 	Minors       []*ABIMinor
 	Plugins      []*PluginDecl
+	Limits       []*SlotLimit // per slot: align, size limits and the status of every violation
 	Pos          Pos
+}
+
+// SlotLimit is what the header states beside one capability slot, from
+// plugin_abi.limits: what the host checks before the call, the limits on its
+// arguments and the status the plugin returns for each violation it must
+// detect itself.
+type SlotLimit struct {
+	Slot string // Capability.Method
+	Text string
+	Pos  Pos
+}
+
+// LimitOf returns the limits text of method m's slot, or "".
+func (a *PluginABI) LimitOf(m *Method) string {
+	for _, l := range a.Limits {
+		if l.Slot == m.Owner+"."+m.Name {
+			return l.Text
+		}
+	}
+	return ""
 }
 
 // ABIMinor lists the slots one minor version appended, as Capability.Method.
@@ -53,7 +74,7 @@ func (a *PluginABI) SlotSince(m *Method) int {
 
 func init() {
 	specKeys["spec"] = append(specKeys["spec"], "plugin_abi")
-	specKeys["pluginABI"] = []string{"major", "minor", "header", "loader", "prefix", "reserved", "minors", "plugins"}
+	specKeys["pluginABI"] = []string{"major", "minor", "header", "loader", "prefix", "reserved", "minors", "plugins", "limits"}
 	specRequired["pluginABI"] = []string{"major", "minor", "header", "loader", "prefix"}
 	specKeys["plugin"] = []string{"device", "offers", "doc"}
 	specRequired["plugin"] = []string{"device", "offers", "doc"}
@@ -108,6 +129,10 @@ func (l *loader) pluginABI(n *yaml.Node) {
 		case "plugins":
 			for _, q := range l.mapping(p.v, what+".plugins") {
 				a.Plugins = append(a.Plugins, l.plugin(q.k, q.v))
+			}
+		case "limits":
+			for _, q := range l.mapping(p.v, what+".limits") {
+				a.Limits = append(a.Limits, &SlotLimit{Slot: q.k.Value, Text: l.str(q.v, what+".limits."+q.k.Value), Pos: l.pos(q.k)})
 			}
 		}
 	}
@@ -173,6 +198,18 @@ func validatePluginABI(s *Spec, e *errs) {
 				e.add(mi.SlotPos[j], "plugin_abi.minors: slot %q added twice", sl)
 			}
 			seen[sl] = true
+		}
+	}
+	for _, lim := range a.Limits {
+		c, m, _ := strings.Cut(lim.Slot, ".")
+		found := false
+		if cp := s.Capability(c); cp != nil {
+			for _, mm := range cp.Methods {
+				found = found || mm.Name == m
+			}
+		}
+		if !found {
+			e.add(lim.Pos, "plugin_abi.limits: %q is not a Capability.Method of the spec", lim.Slot)
 		}
 	}
 	names := map[string]bool{}

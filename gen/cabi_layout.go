@@ -193,7 +193,7 @@ func (c *cAbi) outStruct(handle string) (*cStruct, error) {
 	s := &cStruct{C: c.p + "_" + cSnake(handle) + "_out", Go: "c" + handle + "Out",
 		Doc: "What a slot that creates " + article(handle) + " " + handle + " writes: the plugin's id for it, then its fields. " + t.Doc}
 	s.Fields = append(s.Fields, &cField{C: "id", Go: "ID", CType: c.p + "_handle", GoType: "uint64", size: 8, align: 8,
-		Doc: "The plugin's id of the new handle: nonzero, unique among the instance's live handles of this kind."})
+		Doc: "In: the id the host assigned to the new handle, written before the call (nonzero, never used before in the process). The plugin files the new object under it and leaves it unchanged; the host treats a changed id as a protocol error."})
 	for _, f := range t.Fields {
 		cf, err := c.valueField(cSnake(f.Name), f.Name, f.Type)
 		if err != nil {
@@ -218,6 +218,9 @@ func (c *cAbi) isRole(typ string, roles ...string) bool {
 // itself for a method whose only result is not an error.
 func (c *cAbi) capabilitySlot(m *Method) (*cField, error) {
 	params := []string{"void *instance"}
+	if m.Accounting.Effect == EffectConsumes {
+		params = append(params, "uint64_t deadline_ns")
+	}
 	for _, p := range m.Params {
 		if p.Type == "context.Context" || c.isRole(p.Type, RoleGrant, RoleAccount) {
 			continue
@@ -337,6 +340,28 @@ func (c *cAbi) contextVTable() (*cStruct, error) {
 	return s, nil
 }
 
+// maxConfig bounds open's configuration string.
+const maxConfig = 4096
+
+// openOut is the struct open fills: the instance and its per-instance
+// figures, declared once among the value structs.
+func (c *cAbi) openOut() *cStruct {
+	name := c.p + "_open_out"
+	for _, s := range c.data {
+		if s.C == name {
+			return s
+		}
+	}
+	s := &cStruct{C: name, Go: "cOpenOut", Doc: "What open writes: the new instance and the figures of this instance, which the host prefilled with the descriptor's.", Fields: []*cField{
+		{C: "instance", Go: "Instance", CType: "void *", GoType: "uintptr", size: 8, align: 8, Doc: "The new instance, passed to every slot; non-NULL on " + c.P + "_OK."},
+		{C: "alloc_granularity", Go: "AllocGranularity", CType: c.p + "_bytes", GoType: "uint64", size: 8, align: 8, Doc: "Allocate rounds sizes up to this (a power of two)."},
+		{C: "granularity", Go: "Granularity", CType: c.p + "_bytes", GoType: "uint64", size: 8, align: 8, Doc: "VirtualBacking and SharedMapping work in multiples of this (a power of two)."},
+		{C: "ordinal", Go: "Ordinal", CType: "int32_t", GoType: "int32", size: 4, align: 4, Doc: "The device's ordinal."},
+	}}
+	c.data = append(c.data, s)
+	return s
+}
+
 // descriptor is the struct memgen_plugin_v<major> returns.
 func (c *cAbi) descriptor() *cStruct {
 	d := &cStruct{C: c.p + "_plugin", Go: "cPlugin", VTable: true,
@@ -346,15 +371,17 @@ func (c *cAbi) descriptor() *cStruct {
 	}
 	d.Fields = []*cField{
 		{C: "name", Go: "Name", CType: "const char *", GoType: "uintptr", size: 8, align: 8,
-			Doc: "The plugin mechanism's name as the spec declares it under plugin_abi.plugins: NUL-terminated, static."},
+			Doc: "The plugin's name, which the host reports as the mechanism's (Info().Mechanism): NUL-terminated, static, 1 to 63 bytes of [a-z0-9_-]. Any name loads; a host given an allow-list (the spec's plugin_abi.plugins) refuses names not on it."},
 		{C: "device", Go: "Device", CType: c.p + "_device_kind", GoType: "int32", size: 4, align: 4, Doc: "The kind of device the plugin serves."},
-		{C: "ordinal", Go: "Ordinal", CType: "int32_t", GoType: "int32", size: 4, align: 4, Doc: "The device's ordinal."},
-		u64("alloc_granularity", "Allocate rounds sizes up to this (a power of two)."),
-		u64("granularity", "VirtualBacking and SharedMapping work in multiples of this (a power of two)."),
-		{C: "open", Go: "Open", Fn: true, CType: c.p + "_status (*%s)(void **out_instance)", GoType: "uintptr", size: 8, align: 8,
-			Doc: "open creates an instance: an independent mechanism whose handles are its own. Required."},
+		{C: "ordinal", Go: "Ordinal", CType: "int32_t", GoType: "int32", size: 4, align: 4, Doc: "The device's ordinal by default; open may set another per instance."},
+		u64("alloc_granularity", "Allocate rounds sizes up to this (a power of two) by default; open may set another per instance."),
+		u64("granularity", "VirtualBacking and SharedMapping work in multiples of this (a power of two) by default; open may set another per instance. 0 only for a plugin offering DeviceAllocator alone."),
+		{C: "open", Go: "Open", Fn: true, CType: c.p + "_status (*%s)(const char *config, " + c.openOut().C + " *out)", GoType: "uintptr", size: 8, align: 8,
+			Doc: "open creates an instance: an independent mechanism whose handles are its own. config is the host's configuration string (never NULL; \"\" when none): key=value pairs separated by commas, at most " + fmt.Sprint(maxConfig) + " bytes, whose keys the plugin defines (\"granularity=65536,ordinal=1\"). The host fills *out with the descriptor's ordinal and granularities before the call; the plugin sets out->instance and may change the others for this instance (powers of two). An unknown key or a bad value is " + c.P + "_ERR_UNSUPPORTED; a device that is absent " + c.P + "_ERR_UNAVAILABLE. Required."},
 		{C: "close", Go: "Close", Fn: true, CType: "void (*%s)(void *instance)", GoType: "uintptr", size: 8, align: 8,
-			Doc: "close destroys an instance. The host calls it once, after releasing every handle it could; the plugin frees whatever is left. Required."},
+			Doc: "close destroys an instance. The host calls it once, after releasing every handle it could; the plugin frees whatever is left (quarantined objects included). Required."},
+		{C: "last_error", Go: "LastError", Fn: true, CType: "uint64_t (*%s)(void *instance, char *buf, uint64_t cap)", GoType: "uintptr", size: 8, align: 8,
+			Doc: "last_error writes the message of the last slot of this instance that failed on the calling thread into buf (at most cap bytes, NUL-terminated, cap is at least 1) and returns its length without the NUL; 0 when there is none. The host calls it on the same thread right after a slot returned an error status, and appends the message to the error it returns. Optional: NULL means no messages."},
 	}
 	for _, vt := range c.vtables {
 		d.Fields = append(d.Fields, &cField{C: strings.TrimPrefix(vt.C, c.p+"_"), Go: strings.TrimPrefix(vt.Go, "c"),

@@ -73,16 +73,20 @@ func (c *cAbi) header() string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	guard := P + "_" + strings.ToUpper(strings.NewReplacer("/", "_", ".", "_").Replace(path.Base(a.Header)))
 	w("%s\n\n", Header)
-	cComment(&b, "", fmt.Sprintf(`%s: the memgen plugin C ABI, version %d.%d, generated from the plugin_abi block of spec/capabilities.yaml. docs/cabi.md explains how to write a plugin.
+	cComment(&b, "", fmt.Sprintf(`%s: the memgen plugin C ABI, version %d.%d, generated from the plugin_abi block of spec/capabilities.yaml. docs/cabi.md explains how to write a plugin and check it with memgen plugin-check.
 
-A plugin is a shared library exporting %s_plugin_v%d. The host (the Go loader, package %s) calls it once with its own %s_ABI_VERSION and gets a descriptor: the plugin's name, device and granularity, open/close for instances, and one struct of function pointers (slots) per capability. A NULL struct or a NULL slot means absent: the host never calls it, and a capability with any slot absent is absent as a whole. A present slot must do its work; returning %s_OK without doing it is a contract violation the host's checks report.
+A plugin is a shared library exporting %s_plugin_v%d. The host (the Go loader, package %s) loads it by path at run time, calls the entry point with its own %s_ABI_VERSION and gets a descriptor: the plugin's name, device and default granularities, open/close for instances, last_error, and one struct of function pointers (slots) per capability. A NULL struct or a NULL slot means absent: the host never calls it, and a capability with any slot absent is absent as a whole. A present slot must do its work; returning %s_OK without doing it is a contract violation the host's checks report.
 
 Versioning. Every struct of slots starts with uint32_t struct_size and uint32_t abi_version (major << 16 | minor). A minor only appends slots at the end of a struct (or carves a descriptor member out of reserved); the host reads no slot at or past struct_size and none newer than the plugin's minor, so older plugins load with fewer capabilities and newer plugins load with their extra slots ignored. Anything else is a new major, and a host refuses a plugin of another major.
 
-Accounting. Plugins never see grants or accounts: the host draws from its grant before every consuming call and undraws when the call fails, and refunds after every releasing call that succeeded. A plugin reports failure only when it changed nothing.
+Accounting. Plugins never see grants or accounts: the host draws from its grant before every consuming call and undraws when the call fails, and refunds after every releasing call that succeeded. A plugin reports failure only when it changed nothing. used_bytes is the sum over the instance's live objects: an allocation's size, a reservation's committed bytes, a backing's size (once, however many views map it; a copy_on_write copy is a new backing and counts at its size); reservations and views add nothing themselves.
 
-Handles are opaque nonzero uint64_t ids the plugin chooses; the host checks that an id it passes is live and was created by the same instance, and releases each id at most once. Thread safety: every slot may be called from any thread, concurrently with any other slot of the same or another instance; the plugin synchronizes its own state. No slot may call back into the host, keep a pointer it was passed beyond the call, or block without bound. A fault inside a slot cannot be contained by the host's process: it ends it.`,
-		a.Header, a.Major, a.Minor, p, a.Major, a.Loader, P, P))
+Handles are ids the host owns. Before a slot that creates a handle the host writes a fresh id into out->id (nonzero, never used before in the process); the plugin files the new object under it and leaves it unchanged. Every id the host passes later is one it assigned and still holds live for this instance; a plugin that answers %s_ERR_RELEASED for such an id, or changes out->id, breaks the protocol: the host fails the call with a protocol error and keeps the bytes behind the id accounted (quarantined) until the instance closes. Streams and fences are not handles: they hold no accounted memory, and their ids are the plugin's own (nonzero), passed back unchanged.
+
+Deadlines. A slot that consumes memory receives deadline_ns, an absolute CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by then undoes what it did and returns %s_ERR_UNAVAILABLE. The host cannot preempt a C slot: one that returns past its deadline has its result given back (a copy_on_write's is kept, since the view it replaced is gone), and the call fails with an overrun error the host also counts and logs.
+
+Thread safety: every slot may be called from any thread, concurrently with any other slot of the same or another instance; the plugin synchronizes its own state (the host's checks include a concurrent stress). No slot may call back into the host, keep a pointer it was passed beyond the call, or block without bound. A fault inside a slot (a write past an out struct, a touch of memory the plugin never mapped, abort) cannot be contained by the host's process: it ends it.`,
+		a.Header, a.Major, a.Minor, p, a.Major, a.Loader, P, P, P, P))
 	w("#ifndef %s\n#define %s\n\n#include <stddef.h>\n#include <stdint.h>\n\n", guard, guard)
 	w("#ifdef __cplusplus\nextern \"C\" {\n#define %s_STATIC_ASSERT(c, m) static_assert(c, m)\n#else\n#define %s_STATIC_ASSERT(c, m) _Static_assert(c, m)\n#endif\n\n", P, P)
 	w("#if defined(__GNUC__)\n#define %s_EXPORT __attribute__((visibility(\"default\")))\n#else\n#define %s_EXPORT\n#endif\n\n", P, P)
@@ -100,7 +104,7 @@ Handles are opaque nonzero uint64_t ids the plugin chooses; the host checks that
 			w("typedef uint64_t %s_%s;\n\n", p, cSnake(t.Name))
 		}
 	}
-	cComment(&b, "", "A handle as the plugin names it: an opaque nonzero id the plugin chooses, unique among the live handles of one kind in one instance. 0 is never a handle.")
+	cComment(&b, "", "A handle's id: assigned by the host, nonzero, never reused in the process. 0 is never a handle.")
 	w("typedef uint64_t %s_handle;\n\n", p)
 
 	cComment(&b, "", "A status: "+P+"_OK, or the code of one of the spec's errors, numbered in spec order. Pinned to 32 bits. A plugin returns only codes this header declares; the host reports any other value as a protocol violation.")
@@ -200,6 +204,7 @@ func (c *cAbi) slotDoc(m *Method) string {
 	switch acc.Effect {
 	case EffectConsumes:
 		parts = append(parts, fmt.Sprintf("Accounting (host side): before the call the host draws %s%s from its grant, and undraws it if the slot fails. On %s_OK the plugin must have installed exactly that much; the checked wrapper verifies it.", acc.Amount.Text, round, c.P))
+		parts = append(parts, fmt.Sprintf("Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and return %s_ERR_UNAVAILABLE; a slot that returns late anyway has its result given back by the host (copy_on_write: kept and reported).", c.P))
 	case EffectRefunds:
 		amount := acc.Amount.Text
 		if acc.Amount.Func == "committed" {
@@ -214,7 +219,7 @@ func (c *cAbi) slotDoc(m *Method) string {
 	var own []string
 	if m.Creates != "" {
 		rel := c.releaserOf(m.Creates)
-		own = append(own, fmt.Sprintf("On %s_OK the plugin fills *out; out->id is the plugin's new %s id, owned by the host until it passes the id to %s.", c.P, m.Creates, rel))
+		own = append(own, fmt.Sprintf("out->id holds the id the host assigned to the new %s: the plugin files it under that id, leaves out->id unchanged and fills the other members on %s_OK. The id is the host's until it passes it to %s.", m.Creates, c.P, rel))
 	}
 	if m.Releases != "" {
 		kind := m.Releases
@@ -223,7 +228,7 @@ func (c *cAbi) slotDoc(m *Method) string {
 		}
 		own = append(own, fmt.Sprintf("The host passes each %s id (%s) here at most once; after %s_OK the id is dead and the plugin may reuse it.", kind, cSnake(m.Releases), c.P))
 	}
-	own = append(own, "Handle ids passed in are live ids of this instance (the host checked). Pointers passed in are borrowed for the call only.")
+	own = append(own, "Handle ids passed in are live ids of this instance (the host checked): answering "+c.P+"_ERR_RELEASED for one is a protocol error. Pointers passed in are borrowed for the call only.")
 	parts = append(parts, "Ownership: "+strings.Join(own, " "))
 	parts = append(parts, "Thread safety: any thread, concurrently with every other slot; the plugin serializes what must be.")
 	var errs []string
@@ -234,6 +239,9 @@ func (c *cAbi) slotDoc(m *Method) string {
 	}
 	if len(errs) > 0 {
 		parts = append(parts, "Errors named above: "+strings.Join(errs, ", ")+".")
+	}
+	if lim := c.a.LimitOf(m); lim != "" {
+		parts = append(parts, "Limits and statuses: "+lim)
 	}
 	parts = append(parts, "The plugin must not: call back into the host, report success for work it did not do, or return a status this header does not declare.")
 	return strings.Join(parts, "\n\n")
@@ -246,13 +254,22 @@ func (c *cAbi) contextDoc(name string, m *Method) string {
 	case name == "stream_create":
 		parts = append(parts, "On "+c.P+"_OK *out_stream is the plugin's new stream id; the host passes it to stream_close exactly once.")
 	case name == "stream_close":
-		parts = append(parts, "The host calls it once per stream, after which the id is dead.")
+		parts = []string{"stream_close waits for the stream's enqueued work and releases the stream. The host calls it exactly once per stream (Stream.Close's idempotence is the host's), after which the id is dead."}
 	case name == "stream_record":
 		parts = append(parts, "On "+c.P+"_OK *out_fence is a new fence id; the host releases it with fence_release.")
 	case name == "fence_done":
 		parts = append(parts, "Writes 1 to *out_done once the fence completed (and 0 before), and then returns the first error of the work the fence covers. The host serves Fence.Wait by polling this slot, so it must not block.")
 	case strings.HasPrefix(name, "stream_copy"):
 		parts = append(parts, "A copy may run before the slot returns (then its error is the slot's status) or later (then its error surfaces at the next fence and at stream_synchronize). The host's buffer is borrowed until the next fence of the stream completes.")
+		parts = append(parts, fmt.Sprintf("Limits and statuses: a length of 0 copies nothing and succeeds. %[1]s_ERR_INVALID_RANGE when a device range does not lie inside one live allocation or reservation of the instance, %[1]s_ERR_NOT_COMMITTED when part of it has no backing, %[1]s_ERR_READ_ONLY when a byte written lies in a read-only view, %[1]s_ERR_CLOSED for a stream the plugin does not know.", c.P))
+	}
+	switch name {
+	case "stream_create", "stream_record":
+		parts = append(parts, "Limits and statuses: "+c.P+"_ERR_OUT_OF_MEMORY when the plugin cannot make one; "+c.P+"_ERR_CLOSED (stream_record) for a stream it does not know.")
+	case "stream_synchronize":
+		parts = append(parts, "Limits and statuses: the first error of the stream's work, or "+c.P+"_ERR_CLOSED for a stream the plugin does not know.")
+	case "fence_done":
+		parts = append(parts, "Limits and statuses: "+c.P+"_ERR_RELEASED for a fence the plugin does not know.")
 	}
 	parts = append(parts, "Thread safety: any thread; the host never uses one stream from two threads at once, but different streams concurrently.")
 	return strings.Join(parts, "\n\n")
@@ -307,7 +324,7 @@ func (c *cAbi) goMirrors() {
 		Id("Offers").Add(g.C("CapSet")),
 		Id("Doc").String(),
 	)
-	comment(f, "declaredPlugins are the plugin mechanisms of the spec, by name.")
+	comment(f, "declaredPlugins is the spec's allow-list (plugin_abi.plugins), by name: the\nplugins SpecAllowList accepts, each on its device with at most its offers.")
 	f.Var().Id("declaredPlugins").Op("=").Map(g.C("MechanismID")).Id("declaredPlugin").Values(DictFunc(func(d Dict) {
 		for _, p := range a.Plugins {
 			var caps []Code

@@ -71,6 +71,7 @@ func TestCABIGolden(t *testing.T) {
 	for _, want := range []string{
 		"#define TINY_ABI_MAJOR 3u", "#define TINY_ABI_MINOR 2u", `#define TINY_PLUGIN_ENTRY "tiny_plugin_v3"`,
 		"Since ABI 3.1.", "Since ABI 3.2.", "const void *reserved[2];", "TINY_ERR_OUT_OF_MEMORY = 3,",
+		"Limits and statuses: req->size is at least 1.", "(*allocate)(void *instance, uint64_t deadline_ns,", "(*open)(const char *config, tiny_open_out *out)",
 	} {
 		if !strings.Contains(h, want) {
 			t.Errorf("header lacks %q", want)
@@ -112,6 +113,7 @@ func TestCABIErrors(t *testing.T) {
 		{"slot-twice", "plugin_abi:\n  major: 1\n  minor: 2\n  header: a.h\n  loader: l\n  prefix: p\n  minors:\n    \"1\": [DeviceAllocator.Free]\n    \"2\": [DeviceAllocator.Free]\n", `slot "DeviceAllocator.Free" added twice`},
 		{"plugin-device", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  plugins:\n    x: {device: Toaster, offers: [DeviceAllocator], doc: d}\n", `device "Toaster" is not a DeviceKind value`},
 		{"plugin-offers", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  plugins:\n    x: {device: Host, offers: [VirtualBacking], doc: d}\n", `must offer required capability DeviceAllocator`},
+		{"limits-unknown-slot", "plugin_abi:\n  major: 1\n  minor: 0\n  header: a.h\n  loader: l\n  prefix: p\n  limits:\n    DeviceAllocator.Nope: text\n", `plugin_abi.limits: "DeviceAllocator.Nope" is not a Capability.Method`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := cabiSpec(t, "\n"+c.block)

@@ -102,8 +102,9 @@ func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err erro
 	sort.Strings(names)
 	data := struct {
 		Contract string
+		Module   string          // the module path, for the packages of the spec's mechanisms
 		Caps     map[string]bool // every name the spec declares, as g.declares reads them
-	}{g.Contract(), g.declaredNames()}
+	}{g.Contract(), g.Config.Module, g.declaredNames()}
 	fixtures, witnesses = map[string]bool{}, map[string]bool{}
 	for _, n := range names {
 		text, err := conformanceTemplates.ReadFile(n)

@@ -50,6 +50,8 @@ func emitGlue(g *Gen) error {
 				"(a device may lack a feature at run time); the accessors below ask it."
 		}
 		comment(f, doc)
+		comment(f, "SpecName is mechanism "+m.Name+"'s key in the spec: Info().Mechanism must report it. The\nconformance suite fails spec/name for a mechanism of this package that\nreports another name.")
+		f.Const().Id("SpecName").Add(g.C("MechanismID")).Op("=").Lit(m.Name)
 		f.Var().DefsFunc(func(d *Group) {
 			d.Id("_").Add(g.C("Mechanism")).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
 			for _, c := range g.Spec.Capabilities {

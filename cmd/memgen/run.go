@@ -27,6 +27,9 @@ commands:
              missing or are stale) and on mechanism packages that implement more
              or less than the spec declares
   doc        write docs/capabilities.md from the spec
+  plugin-check PATH.so
+             load a C plugin by path and run the conformance suite on it,
+             against its own descriptor; print a report (exit 1 on a failure)
   version    print memgen's module version, VCS revision and Go version
   help       print this, or with a command's name its flags
 
@@ -82,11 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	fs.SetOutput(stderr)
-	if fs.NArg() > 0 {
+	if fs.NArg() > 0 && !cmd.positional {
 		fmt.Fprintf(stderr, "memgen %s: unexpected arguments %q\n", args[0], fs.Args())
 		fs.Usage()
 		return exitUsage
 	}
+	opts.args = fs.Args()
 	return cmd.run(opts, stdout, stderr)
 }
 
@@ -94,12 +98,15 @@ type options struct {
 	root, spec string
 	out        string // doc: output file
 	verbose    bool
+	args       []string // the positional arguments of a command that takes them
+	config     string   // plugin-check: the plugin's configuration string
 }
 
 type command struct {
-	help  string
-	flags func(*flag.FlagSet, *options)
-	run   func(*options, io.Writer, io.Writer) int
+	help       string
+	flags      func(*flag.FlagSet, *options)
+	run        func(*options, io.Writer, io.Writer) int
+	positional bool // takes positional arguments (run checks them)
 }
 
 var commands = map[string]command{

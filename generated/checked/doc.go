@@ -164,7 +164,7 @@ package checked
 import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"
+const specDigest = "a53b7e877db711ecccf878d320ba456956d085a280d10dbd3c8c464a2aee20a1"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "6042161b16725a3f36c85c666c606d62ac57b15778533ee574187b1de30fe1d7"
+const SpecDigest = "a53b7e877db711ecccf878d320ba456956d085a280d10dbd3c8c464a2aee20a1"

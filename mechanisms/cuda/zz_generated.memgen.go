@@ -15,6 +15,11 @@ import "github.com/memgen/memgen/generated/memapi"
 // offers(memapi.Capability) bool, which says whether this instance offers a
 // capability now (a device may lack a feature at run time); the accessors below
 // ask it.
+// SpecName is mechanism cuda's key in the spec: Info().Mechanism must report
+// it. The conformance suite fails spec/name for a mechanism of this package
+// that reports another name.
+const SpecName memapi.MechanismID = "cuda"
+
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)

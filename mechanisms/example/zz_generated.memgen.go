@@ -11,6 +11,11 @@ import "github.com/memgen/memgen/generated/memapi"
 // The hand-written half is type Mechanism: *Mechanism implements
 // memapi.Mechanism and the capabilities below (memgen check reports a
 // capability it implements that the spec does not declare).
+// SpecName is mechanism example's key in the spec: Info().Mechanism must report
+// it. The conformance suite fails spec/name for a mechanism of this package
+// that reports another name.
+const SpecName memapi.MechanismID = "example"
+
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)

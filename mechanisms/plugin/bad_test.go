@@ -3,6 +3,7 @@ package plugin
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/memgen/memgen/generated/checked"
@@ -19,8 +20,8 @@ func TestBadPluginsRefusedAtLoad(t *testing.T) {
 		{"missing-entry-symbol", "REFHOST_NO_ENTRY", ErrNoEntry},
 		{"null-descriptor", "REFHOST_NULL_DESCRIPTOR", ErrNullDescriptor},
 		{"wrong-struct-size", "REFHOST_BAD_STRUCT_SIZE", ErrBadDescriptor},
-		{"other-major", "REFHOST_MAJOR=2", ErrIncompatible},
-		{"undeclared-name", `REFHOST_NAME="stranger"`, ErrUndeclared},
+		{"other-major", "REFHOST_MAJOR=3", ErrIncompatible},
+		{"bad-name", `REFHOST_NAME="Not A Name"`, ErrBadDescriptor},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := Open(refhost(t, c.define))
@@ -52,19 +53,35 @@ func TestUnknownStatus(t *testing.T) {
 	}
 }
 
-// TestGarbageHandles: a reused id and an allocation smaller than asked for
-// are refused with ErrProtocol, and what the plugin created for the refused
-// allocation is given back: UsedBytes returns to where it was.
+// TestAllowList: without an allow-list any plugin loads under its own name;
+// with the spec's, a name it does not list is refused with ErrUndeclared, a
+// listed one loads.
+func TestAllowList(t *testing.T) {
+	path := refhost(t, `REFHOST_NAME="stranger"`)
+	l, err := Open(path)
+	if err != nil || l.Name != "stranger" {
+		t.Fatalf("Open without an allow-list = %v, %v; want plugin stranger", l, err)
+	}
+	_, err = Open(path, SpecAllowList())
+	var le *LoadError
+	if !errors.Is(err, ErrUndeclared) || !errors.As(err, &le) || !strings.Contains(le.Detail, "not on the allow-list") {
+		t.Fatalf("Open with the spec's allow-list = %v, want a *LoadError of kind ErrUndeclared: not on the allow-list", err)
+	}
+	if _, err := Open(refhost(t), SpecAllowList()); err != nil {
+		t.Fatalf("Open of refhost, which the spec lists: %v", err)
+	}
+	only := WithAllowList(map[memapi.MechanismID]Allowed{"refhost": {Device: memapi.DeviceKindHost, Offers: memapi.Of(memapi.CapDeviceAllocator)}})
+	l, err = Open(refhost(t), only)
+	if err != nil || l.Offers() != memapi.Of(memapi.CapDeviceAllocator) {
+		t.Fatalf("Open with an allow-list of DeviceAllocator alone = %v, %v", l, err)
+	}
+}
+
+// TestGarbageHandles: an allocation smaller than asked for is refused with
+// ErrProtocol, and what the plugin created for it is given back: UsedBytes
+// returns to where it was.
 func TestGarbageHandles(t *testing.T) {
 	m, _ := newSubject(t, refhost(t, "REFHOST_BAD_HANDLE"))
-	r1, err := m.Reserve(bg, memapi.ReserveRequest{Size: m.Info().Granularity})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.ReleaseReservation(bg, r1, nil)
-	if r2, err := m.Reserve(bg, memapi.ReserveRequest{Size: m.Info().Granularity}); !errors.Is(err, ErrProtocol) {
-		t.Fatalf("second Reserve with a reused id = %v, %v, want ErrProtocol", r2, err)
-	}
 	before := m.UsedBytes()
 	if a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4 * m.Info().AllocGranularity}, g); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("Allocate of a short allocation = %v, %v, want ErrProtocol", a, err)

@@ -2,9 +2,12 @@ package plugin
 
 import (
 	"fmt"
+	"runtime"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"golang.org/x/sys/unix"
 )
 
 // syscallN calls a C function; a variable so that a test can put a Go
@@ -29,6 +32,26 @@ func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
 	r, _, _ = syscallN(fn, args...)
 	return r, nil
 }
+
+// lockThread and unlockThread pin the goroutine to its OS thread around a
+// slot and the last_error call that reads the slot's thread-local message.
+func lockThread()   { runtime.LockOSThread() }
+func unlockThread() { runtime.UnlockOSThread() }
+
+// monoBase and timeBase are one moment on CLOCK_MONOTONIC and on Go's clock,
+// read together once: Go's monotonic clock is CLOCK_MONOTONIC on Linux, so
+// monoOf converts a later time.Time without a system call per slot.
+var monoBase, timeBase = func() (uint64, time.Time) {
+	var ts unix.Timespec
+	t := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, t
+	}
+	return uint64(ts.Nano()), t
+}()
+
+// monoOf is t on CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
+func monoOf(t time.Time) uint64 { return monoBase + uint64(t.Sub(timeBase)) }
 
 // ptr turns an address the plugin returned into a pointer without tripping
 // vet's unsafeptr check: the memory is the plugin's static data, never Go's.

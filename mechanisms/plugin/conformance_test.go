@@ -26,7 +26,8 @@ func TestConformance(t *testing.T) {
 				if wrapped {
 					mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
 				}
-				return conformance.Subject{Mechanism: mech, Context: c}
+				d := m.Declaration()
+				return conformance.Subject{Mechanism: mech, Context: c, Declared: &d}
 			})
 		})
 	}

@@ -58,8 +58,7 @@ func (c *Context) NewStream() (memapi.Stream, error) {
 	}
 	defer m.leave()
 	var id uint64
-	r, err := callC(m.lib.dc.StreamCreate, m.inst, uintptr(unsafe.Pointer(&id)))
-	if err := m.result(op, r, err, 0); err != nil {
+	if err := m.slot(op, 0, m.lib.dc.StreamCreate, m.inst, uintptr(unsafe.Pointer(&id))); err != nil {
 		return nil, err
 	}
 	if id == 0 {
@@ -108,8 +107,7 @@ func (s *Stream) call(op string, fn uintptr, args ...uintptr) error {
 	}
 	defer m.leave()
 	all := append([]uintptr{m.inst, uintptr(s.id)}, args...)
-	r, err := callC(fn, all...)
-	return m.result(op, r, err, 0)
+	return m.slot(op, 0, fn, all...)
 }
 
 // CopyToDevice calls stream_copy_to_device. src is borrowed until the next
@@ -168,8 +166,7 @@ func (s *Stream) Close() error {
 	m := s.c.m
 	var err error
 	if m.enter("Stream.Close") == nil {
-		r, cerr := callC(m.lib.dc.StreamClose, m.inst, uintptr(s.id))
-		err = m.result("Stream.Close", r, cerr, 0)
+		err = m.slot("Stream.Close", 0, m.lib.dc.StreamClose, m.inst, uintptr(s.id))
 		m.leave()
 	}
 	s.closed = true
@@ -208,9 +205,9 @@ func (f *Fence) poll() (bool, error) {
 	}
 	defer f.m.leave()
 	var done int32
-	r, err := callC(f.m.lib.dc.FenceDone, f.m.inst, uintptr(f.id), uintptr(unsafe.Pointer(&done)))
+	err := f.m.slot(op, 0, f.m.lib.dc.FenceDone, f.m.inst, uintptr(f.id), uintptr(unsafe.Pointer(&done)))
 	runtime.KeepAlive(f)
-	if err := f.m.result(op, r, err, 0); err != nil {
+	if err != nil {
 		return true, err
 	}
 	return done != 0, nil

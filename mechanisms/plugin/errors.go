@@ -1,8 +1,10 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -24,17 +26,19 @@ var (
 	// ErrBadDescriptor: the descriptor breaks the ABI: a struct_size too
 	// small, a missing required slot, a bad granularity, an invalid device.
 	ErrBadDescriptor = errors.New("plugin: malformed descriptor")
-	// ErrUndeclared: the descriptor names a plugin the spec does not declare
-	// under plugin_abi.plugins, or a device other than the declared one.
-	ErrUndeclared = errors.New("plugin: not declared in the spec")
+	// ErrUndeclared: Open was given an allow-list (WithAllowList,
+	// SpecAllowList) and the descriptor names a plugin not on it, or a device
+	// other than the listed one.
+	ErrUndeclared = errors.New("plugin: not on the allow-list")
 )
 
 // ErrProtocol is the kind of the *memapi.Error a call returns when the plugin
 // broke the ABI's contract during the call: a status the header does not
-// declare, a handle id that is zero, already live or not the one passed in, a
-// size smaller than asked for, or a panic on the Go side of the call. The
-// host stays up and its accounting stays exact: whatever the plugin may still
-// hold is visible in UsedBytes.
+// declare, an assigned id it changed, an id the host holds live that it
+// answers ErrReleased for, a size other than asked for, or a panic on the Go
+// side of the call. The host stays up and its accounting stays exact: what
+// the plugin still holds and no handle can release is quarantined
+// (Mechanism.Quarantined) and visible in UsedBytes.
 var ErrProtocol = errors.New("plugin: protocol violation")
 
 // LoadError says why Open or New refused a plugin.
@@ -70,20 +74,68 @@ func loadErr(path string, kind error, format string, args ...any) *LoadError {
 
 // statusError turns a slot's status into the contract's error: nil for
 // MEMGEN_OK, an *memapi.Error of the matching sentinel for a declared code,
-// and one of kind ErrProtocol for any other value.
-func (m *Mechanism) statusError(op string, code int32, h memapi.HandleID) error {
+// and one of kind ErrProtocol for any other value. msg is the plugin's
+// last_error message, if any.
+func (m *Mechanism) statusError(op string, code int32, h memapi.HandleID, msg string) error {
 	if code == 0 {
 		return nil
 	}
 	if code < 0 || int(code) >= len(statusKinds) {
 		return m.protocol(op, h, "the plugin returned status %d, which the ABI does not declare", code)
 	}
+	d := "plugin " + string(m.info.Mechanism) + " returned " + statusNames[code]
+	if msg != "" {
+		d += ": " + msg
+	}
 	return &memapi.Error{Op: op, Kind: statusKinds[code], Mechanism: m.info.Mechanism, Authority: m.info.Authority,
-		Handle: h, Detail: "plugin " + string(m.info.Mechanism) + " returned " + statusNames[code]}
+		Handle: h, Detail: d}
 }
 
-// protocol is an *memapi.Error of kind ErrProtocol.
+// protocol is an *memapi.Error of kind ErrProtocol; it is counted and
+// logged.
 func (m *Mechanism) protocol(op string, h memapi.HandleID, format string, args ...any) error {
-	return &memapi.Error{Op: op, Kind: ErrProtocol, Mechanism: m.info.Mechanism, Authority: m.info.Authority,
+	m.protocols.Add(1)
+	e := &memapi.Error{Op: op, Kind: ErrProtocol, Mechanism: m.info.Mechanism, Authority: m.info.Authority,
 		Handle: h, Detail: fmt.Sprintf(format, args...)}
+	if m.log != nil {
+		m.log.Warn("memgen plugin: protocol violation", "plugin", string(m.info.Mechanism), "op", op, "detail", e.Detail)
+	}
+	return e
+}
+
+// ErrOverran is what an *OverrunError matches with errors.Is, besides
+// context.DeadlineExceeded.
+var ErrOverran = errors.New("plugin: slot overran its deadline")
+
+// OverrunError is the error of a call whose consuming slot returned past its
+// deadline. A C slot cannot be preempted: the host learns of the overrun
+// when the slot returns, gives back what it created (a copy_on_write is
+// kept, since the view it replaced is gone), counts it (Mechanism.Overruns)
+// and logs a line.
+type OverrunError struct {
+	Op        string
+	Mechanism memapi.MechanismID
+	Budget    time.Duration // the time the slot had
+	Took      time.Duration // the time it took
+}
+
+func (e *OverrunError) Error() string {
+	return fmt.Sprintf("%s: plugin %s took %v, past its deadline of %v: its result was given back", e.Op, e.Mechanism, e.Took.Round(time.Millisecond), e.Budget.Round(time.Millisecond))
+}
+
+// Is matches ErrOverran and context.DeadlineExceeded.
+func (e *OverrunError) Is(target error) bool {
+	return target == ErrOverran || target == context.DeadlineExceeded
+}
+
+// isKind reports whether err is a *memapi.Error of the given kind (or wraps
+// one).
+func isKind(err, kind error) bool { return err != nil && errors.Is(err, kind) }
+
+// joinErr joins two errors, either of which may be nil.
+func joinErr(a, b error) error {
+	if a == nil {
+		return b
+	}
+	return errors.Join(a, b)
 }

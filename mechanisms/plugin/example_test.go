@@ -9,11 +9,11 @@ import (
 	"github.com/memgen/memgen/mechanisms/plugin"
 )
 
-// A plugin built against include/memgen/mechanism.h and declared in the spec
-// is opened, checked and used like any mechanism. (Not run: it needs a
-// built plugin; conformance_test.go builds the reference one.)
+// A plugin built against include/memgen/mechanism.h alone is loaded by path,
+// checked and used like any mechanism. (Not run: it needs a built plugin;
+// outside_test.go builds one.)
 func Example() {
-	m, err := plugin.New("/usr/lib/memgen/librefhost.so", plugin.Options{Authority: "host"})
+	m, err := plugin.New("/usr/lib/memgen/librefhost.so", plugin.Options{Authority: "host", Config: "granularity=65536"})
 	var le *plugin.LoadError
 	switch {
 	case errors.Is(err, plugin.ErrIncompatible):
@@ -32,6 +32,6 @@ func Example() {
 	mech := checked.Wrap(m, checked.NoLedger) // inspection only: this wrapper accepts no grant
 	fmt.Println(memapi.Negotiate(mech), m.Library())
 	if _, err := memapi.RequireSharedMapping(mech); err != nil {
-		fmt.Println("an older plugin: no SharedMapping") // absent, never a no-op
+		fmt.Println("no SharedMapping") // absent, never a no-op
 	}
 }

@@ -17,7 +17,7 @@ import (
 // static assertions check each struct's size and offsets there.
 func TestHeaderCompiles(t *testing.T) {
 	dir := t.TempDir()
-	src := "#include \"memgen/mechanism.h\"\nconst memgen_plugin *memgen_plugin_v1(uint32_t v) { (void)v; return 0; }\n"
+	src := "#include \"memgen/mechanism.h\"\nconst memgen_plugin *memgen_plugin_v2(uint32_t v) { (void)v; return 0; }\n"
 	for _, c := range []struct {
 		lang, file string
 		compilers  []string

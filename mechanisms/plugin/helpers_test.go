@@ -79,8 +79,15 @@ func must[T any](v T, err error) T {
 // library (once per set of macros) and returns its path.
 func refhost(t testing.TB, defines ...string) string {
 	t.Helper()
+	return build(t, "refhost", defines...)
+}
+
+// build builds testdata/<name>.c with the given -D macros into a shared
+// library (once per file and set of macros) and returns its path.
+func build(t testing.TB, name string, defines ...string) string {
+	t.Helper()
 	compiler := cc(t)
-	key := strings.Join(defines, " ")
+	key := name + ":" + strings.Join(defines, " ")
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if p, ok := built[key]; ok {
@@ -89,23 +96,23 @@ func refhost(t testing.TB, defines ...string) string {
 	if err, ok := buildErrs[key]; ok {
 		t.Fatal(err)
 	}
-	name := "refhost"
+	lib := name
 	for _, d := range defines {
-		name += "_" + strings.Map(func(r rune) rune {
+		lib += "_" + strings.Map(func(r rune) rune {
 			if r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
 				return r
 			}
 			return '_'
-		}, strings.TrimPrefix(d, "REFHOST_"))
+		}, strings.TrimPrefix(strings.TrimPrefix(d, "REFHOST_"), "BROKEN_"))
 	}
-	out := filepath.Join(buildDir, name+".so")
-	args := append(append([]string{}, cFlags...), "-fPIC", "-shared", "-pthread", "-o", out, "testdata/refhost.c")
+	out := filepath.Join(buildDir, lib+".so")
+	args := append(append([]string{}, cFlags...), "-fPIC", "-shared", "-pthread", "-o", out, "testdata/"+name+".c")
 	for _, d := range defines {
 		args = append(args, "-D"+d)
 	}
 	if b, err := exec.Command(compiler, args...).CombinedOutput(); err != nil {
 		buildErrs[key] = err
-		t.Fatalf("building the reference plugin with %v: %v\n%s", defines, err, b)
+		t.Fatalf("building testdata/%s.c with %v: %v\n%s", name, defines, err, b)
 	}
 	built[key] = out
 	return out
@@ -115,7 +122,13 @@ func refhost(t testing.TB, defines ...string) string {
 // closing both when the test ends (and failing it when they do not close).
 func newSubject(t testing.TB, path string) (*Mechanism, *Context) {
 	t.Helper()
-	m, err := New(path, Options{})
+	return newSubjectOpts(t, path, Options{})
+}
+
+// newSubjectOpts is newSubject with options.
+func newSubjectOpts(t testing.TB, path string, o Options) (*Mechanism, *Context) {
+	t.Helper()
+	m, err := New(path, o)
 	if err != nil {
 		t.Fatal(err)
 	}

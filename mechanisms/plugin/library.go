@@ -35,28 +35,79 @@ type Library struct {
 	context bool // the device-context slots are all present
 }
 
+// Allowed is one entry of an allow-list: the device a plugin of that name
+// must serve and the most it may offer (DeviceAllocator is always offered).
+type Allowed struct {
+	Device memapi.DeviceKind
+	Offers memapi.CapSet
+}
+
+// OpenOption configures Open.
+type OpenOption func(*openConfig)
+
+type openConfig struct {
+	allow map[memapi.MechanismID]Allowed
+}
+
+// WithAllowList makes Open refuse a plugin whose name is not in list, or
+// whose device is not the listed one (ErrUndeclared), and limits its offers
+// to the listed ones. Without it any plugin loads under its own name.
+func WithAllowList(list map[memapi.MechanismID]Allowed) OpenOption {
+	return func(c *openConfig) { c.allow = list }
+}
+
+// SpecAllowList is WithAllowList with the plugins the spec lists under
+// plugin_abi.plugins, each on its listed device with at most its listed
+// offers.
+func SpecAllowList() OpenOption {
+	list := make(map[memapi.MechanismID]Allowed, len(declaredPlugins))
+	for name, d := range declaredPlugins {
+		list[name] = Allowed{Device: d.Device, Offers: d.Offers}
+	}
+	return WithAllowList(list)
+}
+
 var (
 	openMu sync.Mutex
 	opened = map[string]*Library{}
 )
 
-// Open loads the plugin at path (a file path or a soname), negotiates the
-// ABI version and validates the descriptor. Every failure is a *LoadError
-// wrapping one of ErrNoLibrary, ErrNoEntry, ErrNullDescriptor,
+// Open loads the plugin at path (a file path or a soname) at run time,
+// negotiates the ABI version and validates the descriptor. Any plugin of
+// this major loads under the name its descriptor carries, unless an
+// allow-list is given (WithAllowList, SpecAllowList). Every failure is a
+// *LoadError wrapping one of ErrNoLibrary, ErrNoEntry, ErrNullDescriptor,
 // ErrIncompatible, ErrBadDescriptor or ErrUndeclared. A library that loaded
-// is cached: Open of the same path returns the same *Library.
-func Open(path string) (*Library, error) {
+// is cached by path: Open of the same path reads the descriptor once.
+func Open(path string, opts ...OpenOption) (*Library, error) {
+	var cfg openConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	openMu.Lock()
-	defer openMu.Unlock()
-	if l, ok := opened[path]; ok {
+	l, ok := opened[path]
+	if !ok {
+		var err error
+		if l, err = load(path); err != nil {
+			openMu.Unlock()
+			return nil, err
+		}
+		opened[path] = l
+	}
+	openMu.Unlock()
+	if cfg.allow == nil {
 		return l, nil
 	}
-	l, err := load(path)
-	if err != nil {
-		return nil, err
+	a, ok := cfg.allow[l.Name]
+	if !ok {
+		return nil, loadErr(path, ErrUndeclared, "plugin %q is not on the allow-list", l.Name)
 	}
-	opened[path] = l
-	return l, nil
+	if l.Device.Kind != a.Device {
+		return nil, loadErr(path, ErrUndeclared, "plugin %q serves %v, the allow-list says %v", l.Name, l.Device.Kind, a.Device)
+	}
+	lim := *l
+	lim.offers &= a.Offers | memapi.Of(memapi.CapDeviceAllocator)
+	return &lim, nil
 }
 
 // load runs on a locked OS thread: dlerror's state is per thread, and
@@ -120,26 +171,20 @@ func negotiate(path string, entry uintptr) (*Library, *LoadError) {
 	if !ok || name == "" {
 		return nil, loadErr(path, ErrBadDescriptor, "the descriptor's name is NULL, empty or longer than %d bytes", maxName)
 	}
-	l.Name = memapi.MechanismID(name)
-	decl, ok := declaredPlugins[l.Name]
-	if !ok {
-		return nil, loadErr(path, ErrUndeclared, "plugin %q is not declared under plugin_abi.plugins in the spec", name)
+	if !validName(name) {
+		return nil, loadErr(path, ErrBadDescriptor, "the descriptor's name %q is not 1 to 63 bytes of [a-z0-9_-]", name)
 	}
+	l.Name = memapi.MechanismID(name)
 	kind := memapi.DeviceKind(d.Device)
 	if d.Device <= 0 || d.Device > 255 || !kind.Valid() {
 		return nil, loadErr(path, ErrBadDescriptor, "device %d is not a memgen_device_kind value", d.Device)
 	}
-	if kind != decl.Device {
-		return nil, loadErr(path, ErrUndeclared, "plugin %q serves %v, the spec declares %v", name, kind, decl.Device)
-	}
 	l.Device = memapi.DeviceKey{Kind: kind, Ordinal: int(d.Ordinal)}
-	for _, g := range []struct {
-		what string
-		v    uint64
-	}{{"alloc_granularity", d.AllocGranularity}, {"granularity", d.Granularity}} {
-		if g.v == 0 || g.v&(g.v-1) != 0 {
-			return nil, loadErr(path, ErrBadDescriptor, "%s %d is not a power of two", g.what, g.v)
-		}
+	if g := d.AllocGranularity; !pow2(g) {
+		return nil, loadErr(path, ErrBadDescriptor, "alloc_granularity %d is not a power of two", g)
+	}
+	if g := d.Granularity; g != 0 && !pow2(g) {
+		return nil, loadErr(path, ErrBadDescriptor, "granularity %d is not a power of two", g)
 	}
 	if d.Open == 0 || d.Close == 0 {
 		return nil, loadErr(path, ErrBadDescriptor, "open and close are required slots")
@@ -174,14 +219,55 @@ func negotiate(path string, entry uintptr) (*Library, *LoadError) {
 		return nil, loadErr(path, ErrBadDescriptor, "DeviceAllocator is required, but its struct or a slot of it is missing")
 	}
 	l.offers = memapi.Of(memapi.CapDeviceAllocator)
-	if allSlots(&l.vb) && decl.Offers.Has(memapi.CapVirtualBacking) {
+	if allSlots(&l.vb) {
 		l.offers |= memapi.Of(memapi.CapVirtualBacking)
 	}
-	if allSlots(&l.sm) && decl.Offers.Has(memapi.CapSharedMapping) {
+	if allSlots(&l.sm) {
 		l.offers |= memapi.Of(memapi.CapSharedMapping)
+	}
+	if l.offers != memapi.Of(memapi.CapDeviceAllocator) && d.Granularity == 0 {
+		return nil, loadErr(path, ErrBadDescriptor, "granularity is 0, but the plugin offers %v", l.offers)
 	}
 	l.context = allSlots(&l.dc)
 	return l, nil
+}
+
+func pow2(n uint64) bool { return n != 0 && n&(n-1) == 0 }
+
+// validName reports whether a plugin name is 1 to 63 bytes of [a-z0-9_-].
+func validName(s string) bool {
+	if s == "" || len(s) >= maxName {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Declaration is what the plugin declares about itself through its
+// descriptor, in the form the spec declares Go mechanisms: its name, device,
+// the capabilities whose slots are all present (as limited by an
+// allow-list) and its granularity kind: "configurable" for host memory (a
+// power of two and a multiple of the page, as the plugin maps host pages),
+// "device" otherwise. The conformance suite checks an instance against it
+// (conformance.Subject.Declared).
+func (l *Library) Declaration() memapi.MechanismMeta {
+	gk := "device"
+	if l.Device.Kind == memapi.DeviceKindHost {
+		gk = "configurable"
+	}
+	return memapi.MechanismMeta{
+		Name:        l.Name,
+		Package:     l.Path,
+		Type:        "plugin descriptor",
+		Device:      l.Device.Kind.String(),
+		Offers:      l.offers,
+		Granularity: gk,
+		Doc:         l.String(),
+	}
 }
 
 // allSlots reports whether every slot (every member after the header) of a
@@ -197,8 +283,8 @@ func allSlots[T any](v *T) bool {
 }
 
 // Offers returns the capabilities the plugin offers: DeviceAllocator, and
-// each optional capability whose slots are all present and which the spec
-// declares for the plugin.
+// each optional capability whose slots are all present (and which the
+// allow-list, if Open was given one, lists for the plugin).
 func (l *Library) Offers() memapi.CapSet { return l.offers }
 
 // HasContext reports whether the plugin has the device-context slots.

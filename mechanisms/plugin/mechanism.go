@@ -3,7 +3,10 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -14,36 +17,88 @@ type Options struct {
 	// Authority the plugin's memory is accounted to; "" means "host" for a
 	// plugin serving host memory and "<name>:<ordinal>" otherwise.
 	Authority memapi.AuthorityID
+	// Config is the configuration string passed to the plugin's open slot:
+	// comma-separated key=value pairs whose keys the plugin defines (such as
+	// "granularity=65536"), at most MaxConfig bytes, no NUL.
+	Config string
+	// SlotTimeout bounds a consuming slot (allocate, commit, create_backing,
+	// copy_on_write) when the call's context has no earlier deadline; 0
+	// means DefaultSlotTimeout. The slot receives the deadline; a C slot
+	// cannot be preempted, so one that returns past it is reported (see
+	// OverrunError) after the fact.
+	SlotTimeout time.Duration
+	// Verify makes every mutating call compare the plugin's used_bytes with the sum
+	// of the host's live handles (allocation and backing sizes, committed
+	// bytes of reservations) plus the quarantined bytes, failing with
+	// ErrUntruthful when they differ. Mutating calls are serialized so the
+	// comparison is exact.
+	Verify bool
+	// Logger receives a line per overrun slot and per protocol violation;
+	// nil means slog.Default().
+	Logger *slog.Logger
 }
 
+// DefaultSlotTimeout bounds a consuming slot when neither the call's context
+// nor Options.SlotTimeout gives a deadline.
+const DefaultSlotTimeout = 10 * time.Second
+
+// MaxConfig is the longest configuration string open accepts.
+const MaxConfig = 4096
+
 // Mechanism is one instance of a plugin presented as a memapi.Mechanism. The
-// Go side keeps the contract's handles (memapi.Issuer): it refuses nil,
-// foreign and released handles before any slot is called, and moves each
-// handle from live to released exactly once, so a plugin sees only live ids
-// of its own instance and each release once. The plugin never sees a grant
-// or an account; run the mechanism through checked.Wrap, which draws and
-// refunds around every call, as for any mechanism.
+// host owns the handles: it assigns every new handle's id (a process-wide
+// counter, never reused) before the slot that creates it, keeps its own table
+// of live ids with their bytes, refuses nil, foreign and released handles
+// before any slot is called, and moves each handle from live to released
+// exactly once, so a plugin sees only live ids of its own instance and each
+// release once. The plugin never sees a grant or an account; run the
+// mechanism through checked.Wrap, which draws and refunds around every call,
+// as for any mechanism.
 //
-// What the plugin returns is checked before it becomes a handle: a new id
-// must be nonzero and not already live, and sizes and fields must be what
-// was asked for; otherwise the call fails with ErrProtocol, after giving
-// back through the plugin whatever it created. A Mechanism is safe for
-// concurrent use.
+// What the plugin returns is checked before it becomes a handle: the id must
+// be the one assigned, sizes and fields what was asked for; otherwise the
+// call fails with ErrProtocol, after giving back through the plugin what it
+// created. An id the host holds live that the plugin no longer knows
+// (ErrReleased from the plugin) is a protocol error too. Memory that cannot
+// be given back is quarantined: it stays in the host's table, counted by
+// Quarantined and expected in used_bytes, until the instance closes (the
+// plugin's close frees whatever is left). A Mechanism is safe for concurrent
+// use.
 type Mechanism struct {
-	lib    *Library
-	info   memapi.MechanismInfo
-	issuer *memapi.Issuer
-	inst   uintptr // the plugin's instance pointer
+	lib     *Library
+	info    memapi.MechanismInfo
+	issuer  *memapi.Issuer
+	inst    uintptr // the plugin's instance pointer
+	timeout time.Duration
+	verify  bool
+	log     *slog.Logger
 
 	// life guards inst: every call holds it for reading, Close for writing.
 	life   sync.RWMutex
 	closed bool
 
-	mu   sync.Mutex // guards live
-	live [numKinds]map[uint64]struct{}
+	// vmu serializes mutating calls in verify mode.
+	vmu sync.Mutex
+
+	mu          sync.Mutex // guards table and quarantined
+	table       map[uint64]entry
+	quarantined memapi.Bytes
+	// disowned counts the table's quarantined entries: while it is 0 a
+	// handle's id needs no lookup before a slot (the fast path).
+	disowned atomic.Int64
+
+	overruns  atomic.Uint64
+	protocols atomic.Uint64
 }
 
-// The kinds of ids the plugin hands out.
+// entry is the host's record of one id it assigned.
+type entry struct {
+	kind        int
+	bytes       memapi.Bytes // allocation and backing: size; reservation: committed
+	quarantined bool
+}
+
+// The kinds of ids the host assigns.
 const (
 	kindAllocation = iota
 	kindReservation
@@ -52,66 +107,124 @@ const (
 	numKinds
 )
 
-var kindNames = [numKinds]string{"Allocation", "Reservation", "Backing", "View"}
+// nextID is the last id the host assigned, process-wide. Ids start high so
+// that a plugin numbering its own objects from 1 never names one of them.
+var nextID atomic.Uint64
 
-// New opens the plugin at path (see Open) and makes an instance of it.
-func New(path string, o Options) (*Mechanism, error) {
-	l, err := Open(path)
+func init() { nextID.Store(1 << 40) }
+
+func newID() uint64 { return nextID.Add(1) }
+
+// New opens the plugin at path (see Open, with opts) and makes an instance
+// of it.
+func New(path string, o Options, opts ...OpenOption) (*Mechanism, error) {
+	l, err := Open(path, opts...)
 	if err != nil {
 		return nil, err
 	}
 	return l.New(o)
 }
 
-// New makes an instance of the plugin (its open slot). It fails with a
-// *LoadError of kind ErrBadDescriptor when open fails or returns no instance.
+// New makes an instance of the plugin (its open slot, given o.Config). It
+// fails with a *LoadError of kind ErrBadDescriptor when the configuration is
+// too long or holds a NUL, when open fails (the plugin's message, if any,
+// is in the error) or returns no instance or granularities that are not
+// powers of two.
 func (l *Library) New(o Options) (*Mechanism, error) {
+	if len(o.Config) > MaxConfig {
+		return nil, loadErr(l.Path, ErrBadDescriptor, "the configuration is %d bytes, more than %d", len(o.Config), MaxConfig)
+	}
+	cfg := make([]byte, len(o.Config)+1)
+	copy(cfg, o.Config)
+	for _, c := range cfg[:len(o.Config)] {
+		if c == 0 {
+			return nil, loadErr(l.Path, ErrBadDescriptor, "the configuration holds a NUL byte")
+		}
+	}
+	out := cOpenOut{AllocGranularity: l.desc.AllocGranularity, Granularity: l.desc.Granularity, Ordinal: l.desc.Ordinal}
+	is := memapi.NewIssuer()
+	m := &Mechanism{lib: l, issuer: is, table: map[uint64]entry{}, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
+	if m.timeout <= 0 {
+		m.timeout = DefaultSlotTimeout
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	m.info = memapi.MechanismInfo{Mechanism: l.Name, Instance: is.Instance()}
+	r, msg, err := m.callStatus(l.desc.Open, uintptr(unsafe.Pointer(&cfg[0])), uintptr(unsafe.Pointer(&out)))
+	if err != nil {
+		return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "open", Err: err}
+	}
+	if err := m.statusError("plugin.New", r, 0, msg); err != nil {
+		return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: fmt.Sprintf("open(%q) failed", o.Config), Err: err}
+	}
+	if out.Instance == 0 {
+		return nil, loadErr(l.Path, ErrBadDescriptor, "open returned MEMGEN_OK and no instance")
+	}
+	m.inst = out.Instance
+	if !pow2(out.AllocGranularity) || out.Granularity != 0 && !pow2(out.Granularity) || out.Granularity == 0 && l.offers != memapi.Of(memapi.CapDeviceAllocator) {
+		_, _ = callC(l.desc.Close, m.inst)
+		return nil, loadErr(l.Path, ErrBadDescriptor, "open(%q) set alloc_granularity %d and granularity %d: not powers of two", o.Config, out.AllocGranularity, out.Granularity)
+	}
 	a := o.Authority
 	if a == "" {
 		if l.Device.Kind == memapi.DeviceKindHost {
 			a = "host"
 		} else {
-			a = memapi.AuthorityID(fmt.Sprintf("%s:%d", l.Name, l.Device.Ordinal))
+			a = memapi.AuthorityID(fmt.Sprintf("%s:%d", l.Name, out.Ordinal))
 		}
 	}
-	is := memapi.NewIssuer()
-	m := &Mechanism{lib: l, issuer: is, info: memapi.MechanismInfo{
+	m.info = memapi.MechanismInfo{
 		Mechanism:        l.Name,
 		Instance:         is.Instance(),
-		Device:           l.Device,
+		Device:           memapi.DeviceKey{Kind: l.Device.Kind, Ordinal: int(out.Ordinal)},
 		Authority:        a,
-		AllocGranularity: memapi.Bytes(l.desc.AllocGranularity),
-		Granularity:      memapi.Bytes(l.desc.Granularity),
-	}}
-	for k := range m.live {
-		m.live[k] = map[uint64]struct{}{}
+		AllocGranularity: memapi.Bytes(out.AllocGranularity),
+		Granularity:      memapi.Bytes(out.Granularity),
 	}
-	var inst uintptr
-	r, err := callC(l.desc.Open, uintptr(unsafe.Pointer(&inst)))
-	if err != nil {
-		return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "open", Err: err}
+	if m.verify {
+		if err := m.audit("plugin.New"); err != nil {
+			_, _ = callC(l.desc.Close, m.inst)
+			return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "a fresh instance", Err: err}
+		}
 	}
-	if err := m.statusError("plugin.New", int32(r), 0); err != nil {
-		return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "open failed", Err: err}
-	}
-	if inst == 0 {
-		return nil, loadErr(l.Path, ErrBadDescriptor, "open returned MEMGEN_OK and no instance")
-	}
-	m.inst = inst
 	return m, nil
 }
+
+// Declaration is the plugin's declaration (Library.Declaration): the
+// conformance suite checks a bare instance against it.
+func (m *Mechanism) Declaration() memapi.MechanismMeta { return m.lib.Declaration() }
 
 // Library returns the plugin the instance belongs to.
 func (m *Mechanism) Library() *Library { return m.lib }
 
-// Info describes the instance: the plugin's name, device and granularities.
+// Info describes the instance: the plugin's name, device and granularities
+// (as open set them).
 func (m *Mechanism) Info() memapi.MechanismInfo { return m.info }
+
+// Quarantined returns the bytes the host keeps accounted for memory the
+// plugin holds but that no live handle can release (it broke the protocol).
+// They are part of what used_bytes must report, and are freed when the
+// instance closes.
+func (m *Mechanism) Quarantined() memapi.Bytes {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.quarantined
+}
+
+// Overruns returns how many consuming slots of the instance returned past
+// their deadline.
+func (m *Mechanism) Overruns() uint64 { return m.overruns.Load() }
+
+// ProtocolErrors returns how many calls of the instance failed with
+// ErrProtocol.
+func (m *Mechanism) ProtocolErrors() uint64 { return m.protocols.Load() }
 
 // offers reports whether the instance offers c.
 func (m *Mechanism) offers(c memapi.Capability) bool { return m.lib.offers.Has(c) }
 
 // AsVirtualBacking returns the VirtualBacking capability when the plugin has
-// all its slots and the spec declares it for the plugin.
+// all its slots (and the allow-list, if any, lists it).
 func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 	if !m.offers(memapi.CapVirtualBacking) {
 		return nil, false
@@ -120,7 +233,7 @@ func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
 }
 
 // AsSharedMapping returns the SharedMapping capability when the plugin has
-// all its slots and the spec declares it for the plugin.
+// all its slots (and the allow-list, if any, lists it).
 func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	if !m.offers(memapi.CapSharedMapping) {
 		return nil, false
@@ -128,7 +241,8 @@ func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
 	return m, true
 }
 
-// enter holds the instance open for one call; leave ends it.
+// enter holds the instance open for one call (and, in verify mode, for a
+// mutating one, serializes it); leave ends it, auditing in verify mode.
 func (m *Mechanism) enter(op string) error {
 	m.life.RLock()
 	if m.closed {
@@ -140,59 +254,243 @@ func (m *Mechanism) enter(op string) error {
 
 func (m *Mechanism) leave() { m.life.RUnlock() }
 
-// result turns a slot's raw result and the call's error into the contract's.
-func (m *Mechanism) result(op string, r uintptr, err error, h memapi.HandleID) error {
-	if err != nil {
-		return m.protocol(op, h, "%v", err)
+// mutate is enter for a call that changes state; done ends it and returns
+// err joined with the verify-mode audit's finding.
+func (m *Mechanism) mutate(op string) error {
+	if err := m.enter(op); err != nil {
+		return err
 	}
-	return m.statusError(op, int32(r), h)
-}
-
-// adopt records a new id of kind k, refusing zero and ids already live.
-func (m *Mechanism) adopt(op string, k int, id uint64) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if id == 0 {
-		return m.protocol(op, 0, "the plugin returned %s id 0", kindNames[k])
+	if m.verify {
+		m.vmu.Lock()
 	}
-	if _, dup := m.live[k][id]; dup {
-		return m.protocol(op, 0, "the plugin returned %s id %d, which is already live", kindNames[k], id)
-	}
-	m.live[k][id] = struct{}{}
 	return nil
 }
 
-// forget drops a released id.
-func (m *Mechanism) forget(k int, id uint64) {
+func (m *Mechanism) done(op string, err error) error {
+	if m.verify {
+		if aerr := m.audit(op); aerr != nil {
+			err = joinErr(err, aerr)
+		}
+		m.vmu.Unlock()
+	}
+	m.leave()
+	return err
+}
+
+// audit compares used_bytes with what the host's table says the plugin
+// holds.
+func (m *Mechanism) audit(op string) error {
+	r, err := callC(m.lib.da.UsedBytes, m.inst)
+	if err != nil {
+		return m.protocol(op, 0, "used_bytes: %v", err)
+	}
+	want := m.held()
+	if got := memapi.Bytes(r); got != want {
+		return &memapi.Error{Op: op, Kind: memapi.ErrUntruthful, Mechanism: m.info.Mechanism, Authority: m.info.Authority,
+			Wanted: want, Available: got,
+			Detail: fmt.Sprintf("used_bytes reports %d bytes, but the live handles hold %d (quarantined included)", got, want)}
+	}
+	return nil
+}
+
+// held is the sum of the bytes of every id in the host's table.
+func (m *Mechanism) held() memapi.Bytes {
 	m.mu.Lock()
-	delete(m.live[k], id)
+	defer m.mu.Unlock()
+	var n memapi.Bytes
+	for _, e := range m.table {
+		n += e.bytes
+	}
+	return n + m.quarantined
+}
+
+// callStatus calls a slot returning a status on a locked OS thread, and
+// when it failed asks last_error on the same thread for the message.
+//
+//go:uintptrescapes
+func (m *Mechanism) callStatus(fn uintptr, args ...uintptr) (int32, string, error) {
+	if m.lib.desc.LastError == 0 {
+		r, err := callC(fn, args...)
+		return int32(r), "", err
+	}
+	lockThread()
+	defer unlockThread()
+	r, err := callC(fn, args...)
+	if err != nil || int32(r) == 0 {
+		return int32(r), "", err
+	}
+	return int32(r), m.lastError(), nil
+}
+
+// lastError reads the plugin's last_error on this thread.
+func (m *Mechanism) lastError() string {
+	var buf [512]byte
+	n, err := callC(m.lib.desc.LastError, m.inst, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+	if err != nil || n == 0 {
+		return ""
+	}
+	n = min(n, uintptr(len(buf)-1))
+	b := buf[:n]
+	for i, c := range b {
+		if c == 0 {
+			b = b[:i]
+			break
+		}
+	}
+	return string(b)
+}
+
+// slot calls a slot returning a status and turns the result into the
+// contract's error.
+//
+//go:uintptrescapes
+func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintptr) error {
+	r, msg, err := m.callStatus(fn, args...)
+	if err != nil {
+		return m.protocol(op, h, "%v", err)
+	}
+	return m.statusError(op, r, h, msg)
+}
+
+// deadline returns the absolute CLOCK_MONOTONIC nanoseconds a consuming slot
+// must finish by, now, and the deadline on Go's clock.
+func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time, time.Time) {
+	now := time.Now()
+	end := now.Add(m.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(end) {
+		end = d
+	}
+	if end.Before(now) {
+		end = now
+	}
+	return monoOf(now.Add(end.Sub(now))), now, end // now.Add keeps the monotonic reading
+}
+
+// overran reports a consuming slot that returned past its deadline: the
+// counter, a log line, and the typed error the call returns.
+func (m *Mechanism) overran(op string, start, end time.Time) error {
+	m.overruns.Add(1)
+	now := time.Now()
+	e := &OverrunError{Op: op, Mechanism: m.info.Mechanism, Budget: end.Sub(start), Took: now.Sub(start)}
+	m.log.Warn("memgen plugin: a slot overran its deadline", "plugin", string(m.info.Mechanism), "op", op,
+		"budget", e.Budget, "took", e.Took)
+	return e
+}
+
+// adoptNew records id, which the host assigned, as a new handle of kind k
+// holding n bytes.
+func (m *Mechanism) adoptNew(k int, id uint64, n memapi.Bytes) {
+	m.mu.Lock()
+	m.table[id] = entry{kind: k, bytes: n}
 	m.mu.Unlock()
 }
 
-// giveBack releases through slot fn an id the plugin just created but the
-// host refuses; the id is forgotten when the plugin released it, and stays
-// live (visible, its bytes in UsedBytes) when it did not.
-func (m *Mechanism) giveBack(k int, fn uintptr, id uint64) {
-	if r, err := callC(fn, m.inst, uintptr(id)); err == nil && r == 0 {
-		m.forget(k, id)
+// lookup returns the table entry of a live id.
+func (m *Mechanism) lookup(id uint64) (entry, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.table[id]
+	return e, ok
+}
+
+// isDisowned reports whether the id of a live handle is quarantined; while
+// no id is, without a lookup.
+func (m *Mechanism) isDisowned(id uint64) bool {
+	if m.disowned.Load() == 0 {
+		return false
 	}
+	e, ok := m.lookup(id)
+	return !ok || e.quarantined
+}
+
+// forget drops a released id.
+func (m *Mechanism) forget(id uint64) {
+	m.mu.Lock()
+	if e, ok := m.table[id]; ok && e.quarantined {
+		m.disowned.Add(-1)
+	}
+	delete(m.table, id)
+	m.mu.Unlock()
+}
+
+// quarantine moves id's bytes (or n bytes of something that has no id) to
+// the quarantine: they stay accounted, and the id is never passed to the
+// plugin again.
+func (m *Mechanism) quarantine(id uint64, n memapi.Bytes) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.table[id]; ok {
+		if !e.quarantined {
+			e.quarantined = true
+			m.table[id] = e
+			m.disowned.Add(1)
+		}
+		return
+	}
+	m.quarantined += n
+}
+
+// giveBack releases through slot fn what a creating slot made under id when
+// the host refuses it; what the plugin will not release is quarantined.
+func (m *Mechanism) giveBack(fn uintptr, id uint64, n memapi.Bytes) {
+	if !m.tryRelease(fn, id) {
+		m.quarantine(0, n)
+	}
+}
+
+func (m *Mechanism) tryRelease(fn uintptr, id uint64) bool {
+	r, err := callC(fn, m.inst, uintptr(id))
+	return err == nil && r == 0
+}
+
+// changedID checks that the plugin left out->id as assigned. When it did
+// not, the plugin filed the object under an id of its own: the host gives
+// it back through that id when it holds no handle of that id, and
+// quarantines the n bytes otherwise (releasing it could free the memory of
+// another handle, or nothing).
+func (m *Mechanism) changedID(op string, assigned, got uint64, fn uintptr, n memapi.Bytes) error {
+	if got == assigned {
+		return nil
+	}
+	what := "given back"
+	if _, live := m.lookup(got); got == 0 || live || !m.tryRelease(fn, got) {
+		m.quarantine(0, n)
+		what = fmt.Sprintf("%d bytes quarantined", n)
+	}
+	return m.protocol(op, 0, "the plugin changed the assigned id %d to %d (%s)", assigned, got, what)
 }
 
 func (m *Mechanism) noGrant(op string) error {
 	return &memapi.Error{Op: op, Kind: memapi.ErrNoGrant, Mechanism: m.info.Mechanism, Detail: "a consuming call needs a grant"}
 }
 
-// idOf returns the plugin id behind a live handle of this instance.
+// idOf returns the id behind a live handle of this instance; a quarantined
+// id is refused with ErrProtocol.
 func (m *Mechanism) idOf(op string, h memapi.Handle) (uint64, error) {
 	impl, err := m.issuer.Impl(op, h)
 	if err != nil {
 		return 0, err
 	}
-	return impl.(uint64), nil
+	id := impl.(uint64)
+	if m.isDisowned(id) {
+		return 0, m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
+	}
+	return id, nil
 }
 
-// Close destroys the instance (the plugin's close slot). It fails with
-// ErrInUse, closing nothing, while handles of the instance are live; a
+// unknown turns a plugin's ErrReleased for an id the host holds live into a
+// protocol error and quarantines the id.
+func (m *Mechanism) unknown(op string, h memapi.HandleID, id uint64, err error) error {
+	if !isKind(err, memapi.ErrReleased) {
+		return err
+	}
+	m.quarantine(id, 0)
+	return m.protocol(op, h, "the plugin does not know id %d, which the host holds live: its bytes stay accounted (quarantined) until the instance closes (%v)", id, err)
+}
+
+// Close destroys the instance (the plugin's close slot, which frees whatever
+// is left, quarantined memory included). It fails with ErrInUse, closing
+// nothing, while handles of the instance are live and not quarantined; a
 // second Close returns nil.
 func (m *Mechanism) Close() error {
 	m.life.Lock()
@@ -202,8 +500,10 @@ func (m *Mechanism) Close() error {
 	}
 	m.mu.Lock()
 	n := 0
-	for k := range m.live {
-		n += len(m.live[k])
+	for _, e := range m.table {
+		if !e.quarantined {
+			n++
+		}
 	}
 	m.mu.Unlock()
 	if n > 0 {
@@ -212,71 +512,109 @@ func (m *Mechanism) Close() error {
 	}
 	m.closed = true
 	_, err := callC(m.lib.desc.Close, m.inst)
+	m.mu.Lock()
+	clear(m.table)
+	m.quarantined = 0
+	m.disowned.Store(0)
+	m.mu.Unlock()
 	if err != nil {
 		return m.protocol("plugin.Close", 0, "%v", err)
 	}
 	return nil
 }
 
+// maxSize is the largest size a slot is ever asked for (2^48 bytes).
+const maxSize = memapi.Bytes(1) << 48
+
+// maxAlign is the largest alignment Allocate accepts.
+const maxAlign = memapi.Bytes(1) << 30
+
+func (m *Mechanism) badSize(op string, format string, args ...any) error {
+	return &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Mechanism: m.info.Mechanism, Detail: fmt.Sprintf(format, args...)}
+}
+
 // ---- DeviceAllocator ----------------------------------------------------
 
-// Allocate calls the plugin's allocate slot. The grant must be present but is
-// not drawn from (the checked wrapper does that).
+// Allocate calls the plugin's allocate slot with a host-assigned id and a
+// deadline. The grant must be present but is not drawn from (the checked
+// wrapper does that). A size of 0 or over 2^48 bytes and an alignment that
+// is not 0 or a power of two of at most 2^30 fail with ErrInvalidSize before
+// the plugin is called.
 func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	const op = "DeviceAllocator.Allocate"
 	if grant == nil {
 		return nil, m.noGrant(op)
 	}
-	if err := m.enter(op); err != nil {
+	if req.Size == 0 || req.Size > maxSize {
+		return nil, m.badSize(op, "size %d is not 1 to 2^48 bytes", req.Size)
+	}
+	if req.Align != 0 && (!pow2(uint64(req.Align)) || req.Align > maxAlign) {
+		return nil, m.badSize(op, "align %d is not 0 or a power of two of at most 2^30", req.Align)
+	}
+	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	defer m.leave()
+	a, err := m.allocate(ctx, op, req)
+	return a, m.done(op, err)
+}
+
+func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest) (*memapi.Allocation, error) {
 	in := cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}
-	var out cAllocationOut
-	r, err := callC(m.lib.da.Allocate, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, err, 0); err != nil {
-		return nil, err
-	}
-	if err := m.adopt(op, kindAllocation, out.ID); err != nil {
+	id := newID()
+	out := cAllocationOut{ID: id}
+	dl, start, end := m.deadline(ctx)
+	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(dl), uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.AllocGranularity)
-	if out.Addr == 0 || out.Size < uint64(want) {
-		m.giveBack(kindAllocation, m.lib.da.Free, out.ID)
-		return nil, m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d", out.Size, out.Addr, req.Size)
+	if err := m.changedID(op, id, out.ID, m.lib.da.Free, memapi.Bytes(out.Size)); err != nil {
+		return nil, err
 	}
-	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), memapi.Bytes(out.Size), out.ID), nil
+	if out.Addr == 0 || out.Size != uint64(want) {
+		n := memapi.Bytes(out.Size)
+		m.giveBack(m.lib.da.Free, id, n)
+		return nil, m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want)
+	}
+	if time.Now().After(end) {
+		m.giveBack(m.lib.da.Free, id, want)
+		return nil, m.overran(op, start, end)
+	}
+	m.adoptNew(kindAllocation, id, want)
+	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), want, id), nil
 }
 
 // Free calls the plugin's free slot. The account is not refunded (the
 // checked wrapper does that).
 func (m *Mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Account) error {
 	const op = "DeviceAllocator.Free"
-	return m.release(op, a, kindAllocation, m.lib.da.Free)
+	return m.release(op, a, m.lib.da.Free)
 }
 
 // release runs a releasing slot fn for handle h: the handle moves to
 // releasing first, so a racing second release fails with ErrReleased, and
 // back to live when the plugin refuses.
-func (m *Mechanism) release(op string, h memapi.Handle, k int, fn uintptr) error {
+func (m *Mechanism) release(op string, h memapi.Handle, fn uintptr) error {
 	impl, err := m.issuer.BeginRelease(op, h)
 	if err != nil {
 		return err
 	}
-	if err := m.enter(op); err != nil {
-		m.issuer.EndRelease(h, false)
-		return err
-	}
-	defer m.leave()
 	id := impl.(uint64)
-	r, cerr := callC(fn, m.inst, uintptr(id))
-	if err := m.result(op, r, cerr, h.ID()); err != nil {
+	if m.isDisowned(id) {
+		m.issuer.EndRelease(h, false)
+		return m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
+	}
+	if err := m.mutate(op); err != nil {
 		m.issuer.EndRelease(h, false)
 		return err
 	}
-	m.forget(k, id)
+	if err := m.slot(op, h.ID(), fn, m.inst, uintptr(id)); err != nil {
+		err = m.unknown(op, h.ID(), id, err)
+		m.issuer.EndRelease(h, false)
+		return m.done(op, err)
+	}
+	m.forget(id)
 	m.issuer.EndRelease(h, true)
-	return nil
+	return m.done(op, nil)
 }
 
 // UsedBytes asks the plugin's used_bytes slot; 0 after Close.
@@ -294,59 +632,119 @@ func (m *Mechanism) UsedBytes() memapi.Bytes {
 
 // ---- VirtualBacking -----------------------------------------------------
 
-// Reserve calls the plugin's reserve slot.
+// Reserve calls the plugin's reserve slot with a host-assigned id. A size of
+// 0 or over 2^48 bytes fails with ErrInvalidSize before the plugin is
+// called.
 func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*memapi.Reservation, error) {
 	const op = "VirtualBacking.Reserve"
-	if err := m.enter(op); err != nil {
+	if req.Size == 0 || req.Size > maxSize {
+		return nil, m.badSize(op, "size %d is not 1 to 2^48 bytes", req.Size)
+	}
+	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	defer m.leave()
 	in := cReserveRequest{Size: uint64(req.Size)}
-	var out cReservationOut
-	r, err := callC(m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, err, 0); err != nil {
-		return nil, err
+	id := newID()
+	out := cReservationOut{ID: id}
+	if err := m.slot(op, 0, m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out))); err != nil {
+		return nil, m.done(op, err)
 	}
-	if err := m.adopt(op, kindReservation, out.ID); err != nil {
-		return nil, err
+	if err := m.changedID(op, id, out.ID, m.lib.vb.ReleaseReservation, 0); err != nil {
+		return nil, m.done(op, err)
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.Granularity)
-	if out.Addr == 0 || out.Size < uint64(want) || out.Size%uint64(m.info.Granularity) != 0 {
-		m.giveBack(kindReservation, m.lib.vb.ReleaseReservation, out.ID)
-		return nil, m.protocol(op, 0, "the plugin returned a reservation of %d bytes at %#x for a request of %d", out.Size, out.Addr, req.Size)
+	if out.Addr == 0 || out.Size != uint64(want) || out.Addr%uint64(m.info.Granularity) != 0 {
+		m.giveBack(m.lib.vb.ReleaseReservation, id, 0)
+		return nil, m.done(op, m.protocol(op, 0, "the plugin returned a reservation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want))
 	}
-	return m.issuer.NewReservation(memapi.DeviceAddr(out.Addr), memapi.Bytes(out.Size), out.ID), nil
+	m.adoptNew(kindReservation, id, 0)
+	return m.issuer.NewReservation(memapi.DeviceAddr(out.Addr), want, id), m.done(op, nil)
 }
 
-// rangeCall calls a slot taking (instance, reservation, range).
-func (m *Mechanism) rangeCall(op string, fn uintptr, res *memapi.Reservation, rg memapi.Range) error {
-	if err := m.enter(op); err != nil {
-		return err
+// checkRange refuses a range outside res (ErrInvalidRange) or not aligned to
+// the granularity (ErrUnaligned) before the plugin sees it.
+func (m *Mechanism) checkRange(op string, res *memapi.Reservation, rg memapi.Range) error {
+	if rg.Len == 0 || rg.Off > res.Size() || rg.Len > res.Size()-rg.Off {
+		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Mechanism: m.info.Mechanism, Handle: res.ID(),
+			Detail: fmt.Sprintf("range %v is empty or outside the %d-byte reservation", rg, res.Size())}
 	}
-	defer m.leave()
-	id, err := m.idOf(op, res)
-	if err != nil {
-		return err
+	if g := m.info.Granularity; rg.Off%g != 0 || rg.Len%g != 0 {
+		return &memapi.Error{Op: op, Kind: memapi.ErrUnaligned, Mechanism: m.info.Mechanism, Handle: res.ID(),
+			Detail: fmt.Sprintf("range %v is not aligned to %d", rg, g)}
 	}
-	in := cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}
-	r, cerr := callC(fn, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in)))
-	return m.result(op, r, cerr, res.ID())
+	return nil
 }
 
-// Commit calls the plugin's commit slot. The grant must be present but is
-// not drawn from (the checked wrapper does that, and in verify mode checks
-// that CommittedBytes moved by exactly the range).
+// Commit calls the plugin's commit slot with a deadline. The grant must be
+// present but is not drawn from (the checked wrapper does that, and in
+// verify mode checks that CommittedBytes moved by exactly the range).
 func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memapi.Range, grant memapi.Grant) error {
 	const op = "VirtualBacking.Commit"
 	if grant == nil {
 		return m.noGrant(op)
 	}
-	return m.rangeCall(op, m.lib.vb.Commit, res, r)
+	if err := m.mutate(op); err != nil {
+		return err
+	}
+	return m.done(op, m.commit(ctx, op, res, r))
+}
+
+func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservation, r memapi.Range) error {
+	id, err := m.idOf(op, res)
+	if err != nil {
+		return err
+	}
+	if err := m.checkRange(op, res, r); err != nil {
+		return err
+	}
+	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
+	dl, start, end := m.deadline(ctx)
+	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(dl), uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
+		return m.unknown(op, res.ID(), id, err)
+	}
+	if time.Now().After(end) {
+		if rerr := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in))); rerr != nil {
+			m.addCommitted(id, r.Len) // still installed: keep it counted on the reservation
+		}
+		return m.overran(op, start, end)
+	}
+	m.addCommitted(id, r.Len)
+	return nil
+}
+
+func (m *Mechanism) addCommitted(id uint64, n memapi.Bytes) {
+	m.mu.Lock()
+	if e, ok := m.table[id]; ok {
+		e.bytes += n
+		m.table[id] = e
+	}
+	m.mu.Unlock()
 }
 
 // Decommit calls the plugin's decommit slot.
 func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r memapi.Range, to memapi.Account) error {
-	return m.rangeCall("VirtualBacking.Decommit", m.lib.vb.Decommit, res, r)
+	const op = "VirtualBacking.Decommit"
+	if err := m.mutate(op); err != nil {
+		return err
+	}
+	id, err := m.idOf(op, res)
+	if err == nil {
+		err = m.checkRange(op, res, r)
+	}
+	if err != nil {
+		return m.done(op, err)
+	}
+	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
+	if err := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
+		return m.done(op, m.unknown(op, res.ID(), id, err))
+	}
+	m.mu.Lock()
+	if e, ok := m.table[id]; ok {
+		e.bytes -= min(e.bytes, r.Len)
+		m.table[id] = e
+	}
+	m.mu.Unlock()
+	return m.done(op, nil)
 }
 
 // CommittedBytes calls the plugin's committed_bytes slot.
@@ -361,54 +759,72 @@ func (m *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error
 		return 0, err
 	}
 	var out uint64
-	r, cerr := callC(m.lib.vb.CommittedBytes, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, cerr, res.ID()); err != nil {
-		return 0, err
+	if err := m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out))); err != nil {
+		return 0, m.unknown(op, res.ID(), id, err)
 	}
 	return memapi.Bytes(out), nil
 }
 
 // ReleaseReservation calls the plugin's release_reservation slot.
 func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservation, to memapi.Account) error {
-	return m.release("VirtualBacking.ReleaseReservation", res, kindReservation, m.lib.vb.ReleaseReservation)
+	return m.release("VirtualBacking.ReleaseReservation", res, m.lib.vb.ReleaseReservation)
 }
 
 // ---- SharedMapping ------------------------------------------------------
 
-// CreateBacking calls the plugin's create_backing slot. The grant must be
-// present but is not drawn from.
+// CreateBacking calls the plugin's create_backing slot with a host-assigned
+// id and a deadline. The grant must be present but is not drawn from. A size
+// of 0 or over 2^48 bytes fails with ErrInvalidSize before the plugin is
+// called.
 func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	const op = "SharedMapping.CreateBacking"
 	if grant == nil {
 		return nil, m.noGrant(op)
 	}
-	if err := m.enter(op); err != nil {
+	if size == 0 || size > maxSize {
+		return nil, m.badSize(op, "size %d is not 1 to 2^48 bytes", size)
+	}
+	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	defer m.leave()
-	var out cBackingOut
-	r, err := callC(m.lib.sm.CreateBacking, m.inst, uintptr(size), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, err, 0); err != nil {
+	b, err := m.createBacking(ctx, op, size)
+	return b, m.done(op, err)
+}
+
+func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.Bytes) (*memapi.Backing, error) {
+	id := newID()
+	out := cBackingOut{ID: id}
+	dl, start, end := m.deadline(ctx)
+	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(dl), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
-	if err := m.adopt(op, kindBacking, out.ID); err != nil {
+	if err := m.changedID(op, id, out.ID, m.lib.sm.ReleaseBacking, memapi.Bytes(out.Size)); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(size, m.info.Granularity)
-	if out.Size < uint64(want) || out.Size%uint64(m.info.Granularity) != 0 {
-		m.giveBack(kindBacking, m.lib.sm.ReleaseBacking, out.ID)
-		return nil, m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d", out.Size, size)
+	if out.Size != uint64(want) {
+		m.giveBack(m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size))
+		return nil, m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d (want %d)", out.Size, size, want)
 	}
-	return m.issuer.NewBacking(memapi.Bytes(out.Size), out.ID), nil
+	if time.Now().After(end) {
+		m.giveBack(m.lib.sm.ReleaseBacking, id, want)
+		return nil, m.overran(op, start, end)
+	}
+	m.adoptNew(kindBacking, id, want)
+	return m.issuer.NewBacking(want, id), nil
 }
 
-// MapView calls the plugin's map_view slot.
+// MapView calls the plugin's map_view slot with a host-assigned id.
 func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, rg memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	const op = "SharedMapping.MapView"
-	if err := m.enter(op); err != nil {
+	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	defer m.leave()
+	v, err := m.mapView(op, res, rg, b, access)
+	return v, m.done(op, err)
+}
+
+func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
 	rid, err := m.idOf(op, res)
 	if err != nil {
 		return nil, err
@@ -417,30 +833,49 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, rg mem
 	if err != nil {
 		return nil, err
 	}
-	in := cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}
-	var out cViewOut
-	r, cerr := callC(m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, cerr, res.ID()); err != nil {
+	if err := m.checkRange(op, res, rg); err != nil {
 		return nil, err
 	}
-	if err := m.adopt(op, kindView, out.ID); err != nil {
+	if rg.Len != b.Size() {
+		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Mechanism: m.info.Mechanism, Handle: b.ID(),
+			Detail: fmt.Sprintf("range %v is not the %d bytes of the backing", rg, b.Size())}
+	}
+	if access != memapi.AccessReadOnly && access != memapi.AccessReadWrite {
+		return nil, &memapi.Error{Op: op, Kind: memapi.ErrUnsupported, Mechanism: m.info.Mechanism, Detail: fmt.Sprintf("access %d", access)}
+	}
+	in := cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}
+	id := newID()
+	out := cViewOut{ID: id}
+	if err := m.slot(op, res.ID(), m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(unsafe.Pointer(&out))); err != nil {
+		if isKind(err, memapi.ErrReleased) {
+			m.quarantine(rid, 0)
+			m.quarantine(bid, 0)
+			return nil, m.protocol(op, res.ID(), "the plugin does not know reservation %d or backing %d, which the host holds live: both are quarantined (%v)", rid, bid, err)
+		}
+		return nil, err
+	}
+	if err := m.changedID(op, id, out.ID, m.lib.sm.UnmapView, 0); err != nil {
 		return nil, err
 	}
 	if out.Reservation != rid || out.Backing != bid || out.Range != in || out.Access != int32(access) {
-		m.giveBack(kindView, m.lib.sm.UnmapView, out.ID)
+		m.giveBack(m.lib.sm.UnmapView, id, 0)
 		return nil, m.protocol(op, res.ID(), "the plugin mapped %+v, asked for reservation %d, backing %d, range %+v, access %d", out, rid, bid, in, access)
 	}
-	return m.issuer.NewView(res, rg, b, access, out.ID), nil
+	m.adoptNew(kindView, id, 0)
+	return m.issuer.NewView(res, rg, b, access, id), nil
 }
 
 // UnmapView calls the plugin's unmap_view slot.
 func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
-	return m.release("SharedMapping.UnmapView", v, kindView, m.lib.sm.UnmapView)
+	return m.release("SharedMapping.UnmapView", v, m.lib.sm.UnmapView)
 }
 
-// CopyOnWrite calls the plugin's copy_on_write slot (ABI 1.1; a plugin of
-// 1.0 has no SharedMapping here). v is released and a view of a new backing
-// returned; the grant must be present but is not drawn from.
+// CopyOnWrite calls the plugin's copy_on_write slot with host-assigned ids
+// for the new view and the new backing, and a deadline. v is released and a
+// view of a new backing returned; the grant must be present but is not
+// drawn from. v no longer exists once the slot succeeded, so a copy that
+// returns past its deadline is kept (and reported as an overrun, without
+// failing the call).
 func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memapi.Grant) (*memapi.View, error) {
 	const op = "SharedMapping.CopyOnWrite"
 	if grant == nil {
@@ -450,35 +885,44 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	if err != nil {
 		return nil, err
 	}
-	if err := m.enter(op); err != nil {
-		m.issuer.EndRelease(v, false)
-		return nil, err
-	}
-	defer m.leave()
 	old := impl.(uint64)
-	res := v.Reservation()
-	rid, _ := m.idOf(op, res) // live: v keeps it
-	var out cViewOut
-	r, cerr := callC(m.lib.sm.CopyOnWrite, m.inst, uintptr(old), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, cerr, v.ID()); err != nil {
+	if m.isDisowned(old) {
+		m.issuer.EndRelease(v, false)
+		return nil, m.protocol(op, v.ID(), "view %d is quarantined: the plugin disowned it", old)
+	}
+	if err := m.mutate(op); err != nil {
 		m.issuer.EndRelease(v, false)
 		return nil, err
 	}
-	// The plugin replaced v: its id is dead (and may be reused at once).
-	m.forget(kindView, old)
+	res := v.Reservation()
+	rid, _ := m.issuer.Impl(op, res) // live: v keeps it
+	vid, bid := newID(), newID()
+	out := cViewOut{ID: vid, Backing: bid}
+	dl, start, end := m.deadline(ctx)
+	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(dl), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
+		err = m.unknown(op, v.ID(), old, err)
+		m.issuer.EndRelease(v, false)
+		return nil, m.done(op, err)
+	}
+	// The plugin replaced v: its id is dead.
+	m.forget(old)
 	m.issuer.EndRelease(v, true)
 	rg := v.Range()
-	if err := m.adopt(op, kindView, out.ID); err != nil {
-		return nil, err
+	if out.ID != vid || out.Backing != bid {
+		m.quarantine(0, rg.Len)
+		return nil, m.done(op, m.protocol(op, v.ID(), "the plugin changed the assigned ids (view %d to %d, backing %d to %d): %d bytes quarantined", vid, out.ID, bid, out.Backing, rg.Len))
 	}
-	if err := m.adopt(op, kindBacking, out.Backing); err != nil {
-		return nil, err
+	m.adoptNew(kindView, vid, 0)
+	m.adoptNew(kindBacking, bid, rg.Len)
+	nb := m.issuer.NewBacking(rg.Len, bid)
+	nv := m.issuer.NewView(res, rg, nb, memapi.AccessReadWrite, vid)
+	if out.Reservation != rid.(uint64) || out.Range != (cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}) || out.Access != int32(memapi.AccessReadWrite) {
+		return nv, m.done(op, m.protocol(op, v.ID(), "the plugin's copy %+v is not a read-write view of range %v of reservation %v", out, rg, rid))
 	}
-	if out.Reservation != rid || out.Range != (cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}) || out.Access != int32(memapi.AccessReadWrite) {
-		return nil, m.protocol(op, v.ID(), "the plugin's copy %+v is not a read-write view of range %v of reservation %d", out, rg, rid)
+	if time.Now().After(end) {
+		_ = m.overran(op, start, end)
 	}
-	nb := m.issuer.NewBacking(rg.Len, out.Backing)
-	return m.issuer.NewView(res, rg, nb, memapi.AccessReadWrite, out.ID), nil
+	return nv, m.done(op, nil)
 }
 
 // ViewCount calls the plugin's view_count slot.
@@ -493,14 +937,13 @@ func (m *Mechanism) ViewCount(b *memapi.Backing) (int, error) {
 		return 0, err
 	}
 	var out int64
-	r, cerr := callC(m.lib.sm.ViewCount, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out)))
-	if err := m.result(op, r, cerr, b.ID()); err != nil {
-		return 0, err
+	if err := m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out))); err != nil {
+		return 0, m.unknown(op, b.ID(), id, err)
 	}
 	return int(out), nil
 }
 
 // ReleaseBacking calls the plugin's release_backing slot.
 func (m *Mechanism) ReleaseBacking(ctx context.Context, b *memapi.Backing, to memapi.Account) error {
-	return m.release("SharedMapping.ReleaseBacking", b, kindBacking, m.lib.sm.ReleaseBacking)
+	return m.release("SharedMapping.ReleaseBacking", b, m.lib.sm.ReleaseBacking)
 }

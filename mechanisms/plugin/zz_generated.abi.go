@@ -7,10 +7,10 @@ import "github.com/memgen/memgen/generated/memapi"
 // The plugin C ABI version this loader speaks, from the spec's plugin_abi
 // block, and the entry point a plugin of this major exports.
 const (
-	ABIMajor           = 1
-	ABIMinor           = 1
+	ABIMajor           = 2
+	ABIMinor           = 0
 	ABIVersion  uint32 = ABIMajor<<16 | ABIMinor
-	EntrySymbol        = "memgen_plugin_v1"
+	EntrySymbol        = "memgen_plugin_v2"
 )
 
 // statusKinds maps the ABI's status codes (the index) to the contract's
@@ -27,7 +27,8 @@ type declaredPlugin struct {
 	Doc    string
 }
 
-// declaredPlugins are the plugin mechanisms of the spec, by name.
+// declaredPlugins is the spec's allow-list (plugin_abi.plugins), by name: the
+// plugins SpecAllowList accepts, each on its device with at most its offers.
 var declaredPlugins = map[memapi.MechanismID]declaredPlugin{"refhost": {
 	Device: memapi.DeviceKindHost,
 	Doc:    "The reference C11 plugin (mechanisms/plugin/testdata/refhost.c) serving host memory from mmap and memfd.",
@@ -80,6 +81,14 @@ type cViewOut struct {
 	Access      int32  // access
 }
 
+// cOpenOut mirrors memgen_open_out of the header.
+type cOpenOut struct {
+	Instance         uintptr // instance
+	AllocGranularity uint64  // alloc_granularity
+	Granularity      uint64  // granularity
+	Ordinal          int32   // ordinal
+}
+
 // cDeviceAllocator mirrors memgen_device_allocator of the header.
 type cDeviceAllocator struct {
 	StructSize uint32  // struct_size
@@ -107,9 +116,9 @@ type cSharedMapping struct {
 	CreateBacking  uintptr // create_backing
 	MapView        uintptr // map_view
 	UnmapView      uintptr // unmap_view
+	CopyOnWrite    uintptr // copy_on_write
 	ViewCount      uintptr // view_count
 	ReleaseBacking uintptr // release_backing
-	CopyOnWrite    uintptr // copy_on_write
 }
 
 // cDeviceContext mirrors memgen_device_context of the header.
@@ -138,6 +147,7 @@ type cPlugin struct {
 	Granularity      uint64     // granularity
 	Open             uintptr    // open
 	Close            uintptr    // close
+	LastError        uintptr    // last_error
 	DeviceAllocator  uintptr    // device_allocator
 	VirtualBacking   uintptr    // virtual_backing
 	SharedMapping    uintptr    // shared_mapping
@@ -158,11 +168,7 @@ func (v *cVirtualBacking) clearNewer(minor uint32) {}
 // clearNewer zeroes the slots of memgen_shared_mapping that a plugin of the
 // given minor cannot have: the host never calls a slot newer than the plugin's
 // minor.
-func (v *cSharedMapping) clearNewer(minor uint32) {
-	if minor < 1 {
-		v.CopyOnWrite = 0
-	}
-}
+func (v *cSharedMapping) clearNewer(minor uint32) {}
 
 // clearNewer zeroes the slots of memgen_device_context that a plugin of the
 // given minor cannot have: the host never calls a slot newer than the plugin's

@@ -57,6 +57,11 @@ var cLayouts = []cLayout{{
 	Members: []cMember{{"id", "ID", 0}, {"reservation", "Reservation", 8}, {"range", "Range", 16}, {"backing", "Backing", 32}, {"access", "Access", 40}},
 	Size:    48,
 }, {
+	C:       "memgen_open_out",
+	Go:      reflect.TypeFor[cOpenOut](),
+	Members: []cMember{{"instance", "Instance", 0}, {"alloc_granularity", "AllocGranularity", 8}, {"granularity", "Granularity", 16}, {"ordinal", "Ordinal", 24}},
+	Size:    32,
+}, {
 	C:       "memgen_device_allocator",
 	Go:      reflect.TypeFor[cDeviceAllocator](),
 	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"allocate", "Allocate", 8}, {"free", "Free", 16}, {"used_bytes", "UsedBytes", 24}},
@@ -69,7 +74,7 @@ var cLayouts = []cLayout{{
 }, {
 	C:       "memgen_shared_mapping",
 	Go:      reflect.TypeFor[cSharedMapping](),
-	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"create_backing", "CreateBacking", 8}, {"map_view", "MapView", 16}, {"unmap_view", "UnmapView", 24}, {"view_count", "ViewCount", 32}, {"release_backing", "ReleaseBacking", 40}, {"copy_on_write", "CopyOnWrite", 48}},
+	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"create_backing", "CreateBacking", 8}, {"map_view", "MapView", 16}, {"unmap_view", "UnmapView", 24}, {"copy_on_write", "CopyOnWrite", 32}, {"view_count", "ViewCount", 40}, {"release_backing", "ReleaseBacking", 48}},
 	Size:    56,
 }, {
 	C:       "memgen_device_context",
@@ -79,6 +84,6 @@ var cLayouts = []cLayout{{
 }, {
 	C:       "memgen_plugin",
 	Go:      reflect.TypeFor[cPlugin](),
-	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"name", "Name", 8}, {"device", "Device", 16}, {"ordinal", "Ordinal", 20}, {"alloc_granularity", "AllocGranularity", 24}, {"granularity", "Granularity", 32}, {"open", "Open", 40}, {"close", "Close", 48}, {"device_allocator", "DeviceAllocator", 56}, {"virtual_backing", "VirtualBacking", 64}, {"shared_mapping", "SharedMapping", 72}, {"device_context", "DeviceContext", 80}, {"reserved", "Reserved", 88}},
-	Size:    120,
+	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"name", "Name", 8}, {"device", "Device", 16}, {"ordinal", "Ordinal", 20}, {"alloc_granularity", "AllocGranularity", 24}, {"granularity", "Granularity", 32}, {"open", "Open", 40}, {"close", "Close", 48}, {"last_error", "LastError", 56}, {"device_allocator", "DeviceAllocator", 64}, {"virtual_backing", "VirtualBacking", 72}, {"shared_mapping", "SharedMapping", 80}, {"device_context", "DeviceContext", 88}, {"reserved", "Reserved", 96}},
+	Size:    128,
 }}

@@ -12,20 +12,24 @@
  *                    reads is backed and every byte it writes is writable,
  *                    then memmoves
  *
- * Every handle id is a number from a per-instance counter, looked up under
- * the instance's mutex, so an id the host should never pass (released,
- * foreign) is refused with MEMGEN_ERR_RELEASED instead of being dereferenced.
+ * Every object is filed under the id the host assigned it (out->id on
+ * creation) and looked up under the instance's mutex, so an id the host
+ * should never pass (released, foreign) is refused with MEMGEN_ERR_RELEASED
+ * instead of being dereferenced. Streams and fences are numbered from a
+ * per-instance counter. open takes "granularity=N" (a power of two, a
+ * multiple of the page) for reservations and backings; last_error keeps one
+ * message per thread.
  *
  * docs/cabi.md walks through this file. The tests build it with cc, also with
- * macros that emulate other builds of the ABI (REFHOST_MINOR,
- * REFHOST_NEWER_MINOR, REFHOST_MAJOR) and broken plugins (REFHOST_BAD_*,
- * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME, REFHOST_STALE_SLOT,
- * REFHOST_SLOTS_MAJOR).
+ * macros that emulate other builds of the ABI (REFHOST_NEWER_MINOR,
+ * REFHOST_MAJOR, REFHOST_SLOTS_MAJOR) and broken plugins (REFHOST_BAD_*,
+ * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -71,6 +75,7 @@ struct obj {
   enum kind kind;
   unsigned char *base; /* ALLOC, RES: the mapping */
   uint64_t size;       /* ALLOC, RES, BACKING, VIEW: bytes */
+  uint64_t gsz;        /* RES: the granularity it was reserved with */
   /* RES */
   struct obj **gran; /* per granule: G_NONE, G_COMMITTED or the view */
   uint64_t committed, views;
@@ -86,14 +91,31 @@ struct obj {
 struct instance {
   pthread_mutex_t mu;
   struct obj *objs;
-  uint64_t next_id;
+  uint64_t next_id; /* streams and fences */
   uint64_t used;
+  uint64_t gran; /* reservations and backings */
 };
 
-static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+/* The message of the last slot that failed on this thread (last_error). */
+static _Thread_local char last_msg[256];
 
-/* The granularity of reservations and backings: the page size. */
-static uint64_t gran(void) { return page_size(); }
+static memgen_status fail(memgen_status st, const char *msg) {
+  snprintf(last_msg, sizeof last_msg, "%s", msg);
+  return st;
+}
+
+static uint64_t ref_last_error(void *instance, char *buf, uint64_t cap) {
+  size_t n = strlen(last_msg);
+  (void)instance;
+  if (n >= cap) {
+    n = cap - 1;
+  }
+  memcpy(buf, last_msg, n);
+  buf[n] = 0;
+  return n;
+}
+
+static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
 
 static struct obj *find(struct instance *in, uint64_t id, enum kind k) {
   struct obj *o;
@@ -105,18 +127,14 @@ static struct obj *find(struct instance *in, uint64_t id, enum kind k) {
   return NULL;
 }
 
-static struct obj *add(struct instance *in, enum kind k) {
+/* add files a new object under id (0: a stream or fence, numbered here). */
+static struct obj *add(struct instance *in, enum kind k, uint64_t id) {
   struct obj *o = calloc(1, sizeof *o);
   if (o == NULL) {
     return NULL;
   }
   o->kind = k;
-  o->id = ++in->next_id;
-#ifdef REFHOST_BAD_HANDLE
-  if (k == K_RES) {
-    o->id = 42; /* the same id for every reservation: garbage */
-  }
-#endif
+  o->id = id != 0 ? id : ++in->next_id;
   o->fd = -1;
   o->next = in->objs;
   in->objs = o;
@@ -187,13 +205,27 @@ static void *map_aligned(uint64_t n, uint64_t align, int prot, int flags) {
 
 /* ---- instances ------------------------------------------------------- */
 
-static memgen_status ref_open(void **out_instance) {
-  struct instance *in = calloc(1, sizeof *in);
+static memgen_status ref_open(const char *config, memgen_open_out *out) {
+  struct instance *in;
+  uint64_t g = out->granularity;
+  if (config[0] != 0) {
+    char *end;
+    if (strncmp(config, "granularity=", 12) != 0) {
+      return fail(MEMGEN_ERR_UNSUPPORTED, "refhost knows one configuration key: granularity");
+    }
+    g = strtoull(config + 12, &end, 0);
+    if (*end != 0 || g == 0 || (g & (g - 1)) != 0 || g % page_size() != 0) {
+      return fail(MEMGEN_ERR_UNSUPPORTED, "granularity must be a power of two and a multiple of the page size");
+    }
+  }
+  in = calloc(1, sizeof *in);
   if (in == NULL) {
-    return MEMGEN_ERR_OUT_OF_MEMORY;
+    return fail(MEMGEN_ERR_OUT_OF_MEMORY, "no memory for the instance");
   }
   pthread_mutex_init(&in->mu, NULL);
-  *out_instance = in;
+  in->gran = g;
+  out->instance = in;
+  out->granularity = g;
   return MEMGEN_OK;
 }
 
@@ -215,7 +247,8 @@ static void ref_close(void *instance) {
 
 /* ---- DeviceAllocator --------------------------------------------------- */
 
-static memgen_status ref_allocate(void *instance, const memgen_alloc_request *req, memgen_allocation_out *out) {
+static memgen_status ref_allocate(void *instance, uint64_t deadline_ns, const memgen_alloc_request *req,
+                                  memgen_allocation_out *out) {
   struct instance *in = instance;
   uint64_t size = req->size == 0 ? 0 : round_up(req->size, page_size());
   uint64_t align = req->align;
@@ -224,11 +257,12 @@ static memgen_status ref_allocate(void *instance, const memgen_alloc_request *re
 #ifdef REFHOST_BAD_STATUS
   return 4242; /* not a status of the header */
 #endif
+  (void)deadline_ns; /* mmap and populate are bounded */
   if (size == 0) {
-    return MEMGEN_ERR_INVALID_SIZE;
+    return fail(MEMGEN_ERR_INVALID_SIZE, "size 0 or over the limit");
   }
   if (align > page_size() && ((align & (align - 1)) != 0 || align > ((uint64_t)1 << 30))) {
-    return MEMGEN_ERR_INVALID_SIZE;
+    return fail(MEMGEN_ERR_INVALID_SIZE, "align is not a power of two of at most 2^30");
   }
   p = map_aligned(size, align, PROT_READ | PROT_WRITE, 0);
   if (p == NULL) {
@@ -239,7 +273,7 @@ static memgen_status ref_allocate(void *instance, const memgen_alloc_request *re
     return MEMGEN_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_lock(&in->mu);
-  o = add(in, K_ALLOC);
+  o = add(in, K_ALLOC, out->id);
   if (o == NULL) {
     pthread_mutex_unlock(&in->mu);
     munmap(p, size);
@@ -248,7 +282,6 @@ static memgen_status ref_allocate(void *instance, const memgen_alloc_request *re
   o->base = p;
   o->size = size;
   in->used += size;
-  out->id = o->id;
   out->addr = (memgen_device_addr)(uintptr_t)p;
   out->size = size;
 #ifdef REFHOST_BAD_HANDLE
@@ -289,7 +322,7 @@ static memgen_bytes ref_used_bytes(void *instance) {
 
 static memgen_status ref_reserve(void *instance, const memgen_reserve_request *req, memgen_reservation_out *out) {
   struct instance *in = instance;
-  uint64_t g = gran(), size = req->size == 0 ? 0 : round_up(req->size, g);
+  uint64_t g = in->gran, size = req->size == 0 ? 0 : round_up(req->size, g);
   struct obj **grans;
   struct obj *o;
   void *p;
@@ -306,7 +339,7 @@ static memgen_status ref_reserve(void *instance, const memgen_reserve_request *r
     return MEMGEN_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_lock(&in->mu);
-  o = add(in, K_RES);
+  o = add(in, K_RES, out->id);
   if (o == NULL) {
     pthread_mutex_unlock(&in->mu);
     munmap(p, size);
@@ -315,8 +348,8 @@ static memgen_status ref_reserve(void *instance, const memgen_reserve_request *r
   }
   o->base = p;
   o->size = size;
+  o->gsz = g;
   o->gran = grans;
-  out->id = o->id;
   out->addr = (memgen_device_addr)(uintptr_t)p;
   out->size = size;
   pthread_mutex_unlock(&in->mu);
@@ -325,7 +358,7 @@ static memgen_status ref_reserve(void *instance, const memgen_reserve_request *r
 
 /* check_range validates r against reservation o: inside, then aligned. */
 static memgen_status check_range(const struct obj *o, const memgen_range *r) {
-  uint64_t g = gran();
+  uint64_t g = o->gsz;
   if (r->len == 0 || r->off > o->size || r->len > o->size - r->off) {
     return MEMGEN_ERR_INVALID_RANGE;
   }
@@ -337,7 +370,7 @@ static memgen_status check_range(const struct obj *o, const memgen_range *r) {
 
 /* all_granules reports whether every granule of r in o is want. */
 static int all_granules(const struct obj *o, const memgen_range *r, const struct obj *want) {
-  uint64_t i, g = gran();
+  uint64_t i, g = o->gsz;
   for (i = r->off / g; i < (r->off + r->len) / g; i++) {
     if (o->gran[i] != want) {
       return 0;
@@ -347,16 +380,17 @@ static int all_granules(const struct obj *o, const memgen_range *r, const struct
 }
 
 static void set_granules(struct obj *o, uint64_t off, uint64_t len, struct obj *to) {
-  uint64_t i, g = gran();
+  uint64_t i, g = o->gsz;
   for (i = off / g; i < (off + len) / g; i++) {
     o->gran[i] = to;
   }
 }
 
-static memgen_status ref_commit(void *instance, memgen_handle res, const memgen_range *r) {
+static memgen_status ref_commit(void *instance, uint64_t deadline_ns, memgen_handle res, const memgen_range *r) {
   struct instance *in = instance;
   struct obj *o;
   memgen_status st;
+  (void)deadline_ns; /* mprotect and populate are bounded */
   pthread_mutex_lock(&in->mu);
   o = find(in, res, K_RES);
   if (o == NULL) {
@@ -474,11 +508,13 @@ static int new_memfd(uint64_t n) {
   return fd;
 }
 
-static memgen_status ref_create_backing(void *instance, memgen_bytes size, memgen_backing_out *out) {
+static memgen_status ref_create_backing(void *instance, uint64_t deadline_ns, memgen_bytes size,
+                                        memgen_backing_out *out) {
   struct instance *in = instance;
-  uint64_t n = size == 0 ? 0 : round_up(size, gran());
+  uint64_t n = size == 0 ? 0 : round_up(size, in->gran);
   struct obj *o;
   int fd;
+  (void)deadline_ns;
   if (n == 0) {
     return MEMGEN_ERR_INVALID_SIZE;
   }
@@ -491,7 +527,7 @@ static memgen_status ref_create_backing(void *instance, memgen_bytes size, memge
     return MEMGEN_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_lock(&in->mu);
-  o = add(in, K_BACKING);
+  o = add(in, K_BACKING, out->id);
   if (o == NULL) {
     pthread_mutex_unlock(&in->mu);
     close(fd);
@@ -500,7 +536,6 @@ static memgen_status ref_create_backing(void *instance, memgen_bytes size, memge
   o->fd = fd;
   o->size = n;
   in->used += n;
-  out->id = o->id;
   out->size = n;
   pthread_mutex_unlock(&in->mu);
   return MEMGEN_OK;
@@ -540,7 +575,7 @@ static memgen_status ref_map_view(void *instance, memgen_handle res, const memge
     st = MEMGEN_ERR_COMMITTED;
     goto out;
   }
-  v = add(in, K_VIEW);
+  v = add(in, K_VIEW, out->id);
   if (v == NULL) {
     st = MEMGEN_ERR_OUT_OF_MEMORY;
     goto out;
@@ -559,7 +594,6 @@ static memgen_status ref_map_view(void *instance, memgen_handle res, const memge
   set_granules(ro, r->off, r->len, v);
   ro->views++;
   bo->mapped++;
-  out->id = v->id;
   out->reservation = ro->id;
   out->range = *r;
   out->backing = bo->id;
@@ -624,14 +658,15 @@ static memgen_status ref_release_backing(void *instance, memgen_handle b) {
   return st;
 }
 
-#if REFHOST_MINOR >= 1
-static memgen_status ref_copy_on_write(void *instance, memgen_handle vid, memgen_view_out *out) {
+static memgen_status ref_copy_on_write(void *instance, uint64_t deadline_ns, memgen_handle vid,
+                                       memgen_view_out *out) {
   struct instance *in = instance;
   struct obj *v, *nb;
   unsigned char *p;
   uint64_t done = 0;
   memgen_status st = MEMGEN_OK;
   int fd;
+  (void)deadline_ns;
   pthread_mutex_lock(&in->mu);
   v = find(in, vid, K_VIEW);
   if (v == NULL) {
@@ -653,7 +688,7 @@ static memgen_status ref_copy_on_write(void *instance, memgen_handle vid, memgen
     }
     done += (uint64_t)n;
   }
-  nb = add(in, K_BACKING);
+  nb = add(in, K_BACKING, out->backing);
   if (nb == NULL) {
     close(fd);
     st = MEMGEN_ERR_OUT_OF_MEMORY;
@@ -676,8 +711,7 @@ static memgen_status ref_copy_on_write(void *instance, memgen_handle vid, memgen
   v->backing->mapped--;
   v->backing = nb;
   v->access = MEMGEN_ACCESS_READ_WRITE;
-  v->id = ++in->next_id;
-  out->id = v->id;
+  v->id = out->id;
   out->reservation = v->res->id;
   out->range.off = v->off;
   out->range.len = v->size;
@@ -687,7 +721,6 @@ out:
   pthread_mutex_unlock(&in->mu);
   return st;
 }
-#endif
 
 /* ---- device context ---------------------------------------------------- */
 
@@ -698,8 +731,9 @@ out:
  */
 static unsigned char *span(struct instance *in, memgen_device_addr addr, uint64_t n, int write, memgen_status *st) {
   struct obj *o;
-  uint64_t g = gran(), i;
+  uint64_t i;
   for (o = in->objs; o != NULL; o = o->next) {
+    uint64_t g = o->gsz;
     uint64_t base;
     if (o->kind != K_ALLOC && o->kind != K_RES) {
       continue;
@@ -735,7 +769,7 @@ static memgen_status ref_stream_create(void *instance, memgen_handle *out_stream
   struct obj *o;
   memgen_status st = MEMGEN_OK;
   pthread_mutex_lock(&in->mu);
-  o = add(in, K_STREAM);
+  o = add(in, K_STREAM, 0);
   if (o == NULL) {
     st = MEMGEN_ERR_OUT_OF_MEMORY;
   } else {
@@ -796,7 +830,7 @@ static memgen_status ref_stream_record(void *instance, memgen_handle stream, mem
   pthread_mutex_lock(&in->mu);
   if (find(in, stream, K_STREAM) == NULL) {
     st = MEMGEN_ERR_CLOSED;
-  } else if ((f = add(in, K_FENCE)) == NULL) {
+  } else if ((f = add(in, K_FENCE, 0)) == NULL) {
     st = MEMGEN_ERR_OUT_OF_MEMORY;
   } else {
     *out_fence = f->id; /* copies run synchronously: the fence is complete */
@@ -913,29 +947,9 @@ static const struct ref_virtual_backing virtual_backing = {
      ref_committed_bytes, ref_release_reservation},
     FUTURE};
 
-#if REFHOST_MINOR < 1 && defined(REFHOST_STALE_SLOT)
-/*
- * A 1.0 plugin whose struct_size still covers copy_on_write, holding a slot
- * that aborts: the host must go by the minor, not only by the size.
- */
-static memgen_status ref_stale_copy_on_write(void *instance, memgen_handle v, memgen_view_out *out) {
-  (void)instance, (void)v, (void)out;
-  abort();
-}
-#define SHARED_SIZE ((uint32_t)sizeof(memgen_shared_mapping))
-#define COPY_ON_WRITE ref_stale_copy_on_write
-#elif REFHOST_MINOR < 1
-/* ABI 1.0 had no copy_on_write: the struct ended before it. */
-#define SHARED_SIZE ((uint32_t)offsetof(memgen_shared_mapping, copy_on_write))
-#define COPY_ON_WRITE NULL
-#else
-#define SHARED_SIZE SIZE_OF(ref_shared_mapping, memgen_shared_mapping)
-#define COPY_ON_WRITE ref_copy_on_write
-#endif
-
 static const struct ref_shared_mapping shared_mapping = {
-    {SHARED_SIZE, REFHOST_SLOTS_VERSION, ref_create_backing, ref_map_view, ref_unmap_view, ref_view_count,
-     ref_release_backing, COPY_ON_WRITE},
+    {SIZE_OF(ref_shared_mapping, memgen_shared_mapping), REFHOST_SLOTS_VERSION, ref_create_backing, ref_map_view,
+     ref_unmap_view, ref_copy_on_write, ref_view_count, ref_release_backing},
     FUTURE};
 
 static const memgen_device_context device_context = {
@@ -960,9 +974,10 @@ static void fill_descriptor(void) {
   descriptor.device = MEMGEN_DEVICE_KIND_HOST;
   descriptor.ordinal = 0;
   descriptor.alloc_granularity = page_size();
-  descriptor.granularity = gran();
+  descriptor.granularity = page_size();
   descriptor.open = ref_open;
   descriptor.close = ref_close;
+  descriptor.last_error = ref_last_error;
   descriptor.device_allocator = &device_allocator.base;
   descriptor.virtual_backing = &virtual_backing.base;
   descriptor.shared_mapping = &shared_mapping.base;
@@ -973,7 +988,7 @@ static void fill_descriptor(void) {
 #define ENTRY memgen_plugin_misnamed
 const memgen_plugin *ENTRY(uint32_t host_abi_version);
 #else
-#define ENTRY memgen_plugin_v1
+#define ENTRY memgen_plugin_v2
 #endif
 
 MEMGEN_EXPORT const memgen_plugin *ENTRY(uint32_t host_abi_version) {

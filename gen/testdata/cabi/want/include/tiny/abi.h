@@ -3,16 +3,17 @@
 /*
  * include/tiny/abi.h: the memgen plugin C ABI, version 3.2, generated from
  * the plugin_abi block of spec/capabilities.yaml. docs/cabi.md explains how
- * to write a plugin.
+ * to write a plugin and check it with memgen plugin-check.
  *
  * A plugin is a shared library exporting tiny_plugin_v3. The host (the Go
- * loader, package plugins/loader) calls it once with its own TINY_ABI_VERSION
- * and gets a descriptor: the plugin's name, device and granularity,
- * open/close for instances, and one struct of function pointers (slots) per
- * capability. A NULL struct or a NULL slot means absent: the host never calls
- * it, and a capability with any slot absent is absent as a whole. A present
- * slot must do its work; returning TINY_OK without doing it is a contract
- * violation the host's checks report.
+ * loader, package plugins/loader) loads it by path at run time, calls the
+ * entry point with its own TINY_ABI_VERSION and gets a descriptor: the
+ * plugin's name, device and default granularities, open/close for instances,
+ * last_error, and one struct of function pointers (slots) per capability. A
+ * NULL struct or a NULL slot means absent: the host never calls it, and a
+ * capability with any slot absent is absent as a whole. A present slot must
+ * do its work; returning TINY_OK without doing it is a contract violation the
+ * host's checks report.
  *
  * Versioning. Every struct of slots starts with uint32_t struct_size and
  * uint32_t abi_version (major << 16 | minor). A minor only appends slots at
@@ -25,16 +26,37 @@
  * Accounting. Plugins never see grants or accounts: the host draws from its
  * grant before every consuming call and undraws when the call fails, and
  * refunds after every releasing call that succeeded. A plugin reports failure
- * only when it changed nothing.
+ * only when it changed nothing. used_bytes is the sum over the instance's
+ * live objects: an allocation's size, a reservation's committed bytes, a
+ * backing's size (once, however many views map it; a copy_on_write copy is a
+ * new backing and counts at its size); reservations and views add nothing
+ * themselves.
  *
- * Handles are opaque nonzero uint64_t ids the plugin chooses; the host checks
- * that an id it passes is live and was created by the same instance, and
- * releases each id at most once. Thread safety: every slot may be called from
- * any thread, concurrently with any other slot of the same or another
- * instance; the plugin synchronizes its own state. No slot may call back into
- * the host, keep a pointer it was passed beyond the call, or block without
- * bound. A fault inside a slot cannot be contained by the host's process: it
- * ends it.
+ * Handles are ids the host owns. Before a slot that creates a handle the host
+ * writes a fresh id into out->id (nonzero, never used before in the process);
+ * the plugin files the new object under it and leaves it unchanged. Every id
+ * the host passes later is one it assigned and still holds live for this
+ * instance; a plugin that answers TINY_ERR_RELEASED for such an id, or
+ * changes out->id, breaks the protocol: the host fails the call with a
+ * protocol error and keeps the bytes behind the id accounted (quarantined)
+ * until the instance closes. Streams and fences are not handles: they hold no
+ * accounted memory, and their ids are the plugin's own (nonzero), passed back
+ * unchanged.
+ *
+ * Deadlines. A slot that consumes memory receives deadline_ns, an absolute
+ * CLOCK_MONOTONIC time in nanoseconds (0: none). A slot that cannot finish by
+ * then undoes what it did and returns TINY_ERR_UNAVAILABLE. The host cannot
+ * preempt a C slot: one that returns past its deadline has its result given
+ * back (a copy_on_write's is kept, since the view it replaced is gone), and
+ * the call fails with an overrun error the host also counts and logs.
+ *
+ * Thread safety: every slot may be called from any thread, concurrently with
+ * any other slot of the same or another instance; the plugin synchronizes its
+ * own state (the host's checks include a concurrent stress). No slot may call
+ * back into the host, keep a pointer it was passed beyond the call, or block
+ * without bound. A fault inside a slot (a write past an out struct, a touch
+ * of memory the plugin never mapped, abort) cannot be contained by the host's
+ * process: it ends it.
  */
 #ifndef TINY_ABI_H
 #define TINY_ABI_H
@@ -89,9 +111,8 @@ typedef uint64_t tiny_instance_id;
 typedef uint64_t tiny_handle_id;
 
 /*
- * A handle as the plugin names it: an opaque nonzero id the plugin chooses,
- * unique among the live handles of one kind in one instance. 0 is never a
- * handle.
+ * A handle's id: assigned by the host, nonzero, never reused in the process.
+ * 0 is never a handle.
  */
 typedef uint64_t tiny_handle;
 
@@ -240,8 +261,10 @@ typedef struct tiny_alloc_request {
  */
 typedef struct tiny_allocation_out {
   /*
-   * The plugin's id of the new handle: nonzero, unique among the instance's
-   * live handles of this kind.
+   * In: the id the host assigned to the new handle, written before the call
+   * (nonzero, never used before in the process). The plugin files the new
+   * object under it and leaves it unchanged; the host treats a changed id as
+   * a protocol error.
    */
   tiny_handle id;
   tiny_device_addr addr;
@@ -261,8 +284,10 @@ typedef struct tiny_reserve_request {
  */
 typedef struct tiny_reservation_out {
   /*
-   * The plugin's id of the new handle: nonzero, unique among the instance's
-   * live handles of this kind.
+   * In: the id the host assigned to the new handle, written before the call
+   * (nonzero, never used before in the process). The plugin files the new
+   * object under it and leaves it unchanged; the host treats a changed id as
+   * a protocol error.
    */
   tiny_handle id;
   tiny_device_addr addr;
@@ -276,6 +301,30 @@ typedef struct tiny_range {
   tiny_bytes off;
   tiny_bytes len;
 } tiny_range;
+
+/*
+ * What open writes: the new instance and the figures of this instance, which
+ * the host prefilled with the descriptor's.
+ */
+typedef struct tiny_open_out {
+  /*
+   * The new instance, passed to every slot; non-NULL on TINY_OK.
+   */
+  void *instance;
+  /*
+   * Allocate rounds sizes up to this (a power of two).
+   */
+  tiny_bytes alloc_granularity;
+  /*
+   * VirtualBacking and SharedMapping work in multiples of this (a power of
+   * two).
+   */
+  tiny_bytes granularity;
+  /*
+   * The device's ordinal.
+   */
+  int32_t ordinal;
+} tiny_open_out;
 
 /*
  * DeviceAllocator obtains and returns ordinary memory.
@@ -300,18 +349,26 @@ typedef struct tiny_device_allocator {
    * On TINY_OK the plugin must have installed exactly that much; the checked
    * wrapper verifies it.
    *
-   * Ownership: On TINY_OK the plugin fills *out; out->id is the plugin's new
-   * Allocation id, owned by the host until it passes the id to free. Handle
-   * ids passed in are live ids of this instance (the host checked). Pointers
-   * passed in are borrowed for the call only.
+   * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
+   * return TINY_ERR_UNAVAILABLE; a slot that returns late anyway has its
+   * result given back by the host (copy_on_write: kept and reported).
+   *
+   * Ownership: out->id holds the id the host assigned to the new Allocation:
+   * the plugin files it under that id, leaves out->id unchanged and fills the
+   * other members on TINY_OK. The id is the host's until it passes it to
+   * free. Handle ids passed in are live ids of this instance (the host
+   * checked): answering TINY_ERR_RELEASED for one is a protocol error.
+   * Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
    *
+   * Limits and statuses: req->size is at least 1.
+   *
    * The plugin must not: call back into the host, report success for work it
    * did not do, or return a status this header does not declare.
    */
-  tiny_status (*allocate)(void *instance, const tiny_alloc_request *req, tiny_allocation_out *out);
+  tiny_status (*allocate)(void *instance, uint64_t deadline_ns, const tiny_alloc_request *req, tiny_allocation_out *out);
   /*
    * Free returns the allocation's memory.
    *
@@ -320,8 +377,9 @@ typedef struct tiny_device_allocator {
    *
    * Ownership: The host passes each Allocation id (a) here at most once;
    * after TINY_OK the id is dead and the plugin may reuse it. Handle ids
-   * passed in are live ids of this instance (the host checked). Pointers
-   * passed in are borrowed for the call only.
+   * passed in are live ids of this instance (the host checked): answering
+   * TINY_ERR_RELEASED for one is a protocol error. Pointers passed in are
+   * borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -336,7 +394,8 @@ typedef struct tiny_device_allocator {
    * A query: it changes nothing and must not block on device work.
    *
    * Ownership: Handle ids passed in are live ids of this instance (the host
-   * checked). Pointers passed in are borrowed for the call only.
+   * checked): answering TINY_ERR_RELEASED for one is a protocol error.
+   * Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -369,10 +428,12 @@ typedef struct tiny_virtual_backing {
    *
    * Accounting: none; address space only.
    *
-   * Ownership: On TINY_OK the plugin fills *out; out->id is the plugin's new
-   * Reservation id, owned by the host until it passes the id to
+   * Ownership: out->id holds the id the host assigned to the new Reservation:
+   * the plugin files it under that id, leaves out->id unchanged and fills the
+   * other members on TINY_OK. The id is the host's until it passes it to
    * release_reservation. Handle ids passed in are live ids of this instance
-   * (the host checked). Pointers passed in are borrowed for the call only.
+   * (the host checked): answering TINY_ERR_RELEASED for one is a protocol
+   * error. Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -389,8 +450,13 @@ typedef struct tiny_virtual_backing {
    * TINY_OK the plugin must have installed exactly that much; the checked
    * wrapper verifies it.
    *
+   * Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and
+   * return TINY_ERR_UNAVAILABLE; a slot that returns late anyway has its
+   * result given back by the host (copy_on_write: kept and reported).
+   *
    * Ownership: Handle ids passed in are live ids of this instance (the host
-   * checked). Pointers passed in are borrowed for the call only.
+   * checked): answering TINY_ERR_RELEASED for one is a protocol error.
+   * Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -398,7 +464,7 @@ typedef struct tiny_virtual_backing {
    * The plugin must not: call back into the host, report success for work it
    * did not do, or return a status this header does not declare.
    */
-  tiny_status (*commit)(void *instance, tiny_handle res, const tiny_range *r);
+  tiny_status (*commit)(void *instance, uint64_t deadline_ns, tiny_handle res, const tiny_range *r);
   /*
    * Decommit removes the backing of r.
    *
@@ -407,7 +473,8 @@ typedef struct tiny_virtual_backing {
    * when it released nothing.
    *
    * Ownership: Handle ids passed in are live ids of this instance (the host
-   * checked). Pointers passed in are borrowed for the call only.
+   * checked): answering TINY_ERR_RELEASED for one is a protocol error.
+   * Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -425,8 +492,9 @@ typedef struct tiny_virtual_backing {
    *
    * Ownership: The host passes each Reservation id (res) here at most once;
    * after TINY_OK the id is dead and the plugin may reuse it. Handle ids
-   * passed in are live ids of this instance (the host checked). Pointers
-   * passed in are borrowed for the call only.
+   * passed in are live ids of this instance (the host checked): answering
+   * TINY_ERR_RELEASED for one is a protocol error. Pointers passed in are
+   * borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -441,7 +509,8 @@ typedef struct tiny_virtual_backing {
    * A query: it changes nothing and must not block on device work.
    *
    * Ownership: Handle ids passed in are live ids of this instance (the host
-   * checked). Pointers passed in are borrowed for the call only.
+   * checked): answering TINY_ERR_RELEASED for one is a protocol error.
+   * Pointers passed in are borrowed for the call only.
    *
    * Thread safety: any thread, concurrently with every other slot; the plugin
    * serializes what must be.
@@ -475,6 +544,9 @@ typedef struct tiny_device_context {
    * On TINY_OK *out_stream is the plugin's new stream id; the host passes it
    * to stream_close exactly once.
    *
+   * Limits and statuses: TINY_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; TINY_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -486,6 +558,12 @@ typedef struct tiny_device_context {
    * status) or later (then its error surfaces at the next fence and at
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
+   *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -499,6 +577,12 @@ typedef struct tiny_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -511,6 +595,12 @@ typedef struct tiny_device_context {
    * stream_synchronize). The host's buffer is borrowed until the next fence
    * of the stream completes.
    *
+   * Limits and statuses: a length of 0 copies nothing and succeeds.
+   * TINY_ERR_INVALID_RANGE when a device range does not lie inside one live
+   * allocation or reservation of the instance, TINY_ERR_NOT_COMMITTED when
+   * part of it has no backing, TINY_ERR_READ_ONLY when a byte written lies in
+   * a read-only view, TINY_ERR_CLOSED for a stream the plugin does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -521,6 +611,9 @@ typedef struct tiny_device_context {
    * On TINY_OK *out_fence is a new fence id; the host releases it with
    * fence_release.
    *
+   * Limits and statuses: TINY_ERR_OUT_OF_MEMORY when the plugin cannot make
+   * one; TINY_ERR_CLOSED (stream_record) for a stream it does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
@@ -528,14 +621,17 @@ typedef struct tiny_device_context {
   /*
    * Synchronize waits for all enqueued work.
    *
+   * Limits and statuses: the first error of the stream's work, or
+   * TINY_ERR_CLOSED for a stream the plugin does not know.
+   *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
    */
   tiny_status (*stream_synchronize)(void *instance, tiny_handle stream);
   /*
-   * Close releases the stream.
-   *
-   * The host calls it once per stream, after which the id is dead.
+   * stream_close waits for the stream's enqueued work and releases the
+   * stream. The host calls it exactly once per stream (Stream.Close's
+   * idempotence is the host's), after which the id is dead.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -547,6 +643,9 @@ typedef struct tiny_device_context {
    * Writes 1 to *out_done once the fence completed (and 0 before), and then
    * returns the first error of the work the fence covers. The host serves
    * Fence.Wait by polling this slot, so it must not block.
+   *
+   * Limits and statuses: TINY_ERR_RELEASED for a fence the plugin does not
+   * know.
    *
    * Thread safety: any thread; the host never uses one stream from two
    * threads at once, but different streams concurrently.
@@ -566,7 +665,7 @@ typedef struct tiny_device_context {
  * The plugin descriptor: static data the entry point returns, valid until the
  * library is unloaded (never, in practice).
  *
- * Size 96 bytes at this minor; members are only ever appended.
+ * Size 104 bytes at this minor; members are only ever appended.
  */
 typedef struct tiny_plugin {
   /*
@@ -579,8 +678,10 @@ typedef struct tiny_plugin {
    */
   uint32_t abi_version;
   /*
-   * The plugin mechanism's name as the spec declares it under
-   * plugin_abi.plugins: NUL-terminated, static.
+   * The plugin's name, which the host reports as the mechanism's
+   * (Info().Mechanism): NUL-terminated, static, 1 to 63 bytes of [a-z0-9_-].
+   * Any name loads; a host given an allow-list (the spec's
+   * plugin_abi.plugins) refuses names not on it.
    */
   const char *name;
   /*
@@ -588,28 +689,46 @@ typedef struct tiny_plugin {
    */
   tiny_device_kind device;
   /*
-   * The device's ordinal.
+   * The device's ordinal by default; open may set another per instance.
    */
   int32_t ordinal;
   /*
-   * Allocate rounds sizes up to this (a power of two).
+   * Allocate rounds sizes up to this (a power of two) by default; open may
+   * set another per instance.
    */
   tiny_bytes alloc_granularity;
   /*
    * VirtualBacking and SharedMapping work in multiples of this (a power of
-   * two).
+   * two) by default; open may set another per instance. 0 only for a plugin
+   * offering DeviceAllocator alone.
    */
   tiny_bytes granularity;
   /*
    * open creates an instance: an independent mechanism whose handles are its
-   * own. Required.
+   * own. config is the host's configuration string (never NULL; "" when
+   * none): key=value pairs separated by commas, at most 4096 bytes, whose
+   * keys the plugin defines ("granularity=65536,ordinal=1"). The host fills
+   * *out with the descriptor's ordinal and granularities before the call; the
+   * plugin sets out->instance and may change the others for this instance
+   * (powers of two). An unknown key or a bad value is TINY_ERR_UNSUPPORTED; a
+   * device that is absent TINY_ERR_UNAVAILABLE. Required.
    */
-  tiny_status (*open)(void **out_instance);
+  tiny_status (*open)(const char *config, tiny_open_out *out);
   /*
    * close destroys an instance. The host calls it once, after releasing every
-   * handle it could; the plugin frees whatever is left. Required.
+   * handle it could; the plugin frees whatever is left (quarantined objects
+   * included). Required.
    */
   void (*close)(void *instance);
+  /*
+   * last_error writes the message of the last slot of this instance that
+   * failed on the calling thread into buf (at most cap bytes, NUL-terminated,
+   * cap is at least 1) and returns its length without the NUL; 0 when there
+   * is none. The host calls it on the same thread right after a slot returned
+   * an error status, and appends the message to the error it returns.
+   * Optional: NULL means no messages.
+   */
+  uint64_t (*last_error)(void *instance, char *buf, uint64_t cap);
   /*
    * The DeviceAllocator slots, or NULL when the plugin does not offer them.
    */
@@ -654,6 +773,11 @@ TINY_STATIC_ASSERT(offsetof(tiny_reservation_out, size) == 16, "tiny_reservation
 TINY_STATIC_ASSERT(sizeof(tiny_range) == 16, "tiny_range layout");
 TINY_STATIC_ASSERT(offsetof(tiny_range, off) == 0, "tiny_range.off offset");
 TINY_STATIC_ASSERT(offsetof(tiny_range, len) == 8, "tiny_range.len offset");
+TINY_STATIC_ASSERT(sizeof(tiny_open_out) == 32, "tiny_open_out layout");
+TINY_STATIC_ASSERT(offsetof(tiny_open_out, instance) == 0, "tiny_open_out.instance offset");
+TINY_STATIC_ASSERT(offsetof(tiny_open_out, alloc_granularity) == 8, "tiny_open_out.alloc_granularity offset");
+TINY_STATIC_ASSERT(offsetof(tiny_open_out, granularity) == 16, "tiny_open_out.granularity offset");
+TINY_STATIC_ASSERT(offsetof(tiny_open_out, ordinal) == 24, "tiny_open_out.ordinal offset");
 TINY_STATIC_ASSERT(sizeof(tiny_device_allocator) == 32, "tiny_device_allocator layout");
 TINY_STATIC_ASSERT(offsetof(tiny_device_allocator, struct_size) == 0, "tiny_device_allocator.struct_size offset");
 TINY_STATIC_ASSERT(offsetof(tiny_device_allocator, abi_version) == 4, "tiny_device_allocator.abi_version offset");
@@ -680,7 +804,7 @@ TINY_STATIC_ASSERT(offsetof(tiny_device_context, stream_synchronize) == 48, "tin
 TINY_STATIC_ASSERT(offsetof(tiny_device_context, stream_close) == 56, "tiny_device_context.stream_close offset");
 TINY_STATIC_ASSERT(offsetof(tiny_device_context, fence_done) == 64, "tiny_device_context.fence_done offset");
 TINY_STATIC_ASSERT(offsetof(tiny_device_context, fence_release) == 72, "tiny_device_context.fence_release offset");
-TINY_STATIC_ASSERT(sizeof(tiny_plugin) == 96, "tiny_plugin layout");
+TINY_STATIC_ASSERT(sizeof(tiny_plugin) == 104, "tiny_plugin layout");
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, struct_size) == 0, "tiny_plugin.struct_size offset");
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, abi_version) == 4, "tiny_plugin.abi_version offset");
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, name) == 8, "tiny_plugin.name offset");
@@ -690,10 +814,11 @@ TINY_STATIC_ASSERT(offsetof(tiny_plugin, alloc_granularity) == 24, "tiny_plugin.
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, granularity) == 32, "tiny_plugin.granularity offset");
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, open) == 40, "tiny_plugin.open offset");
 TINY_STATIC_ASSERT(offsetof(tiny_plugin, close) == 48, "tiny_plugin.close offset");
-TINY_STATIC_ASSERT(offsetof(tiny_plugin, device_allocator) == 56, "tiny_plugin.device_allocator offset");
-TINY_STATIC_ASSERT(offsetof(tiny_plugin, virtual_backing) == 64, "tiny_plugin.virtual_backing offset");
-TINY_STATIC_ASSERT(offsetof(tiny_plugin, device_context) == 72, "tiny_plugin.device_context offset");
-TINY_STATIC_ASSERT(offsetof(tiny_plugin, reserved) == 80, "tiny_plugin.reserved offset");
+TINY_STATIC_ASSERT(offsetof(tiny_plugin, last_error) == 56, "tiny_plugin.last_error offset");
+TINY_STATIC_ASSERT(offsetof(tiny_plugin, device_allocator) == 64, "tiny_plugin.device_allocator offset");
+TINY_STATIC_ASSERT(offsetof(tiny_plugin, virtual_backing) == 72, "tiny_plugin.virtual_backing offset");
+TINY_STATIC_ASSERT(offsetof(tiny_plugin, device_context) == 80, "tiny_plugin.device_context offset");
+TINY_STATIC_ASSERT(offsetof(tiny_plugin, reserved) == 88, "tiny_plugin.reserved offset");
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -27,7 +27,8 @@ type declaredPlugin struct {
 	Doc    string
 }
 
-// declaredPlugins are the plugin mechanisms of the spec, by name.
+// declaredPlugins is the spec's allow-list (plugin_abi.plugins), by name: the
+// plugins SpecAllowList accepts, each on its device with at most its offers.
 var declaredPlugins = map[memapi.MechanismID]declaredPlugin{"vendor": {
 	Device: memapi.DeviceKindHost,
 	Doc:    "A vendor arena.",
@@ -63,6 +64,14 @@ type cReservationOut struct {
 type cRange struct {
 	Off uint64 // off
 	Len uint64 // len
+}
+
+// cOpenOut mirrors tiny_open_out of the header.
+type cOpenOut struct {
+	Instance         uintptr // instance
+	AllocGranularity uint64  // alloc_granularity
+	Granularity      uint64  // granularity
+	Ordinal          int32   // ordinal
 }
 
 // cDeviceAllocator mirrors tiny_device_allocator of the header.
@@ -111,6 +120,7 @@ type cPlugin struct {
 	Granularity      uint64     // granularity
 	Open             uintptr    // open
 	Close            uintptr    // close
+	LastError        uintptr    // last_error
 	DeviceAllocator  uintptr    // device_allocator
 	VirtualBacking   uintptr    // virtual_backing
 	DeviceContext    uintptr    // device_context

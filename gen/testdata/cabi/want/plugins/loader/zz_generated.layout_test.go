@@ -47,6 +47,11 @@ var cLayouts = []cLayout{{
 	Members: []cMember{{"off", "Off", 0}, {"len", "Len", 8}},
 	Size:    16,
 }, {
+	C:       "tiny_open_out",
+	Go:      reflect.TypeFor[cOpenOut](),
+	Members: []cMember{{"instance", "Instance", 0}, {"alloc_granularity", "AllocGranularity", 8}, {"granularity", "Granularity", 16}, {"ordinal", "Ordinal", 24}},
+	Size:    32,
+}, {
 	C:       "tiny_device_allocator",
 	Go:      reflect.TypeFor[cDeviceAllocator](),
 	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"allocate", "Allocate", 8}, {"free", "Free", 16}, {"used_bytes", "UsedBytes", 24}},
@@ -64,6 +69,6 @@ var cLayouts = []cLayout{{
 }, {
 	C:       "tiny_plugin",
 	Go:      reflect.TypeFor[cPlugin](),
-	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"name", "Name", 8}, {"device", "Device", 16}, {"ordinal", "Ordinal", 20}, {"alloc_granularity", "AllocGranularity", 24}, {"granularity", "Granularity", 32}, {"open", "Open", 40}, {"close", "Close", 48}, {"device_allocator", "DeviceAllocator", 56}, {"virtual_backing", "VirtualBacking", 64}, {"device_context", "DeviceContext", 72}, {"reserved", "Reserved", 80}},
-	Size:    96,
+	Members: []cMember{{"struct_size", "StructSize", 0}, {"abi_version", "ABIVersion", 4}, {"name", "Name", 8}, {"device", "Device", 16}, {"ordinal", "Ordinal", 20}, {"alloc_granularity", "AllocGranularity", 24}, {"granularity", "Granularity", 32}, {"open", "Open", 40}, {"close", "Close", 48}, {"last_error", "LastError", 56}, {"device_allocator", "DeviceAllocator", 64}, {"virtual_backing", "VirtualBacking", 72}, {"device_context", "DeviceContext", 80}, {"reserved", "Reserved", 88}},
+	Size:    104,
 }}

@@ -4,36 +4,96 @@ package conformance
 
 import (
 	"os"
+	"reflect"
 
 	"example.com/golden/generated/memapi"
 )
 
 // The spec/... subtests compare what the mechanism says about itself with
-// what the spec declares for it (memapi.Meta, looked up by Info().Mechanism):
-// the capabilities it offers, its device kind and its granularity kind. The
-// spec is what the docs and the glue are written from, so a mechanism that
-// disagrees with it makes them false. A mechanism the spec does not declare
-// (a fake, a test mechanism) skips them.
+// its declaration: the capabilities it offers, its device kind and its
+// granularity kind. The declaration is, first found:
+//
+//   - Subject.Declared, which the factory sets: a plugin's descriptor
+//     (plugin.Library.Declaration), or a Go mechanism in another module
+//     declaring itself as the spec would;
+//   - the mechanism's own, when it has a method Declaration()
+//     memapi.MechanismMeta (a bare plugin instance);
+//   - the spec's entry for the package the mechanism's type is defined in
+//     (memapi.Meta, generated with the constant SpecName in that package):
+//     a mechanism of a declared package that reports another name fails
+//     spec/name instead of skipping the others;
+//   - the spec's entry named Info().Mechanism.
+//
+// A mechanism with none of them (a fake, a test mechanism) skips them.
 
 func init() {
 	scenarios = append(scenarios,
+		test{"spec/name", 0, testSpecName},
 		test{"spec/offers", 0, testSpecOffers},
 		test{"spec/device", 0, testSpecDevice},
 		test{"spec/granularity", 0, testSpecGranularity},
 	)
 }
 
-// declared returns the spec's entry for the subject's mechanism, or skips the
-// subtest when the spec declares no mechanism of that name.
-func (e *env) declared(t T) memapi.MechanismMeta {
-	t.Helper()
-	for _, m := range memapi.Meta.Mechanisms {
-		if m.Name == e.info.Mechanism {
-			return m
+// module is the module path of the spec's mechanism packages.
+const module = "example.com/golden"
+
+// declaration finds the subject's declaration (see above) and says where
+// it comes from; ok is false when there is none.
+func (e *env) declaration() (d memapi.MechanismMeta, from string, ok bool) {
+	if e.declaredBy != nil {
+		return *e.declaredBy, "Subject.Declared", true
+	}
+	if s, yes := e.m.(interface{ Declaration() memapi.MechanismMeta }); yes {
+		return s.Declaration(), "the mechanism's Declaration()", true
+	}
+	if pkg := typePackage(e.m); pkg != "" {
+		for _, m := range memapi.Meta.Mechanisms {
+			if module+"/"+m.Package == pkg {
+				return m, "the spec's entry for package " + m.Package, true
+			}
 		}
 	}
-	t.Skipf("the spec declares no mechanism %q: nothing to compare with", e.info.Mechanism)
-	return memapi.MechanismMeta{}
+	if m, yes := memapi.MechanismSpec(e.info.Mechanism); yes {
+		return m, "the spec", true
+	}
+	return memapi.MechanismMeta{}, "", false
+}
+
+// typePackage is the import path of the package m's type is defined in.
+func typePackage(m memapi.Mechanism) string {
+	t := reflect.TypeOf(m)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil {
+		return ""
+	}
+	return t.PkgPath()
+}
+
+// declared returns the subject's declaration, or skips the subtest when it
+// has none.
+func (e *env) declared(t T) memapi.MechanismMeta {
+	t.Helper()
+	d, _, ok := e.declaration()
+	if !ok {
+		t.Skipf("mechanism %q has no declaration (the spec declares no mechanism of that name or package, and the subject declares none): nothing to compare with", e.info.Mechanism)
+	}
+	return d
+}
+
+// testSpecName: Info().Mechanism is the declared name. For a mechanism of
+// a package the spec declares, a mismatch fails here, where it used to make
+// every other spec subtest skip.
+func testSpecName(t T, e *env) {
+	d, from, ok := e.declaration()
+	if !ok {
+		t.Skipf("mechanism %q has no declaration: nothing to compare with", e.info.Mechanism)
+	}
+	if d.Name != e.info.Mechanism {
+		t.Errorf("Info().Mechanism is %q, but %s declares the mechanism as %q (in a mechanism's package, report the generated constant SpecName)", e.info.Mechanism, from, d.Name)
+	}
 }
 
 // testSpecOffers: the capabilities the accessors report are exactly those the

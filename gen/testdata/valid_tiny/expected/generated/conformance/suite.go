@@ -91,6 +91,14 @@ type Subject struct {
 	// GPU without virtual memory management offers DeviceAllocator alone).
 	// spec/offers accepts their absence, and only theirs.
 	Lacks memapi.CapSet
+	// Declared, when set, is what the spec/... subtests check the subject
+	// against instead of the spec: the declaration of a plugin
+	// (plugin.Library.Declaration) or of a Go mechanism in another module.
+	Declared *memapi.MechanismMeta
+	// HostMapped says that every allocation is a host mapping of the
+	// mechanism's own (a host-memory plugin): leak/freed-range-unmapped
+	// checks that a freed range is no longer mapped.
+	HostMapped bool
 }
 
 // Factory makes a fresh Subject for one subtest and registers its cleanup
@@ -240,18 +248,20 @@ const opTimeout = 2 * time.Minute
 // env is one subject under test with the suite's ledger and bookkeeping.
 type env struct {
 	capabilities
-	t       T
-	factory FactoryT
-	m       memapi.Mechanism
-	dc      memapi.DeviceContext
-	info    memapi.MechanismInfo
-	caps    memapi.CapSet
-	lacks   memapi.CapSet // Subject.Lacks
-	ctx     context.Context
-	ledger  *ledger
-	grant   *grant
-	account *account
-	start   memapi.Bytes
+	t          T
+	factory    FactoryT
+	m          memapi.Mechanism
+	dc         memapi.DeviceContext
+	info       memapi.MechanismInfo
+	caps       memapi.CapSet
+	lacks      memapi.CapSet         // Subject.Lacks
+	declaredBy *memapi.MechanismMeta // Subject.Declared
+	hostMapped bool                  // Subject.HostMapped
+	ctx        context.Context
+	ledger     *ledger
+	grant      *grant
+	account    *account
+	start      memapi.Bytes
 
 	mu      sync.Mutex
 	handles []memapi.Handle // every handle made through the suite, in creation order
@@ -268,7 +278,7 @@ func newEnv(t T, f FactoryT) *env {
 		t.Fatalf("the factory returned no Context")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, ctx: ctx}
+	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, declaredBy: s.Declared, hostMapped: s.HostMapped, ctx: ctx}
 	e.info = s.Mechanism.Info()
 	e.caps = e.capabilities.load(s.Mechanism)
 	e.ledger = &ledger{}
@@ -644,11 +654,14 @@ func refuse(t T, what string, envs []*env, call func(*env) (memapi.Handle, error
 	h, err := call(on)
 	switch {
 	case err == nil:
+		// What a wrongly successful call changed is its success, not a
+		// failure's side effect: only the success is reported.
 		t.Errorf("%s: succeeded, want %s", what, kindList(kinds))
+		return
 	case !isAny(err, kinds):
 		t.Errorf("%s: got error %q, want %s", what, err, kindList(kinds))
 	}
-	if err != nil && h != nil {
+	if h != nil {
 		t.Errorf("%s: returned a handle (%v) together with an error", what, h)
 	}
 	diffState(t, what, before, observeAll(envs))

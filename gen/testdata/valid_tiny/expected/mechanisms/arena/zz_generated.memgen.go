@@ -13,6 +13,11 @@ import "example.com/golden/generated/memapi"
 // *Arena also has the method offers(memapi.Capability) bool, which says whether
 // this instance offers a capability now (a device may lack a feature at run
 // time); the accessors below ask it.
+// SpecName is mechanism arena's key in the spec: Info().Mechanism must report
+// it. The conformance suite fails spec/name for a mechanism of this package
+// that reports another name.
+const SpecName memapi.MechanismID = "arena"
+
 var (
 	_ memapi.Mechanism       = (*Arena)(nil)
 	_ memapi.DeviceAllocator = (*Arena)(nil)

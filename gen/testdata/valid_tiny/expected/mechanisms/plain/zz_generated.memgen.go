@@ -10,6 +10,11 @@ import "example.com/golden/generated/memapi"
 // The hand-written half is type Mechanism: *Mechanism implements
 // memapi.Mechanism and the capabilities below (memgen check reports a
 // capability it implements that the spec does not declare).
+// SpecName is mechanism plain's key in the spec: Info().Mechanism must report
+// it. The conformance suite fails spec/name for a mechanism of this package
+// that reports another name.
+const SpecName memapi.MechanismID = "plain"
+
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)

@@ -1,0 +1,45 @@
+package conformancetest
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/memgen/memgen/generated/conformance"
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// TestDeclaredSubject is a Go mechanism of another module (the in-memory
+// one, which the spec does not declare): with Subject.Declared the spec
+// subtests run against its declaration instead of being skipped, pass when
+// it is true, and fail when it names another name or other offers.
+func TestDeclaredSubject(t *testing.T) {
+	spec := []string{"spec/name", "spec/offers", "spec/device", "spec/granularity"}
+	record := func(d *memapi.MechanismMeta) *Results {
+		return Record(func(t conformance.T) conformance.Subject {
+			s := factory(Config{}, nil)(t)
+			s.Declared = d
+			return s
+		})
+	}
+	honest := memapi.MechanismMeta{Name: "mem", Device: "Host", Offers: memapi.Of(memapi.Capabilities...), Granularity: "device"}
+	res := record(&honest)
+	for _, n := range spec {
+		if o, ok := res.Outcome(n); !ok || o.Failed || o.Skipped {
+			t.Errorf("%s with a true declaration: %+v, want passed", n, o)
+		}
+	}
+	undeclared := record(nil)
+	for _, n := range spec {
+		if !slices.Contains(undeclared.Skipped(), n) {
+			t.Errorf("%s without any declaration was not skipped", n)
+		}
+	}
+	wrong := honest
+	wrong.Name, wrong.Offers = "arena", memapi.Of(memapi.CapDeviceAllocator)
+	failed := record(&wrong).Failed()
+	for _, n := range []string{"spec/name", "spec/offers"} {
+		if !slices.Contains(failed, n) {
+			t.Errorf("%s passed with a declaration of another name and fewer offers", n)
+		}
+	}
+}

@@ -1,0 +1,297 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/checked"
+	"github.com/memgen/memgen/generated/conformance"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/conformancetest"
+	"golang.org/x/sys/unix"
+)
+
+// The broken plugins of testdata/broken.c, each caught with a named error
+// and the ledger exact: what the plugin holds equals what the host accounts
+// for (its live handles plus what it quarantined), and through the checked
+// wrapper in verify mode, what the grant has drawn.
+
+// recordSuite runs the conformance suite on instances of the plugin at path
+// with a recording T, checked against the plugin's own declaration.
+func recordSuite(t *testing.T, path string, o Options, wrapped bool) *conformancetest.Results {
+	t.Helper()
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler) // the broken plugins' warnings are expected
+	}
+	d := l.Declaration()
+	return conformancetest.Record(func(t conformance.T) conformance.Subject {
+		m, err := l.New(o)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		c, err := m.NewContext()
+		if err != nil {
+			t.Fatalf("NewContext: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = c.Close()
+			_ = m.Close()
+		})
+		var mech memapi.Mechanism = m
+		if wrapped {
+			mech = checked.Wrap(m, conformance.Ledger, checked.WithVerify())
+		}
+		return conformance.Subject{Mechanism: mech, Context: c, Declared: &d, HostMapped: true}
+	})
+}
+
+// TestBrokenPluginBaseline: broken.c built without a fault passes the whole
+// suite, stress and leak check included, so each fault below is what fails.
+func TestBrokenPluginBaseline(t *testing.T) {
+	res := recordSuite(t, build(t, "broken"), Options{Verify: true}, true)
+	if f := res.Failed(); len(f) > 0 {
+		t.Fatalf("the correct build fails %v:\n%s", f, res.Report())
+	}
+	for _, n := range []string{"concurrency/stress", "leak/freed-range-unmapped", "spec/name", "spec/offers"} {
+		if slices.Contains(res.Skipped(), n) {
+			t.Errorf("%s was skipped", n)
+		}
+	}
+}
+
+// TestReusedID: a plugin that files a new allocation under the id of a live
+// one (and reports that id) has the call refused with ErrProtocol; the
+// memory it made stays accounted, quarantined, and the ledger is exact:
+// the grant keeps exactly what the plugin holds.
+func TestReusedID(t *testing.T) {
+	m, _ := newSubjectOpts(t, build(t, "broken", "BROKEN_REUSED_ID"), Options{Verify: true})
+	w := checked.Wrap(m, countingLedger{}, checked.WithVerify())
+	gr := &countingGrant{}
+	a1, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr)
+	if !errors.Is(err, ErrProtocol) || a2 != nil {
+		t.Fatalf("Allocate filed under a live id = %v, %v, want ErrProtocol", a2, err)
+	}
+	if q := m.Quarantined(); q != 4096 {
+		t.Errorf("Quarantined = %d, want the 4096 bytes of the refused allocation", q)
+	}
+	if used := m.UsedBytes(); used != a1.Size()+m.Quarantined() || gr.drawn != used {
+		t.Errorf("the plugin holds %d, the host accounts %d live + %d quarantined, the grant drew %d: want all equal", used, a1.Size(), m.Quarantined(), gr.drawn)
+	}
+	if err := m.Free(bg, a1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if used := m.UsedBytes(); used != m.Quarantined() {
+		t.Errorf("after freeing the live allocation the plugin holds %d, quarantined %d", used, m.Quarantined())
+	}
+}
+
+// TestOffUsedBytes: used_bytes 4 KiB too high is caught in verify mode at
+// once (a fresh instance must report 0) with ErrUntruthful; the constant
+// offset moves correctly, so the checks of deltas alone never see it.
+func TestOffUsedBytes(t *testing.T) {
+	path := build(t, "broken", "BROKEN_USED_BYTES")
+	_, err := New(path, Options{Verify: true})
+	var le *LoadError
+	if !errors.Is(err, memapi.ErrUntruthful) || !errors.As(err, &le) {
+		t.Fatalf("New in verify mode = %v, want a *LoadError wrapping ErrUntruthful", err)
+	}
+	m, _ := newSubjectOpts(t, path, Options{})
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if err != nil {
+		t.Fatalf("without verify mode the offset goes unnoticed by the call: %v", err)
+	}
+	if err := m.audit("test"); !errors.Is(err, memapi.ErrUntruthful) {
+		t.Errorf("audit = %v, want ErrUntruthful", err)
+	}
+	if err := m.Free(bg, a, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeakyFree: a free that reports success and leaves the memory mapped
+// keeps every figure right (the plugin reports 0, the host holds 0: the
+// leak is physical, not in the books), so only the suite's leak check, which
+// looks at the address space, catches it.
+func TestLeakyFree(t *testing.T) {
+	path := build(t, "broken", "BROKEN_LEAKY_FREE")
+	m, _ := newSubjectOpts(t, path, Options{Verify: true})
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 8192}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Free(bg, a, nil); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	if used := m.UsedBytes(); used != 0 || m.held() != 0 {
+		t.Errorf("after the free the plugin reports %d, the host holds %d", used, m.held())
+	}
+	res := recordSuite(t, path, Options{}, false)
+	if o, _ := res.Outcome("leak/freed-range-unmapped"); !o.Failed || !strings.Contains(strings.Join(o.Log, " "), "32 of 32 freed allocations are still mapped") {
+		t.Errorf("the suite's leak check = %+v, want it failed", o)
+	}
+}
+
+// TestOverrunningSlot: an allocate that sleeps past its deadline is given
+// back when it returns (a C slot cannot be preempted), and the call fails
+// with an *OverrunError (ErrOverran, context.DeadlineExceeded), counted and
+// logged; the grant's draw is undone and the plugin holds nothing.
+func TestOverrunningSlot(t *testing.T) {
+	var logged bytes.Buffer
+	o := Options{SlotTimeout: 50 * time.Millisecond, Verify: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	m, _ := newSubjectOpts(t, build(t, "broken", "BROKEN_SLOW_MS=300"), o)
+	gr := &countingGrant{}
+	w := checked.Wrap(m, countingLedger{}, checked.WithVerify())
+	a, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr)
+	var oe *OverrunError
+	if a != nil || !errors.Is(err, ErrOverran) || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &oe) {
+		t.Fatalf("Allocate past its deadline = %v, %v, want an *OverrunError", a, err)
+	}
+	if oe.Took < 300*time.Millisecond || oe.Budget > 50*time.Millisecond {
+		t.Errorf("overrun took %v of a %v budget", oe.Took, oe.Budget)
+	}
+	if m.Overruns() != 1 || !strings.Contains(logged.String(), "overran its deadline") {
+		t.Errorf("Overruns = %d, log %q: want 1 and a line", m.Overruns(), logged.String())
+	}
+	if used := m.UsedBytes(); used != 0 || gr.drawn != 0 {
+		t.Errorf("after the overrun the plugin holds %d and the grant drew %d, want 0 and 0", used, gr.drawn)
+	}
+	// The context's own deadline, when earlier, is the slot's.
+	ctx, cancel := context.WithTimeout(bg, 10*time.Millisecond)
+	defer cancel()
+	if _, err := m.Allocate(ctx, memapi.AllocRequest{Size: 4096}, g); !errors.As(err, &oe) || oe.Budget > 10*time.Millisecond {
+		t.Errorf("Allocate under a 10 ms context = %v, want an overrun of a budget of at most 10ms", err)
+	}
+}
+
+// TestLocklessTableCaught: a handle table without its lock passes every
+// check run one call at a time; the suite's stress fails it, with the host
+// naming the ids the plugin lost (ErrProtocol) and keeping their bytes
+// quarantined instead of crashing or losing them.
+func TestLocklessTableCaught(t *testing.T) {
+	res := recordSuite(t, build(t, "broken", "BROKEN_LOCKLESS"), Options{}, false)
+	o, _ := res.Outcome("concurrency/stress")
+	if !o.Failed {
+		t.Fatalf("concurrency/stress passed on a lockless table")
+	}
+	log := strings.Join(o.Log, "\n")
+	if !strings.Contains(log, ErrProtocol.Error()) && !strings.Contains(log, "UsedBytes") {
+		t.Errorf("the stress failed without naming a protocol violation or the used bytes:\n%s", log)
+	}
+	for _, n := range []string{"DeviceAllocator/Allocate/round-trip", "spec/offers"} {
+		if slices.Contains(res.Failed(), n) {
+			t.Errorf("%s failed: the lockless table should fail only under concurrency", n)
+		}
+	}
+}
+
+// TestConfigAndLastError: open's configuration sets the instance's
+// granularity, and a refused configuration fails New with the plugin's own
+// message (last_error).
+func TestConfigAndLastError(t *testing.T) {
+	path := refhost(t)
+	m, err := New(path, Options{Config: "granularity=65536"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if g := m.Info().Granularity; g != 65536 {
+		t.Fatalf("Info().Granularity = %d with granularity=65536", g)
+	}
+	res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 1})
+	if err != nil || res.Size() != 65536 {
+		t.Fatalf("Reserve(1) = %v, %v: want 64 KiB", res, err)
+	}
+	if err := m.ReleaseReservation(bg, res, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(path, Options{Config: "colour=blue"})
+	if !errors.Is(err, ErrBadDescriptor) || !errors.Is(err, memapi.ErrUnsupported) || !strings.Contains(err.Error(), "refhost knows one configuration key") {
+		t.Errorf("New with an unknown key = %v, want ErrUnsupported with the plugin's message", err)
+	}
+	if _, err := New(path, Options{Config: "a\x00b"}); !errors.Is(err, ErrBadDescriptor) {
+		t.Errorf("New with a NUL in the configuration = %v, want ErrBadDescriptor", err)
+	}
+	r := recordSuite(t, path, Options{Config: "granularity=65536", Verify: true}, true)
+	if f := r.Failed(); len(f) > 0 {
+		t.Errorf("the suite at 64 KiB fails %v:\n%s", f, r.Report())
+	}
+}
+
+// TestHostChecksBeforeSlots: sizes and alignments the header's limits
+// exclude never reach the plugin: ErrInvalidSize from the host.
+func TestHostChecksBeforeSlots(t *testing.T) {
+	// broken.c checks no size itself: what fails is the host's check.
+	m, _ := newSubject(t, build(t, "broken"))
+	for _, req := range []memapi.AllocRequest{{Size: 0}, {Size: 1<<48 + 1}, {Size: 4096, Align: 3}, {Size: 4096, Align: 1 << 31}} {
+		if _, err := m.Allocate(bg, req, g); !errors.Is(err, memapi.ErrInvalidSize) {
+			t.Errorf("Allocate(%+v) = %v, want ErrInvalidSize", req, err)
+		}
+	}
+	r, _ := newSubject(t, refhost(t))
+	if _, err := r.Reserve(bg, memapi.ReserveRequest{Size: 1<<48 + 1}); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("Reserve over 2^48 = %v, want ErrInvalidSize", err)
+	}
+}
+
+// TestDeadlineIsMonotonic: deadline_ns is on CLOCK_MONOTONIC, as the header
+// says: a slot comparing it with clock_gettime sees the budget it was given.
+func TestDeadlineIsMonotonic(t *testing.T) {
+	m := &Mechanism{timeout: time.Second}
+	ns, _, _ := m.deadline(bg)
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Skip(err)
+	}
+	if left := time.Duration(ns - uint64(ts.Nano())); left > time.Second+time.Millisecond || left < 900*time.Millisecond {
+		t.Errorf("deadline_ns is %v from CLOCK_MONOTONIC's now, want about 1s", left)
+	}
+}
+
+// TestDisownedID: an id the host holds live that the plugin answers
+// MEMGEN_ERR_RELEASED for (here: freed behind the host's back) is a protocol
+// error; the id is quarantined with its bytes, never passed to the plugin
+// again, and the instance still closes.
+func TestDisownedID(t *testing.T) {
+	m, err := New(refhost(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 8192}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := m.issuer.Impl("test", a)
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(id.(uint64))); err != nil || r != 0 {
+		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
+	}
+	before := m.ProtocolErrors()
+	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Free of a disowned id = %v, want ErrProtocol", err)
+	}
+	if q := m.held(); q != 8192 || !a.Live() {
+		t.Errorf("after the refused Free the host accounts %d bytes and the handle is live=%v; want 8192, true", q, a.Live())
+	}
+	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") {
+		t.Errorf("second Free = %v, want ErrProtocol (quarantined) without calling the plugin", err)
+	}
+	if n := m.ProtocolErrors() - before; n != 2 {
+		t.Errorf("ProtocolErrors moved by %d, want 2", n)
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close with only a quarantined handle left: %v", err)
+	}
+}
