@@ -140,7 +140,8 @@ func medianOf(x []float64) float64 {
 // memgen, grows with n_ctx x batch), decodes 1,024 tokens in each (a
 // 1,008-token prompt and 16 greedy steps), and prints its resident set
 // (and the set before the model was loaded) and, on memgen's device, the
-// weights' and the committed KV's bytes.
+// weights' bytes, the committed KV's and the KV's reserved bytes (all of
+// n_ctx: what stock allocates).
 func memChild(stock bool) int {
 	fail := func(err error) int { fmt.Println("child:", err); return 3 }
 	if err := Init(libPath); err != nil {
@@ -164,7 +165,7 @@ func memChild(stock bool) int {
 	if err != nil {
 		return fail(err)
 	}
-	var kv memapi.Bytes
+	var kv, reserved memapi.Bytes
 	for i := range 8 {
 		c, err := m.NewContext(ctx, ContextOptions{NCtx: 8192, Batch: 32})
 		if err != nil {
@@ -181,12 +182,13 @@ func memChild(stock bool) int {
 			return fail(err)
 		}
 		kv += c.KV().Committed
+		reserved += c.KV().Reserved
 	}
 	rss, err := residentBytes()
 	if err != nil {
 		return fail(err)
 	}
-	fmt.Printf("child: rss %d weights %d kv %d base %d\n", rss, m.WeightBytes(), kv, base)
+	fmt.Printf("child: rss %d weights %d kv %d reserved %d base %d\n", rss, m.WeightBytes(), kv, reserved, base)
 	return 0
 }
 
@@ -212,13 +214,18 @@ func residentBytes() (int64, error) {
 // each resident set is its own). Reports both resident sets, memgen's
 // weights + committed KV, memgen's RSS over that (rss-over-held), and the
 // resident set of the process before it loaded the model (base-rss-MiB:
-// the Go runtime and the libraries).
+// the Go runtime and the libraries). The same ratio for stock
+// (stock-rss-over-held: its RSS over the same weights and its KV of all
+// n_ctx), and each side's RSS beyond what it holds (memgen-outside-MiB,
+// stock-outside-MiB: the process base, llama.cpp's per-context scheduler,
+// graph and compute buffers, and on memgen's side its Go bookkeeping)
+// show how much of the resident set no KV allocator decides.
 func BenchmarkMemory(b *testing.B) {
 	exe, err := os.Executable()
 	if err != nil {
 		b.Fatal(err)
 	}
-	run := func(mode string) (rss, weights, kv, base float64) {
+	run := func(mode string) (rss, weights, kv, reserved, base float64) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
@@ -228,20 +235,21 @@ func BenchmarkMemory(b *testing.B) {
 			b.Fatalf("%s: %v\n%s", mode, err, out)
 		}
 		for _, l := range strings.Split(string(out), "\n") {
-			if _, err := fmt.Sscanf(l, "child: rss %g weights %g kv %g base %g", &rss, &weights, &kv, &base); err == nil {
-				return rss, weights, kv, base
+			if _, err := fmt.Sscanf(l, "child: rss %g weights %g kv %g reserved %g base %g", &rss, &weights, &kv, &reserved, &base); err == nil {
+				return rss, weights, kv, reserved, base
 			}
 		}
 		b.Fatalf("%s: no figures in\n%s", mode, out)
 		return
 	}
-	var stockRSS, rss, held, base float64
+	var stockRSS, rss, held, stockHeld, base float64
 	for range b.N {
-		s, _, _, _ := run("rss-stock")
-		o, w, k, b0 := run("rss-memgen")
+		s, _, _, _, _ := run("rss-stock")
+		o, w, k, r, b0 := run("rss-memgen")
 		stockRSS += s
 		rss += o
 		held += w + k
+		stockHeld += w + r
 		base += b0
 	}
 	n := float64(b.N)
@@ -251,4 +259,7 @@ func BenchmarkMemory(b *testing.B) {
 	b.ReportMetric(base/n/(1<<20), "base-rss-MiB")
 	b.ReportMetric(rss/held, "rss-over-held")
 	b.ReportMetric(rss/stockRSS, "x-vs-stock")
+	b.ReportMetric(stockRSS/stockHeld, "stock-rss-over-held")
+	b.ReportMetric((rss-held)/n/(1<<20), "memgen-outside-MiB")
+	b.ReportMetric((stockRSS-stockHeld)/n/(1<<20), "stock-outside-MiB")
 }
