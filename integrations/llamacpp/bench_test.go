@@ -136,8 +136,8 @@ func medianOf(x []float64) float64 {
 }
 
 // memChild loads the model (stock or on memgen's device), opens 8 contexts
-// of n_ctx 8,192 and batches of 32 (llama.cpp's compute buffer, outside
-// memgen, grows with n_ctx x batch), decodes 1,024 tokens in each (a
+// of n_ctx 8,192 and batches of 32 (or LLAMACPP_MEMORY_BATCH; llama.cpp's
+// compute buffer, outside memgen, grows with n_ctx x batch), decodes 1,024 tokens in each (a
 // 1,008-token prompt and 16 greedy steps), and prints its resident set
 // (and the set before the model was loaded) and, on memgen's device, the
 // weights' bytes, the committed KV's and the KV's reserved bytes (all of
@@ -165,9 +165,15 @@ func memChild(stock bool) int {
 	if err != nil {
 		return fail(err)
 	}
+	batch := 32
+	if v := os.Getenv("LLAMACPP_MEMORY_BATCH"); v != "" {
+		if batch, err = strconv.Atoi(v); err != nil || batch <= 0 {
+			return fail(fmt.Errorf("LLAMACPP_MEMORY_BATCH=%q: not a batch size", v))
+		}
+	}
 	var kv, reserved memapi.Bytes
 	for i := range 8 {
-		c, err := m.NewContext(ctx, ContextOptions{NCtx: 8192, Batch: 32})
+		c, err := m.NewContext(ctx, ContextOptions{NCtx: 8192, Batch: batch})
 		if err != nil {
 			return fail(err)
 		}
