@@ -302,18 +302,19 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 
 // kvTile is the rows of K and V that ggml's CPU flash-attention kernel
 // reads together when it decodes a batch of 64 tokens or more (its tiled
-// path, GGML_FA_TILE_KV): it reads every row of a tile in which one cell
-// is visible to one query. For a single token it reads exactly the visible
-// rows. See docs/llamacpp.md.
+// path, taken for GGML_FA_TILE_Q = 64 queries or more; GGML_FA_TILE_KV =
+// 64 rows): it reads every row of a tile in which one cell is visible to
+// one query. Below 64 tokens it reads exactly the visible rows. See
+// docs/llamacpp.md.
 const kvTile = 64
 
 // touched is the rows of each KV tensor a decode of n tokens after cells
-// cells touches: the cells it writes and reads, and for a batch of more
-// than one token the rest of the last 64-row tile (at most the tensor's
+// cells touches: the cells it writes and reads, and for a batch of 64
+// tokens or more the rest of the last 64-row tile (at most the tensor's
 // rows).
 func touched(cells, n, rows int) int {
 	r := cells + n
-	if n > 1 {
+	if n >= kvTile {
 		r = min((r+kvTile-1)/kvTile*kvTile, rows)
 	}
 	return r

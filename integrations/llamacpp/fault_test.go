@@ -20,7 +20,10 @@ const childEnv = "MEMGEN_LLAMACPP_CHILD"
 // row is 1 KiB and the granule 4 KiB, so 8 rows are exactly 2 granules:
 // the 9th row is the first byte of an uncommitted (PROT_NONE) page.
 // "prefill-untiled" instead decodes a prompt of 100 tokens with the rows
-// committed to exactly 100 (not the 128 of two 64-row tiles).
+// committed to exactly 100 (not the 128 of two 64-row tiles); "batch63"
+// decodes 10 tokens, then a batch of 63 with the rows committed to exactly
+// 73, and "batch63-short" to 72; "batch64" decodes 10 tokens, then a
+// batch of 64 (committed to its tile's end, 128 rows).
 func runChild() int {
 	mode := os.Getenv(childEnv)
 	if err := Init(libPath); err != nil {
@@ -44,6 +47,23 @@ func runChild() int {
 	if err != nil {
 		fmt.Println("child:", err)
 		return 3
+	}
+	if n, ok := map[string]int{"batch63": 63, "batch63-short": 63, "batch64": 64}[mode]; ok {
+		// 10 cells, then n tokens: 63 make 73 rows, one more than 18
+		// granules, so one row short leaves the last row uncommitted.
+		if _, err := c.Decode(ctx, prompt(1, 10, m.NVocab())); err != nil {
+			fmt.Println("child:", err)
+			return 3
+		}
+		if mode == "batch63-short" {
+			rowsShort = 1
+		}
+		if _, err := c.Decode(ctx, prompt(2, n, m.NVocab())); err != nil {
+			fmt.Println("child:", err)
+			return 3
+		}
+		fmt.Printf("child: decoded a batch of %d tokens\n", n)
+		return 0
 	}
 	if mode == "prefill-untiled" || mode == "prefill" {
 		if mode == "prefill-untiled" {
@@ -107,8 +127,8 @@ func TestOneRowShortFaults(t *testing.T) {
 
 // TestPrefillNeedsWholeTiles: a batch of 64 tokens or more is attended
 // 64 KV rows at a time, so its rows are committed up to the tile's end
-// (then given back); committed to exactly the batch's rows, the engine
-// faults.
+// (then given back): a prompt of 100 tokens and a batch of exactly 64
+// decode; committed to exactly the batch's rows, the engine faults.
 func TestPrefillNeedsWholeTiles(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -126,10 +146,44 @@ func TestPrefillNeedsWholeTiles(t *testing.T) {
 	if err != nil || !strings.Contains(out, "child: decoded a prompt of 100 tokens") {
 		t.Fatalf("tiled commit: %v\n%s", err, out)
 	}
+	out, err = run("batch64")
+	if err != nil || !strings.Contains(out, "child: decoded a batch of 64 tokens") {
+		t.Fatalf("a batch of exactly 64 tokens: %v\n%s", err, out)
+	}
 	out, err = run("prefill-untiled")
 	if err == nil || !strings.Contains(out, "SIGSEGV") {
 		t.Fatalf("untiled commit: want a segmentation fault, got %v\n%s", err, out)
 	}
 	first, _, _ := strings.Cut(out, "\n")
 	t.Logf("rows committed to the batch only: %v: %s", err, first)
+}
+
+// TestSmallBatchNeedsItsRowsOnly: a batch of fewer than 64 tokens (63
+// after 10 cells) reads and writes exactly its rows, as a single token
+// does: committed to them (73 rows, no tile rounding) it decodes, and one
+// row short the engine faults, so the commit is neither short nor more
+// than the rows.
+func TestSmallBatchNeedsItsRowsOnly(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("batch63")
+	if err != nil || !strings.Contains(out, "child: decoded a batch of 63 tokens") {
+		t.Fatalf("exact commit: %v\n%s", err, out)
+	}
+	out, err = run("batch63-short")
+	if err == nil || !strings.Contains(out, "SIGSEGV") {
+		t.Fatalf("one row short: want a segmentation fault, got %v\n%s", err, out)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	t.Logf("one row short: %v: %s", err, first)
 }
