@@ -116,7 +116,7 @@ func New(o Options) (*Mechanism, error) {
 	is := memapi.NewIssuer()
 	m := &Mechanism{
 		info: memapi.MechanismInfo{
-			Mechanism:        "cpu",
+			Mechanism:        SpecName,
 			Instance:         is.Instance(),
 			Device:           memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: o.Ordinal},
 			Authority:        a,

@@ -13,9 +13,6 @@ import (
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
-// Name is the mechanism's spec name.
-const Name memapi.MechanismID = "cuda"
-
 // defaultGranularity is used for allocation rounding on devices without VMM,
 // where the driver reports no granularity: the page size of its pool.
 const defaultGranularity = 2 << 20
@@ -169,7 +166,7 @@ func New(cfg Config) (*Mechanism, error) {
 		auth = memapi.AuthorityID("cuda:" + strconv.Itoa(cfg.Ordinal))
 	}
 	m.info = memapi.MechanismInfo{
-		Mechanism:        Name,
+		Mechanism:        SpecName,
 		Instance:         m.issuer.Instance(),
 		Device:           memapi.DeviceKey{Kind: memapi.DeviceKindCUDA, Ordinal: cfg.Ordinal},
 		Authority:        auth,
@@ -307,7 +304,7 @@ func (m *Mechanism) Close() error {
 		}
 	}
 	if len(leaks) > 0 {
-		return &memapi.Error{Op: "cuda.Close", Kind: memapi.ErrInUse, Mechanism: Name, Authority: m.info.Authority,
+		return &memapi.Error{Op: "cuda.Close", Kind: memapi.ErrInUse, Mechanism: SpecName, Authority: m.info.Authority,
 			Detail: fmt.Sprintf("released what was still live: %v", leaks)}
 	}
 	return nil
@@ -387,11 +384,11 @@ func (m *Mechanism) enter(op string) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: Name, Authority: m.info.Authority}
+		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: SpecName, Authority: m.info.Authority}
 	}
 	if de := m.dev.lost.Load(); de != nil {
 		m.mu.Unlock()
-		return &memapi.Error{Op: op, Kind: memapi.ErrUnavailable, Mechanism: Name, Authority: m.info.Authority,
+		return &memapi.Error{Op: op, Kind: memapi.ErrUnavailable, Mechanism: SpecName, Authority: m.info.Authority,
 			Detail: "the CUDA context is lost", Err: de}
 	}
 	return nil
@@ -399,7 +396,7 @@ func (m *Mechanism) enter(op string) error {
 
 // fail returns a contract error of the given kind.
 func (m *Mechanism) fail(op string, kind error, h memapi.Handle, format string, args ...any) error {
-	e := &memapi.Error{Op: op, Kind: kind, Mechanism: Name, Authority: m.info.Authority, Detail: fmt.Sprintf(format, args...)}
+	e := &memapi.Error{Op: op, Kind: kind, Mechanism: SpecName, Authority: m.info.Authority, Detail: fmt.Sprintf(format, args...)}
 	if h != nil {
 		e.Handle = h.ID()
 	}
@@ -412,14 +409,14 @@ func (m *Mechanism) fail(op string, kind error, h memapi.Handle, format string, 
 func (m *Mechanism) driverErr(op string, err error, wanted uint64) error {
 	var me *memapi.Error
 	if errors.As(err, &me) && me.Kind == memapi.ErrClosed {
-		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: Name, Authority: m.info.Authority, Err: err}
+		return &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: SpecName, Authority: m.info.Authority, Err: err}
 	}
 	kind := memapi.ErrUnavailable
 	var de *DriverError
 	if errors.As(err, &de) {
 		kind = Kind(de.Call, de.Code)
 	}
-	e := &memapi.Error{Op: op, Kind: kind, Mechanism: Name, Authority: m.info.Authority, Wanted: memapi.Bytes(wanted), Err: err}
+	e := &memapi.Error{Op: op, Kind: kind, Mechanism: SpecName, Authority: m.info.Authority, Wanted: memapi.Bytes(wanted), Err: err}
 	if kind == memapi.ErrOutOfMemory {
 		_ = m.dev.do(func(t *driver.Table) error {
 			var free, total uint64

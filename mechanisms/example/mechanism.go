@@ -56,7 +56,7 @@ func New(o Options) *Mechanism {
 	return &Mechanism{
 		issuer: iss,
 		info: memapi.MechanismInfo{
-			Mechanism:        "example",
+			Mechanism:        SpecName,
 			Instance:         iss.Instance(),
 			Device:           memapi.DeviceKey{Kind: memapi.DeviceKindHost},
 			Authority:        o.Authority,

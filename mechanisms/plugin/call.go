@@ -39,8 +39,10 @@ func lockThread()   { runtime.LockOSThread() }
 func unlockThread() { runtime.UnlockOSThread() }
 
 // monoBase and timeBase are one moment on CLOCK_MONOTONIC and on Go's clock,
-// read together once: Go's monotonic clock is CLOCK_MONOTONIC on Linux, so
-// monoOf converts a later time.Time without a system call per slot.
+// read together once. Go's monotonic clock is CLOCK_MONOTONIC on Linux, and
+// time.Since(timeBase) reads only that clock (one vDSO read, no wall
+// clock), so a slot's window is kept as offsets from timeBase and its
+// deadline_ns is monoBase plus the offset of its end.
 var monoBase, timeBase = func() (uint64, time.Time) {
 	var ts unix.Timespec
 	t := time.Now()
@@ -50,8 +52,16 @@ var monoBase, timeBase = func() (uint64, time.Time) {
 	return uint64(ts.Nano()), t
 }()
 
-// monoOf is t on CLOCK_MONOTONIC in nanoseconds, the clock of deadline_ns.
-func monoOf(t time.Time) uint64 { return monoBase + uint64(t.Sub(timeBase)) }
+// window is a consuming slot's time: when it started and the deadline it
+// was given, as offsets from timeBase on the monotonic clock.
+type window struct{ start, end time.Duration }
+
+// ns is the window's end on CLOCK_MONOTONIC in nanoseconds, the clock of
+// deadline_ns.
+func (w window) ns() uint64 { return monoBase + uint64(w.end) }
+
+// passed reports whether the window's deadline has passed.
+func (w window) passed() bool { return time.Since(timeBase) > w.end }
 
 // ptr turns an address the plugin returned into a pointer without tripping
 // vet's unsafeptr check: the memory is the plugin's static data, never Go's.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -251,13 +252,31 @@ func TestHostChecksBeforeSlots(t *testing.T) {
 // says: a slot comparing it with clock_gettime sees the budget it was given.
 func TestDeadlineIsMonotonic(t *testing.T) {
 	m := &Mechanism{timeout: time.Second}
-	ns, _, _ := m.deadline(bg)
+	ns := m.deadline(bg).ns()
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		t.Skip(err)
 	}
 	if left := time.Duration(ns - uint64(ts.Nano())); left > time.Second+time.Millisecond || left < 900*time.Millisecond {
 		t.Errorf("deadline_ns is %v from CLOCK_MONOTONIC's now, want about 1s", left)
+	}
+}
+
+// TestDeadlineBounds: a slot's window never ends before it starts (a
+// context deadline already past, even before the process started, is "now",
+// not a wrapped deadline_ns) nor wraps around (a SlotTimeout near the
+// largest Duration is the farthest deadline, not one in the past).
+func TestDeadlineBounds(t *testing.T) {
+	m := &Mechanism{timeout: time.Second}
+	past, cancel := context.WithDeadline(bg, time.Unix(1, 0))
+	defer cancel()
+	w := m.deadline(past)
+	if w.end != w.start || w.ns() < monoBase || w.ns() > monoBase+uint64(time.Since(timeBase)) {
+		t.Errorf("a past context deadline gave the window %+v (deadline_ns %d, base %d), want it to end when it starts", w, w.ns(), monoBase)
+	}
+	m.timeout = math.MaxInt64
+	if w := m.deadline(bg); w.end < w.start || w.passed() || w.ns() < monoBase {
+		t.Errorf("a SlotTimeout of the largest Duration gave the window %+v (deadline_ns %d), want the farthest deadline", w, w.ns())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -352,26 +353,26 @@ func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintp
 	return m.statusError(op, r, h, msg)
 }
 
-// deadline returns the absolute CLOCK_MONOTONIC nanoseconds a consuming slot
-// must finish by, now, and the deadline on Go's clock.
-func (m *Mechanism) deadline(ctx context.Context) (uint64, time.Time, time.Time) {
-	now := time.Now()
-	end := now.Add(m.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(end) {
-		end = d
+// deadline returns the window of a consuming slot starting now: it ends
+// Options.SlotTimeout from now, or at the context's deadline when that is
+// sooner (never before now). One read of the monotonic clock.
+func (m *Mechanism) deadline(ctx context.Context) window {
+	now := time.Since(timeBase)
+	w := window{start: now, end: now + m.timeout}
+	if w.end < now { // a SlotTimeout near the largest Duration
+		w.end = math.MaxInt64
 	}
-	if end.Before(now) {
-		end = now
+	if d, ok := ctx.Deadline(); ok {
+		w.end = min(w.end, max(d.Sub(timeBase), now))
 	}
-	return monoOf(now.Add(end.Sub(now))), now, end // now.Add keeps the monotonic reading
+	return w
 }
 
-// overran reports a consuming slot that returned past its deadline: the
-// counter, a log line, and the typed error the call returns.
-func (m *Mechanism) overran(op string, start, end time.Time) error {
+// overran reports a consuming slot that returned past the end of its window:
+// the counter, a log line, and the typed error the call returns.
+func (m *Mechanism) overran(op string, w window) error {
 	m.overruns.Add(1)
-	now := time.Now()
-	e := &OverrunError{Op: op, Mechanism: m.info.Mechanism, Budget: end.Sub(start), Took: now.Sub(start)}
+	e := &OverrunError{Op: op, Mechanism: m.info.Mechanism, Budget: w.end - w.start, Took: time.Since(timeBase) - w.start}
 	m.log.Warn("memgen plugin: a slot overran its deadline", "plugin", string(m.info.Mechanism), "op", op,
 		"budget", e.Budget, "took", e.Took)
 	return e
@@ -559,11 +560,16 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 }
 
 func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest) (*memapi.Allocation, error) {
-	in := cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}
 	id := newID()
-	out := cAllocationOut{ID: id}
-	dl, start, end := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(dl), uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out))); err != nil {
+	// The request and the out parameter escape to the heap for the call
+	// (go:uintptrescapes): one object for both is one allocation.
+	inout := &struct {
+		in  cAllocRequest
+		out cAllocationOut
+	}{cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}, cAllocationOut{ID: id}}
+	out := &inout.out
+	w := m.deadline(ctx)
+	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.AllocGranularity)
@@ -575,9 +581,9 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 		m.giveBack(m.lib.da.Free, id, n)
 		return nil, m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want)
 	}
-	if time.Now().After(end) {
+	if w.passed() {
 		m.giveBack(m.lib.da.Free, id, want)
-		return nil, m.overran(op, start, end)
+		return nil, m.overran(op, w)
 	}
 	m.adoptNew(kindAllocation, id, want)
 	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), want, id), nil
@@ -698,15 +704,15 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 		return err
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
-	dl, start, end := m.deadline(ctx)
-	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(dl), uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
+	w := m.deadline(ctx)
+	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.unknown(op, res.ID(), id, err)
 	}
-	if time.Now().After(end) {
+	if w.passed() {
 		if rerr := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in))); rerr != nil {
 			m.addCommitted(id, r.Len) // still installed: keep it counted on the reservation
 		}
-		return m.overran(op, start, end)
+		return m.overran(op, w)
 	}
 	m.addCommitted(id, r.Len)
 	return nil
@@ -794,8 +800,8 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.Bytes) (*memapi.Backing, error) {
 	id := newID()
 	out := cBackingOut{ID: id}
-	dl, start, end := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(dl), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
+	w := m.deadline(ctx)
+	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
 	if err := m.changedID(op, id, out.ID, m.lib.sm.ReleaseBacking, memapi.Bytes(out.Size)); err != nil {
@@ -806,9 +812,9 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 		m.giveBack(m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size))
 		return nil, m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d (want %d)", out.Size, size, want)
 	}
-	if time.Now().After(end) {
+	if w.passed() {
 		m.giveBack(m.lib.sm.ReleaseBacking, id, want)
-		return nil, m.overran(op, start, end)
+		return nil, m.overran(op, w)
 	}
 	m.adoptNew(kindBacking, id, want)
 	return m.issuer.NewBacking(want, id), nil
@@ -898,8 +904,8 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	rid, _ := m.issuer.Impl(op, res) // live: v keeps it
 	vid, bid := newID(), newID()
 	out := cViewOut{ID: vid, Backing: bid}
-	dl, start, end := m.deadline(ctx)
-	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(dl), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
+	w := m.deadline(ctx)
+	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
 		err = m.unknown(op, v.ID(), old, err)
 		m.issuer.EndRelease(v, false)
 		return nil, m.done(op, err)
@@ -919,8 +925,8 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	if out.Reservation != rid.(uint64) || out.Range != (cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}) || out.Access != int32(memapi.AccessReadWrite) {
 		return nv, m.done(op, m.protocol(op, v.ID(), "the plugin's copy %+v is not a read-write view of range %v of reservation %v", out, rg, rid))
 	}
-	if time.Now().After(end) {
-		_ = m.overran(op, start, end)
+	if w.passed() {
+		_ = m.overran(op, w)
 	}
 	return nv, m.done(op, nil)
 }
