@@ -364,3 +364,66 @@ func TestAdmissionContendedReservationQueues(t *testing.T) {
 	}
 	_ = r.gr.Cancel()
 }
+
+// panickyAdmission is a poolAdmission whose first Admit raises the
+// capacity by half the shortfall (returning nil: the rest went to another
+// reservation, as far as the governor can tell) and whose second panics.
+type panickyAdmission struct {
+	*poolAdmission
+	n int
+}
+
+func (p *panickyAdmission) Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, pri Priority, wait bool) error {
+	p.n++
+	if p.n > 1 {
+		panic("admission bug")
+	}
+	return p.poolAdmission.Admit(ctx, holder, bytes, need/2, pri, wait)
+}
+
+// TestPanickingAdmissionLeavesLedger: an Admit that panics after an earlier
+// one admitted capacity for the same reservation. The bookkeeping around
+// the call is deferred: the capacity admitted goes back (ReturnAdmitted)
+// and the authority's figures are what they were, the lock is free, and
+// the panic reaches the caller, as a panicking hook's does.
+func TestPanickingAdmissionLeavesLedger(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1 << 20})
+	h.register("kv", nil, HolderOptions{})
+	p := &panickyAdmission{poolAdmission: &poolAdmission{t: t, g: h.g, id: hostA, pool: 4 << 20}}
+	if err := h.g.SetAdmission(hostA, p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	full, err := h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := h.auth(hostA)
+	func() {
+		defer func() {
+			if r := recover(); r != "admission bug" {
+				t.Fatalf("recovered %v, want the Admission's panic", r)
+			}
+		}()
+		_, _ = h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+		t.Fatal("Reserve returned")
+	}()
+	if p.n != 2 {
+		t.Fatalf("Admit called %d times, want 2", p.n)
+	}
+	after := h.auth(hostA)
+	if after.Capacity != before.Capacity || after.Reserved != before.Reserved || after.Free != before.Free {
+		t.Fatalf("capacity %d reserved %d free %d after the panic, want %d %d %d",
+			after.Capacity, after.Reserved, after.Free, before.Capacity, before.Reserved, before.Free)
+	}
+	if p.pool != 4<<20 {
+		t.Fatalf("the admission's pool holds %d, want it all back", p.pool)
+	}
+	if !after.Balanced() {
+		t.Fatalf("unbalanced %+v", after)
+	}
+	if err := full.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	h.wantLedger(hostA, ledger{Free: 1 << 20})
+}
