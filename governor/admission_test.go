@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // poolAdmission raises one authority's capacity from a pool of bytes, as a
@@ -213,7 +214,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := <-wc
+	w := watchdog.Recv(t, bound, "the waiting reservation", wc)
 	p.mu.Lock()
 	asked := p.needs[calls:]
 	p.mu.Unlock()
@@ -358,7 +359,7 @@ func TestAdmissionContendedReservationQueues(t *testing.T) {
 		t.Fatalf("%d admissions before it queued, want MaxAdmitTries (%d)", calls, MaxAdmitTries)
 	}
 	s.giveBack(t)
-	r := <-rc
+	r := watchdog.Recv(t, bound, "the queued reservation", rc)
 	if r.err != nil {
 		t.Fatalf("the queued reservation: %v", r.err)
 	}
@@ -399,19 +400,19 @@ func TestPanickingAdmissionLeavesLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := h.auth(hostA)
-	func() {
-		defer func() {
-			if r := recover(); r != "admission bug" {
-				t.Fatalf("recovered %v, want the Admission's panic", r)
-			}
-		}()
+	var recovered any
+	watchdog.Within(t, 5*time.Second, "Reserve with a panicking Admission", func() {
+		defer func() { recovered = recover() }()
 		_, _ = h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
-		t.Fatal("Reserve returned")
-	}()
+	})
+	if recovered != "admission bug" {
+		t.Fatalf("recovered %v, want the Admission's panic", recovered)
+	}
 	if p.n != 2 {
 		t.Fatalf("Admit called %d times, want 2", p.n)
 	}
-	after := h.auth(hostA)
+	var after AuthoritySnapshot
+	watchdog.Within(t, 5*time.Second, "a snapshot after the panic (the authority's lock left held?)", func() { after = h.auth(hostA) })
 	if after.Capacity != before.Capacity || after.Reserved != before.Reserved || after.Free != before.Free {
 		t.Fatalf("capacity %d reserved %d free %d after the panic, want %d %d %d",
 			after.Capacity, after.Reserved, after.Free, before.Capacity, before.Reserved, before.Free)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -35,11 +36,11 @@ func TestCloseDuringGrowthKeepsFailedRelease(t *testing.T) {
 		_, err := e.p.Alloc(ctx, 4096, nil)
 		errc <- err
 	}()
-	within(t, 10*time.Second, "the growth's Allocate", func() { <-entered })
+	watchdog.Within(t, 10*time.Second, "the growth's Allocate", func() { <-entered })
 	require.NoError(t, e.p.Close())
 	close(resume)
 	var err error
-	within(t, 10*time.Second, "Alloc", func() { err = <-errc })
+	watchdog.Within(t, 10*time.Second, "Alloc", func() { err = <-errc })
 	require.ErrorIs(t, err, memapi.ErrClosed)
 	s := e.checkLedger(t)
 	require.Zero(t, s.Segments)
@@ -80,11 +81,11 @@ func TestCloseDuringReserveKeepsTheRegion(t *testing.T) {
 		_, err := e.p.Alloc(ctx, 4096, nil)
 		errc <- err
 	}()
-	within(t, 10*time.Second, "the growth's ReserveVirtual", func() { <-entered })
+	watchdog.Within(t, 10*time.Second, "the growth's ReserveVirtual", func() { <-entered })
 	require.NoError(t, e.p.Close())
 	close(resume)
 	var err error
-	within(t, 10*time.Second, "Alloc", func() { err = <-errc })
+	watchdog.Within(t, 10*time.Second, "Alloc", func() { err = <-errc })
 	require.ErrorIs(t, err, memapi.ErrClosed)
 	e.checkLedger(t)
 	require.Equal(t, 1, e.m.LiveHandles(), "the reservation's release failed: the mechanism still holds it")

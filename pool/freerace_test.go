@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -82,7 +83,7 @@ func TestRacingFreesToldApart(t *testing.T) {
 			}()
 		}
 		start.Done()
-		within(t, 10*time.Second, "racing Frees", wg.Wait)
+		watchdog.Within(t, 10*time.Second, "racing Frees", wg.Wait)
 		require.True(t, (errs[0] == nil) != (errs[1] == nil), "one Free wins: %v, %v", errs[0], errs[1])
 		for _, err := range errs {
 			if err != nil {
