@@ -208,7 +208,7 @@ func TestRefundFastPathWakesWaiters(t *testing.T) {
 	if n := l.Release(); n != 100 {
 		t.Fatalf("released %d", n)
 	}
-	err = watchdog.Recv(t, watchdog.Bound, "the refund did not wake the waiter", ch)
+	err = watchdog.Recv(t, watchdog.Bound, "the waiter woken by the refund", ch)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
@@ -34,8 +35,10 @@ func Example() {
 	a, _ := g.Authority("host")
 	fmt.Printf("view %d bytes, backed %d MiB, charged %d MiB\n", tokens, region.Len()>>20, a.Charged>>20)
 
-	_ = region.Close()      // released behind its fences
-	_ = dc.Close(ctx, true) // waits for the deferred free
+	_ = region.Close() // released behind its fences
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_ = dc.Close(wctx, true) // waits for the deferred free
 	a, _ = g.Authority("host")
 	fmt.Printf("charged %d, free %d MiB\n", a.Charged, a.Free>>20)
 	// Output:
