@@ -215,8 +215,7 @@ func TestCachedBytesCalledWithoutLocks(t *testing.T) {
 	charge(t, h.g, "dev", "pool", 100)
 	done := make(chan Snapshot, 1)
 	go func() { done <- h.g.Snapshot() }()
-	var s Snapshot
-	s = watchdog.Recv(t, watchdog.Bound, "Snapshot with a CachedBytes that uses the governor", done)
+	s := watchdog.Recv(t, watchdog.Bound, "Snapshot with a CachedBytes that uses the governor", done)
 	if ha := holderAuth(t, s, "pool", "dev"); ha.Cached != 5 || ha.CacheErrors != 0 {
 		t.Fatalf("%+v", ha)
 	}
