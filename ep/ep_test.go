@@ -13,6 +13,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -161,7 +162,7 @@ func TestContextPinning(t *testing.T) {
 	case <-time.After(5 * time.Millisecond):
 	}
 	f.Complete()
-	require.NoError(t, <-done)
+	require.NoError(t, watchdog.Recv(t, watchdog.Bound, "Close waiting for the free", done))
 	require.True(t, freed.Load())
 	require.Equal(t, int32(1), d.closed.Load())
 
@@ -254,7 +255,9 @@ func TestDroppedHandleIsReportedAndStillReleased(t *testing.T) {
 	require.ErrorIs(t, c.Close(ctx, true), memapi.ErrInUse, "closed with a pending release")
 	require.False(t, freed.Load())
 	pending.Complete()
-	require.NoError(t, c.Close(context.Background(), true))
+	watchdog.Within(t, watchdog.Bound, "Close waiting for the release", func() {
+		require.NoError(t, c.Close(context.Background(), true))
+	})
 	require.True(t, freed.Load())
 }
 

@@ -3,6 +3,7 @@ package ep_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/memgen/memgen/ep"
 )
@@ -20,7 +21,11 @@ func Example() {
 	fmt.Println("live allocations:", c.Live())
 
 	work.Complete()
-	_ = c.Close(context.Background(), true) // waits for the free
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Close(ctx, true); err != nil { // waits for the free
+		fmt.Println(err)
+	}
 	fmt.Println("live allocations:", c.Live())
 	// Output:
 	// lease marked pending-free

@@ -9,6 +9,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -161,7 +162,7 @@ func TestCompletionOrdersReleases(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	require.Empty(t, order)
 	f.Complete()
-	<-done
+	watchdog.Recv(t, watchdog.Bound, "the releases", done)
 	require.Equal(t, []string{"first", "second"}, order, "a failed release completes too")
 }
 
@@ -206,7 +207,7 @@ func TestHandleMadeAsTheQueueClosesIsReleased(t *testing.T) {
 	require.NoError(t, ownErr)
 	require.NoError(t, h.Close(), "the release of a handle made as the queue closed was refused")
 	if !returned {
-		closeErr = <-errc
+		closeErr = watchdog.Recv(t, watchdog.Bound, "the queue's Close", errc)
 	}
 	require.NoError(t, closeErr)
 	require.True(t, freed.Load())

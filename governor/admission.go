@@ -132,9 +132,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			w := &waiter{acct: c, bytes: bytes}
 			return fail(a.overBudgetLocked(w, a.waitingBytes, fmt.Sprintf("other reservations took the capacity admitted for it %d times", MaxAdmitTries), ErrAdmissionContended), true)
 		}
-		a.mu.Unlock()
-		err := adm.Admit(ctx, c.h.id, bytes, need, priority, wait)
-		a.mu.Lock()
+		err := g.admitCall(ctx, a, adm, c, bytes, need, priority, wait, admitted)
 		admitted = admitted || err == nil
 		if a.shut != nil {
 			return fail(a.shut, false)
@@ -169,4 +167,28 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		break
 	}
 	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline, into)
+}
+
+// admitCall calls adm.Admit without a.mu (held on entry and on return).
+// Its bookkeeping is deferred: should Admit panic (or end its goroutine),
+// the lock is not taken again, the capacity admitted by earlier calls for
+// this reservation goes back (AdmissionReturn, when admitted) so the
+// ledger is as it was, and the panic goes on, as a panicking Reclaim's or
+// event hook's does.
+func (g *Governor) admitCall(ctx context.Context, a *authority, adm Admission, c *account, bytes, need memapi.Bytes, priority Priority, wait, admitted bool) error {
+	a.mu.Unlock()
+	returned := false
+	defer func() {
+		if returned {
+			a.mu.Lock()
+			return
+		}
+		g.log.Debug("governor: Admit did not return", "authority", a.id, "holder", c.h.id, "bytes", bytes)
+		if r, ok := adm.(AdmissionReturn); ok && admitted {
+			r.ReturnAdmitted(c.h.id, bytes)
+		}
+	}()
+	err := adm.Admit(ctx, c.h.id, bytes, need, priority, wait)
+	returned = true
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // poolAdmission raises one authority's capacity from a pool of bytes, as a
@@ -213,7 +214,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := <-wc
+	w := watchdog.Recv(t, bound, "the waiting reservation", wc)
 	p.mu.Lock()
 	asked := p.needs[calls:]
 	p.mu.Unlock()
@@ -358,9 +359,72 @@ func TestAdmissionContendedReservationQueues(t *testing.T) {
 		t.Fatalf("%d admissions before it queued, want MaxAdmitTries (%d)", calls, MaxAdmitTries)
 	}
 	s.giveBack(t)
-	r := <-rc
+	r := watchdog.Recv(t, bound, "the queued reservation", rc)
 	if r.err != nil {
 		t.Fatalf("the queued reservation: %v", r.err)
 	}
 	_ = r.gr.Cancel()
+}
+
+// panickyAdmission is a poolAdmission whose first Admit raises the
+// capacity by half the shortfall (returning nil: the rest went to another
+// reservation, as far as the governor can tell) and whose second panics.
+type panickyAdmission struct {
+	*poolAdmission
+	n int
+}
+
+func (p *panickyAdmission) Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, pri Priority, wait bool) error {
+	p.n++
+	if p.n > 1 {
+		panic("admission bug")
+	}
+	return p.poolAdmission.Admit(ctx, holder, bytes, need/2, pri, wait)
+}
+
+// TestPanickingAdmissionLeavesLedger: an Admit that panics after an earlier
+// one admitted capacity for the same reservation. The bookkeeping around
+// the call is deferred: the capacity admitted goes back (ReturnAdmitted)
+// and the authority's figures are what they were, the lock is free, and
+// the panic reaches the caller, as a panicking hook's does.
+func TestPanickingAdmissionLeavesLedger(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1 << 20})
+	h.register("kv", nil, HolderOptions{})
+	p := &panickyAdmission{poolAdmission: &poolAdmission{t: t, g: h.g, id: hostA, pool: 4 << 20}}
+	if err := h.g.SetAdmission(hostA, p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	full, err := h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := h.auth(hostA)
+	var recovered any
+	watchdog.Within(t, 5*time.Second, "Reserve with a panicking Admission", func() {
+		defer func() { recovered = recover() }()
+		_, _ = h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+	})
+	if recovered != "admission bug" {
+		t.Fatalf("recovered %v, want the Admission's panic", recovered)
+	}
+	if p.n != 2 {
+		t.Fatalf("Admit called %d times, want 2", p.n)
+	}
+	var after AuthoritySnapshot
+	watchdog.Within(t, 5*time.Second, "a snapshot after the panic (the authority's lock left held?)", func() { after = h.auth(hostA) })
+	if after.Capacity != before.Capacity || after.Reserved != before.Reserved || after.Free != before.Free {
+		t.Fatalf("capacity %d reserved %d free %d after the panic, want %d %d %d",
+			after.Capacity, after.Reserved, after.Free, before.Capacity, before.Reserved, before.Free)
+	}
+	if p.pool != 4<<20 {
+		t.Fatalf("the admission's pool holds %d, want it all back", p.pool)
+	}
+	if !after.Balanced() {
+		t.Fatalf("unbalanced %+v", after)
+	}
+	if err := full.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	h.wantLedger(hostA, ledger{Free: 1 << 20})
 }

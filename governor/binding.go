@@ -169,6 +169,9 @@ func (a *authority) reusableLocked(gr *Grant) error {
 	if gr.acct == nil {
 		return nil // a zero Grant
 	}
+	if gr.copied() {
+		return gr.closedError(opReserveInto, stateCopied)
+	}
 	if gr.acct.a != a {
 		return opError(opReserveInto, memapi.ErrAuthorityMismatch, a.id, 0, 0, "grant of authority "+string(gr.acct.a.id))
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 const hostB memapi.AuthorityID = "host-b"
@@ -237,12 +238,8 @@ func TestReserveIntoWaitHoldsTheGrant(t *testing.T) {
 	mustKind(t, err, memapi.ErrGrantClosed)
 	mustKind(t, bd.ReserveInto(context.Background(), &gr, 10, 0, time.Time{}), memapi.ErrInUse)
 	cancel()
-	select {
-	case err := <-done:
-		mustKind(t, err, context.Canceled)
-	case <-time.After(watchdog):
-		t.Fatal("the cancelled ReserveInto did not return")
-	}
+	err = watchdog.Recv(t, watchdog.Bound, "the cancelled ReserveInto", done)
+	mustKind(t, err, context.Canceled)
 	if gr.Open() {
 		t.Fatal("a failed ReserveInto left the grant open")
 	}
@@ -254,13 +251,9 @@ func TestReserveIntoWaitHoldsTheGrant(t *testing.T) {
 	if err := full.Refund(100); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(watchdog):
-		t.Fatal("the served ReserveInto did not return")
+	err = watchdog.Recv(t, watchdog.Bound, "the served ReserveInto", done)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if !gr.Open() || gr.Size() != 60 || gr.Remaining() != 60 {
 		t.Fatalf("served grant: open %v size %d remaining %d", gr.Open(), gr.Size(), gr.Remaining())
@@ -365,7 +358,7 @@ func TestUnlockedCommitIsSettledBeforeItIsRead(t *testing.T) {
 	})
 	t.Run("pressure", func(t *testing.T) {
 		h, lh, _ := setup(t)
-		ctx, cancel := context.WithTimeout(context.Background(), watchdog) // no ticket would mean no refund
+		ctx, cancel := context.WithTimeout(context.Background(), bound) // no ticket would mean no refund
 		defer cancel()
 		gr, err := h.g.Reserve(ctx, hostA, "w", "w", 700, 0, time.Time{})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // cacheHolder is a holder that reports what report says (nil: panics).
@@ -214,12 +215,7 @@ func TestCachedBytesCalledWithoutLocks(t *testing.T) {
 	charge(t, h.g, "dev", "pool", 100)
 	done := make(chan Snapshot, 1)
 	go func() { done <- h.g.Snapshot() }()
-	var s Snapshot
-	select {
-	case s = <-done:
-	case <-time.After(watchdog):
-		t.Fatal("Snapshot deadlocked with a CachedBytes that uses the governor")
-	}
+	s := watchdog.Recv(t, watchdog.Bound, "Snapshot with a CachedBytes that uses the governor", done)
 	if ha := holderAuth(t, s, "pool", "dev"); ha.Cached != 5 || ha.CacheErrors != 0 {
 		t.Fatalf("%+v", ha)
 	}

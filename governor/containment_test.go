@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 const hostQ memapi.AuthorityID = "q"
@@ -99,13 +100,9 @@ func TestPanickingServedHookReturnsTheGrant(t *testing.T) {
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-done:
-		if r != "hook bug" {
-			t.Fatalf("recovered %v", r)
-		}
-	case <-time.After(watchdog):
-		t.Fatal("the reservation was not served")
+	r := watchdog.Recv(t, watchdog.Bound, "the reservation was not served", done)
+	if r != "hook bug" {
+		t.Fatalf("recovered %v", r)
 	}
 	if s := snap(t, g); s.Reserved != 0 || s.Grants != 0 {
 		t.Fatalf("a grant nobody owns: %+v", s)
@@ -136,11 +133,11 @@ func TestReclaimContextEndsAtTheDeadline(t *testing.T) {
 	_ = gr.Draw(100)
 	l, _ := gr.Commit()
 	defer l.Release()
-	ctx, cancel := context.WithTimeout(context.Background(), watchdog)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	_, err := g.Reserve(ctx, hostQ, "req", "", 50, 0, time.Now().Add(20*time.Millisecond))
 	mustKind(t, err, memapi.ErrOverBudget)
-	if c := <-cause; !errors.Is(c, context.DeadlineExceeded) {
+	if c := watchdog.Recv(t, bound, "Reclaim's context ending", cause); !errors.Is(c, context.DeadlineExceeded) {
 		t.Fatalf("Reclaim's ctx ended by %v, not by the reservation's deadline", c)
 	}
 	if ctx.Err() != nil {
@@ -211,13 +208,9 @@ func TestRefundFastPathWakesWaiters(t *testing.T) {
 	if n := l.Release(); n != 100 {
 		t.Fatalf("released %d", n)
 	}
-	select {
-	case err := <-ch:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(watchdog):
-		t.Fatal("the refund did not wake the waiter")
+	err = watchdog.Recv(t, watchdog.Bound, "the waiter woken by the refund", ch)
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

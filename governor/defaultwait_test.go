@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // fill charges the whole of authority "gpu" to holder "a" and returns the
@@ -70,13 +71,8 @@ func TestDefaultWaitIsSettable(t *testing.T) {
 		_, err := g.Reserve(context.Background(), "gpu", "a", "r", 1, 0, time.Time{})
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrDefaultWait) {
-			t.Fatalf("error %v, want ErrDefaultWait", err)
-		}
-	case <-time.After(watchdog):
-		t.Fatal("a reservation with no deadline waited past the 10 ms default wait")
+	if err := watchdog.Recv(t, watchdog.Bound, "a reservation with no deadline, past the 10 ms default wait", done); !errors.Is(err, ErrDefaultWait) {
+		t.Fatalf("error %v, want ErrDefaultWait", err)
 	}
 }
 

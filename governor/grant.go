@@ -35,6 +35,7 @@ const (
 	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
 	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
 	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
+	stateCopied   uint64 = 8 // a copy of an issued grant (read by load, never stored: not in the word's 3 bits)
 	opDraw               = "governor.Grant.Draw"
 	opUndraw             = "governor.Grant.Undraw"
 	opGrantCommit        = "governor.Grant.Commit"
@@ -50,6 +51,13 @@ const (
 // A Grant is usually allocated by Reserve; Binding.ReserveInto instead fills
 // one the caller owns (its zero value, or one whose use ended), so a steady
 // stream of reservations allocates nothing.
+//
+// A Grant is used through its pointer only. A copy of an issued Grant (a
+// value copy, `cp := *gr`, which go vet's copylocks flags) is refused by
+// every method that can fail, with ErrCopiedGrant, and reads as closed:
+// an issued grant is the one its lease points back to (lease.g), which a
+// copy is not, so a copy can neither return nor draw the bytes of the
+// reservation it was copied from.
 //
 // All methods are safe for concurrent use.
 type Grant struct {
@@ -142,17 +150,26 @@ func (gr *Grant) Open() bool {
 // to the previous issue, closed before the grant was issued again, and reads
 // as open with nothing drawn.
 //
-// A zero Grant, never reserved, reads as stateUnissued: closed to every use.
+// A zero Grant, never reserved, reads as stateUnissued, and a copy of an
+// issued one as stateCopied: closed to every use.
 func (gr *Grant) load() (w, st uint64, d memapi.Bytes) {
 	w = gr.state.Load()
 	if gr.acct == nil {
 		return w, stateUnissued, 0
+	}
+	if gr.copied() {
+		return w, stateCopied, 0
 	}
 	if w&eraBit != gr.sizeEra&eraBit {
 		return w, stateOpen, 0
 	}
 	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
 }
+
+// copied reports whether gr is a copy of an issued grant: the grant its
+// lease points back to is another. The link is set at the first issue,
+// before the grant is handed out, and never changes.
+func (gr *Grant) copied() bool { return gr.acct != nil && gr.lease.g != gr }
 
 // word is the state word of this issue in state st with d bytes drawn and
 // no reissue left to book: for the swaps made under the lock, which book
@@ -303,8 +320,8 @@ func (gr *Grant) Commit() (*Lease, error) {
 // forgets installed bytes. Cancelling a cancelled or expired grant with
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
 func (gr *Grant) Cancel() error {
-	if gr.acct == nil {
-		return gr.closedError(opGrantCancel, stateUnissued)
+	if _, st, _ := gr.load(); st == stateUnissued || st == stateCopied {
+		return gr.closedError(opGrantCancel, st)
 	}
 	a := gr.acct.a
 	a.mu.Lock()
@@ -391,6 +408,9 @@ func (gr *Grant) pastDeadline() bool {
 }
 
 func (gr *Grant) closedError(op string, st uint64) error {
+	if st == stateCopied {
+		return opError(op, ErrCopiedGrant, gr.Authority(), 0, 0, "a copy of a Grant: use the *Grant the reservation returned")
+	}
 	e := opError(op, memapi.ErrGrantClosed, gr.Authority(), 0, 0, "")
 	switch st {
 	case stateCommit, stateSettled, stateRefunded:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 const hostA memapi.AuthorityID = "host"
@@ -235,7 +236,7 @@ func TestGrantDrawIsAtomic(t *testing.T) {
 	}
 	total := 0
 	for range 8 {
-		total += <-done
+		total += watchdog.Recv(t, bound, "a drawing goroutine", done)
 	}
 	if total != 1000 || gr.Drawn() != 1000 {
 		t.Fatalf("%d draws succeeded, drawn %d", total, gr.Drawn())

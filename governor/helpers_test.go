@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
-// watchdog bounds how long a test waits for something that must happen; it
-// guards against a deadlock hanging the suite, it does not time anything.
-const watchdog = 20 * time.Second
+// bound is how long a test waits for something that must happen; it guards
+// against a deadlock hanging the suite, it does not time anything.
+const bound = watchdog.Bound
 
 type harness struct {
 	t       testing.TB
@@ -33,7 +34,7 @@ func newHarness(t testing.TB, caps map[memapi.AuthorityID]memapi.Bytes) *harness
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { h.g.Close() })
+	t.Cleanup(func() { watchdog.Within(t, bound, "Governor.Close", func() { h.g.Close() }) })
 	return h
 }
 
@@ -62,16 +63,11 @@ func (h *harness) eventsOf(kind EventKind) []Event {
 // tickets have run.
 func (h *harness) awaitWaiting(holder HolderID) Event {
 	h.t.Helper()
-	select {
-	case e := <-h.waiting:
-		if e.Holder != holder {
-			h.t.Fatalf("waiting event for %s, want %s", e.Holder, holder)
-		}
-		return e
-	case <-time.After(watchdog):
-		h.t.Fatalf("no reservation by %s started waiting", holder)
+	e := watchdog.Recv(h.t, bound, "the reservation of "+string(holder)+" starting to wait", h.waiting)
+	if e.Holder != holder {
+		h.t.Fatalf("waiting event for %s, want %s", e.Holder, holder)
 	}
-	return Event{}
+	return e
 }
 
 func (h *harness) register(id HolderID, rec Holder, opts HolderOptions) {
@@ -143,13 +139,7 @@ func (h *harness) reserveAsync(ctx context.Context, auth memapi.AuthorityID, hol
 
 func await(t testing.TB, ch <-chan result) result {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(watchdog):
-		t.Fatal("reservation did not return")
-	}
-	return result{}
+	return watchdog.Recv(t, watchdog.Bound, "the reservation", ch)
 }
 
 func mustKind(t testing.TB, err, kind error) {

@@ -8,7 +8,7 @@ import "github.com/memgen/memgen/generated/memapi"
 // methods is refused (memapi.ErrForeignGrant) before anything is drawn.
 // Recognition is by concrete type and the link every issued grant keeps to
 // its governor (through its authority), which no code outside the package
-// can set.
+// can set. A copy of an issued grant or lease is not vouched for.
 
 // IssuedGrant reports whether g is a Grant this governor reserved.
 func (g *Governor) IssuedGrant(x memapi.Grant) bool {
@@ -22,12 +22,13 @@ func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	case *Grant:
 		return g.issued(v)
 	case *Lease:
-		return v != nil && g.issued(v.g)
+		return v != nil && g.issued(v.g) && &v.g.lease == v // not a copy of the lease
 	}
 	return false
 }
 
-// issued reports whether gr was issued by g at least once.
+// issued reports whether gr was issued by g at least once, and is that
+// grant, not a copy of it (Grant.copied).
 func (g *Governor) issued(gr *Grant) bool {
-	return gr != nil && gr.acct != nil && gr.acct.a.g == g
+	return gr != nil && gr.acct != nil && !gr.copied() && gr.acct.a.g == g
 }

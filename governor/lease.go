@@ -74,6 +74,9 @@ func (l *Lease) Refund(n memapi.Bytes) error {
 	// refundUnsettled, spelled out on the hot path; with a reservation
 	// waiting, the lock is taken anyway, so take it at once.
 	if gr := l.g; n != 0 && !gr.acct.a.queued.Load() {
+		if refundChecked != nil {
+			refundChecked()
+		}
 		if w, st, d := gr.load(); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
 			gr.refunded()
 			return nil
@@ -97,6 +100,12 @@ func (l *Lease) Refund(n memapi.Bytes) error {
 	a.mu.Unlock()
 	return nil
 }
+
+// refundChecked, when set (by tests, before anything runs concurrently),
+// runs on Refund's lock-free path between its check that no reservation
+// waits and its swap: a test queues a reservation there, the interleaving
+// that only the wake after the swap (Grant.refunded) serves.
+var refundChecked func()
 
 // refundUnsettled refunds n bytes without the lock when they are the whole
 // lease of a commit made without the lock and not settled since (so nothing

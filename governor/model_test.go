@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"pgregory.net/rapid"
 )
 
@@ -496,7 +497,7 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 		}
 		l.charged, l.pending = 0, 0
 		if m.free(a) >= bytes {
-			res = <-ch
+			res = watchdog.Recv(rt, bound, "the served reservation", ch)
 			if res.err != nil {
 				rt.Fatalf("refund left %d free for %d but: %v", m.free(a), bytes, res.err)
 			}
@@ -504,7 +505,7 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 		}
 	}
 	cancel()
-	res = <-ch
+	res = watchdog.Recv(rt, bound, "the cancelled reservation", ch)
 	if !errors.Is(res.err, context.Canceled) || !errors.Is(res.err, memapi.ErrOverBudget) {
 		rt.Fatalf("cancelled wait: %v", res.err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"go.uber.org/goleak"
 )
 
@@ -321,13 +322,13 @@ func TestStressConcurrentLedger(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	watchdog.Within(t, bound, "the stress workers", wg.Wait)
 	close(stopWatch)
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if err := <-watchErr; err != nil {
+	if err := watchdog.Recv(t, bound, "the watcher", watchErr); err != nil {
 		t.Fatal(err)
 	}
 	// Everyone releases what they hold; every figure is back to its start.

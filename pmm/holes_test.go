@@ -8,6 +8,7 @@ import (
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 	"github.com/stretchr/testify/require"
@@ -306,7 +307,7 @@ func TestHolesOnTheCPU(t *testing.T) {
 	mgr := pmm.New(l, pmm.Options{Verify: true})
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: auth}))
 	ctx := context.Background()
-	defer func() { require.NoError(t, ectx.Close(ctx, true)) }()
+	defer watchdog.Within(t, watchdog.Bound, "the device context's Close", func() { require.NoError(t, ectx.Close(ctx, true)) })
 	b, err := mgr.Bind("kv", "cache", dev0)
 	require.NoError(t, err)
 	r, err := b.ReserveVirtual(ctx, 64*4096)

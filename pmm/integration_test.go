@@ -16,6 +16,7 @@ import (
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 	"github.com/stretchr/testify/require"
@@ -224,7 +225,7 @@ func TestIntegrationCPUGovernorTrace(t *testing.T) {
 	audit("end")
 	require.NoError(t, coldB.Close())
 	require.NoError(t, kvB.Close())
-	require.NoError(t, ectx.Close(ctx, true))
+	watchdog.Within(t, watchdog.Bound, "the device context's Close", func() { require.NoError(t, ectx.Close(ctx, true)) })
 	a, _ = g.Authority(hostAuth)
 	require.Equal(t, memapi.Bytes(capacity), a.Free, "every byte returned")
 	require.Zero(t, m.UsedBytes())

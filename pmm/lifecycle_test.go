@@ -12,6 +12,7 @@ import (
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pmm"
 	"github.com/stretchr/testify/require"
 )
@@ -343,17 +344,17 @@ func TestTransactionQueuedBehindCloseFails(t *testing.T) {
 	go func() {
 		first <- r.Grow(ctx, gran, func(memapi.Bytes) error { close(in); <-out; return nil })
 	}()
-	<-in
+	watchdog.Recv(t, watchdog.Bound, "the first Grow's update", in)
 	second := make(chan error, 1)
 	go func() { second <- r.Grow(ctx, 2*gran, nil) }()
 	time.Sleep(5 * time.Millisecond) // let it queue for its turn
 	require.NoError(t, r.Close())
 	close(out)
-	require.ErrorIs(t, <-second, memapi.ErrClosed)
+	require.ErrorIs(t, watchdog.Recv(t, watchdog.Bound, "the second Grow", second), memapi.ErrClosed)
 	// The first Grow ends its transaction after the second learns it
 	// lost: only then is the region's release scheduled, so wait for it
 	// before the queue is drained.
-	require.NoError(t, <-first)
+	require.NoError(t, watchdog.Recv(t, watchdog.Bound, "the first Grow", first))
 	e.settled(t)
 }
 

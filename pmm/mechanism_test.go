@@ -11,6 +11,7 @@ import (
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pmm"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +31,9 @@ func TestNothingPublicYieldsRawMechanism(t *testing.T) {
 	require.NoError(t, g.Register("h", nil, governor.HolderOptions{}))
 	raw := fakes.NewMechanism(fakes.Config{Authority: auth})
 	ectx := ep.NewContext(fakes.NewContext(raw), ep.Options{})
-	t.Cleanup(func() { require.NoError(t, ectx.Close(ctx, true)) })
+	t.Cleanup(func() {
+		watchdog.Within(t, watchdog.Bound, "the device context's Close", func() { require.NoError(t, ectx.Close(ctx, true)) })
+	})
 	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: raw, Context: ectx, Authority: auth}))
 

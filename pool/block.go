@@ -15,11 +15,14 @@ import (
 // once freed with fences that have not completed (reusable at once on its
 // own stream, on others only once they complete); Released once back in the
 // cache. Returning a block to the cache cannot fail, so a block is never
-// Closing or Quarantined: those states belong to the segments, which are
-// pmm Buffers with pmm's lifecycle.
+// Quarantined (that belongs to the segments, which are pmm Buffers with
+// pmm's lifecycle), and Closing only while a Free takes it (claim).
 //
 // One block's methods are not for concurrent use with each other, except
-// that two racing Frees are told apart (one gets ErrDoubleFree).
+// that two racing Frees are told apart (one gets ErrDoubleFree) and that a
+// stale handle (its block freed, perhaps handed out again) never touches
+// the block's state: only the Free that wins the block's state word
+// (claim), or the pool under its lock, reads the block's fields.
 type Block struct {
 	b   *block
 	gen uint32
@@ -53,6 +56,16 @@ func (b *block) open(req uint64, s memapi.Stream) Block {
 	b.req, b.stream = req, s
 	b.word.Store(pack(gen, ep.Open))
 	return Block{b: b, gen: gen}
+}
+
+// claim makes the caller the owner of the block's generation gen for a
+// Free: the compare-and-swap from Open to Closing succeeds for one caller
+// only, and only while gen is the block's generation. Every field of the
+// block is read by a Free after its claim, never before, so a losing or
+// stale Free reads nothing its winner or the block's next owner writes.
+// The winner ends the claim by storing gen+1 with the block's next state.
+func (b *block) claim(gen uint32) bool {
+	return b.word.CompareAndSwap(pack(gen, ep.Open), pack(gen, ep.Closing))
 }
 
 // Addr returns the block's device address, a multiple of Alignment.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -109,7 +110,7 @@ func TestConcurrentUse(t *testing.T) {
 					_ = e.p.Stats()
 				}
 			}()
-			wg.Wait()
+			watchdog.Within(t, watchdog.Bound, "the workers", wg.Wait)
 			close(stop)
 			pressure.Wait()
 			close(errs)

@@ -2,7 +2,6 @@ package pool_test
 
 import (
 	"context"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pmm"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
@@ -71,7 +71,7 @@ func setupWith(t tb, capacity memapi.Bytes, opts pool.Options, cfg fakes.Config)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		m.ClearFaults()
-		within(t, 30*time.Second, "Pool.Close", func() {
+		watchdog.Within(t, 30*time.Second, "Pool.Close", func() {
 			_ = p.Close()
 			_ = p.Close() // retries what a fault made fail before
 		})
@@ -81,23 +81,6 @@ func setupWith(t tb, capacity memapi.Bytes, opts pool.Options, cfg fakes.Config)
 		require.NoError(t, g.Close())
 	})
 	return e
-}
-
-// within runs f and fails the test with every goroutine's stack if f has
-// not returned after d: a lock left held (a panic in a locked section that
-// a recover swallowed) or a deadlock shows as a failure, not a hang.
-func within(t tb, d time.Duration, what string, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { defer close(done); f() }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		t.Errorf("%s did not return within %v; goroutines:\n%s", what, d, buf)
-		t.FailNow()
-	}
 }
 
 func (e *env) drain(t tb) {

@@ -10,6 +10,7 @@ import (
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -129,8 +130,13 @@ func TestRecommitFailureChangesNothing(t *testing.T) {
 // TestRecommitOverBudget: when another holder took the bytes a hole gave
 // back, committing it again fails over budget with the pool's figures;
 // nothing changes.
+//
+// Options.Wait is the watchdog's bound here: the recommit that must succeed
+// may wait on a loaded machine; the one that must fail is bounded by its
+// own context instead.
 func TestRecommitOverBudget(t *testing.T) {
-	e := holesEnv(t, 4<<20)
+	e := setupWith(t, 4<<20, pool.Options{Backing: pool.BackingRegion, SegmentBytes: 1 << 20, HoleSlack: 1e-9,
+		Wait: watchdog.Bound}, fakes.Config{Granularity: 64 << 10})
 	ctx := context.Background()
 	live := holed(t, e)
 	_, err := e.p.Trim(ctx)
@@ -142,7 +148,9 @@ func TestRecommitOverBudget(t *testing.T) {
 	s, _ := e.g.Authority(auth)
 	buf, err := ob.Allocate(ctx, s.Free)
 	require.NoError(t, err)
-	_, err = e.p.Alloc(ctx, 512<<10, nil)
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	watchdog.Within(t, watchdog.Bound, "Alloc over budget", func() { _, err = e.p.Alloc(short, 512<<10, nil) })
 	require.ErrorIs(t, err, memapi.ErrOverBudget)
 	var ob2 *pool.OverBudgetError
 	require.True(t, errors.As(err, &ob2))
@@ -156,7 +164,8 @@ func TestRecommitOverBudget(t *testing.T) {
 	require.Equal(t, before.Decommitted, after.Decommitted)
 	require.NoError(t, buf.Close())
 	e.drain(t)
-	h, err := e.p.Alloc(ctx, 512<<10, nil)
+	var h pool.Block
+	watchdog.Within(t, watchdog.Bound, "Alloc", func() { h, err = e.p.Alloc(ctx, 512<<10, nil) })
 	require.NoError(t, err)
 	require.NoError(t, h.Free())
 	e.checkLedger(t)

@@ -83,33 +83,23 @@ func (p *Pool) growHuge(ctx context.Context, n, r uint64) error {
 // cached huge bytes that fit no request go back rather than add to the
 // peak.
 func (p *Pool) releaseFreeHuge() error {
-	out := p.takeFreeHuge()
-	var errs []error
-	for _, s := range out {
-		errs = append(errs, s.buf.Close())
-	}
-	return errors.Join(errs...)
-}
-
-func (p *Pool) takeFreeHuge() []*segment {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []*segment
+	var errs []error
 	for _, c := range p.hugeFree {
-		out = append(out, p.dropSegmentLocked(c.seg))
+		errs = append(errs, p.dropSegmentLocked(c.seg))
 	}
 	clear(p.hugeFree)
 	p.hugeFree = p.hugeFree[:0]
-	return out
+	return errors.Join(errs...)
 }
 
 // dropSegmentLocked takes a wholly free segment out of the pool (its
-// figures, the segments it holds); the caller closes its Buffer, which
-// stays in released until pmm released it.
-func (p *Pool) dropSegmentLocked(s *segment) *segment {
+// figures, the segments it holds) and closes its Buffer, which stays in
+// released until pmm released it (closeKeptLocked).
+func (p *Pool) dropSegmentLocked(s *segment) error {
 	delete(p.segs, s)
 	p.held -= s.size
 	p.c.segFrees++
-	p.released = append(p.released, s.buf)
-	return s
+	return p.closeKeptLocked(s.buf)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -56,7 +57,7 @@ func TestPanicInLockedSectionReleasesLocks(t *testing.T) {
 			require.NoError(t, blk.Free()) // fc: Done #1, pending
 		}
 		fa.done.Store(true)
-		within(t, 10*time.Second, "Alloc", func() {
+		watchdog.Within(t, 10*time.Second, "Alloc", func() {
 			require.Panics(t, func() {
 				// Drain the shards and the depot so the slow path, which
 				// sweeps the pending list, runs.
@@ -73,11 +74,11 @@ func TestPanicInLockedSectionReleasesLocks(t *testing.T) {
 				}
 			})
 		})
-		within(t, 10*time.Second, "Stats after the panic", func() {
+		watchdog.Within(t, 10*time.Second, "Stats after the panic", func() {
 			st := e.p.Stats()
 			require.Equal(t, memBytes(2*size), st.Pending, "b and c pending, once each")
 		})
-		within(t, 10*time.Second, "Trim after the panic", func() {
+		watchdog.Within(t, 10*time.Second, "Trim after the panic", func() {
 			_, err := e.p.Trim(ctx) // c: Done #3, cached
 			require.NoError(t, err)
 		})
@@ -88,7 +89,7 @@ func TestPanicInLockedSectionReleasesLocks(t *testing.T) {
 		st := e.checkLedger(t)
 		require.Zero(t, st.Pending)
 		require.Zero(t, st.InUse)
-		within(t, 10*time.Second, "Close after the panic", func() { require.NoError(t, e.p.Close()) })
+		watchdog.Within(t, 10*time.Second, "Close after the panic", func() { require.NoError(t, e.p.Close()) })
 		e.drain(t)
 		require.Zero(t, e.m.UsedBytes())
 		require.NoError(t, s.Close())

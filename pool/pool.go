@@ -491,7 +491,7 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
-		return errors.Join(errClosed(), buf.Close())
+		return errors.Join(errClosed(), p.closeKeptLocked(buf))
 	}
 	p.segs[seg] = struct{}{}
 	p.held += seg.size
@@ -536,14 +536,17 @@ func (p *Pool) Free(h Block) error {
 	if b == nil || b.p != p {
 		return &memapi.Error{Op: "pool.Free", Kind: ErrForeignBlock}
 	}
+	if !b.claim(h.gen) {
+		return &memapi.Error{Op: "pool.Free", Kind: ErrDoubleFree, Wanted: memapi.Bytes(b.size)}
+	}
+	// This Free owns the block now: no other Free, stale handle or
+	// RecordUse of this generation reads or writes its fields.
 	pendingNow := len(b.fences) > 0 && !b.done()
 	st := ep.Released
 	if pendingNow {
 		st = ep.Pending
 	}
-	if !b.word.CompareAndSwap(pack(h.gen, ep.Open), pack(h.gen+1, st)) {
-		return &memapi.Error{Op: "pool.Free", Kind: ErrDoubleFree, Wanted: memapi.Bytes(b.size)}
-	}
+	b.word.Store(pack(h.gen+1, st))
 	if pendingNow {
 		p.freePending(b)
 		return nil
@@ -693,10 +696,7 @@ func (p *Pool) closeLocked() (err error, wasClosed bool) {
 		for _, f := range fences[seg] {
 			errs = append(errs, seg.owned().RecordUse(f))
 		}
-		errs = append(errs, seg.owned().Close())
-		if seg.buf != nil {
-			p.released = append(p.released, seg.buf)
-		}
+		errs = append(errs, p.closeKeptLocked(seg.owned()))
 		p.c.segFrees++
 	}
 	// p.region stays: its release may fail and be retried (release.go).

@@ -33,14 +33,11 @@ func (p *Pool) Trim(ctx context.Context) (memapi.Bytes, error) { return p.trim(c
 
 func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 	rerr := p.retryReleases(ctx)
-	out, freed, closed := p.trimLocked(wanted)
+	freed, cerr, closed := p.trimLocked(wanted)
 	if closed {
 		return 0, rerr
 	}
-	errs := []error{rerr}
-	for _, s := range out {
-		errs = append(errs, s.buf.Close())
-	}
+	errs := []error{rerr, cerr}
 	if p.opts.Backing == BackingRegion && freed < wanted {
 		n, err := p.regionTrim(ctx, wanted-freed)
 		freed += n
@@ -59,19 +56,20 @@ func (p *Pool) countReclaim(freed uint64) {
 	p.c.reclaimed += freed
 }
 
-// trimLocked gathers the cache under mu and, with BackingSegments, takes
+// trimLocked gathers the cache under mu and, with BackingSegments, closes
 // wholly free segments (largest first: the fewest releases for the bytes
-// asked) out of the pool until wanted bytes; the caller closes them.
-func (p *Pool) trimLocked(wanted uint64) (out []*segment, freed uint64, closed bool) {
+// asked) until wanted bytes.
+func (p *Pool) trimLocked(wanted uint64) (freed uint64, err error, closed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
-		return nil, 0, true
+		return 0, nil, true
 	}
 	p.sweepLocked()
 	p.flushShardsLocked()
 	p.freeSlabsLocked()
 	var segs []*segment
+	var errs []error
 	for s := range p.segs {
 		if s.wholeFree() {
 			segs = append(segs, s)
@@ -94,9 +92,9 @@ func (p *Pool) trimLocked(wanted uint64) (out []*segment, freed uint64, closed b
 			p.arena.remove(s.head)
 		}
 		freed += s.size
-		out = append(out, p.dropSegmentLocked(s))
+		errs = append(errs, p.dropSegmentLocked(s))
 	}
-	return out, freed, false
+	return freed, errors.Join(errs...), false
 }
 
 // flushShardsLocked moves every shard's free blocks to the depot.

@@ -31,7 +31,7 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 			return err
 		}
 		if err := p.adoptRegion(r); err != nil {
-			return errors.Join(err, r.Close())
+			return err
 		}
 	}
 	r := p.region
@@ -70,12 +70,13 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	return nil
 }
 
-// adoptRegion makes r the pool's region unless the pool closed meanwhile.
+// adoptRegion makes r the pool's region; when the pool closed meanwhile,
+// it closes r, kept as the closed pool's region (closeKeptLocked).
 func (p *Pool) adoptRegion(r *pmm.Region) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed.Load() {
-		return errClosed()
+		return errors.Join(errClosed(), p.closeKeptLocked(r))
 	}
 	p.region = r
 	p.rseg = &segment{reg: r, base: uint64(r.Addr())}

@@ -86,3 +86,28 @@ func TestReclaimCutsTheTailToWhatIsAsked(t *testing.T) {
 	require.Equal(t, memapi.Bytes(1<<20), s.Segments, "the block in use and nothing else")
 	freeAll(t, keep)
 }
+
+// TestTrimCutsATailThatStartsMidGranule: the region's free tail starts
+// inside a granule (a block ends there). Trim cuts the tail from the next
+// granule on, the length rounded up past the block, never down into it: the
+// region shrinks (nothing decommitted in place), the granule the block
+// shares stays committed, and the block keeps its bytes.
+func TestTrimCutsATailThatStartsMidGranule(t *testing.T) {
+	e := setupWith(t, 1<<30, pool.Options{Backing: pool.BackingRegion, SegmentBytes: 1 << 20}, fakes.Config{Granularity: 64 << 10})
+	ctx := context.Background()
+	b, err := e.p.Alloc(ctx, 96<<10, nil) // a large block: [0, 96 KiB), the tail from mid-granule 1
+	require.NoError(t, err)
+	require.NoError(t, e.m.WriteMemory(b.Addr(), pattern(7, 96<<10)))
+	before := e.checkLedger(t)
+	require.Equal(t, memapi.Bytes(1<<20), before.Segments)
+	n, err := e.p.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, memapi.Bytes(1<<20-128<<10), n, "the tail from the granule after the block's end")
+	s := e.checkLedger(t)
+	require.Equal(t, memapi.Bytes(128<<10), s.Segments, "the two granules the block touches")
+	require.Zero(t, s.Decommitted, "the tail was cut, not decommitted in place")
+	got := make([]byte, 96<<10)
+	require.NoError(t, e.m.ReadMemory(b.Addr(), got))
+	require.Equal(t, pattern(7, 96<<10), got)
+	require.NoError(t, b.Free())
+}

@@ -22,6 +22,24 @@ import (
 //	governor charge == Segments + Quarantined (of which Quarantined quarantined)
 //	mechanism's bytes == Segments + Quarantined
 
+// closeKeptLocked closes h, a handle the pool gives back or cannot use (a
+// segment's Buffer, the region), keeping it where the retry finds it
+// (toRetry) until pmm released it: a Buffer in released, a region as the
+// pool's region (a pool has one, kept after Close). It is the one place
+// the pool closes a handle: a handle an unlocked pmm call (growSegment,
+// adoptRegion) returned after the pool closed meanwhile goes the same way,
+// so a release of it that fails stays in the pool's figures and is
+// retried by the next Trim, Reclaim or Close. The caller holds mu.
+func (p *Pool) closeKeptLocked(h interface{ Close() error }) error {
+	switch h := h.(type) {
+	case *pmm.Buffer:
+		p.released = append(p.released, h)
+	case *pmm.Region:
+		p.region = h
+	}
+	return h.Close()
+}
+
 // quarantinedLocked returns the bytes of backing the pool gave back whose
 // release failed, and forgets the closed segments pmm released.
 func (p *Pool) quarantinedLocked() uint64 {

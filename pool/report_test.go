@@ -12,6 +12,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -211,7 +212,7 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 					report(checkSnapshot(e.g.Snapshot()))
 				}
 			})
-			wg.Wait()
+			watchdog.Within(t, watchdog.Bound, "the workers", wg.Wait)
 			close(stop)
 			watch.Wait()
 			close(errs)

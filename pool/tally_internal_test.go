@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,7 +75,7 @@ func TestTallyCapsAddUpToThePeaks(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	watchdog.Within(t, watchdog.Bound, "the workers", wg.Wait)
 	check(use, req)
 	for _, blk := range live {
 		require.NoError(t, blk.Free())

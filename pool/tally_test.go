@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -48,7 +49,7 @@ func TestPeaksExactUnderConcurrency(t *testing.T) {
 		require.Equal(t, memapi.Bytes(workers*k*size), s.InUse)
 		require.Equal(t, memapi.Bytes(workers*k*asked), s.Requested)
 		close(ready)
-		wg.Wait()
+		watchdog.Within(t, watchdog.Bound, "the frees", wg.Wait)
 		// Free each goroutine's blocks on another goroutine than the one
 		// that took them: the shares go negative on some shards.
 		for w := range workers {
@@ -62,7 +63,7 @@ func TestPeaksExactUnderConcurrency(t *testing.T) {
 				}
 			}()
 		}
-		wg.Wait()
+		watchdog.Within(t, watchdog.Bound, "the cross frees", wg.Wait)
 		clear(held)
 	}
 	round(each)
