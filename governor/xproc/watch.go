@@ -88,6 +88,9 @@ func (l *Ledger) watch() {
 				continue
 			}
 			fds[i] = watched{fd: fd, pid: pid, start: start}
+			if f := l.watching.Load(); f != nil {
+				(*f)(i, pid)
+			}
 		}
 		if rev := l.load(l.hw(hRevision)); rev != seenRev {
 			ev = append(ev, Event{Kind: EventLimits, Revision: rev, Capacity: l.load(l.hw(hCapacity))})
