@@ -77,6 +77,11 @@ type Ledger struct {
 	stop    int // eventfd: Close wakes the watcher
 	done    chan struct{}
 	settled chan struct{} // the settler's end (nil until Bind starts it)
+
+	// watching, when set, is called by the watcher with each slot and
+	// owner it opened a pidfd on (tests only: they wait for it rather than
+	// sleep; it must not block).
+	watching atomic.Pointer[func(slot, pid int)]
 }
 
 // Open is OpenContext with a context bounded by o.LockTimeout.

@@ -3,6 +3,7 @@ package xproc
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -30,12 +31,16 @@ func childIdle() error {
 
 // slowCache registers holder "slow" on g, holding n bytes of a, whose
 // Reclaim takes hold (ignoring its context) before it frees what it is
-// asked; it returns the lease.
-func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) *governor.Lease {
+// asked; it returns the lease and what the holder was asked.
+func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (*governor.Lease, *slowAnswers) {
 	t.Helper()
 	var lp atomic.Pointer[governor.Lease]
+	sa := &slowAnswers{asked: make(chan struct{})}
+	var once sync.Once
 	slow := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
+		once.Do(func() { close(sa.asked) })
 		time.Sleep(hold)
+		sa.returned.CompareAndSwap(0, time.Now().UnixNano())
 		ls := lp.Load()
 		if ls == nil {
 			return 0, nil
@@ -56,35 +61,83 @@ func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes,
 		t.Fatal(err)
 	}
 	lp.Store(ls)
-	return ls
+	return ls, sa
+}
+
+// slowAnswers is what slowCache's holder was asked: asked is closed when
+// its first Reclaim starts (its process is answering: a test waits for it
+// rather than sleeping), returned is when that Reclaim returned
+// (UnixNano; 0 before).
+type slowAnswers struct {
+	asked    chan struct{}
+	returned atomic.Int64
+}
+
+// await waits at most 30 s for ch to be closed (a loaded machine may be
+// slow to get there, but it gets there).
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not within 30 s", what)
+	}
 }
 
 // A death is reclaimed while the watcher's process answers another's want
 // through a holder that takes its time: the reclaim does not wait for the
 // answer (it used to, one settle at a time in one goroutine).
+//
+// The test waits for the events it needs, not for fixed sleeps: a loaded
+// machine did not honour "100 ms: A's watcher holds C's pidfd" and "200 ms:
+// A answers", and when B's reservation reached the ledger only after the
+// kill, B's claim reclaimed C itself (a claim that does not fit reclaims
+// the dead first), so A never saw the reclaim.
 func TestReclaimNotBehindAnAnswer(t *testing.T) {
 	path := ledgerPath(t)
 	// B joins first with an idle watcher: only A's watcher sees C die.
 	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: time.Hour})
 	events := make(chan Event, 8)
-	_, a, ga := member(t, path, 0, Options{OnEvent: func(e Event) {
+	la, a, ga := member(t, path, 0, Options{OnEvent: func(e Event) {
 		if e.Kind == EventReclaimed {
 			events <- e
 		}
 	}})
-	ls := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
+	watched := make(chan int, 8)
+	onWatch := func(_, pid int) {
+		select {
+		case watched <- pid:
+		default:
+		}
+	}
+	la.watching.Store(&onWatch)
+	ls, sa := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
 	defer func() { _ = ls.Refund(ls.Charged()) }()
 	p := spawn(t, "idle", pathEnv+"="+path)
 	p.expect(t, "ready")
-	time.Sleep(100 * time.Millisecond) // A's watcher holds C's pidfd
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	// A's watcher holds C's pidfd: C's death wakes it.
+	for deadline := time.After(30 * time.Second); ; {
+		select {
+		case pid := <-watched:
+			if pid != p.pid {
+				continue // B's
+			}
+		case <-deadline:
+			t.Fatal("A's watcher opened no pidfd on the child within 30 s")
+		}
+		break
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	go func() {
 		if gr, err := b.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{}); err == nil {
 			_ = gr.Cancel()
 		}
 	}()
-	time.Sleep(200 * time.Millisecond) // A answers: its holder sleeps
+	// A answers B's want: its holder sleeps. B posted the want, so its
+	// claim is behind it: B's watcher is idle and it claims no more, so
+	// only A's watcher can reclaim C.
+	await(t, sa.asked, "A's holder was not asked for B's want")
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +151,9 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 		}
 		if d := time.Since(killed); d > time.Second {
 			t.Fatalf("the death was reclaimed %v after the kill: behind the answer", d)
+		}
+		if at := sa.returned.Load(); at != 0 && at <= e.Time.UnixNano() {
+			t.Fatalf("reclaimed %v after A's holder returned: behind the answer", e.Time.Sub(time.Unix(0, at)))
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("not reclaimed within 5 s")
@@ -113,16 +169,18 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 	path := ledgerPath(t)
 	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: time.Hour})
 	_, a, ga := member(t, path, 0, Options{})
-	ls := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
+	ls, sa := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
 	defer func() { _ = ls.Refund(ls.Charged()) }()
-	bctx, bcancel := context.WithTimeout(context.Background(), 3*time.Second)
+	bctx, bcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer bcancel()
 	go func() {
 		if gr, err := b.Reserve(bctx, "h", "r", 512<<10, 0, time.Time{}); err == nil {
 			_ = gr.Cancel()
 		}
 	}()
-	time.Sleep(200 * time.Millisecond) // A answers: its holder sleeps
+	// A answers: its holder sleeps (a fixed sleep here let a loaded
+	// machine reserve before the answer began, proving nothing).
+	await(t, sa.asked, "A's holder was not asked for B's want")
 	const deadline = 300 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()

@@ -41,7 +41,16 @@ func (l *Ledger) watch() {
 			pfd = append(pfd, unix.PollFd{Fd: int32(w.fd), Events: unix.POLLIN})
 			slots = append(slots, i)
 		}
-		_, err := unix.Poll(pfd, int(l.poll.Milliseconds()))
+		// A signal (SIGCHLD, say) is no wake: poll again until the
+		// period ends, so each round is a death, a stop or a Poll.
+		end := time.Now().Add(l.poll)
+		var err error
+		for {
+			_, err = unix.Poll(pfd, int(max(time.Until(end), 0).Milliseconds()))
+			if err != unix.EINTR || !time.Now().Before(end) {
+				break
+			}
+		}
 		if err != nil && err != unix.EINTR {
 			return
 		}
@@ -88,6 +97,9 @@ func (l *Ledger) watch() {
 				continue
 			}
 			fds[i] = watched{fd: fd, pid: pid, start: start}
+			if f := l.watching.Load(); f != nil {
+				(*f)(i, pid)
+			}
 		}
 		if rev := l.load(l.hw(hRevision)); rev != seenRev {
 			ev = append(ev, Event{Kind: EventLimits, Revision: rev, Capacity: l.load(l.hw(hCapacity))})
