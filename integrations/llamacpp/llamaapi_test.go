@@ -1,15 +1,14 @@
 package llamacpp
 
 import (
-	"debug/dwarf"
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
+
+	"github.com/memgen/memgen/internal/cdecl"
 )
 
 // llamaapi.h is memgen's own declaration of the part of llama.cpp's C API
@@ -53,11 +52,8 @@ func compiler(t *testing.T) string {
 	return cc[0]
 }
 
-type declared struct {
-	structs  map[string]*dwarf.StructType
-	enums    map[string]*dwarf.EnumType
-	typedefs map[string]*dwarf.TypedefType
-}
+// declared is what one translation unit declares, as the compiler saw it.
+type declared = cdecl.Decls
 
 const macroEnum = "memgen_check_macros"
 
@@ -79,90 +75,11 @@ func compileTU(t *testing.T, cc, src string, incs ...string) *declared {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", cmd, err, out)
 	}
-	f, err := elf.Open(obj)
+	decl, err := cdecl.Read(obj)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		t.Fatal(err)
-	}
-	decl := &declared{structs: map[string]*dwarf.StructType{}, enums: map[string]*dwarf.EnumType{}, typedefs: map[string]*dwarf.TypedefType{}}
-	r := d.Reader()
-	for {
-		e, err := r.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e == nil {
-			break
-		}
-		switch e.Tag {
-		case dwarf.TagStructType, dwarf.TagUnionType, dwarf.TagEnumerationType, dwarf.TagTypedef:
-		default:
-			continue
-		}
-		if _, named := e.Val(dwarf.AttrName).(string); !named {
-			continue
-		}
-		typ, err := d.Type(e.Offset)
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch typ := typ.(type) {
-		case *dwarf.StructType:
-			if old, ok := decl.structs[typ.StructName]; !ok || old.Incomplete {
-				decl.structs[typ.StructName] = typ
-			}
-		case *dwarf.EnumType:
-			decl.enums[typ.EnumName] = typ
-		case *dwarf.TypedefType:
-			decl.typedefs[typ.Name] = typ
-		}
 	}
 	return decl
-}
-
-func canon(t dwarf.Type) string {
-	switch t := t.(type) {
-	case nil:
-		return "void"
-	case *dwarf.TypedefType:
-		return canon(t.Type)
-	case *dwarf.QualType:
-		return t.Qual + " " + canon(t.Type)
-	case *dwarf.PtrType:
-		return "*" + canon(t.Type)
-	case *dwarf.ArrayType:
-		return fmt.Sprintf("[%d]%s", t.Count, canon(t.Type))
-	case *dwarf.StructType:
-		if t.StructName != "" {
-			return t.Kind + " " + t.StructName
-		}
-		var fs []string
-		for _, f := range t.Field {
-			fs = append(fs, fmt.Sprintf("%s@%d %s", f.Name, f.ByteOffset, canon(f.Type)))
-		}
-		return t.Kind + " {" + strings.Join(fs, "; ") + "}"
-	case *dwarf.EnumType:
-		if t.EnumName != "" {
-			return "enum " + t.EnumName
-		}
-		return t.String()
-	case *dwarf.FuncType:
-		var ps []string
-		for _, p := range t.ParamType {
-			ps = append(ps, canon(p))
-		}
-		return "func(" + strings.Join(ps, ", ") + ") " + canon(t.ReturnType)
-	case *dwarf.VoidType:
-		return "void"
-	case *dwarf.DotDotDotType:
-		return "..."
-	default:
-		return fmt.Sprintf("%s(%d bytes)", t.String(), t.Size())
-	}
 }
 
 // ours names the types llamaapi.h declares for llama.cpp and ggml.
@@ -175,34 +92,25 @@ func ours(name string) bool {
 	return name == macroEnum
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // compareDecls lists every way ours differs from upstream's.
 func compareDecls(our, up *declared) []string {
 	var diffs []string
 	bad := func(format string, args ...any) { diffs = append(diffs, fmt.Sprintf(format, args...)) }
 	for _, name := range []string{"ggml_backend_buffer_i", "ggml_backend_buffer_type_i", "ggml_backend_device_i", "ggml_backend_reg",
 		"ggml_backend_buffer", "ggml_tensor", "llama_model_params", "llama_context_params", "llama_batch"} {
-		if s := our.structs[name]; s == nil || s.Incomplete {
+		if s := our.Structs[name]; s == nil || s.Incomplete {
 			bad("struct %s: not defined by llamaapi.h", name)
 		}
 	}
-	if our.enums[macroEnum] == nil || up.enums[macroEnum] == nil {
+	if our.Enums[macroEnum] == nil || up.Enums[macroEnum] == nil {
 		bad("GGML_BACKEND_API_VERSION: not seen in the debug information")
 	}
-	for _, name := range sortedKeys(our.structs) {
-		s := our.structs[name]
+	for _, name := range cdecl.SortedKeys(our.Structs) {
+		s := our.Structs[name]
 		if !ours(name) {
 			continue
 		}
-		u := up.structs[name]
+		u := up.Structs[name]
 		switch {
 		case u == nil:
 			bad("struct %s: not declared upstream", name)
@@ -231,16 +139,16 @@ func compareDecls(our, up *declared) []string {
 			if f.ByteOffset != uf.ByteOffset {
 				bad("%s.%s: offset %d here, %d upstream", name, f.Name, f.ByteOffset, uf.ByteOffset)
 			}
-			if a, b := canon(f.Type), canon(uf.Type); a != b {
+			if a, b := cdecl.Canon(f.Type), cdecl.Canon(uf.Type); a != b {
 				bad("%s.%s: type\n\t%s here,\n\t%s upstream", name, f.Name, a, b)
 			}
 		}
 	}
-	for _, name := range sortedKeys(our.enums) {
+	for _, name := range cdecl.SortedKeys(our.Enums) {
 		if !ours(name) {
 			continue
 		}
-		e, u := our.enums[name], up.enums[name]
+		e, u := our.Enums[name], up.Enums[name]
 		if u == nil {
 			bad("enum %s: not declared upstream", name)
 			continue
@@ -260,14 +168,14 @@ func compareDecls(our, up *declared) []string {
 			}
 		}
 	}
-	for _, name := range sortedKeys(our.typedefs) {
+	for _, name := range cdecl.SortedKeys(our.Typedefs) {
 		if !ours(name) {
 			continue
 		}
-		u := up.typedefs[name]
+		u := up.Typedefs[name]
 		if u == nil {
 			bad("typedef %s: not declared upstream", name)
-		} else if a, b := canon(our.typedefs[name].Type), canon(u.Type); a != b {
+		} else if a, b := cdecl.Canon(our.Typedefs[name].Type), cdecl.Canon(u.Type); a != b {
 			bad("typedef %s: %s here, %s upstream", name, a, b)
 		}
 	}

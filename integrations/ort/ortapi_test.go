@@ -2,15 +2,15 @@ package ort
 
 import (
 	"debug/dwarf"
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/memgen/memgen/internal/cdecl"
 )
 
 // ortapi.h is memgen's own declaration of the part of ONNX Runtime's C API
@@ -94,12 +94,8 @@ func compiler(t *testing.T, name string) string {
 	return cc[0]
 }
 
-// declared is what one header declares, as the compiler saw it.
-type declared struct {
-	structs  map[string]*dwarf.StructType // by tag; a definition wins over a declaration
-	enums    map[string]*dwarf.EnumType   // by tag
-	typedefs map[string]*dwarf.TypedefType
-}
+// declared is what one translation unit declares, as the compiler saw it.
+type declared = cdecl.Decls
 
 // macroEnum carries the header's macros into the debug information.
 const macroEnum = "memgen_check_macros"
@@ -119,92 +115,11 @@ func compileHeader(t *testing.T, cc, header string) *declared {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", cmd, err, out)
 	}
-	f, err := elf.Open(obj)
+	decl, err := cdecl.Read(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	d, err := f.DWARF()
-	if err != nil {
-		t.Fatalf("%s: %v", obj, err)
-	}
-	decl := &declared{structs: map[string]*dwarf.StructType{}, enums: map[string]*dwarf.EnumType{}, typedefs: map[string]*dwarf.TypedefType{}}
-	r := d.Reader()
-	for {
-		e, err := r.Next()
-		if err != nil {
-			t.Fatalf("%s: %v", obj, err)
-		}
-		if e == nil {
-			break
-		}
-		switch e.Tag {
-		case dwarf.TagStructType, dwarf.TagUnionType, dwarf.TagEnumerationType, dwarf.TagTypedef:
-		default:
-			continue
-		}
-		if _, named := e.Val(dwarf.AttrName).(string); !named {
-			continue
-		}
-		typ, err := d.Type(e.Offset)
-		if err != nil {
-			t.Fatalf("%s: %v", obj, err)
-		}
-		switch typ := typ.(type) {
-		case *dwarf.StructType:
-			if old, ok := decl.structs[typ.StructName]; !ok || old.Incomplete {
-				decl.structs[typ.StructName] = typ
-			}
-		case *dwarf.EnumType:
-			decl.enums[typ.EnumName] = typ
-		case *dwarf.TypedefType:
-			decl.typedefs[typ.Name] = typ
-		}
-	}
 	return decl
-}
-
-// canon renders t as a comparable string: typedefs resolved, structs and
-// enums by tag.
-func canon(t dwarf.Type) string {
-	switch t := t.(type) {
-	case nil:
-		return "void"
-	case *dwarf.TypedefType:
-		return canon(t.Type)
-	case *dwarf.QualType:
-		return t.Qual + " " + canon(t.Type)
-	case *dwarf.PtrType:
-		return "*" + canon(t.Type)
-	case *dwarf.ArrayType:
-		return fmt.Sprintf("[%d]%s", t.Count, canon(t.Type))
-	case *dwarf.StructType:
-		if t.StructName != "" {
-			return t.Kind + " " + t.StructName
-		}
-		var fs []string
-		for _, f := range t.Field {
-			fs = append(fs, fmt.Sprintf("%s@%d %s", f.Name, f.ByteOffset, canon(f.Type)))
-		}
-		return t.Kind + " {" + strings.Join(fs, "; ") + "}"
-	case *dwarf.EnumType:
-		if t.EnumName != "" {
-			return "enum " + t.EnumName
-		}
-		return t.String()
-	case *dwarf.FuncType:
-		var ps []string
-		for _, p := range t.ParamType {
-			ps = append(ps, canon(p))
-		}
-		return "func(" + strings.Join(ps, ", ") + ") " + canon(t.ReturnType)
-	case *dwarf.VoidType:
-		return "void"
-	case *dwarf.DotDotDotType:
-		return "..."
-	default:
-		return fmt.Sprintf("%s(%d bytes)", t.String(), t.Size())
-	}
 }
 
 // ours names the types ortapi.h declares for ONNX Runtime.
@@ -231,20 +146,20 @@ func compareHeaders(our, up *declared) []string {
 	bad := func(format string, args ...any) { diffs = append(diffs, fmt.Sprintf(format, args...)) }
 
 	for _, name := range []string{"OrtApi", "OrtApiBase", "OrtAllocator"} {
-		if s := our.structs[name]; s == nil || s.Incomplete {
+		if s := our.Structs[name]; s == nil || s.Incomplete {
 			bad("struct %s: not defined by ortapi.h", name)
 		}
 	}
-	if our.enums[macroEnum] == nil || up.enums[macroEnum] == nil {
+	if our.Enums[macroEnum] == nil || up.Enums[macroEnum] == nil {
 		bad("ORT_API_VERSION: not seen in the debug information")
 	}
 
-	for _, name := range sortedKeys(our.structs) {
-		s := our.structs[name]
+	for _, name := range cdecl.SortedKeys(our.Structs) {
+		s := our.Structs[name]
 		if !ours(name) {
 			continue
 		}
-		u := up.structs[name]
+		u := up.Structs[name]
 		switch {
 		case u == nil:
 			bad("struct %s: not declared upstream", name)
@@ -256,7 +171,7 @@ func compareHeaders(our, up *declared) []string {
 			continue
 		}
 		ptr := int64(8)
-		if p, ok := our.typedefs["uintptr_t"]; ok {
+		if p, ok := our.Typedefs["uintptr_t"]; ok {
 			ptr = p.Size()
 		}
 		upField := map[string]*dwarf.StructField{}
@@ -268,8 +183,8 @@ func compareHeaders(our, up *declared) []string {
 			if first, last, ok := skipped(f.Name); ok {
 				partial = true
 				want := fmt.Sprintf("[%d]*void", last-first+1)
-				if f.ByteOffset != int64(first)*ptr || canon(f.Type) != want {
-					bad("%s.%s: at offset %d as %s, want offset %d as %s", name, f.Name, f.ByteOffset, canon(f.Type), int64(first)*ptr, want)
+				if f.ByteOffset != int64(first)*ptr || cdecl.Canon(f.Type) != want {
+					bad("%s.%s: at offset %d as %s, want offset %d as %s", name, f.Name, f.ByteOffset, cdecl.Canon(f.Type), int64(first)*ptr, want)
 				}
 				continue
 			}
@@ -281,7 +196,7 @@ func compareHeaders(our, up *declared) []string {
 			if f.ByteOffset != uf.ByteOffset {
 				bad("%s.%s: offset %d (slot %d) here, %d (slot %d) upstream", name, f.Name, f.ByteOffset, f.ByteOffset/ptr, uf.ByteOffset, uf.ByteOffset/ptr)
 			}
-			if a, b := canon(f.Type), canon(uf.Type); a != b {
+			if a, b := cdecl.Canon(f.Type), cdecl.Canon(uf.Type); a != b {
 				bad("%s.%s: type\n\t%s here,\n\t%s upstream", name, f.Name, a, b)
 			}
 		}
@@ -310,11 +225,11 @@ func compareHeaders(our, up *declared) []string {
 		}
 	}
 
-	for _, name := range sortedKeys(our.enums) {
+	for _, name := range cdecl.SortedKeys(our.Enums) {
 		if !ours(name) {
 			continue
 		}
-		e, u := our.enums[name], up.enums[name]
+		e, u := our.Enums[name], up.Enums[name]
 		if u == nil {
 			bad("enum %s: not declared upstream", name)
 			continue
@@ -342,27 +257,18 @@ func compareHeaders(our, up *declared) []string {
 		}
 	}
 
-	for _, name := range sortedKeys(our.typedefs) {
+	for _, name := range cdecl.SortedKeys(our.Typedefs) {
 		if !ours(name) {
 			continue
 		}
-		u := up.typedefs[name]
+		u := up.Typedefs[name]
 		if u == nil {
 			bad("typedef %s: not declared upstream", name)
-		} else if a, b := canon(our.typedefs[name].Type), canon(u.Type); a != b {
+		} else if a, b := cdecl.Canon(our.Typedefs[name].Type), cdecl.Canon(u.Type); a != b {
 			bad("typedef %s: %s here, %s upstream", name, a, b)
 		}
 	}
 	return diffs
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func ourHeader(t *testing.T) string {
