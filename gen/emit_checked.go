@@ -77,10 +77,10 @@ func emitChecked(g *Gen) error {
 		}
 	}
 	ck.emitDoc()
-	ck.emitChargeBook()
 	ck.emitWrap()
-	ck.emitLedger()
-	ck.emitAudit()
+	if err := ck.emitStatic(); err != nil {
+		return err
+	}
 	for _, c := range s.Capabilities {
 		if err := ck.emitCapability(c); err != nil {
 			return err
@@ -674,338 +674,28 @@ func (ck *checkedGen) queryNeededElsewhere(q *Method, qc *Capability) bool {
 	return false
 }
 
-// --- ledger and error helpers ----------------------------------------------
+// --- the parts that do not vary with the spec --------------------------------
 
-func (ck *checkedGen) emitLedger() {
-	f := ck.file("ledger.go")
-	c := ck.g.C
-	B := func() *Statement { return c("Bytes") }
-	mrecv := func() *Statement { return Id("m").Op("*").Id("mechanism") }
-	mkErr := func(kind string, handle, wanted, available, detail Code) *Statement {
-		d := Dict{
-			Id("Op"): Id("op"), Id("Kind"): c(kind),
-			Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("m").Dot("info").Dot("Authority"),
+// emitStatic copies the parts of the wrapper that do not vary with the spec,
+// plain Go in checkedtmpl (the grant and account checks, verify mode's
+// audit), into the checked package, and the contract's ChargeBook
+// (contracttmpl: the one place, in each handle, where the wrapper keeps the
+// committed bytes it charged; it lives in the contract package because only
+// that package reaches a handle's header) into the contract package.
+func (ck *checkedGen) emitStatic() error {
+	for _, d := range []struct{ tmpl, dir, pkg string }{
+		{"checkedtmpl", ck.s.Packages.Checked, path.Base(ck.s.Packages.Checked)},
+		{"contracttmpl", ck.s.Packages.Contract, "memapi"},
+	} {
+		tmpls, err := ck.g.renderTemplates(templates, d.tmpl, d.pkg)
+		if err != nil {
+			return err
 		}
-		if handle != nil {
-			d[Id("Handle")] = handle
+		for _, t := range tmpls {
+			ck.g.Raw(d.dir+"/"+t.name, t.src)
 		}
-		if wanted != nil {
-			d[Id("Wanted")] = wanted
-		}
-		if available != nil {
-			d[Id("Available")] = available
-		}
-		if detail != nil {
-			d[Id("Detail")] = detail
-		}
-		return Op("&").Add(c("Error")).Values(d)
 	}
-
-	comment(f, `charge checks the grant of a consuming call and draws amount, rounded up to
-unit, from it (charge-before-commit). It runs after every other check, so a
-rejected call draws nothing.`)
-	f.Func().Params(mrecv()).Id("charge").Params(Id("op").String(), Id("grant").Add(c("Grant")), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
-		If(Id("grant").Op("==").Nil()).Block(
-			Return(Lit(0), mkErr("ErrNoGrant", nil, Id("amount"), nil, Lit("a consuming call needs a grant to draw from"))),
-		),
-		If(Op("!").Id("m").Dot("ledger").Dot("IssuedGrant").Call(Id("grant"))).Block(
-			Return(Lit(0), Id("m").Dot("foreignGrant").Call(Id("op"), Lit("grant"), Id("grant"))),
-		),
-		If(Id("a").Op(":=").Id("grant").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
-			Return(Lit(0), Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("grant"), Id("a"))),
-		),
-		List(Id("n"), Id("err")).Op(":=").Id("m").Dot("round").Call(Id("op"), Id("amount"), Id("unit")),
-		If(Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
-		If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("n")), Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
-		Return(Id("n"), Nil()),
-	)
-	comment(f, "undraw gives back what charge drew for a call that failed with err; when\nthe grant refuses, both errors are returned.")
-	f.Func().Params(mrecv()).Id("undraw").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("err").Error()).Error().Block(
-		If(Id("uerr").Op(":=").Id("grant").Dot("Undraw").Call(Id("n")), Id("uerr").Op("!=").Nil()).Block(
-			Return(Qual("errors", "Join").Call(Id("err"), Id("uerr"))),
-		),
-		Return(Id("err")),
-	)
-	comment(f, `abandon gives back the n bytes a consuming call drew from grant when the
-mechanism's call did not return: it panicked (the panic goes on, unrecovered)
-or ended its goroutine. The grant's own error, if any, cannot be reported.`)
-	f.Func().Params(mrecv()).Id("abandon").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("returned").Op("*").Bool()).Block(
-		If(Op("!*").Id("returned")).Block(Id("_").Op("=").Id("grant").Dot("Undraw").Call(Id("n"))),
-	)
-	comment(f, `book is the wrapper's claim on memapi's ChargeBook, made once when the
-package is initialized: the committed bytes charged through any checked
-wrapper against a reservation-like handle are kept in the handle itself, so
-that a refund of what is committed in it (committed(h) in the spec) reads
-that figure instead of asking the mechanism first. No other code can change
-the figures.`)
-	f.Var().Id("book").Op("=").Func().Params().Op("*").Add(c("ChargeBook")).Block(
-		Id("b").Op(":=").Add(c("ClaimChargeBook")).Call(),
-		If(Id("b").Op("==").Nil()).Block(Panic(Lit("checked: memapi's ChargeBook was claimed before package checked"))),
-		Return(Id("b")),
-	).Call()
-	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
-	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
-		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
-		If(Op("!").Id("ok")).Block(
-			Return(Lit(0), mkErr("ErrInvalidSize", nil, Id("amount"), nil, Qual("fmt", "Sprintf").Call(Lit("%d bytes overflow when rounded up to %d"), Id("amount"), Id("unit")))),
-		),
-		Return(Id("n"), Nil()),
-	)
-	comment(f, "account checks the account of a refunding call before the mechanism runs.")
-	f.Func().Params(mrecv()).Id("account").Params(Id("op").String(), Id("to").Add(c("Account"))).Error().Block(
-		If(Id("to").Op("==").Nil()).Block(
-			Return(mkErr("ErrNoAccount", nil, nil, nil, Lit("a refunding call needs an account to refund to"))),
-		),
-		If(Op("!").Id("m").Dot("ledger").Dot("IssuedAccount").Call(Id("to"))).Block(
-			Return(Id("m").Dot("foreignGrant").Call(Id("op"), Lit("account"), Id("to"))),
-		),
-		If(Id("a").Op(":=").Id("to").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
-			Return(Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("account"), Id("a"))),
-		),
-		Return(Nil()),
-	)
-	comment(f, "refund returns n released bytes to the account (nothing to do for 0).")
-	f.Func().Id("refund").Params(Id("to").Add(c("Account")), Id("n").Add(B())).Error().Block(
-		If(Id("n").Op("==").Lit(0)).Block(Return(Nil())),
-		Return(Id("to").Dot("Refund").Call(Id("n"))),
-	)
-	comment(f, `foreignGrant reports a grant or account the wrapper's ledger does not vouch
-for. It names the value's type, never its methods' answers: a forged value
-says what it likes about itself.`)
-	f.Func().Params(mrecv()).Id("foreignGrant").Params(Id("op"), Id("what").String(), Id("v").Any()).Error().Block(
-		Return(mkErr("ErrForeignGrant", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of type %T was not issued by a ledger this wrapper trusts"), Id("what"), Id("v")))),
-	)
-	comment(f, "foreignAuthority reports a grant or account of another authority than the\nmechanism's.")
-	f.Func().Params(mrecv()).Id("foreignAuthority").Params(Id("op"), Id("what").String(), Id("a").Add(c("AuthorityID"))).Error().Block(
-		Return(mkErr("ErrAuthorityMismatch", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of authority %q, mechanism of authority %q"), Id("what"), Id("a"), Id("m").Dot("info").Dot("Authority")))),
-	)
-	comment(f, "errPositive reports a zero amount (requires positive(...)).")
-	f.Func().Params(mrecv()).Id("errPositive").Params(Id("op"), Id("req").String()).Error().Block(
-		Return(mkErr("ErrInvalidSize", nil, nil, nil, Lit("zero size (requires ").Op("+").Id("req").Op("+").Lit(")"))),
-	)
-	comment(f, "errWithin reports a range that is empty or leaves its handle (requires within(...)).")
-	f.Func().Params(mrecv()).Id("errWithin").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
-		Return(mkErr("ErrInvalidRange", Id("h"), Id("r").Dot("Len"), Id("size"), Qual("fmt", "Sprintf").Call(Lit("range %v is empty or not within %#x bytes (requires %s)"), Id("r"), Id("size"), Id("req")))),
-	)
-	comment(f, "errAligned reports a range off the mechanism's granularity (requires aligned(...)).")
-	f.Func().Params(mrecv()).Id("errAligned").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range"))).Error().Block(
-		Return(mkErr("ErrUnaligned", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("range %v is not aligned to the granularity %#x (requires %s)"), Id("r"), Id("m").Dot("info").Dot("Granularity"), Id("req")))),
-	)
-	comment(f, "errFits reports a range whose length is not the handle's size (requires fits(...)).")
-	f.Func().Params(mrecv()).Id("errFits").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
-		Return(mkErr("ErrInvalidRange", Id("h"), Id("size"), Id("r").Dot("Len"), Qual("fmt", "Sprintf").Call(Lit("range %v is %#x bytes long, the handle %#x (requires %s)"), Id("r"), Id("r").Dot("Len"), Id("size"), Id("req")))),
-	)
-}
-
-// --- the charge book, in the contract package ------------------------------
-
-// emitChargeBook writes the contract's ChargeBook: the one place, in each
-// handle, where the checked wrapper keeps the committed bytes it charged.
-// It lives in the contract package because only that package reaches a
-// handle's header; it is the wrapper's, so this emitter writes it.
-func (ck *checkedGen) emitChargeBook() {
-	f := ck.g.contractFile("charge_book.go")
-	comment(f, `ChargeBook is the checked wrapper's record, kept in every handle, of the
-committed bytes it charged against the handle and has not refunded: what a
-refund of committed(h) gives back. There is one, claimed by package checked
-when it is initialized (ClaimChargeBook); its methods change nothing when
-called on any other value, so no other code can make a refund larger or
-smaller.`)
-	f.Type().Id("ChargeBook").Struct(Id("_").Byte())
-	f.Var().Defs(
-		Id("chargeBook").Op("=").Op("&").Id("ChargeBook").Values(),
-		Id("chargeBookClaimed").Qual("sync/atomic", "Bool"),
-	)
-	comment(f, "ClaimChargeBook returns the ChargeBook to its first caller and nil to every\nlater one.")
-	f.Func().Id("ClaimChargeBook").Params().Op("*").Id("ChargeBook").Block(
-		If(Op("!").Id("chargeBookClaimed").Dot("CompareAndSwap").Call(False(), True())).Block(Return(Nil())),
-		Return(Id("chargeBook")),
-	)
-	comment(f, "header returns h's header when b is the claimed book and h is not nil.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("header").Params(Id("h").Id("Handle")).Op("*").Id("handleHeader").Block(
-		If(Id("b").Op("!=").Id("chargeBook").Op("||").Id("h").Op("==").Nil()).Block(Return(Nil())),
-		Return(Id("h").Dot("header").Call()),
-	)
-	comment(f, "Add records n more bytes charged against h.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Add").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil().Op("&&").Id("n").Op("!=").Lit(0)).Block(
-			Id("hd").Dot("charged").Dot("Add").Call(Id("uint64").Call(Id("n"))),
-		),
-	)
-	comment(f, "Sub records that n of the bytes charged against h were refunded; the\nfigure never goes below zero (bytes committed past the wrapper were never\ncharged).")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Sub").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
-		Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")),
-		If(Id("hd").Op("==").Nil().Op("||").Id("n").Op("==").Lit(0)).Block(Return()),
-		For().Block(
-			Id("old").Op(":=").Id("hd").Dot("charged").Dot("Load").Call(),
-			If(Id("hd").Dot("charged").Dot("CompareAndSwap").Call(Id("old"), Id("old").Op("-").Min(Id("old"), Id("uint64").Call(Id("n"))))).Block(Return()),
-		),
-	)
-	comment(f, "Charged returns the bytes charged against h and not refunded.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Charged").Params(Id("h").Id("Handle")).Id("Bytes").Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(
-			Return(Id("Bytes").Call(Id("hd").Dot("charged").Dot("Load").Call())),
-		),
-		Return(Lit(0)),
-	)
-	comment(f, "Clear forgets what was charged against h, once h was released and its bytes\nrefunded.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Clear").Params(Id("h").Id("Handle")).Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(Id("hd").Dot("charged").Dot("Store").Call(Lit(0))),
-	)
-}
-
-// --- verify mode -----------------------------------------------------------
-
-func (ck *checkedGen) emitAudit() {
-	f := ck.file("audit.go")
-	c := ck.g.C
-	B := func() *Statement { return c("Bytes") }
-	arecv := func() *Statement { return Id("a").Op("*").Id("audit") }
-	untruthful := func(wanted, available, detail, cause Code) *Statement {
-		d := Dict{
-			Id("Op"): Id("a").Dot("op"), Id("Kind"): c("ErrUntruthful"),
-			Id("Mechanism"): Id("a").Dot("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("a").Dot("m").Dot("info").Dot("Authority"),
-			Id("Detail"): detail,
-		}
-		if wanted != nil {
-			d[Id("Wanted")] = wanted
-		}
-		if available != nil {
-			d[Id("Available")] = available
-		}
-		if cause != nil {
-			d[Id("Err")] = cause
-		}
-		return Op("&").Add(c("Error")).Values(d)
-	}
-
-	comment(f, `audit is what verify mode saw around one mutating call: the figures the spec
-says the call moves, and every disagreement between what the mechanism
-reported and what its counters show.`)
-	f.Type().Id("audit").Struct(
-		Id("m").Op("*").Id("mechanism"),
-		Id("op").String(),
-		Id("effect").Add(c("Effect")),
-		Id("amount").Add(B()).Comment("the rounded amount the call declares"),
-		Id("err").Error().Comment("the mechanism's own result"),
-		Id("measured").Bool().Comment("moved holds the primary figure's movement"),
-		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
-		Id("disagree").Bool().Comment("another figure moved by a different amount"),
-		Id("settled").Add(B()).Comment("what settleDraw kept drawn or settleRefund refunded"),
-		Id("before").Index(Lit(auditFigures)).Add(B()).Comment("each figure read before the call"),
-		Id("beforeErr").Index(Lit(auditFigures)).Error(),
-		Id("faults").Index().Error(),
-	)
-	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
-	f.Func().Params(arecv()).Id("want").Params().Add(B()).Block(
-		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Parens(Id("a").Dot("effect").Op("!=").Add(c("EffectConsumes")).Op("&&").Id("a").Dot("effect").Op("!=").Add(c("EffectRefunds")))).Block(Return(Lit(0))),
-		Return(Id("a").Dot("amount")),
-	)
-	comment(f, `figure compares counter i, read before the call (before[i], beforeErr[i])
-and after it, with the declared movement (up for consuming calls, down for
-refunding ones). Figure 0 of a call is its primary one: the ledger settles
-on its observed movement.`)
-	f.Func().Params(arecv()).Id("figure").Params(Id("i").Int(), Id("name").String(), Id("after").Add(B()), Id("aerr").Error()).Block(
-		List(Id("before"), Id("berr")).Op(":=").List(Id("a").Dot("before").Index(Id("i")), Id("a").Dot("beforeErr").Index(Id("i"))),
-		If(Id("berr").Op("!=").Nil().Op("||").Id("aerr").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Qual("fmt", "Errorf").Call(Lit("%s: reading %s: %w"), Id("a").Dot("op"), Id("name"), Qual("errors", "Join").Call(Id("berr"), Id("aerr")))),
-			Return(),
-		),
-		Id("down").Op(":=").Id("a").Dot("effect").Op("==").Add(c("EffectRefunds")),
-		Var().Id("delta").Add(B()),
-		Id("grew").Op(":=").Id("after").Op(">=").Id("before"),
-		If(Id("grew")).Block(Id("delta").Op("=").Id("after").Op("-").Id("before")).Else().Block(Id("delta").Op("=").Id("before").Op("-").Id("after")),
-		Var().Id("moved").Add(B()),
-		If(Id("delta").Op("!=").Lit(0).Op("&&").Id("grew").Op("!=").Id("down")).Block(Id("moved").Op("=").Id("delta")),
-		If(Op("!").Id("a").Dot("measured")).Block(
-			List(Id("a").Dot("measured"), Id("a").Dot("moved")).Op("=").List(True(), Id("moved")),
-		).Else().If(Id("moved").Op("!=").Id("a").Dot("moved")).Block(
-			Id("a").Dot("disagree").Op("=").True(),
-		),
-		Id("want").Op(":=").Id("a").Dot("want").Call(),
-		If(Id("delta").Op("==").Lit(0).Op("&&").Id("want").Op("==").Lit(0).Op("||").Id("moved").Op("==").Id("want").Op("&&").Id("delta").Op("==").Id("want")).Block(Return()),
-		List(Id("sign"), Id("wsign")).Op(":=").List(Lit("+"), Lit("+")),
-		If(Op("!").Id("grew")).Block(Id("sign").Op("=").Lit("-")),
-		If(Id("down")).Block(Id("wsign").Op("=").Lit("-")),
-		Id("outcome").Op(":=").Lit("success"),
-		If(Id("a").Dot("err").Op("!=").Nil()).Block(Id("outcome").Op("=").Lit("failure")),
-		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("want"), Id("delta"),
-			Qual("fmt", "Sprintf").Call(Lit("after %s %s moved by %s%d bytes, not %s%d"), Id("outcome"), Id("name"), Id("sign"), Id("delta"), Id("wsign"), Id("want")), nil)),
-	)
-	comment(f, "created checks a handle the mechanism reported creating: live and made by\nthis instance.")
-	f.Func().Params(arecv()).Id("created").Params(Id("h").Add(c("Handle"))).Block(
-		If(Id("a").Dot("err").Op("!=").Nil()).Block(Return()),
-		If(Id("err").Op(":=").Add(c("CheckHandle")).Call(Id("a").Dot("op"), Id("h"), Id("a").Dot("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but the handle it returned is not usable"), Id("err"))),
-		),
-	)
-	comment(f, "size checks that a created handle's size is the amount charged for it.")
-	f.Func().Params(arecv()).Id("size").Params(Id("name").String(), Id("got").Add(B())).Block(
-		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Id("got").Op("==").Id("a").Dot("amount")).Block(Return()),
-		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("a").Dot("amount"), Id("got"),
-			Qual("fmt", "Sprintf").Call(Lit("%s is %d bytes, but %d were charged"), Id("name"), Id("got"), Id("a").Dot("amount")), nil)),
-	)
-	comment(f, "released checks a handle the call releases: released after success, still\nlive after failure.")
-	f.Func().Params(arecv()).Id("released").Params(Id("name").String(), Id("h").Add(c("Handle"))).Block(
-		Id("live").Op(":=").Id("h").Dot("Live").Call(),
-		Switch().Block(
-			Case(Id("a").Dot("err").Op("==").Nil().Op("&&").Id("live")).Block(
-				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but ").Op("+").Id("name").Op("+").Lit(" is still live"), nil)),
-			),
-			Case(Id("a").Dot("err").Op("!=").Nil().Op("&&").Op("!").Id("live")).Block(
-				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("failed but released ").Op("+").Id("name"), nil)),
-			),
-		),
-	)
-	comment(f, "result is the mechanism's error, joined with every finding.")
-	f.Func().Params(arecv()).Id("result").Params().Error().Block(
-		If(Len(Id("a").Dot("faults")).Op("==").Lit(0)).Block(Return(Id("a").Dot("err"))),
-		Return(Qual("errors", "Join").Call(Append(Index().Error().Values(Id("a").Dot("err")), Id("a").Dot("faults").Op("...")).Op("..."))),
-	)
-	comment(f, `settleDraw makes the grant reflect what the mechanism really installed: the
-figures' observed growth when they were measured and agree with each other,
-else (the truth is unknown) the drawn amount after success and nothing after
-failure. A surplus is undrawn (a commit that
-installed nothing gives everything back); an excess is drawn, which the grant
-may refuse.`)
-	f.Func().Params(arecv()).Id("settleDraw").Params(Id("grant").Add(c("Grant")), Id("drawn").Add(B())).Error().Block(
-		Var().Id("actual").Add(B()),
-		Switch().Block(
-			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("actual").Op("=").Id("a").Dot("moved")),
-			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("actual").Op("=").Id("drawn")),
-		),
-		Switch().Block(
-			Case(Id("actual").Op("<").Id("drawn")).Block(
-				If(Id("err").Op(":=").Id("grant").Dot("Undraw").Call(Id("drawn").Op("-").Id("actual")), Id("err").Op("!=").Nil()).Block(
-					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-				),
-			),
-			Case(Id("actual").Op(">").Id("drawn")).Block(
-				If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("actual").Op("-").Id("drawn")), Id("err").Op("!=").Nil()).Block(
-					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-					Id("actual").Op("=").Id("drawn"),
-				),
-			),
-		),
-		Id("a").Dot("settled").Op("=").Id("actual"),
-		Return(Id("a").Dot("result").Call()),
-	)
-	comment(f, `settleRefund refunds what the mechanism really released: the figures'
-observed shrinkage when they agree, capped at the amount due (bytes beyond it
-were not this account's); else the amount due after success and nothing
-after failure.`)
-	f.Func().Params(arecv()).Id("settleRefund").Params(Id("to").Add(c("Account")), Id("due").Add(B())).Error().Block(
-		Var().Id("freed").Add(B()),
-		Switch().Block(
-			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("freed").Op("=").Min(Id("a").Dot("moved"), Id("due"))),
-			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("freed").Op("=").Id("due")),
-		),
-		If(Id("err").Op(":=").Id("refund").Call(Id("to"), Id("freed")), Id("err").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-		),
-		Id("a").Dot("settled").Op("=").Id("freed"),
-		Return(Id("a").Dot("result").Call()),
-	)
+	return nil
 }
 
 // --- capabilities ----------------------------------------------------------
@@ -1120,7 +810,8 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 	return nil
 }
 
-// auditFigures is how many figures verify mode can read around one call.
+// auditFigures is how many figures verify mode can read around one call: the
+// length of audit.before in checkedtmpl/audit.go (TestAuditFiguresMatchTemplate).
 const auditFigures = 4
 
 // unit is the granularity an amount is rounded to.

@@ -1,18 +1,13 @@
 package gen
 
 import (
-	"bytes"
-	"embed"
 	"fmt"
 	"go/ast"
-	"go/format"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path"
 	"sort"
 	"strings"
-	"text/template"
 
 	. "github.com/dave/jennifer/jen"
 )
@@ -21,14 +16,14 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 
 // The conformance suite is part static, part derived from the spec.
 //
-// conformancetmpl/*.go.tmpl hold the static part: the harness (T, Run, RunT,
+// conformancetmpl/*.go hold the static part: the harness (T, Run, RunT,
 // the per-subtest environment, the suite's own grant and account, the
 // helpers that read and write memory through the device context), one
 // fixture per method (valid<Method>: the arguments of one valid call), one
 // witness per consuming method (witness<Method>: the check, through the
 // device context, that the call did its work) and the hand-written
-// scenarios. Each template starts with a {{/* needs: ... */}} line naming
-// the declarations it uses; a template is emitted only when the spec
+// scenarios. Each template has a "// memgen:needs ..." line naming the
+// declarations it uses; a template is emitted only when the spec
 // declares them all, so smaller specs get a smaller suite.
 //
 // This file derives the rest from the spec: one call type per method (its
@@ -38,9 +33,6 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 // what it creates and releases, and its requires clauses; per optional
 // capability, absence and no-silent-noop; per invariant whose applies_to
 // names methods, the subtests that check it.
-//
-//go:embed conformancetmpl/*.go.tmpl
-var conformanceTemplates embed.FS
 
 func emitConformance(g *Gen) error {
 	if g.Spec.Packages.Conformance == "" {
@@ -88,46 +80,19 @@ func emitConformance(g *Gen) error {
 
 // conformanceStatic emits the templates whose needs the spec meets and
 // returns the methods they provide fixtures and witnesses for. The templates
-// are rendered by the same machinery as gen/fakestmpl: text/template over
-// {{.Contract}}, a first line {{/* needs: ... */}} naming what the template
-// uses (capabilities, Capability.Method, types, enum values, errors), gofmt,
-// and the fixtures (func (e *env) valid<Method>(t T) *call<Method>) and
+// are rendered by the machinery of template.go (a "// memgen:needs ..." line
+// naming what the template uses: capabilities, Capability.Method, types,
+// enum values, errors), and the fixtures (func (e *env) valid<Method>(t T) *call<Method>) and
 // witnesses (func (e *env) witness<Method>(t T, c *call<Method>)
 // func(memapi.Handle)) found in the syntax tree, not by matching text.
 func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
-	names, err := fs.Glob(conformanceTemplates, "conformancetmpl/*.go.tmpl")
+	tmpls, err := g.renderTemplates(templates, "conformancetmpl", path.Base(g.Spec.Packages.Conformance))
 	if err != nil {
 		return nil, nil, err
 	}
-	sort.Strings(names)
-	data := struct {
-		Contract string
-		Module   string          // the module path, for the packages of the spec's mechanisms
-		Caps     map[string]bool // every name the spec declares, as g.declares reads them
-	}{g.Contract(), g.Config.Module, g.declaredNames()}
 	fixtures, witnesses = map[string]bool{}, map[string]bool{}
-	for _, n := range names {
-		text, err := conformanceTemplates.ReadFile(n)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !templateNeedsMet(string(text), data.Caps) {
-			continue
-		}
-		t, err := template.New(n).Parse(string(text))
-		if err != nil {
-			return nil, nil, err
-		}
-		var buf bytes.Buffer
-		buf.WriteString(Header + "\n\n")
-		if err := t.Execute(&buf, data); err != nil {
-			return nil, nil, err
-		}
-		out, err := format.Source(buf.Bytes())
-		if err != nil {
-			return nil, nil, fmt.Errorf("conformance template %s: %w", path.Base(n), err)
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), n, out, parser.SkipObjectResolution)
+	for _, t := range tmpls {
+		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -144,7 +109,7 @@ func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err erro
 				witnesses[strings.TrimPrefix(name, "witness")] = true
 			}
 		}
-		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(path.Base(n), ".tmpl")), out)
+		g.Raw(path.Join(g.Spec.Packages.Conformance, t.name), t.src)
 	}
 	return fixtures, witnesses, nil
 }

@@ -1,32 +1,25 @@
 package gen
 
 import (
-	"bytes"
-	"embed"
 	"fmt"
 	"go/ast"
-	"go/format"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path"
 	"sort"
 	"strings"
-	"text/template"
 
 	. "github.com/dave/jennifer/jen"
 )
 
 func init() { register(Emitter{Name: "fakes", Order: 30, Emit: emitFakes}) }
 
-// fakesTemplates hold the hand-written state model of the fakes: host
-// memory, accounting, streams and fences, the ledger, recording and fault
-// injection. emitFakes writes each into the fakes package with the header;
-// everything per method (signatures, recording, stubs, canned results, fault
-// points, dispatch to the state model) is generated from the spec below.
-//
-//go:embed fakestmpl/*.go.tmpl
-var fakesTemplates embed.FS
+// The templates of fakestmpl hold the hand-written state model of the fakes:
+// host memory, accounting, streams and fences, the ledger, recording and
+// fault injection. emitFakes copies each into the fakes package (template.go
+// says how); everything per method (signatures, recording, stubs, canned
+// results, fault points, dispatch to the state model) is generated from the
+// spec below.
 
 // fakeDecl is one generated fake type.
 type fakeDecl struct {
@@ -130,46 +123,17 @@ overridden or faulted.`},
 	return nil
 }
 
-// renderFakeTemplates writes every template into dir and returns, per state
-// type, the methods the state model implements. A template whose first line
-// is {{/* needs: A B */}} is written only when the spec declares the
-// capabilities A and B; the others see which capabilities exist in .Caps.
+// renderFakeTemplates writes every template of fakestmpl the spec's needs
+// meet into dir and returns, per state type, the methods the state model
+// implements (read from the syntax tree).
 func renderFakeTemplates(g *Gen, dir string) (map[string]map[string]bool, error) {
-	names, err := fs.Glob(fakesTemplates, "fakestmpl/*.go.tmpl")
+	tmpls, err := g.renderTemplates(templates, "fakestmpl", path.Base(dir))
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	data := struct {
-		Contract string
-		Caps     map[string]bool
-	}{g.Contract(), map[string]bool{}}
-	for _, c := range g.Spec.Capabilities {
-		data.Caps[c.Name] = true
-	}
 	methods := map[string]map[string]bool{}
-	for _, n := range names {
-		text, err := fakesTemplates.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		if !templateNeedsMet(string(text), data.Caps) {
-			continue
-		}
-		t, err := template.New(n).Parse(string(text))
-		if err != nil {
-			return nil, err
-		}
-		var buf bytes.Buffer
-		buf.WriteString(Header + "\n\n")
-		if err := t.Execute(&buf, data); err != nil {
-			return nil, err
-		}
-		src, err := format.Source(buf.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("gofmt %s: %w", n, err)
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), n, src, parser.SkipObjectResolution)
+	for _, t := range tmpls {
+		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
 		if err != nil {
 			return nil, err
 		}
@@ -187,25 +151,9 @@ func renderFakeTemplates(g *Gen, dir string) (map[string]map[string]bool, error)
 				}
 			}
 		}
-		g.Raw(dir+"/"+strings.TrimSuffix(path.Base(n), ".tmpl"), src)
+		g.Raw(dir+"/"+t.name, t.src)
 	}
 	return methods, nil
-}
-
-// templateNeedsMet reads a template's {{/* needs: ... */}} line.
-func templateNeedsMet(text string, caps map[string]bool) bool {
-	first, _, _ := strings.Cut(text, "\n")
-	rest, ok := strings.CutPrefix(first, "{{/* needs:")
-	if !ok {
-		return true
-	}
-	list, _, _ := strings.Cut(rest, "*/}}")
-	for _, c := range strings.Fields(list) {
-		if !caps[c] {
-			return false
-		}
-	}
-	return true
 }
 
 func emitFakesDoc(g *Gen, dir, pkg string) {
