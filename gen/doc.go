@@ -19,7 +19,7 @@
 // # Where things go
 //
 // An emitter is one file, emit_<output>.go, that registers itself from an
-// init function (register(Emitter{Name, Order, Emit})) and writes one output
+// init function (register(emitter{Name, Order, Emit})) and writes one output
 // package or document: emit_contract.go (generated/memapi), emit_checked.go
 // (generated/checked, and the contract's ChargeBook, which only the wrapper
 // uses), emit_conformance.go with emit_conformance_rules.go

@@ -12,7 +12,7 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
+func init() { register(emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
 
 // The checked wrapper is generated from each capability method's accounting
 // effect, creates/releases and requires clauses. It leans on these errors by
@@ -34,16 +34,16 @@ const (
 )
 
 type checkedGen struct {
-	g    *Gen
+	g    *generator
 	s    *Spec
-	used *Method // the instance-wide physical-bytes query (UsedBytes), or nil
+	used *method // the instance-wide physical-bytes query (UsedBytes), or nil
 }
 
 func (ck *checkedGen) file(name string) *File {
 	return ck.g.File(ck.s.Packages.Checked+"/"+name, "")
 }
 
-func emitChecked(g *Gen) error {
+func emitChecked(g *generator) error {
 	s := g.Spec
 	if s.Packages.Checked == "" {
 		return nil
@@ -57,7 +57,7 @@ func emitChecked(g *Gen) error {
 			return fmt.Errorf("the checked wrapper needs error %s, which the spec does not declare", n)
 		}
 	}
-	if s.RoleInterface(RoleGrant) == nil || s.RoleInterface(RoleAccount) == nil {
+	if s.roleInterface(roleGrant) == nil || s.roleInterface(roleAccount) == nil {
 		return fmt.Errorf("the checked wrapper needs the grant and account interfaces")
 	}
 	ck := &checkedGen{g: g, s: s, used: usedQuery(s)}
@@ -68,7 +68,7 @@ func emitChecked(g *Gen) error {
 					return fmt.Errorf("%s: %s.%s: parameter name %q collides with a local of the checked wrapper; rename it", m.Pos, c.Name, m.Name, p.Name)
 				}
 			}
-			if m.Accounting.Effect != EffectQuery && !m.ReturnsError() {
+			if m.Accounting.Effect != effectQuery && !m.ReturnsError() {
 				return fmt.Errorf("%s: %s.%s: the checked wrapper needs every mutating method to return an error", m.Pos, c.Name, m.Name)
 			}
 			if len(ck.checks(m)) > 0 && !m.ReturnsError() {
@@ -92,13 +92,13 @@ func emitChecked(g *Gen) error {
 // usedQuery finds the query of a required capability that takes nothing and
 // returns the instance's physical bytes: verify mode reads it around every
 // mutating call.
-func usedQuery(s *Spec) *Method {
+func usedQuery(s *Spec) *method {
 	for _, c := range s.Capabilities {
 		if !c.Required {
 			continue
 		}
 		for _, m := range c.Methods {
-			if m.Accounting.Effect == EffectQuery && len(m.Params) == 0 && len(m.Returns) == 1 && m.Returns[0].Type == "Bytes" {
+			if m.Accounting.Effect == effectQuery && len(m.Params) == 0 && len(m.Returns) == 1 && m.Returns[0].Type == "Bytes" {
 				return m
 			}
 		}
@@ -107,7 +107,7 @@ func usedQuery(s *Spec) *Method {
 }
 
 // capabilityOf returns the capability that declares m.
-func (ck *checkedGen) capabilityOf(m *Method) *Capability {
+func (ck *checkedGen) capabilityOf(m *method) *capability {
 	for _, c := range ck.s.Capabilities {
 		for _, x := range c.Methods {
 			if x == m {
@@ -131,7 +131,7 @@ func snake(n string) string {
 }
 
 // capType is the unexported wrapper type of an optional capability.
-func capType(c *Capability) string { return lowerFirst(c.Name) }
+func capType(c *capability) string { return lowerFirst(c.Name) }
 
 // invariants returns the ids of the invariants the wrapper enforces for a kind
 // of check: "consumes", "releases" or "verify".
@@ -188,7 +188,7 @@ func cite(ids []string) string {
 
 // expr returns the Go code of a spec expression (param, param.Field.Field;
 // handle fields are read through their methods) and its spec type.
-func (ck *checkedGen) expr(m *Method, x *Expr) (Code, string) {
+func (ck *checkedGen) expr(m *method, x *expr) (Code, string) {
 	p := m.Param(x.Param)
 	code := Id(x.Param)
 	cur := p.Type
@@ -208,7 +208,7 @@ func (ck *checkedGen) expr(m *Method, x *Expr) (Code, string) {
 // check is one precondition of a method, in the order the wrapper runs it.
 type check struct {
 	pred string // live, within, aligned, positive, fits
-	args []*Expr
+	args []*expr
 	text string // as the spec writes it; implicit live checks say why
 }
 
@@ -216,34 +216,34 @@ type check struct {
 // checked live first (the spec's live clauses, then the released handle, then
 // any handle another clause or the amount reads through), shallow paths before
 // deep ones; the other clauses follow in spec order.
-func (ck *checkedGen) checks(m *Method) []check {
+func (ck *checkedGen) checks(m *method) []check {
 	var live, rest []check
 	seen := map[string]bool{}
-	addLive := func(x *Expr, text string) {
+	addLive := func(x *expr, text string) {
 		if seen[x.Text] {
 			return
 		}
 		seen[x.Text] = true
-		live = append(live, check{pred: PredLive, args: []*Expr{x}, text: text})
+		live = append(live, check{pred: predLive, args: []*expr{x}, text: text})
 	}
 	for _, r := range m.Requires {
-		if r.Pred == PredLive {
+		if r.Pred == predLive {
 			addLive(r.Args[0], r.Text)
 		}
 	}
 	if m.Releases != "" {
-		addLive(&Expr{Param: m.Releases, Text: m.Releases}, "live("+m.Releases+"), released by "+m.Name)
+		addLive(&expr{Param: m.Releases, Text: m.Releases}, "live("+m.Releases+"), released by "+m.Name)
 	}
-	base := func(x *Expr) {
+	base := func(x *expr) {
 		if x == nil {
 			return
 		}
 		if p := m.Param(x.Param); p != nil && ck.g.IsHandle(p.Type) && (len(x.Path) > 0 || x.Func != "") {
-			addLive(&Expr{Param: x.Param, Text: x.Param}, "live("+x.Param+"), read by "+x.Text)
+			addLive(&expr{Param: x.Param, Text: x.Param}, "live("+x.Param+"), read by "+x.Text)
 		}
 	}
 	for _, r := range m.Requires {
-		if r.Pred == PredLive {
+		if r.Pred == predLive {
 			continue
 		}
 		for _, a := range r.Args {
@@ -261,7 +261,7 @@ func (ck *checkedGen) checks(m *Method) []check {
 
 // committedQuery of a handle param: the code reading it from inside a method
 // of capability c, or nil when the handle type has no such query.
-func (ck *checkedGen) committedCall(c *Capability, x Code, handle string) Code {
+func (ck *checkedGen) committedCall(c *capability, x Code, handle string) Code {
 	q := committedQuery(ck.s, handle)
 	if q == nil {
 		return nil
@@ -278,7 +278,7 @@ func (ck *checkedGen) committedCall(c *Capability, x Code, handle string) Code {
 
 // --- package documentation -------------------------------------------------
 
-func (ck *checkedGen) methodsWith(pred func(*Method) bool) []string {
+func (ck *checkedGen) methodsWith(pred func(*method) bool) []string {
 	var out []string
 	for _, c := range ck.s.Capabilities {
 		for _, m := range c.Methods {
@@ -290,9 +290,9 @@ func (ck *checkedGen) methodsWith(pred func(*Method) bool) []string {
 	return out
 }
 
-func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) string {
-	consuming := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Accounting.Effect == EffectConsumes }), ", ")
-	releasing := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Releases != "" }), ", ")
+func (ck *checkedGen) invariantLine(iv *invariant, seen map[string]string) string {
+	consuming := strings.Join(ck.methodsWith(func(m *method) bool { return m.Accounting.Effect == effectConsumes }), ", ")
+	releasing := strings.Join(ck.methodsWith(func(m *method) bool { return m.Releases != "" }), ", ")
 	var how []string
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Consumes {
 		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.")
@@ -422,34 +422,34 @@ allocates nothing unless it fails.`
 }
 
 // methodNotes describes the checks of a wrapper method, for docs.
-func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
+func (ck *checkedGen) methodNotes(c *capability, m *method) []string {
 	var notes []string
 	for _, k := range ck.checks(m) {
 		switch k.pred {
-		case PredLive:
+		case predLive:
 			ids := ""
 			if m.Releases != "" && k.args[0].Text == m.Releases {
 				ids = cite(ck.invariants("releases"))
 			}
 			notes = append(notes, k.text+" (ErrNilHandle, ErrForeignHandle, ErrReleased)"+ids)
-		case PredWithin:
+		case predWithin:
 			notes = append(notes, k.text+" (ErrInvalidRange)")
-		case PredAligned:
+		case predAligned:
 			notes = append(notes, k.text+" to Info().Granularity (ErrUnaligned)")
-		case PredPositive:
+		case predPositive:
 			notes = append(notes, k.text+" (ErrInvalidSize)")
-		case PredFits:
+		case predFits:
 			notes = append(notes, k.text+": length equals the handle's size (ErrInvalidRange)")
 		}
 	}
 	a := m.Accounting
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
-	case EffectRefunds:
+	case effectRefunds:
 		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch)")
 	}
-	if a.Effect != EffectQuery {
+	if a.Effect != effectQuery {
 		notes = append(notes, "verify mode checks the figures"+cite(ck.invariants("verify")))
 	}
 	return notes
@@ -458,9 +458,9 @@ func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
 // roundField names the MechanismInfo field an amount is rounded to.
 func roundField(r string) string {
 	switch r {
-	case RoundAlloc:
+	case roundAlloc:
 		return "Info().AllocGranularity"
-	case RoundGranularity:
+	case roundGranularity:
 		return "Info().Granularity"
 	}
 	return "nothing"
@@ -533,7 +533,7 @@ for qualifying a new mechanism; it costs two to four queries per call.`)
 		Return(Func().Params(Id("o").Op("*").Id("options")).Block(Id("o").Dot("verify").Op("=").True())),
 	)
 
-	var optional []*Capability
+	var optional []*capability
 	for _, cp := range s.Capabilities {
 		if !cp.Required {
 			optional = append(optional, cp)
@@ -610,9 +610,9 @@ capability value.`)
 	})
 	f.Var().Id("_").Add(c("Mechanism")).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
 	for _, cp := range optional {
-		comment(f, Accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
-		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(Accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(
-			List(Id("in"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(cp)).Call(),
+		comment(f, accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
+		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(
+			List(Id("in"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(accessor(cp)).Call(),
 			If(Op("!").Id("ok").Op("||").Id("in").Op("==").Nil()).Block(Return(Nil(), False())),
 			If(Id("w").Op(":=").Id("m").Dot(capType(cp)).Dot("Load").Call(), Id("w").Op("!=").Nil().Op("&&").Id("sameValue").Call(Id("w").Dot("inner"), Id("in"))).Block(
 				Return(Id("w"), True()),
@@ -630,7 +630,7 @@ capability value.`)
 
 	// Committed-bytes queries of capabilities other than the caller's.
 	done := map[string]bool{}
-	for _, h := range s.Handles() {
+	for _, h := range s.handles() {
 		q := committedQuery(s, h.Name)
 		if q == nil || done[q.Name] {
 			continue
@@ -642,7 +642,7 @@ capability value.`)
 		}
 		comment(f, "query"+q.Name+" reads "+qc.Name+"."+q.Name+" for a method of another capability.")
 		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("query"+q.Name).Params(Id("h").Add(g.Type(h.Name))).Params(c("Bytes"), Error()).Block(
-			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(qc)).Call(),
+			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(accessor(qc)).Call(),
 			If(Op("!").Id("ok").Op("||").Id("c").Op("==").Nil()).Block(
 				Return(Lit(0), Op("&").Add(c("Error")).Values(Dict{
 					Id("Op"): Lit(qc.Name + "." + q.Name), Id("Kind"): c("ErrUnsupported"), Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"),
@@ -655,13 +655,13 @@ capability value.`)
 }
 
 // queryNeededElsewhere reports whether a method outside qc reads q.
-func (ck *checkedGen) queryNeededElsewhere(q *Method, qc *Capability) bool {
+func (ck *checkedGen) queryNeededElsewhere(q *method, qc *capability) bool {
 	for _, c := range ck.s.Capabilities {
 		if c == qc {
 			continue
 		}
 		for _, m := range c.Methods {
-			if m.Accounting.Effect == EffectQuery {
+			if m.Accounting.Effect == effectQuery {
 				continue
 			}
 			for _, p := range m.Params {
@@ -700,7 +700,7 @@ func (ck *checkedGen) emitStatic() error {
 
 // --- capabilities ----------------------------------------------------------
 
-func (ck *checkedGen) emitCapability(c *Capability) error {
+func (ck *checkedGen) emitCapability(c *capability) error {
 	f := ck.file(snake(c.Name) + ".go")
 	g := ck.g
 	if !c.Required {
@@ -722,8 +722,8 @@ func (ck *checkedGen) emitCapability(c *Capability) error {
 // methodCtx is one wrapper method being generated.
 type methodCtx struct {
 	ck *checkedGen
-	c  *Capability
-	m  *Method
+	c  *capability
+	m  *method
 	// errDeclared records that the body declared err at function scope.
 	errDeclared bool
 }
@@ -780,7 +780,7 @@ func (x *methodCtx) outs() []Code {
 	return append(o, Id("err"))
 }
 
-func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
+func (ck *checkedGen) emitMethod(f *File, c *capability, m *method) error {
 	g := ck.g
 	params, results := g.Signature(m)
 	x := &methodCtx{ck: ck, c: c, m: m}
@@ -790,7 +790,7 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 		doc = m.Name + " checks " + strings.Join(notes, "; ") + "; then it calls the wrapped mechanism's " + m.Name + "."
 	}
 	comment(f, fill(doc, 77, ""))
-	mutating := m.Accounting.Effect != EffectQuery
+	mutating := m.Accounting.Effect != effectQuery
 	if n := len(x.figureParams()) + 1; mutating && n > auditFigures {
 		return fmt.Errorf("%s: %s.%s: verify mode reads %d figures around the call, more than the %d it has room for", m.Pos, c.Name, m.Name, n, auditFigures)
 	}
@@ -817,9 +817,9 @@ const auditFigures = 4
 // unit is the granularity an amount is rounded to.
 func unit(round string) Code {
 	switch round {
-	case RoundAlloc:
+	case roundAlloc:
 		return Id("m").Dot("info").Dot("AllocGranularity")
-	case RoundGranularity:
+	case roundGranularity:
 		return Id("m").Dot("info").Dot("Granularity")
 	}
 	return Lit(0)
@@ -827,8 +827,8 @@ func unit(round string) Code {
 
 // figureParams are the handle params whose committed bytes verify mode reads:
 // those the call does not release, whose type has a committed-bytes query.
-func (x *methodCtx) figureParams() []*Param {
-	var ps []*Param
+func (x *methodCtx) figureParams() []*param {
+	var ps []*param
 	for _, p := range x.m.Params {
 		if p.Name != x.m.Releases && x.ck.g.IsHandle(p.Type) && committedQuery(x.ck.s, p.Type) != nil {
 			ps = append(ps, p)
@@ -842,9 +842,9 @@ func (x *methodCtx) figureParams() []*Param {
 // consuming or refunding call that creates and releases none of them, such as
 // Commit and Decommit of res. The wrapper books what it charged against them
 // (memapi.ChargeBook), so a later refund of committed(h) needs no query.
-func (x *methodCtx) bookParams() []*Param {
+func (x *methodCtx) bookParams() []*param {
 	a := x.m.Accounting
-	if (a.Effect != EffectConsumes && a.Effect != EffectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
+	if (a.Effect != effectConsumes && a.Effect != effectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
 		return nil
 	}
 	return x.figureParams()
@@ -854,7 +854,7 @@ func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
 	checks := ck.checks(m)
-	if len(checks) > 0 || a.Effect != EffectQuery {
+	if len(checks) > 0 || a.Effect != effectQuery {
 		b.Const().Id("op").Op("=").Lit(x.c.Name + "." + m.Name)
 	}
 	for _, k := range checks {
@@ -862,18 +862,18 @@ func (x *methodCtx) body(b *Group) {
 	}
 	// The ledger side, before the call.
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		amt, _ := ck.expr(m, a.Amount)
 		b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("charge").Call(Id("op"), Id(a.Account), amt, unit(a.Round))
 		b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		b.Id("returned").Op(":=").False()
 		b.Defer().Id("m").Dot("abandon").Call(Id(a.Account), Id("n"), Op("&").Id("returned"))
-	case EffectRefunds:
+	case effectRefunds:
 		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		switch {
 		case a.Amount.Func == "committed":
 			b.Id("n").Op(":=").Id("book").Dot("Charged").Call(Id(a.Amount.Param))
-		case a.Round == RoundNone || a.Round == "":
+		case a.Round == roundNone || a.Round == "":
 			amt, _ := ck.expr(m, a.Amount)
 			b.Id("n").Op(":=").Add(amt)
 		default:
@@ -883,14 +883,14 @@ func (x *methodCtx) body(b *Group) {
 		}
 	}
 	call := x.inner().Dot(m.Name).Call(x.args()...)
-	if a.Effect == EffectQuery {
+	if a.Effect == effectQuery {
 		b.Return(call)
 		return
 	}
 	outs := x.outs()
 	head := outs[: len(outs)-1 : len(outs)-1]
 	amount := Code(Lit(0))
-	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
+	if a.Effect == effectConsumes || a.Effect == effectRefunds {
 		amount = Id("n")
 	}
 	effect := ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:])
@@ -911,7 +911,7 @@ func (x *methodCtx) body(b *Group) {
 	})
 
 	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-	if a.Effect == EffectConsumes {
+	if a.Effect == effectConsumes {
 		b.Id("returned").Op("=").True()
 	}
 
@@ -932,7 +932,7 @@ func (x *methodCtx) body(b *Group) {
 		}
 		if m.Creates != "" {
 			v.Id("au").Dot("created").Call(Id("out0"))
-			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
+			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == effectConsumes {
 				v.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
 			}
 		}
@@ -940,12 +940,12 @@ func (x *methodCtx) body(b *Group) {
 			v.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
 		}
 		switch a.Effect {
-		case EffectConsumes:
+		case effectConsumes:
 			v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
 			for _, p := range x.bookParams() {
 				v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
 			}
-		case EffectRefunds:
+		case effectRefunds:
 			v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
 			for _, p := range x.bookParams() {
 				v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
@@ -961,13 +961,13 @@ func (x *methodCtx) body(b *Group) {
 
 	// The ledger side, after the call.
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		b.If(Id("err").Op("!=").Nil()).Block(Return(append(head, Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
 		for _, p := range x.bookParams() {
 			b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
 		}
 		b.Return(append(head, Nil())...)
-	case EffectRefunds:
+	case effectRefunds:
 		b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
 		for _, p := range x.bookParams() {
 			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
@@ -985,24 +985,24 @@ func (x *methodCtx) body(b *Group) {
 func (x *methodCtx) check(b *Group, k check) {
 	ck, m := x.ck, x.m
 	switch k.pred {
-	case PredLive:
+	case predLive:
 		h, _ := ck.expr(m, k.args[0])
 		b.If(Id("err").Op(":=").Add(ck.g.C("CheckHandle")).Call(Id("op"), h, Id("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
-	case PredPositive:
+	case predPositive:
 		v, _ := ck.expr(m, k.args[0])
 		b.If(Add(v).Op("==").Lit(0)).Block(x.fail(Id("m").Dot("errPositive").Call(Id("op"), Lit(k.text))))
-	case PredWithin:
+	case predWithin:
 		r, _ := ck.expr(m, k.args[0])
 		h, _ := ck.expr(m, k.args[1])
 		b.If(Op("!").Add(r).Dot("Within").Call(Add(h).Dot("Size").Call())).Block(
 			x.fail(Id("m").Dot("errWithin").Call(Id("op"), Lit(k.text), r, Add(h).Dot("ID").Call(), Add(h).Dot("Size").Call())),
 		)
-	case PredAligned:
+	case predAligned:
 		r, _ := ck.expr(m, k.args[0])
 		b.If(Op("!").Add(r).Dot("Aligned").Call(Id("m").Dot("info").Dot("Granularity"))).Block(
 			x.fail(Id("m").Dot("errAligned").Call(Id("op"), Lit(k.text), r)),
 		)
-	case PredFits:
+	case predFits:
 		r, _ := ck.expr(m, k.args[0])
 		h, _ := ck.expr(m, k.args[1])
 		b.If(Add(r).Dot("Len").Op("!=").Add(h).Dot("Size").Call()).Block(
@@ -1031,8 +1031,8 @@ func (ck *checkedGen) emitExample() error {
 		}
 		return false
 	}
-	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", EffectConsumes) || !has("DeviceAllocator", "Free", EffectRefunds) ||
-		!has("VirtualBacking", "Reserve", EffectNone) || !has("VirtualBacking", "Commit", EffectConsumes) {
+	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", effectConsumes) || !has("DeviceAllocator", "Free", effectRefunds) ||
+		!has("VirtualBacking", "Reserve", effectNone) || !has("VirtualBacking", "Commit", effectConsumes) {
 		return nil
 	}
 	dir := s.Packages.Checked

@@ -64,7 +64,7 @@ type goTemplate struct {
 
 // renderTemplates renders every template of dir (a directory of fsys) whose
 // needs the spec meets, for the output package pkg, in file-name order.
-func (g *Gen) renderTemplates(fsys fs.FS, dir, pkg string) ([]goTemplate, error) {
+func (g *generator) renderTemplates(fsys fs.FS, dir, pkg string) ([]goTemplate, error) {
 	names, err := fs.Glob(fsys, dir+"/*.go")
 	if err != nil {
 		return nil, err
