@@ -23,8 +23,12 @@ import (
 //
 //	//go:build memgentmpl
 //
-// keeps them out of every normal build (make tmpl-vet type-checks and vets
-// them in place of their copies in the packages they render into).
+// keeps them out of every normal build. A template directory is not a package
+// of its own (the generated half of its package is not there), so the tag is
+// not meant for go build or go vet over ./gen/...: make tmpl-vet gives go vet
+// -tags memgentmpl an overlay that puts each template in place of its copy in
+// the package it renders into, so that it is type-checked and vetted with the
+// generated code it calls, and reported at its own path and line.
 //
 // Rendering a template:
 //
