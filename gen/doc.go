@@ -31,13 +31,13 @@
 // declaration) is built with jennifer (github.com/dave/jennifer), so names,
 // imports and formatting are computed rather than pasted. Code that is the
 // same for every spec (the checked wrapper's grant, account and verify-mode
-// checks, the contract's ChargeBook, the fakes' state models, the
-// conformance suite's harness, fixtures, witnesses and hand-written
-// scenarios) is plain Go, one file per concept, in a template directory per
+// checks, the contract's ChargeBook and Range methods, the fakes' state
+// models, the conformance suite's harness, fixtures, witnesses and
+// hand-written scenarios) is plain Go, one file per concept, in a template directory per
 // output package: checkedtmpl/, contracttmpl/, fakestmpl/, conformancetmpl/.
 // A template is a Go file of the package it is copied into, written for
-// memgen's own spec under the build tag memgentmpl, so gofmt, go vet (make
-// tmpl-vet puts it in place of its copy) and an editor see it. template.go
+// memgen's own spec under the build tag memgentmpl, so gofmt and go vet see
+// it (make tmpl-vet puts it in place of its copy in that package). template.go
 // renders it: "// memgen:needs A B.M ..." leaves the file out when the spec
 // lacks one of the names, "// memgen:if A" ... "// memgen:else" ...
 // "// memgen:end" cut lines by the same test, the package clause and the

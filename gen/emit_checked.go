@@ -683,11 +683,11 @@ func (ck *checkedGen) queryNeededElsewhere(q *method, qc *capability) bool {
 // committed bytes it charged; it lives in the contract package because only
 // that package reaches a handle's header) into the contract package.
 func (ck *checkedGen) emitStatic() error {
-	for _, d := range []struct{ tmpl, dir, pkg string }{
-		{"checkedtmpl", ck.s.Packages.Checked, path.Base(ck.s.Packages.Checked)},
-		{"contracttmpl", ck.s.Packages.Contract, "memapi"},
+	for _, d := range []struct{ pattern, dir, pkg string }{
+		{"checkedtmpl/*.go", ck.s.Packages.Checked, path.Base(ck.s.Packages.Checked)},
+		{"contracttmpl/charge_book.go", ck.s.Packages.Contract, "memapi"},
 	} {
-		tmpls, err := ck.g.renderTemplates(templates, d.tmpl, d.pkg)
+		tmpls, err := ck.g.renderTemplates(templates, d.pattern, d.pkg)
 		if err != nil {
 			return err
 		}

@@ -86,7 +86,7 @@ func emitConformance(g *generator) error {
 // witnesses (func (e *env) witness<Method>(t T, c *call<Method>)
 // func(memapi.Handle)) found in the syntax tree, not by matching text.
 func (g *generator) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
-	tmpls, err := g.renderTemplates(templates, "conformancetmpl", path.Base(g.Spec.Packages.Conformance))
+	tmpls, err := g.renderTemplates(templates, "conformancetmpl/*.go", path.Base(g.Spec.Packages.Conformance))
 	if err != nil {
 		return nil, nil, err
 	}

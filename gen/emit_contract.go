@@ -20,7 +20,9 @@ func emitContract(g *generator) error {
 	emitInterfaces(g)
 	emitCapabilities(g)
 	emitHandles(g)
-	emitRanges(g)
+	if err := emitRanges(g); err != nil {
+		return err
+	}
 	emitMeta(g)
 	emitTripwire(g)
 	return nil
@@ -506,38 +508,17 @@ the memory and calls EndRelease with the outcome.`)
 	)
 }
 
-func emitRanges(g *generator) {
-	f := g.contractFile("ranges.go")
-	comment(f, "End returns Off+Len, and false when the sum overflows.")
-	f.Func().Params(Id("r").Id("Range")).Id("End").Params().Params(Id("Bytes"), Bool()).Block(
-		Id("e").Op(":=").Id("r").Dot("Off").Op("+").Id("r").Dot("Len"),
-		Return(Id("e"), Id("e").Op(">=").Id("r").Dot("Off")),
-	)
-	comment(f, "Within reports whether r is non-empty and lies inside [0, size).")
-	f.Func().Params(Id("r").Id("Range")).Id("Within").Params(Id("size").Id("Bytes")).Bool().Block(
-		List(Id("e"), Id("ok")).Op(":=").Id("r").Dot("End").Call(),
-		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("ok").Op("&&").Id("e").Op("<=").Id("size")),
-	)
-	comment(f, "Aligned reports whether r's offset and length are multiples of g (g of 0 or 1\naligns everything).")
-	f.Func().Params(Id("r").Id("Range")).Id("Aligned").Params(Id("g").Id("Bytes")).Bool().Block(
-		If(Id("g").Op("<=").Lit(1)).Block(Return(True())),
-		Return(Id("r").Dot("Off").Op("%").Id("g").Op("==").Lit(0).Op("&&").Id("r").Dot("Len").Op("%").Id("g").Op("==").Lit(0)),
-	)
-	comment(f, "Overlaps reports whether r and o share a byte.")
-	f.Func().Params(Id("r").Id("Range")).Id("Overlaps").Params(Id("o").Id("Range")).Bool().Block(
-		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("o").Dot("Len").Op(">").Lit(0).Op("&&").Id("r").Dot("Off").Op("<").Id("o").Dot("Off").Op("+").Id("o").Dot("Len").Op("&&").Id("o").Dot("Off").Op("<").Id("r").Dot("Off").Op("+").Id("r").Dot("Len")),
-	)
-	f.Func().Params(Id("r").Id("Range")).Id("String").Params().String().Block(
-		Return(Qual("fmt", "Sprintf").Call(Lit("[%#x, +%#x)"), Id("r").Dot("Off"), Id("r").Dot("Len"))),
-	)
-	comment(f, "RoundUp rounds n up to a multiple of g (g of 0 or 1 leaves n), and reports\nfalse when the result would overflow.")
-	f.Func().Id("RoundUp").Params(Id("n"), Id("g").Id("Bytes")).Params(Id("Bytes"), Bool()).Block(
-		If(Id("g").Op("<=").Lit(1)).Block(Return(Id("n"), True())),
-		Id("r").Op(":=").Id("n").Op("%").Id("g"),
-		If(Id("r").Op("==").Lit(0)).Block(Return(Id("n"), True())),
-		Id("up").Op(":=").Id("n").Op("+").Parens(Id("g").Op("-").Id("r")),
-		Return(Id("up"), Id("up").Op(">").Id("n")),
-	)
+// emitRanges copies contracttmpl/ranges.go, Range's methods and RoundUp,
+// which do not vary with the spec.
+func emitRanges(g *generator) error {
+	tmpls, err := g.renderTemplates(templates, "contracttmpl/ranges.go", "memapi")
+	if err != nil {
+		return err
+	}
+	for _, t := range tmpls {
+		g.Raw(g.Spec.Packages.Contract+"/"+t.name, t.src)
+	}
+	return nil
 }
 
 func emitMeta(g *generator) {

@@ -127,7 +127,7 @@ overridden or faulted.`},
 // meet into dir and returns, per state type, the methods the state model
 // implements (read from the syntax tree).
 func renderFakeTemplates(g *generator, dir string) (map[string]map[string]bool, error) {
-	tmpls, err := g.renderTemplates(templates, "fakestmpl", path.Base(dir))
+	tmpls, err := g.renderTemplates(templates, "fakestmpl/*.go", path.Base(dir))
 	if err != nil {
 		return nil, err
 	}

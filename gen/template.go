@@ -66,10 +66,11 @@ type goTemplate struct {
 	src  []byte
 }
 
-// renderTemplates renders every template of dir (a directory of fsys) whose
-// needs the spec meets, for the output package pkg, in file-name order.
-func (g *generator) renderTemplates(fsys fs.FS, dir, pkg string) ([]goTemplate, error) {
-	names, err := fs.Glob(fsys, dir+"/*.go")
+// renderTemplates renders every template of fsys that pattern matches (a
+// directory's "dir/*.go", or one file) and whose needs the spec meets, for the
+// output package pkg, in file-name order.
+func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTemplate, error) {
+	names, err := fs.Glob(fsys, pattern)
 	if err != nil {
 		return nil, err
 	}

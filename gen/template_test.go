@@ -103,7 +103,7 @@ func TestTemplatesRenderForAnotherModule(t *testing.T) {
 		if err != nil || len(names) == 0 {
 			t.Fatalf("%s: no templates (%v)", tmpl, err)
 		}
-		rendered, err := g.renderTemplates(templates, tmpl, pkg)
+		rendered, err := g.renderTemplates(templates, tmpl+"/*.go", pkg)
 		if err != nil {
 			t.Fatal(err)
 		}
