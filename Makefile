@@ -36,7 +36,7 @@ TIDY_MODULES := . $(MODULES) integrations/ort integrations/llamacpp
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all generate check drift vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci
+.PHONY: all generate check drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci
 
 all: check test
 
@@ -44,9 +44,9 @@ all: check test
 generate:
 	$(GO) generate ./...
 
-## check: spec, drift and implementation check; go vet; gofmt; tidy modules; the core's
+## check: spec, drift and implementation check; go vet (the generator's templates too); gofmt; tidy modules; the core's
 ## module graph free of Prometheus; staticcheck; memvet
-check: drift vet fmt-check tidy-check core-graph staticcheck memvet
+check: drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck memvet
 
 drift:
 	$(GO) run ./cmd/memgen check
@@ -56,6 +56,20 @@ drift:
 vet:
 	$(GO) vet ./...
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) vet ./...)"; (cd $$m && $(GO) vet ./...); done
+
+## tmpl-vet: the generator's templates (gen/*tmpl/*.go: plain Go under the build tag memgentmpl,
+## copied into the generated packages) type-checked and vetted as the files of the packages they
+## are copied into: an overlay puts each template in place of its copy, -tags memgentmpl keeps it in
+## (go vet reports at the template's own path and line)
+TMPL_DIRS := checkedtmpl:generated/checked conformancetmpl:generated/conformance \
+	contracttmpl:generated/memapi fakestmpl:fakes
+TMPL_OVERLAY ?= out/memgentmpl-overlay.json
+tmpl-vet:
+	@mkdir -p $(dir $(TMPL_OVERLAY)); sep=; { printf '{"Replace":{'; \
+	for m in $(TMPL_DIRS); do t="$${m%%:*}"; d="$${m#*:}"; \
+		for f in gen/$$t/*.go; do printf '%s\n"%s":"%s"' "$$sep" "$(CURDIR)/$$d/$${f##*/}" "$(CURDIR)/$$f"; sep=,; done; \
+	done; printf '}}\n'; } > $(TMPL_OVERLAY)
+	$(GO) vet -tags memgentmpl -overlay $(TMPL_OVERLAY) $(foreach m,$(TMPL_DIRS),./$(word 2,$(subst :, ,$(m))))
 
 ## tidy-check: every module's go.mod and go.sum are what `go mod tidy` writes
 tidy-check:

@@ -7,34 +7,34 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// PluginABI is the spec's plugin_abi block: the version of the plugin C ABI
+// pluginABI is the spec's plugin_abi block: the version of the plugin C ABI
 // as data, where its header and loader live, how slots were added by each
 // minor, and the plugin mechanisms the spec declares. It is nil when the spec
 // has no such block, and then nothing of the C ABI is generated.
-type PluginABI struct {
+type pluginABI struct {
 	Major, Minor int
 	Header       string // module-relative path of the generated C header
 	Loader       string // module-relative package of the Go loader
 	Prefix       string // C identifier prefix, e.g. memgen
 	Reserved     int    // reserved pointer slots at the end of the descriptor
-	Minors       []*ABIMinor
-	Plugins      []*PluginDecl
-	Limits       []*SlotLimit // per slot: align, size limits and the status of every violation
-	Pos          Pos
+	Minors       []*abiMinor
+	Plugins      []*pluginDecl
+	Limits       []*slotLimit // per slot: align, size limits and the status of every violation
+	Pos          pos
 }
 
-// SlotLimit is what the header states beside one capability slot, from
+// slotLimit is what the header states beside one capability slot, from
 // plugin_abi.limits: what the host checks before the call, the limits on its
 // arguments and the status the plugin returns for each violation it must
 // detect itself.
-type SlotLimit struct {
+type slotLimit struct {
 	Slot string // Capability.Method
 	Text string
-	Pos  Pos
+	Pos  pos
 }
 
 // LimitOf returns the limits text of method m's slot, or "".
-func (a *PluginABI) LimitOf(m *Method) string {
+func (a *pluginABI) LimitOf(m *method) string {
 	for _, l := range a.Limits {
 		if l.Slot == m.Owner+"."+m.Name {
 			return l.Text
@@ -43,27 +43,27 @@ func (a *PluginABI) LimitOf(m *Method) string {
 	return ""
 }
 
-// ABIMinor lists the slots one minor version appended, as Capability.Method.
-type ABIMinor struct {
+// abiMinor lists the slots one minor version appended, as Capability.Method.
+type abiMinor struct {
 	Minor    int
 	Slots    []string
-	SlotPos  []Pos
-	Pos      Pos
+	SlotPos  []pos
+	Pos      pos
 	byMethod map[string]bool
 }
 
-// PluginDecl declares a plugin mechanism: a shared library, loaded through the
+// pluginDecl declares a plugin mechanism: a shared library, loaded through the
 // loader package, whose descriptor must carry this name and device.
-type PluginDecl struct {
+type pluginDecl struct {
 	Name, Device, Doc string
 	Offers            []string
-	OfferPos          []Pos
-	Pos               Pos
+	OfferPos          []pos
+	Pos               pos
 }
 
 // SlotSince returns the minor that added method m's slot (0 for the slots of
 // the first minor).
-func (a *PluginABI) SlotSince(m *Method) int {
+func (a *pluginABI) SlotSince(m *method) int {
 	for _, mi := range a.Minors {
 		if mi.byMethod[m.Owner+"."+m.Name] {
 			return mi.Minor
@@ -91,7 +91,7 @@ func (l *loader) integer(n *yaml.Node, what string, min int) int {
 
 // pluginABI reads the plugin_abi block.
 func (l *loader) pluginABI(n *yaml.Node) {
-	a := &PluginABI{Pos: l.pos(n)}
+	a := &pluginABI{Pos: l.pos(n)}
 	const what = "plugin_abi"
 	for _, p := range l.mapping(n, what, specKeys["pluginABI"]...) {
 		switch p.k.Value {
@@ -119,7 +119,7 @@ func (l *loader) pluginABI(n *yaml.Node) {
 				if err != nil || n < 1 {
 					l.e.add(l.pos(m.k), "%s.minors: %q is not a minor version of at least 1", what, m.k.Value)
 				}
-				mi := &ABIMinor{Minor: n, Pos: l.pos(m.k), byMethod: map[string]bool{}}
+				mi := &abiMinor{Minor: n, Pos: l.pos(m.k), byMethod: map[string]bool{}}
 				mi.Slots, mi.SlotPos = l.strList(m.v, what+".minors."+m.k.Value)
 				for _, s := range mi.Slots {
 					mi.byMethod[s] = true
@@ -132,7 +132,7 @@ func (l *loader) pluginABI(n *yaml.Node) {
 			}
 		case "limits":
 			for _, q := range l.mapping(p.v, what+".limits") {
-				a.Limits = append(a.Limits, &SlotLimit{Slot: q.k.Value, Text: l.str(q.v, what+".limits."+q.k.Value), Pos: l.pos(q.k)})
+				a.Limits = append(a.Limits, &slotLimit{Slot: q.k.Value, Text: l.str(q.v, what+".limits."+q.k.Value), Pos: l.pos(q.k)})
 			}
 		}
 	}
@@ -144,8 +144,8 @@ func (l *loader) pluginABI(n *yaml.Node) {
 	l.s.PluginABI = a
 }
 
-func (l *loader) plugin(k, v *yaml.Node) *PluginDecl {
-	d := &PluginDecl{Name: k.Value, Pos: l.pos(k)}
+func (l *loader) plugin(k, v *yaml.Node) *pluginDecl {
+	d := &pluginDecl{Name: k.Value, Pos: l.pos(k)}
 	what := "plugin " + d.Name
 	if !idRE.MatchString(d.Name) {
 		l.e.add(d.Pos, "plugin_abi.plugins: %q is not a lower-case name", d.Name)

@@ -38,17 +38,17 @@ type cStruct struct {
 
 // cAbi is the computed ABI of one spec.
 type cAbi struct {
-	g       *Gen
-	a       *PluginABI
+	g       *generator
+	a       *pluginABI
 	p, P    string              // prefix, upper-case prefix
 	data    []*cStruct          // value structs (requests, ranges, handle outs)
 	byType  map[string]*cStruct // spec type -> its C struct
 	outs    map[string]*cStruct // handle type -> its out struct
 	vtables []*cStruct          // one per capability, then the device context
 	capVT   map[string]*cStruct // capability name -> vtable
-	slotOf  map[*cField]*Method // capability slot -> its method
+	slotOf  map[*cField]*method // capability slot -> its method
 	desc    *cStruct            // the plugin descriptor
-	ctxDocs map[string]*Method  // context slot C name -> spec method
+	ctxDocs map[string]*method  // context slot C name -> spec method
 }
 
 // cSnake turns a Go name into lower snake case: CopyOnWrite -> copy_on_write.
@@ -65,15 +65,15 @@ func cCamel(s string) string {
 	return b.String()
 }
 
-func newCAbi(g *Gen) (*cAbi, error) {
+func newCAbi(g *generator) (*cAbi, error) {
 	a := g.Spec.PluginABI
 	c := &cAbi{g: g, a: a, p: a.Prefix, P: strings.ToUpper(a.Prefix), byType: map[string]*cStruct{},
-		outs: map[string]*cStruct{}, capVT: map[string]*cStruct{}, slotOf: map[*cField]*Method{}, ctxDocs: map[string]*Method{}}
+		outs: map[string]*cStruct{}, capVT: map[string]*cStruct{}, slotOf: map[*cField]*method{}, ctxDocs: map[string]*method{}}
 	for _, cp := range g.Spec.Capabilities {
 		vt := &cStruct{C: c.p + "_" + cSnake(cp.Name), Go: "c" + cp.Name, Doc: cp.Doc, VTable: true}
 		type slot struct {
 			f *cField
-			m *Method
+			m *method
 		}
 		var slots []slot
 		for _, m := range cp.Methods {
@@ -118,7 +118,7 @@ func newCAbi(g *Gen) (*cAbi, error) {
 
 // fromDescriptor reports whether m is answered by the descriptor rather than
 // a slot: a query returning MechanismInfo (name, device, granularity).
-func (c *cAbi) fromDescriptor(m *Method) bool {
+func (c *cAbi) fromDescriptor(m *method) bool {
 	return len(m.Returns) == 1 && m.Returns[0].Type == "MechanismInfo"
 }
 
@@ -137,9 +137,9 @@ func (c *cAbi) scalarC(name string) (ctype, gotype string, size int, err error) 
 	case t == nil:
 	case t.Kind == KindHandle:
 		return c.p + "_handle", "uint64", 8, nil
-	case t.Kind == KindEnum:
+	case t.Kind == kindEnum:
 		return c.p + "_" + cSnake(name), "int32", 4, nil
-	case t.Kind == KindScalar && t.Go == "uint64":
+	case t.Kind == kindScalar && t.Go == "uint64":
 		return c.p + "_" + cSnake(name), "uint64", 8, nil
 	}
 	return "", "", 0, fmt.Errorf("plugin ABI: spec type %q has no C form", name)
@@ -151,7 +151,7 @@ func (c *cAbi) dataStruct(name string) (*cStruct, error) {
 		return s, nil
 	}
 	t := c.g.Spec.Type(name)
-	if t == nil || t.Kind != KindStruct {
+	if t == nil || t.Kind != kindStruct {
 		return nil, fmt.Errorf("plugin ABI: %q is not a struct type", name)
 	}
 	s := &cStruct{C: c.p + "_" + cSnake(name), Go: "c" + name, Doc: t.Doc}
@@ -169,7 +169,7 @@ func (c *cAbi) dataStruct(name string) (*cStruct, error) {
 
 // valueField is a data member of spec type typ.
 func (c *cAbi) valueField(cname, goname, typ string) (*cField, error) {
-	if t := c.g.Spec.Type(typ); t != nil && t.Kind == KindStruct {
+	if t := c.g.Spec.Type(typ); t != nil && t.Kind == kindStruct {
 		s, err := c.dataStruct(typ)
 		if err != nil {
 			return nil, err
@@ -208,7 +208,7 @@ func (c *cAbi) outStruct(handle string) (*cStruct, error) {
 
 // isRole reports whether typ is the interface of one of the given roles.
 func (c *cAbi) isRole(typ string, roles ...string) bool {
-	i := c.g.Spec.Interface(typ)
+	i := c.g.Spec.interfaceNamed(typ)
 	return i != nil && contains(roles, i.Role)
 }
 
@@ -216,16 +216,16 @@ func (c *cAbi) isRole(typ string, roles ...string) bool {
 // instance first, then the parameters the plugin sees (no context, no grant,
 // no account), then the out parameters; it returns the status, or the value
 // itself for a method whose only result is not an error.
-func (c *cAbi) capabilitySlot(m *Method) (*cField, error) {
+func (c *cAbi) capabilitySlot(m *method) (*cField, error) {
 	params := []string{"void *instance"}
-	if m.Accounting.Effect == EffectConsumes {
+	if m.Accounting.Effect == effectConsumes {
 		params = append(params, "uint64_t deadline_ns")
 	}
 	for _, p := range m.Params {
-		if p.Type == "context.Context" || c.isRole(p.Type, RoleGrant, RoleAccount) {
+		if p.Type == "context.Context" || c.isRole(p.Type, roleGrant, roleAccount) {
 			continue
 		}
-		if t := c.g.Spec.Type(p.Type); t != nil && t.Kind == KindStruct {
+		if t := c.g.Spec.Type(p.Type); t != nil && t.Kind == kindStruct {
 			s, err := c.dataStruct(p.Type)
 			if err != nil {
 				return nil, err
@@ -240,7 +240,7 @@ func (c *cAbi) capabilitySlot(m *Method) (*cField, error) {
 		params = append(params, ct+" "+cSnake(p.Name))
 	}
 	ret := c.p + "_status"
-	var outs []*Param
+	var outs []*param
 	for _, r := range m.Returns {
 		if r.Type != "error" {
 			outs = append(outs, r)
@@ -283,10 +283,10 @@ func (c *cAbi) capabilitySlot(m *Method) (*cField, error) {
 // the ABI's own, since a C fence has no garbage collector.
 func (c *cAbi) contextVTable() (*cStruct, error) {
 	s := &cStruct{C: c.p + "_device_context", Go: "cDeviceContext", VTable: true}
-	if i := c.g.Spec.RoleInterface(RoleContext); i != nil {
+	if i := c.g.Spec.roleInterface(roleContext); i != nil {
 		s.Doc = i.Doc
 	}
-	add := func(name, decl string, m *Method, doc string) {
+	add := func(name, decl string, m *method, doc string) {
 		if m != nil {
 			doc = m.Doc
 			c.ctxDocs[name] = m
@@ -295,14 +295,14 @@ func (c *cAbi) contextVTable() (*cStruct, error) {
 	}
 	st := c.p + "_status (*%s)("
 	h := c.p + "_handle"
-	if i := c.g.Spec.RoleInterface(RoleContext); i != nil {
+	if i := c.g.Spec.roleInterface(roleContext); i != nil {
 		for _, m := range i.Methods {
-			if len(m.Returns) > 0 && c.isRole(m.Returns[0].Type, RoleStream) {
+			if len(m.Returns) > 0 && c.isRole(m.Returns[0].Type, roleStream) {
 				add("stream_create", st+"void *instance, "+h+" *out_stream)", m, "")
 			}
 		}
 	}
-	if i := c.g.Spec.RoleInterface(RoleStream); i != nil {
+	if i := c.g.Spec.roleInterface(roleStream); i != nil {
 		for _, m := range i.Methods {
 			params := []string{"void *instance", h + " stream"}
 			for _, p := range m.Params {
@@ -321,14 +321,14 @@ func (c *cAbi) contextVTable() (*cStruct, error) {
 				}
 			}
 			for _, r := range m.Returns {
-				if c.isRole(r.Type, RoleFence) {
+				if c.isRole(r.Type, roleFence) {
 					params = append(params, h+" *out_fence")
 				}
 			}
 			add("stream_"+cSnake(m.Name), st+strings.Join(params, ", ")+")", m, "")
 		}
 	}
-	if i := c.g.Spec.RoleInterface(RoleFence); i != nil {
+	if i := c.g.Spec.roleInterface(roleFence); i != nil {
 		for _, m := range i.Methods {
 			if len(m.Returns) == 1 && m.Returns[0].Type == "bool" {
 				add("fence_"+cSnake(m.Name), st+"void *instance, "+h+" fence, int32_t *out_done)", m, "")

@@ -19,7 +19,7 @@
 // # Where things go
 //
 // An emitter is one file, emit_<output>.go, that registers itself from an
-// init function (register(Emitter{Name, Order, Emit})) and writes one output
+// init function (register(emitter{Name, Order, Emit})) and writes one output
 // package or document: emit_contract.go (generated/memapi), emit_checked.go
 // (generated/checked, and the contract's ChargeBook, which only the wrapper
 // uses), emit_conformance.go with emit_conformance_rules.go
@@ -30,23 +30,26 @@
 // Code whose shape follows the spec (one method, type or subtest per spec
 // declaration) is built with jennifer (github.com/dave/jennifer), so names,
 // imports and formatting are computed rather than pasted. Code that is the
-// same for every spec (the fakes' state models, the conformance suite's
-// harness, fixtures, witnesses and hand-written scenarios) is a Go source
-// template, one file per concept, under the emitter's own directory:
-// fakestmpl/ for the fakes, conformancetmpl/ for the suite. Both are rendered
-// by one machinery: text/template with {{.Contract}} for the contract's
-// import path (and .Caps for what the spec declares), a first line
-// {{/* needs: A B.M ... */}} that leaves the template out when the spec
-// lacks one of the names, gofmt, and then go/parser over the result, so the
+// same for every spec (the checked wrapper's grant, account and verify-mode
+// checks, the contract's ChargeBook and Range methods, the fakes' state
+// models, the conformance suite's harness, fixtures, witnesses and
+// hand-written scenarios) is plain Go, one file per concept, in a template directory per
+// output package: checkedtmpl/, contracttmpl/, fakestmpl/, conformancetmpl/.
+// A template is a Go file of the package it is copied into, written for
+// memgen's own spec under the build tag memgentmpl, so gofmt and go vet see
+// it (make tmpl-vet puts it in place of its copy in that package). template.go
+// renders it: "// memgen:needs A B.M ..." leaves the file out when the spec
+// lacks one of the names, "// memgen:if A" ... "// memgen:else" ...
+// "// memgen:end" cut lines by the same test, the package clause and the
+// marked string literals (the contract's import path, the module path) are
+// substituted token by token, and the result is gofmt'ed and parsed, so the
 // generator learns what a template provides (a fake's state methods, the
-// suite's fixtures and witnesses) from its syntax tree. A template must not
-// contain "{{" outside an action: write a composite literal of composite
-// literals as "{ {a}, {b} }" (gofmt restores "{{a}, {b}}").
+// suite's fixtures and witnesses) from its syntax tree.
 //
 // A fixture is the conformance suite's valid call of one method: a method
 // func (e *env) valid<Method>(t T) *call<Method> in the conformancetmpl
-// template of its capability (deviceallocator.go.tmpl, virtualbacking.go.tmpl,
-// sharedmapping.go.tmpl). Every capability method needs one; a consuming
+// template of its capability (deviceallocator.go, virtualbacking.go,
+// sharedmapping.go). Every capability method needs one; a consuming
 // method also needs a witness, func (e *env) witness<Method>(t T, c
 // *call<Method>) func(memapi.Handle), which checks through the device
 // context that the call really did its work. A spec method without its

@@ -8,14 +8,14 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "cabi", Order: 20, Emit: emitCABI}) }
+func init() { register(emitter{Name: "cabi", Order: 20, Emit: emitCABI}) }
 
 // emitCABI writes the plugin C ABI when the spec has a plugin_abi block: the
 // C header (include/memgen/mechanism.h) and, in the loader package, the Go
 // mirrors of its structs with the status table and the declared plugins
 // (zz_generated.abi.go) and the layout table its tests compare with what a C
 // compiler reports (zz_generated.layout_test.go).
-func emitCABI(g *Gen) error {
+func emitCABI(g *generator) error {
 	if g.Spec.PluginABI == nil {
 		return nil
 	}
@@ -30,7 +30,7 @@ func emitCABI(g *Gen) error {
 }
 
 // statusConst is the C name of a spec error's status code.
-func (c *cAbi) statusConst(e *ErrorDecl) string {
+func (c *cAbi) statusConst(e *errorDecl) string {
 	return c.P + "_ERR_" + strings.ToUpper(cSnake(strings.TrimPrefix(e.Name, "Err")))
 }
 
@@ -99,8 +99,8 @@ Thread safety: every slot may be called from any thread, concurrently with any o
 	w("%s_STATIC_ASSERT(sizeof(void *) == 8, \"the memgen plugin ABI is defined for 64-bit platforms\");\n\n", P)
 
 	for _, t := range c.g.Spec.Types {
-		if t.Kind == KindScalar && t.Go == "uint64" {
-			cComment(&b, "", Doc(t.Name, t.Doc))
+		if t.Kind == kindScalar && t.Go == "uint64" {
+			cComment(&b, "", docComment(t.Name, t.Doc))
 			w("typedef uint64_t %s_%s;\n\n", p, cSnake(t.Name))
 		}
 	}
@@ -117,12 +117,12 @@ Thread safety: every slot may be called from any thread, concurrently with any o
 	w("  %s_STATUS_MAX_ = 0x7fffffff\n};\n", P)
 	w("%s_STATIC_ASSERT(sizeof(enum %s_status_code) == 4, \"status codes are 32 bits\");\n\n", P, p)
 	for _, t := range c.g.Spec.Types {
-		if t.Kind != KindEnum {
+		if t.Kind != kindEnum {
 			continue
 		}
 		n := p + "_" + cSnake(t.Name)
 		N := strings.ToUpper(n)
-		cComment(&b, "", Doc(t.Name, t.Doc)+" Pinned to 32 bits; 0 is invalid.")
+		cComment(&b, "", docComment(t.Name, t.Doc)+" Pinned to 32 bits; 0 is invalid.")
 		w("typedef int32_t %s;\nenum %s_value {\n", n, n)
 		for i, v := range t.Values {
 			cComment(&b, "  ", v.Doc)
@@ -196,22 +196,22 @@ func spaced(t string) string {
 
 // slotDoc is a capability slot's contract: the spec's doc, then what the
 // host does around the call, ownership, and what the plugin may not do.
-func (c *cAbi) slotDoc(m *Method) string {
+func (c *cAbi) slotDoc(m *method) string {
 	var parts []string
 	parts = append(parts, m.Doc)
 	acc := m.Accounting
-	round := map[string]string{RoundNone: "", RoundAlloc: " rounded up to alloc_granularity", RoundGranularity: " rounded up to granularity"}[acc.Round]
+	round := map[string]string{roundNone: "", roundAlloc: " rounded up to alloc_granularity", roundGranularity: " rounded up to granularity"}[acc.Round]
 	switch acc.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		parts = append(parts, fmt.Sprintf("Accounting (host side): before the call the host draws %s%s from its grant, and undraws it if the slot fails. On %s_OK the plugin must have installed exactly that much; the checked wrapper verifies it.", acc.Amount.Text, round, c.P))
 		parts = append(parts, fmt.Sprintf("Deadline: deadline_ns (CLOCK_MONOTONIC ns, 0: none). Past it, undo and return %s_ERR_UNAVAILABLE; a slot that returns late anyway has its result given back by the host (copy_on_write: kept and reported).", c.P))
-	case EffectRefunds:
+	case effectRefunds:
 		amount := acc.Amount.Text
 		if acc.Amount.Func == "committed" {
 			amount = "the bytes still committed in " + acc.Amount.Param
 		}
 		parts = append(parts, fmt.Sprintf("Accounting (host side): after %s_OK the host refunds %s%s. On failure nothing is refunded, so the plugin fails only when it released nothing.", c.P, amount, round))
-	case EffectQuery:
+	case effectQuery:
 		parts = append(parts, "A query: it changes nothing and must not block on device work.")
 	default:
 		parts = append(parts, "Accounting: none; address space only.")
@@ -248,7 +248,7 @@ func (c *cAbi) slotDoc(m *Method) string {
 }
 
 // contextDoc is a device-context slot's contract.
-func (c *cAbi) contextDoc(name string, m *Method) string {
+func (c *cAbi) contextDoc(name string, m *method) string {
 	parts := []string{m.Doc}
 	switch {
 	case name == "stream_create":
@@ -330,7 +330,7 @@ func (c *cAbi) goMirrors() {
 			var caps []Code
 			for _, o := range p.Offers {
 				if cp := g.Spec.Capability(o); cp != nil {
-					caps = append(caps, g.C(CapConst(cp)))
+					caps = append(caps, g.C(capConst(cp)))
 				}
 			}
 			d[Lit(p.Name)] = Values(Dict{

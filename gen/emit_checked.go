@@ -12,7 +12,7 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
+func init() { register(emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
 
 // The checked wrapper is generated from each capability method's accounting
 // effect, creates/releases and requires clauses. It leans on these errors by
@@ -34,16 +34,16 @@ const (
 )
 
 type checkedGen struct {
-	g    *Gen
+	g    *generator
 	s    *Spec
-	used *Method // the instance-wide physical-bytes query (UsedBytes), or nil
+	used *method // the instance-wide physical-bytes query (UsedBytes), or nil
 }
 
 func (ck *checkedGen) file(name string) *File {
 	return ck.g.File(ck.s.Packages.Checked+"/"+name, "")
 }
 
-func emitChecked(g *Gen) error {
+func emitChecked(g *generator) error {
 	s := g.Spec
 	if s.Packages.Checked == "" {
 		return nil
@@ -57,7 +57,7 @@ func emitChecked(g *Gen) error {
 			return fmt.Errorf("the checked wrapper needs error %s, which the spec does not declare", n)
 		}
 	}
-	if s.RoleInterface(RoleGrant) == nil || s.RoleInterface(RoleAccount) == nil {
+	if s.roleInterface(roleGrant) == nil || s.roleInterface(roleAccount) == nil {
 		return fmt.Errorf("the checked wrapper needs the grant and account interfaces")
 	}
 	ck := &checkedGen{g: g, s: s, used: usedQuery(s)}
@@ -68,7 +68,7 @@ func emitChecked(g *Gen) error {
 					return fmt.Errorf("%s: %s.%s: parameter name %q collides with a local of the checked wrapper; rename it", m.Pos, c.Name, m.Name, p.Name)
 				}
 			}
-			if m.Accounting.Effect != EffectQuery && !m.ReturnsError() {
+			if m.Accounting.Effect != effectQuery && !m.ReturnsError() {
 				return fmt.Errorf("%s: %s.%s: the checked wrapper needs every mutating method to return an error", m.Pos, c.Name, m.Name)
 			}
 			if len(ck.checks(m)) > 0 && !m.ReturnsError() {
@@ -77,10 +77,10 @@ func emitChecked(g *Gen) error {
 		}
 	}
 	ck.emitDoc()
-	ck.emitChargeBook()
 	ck.emitWrap()
-	ck.emitLedger()
-	ck.emitAudit()
+	if err := ck.emitStatic(); err != nil {
+		return err
+	}
 	for _, c := range s.Capabilities {
 		if err := ck.emitCapability(c); err != nil {
 			return err
@@ -92,13 +92,13 @@ func emitChecked(g *Gen) error {
 // usedQuery finds the query of a required capability that takes nothing and
 // returns the instance's physical bytes: verify mode reads it around every
 // mutating call.
-func usedQuery(s *Spec) *Method {
+func usedQuery(s *Spec) *method {
 	for _, c := range s.Capabilities {
 		if !c.Required {
 			continue
 		}
 		for _, m := range c.Methods {
-			if m.Accounting.Effect == EffectQuery && len(m.Params) == 0 && len(m.Returns) == 1 && m.Returns[0].Type == "Bytes" {
+			if m.Accounting.Effect == effectQuery && len(m.Params) == 0 && len(m.Returns) == 1 && m.Returns[0].Type == "Bytes" {
 				return m
 			}
 		}
@@ -107,7 +107,7 @@ func usedQuery(s *Spec) *Method {
 }
 
 // capabilityOf returns the capability that declares m.
-func (ck *checkedGen) capabilityOf(m *Method) *Capability {
+func (ck *checkedGen) capabilityOf(m *method) *capability {
 	for _, c := range ck.s.Capabilities {
 		for _, x := range c.Methods {
 			if x == m {
@@ -131,7 +131,7 @@ func snake(n string) string {
 }
 
 // capType is the unexported wrapper type of an optional capability.
-func capType(c *Capability) string { return lowerFirst(c.Name) }
+func capType(c *capability) string { return lowerFirst(c.Name) }
 
 // invariants returns the ids of the invariants the wrapper enforces for a kind
 // of check: "consumes", "releases" or "verify".
@@ -188,7 +188,7 @@ func cite(ids []string) string {
 
 // expr returns the Go code of a spec expression (param, param.Field.Field;
 // handle fields are read through their methods) and its spec type.
-func (ck *checkedGen) expr(m *Method, x *Expr) (Code, string) {
+func (ck *checkedGen) expr(m *method, x *expr) (Code, string) {
 	p := m.Param(x.Param)
 	code := Id(x.Param)
 	cur := p.Type
@@ -208,7 +208,7 @@ func (ck *checkedGen) expr(m *Method, x *Expr) (Code, string) {
 // check is one precondition of a method, in the order the wrapper runs it.
 type check struct {
 	pred string // live, within, aligned, positive, fits
-	args []*Expr
+	args []*expr
 	text string // as the spec writes it; implicit live checks say why
 }
 
@@ -216,34 +216,34 @@ type check struct {
 // checked live first (the spec's live clauses, then the released handle, then
 // any handle another clause or the amount reads through), shallow paths before
 // deep ones; the other clauses follow in spec order.
-func (ck *checkedGen) checks(m *Method) []check {
+func (ck *checkedGen) checks(m *method) []check {
 	var live, rest []check
 	seen := map[string]bool{}
-	addLive := func(x *Expr, text string) {
+	addLive := func(x *expr, text string) {
 		if seen[x.Text] {
 			return
 		}
 		seen[x.Text] = true
-		live = append(live, check{pred: PredLive, args: []*Expr{x}, text: text})
+		live = append(live, check{pred: predLive, args: []*expr{x}, text: text})
 	}
 	for _, r := range m.Requires {
-		if r.Pred == PredLive {
+		if r.Pred == predLive {
 			addLive(r.Args[0], r.Text)
 		}
 	}
 	if m.Releases != "" {
-		addLive(&Expr{Param: m.Releases, Text: m.Releases}, "live("+m.Releases+"), released by "+m.Name)
+		addLive(&expr{Param: m.Releases, Text: m.Releases}, "live("+m.Releases+"), released by "+m.Name)
 	}
-	base := func(x *Expr) {
+	base := func(x *expr) {
 		if x == nil {
 			return
 		}
 		if p := m.Param(x.Param); p != nil && ck.g.IsHandle(p.Type) && (len(x.Path) > 0 || x.Func != "") {
-			addLive(&Expr{Param: x.Param, Text: x.Param}, "live("+x.Param+"), read by "+x.Text)
+			addLive(&expr{Param: x.Param, Text: x.Param}, "live("+x.Param+"), read by "+x.Text)
 		}
 	}
 	for _, r := range m.Requires {
-		if r.Pred == PredLive {
+		if r.Pred == predLive {
 			continue
 		}
 		for _, a := range r.Args {
@@ -261,7 +261,7 @@ func (ck *checkedGen) checks(m *Method) []check {
 
 // committedQuery of a handle param: the code reading it from inside a method
 // of capability c, or nil when the handle type has no such query.
-func (ck *checkedGen) committedCall(c *Capability, x Code, handle string) Code {
+func (ck *checkedGen) committedCall(c *capability, x Code, handle string) Code {
 	q := committedQuery(ck.s, handle)
 	if q == nil {
 		return nil
@@ -278,7 +278,7 @@ func (ck *checkedGen) committedCall(c *Capability, x Code, handle string) Code {
 
 // --- package documentation -------------------------------------------------
 
-func (ck *checkedGen) methodsWith(pred func(*Method) bool) []string {
+func (ck *checkedGen) methodsWith(pred func(*method) bool) []string {
 	var out []string
 	for _, c := range ck.s.Capabilities {
 		for _, m := range c.Methods {
@@ -290,9 +290,9 @@ func (ck *checkedGen) methodsWith(pred func(*Method) bool) []string {
 	return out
 }
 
-func (ck *checkedGen) invariantLine(iv *Invariant, seen map[string]string) string {
-	consuming := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Accounting.Effect == EffectConsumes }), ", ")
-	releasing := strings.Join(ck.methodsWith(func(m *Method) bool { return m.Releases != "" }), ", ")
+func (ck *checkedGen) invariantLine(iv *invariant, seen map[string]string) string {
+	consuming := strings.Join(ck.methodsWith(func(m *method) bool { return m.Accounting.Effect == effectConsumes }), ", ")
+	releasing := strings.Join(ck.methodsWith(func(m *method) bool { return m.Releases != "" }), ", ")
 	var how []string
 	if contains(iv.EnforcedBy, enforcerChecked) && iv.Applies.Consumes {
 		how = append(how, "On "+consuming+": every precondition is checked first, then the grant must be non-nil (ErrNoGrant), issued by the wrapper's ledger (ErrForeignGrant) and of the mechanism's authority (ErrAuthorityMismatch); the declared amount, rounded up to the mechanism's granularity (ErrInvalidSize on overflow), is drawn from the grant before the mechanism is called, and undrawn when the call fails or panics. A rejected call draws nothing and calls nothing.")
@@ -422,34 +422,34 @@ allocates nothing unless it fails.`
 }
 
 // methodNotes describes the checks of a wrapper method, for docs.
-func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
+func (ck *checkedGen) methodNotes(c *capability, m *method) []string {
 	var notes []string
 	for _, k := range ck.checks(m) {
 		switch k.pred {
-		case PredLive:
+		case predLive:
 			ids := ""
 			if m.Releases != "" && k.args[0].Text == m.Releases {
 				ids = cite(ck.invariants("releases"))
 			}
 			notes = append(notes, k.text+" (ErrNilHandle, ErrForeignHandle, ErrReleased)"+ids)
-		case PredWithin:
+		case predWithin:
 			notes = append(notes, k.text+" (ErrInvalidRange)")
-		case PredAligned:
+		case predAligned:
 			notes = append(notes, k.text+" to Info().Granularity (ErrUnaligned)")
-		case PredPositive:
+		case predPositive:
 			notes = append(notes, k.text+" (ErrInvalidSize)")
-		case PredFits:
+		case predFits:
 			notes = append(notes, k.text+": length equals the handle's size (ErrInvalidRange)")
 		}
 	}
 	a := m.Accounting
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		notes = append(notes, "draws "+a.Amount.Text+" rounded to "+roundField(a.Round)+" from "+a.Account+" (ErrNoGrant, ErrForeignGrant, ErrAuthorityMismatch, ErrInvalidSize)"+cite(ck.invariants("consumes")))
-	case EffectRefunds:
+	case effectRefunds:
 		notes = append(notes, "refunds "+a.Amount.Text+" to "+a.Account+" after success (ErrNoAccount, ErrForeignGrant, ErrAuthorityMismatch)")
 	}
-	if a.Effect != EffectQuery {
+	if a.Effect != effectQuery {
 		notes = append(notes, "verify mode checks the figures"+cite(ck.invariants("verify")))
 	}
 	return notes
@@ -458,9 +458,9 @@ func (ck *checkedGen) methodNotes(c *Capability, m *Method) []string {
 // roundField names the MechanismInfo field an amount is rounded to.
 func roundField(r string) string {
 	switch r {
-	case RoundAlloc:
+	case roundAlloc:
 		return "Info().AllocGranularity"
-	case RoundGranularity:
+	case roundGranularity:
 		return "Info().Granularity"
 	}
 	return "nothing"
@@ -533,7 +533,7 @@ for qualifying a new mechanism; it costs two to four queries per call.`)
 		Return(Func().Params(Id("o").Op("*").Id("options")).Block(Id("o").Dot("verify").Op("=").True())),
 	)
 
-	var optional []*Capability
+	var optional []*capability
 	for _, cp := range s.Capabilities {
 		if !cp.Required {
 			optional = append(optional, cp)
@@ -610,9 +610,9 @@ capability value.`)
 	})
 	f.Var().Id("_").Add(c("Mechanism")).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
 	for _, cp := range optional {
-		comment(f, Accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
-		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(Accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(
-			List(Id("in"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(cp)).Call(),
+		comment(f, accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
+		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(
+			List(Id("in"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(accessor(cp)).Call(),
 			If(Op("!").Id("ok").Op("||").Id("in").Op("==").Nil()).Block(Return(Nil(), False())),
 			If(Id("w").Op(":=").Id("m").Dot(capType(cp)).Dot("Load").Call(), Id("w").Op("!=").Nil().Op("&&").Id("sameValue").Call(Id("w").Dot("inner"), Id("in"))).Block(
 				Return(Id("w"), True()),
@@ -630,7 +630,7 @@ capability value.`)
 
 	// Committed-bytes queries of capabilities other than the caller's.
 	done := map[string]bool{}
-	for _, h := range s.Handles() {
+	for _, h := range s.handles() {
 		q := committedQuery(s, h.Name)
 		if q == nil || done[q.Name] {
 			continue
@@ -642,7 +642,7 @@ capability value.`)
 		}
 		comment(f, "query"+q.Name+" reads "+qc.Name+"."+q.Name+" for a method of another capability.")
 		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("query"+q.Name).Params(Id("h").Add(g.Type(h.Name))).Params(c("Bytes"), Error()).Block(
-			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(Accessor(qc)).Call(),
+			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(accessor(qc)).Call(),
 			If(Op("!").Id("ok").Op("||").Id("c").Op("==").Nil()).Block(
 				Return(Lit(0), Op("&").Add(c("Error")).Values(Dict{
 					Id("Op"): Lit(qc.Name + "." + q.Name), Id("Kind"): c("ErrUnsupported"), Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"),
@@ -655,13 +655,13 @@ capability value.`)
 }
 
 // queryNeededElsewhere reports whether a method outside qc reads q.
-func (ck *checkedGen) queryNeededElsewhere(q *Method, qc *Capability) bool {
+func (ck *checkedGen) queryNeededElsewhere(q *method, qc *capability) bool {
 	for _, c := range ck.s.Capabilities {
 		if c == qc {
 			continue
 		}
 		for _, m := range c.Methods {
-			if m.Accounting.Effect == EffectQuery {
+			if m.Accounting.Effect == effectQuery {
 				continue
 			}
 			for _, p := range m.Params {
@@ -674,343 +674,33 @@ func (ck *checkedGen) queryNeededElsewhere(q *Method, qc *Capability) bool {
 	return false
 }
 
-// --- ledger and error helpers ----------------------------------------------
+// --- the parts that do not vary with the spec --------------------------------
 
-func (ck *checkedGen) emitLedger() {
-	f := ck.file("ledger.go")
-	c := ck.g.C
-	B := func() *Statement { return c("Bytes") }
-	mrecv := func() *Statement { return Id("m").Op("*").Id("mechanism") }
-	mkErr := func(kind string, handle, wanted, available, detail Code) *Statement {
-		d := Dict{
-			Id("Op"): Id("op"), Id("Kind"): c(kind),
-			Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("m").Dot("info").Dot("Authority"),
+// emitStatic copies the parts of the wrapper that do not vary with the spec,
+// plain Go in checkedtmpl (the grant and account checks, verify mode's
+// audit), into the checked package, and the contract's ChargeBook
+// (contracttmpl: the one place, in each handle, where the wrapper keeps the
+// committed bytes it charged; it lives in the contract package because only
+// that package reaches a handle's header) into the contract package.
+func (ck *checkedGen) emitStatic() error {
+	for _, d := range []struct{ pattern, dir, pkg string }{
+		{"checkedtmpl/*.go", ck.s.Packages.Checked, path.Base(ck.s.Packages.Checked)},
+		{"contracttmpl/charge_book.go", ck.s.Packages.Contract, "memapi"},
+	} {
+		tmpls, err := ck.g.renderTemplates(templates, d.pattern, d.pkg)
+		if err != nil {
+			return err
 		}
-		if handle != nil {
-			d[Id("Handle")] = handle
+		for _, t := range tmpls {
+			ck.g.Raw(d.dir+"/"+t.name, t.src)
 		}
-		if wanted != nil {
-			d[Id("Wanted")] = wanted
-		}
-		if available != nil {
-			d[Id("Available")] = available
-		}
-		if detail != nil {
-			d[Id("Detail")] = detail
-		}
-		return Op("&").Add(c("Error")).Values(d)
 	}
-
-	comment(f, `charge checks the grant of a consuming call and draws amount, rounded up to
-unit, from it (charge-before-commit). It runs after every other check, so a
-rejected call draws nothing.`)
-	f.Func().Params(mrecv()).Id("charge").Params(Id("op").String(), Id("grant").Add(c("Grant")), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
-		If(Id("grant").Op("==").Nil()).Block(
-			Return(Lit(0), mkErr("ErrNoGrant", nil, Id("amount"), nil, Lit("a consuming call needs a grant to draw from"))),
-		),
-		If(Op("!").Id("m").Dot("ledger").Dot("IssuedGrant").Call(Id("grant"))).Block(
-			Return(Lit(0), Id("m").Dot("foreignGrant").Call(Id("op"), Lit("grant"), Id("grant"))),
-		),
-		If(Id("a").Op(":=").Id("grant").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
-			Return(Lit(0), Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("grant"), Id("a"))),
-		),
-		List(Id("n"), Id("err")).Op(":=").Id("m").Dot("round").Call(Id("op"), Id("amount"), Id("unit")),
-		If(Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
-		If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("n")), Id("err").Op("!=").Nil()).Block(Return(Lit(0), Id("err"))),
-		Return(Id("n"), Nil()),
-	)
-	comment(f, "undraw gives back what charge drew for a call that failed with err; when\nthe grant refuses, both errors are returned.")
-	f.Func().Params(mrecv()).Id("undraw").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("err").Error()).Error().Block(
-		If(Id("uerr").Op(":=").Id("grant").Dot("Undraw").Call(Id("n")), Id("uerr").Op("!=").Nil()).Block(
-			Return(Qual("errors", "Join").Call(Id("err"), Id("uerr"))),
-		),
-		Return(Id("err")),
-	)
-	comment(f, `abandon gives back the n bytes a consuming call drew from grant when the
-mechanism's call did not return: it panicked (the panic goes on, unrecovered)
-or ended its goroutine. The grant's own error, if any, cannot be reported.`)
-	f.Func().Params(mrecv()).Id("abandon").Params(Id("grant").Add(c("Grant")), Id("n").Add(B()), Id("returned").Op("*").Bool()).Block(
-		If(Op("!*").Id("returned")).Block(Id("_").Op("=").Id("grant").Dot("Undraw").Call(Id("n"))),
-	)
-	comment(f, `book is the wrapper's claim on memapi's ChargeBook, made once when the
-package is initialized: the committed bytes charged through any checked
-wrapper against a reservation-like handle are kept in the handle itself, so
-that a refund of what is committed in it (committed(h) in the spec) reads
-that figure instead of asking the mechanism first. No other code can change
-the figures.`)
-	f.Var().Id("book").Op("=").Func().Params().Op("*").Add(c("ChargeBook")).Block(
-		Id("b").Op(":=").Add(c("ClaimChargeBook")).Call(),
-		If(Id("b").Op("==").Nil()).Block(Panic(Lit("checked: memapi's ChargeBook was claimed before package checked"))),
-		Return(Id("b")),
-	).Call()
-	comment(f, "round rounds amount up to unit, failing with ErrInvalidSize on overflow.")
-	f.Func().Params(mrecv()).Id("round").Params(Id("op").String(), Id("amount"), Id("unit").Add(B())).Params(B(), Error()).Block(
-		List(Id("n"), Id("ok")).Op(":=").Add(c("RoundUp")).Call(Id("amount"), Id("unit")),
-		If(Op("!").Id("ok")).Block(
-			Return(Lit(0), mkErr("ErrInvalidSize", nil, Id("amount"), nil, Qual("fmt", "Sprintf").Call(Lit("%d bytes overflow when rounded up to %d"), Id("amount"), Id("unit")))),
-		),
-		Return(Id("n"), Nil()),
-	)
-	comment(f, "account checks the account of a refunding call before the mechanism runs.")
-	f.Func().Params(mrecv()).Id("account").Params(Id("op").String(), Id("to").Add(c("Account"))).Error().Block(
-		If(Id("to").Op("==").Nil()).Block(
-			Return(mkErr("ErrNoAccount", nil, nil, nil, Lit("a refunding call needs an account to refund to"))),
-		),
-		If(Op("!").Id("m").Dot("ledger").Dot("IssuedAccount").Call(Id("to"))).Block(
-			Return(Id("m").Dot("foreignGrant").Call(Id("op"), Lit("account"), Id("to"))),
-		),
-		If(Id("a").Op(":=").Id("to").Dot("Authority").Call(), Id("a").Op("!=").Id("m").Dot("info").Dot("Authority")).Block(
-			Return(Id("m").Dot("foreignAuthority").Call(Id("op"), Lit("account"), Id("a"))),
-		),
-		Return(Nil()),
-	)
-	comment(f, "refund returns n released bytes to the account (nothing to do for 0).")
-	f.Func().Id("refund").Params(Id("to").Add(c("Account")), Id("n").Add(B())).Error().Block(
-		If(Id("n").Op("==").Lit(0)).Block(Return(Nil())),
-		Return(Id("to").Dot("Refund").Call(Id("n"))),
-	)
-	comment(f, `foreignGrant reports a grant or account the wrapper's ledger does not vouch
-for. It names the value's type, never its methods' answers: a forged value
-says what it likes about itself.`)
-	f.Func().Params(mrecv()).Id("foreignGrant").Params(Id("op"), Id("what").String(), Id("v").Any()).Error().Block(
-		Return(mkErr("ErrForeignGrant", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of type %T was not issued by a ledger this wrapper trusts"), Id("what"), Id("v")))),
-	)
-	comment(f, "foreignAuthority reports a grant or account of another authority than the\nmechanism's.")
-	f.Func().Params(mrecv()).Id("foreignAuthority").Params(Id("op"), Id("what").String(), Id("a").Add(c("AuthorityID"))).Error().Block(
-		Return(mkErr("ErrAuthorityMismatch", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("%s of authority %q, mechanism of authority %q"), Id("what"), Id("a"), Id("m").Dot("info").Dot("Authority")))),
-	)
-	comment(f, "errPositive reports a zero amount (requires positive(...)).")
-	f.Func().Params(mrecv()).Id("errPositive").Params(Id("op"), Id("req").String()).Error().Block(
-		Return(mkErr("ErrInvalidSize", nil, nil, nil, Lit("zero size (requires ").Op("+").Id("req").Op("+").Lit(")"))),
-	)
-	comment(f, "errWithin reports a range that is empty or leaves its handle (requires within(...)).")
-	f.Func().Params(mrecv()).Id("errWithin").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
-		Return(mkErr("ErrInvalidRange", Id("h"), Id("r").Dot("Len"), Id("size"), Qual("fmt", "Sprintf").Call(Lit("range %v is empty or not within %#x bytes (requires %s)"), Id("r"), Id("size"), Id("req")))),
-	)
-	comment(f, "errAligned reports a range off the mechanism's granularity (requires aligned(...)).")
-	f.Func().Params(mrecv()).Id("errAligned").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range"))).Error().Block(
-		Return(mkErr("ErrUnaligned", nil, nil, nil, Qual("fmt", "Sprintf").Call(Lit("range %v is not aligned to the granularity %#x (requires %s)"), Id("r"), Id("m").Dot("info").Dot("Granularity"), Id("req")))),
-	)
-	comment(f, "errFits reports a range whose length is not the handle's size (requires fits(...)).")
-	f.Func().Params(mrecv()).Id("errFits").Params(Id("op"), Id("req").String(), Id("r").Add(c("Range")), Id("h").Add(c("HandleID")), Id("size").Add(B())).Error().Block(
-		Return(mkErr("ErrInvalidRange", Id("h"), Id("size"), Id("r").Dot("Len"), Qual("fmt", "Sprintf").Call(Lit("range %v is %#x bytes long, the handle %#x (requires %s)"), Id("r"), Id("r").Dot("Len"), Id("size"), Id("req")))),
-	)
-}
-
-// --- the charge book, in the contract package ------------------------------
-
-// emitChargeBook writes the contract's ChargeBook: the one place, in each
-// handle, where the checked wrapper keeps the committed bytes it charged.
-// It lives in the contract package because only that package reaches a
-// handle's header; it is the wrapper's, so this emitter writes it.
-func (ck *checkedGen) emitChargeBook() {
-	f := ck.g.contractFile("charge_book.go")
-	comment(f, `ChargeBook is the checked wrapper's record, kept in every handle, of the
-committed bytes it charged against the handle and has not refunded: what a
-refund of committed(h) gives back. There is one, claimed by package checked
-when it is initialized (ClaimChargeBook); its methods change nothing when
-called on any other value, so no other code can make a refund larger or
-smaller.`)
-	f.Type().Id("ChargeBook").Struct(Id("_").Byte())
-	f.Var().Defs(
-		Id("chargeBook").Op("=").Op("&").Id("ChargeBook").Values(),
-		Id("chargeBookClaimed").Qual("sync/atomic", "Bool"),
-	)
-	comment(f, "ClaimChargeBook returns the ChargeBook to its first caller and nil to every\nlater one.")
-	f.Func().Id("ClaimChargeBook").Params().Op("*").Id("ChargeBook").Block(
-		If(Op("!").Id("chargeBookClaimed").Dot("CompareAndSwap").Call(False(), True())).Block(Return(Nil())),
-		Return(Id("chargeBook")),
-	)
-	comment(f, "header returns h's header when b is the claimed book and h is not nil.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("header").Params(Id("h").Id("Handle")).Op("*").Id("handleHeader").Block(
-		If(Id("b").Op("!=").Id("chargeBook").Op("||").Id("h").Op("==").Nil()).Block(Return(Nil())),
-		Return(Id("h").Dot("header").Call()),
-	)
-	comment(f, "Add records n more bytes charged against h.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Add").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil().Op("&&").Id("n").Op("!=").Lit(0)).Block(
-			Id("hd").Dot("charged").Dot("Add").Call(Id("uint64").Call(Id("n"))),
-		),
-	)
-	comment(f, "Sub records that n of the bytes charged against h were refunded; the\nfigure never goes below zero (bytes committed past the wrapper were never\ncharged).")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Sub").Params(Id("h").Id("Handle"), Id("n").Id("Bytes")).Block(
-		Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")),
-		If(Id("hd").Op("==").Nil().Op("||").Id("n").Op("==").Lit(0)).Block(Return()),
-		For().Block(
-			Id("old").Op(":=").Id("hd").Dot("charged").Dot("Load").Call(),
-			If(Id("hd").Dot("charged").Dot("CompareAndSwap").Call(Id("old"), Id("old").Op("-").Min(Id("old"), Id("uint64").Call(Id("n"))))).Block(Return()),
-		),
-	)
-	comment(f, "Charged returns the bytes charged against h and not refunded.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Charged").Params(Id("h").Id("Handle")).Id("Bytes").Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(
-			Return(Id("Bytes").Call(Id("hd").Dot("charged").Dot("Load").Call())),
-		),
-		Return(Lit(0)),
-	)
-	comment(f, "Clear forgets what was charged against h, once h was released and its bytes\nrefunded.")
-	f.Func().Params(Id("b").Op("*").Id("ChargeBook")).Id("Clear").Params(Id("h").Id("Handle")).Block(
-		If(Id("hd").Op(":=").Id("b").Dot("header").Call(Id("h")), Id("hd").Op("!=").Nil()).Block(Id("hd").Dot("charged").Dot("Store").Call(Lit(0))),
-	)
-}
-
-// --- verify mode -----------------------------------------------------------
-
-func (ck *checkedGen) emitAudit() {
-	f := ck.file("audit.go")
-	c := ck.g.C
-	B := func() *Statement { return c("Bytes") }
-	arecv := func() *Statement { return Id("a").Op("*").Id("audit") }
-	untruthful := func(wanted, available, detail, cause Code) *Statement {
-		d := Dict{
-			Id("Op"): Id("a").Dot("op"), Id("Kind"): c("ErrUntruthful"),
-			Id("Mechanism"): Id("a").Dot("m").Dot("info").Dot("Mechanism"), Id("Authority"): Id("a").Dot("m").Dot("info").Dot("Authority"),
-			Id("Detail"): detail,
-		}
-		if wanted != nil {
-			d[Id("Wanted")] = wanted
-		}
-		if available != nil {
-			d[Id("Available")] = available
-		}
-		if cause != nil {
-			d[Id("Err")] = cause
-		}
-		return Op("&").Add(c("Error")).Values(d)
-	}
-
-	comment(f, `audit is what verify mode saw around one mutating call: the figures the spec
-says the call moves, and every disagreement between what the mechanism
-reported and what its counters show.`)
-	f.Type().Id("audit").Struct(
-		Id("m").Op("*").Id("mechanism"),
-		Id("op").String(),
-		Id("effect").Add(c("Effect")),
-		Id("amount").Add(B()).Comment("the rounded amount the call declares"),
-		Id("err").Error().Comment("the mechanism's own result"),
-		Id("measured").Bool().Comment("moved holds the primary figure's movement"),
-		Id("moved").Add(B()).Comment("how far the primary figure moved the declared way"),
-		Id("disagree").Bool().Comment("another figure moved by a different amount"),
-		Id("settled").Add(B()).Comment("what settleDraw kept drawn or settleRefund refunded"),
-		Id("before").Index(Lit(auditFigures)).Add(B()).Comment("each figure read before the call"),
-		Id("beforeErr").Index(Lit(auditFigures)).Error(),
-		Id("faults").Index().Error(),
-	)
-	comment(f, "want is how far the figures must have moved: the amount after a successful\nconsuming or refunding call, nothing otherwise.")
-	f.Func().Params(arecv()).Id("want").Params().Add(B()).Block(
-		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Parens(Id("a").Dot("effect").Op("!=").Add(c("EffectConsumes")).Op("&&").Id("a").Dot("effect").Op("!=").Add(c("EffectRefunds")))).Block(Return(Lit(0))),
-		Return(Id("a").Dot("amount")),
-	)
-	comment(f, `figure compares counter i, read before the call (before[i], beforeErr[i])
-and after it, with the declared movement (up for consuming calls, down for
-refunding ones). Figure 0 of a call is its primary one: the ledger settles
-on its observed movement.`)
-	f.Func().Params(arecv()).Id("figure").Params(Id("i").Int(), Id("name").String(), Id("after").Add(B()), Id("aerr").Error()).Block(
-		List(Id("before"), Id("berr")).Op(":=").List(Id("a").Dot("before").Index(Id("i")), Id("a").Dot("beforeErr").Index(Id("i"))),
-		If(Id("berr").Op("!=").Nil().Op("||").Id("aerr").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Qual("fmt", "Errorf").Call(Lit("%s: reading %s: %w"), Id("a").Dot("op"), Id("name"), Qual("errors", "Join").Call(Id("berr"), Id("aerr")))),
-			Return(),
-		),
-		Id("down").Op(":=").Id("a").Dot("effect").Op("==").Add(c("EffectRefunds")),
-		Var().Id("delta").Add(B()),
-		Id("grew").Op(":=").Id("after").Op(">=").Id("before"),
-		If(Id("grew")).Block(Id("delta").Op("=").Id("after").Op("-").Id("before")).Else().Block(Id("delta").Op("=").Id("before").Op("-").Id("after")),
-		Var().Id("moved").Add(B()),
-		If(Id("delta").Op("!=").Lit(0).Op("&&").Id("grew").Op("!=").Id("down")).Block(Id("moved").Op("=").Id("delta")),
-		If(Op("!").Id("a").Dot("measured")).Block(
-			List(Id("a").Dot("measured"), Id("a").Dot("moved")).Op("=").List(True(), Id("moved")),
-		).Else().If(Id("moved").Op("!=").Id("a").Dot("moved")).Block(
-			Id("a").Dot("disagree").Op("=").True(),
-		),
-		Id("want").Op(":=").Id("a").Dot("want").Call(),
-		If(Id("delta").Op("==").Lit(0).Op("&&").Id("want").Op("==").Lit(0).Op("||").Id("moved").Op("==").Id("want").Op("&&").Id("delta").Op("==").Id("want")).Block(Return()),
-		List(Id("sign"), Id("wsign")).Op(":=").List(Lit("+"), Lit("+")),
-		If(Op("!").Id("grew")).Block(Id("sign").Op("=").Lit("-")),
-		If(Id("down")).Block(Id("wsign").Op("=").Lit("-")),
-		Id("outcome").Op(":=").Lit("success"),
-		If(Id("a").Dot("err").Op("!=").Nil()).Block(Id("outcome").Op("=").Lit("failure")),
-		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("want"), Id("delta"),
-			Qual("fmt", "Sprintf").Call(Lit("after %s %s moved by %s%d bytes, not %s%d"), Id("outcome"), Id("name"), Id("sign"), Id("delta"), Id("wsign"), Id("want")), nil)),
-	)
-	comment(f, "created checks a handle the mechanism reported creating: live and made by\nthis instance.")
-	f.Func().Params(arecv()).Id("created").Params(Id("h").Add(c("Handle"))).Block(
-		If(Id("a").Dot("err").Op("!=").Nil()).Block(Return()),
-		If(Id("err").Op(":=").Add(c("CheckHandle")).Call(Id("a").Dot("op"), Id("h"), Id("a").Dot("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but the handle it returned is not usable"), Id("err"))),
-		),
-	)
-	comment(f, "size checks that a created handle's size is the amount charged for it.")
-	f.Func().Params(arecv()).Id("size").Params(Id("name").String(), Id("got").Add(B())).Block(
-		If(Id("a").Dot("err").Op("!=").Nil().Op("||").Id("got").Op("==").Id("a").Dot("amount")).Block(Return()),
-		Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(Id("a").Dot("amount"), Id("got"),
-			Qual("fmt", "Sprintf").Call(Lit("%s is %d bytes, but %d were charged"), Id("name"), Id("got"), Id("a").Dot("amount")), nil)),
-	)
-	comment(f, "released checks a handle the call releases: released after success, still\nlive after failure.")
-	f.Func().Params(arecv()).Id("released").Params(Id("name").String(), Id("h").Add(c("Handle"))).Block(
-		Id("live").Op(":=").Id("h").Dot("Live").Call(),
-		Switch().Block(
-			Case(Id("a").Dot("err").Op("==").Nil().Op("&&").Id("live")).Block(
-				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("reported success but ").Op("+").Id("name").Op("+").Lit(" is still live"), nil)),
-			),
-			Case(Id("a").Dot("err").Op("!=").Nil().Op("&&").Op("!").Id("live")).Block(
-				Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), untruthful(nil, nil, Lit("failed but released ").Op("+").Id("name"), nil)),
-			),
-		),
-	)
-	comment(f, "result is the mechanism's error, joined with every finding.")
-	f.Func().Params(arecv()).Id("result").Params().Error().Block(
-		If(Len(Id("a").Dot("faults")).Op("==").Lit(0)).Block(Return(Id("a").Dot("err"))),
-		Return(Qual("errors", "Join").Call(Append(Index().Error().Values(Id("a").Dot("err")), Id("a").Dot("faults").Op("...")).Op("..."))),
-	)
-	comment(f, `settleDraw makes the grant reflect what the mechanism really installed: the
-figures' observed growth when they were measured and agree with each other,
-else (the truth is unknown) the drawn amount after success and nothing after
-failure. A surplus is undrawn (a commit that
-installed nothing gives everything back); an excess is drawn, which the grant
-may refuse.`)
-	f.Func().Params(arecv()).Id("settleDraw").Params(Id("grant").Add(c("Grant")), Id("drawn").Add(B())).Error().Block(
-		Var().Id("actual").Add(B()),
-		Switch().Block(
-			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("actual").Op("=").Id("a").Dot("moved")),
-			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("actual").Op("=").Id("drawn")),
-		),
-		Switch().Block(
-			Case(Id("actual").Op("<").Id("drawn")).Block(
-				If(Id("err").Op(":=").Id("grant").Dot("Undraw").Call(Id("drawn").Op("-").Id("actual")), Id("err").Op("!=").Nil()).Block(
-					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-				),
-			),
-			Case(Id("actual").Op(">").Id("drawn")).Block(
-				If(Id("err").Op(":=").Id("grant").Dot("Draw").Call(Id("actual").Op("-").Id("drawn")), Id("err").Op("!=").Nil()).Block(
-					Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-					Id("actual").Op("=").Id("drawn"),
-				),
-			),
-		),
-		Id("a").Dot("settled").Op("=").Id("actual"),
-		Return(Id("a").Dot("result").Call()),
-	)
-	comment(f, `settleRefund refunds what the mechanism really released: the figures'
-observed shrinkage when they agree, capped at the amount due (bytes beyond it
-were not this account's); else the amount due after success and nothing
-after failure.`)
-	f.Func().Params(arecv()).Id("settleRefund").Params(Id("to").Add(c("Account")), Id("due").Add(B())).Error().Block(
-		Var().Id("freed").Add(B()),
-		Switch().Block(
-			Case(Id("a").Dot("measured").Op("&&").Op("!").Id("a").Dot("disagree")).Block(Id("freed").Op("=").Min(Id("a").Dot("moved"), Id("due"))),
-			Case(Id("a").Dot("err").Op("==").Nil()).Block(Id("freed").Op("=").Id("due")),
-		),
-		If(Id("err").Op(":=").Id("refund").Call(Id("to"), Id("freed")), Id("err").Op("!=").Nil()).Block(
-			Id("a").Dot("faults").Op("=").Append(Id("a").Dot("faults"), Id("err")),
-		),
-		Id("a").Dot("settled").Op("=").Id("freed"),
-		Return(Id("a").Dot("result").Call()),
-	)
+	return nil
 }
 
 // --- capabilities ----------------------------------------------------------
 
-func (ck *checkedGen) emitCapability(c *Capability) error {
+func (ck *checkedGen) emitCapability(c *capability) error {
 	f := ck.file(snake(c.Name) + ".go")
 	g := ck.g
 	if !c.Required {
@@ -1032,8 +722,8 @@ func (ck *checkedGen) emitCapability(c *Capability) error {
 // methodCtx is one wrapper method being generated.
 type methodCtx struct {
 	ck *checkedGen
-	c  *Capability
-	m  *Method
+	c  *capability
+	m  *method
 	// errDeclared records that the body declared err at function scope.
 	errDeclared bool
 }
@@ -1090,7 +780,7 @@ func (x *methodCtx) outs() []Code {
 	return append(o, Id("err"))
 }
 
-func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
+func (ck *checkedGen) emitMethod(f *File, c *capability, m *method) error {
 	g := ck.g
 	params, results := g.Signature(m)
 	x := &methodCtx{ck: ck, c: c, m: m}
@@ -1100,7 +790,7 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 		doc = m.Name + " checks " + strings.Join(notes, "; ") + "; then it calls the wrapped mechanism's " + m.Name + "."
 	}
 	comment(f, fill(doc, 77, ""))
-	mutating := m.Accounting.Effect != EffectQuery
+	mutating := m.Accounting.Effect != effectQuery
 	if n := len(x.figureParams()) + 1; mutating && n > auditFigures {
 		return fmt.Errorf("%s: %s.%s: verify mode reads %d figures around the call, more than the %d it has room for", m.Pos, c.Name, m.Name, n, auditFigures)
 	}
@@ -1120,15 +810,16 @@ func (ck *checkedGen) emitMethod(f *File, c *Capability, m *Method) error {
 	return nil
 }
 
-// auditFigures is how many figures verify mode can read around one call.
+// auditFigures is how many figures verify mode can read around one call: the
+// length of audit.before in checkedtmpl/audit.go (TestAuditFiguresMatchTemplate).
 const auditFigures = 4
 
 // unit is the granularity an amount is rounded to.
 func unit(round string) Code {
 	switch round {
-	case RoundAlloc:
+	case roundAlloc:
 		return Id("m").Dot("info").Dot("AllocGranularity")
-	case RoundGranularity:
+	case roundGranularity:
 		return Id("m").Dot("info").Dot("Granularity")
 	}
 	return Lit(0)
@@ -1136,8 +827,8 @@ func unit(round string) Code {
 
 // figureParams are the handle params whose committed bytes verify mode reads:
 // those the call does not release, whose type has a committed-bytes query.
-func (x *methodCtx) figureParams() []*Param {
-	var ps []*Param
+func (x *methodCtx) figureParams() []*param {
+	var ps []*param
 	for _, p := range x.m.Params {
 		if p.Name != x.m.Releases && x.ck.g.IsHandle(p.Type) && committedQuery(x.ck.s, p.Type) != nil {
 			ps = append(ps, p)
@@ -1151,9 +842,9 @@ func (x *methodCtx) figureParams() []*Param {
 // consuming or refunding call that creates and releases none of them, such as
 // Commit and Decommit of res. The wrapper books what it charged against them
 // (memapi.ChargeBook), so a later refund of committed(h) needs no query.
-func (x *methodCtx) bookParams() []*Param {
+func (x *methodCtx) bookParams() []*param {
 	a := x.m.Accounting
-	if (a.Effect != EffectConsumes && a.Effect != EffectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
+	if (a.Effect != effectConsumes && a.Effect != effectRefunds) || x.m.Creates != "" || a.Amount.Func == "committed" {
 		return nil
 	}
 	return x.figureParams()
@@ -1163,7 +854,7 @@ func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
 	checks := ck.checks(m)
-	if len(checks) > 0 || a.Effect != EffectQuery {
+	if len(checks) > 0 || a.Effect != effectQuery {
 		b.Const().Id("op").Op("=").Lit(x.c.Name + "." + m.Name)
 	}
 	for _, k := range checks {
@@ -1171,18 +862,18 @@ func (x *methodCtx) body(b *Group) {
 	}
 	// The ledger side, before the call.
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		amt, _ := ck.expr(m, a.Amount)
 		b.List(Id("n"), Id("err")).Op(x.declare(1)).Id("m").Dot("charge").Call(Id("op"), Id(a.Account), amt, unit(a.Round))
 		b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		b.Id("returned").Op(":=").False()
 		b.Defer().Id("m").Dot("abandon").Call(Id(a.Account), Id("n"), Op("&").Id("returned"))
-	case EffectRefunds:
+	case effectRefunds:
 		b.If(Id("err").Op(":=").Id("m").Dot("account").Call(Id("op"), Id(a.Account)), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		switch {
 		case a.Amount.Func == "committed":
 			b.Id("n").Op(":=").Id("book").Dot("Charged").Call(Id(a.Amount.Param))
-		case a.Round == RoundNone || a.Round == "":
+		case a.Round == roundNone || a.Round == "":
 			amt, _ := ck.expr(m, a.Amount)
 			b.Id("n").Op(":=").Add(amt)
 		default:
@@ -1192,14 +883,14 @@ func (x *methodCtx) body(b *Group) {
 		}
 	}
 	call := x.inner().Dot(m.Name).Call(x.args()...)
-	if a.Effect == EffectQuery {
+	if a.Effect == effectQuery {
 		b.Return(call)
 		return
 	}
 	outs := x.outs()
 	head := outs[: len(outs)-1 : len(outs)-1]
 	amount := Code(Lit(0))
-	if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
+	if a.Effect == effectConsumes || a.Effect == effectRefunds {
 		amount = Id("n")
 	}
 	effect := ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:])
@@ -1220,7 +911,7 @@ func (x *methodCtx) body(b *Group) {
 	})
 
 	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-	if a.Effect == EffectConsumes {
+	if a.Effect == effectConsumes {
 		b.Id("returned").Op("=").True()
 	}
 
@@ -1241,7 +932,7 @@ func (x *methodCtx) body(b *Group) {
 		}
 		if m.Creates != "" {
 			v.Id("au").Dot("created").Call(Id("out0"))
-			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == EffectConsumes {
+			if t := ck.s.Type(m.Creates); t.hasField("Size") && a.Effect == effectConsumes {
 				v.If(Id("out0").Op("!=").Nil()).Block(Id("au").Dot("size").Call(Lit(m.Creates+".Size()"), Id("out0").Dot("Size").Call()))
 			}
 		}
@@ -1249,12 +940,12 @@ func (x *methodCtx) body(b *Group) {
 			v.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
 		}
 		switch a.Effect {
-		case EffectConsumes:
+		case effectConsumes:
 			v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
 			for _, p := range x.bookParams() {
 				v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
 			}
-		case EffectRefunds:
+		case effectRefunds:
 			v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
 			for _, p := range x.bookParams() {
 				v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
@@ -1270,13 +961,13 @@ func (x *methodCtx) body(b *Group) {
 
 	// The ledger side, after the call.
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		b.If(Id("err").Op("!=").Nil()).Block(Return(append(head, Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
 		for _, p := range x.bookParams() {
 			b.Id("book").Dot("Add").Call(Id(p.Name), Id("n"))
 		}
 		b.Return(append(head, Nil())...)
-	case EffectRefunds:
+	case effectRefunds:
 		b.If(Id("err").Op("!=").Nil()).Block(Return(outs...))
 		for _, p := range x.bookParams() {
 			b.Id("book").Dot("Sub").Call(Id(p.Name), Id("n"))
@@ -1294,24 +985,24 @@ func (x *methodCtx) body(b *Group) {
 func (x *methodCtx) check(b *Group, k check) {
 	ck, m := x.ck, x.m
 	switch k.pred {
-	case PredLive:
+	case predLive:
 		h, _ := ck.expr(m, k.args[0])
 		b.If(Id("err").Op(":=").Add(ck.g.C("CheckHandle")).Call(Id("op"), h, Id("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
-	case PredPositive:
+	case predPositive:
 		v, _ := ck.expr(m, k.args[0])
 		b.If(Add(v).Op("==").Lit(0)).Block(x.fail(Id("m").Dot("errPositive").Call(Id("op"), Lit(k.text))))
-	case PredWithin:
+	case predWithin:
 		r, _ := ck.expr(m, k.args[0])
 		h, _ := ck.expr(m, k.args[1])
 		b.If(Op("!").Add(r).Dot("Within").Call(Add(h).Dot("Size").Call())).Block(
 			x.fail(Id("m").Dot("errWithin").Call(Id("op"), Lit(k.text), r, Add(h).Dot("ID").Call(), Add(h).Dot("Size").Call())),
 		)
-	case PredAligned:
+	case predAligned:
 		r, _ := ck.expr(m, k.args[0])
 		b.If(Op("!").Add(r).Dot("Aligned").Call(Id("m").Dot("info").Dot("Granularity"))).Block(
 			x.fail(Id("m").Dot("errAligned").Call(Id("op"), Lit(k.text), r)),
 		)
-	case PredFits:
+	case predFits:
 		r, _ := ck.expr(m, k.args[0])
 		h, _ := ck.expr(m, k.args[1])
 		b.If(Add(r).Dot("Len").Op("!=").Add(h).Dot("Size").Call()).Block(
@@ -1340,8 +1031,8 @@ func (ck *checkedGen) emitExample() error {
 		}
 		return false
 	}
-	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", EffectConsumes) || !has("DeviceAllocator", "Free", EffectRefunds) ||
-		!has("VirtualBacking", "Reserve", EffectNone) || !has("VirtualBacking", "Commit", EffectConsumes) {
+	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", effectConsumes) || !has("DeviceAllocator", "Free", effectRefunds) ||
+		!has("VirtualBacking", "Reserve", effectNone) || !has("VirtualBacking", "Commit", effectConsumes) {
 		return nil
 	}
 	dir := s.Packages.Checked

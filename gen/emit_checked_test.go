@@ -79,16 +79,16 @@ func TestCheckedFollowsTheSpec(t *testing.T) {
 				}
 			}
 			a := m.Accounting
-			if a.Effect != EffectQuery {
+			if a.Effect != effectQuery {
 				want(body, "if m.verify {", "verify mode")
 			}
 			for _, b := range []string{body} {
 				switch a.Effect {
-				case EffectConsumes:
+				case effectConsumes:
 					want(b, "m.charge(op, "+a.Account+", ", "charge-before-commit")
-				case EffectRefunds:
+				case effectRefunds:
 					want(b, "m.account(op, "+a.Account+")", "refund account check")
-				case EffectQuery, EffectNone:
+				case effectQuery, effectNone:
 					for _, bad := range []string{"charge(", "refund(", "Refund(", "Draw("} {
 						if strings.Contains(b, bad) {
 							t.Errorf("%s.%s: a %s method must not touch the ledger (%s)", c.Name, m.Name, a.Effect, bad)
@@ -100,24 +100,24 @@ func TestCheckedFollowsTheSpec(t *testing.T) {
 				}
 				for _, r := range m.Requires {
 					switch r.Pred {
-					case PredLive:
+					case predLive:
 						want(b, "memapi.CheckHandle(op, "+r.Args[0].Text, r.Text)
-					case PredWithin:
+					case predWithin:
 						want(b, ".Within(", r.Text)
 						want(b, `"`+r.Text+`"`, r.Text)
-					case PredAligned:
+					case predAligned:
 						want(b, ".Aligned(m.info.Granularity)", r.Text)
-					case PredPositive, PredFits:
+					case predPositive, predFits:
 						want(b, `"`+r.Text+`"`, r.Text)
 					}
 				}
 			}
 			switch a.Effect {
-			case EffectConsumes:
+			case effectConsumes:
 				want(body, "m.undraw(", "undraw on failure")
 				want(body, "defer m.abandon(", "undraw on a panic")
 				want(body, "au.settleDraw(", "verify settles the draw")
-			case EffectRefunds:
+			case effectRefunds:
 				want(body, "refund(", "refund after success")
 				want(body, "au.settleRefund(", "verify settles the refund")
 			}
@@ -132,7 +132,7 @@ func TestCheckedChecksBeforeCharging(t *testing.T) {
 	funcs := checkedFuncs(t, s)
 	for _, c := range s.Capabilities {
 		for _, m := range c.Methods {
-			if m.Accounting.Effect != EffectConsumes {
+			if m.Accounting.Effect != effectConsumes {
 				continue
 			}
 			recv := "mechanism"
@@ -157,7 +157,7 @@ func TestCheckedRefusesShadowingParams(t *testing.T) {
 		t.Fatalf("spec order changed: %s", free.Name)
 	}
 	free.Params[1].Name = "m"
-	g := &Gen{Spec: s, Config: Config{Module: realModule}}
+	g := &generator{Spec: s, Config: Config{Module: realModule}}
 	err := emitChecked(g)
 	if err == nil || !strings.Contains(err.Error(), `parameter name "m" collides`) {
 		t.Fatalf("want a collision error, got %v", err)
@@ -166,14 +166,14 @@ func TestCheckedRefusesShadowingParams(t *testing.T) {
 
 func TestCheckedNeedsItsErrors(t *testing.T) {
 	s := loadReal(t)
-	var kept []*ErrorDecl
+	var kept []*errorDecl
 	for _, e := range s.Errors {
 		if e.Name != "ErrNoAccount" {
 			kept = append(kept, e)
 		}
 	}
 	s.Errors = kept
-	err := emitChecked(&Gen{Spec: s, Config: Config{Module: realModule}})
+	err := emitChecked(&generator{Spec: s, Config: Config{Module: realModule}})
 	if err == nil || !strings.Contains(err.Error(), "ErrNoAccount") {
 		t.Fatalf("want an error naming ErrNoAccount, got %v", err)
 	}

@@ -1,34 +1,29 @@
 package gen
 
 import (
-	"bytes"
-	"embed"
 	"fmt"
 	"go/ast"
-	"go/format"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path"
 	"sort"
 	"strings"
-	"text/template"
 
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConformance}) }
+func init() { register(emitter{Name: "conformance", Order: 30, Emit: emitConformance}) }
 
 // The conformance suite is part static, part derived from the spec.
 //
-// conformancetmpl/*.go.tmpl hold the static part: the harness (T, Run, RunT,
+// conformancetmpl/*.go hold the static part: the harness (T, Run, RunT,
 // the per-subtest environment, the suite's own grant and account, the
 // helpers that read and write memory through the device context), one
 // fixture per method (valid<Method>: the arguments of one valid call), one
 // witness per consuming method (witness<Method>: the check, through the
 // device context, that the call did its work) and the hand-written
-// scenarios. Each template starts with a {{/* needs: ... */}} line naming
-// the declarations it uses; a template is emitted only when the spec
+// scenarios. Each template has a "// memgen:needs ..." line naming the
+// declarations it uses; a template is emitted only when the spec
 // declares them all, so smaller specs get a smaller suite.
 //
 // This file derives the rest from the spec: one call type per method (its
@@ -38,15 +33,12 @@ func init() { register(Emitter{Name: "conformance", Order: 30, Emit: emitConform
 // what it creates and releases, and its requires clauses; per optional
 // capability, absence and no-silent-noop; per invariant whose applies_to
 // names methods, the subtests that check it.
-//
-//go:embed conformancetmpl/*.go.tmpl
-var conformanceTemplates embed.FS
 
-func emitConformance(g *Gen) error {
+func emitConformance(g *generator) error {
 	if g.Spec.Packages.Conformance == "" {
 		return nil
 	}
-	seen := map[string]*Method{}
+	seen := map[string]*method{}
 	for _, c := range g.Spec.Capabilities {
 		for _, m := range c.Methods {
 			if prev := seen[m.Name]; prev != nil {
@@ -59,7 +51,7 @@ func emitConformance(g *Gen) error {
 	if err != nil {
 		return err
 	}
-	cg := &confGen{g: g, fixtures: fixtures, witnesses: witnesses, used: map[string]*Method{}, names: map[string]bool{}}
+	cg := &confGen{g: g, fixtures: fixtures, witnesses: witnesses, used: map[string]*method{}, names: map[string]bool{}}
 	if err := cg.emitCalls(); err != nil {
 		return err
 	}
@@ -88,46 +80,19 @@ func emitConformance(g *Gen) error {
 
 // conformanceStatic emits the templates whose needs the spec meets and
 // returns the methods they provide fixtures and witnesses for. The templates
-// are rendered by the same machinery as gen/fakestmpl: text/template over
-// {{.Contract}}, a first line {{/* needs: ... */}} naming what the template
-// uses (capabilities, Capability.Method, types, enum values, errors), gofmt,
-// and the fixtures (func (e *env) valid<Method>(t T) *call<Method>) and
+// are rendered by the machinery of template.go (a "// memgen:needs ..." line
+// naming what the template uses: capabilities, Capability.Method, types,
+// enum values, errors), and the fixtures (func (e *env) valid<Method>(t T) *call<Method>) and
 // witnesses (func (e *env) witness<Method>(t T, c *call<Method>)
 // func(memapi.Handle)) found in the syntax tree, not by matching text.
-func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
-	names, err := fs.Glob(conformanceTemplates, "conformancetmpl/*.go.tmpl")
+func (g *generator) conformanceStatic() (fixtures, witnesses map[string]bool, err error) {
+	tmpls, err := g.renderTemplates(templates, "conformancetmpl/*.go", path.Base(g.Spec.Packages.Conformance))
 	if err != nil {
 		return nil, nil, err
 	}
-	sort.Strings(names)
-	data := struct {
-		Contract string
-		Module   string          // the module path, for the packages of the spec's mechanisms
-		Caps     map[string]bool // every name the spec declares, as g.declares reads them
-	}{g.Contract(), g.Config.Module, g.declaredNames()}
 	fixtures, witnesses = map[string]bool{}, map[string]bool{}
-	for _, n := range names {
-		text, err := conformanceTemplates.ReadFile(n)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !templateNeedsMet(string(text), data.Caps) {
-			continue
-		}
-		t, err := template.New(n).Parse(string(text))
-		if err != nil {
-			return nil, nil, err
-		}
-		var buf bytes.Buffer
-		buf.WriteString(Header + "\n\n")
-		if err := t.Execute(&buf, data); err != nil {
-			return nil, nil, err
-		}
-		out, err := format.Source(buf.Bytes())
-		if err != nil {
-			return nil, nil, fmt.Errorf("conformance template %s: %w", path.Base(n), err)
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), n, out, parser.SkipObjectResolution)
+	for _, t := range tmpls {
+		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -144,7 +109,7 @@ func (g *Gen) conformanceStatic() (fixtures, witnesses map[string]bool, err erro
 				witnesses[strings.TrimPrefix(name, "witness")] = true
 			}
 		}
-		g.Raw(path.Join(g.Spec.Packages.Conformance, strings.TrimSuffix(path.Base(n), ".tmpl")), out)
+		g.Raw(path.Join(g.Spec.Packages.Conformance, t.name), t.src)
 	}
 	return fixtures, witnesses, nil
 }
@@ -163,7 +128,7 @@ func isEnvMethod(fd *ast.FuncDecl) bool {
 }
 
 // declaredNames returns every name declares accepts, for templates' needs.
-func (g *Gen) declaredNames() map[string]bool {
+func (g *generator) declaredNames() map[string]bool {
 	s := g.Spec
 	out := map[string]bool{}
 	for _, c := range s.Capabilities {
@@ -174,7 +139,7 @@ func (g *Gen) declaredNames() map[string]bool {
 	}
 	for _, t := range s.Types {
 		out[t.Name] = true
-		if t.Kind == KindEnum {
+		if t.Kind == kindEnum {
 			for _, v := range t.Values {
 				out[t.Name+v.Name] = true
 			}
@@ -187,11 +152,11 @@ func (g *Gen) declaredNames() map[string]bool {
 }
 
 type confGen struct {
-	g           *Gen
+	g           *generator
 	fixtures    map[string]bool
 	witnesses   map[string]bool    // methods with a witness<Method> in the templates
-	unwitnessed []*Method          // consuming methods without one
-	used        map[string]*Method // fixtures the rules call
+	unwitnessed []*method          // consuming methods without one
+	used        map[string]*method // fixtures the rules call
 	names       map[string]bool
 	order       []string // subtest names in specTests order
 	tests       []Code   // entries of specTests
@@ -203,13 +168,13 @@ func (cg *confGen) file(name string) *File {
 }
 
 // capField is the env field holding an optional capability.
-func capField(c *Capability) string { return lowerFirst(c.Name) }
+func capField(c *capability) string { return lowerFirst(c.Name) }
 
 // capOf returns the capability declaring m.
-func (cg *confGen) capOf(m *Method) *Capability { return cg.g.Spec.Capability(m.Owner) }
+func (cg *confGen) capOf(m *method) *capability { return cg.g.Spec.Capability(m.Owner) }
 
 // creatorCap is the capability whose method creates handle type h.
-func (cg *confGen) creatorCap(h string) *Capability {
+func (cg *confGen) creatorCap(h string) *capability {
 	for _, c := range cg.g.Spec.Capabilities {
 		for _, m := range c.Methods {
 			if m.Creates == h {
@@ -222,12 +187,12 @@ func (cg *confGen) creatorCap(h string) *Capability {
 
 // needs is what a subtest of c needs: c and the capabilities that create the
 // handles its methods take, transitively (views live in reservations).
-func (cg *confGen) needs(c *Capability) Code {
+func (cg *confGen) needs(c *capability) Code {
 	s := cg.g.Spec
 	set := map[string]bool{c.Name: true}
 	seenType := map[string]bool{}
 	var visitType func(t string)
-	var visitCap func(c *Capability)
+	var visitCap func(c *capability)
 	visitType = func(t string) {
 		td := s.Type(t)
 		if td == nil || td.Kind != KindHandle || seenType[t] {
@@ -242,7 +207,7 @@ func (cg *confGen) needs(c *Capability) Code {
 			visitType(f.Type)
 		}
 	}
-	visitCap = func(c *Capability) {
+	visitCap = func(c *capability) {
 		for _, m := range c.Methods {
 			for _, p := range m.Params {
 				visitType(p.Type)
@@ -253,14 +218,14 @@ func (cg *confGen) needs(c *Capability) Code {
 	var args []Code
 	for _, x := range s.Capabilities {
 		if set[x.Name] {
-			args = append(args, cg.g.C(CapConst(x)))
+			args = append(args, cg.g.C(capConst(x)))
 		}
 	}
 	return cg.g.C("Of").Call(args...)
 }
 
 // recv returns the code reaching m's capability from env e.
-func (cg *confGen) recv(m *Method) *Statement {
+func (cg *confGen) recv(m *method) *Statement {
 	c := cg.capOf(m)
 	if c.Required {
 		return Id("e").Dot("m")
@@ -273,7 +238,7 @@ func (cg *confGen) recv(m *Method) *Statement {
 // rejects them (badParamName); the check in the emitter is its backstop.
 var conformanceLocals = []string{"call", "do"}
 
-func callType(m *Method) string { return "call" + m.Name }
+func callType(m *method) string { return "call" + m.Name }
 
 // emitCalls writes calls.go: the capabilities the env holds, one call type
 // per method, and what the spec's handle types need at run time.
@@ -293,7 +258,7 @@ func (cg *confGen) emitCalls() error {
 		var req []Code
 		for _, c := range s.Capabilities {
 			if c.Required {
-				req = append(req, g.C(CapConst(c)))
+				req = append(req, g.C(capConst(c)))
 			}
 		}
 		b.Id("s").Op(":=").Add(g.C("Of")).Call(req...)
@@ -301,9 +266,9 @@ func (cg *confGen) emitCalls() error {
 			if c.Required {
 				continue
 			}
-			b.If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok")).Block(
+			b.If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok")).Block(
 				Id("c").Dot(capField(c)).Op("=").Id("v"),
-				Id("s").Op("|=").Add(g.C("Of")).Call(g.C(CapConst(c))),
+				Id("s").Op("|=").Add(g.C("Of")).Call(g.C(capConst(c))),
 			)
 		}
 		b.Return(Id("s"))
@@ -323,7 +288,7 @@ func (cg *confGen) emitCalls() error {
 	// handleFields: the handles a handle refers to.
 	comment(f, "handleFields returns the live-or-not handles h refers to (a view's\nreservation and backing).")
 	var fieldCases []Code
-	for _, t := range s.Handles() {
+	for _, t := range s.handles() {
 		var body []Code
 		for _, fd := range t.Fields {
 			if g.IsHandle(fd.Type) {
@@ -350,7 +315,7 @@ func (cg *confGen) emitCalls() error {
 	comment(f, "releaseHandle releases h through e's mechanism with the method the spec\ndeclares for its type.")
 	f.Func().Params(Id("e").Op("*").Id("env")).Id("releaseHandle").Params(Id("h").Add(g.C("Handle"))).Error().BlockFunc(func(b *Group) {
 		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).BlockFunc(func(sw *Group) {
-			for _, t := range s.Handles() {
+			for _, t := range s.handles() {
 				m := cg.releaser(t.Name)
 				if m == nil {
 					continue
@@ -362,9 +327,9 @@ func (cg *confGen) emitCalls() error {
 						vals[Id(p.Name)] = Id("h")
 					case p.Type == "context.Context":
 						vals[Id(p.Name)] = Id("e").Dot("ctx")
-					case cg.isRole(p.Type, RoleAccount):
+					case cg.isRole(p.Type, roleAccount):
 						vals[Id(p.Name)] = Id("e").Dot("account")
-					case cg.isRole(p.Type, RoleGrant):
+					case cg.isRole(p.Type, roleGrant):
 						vals[Id(p.Name)] = Id("e").Dot("grant")
 					}
 				}
@@ -378,7 +343,7 @@ func (cg *confGen) emitCalls() error {
 	})
 
 	// committed<Type>: the committed(x) function of accounting amounts.
-	for _, t := range s.Handles() {
+	for _, t := range s.handles() {
 		q := committedQuery(s, t.Name)
 		if q == nil {
 			continue
@@ -398,7 +363,7 @@ func (cg *confGen) emitCalls() error {
 		var perHandle []Code
 		for _, c := range s.Capabilities {
 			for _, m := range c.Methods {
-				if m.Accounting.Effect != EffectQuery || len(m.Returns) == 0 {
+				if m.Accounting.Effect != effectQuery || len(m.Returns) == 0 {
 					continue
 				}
 				var rs []Code
@@ -438,8 +403,8 @@ func (cg *confGen) emitCalls() error {
 
 // releaser returns the method that releases handle type t with nothing but
 // a context, the handle and the ledger: the sweep's way to release it.
-func (cg *confGen) releaser(t string) *Method {
-	var best *Method
+func (cg *confGen) releaser(t string) *method {
+	var best *method
 	for _, c := range cg.g.Spec.Capabilities {
 		for _, m := range c.Methods {
 			if m.Releases == "" || m.Param(m.Releases).Type != t || m.Creates != "" {
@@ -447,7 +412,7 @@ func (cg *confGen) releaser(t string) *Method {
 			}
 			simple := true
 			for _, p := range m.Params {
-				if p.Name != m.Releases && p.Type != "context.Context" && !cg.isRole(p.Type, RoleAccount) && !cg.isRole(p.Type, RoleGrant) {
+				if p.Name != m.Releases && p.Type != "context.Context" && !cg.isRole(p.Type, roleAccount) && !cg.isRole(p.Type, roleGrant) {
 					simple = false
 				}
 			}
@@ -460,12 +425,12 @@ func (cg *confGen) releaser(t string) *Method {
 }
 
 func (cg *confGen) isRole(typ, role string) bool {
-	i := cg.g.Spec.Interface(typ)
+	i := cg.g.Spec.interfaceNamed(typ)
 	return i != nil && i.Role == role
 }
 
 // emitCall writes the call type of one method.
-func (cg *confGen) emitCall(f *File, c *Capability, m *Method) {
+func (cg *confGen) emitCall(f *File, c *capability, m *method) {
 	g := cg.g
 	ct := callType(m)
 	comment(f, fmt.Sprintf("%s holds the arguments of one %s.%s call.", ct, c.Name, m.Name))
@@ -506,7 +471,7 @@ func (cg *confGen) emitCall(f *File, c *Capability, m *Method) {
 					zeros = append(zeros, Op("&").Add(g.C("Error")).Values(Dict{
 						Id("Op"):     Lit(c.Name + "." + m.Name),
 						Id("Kind"):   g.C("ErrUnsupported"),
-						Id("Detail"): Lit("the subject's " + Accessor(c) + " returned a nil capability"),
+						Id("Detail"): Lit("the subject's " + accessor(c) + " returned a nil capability"),
 					}))
 				} else {
 					zeros = append(zeros, g.Zero(r.Type))

@@ -108,7 +108,7 @@ func ExampleNames() {
 }
 
 // add registers one subtest with its body.
-func (cg *confGen) add(name string, c *Capability, body ...Code) {
+func (cg *confGen) add(name string, c *capability, body ...Code) {
 	if cg.names[name] {
 		// Unreachable: names are Capability/Method/case with method names
 		// unique across capabilities (checked in emitConformance).
@@ -142,7 +142,7 @@ func camel(name string) string {
 }
 
 // fixture returns `c := e.valid<M>(t)` (or `c = ...` when again).
-func (cg *confGen) fixture(m *Method, again bool) Code {
+func (cg *confGen) fixture(m *method, again bool) Code {
 	cg.used[m.Name] = m
 	op := ":="
 	if again {
@@ -179,7 +179,7 @@ func (cg *confGen) hasError(name string) bool {
 
 // expr returns Go code reading x from the call c: handle fields are methods,
 // struct fields are fields; committed(h) asks the spec's committed query.
-func (cg *confGen) expr(m *Method, x *Expr) (*Statement, string, error) {
+func (cg *confGen) expr(m *method, x *expr) (*Statement, string, error) {
 	s := cg.g.Spec
 	p := m.Param(x.Param)
 	if p == nil {
@@ -211,7 +211,7 @@ func (cg *confGen) expr(m *Method, x *Expr) (*Statement, string, error) {
 
 // lvalue is expr for an assignable expression: a parameter or a path through
 // struct fields (handles are read-only).
-func (cg *confGen) lvalue(m *Method, x *Expr) (*Statement, error) {
+func (cg *confGen) lvalue(m *method, x *expr) (*Statement, error) {
 	if x.Func != "" {
 		return nil, fmt.Errorf("conformance: %s.%s: cannot assign to %q", m.Owner, m.Name, x.Text)
 	}
@@ -229,9 +229,9 @@ func (cg *confGen) lvalue(m *Method, x *Expr) (*Statement, error) {
 
 func roundConst(r string) string {
 	switch r {
-	case RoundAlloc:
+	case roundAlloc:
 		return "roundAlloc"
-	case RoundGranularity:
+	case roundGranularity:
 		return "roundGranularity"
 	}
 	return "roundNone"
@@ -239,7 +239,7 @@ func roundConst(r string) string {
 
 // amount returns `want := e.round(t, <amount>, <unit>)` for a consuming or
 // refunding method, evaluated before the call.
-func (cg *confGen) amount(m *Method) (Code, error) {
+func (cg *confGen) amount(m *method) (Code, error) {
 	a := m.Accounting
 	code, _, err := cg.expr(m, a.Amount)
 	if err != nil {
@@ -250,7 +250,7 @@ func (cg *confGen) amount(m *Method) (Code, error) {
 
 // mustCall returns the call of c with a fatal check; created tells whether
 // to keep the created handle in h.
-func mustCall(m *Method, keep bool) Code {
+func mustCall(m *method, keep bool) Code {
 	fail := Id("t").Dot("Fatalf").Call(Lit(m.Name+": %v"), Err())
 	if keep {
 		return Add(List(Id("h"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e"))).Line().If(Err().Op("!=").Nil()).Block(fail)
@@ -258,11 +258,11 @@ func mustCall(m *Method, keep bool) Code {
 	return If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(fail)
 }
 
-func (cg *confGen) methodRules(c *Capability, m *Method) error {
+func (cg *confGen) methodRules(c *capability, m *method) error {
 	g := cg.g
 	s := g.Spec
 	pre := c.Name + "/" + m.Name + "/"
-	invariant := func(id string) *Invariant {
+	invariant := func(id string) *invariant {
 		for _, iv := range s.Invariants {
 			if iv.ID == id {
 				return iv
@@ -282,7 +282,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 
 	a := m.Accounting
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		want, err := cg.amount(m)
 		if err != nil {
 			return err
@@ -336,7 +336,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 				Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant that cannot be drawn from"), Id("e"), Id("c").Dot("call"), g.C("ErrGrantExhausted")),
 			)
 		}
-	case EffectRefunds:
+	case effectRefunds:
 		want, err := cg.amount(m)
 		if err != nil {
 			return err
@@ -361,7 +361,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 				Id("tolerate").Call(Id("t"), Lit(m.Name+" without an account"), Id("e"), Id("c").Dot("call"), g.C("ErrNoAccount")),
 			)
 		}
-	case EffectNone:
+	case effectNone:
 		cg.add(pre+"no-accounting", c,
 			cg.fixture(m, false),
 			Id("before").Op(":=").Id("e").Dot("books").Call(),
@@ -395,16 +395,16 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 	fitsOn := map[string]bool{}
 	for _, r := range m.Requires {
 		switch r.Pred {
-		case PredAligned:
+		case predAligned:
 			hasAligned = true
-		case PredFits:
+		case predFits:
 			fitsOn[r.Args[0].Text] = true
 		}
 	}
 	gran := Id("g").Op(":=").Id("e").Dot("gran").Call(Id("t"))
 	for _, r := range m.Requires {
 		switch r.Pred {
-		case PredLive:
+		case predLive:
 			x := r.Args[0].Param
 			if !g.IsHandle(m.Param(x).Type) {
 				return fmt.Errorf("conformance: %s.%s: live(%s) of a value that is not a handle", m.Owner, m.Name, x)
@@ -423,7 +423,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 				cg.refuse(m.Name+" with a released "+x, []string{"e"}, "ErrReleased"),
 			)
 			cg.add(pre+"foreign-"+x, c, cg.foreign(m, x)...)
-		case PredWithin:
+		case predWithin:
 			rv, err := cg.lvalue(m, r.Args[0])
 			if err != nil {
 				return err
@@ -470,7 +470,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 					cg.refuse(m.Name+" of an empty range", []string{"e"}, "ErrInvalidRange"),
 				)
 			}
-		case PredAligned:
+		case predAligned:
 			rv, err := cg.lvalue(m, r.Args[0])
 			if err != nil {
 				return err
@@ -490,7 +490,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 				)
 			}
 			cg.add(pre+"unaligned", c, body...)
-		case PredPositive:
+		case predPositive:
 			lv, err := cg.lvalue(m, r.Args[0])
 			if err != nil {
 				return err
@@ -509,7 +509,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 				lv.Clone().Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)),
 				cg.refuse(m.Name+" with "+x+" = 1<<64-1 (rounding it up overflows)", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
 			)
-		case PredFits:
+		case predFits:
 			rv, err := cg.lvalue(m, r.Args[0])
 			if err != nil {
 				return err
@@ -541,7 +541,7 @@ func (cg *confGen) methodRules(c *Capability, m *Method) error {
 // foreign is the body of a test that passes, for handle parameter x, a
 // handle made by another instance: the call must fail with ErrForeignHandle
 // and change nothing in either instance.
-func (cg *confGen) foreign(m *Method, x string) []Code {
+func (cg *confGen) foreign(m *method, x string) []Code {
 	return []Code{
 		cg.fixture(m, false),
 		Id("o").Op(":=").Id("e").Dot("other").Call(Id("t")),
@@ -553,15 +553,15 @@ func (cg *confGen) foreign(m *Method, x string) []Code {
 // absent writes the subtest of an optional capability's accessor: absent
 // means Require reports ErrUnsupported and Negotiate leaves it out; present
 // means a non-nil capability that Negotiate and Require agree on.
-func (cg *confGen) absent(c *Capability) {
+func (cg *confGen) absent(c *capability) {
 	g := cg.g
-	acc := Id("e").Dot("m").Dot(Accessor(c))
+	acc := Id("e").Dot("m").Dot(accessor(c))
 	body := []Code{
 		List(Id("v"), Id("ok")).Op(":=").Add(acc).Call(),
 		List(Id("_"), Id("again")).Op(":=").Add(acc.Clone()).Call(),
 		List(Id("r"), Err()).Op(":=").Add(g.C("Require" + c.Name)).Call(Id("e").Dot("m")),
 		Id("checkAccessor").Call(Id("t"), Lit(c.Name), Id("ok"), Id("v").Op("!=").Nil(), Id("again").Op("==").Id("ok"), Id("r").Op("!=").Nil(), Err(),
-			g.C("Negotiate").Call(Id("e").Dot("m")).Dot("Has").Call(g.C(CapConst(c)))),
+			g.C("Negotiate").Call(Id("e").Dot("m")).Dot("Has").Call(g.C(capConst(c)))),
 	}
 	// Absence must not depend on what else the subject offers: no needs but DeviceAllocator.
 	name := c.Name + "/absent-means-unsupported"
@@ -574,7 +574,7 @@ func (cg *confGen) absent(c *Capability) {
 	var req []Code
 	for _, x := range g.Spec.Capabilities {
 		if x.Required {
-			req = append(req, g.C(CapConst(x)))
+			req = append(req, g.C(capConst(x)))
 		}
 	}
 	cg.tests = append(cg.tests, Line().Values(Lit(name), g.C("Of").Call(req...), Id(fn)))
@@ -585,7 +585,7 @@ func (cg *confGen) absent(c *Capability) {
 // as declared, and, for a method with a witness (every consuming one has
 // one), do its work as seen through the device context: the counters alone
 // are the mechanism's word.
-func (cg *confGen) noSilentNoop(c *Capability) error {
+func (cg *confGen) noSilentNoop(c *capability) error {
 	var body []Code
 	for _, m := range c.Methods {
 		if len(m.Params) == 0 && !m.ReturnsError() {
@@ -593,7 +593,7 @@ func (cg *confGen) noSilentNoop(c *Capability) error {
 		}
 		blk := []Code{cg.fixture(m, false)}
 		a := m.Accounting
-		if a.Effect == EffectConsumes || a.Effect == EffectRefunds {
+		if a.Effect == effectConsumes || a.Effect == effectRefunds {
 			want, err := cg.amount(m)
 			if err != nil {
 				return err
@@ -604,7 +604,7 @@ func (cg *confGen) noSilentNoop(c *Capability) error {
 		if witness {
 			blk = append(blk, Id("witness").Op(":=").Id("e").Dot("witness"+m.Name).Call(Id("t"), Id("c")))
 		}
-		if a.Effect != EffectQuery {
+		if a.Effect != effectQuery {
 			blk = append(blk, Id("before").Op(":=").Id("e").Dot("books").Call())
 		}
 		h := Id("_")
@@ -617,11 +617,11 @@ func (cg *confGen) noSilentNoop(c *Capability) error {
 		)
 		var ok []Code
 		switch a.Effect {
-		case EffectConsumes:
+		case effectConsumes:
 			ok = append(ok, Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")))
-		case EffectRefunds:
+		case effectRefunds:
 			ok = append(ok, Id("e").Dot("expectRefunded").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")))
-		case EffectNone:
+		case effectNone:
 			ok = append(ok, Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Lit(0)))
 		}
 		if witness {

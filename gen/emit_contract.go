@@ -7,26 +7,28 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "contract", Order: 0, Emit: emitContract}) }
+func init() { register(emitter{Name: "contract", Order: 0, Emit: emitContract}) }
 
-func (g *Gen) contractFile(name string) *File {
+func (g *generator) contractFile(name string) *File {
 	return g.File(g.Spec.Packages.Contract+"/"+name, "memapi")
 }
 
-func emitContract(g *Gen) error {
+func emitContract(g *generator) error {
 	emitContractDoc(g)
 	emitTypes(g)
 	emitErrors(g)
 	emitInterfaces(g)
 	emitCapabilities(g)
 	emitHandles(g)
-	emitRanges(g)
+	if err := emitRanges(g); err != nil {
+		return err
+	}
 	emitMeta(g)
 	emitTripwire(g)
 	return nil
 }
 
-func emitContractDoc(g *Gen) {
+func emitContractDoc(g *generator) {
 	f := g.contractFile("doc.go")
 	f.PackageComment(strings.TrimSpace(`
 Package memapi is the contract of memgen, generated from spec/capabilities.yaml.
@@ -49,17 +51,17 @@ helpers return an error that matches errors.ErrUnsupported.`))
 	f.Const().Id("SpecDigest").Op("=").Lit(g.Spec.Digest)
 }
 
-func emitTypes(g *Gen) {
+func emitTypes(g *generator) {
 	f := g.contractFile("types.go")
 	for _, t := range g.Spec.Types {
 		switch t.Kind {
-		case KindScalar:
-			comment(f, Doc(t.Name, t.Doc))
+		case kindScalar:
+			comment(f, docComment(t.Name, t.Doc))
 			f.Type().Id(t.Name).Id(t.Go)
-		case KindEnum:
+		case kindEnum:
 			emitEnum(f, t)
-		case KindStruct:
-			comment(f, Doc(t.Name, t.Doc))
+		case kindStruct:
+			comment(f, docComment(t.Name, t.Doc))
 			var fields []Code
 			for _, fd := range t.Fields {
 				fields = append(fields, Id(fd.Name).Add(g.Type(fd.Type)))
@@ -70,12 +72,12 @@ func emitTypes(g *Gen) {
 	}
 }
 
-func emitEnum(f *File, t *TypeDecl) {
-	comment(f, Doc(t.Name, t.Doc)+" The zero value is invalid.")
+func emitEnum(f *File, t *typeDecl) {
+	comment(f, docComment(t.Name, t.Doc)+" The zero value is invalid.")
 	f.Type().Id(t.Name).Uint8()
 	f.Const().DefsFunc(func(d *Group) {
 		for i, v := range t.Values {
-			comment(d, ValueDoc(t.Name+v.Name, v.Doc))
+			comment(d, valueDoc(t.Name+v.Name, v.Doc))
 			if i == 0 {
 				d.Id(t.Name + v.Name).Id(t.Name).Op("=").Iota().Op("+").Lit(1)
 			} else {
@@ -97,13 +99,13 @@ func emitEnum(f *File, t *TypeDecl) {
 	)
 }
 
-func emitErrors(g *Gen) {
+func emitErrors(g *generator) {
 	f := g.contractFile("errors.go")
 	comment(f, "Sentinel errors. Compare with errors.Is: every error the contract returns")
 	comment(f, "wraps exactly one of them, usually inside an *Error carrying the figures.")
 	f.Var().DefsFunc(func(d *Group) {
 		for _, e := range g.Spec.Errors {
-			comment(d, ErrorDoc(e.Name, e.Doc))
+			comment(d, errorDoc(e.Name, e.Doc))
 			msg := "memapi: " + words(strings.TrimPrefix(e.Name, "Err"))
 			if e.Unsupported {
 				d.Id(e.Name).Op("=").Qual("fmt", "Errorf").Call(Lit(msg+": %w"), Qual("errors", "ErrUnsupported"))
@@ -176,14 +178,14 @@ CUresult). errors.Is matches both the kind and the cause.`)
 	)
 }
 
-func emitInterfaces(g *Gen) {
+func emitInterfaces(g *generator) {
 	f := g.contractFile("interfaces.go")
 	for _, i := range g.Spec.Interfaces {
-		comment(f, Doc(i.Name, i.Doc))
+		comment(f, docComment(i.Name, i.Doc))
 		f.Type().Id(i.Name).InterfaceFunc(func(b *Group) {
 			for _, m := range i.Methods {
 				p, r := g.Signature(m)
-				comment(b, Doc(m.Name, m.Doc))
+				comment(b, docComment(m.Name, m.Doc))
 				b.Id(m.Name).Params(p...).Params(r...)
 			}
 		})
@@ -191,21 +193,21 @@ func emitInterfaces(g *Gen) {
 	}
 }
 
-// Accessor returns the name of the Mechanism accessor of an optional capability.
-func Accessor(c *Capability) string { return "As" + c.Name }
+// accessor returns the name of the Mechanism accessor of an optional capability.
+func accessor(c *capability) string { return "As" + c.Name }
 
-// CapConst returns the name of a capability's constant.
-func CapConst(c *Capability) string { return "Cap" + c.Name }
+// capConst returns the name of a capability's constant.
+func capConst(c *capability) string { return "Cap" + c.Name }
 
-func methodDoc(m *Method) string {
-	d := Doc(m.Name, m.Doc)
+func methodDoc(m *method) string {
+	d := docComment(m.Name, m.Doc)
 	var notes []string
 	switch m.Accounting.Effect {
-	case EffectConsumes, EffectRefunds:
+	case effectConsumes, effectRefunds:
 		notes = append(notes, "It "+m.Accounting.Describe()+" (the checked wrapper moves the bytes; the mechanism never does).")
-	case EffectQuery:
+	case effectQuery:
 		notes = append(notes, "It only queries.")
-	case EffectNone:
+	case effectNone:
 		notes = append(notes, "It moves no bytes.")
 	}
 	if m.Creates != "" {
@@ -224,15 +226,15 @@ func methodDoc(m *Method) string {
 	return d + "\n\n" + strings.Join(notes, " ")
 }
 
-func emitCapabilities(g *Gen) {
+func emitCapabilities(g *generator) {
 	f := g.contractFile("capabilities.go")
 	s := g.Spec
 	for _, c := range s.Capabilities {
-		doc := Doc(c.Name, c.Doc)
+		doc := docComment(c.Name, c.Doc)
 		if c.Required {
 			doc += "\n\nEvery mechanism offers " + c.Name + "."
 		} else {
-			doc += "\n\nIt is optional: reach it through Mechanism." + Accessor(c) + " or Require" + c.Name + "; never assume it."
+			doc += "\n\nIt is optional: reach it through Mechanism." + accessor(c) + " or Require" + c.Name + "; never assume it."
 		}
 		comment(f, doc)
 		f.Type().Id(c.Name).InterfaceFunc(func(b *Group) {
@@ -260,8 +262,8 @@ default implementation to fall back on.`)
 		}
 		for _, c := range s.Capabilities {
 			if !c.Required {
-				comment(b, Accessor(c)+" returns the "+c.Name+" capability and true when the instance offers it, or nil and false.")
-				b.Id(Accessor(c)).Params().Params(Id(c.Name), Bool())
+				comment(b, accessor(c)+" returns the "+c.Name+" capability and true when the instance offers it, or nil and false.")
+				b.Id(accessor(c)).Params().Params(Id(c.Name), Bool())
 			}
 		}
 	})
@@ -272,16 +274,16 @@ default implementation to fall back on.`)
 	f.Const().DefsFunc(func(d *Group) {
 		for i, c := range s.Capabilities {
 			if i == 0 {
-				d.Id(CapConst(c)).Id("Capability").Op("=").Iota()
+				d.Id(capConst(c)).Id("Capability").Op("=").Iota()
 			} else {
-				d.Id(CapConst(c))
+				d.Id(capConst(c))
 			}
 		}
 	})
 	f.Func().Params(Id("c").Id("Capability")).Id("String").Params().String().BlockFunc(func(b *Group) {
 		b.Switch(Id("c")).BlockFunc(func(sw *Group) {
 			for _, c := range s.Capabilities {
-				sw.Case(Id(CapConst(c))).Return(Lit(c.Name))
+				sw.Case(Id(capConst(c))).Return(Lit(c.Name))
 			}
 		})
 		b.Return(Qual("fmt", "Sprintf").Call(Lit("Capability(%d)"), Uint8().Call(Id("c"))))
@@ -289,7 +291,7 @@ default implementation to fall back on.`)
 	comment(f, "Capabilities lists every capability in spec order.")
 	f.Var().Id("Capabilities").Op("=").Index().Id("Capability").ValuesFunc(func(v *Group) {
 		for _, c := range s.Capabilities {
-			v.Id(CapConst(c))
+			v.Id(capConst(c))
 		}
 	})
 	comment(f, "CapSet is a set of capabilities.")
@@ -317,14 +319,14 @@ default implementation to fall back on.`)
 		var req []Code
 		for _, c := range s.Capabilities {
 			if c.Required {
-				req = append(req, Id(CapConst(c)))
+				req = append(req, Id(capConst(c)))
 			}
 		}
 		b.Id("s").Op(":=").Id("Of").Call(req...)
 		for _, c := range s.Capabilities {
 			if !c.Required {
-				b.If(List(Id("_"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok")).Block(
-					Id("s").Op("|=").Id("Of").Call(Id(CapConst(c))),
+				b.If(List(Id("_"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok")).Block(
+					Id("s").Op("|=").Id("Of").Call(Id(capConst(c))),
 				)
 			}
 		}
@@ -337,7 +339,7 @@ default implementation to fall back on.`)
 		name := "Require" + c.Name
 		comment(f, fmt.Sprintf("%s returns m's %s, or an *Error of kind ErrUnsupported\n(errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.", name, c.Name))
 		f.Func().Id(name).Params(Id("m").Id("Mechanism")).Params(Id(c.Name), Error()).Block(
-			If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(Accessor(c)).Call(), Id("ok").Op("&&").Id("v").Op("!=").Nil()).Block(
+			If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok").Op("&&").Id("v").Op("!=").Nil()).Block(
 				Return(Id("v"), Nil()),
 			),
 			Return(Nil(), Op("&").Id("Error").Values(Dict{
@@ -350,7 +352,7 @@ default implementation to fall back on.`)
 	}
 }
 
-func emitHandles(g *Gen) {
+func emitHandles(g *generator) {
 	f := g.contractFile("handles.go")
 	comment(f, `Handle is what every handle type has in common. Handles are created only
 by an Issuer, record the mechanism instance that created them, and move once
@@ -380,9 +382,9 @@ from live to released; a released handle stays released.`)
 		Id("nextHandle").Qual("sync/atomic", "Uint64"),
 		Id("nextInstance").Qual("sync/atomic", "Uint64"),
 	)
-	for _, t := range g.Spec.Handles() {
+	for _, t := range g.Spec.handles() {
 		r := strings.ToLower(t.Name[:1])
-		comment(f, Doc(t.Name, t.Doc)+"\n\n"+strings.ToUpper(article(t.Name)[:1])+article(t.Name)[1:]+" "+t.Name+" is made only by Issuer.New"+t.Name+"; its fields are read through methods.")
+		comment(f, docComment(t.Name, t.Doc)+"\n\n"+strings.ToUpper(article(t.Name)[:1])+article(t.Name)[1:]+" "+t.Name+" is made only by Issuer.New"+t.Name+"; its fields are read through methods.")
 		f.Type().Id(t.Name).StructFunc(func(s *Group) {
 			s.Id("hdr").Id("handleHeader")
 			for _, fd := range t.Fields {
@@ -431,7 +433,7 @@ detect double release and use after release on the bare mechanism too.`)
 	)
 	comment(f, "Instance returns the instance id the Issuer stamps on its handles.")
 	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Instance").Params().Id("InstanceID").Block(Return(Id("i").Dot("instance")))
-	for _, t := range g.Spec.Handles() {
+	for _, t := range g.Spec.handles() {
 		var params []Code
 		vals := Dict{Id("hdr"): Id("handleHeader").Values(Dict{
 			Id("id"):      Id("HandleID").Call(Id("nextHandle").Dot("Add").Call(Lit(1))),
@@ -506,46 +508,25 @@ the memory and calls EndRelease with the outcome.`)
 	)
 }
 
-func emitRanges(g *Gen) {
-	f := g.contractFile("ranges.go")
-	comment(f, "End returns Off+Len, and false when the sum overflows.")
-	f.Func().Params(Id("r").Id("Range")).Id("End").Params().Params(Id("Bytes"), Bool()).Block(
-		Id("e").Op(":=").Id("r").Dot("Off").Op("+").Id("r").Dot("Len"),
-		Return(Id("e"), Id("e").Op(">=").Id("r").Dot("Off")),
-	)
-	comment(f, "Within reports whether r is non-empty and lies inside [0, size).")
-	f.Func().Params(Id("r").Id("Range")).Id("Within").Params(Id("size").Id("Bytes")).Bool().Block(
-		List(Id("e"), Id("ok")).Op(":=").Id("r").Dot("End").Call(),
-		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("ok").Op("&&").Id("e").Op("<=").Id("size")),
-	)
-	comment(f, "Aligned reports whether r's offset and length are multiples of g (g of 0 or 1\naligns everything).")
-	f.Func().Params(Id("r").Id("Range")).Id("Aligned").Params(Id("g").Id("Bytes")).Bool().Block(
-		If(Id("g").Op("<=").Lit(1)).Block(Return(True())),
-		Return(Id("r").Dot("Off").Op("%").Id("g").Op("==").Lit(0).Op("&&").Id("r").Dot("Len").Op("%").Id("g").Op("==").Lit(0)),
-	)
-	comment(f, "Overlaps reports whether r and o share a byte.")
-	f.Func().Params(Id("r").Id("Range")).Id("Overlaps").Params(Id("o").Id("Range")).Bool().Block(
-		Return(Id("r").Dot("Len").Op(">").Lit(0).Op("&&").Id("o").Dot("Len").Op(">").Lit(0).Op("&&").Id("r").Dot("Off").Op("<").Id("o").Dot("Off").Op("+").Id("o").Dot("Len").Op("&&").Id("o").Dot("Off").Op("<").Id("r").Dot("Off").Op("+").Id("r").Dot("Len")),
-	)
-	f.Func().Params(Id("r").Id("Range")).Id("String").Params().String().Block(
-		Return(Qual("fmt", "Sprintf").Call(Lit("[%#x, +%#x)"), Id("r").Dot("Off"), Id("r").Dot("Len"))),
-	)
-	comment(f, "RoundUp rounds n up to a multiple of g (g of 0 or 1 leaves n), and reports\nfalse when the result would overflow.")
-	f.Func().Id("RoundUp").Params(Id("n"), Id("g").Id("Bytes")).Params(Id("Bytes"), Bool()).Block(
-		If(Id("g").Op("<=").Lit(1)).Block(Return(Id("n"), True())),
-		Id("r").Op(":=").Id("n").Op("%").Id("g"),
-		If(Id("r").Op("==").Lit(0)).Block(Return(Id("n"), True())),
-		Id("up").Op(":=").Id("n").Op("+").Parens(Id("g").Op("-").Id("r")),
-		Return(Id("up"), Id("up").Op(">").Id("n")),
-	)
+// emitRanges copies contracttmpl/ranges.go, Range's methods and RoundUp,
+// which do not vary with the spec.
+func emitRanges(g *generator) error {
+	tmpls, err := g.renderTemplates(templates, "contracttmpl/ranges.go", "memapi")
+	if err != nil {
+		return err
+	}
+	for _, t := range tmpls {
+		g.Raw(g.Spec.Packages.Contract+"/"+t.name, t.src)
+	}
+	return nil
 }
 
-func emitMeta(g *Gen) {
+func emitMeta(g *generator) {
 	f := g.contractFile("meta.go")
 	s := g.Spec
 	comment(f, "Effect is a method's effect on the ledger.")
 	f.Type().Id("Effect").Uint8()
-	effects := []string{EffectNone, EffectQuery, EffectConsumes, EffectRefunds}
+	effects := []string{effectNone, effectQuery, effectConsumes, effectRefunds}
 	f.Const().DefsFunc(func(d *Group) {
 		for i, e := range effects {
 			n := "Effect" + strings.ToUpper(e[:1]) + e[1:]
@@ -627,7 +608,7 @@ func emitMeta(g *Gen) {
 		Id("Capabilities"): Index().Id("CapabilityMeta").ValuesFunc(func(v *Group) {
 			for _, c := range s.Capabilities {
 				v.Values(Dict{
-					Id("Capability"): Id(CapConst(c)),
+					Id("Capability"): Id(capConst(c)),
 					Id("Name"):       Lit(c.Name),
 					Id("Required"):   Lit(c.Required),
 					Id("Doc"):        longLit(c.Doc),
@@ -643,7 +624,7 @@ func emitMeta(g *Gen) {
 								req = append(req, r.Text)
 							}
 							mv.Values(Dict{
-								Id("Capability"): Id(CapConst(c)),
+								Id("Capability"): Id(capConst(c)),
 								Id("Name"):       Lit(m.Name),
 								Id("Doc"):        longLit(m.Doc),
 								Id("Effect"):     Id("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
@@ -663,7 +644,7 @@ func emitMeta(g *Gen) {
 			for _, m := range s.Mechanisms {
 				var offers []Code
 				for _, o := range m.Offers {
-					offers = append(offers, Id(CapConst(s.Capability(o))))
+					offers = append(offers, Id(capConst(s.Capability(o))))
 				}
 				v.Values(Dict{
 					Id("Name"):        Lit(m.Name),
@@ -706,7 +687,7 @@ func emitMeta(g *Gen) {
 	)
 }
 
-func emitTripwire(g *Gen) {
+func emitTripwire(g *generator) {
 	f := g.File(g.Spec.Packages.Contract+"/digest_test.go", "memapi")
 	depth := strings.Count(g.Spec.Packages.Contract, "/") + 1
 	rel := strings.Repeat("../", depth) + g.Spec.File

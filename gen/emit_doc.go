@@ -9,11 +9,11 @@ import (
 // DocFile is the module-relative path of the generated capability reference.
 const DocFile = "docs/capabilities.md"
 
-func init() { register(Emitter{Name: "doc", Order: 90, Emit: emitDoc}) }
+func init() { register(emitter{Name: "doc", Order: 90, Emit: emitDoc}) }
 
 // emitDoc adds docs/capabilities.md to every run, so that `memgen check`
 // catches a reference that is older than the spec like any other file.
-func emitDoc(g *Gen) error {
+func emitDoc(g *generator) error {
 	g.Raw(DocFile, CapabilitiesDoc(g.Spec))
 	return nil
 }
@@ -171,7 +171,7 @@ func docInvariants(w *mdWriter, s *Spec) {
 
 // appliesTo names what an invariant governs, expanding "every consuming
 // method" into the methods themselves so that the table is checkable.
-func appliesTo(s *Spec, a Applies) string {
+func appliesTo(s *Spec, a applies) string {
 	var parts []string
 	methods := func(effect string, release bool) string {
 		var ms []string
@@ -185,7 +185,7 @@ func appliesTo(s *Spec, a Applies) string {
 		return join(ms, ", ")
 	}
 	if a.Consumes {
-		parts = append(parts, "every consuming method ("+methods(EffectConsumes, false)+")")
+		parts = append(parts, "every consuming method ("+methods(effectConsumes, false)+")")
 	}
 	if a.Releases {
 		parts = append(parts, "every releasing method ("+methods("", true)+")")
@@ -232,7 +232,7 @@ func docDiagrams(w *mdWriter, s *Spec) {
 	w.line("")
 	w.line("```mermaid")
 	w.line("flowchart LR")
-	grant, account := s.RoleInterface(RoleGrant), s.RoleInterface(RoleAccount)
+	grant, account := s.roleInterface(roleGrant), s.roleInterface(roleAccount)
 	grantName, accountName := "Grant", "Account"
 	if grant != nil {
 		grantName = grant.Name
@@ -242,25 +242,25 @@ func docDiagrams(w *mdWriter, s *Spec) {
 	}
 	w.linef("  %s[(%s)]", mermaidID("ifc", grantName), mermaidLabel(grantName))
 	w.linef("  %s[(%s)]", mermaidID("ifc", accountName), mermaidLabel(accountName))
-	for _, h := range s.Handles() {
+	for _, h := range s.handles() {
 		w.linef("  %s([%s])", mermaidID("handle", h.Name), mermaidLabel(h.Name))
 	}
 	for _, c := range s.Capabilities {
 		for _, m := range c.Methods {
 			a := m.Accounting
 			switch {
-			case m.Creates != "" && a.Effect == EffectConsumes:
+			case m.Creates != "" && a.Effect == effectConsumes:
 				w.linef("  %s -->|%s| %s", mermaidID("ifc", grantName), mermaidLabel(m.Name+": "+a.Amount.Text+" ("+a.Round+")"), mermaidID("handle", m.Creates))
 			case m.Creates != "":
 				w.linef("  %s -.->|%s| %s", mermaidID("cap", c.Name), mermaidLabel(m.Name), mermaidID("handle", m.Creates))
-			case a.Effect == EffectConsumes:
+			case a.Effect == effectConsumes:
 				// Consumes without creating (Commit): the bytes back a handle
 				// named by a parameter.
 				if h := firstHandleParam(s, m); h != "" {
 					w.linef("  %s -->|%s| %s", mermaidID("ifc", grantName), mermaidLabel(m.Name+": "+a.Amount.Text+" ("+a.Round+")"), mermaidID("handle", h))
 				}
 			}
-			if m.Releases != "" || a.Effect == EffectRefunds {
+			if m.Releases != "" || a.Effect == effectRefunds {
 				from := ""
 				if m.Releases != "" {
 					if p := m.Param(m.Releases); p != nil {
@@ -272,7 +272,7 @@ func docDiagrams(w *mdWriter, s *Spec) {
 				if from == "" {
 					continue
 				}
-				if a.Effect == EffectRefunds {
+				if a.Effect == effectRefunds {
 					w.linef("  %s -->|%s| %s", mermaidID("handle", from), mermaidLabel(m.Name+": "+a.Amount.Text), mermaidID("ifc", accountName))
 				} else {
 					w.linef("  %s -.->|%s| %s", mermaidID("handle", from), mermaidLabel(m.Name), mermaidID("cap", c.Name))
@@ -286,7 +286,7 @@ func docDiagrams(w *mdWriter, s *Spec) {
 	w.line("```")
 }
 
-func firstHandleParam(s *Spec, m *Method) string {
+func firstHandleParam(s *Spec, m *method) string {
 	for _, p := range m.Params {
 		if t := s.Type(p.Type); t != nil && t.Kind == KindHandle {
 			return p.Type
@@ -296,7 +296,7 @@ func firstHandleParam(s *Spec, m *Method) string {
 }
 
 // signature renders a method as Go: handles are pointers.
-func signature(s *Spec, m *Method) string {
+func signature(s *Spec, m *method) string {
 	goType := func(n string) string {
 		if t := s.Type(n); t != nil && t.Kind == KindHandle {
 			return "*" + n
@@ -322,22 +322,22 @@ func signature(s *Spec, m *Method) string {
 }
 
 // effect says in words what a method does to the ledger.
-func effect(a Accounting) string {
+func effect(a accounting) string {
 	round := func() string {
 		switch a.Round {
-		case RoundAlloc:
+		case roundAlloc:
 			return " rounded up to the allocation granularity"
-		case RoundGranularity:
+		case roundGranularity:
 			return " rounded up to the granularity"
 		}
 		return ""
 	}
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		return fmt.Sprintf("consumes `%s`%s, drawn from `%s`", a.Amount.Text, round(), a.Account)
-	case EffectRefunds:
+	case effectRefunds:
 		return fmt.Sprintf("refunds `%s`%s to `%s`", a.Amount.Text, round(), a.Account)
-	case EffectQuery:
+	case effectQuery:
 		return "query only"
 	}
 	return "none"

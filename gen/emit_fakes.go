@@ -1,32 +1,25 @@
 package gen
 
 import (
-	"bytes"
-	"embed"
 	"fmt"
 	"go/ast"
-	"go/format"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"path"
 	"sort"
 	"strings"
-	"text/template"
 
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "fakes", Order: 30, Emit: emitFakes}) }
+func init() { register(emitter{Name: "fakes", Order: 30, Emit: emitFakes}) }
 
-// fakesTemplates hold the hand-written state model of the fakes: host
-// memory, accounting, streams and fences, the ledger, recording and fault
-// injection. emitFakes writes each into the fakes package with the header;
-// everything per method (signatures, recording, stubs, canned results, fault
-// points, dispatch to the state model) is generated from the spec below.
-//
-//go:embed fakestmpl/*.go.tmpl
-var fakesTemplates embed.FS
+// The templates of fakestmpl hold the hand-written state model of the fakes:
+// host memory, accounting, streams and fences, the ledger, recording and
+// fault injection. emitFakes copies each into the fakes package (template.go
+// says how); everything per method (signatures, recording, stubs, canned
+// results, fault points, dispatch to the state model) is generated from the
+// spec below.
 
 // fakeDecl is one generated fake type.
 type fakeDecl struct {
@@ -34,19 +27,19 @@ type fakeDecl struct {
 	Doc     string        // type doc
 	Methods []*fakeMeth   // in spec order
 	Asserts []string      // contract interfaces the type implements
-	Caps    []*Capability // Mechanism: the capabilities (for accessors)
+	Caps    []*capability // Mechanism: the capabilities (for accessors)
 }
 
 // fakeMeth is one spec method of a fake, with the optional capability that
 // must be offered for it to reach the state model.
 type fakeMeth struct {
-	*Method
-	Optional *Capability
+	*method
+	Optional *capability
 }
 
 func (d *fakeDecl) state() string { return lowerFirst(d.Type) + "State" }
 
-func emitFakes(g *Gen) error {
+func emitFakes(g *generator) error {
 	dir := g.Spec.Packages.Fakes
 	pkg := path.Base(dir)
 	stateMethods, err := renderFakeTemplates(g, dir)
@@ -66,12 +59,12 @@ concurrent use.`}
 	for _, c := range g.Spec.Capabilities {
 		mech.Asserts = append(mech.Asserts, c.Name)
 		mech.Caps = append(mech.Caps, c)
-		var opt *Capability
+		var opt *capability
 		if !c.Required {
 			opt = c
 		}
 		for _, m := range c.Methods {
-			mech.Methods = append(mech.Methods, &fakeMeth{Method: m, Optional: opt})
+			mech.Methods = append(mech.Methods, &fakeMeth{method: m, Optional: opt})
 		}
 	}
 	byRole := func(roles ...string) ([]*fakeMeth, []string, error) {
@@ -79,7 +72,7 @@ concurrent use.`}
 		var names []string
 		seen := map[string]bool{}
 		for _, r := range roles {
-			i := g.Spec.RoleInterface(r)
+			i := g.Spec.roleInterface(r)
 			if i == nil {
 				return nil, nil, fmt.Errorf("the spec declares no interface of role %q, which the fakes need", r)
 			}
@@ -87,7 +80,7 @@ concurrent use.`}
 			for _, m := range i.Methods {
 				if !seen[m.Name] {
 					seen[m.Name] = true
-					ms = append(ms, &fakeMeth{Method: m})
+					ms = append(ms, &fakeMeth{method: m})
 				}
 			}
 		}
@@ -99,20 +92,20 @@ concurrent use.`}
 		roles []string
 		doc   string
 	}{
-		{"Grant", []string{RoleGrant, RoleAccount}, `Grant is a fake ledger grant: a budget that Draw takes from and Undraw
+		{"Grant", []string{roleGrant, roleAccount}, `Grant is a fake ledger grant: a budget that Draw takes from and Undraw
 (and Refund: a grant is also an account) gives back, refusing draws beyond the
 budget (ErrGrantExhausted) or after Close (ErrGrantClosed). Calls are
 recorded and can be overridden or faulted like every fake's.`},
-		{"Account", []string{RoleAccount}, `Account is a fake ledger account that sums what is refunded to it. Calls are
+		{"Account", []string{roleAccount}, `Account is a fake ledger account that sums what is refunded to it. Calls are
 recorded and can be overridden or faulted like every fake's.`},
-		{"Context", []string{RoleContext}, `Context is a fake device context over a fake Mechanism's host memory. Its
+		{"Context", []string{roleContext}, `Context is a fake device context over a fake Mechanism's host memory. Its
 streams really copy; fences complete automatically or, with
 SetManualFences, when the test says so. Calls are recorded and can be
 overridden or faulted like every fake's; the context, its streams and its
 fences share one fault set.`},
-		{"Stream", []string{RoleStream}, `Stream is a fake stream of a Context: an ordered queue of copies over the
+		{"Stream", []string{roleStream}, `Stream is a fake stream of a Context: an ordered queue of copies over the
 mechanism's memory. Calls are recorded and can be overridden or faulted.`},
-		{"Fence", []string{RoleFence}, `Fence is a fake fence recorded on a Stream. Calls are recorded and can be
+		{"Fence", []string{roleFence}, `Fence is a fake fence recorded on a Stream. Calls are recorded and can be
 overridden or faulted.`},
 	} {
 		ms, names, err := byRole(d.roles...)
@@ -130,46 +123,17 @@ overridden or faulted.`},
 	return nil
 }
 
-// renderFakeTemplates writes every template into dir and returns, per state
-// type, the methods the state model implements. A template whose first line
-// is {{/* needs: A B */}} is written only when the spec declares the
-// capabilities A and B; the others see which capabilities exist in .Caps.
-func renderFakeTemplates(g *Gen, dir string) (map[string]map[string]bool, error) {
-	names, err := fs.Glob(fakesTemplates, "fakestmpl/*.go.tmpl")
+// renderFakeTemplates writes every template of fakestmpl the spec's needs
+// meet into dir and returns, per state type, the methods the state model
+// implements (read from the syntax tree).
+func renderFakeTemplates(g *generator, dir string) (map[string]map[string]bool, error) {
+	tmpls, err := g.renderTemplates(templates, "fakestmpl/*.go", path.Base(dir))
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	data := struct {
-		Contract string
-		Caps     map[string]bool
-	}{g.Contract(), map[string]bool{}}
-	for _, c := range g.Spec.Capabilities {
-		data.Caps[c.Name] = true
-	}
 	methods := map[string]map[string]bool{}
-	for _, n := range names {
-		text, err := fakesTemplates.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		if !templateNeedsMet(string(text), data.Caps) {
-			continue
-		}
-		t, err := template.New(n).Parse(string(text))
-		if err != nil {
-			return nil, err
-		}
-		var buf bytes.Buffer
-		buf.WriteString(Header + "\n\n")
-		if err := t.Execute(&buf, data); err != nil {
-			return nil, err
-		}
-		src, err := format.Source(buf.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("gofmt %s: %w", n, err)
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), n, src, parser.SkipObjectResolution)
+	for _, t := range tmpls {
+		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
 		if err != nil {
 			return nil, err
 		}
@@ -187,28 +151,12 @@ func renderFakeTemplates(g *Gen, dir string) (map[string]map[string]bool, error)
 				}
 			}
 		}
-		g.Raw(dir+"/"+strings.TrimSuffix(path.Base(n), ".tmpl"), src)
+		g.Raw(dir+"/"+t.name, t.src)
 	}
 	return methods, nil
 }
 
-// templateNeedsMet reads a template's {{/* needs: ... */}} line.
-func templateNeedsMet(text string, caps map[string]bool) bool {
-	first, _, _ := strings.Cut(text, "\n")
-	rest, ok := strings.CutPrefix(first, "{{/* needs:")
-	if !ok {
-		return true
-	}
-	list, _, _ := strings.Cut(rest, "*/}}")
-	for _, c := range strings.Fields(list) {
-		if !caps[c] {
-			return false
-		}
-	}
-	return true
-}
-
-func emitFakesDoc(g *Gen, dir, pkg string) {
+func emitFakesDoc(g *generator, dir, pkg string) {
 	f := g.File(dir+"/doc.go", pkg)
 	f.PackageComment(strings.TrimSpace(`
 Package ` + pkg + ` holds stateful, recording, fault-injecting fakes of the memgen
@@ -244,7 +192,7 @@ model until the fakes' templates (gen/fakestmpl) give it behaviour.`))
 
 // emitFake writes one fake type: its struct, the per-method records, the
 // methods themselves and their counterfeiter-style API.
-func emitFake(g *Gen, f *File, d *fakeDecl, has map[string]bool) {
+func emitFake(g *generator, f *File, d *fakeDecl, has map[string]bool) {
 	recv := func() *Statement { return Id("fake").Op("*").Id(d.Type) }
 	lower := lowerFirst(d.Type)
 
@@ -302,9 +250,9 @@ func emitFake(g *Gen, f *File, d *fakeDecl, has map[string]bool) {
 		if c.Required {
 			continue
 		}
-		comment(f, Accessor(c)+" returns the fake as "+c.Name+" when Config.Offers has it, and nil and\nfalse otherwise.")
-		f.Func().Params(recv()).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
-			If(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(c)))).Block(Return(Nil(), False())),
+		comment(f, accessor(c)+" returns the fake as "+c.Name+" when Config.Offers has it, and nil and\nfalse otherwise.")
+		f.Func().Params(recv()).Id(accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+			If(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(c)))).Block(Return(Nil(), False())),
 			Return(Id("fake"), True()),
 		)
 	}
@@ -321,7 +269,7 @@ func resultsType(d *fakeDecl, m *fakeMeth) string {
 
 // funcType is the type of a stub of m, its parameters one per line when
 // the method's XCalls signature would pass sigWidth columns.
-func funcType(g *Gen, m *Method) *Statement {
+func funcType(g *generator, m *method) *Statement {
 	var ps, rs []Code
 	var pt, rt []string
 	for _, p := range m.Params {
@@ -338,14 +286,14 @@ func funcType(g *Gen, m *Method) *Statement {
 
 func resultName(i int) string { return fmt.Sprintf("result%d", i+1) }
 
-func emitFakeRecordTypes(g *Gen, f *File, d *fakeDecl, m *fakeMeth) {
+func emitFakeRecordTypes(g *generator, f *File, d *fakeDecl, m *fakeMeth) {
 	comment(f, recType(d, m)+" holds the calls, stub and canned results of "+d.Type+"."+m.Name+".")
 	f.Type().Id(recType(d, m)).StructFunc(func(s *Group) {
 		s.Id("count").Int()
 		if len(m.Params) > 0 {
 			s.Id("args").Index().Id(argsType(d, m))
 		}
-		s.Id("stub").Add(funcType(g, m.Method))
+		s.Id("stub").Add(funcType(g, m.method))
 		if len(m.Returns) > 0 {
 			s.Id("returns").Op("*").Id(resultsType(d, m))
 			s.Id("onCall").Map(Int()).Id(resultsType(d, m))
@@ -367,8 +315,8 @@ func emitFakeRecordTypes(g *Gen, f *File, d *fakeDecl, m *fakeMeth) {
 	}
 }
 
-func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement, implemented bool) {
-	params, results := g.Signature(m.Method)
+func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement, implemented bool) {
+	params, results := g.Signature(m.method)
 	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
 	var argIDs, recArgs []Code
 	argDict := Dict{}
@@ -390,7 +338,7 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 		errOut = Id("fakeR" + fmt.Sprint(len(m.Returns)))
 	}
 
-	doc := methodDoc(m.Method)
+	doc := methodDoc(m.method)
 	behaviour := "The fake runs its state model"
 	if !implemented {
 		behaviour = "The fakes' state model has no behaviour for " + m.Name + " yet: it returns ErrUnsupported"
@@ -409,7 +357,7 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
 	comment(f, doc)
 	head := "func (fake *" + d.Type + ") " + m.Name
-	f.Func().Params(recv()).Id(m.Name).Add(fitParams(g.sigLen(head, nil, m.Method), params)).Params(results...).BlockFunc(func(b *Group) {
+	f.Func().Params(recv()).Id(m.Name).Add(fitParams(g.sigLen(head, nil, m.method), params)).Params(results...).BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
 		b.Add(rec().Dot("count")).Op("++")
@@ -469,9 +417,9 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 		if m.Optional != nil {
 			absent := Id("fake").Dot("absent").Call(Lit(m.Optional.Name), Lit(m.Name))
 			if m.ReturnsError() {
-				add(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(m.Optional))), errOut.Clone().Op("=").Add(absent))
+				add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), errOut.Clone().Op("=").Add(absent))
 			} else {
-				add(Op("!").Id("fake").Dot("offers").Call(g.C(CapConst(m.Optional))), Comment("absent: zero results"))
+				add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), Comment("absent: zero results"))
 			}
 		}
 		var dflt Code
@@ -501,7 +449,7 @@ func emitFakeMethod(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stat
 	f.Line()
 }
 
-func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement) {
+func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement) {
 	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
 	lock := []Code{Id("fake").Dot("mu").Dot("Lock").Call(), Defer().Id("fake").Dot("mu").Dot("Unlock").Call()}
 
@@ -560,7 +508,7 @@ func emitFakeAPI(g *Gen, f *File, d *fakeDecl, m *fakeMeth, recv func() *Stateme
 	}
 
 	comment(f, m.Name+"Calls makes "+m.Name+" call stub instead of the state model (nil removes\nthe stub). Injected faults still come first.")
-	f.Func().Params(recv()).Id(m.Name + "Calls").Params(Id("stub").Add(funcType(g, m.Method))).Block(
+	f.Func().Params(recv()).Id(m.Name + "Calls").Params(Id("stub").Add(funcType(g, m.method))).Block(
 		append(lock, rec().Dot("stub").Op("=").Id("stub"))...,
 	)
 	f.Line()

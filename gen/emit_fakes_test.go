@@ -123,9 +123,9 @@ func vetFakes(t *testing.T, s *Spec, files map[string][]byte) {
 
 // emitOnly runs the given emitters and returns their files, gofmt-clean, as
 // Generate would.
-func emitOnly(t *testing.T, s *Spec, emit ...func(*Gen) error) map[string][]byte {
+func emitOnly(t *testing.T, s *Spec, emit ...func(*generator) error) map[string][]byte {
 	t.Helper()
-	g := &Gen{Spec: s, Config: Config{Module: "github.com/memgen/memgen"}, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
+	g := &generator{Spec: s, Config: Config{Module: "github.com/memgen/memgen"}, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
 	for _, e := range emit {
 		if err := e(g); err != nil {
 			t.Fatalf("emit: %v", err)

@@ -12,7 +12,7 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(Emitter{Name: "glue", Order: 10, Emit: emitGlue}) }
+func init() { register(emitter{Name: "glue", Order: 10, Emit: emitGlue}) }
 
 // GlueFile is the name of the file memgen writes into each mechanism's
 // package.
@@ -27,7 +27,7 @@ const GlueFile = "zz_generated.memgen.go"
 // device that lacks a feature at run time (a GPU without VMM) reports it
 // absent; a capability the spec does not declare for the mechanism has an
 // accessor that always reports absence.
-func emitGlue(g *Gen) error {
+func emitGlue(g *generator) error {
 	for _, m := range g.Spec.Mechanisms {
 		checkPackageClause(g, m)
 		f := g.File(m.Package+"/"+GlueFile, "")
@@ -69,14 +69,14 @@ func emitGlue(g *Gen) error {
 			}
 			recv := Id("m").Op("*").Id(m.Type)
 			if offered[c.Name] {
-				comment(f, Accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
-				f.Func().Params(recv).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
-					If(Op("!").Id("m").Dot("offers").Call(g.C(CapConst(c)))).Block(Return(Nil(), False())),
+				comment(f, accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
+				f.Func().Params(recv).Id(accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+					If(Op("!").Id("m").Dot("offers").Call(g.C(capConst(c)))).Block(Return(Nil(), False())),
 					Return(Id("m"), True()),
 				)
 			} else {
-				comment(f, Accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
-				f.Func().Params(Op("*").Id(m.Type)).Id(Accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+				comment(f, accessor(c)+" reports that mechanism "+m.Name+" does not offer "+c.Name+": the spec does not declare it.")
+				f.Func().Params(Op("*").Id(m.Type)).Id(accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 					Return(Nil(), False()),
 				)
 			}
@@ -88,7 +88,7 @@ func emitGlue(g *Gen) error {
 // checkPackageClause reports a hand-written file of m's package whose package
 // clause differs from the directory's last element: the glue is written in
 // the package named after the directory, so the two would not build together.
-func checkPackageClause(g *Gen, m *Mechanism) {
+func checkPackageClause(g *generator, m *Mechanism) {
 	if g.Config.Root == "" {
 		return
 	}

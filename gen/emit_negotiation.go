@@ -5,14 +5,14 @@ import (
 )
 
 func init() {
-	register(Emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest})
+	register(emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest})
 }
 
 // emitNegotiationTest writes a test beside the contract: a mechanism that
 // offers only the required capabilities must report every optional one
 // absent, and each Require helper must return an *Error that matches
 // errors.ErrUnsupported (invariant no-silent-noop).
-func emitNegotiationTest(g *Gen) error {
+func emitNegotiationTest(g *generator) error {
 	f := g.File(g.Spec.Packages.Contract+"/negotiate_test.go", "memapi")
 	comment(f, "requiredOnly offers the required capabilities and nothing else; its methods\nare never called by negotiation.")
 	f.Type().Id("requiredOnly").Struct()
@@ -37,7 +37,7 @@ func emitNegotiationTest(g *Gen) error {
 			}
 			continue
 		}
-		f.Func().Params(Id("requiredOnly")).Id(Accessor(c)).Params().Params(Id(c.Name), Bool()).Block(Return(Nil(), False()))
+		f.Func().Params(Id("requiredOnly")).Id(accessor(c)).Params().Params(Id(c.Name), Bool()).Block(Return(Nil(), False()))
 	}
 	comment(f, "TestNegotiateReportsAbsence checks that the optional capabilities a mechanism\ndoes not offer are absent from Negotiate, and that Require reports them as\nunsupported.")
 	f.Func().Id("TestNegotiateReportsAbsence").Params(Id("t").Op("*").Qual("testing", "T")).BlockFunc(func(b *Group) {
@@ -45,12 +45,12 @@ func emitNegotiationTest(g *Gen) error {
 		b.Id("got").Op(":=").Id("Negotiate").Call(Id("m"))
 		for _, c := range g.Spec.Capabilities {
 			if c.Required {
-				b.If(Op("!").Id("got").Dot("Has").Call(Id(CapConst(c)))).Block(
+				b.If(Op("!").Id("got").Dot("Has").Call(Id(capConst(c)))).Block(
 					Id("t").Dot("Errorf").Call(Lit("Negotiate = %v: required "+c.Name+" missing"), Id("got")),
 				)
 				continue
 			}
-			b.If(Id("got").Dot("Has").Call(Id(CapConst(c)))).Block(
+			b.If(Id("got").Dot("Has").Call(Id(capConst(c)))).Block(
 				Id("t").Dot("Errorf").Call(Lit("Negotiate = %v: "+c.Name+" reported although absent"), Id("got")),
 			)
 			b.If(List(Id("v"), Err()).Op(":=").Id("Require"+c.Name).Call(Id("m")), Id("v").Op("!=").Nil().Op("||").Op("!").Qual("errors", "Is").Call(Err(), Qual("errors", "ErrUnsupported"))).Block(

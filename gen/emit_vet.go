@@ -5,14 +5,14 @@ import (
 )
 
 func init() {
-	register(Emitter{Name: "contract-vet", Order: 1, Emit: emitVet})
+	register(emitter{Name: "contract-vet", Order: 1, Emit: emitVet})
 }
 
 // emitVet writes generated/memapi/vet.go: the part of the spec that
 // cmd/memvet checks code against and that Meta does not already carry (the
 // packages by role, the ledger interfaces, the negotiation helpers, the
 // ownership section), as data, so that no analyzer keeps a list by hand.
-func emitVet(g *Gen) error {
+func emitVet(g *generator) error {
 	s := g.Spec
 	f := g.contractFile("vet.go")
 	comment(f, "VetMeta is what cmd/memvet checks code against, from the spec. Import\npaths are full; the consuming and refunding methods are in Meta.")
@@ -63,16 +63,16 @@ func emitVet(g *Gen) error {
 		Id("Generated"):  imports([]string{s.Packages.Contract, s.Packages.Checked, s.Packages.Conformance, s.Packages.Fakes}),
 		Id("Mechanisms"): imports(mechs),
 		Id("Ledgers"):    imports(s.Ownership.Ledgers),
-		Id("Grant"):      Lit(roleName(s, RoleGrant)),
-		Id("Account"):    Lit(roleName(s, RoleAccount)),
-		Id("Stream"):     Lit(roleName(s, RoleStream)),
+		Id("Grant"):      Lit(roleName(s, roleGrant)),
+		Id("Account"):    Lit(roleName(s, roleAccount)),
+		Id("Stream"):     Lit(roleName(s, roleStream)),
 		Id("Negotiators"): Index().Id("NegotiatorMeta").ValuesFunc(func(v *Group) {
 			for _, c := range s.Capabilities {
 				if !c.Required {
 					v.Values(Dict{
-						Id("Capability"): Id(CapConst(c)),
+						Id("Capability"): Id(capConst(c)),
 						Id("Require"):    Lit("Require" + c.Name),
-						Id("Accessor"):   Lit(Accessor(c)),
+						Id("Accessor"):   Lit(accessor(c)),
 					})
 				}
 			}
@@ -91,7 +91,7 @@ func emitVet(g *Gen) error {
 }
 
 func roleName(s *Spec, role string) string {
-	if i := s.RoleInterface(role); i != nil {
+	if i := s.roleInterface(role); i != nil {
 		return i.Name
 	}
 	return ""

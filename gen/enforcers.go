@@ -2,13 +2,13 @@ package gen
 
 import "sort"
 
-// Enforcers is the closed vocabulary of an invariant's enforced_by: each name
+// enforcers is the closed vocabulary of an invariant's enforced_by: each name
 // says which part of memgen answers for the invariant, and the sentence is
 // what the capability reference prints for it. A name outside this list is a
 // spec error, so a typo cannot silently drop an invariant from the checked
 // wrapper or the docs. The generator gives checked-wrapper and
 // checked-wrapper-verify their meaning; the others name hand-written parts.
-var Enforcers = map[string]string{
+var enforcers = map[string]string{
 	"signature":              "The generated signatures: a consuming method cannot be called without a grant.",
 	"checked-wrapper":        "The generated checked wrapper (package checked) draws, undraws and refunds around every call.",
 	"checked-wrapper-verify": "The checked wrapper's verify mode (WithVerify) compares the mechanism's counters with the declared effect.",
@@ -25,8 +25,8 @@ var Enforcers = map[string]string{
 
 // enforcerNames returns the vocabulary sorted, for error messages.
 func enforcerNames() []string {
-	ns := make([]string, 0, len(Enforcers))
-	for n := range Enforcers {
+	ns := make([]string, 0, len(enforcers))
+	for n := range enforcers {
 		ns = append(ns, n)
 	}
 	sort.Strings(ns)

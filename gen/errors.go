@@ -6,17 +6,17 @@ import (
 	"strings"
 )
 
-// SpecError is one problem in the spec, with the position it was found at.
-type SpecError struct {
-	Pos Pos
+// specError is one problem in the spec, with the position it was found at.
+type specError struct {
+	Pos pos
 	Msg string
 }
 
-func (e *SpecError) Error() string { return e.Pos.String() + ": " + e.Msg }
+func (e *specError) Error() string { return e.Pos.String() + ": " + e.Msg }
 
 // ErrorList is every problem found in one load, sorted by position. It is
 // returned as a whole so that a user fixes a spec in one pass.
-type ErrorList []*SpecError
+type ErrorList []*specError
 
 func (l ErrorList) Error() string {
 	lines := make([]string, len(l))
@@ -50,6 +50,6 @@ func (l ErrorList) sorted() ErrorList {
 
 type errs struct{ list ErrorList }
 
-func (e *errs) add(p Pos, format string, args ...any) {
-	e.list = append(e.list, &SpecError{Pos: p, Msg: fmt.Sprintf(format, args...)})
+func (e *errs) add(p pos, format string, args ...any) {
+	e.list = append(e.list, &specError{Pos: p, Msg: fmt.Sprintf(format, args...)})
 }

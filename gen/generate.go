@@ -30,21 +30,21 @@ type Config struct {
 	Root string
 }
 
-// Emitter writes one part of the output. Emitters register themselves from
+// emitter writes one part of the output. Emitters register themselves from
 // init functions, one file each, and run in Order (then Name) order.
-type Emitter struct {
+type emitter struct {
 	Name  string
 	Order int
-	Emit  func(g *Gen) error
+	Emit  func(g *generator) error
 }
 
-var emitters []Emitter
+var emitters []emitter
 
-func register(e Emitter) { emitters = append(emitters, e) }
+func register(e emitter) { emitters = append(emitters, e) }
 
-// Gen is the state of one generation run: the spec, the config and the files
+// generator is the state of one generation run: the spec, the config and the files
 // produced so far.
-type Gen struct {
+type generator struct {
 	Spec   *Spec
 	Config Config
 	jfiles map[string]*jen.File
@@ -54,11 +54,11 @@ type Gen struct {
 
 // Errorf records a generation error at a spec position without stopping the
 // emitter: Generate reports every error of a run together.
-func (g *Gen) Errorf(p Pos, format string, args ...any) { g.errs.add(p, format, args...) }
+func (g *generator) Errorf(p pos, format string, args ...any) { g.errs.add(p, format, args...) }
 
 // File returns the jennifer file for a module-relative path, creating it in
 // package pkg (the last path element of its directory unless given).
-func (g *Gen) File(rel, pkg string) *jen.File {
+func (g *generator) File(rel, pkg string) *jen.File {
 	if f, ok := g.jfiles[rel]; ok {
 		return f
 	}
@@ -74,16 +74,16 @@ func (g *Gen) File(rel, pkg string) *jen.File {
 
 // Raw adds a file produced without jennifer (docs, data). It must carry the
 // header itself when it is Go.
-func (g *Gen) Raw(rel string, data []byte) { g.raw[rel] = data }
+func (g *generator) Raw(rel string, data []byte) { g.raw[rel] = data }
 
 // Import returns the import path of a module-relative package directory.
-func (g *Gen) Import(dir string) string { return g.Config.Module + "/" + dir }
+func (g *generator) Import(dir string) string { return g.Config.Module + "/" + dir }
 
 // Contract returns the import path of the contract package.
-func (g *Gen) Contract() string { return g.Import(g.Spec.Packages.Contract) }
+func (g *generator) Contract() string { return g.Import(g.Spec.Packages.Contract) }
 
-func newGen(s *Spec, cfg Config) *Gen {
-	return &Gen{Spec: s, Config: cfg, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
+func newGen(s *Spec, cfg Config) *generator {
+	return &generator{Spec: s, Config: cfg, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
 }
 
 // Generate runs every emitter and returns the files it produced, keyed by
@@ -93,7 +93,7 @@ func newGen(s *Spec, cfg Config) *Gen {
 // not format is reported with a short excerpt, never as a source dump.
 func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
 	g := newGen(s, cfg)
-	es := append([]Emitter(nil), emitters...)
+	es := append([]emitter(nil), emitters...)
 	sort.SliceStable(es, func(i, j int) bool {
 		if es[i].Order != es[j].Order {
 			return es[i].Order < es[j].Order
@@ -118,14 +118,14 @@ func Generate(s *Spec, cfg Config) (map[string][]byte, error) {
 }
 
 // render formats every file, recording the ones that do not format.
-func (g *Gen) render() map[string][]byte {
+func (g *generator) render() map[string][]byte {
 	out := make(map[string][]byte, len(g.jfiles)+len(g.raw))
 	for _, rel := range sortedFiles(g.jfiles) {
 		f := g.jfiles[rel]
 		f.NoFormat = true // formatted below, so that a failure is reported briefly
 		var buf bytes.Buffer
 		if err := f.Render(&buf); err != nil {
-			g.Errorf(Pos{g.Spec.File, 1, 1}, "render %s: %v", rel, err)
+			g.Errorf(pos{g.Spec.File, 1, 1}, "render %s: %v", rel, err)
 			continue
 		}
 		src, err := format.Source(buf.Bytes())
@@ -159,9 +159,9 @@ var posPrefix = regexp.MustCompile(`^(.+?):(\d+):(\d+): (.*)$`)
 // emitError records what an emitter returned: an ErrorList or SpecError as
 // it is, a message that starts with a spec position at that position, and
 // anything else at the top of the spec, naming the emitter.
-func (g *Gen) emitError(name string, err error) {
+func (g *generator) emitError(name string, err error) {
 	var list ErrorList
-	var one *SpecError
+	var one *specError
 	switch {
 	case errors.As(err, &list):
 		g.errs.list = append(g.errs.list, list...)
@@ -172,10 +172,10 @@ func (g *Gen) emitError(name string, err error) {
 		if m := posPrefix.FindStringSubmatch(msg); m != nil && m[1] == g.Spec.File {
 			line, _ := strconv.Atoi(m[2])
 			col, _ := strconv.Atoi(m[3])
-			g.Errorf(Pos{g.Spec.File, line, col}, "%s: %s", name, m[4])
+			g.Errorf(pos{g.Spec.File, line, col}, "%s: %s", name, m[4])
 			return
 		}
-		g.Errorf(Pos{g.Spec.File, 1, 1}, "%s: %s", name, msg)
+		g.Errorf(pos{g.Spec.File, 1, 1}, "%s: %s", name, msg)
 	}
 }
 
@@ -183,7 +183,7 @@ func (g *Gen) emitError(name string, err error) {
 // file and line, a few lines around it, and the spec declaration the
 // offending line names (its first identifier the spec declares), so that the
 // report points at the spec rather than dumping the source.
-func (g *Gen) formatError(rel string, src []byte, err error) {
+func (g *generator) formatError(rel string, src []byte, err error) {
 	line, col, msg := 1, 1, err.Error()
 	var list scanner.ErrorList
 	if errors.As(err, &list) && len(list) > 0 {
@@ -215,10 +215,10 @@ var identToken = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
 // blame finds the spec declaration a generated line most likely comes from:
 // the first identifier on it that names a declared type, interface,
 // capability, method or parameter.
-func (g *Gen) blame(line string) (Pos, string) {
+func (g *generator) blame(line string) (pos, string) {
 	s := g.Spec
-	decl := map[string]Pos{}
-	add := func(n string, p Pos) {
+	decl := map[string]pos{}
+	add := func(n string, p pos) {
 		if _, ok := decl[n]; !ok && n != "" {
 			decl[n] = p
 		}
@@ -236,7 +236,7 @@ func (g *Gen) blame(line string) (Pos, string) {
 	for _, i := range s.Interfaces {
 		add(i.Name, i.Pos)
 	}
-	methods := func(ms []*Method) {
+	methods := func(ms []*method) {
 		for _, m := range ms {
 			add(m.Name, m.Pos)
 			for _, p := range m.Params {
@@ -255,16 +255,17 @@ func (g *Gen) blame(line string) (Pos, string) {
 			return p, "the line names " + id
 		}
 	}
-	return Pos{s.File, 1, 1}, "no spec name on the line"
+	return pos{s.File, 1, 1}, "no spec name on the line"
 }
 
-// MechanismDirExists reports whether the hand-written package of m is there:
-// a directory holding at least one Go file that memgen did not write.
-func (g *Gen) MechanismDirExists(m *Mechanism) bool {
-	if g.Config.Root == "" {
+// PackageWritten reports whether the hand-written package of m is there,
+// under the module directory root: a directory holding at least one Go file
+// that memgen did not write.
+func (m *Mechanism) PackageWritten(root string) bool {
+	if root == "" {
 		return false
 	}
-	ents, err := os.ReadDir(filepath.Join(g.Config.Root, filepath.FromSlash(m.Package)))
+	ents, err := os.ReadDir(filepath.Join(root, filepath.FromSlash(m.Package)))
 	if err != nil {
 		return false
 	}

@@ -71,7 +71,7 @@ func fitParams(sigLen int, params []Code) *Statement {
 
 // typeText is the Go text of a spec type as the emitters write it outside
 // the contract package ("memapi.Bytes", "*memapi.Allocation").
-func (g *Gen) typeText(name string) string {
+func (g *generator) typeText(name string) string {
 	switch name {
 	case "context.Context", "[]byte", "<-chan struct{}", "error", "bool", "int", "string", "uint64":
 		return name
@@ -84,7 +84,7 @@ func (g *Gen) typeText(name string) string {
 
 // sigLen is the length of `head(params) results` on one line, for a spec
 // method's parameters (with extra ones before them) and results.
-func (g *Gen) sigLen(head string, extra []string, m *Method) int {
+func (g *generator) sigLen(head string, extra []string, m *method) int {
 	n := len(head) + 2
 	parts := append([]string(nil), extra...)
 	for _, p := range m.Params {

@@ -34,7 +34,7 @@ func Load(file string, data []byte) (*Spec, error) {
 		return nil, ErrorList{yamlError(file, data, err)}
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
-		return nil, ErrorList{{Pos: Pos{file, 1, 1}, Msg: "empty spec"}}
+		return nil, ErrorList{{Pos: pos{file, 1, 1}, Msg: "empty spec"}}
 	}
 	l.root(doc.Content[0])
 	validate(l.s, &l.e)
@@ -55,23 +55,23 @@ var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 // finds it by parsing prefixes of the document, and the error then says
 // both. Its column is that of the line's first character that is not
 // blank.
-func yamlError(file string, data []byte, err error) *SpecError {
+func yamlError(file string, data []byte, err error) *specError {
 	msg := err.Error()
 	m := yamlLine.FindStringSubmatch(msg)
 	if m == nil {
 		msg = strings.TrimPrefix(msg, "yaml: ")
-		return &SpecError{Pos: Pos{file, 1, 1}, Msg: "yaml: " + msg}
+		return &specError{Pos: pos{file, 1, 1}, Msg: "yaml: " + msg}
 	}
 	n, _ := strconv.Atoi(m[1])
 	lines := strings.SplitAfter(string(data), "\n")
 	if p := problemLine(lines, m[2]); p > 0 && p != n {
-		return &SpecError{Pos: Pos{file, p, firstColumn(lines[p-1])}, Msg: fmt.Sprintf("yaml: %s (the parser names line %d, where the enclosing block begins)", m[2], n)}
+		return &specError{Pos: pos{file, p, firstColumn(lines[p-1])}, Msg: fmt.Sprintf("yaml: %s (the parser names line %d, where the enclosing block begins)", m[2], n)}
 	}
 	col := 1
 	if n >= 1 && n <= len(lines) {
 		col = firstColumn(lines[n-1])
 	}
-	return &SpecError{Pos: Pos{file, n, col}, Msg: "yaml: " + m[2]}
+	return &specError{Pos: pos{file, n, col}, Msg: "yaml: " + m[2]}
 }
 
 // problemLine returns the smallest k such that the document's first k
@@ -159,7 +159,7 @@ type loader struct {
 	e    errs
 }
 
-func (l *loader) pos(n *yaml.Node) Pos { return Pos{l.file, n.Line, n.Column} }
+func (l *loader) pos(n *yaml.Node) pos { return pos{l.file, n.Line, n.Column} }
 
 type pair struct{ k, v *yaml.Node }
 
@@ -212,13 +212,13 @@ func (l *loader) boolean(n *yaml.Node, what string) bool {
 	return n.Value == "true"
 }
 
-func (l *loader) strList(n *yaml.Node, what string) ([]string, []Pos) {
+func (l *loader) strList(n *yaml.Node, what string) ([]string, []pos) {
 	if n.Kind != yaml.SequenceNode {
 		l.e.add(l.pos(n), "%s: expected a list", what)
 		return nil, nil
 	}
 	var out []string
-	var ps []Pos
+	var ps []pos
 	for _, c := range n.Content {
 		if s := l.str(c, what); s != "" {
 			out = append(out, s)
@@ -295,7 +295,7 @@ func (l *loader) root(n *yaml.Node) {
 
 func (l *loader) packages(n *yaml.Node) {
 	ps := &l.s.Packages
-	l.s.pkgPos = map[string]Pos{}
+	l.s.pkgPos = map[string]pos{}
 	for _, p := range l.mapping(n, "packages", specKeys["packages"]...) {
 		v := l.str(p.v, "packages."+p.k.Value)
 		l.s.pkgPos[p.k.Value] = l.pos(p.v)
@@ -318,13 +318,13 @@ func (l *loader) packages(n *yaml.Node) {
 }
 
 func (l *loader) typ(k, v *yaml.Node) {
-	t := &TypeDecl{Name: l.exported(k, "types"), Pos: l.pos(k)}
+	t := &typeDecl{Name: l.exported(k, "types"), Pos: l.pos(k)}
 	what := "type " + t.Name
 	for _, p := range l.mapping(v, what, specKeys["type"]...) {
 		switch p.k.Value {
 		case "kind":
 			t.Kind = l.str(p.v, what+".kind")
-			if t.Kind != "" && !contains([]string{KindScalar, KindEnum, KindStruct, KindHandle}, t.Kind) {
+			if t.Kind != "" && !contains([]string{kindScalar, kindEnum, kindStruct, KindHandle}, t.Kind) {
 				l.e.add(l.pos(p.v), "%s: unknown kind %q (want scalar, enum, struct or handle)", what, t.Kind)
 				t.Kind = "" // unknown: references to it are not checked against a kind
 			}
@@ -334,11 +334,11 @@ func (l *loader) typ(k, v *yaml.Node) {
 			t.Doc = l.str(p.v, what+".doc")
 		case "values":
 			for _, e := range l.mapping(p.v, what+".values") {
-				t.Values = append(t.Values, &EnumValue{Name: l.exported(e.k, what+".values"), Doc: l.str(e.v, what+".values."+e.k.Value), Pos: l.pos(e.k)})
+				t.Values = append(t.Values, &enumValue{Name: l.exported(e.k, what+".values"), Doc: l.str(e.v, what+".values."+e.k.Value), Pos: l.pos(e.k)})
 			}
 		case "fields":
 			for _, f := range l.mapping(p.v, what+".fields") {
-				t.Fields = append(t.Fields, &Field{Name: l.exported(f.k, what+".fields"), Type: l.str(f.v, what+".fields."+f.k.Value), Pos: l.pos(f.v)})
+				t.Fields = append(t.Fields, &field{Name: l.exported(f.k, what+".fields"), Type: l.str(f.v, what+".fields."+f.k.Value), Pos: l.pos(f.v)})
 			}
 		}
 	}
@@ -352,7 +352,7 @@ func (l *loader) typ(k, v *yaml.Node) {
 }
 
 func (l *loader) errorDecl(k, v *yaml.Node) {
-	d := &ErrorDecl{Name: l.exported(k, "errors"), Pos: l.pos(k)}
+	d := &errorDecl{Name: l.exported(k, "errors"), Pos: l.pos(k)}
 	if !strings.HasPrefix(d.Name, "Err") {
 		l.e.add(d.Pos, "errors: %q must start with Err", d.Name)
 	}
@@ -374,13 +374,13 @@ func (l *loader) errorDecl(k, v *yaml.Node) {
 }
 
 func (l *loader) iface(k, v *yaml.Node) {
-	i := &InterfaceDecl{Name: l.exported(k, "interfaces"), Pos: l.pos(k)}
+	i := &interfaceDecl{Name: l.exported(k, "interfaces"), Pos: l.pos(k)}
 	what := "interface " + i.Name
 	for _, p := range l.mapping(v, what, specKeys["interface"]...) {
 		switch p.k.Value {
 		case "role":
 			i.Role = l.str(p.v, what+".role")
-			if i.Role != "" && !contains([]string{RoleGrant, RoleAccount, RoleFence, RoleStream, RoleContext}, i.Role) {
+			if i.Role != "" && !contains([]string{roleGrant, roleAccount, roleFence, roleStream, roleContext}, i.Role) {
 				l.e.add(l.pos(p.v), "%s: unknown role %q (want grant, account, fence, stream or context)", what, i.Role)
 			}
 		case "doc":
@@ -395,7 +395,7 @@ func (l *loader) iface(k, v *yaml.Node) {
 }
 
 func (l *loader) capability(k, v *yaml.Node) {
-	c := &Capability{Name: l.exported(k, "capabilities"), Pos: l.pos(k)}
+	c := &capability{Name: l.exported(k, "capabilities"), Pos: l.pos(k)}
 	what := "capability " + c.Name
 	for _, p := range l.mapping(v, what, specKeys["capability"]...) {
 		switch p.k.Value {
@@ -415,8 +415,8 @@ func (l *loader) capability(k, v *yaml.Node) {
 	l.s.Capabilities = append(l.s.Capabilities, c)
 }
 
-func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *Method {
-	m := &Method{Owner: owner, Name: l.exported(k, owner+".methods"), Pos: l.pos(k)}
+func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *method {
+	m := &method{Owner: owner, Name: l.exported(k, owner+".methods"), Pos: l.pos(k)}
 	what := owner + "." + m.Name
 	keys := specKeys["interfaceMethod"]
 	if capability {
@@ -436,12 +436,12 @@ func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *Method 
 					l.e.add(l.pos(q.k), "%s.params: %q is not a lower-case parameter name", what, q.k.Value)
 					m.badParams = true
 				}
-				m.Params = append(m.Params, &Param{Name: q.k.Value, Type: l.str(q.v, what+".params."+q.k.Value), Pos: l.pos(q.v), NamePos: l.pos(q.k)})
+				m.Params = append(m.Params, &param{Name: q.k.Value, Type: l.str(q.v, what+".params."+q.k.Value), Pos: l.pos(q.v), NamePos: l.pos(q.k)})
 			}
 		case "returns":
 			ts, ps := l.strList(p.v, what+".returns")
 			for i, t := range ts {
-				m.Returns = append(m.Returns, &Param{Type: t, Pos: ps[i]})
+				m.Returns = append(m.Returns, &param{Type: t, Pos: ps[i]})
 			}
 		case "accounting":
 			hasAccounting = true
@@ -472,12 +472,12 @@ func (l *loader) method(owner string, k, v *yaml.Node, capability bool) *Method 
 	return m
 }
 
-func (l *loader) accounting(n *yaml.Node, what string) Accounting {
-	a := Accounting{Pos: l.pos(n)}
+func (l *loader) accounting(n *yaml.Node, what string) accounting {
+	a := accounting{Pos: l.pos(n)}
 	what += ".accounting"
 	if n.Kind == yaml.ScalarNode {
 		switch n.Value {
-		case EffectNone, EffectQuery:
+		case effectNone, effectQuery:
 			a.Effect = n.Value
 		default:
 			l.e.add(l.pos(n), "%s: unknown effect %q (want none, query, {consumes: ...} or {refunds: ...})", what, n.Value)
@@ -495,12 +495,12 @@ func (l *loader) accounting(n *yaml.Node, what string) Accounting {
 			a.Amount = l.expr(l.str(p.v, what+"."+p.k.Value), l.pos(p.v), what)
 		case "round":
 			a.Round = l.str(p.v, what+".round")
-			if a.Round != "" && !contains([]string{RoundNone, RoundAlloc, RoundGranularity}, a.Round) {
+			if a.Round != "" && !contains([]string{roundNone, roundAlloc, roundGranularity}, a.Round) {
 				l.e.add(l.pos(p.v), "%s: unknown rounding %q (want none, alloc or granularity)", what, a.Round)
 			}
 		case "from", "to":
 			a.Account = l.str(p.v, what+"."+p.k.Value)
-			if (p.k.Value == "from") != (a.Effect == EffectConsumes) && a.Effect != "" {
+			if (p.k.Value == "from") != (a.Effect == effectConsumes) && a.Effect != "" {
 				l.e.add(l.pos(p.k), "%s: %q goes with %s", what, p.k.Value, map[string]string{"from": "consumes", "to": "refunds"}[p.k.Value])
 			}
 		}
@@ -509,12 +509,12 @@ func (l *loader) accounting(n *yaml.Node, what string) Accounting {
 		l.e.add(a.Pos, "%s: missing \"consumes\" or \"refunds\"", what)
 	}
 	if a.Round == "" {
-		a.Round = RoundNone
+		a.Round = roundNone
 	}
-	if a.Effect == EffectConsumes && a.Account == "" {
+	if a.Effect == effectConsumes && a.Account == "" {
 		l.e.add(a.Pos, "%s: consuming method without a grant (\"from: <grant parameter>\")", what)
 	}
-	if a.Effect == EffectRefunds && a.Account == "" {
+	if a.Effect == effectRefunds && a.Account == "" {
 		l.e.add(a.Pos, "%s: refunding method without an account (\"to: <account parameter>\")", what)
 	}
 	return a
@@ -522,7 +522,7 @@ func (l *loader) accounting(n *yaml.Node, what string) Accounting {
 
 var exprRE = regexp.MustCompile(`^(?:([a-z]+)\(([a-z][A-Za-z0-9]*)\)|([a-z][A-Za-z0-9]*)((?:\.[A-Z][A-Za-z0-9]*)*))$`)
 
-func (l *loader) expr(s string, p Pos, what string) *Expr {
+func (l *loader) expr(s string, p pos, what string) *expr {
 	if s == "" {
 		return nil
 	}
@@ -536,9 +536,9 @@ func (l *loader) expr(s string, p Pos, what string) *Expr {
 			l.e.add(p, "%s: unknown function %q (want committed)", what, m[1])
 			return nil
 		}
-		return &Expr{Func: m[1], Param: m[2], Text: s, Pos: p}
+		return &expr{Func: m[1], Param: m[2], Text: s, Pos: p}
 	}
-	e := &Expr{Param: m[3], Text: s, Pos: p}
+	e := &expr{Param: m[3], Text: s, Pos: p}
 	if m[4] != "" {
 		e.Path = strings.Split(m[4][1:], ".")
 	}
@@ -547,9 +547,9 @@ func (l *loader) expr(s string, p Pos, what string) *Expr {
 
 var reqRE = regexp.MustCompile(`^([a-z]+)\(([^()]*)\)$`)
 
-var predArity = map[string]int{PredLive: 1, PredWithin: 2, PredAligned: 1, PredPositive: 1, PredFits: 2}
+var predArity = map[string]int{predLive: 1, predWithin: 2, predAligned: 1, predPositive: 1, predFits: 2}
 
-func (l *loader) requirement(s string, p Pos, what string) *Requirement {
+func (l *loader) requirement(s string, p pos, what string) *requirement {
 	m := reqRE.FindStringSubmatch(s)
 	if m == nil {
 		l.e.add(p, "%s.requires: cannot parse %q (want pred(args))", what, s)
@@ -560,7 +560,7 @@ func (l *loader) requirement(s string, p Pos, what string) *Requirement {
 		l.e.add(p, "%s.requires: unknown predicate %q (want live, within, aligned, positive or fits)", what, m[1])
 		return nil
 	}
-	r := &Requirement{Pred: m[1], Text: s, Pos: p}
+	r := &requirement{Pred: m[1], Text: s, Pos: p}
 	for _, a := range strings.Split(m[2], ",") {
 		if e := l.expr(strings.TrimSpace(a), p, what+".requires"); e != nil {
 			r.Args = append(r.Args, e)
@@ -621,7 +621,7 @@ func (l *loader) mechanism(k, v *yaml.Node) {
 }
 
 func (l *loader) invariant(k, v *yaml.Node) {
-	iv := &Invariant{ID: k.Value, Pos: l.pos(k)}
+	iv := &invariant{ID: k.Value, Pos: l.pos(k)}
 	what := "invariant " + iv.ID
 	if !idRE.MatchString(iv.ID) {
 		l.e.add(iv.Pos, "invariants: %q is not a kebab-case id", iv.ID)
@@ -631,10 +631,10 @@ func (l *loader) invariant(k, v *yaml.Node) {
 		case "says":
 			iv.Says = l.str(p.v, what+".says")
 		case "enforced_by":
-			var ps []Pos
+			var ps []pos
 			iv.EnforcedBy, ps = l.strList(p.v, what+".enforced_by")
 			for i, e := range iv.EnforcedBy {
-				if _, ok := Enforcers[e]; !ok {
+				if _, ok := enforcers[e]; !ok {
 					l.e.add(ps[i], "%s.enforced_by: unknown enforcer %q (want one of %s)", what, e, strings.Join(enforcerNames(), ", "))
 				}
 			}
@@ -677,8 +677,8 @@ func (l *loader) invariant(k, v *yaml.Node) {
 	l.s.Invariants = append(l.s.Invariants, iv)
 }
 
-func elemPos(l *loader, n *yaml.Node) []Pos {
-	var ps []Pos
+func elemPos(l *loader, n *yaml.Node) []pos {
+	var ps []pos
 	for _, c := range n.Content {
 		ps = append(ps, l.pos(c))
 	}

@@ -2,13 +2,13 @@ package gen
 
 import "fmt"
 
-// Pos is a position in the spec file, 1-based as editors show it.
-type Pos struct {
+// pos is a position in the spec file, 1-based as editors show it.
+type pos struct {
 	File      string
 	Line, Col int
 }
 
-func (p Pos) String() string { return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Col) }
+func (p pos) String() string { return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Col) }
 
 // Spec is the validated model of spec/capabilities.yaml. Every slice keeps the
 // order of the file, so output is deterministic and reads like the spec.
@@ -16,165 +16,165 @@ type Spec struct {
 	File     string // path as given to Load, used in positions
 	Digest   string // hex sha256 of the spec's bytes: the generated tripwire
 	Version  int
-	Packages Packages
+	Packages packages
 
-	Types        []*TypeDecl
-	Errors       []*ErrorDecl
-	Interfaces   []*InterfaceDecl
-	Capabilities []*Capability
+	Types        []*typeDecl
+	Errors       []*errorDecl
+	Interfaces   []*interfaceDecl
+	Capabilities []*capability
 	Mechanisms   []*Mechanism
-	Invariants   []*Invariant
-	PluginABI    *PluginABI // nil without a plugin_abi block
-	Ownership    Ownership
+	Invariants   []*invariant
+	PluginABI    *pluginABI // nil without a plugin_abi block
+	Ownership    ownership
 
-	types map[string]*TypeDecl
-	ifcs  map[string]*InterfaceDecl
-	caps  map[string]*Capability
+	types map[string]*typeDecl
+	ifcs  map[string]*interfaceDecl
+	caps  map[string]*capability
 
 	// loaded says, per top-level section present, whether it was a mapping;
 	// validate checks references only against sections that loaded.
 	loaded map[string]bool
-	pkgPos map[string]Pos // packages.<key> value positions
+	pkgPos map[string]pos // packages.<key> value positions
 }
 
-// Packages are the module-relative directories the generator writes.
-type Packages struct {
+// packages are the module-relative directories the generator writes.
+type packages struct {
 	Contract, Checked, Conformance, Fakes string
 }
 
 // Type kinds.
 const (
-	KindScalar = "scalar"
-	KindEnum   = "enum"
-	KindStruct = "struct"
+	kindScalar = "scalar"
+	kindEnum   = "enum"
+	kindStruct = "struct"
 	KindHandle = "handle"
 )
 
-// TypeDecl is a declared value type.
-type TypeDecl struct {
+// typeDecl is a declared value type.
+type typeDecl struct {
 	Name, Kind, Go, Doc string
-	Values              []*EnumValue // enum
-	Fields              []*Field     // struct, handle
-	Pos                 Pos
+	Values              []*enumValue // enum
+	Fields              []*field     // struct, handle
+	Pos                 pos
 }
 
-// EnumValue is one value of an enum, numbered from 1 in spec order (0 is invalid).
-type EnumValue struct {
+// enumValue is one value of an enum, numbered from 1 in spec order (0 is invalid).
+type enumValue struct {
 	Name, Doc string
-	Pos       Pos
+	Pos       pos
 }
 
-// Field is a struct or handle field.
-type Field struct {
+// field is a struct or handle field.
+type field struct {
 	Name, Type string
-	Pos        Pos
+	Pos        pos
 }
 
-// ErrorDecl is a sentinel error.
-type ErrorDecl struct {
+// errorDecl is a sentinel error.
+type errorDecl struct {
 	Name, Doc   string
 	Unsupported bool // wraps errors.ErrUnsupported
-	Pos         Pos
+	Pos         pos
 }
 
 // Interface roles: the parts of the ledger and device-context contract that
 // the generated code relies on by role rather than by name.
 const (
-	RoleGrant   = "grant"
-	RoleAccount = "account"
-	RoleFence   = "fence"
-	RoleStream  = "stream"
-	RoleContext = "context"
+	roleGrant   = "grant"
+	roleAccount = "account"
+	roleFence   = "fence"
+	roleStream  = "stream"
+	roleContext = "context"
 )
 
-// InterfaceDecl is a plain interface of the contract (ledger, device context).
-type InterfaceDecl struct {
+// interfaceDecl is a plain interface of the contract (ledger, device context).
+type interfaceDecl struct {
 	Name, Role, Doc string
-	Methods         []*Method
-	Pos             Pos
+	Methods         []*method
+	Pos             pos
 }
 
-// Capability is a mechanism capability.
-type Capability struct {
+// capability is a mechanism capability.
+type capability struct {
 	Name, Doc string
 	Required  bool
-	Methods   []*Method
-	Pos       Pos
+	Methods   []*method
+	Pos       pos
 }
 
-// Method is a method of an interface or capability.
-type Method struct {
+// method is a method of an interface or capability.
+type method struct {
 	Owner      string
 	Name, Doc  string
-	Params     []*Param
-	Returns    []*Param // Name empty
-	Accounting Accounting
+	Params     []*param
+	Returns    []*param // Name empty
+	Accounting accounting
 	Creates    string // handle type created (returned)
 	Releases   string // param name of the handle released
-	Requires   []*Requirement
-	Pos        Pos
+	Requires   []*requirement
+	Pos        pos
 
 	// badParams is set when the parameters did not load cleanly; references
 	// to parameters are then not checked (they were reported already).
 	badParams bool
 }
 
-// Param is a named, typed parameter. Pos is the position of its type,
+// param is a named, typed parameter. Pos is the position of its type,
 // NamePos of its name.
-type Param struct {
+type param struct {
 	Name, Type string
-	Pos        Pos
-	NamePos    Pos
+	Pos        pos
+	NamePos    pos
 }
 
 // Accounting effects.
 const (
-	EffectNone     = "none"
-	EffectQuery    = "query"
-	EffectConsumes = "consumes"
-	EffectRefunds  = "refunds"
+	effectNone     = "none"
+	effectQuery    = "query"
+	effectConsumes = "consumes"
+	effectRefunds  = "refunds"
 )
 
 // Rounding units.
 const (
-	RoundNone        = "none"
-	RoundAlloc       = "alloc"
-	RoundGranularity = "granularity"
+	roundNone        = "none"
+	roundAlloc       = "alloc"
+	roundGranularity = "granularity"
 )
 
-// Accounting is a method's effect on the ledger.
-type Accounting struct {
+// accounting is a method's effect on the ledger.
+type accounting struct {
 	Effect  string
-	Amount  *Expr  // consumes/refunds
+	Amount  *expr  // consumes/refunds
 	Round   string // consumes/refunds
 	Account string // param: grant (consumes) or account (refunds)
-	Pos     Pos
+	Pos     pos
 }
 
-// Expr is `param`, `param.Field[.Field]` or `committed(param)`.
-type Expr struct {
+// expr is `param`, `param.Field[.Field]` or `committed(param)`.
+type expr struct {
 	Func  string // "" or "committed"
 	Param string
 	Path  []string
 	Text  string
-	Pos   Pos
+	Pos   pos
 }
 
 // Predicates of requires clauses.
 const (
-	PredLive     = "live"
-	PredWithin   = "within"
-	PredAligned  = "aligned"
-	PredPositive = "positive"
-	PredFits     = "fits"
+	predLive     = "live"
+	predWithin   = "within"
+	predAligned  = "aligned"
+	predPositive = "positive"
+	predFits     = "fits"
 )
 
-// Requirement is a precondition the checked wrapper enforces.
-type Requirement struct {
+// requirement is a precondition the checked wrapper enforces.
+type requirement struct {
 	Pred string
-	Args []*Expr
+	Args []*expr
 	Text string
-	Pos  Pos
+	Pos  pos
 }
 
 // Mechanism is a declared implementation. Package is a module-relative
@@ -182,42 +182,42 @@ type Requirement struct {
 type Mechanism struct {
 	Name, Package, Type, Device, Granularity, Doc string
 	Offers                                        []string
-	OfferPos                                      []Pos
-	Pos                                           Pos
-	PackagePos, TypePos, DevicePos                Pos
-	GranularityPos                                Pos
+	OfferPos                                      []pos
+	Pos                                           pos
+	PackagePos, TypePos, DevicePos                pos
+	GranularityPos                                pos
 }
 
-// Invariant is a rule of the spec's invariants section: what it says, where
+// invariant is a rule of the spec's invariants section: what it says, where
 // it is enforced and what it applies to.
-type Invariant struct {
+type invariant struct {
 	ID, Says   string
 	EnforcedBy []string
-	Applies    Applies
-	AppliesPos Pos
+	Applies    applies
+	AppliesPos pos
 	HasApplies bool
-	Pos        Pos
+	Pos        pos
 }
 
-// Applies says what an invariant governs; at least one part is non-empty.
-type Applies struct {
+// applies says what an invariant governs; at least one part is non-empty.
+type applies struct {
 	Consumes, Releases bool
 	Capabilities       []string
 	Interfaces         []string
-	CapPos, IfcPos     []Pos
+	CapPos, IfcPos     []pos
 }
 
 // Type returns the declared type named n, or nil.
-func (s *Spec) Type(n string) *TypeDecl { return s.types[n] }
+func (s *Spec) Type(n string) *typeDecl { return s.types[n] }
 
-// Interface returns the declared interface named n, or nil.
-func (s *Spec) Interface(n string) *InterfaceDecl { return s.ifcs[n] }
+// interfaceNamed returns the declared interface named n, or nil.
+func (s *Spec) interfaceNamed(n string) *interfaceDecl { return s.ifcs[n] }
 
-// Capability returns the declared capability named n, or nil.
-func (s *Spec) Capability(n string) *Capability { return s.caps[n] }
+// capability returns the declared capability named n, or nil.
+func (s *Spec) Capability(n string) *capability { return s.caps[n] }
 
-// RoleInterface returns the interface declared with role r.
-func (s *Spec) RoleInterface(r string) *InterfaceDecl {
+// roleInterface returns the interface declared with role r.
+func (s *Spec) roleInterface(r string) *interfaceDecl {
 	for _, i := range s.Interfaces {
 		if i.Role == r {
 			return i
@@ -226,9 +226,9 @@ func (s *Spec) RoleInterface(r string) *InterfaceDecl {
 	return nil
 }
 
-// Handles returns the handle types in spec order.
-func (s *Spec) Handles() []*TypeDecl {
-	var hs []*TypeDecl
+// handles returns the handle types in spec order.
+func (s *Spec) handles() []*typeDecl {
+	var hs []*typeDecl
 	for _, t := range s.Types {
 		if t.Kind == KindHandle {
 			hs = append(hs, t)
@@ -237,8 +237,8 @@ func (s *Spec) Handles() []*TypeDecl {
 	return hs
 }
 
-// Param returns the parameter named n, or nil.
-func (m *Method) Param(n string) *Param {
+// param returns the parameter named n, or nil.
+func (m *method) Param(n string) *param {
 	for _, p := range m.Params {
 		if p.Name == n {
 			return p
@@ -248,7 +248,7 @@ func (m *Method) Param(n string) *Param {
 }
 
 // ReturnsError reports whether the method's last result is an error.
-func (m *Method) ReturnsError() bool {
+func (m *method) ReturnsError() bool {
 	return len(m.Returns) > 0 && m.Returns[len(m.Returns)-1].Type == "error"
 }
 

@@ -7,23 +7,23 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Ownership is the spec's ownership section: who outside the contract may
+// ownership is the spec's ownership section: who outside the contract may
 // implement the ledger roles, and which handles of the layers above own
 // memory until disposed of. The generator cannot see those packages; it
 // passes the section on as data (memapi.Vet) for cmd/memvet.
-type Ownership struct {
+type ownership struct {
 	Ledgers    []string // module-relative package directories
-	LedgerPos  []Pos
-	Handles    []*OwningHandle
+	LedgerPos  []pos
+	Handles    []*owningHandle
 	HasSection bool
-	Pos        Pos
+	Pos        pos
 }
 
-// OwningHandle is a type that owns memory (or a reference to it) until its
+// owningHandle is a type that owns memory (or a reference to it) until its
 // Close method runs.
-type OwningHandle struct {
+type owningHandle struct {
 	Package, Type, Close string
-	Pos                  Pos
+	Pos                  pos
 }
 
 var pkgDirRE = regexp.MustCompile(`^[a-z0-9_][a-z0-9_./-]*$`)
@@ -52,7 +52,7 @@ func (l *loader) ownership(n *yaml.Node) {
 				if cl != "" && !identRE.MatchString(cl) {
 					l.e.add(l.pos(h.v), "%s: %q is not an exported method name", what, cl)
 				}
-				o.Handles = append(o.Handles, &OwningHandle{Package: h.k.Value[:i], Type: h.k.Value[i+1:], Close: cl, Pos: l.pos(h.k)})
+				o.Handles = append(o.Handles, &owningHandle{Package: h.k.Value[:i], Type: h.k.Value[i+1:], Close: cl, Pos: l.pos(h.k)})
 			}
 		}
 	}

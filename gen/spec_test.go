@@ -112,7 +112,7 @@ func TestReservedNamesComplete(t *testing.T) {
 	}
 	for _, c := range s.Capabilities {
 		derived[c.Name] = true
-		derived[CapConst(c)] = true
+		derived[capConst(c)] = true
 		derived["Require"+c.Name] = true
 	}
 	reserved := map[string]bool{}

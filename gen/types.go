@@ -11,7 +11,7 @@ import (
 // Type returns the Go type of a spec type name, qualified with the contract
 // package (jennifer drops the qualifier inside the contract itself). Handles
 // are pointers: a handle's identity is its address.
-func (g *Gen) Type(name string) Code {
+func (g *generator) Type(name string) Code {
 	switch name {
 	case "context.Context":
 		return Qual("context", "Context")
@@ -29,10 +29,10 @@ func (g *Gen) Type(name string) Code {
 }
 
 // C returns a qualified identifier of the contract package.
-func (g *Gen) C(name string) *Statement { return Qual(g.Contract(), name) }
+func (g *generator) C(name string) *Statement { return Qual(g.Contract(), name) }
 
 // Signature returns the parameter list and results of m.
-func (g *Gen) Signature(m *Method) (params []Code, results []Code) {
+func (g *generator) Signature(m *method) (params []Code, results []Code) {
 	for _, p := range m.Params {
 		params = append(params, Id(p.Name).Add(g.Type(p.Type)))
 	}
@@ -43,13 +43,13 @@ func (g *Gen) Signature(m *Method) (params []Code, results []Code) {
 }
 
 // IsHandle reports whether name is a declared handle type.
-func (g *Gen) IsHandle(name string) bool {
+func (g *generator) IsHandle(name string) bool {
 	t := g.Spec.Type(name)
 	return t != nil && t.Kind == KindHandle
 }
 
 // Zero returns the zero value of a spec type, for early error returns.
-func (g *Gen) Zero(name string) Code {
+func (g *generator) Zero(name string) Code {
 	switch name {
 	case "error", "context.Context", "[]byte", "<-chan struct{}":
 		return Nil()
@@ -60,16 +60,16 @@ func (g *Gen) Zero(name string) Code {
 	case "string":
 		return Lit("")
 	}
-	if g.Spec.Interface(name) != nil || g.IsHandle(name) {
+	if g.Spec.interfaceNamed(name) != nil || g.IsHandle(name) {
 		return Nil()
 	}
 	t := g.Spec.Type(name)
 	switch {
 	case t == nil:
 		return Nil()
-	case t.Kind == KindScalar && t.Go == "string":
+	case t.Kind == kindScalar && t.Go == "string":
 		return Lit("")
-	case t.Kind == KindScalar || t.Kind == KindEnum:
+	case t.Kind == kindScalar || t.Kind == kindEnum:
 		return Lit(0)
 	}
 	return g.C(name).Values()
@@ -106,12 +106,12 @@ func lowerFirst(n string) string {
 	return strings.ToLower(n[:1]) + n[1:]
 }
 
-// Doc makes a spec doc string the doc comment of name, a sentence that
+// docComment makes a spec doc string the doc comment of name, a sentence that
 // starts with the name as Go doc comments do: a doc that already starts with
 // it is kept; "A ..."/"An ..."/"The ..." becomes "name is a ..."; a verb
 // ("Completes when ...") follows the name; anything else ("Ordinary memory
 // made by ...", "Where refunded bytes go ...") becomes "name is ...".
-func Doc(name, doc string) string {
+func docComment(name, doc string) string {
 	doc = strings.TrimSpace(doc)
 	if doc == "" {
 		return name + " is declared in the spec."
@@ -139,23 +139,23 @@ func isVerb(w string) bool {
 	return w[0] >= 'A' && w[0] <= 'Z'
 }
 
-// ErrorDoc is the doc comment of a sentinel error: the spec says in what
+// errorDoc is the doc comment of a sentinel error: the spec says in what
 // case it is returned ("A size is zero or too large.").
-func ErrorDoc(name, doc string) string {
+func errorDoc(name, doc string) string {
 	doc = strings.TrimSpace(doc)
 	if doc == "" || strings.HasPrefix(doc, name+" ") {
-		return Doc(name, doc)
+		return docComment(name, doc)
 	}
 	return name + " is returned when " + sentence(lowerWord(doc))
 }
 
-// ValueDoc is the doc comment of an enum value: what the value means
+// valueDoc is the doc comment of an enum value: what the value means
 // ("Reads succeed; writes fault.", "Host memory, served by the CPU
 // mechanism.").
-func ValueDoc(name, doc string) string {
+func valueDoc(name, doc string) string {
 	doc = strings.TrimSpace(doc)
 	if doc == "" || strings.HasPrefix(doc, name+" ") {
-		return Doc(name, doc)
+		return docComment(name, doc)
 	}
 	// A doc that is a clause about accesses ("Reads succeed; ...") says what
 	// the value means; a noun phrase says what it is.

@@ -52,17 +52,17 @@ var (
 // validate checks the cross-references of a spec, however sound its
 // structure: it is the second pass of one report (see Load).
 func validate(s *Spec, e *errs) {
-	s.types = map[string]*TypeDecl{}
-	s.ifcs = map[string]*InterfaceDecl{}
-	s.caps = map[string]*Capability{}
+	s.types = map[string]*typeDecl{}
+	s.ifcs = map[string]*interfaceDecl{}
+	s.caps = map[string]*capability{}
 	if s.loaded == nil {
 		return // the document is not a mapping: nothing was declared
 	}
 	// A name declared twice is reported once, and every later reference
 	// resolves to its first declaration of that kind, so the duplicate does
 	// not also turn into "unknown" errors wherever the name is used.
-	names := map[string]Pos{}
-	declare := func(n string, p Pos) {
+	names := map[string]pos{}
+	declare := func(n string, p pos) {
 		if prev, ok := names[n]; ok {
 			e.add(p, "duplicate name %q (already declared at %d:%d)", n, prev.Line, prev.Col)
 			return
@@ -95,7 +95,7 @@ func validate(s *Spec, e *errs) {
 	validateNames(s, names, e)
 	validatePackages(s, e)
 
-	top := Pos{s.File, 1, 1}
+	top := pos{s.File, 1, 1}
 	if s.sectionOK("types") {
 		var missing []string
 		for _, n := range sortedNames(neededTypes) {
@@ -130,7 +130,7 @@ func validate(s *Spec, e *errs) {
 		validateType(s, t, e)
 	}
 
-	roles := map[string]*InterfaceDecl{}
+	roles := map[string]*interfaceDecl{}
 	for _, i := range s.Interfaces {
 		if i.Role != "" {
 			if prev := roles[i.Role]; prev != nil {
@@ -143,13 +143,13 @@ func validate(s *Spec, e *errs) {
 		}
 	}
 	validateCycles(s, e)
-	for _, r := range []string{RoleGrant, RoleAccount} {
+	for _, r := range []string{roleGrant, roleAccount} {
 		if roles[r] == nil && s.sectionOK("interfaces") {
 			e.add(top, "no interface has role %q, which consuming and refunding methods need", r)
 		}
 	}
 
-	methods := map[string]Pos{}
+	methods := map[string]pos{}
 	required := 0
 	for _, c := range s.Capabilities {
 		if c.Required {
@@ -192,12 +192,12 @@ func validate(s *Spec, e *errs) {
 // contract: reserved identifiers, and the names the generator derives (enum
 // constants, capability constants, Require helpers, accessors, handle and
 // Range methods).
-func validateNames(s *Spec, declared map[string]Pos, e *errs) {
+func validateNames(s *Spec, declared map[string]pos, e *errs) {
 	reserved := map[string]bool{}
 	for _, n := range reservedNames {
 		reserved[n] = true
 	}
-	check := func(n string, p Pos) {
+	check := func(n string, p pos) {
 		if reserved[n] {
 			e.add(p, "%q is reserved: the generated contract declares it", n)
 		}
@@ -215,7 +215,7 @@ func validateNames(s *Spec, declared map[string]Pos, e *errs) {
 		check(d.Name, d.Pos)
 	}
 	derived := map[string]string{}
-	derive := func(n string, p Pos, from string) {
+	derive := func(n string, p pos, from string) {
 		if prev, ok := declared[n]; ok {
 			e.add(p, "%s generates %q, which clashes with the declaration at %d:%d", from, n, prev.Line, prev.Col)
 			return
@@ -231,7 +231,7 @@ func validateNames(s *Spec, declared map[string]Pos, e *errs) {
 		derived[n] = from
 	}
 	for _, t := range s.Types {
-		if t.Kind == KindEnum {
+		if t.Kind == kindEnum {
 			for _, v := range t.Values {
 				derive(t.Name+v.Name, v.Pos, "enum value "+t.Name+"."+v.Name)
 			}
@@ -257,10 +257,10 @@ func validateNames(s *Spec, declared map[string]Pos, e *errs) {
 		if i == maxCapabilities {
 			e.add(c.Pos, "capability %s: at most %d capabilities fit a CapSet", c.Name, maxCapabilities)
 		}
-		derive(CapConst(c), c.Pos, "capability "+c.Name)
+		derive(capConst(c), c.Pos, "capability "+c.Name)
 		if !c.Required {
 			derive("Require"+c.Name, c.Pos, "capability "+c.Name)
-			accessors[Accessor(c)] = true
+			accessors[accessor(c)] = true
 		}
 	}
 	for _, c := range s.Capabilities {
@@ -272,10 +272,10 @@ func validateNames(s *Spec, declared map[string]Pos, e *errs) {
 	}
 }
 
-func (t *TypeDecl) hasField(n string) bool { return t.Field(n) != nil }
+func (t *typeDecl) hasField(n string) bool { return t.Field(n) != nil }
 
-// Field returns the field named n, or nil.
-func (t *TypeDecl) Field(n string) *Field {
+// field returns the field named n, or nil.
+func (t *typeDecl) Field(n string) *field {
 	for _, f := range t.Fields {
 		if f.Name == n {
 			return f
@@ -284,7 +284,7 @@ func (t *TypeDecl) Field(n string) *Field {
 	return nil
 }
 
-func (t *TypeDecl) hasValue(n string) bool {
+func (t *typeDecl) hasValue(n string) bool {
 	for _, v := range t.Values {
 		if v.Name == n {
 			return true
@@ -293,18 +293,18 @@ func (t *TypeDecl) hasValue(n string) bool {
 	return false
 }
 
-func validateType(s *Spec, t *TypeDecl, e *errs) {
+func validateType(s *Spec, t *typeDecl, e *errs) {
 	switch t.Kind {
-	case KindScalar:
+	case kindScalar:
 		if !contains([]string{"uint64", "string", "int"}, t.Go) {
 			e.add(t.Pos, "type %s: scalar needs go: uint64, int or string, got %q", t.Name, t.Go)
 		}
-	case KindEnum:
+	case kindEnum:
 		if len(t.Values) == 0 {
 			e.add(t.Pos, "type %s: enum declares no values", t.Name)
 		}
-	case KindStruct, KindHandle:
-		if len(t.Fields) == 0 && t.Kind == KindStruct {
+	case kindStruct, KindHandle:
+		if len(t.Fields) == 0 && t.Kind == kindStruct {
 			e.add(t.Pos, "type %s: struct declares no fields", t.Name)
 		}
 		for _, f := range t.Fields {
@@ -315,10 +315,10 @@ func validateType(s *Spec, t *TypeDecl, e *errs) {
 			}
 		}
 	}
-	if t.Kind != KindScalar && t.Kind != "" && t.Go != "" {
+	if t.Kind != kindScalar && t.Kind != "" && t.Go != "" {
 		e.add(t.Pos, "type %s: only scalars take \"go\"", t.Name)
 	}
-	if t.Kind != KindEnum && t.Kind != "" && len(t.Values) > 0 {
+	if t.Kind != kindEnum && t.Kind != "" && len(t.Values) > 0 {
 		e.add(t.Pos, "type %s: only enums take \"values\"", t.Name)
 	}
 }
@@ -328,7 +328,7 @@ func (s *Spec) knownValueType(n string) bool { return builtins[n] || s.types[n] 
 
 func (s *Spec) knownType(n string) bool { return s.knownValueType(n) || s.ifcs[n] != nil }
 
-func validateSignature(s *Spec, m *Method, e *errs) {
+func validateSignature(s *Spec, m *method, e *errs) {
 	what := m.Owner + "." + m.Name
 	seen := map[string]bool{}
 	for _, p := range m.Params {
@@ -355,7 +355,7 @@ func validateSignature(s *Spec, m *Method, e *errs) {
 
 // exprType resolves an expression against a method's parameters and returns
 // the name of its type, or "" after reporting why it does not resolve.
-func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
+func exprType(s *Spec, m *method, x *expr, e *errs) string {
 	what := m.Owner + "." + m.Name
 	p := m.Param(x.Param)
 	if p == nil && m.badParams {
@@ -383,7 +383,7 @@ func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
 	cur := p.Type
 	for _, f := range x.Path {
 		t := s.types[cur]
-		if t == nil || (t.Kind != KindStruct && t.Kind != KindHandle) {
+		if t == nil || (t.Kind != kindStruct && t.Kind != KindHandle) {
 			e.add(x.Pos, "%s: %q: %s has no fields", what, x.Text, cur)
 			return ""
 		}
@@ -399,10 +399,10 @@ func exprType(s *Spec, m *Method, x *Expr, e *errs) string {
 
 // committedQuery finds the query method that reports the committed bytes of a
 // handle type: the checked wrapper calls it to verify and to refund releases.
-func committedQuery(s *Spec, handle string) *Method {
+func committedQuery(s *Spec, handle string) *method {
 	for _, c := range s.Capabilities {
 		for _, m := range c.Methods {
-			if m.Accounting.Effect == EffectQuery && len(m.Params) == 1 && m.Params[0].Type == handle &&
+			if m.Accounting.Effect == effectQuery && len(m.Params) == 1 && m.Params[0].Type == handle &&
 				len(m.Returns) == 2 && m.Returns[0].Type == "Bytes" && m.Returns[1].Type == "error" {
 				return m
 			}
@@ -411,12 +411,12 @@ func committedQuery(s *Spec, handle string) *Method {
 	return nil
 }
 
-func validateEffects(s *Spec, m *Method, e *errs) {
+func validateEffects(s *Spec, m *method, e *errs) {
 	what := m.Owner + "." + m.Name
 	a := m.Accounting
-	grant, account := s.RoleInterface(RoleGrant), s.RoleInterface(RoleAccount)
+	grant, account := s.roleInterface(roleGrant), s.roleInterface(roleAccount)
 	switch a.Effect {
-	case EffectConsumes, EffectRefunds:
+	case effectConsumes, effectRefunds:
 		if a.Amount != nil {
 			if t := exprType(s, m, a.Amount, e); t != "" && t != "Bytes" {
 				e.add(a.Amount.Pos, "%s: %s amount %q is %s %s, not Bytes", what, a.Effect, a.Amount.Text, article(t), t)
@@ -427,12 +427,12 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 		}
 		p := m.Param(a.Account)
 		want, role := account, "account"
-		if a.Effect == EffectConsumes {
+		if a.Effect == effectConsumes {
 			want, role = grant, "grant"
 		}
 		switch {
 		case p == nil && m.badParams:
-		case p == nil && a.Effect == EffectConsumes:
+		case p == nil && a.Effect == effectConsumes:
 			e.add(a.Pos, "%s: consuming method without a grant parameter (from: %q names no parameter)", what, a.Account)
 		case p == nil:
 			e.add(a.Pos, "%s: refunding method without an account parameter (to: %q names no parameter)", what, a.Account)
@@ -440,10 +440,10 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 			e.add(p.Pos, "%s: parameter %s must be the %s interface %s, not %s", what, p.Name, role, want.Name, p.Type)
 		}
 	}
-	if a.Effect == EffectConsumes && !m.ReturnsError() {
+	if a.Effect == effectConsumes && !m.ReturnsError() {
 		e.add(m.Pos, "%s: a consuming method must return an error", what)
 	}
-	if a.Effect == EffectQuery && (m.Creates != "" || m.Releases != "") {
+	if a.Effect == effectQuery && (m.Creates != "" || m.Releases != "") {
 		e.add(m.Pos, "%s: a query neither creates nor releases", what)
 	}
 	if m.Releases != "" {
@@ -480,19 +480,19 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 		}
 		isHandle := func(i int) bool { t := s.types[types[i]]; return t != nil && t.Kind == KindHandle }
 		switch r.Pred {
-		case PredLive:
+		case predLive:
 			if !isHandle(0) {
 				bad(0, "a handle")
 			}
-		case PredPositive:
+		case predPositive:
 			if types[0] != "Bytes" {
 				bad(0, "Bytes")
 			}
-		case PredAligned:
+		case predAligned:
 			if types[0] != "Range" {
 				bad(0, "a Range")
 			}
-		case PredWithin, PredFits:
+		case predWithin, predFits:
 			if types[0] != "Range" {
 				bad(0, "a Range")
 			}
@@ -508,17 +508,17 @@ func validateEffects(s *Spec, m *Method, e *errs) {
 // Describe renders an accounting effect as a clause for docs and metadata:
 // "consumes req.Size, rounded up to the allocation granularity, drawn from
 // grant", "refunds a.Size to the account to".
-func (a Accounting) Describe() string {
-	round := map[string]string{RoundAlloc: ", rounded up to the allocation granularity,", RoundGranularity: ", rounded up to the granularity,"}[a.Round]
-	if round == "" && a.Effect == EffectConsumes {
+func (a accounting) Describe() string {
+	round := map[string]string{roundAlloc: ", rounded up to the allocation granularity,", roundGranularity: ", rounded up to the granularity,"}[a.Round]
+	if round == "" && a.Effect == effectConsumes {
 		round = ","
 	}
 	switch a.Effect {
-	case EffectConsumes:
+	case effectConsumes:
 		return fmt.Sprintf("consumes %s%s drawn from %s", a.Amount.Text, round, a.Account)
-	case EffectRefunds:
+	case effectRefunds:
 		return fmt.Sprintf("refunds %s%s to the account %s", a.Amount.Text, round, a.Account)
-	case EffectQuery:
+	case effectQuery:
 		return "only queries"
 	}
 	return "moves no bytes"

@@ -15,16 +15,16 @@ func validateCycles(s *Spec, e *errs) {
 	)
 	state := map[string]int{}
 	type step struct {
-		t *TypeDecl
-		f *Field
+		t *typeDecl
+		f *field
 	}
 	var path []step
-	var visit func(t *TypeDecl)
-	visit = func(t *TypeDecl) {
+	var visit func(t *typeDecl)
+	visit = func(t *typeDecl) {
 		state[t.Name] = onPath
 		for _, f := range t.Fields {
 			u := s.types[f.Type]
-			if u == nil || u.Kind != KindStruct || f.Type == t.Name {
+			if u == nil || u.Kind != kindStruct || f.Type == t.Name {
 				continue // self-reference is reported by validateType
 			}
 			path = append(path, step{t, f})
@@ -51,7 +51,7 @@ func validateCycles(s *Spec, e *errs) {
 		state[t.Name] = done
 	}
 	for _, t := range s.Types {
-		if t.Kind == KindStruct && state[t.Name] == unvisited && s.types[t.Name] == t {
+		if t.Kind == kindStruct && state[t.Name] == unvisited && s.types[t.Name] == t {
 			visit(t)
 		}
 	}

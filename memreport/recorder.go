@@ -175,7 +175,7 @@ func (r *Recorder) labelLocked(h governor.HolderID, role string) {
 func (r *Recorder) Note(label, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.notes = append(r.notes, Note{Key: SnakeCase(label), Label: label, Text: text})
+	r.notes = append(r.notes, Note{Key: snakeCase(label), Label: label, Text: text})
 }
 
 // Table adds a table of the program's own, drawn at the top of the
@@ -183,7 +183,7 @@ func (r *Recorder) Note(label, text string) {
 // fewer cells than Columns is padded with empty ones, and nil lists become
 // empty ones, so the snapshot holds no null.
 func (r *Recorder) Table(t Table) {
-	t.Key = SnakeCase(t.Key)
+	t.Key = snakeCase(t.Key)
 	t.Columns = append([]string{}, t.Columns...)
 	rows := make([][]string, 0, len(t.Rows))
 	for _, row := range t.Rows {
@@ -350,7 +350,7 @@ func kindName(k governor.EventKind) string {
 	case governor.EventCapacity:
 		return "capacity"
 	}
-	return SnakeCase(k.String())
+	return snakeCase(k.String())
 }
 
 // Event records a governor event on its authority's timeline. Every kind
@@ -422,7 +422,7 @@ func (r *Recorder) Annotate(a Annotation) {
 	defer r.mu.Unlock()
 	r.at(a.Time)
 	tl := r.timeline(a.Authority)
-	kind := SnakeCase(a.Kind)
+	kind := snakeCase(a.Kind)
 	tl.counts[kind]++
 	tl.keep(&event{at: a.Time, Event: Event{Kind: kind, Holder: string(a.Holder), Role: r.roleLocked(a.Holder), Bytes: a.Bytes, Detail: a.Detail}}, r.opts.MaxEvents)
 }
@@ -439,10 +439,10 @@ func (tl *timeline) keep(ev *event, maxEvents int) {
 	}
 }
 
-// SnakeCase returns s in lower case with every run of other characters
+// snakeCase returns s in lower case with every run of other characters
 // than letters and digits turned into one underscore: "Peak charged vs
 // capacity" is peak_charged_vs_capacity.
-func SnakeCase(s string) string {
+func snakeCase(s string) string {
 	var b strings.Builder
 	under := false
 	for _, c := range s {

@@ -195,7 +195,7 @@ func TestSnakeCase(t *testing.T) {
 		"OverBudget":               "overbudget",
 		"static-oracle":            "static_oracle",
 	} {
-		require.Equal(t, want, SnakeCase(in), in)
+		require.Equal(t, want, snakeCase(in), in)
 	}
 }
 

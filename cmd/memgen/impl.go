@@ -19,8 +19,7 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 	patterns := []string{contract}
 	byPath := map[string]*gen.Mechanism{}
 	for _, m := range p.spec.Mechanisms {
-		g := &gen.Gen{Spec: p.spec, Config: gen.Config{Module: p.module, Root: p.root}}
-		if !g.MechanismDirExists(m) {
+		if !m.PackageWritten(p.root) {
 			fmt.Fprintf(stderr, "warning: mechanism %s: package %s does not exist yet\n", m.Name, m.Package)
 			continue
 		}

@@ -1,11 +1,14 @@
-{{/* needs: DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes DeviceAllocator.Info ErrNotCommitted ErrInvalidRange */}}
+//go:build memgentmpl
+
+// memgen:needs DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes DeviceAllocator.Info ErrNotCommitted ErrInvalidRange
+
 package conformance
 
 import (
 	"fmt"
 	"time"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // Fixtures: each valid<Method> returns the arguments of one valid call of the

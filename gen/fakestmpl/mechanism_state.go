@@ -1,3 +1,5 @@
+//go:build memgentmpl
+
 package fakes
 
 import (
@@ -7,7 +9,7 @@ import (
 	"sort"
 	"sync"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // Config configures a fake mechanism. The zero Config is a complete fake
@@ -153,12 +155,12 @@ func (s *mechanismState) errorf(
 	args ...any,
 ) *memapi.Error {
 	return &memapi.Error{
-		Op: op,
-		Kind: kind,
+		Op:        op,
+		Kind:      kind,
 		Mechanism: s.cfg.Name,
 		Authority: s.cfg.Authority,
-		Handle: h,
-		Detail: fmt.Sprintf(format, args...),
+		Handle:    h,
+		Detail:    fmt.Sprintf(format, args...),
 	}
 }
 
@@ -177,11 +179,11 @@ func (s *mechanismState) ctxErr(op string, ctx context.Context) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return &memapi.Error{
-			Op: op,
+			Op:        op,
 			Mechanism: s.cfg.Name,
 			Authority: s.cfg.Authority,
-			Detail: "context done",
-			Err: err,
+			Detail:    "context done",
+			Err:       err,
 		}
 	}
 	return nil
@@ -392,10 +394,10 @@ func NewMechanism(cfg Config) *Mechanism {
 // without: absent, never a silent no-op.
 func (m *Mechanism) absent(capability, method string) error {
 	return &memapi.Error{
-		Op: capability + "." + method,
-		Kind: memapi.ErrUnsupported,
+		Op:        capability + "." + method,
+		Kind:      memapi.ErrUnsupported,
 		Mechanism: m.state.cfg.Name,
 		Authority: m.state.cfg.Authority,
-		Detail: "the fake is configured without " + capability,
+		Detail:    "the fake is configured without " + capability,
 	}
 }

@@ -1,6 +1,8 @@
+//go:build memgentmpl
+
 package fakes
 
-import memapi "{{.Contract}}"
+import memapi "github.com/memgen/memgen/generated/memapi"
 
 // Ledger vouches for every fake Grant and Account, and for nothing else: it
 // is the ledger a checked wrapper is built with when fake grants are drawn

@@ -1,9 +1,13 @@
-{{/* needs: SharedMapping VirtualBacking */}}package fakes
+//go:build memgentmpl
+
+// memgen:needs SharedMapping VirtualBacking
+
+package fakes
 
 import (
 	"context"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 type backingState struct {
@@ -205,4 +209,3 @@ func (s *mechanismState) ReleaseBacking(ctx context.Context, b *memapi.Backing, 
 	s.issuer.EndRelease(b, true)
 	return nil
 }
-

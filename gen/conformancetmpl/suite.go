@@ -1,4 +1,7 @@
-{{/* needs: DeviceAllocator DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes DeviceAllocator.Info ErrNoGrant ErrGrantExhausted ErrAuthorityMismatch ErrUnsupported */}}
+//go:build memgentmpl
+
+// memgen:needs DeviceAllocator DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes DeviceAllocator.Info ErrNoGrant ErrGrantExhausted ErrAuthorityMismatch ErrUnsupported
+
 // Package conformance is the test suite every memgen mechanism must pass,
 // generated from spec/capabilities.yaml.
 //
@@ -61,7 +64,7 @@ import (
 	"testing"
 	"time"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // T is the part of *testing.T the suite uses. Fatalf and Skipf must end the
@@ -247,20 +250,20 @@ const opTimeout = 2 * time.Minute
 // env is one subject under test with the suite's ledger and bookkeeping.
 type env struct {
 	capabilities
-	t       T
-	factory FactoryT
-	m       memapi.Mechanism
-	dc      memapi.DeviceContext
-	info    memapi.MechanismInfo
-	caps    memapi.CapSet
-	lacks   memapi.CapSet // Subject.Lacks
+	t          T
+	factory    FactoryT
+	m          memapi.Mechanism
+	dc         memapi.DeviceContext
+	info       memapi.MechanismInfo
+	caps       memapi.CapSet
+	lacks      memapi.CapSet         // Subject.Lacks
 	declaredBy *memapi.MechanismMeta // Subject.Declared
 	hostMapped bool                  // Subject.HostMapped
-	ctx     context.Context
-	ledger  *ledger
-	grant   *grant
-	account *account
-	start   memapi.Bytes
+	ctx        context.Context
+	ledger     *ledger
+	grant      *grant
+	account    *account
+	start      memapi.Bytes
 
 	mu      sync.Mutex
 	handles []memapi.Handle // every handle made through the suite, in creation order

@@ -1,10 +1,13 @@
-{{/* needs: VirtualBacking.Reserve VirtualBacking.Commit VirtualBacking.Decommit VirtualBacking.ReleaseReservation VirtualBacking.CommittedBytes SharedMapping SharedMapping.CreateBacking SharedMapping.MapView SharedMapping.UnmapView SharedMapping.CopyOnWrite SharedMapping.ViewCount SharedMapping.ReleaseBacking AccessReadOnly AccessReadWrite ErrReadOnly ErrInUse ErrCommitted ErrNotCommitted ErrInvalidRange */}}
+//go:build memgentmpl
+
+// memgen:needs VirtualBacking.Reserve VirtualBacking.Commit VirtualBacking.Decommit VirtualBacking.ReleaseReservation VirtualBacking.CommittedBytes SharedMapping SharedMapping.CreateBacking SharedMapping.MapView SharedMapping.UnmapView SharedMapping.CopyOnWrite SharedMapping.ViewCount SharedMapping.ReleaseBacking AccessReadOnly AccessReadWrite ErrReadOnly ErrInUse ErrCommitted ErrNotCommitted ErrInvalidRange
+
 package conformance
 
 import (
 	"fmt"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 func (e *env) validCreateBacking(t T) *callCreateBacking {

@@ -1,3 +1,5 @@
+//go:build memgentmpl
+
 package fakes
 
 import (

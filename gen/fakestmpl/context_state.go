@@ -1,3 +1,5 @@
+//go:build memgentmpl
+
 package fakes
 
 import (
@@ -6,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // NewContext returns a fake device context over the host memory of m: its
@@ -61,8 +63,8 @@ func (s *contextState) NewStream() (memapi.Stream, error) {
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, &memapi.Error{
-			Op: "DeviceContext.NewStream",
-			Kind: memapi.ErrClosed,
+			Op:        "DeviceContext.NewStream",
+			Kind:      memapi.ErrClosed,
 			Mechanism: s.m.state.cfg.Name,
 		}
 	}
@@ -70,8 +72,8 @@ func (s *contextState) NewStream() (memapi.Stream, error) {
 	c := s.self
 	st := &Stream{
 		source: fmt.Sprintf("%s.stream#%d", s.m.state.cfg.Name, s.nstreams),
-		rec: c.rec,
-		quiet: c.quiet,
+		rec:    c.rec,
+		quiet:  c.quiet,
 		faults: c.faults,
 	}
 	st.state.ctx = c
@@ -87,10 +89,10 @@ func (s *contextState) Close() error {
 	defer s.mu.Unlock()
 	if n := len(s.streams); n > 0 {
 		return &memapi.Error{
-			Op: "DeviceContext.Close",
-			Kind: memapi.ErrInUse,
+			Op:        "DeviceContext.Close",
+			Kind:      memapi.ErrInUse,
 			Mechanism: s.m.state.cfg.Name,
-			Detail: fmt.Sprintf("%d streams are open", n),
+			Detail:    fmt.Sprintf("%d streams are open", n),
 		}
 	}
 	s.closed = true
@@ -208,10 +210,10 @@ func (s *streamState) execute(it item) {
 
 func (s *streamState) closedErr(op string) error {
 	return &memapi.Error{
-		Op: op,
-		Kind: memapi.ErrClosed,
+		Op:        op,
+		Kind:      memapi.ErrClosed,
 		Mechanism: s.ctx.state.m.state.cfg.Name,
-		Detail: "stream closed",
+		Detail:    "stream closed",
 	}
 }
 
@@ -298,8 +300,8 @@ func (s *streamState) Record() (memapi.Fence, error) {
 	c.state.mu.Unlock()
 	f := &Fence{
 		source: fmt.Sprintf("%s.fence#%d", c.state.m.state.cfg.Name, n),
-		rec: c.rec,
-		quiet: c.quiet,
+		rec:    c.rec,
+		quiet:  c.quiet,
 		faults: c.faults,
 	}
 	f.state.stream = s
@@ -328,10 +330,10 @@ func (s *streamState) Synchronize(ctx context.Context) error {
 		case <-ch:
 		case <-ctx.Done():
 			return &memapi.Error{
-				Op: op,
+				Op:        op,
 				Mechanism: s.ctx.state.m.state.cfg.Name,
-				Detail: "context done before the stream's work ran",
-				Err: ctx.Err(),
+				Detail:    "context done before the stream's work ran",
+				Err:       ctx.Err(),
 			}
 		}
 		s.mu.Lock()
@@ -397,9 +399,9 @@ func (s *fenceState) Wait(ctx context.Context) error {
 		return s.err
 	case <-ctx.Done():
 		return &memapi.Error{
-			Op: "Fence.Wait",
+			Op:     "Fence.Wait",
 			Detail: "context done before the fence completed",
-			Err: ctx.Err(),
+			Err:    ctx.Err(),
 		}
 	}
 }

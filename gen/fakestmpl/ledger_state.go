@@ -1,9 +1,11 @@
+//go:build memgentmpl
+
 package fakes
 
 import (
 	"sync"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // grantState is the model behind Grant: a budget of limit bytes, drawn and
@@ -30,10 +32,10 @@ func (s *grantState) Draw(n memapi.Bytes) error {
 	}
 	if n > s.limit-s.drawn {
 		return &memapi.Error{
-			Op: op,
-			Kind: memapi.ErrGrantExhausted,
+			Op:        op,
+			Kind:      memapi.ErrGrantExhausted,
 			Authority: s.authority,
-			Wanted: n,
+			Wanted:    n,
 			Available: s.limit - s.drawn,
 		}
 	}
@@ -53,12 +55,12 @@ func (s *grantState) undraw(op string, n memapi.Bytes) error {
 	defer s.mu.Unlock()
 	if n > s.drawn {
 		return &memapi.Error{
-			Op: op,
-			Kind: memapi.ErrInvalidSize,
+			Op:        op,
+			Kind:      memapi.ErrInvalidSize,
 			Authority: s.authority,
-			Wanted: n,
+			Wanted:    n,
 			Available: s.drawn,
-			Detail: "more than was drawn",
+			Detail:    "more than was drawn",
 		}
 	}
 	s.drawn -= n

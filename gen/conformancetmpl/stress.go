@@ -1,11 +1,14 @@
-{{/* needs: DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes */}}
+//go:build memgentmpl
+
+// memgen:needs DeviceAllocator.Allocate DeviceAllocator.Free DeviceAllocator.UsedBytes
+
 package conformance
 
 import (
 	"fmt"
 	"sync"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // The stress: StressWorkers goroutines allocate, use and free StressRounds

@@ -1,4 +1,7 @@
-{{/* needs: DeviceAllocator.Allocate DeviceAllocator.Free DeviceKindHost */}}
+//go:build memgentmpl
+
+// memgen:needs DeviceAllocator.Allocate DeviceAllocator.Free DeviceKindHost
+
 package conformance
 
 import (
@@ -7,7 +10,7 @@ import (
 	"syscall"
 	"unsafe"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // The leak check, for a subject whose memory the mechanism maps per

@@ -1,10 +1,13 @@
-{{/* needs: VirtualBacking VirtualBacking.Reserve VirtualBacking.Commit VirtualBacking.Decommit VirtualBacking.CommittedBytes VirtualBacking.ReleaseReservation ErrCommitted ErrNotCommitted ErrInvalidRange */}}
+//go:build memgentmpl
+
+// memgen:needs VirtualBacking VirtualBacking.Reserve VirtualBacking.Commit VirtualBacking.Decommit VirtualBacking.CommittedBytes VirtualBacking.ReleaseReservation ErrCommitted ErrNotCommitted ErrInvalidRange
+
 package conformance
 
 import (
 	"fmt"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 func (e *env) validReserve(t T) *callReserve {
@@ -140,7 +143,7 @@ func init() {
 
 func testReserveRounds(t T, e *env) {
 	g := e.gran(t)
-	for _, c := range []struct{ size, want memapi.Bytes }{ {g, g}, {g + 1, 2 * g}, {3*g - 1, 3 * g} } {
+	for _, c := range []struct{ size, want memapi.Bytes }{{g, g}, {g + 1, 2 * g}, {3*g - 1, 3 * g}} {
 		res := e.reserve(t, c.size)
 		if res.Size() != c.want {
 			t.Errorf("Reserve(%d).Size() = %d, want %d (rounded up to the granularity %d)", c.size, res.Size(), c.want, g)
@@ -213,7 +216,7 @@ func testCommitAlreadyCommitted(t T, e *env) {
 	data := pattern(g, 11)
 	e.write(t, "committed granule", at(res, g), data)
 	c := &callCommit{ctx: e.ctx, res: res, grant: e.grant}
-	for _, r := range []memapi.Range{ {Off: g, Len: g}, {Off: 0, Len: 2 * g}, {Off: g, Len: 3 * g}, {Off: 0, Len: 4 * g} } {
+	for _, r := range []memapi.Range{{Off: g, Len: g}, {Off: 0, Len: 2 * g}, {Off: g, Len: 3 * g}, {Off: 0, Len: 4 * g}} {
 		c.r = r
 		refuse(t, fmt.Sprintf("Commit(%v) over the committed granule [%#x, +%#x)", r, g, g), []*env{e}, c.call, e, memapi.ErrCommitted)
 	}

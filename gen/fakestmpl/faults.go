@@ -1,3 +1,5 @@
+//go:build memgentmpl
+
 package fakes
 
 import (
@@ -8,7 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // Fault makes a fake fail chosen calls before they change any state.
@@ -101,8 +103,8 @@ func (f *faults) check(c *Call) error {
 			return ft.Err
 		}
 		return &memapi.Error{
-			Op: f.source + "." + c.Method,
-			Kind: ft.Err,
+			Op:     f.source + "." + c.Method,
+			Kind:   ft.Err,
 			Detail: fmt.Sprintf("injected fault on call %d", n),
 		}
 	}
@@ -114,8 +116,8 @@ func (f *faults) check(c *Call) error {
 // records, counts, takes stubs and canned results and can be faulted.
 func errNoBehaviour(op string) error {
 	return &memapi.Error{
-		Op: op,
-		Kind: memapi.ErrUnsupported,
+		Op:     op,
+		Kind:   memapi.ErrUnsupported,
 		Detail: "the fake has no behaviour for this method yet",
 	}
 }

@@ -1,11 +1,14 @@
-{{/* needs: DeviceAllocator.Info MechanismInfo DeviceKey DeviceKind */}}
+//go:build memgentmpl
+
+// memgen:needs DeviceAllocator.Info MechanismInfo DeviceKey DeviceKind
+
 package conformance
 
 import (
 	"os"
 	"reflect"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // The spec/... subtests compare what the mechanism says about itself with
@@ -35,7 +38,7 @@ func init() {
 }
 
 // module is the module path of the spec's mechanism packages.
-const module = "{{.Module}}"
+const module = "github.com/memgen/memgen"
 
 // declaration finds the subject's declaration (see above) and says where
 // it comes from; ok is false when there is none.

@@ -1,3 +1,5 @@
+//go:build memgentmpl
+
 package fakes
 
 // Host memory behind fake handles is materialised on first write, so that

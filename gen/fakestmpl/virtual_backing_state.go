@@ -1,13 +1,21 @@
-{{/* needs: VirtualBacking */}}package fakes
+//go:build memgentmpl
+
+// memgen:needs VirtualBacking
+
+package fakes
 
 import (
 	"context"
 
-	memapi "{{.Contract}}"
+	memapi "github.com/memgen/memgen/generated/memapi"
 )
 
 // resState is the model of a reservation: its granules, each without
-// backing, privately committed{{if .Caps.SharedMapping}} or part of a view{{end}}.
+// memgen:if SharedMapping
+// backing, privately committed or part of a view.
+// memgen:else
+// backing, privately committed.
+// memgen:end
 type resState struct {
 	obj       *object
 	slots     map[uint64]*slot // by granule index; absent = no backing
@@ -16,12 +24,16 @@ type resState struct {
 	eager     *store // LyingEager: the memory taken at Reserve
 }
 
-// slot is one granule of a reservation: privately committed{{if .Caps.SharedMapping}}, or part of a view{{end}}.
+// memgen:if SharedMapping
+// slot is one granule of a reservation: privately committed, or part of a view.
+// memgen:else
+// slot is one granule of a reservation: privately committed.
+// memgen:end
 type slot struct {
 	mem *store
-{{- if .Caps.SharedMapping}}
+	// memgen:if SharedMapping
 	view *viewState
-{{- end}}
+	// memgen:end
 }
 
 // Reserve takes address space only (all of it physically when lying eager).
@@ -120,11 +132,11 @@ func (s *mechanismState) Commit(
 	for i := first; i < first+n; i++ {
 		if sl := rs.slots[i]; sl != nil {
 			what := "committed"
-{{- if .Caps.SharedMapping}}
+			// memgen:if SharedMapping
 			if sl.view != nil {
 				what = "mapped by a view"
 			}
-{{- end}}
+			// memgen:end
 			return s.errorf(
 				op,
 				memapi.ErrCommitted,
@@ -227,7 +239,6 @@ func (s *mechanismState) ReleaseReservation(
 	return nil
 }
 
-
 func (rs *resState) segments(
 	s *mechanismState,
 	op string,
@@ -248,13 +259,13 @@ func (rs *resState) segments(
 			return nil, s.errorf(op, memapi.ErrNotCommitted, 0, "no backing at %#x", base+off)
 		case sl.mem != nil:
 			buf = append(buf, segment{st: sl.mem, off: in, n: k})
-{{- if .Caps.SharedMapping}}
+			// memgen:if SharedMapping
 		default:
 			if write && sl.view.access == memapi.AccessReadOnly {
 				return nil, s.errorf(op, memapi.ErrReadOnly, 0, "%#x is mapped by a read-only view", base+off)
 			}
 			buf = append(buf, segment{st: sl.view.b.mem, off: (gi-sl.view.first)*g + in, n: k})
-{{- end}}
+			// memgen:end
 		}
 		off += k
 	}
