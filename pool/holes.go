@@ -327,6 +327,7 @@ func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
 	if err != nil {
 		return err
 	}
+	trimmed0 := p.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	var done []memapi.Range
 	var cerr error
@@ -342,7 +343,7 @@ func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
 		return err
 	}
 	if cerr != nil {
-		return p.growFailed(wanted, sumRanges(runs), cerr, waited)
+		return p.growFailed(wanted, sumRanges(runs), cerr, waited, trimmed0)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -161,8 +162,8 @@ func (p *Pool) Binding() *pmm.Binding { return p.bind }
 // size-class slabs through a shard (no pool-wide lock when the shard has a
 // block); larger ones are best-fit chunks. When the pool must grow and the
 // governor is short, the pool's own cache is asked first (HolderOptions.
-// Cache), then other holders; if that fails the error is an
-// *OverBudgetError. Zero and absurd sizes are memapi.ErrInvalidSize;
+// Cache), then other holders; if that fails the error is a
+// *governor.OverBudgetError with the pool's figures (its Pool field). Zero and absurd sizes are memapi.ErrInvalidSize;
 // after Close, memapi.ErrClosed.
 func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (Block, error) {
 	if size == 0 || size > MaxAlloc {
@@ -480,12 +481,13 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	if !huge {
 		size = max(need, uint64(p.opts.SegmentBytes))
 	}
+	trimmed0 := p.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, size, err, waited)
+		return p.growFailed(wanted, size, err, waited, trimmed0)
 	}
 	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size()), huge: huge}
 	p.mu.Lock()
@@ -506,11 +508,13 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	return nil
 }
 
-// growFailed counts a failed growth and gives its error, with the pool's
-// figures when it was over budget. A growth that ran past Options.Wait (the
-// governor's wait, or the mechanism call after it, which sees the same
-// context) is over budget too: the bytes were not there in time.
-func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
+// growFailed counts a failed growth and gives its error: over budget, a
+// *governor.OverBudgetError with the pool's figures (Pool) beside the
+// governor's. A growth that ran past Options.Wait (the governor's wait, or
+// the mechanism call after it, which sees the same context) is over budget
+// too: the bytes were not there in time. trimmed0 is the pool's reclaimed
+// bytes when the growth started (reclaimedNow).
+func (p *Pool) growFailed(wanted, size uint64, err error, waited bool, trimmed0 uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.c.growFails++
@@ -522,8 +526,25 @@ func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
 	use, _ := p.totalsLocked()
 	p.unlockShards()
 	inUse := uint64(use)
-	return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
-		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
+	figs := &governor.PoolFigures{Request: memapi.Bytes(wanted), Segment: memapi.Bytes(size), Held: memapi.Bytes(p.held),
+		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Trimmed: memapi.Bytes(p.c.reclaimed - trimmed0)}
+	var gob *governor.OverBudgetError
+	if errors.As(err, &gob) {
+		e := *gob
+		e.Op, e.Pool = "pool.Alloc", figs
+		return &e
+	}
+	auth, _ := p.bind.Authority()
+	return &governor.OverBudgetError{Op: "pool.Alloc", Kind: memapi.ErrOverBudget, Authority: auth,
+		Reason: "the binding could not back the growth in time", Wanted: memapi.Bytes(size), Pool: figs, Err: err}
+}
+
+// reclaimedNow returns the bytes the pool's Reclaim and Trim gave back so
+// far: a growth's over-budget error reports what it trimmed meanwhile.
+func (p *Pool) reclaimedNow() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.c.reclaimed
 }
 
 // Free returns a block to the pool. Freed with fences that have not all

@@ -52,12 +52,13 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 		return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrOutOfMemory, Wanted: memapi.Bytes(wanted),
 			Available: memapi.Bytes(uint64(r.Cap()) - old), Detail: "the pool's region is full (Options.RegionBytes)"}
 	}
+	trimmed0 := p.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	err = r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, newLen-old, err, waited)
+		return p.growFailed(wanted, newLen-old, err, waited, trimmed0)
 	}
 	got := uint64(r.Len())
 	p.mu.Lock()
