@@ -102,7 +102,7 @@ func (a *arena) fit(n uint64) int {
 // takeAt takes n bytes of the free chunk at index i, split so that the
 // chunk returned is exactly n: its first n bytes, or its last n when
 // fromEnd (the rest stays free). Best fit is takeAt(fit(n), n, false)
-// (Pool.takeChunk).
+// (arena.take).
 func (a *arena) takeAt(i int, n uint64, fromEnd bool) *chunk {
 	c := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)

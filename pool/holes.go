@@ -117,22 +117,20 @@ func (h *holes) covers(ch *chunk) bool {
 	return h.set.any(lo, hi)
 }
 
-// coversHoles is holes.covers under the holes' lock; the caller holds the
-// arena's.
-func (p *Pool) coversHoles(ch *chunk) bool {
-	p.holes.mu.Lock()
-	defer p.holes.mu.Unlock()
-	return p.holes.covers(ch)
+// coversLocking is covers under mu; the caller holds the arena's lock.
+func (h *holes) coversLocking(ch *chunk) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.covers(ch)
 }
 
-// takeChunk takes n bytes from the arena. With decommitted granules in
-// the region it prefers committed memory: among the few smallest chunks
+// take takes n bytes from the arena. With decommitted granules in the
+// region (h) it prefers committed memory: among the few smallest chunks
 // that fit, the first whose start (or end) needs no commit, else best fit.
 // Blocks then pack into committed granules and leave whole free ones
-// together, which the next decommit gives back. The caller holds the
-// arena's lock.
-func (p *Pool) takeChunk(n uint64) *chunk {
-	a, h := &p.arena, &p.holes
+// together, which the next decommit gives back. The caller holds mu; take
+// takes h's lock.
+func (a *arena) take(h *holes, n uint64) *chunk {
 	i := a.fit(n)
 	if i == len(a.free) {
 		return nil
@@ -157,7 +155,7 @@ func (p *Pool) takeChunk(n uint64) *chunk {
 	return a.takeAt(i, n, false)
 }
 
-// committedFitScan bounds how many chunks takeChunk looks at.
+// committedFitScan bounds how many chunks arena.take looks at.
 const committedFitScan = 16
 
 // runs returns the region ranges of the granules in [lo, hi) that are in
@@ -195,18 +193,12 @@ func (p *Pool) relieve(ctx context.Context) {
 	if p.opts.HoleSlack <= 0 {
 		return
 	}
-	slack := uint64(float64(p.heldNow()) * p.opts.HoleSlack)
+	slack := uint64(float64(p.segs.heldNow()) * p.opts.HoleSlack)
 	free := p.freeWholeCommitted()
 	if free <= slack {
 		return
 	}
 	_, _ = p.decommitHoles(ctx, free-slack*9/10) // a decommit that fails changes nothing
-}
-
-func (p *Pool) heldNow() uint64 {
-	p.segs.mu.Lock()
-	defer p.segs.mu.Unlock()
-	return p.segs.held
 }
 
 // freeWholeCommitted returns the bytes of the committed whole granules in
@@ -291,7 +283,7 @@ func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error)
 		return 0, nil
 	}
 	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
-	r := p.regionNow()
+	r := p.segs.regionNow()
 	var errs []error
 	done := make([][]memapi.Range, len(plans))
 	for i, pl := range plans {
@@ -304,13 +296,6 @@ func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error)
 		}
 	}
 	return p.holesMade(plans, done), errors.Join(errs...)
-}
-
-// regionNow returns the pool's region (nil before the first growth).
-func (p *Pool) regionNow() *pmm.Region {
-	p.segs.mu.Lock()
-	defer p.segs.mu.Unlock()
-	return p.segs.region
 }
 
 // holesMade books the decommitted granules and gives the busy chunks back
@@ -360,7 +345,7 @@ func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
 	if err != nil {
 		return err
 	}
-	trimmed0 := p.reclaimedNow()
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	var done []memapi.Range
 	var cerr error

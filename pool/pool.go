@@ -293,11 +293,11 @@ func (p *Pool) slabChunk(size uint64) (ch *chunk, busy bool) {
 	a := &p.arena
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	take := func() bool { ch = p.takeChunk(size); return ch != nil }
+	take := func() bool { ch = p.arena.take(&p.holes, size); return ch != nil }
 	if !take() && !p.compact(take) {
 		return nil, false
 	}
-	if p.coversHoles(ch) {
+	if p.holes.coversLocking(ch) {
 		a.markBusy(ch)
 		return ch, true
 	}
@@ -416,14 +416,14 @@ func (p *Pool) takeLarge(r, n uint64, s memapi.Stream) (h Block, pend *chunk, er
 	a := &p.arena
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	ch := p.takeChunk(r)
+	ch := p.arena.take(&p.holes, r)
 	if ch == nil {
-		p.compact(func() bool { ch = p.takeChunk(r); return ch != nil })
+		p.compact(func() bool { ch = p.arena.take(&p.holes, r); return ch != nil })
 	}
 	if ch == nil {
 		return Block{}, nil, nil
 	}
-	if p.coversHoles(ch) {
+	if p.holes.coversLocking(ch) {
 		a.markBusy(ch)
 		return Block{}, ch, nil
 	}
@@ -468,7 +468,7 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	if !huge {
 		size = max(need, uint64(p.opts.SegmentBytes))
 	}
-	trimmed0 := p.reclaimedNow()
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	waited := wctx.Err() != nil && ctx.Err() == nil
@@ -502,7 +502,7 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 // governor's. A growth that ran past Options.Wait (the governor's wait, or
 // the mechanism call after it, which sees the same context) is over budget
 // too: the bytes were not there in time. trimmed0 is the pool's reclaimed
-// bytes when the growth started (reclaimedNow).
+// bytes when the growth started (segments.reclaimedNow).
 func (p *Pool) growFailed(wanted, size uint64, err error, waited bool, trimmed0 uint64) error {
 	g := &p.segs
 	g.mu.Lock()
@@ -527,14 +527,6 @@ func (p *Pool) growFailed(wanted, size uint64, err error, waited bool, trimmed0 
 	auth, _ := p.bind.Authority()
 	return &governor.OverBudgetError{Op: "pool.Alloc", Kind: memapi.ErrOverBudget, Authority: auth,
 		Reason: "the binding could not back the growth in time", Wanted: memapi.Bytes(size), Pool: figs, Err: err}
-}
-
-// reclaimedNow returns the bytes the pool's Reclaim and Trim gave back so
-// far: a growth's over-budget error reports what it trimmed meanwhile.
-func (p *Pool) reclaimedNow() uint64 {
-	p.segs.mu.Lock()
-	defer p.segs.mu.Unlock()
-	return p.segs.reclaimed
 }
 
 // Free returns a block to the pool. Freed with fences that have not all

@@ -44,17 +44,9 @@ func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 		errs = append(errs, err)
 	}
 	if freed > 0 {
-		p.countReclaim(freed)
+		p.segs.countReclaim(freed)
 	}
 	return memapi.Bytes(freed), errors.Join(errs...)
-}
-
-func (p *Pool) countReclaim(freed uint64) {
-	g := &p.segs
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.reclaims++
-	g.reclaimed += freed
 }
 
 // trimCache gathers the cache (the pending blocks whose fences completed,

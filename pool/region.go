@@ -26,7 +26,7 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 		return errClosed()
 	}
 	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
-	r := p.regionNow()
+	r := p.segs.regionNow()
 	if r == nil {
 		var err error
 		if r, err = p.bind.ReserveVirtual(ctx, p.opts.RegionBytes); err != nil {
@@ -53,7 +53,7 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 		return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrOutOfMemory, Wanted: memapi.Bytes(wanted),
 			Available: memapi.Bytes(uint64(r.Cap()) - old), Detail: "the pool's region is full (Options.RegionBytes)"}
 	}
-	trimmed0 := p.reclaimedNow()
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	err = r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
 	waited := wctx.Err() != nil && ctx.Err() == nil

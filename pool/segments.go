@@ -105,3 +105,35 @@ func (g *segments) count() int {
 	}
 	return n
 }
+
+// heldNow returns the bytes held, under mu.
+func (g *segments) heldNow() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held
+}
+
+// reclaimedNow returns the bytes the pool's Reclaim and Trim gave back so
+// far, under mu: a growth's over-budget error reports what it trimmed
+// meanwhile.
+func (g *segments) reclaimedNow() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reclaimed
+}
+
+// regionNow returns the pool's region (nil before the first growth),
+// under mu.
+func (g *segments) regionNow() *pmm.Region {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.region
+}
+
+// countReclaim counts a Reclaim or Trim that gave freed bytes back.
+func (g *segments) countReclaim(freed uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reclaims++
+	g.reclaimed += freed
+}
