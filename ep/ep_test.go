@@ -89,11 +89,11 @@ func TestReleaseWaitsForEveryFenceThenFreesThenRefunds(t *testing.T) {
 		t.Run(map[bool]string{false: "ready-channel", true: "poll-only"}[poll], func(t *testing.T) {
 			c, _ := newCtx(t)
 			var l log
-			o, err := c.Own("buf", func() { l.add("pending") }, func(context.Context) error {
+			o, err := c.Own("buf", &releaser{pending: func() { l.add("pending") }, free: func(context.Context) error {
 				l.add("free")
 				l.add("refund")
 				return nil
-			})
+			}})
 			require.NoError(t, err)
 			f1, f2 := newFence(poll), newFence(poll)
 			require.NoError(t, o.RecordUse(f1))
@@ -118,7 +118,7 @@ func TestReleaseWaitsForEveryFenceThenFreesThenRefunds(t *testing.T) {
 func TestCloseIsIdempotentAndRecordUseAfterCloseFails(t *testing.T) {
 	c, _ := newCtx(t)
 	var frees atomic.Int32
-	o, err := c.Own("buf", nil, func(context.Context) error { frees.Add(1); return nil })
+	o, err := c.Own("buf", &releaser{free: func(context.Context) error { frees.Add(1); return nil }})
 	require.NoError(t, err)
 	require.NoError(t, o.Close())
 	require.NoError(t, o.Close())
@@ -134,7 +134,7 @@ func TestContextPinning(t *testing.T) {
 	c := ep.NewContext(d, ep.Options{})
 	f := newFence(false)
 	var freed atomic.Bool
-	o, err := c.Own("kv", nil, func(context.Context) error { freed.Store(true); return nil })
+	o, err := c.Own("kv", &releaser{free: func(context.Context) error { freed.Store(true); return nil }})
 	require.NoError(t, err)
 	require.NoError(t, o.RecordUse(f))
 
@@ -166,7 +166,7 @@ func TestContextPinning(t *testing.T) {
 	require.True(t, freed.Load())
 	require.Equal(t, int32(1), d.closed.Load())
 
-	_, err = c.Own("late", nil, func(context.Context) error { return nil })
+	_, err = c.Own("late", &releaser{free: func(context.Context) error { return nil }})
 	require.ErrorIs(t, err, memapi.ErrClosed)
 	require.NoError(t, c.Close(context.Background(), false), "Close after Close")
 }
@@ -182,12 +182,12 @@ func TestFailedFreeKeepsTheContextPinned(t *testing.T) {
 	boom := errors.New("device busy")
 	fail := atomic.Bool{}
 	fail.Store(true)
-	o, err := c.Own("w", nil, func(context.Context) error {
+	o, err := c.Own("w", &releaser{free: func(context.Context) error {
 		if fail.Load() {
 			return boom
 		}
 		return nil
-	})
+	}})
 	require.NoError(t, err)
 	require.NoError(t, o.Close())
 	drain(t, c)
@@ -219,7 +219,7 @@ func TestDroppedHandleIsReportedAndStillReleased(t *testing.T) {
 	var freed atomic.Bool
 	pending := newFence(false)
 	func() {
-		o, err := c.Own("forgotten", nil, func(context.Context) error { freed.Store(true); return nil })
+		o, err := c.Own("forgotten", &releaser{free: func(context.Context) error { freed.Store(true); return nil }})
 		require.NoError(t, err)
 		require.NoError(t, o.RecordUse(pending))
 	}()
@@ -227,7 +227,7 @@ func TestDroppedHandleIsReportedAndStillReleased(t *testing.T) {
 	// A second dropped handle, whose fence is complete, shows the release.
 	var freed2 atomic.Bool
 	func() {
-		o, err := c.Own("forgotten2", nil, func(context.Context) error { freed2.Store(true); return nil })
+		o, err := c.Own("forgotten2", &releaser{free: func(context.Context) error { freed2.Store(true); return nil }})
 		require.NoError(t, err)
 		f := newFence(false)
 		f.Complete()

@@ -68,50 +68,25 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// Hooks are what a layer above does at the lifecycle's transitions. None
-// of them may reach the handle the layer hands out (the object the leak
-// backstop watches): they close over the layer's state only.
-type Hooks struct {
-	// Closed (optional) runs once, in Close or the leak backstop, when the
-	// handle leaves Open: the place to uncount it from its binding.
-	Closed func()
-	// Pending (optional) runs once, when the release is about to be
-	// queued and before its Free can run: the place to mark the lease
-	// pending-free.
-	Pending func()
+// Releaser is what a layer above does at a handle's transitions: a layer
+// whose state has them as methods hands itself over (pmm's buffer, region
+// and shared backing states), with no closure to allocate. None of its
+// methods may reach the handle the layer hands out (the object the leak
+// backstop watches): they use the layer's state only.
+type Releaser interface {
+	// Closed runs once, in Close or the leak backstop, when the handle
+	// leaves Open: the place to uncount it from its binding.
+	Closed()
+	// Pending runs once, when the release is about to be queued and
+	// before Free can run: the place to mark the lease pending-free.
+	Pending()
 	// Free runs on the queue after every recorded fence completed: it
 	// frees through the creating mechanism and refunds the ledger. An
 	// error (or a panic, which the queue recovers) quarantines the
 	// handle; Free is then called again by Retry and must free only what
 	// is still held.
-	Free func(ctx context.Context) error
-}
-
-// Releaser is Hooks as one value: a layer whose state has the three
-// transitions as methods hands itself over, with no closure to allocate.
-// Its methods follow Hooks' rules.
-type Releaser interface {
-	Closed()
-	Pending()
 	Free(ctx context.Context) error
 }
-
-// hooks adapts Hooks to Releaser.
-type hooks struct{ h Hooks }
-
-func (h *hooks) Closed() {
-	if h.h.Closed != nil {
-		h.h.Closed()
-	}
-}
-
-func (h *hooks) Pending() {
-	if h.h.Pending != nil {
-		h.h.Pending()
-	}
-}
-
-func (h *hooks) Free(ctx context.Context) error { return h.h.Free(ctx) }
 
 // Lifecycle is the state of one owning handle, written once for every kind
 // of handle (pmm's Buffer, Region and Shared). It never refers to the
@@ -151,24 +126,11 @@ type Owned struct {
 	cleanup runtime.Cleanup
 }
 
-// Own pins the context and returns an owning handle in state Open. onClose
-// (optional) is Hooks.Pending and free is Hooks.Free; see OwnHooks.
-func (c *Context) Own(name string, onClose func(), free func(ctx context.Context) error) (*Owned, error) {
-	return c.OwnHooks(name, Hooks{Pending: onClose, Free: free})
-}
-
-// OwnHooks pins the context and returns an owning handle in state Open
-// whose transitions run h.
-func (c *Context) OwnHooks(name string, h Hooks) (*Owned, error) {
-	if h.Free == nil {
-		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no free function", name)
-	}
-	return c.OwnReleaser(name, &hooks{h})
-}
-
-// OwnReleaser pins the context and returns an owning handle in state Open
-// whose transitions call r. r must not reach the handle (see Hooks).
-func (c *Context) OwnReleaser(name string, r Releaser) (*Owned, error) {
+// Own pins the context and returns an owning handle in state Open whose
+// transitions call r. It is the one way to make an owning handle; a nil r
+// is memapi.ErrInvalidSize, and a context that is closed or closing
+// refuses the pin (memapi.ErrClosed).
+func (c *Context) Own(name string, r Releaser) (*Owned, error) {
 	if r == nil {
 		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
 	}

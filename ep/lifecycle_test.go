@@ -19,7 +19,7 @@ import (
 func TestPanickingOnCloseStillReleases(t *testing.T) {
 	c, _ := newCtx(t)
 	var freed atomic.Bool
-	o, err := c.Own("buf", func() { panic("hook bug") }, func(context.Context) error { freed.Store(true); return nil })
+	o, err := c.Own("buf", &releaser{pending: func() { panic("hook bug") }, free: func(context.Context) error { freed.Store(true); return nil }})
 	require.NoError(t, err)
 	require.PanicsWithValue(t, "hook bug", func() { _ = o.Close() })
 	drain(t, c)
@@ -27,7 +27,7 @@ func TestPanickingOnCloseStillReleases(t *testing.T) {
 	require.Zero(t, c.Live())
 	require.Equal(t, ep.Released, o.State())
 	// Later releases on the context still run.
-	o2, err := c.Own("next", nil, func(context.Context) error { return nil })
+	o2, err := c.Own("next", &releaser{free: func(context.Context) error { return nil }})
 	require.NoError(t, err)
 	require.NoError(t, o2.Close())
 	drain(t, c)
@@ -40,12 +40,12 @@ func TestPanickingFreeQuarantines(t *testing.T) {
 	c, _ := newCtx(t)
 	var boom atomic.Bool
 	boom.Store(true)
-	o, err := c.Own("buf", nil, func(context.Context) error {
+	o, err := c.Own("buf", &releaser{free: func(context.Context) error {
 		if boom.Load() {
 			panic("free bug")
 		}
 		return nil
-	})
+	}})
 	require.NoError(t, err)
 	require.NoError(t, o.Close())
 	drain(t, c)
@@ -67,7 +67,7 @@ func TestPanickingFreeQuarantines(t *testing.T) {
 func TestQueueRefusesToCloseWhilePinned(t *testing.T) {
 	c, _ := newCtx(t)
 	var freed atomic.Bool
-	o, err := c.Own("buf", nil, func(context.Context) error { freed.Store(true); return nil })
+	o, err := c.Own("buf", &releaser{free: func(context.Context) error { freed.Store(true); return nil }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
@@ -84,7 +84,7 @@ func TestQueueRefusesToCloseWhilePinned(t *testing.T) {
 func TestCloseDuringATransactionWaitsForIt(t *testing.T) {
 	c, _ := newCtx(t)
 	var pending, freed atomic.Bool
-	o, err := c.Own("r", func() { pending.Store(true) }, func(context.Context) error { freed.Store(true); return nil })
+	o, err := c.Own("r", &releaser{pending: func() { pending.Store(true) }, free: func(context.Context) error { freed.Store(true); return nil }})
 	require.NoError(t, err)
 	l := o.Lifecycle()
 	require.NoError(t, l.Begin("txn"))
@@ -111,12 +111,12 @@ func TestFreeRunsOnlyAfterPendingIsMarked(t *testing.T) {
 	var early atomic.Bool
 	for range 50 {
 		marked := new(atomic.Bool)
-		o, err := c.Own("buf", func() { time.Sleep(100 * time.Microsecond); marked.Store(true) }, func(context.Context) error {
+		o, err := c.Own("buf", &releaser{pending: func() { time.Sleep(100 * time.Microsecond); marked.Store(true) }, free: func(context.Context) error {
 			if !marked.Load() {
 				early.Store(true)
 			}
 			return nil
-		})
+		}})
 		require.NoError(t, err)
 		require.NoError(t, o.Close())
 	}
@@ -128,7 +128,7 @@ func TestFreeRunsOnlyAfterPendingIsMarked(t *testing.T) {
 func TestRecordUseKeepsFencesInFlight(t *testing.T) {
 	c, _ := newCtx(t)
 	var freed atomic.Bool
-	o, err := c.Own("buf", nil, func(context.Context) error { freed.Store(true); return nil })
+	o, err := c.Own("buf", &releaser{free: func(context.Context) error { freed.Store(true); return nil }})
 	require.NoError(t, err)
 	inFlight := newFence(false)
 	require.NoError(t, o.RecordUse(inFlight))
@@ -186,7 +186,7 @@ func TestHandleMadeAsTheQueueClosesIsReleased(t *testing.T) {
 		case ep.StepPinsZero: // the window: pins seen at zero, closing not set
 			if !made {
 				made = true
-				h, ownErr = c.Own("late", nil, func(context.Context) error { freed.Store(true); return nil })
+				h, ownErr = c.Own("late", &releaser{free: func(context.Context) error { freed.Store(true); return nil }})
 			}
 		case ep.StepWaitPins:
 			select {
@@ -230,7 +230,7 @@ func TestOwnWhileTheQueueDrainsIsRefused(t *testing.T) {
 	)
 	ep.SetCloseHook(q, func(s ep.CloseStep) {
 		if s == ep.StepClosing {
-			h, ownErr = c.Own("late", nil, func(context.Context) error { return nil })
+			h, ownErr = c.Own("late", &releaser{free: func(context.Context) error { return nil }})
 			f.Complete()
 		}
 	})
@@ -335,10 +335,19 @@ func TestOwnQuarantinedOnAClosingContextIsKept(t *testing.T) {
 	}
 }
 
-type releaser struct{ free func(context.Context) error }
+// releaser is a test's ep.Releaser: pending (optional) runs at Pending,
+// free at Free.
+type releaser struct {
+	pending func()
+	free    func(context.Context) error
+}
 
-func (r *releaser) Closed()                        {}
-func (r *releaser) Pending()                       {}
+func (r *releaser) Closed() {}
+func (r *releaser) Pending() {
+	if r.pending != nil {
+		r.pending()
+	}
+}
 func (r *releaser) Free(ctx context.Context) error { return r.free(ctx) }
 
 // Two Closes of one queue, the second while the first drains: both return
@@ -371,18 +380,18 @@ func TestHandlesNamesWhatStillHoldsTheContext(t *testing.T) {
 		}
 		return out
 	}
-	a, err := c.Own("a", nil, func(context.Context) error { return nil })
+	a, err := c.Own("a", &releaser{free: func(context.Context) error { return nil }})
 	require.NoError(t, err)
 	var fail atomic.Bool
 	fail.Store(true)
-	b, err := c.Own("b", nil, func(context.Context) error {
+	b, err := c.Own("b", &releaser{free: func(context.Context) error {
 		if fail.Load() {
 			return errors.New("device busy")
 		}
 		return nil
-	})
+	}})
 	require.NoError(t, err)
-	d, err := c.Own("d", nil, func(context.Context) error { return nil })
+	d, err := c.Own("d", &releaser{free: func(context.Context) error { return nil }})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"a:open", "b:open", "d:open"}, names())
 	require.NoError(t, b.Close())
@@ -395,4 +404,15 @@ func TestHandlesNamesWhatStillHoldsTheContext(t *testing.T) {
 	drain(t, c)
 	require.Empty(t, names())
 	require.Zero(t, c.Live())
+}
+
+// Own without a releaser is a typed error and pins nothing: the context
+// closes at once.
+func TestOwnWithoutReleaserIsRefused(t *testing.T) {
+	c, _ := newCtx(t)
+	o, err := c.Own("nothing", nil)
+	require.ErrorIs(t, err, memapi.ErrInvalidSize)
+	require.Nil(t, o)
+	require.Zero(t, c.Live())
+	require.NoError(t, c.Close(context.Background(), false))
 }

@@ -24,7 +24,7 @@ func TestNilLoggerDiscards(t *testing.T) {
 
 	failOnce := func(opts ep.Options) {
 		c := ep.NewContext(&devCtx{}, opts)
-		o, err := c.Own("w", nil, func(context.Context) error { return errors.New("device busy") })
+		o, err := c.Own("w", &releaser{free: func(context.Context) error { return errors.New("device busy") }})
 		require.NoError(t, err)
 		require.NoError(t, o.Close())
 		drain(t, c)

@@ -85,7 +85,7 @@ func (b *Binding) Close() error {
 
 // counted runs make, one of the binding's constructors, on the device
 // resolved now, with the new handle counted live; a failure uncounts it.
-// The handle's lifecycle uncounts it when it is closed (ep.Hooks.Closed),
+// The handle's lifecycle uncounts it when it is closed (ep.Releaser.Closed),
 // by Close or by the leak backstop.
 func counted[T any](b *Binding, op string, make func(*device) (T, error)) (T, error) {
 	var zero T
@@ -189,7 +189,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	// backstop watches the Buffer.
 	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease, slot: slot}
 	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
-	owned, err := d.ctx.OwnReleaser(name, rel)
+	owned, err := d.ctx.Own(name, rel)
 	if err != nil {
 		if ferr := rel.Free(ctx); ferr != nil {
 			return nil, keepRefused(d, name+" (refused)", rel, a.Size(), errors.Join(err, ferr))

@@ -105,7 +105,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	}
 	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
 		txn: make(chan struct{}, 1)}
-	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
+	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
 		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, zeroAccount(d.authority)))
 	}

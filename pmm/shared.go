@@ -64,7 +64,7 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	}
 	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
 	name := fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk)
-	owned, err := d.ctx.OwnReleaser(name, s)
+	owned, err := d.ctx.Own(name, s)
 	if err != nil {
 		if rerr := s.Free(ctx); rerr != nil {
 			return nil, keepRefused(d, name+" (refused)", s, bk.Size(), errors.Join(err, rerr))

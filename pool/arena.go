@@ -3,6 +3,7 @@ package pool
 import (
 	"cmp"
 	"slices"
+	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/pmm"
@@ -39,12 +40,34 @@ type slab struct {
 	slots []block
 }
 
-// arena is the best-fit index of the free chunks, sorted by size then
-// address; it is guarded by the pool's mutex.
+// arena is the best-fit index of the free chunks of the pool's segments
+// (not the huge ones), sorted by size then address: best fit, split on
+// take, coalesced with both neighbours on free (BFC). Slabs are carved
+// from its chunks and large blocks are its chunks (Go's mheap).
+//
+// Its lock, mu, guards free, busy and the counters, and every chunk of a
+// segment that is not huge: its links (prev, next), its flags (free,
+// busy) and its slab or block; and the region segment's size, which
+// changes with both this lock and the segments' held. It comes after the
+// depot's lock and before the holes', the segments' and the shards' locks.
 type arena struct {
+	mu     sync.Mutex
 	free   []*chunk
+	busy   uint64 // bytes of chunks out of the index while their granules are (de)committed (holes.go)
 	splits uint64
 	merges uint64
+}
+
+// markBusy takes ch out of reach while a pmm call commits or decommits its
+// granules: no taker gets it and no freed neighbour coalesces into it.
+func (a *arena) markBusy(ch *chunk) {
+	ch.busy = true
+	a.busy += ch.size
+}
+
+func (a *arena) unbusy(ch *chunk) {
+	ch.busy = false
+	a.busy -= ch.size
 }
 
 func cmpChunk(x, y *chunk) int {
@@ -79,7 +102,7 @@ func (a *arena) fit(n uint64) int {
 // takeAt takes n bytes of the free chunk at index i, split so that the
 // chunk returned is exactly n: its first n bytes, or its last n when
 // fromEnd (the rest stays free). Best fit is takeAt(fit(n), n, false)
-// (Pool.takeLocked).
+// (arena.take).
 func (a *arena) takeAt(i int, n uint64, fromEnd bool) *chunk {
 	c := a.free[i]
 	a.free = slices.Delete(a.free, i, i+1)

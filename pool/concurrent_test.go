@@ -2,6 +2,7 @@ package pool_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -15,9 +16,11 @@ import (
 
 // TestConcurrentUse: goroutines allocating and freeing small, large and
 // huge blocks (each writing and checking its own pattern), one asking the
-// pool to Reclaim and Trim, with release faults injected, on both backings
-// under a budget that the live blocks can fill. Run under -race; at the end
-// the ledger identity holds and a Close and its retry leave nothing.
+// pool to Reclaim and Trim and reading Stats, with release faults
+// injected, on both backings under a budget that the live blocks can fill.
+// Run under -race; every Stats meanwhile has Cached + InUse == Segments; at
+// the end the ledger identity holds and a Close and its retry leave
+// nothing.
 func TestConcurrentUse(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -107,7 +110,18 @@ func TestConcurrentUse(t *testing.T) {
 					}
 					_, _ = e.p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 8 << 20})
 					_, _ = e.p.Trim(ctx)
-					_ = e.p.Stats()
+					// Stats holds every level's lock: a byte moving between
+					// levels (or into use) is never seen in neither or both,
+					// even mid-flight.
+					for range 20 {
+						if s := e.p.Stats(); s.Cached+s.InUse != s.Segments {
+							select {
+							case errs <- fmt.Errorf("mid-flight Stats: cached %d + in use %d != segments %d", s.Cached, s.InUse, s.Segments):
+							default:
+							}
+							return
+						}
+					}
 				}
 			}()
 			watchdog.Within(t, watchdog.Bound, "the workers", wg.Wait)

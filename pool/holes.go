@@ -3,8 +3,10 @@ package pool
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
 )
 
 // Holes (BackingRegion): whole granules of the region inside free chunks
@@ -22,9 +24,24 @@ import (
 //
 // Decommitted granules lie only in free chunks (in the arena) or in busy
 // ones: a chunk taken out of the arena while its granules are decommitted
-// or committed outside the pool's mutex (neither a taker nor the coalescing
-// of a neighbour touches it meanwhile). Every pmm call is made holding
-// growMu (the pool's region transactions are serialized there) and not mu.
+// or committed outside every level's lock (neither a taker nor the
+// coalescing of a neighbour touches it meanwhile). Every pmm call is made
+// holding growMu (the pool's region transactions are serialized there) and
+// no level's lock.
+
+// holes is the level of the region's decommitted granules (BackingRegion).
+//
+// Its lock, mu, guards set, the region's geometry (base, gran: set when
+// the pool adopts its region) and the counters. It comes after the depot's
+// and the arena's locks (the arena consults it to prefer committed
+// memory) and before the segments' and the shards' locks.
+type holes struct {
+	mu         sync.Mutex
+	set        holeSet
+	base, gran uint64 // the region's address and granularity; gran is 0 before the region
+	decommits  uint64 // passes that decommitted free granules
+	recommits  uint64 // chunks whose decommitted granules were committed again
+}
 
 // holeSet is the set of the region's decommitted granules, by index.
 type holeSet struct {
@@ -75,83 +92,79 @@ func (h *holeSet) any(lo, hi uint64) bool {
 }
 
 // granules returns the index range of the granules that overlap
-// [addr, addr+size) (outer) or lie wholly in it (inner).
-func (p *Pool) granules(addr, size uint64, inner bool) (lo, hi uint64) {
-	g := uint64(p.region.Granularity())
-	off := addr - p.rseg.base
+// [addr, addr+size) (outer) or lie wholly in it (inner). The caller holds
+// mu.
+func (h *holes) granules(addr, size uint64, inner bool) (lo, hi uint64) {
+	g := h.gran
+	off := addr - h.base
 	if inner {
 		return (off + g - 1) / g, (off + size) / g
 	}
 	return off / g, (off + size + g - 1) / g
 }
 
-// holeBytesLocked is the bytes of the region's decommitted granules.
-func (p *Pool) holeBytesLocked() uint64 {
-	if p.region == nil {
-		return 0
-	}
-	return p.holes.n * uint64(p.region.Granularity())
-}
+// bytes is the bytes of the region's decommitted granules. The caller
+// holds mu.
+func (h *holes) bytes() uint64 { return h.set.n * h.gran }
 
-// coversHolesLocked reports whether the chunk overlaps a decommitted
-// granule.
-func (p *Pool) coversHolesLocked(ch *chunk) bool {
-	if p.holes.n == 0 || p.rseg == nil || ch.seg != p.rseg {
+// covers reports whether the chunk overlaps a decommitted granule. The
+// caller holds mu and the arena's lock.
+func (h *holes) covers(ch *chunk) bool {
+	if h.set.n == 0 || ch.seg.reg == nil {
 		return false
 	}
-	lo, hi := p.granules(ch.addr, ch.size, false)
-	return p.holes.any(lo, hi)
+	lo, hi := h.granules(ch.addr, ch.size, false)
+	return h.set.any(lo, hi)
 }
 
-// takeLocked takes n bytes from the arena. With decommitted granules in
-// the region it prefers committed memory: among the few smallest chunks
+// coversLocking is covers under mu; the caller holds the arena's lock.
+func (h *holes) coversLocking(ch *chunk) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.covers(ch)
+}
+
+// take takes n bytes from the arena. With decommitted granules in the
+// region (h) it prefers committed memory: among the few smallest chunks
 // that fit, the first whose start (or end) needs no commit, else best fit.
 // Blocks then pack into committed granules and leave whole free ones
-// together, which the next decommit gives back.
-func (p *Pool) takeLocked(n uint64) *chunk {
-	a := &p.arena
+// together, which the next decommit gives back. The caller holds mu; take
+// takes h's lock.
+func (a *arena) take(h *holes, n uint64) *chunk {
 	i := a.fit(n)
 	if i == len(a.free) {
 		return nil
 	}
-	if p.holes.n == 0 || p.rseg == nil {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.set.n == 0 {
 		return a.takeAt(i, n, false)
 	}
 	for k := i; k < len(a.free) && k < i+committedFitScan; k++ {
 		c := a.free[k]
-		if c.seg != p.rseg {
+		if c.seg.reg == nil {
 			continue
 		}
-		if lo, hi := p.granules(c.addr, n, false); !p.holes.any(lo, hi) {
+		if lo, hi := h.granules(c.addr, n, false); !h.set.any(lo, hi) {
 			return a.takeAt(k, n, false)
 		}
-		if lo, hi := p.granules(c.addr+c.size-n, n, false); !p.holes.any(lo, hi) {
+		if lo, hi := h.granules(c.addr+c.size-n, n, false); !h.set.any(lo, hi) {
 			return a.takeAt(k, n, true)
 		}
 	}
 	return a.takeAt(i, n, false)
 }
 
-// committedFitScan bounds how many chunks takeLocked looks at.
+// committedFitScan bounds how many chunks arena.take looks at.
 const committedFitScan = 16
 
-func (p *Pool) busyLocked(ch *chunk) {
-	ch.busy = true
-	p.busyBytes += ch.size
-}
-
-func (p *Pool) unbusyLocked(ch *chunk) {
-	ch.busy = false
-	p.busyBytes -= ch.size
-}
-
 // runs returns the region ranges of the granules in [lo, hi) that are in
-// the set (want) or not.
-func (p *Pool) runs(lo, hi uint64, want bool) []memapi.Range {
-	g := memapi.Bytes(p.region.Granularity())
+// the set (want) or not. The caller holds mu.
+func (h *holes) runs(lo, hi uint64, want bool) []memapi.Range {
+	g := memapi.Bytes(h.gran)
 	var out []memapi.Range
 	for i := lo; i < hi; i++ {
-		if p.holes.has(i) != want {
+		if h.set.has(i) != want {
 			continue
 		}
 		if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == memapi.Bytes(i)*g {
@@ -180,7 +193,7 @@ func (p *Pool) relieve(ctx context.Context) {
 	if p.opts.HoleSlack <= 0 {
 		return
 	}
-	slack := uint64(float64(p.heldNow()) * p.opts.HoleSlack)
+	slack := uint64(float64(p.segs.heldNow()) * p.opts.HoleSlack)
 	free := p.freeWholeCommitted()
 	if free <= slack {
 		return
@@ -188,29 +201,26 @@ func (p *Pool) relieve(ctx context.Context) {
 	_, _ = p.decommitHoles(ctx, free-slack*9/10) // a decommit that fails changes nothing
 }
 
-func (p *Pool) heldNow() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.held
-}
-
 // freeWholeCommitted returns the bytes of the committed whole granules in
 // free chunks of the region.
 func (p *Pool) freeWholeCommitted() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rseg == nil {
+	a, h := &p.arena, &p.holes
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gran == 0 || p.closed.Load() {
 		return 0
 	}
-	g := uint64(p.region.Granularity())
+	g := h.gran
 	var n uint64
-	for _, c := range p.arena.free {
-		if c.size < g || c.seg != p.rseg {
+	for _, c := range a.free {
+		if c.size < g || c.seg.reg == nil {
 			continue
 		}
-		lo, hi := p.granules(c.addr, c.size, true)
+		lo, hi := h.granules(c.addr, c.size, true)
 		for k := lo; k < hi; k++ {
-			if !p.holes.has(k) {
+			if !h.set.has(k) {
 				n += g
 			}
 		}
@@ -225,24 +235,30 @@ type holePlan struct {
 	runs []memapi.Range
 }
 
-// planHolesLocked takes the free chunks with committed whole granules out
-// of the arena, largest first, until their granules make wanted bytes.
-func (p *Pool) planHolesLocked(wanted uint64) []holePlan {
-	if p.closed.Load() || p.rseg == nil {
+// planHoles takes the free chunks with committed whole granules out of the
+// arena, largest first, until their granules make wanted bytes, under the
+// arena's and the holes' locks.
+func (p *Pool) planHoles(wanted uint64) []holePlan {
+	a, h := &p.arena, &p.holes
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p.closed.Load() || h.gran == 0 {
 		return nil
 	}
 	var plans []holePlan
 	var sum uint64
-	for i := len(p.arena.free) - 1; i >= 0 && sum < wanted; i-- {
-		c := p.arena.free[i]
-		if c.seg != p.rseg {
+	for i := len(a.free) - 1; i >= 0 && sum < wanted; i-- {
+		c := a.free[i]
+		if c.seg.reg == nil {
 			continue
 		}
-		lo, hi := p.granules(c.addr, c.size, true)
+		lo, hi := h.granules(c.addr, c.size, true)
 		if lo >= hi {
 			continue
 		}
-		runs := p.runs(lo, hi, false)
+		runs := h.runs(lo, hi, false)
 		if len(runs) == 0 {
 			continue
 		}
@@ -250,8 +266,8 @@ func (p *Pool) planHolesLocked(wanted uint64) []holePlan {
 		sum += sumRanges(runs)
 	}
 	for _, pl := range plans {
-		p.arena.remove(pl.ch)
-		p.busyLocked(pl.ch)
+		a.remove(pl.ch)
+		a.markBusy(pl.ch)
 	}
 	return plans
 }
@@ -262,15 +278,17 @@ func (p *Pool) planHolesLocked(wanted uint64) []holePlan {
 // nothing (the granules stay committed and cached); one whose release
 // fails later is quarantined in pmm (Region.Quarantined, Stats.Quarantined).
 func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error) {
-	plans := p.lockedPlan(wanted)
+	plans := p.planHoles(wanted)
 	if len(plans) == 0 {
 		return 0, nil
 	}
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
+	r := p.segs.regionNow()
 	var errs []error
 	done := make([][]memapi.Range, len(plans))
 	for i, pl := range plans {
 		for _, rng := range pl.runs {
-			if err := p.region.Decommit(ctx, rng); err != nil {
+			if err := r.Decommit(ctx, rng); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -280,58 +298,59 @@ func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error)
 	return p.holesMade(plans, done), errors.Join(errs...)
 }
 
-func (p *Pool) lockedPlan(wanted uint64) []holePlan {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.planHolesLocked(wanted)
-}
-
 // holesMade books the decommitted granules and gives the busy chunks back
-// to the arena.
+// to the arena, under the arena's, the holes' and the segments' locks.
 func (p *Pool) holesMade(plans []holePlan, done [][]memapi.Range) uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rseg == nil {
+	a, h, g := &p.arena, &p.holes, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rseg == nil {
 		return 0 // Close came meanwhile; the region's release has the rest
 	}
-	g := uint64(p.region.Granularity())
 	var freed uint64
 	for i, pl := range plans {
 		for _, rng := range done[i] {
-			for k := uint64(rng.Off) / g; k < uint64(rng.Off+rng.Len)/g; k++ {
-				p.holes.add(k)
+			for k := uint64(rng.Off) / h.gran; k < uint64(rng.Off+rng.Len)/h.gran; k++ {
+				h.set.add(k)
 			}
 			freed += uint64(rng.Len)
 		}
-		p.unbusyLocked(pl.ch)
-		p.arena.give(pl.ch)
+		a.unbusy(pl.ch)
+		a.give(pl.ch)
 	}
-	p.held -= freed
+	g.held -= freed
 	if freed > 0 {
-		p.c.decommits++
+		h.decommits++
 	}
 	return freed
 }
 
 // recommit commits the decommitted granules that a chunk taken from the
-// arena (busy meanwhile) covers, outside mu and holding growMu, bounded by
-// Options.Wait like a growth. On a failure the chunk goes back to the
-// arena; granules committed before it stay committed, as cache.
+// arena (busy meanwhile) covers, outside every level's lock and holding
+// growMu, bounded by Options.Wait like a growth. On a failure the chunk
+// goes back to the arena; granules committed before it stay committed, as
+// cache.
 func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
 	p.growMu.Lock()
 	defer p.growMu.Unlock()
 	// The commit raises what the pool holds, as a growth does: the other
 	// whole free granules go first.
 	p.relieve(ctx)
-	runs, err := p.holeRuns(ch)
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
+	r, runs, err := p.holeRuns(ch)
 	if err != nil {
 		return err
 	}
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	var done []memapi.Range
 	var cerr error
 	for _, rng := range runs {
-		if cerr = p.region.Commit(wctx, rng); cerr != nil {
+		if cerr = r.Commit(wctx, rng); cerr != nil {
 			break
 		}
 		done = append(done, rng)
@@ -342,53 +361,72 @@ func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
 		return err
 	}
 	if cerr != nil {
-		return p.growFailed(wanted, sumRanges(runs), cerr, waited)
+		return p.growFailed(wanted, sumRanges(runs), cerr, waited, trimmed0)
 	}
 	return nil
 }
 
-// holeRuns returns the decommitted granules that ch overlaps.
-func (p *Pool) holeRuns(ch *chunk) ([]memapi.Range, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rseg == nil {
-		return nil, errClosed()
+// holeRuns returns the region and the decommitted granules that ch
+// overlaps.
+func (p *Pool) holeRuns(ch *chunk) (*pmm.Region, []memapi.Range, error) {
+	h, g := &p.holes, &p.segs
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rseg == nil {
+		return nil, nil, errClosed()
 	}
-	lo, hi := p.granules(ch.addr, ch.size, false)
-	return p.runs(lo, hi, true), nil
+	lo, hi := h.granules(ch.addr, ch.size, false)
+	return g.region, h.runs(lo, hi, true), nil
 }
 
 // holesFilled books committed granules; on failure the busy chunk goes
 // back to the arena.
 func (p *Pool) holesFilled(ch *chunk, done []memapi.Range, failed bool) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rseg == nil {
+	a, h, g := &p.arena, &p.holes, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rseg == nil {
 		return errClosed() // Close came meanwhile; the region's release has it all
 	}
-	g := uint64(p.region.Granularity())
 	for _, rng := range done {
-		for k := uint64(rng.Off) / g; k < uint64(rng.Off+rng.Len)/g; k++ {
-			p.holes.del(k)
+		for k := uint64(rng.Off) / h.gran; k < uint64(rng.Off+rng.Len)/h.gran; k++ {
+			h.set.del(k)
 		}
-		p.held += uint64(rng.Len)
+		g.add(uint64(rng.Len))
 	}
-	p.peak = max(p.peak, p.held)
 	if len(done) > 0 {
-		p.c.recommits++
+		h.recommits++
 	}
 	if failed {
-		p.unbusyLocked(ch)
-		p.arena.give(ch)
+		a.unbusy(ch)
+		a.give(ch)
 	}
 	return nil
 }
 
-// takenLocked ends a busy chunk's commit: it is the caller's now.
-func (p *Pool) takenLocked(ch *chunk) error {
-	if p.closed.Load() || p.rseg == nil {
+// takenLocking is taken under the arena's lock; the caller holds the
+// depot's, so the chunk goes from busy to the caller's slab unseen.
+func (p *Pool) takenLocking(ch *chunk) error {
+	p.arena.mu.Lock()
+	defer p.arena.mu.Unlock()
+	return p.taken(ch)
+}
+
+// taken ends a busy chunk's commit: it is the caller's now. The caller
+// holds the arena's lock.
+func (p *Pool) taken(ch *chunk) error {
+	p.segs.mu.Lock()
+	closed := p.closed.Load() || p.segs.rseg == nil
+	p.segs.mu.Unlock()
+	if closed {
 		return errClosed()
 	}
-	p.unbusyLocked(ch)
+	p.arena.unbusy(ch)
 	return nil
 }

@@ -30,44 +30,44 @@ import (
 // segment's block takes it whole (its Rounded size).
 func hugeFits(size, r uint64) bool { return size >= r && size-r <= r }
 
-// takeHuge takes the best-fitting free huge segment for r under mu; ok is
+// takeHuge takes the best-fitting free huge segment for r, under the
+// depot's lock (it sweeps the pending blocks) and the segments'; ok is
 // false when none fits.
 func (p *Pool) takeHuge(r, n uint64, s memapi.Stream) (Block, bool, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.depot.mu.Lock()
+	defer p.depot.mu.Unlock()
 	if p.closed.Load() {
 		return Block{}, false, errClosed()
 	}
-	p.sweepLocked()
+	p.sweep()
+	g := &p.segs
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	best := -1
-	for i, c := range p.hugeFree {
-		if hugeFits(c.size, r) && (best < 0 || c.size < p.hugeFree[best].size) {
+	for i, c := range g.huge {
+		if hugeFits(c.size, r) && (best < 0 || c.size < g.huge[best].size) {
 			best = i
 		}
 	}
 	if best < 0 {
 		return Block{}, false, nil
 	}
-	ch := p.hugeFree[best]
-	p.hugeFree = slices.Delete(p.hugeFree, best, best+1)
+	ch := g.huge[best]
+	g.huge = slices.Delete(g.huge, best, best+1)
 	ch.free = false
 	b := &block{p: p, addr: ch.addr, size: ch.size, ch: ch}
 	b.word.Store(pack(0, ep.Released))
 	ch.blk = b
-	p.c.largeAllocs++
+	p.largeAllocs.Add(1)
 	return p.hand(b, n, s), true, nil
 }
 
-// giveLocked frees a large block's chunk: back to its huge segment's free
-// list, or to the arena, coalesced.
-func (p *Pool) giveLocked(ch *chunk) {
-	if ch.seg.huge {
-		ch.blk = nil
-		ch.free = true
-		p.hugeFree = append(p.hugeFree, ch)
-		return
-	}
-	p.arena.give(ch)
+// giveHuge frees a huge segment's chunk: back to the free huge segments.
+// The caller holds mu.
+func (g *segments) giveHuge(ch *chunk) {
+	ch.blk = nil
+	ch.free = true
+	g.huge = append(g.huge, ch)
 }
 
 // growHuge adds a huge segment of at least r bytes, after closing the free
@@ -83,23 +83,14 @@ func (p *Pool) growHuge(ctx context.Context, n, r uint64) error {
 // cached huge bytes that fit no request go back rather than add to the
 // peak.
 func (p *Pool) releaseFreeHuge() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	g := &p.segs
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	var errs []error
-	for _, c := range p.hugeFree {
-		errs = append(errs, p.dropSegmentLocked(c.seg))
+	for _, c := range g.huge {
+		errs = append(errs, g.drop(c.seg))
 	}
-	clear(p.hugeFree)
-	p.hugeFree = p.hugeFree[:0]
+	clear(g.huge)
+	g.huge = g.huge[:0]
 	return errors.Join(errs...)
-}
-
-// dropSegmentLocked takes a wholly free segment out of the pool (its
-// figures, the segments it holds) and closes its Buffer, which stays in
-// released until pmm released it (closeKeptLocked).
-func (p *Pool) dropSegmentLocked(s *segment) error {
-	delete(p.segs, s)
-	p.held -= s.size
-	p.c.segFrees++
-	return p.closeKeptLocked(s.buf)
 }

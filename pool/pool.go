@@ -10,6 +10,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -65,6 +66,10 @@ type Options struct {
 // Pool is a caching sub-allocator over one pmm Binding. It is a governor
 // Holder (Reclaim): register it with HolderOptions.Cache so that pressure
 // asks it before holders that would evict data.
+//
+// Its fast path is the caller's shard (shard.go); its slow path is the
+// levels depot, arena, holes and segments, each with its own lock, taken
+// in that order (depot.go).
 type Pool struct {
 	bind *pmm.Binding
 	opts Options
@@ -79,39 +84,18 @@ type Pool struct {
 	peakUse, peakReq int64
 	syncs            uint64
 
-	growMu sync.Mutex  // serializes a region's Grow and Shrink (BackingRegion)
-	region *pmm.Region // BackingRegion: reserved at the first growth
-	rseg   *segment    // BackingRegion: the region as the arena's segment
+	growMu sync.Mutex // serializes a region's pmm calls (Grow, Shrink, Commit, Decommit); before every level's lock
 
-	mu      sync.Mutex // the depot, the arena, the segments, pending blocks
-	depot   [numClasses]freeList
-	arena   arena
-	segs    map[*segment]struct{}
-	held    uint64 // bytes in segments
-	peak    uint64 // peak held
-	pending []*block
-	// hugeFree are the free huge segments' chunks (huge.go).
-	hugeFree []*chunk
-	// holes are the region's decommitted granules; busyBytes the size
-	// of the chunks out of the arena while a pmm call (de)commits theirs
-	// (holes.go).
-	holes     holeSet
-	busyBytes uint64
-	// released are the segments the pool closed, until pmm released
-	// them (release.go); a failed release stays here, quarantined.
-	released []*pmm.Buffer
-	c        counters
-}
+	depot depot
+	arena arena
+	holes holes
+	segs  segments
 
-// counters are the pool's slow-path figures, guarded by mu.
-type counters struct {
-	largeAllocs, largeFrees uint64
-	segAllocs, segFrees     uint64
-	slabs                   uint64
-	reclaims, reclaimed     uint64
-	overBudget, growFails   uint64
-	streamReuse             uint64
-	decommits, recommits    uint64
+	// largeAllocs and largeFrees count the large and huge blocks handed
+	// out and freed; each is added to under the lock of the level the
+	// block comes from or goes to (depot, arena or segments), so Stats,
+	// holding every level's lock, reads them exact.
+	largeAllocs, largeFrees atomic.Uint64
 }
 
 // New returns a pool over b. It holds nothing until the first Alloc.
@@ -150,7 +134,9 @@ func New(b *pmm.Binding, opts Options) (*Pool, error) {
 	for n < max(runtime.GOMAXPROCS(0), runtime.NumCPU()) && n < 64 {
 		n *= 2
 	}
-	return &Pool{bind: b, opts: opts, shards: make([]shard, n), mask: uint32(n - 1), segs: map[*segment]struct{}{}}, nil
+	p := &Pool{bind: b, opts: opts, shards: make([]shard, n), mask: uint32(n - 1)}
+	p.segs.all = map[*segment]struct{}{}
+	return p, nil
 }
 
 // Binding returns the pool's binding.
@@ -161,8 +147,8 @@ func (p *Pool) Binding() *pmm.Binding { return p.bind }
 // size-class slabs through a shard (no pool-wide lock when the shard has a
 // block); larger ones are best-fit chunks. When the pool must grow and the
 // governor is short, the pool's own cache is asked first (HolderOptions.
-// Cache), then other holders; if that fails the error is an
-// *OverBudgetError. Zero and absurd sizes are memapi.ErrInvalidSize;
+// Cache), then other holders; if that fails the error is a
+// *governor.OverBudgetError with the pool's figures (its Pool field). Zero and absurd sizes are memapi.ErrInvalidSize;
 // after Close, memapi.ErrClosed.
 func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (Block, error) {
 	if size == 0 || size > MaxAlloc {
@@ -236,8 +222,8 @@ func (p *Pool) allocSynced(c int, n uint64, s memapi.Stream) (h Block, ok bool, 
 
 func errClosed() error { return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrClosed} }
 
-// hand counts b in use and opens it, for a block taken under mu (the
-// caller holds no shard's lock).
+// hand counts b in use and opens it, for a block taken under a level's
+// lock (the caller holds no shard's lock).
 func (p *Pool) hand(b *block, n uint64, s memapi.Stream) Block {
 	p.count(b, n)
 	return b.open(n, s)
@@ -265,79 +251,91 @@ func (p *Pool) allocSmallSlow(ctx context.Context, c int, n uint64, s memapi.Str
 	}
 }
 
-// takeSmall takes a block of class c under mu: from the pending list (its
-// own stream), the depot (refilling the caller's shard), or a new slab. When
-// the arena has no room it reports the bytes to grow by instead; when the
-// new slab's chunk covers decommitted granules it returns the chunk, busy,
-// to be committed outside mu (pend).
+// takeSmall takes a block of class c under the depot's lock: from the
+// pending list (its own stream), the depot (refilling the caller's shard),
+// or a new slab carved from an arena chunk. When the arena has no room it
+// reports the bytes to grow by instead; when the new slab's chunk covers
+// decommitted granules it returns the chunk, busy, to be committed outside
+// every lock (pend).
 func (p *Pool) takeSmall(c int, n uint64, s memapi.Stream) (h Block, grow uint64, pend *chunk, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	d := &p.depot
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if p.closed.Load() {
 		return Block{}, 0, nil, errClosed()
 	}
-	p.sweepLocked()
-	if b := p.takePendingLocked(c, s); b != nil {
-		return p.handLocked(b, n, s), 0, nil, nil
+	p.sweep()
+	if b := d.takePending(c, s); b != nil {
+		p.countSmallAlloc()
+		return p.hand(b, n, s), 0, nil, nil
 	}
-	if p.depot[c].n == 0 && !p.stealLocked(c) {
+	if d.lists[c].n == 0 && !p.steal(c) {
 		size := classSize[c] * uint64(slabCount(c, uint64(p.opts.SlabBytes)))
-		var ch *chunk
-		take := func() bool { ch = p.takeLocked(size); return ch != nil }
-		if !take() && !p.compactLocked(take) {
+		ch, busy := p.slabChunk(size)
+		if ch == nil {
 			return Block{}, size, nil, nil
 		}
-		if p.coversHolesLocked(ch) {
-			p.busyLocked(ch)
+		if busy {
 			return Block{}, 0, ch, nil
 		}
-		p.carveSlabLocked(c, ch)
+		d.carve(p, c, ch)
 	}
-	b := p.depot[c].pop()
-	p.refillLocked(c)
+	b := d.lists[c].pop()
+	p.refill(c)
 	return p.hand(b, n, s), 0, nil, nil
 }
 
-// refillLocked moves about half a shard's bound of class c from the depot
-// to the caller's shard and counts the caller's alloc there.
-func (p *Pool) refillLocked(c int) {
+// slabChunk takes a chunk of size bytes from the arena for a slab,
+// compacting first when none fits; nil when even that finds none. A chunk
+// that covers decommitted granules comes back busy. The caller holds the
+// depot's lock.
+func (p *Pool) slabChunk(size uint64) (ch *chunk, busy bool) {
+	a := &p.arena
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	take := func() bool { ch = p.arena.take(&p.holes, size); return ch != nil }
+	if !take() && !p.compact(take) {
+		return nil, false
+	}
+	if p.holes.coversLocking(ch) {
+		a.markBusy(ch)
+		return ch, true
+	}
+	return ch, false
+}
+
+// refill moves about half a shard's bound of class c from the depot to
+// the caller's shard and counts the caller's alloc there. The caller
+// holds the depot's lock.
+func (p *Pool) refill(c int) {
+	d := &p.depot
 	sh := p.pick()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	for i := 0; i < (shardMax(c)+1)/2 && p.depot[c].n > 0; i++ {
-		sh.lists[c].push(p.depot[c].pop())
+	for i := 0; i < (shardMax(c)+1)/2 && d.lists[c].n > 0; i++ {
+		sh.lists[c].push(d.lists[c].pop())
 	}
 	sh.allocs++
 }
 
-// stealLocked moves the free blocks of class c that other shards keep to
-// the depot, before a new slab is carved: a shard whose P stopped calling
-// (or that a goroutine left for another P) would otherwise strand them
-// until the pool next compacts, and the new slab would add to the peak.
-func (p *Pool) stealLocked(c int) bool {
+// steal moves the free blocks of class c that other shards keep to the
+// depot, before a new slab is carved: a shard whose P stopped calling (or
+// that a goroutine left for another P) would otherwise strand them until
+// the pool next compacts, and the new slab would add to the peak. The
+// caller holds the depot's lock.
+func (p *Pool) steal(c int) bool {
 	for i := range p.shards {
-		p.stealShardLocked(&p.shards[i], c)
+		p.stealShard(&p.shards[i], c)
 	}
-	return p.depot[c].n > 0
+	return p.depot.lists[c].n > 0
 }
 
-func (p *Pool) stealShardLocked(sh *shard, c int) {
+func (p *Pool) stealShard(sh *shard, c int) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
-		p.depotPutLocked(b)
+		p.depot.put(b)
 	}
-}
-
-// handLocked hands out a block taken under mu (a small block from the
-// pending list), counting the alloc on a shard.
-func (p *Pool) handLocked(b *block, n uint64, s memapi.Stream) Block {
-	if b.slab == nil {
-		p.c.largeAllocs++
-	} else {
-		p.countSmallAlloc()
-	}
-	return p.hand(b, n, s)
 }
 
 func (p *Pool) countSmallAlloc() {
@@ -347,46 +345,28 @@ func (p *Pool) countSmallAlloc() {
 	sh.allocs++
 }
 
-// compactLocked gathers the shards' free blocks into the depot and gives
-// the slabs that are then wholly free back to the arena, where any class or
-// a large block can use them; then it retries try. It runs before the pool
+// compact gathers the shards' free blocks into the depot and gives the
+// slabs that are then wholly free back to the arena, where any class or a
+// large block can use them; then it retries try. It runs before the pool
 // grows, so free slabs of one class never make it hold a segment more for
-// another.
-func (p *Pool) compactLocked(try func() bool) bool {
-	p.flushShardsLocked()
-	p.freeSlabsLocked()
+// another. The caller holds the depot's and the arena's locks.
+func (p *Pool) compact(try func() bool) bool {
+	p.flushShards()
+	p.freeSlabs()
 	return try()
 }
-
-// depotPutLocked puts a free small block in the depot.
-func (p *Pool) depotPutLocked(b *block) { p.depot[b.slab.class].push(b) }
 
 // carveCommitted carves a slab of class c from a busy chunk whose granules
 // were committed again (recommit).
 func (p *Pool) carveCommitted(c int, ch *chunk) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.takenLocked(ch); err != nil {
+	d := &p.depot
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := p.takenLocking(ch); err != nil {
 		return err
 	}
-	p.carveSlabLocked(c, ch)
+	d.carve(p, c, ch)
 	return nil
-}
-
-// carveSlabLocked carves the chunk ch, taken from the arena and committed,
-// into a slab of class c in the depot.
-func (p *Pool) carveSlabLocked(c int, ch *chunk) {
-	k := slabCount(c, uint64(p.opts.SlabBytes))
-	sz := classSize[c]
-	sl := &slab{ch: ch, class: c, slots: make([]block, k)}
-	ch.slab = sl
-	for i := k - 1; i >= 0; i-- {
-		b := &sl.slots[i]
-		b.p, b.addr, b.size, b.slab = p, ch.addr+uint64(i)*sz, sz, sl
-		b.word.Store(pack(0, ep.Released))
-		p.depot[c].push(b)
-	}
-	p.c.slabs++
 }
 
 func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block, error) {
@@ -420,47 +400,55 @@ func (p *Pool) allocLarge(ctx context.Context, n uint64, s memapi.Stream) (Block
 	}
 }
 
-// takeLarge takes a best-fit chunk of r bytes under mu; a zero Block and
-// no error when the arena has none even after compaction. A chunk that
-// covers decommitted granules is returned busy instead (pend), to be
-// committed outside mu.
+// takeLarge takes a best-fit chunk of r bytes from the arena, under the
+// depot's lock (it sweeps the pending blocks and may compact) and the
+// arena's; a zero Block and no error when the arena has none even after
+// compaction. A chunk that covers decommitted granules is returned busy
+// instead (pend), to be committed outside every lock.
 func (p *Pool) takeLarge(r, n uint64, s memapi.Stream) (h Block, pend *chunk, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	d := &p.depot
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if p.closed.Load() {
 		return Block{}, nil, errClosed()
 	}
-	p.sweepLocked()
-	ch := p.takeLocked(r)
+	p.sweep()
+	a := &p.arena
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ch := p.arena.take(&p.holes, r)
 	if ch == nil {
-		p.compactLocked(func() bool { ch = p.takeLocked(r); return ch != nil })
+		p.compact(func() bool { ch = p.arena.take(&p.holes, r); return ch != nil })
 	}
 	if ch == nil {
 		return Block{}, nil, nil
 	}
-	if p.coversHolesLocked(ch) {
-		p.busyLocked(ch)
+	if p.holes.coversLocking(ch) {
+		a.markBusy(ch)
 		return Block{}, ch, nil
 	}
-	return p.largeBlockLocked(ch, r, n, s), nil, nil
+	return p.largeBlock(ch, r, n, s), nil, nil
 }
 
 // largeCommitted hands out a busy chunk whose granules were committed
 // again (recommit) as a large block.
 func (p *Pool) largeCommitted(ch *chunk, r, n uint64, s memapi.Stream) (Block, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.takenLocked(ch); err != nil {
+	a := &p.arena
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := p.taken(ch); err != nil {
 		return Block{}, err
 	}
-	return p.largeBlockLocked(ch, r, n, s), nil
+	return p.largeBlock(ch, r, n, s), nil
 }
 
-func (p *Pool) largeBlockLocked(ch *chunk, r, n uint64, s memapi.Stream) Block {
+// largeBlock hands out the chunk ch as a large block; the caller holds the
+// lock of the level ch came from (the arena's).
+func (p *Pool) largeBlock(ch *chunk, r, n uint64, s memapi.Stream) Block {
 	b := &block{p: p, addr: ch.addr, size: r, ch: ch}
 	b.word.Store(pack(0, ep.Released))
 	ch.blk = b
-	p.c.largeAllocs++
+	p.largeAllocs.Add(1)
 	return p.hand(b, n, s)
 }
 
@@ -480,50 +468,65 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	if !huge {
 		size = max(need, uint64(p.opts.SegmentBytes))
 	}
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	buf, err := p.bind.Allocate(wctx, memapi.Bytes(size))
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, size, err, waited)
+		return p.growFailed(wanted, size, err, waited, trimmed0)
 	}
 	seg := &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size()), huge: huge}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	a, g := &p.arena, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if p.closed.Load() {
-		return errors.Join(errClosed(), p.closeKeptLocked(buf))
+		return errors.Join(errClosed(), g.closeKept(buf))
 	}
-	p.segs[seg] = struct{}{}
-	p.held += seg.size
-	p.peak = max(p.peak, p.held)
-	p.c.segAllocs++
+	g.all[seg] = struct{}{}
+	g.add(seg.size)
+	g.allocs++
 	if huge {
 		seg.head = &chunk{seg: seg, addr: seg.base, size: seg.size}
-		p.giveLocked(seg.head)
+		g.giveHuge(seg.head)
 	} else {
-		p.arena.add(seg)
+		a.add(seg)
 	}
 	return nil
 }
 
-// growFailed counts a failed growth and gives its error, with the pool's
-// figures when it was over budget. A growth that ran past Options.Wait (the
-// governor's wait, or the mechanism call after it, which sees the same
-// context) is over budget too: the bytes were not there in time.
-func (p *Pool) growFailed(wanted, size uint64, err error, waited bool) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.c.growFails++
+// growFailed counts a failed growth and gives its error: over budget, a
+// *governor.OverBudgetError with the pool's figures (Pool) beside the
+// governor's. A growth that ran past Options.Wait (the governor's wait, or
+// the mechanism call after it, which sees the same context) is over budget
+// too: the bytes were not there in time. trimmed0 is the pool's reclaimed
+// bytes when the growth started (segments.reclaimedNow).
+func (p *Pool) growFailed(wanted, size uint64, err error, waited bool, trimmed0 uint64) error {
+	g := &p.segs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.growFails++
 	if !errors.Is(err, memapi.ErrOverBudget) && !(waited && errors.Is(err, context.DeadlineExceeded)) {
 		return err
 	}
-	p.c.overBudget++
+	g.overBudget++
 	p.lockShards()
 	use, _ := p.totalsLocked()
 	p.unlockShards()
 	inUse := uint64(use)
-	return &OverBudgetError{Wanted: memapi.Bytes(wanted), Grow: memapi.Bytes(size), Segments: memapi.Bytes(p.held),
-		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(p.held - inUse), Err: err}
+	figs := &governor.PoolFigures{Request: memapi.Bytes(wanted), Segment: memapi.Bytes(size), Held: memapi.Bytes(g.held),
+		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(g.held - inUse), Trimmed: memapi.Bytes(g.reclaimed - trimmed0)}
+	var gob *governor.OverBudgetError
+	if errors.As(err, &gob) {
+		e := *gob
+		e.Op, e.Pool = "pool.Alloc", figs
+		return &e
+	}
+	auth, _ := p.bind.Authority()
+	return &governor.OverBudgetError{Op: "pool.Alloc", Kind: memapi.ErrOverBudget, Authority: auth,
+		Reason: "the binding could not back the growth in time", Wanted: memapi.Bytes(size), Pool: figs, Err: err}
 }
 
 // Free returns a block to the pool. Freed with fences that have not all
@@ -558,23 +561,40 @@ func (p *Pool) Free(h Block) error {
 		}
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.uncount(b)
-	p.c.largeFrees++
-	p.giveLocked(b.ch)
+	p.freeLarge(b)
 	return nil
+}
+
+// freeLarge gives a large block's chunk back: to the arena, coalesced, or
+// to the free huge segments, under that level's lock.
+func (p *Pool) freeLarge(b *block) {
+	if b.ch.seg.huge {
+		g := &p.segs
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		p.uncount(b)
+		p.largeFrees.Add(1)
+		g.giveHuge(b.ch)
+		return
+	}
+	a := &p.arena
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p.uncount(b)
+	p.largeFrees.Add(1)
+	a.give(b.ch)
 }
 
 // freePending puts a block freed behind unfinished fences on the pending
 // list.
 func (p *Pool) freePending(b *block) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	d := &p.depot
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	p.uncount(b)
-	p.pending = append(p.pending, b)
+	d.pending = append(d.pending, b)
 	if b.slab == nil {
-		p.c.largeFrees++
+		p.largeFrees.Add(1)
 	} else {
 		p.countSmallFree()
 	}
@@ -598,13 +618,14 @@ func (p *Pool) freeToShard(b *block) *shard {
 
 // spill moves half of a full shard list of class c to the depot.
 func (p *Pool) spill(sh *shard, c int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	d := &p.depot
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	l := &sh.lists[c]
 	for l.n > (shardMax(c)+1)/2 {
-		p.depotPutLocked(l.pop())
+		d.put(l.pop())
 	}
 }
 
@@ -615,53 +636,54 @@ func (p *Pool) countSmallFree() {
 	sh.frees++
 }
 
-// takePendingLocked takes a pending small block of class c whose fences
-// were all recorded on stream s (reusable at once on s), or nil.
-func (p *Pool) takePendingLocked(c int, s memapi.Stream) *block {
-	if s == nil {
-		return nil
-	}
-	for i, b := range p.pending {
-		if b.slab != nil && b.slab.class == c && !b.foreign && b.stream == s {
-			p.pending = append(p.pending[:i], p.pending[i+1:]...)
-			b.reset()
-			p.c.streamReuse++
-			return b
-		}
-	}
-	return nil
-}
-
-// sweepLocked moves pending blocks whose fences all completed to the cache.
-// Fences are the caller's code (Done may panic): the list is consistent
-// after every block, so a panic loses or duplicates nothing.
-func (p *Pool) sweepLocked() {
-	for i := 0; i < len(p.pending); {
-		b := p.pending[i]
+// sweep moves pending blocks whose fences all completed to the cache: a
+// small block to the depot, a large one to the arena or the free huge
+// segments (under that level's lock, taken per block). Fences are the
+// caller's code (Done may panic): the list is consistent after every
+// block, so a panic loses or duplicates nothing. The caller holds the
+// depot's lock and no other level's.
+func (p *Pool) sweep() {
+	d := &p.depot
+	for i := 0; i < len(d.pending); {
+		b := d.pending[i]
 		if !b.done() {
 			i++
 			continue
 		}
-		last := len(p.pending) - 1
-		p.pending[i] = p.pending[last]
-		p.pending[last] = nil
-		p.pending = p.pending[:last]
+		last := len(d.pending) - 1
+		d.pending[i] = d.pending[last]
+		d.pending[last] = nil
+		d.pending = d.pending[:last]
 		gen, _ := b.unpack()
 		b.word.Store(pack(gen, ep.Released))
 		b.reset()
 		if b.slab != nil {
-			p.depotPutLocked(b)
+			d.put(b)
 		} else {
-			p.giveLocked(b.ch)
+			p.giveChunk(b.ch)
 		}
 	}
+}
+
+// giveChunk gives a large block's chunk back, under the lock of the level
+// it goes to; the caller holds the depot's lock at most.
+func (p *Pool) giveChunk(ch *chunk) {
+	if ch.seg.huge {
+		p.segs.mu.Lock()
+		defer p.segs.mu.Unlock()
+		p.segs.giveHuge(ch)
+		return
+	}
+	p.arena.mu.Lock()
+	defer p.arena.mu.Unlock()
+	p.arena.give(ch)
 }
 
 // Close releases every segment, behind the fences of pending blocks. It
 // fails with memapi.ErrInUse, changing nothing, while blocks are in use.
 // It is idempotent.
 func (p *Pool) Close() error {
-	err, closed := p.closeLocked()
+	err, closed := p.closeAll()
 	if closed {
 		// Closed before: retry the releases that failed.
 		return p.retryReleases(context.Background())
@@ -669,42 +691,59 @@ func (p *Pool) Close() error {
 	return err
 }
 
-func (p *Pool) closeLocked() (err error, wasClosed bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// lockLevels takes every level's lock, in order (depot.go), and every
+// shard's; unlockLevels lets them go.
+func (p *Pool) lockLevels() {
+	p.depot.mu.Lock()
+	p.arena.mu.Lock()
+	p.holes.mu.Lock()
+	p.segs.mu.Lock()
+	p.lockShards()
+}
+
+func (p *Pool) unlockLevels() {
+	p.unlockShards()
+	p.segs.mu.Unlock()
+	p.holes.mu.Unlock()
+	p.arena.mu.Unlock()
+	p.depot.mu.Unlock()
+}
+
+func (p *Pool) closeAll() (err error, wasClosed bool) {
+	p.lockLevels()
+	defer p.unlockLevels()
 	if p.closed.Load() {
 		return nil, true
 	}
 	p.closed.Store(true)
-	p.lockShards()
 	inUse, _ := p.totalsLocked()
-	p.unlockShards()
 	if inUse != 0 {
 		p.closed.Store(false)
 		return &memapi.Error{Op: "pool.Close", Kind: memapi.ErrInUse, Wanted: memapi.Bytes(inUse), Detail: "blocks still in use"}, false
 	}
+	d, g := &p.depot, &p.segs
 	fences := map[*segment][]memapi.Fence{}
-	for _, b := range p.pending {
+	for _, b := range d.pending {
 		seg := b.segment()
 		fences[seg] = append(fences[seg], b.fences...)
 	}
 	var errs []error
-	if p.rseg != nil {
-		p.segs[p.rseg] = struct{}{}
+	if g.rseg != nil {
+		g.all[g.rseg] = struct{}{}
 	}
-	for seg := range p.segs {
+	for seg := range g.all {
 		for _, f := range fences[seg] {
 			errs = append(errs, seg.owned().RecordUse(f))
 		}
-		errs = append(errs, p.closeKeptLocked(seg.owned()))
-		p.c.segFrees++
+		errs = append(errs, g.closeKept(seg.owned()))
+		g.frees++
 	}
-	// p.region stays: its release may fail and be retried (release.go).
-	p.rseg = nil
-	clear(p.segs)
-	p.held, p.pending, p.arena.free, p.hugeFree = 0, nil, nil, nil
-	p.holes, p.busyBytes = holeSet{}, 0
-	p.depot = [numClasses]freeList{}
+	// g.region stays: its release may fail and be retried (release.go).
+	g.rseg = nil
+	clear(g.all)
+	g.held, d.pending, p.arena.free, g.huge = 0, nil, nil, nil
+	p.holes.set, p.arena.busy = holeSet{}, 0
+	d.lists = [numClasses]freeList{}
 	for i := range p.shards {
 		p.shards[i].lists = [numClasses]freeList{}
 	}

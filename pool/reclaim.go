@@ -33,7 +33,7 @@ func (p *Pool) Trim(ctx context.Context) (memapi.Bytes, error) { return p.trim(c
 
 func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 	rerr := p.retryReleases(ctx)
-	freed, cerr, closed := p.trimLocked(wanted)
+	freed, cerr, closed := p.trimCache(wanted)
 	if closed {
 		return 0, rerr
 	}
@@ -44,33 +44,33 @@ func (p *Pool) trim(ctx context.Context, wanted uint64) (memapi.Bytes, error) {
 		errs = append(errs, err)
 	}
 	if freed > 0 {
-		p.countReclaim(freed)
+		p.segs.countReclaim(freed)
 	}
 	return memapi.Bytes(freed), errors.Join(errs...)
 }
 
-func (p *Pool) countReclaim(freed uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.c.reclaims++
-	p.c.reclaimed += freed
-}
-
-// trimLocked gathers the cache under mu and, with BackingSegments, closes
-// wholly free segments (largest first: the fewest releases for the bytes
-// asked) until wanted bytes.
-func (p *Pool) trimLocked(wanted uint64) (freed uint64, err error, closed bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// trimCache gathers the cache (the pending blocks whose fences completed,
+// the shards' free blocks, the wholly free slabs) and, with
+// BackingSegments, closes wholly free segments (largest first: the fewest
+// releases for the bytes asked) until wanted bytes. It holds the depot's,
+// the arena's and the segments' locks.
+func (p *Pool) trimCache(wanted uint64) (freed uint64, err error, closed bool) {
+	d, a, g := &p.depot, &p.arena, &p.segs
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if p.closed.Load() {
 		return 0, nil, true
 	}
-	p.sweepLocked()
-	p.flushShardsLocked()
-	p.freeSlabsLocked()
+	p.sweep()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p.flushShards()
+	p.freeSlabs()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	var segs []*segment
 	var errs []error
-	for s := range p.segs {
+	for s := range g.all {
 		if s.wholeFree() {
 			segs = append(segs, s)
 		}
@@ -86,59 +86,39 @@ func (p *Pool) trimLocked(wanted uint64) (freed uint64, err error, closed bool) 
 			break
 		}
 		if s.huge {
-			i := slices.Index(p.hugeFree, s.head)
-			p.hugeFree = slices.Delete(p.hugeFree, i, i+1)
+			i := slices.Index(g.huge, s.head)
+			g.huge = slices.Delete(g.huge, i, i+1)
 		} else {
-			p.arena.remove(s.head)
+			a.remove(s.head)
 		}
 		freed += s.size
-		errs = append(errs, p.dropSegmentLocked(s))
+		errs = append(errs, g.drop(s))
 	}
 	return freed, errors.Join(errs...), false
 }
 
-// flushShardsLocked moves every shard's free blocks to the depot.
-func (p *Pool) flushShardsLocked() {
+// flushShards moves every shard's free blocks to the depot. The caller
+// holds the depot's lock.
+func (p *Pool) flushShards() {
 	for i := range p.shards {
-		p.flushShardLocked(&p.shards[i])
+		p.flushShard(&p.shards[i])
 	}
 }
 
-func (p *Pool) flushShardLocked(sh *shard) {
+func (p *Pool) flushShard(sh *shard) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for c := range sh.lists {
 		for b := sh.lists[c].pop(); b != nil; b = sh.lists[c].pop() {
-			p.depotPutLocked(b)
+			p.depot.put(b)
 		}
 	}
 }
 
-// freeSlabsLocked gives the chunks of slabs whose every block is in the
-// depot back to the arena.
-func (p *Pool) freeSlabsLocked() {
-	count := map[*slab]int{}
-	for c := range p.depot {
-		for b := p.depot[c].head; b != nil; b = b.next {
-			count[b.slab]++
-		}
-	}
-	for c := range p.depot {
-		var keep freeList
-		var rev []*block
-		for b := p.depot[c].pop(); b != nil; b = p.depot[c].pop() {
-			if count[b.slab] != len(b.slab.slots) {
-				rev = append(rev, b)
-			}
-		}
-		for i := len(rev) - 1; i >= 0; i-- {
-			keep.push(rev[i])
-		}
-		p.depot[c] = keep
-	}
-	for sl, n := range count {
-		if n == len(sl.slots) {
-			p.arena.give(sl.ch)
-		}
+// freeSlabs gives the chunks of slabs whose every block is in the depot
+// back to the arena. The caller holds the depot's and the arena's locks.
+func (p *Pool) freeSlabs() {
+	for _, ch := range p.depot.wholeSlabs() {
+		p.arena.give(ch)
 	}
 }

@@ -3,6 +3,7 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -140,13 +141,21 @@ func TestOverBudgetTrimsOwnCacheFirst(t *testing.T) {
 
 	before := s
 	_, err = e.p.Alloc(ctx, 8<<20, nil)
-	var ob *pool.OverBudgetError
+	var ob *governor.OverBudgetError
 	require.ErrorAs(t, err, &ob)
 	require.ErrorIs(t, err, memapi.ErrOverBudget)
-	require.Equal(t, memapi.Bytes(8<<20), ob.Wanted)
+	require.NotNil(t, ob.Pool, "the pool's figures beside the governor's")
+	require.Equal(t, "pool", string(ob.Holder))
+	require.Equal(t, memapi.Bytes(8<<20), ob.Pool.Request)
+	require.Equal(t, memapi.Bytes(8<<20), ob.Pool.Segment, "a huge request's own segment")
 	// The last cached segment was trimmed first; in use is untouched.
-	require.Equal(t, before.Segments-4<<20, ob.Segments)
-	require.Equal(t, before.InUse, ob.InUse)
+	require.Equal(t, before.Segments-4<<20, ob.Pool.Held)
+	require.Equal(t, before.InUse, ob.Pool.InUse)
+	require.Equal(t, ob.Pool.Held-ob.Pool.InUse, ob.Pool.Cached)
+	require.Equal(t, memapi.Bytes(4<<20), ob.Pool.Trimmed)
+	// The message gives every figure of the pool's.
+	require.Contains(t, err.Error(), fmt.Sprintf("[pool: request %d, segment %d, held %d (%d in use, %d cached), %d trimmed]",
+		8<<20, 8<<20, ob.Pool.Held, ob.Pool.InUse, ob.Pool.Cached, 4<<20))
 	after := e.checkLedger(t)
 	require.Equal(t, before.Segments-4<<20, after.Segments)
 	require.Equal(t, memapi.Bytes(2<<20), after.Cached, "the tails of segments in use stay")

@@ -25,16 +25,17 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 	if p.closed.Load() {
 		return errClosed()
 	}
-	if p.region == nil {
-		r, err := p.bind.ReserveVirtual(ctx, p.opts.RegionBytes)
-		if err != nil {
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
+	r := p.segs.regionNow()
+	if r == nil {
+		var err error
+		if r, err = p.bind.ReserveVirtual(ctx, p.opts.RegionBytes); err != nil {
 			return err
 		}
 		if err := p.adoptRegion(r); err != nil {
 			return err
 		}
 	}
-	r := p.region
 	free, old, err := p.regionTail()
 	if err != nil {
 		return err
@@ -52,71 +53,81 @@ func (p *Pool) regionGrow(ctx context.Context, wanted, need uint64) error {
 		return &memapi.Error{Op: "pool.Alloc", Kind: memapi.ErrOutOfMemory, Wanted: memapi.Bytes(wanted),
 			Available: memapi.Bytes(uint64(r.Cap()) - old), Detail: "the pool's region is full (Options.RegionBytes)"}
 	}
+	trimmed0 := p.segs.reclaimedNow()
 	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
 	err = r.Grow(wctx, memapi.Bytes(newLen), func(memapi.Bytes) error { return nil })
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
-		return p.growFailed(wanted, newLen-old, err, waited)
+		return p.growFailed(wanted, newLen-old, err, waited, trimmed0)
 	}
-	got := uint64(r.Len())
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.rseg == nil {
-		return errClosed() // Close came meanwhile; the region's release has the range
-	}
-	p.extendLocked(got)
-	p.c.segAllocs++
-	return nil
+	return p.extend(uint64(r.Len()))
 }
 
 // adoptRegion makes r the pool's region; when the pool closed meanwhile,
-// it closes r, kept as the closed pool's region (closeKeptLocked).
+// it closes r, kept as the closed pool's region (segments.closeKept).
 func (p *Pool) adoptRegion(r *pmm.Region) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	h, g := &p.holes, &p.segs
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if p.closed.Load() {
-		return errors.Join(errClosed(), p.closeKeptLocked(r))
+		return errors.Join(errClosed(), g.closeKept(r))
 	}
-	p.region = r
-	p.rseg = &segment{reg: r, base: uint64(r.Addr())}
-	p.rseg.head = &chunk{seg: p.rseg, addr: p.rseg.base}
+	g.region = r
+	g.rseg = &segment{reg: r, base: uint64(r.Addr())}
+	g.rseg.head = &chunk{seg: g.rseg, addr: g.rseg.base}
+	h.base, h.gran = g.rseg.base, uint64(r.Granularity())
 	return nil
 }
 
 // regionTail returns the bytes free at the region's end and its length.
 func (p *Pool) regionTail() (free, size uint64, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed.Load() || p.rseg == nil {
+	a, g := &p.arena, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p.closed.Load() || g.rseg == nil {
 		return 0, 0, errClosed()
 	}
-	if t := p.rseg.tail(); t.free {
+	if t := g.rseg.tail(); t.free {
 		free = t.size
 	}
-	return free, p.rseg.size, nil
+	return free, g.rseg.size, nil
 }
 
-// extendLocked makes the region's arena segment size bytes long, the new
-// range one free chunk (coalesced with a free tail).
-func (p *Pool) extendLocked(size uint64) {
-	s := p.rseg
+// extend makes the region's arena segment size bytes long, the new range
+// one free chunk (coalesced with a free tail), under the arena's and the
+// segments' locks.
+func (p *Pool) extend(size uint64) error {
+	a, g := &p.arena, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.rseg
+	if s == nil {
+		return errClosed() // Close came meanwhile; the region's release has the range
+	}
+	g.allocs++
 	add := size - s.size
 	if add == 0 {
-		return
+		return nil
 	}
 	if s.size == 0 {
 		s.head.size = add
-		p.arena.insert(s.head)
+		a.insert(s.head)
 	} else {
 		t := s.tail()
 		c := &chunk{seg: s, addr: s.base + s.size, size: add, prev: t}
 		t.next = c
-		p.arena.give(c)
+		a.give(c)
 	}
 	s.size = size
-	p.held += add
-	p.peak = max(p.peak, p.held)
+	g.add(add)
+	return nil
 }
 
 // regionTrim decommits the region's free tail (rounded to the granularity)
@@ -143,45 +154,16 @@ func (p *Pool) regionTrim(ctx context.Context, wanted uint64) (uint64, error) {
 // growth does not have to commit back what nobody asked for. The caller
 // holds growMu.
 func (p *Pool) trimTail(ctx context.Context, wanted uint64) (uint64, error) {
-	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeLocked) and release.go retries
+	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll) and release.go retries
 	r, keep, old, ok := p.freeTail(wanted)
 	if !ok {
 		return 0, nil
 	}
 	var freed uint64
 	err := r.Shrink(ctx, memapi.Bytes(keep), func(memapi.Bytes) error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.rseg == nil {
-			return errTailTaken // Close came meanwhile; the region's release has the range
-		}
-		t := p.rseg.tail()
-		if !t.free || t.addr > p.rseg.base+keep || p.rseg.size != old {
-			return errTailTaken
-		}
-		p.arena.remove(t)
-		if cut := p.rseg.base + keep - t.addr; cut > 0 {
-			t.size = cut
-			p.arena.insert(t)
-		} else if t.prev != nil {
-			t.prev.next = nil
-		} else {
-			t.size = 0 // the head of an empty region
-		}
-		// The decommitted granules of the cut are not held already.
-		g := uint64(r.Granularity())
-		var holes uint64
-		for k := keep / g; k < old/g; k++ {
-			if p.holes.has(k) {
-				p.holes.del(k)
-				holes += g
-			}
-		}
-		freed = old - keep - holes
-		p.rseg.size = keep
-		p.held -= freed
-		p.c.segFrees++
-		return nil
+		var err error
+		freed, err = p.cutTail(keep, old)
+		return err
 	})
 	if errors.Is(err, errTailTaken) {
 		return 0, nil
@@ -189,34 +171,84 @@ func (p *Pool) trimTail(ctx context.Context, wanted uint64) (uint64, error) {
 	return freed, err
 }
 
+// cutTail takes the region's free tail from keep to old out of the arena
+// and the holes, and its committed bytes out of what is held, under the
+// arena's, the holes' and the segments' locks; errTailTaken when the tail
+// changed since freeTail.
+func (p *Pool) cutTail(keep, old uint64) (uint64, error) {
+	a, h, g := &p.arena, &p.holes, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rs := g.rseg
+	if rs == nil {
+		return 0, errTailTaken // Close came meanwhile; the region's release has the range
+	}
+	t := rs.tail()
+	if !t.free || t.addr > rs.base+keep || rs.size != old {
+		return 0, errTailTaken
+	}
+	a.remove(t)
+	if cut := rs.base + keep - t.addr; cut > 0 {
+		t.size = cut
+		a.insert(t)
+	} else if t.prev != nil {
+		t.prev.next = nil
+	} else {
+		t.size = 0 // the head of an empty region
+	}
+	// The decommitted granules of the cut are not held already.
+	gran := h.gran
+	var decommitted uint64
+	for k := keep / gran; k < old/gran; k++ {
+		if h.set.has(k) {
+			h.set.del(k)
+			decommitted += gran
+		}
+	}
+	freed := old - keep - decommitted
+	rs.size = keep
+	g.held -= freed
+	g.frees++
+	return freed, nil
+}
+
 // freeTail returns the region, the length it would keep once the last
 // granules of its free tail holding wanted committed bytes are cut (at
 // least the start of the free tail, rounded up to the granularity) and its
 // length now; ok is false when there is no free tail to give.
 func (p *Pool) freeTail(wanted uint64) (r *pmm.Region, keep, old uint64, ok bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed.Load() || p.rseg == nil {
+	a, h, g := &p.arena, &p.holes, &p.segs
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p.closed.Load() || g.rseg == nil {
 		return nil, 0, 0, false
 	}
-	t := p.rseg.tail()
+	t := g.rseg.tail()
 	if !t.free {
 		return nil, 0, 0, false
 	}
-	gran := uint64(p.region.Granularity())
-	least := (t.addr - p.rseg.base + gran - 1) / gran * gran
-	old = p.rseg.size
+	gran := h.gran
+	least := (t.addr - g.rseg.base + gran - 1) / gran * gran
+	old = g.rseg.size
 	if wanted >= old-least {
-		return p.region, least, old, least < old
+		return g.region, least, old, least < old
 	}
 	keep = old
 	for got := uint64(0); keep > least && got < wanted; {
 		keep -= gran
-		if !p.holes.has(keep / gran) {
+		if !h.set.has(keep / gran) {
 			got += gran
 		}
 	}
-	return p.region, keep, old, keep < old
+	return g.region, keep, old, keep < old
 }
 
 var errTailTaken = errors.New("pool: the free tail was taken meanwhile")

@@ -7,8 +7,11 @@ import (
 
 // shard is one of the pool's caches of free small blocks. A small Alloc or
 // Free locks one shard, the caller's P's (pick), and no pool-wide lock:
-// goroutines running at once never meet on one. An empty shard refills from the pool's depot; a full one spills
-// half its blocks there (Go's mcache and mcentral, mimalloc's pages).
+// goroutines running at once never meet on one. An empty shard refills
+// from the pool's depot; a full one spills half its blocks there (Go's
+// mcache and mcentral, mimalloc's pages). Its lock, mu, guards its lists,
+// counts and tally; the shards' locks come after every level's (depot.go)
+// and are taken together in index order only (lockShards).
 type shard struct {
 	mu     sync.Mutex
 	lists  [numClasses]freeList

@@ -69,46 +69,44 @@ func (s Stats) PeakFragmentation() float64 {
 	return float64(s.PeakSegments) / float64(s.PeakRequested)
 }
 
-// Stats returns the pool's figures. Cached is counted from the free lists,
-// the arena and the pending list, not derived from InUse, so that
-// Cached + InUse == Segments is a check, not a definition.
+// Stats returns the pool's figures, holding every level's lock and every
+// shard's. Cached is counted from the free lists, the arena and the pending
+// list, not derived from InUse, so that Cached + InUse == Segments is a
+// check, not a definition.
 func (p *Pool) Stats() Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.lockShards()
-	defer p.unlockShards()
+	p.lockLevels()
+	defer p.unlockLevels()
+	d, a, h, g := &p.depot, &p.arena, &p.holes, &p.segs
 	use, req := p.totalsLocked()
 	s := Stats{
 		Backing:       p.opts.Backing,
 		InUse:         memapi.Bytes(use),
 		Requested:     memapi.Bytes(req),
-		Segments:      memapi.Bytes(p.held),
+		Segments:      memapi.Bytes(g.held),
 		PeakInUse:     memapi.Bytes(p.peakUse),
 		PeakRequested: memapi.Bytes(p.peakReq),
-		PeakSegments:  memapi.Bytes(p.peak),
+		PeakSegments:  memapi.Bytes(g.peak),
 		PeakSyncs:     p.syncs,
-		NumSegments:   len(p.segs) + boolInt(p.rseg != nil),
-		Allocs:        p.c.largeAllocs,
-		Frees:         p.c.largeFrees,
-		SegmentAllocs: p.c.segAllocs,
-		SegmentFrees:  p.c.segFrees,
-		Slabs:         p.c.slabs,
-		Splits:        p.arena.splits,
-		Merges:        p.arena.merges,
-		Reclaims:      p.c.reclaims,
-		Reclaimed:     memapi.Bytes(p.c.reclaimed),
-		OverBudget:    p.c.overBudget,
-		StreamReuse:   p.c.streamReuse,
-		Decommitted:   memapi.Bytes(p.holeBytesLocked()),
-		Decommits:     p.c.decommits,
-		Recommits:     p.c.recommits,
+		NumSegments:   g.count(),
+		Allocs:        p.largeAllocs.Load(),
+		Frees:         p.largeFrees.Load(),
+		SegmentAllocs: g.allocs,
+		SegmentFrees:  g.frees,
+		Slabs:         d.slabs,
+		Splits:        a.splits,
+		Merges:        a.merges,
+		Reclaims:      g.reclaims,
+		Reclaimed:     memapi.Bytes(g.reclaimed),
+		OverBudget:    g.overBudget,
+		StreamReuse:   d.reuse,
+		Decommitted:   memapi.Bytes(h.bytes()),
+		Decommits:     h.decommits,
+		Recommits:     h.recommits,
 	}
-	cached := p.arena.freeBytes()
-	for _, c := range p.hugeFree {
+	depot, pending := d.cachedBytes()
+	cached := a.freeBytes() + depot
+	for _, c := range g.huge {
 		cached += c.size
-	}
-	for c := range p.depot {
-		cached += uint64(p.depot[c].n) * classSize[c]
 	}
 	for i := range p.shards {
 		sh := &p.shards[i]
@@ -118,20 +116,11 @@ func (p *Pool) Stats() Stats {
 			cached += uint64(sh.lists[c].n) * classSize[c]
 		}
 	}
-	for _, b := range p.pending {
-		s.Pending += memapi.Bytes(b.size)
-	}
+	s.Pending = memapi.Bytes(pending)
 	// Decommitted granules lie only in free chunks and in busy ones
 	// (out of the arena while a pmm call commits or decommits theirs).
-	cached += p.busyBytes - p.holeBytesLocked()
-	s.Cached = memapi.Bytes(cached) + s.Pending
-	s.Quarantined = memapi.Bytes(p.quarantinedLocked())
+	cached += a.busy - h.bytes()
+	s.Cached = memapi.Bytes(cached)
+	s.Quarantined = memapi.Bytes(g.quarantined())
 	return s
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

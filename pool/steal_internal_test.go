@@ -32,11 +32,11 @@ func TestStealFromIdleShards(t *testing.T) {
 	// depot, and the caller on the first (one P, so pick names shard 0).
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.flushShardsLocked()
+		p.depot.mu.Lock()
+		defer p.depot.mu.Unlock()
+		p.flushShards()
 		last := &p.shards[len(p.shards)-1]
-		for b := p.depot[c].pop(); b != nil; b = p.depot[c].pop() {
+		for b := p.depot.lists[c].pop(); b != nil; b = p.depot.lists[c].pop() {
 			last.lists[c].push(b)
 		}
 	}()

@@ -40,7 +40,7 @@ func (t *tally) add(size, n uint64) { t.use += int64(size); t.req += int64(n) }
 func (t *tally) sub(size, n uint64) { t.use -= int64(size); t.req -= int64(n) }
 
 // lockShards takes every shard's mutex in index order; the caller holds
-// none of them (it may hold mu, which comes before them).
+// none of them (it may hold any level's lock, which comes before them).
 func (p *Pool) lockShards() {
 	for i := range p.shards {
 		p.shards[i].mu.Lock()
@@ -80,7 +80,7 @@ func (p *Pool) syncLocked(sh *shard, size, n uint64) {
 }
 
 // count counts block b (n bytes asked) in use, for a block the caller took
-// under mu, holding no shard's lock: on the caller's shard when it stays
+// under a level's lock, holding no shard's lock: on the caller's shard when it stays
 // under its caps, else through a sync.
 func (p *Pool) count(b *block, n uint64) {
 	if p.countShard(b.size, n) {

@@ -1,5 +1,9 @@
-// Package allow defines memvet's allow analyzer, which keeps the escape
-// honest.
+// Package allow defines an Analyzer that checks that every memvet escape
+// carries its reason.
+//
+// # Analyzer memvetallow
+//
+// memvetallow: report //memvet:allow escapes that carry no reason
 //
 // Every memvet analyzer stays silent on a line that carries, or follows, a
 // comment
