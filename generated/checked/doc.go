@@ -164,7 +164,7 @@ package checked
 import "github.com/memgen/memgen/generated/memapi"
 
 // specDigest is the sha256 of the spec this package was generated from.
-const specDigest = "a53b7e877db711ecccf878d320ba456956d085a280d10dbd3c8c464a2aee20a1"
+const specDigest = "f4642a8de63fa0095c49102cc7434ca3f49a3b3e13b4fa65ad7a0712543c3c7b"
 
 // The tripwire: this fails to compile (duplicate map key) when the contract
 // package was generated from another spec than this one. Run go generate ./...

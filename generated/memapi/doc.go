@@ -21,4 +21,4 @@ package memapi
 
 // SpecDigest is the sha256 of the spec these files were generated from.
 // A test beside it fails when the spec has changed since.
-const SpecDigest = "a53b7e877db711ecccf878d320ba456956d085a280d10dbd3c8c464a2aee20a1"
+const SpecDigest = "f4642a8de63fa0095c49102cc7434ca3f49a3b3e13b4fa65ad7a0712543c3c7b"

@@ -378,11 +378,12 @@ var Meta = SpecMeta{
 		Type:        "Mechanism",
 	}, {
 		Device: "Host",
-		Doc: "The worked example of README's section Adding a mechanism: host memory " +
-			"from the Go heap, DeviceAllocator only.",
+		Doc: "The worked example of README's section Adding a mechanism, and the " +
+			"in-memory mechanism the conformance meta-tests break on purpose: host " +
+			"memory from the Go heap, every capability.",
 		Granularity: "page",
 		Name:        "example",
-		Offers:      Of(CapDeviceAllocator),
+		Offers:      Of(CapDeviceAllocator, CapVirtualBacking, CapSharedMapping),
 		Package:     "mechanisms/example",
 		Type:        "Mechanism",
 	}},

@@ -1,11 +1,12 @@
-// Package conformancetest proves that the generated conformance suite can
-// fail, and runs it on the implementations that must pass it.
+// Package conformancetest runs the generated conformance suite where a test
+// needs its outcome rather than its report, and runs it on the generated
+// fakes.
 //
-// It holds a small honest in-memory mechanism (Mechanism, Context), a
-// recording conformance.T (Record) that runs the suite without reporting to
-// the testing package and keeps the outcome of every subtest, and the
-// meta-tests: deliberately broken mechanisms built by embedding the honest
-// one, each of which must fail the specific subtest that catches its bug,
-// while the honest mechanism fails none. The generated fakes run the suite
-// here too, bare and through the checked wrapper.
+// It holds a recording conformance.T (Record) that runs the suite without
+// reporting to the testing package and keeps the outcome of every subtest,
+// and Undeclared, which presents a mechanism of a package the spec declares
+// as a test mechanism. The meta-tests that break a mechanism on purpose and
+// check that the suite fails the subtest meant to catch each break live with
+// the mechanism they break, in mechanisms/example. The generated fakes run
+// the suite here, bare and through the checked wrapper.
 package conformancetest

@@ -5,14 +5,16 @@ import (
 
 	"github.com/memgen/memgen/generated/conformance"
 	"github.com/memgen/memgen/internal/conformancetest"
+	"github.com/memgen/memgen/mechanisms/example"
 )
 
 // Record runs the conformance suite with a recording T, so a test can assert
-// which subtests a mechanism fails. The honest in-memory mechanism fails none.
+// which subtests a mechanism fails. The worked example's mechanism, honest,
+// fails none.
 func ExampleRecord() {
 	factory := func(t conformance.T) conformance.Subject {
-		m := conformancetest.New(conformancetest.Config{})
-		ctx := conformancetest.NewContext(m)
+		m := example.New(example.Options{})
+		ctx := example.NewContext(m)
 		t.Cleanup(func() { ctx.Close() })
 		return conformance.Subject{Mechanism: m, Context: ctx}
 	}

@@ -8,12 +8,12 @@ import (
 )
 
 // Context is the example's device context: streams whose copies move bytes
-// between Go slices and the mechanism's allocations. A copy runs when it is
-// enqueued; its error surfaces, as the contract says, at the next fence and
-// at Synchronize.
+// between Go slices and the memory behind the mechanism's addresses
+// (allocations, committed granules, mapped views). A copy runs when it is
+// enqueued; its error surfaces, as the contract says, at the next
+// Synchronize and at the fences recorded after it.
 type Context struct {
-	m *Mechanism
-
+	m       *Mechanism
 	mu      sync.Mutex
 	streams int
 	closed  bool
@@ -32,10 +32,10 @@ func (c *Context) NewStream() (memapi.Stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, c.m.fail("DeviceContext.NewStream", memapi.ErrClosed, "the context is closed")
+		return nil, c.m.errorf("DeviceContext.NewStream", memapi.ErrClosed, "the context is closed")
 	}
 	c.streams++
-	return &Stream{c: c}, nil
+	return &stream{c: c}, nil
 }
 
 // Close releases the context. It fails with ErrInUse while streams are open.
@@ -43,92 +43,73 @@ func (c *Context) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.streams > 0 {
-		return c.m.fail("DeviceContext.Close", memapi.ErrInUse, "%d streams are open", c.streams)
+		return c.m.errorf("DeviceContext.Close", memapi.ErrInUse, "%d streams are open", c.streams)
 	}
 	c.closed = true
 	return nil
 }
 
-// Stream is an ordered queue of copies of one Context. Copies run in order
+// stream is an ordered queue of copies of one Context. Copies run in order
 // as they are enqueued, so every fence is complete when it is recorded.
-type Stream struct {
-	c *Context
-
+type stream struct {
+	c      *Context
 	mu     sync.Mutex
 	err    error // the first error since the last Synchronize
 	closed bool
 }
 
-// CopyToDevice copies src to the allocation bytes at dst.
-func (s *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
-	return s.run("Stream.CopyToDevice", func(m *Mechanism) error {
-		d, err := m.bytesAt("Stream.CopyToDevice", dst, memapi.Bytes(len(src)))
-		if err == nil {
-			copy(d, src)
-		}
-		return err
-	})
-}
-
-// CopyFromDevice copies the allocation bytes at src to dst.
-func (s *Stream) CopyFromDevice(dst []byte, src memapi.DeviceAddr) error {
-	return s.run("Stream.CopyFromDevice", func(m *Mechanism) error {
-		b, err := m.bytesAt("Stream.CopyFromDevice", src, memapi.Bytes(len(dst)))
-		if err == nil {
-			copy(dst, b)
-		}
-		return err
-	})
-}
-
-// CopyDevice copies n bytes between allocations (or within one; the ranges
-// may overlap).
-func (s *Stream) CopyDevice(dst, src memapi.DeviceAddr, n memapi.Bytes) error {
-	return s.run("Stream.CopyDevice", func(m *Mechanism) error {
-		from, err := m.bytesAt("Stream.CopyDevice", src, n)
-		if err != nil {
-			return err
-		}
-		to, err := m.bytesAt("Stream.CopyDevice", dst, n)
-		if err == nil {
-			copy(to, from)
-		}
-		return err
-	})
-}
-
-// run performs one copy under the mechanism's read lock, so no Free can
-// take the memory from under it, and keeps its error for the next fence.
-func (s *Stream) run(op string, copyFn func(m *Mechanism) error) error {
+// note keeps the error of a copy that ran for the next fence; a copy on a
+// closed stream fails at once with ErrClosed.
+func (s *stream) note(op string, err error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return s.c.m.fail(op, memapi.ErrClosed, "the stream is closed")
+		return s.c.m.errorf(op, memapi.ErrClosed, "the stream is closed")
 	}
-	m := s.c.m
-	m.mu.RLock()
-	err := copyFn(m)
-	m.mu.RUnlock()
 	if err != nil && s.err == nil {
 		s.err = err
 	}
 	return nil
 }
 
+// CopyToDevice copies src to the memory at dst.
+func (s *stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
+	const op = "Stream.CopyToDevice"
+	return s.note(op, s.c.m.copyIn(op, dst, src))
+}
+
+// CopyFromDevice copies the memory at src to dst.
+func (s *stream) CopyFromDevice(dst []byte, src memapi.DeviceAddr) error {
+	const op = "Stream.CopyFromDevice"
+	return s.note(op, s.c.m.copyOut(op, dst, src))
+}
+
+// CopyDevice copies n bytes from src to dst (the ranges may overlap: the
+// bytes go through a buffer).
+func (s *stream) CopyDevice(dst, src memapi.DeviceAddr, n memapi.Bytes) error {
+	const op = "Stream.CopyDevice"
+	buf := make([]byte, n)
+	err := s.c.m.copyOut(op, buf, src)
+	if err == nil {
+		err = s.c.m.copyIn(op, dst, buf)
+	}
+	return s.note(op, err)
+}
+
 // Record returns a fence over the work enqueued so far: already complete,
 // carrying the first error since the last Synchronize.
-func (s *Stream) Record() (memapi.Fence, error) {
+func (s *stream) Record() (memapi.Fence, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, s.c.m.fail("Stream.Record", memapi.ErrClosed, "the stream is closed")
+		return nil, s.c.m.errorf("Stream.Record", memapi.ErrClosed, "the stream is closed")
 	}
-	return &Fence{err: s.err}, nil
+	return fence{err: s.err}, nil
 }
 
 // Synchronize returns the first error of the work enqueued since the last
 // Synchronize, and forgets it.
-func (s *Stream) Synchronize(ctx context.Context) error {
+func (s *stream) Synchronize(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := s.err
@@ -137,7 +118,7 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 }
 
 // Close releases the stream. It is idempotent.
-func (s *Stream) Close() error {
+func (s *stream) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -150,18 +131,89 @@ func (s *Stream) Close() error {
 	return nil
 }
 
-// Fence is a fence of a Stream; copies run as they are enqueued, so it is
-// complete from the start.
-type Fence struct{ err error }
+// fence is a fence of a stream; copies run as they are enqueued, so it is
+// complete when recorded.
+type fence struct{ err error }
 
-// done is the closed channel every Fence returns from Ready.
+// done is the closed channel every fence returns from Ready.
 var done = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Done reports true: the fence is complete.
-func (f *Fence) Done() bool { return true }
+func (f fence) Done() bool                 { return true }
+func (f fence) Wait(context.Context) error { return f.err }
+func (f fence) Ready() <-chan struct{}     { return done }
 
-// Wait returns the first error of the work the fence covers.
-func (f *Fence) Wait(ctx context.Context) error { return f.err }
+// segments resolves [addr, addr+n) to the memory behind it, for a copy. A
+// write into a read-only view fails with ErrReadOnly, an address with no
+// backing with ErrNotCommitted (inside a reservation) or ErrInvalidRange.
+// Nothing is copied unless every part resolves. The caller holds m.mu, so
+// no Free or Decommit takes the memory from under the copy.
+func (m *Mechanism) segments(op string, addr memapi.DeviceAddr, n memapi.Bytes, write bool) ([][]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	for _, ar := range m.areas {
+		start, size := ar.span()
+		if addr < start || uint64(addr-start) >= uint64(size) {
+			continue
+		}
+		off := memapi.Bytes(addr - start)
+		if off+n > size || off+n < off {
+			return nil, m.errorf(op, memapi.ErrInvalidRange, "[%#x, +%d) runs past the end of its area", addr, n)
+		}
+		switch ar := ar.(type) {
+		case *allocation:
+			return [][]byte{ar.data[off : off+n]}, nil
+		case *reservation:
+			g := m.info.Granularity
+			var out [][]byte
+			for n > 0 {
+				i, in := off/g, off%g
+				k := min(n, g-in)
+				s := ar.slots[i]
+				switch {
+				case s.data != nil:
+					out = append(out, s.data[in:in+k])
+				case s.view != nil:
+					if write && s.view.access != memapi.AccessReadWrite {
+						return nil, m.errorf(op, memapi.ErrReadOnly, "write into a read-only view at %#x", addr)
+					}
+					vo := off - s.view.r.Off
+					out = append(out, s.view.b.data[vo:vo+k])
+				default:
+					return nil, m.errorf(op, memapi.ErrNotCommitted, "no backing at %#x", start+memapi.DeviceAddr(off))
+				}
+				off, n = off+k, n-k
+			}
+			return out, nil
+		}
+	}
+	return nil, m.errorf(op, memapi.ErrInvalidRange, "no memory at %#x", addr)
+}
 
-// Ready returns a closed channel.
-func (f *Fence) Ready() <-chan struct{} { return done }
+// copyIn writes src at dst.
+func (m *Mechanism) copyIn(op string, dst memapi.DeviceAddr, src []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	segs, err := m.segments(op, dst, memapi.Bytes(len(src)), true)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		src = src[copy(s, src):]
+	}
+	return nil
+}
+
+// copyOut reads len(dst) bytes at src.
+func (m *Mechanism) copyOut(op string, dst []byte, src memapi.DeviceAddr) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	segs, err := m.segments(op, src, memapi.Bytes(len(dst)), false)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		dst = dst[copy(dst, s):]
+	}
+	return nil
+}

@@ -1,13 +1,21 @@
 // Package example is the worked example of README's "Adding a mechanism": a
-// small mechanism that offers DeviceAllocator only, over host memory from
-// the Go heap, with the device context the conformance suite needs. It is
-// declared in spec/capabilities.yaml as mechanism "example"; memgen writes
+// small mechanism over host memory from the Go heap that offers every
+// capability (DeviceAllocator, VirtualBacking, SharedMapping), with the
+// device context the conformance suite needs. It is declared in
+// spec/capabilities.yaml as mechanism "example"; memgen writes
 // zz_generated.memgen.go beside it; conformance_test.go runs the generated
 // suite against it, bare and through the checked wrapper.
 //
-// Addresses are its own: each allocation gets a range of a private address
-// space (with an unmapped page after it, so that a copy that overruns an
-// allocation fails instead of reaching its neighbour), and the device
-// context resolves an address to the allocation's bytes. It is not meant
-// for production; mechanisms/cpu is the host mechanism for that.
+// Read it in this order: mechanism.go (Options, New, DeviceAllocator: the
+// part every mechanism writes), virtualbacking.go and sharedmapping.go (the
+// optional capabilities, offered through the offers hook the generated
+// accessors ask), context.go (streams, copies and fences over the
+// mechanism's addresses). It is not meant for production; mechanisms/cpu is
+// the host mechanism for that.
+//
+// It is also the one in-memory mechanism of the project's own tests: the
+// meta-tests of this package (meta_test.go, broken_test.go) break it on
+// purpose, one rule of the spec at a time, and check that the suite fails
+// the subtest meant to catch each break, while the honest mechanism fails
+// none.
 package example

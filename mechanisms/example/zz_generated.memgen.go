@@ -5,12 +5,17 @@ package example
 import "github.com/memgen/memgen/generated/memapi"
 
 // Mechanism example is declared in the spec for this package. The worked
-// example of README's section Adding a mechanism: host memory from the Go heap,
-// DeviceAllocator only.
+// example of README's section Adding a mechanism, and the in-memory mechanism
+// the conformance meta-tests break on purpose: host memory from the Go heap,
+// every capability.
 //
 // The hand-written half is type Mechanism: *Mechanism implements
 // memapi.Mechanism and the capabilities below (memgen check reports a
-// capability it implements that the spec does not declare).
+// capability it implements that the spec does not declare). Because it offers
+// the optional VirtualBacking and SharedMapping, *Mechanism also has the method
+// offers(memapi.Capability) bool, which says whether this instance offers a
+// capability now (a device may lack a feature at run time); the accessors below
+// ask it.
 // SpecName is mechanism example's key in the spec: Info().Mechanism must report
 // it. The conformance suite fails spec/name for a mechanism of this package
 // that reports another name.
@@ -19,16 +24,27 @@ const SpecName memapi.MechanismID = "example"
 var (
 	_ memapi.Mechanism       = (*Mechanism)(nil)
 	_ memapi.DeviceAllocator = (*Mechanism)(nil)
+	_ memapi.VirtualBacking  = (*Mechanism)(nil)
+	_ memapi.SharedMapping   = (*Mechanism)(nil)
+	_ interface {
+		offers(memapi.Capability) bool
+	} = (*Mechanism)(nil)
 )
 
-// AsVirtualBacking reports that mechanism example does not offer
-// VirtualBacking: the spec does not declare it.
-func (*Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
-	return nil, false
+// AsVirtualBacking returns the VirtualBacking capability when this instance
+// offers it now.
+func (m *Mechanism) AsVirtualBacking() (memapi.VirtualBacking, bool) {
+	if !m.offers(memapi.CapVirtualBacking) {
+		return nil, false
+	}
+	return m, true
 }
 
-// AsSharedMapping reports that mechanism example does not offer SharedMapping:
-// the spec does not declare it.
-func (*Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
-	return nil, false
+// AsSharedMapping returns the SharedMapping capability when this instance
+// offers it now.
+func (m *Mechanism) AsSharedMapping() (memapi.SharedMapping, bool) {
+	if !m.offers(memapi.CapSharedMapping) {
+		return nil, false
+	}
+	return m, true
 }

@@ -1,4 +1,4 @@
-package conformancetest
+package example
 
 import (
 	"slices"
@@ -8,12 +8,43 @@ import (
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/conformance"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/conformancetest"
 )
 
-// factory makes a fresh in-memory mechanism per subtest, changed by wrap.
+// Config is the shape the meta-tests give the mechanism. Unlike the
+// example's own Options, its zero value is a test mechanism the spec does not
+// declare: named "mem", of authority "mem", with 4 KiB allocation and 64 KiB
+// mapping granules and no capacity below the 4 GiB a single request may take.
+type Config struct {
+	Name             memapi.MechanismID // Info().Mechanism; default "mem", which the spec does not declare
+	Offers           memapi.CapSet      // 0: every capability
+	AllocGranularity memapi.Bytes       // default 4096
+	Granularity      memapi.Bytes       // default 65536
+}
+
+// options turns a Config into the mechanism's Options.
+func (cfg Config) options() Options {
+	o := Options{Authority: "mem", Capacity: 1 << 32, name: cfg.Name, offers: cfg.Offers,
+		allocGranularity: cfg.AllocGranularity, granularity: cfg.Granularity}
+	if o.name == "" {
+		o.name = "mem"
+	}
+	if o.allocGranularity == 0 {
+		o.allocGranularity = 4096
+	}
+	if o.granularity == 0 {
+		o.granularity = 65536
+	}
+	return o
+}
+
+// factory makes a fresh in-memory mechanism per subtest, changed by wrap,
+// and presents it as a mechanism of no declared package
+// (conformancetest.Undeclared): the spec/... subtests look it up by the name
+// it reports, as a test mechanism.
 func factory(cfg Config, wrap func(*Mechanism) memapi.Mechanism) conformance.FactoryT {
 	return func(t conformance.T) conformance.Subject {
-		m := New(cfg)
+		m := New(cfg.options())
 		ctx := NewContext(m)
 		t.Cleanup(func() {
 			if err := ctx.Close(); err != nil {
@@ -24,7 +55,7 @@ func factory(cfg Config, wrap func(*Mechanism) memapi.Mechanism) conformance.Fac
 		if wrap != nil {
 			mech = wrap(m)
 		}
-		return conformance.Subject{Mechanism: mech, Context: ctx}
+		return conformance.Subject{Mechanism: conformancetest.Undeclared(mech), Context: ctx}
 	}
 }
 
@@ -91,7 +122,7 @@ func TestHonestPasses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			res := Record(factory(c.cfg, nil))
+			res := conformancetest.Record(factory(c.cfg, nil))
 			if failed := res.Failed(); len(failed) > 0 {
 				t.Errorf("the honest mechanism failed %d subtests:\n%s", len(failed), res.Report())
 			}
@@ -116,7 +147,7 @@ func TestHonestPasses(t *testing.T) {
 // TestHonestPassesChecked runs the honest mechanism through the checked
 // wrapper in verify mode: the wrapper must not make a correct mechanism fail.
 func TestHonestPassesChecked(t *testing.T) {
-	res := Record(factory(Config{}, verified(nil)))
+	res := conformancetest.Record(factory(Config{}, verified(nil)))
 	if failed := res.Failed(); len(failed) > 0 {
 		t.Errorf("the honest mechanism through checked.Wrap failed %d subtests:\n%s", len(failed), res.Report())
 	}
@@ -202,7 +233,7 @@ func TestBrokenMechanismsFail(t *testing.T) {
 	names := conformance.Names()
 	for _, b := range broken {
 		t.Run(b.name, func(t *testing.T) {
-			res := Record(factory(Config{}, b.wrap))
+			res := conformancetest.Record(factory(Config{}, b.wrap))
 			failed := res.Failed()
 			for _, n := range b.mustFail {
 				if !slices.Contains(names, n) {
@@ -229,7 +260,7 @@ func TestCheckedWrapperCatches(t *testing.T) {
 	}
 	for _, name := range []string{"frees-foreign-handle", "ignores-granularity", "double-free-succeeds"} {
 		t.Run(name+"/enforced", func(t *testing.T) {
-			res := Record(factory(Config{}, verified(byName[name])))
+			res := conformancetest.Record(factory(Config{}, verified(byName[name])))
 			if failed := res.Failed(); len(failed) > 0 {
 				t.Errorf("through the wrapper, %d subtests still failed:\n%s", len(failed), res.Report())
 			}
@@ -238,7 +269,7 @@ func TestCheckedWrapperCatches(t *testing.T) {
 	untruthful := strings.TrimPrefix(memapi.ErrUntruthful.Error(), "memapi: ")
 	for _, name := range []string{"commit-does-nothing", "misreports-committed-bytes"} {
 		t.Run(name+"/untruthful", func(t *testing.T) {
-			res := Record(factory(Config{}, verified(byName[name])))
+			res := conformancetest.Record(factory(Config{}, verified(byName[name])))
 			o, ok := res.Outcome("VirtualBacking/Commit/exact-accounting")
 			if !ok || !o.Failed {
 				t.Fatalf("VirtualBacking/Commit/exact-accounting passed through the wrapper")
@@ -255,7 +286,7 @@ func TestCheckedWrapperCatches(t *testing.T) {
 // those counters; the suite's witness, which reads the memory through the
 // device context, still fails it.
 func TestHollowCommitCaughtThroughVerify(t *testing.T) {
-	res := Record(factory(Config{}, verified(func(m *Mechanism) memapi.Mechanism { return newHollowCommit(m) })))
+	res := conformancetest.Record(factory(Config{}, verified(func(m *Mechanism) memapi.Mechanism { return newHollowCommit(m) })))
 	for _, n := range []string{"invariant/no-silent-noop/VirtualBacking", "VirtualBacking/Commit/exact-accounting"} {
 		o, ok := res.Outcome(n)
 		if !ok || !o.Failed {
@@ -277,9 +308,9 @@ func TestHollowCommitCaughtThroughVerify(t *testing.T) {
 // skips them.
 func TestSpecDisagreementsCaught(t *testing.T) {
 	specs := []string{"spec/offers", "spec/device", "spec/granularity"}
-	run := func(t *testing.T, cfg Config) *Results {
+	run := func(t *testing.T, cfg Config) *conformancetest.Results {
 		t.Helper()
-		return Record(factory(cfg, nil))
+		return conformancetest.Record(factory(cfg, nil))
 	}
 	t.Run("honest", func(t *testing.T) {
 		res := run(t, Config{Name: "cpu"})

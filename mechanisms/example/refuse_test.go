@@ -1,4 +1,4 @@
-package conformancetest
+package example
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/conformancetest"
 )
 
 // zeroReserve: Reserve accepts a size of 0 and reserves a granule.
@@ -25,7 +26,7 @@ func (b zeroReserve) Reserve(ctx context.Context, req memapi.ReserveRequest) (*m
 // reported as the side effect of a failure ("changed state although it
 // failed" contradicted "succeeded").
 func TestRefusedSuccessSaysOneThing(t *testing.T) {
-	res := Record(factory(Config{}, func(m *Mechanism) memapi.Mechanism { return zeroReserve{m} }))
+	res := conformancetest.Record(factory(Config{}, func(m *Mechanism) memapi.Mechanism { return zeroReserve{m} }))
 	o, ok := res.Outcome("VirtualBacking/Reserve/zero-size")
 	if !ok || !o.Failed {
 		t.Fatalf("VirtualBacking/Reserve/zero-size = %+v, want it failed", o)

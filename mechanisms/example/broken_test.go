@@ -1,4 +1,4 @@
-package conformancetest
+package example
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package conformancetest
+package example
 
 import (
 	"slices"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/memgen/memgen/generated/conformance"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/conformancetest"
 )
 
 // TestDeclaredSubject is a Go mechanism of another module (the in-memory
@@ -14,8 +15,8 @@ import (
 // it is true, and fail when it names another name or other offers.
 func TestDeclaredSubject(t *testing.T) {
 	spec := []string{"spec/name", "spec/offers", "spec/device", "spec/granularity"}
-	record := func(d *memapi.MechanismMeta) *Results {
-		return Record(func(t conformance.T) conformance.Subject {
+	record := func(d *memapi.MechanismMeta) *conformancetest.Results {
+		return conformancetest.Record(func(t conformance.T) conformance.Subject {
 			s := factory(Config{}, nil)(t)
 			s.Declared = d
 			return s
