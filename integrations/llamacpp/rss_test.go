@@ -18,14 +18,15 @@ import (
 type span struct{ addr, size uintptr }
 
 // rssParts is a process's resident set split by what maps it, read from
-// /proc/self/smaps (file-backed pages by file) and mincore (the anonymous
-// pages of known ranges). The parts add up to the resident set.
+// /proc/self/smaps (each mapping's Rss, file-backed ones by file) and, for
+// an anonymous mapping only partly inside a known range, mincore of that
+// part. The parts add up to the resident set.
 type rssParts struct {
 	Exe       int64 // the executable's pages (file-backed, and its data)
 	LlamaLibs int64 // llama.cpp's libraries' pages (libllama, libggml*)
 	SysLibs   int64 // the other libraries' pages (libc, libstdc++, libm, ld.so…)
-	Held      int64 // memgen's pmm ranges (weights and KV regions), by mincore
-	GoHeap    int64 // the Go heap's arenas, by mincore
+	Held      int64 // memgen's pmm ranges (weights and KV regions)
+	GoHeap    int64 // the Go heap (goHeapSpan)
 	Stack     int64 // the main thread's stack
 	// Other is the remaining anonymous memory: glibc's malloc arenas and
 	// mmapped chunks (llama.cpp's scheduler, graphs, compute and output
@@ -198,7 +199,6 @@ type goMemory struct {
 	Stacks   uint64 // goroutine stacks
 	Metadata uint64 // GC and allocator metadata (mspan, mcache, other)
 	Cycles   uint64 // completed GC cycles
-	Allocs   uint64 // heap allocations since the start
 }
 
 func readGoMemory() goMemory {
@@ -211,7 +211,6 @@ func readGoMemory() goMemory {
 		"/memory/classes/metadata/mcache/inuse:bytes",
 		"/memory/classes/metadata/other:bytes",
 		"/gc/cycles/total:gc-cycles",
-		"/gc/heap/allocs:objects",
 	}
 	s := make([]metrics.Sample, len(names))
 	for i, n := range names {
@@ -224,7 +223,7 @@ func readGoMemory() goMemory {
 		}
 		return s[i].Value.Uint64()
 	}
-	return goMemory{Live: v(0), Goal: v(1), Objects: v(2), Stacks: v(3), Metadata: v(4) + v(5) + v(6), Cycles: v(7), Allocs: v(8)}
+	return goMemory{Live: v(0), Goal: v(1), Objects: v(2), Stacks: v(3), Metadata: v(4) + v(5) + v(6), Cycles: v(7)}
 }
 
 // llamaBuffers are the buffer sizes llama.cpp logs (in MiB, summed over
