@@ -40,12 +40,13 @@ type ContextOptions struct {
 
 // Context is one llama.cpp context running one sequence, and the governor
 // holder of its KV cache (Holder). Each of its KV tensors is a pmm.Region
-// reserved for NCtx rows; before each llama_decode the regions are grown,
-// through the governor, to the rows that decode uses (the cells so far
-// plus the batch), and no further: llama.cpp touches no other row
-// (flash attention reads only the cells the mask lets through, and writes
-// only the batch's). Its methods are safe for concurrent use; a Context
-// decodes one batch at a time.
+// reserved for NCtx rows; before each Decode's first llama_decode the
+// regions are grown, through the governor, to the rows its decodes use
+// (the cells so far plus its tokens, and the rest of a 64-row tile for a
+// ubatch of 64 tokens or more), and after its last they hold its cells:
+// llama.cpp touches no other row (flash attention reads only the cells
+// the mask lets through, and writes only the batch's). Its methods are
+// safe for concurrent use; a Context decodes one call at a time.
 type Context struct {
 	m      *Model
 	holder governor.HolderID
