@@ -25,8 +25,8 @@ type ContextOptions struct {
 	// reserved for it. Required.
 	NCtx int
 	// Batch is the most tokens one llama_decode takes (n_batch); longer
-	// inputs are decoded in batches, each growing the KV regions once.
-	// Default 512.
+	// inputs are decoded in batches (the KV regions grow once for the
+	// whole Decode). Default 512.
 	Batch int
 	// UBatch is the most tokens llama.cpp computes at once (n_ubatch): a
 	// batch is computed in ubatches of UBatch tokens, and llama.cpp's
@@ -311,23 +311,25 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 			}
 		}
 	}
+	// undo leaves the sequence as before: cells of this call's tokens
+	// already decoded are dropped again (recomputed ones stay, the next
+	// Decode goes on from them), and the regions hold the cells again.
+	undo := func(err error) error {
+		if c.cells > hist {
+			if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
+				err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
+			}
+			c.cells = hist
+		}
+		return errors.Join(err, c.shrinkTo(c.cells))
+	}
 	var next int32
 	for len(todo) > 0 {
 		n := min(len(todo), c.batch)
 		var err error
 		next, err = c.decodeBatch(todo[:n])
 		if err != nil {
-			// The sequence is as before: cells of this call's tokens
-			// decoded by earlier batches are dropped again (recomputed
-			// ones stay, the next Decode goes on from them), and the
-			// regions hold the cells again.
-			if c.cells > hist {
-				if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
-					err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
-				}
-				c.cells = hist
-			}
-			return 0, errors.Join(err, c.shrinkTo(c.cells))
+			return 0, undo(err)
 		}
 		c.stats.Recomputed += min(n, recompute)
 		recompute -= min(n, recompute)
@@ -335,7 +337,7 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 	}
 	if commit > rows {
 		if err := c.shrinkTo(rows); err != nil {
-			return 0, fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err)
+			return 0, undo(fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err))
 		}
 	}
 	c.tokens = append(c.tokens, tokens...)
