@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,6 +101,10 @@ func TestBadModelFiles(t *testing.T) {
 		_, err := LoadModel(bg(t), p, r.options())
 		if !errors.Is(err, ErrModel) {
 			t.Fatalf("got %v, want ErrModel", err)
+		}
+		// The error carries llama.cpp's own log line.
+		if !strings.Contains(err.Error(), "unknown model architecture: 'memgen-unknown'") {
+			t.Fatalf("got %v, want llama.cpp's line about the architecture", err)
 		}
 		t.Log(err)
 		r.auditEmpty(t, "unknown architecture", nil)

@@ -36,13 +36,15 @@ static void log_cb(enum ggml_log_level level, const char *text, void *user) {
 	pthread_mutex_unlock(&log_mu);
 }
 
-void memgen_llama_last_error(char *buf, size_t n) {
+char *memgen_llama_take_error(void) {
 	pthread_mutex_lock(&log_mu);
 	size_t l = strlen(last_error);
 	while (l > 0 && (last_error[l - 1] == '\n' || last_error[l - 1] == ' ')) last_error[--l] = 0;
-	snprintf(buf, n, "%s", last_error);
+	char *s = NULL;
+	if (l > 0) s = strdup(last_error);
 	last_error[0] = 0;
 	pthread_mutex_unlock(&log_mu);
+	return s;
 }
 
 void memgen_llama_set_verbose(int on) {
@@ -118,13 +120,18 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours) {
 
 void memgen_llama_model_free(struct llama_model *m) { memgen_llama_api.llama_model_free(m); }
 
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads) {
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	struct llama_context_params p = a->llama_context_default_params();
 	p.n_ctx = n_ctx;
 	p.n_batch = n_batch;
-	p.n_ubatch = n_batch;
+	p.n_ubatch = n_ubatch;
 	p.n_seq_max = 1;
+	/* memgen_llama_decode reads the logits of a batch's last token only
+	 * (llama_batch_get_one asks for no other): one output per ubatch, so
+	 * that the output buffer and the compute buffer's logits are sized
+	 * for one token, not n_batch. */
+	p.n_outputs_max = 1;
 	p.n_threads = n_threads;
 	p.n_threads_batch = n_threads;
 	/* Flash attention: K and V are both one row per cell, so the part of

@@ -41,9 +41,9 @@ extern struct memgen_llama_api memgen_llama_api;
  * dir (the variant for this CPU) and resolves every function the bridge
  * calls. It returns NULL or a malloc'd message. */
 char *memgen_llama_load(const char *lib, const char *dir);
-/* memgen_llama_last_error copies the last error line llama.cpp logged (""
- * when none) and forgets it. */
-void memgen_llama_last_error(char *buf, size_t n);
+/* memgen_llama_take_error returns the last error line llama.cpp logged (a
+ * malloc'd copy; NULL when none) and forgets it. */
+char *memgen_llama_take_error(void);
 void memgen_llama_set_verbose(int on);
 
 /* The device and its buffer type (device.c). */
@@ -56,7 +56,7 @@ void memgen_llama_set_owner(uintptr_t owner);
 /* Calls into llama.cpp. */
 struct llama_model *memgen_llama_model_load(const char *path, int ours);
 void memgen_llama_model_free(struct llama_model *m);
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, int32_t n_threads);
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads);
 void memgen_llama_context_free(struct llama_context *c);
 /* memgen_llama_decode decodes n tokens at the end of the context's one
  * sequence and returns llama_decode's status; with argmax set, *next is the

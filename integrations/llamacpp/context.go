@@ -24,9 +24,15 @@ type ContextOptions struct {
 	// NCtx is the context's size in cells (tokens); every KV tensor is
 	// reserved for it. Required.
 	NCtx int
-	// Batch is the most tokens one llama_decode takes (n_batch and
-	// n_ubatch); longer inputs are decoded in batches. Default 512.
+	// Batch is the most tokens one llama_decode takes (n_batch); longer
+	// inputs are decoded in batches (the KV regions grow once for the
+	// whole Decode). Default 512.
 	Batch int
+	// UBatch is the most tokens llama.cpp computes at once (n_ubatch): a
+	// batch is computed in ubatches of UBatch tokens, and llama.cpp's
+	// compute buffer (activations, outside memgen) is sized for UBatch
+	// tokens against all of NCtx. Default (and at most) Batch.
+	UBatch int
 	// Priority is the context's holder's priority: under pressure the
 	// governor asks lower priorities first.
 	Priority governor.Priority
@@ -34,18 +40,20 @@ type ContextOptions struct {
 
 // Context is one llama.cpp context running one sequence, and the governor
 // holder of its KV cache (Holder). Each of its KV tensors is a pmm.Region
-// reserved for NCtx rows; before each llama_decode the regions are grown,
-// through the governor, to the rows that decode uses (the cells so far
-// plus the batch), and no further: llama.cpp touches no other row
-// (flash attention reads only the cells the mask lets through, and writes
-// only the batch's). Its methods are safe for concurrent use; a Context
-// decodes one batch at a time.
+// reserved for NCtx rows; before each Decode's first llama_decode the
+// regions are grown, through the governor, to the rows its decodes use
+// (the cells so far plus its tokens, and the rest of a 64-row tile for a
+// ubatch of 64 tokens or more), and after its last they hold its cells:
+// llama.cpp touches no other row (flash attention reads only the cells
+// the mask lets through, and writes only the batch's). Its methods are
+// safe for concurrent use; a Context decodes one call at a time.
 type Context struct {
 	m      *Model
 	holder governor.HolderID
 	bind   *pmm.Binding
 	nCtx   int
 	batch  int
+	ubatch int
 	c      *C.struct_llama_context
 
 	allocErr error // during creation (under loadMu)
@@ -90,6 +98,10 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	}
 	m.nextID++
 	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx)}
+	c.ubatch = c.batch
+	if opts.UBatch > 0 {
+		c.ubatch = min(opts.UBatch, c.batch)
+	}
 	m.contexts[c] = struct{}{}
 	m.mu.Unlock()
 	fail := func(err error) (*Context, error) {
@@ -113,7 +125,7 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	h := cgo.NewHandle(allocator(c))
 	C.memgen_llama_set_owner(C.uintptr_t(h))
 	lastError()
-	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.int32_t(m.opts.Threads))
+	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads))
 	C.memgen_llama_set_owner(0)
 	h.Delete()
 	msg, allocErr := lastError(), c.allocErr
@@ -246,10 +258,12 @@ func (c *Context) Tokens() []int32 {
 
 // Decode appends tokens to the sequence, decodes them and returns the
 // greedy next token (the argmax of the last token's logits). After a
-// preemption the sequence's earlier tokens are decoded again first. Before
-// each llama_decode the KV regions grow to the rows it uses; when the
-// governor refuses within ctx, Decode fails with an *OverBudgetError and
-// the sequence is as before. A token outside the vocabulary is ErrToken, a
+// preemption the sequence's earlier tokens are decoded again first. The
+// tokens are decoded in batches of Batch tokens (one llama_decode each);
+// before the first, the KV regions grow once to the rows the whole call
+// uses, and after the last they hold exactly its cells. When the governor
+// refuses within ctx, Decode fails with an *OverBudgetError and the
+// sequence is as before. A token outside the vocabulary is ErrToken, a
 // sequence longer than NCtx ErrContextFull, a closed context
 // memapi.ErrClosed.
 func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
@@ -272,88 +286,97 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 	}
 	// The tokens a preemption dropped first, then the new ones.
 	hist := len(c.tokens)
-	todo := slices.Concat(c.tokens[c.cells:], tokens)
+	todo := tokens
 	recompute := hist - c.cells
+	if recompute > 0 {
+		todo = slices.Concat(c.tokens[c.cells:], tokens)
+	}
+	rows := c.cells + len(todo)
+	commit := rows
+	if len(c.tensors) > 0 && !untiled {
+		commit = touched(c.cells, len(todo), c.ubatch, c.tensors[0].cells)
+	}
+	if err := c.grow(ctx, commit); err != nil {
+		return 0, err
+	}
+	// The call's fence, on every region (stock has none): a release of
+	// the regions waits for the last of its decodes.
+	var f *decodeFence
+	if len(c.tensors) > 0 {
+		f = newDecodeFence()
+		defer f.complete()
+		for _, t := range c.tensors {
+			if err := t.region.RecordUse(f); err != nil {
+				return 0, errors.Join(err, c.shrinkTo(c.cells))
+			}
+		}
+	}
+	// undo leaves the sequence as before: cells of this call's tokens
+	// already decoded are dropped again (recomputed ones stay, the next
+	// Decode goes on from them), and the regions hold the cells again.
+	undo := func(err error) error {
+		if c.cells > hist {
+			if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
+				err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
+			}
+			c.cells = hist
+		}
+		return errors.Join(err, c.shrinkTo(c.cells))
+	}
 	var next int32
 	for len(todo) > 0 {
 		n := min(len(todo), c.batch)
 		var err error
-		next, err = c.decodeBatch(ctx, todo[:n])
+		next, err = c.decodeBatch(todo[:n])
 		if err != nil {
-			// The sequence is as before: cells of this call's tokens
-			// decoded by earlier batches are dropped again (recomputed
-			// ones stay, the next Decode goes on from them).
-			if c.cells > hist {
-				if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
-					err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
-				}
-				c.cells = hist
-				err = errors.Join(err, c.shrinkTo(hist))
-			}
-			return 0, err
+			return 0, undo(err)
 		}
 		c.stats.Recomputed += min(n, recompute)
 		recompute -= min(n, recompute)
 		todo = todo[n:]
+	}
+	if commit > rows {
+		if err := c.shrinkTo(rows); err != nil {
+			return 0, undo(fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err))
+		}
 	}
 	c.tokens = append(c.tokens, tokens...)
 	return next, nil
 }
 
 // kvTile is the rows of K and V that ggml's CPU flash-attention kernel
-// reads together when it decodes a batch of 64 tokens or more (its tiled
+// reads together when it computes a ubatch of 64 tokens or more (its tiled
 // path, taken for GGML_FA_TILE_Q = 64 queries or more; GGML_FA_TILE_KV =
 // 64 rows): it reads every row of a tile in which one cell is visible to
 // one query. Below 64 tokens it reads exactly the visible rows. See
 // docs/llamacpp.md.
 const kvTile = 64
 
-// touched is the rows of each KV tensor a decode of n tokens after cells
-// cells touches: the cells it writes and reads, and for a batch of 64
-// tokens or more the rest of the last 64-row tile (at most the tensor's
-// rows).
-func touched(cells, n, rows int) int {
+// touched is the rows of each KV tensor that decoding n tokens after cells
+// cells touches, computed in ubatches of at most ubatch tokens: the cells
+// it writes and reads, and when its first ubatch (the largest) holds 64
+// tokens or more, the rest of the last 64-row tile (at most the tensor's
+// rows; an earlier tiled ubatch reads no further than the last tile).
+func touched(cells, n, ubatch, rows int) int {
 	r := cells + n
-	if n >= kvTile {
+	if min(n, ubatch) >= kvTile {
 		r = min((r+kvTile-1)/kvTile*kvTile, rows)
 	}
 	return r
 }
 
-// decodeBatch grows the regions to the rows the decode touches, records
-// the decode's fence on them, decodes, and shrinks them back to the cells
-// in use (the rest of a tile, after a batch).
-func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error) {
-	rows := c.cells + len(batch)
-	commit := rows
-	if len(c.tensors) > 0 && !untiled {
-		commit = touched(c.cells, len(batch), c.tensors[0].cells)
-	}
-	if err := c.grow(ctx, commit); err != nil {
-		return 0, err
-	}
-	f := newDecodeFence()
-	for _, t := range c.tensors {
-		if err := t.region.RecordUse(f); err != nil {
-			f.complete()
-			return 0, err
-		}
-	}
+// decodeBatch decodes one batch (at most Batch tokens) whose rows are
+// committed.
+func (c *Context) decodeBatch(batch []int32) (int32, error) {
 	var next C.llama_token
 	st := C.memgen_llama_decode(c.c, (*C.llama_token)(&batch[0]), C.int32_t(len(batch)), C.int32_t(c.m.nVocab), &next)
-	f.complete()
 	c.stats.Decodes++
 	if st != 0 {
-		// llama.cpp changed nothing: the regions go back to the cells.
-		return 0, errors.Join(fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError()), c.shrinkTo(c.cells))
+		// llama.cpp changed nothing.
+		return 0, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
 	}
-	c.cells = rows
+	c.cells += len(batch)
 	c.stats.Tokens += len(batch)
-	if commit > rows {
-		if err := c.shrinkTo(rows); err != nil {
-			return 0, fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err)
-		}
-	}
 	return int32(next), nil
 }
 

@@ -12,9 +12,10 @@
 // size and never committed, and each KV tensor placed in it is pointed, by
 // the buffer's init_tensor, at a pmm.Region of its own, reserved for all
 // n_ctx rows and committed for none. Each context is a governor holder of
-// its own (Name+"/ctx<N>"). Before every llama_decode the context's regions
-// grow, through the governor and within the caller's deadline, to the
-// rows that decode touches; llama.cpp touches no other (the tests commit
+// its own (Name+"/ctx<N>"). Before the first llama_decode of a Decode the
+// context's regions grow, through the governor and within the caller's
+// deadline, to the rows the call's decodes touch, and after the last they
+// hold exactly its cells; llama.cpp touches no other row (the tests commit
 // one row short and watch the engine fault). Flash attention is on, so K
 // and V both hold one row per cell and the rows in use are a prefix of
 // each tensor.

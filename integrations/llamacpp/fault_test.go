@@ -23,7 +23,12 @@ const childEnv = "MEMGEN_LLAMACPP_CHILD"
 // committed to exactly 100 (not the 128 of two 64-row tiles); "batch63"
 // decodes 10 tokens, then a batch of 63 with the rows committed to exactly
 // 73, and "batch63-short" to 72; "batch64" decodes 10 tokens, then a
-// batch of 64 (committed to its tile's end, 128 rows).
+// batch of 64 (committed to its tile's end, 128 rows). "ubatch32" decodes
+// a prompt of 97 tokens in ubatches of 32 with the rows committed to
+// exactly 97 (no tile: no ubatch holds 64 tokens; 25 granules),
+// "ubatch32-short" to 96 (24 granules: row 97 is not backed); "batch32"
+// decodes it in four llama_decode calls of at most 32 tokens after one
+// growth to its 97 rows.
 func runChild() int {
 	mode := os.Getenv(childEnv)
 	if err := Init(libPath); err != nil {
@@ -43,7 +48,14 @@ func runChild() int {
 		fmt.Println("child:", err)
 		return 3
 	}
-	c, err := m.NewContext(ctx, ContextOptions{NCtx: 256})
+	opts := ContextOptions{NCtx: 256}
+	switch mode {
+	case "ubatch32", "ubatch32-short":
+		opts.UBatch = 32
+	case "batch32":
+		opts.Batch = 32
+	}
+	c, err := m.NewContext(ctx, opts)
 	if err != nil {
 		fmt.Println("child:", err)
 		return 3
@@ -65,15 +77,24 @@ func runChild() int {
 		fmt.Printf("child: decoded a batch of %d tokens\n", n)
 		return 0
 	}
-	if mode == "prefill-untiled" || mode == "prefill" {
-		if mode == "prefill-untiled" {
+	if mode == "prefill-untiled" || mode == "prefill" || strings.HasPrefix(mode, "ubatch32") || mode == "batch32" {
+		switch mode {
+		case "prefill-untiled":
 			untiled = true
+		case "ubatch32-short":
+			rowsShort = 1
 		}
-		if _, err := c.Decode(ctx, prompt(1, 100, m.NVocab())); err != nil {
+		// 100 tokens; 97 with ubatches (24 granules and a row: one row
+		// short ends on a granule).
+		n := 100
+		if mode != "prefill" && mode != "prefill-untiled" {
+			n = 97
+		}
+		if _, err := c.Decode(ctx, prompt(1, n, m.NVocab())); err != nil {
 			fmt.Println("child:", err)
 			return 3
 		}
-		fmt.Println("child: decoded a prompt of 100 tokens")
+		fmt.Printf("child: decoded a prompt of %d tokens\n", n)
 		return 0
 	}
 	if _, err := c.Decode(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
@@ -186,4 +207,56 @@ func TestSmallBatchNeedsItsRowsOnly(t *testing.T) {
 	}
 	first, _, _ := strings.Cut(out, "\n")
 	t.Logf("one row short: %v: %s", err, first)
+}
+
+// TestSmallUBatchNeedsItsRowsOnly: with ubatches of fewer than 64 tokens
+// (ContextOptions.UBatch 32) a prompt of 97 tokens is never attended a
+// whole tile at a time: committed to exactly its 97 rows it decodes, one
+// row short the engine faults. Decoded in batches of 32 (four llama_decode
+// calls), one growth to the 97 rows before the first covers them all.
+func TestSmallUBatchNeedsItsRowsOnly(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(mode string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	for _, mode := range []string{"ubatch32", "batch32"} {
+		out, err := run(mode)
+		if err != nil || !strings.Contains(out, "child: decoded a prompt of 97 tokens") {
+			t.Fatalf("%s, exact commit: %v\n%s", mode, err, out)
+		}
+	}
+	out, err := run("ubatch32-short")
+	if err == nil || !strings.Contains(out, "SIGSEGV") {
+		t.Fatalf("one row short: want a segmentation fault, got %v\n%s", err, out)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	t.Logf("one row short: %v: %s", err, first)
+}
+
+// TestTouchedRows: the rows committed before a decode are its cells, plus
+// the rest of the last 64-row tile only when a ubatch of 64 tokens or more
+// is attended (the tiled kernel), at most the tensor's rows.
+func TestTouchedRows(t *testing.T) {
+	for _, c := range []struct{ cells, n, ubatch, rows, want int }{
+		{0, 1, 512, 8192, 1},        // a single token
+		{10, 63, 512, 8192, 73},     // a small batch: its rows only
+		{10, 64, 512, 8192, 128},    // a tiled ubatch: to the tile's end
+		{0, 100, 512, 8192, 128},    // a tiled prompt
+		{0, 100, 32, 8192, 100},     // ubatches of 32: untiled, exact
+		{0, 1008, 8, 8192, 1008},    // ubatches of 8: exact
+		{0, 1008, 64, 8192, 1024},   // ubatches of 64: tiled
+		{8100, 70, 512, 8192, 8192}, // the tile's end capped at the rows
+	} {
+		if got := touched(c.cells, c.n, c.ubatch, c.rows); got != c.want {
+			t.Errorf("touched(cells %d, n %d, ubatch %d, rows %d) = %d, want %d", c.cells, c.n, c.ubatch, c.rows, got, c.want)
+		}
+	}
 }

@@ -78,9 +78,13 @@ func loaded() bool {
 	return rt.loaded
 }
 
-// lastError returns (and forgets) the last error line llama.cpp logged.
+// lastError returns (and forgets) the last error line llama.cpp logged
+// ("" when none, without allocating).
 func lastError() string {
-	var buf [1024]C.char
-	C.memgen_llama_last_error(&buf[0], C.size_t(len(buf)))
-	return C.GoString(&buf[0])
+	p := C.memgen_llama_take_error()
+	if p == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(p))
+	return C.GoString(p)
 }
