@@ -1,0 +1,25 @@
+#include "textflag.h"
+
+// cTrampoline calls a C function with up to six integer arguments, on the
+// system stack (runtime.cgocall's asmcgocall jumps here with DI = the
+// *cArgs). It loads the arguments into the System V registers, calls fn and
+// stores its result in the block.
+//
+// struct cArgs { uintptr fn, a1, a2, a3, a4, a5, a6, r; }
+TEXT cTrampoline<>(SB), NOSPLIT|NOFRAME, $0
+	PUSHQ BX // callee-saved in the C ABI; also realigns SP to 16 for the call
+	MOVQ  DI, BX
+	MOVQ  8(BX), DI
+	MOVQ  16(BX), SI
+	MOVQ  24(BX), DX
+	MOVQ  32(BX), CX
+	MOVQ  40(BX), R8
+	MOVQ  48(BX), R9
+	MOVQ  0(BX), AX
+	CALL  AX
+	MOVQ  AX, 56(BX)
+	POPQ  BX
+	RET
+
+GLOBL ·cTrampolineABI0(SB), NOPTR|RODATA, $8
+DATA ·cTrampolineABI0(SB)/8, $cTrampoline<>(SB)
