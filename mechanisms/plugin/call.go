@@ -31,11 +31,17 @@ var beforeCall func(fn uintptr)
 // C function cannot be contained in-process and ends it.
 //
 // Pointers converted to uintptr in the call expression stay alive and in
-// place for the call (go:uintptrescapes, as for purego.SyscallN). args does
-// not escape: a call allocates nothing.
+// place for the call (go:uintptrescapes, as for purego.SyscallN); that puts
+// what they point to, and the argument list, on the heap.
 //
 //go:uintptrescapes
-func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
+func callC(fn uintptr, args ...uintptr) (uintptr, error) { return callInts(fn, args...) }
+
+// callInts is callC for arguments that point to no Go memory: ids, sizes,
+// the instance pointer and addresses of C or mapped memory (or pointers a
+// go:uintptrescapes caller keeps for the call). Nothing escapes, so a call
+// allocates nothing.
+func callInts(fn uintptr, args ...uintptr) (r uintptr, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic while calling the plugin: %v", p)
@@ -51,7 +57,9 @@ func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
 		beforeCall(fn)
 	}
 	a := cArgs{fn: fn}
-	copy(a.a[:], args)
+	for i, v := range args { // a loop, not copy: no memmove call for six words
+		a.a[i] = v
+	}
 	cCall(&a)
 	return a.r, nil
 }

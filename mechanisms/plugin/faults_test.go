@@ -294,7 +294,7 @@ func TestDisownedID(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, _ := m.issuer.Impl("test", a)
-	if r, err := callC(m.lib.da.Free, m.inst, uintptr(id.(uint64))); err != nil || r != 0 {
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(entryOf(id).id)); err != nil || r != 0 {
 		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
 	}
 	before := m.ProtocolErrors()
