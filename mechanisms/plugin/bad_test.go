@@ -159,6 +159,23 @@ func TestPanicContained(t *testing.T) {
 	}
 }
 
+// TestCallGuards: a call the trampoline cannot make (a nil function, which
+// runtime.cgocall would turn into a fatal error, or more arguments than a
+// slot takes) fails with an error instead of ending or corrupting the
+// process.
+func TestCallGuards(t *testing.T) {
+	if _, err := callC(0); err == nil || !strings.Contains(err.Error(), "nil function") {
+		t.Errorf("callC(0) = %v, want the nil function refused", err)
+	}
+	m, _ := newSubject(t, refhost(t))
+	if _, err := callC(m.lib.da.UsedBytes, m.inst, 1, 2, 3, 4, 5, 6); err == nil || !strings.Contains(err.Error(), "7 arguments") {
+		t.Errorf("a call with 7 arguments = %v, want it refused", err)
+	}
+	if _, err := callC(m.lib.da.UsedBytes, m.inst); err != nil {
+		t.Errorf("used_bytes after the refused calls: %v", err)
+	}
+}
+
 // TestClosed: every call after Close fails with ErrClosed, and Close refuses
 // while handles are live.
 func TestClosed(t *testing.T) {
