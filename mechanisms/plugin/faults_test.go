@@ -304,8 +304,12 @@ func TestDisownedID(t *testing.T) {
 	if q := m.held(); q != 8192 || !a.Live() {
 		t.Errorf("after the refused Free the host accounts %d bytes and the handle is live=%v; want 8192, true", q, a.Live())
 	}
-	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") {
-		t.Errorf("second Free = %v, want ErrProtocol (quarantined) without calling the plugin", err)
+	calls := 0
+	beforeCall = func(uintptr) { calls++ }
+	err = m.Free(bg, a, nil)
+	beforeCall = nil
+	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") || calls != 0 {
+		t.Errorf("second Free = %v after %d calls into the plugin, want ErrProtocol (quarantined) without calling it", err, calls)
 	}
 	if n := m.ProtocolErrors() - before; n != 2 {
 		t.Errorf("ProtocolErrors moved by %d, want 2", n)
