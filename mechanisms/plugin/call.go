@@ -38,9 +38,9 @@ var beforeCall func(fn uintptr)
 func callC(fn uintptr, args ...uintptr) (uintptr, error) { return callInts(fn, args...) }
 
 // callInts is callC for arguments that point to no Go memory: ids, sizes,
-// the instance pointer and addresses of C or mapped memory (or pointers a
-// go:uintptrescapes caller keeps for the call). Nothing escapes, so a call
-// allocates nothing.
+// the instance pointer and addresses of C or mapped memory (or pointers
+// that a caller marked go:uintptrescapes keeps for the call). Nothing
+// escapes, so a call allocates nothing.
 func callInts(fn uintptr, args ...uintptr) (r uintptr, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -57,7 +57,8 @@ func callInts(fn uintptr, args ...uintptr) (r uintptr, err error) {
 		beforeCall(fn)
 	}
 	a := cArgs{fn: fn}
-	for i, v := range args { // a loop, not copy: no memmove call for six words
+	//lint:ignore S1001 six words at most: a loop costs less than copy's call to memmove
+	for i, v := range args {
 		a.a[i] = v
 	}
 	cCall(&a)
