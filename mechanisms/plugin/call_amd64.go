@@ -21,6 +21,13 @@ func runtime_cgocall(fn uintptr, arg unsafe.Pointer) int32
 // a.r. A slot takes at most six integer arguments, all passed in registers,
 // so the trampoline is a fixed register load and a call: none of purego's
 // general marshalling (32 arguments, float registers, a pooled block).
+//
+// a may live on the goroutine's stack: runtime_cgocall takes it as a typed
+// pointer, adjusted if its own prologue grows the stack, and from its
+// entersyscall until the C function returns the goroutine is in a system
+// call, where its stack is neither moved nor shrunk (and a slot never calls
+// back into Go: the ABI forbids it). What a's arguments point to is the
+// caller's to keep in place (go:uintptrescapes on callC).
 func cCall(a *cArgs) {
 	runtime_cgocall(cTrampolineABI0, unsafe.Pointer(a))
 }
