@@ -367,6 +367,16 @@ func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintp
 	return m.slotInts(op, h, fn, args...)
 }
 
+// slot4 is slot for the four arguments of a consuming slot (the instance,
+// the deadline, then two more). With fixed parameters go:uintptrescapes
+// keeps what they point to on the heap for the call without putting the
+// argument list there as well: one allocation fewer per call than slot.
+//
+//go:uintptrescapes
+func (m *Mechanism) slot4(op string, h memapi.HandleID, fn, a0, a1, a2, a3 uintptr) error {
+	return m.slotInts(op, h, fn, a0, a1, a2, a3)
+}
+
 // slotInts is slot for arguments that point to no Go memory (see callInts),
 // or that a go:uintptrescapes caller keeps: the argument list stays on the
 // stack, where slot's goes to the heap.
@@ -614,14 +624,15 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest) (*memapi.Allocation, error) {
 	id := newID()
 	// The request and the out parameter escape to the heap for the call
-	// (go:uintptrescapes): one object for both is one allocation.
+	// (go:uintptrescapes): one object for both is one allocation, and slot4
+	// adds none for the argument list.
 	inout := &struct {
 		in  cAllocRequest
 		out cAllocationOut
 	}{cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}, cAllocationOut{ID: id}}
 	out := &inout.out
 	w := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
+	if err := m.slot4(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.AllocGranularity)
@@ -757,7 +768,7 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
 	w := m.deadline(ctx)
-	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
+	if err := m.slot4(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.unknown(op, res.ID(), e, err)
 	}
 	if w.passed() {
@@ -852,7 +863,7 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 	id := newID()
 	out := cBackingOut{ID: id}
 	w := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
+	if err := m.slot4(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
 	if err := m.changedID(op, id, out.ID, m.lib.sm.ReleaseBacking, memapi.Bytes(out.Size)); err != nil {
@@ -958,7 +969,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	vid, bid := newID(), newID()
 	out := cViewOut{ID: vid, Backing: bid}
 	w := m.deadline(ctx)
-	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
+	if err := m.slot4(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
 		err = m.unknown(op, v.ID(), oe, err)
 		m.issuer.EndRelease(v, false)
 		return nil, m.done(op, err)
