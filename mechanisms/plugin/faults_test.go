@@ -123,6 +123,36 @@ func TestOffUsedBytes(t *testing.T) {
 	}
 }
 
+// TestVerifyAuditsEveryCall: in verify mode every mutating call ends with
+// the audit, not only New. An allocation freed behind the host's back makes
+// used_bytes 8 KiB lower than the host's table; the next Allocate, whose
+// own work succeeds, reports ErrUntruthful.
+func TestVerifyAuditsEveryCall(t *testing.T) {
+	m, err := New(refhost(t), Options{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 8192}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	impl, _ := m.issuer.Impl("test", a)
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(entryOf(impl).id)); err != nil || r != 0 {
+		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
+	}
+	b, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if !errors.Is(err, memapi.ErrUntruthful) {
+		t.Errorf("Allocate after the books diverged = %v, want ErrUntruthful from the audit", err)
+	}
+	if b != nil {
+		_ = m.Free(bg, b, nil)
+	}
+	_ = m.Free(bg, a, nil) // the plugin no longer knows it: quarantined
+	if err := m.Close(); err != nil {
+		t.Errorf("Close with only a quarantined handle left: %v", err)
+	}
+}
+
 // TestLeakyFree: a free that reports success and leaves the memory mapped
 // keeps every figure right (the plugin reports 0, the host holds 0: the
 // leak is physical, not in the books), so only the suite's leak check, which
