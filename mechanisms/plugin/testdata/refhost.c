@@ -916,7 +916,8 @@ static void ref_fence_release(void *instance, memgen_handle fence) {
 
 /*
  * refhost_count is not part of the ABI: the tests call it to count an
- * instance's live objects of one kind (6 = fences), which no slot reports.
+ * instance's live objects of one kind (6 = fences), which no slot reports,
+ * or with kind 0 the freed objects kept for reuse.
  */
 MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind);
 MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind) {
@@ -924,6 +925,9 @@ MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind) {
   struct obj *o;
   uint64_t n = 0;
   pthread_mutex_lock(&in->mu);
+  if (kind == 0) {
+    n = in->nspare;
+  }
   for (o = in->objs; o != NULL; o = o->next) {
     n += o->kind == (enum kind)kind;
   }
