@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -150,6 +151,41 @@ func TestVerifyAuditsEveryCall(t *testing.T) {
 	_ = m.Free(bg, a, nil) // the plugin no longer knows it: quarantined
 	if err := m.Close(); err != nil {
 		t.Errorf("Close with only a quarantined handle left: %v", err)
+	}
+}
+
+// TestCallsPerPair: outside verify mode an Allocate and a Free call into the
+// plugin twice, allocate and free (no used_bytes, no last_error after a
+// success); verify mode adds the used_bytes of each call's audit.
+func TestCallsPerPair(t *testing.T) {
+	for _, c := range []struct {
+		verify bool
+		want   []string
+	}{
+		{false, []string{"allocate", "free"}},
+		{true, []string{"allocate", "used_bytes", "free", "used_bytes"}},
+	} {
+		m, _ := newSubjectOpts(t, refhost(t), Options{Verify: c.verify})
+		names := map[uintptr]string{m.lib.da.Allocate: "allocate", m.lib.da.Free: "free", m.lib.da.UsedBytes: "used_bytes"}
+		var got []string
+		beforeCall = func(fn uintptr) {
+			n, ok := names[fn]
+			if !ok {
+				n = fmt.Sprintf("%#x", fn)
+			}
+			got = append(got, n)
+		}
+		a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+		if err == nil {
+			err = m.Free(bg, a, nil)
+		}
+		beforeCall = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("verify=%v: an Allocate and a Free called %v, want %v", c.verify, got, c.want)
+		}
 	}
 }
 
