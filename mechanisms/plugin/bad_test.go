@@ -144,10 +144,9 @@ func (c *countingGrant) Undraw(n memapi.Bytes) error { c.drawn -= n; return nil 
 // ErrProtocol, and the mechanism keeps working afterwards.
 func TestPanicContained(t *testing.T) {
 	m, _ := newSubject(t, refhost(t))
-	real := syscallN
-	syscallN = func(fn uintptr, args ...uintptr) (uintptr, uintptr, uintptr) { panic("slot exploded") }
+	beforeCall = func(uintptr) { panic("slot exploded") }
 	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
-	syscallN = real
+	beforeCall = nil
 	if !errors.Is(err, ErrProtocol) || a != nil {
 		t.Fatalf("Allocate with a panicking call = %v, %v, want ErrProtocol", a, err)
 	}
@@ -157,6 +156,23 @@ func TestPanicContained(t *testing.T) {
 	}
 	if err := m.Free(bg, a, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCallGuards: a call the trampoline cannot make (a nil function, which
+// runtime.cgocall would turn into a fatal error, or more arguments than a
+// slot takes) fails with an error instead of ending or corrupting the
+// process.
+func TestCallGuards(t *testing.T) {
+	if _, err := callC(0); err == nil || !strings.Contains(err.Error(), "nil function") {
+		t.Errorf("callC(0) = %v, want the nil function refused", err)
+	}
+	m, _ := newSubject(t, refhost(t))
+	if _, err := callC(m.lib.da.UsedBytes, m.inst, 1, 2, 3, 4, 5, 6); err == nil || !strings.Contains(err.Error(), "7 arguments") {
+		t.Errorf("a call with 7 arguments = %v, want it refused", err)
+	}
+	if _, err := callC(m.lib.da.UsedBytes, m.inst); err != nil {
+		t.Errorf("used_bytes after the refused calls: %v", err)
 	}
 }
 

@@ -6,13 +6,24 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
 	"golang.org/x/sys/unix"
 )
 
-// syscallN calls a C function; a variable so that a test can put a Go
-// function that panics in its place.
-var syscallN = purego.SyscallN
+// maxArgs is the most integer arguments a slot takes (map_view's six).
+const maxArgs = 6
+
+// cArgs is the block cCall hands to the C function's call: the function,
+// its arguments (unused ones zero) and its result. Its layout is the
+// trampoline's (call_amd64.s).
+type cArgs struct {
+	fn uintptr
+	a  [maxArgs]uintptr
+	r  uintptr
+}
+
+// beforeCall, when set, runs on the Go side of every call before the C
+// function: a test puts a function that panics there.
+var beforeCall func(fn uintptr)
 
 // callC calls the C function fn with args and returns its integer result.
 // A panic on the Go side of the call (in the binding, or in a Go function a
@@ -20,17 +31,38 @@ var syscallN = purego.SyscallN
 // C function cannot be contained in-process and ends it.
 //
 // Pointers converted to uintptr in the call expression stay alive and in
-// place for the call (go:uintptrescapes, as for purego.SyscallN itself).
+// place for the call (go:uintptrescapes, as for purego.SyscallN); that puts
+// what they point to, and the argument list, on the heap.
 //
 //go:uintptrescapes
-func callC(fn uintptr, args ...uintptr) (r uintptr, err error) {
+func callC(fn uintptr, args ...uintptr) (uintptr, error) { return callInts(fn, args...) }
+
+// callInts is callC for arguments that point to no Go memory: ids, sizes,
+// the instance pointer and addresses of C or mapped memory (or pointers
+// that a caller marked go:uintptrescapes keeps for the call). Nothing
+// escapes, so a call allocates nothing.
+func callInts(fn uintptr, args ...uintptr) (r uintptr, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("panic while calling the plugin: %v", p)
 		}
 	}()
-	r, _, _ = syscallN(fn, args...)
-	return r, nil
+	if fn == 0 {
+		panic("a nil function pointer")
+	}
+	if len(args) > maxArgs {
+		panic(fmt.Sprintf("%d arguments, more than a slot takes (%d)", len(args), maxArgs))
+	}
+	if beforeCall != nil {
+		beforeCall(fn)
+	}
+	a := cArgs{fn: fn}
+	//lint:ignore S1001 six words at most: a loop costs less than copy's call to memmove
+	for i, v := range args {
+		a.a[i] = v
+	}
+	cCall(&a)
+	return a.r, nil
 }
 
 // lockThread and unlockThread pin the goroutine to its OS thread around a

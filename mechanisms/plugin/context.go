@@ -166,7 +166,7 @@ func (s *Stream) Close() error {
 	m := s.c.m
 	var err error
 	if m.enter("Stream.Close") == nil {
-		err = m.slot("Stream.Close", 0, m.lib.dc.StreamClose, m.inst, uintptr(s.id))
+		err = m.slotInts("Stream.Close", 0, m.lib.dc.StreamClose, m.inst, uintptr(s.id))
 		m.leave()
 	}
 	s.closed = true
@@ -187,7 +187,7 @@ func (m *Mechanism) releaseFence(id uint64) {
 		return
 	}
 	defer m.leave()
-	_, _ = callC(m.lib.dc.FenceRelease, m.inst, uintptr(id))
+	_, _ = callInts(m.lib.dc.FenceRelease, m.inst, uintptr(id))
 }
 
 // Fence is a plugin fence, polled through fence_done.

@@ -26,7 +26,11 @@
 //	dc, err := m.NewContext()
 //	mech := checked.Wrap(m, gov) // accepts only the governor's grants
 //
-// A fault inside a C slot cannot be contained in-process; a panic on the Go
-// side of a call is. docs/cabi.md is the guide to writing a plugin, with a
-// complete minimal one (testdata/minimal.c) and memgen plugin-check.
+// Every call into the plugin goes through runtime.cgocall (set up without
+// cgo by purego): on amd64 with a trampoline that loads a slot's at most six
+// integer arguments into registers (call_amd64.s), elsewhere through
+// purego.SyscallN. A fault inside a C slot cannot be contained in-process; a
+// panic on the Go side of a call is. docs/cabi.md is the guide to writing a
+// plugin, with a complete minimal one (testdata/minimal.c) and memgen
+// plugin-check.
 package plugin

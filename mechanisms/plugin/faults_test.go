@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -120,6 +121,71 @@ func TestOffUsedBytes(t *testing.T) {
 	}
 	if err := m.Free(bg, a, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestVerifyAuditsEveryCall: in verify mode every mutating call ends with
+// the audit, not only New. An allocation freed behind the host's back makes
+// used_bytes 8 KiB lower than the host's table; the next Allocate, whose
+// own work succeeds, reports ErrUntruthful.
+func TestVerifyAuditsEveryCall(t *testing.T) {
+	m, err := New(refhost(t), Options{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.Allocate(bg, memapi.AllocRequest{Size: 8192}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	impl, _ := m.issuer.Impl("test", a)
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(entryOf(impl).id)); err != nil || r != 0 {
+		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
+	}
+	b, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+	if !errors.Is(err, memapi.ErrUntruthful) {
+		t.Errorf("Allocate after the books diverged = %v, want ErrUntruthful from the audit", err)
+	}
+	if b != nil {
+		_ = m.Free(bg, b, nil)
+	}
+	_ = m.Free(bg, a, nil) // the plugin no longer knows it: quarantined
+	if err := m.Close(); err != nil {
+		t.Errorf("Close with only a quarantined handle left: %v", err)
+	}
+}
+
+// TestCallsPerPair: outside verify mode an Allocate and a Free call into the
+// plugin twice, allocate and free (no used_bytes, no last_error after a
+// success); verify mode adds the used_bytes of each call's audit.
+func TestCallsPerPair(t *testing.T) {
+	for _, c := range []struct {
+		verify bool
+		want   []string
+	}{
+		{false, []string{"allocate", "free"}},
+		{true, []string{"allocate", "used_bytes", "free", "used_bytes"}},
+	} {
+		m, _ := newSubjectOpts(t, refhost(t), Options{Verify: c.verify})
+		names := map[uintptr]string{m.lib.da.Allocate: "allocate", m.lib.da.Free: "free", m.lib.da.UsedBytes: "used_bytes"}
+		var got []string
+		beforeCall = func(fn uintptr) {
+			n, ok := names[fn]
+			if !ok {
+				n = fmt.Sprintf("%#x", fn)
+			}
+			got = append(got, n)
+		}
+		a, err := m.Allocate(bg, memapi.AllocRequest{Size: 4096}, g)
+		if err == nil {
+			err = m.Free(bg, a, nil)
+		}
+		beforeCall = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("verify=%v: an Allocate and a Free called %v, want %v", c.verify, got, c.want)
+		}
 	}
 }
 
@@ -294,7 +360,7 @@ func TestDisownedID(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, _ := m.issuer.Impl("test", a)
-	if r, err := callC(m.lib.da.Free, m.inst, uintptr(id.(uint64))); err != nil || r != 0 {
+	if r, err := callC(m.lib.da.Free, m.inst, uintptr(entryOf(id).id)); err != nil || r != 0 {
 		t.Fatalf("freeing behind the host's back: %d, %v", r, err)
 	}
 	before := m.ProtocolErrors()
@@ -304,8 +370,12 @@ func TestDisownedID(t *testing.T) {
 	if q := m.held(); q != 8192 || !a.Live() {
 		t.Errorf("after the refused Free the host accounts %d bytes and the handle is live=%v; want 8192, true", q, a.Live())
 	}
-	if err := m.Free(bg, a, nil); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") {
-		t.Errorf("second Free = %v, want ErrProtocol (quarantined) without calling the plugin", err)
+	calls := 0
+	beforeCall = func(uintptr) { calls++ }
+	err = m.Free(bg, a, nil)
+	beforeCall = nil
+	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "quarantined") || calls != 0 {
+		t.Errorf("second Free = %v after %d calls into the plugin, want ErrProtocol (quarantined) without calling it", err, calls)
 	}
 	if n := m.ProtocolErrors() - before; n != 2 {
 		t.Errorf("ProtocolErrors moved by %d, want 2", n)

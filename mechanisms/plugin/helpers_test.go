@@ -58,8 +58,9 @@ func cc(t testing.TB) string {
 	return ""
 }
 
-// cFlags are the flags every C file of these tests is built with.
-var cFlags = []string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I" + includeDir}
+// cFlags are the flags every C file of these tests is built with: optimized,
+// as a plugin ships.
+var cFlags = []string{"-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I" + includeDir}
 
 var (
 	buildDir  = must(os.MkdirTemp("", "memgen-plugin-test-"))

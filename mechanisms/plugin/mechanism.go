@@ -81,23 +81,35 @@ type Mechanism struct {
 	// vmu serializes mutating calls in verify mode.
 	vmu sync.Mutex
 
-	mu          sync.Mutex // guards table and quarantined
-	table       map[uint64]entry
+	mu sync.Mutex // guards the table (its list and every entry's fields) and quarantined
+	// table is the host's table of live ids: a list of the entries, each
+	// of which is also the Impl of its handle, so a call finds its entry
+	// through the handle and adding or dropping one is a link or an unlink.
+	table       *entry
 	quarantined memapi.Bytes
 	// disowned counts the table's quarantined entries: while it is 0 a
-	// handle's id needs no lookup before a slot (the fast path).
+	// handle's entry needs no look under the lock before a slot (the fast
+	// path).
 	disowned atomic.Int64
 
 	overruns  atomic.Uint64
 	protocols atomic.Uint64
 }
 
-// entry is the host's record of one id it assigned.
+// entry is the host's record of one id it assigned, and the Impl of the
+// handle it was assigned to. Its fields after id are guarded by the
+// mechanism's mu.
 type entry struct {
+	id          uint64
 	kind        int
 	bytes       memapi.Bytes // allocation and backing: size; reservation: committed
 	quarantined bool
+	inTable     bool // linked in the table: live, or quarantined, until released or Close
+	prev, next  *entry
 }
+
+// entryOf is the entry behind a handle's Impl.
+func entryOf(impl any) *entry { return impl.(*entry) }
 
 // The kinds of ids the host assigns.
 const (
@@ -144,7 +156,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	out := cOpenOut{AllocGranularity: l.desc.AllocGranularity, Granularity: l.desc.Granularity, Ordinal: l.desc.Ordinal}
 	is := memapi.NewIssuer()
-	m := &Mechanism{lib: l, issuer: is, table: map[uint64]entry{}, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
+	m := &Mechanism{lib: l, issuer: is, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
 	if m.timeout <= 0 {
 		m.timeout = DefaultSlotTimeout
 	}
@@ -281,7 +293,7 @@ func (m *Mechanism) done(op string, err error) error {
 // audit compares used_bytes with what the host's table says the plugin
 // holds.
 func (m *Mechanism) audit(op string) error {
-	r, err := callC(m.lib.da.UsedBytes, m.inst)
+	r, err := callInts(m.lib.da.UsedBytes, m.inst)
 	if err != nil {
 		return m.protocol(op, 0, "used_bytes: %v", err)
 	}
@@ -299,7 +311,7 @@ func (m *Mechanism) held() memapi.Bytes {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var n memapi.Bytes
-	for _, e := range m.table {
+	for e := m.table; e != nil; e = e.next {
 		n += e.bytes
 	}
 	return n + m.quarantined
@@ -310,13 +322,19 @@ func (m *Mechanism) held() memapi.Bytes {
 //
 //go:uintptrescapes
 func (m *Mechanism) callStatus(fn uintptr, args ...uintptr) (int32, string, error) {
+	return m.callStatusInts(fn, args...)
+}
+
+// callStatusInts is callStatus for arguments that point to no Go memory
+// (see callInts), or that a go:uintptrescapes caller keeps.
+func (m *Mechanism) callStatusInts(fn uintptr, args ...uintptr) (int32, string, error) {
 	if m.lib.desc.LastError == 0 {
-		r, err := callC(fn, args...)
+		r, err := callInts(fn, args...)
 		return int32(r), "", err
 	}
 	lockThread()
 	defer unlockThread()
-	r, err := callC(fn, args...)
+	r, err := callInts(fn, args...)
 	if err != nil || int32(r) == 0 {
 		return int32(r), "", err
 	}
@@ -346,7 +364,24 @@ func (m *Mechanism) lastError() string {
 //
 //go:uintptrescapes
 func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintptr) error {
-	r, msg, err := m.callStatus(fn, args...)
+	return m.slotInts(op, h, fn, args...)
+}
+
+// slot4 is slot for the four arguments of a consuming slot (the instance,
+// the deadline, then two more). With fixed parameters go:uintptrescapes
+// keeps what they point to on the heap for the call without putting the
+// argument list there as well: one allocation fewer per call than slot.
+//
+//go:uintptrescapes
+func (m *Mechanism) slot4(op string, h memapi.HandleID, fn, a0, a1, a2, a3 uintptr) error {
+	return m.slotInts(op, h, fn, a0, a1, a2, a3)
+}
+
+// slotInts is slot for arguments that point to no Go memory (see callInts),
+// or that a go:uintptrescapes caller keeps: the argument list stays on the
+// stack, where slot's goes to the heap.
+func (m *Mechanism) slotInts(op string, h memapi.HandleID, fn uintptr, args ...uintptr) error {
+	r, msg, err := m.callStatusInts(fn, args...)
 	if err != nil {
 		return m.protocol(op, h, "%v", err)
 	}
@@ -379,51 +414,76 @@ func (m *Mechanism) overran(op string, w window) error {
 }
 
 // adoptNew records id, which the host assigned, as a new handle of kind k
-// holding n bytes.
-func (m *Mechanism) adoptNew(k int, id uint64, n memapi.Bytes) {
+// holding n bytes, and returns its entry (the handle's Impl).
+func (m *Mechanism) adoptNew(k int, id uint64, n memapi.Bytes) *entry {
+	e := &entry{id: id, kind: k, bytes: n, inTable: true}
 	m.mu.Lock()
-	m.table[id] = entry{kind: k, bytes: n}
+	e.next = m.table
+	if m.table != nil {
+		m.table.prev = e
+	}
+	m.table = e
 	m.mu.Unlock()
+	return e
 }
 
-// lookup returns the table entry of a live id.
-func (m *Mechanism) lookup(id uint64) (entry, bool) {
+// unlink drops e from the table; m.mu is held.
+func (m *Mechanism) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		m.table = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	}
+	e.prev, e.next, e.inTable = nil, nil, false
+}
+
+// holds reports whether id is in the table (an error path: it walks it).
+func (m *Mechanism) holds(id uint64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e, ok := m.table[id]
-	return e, ok
+	for e := m.table; e != nil; e = e.next {
+		if e.id == id {
+			return true
+		}
+	}
+	return false
 }
 
-// isDisowned reports whether the id of a live handle is quarantined; while
-// no id is, without a lookup.
-func (m *Mechanism) isDisowned(id uint64) bool {
+// isDisowned reports whether the entry of a live handle is quarantined (or
+// no longer in the table); while no entry is quarantined, without the lock.
+func (m *Mechanism) isDisowned(e *entry) bool {
 	if m.disowned.Load() == 0 {
 		return false
 	}
-	e, ok := m.lookup(id)
-	return !ok || e.quarantined
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !e.inTable || e.quarantined
 }
 
-// forget drops a released id.
-func (m *Mechanism) forget(id uint64) {
+// forget drops a released entry.
+func (m *Mechanism) forget(e *entry) {
 	m.mu.Lock()
-	if e, ok := m.table[id]; ok && e.quarantined {
-		m.disowned.Add(-1)
+	if e.inTable {
+		if e.quarantined {
+			m.disowned.Add(-1)
+		}
+		m.unlink(e)
 	}
-	delete(m.table, id)
 	m.mu.Unlock()
 }
 
-// quarantine moves id's bytes (or n bytes of something that has no id) to
-// the quarantine: they stay accounted, and the id is never passed to the
-// plugin again.
-func (m *Mechanism) quarantine(id uint64, n memapi.Bytes) {
+// quarantine moves e's bytes (or, when e is nil, n bytes of something that
+// has no entry) to the quarantine: they stay accounted, and the id is never
+// passed to the plugin again.
+func (m *Mechanism) quarantine(e *entry, n memapi.Bytes) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e, ok := m.table[id]; ok {
+	if e != nil && e.inTable {
 		if !e.quarantined {
 			e.quarantined = true
-			m.table[id] = e
 			m.disowned.Add(1)
 		}
 		return
@@ -435,12 +495,12 @@ func (m *Mechanism) quarantine(id uint64, n memapi.Bytes) {
 // the host refuses it; what the plugin will not release is quarantined.
 func (m *Mechanism) giveBack(fn uintptr, id uint64, n memapi.Bytes) {
 	if !m.tryRelease(fn, id) {
-		m.quarantine(0, n)
+		m.quarantine(nil, n)
 	}
 }
 
 func (m *Mechanism) tryRelease(fn uintptr, id uint64) bool {
-	r, err := callC(fn, m.inst, uintptr(id))
+	r, err := callInts(fn, m.inst, uintptr(id))
 	return err == nil && r == 0
 }
 
@@ -454,8 +514,8 @@ func (m *Mechanism) changedID(op string, assigned, got uint64, fn uintptr, n mem
 		return nil
 	}
 	what := "given back"
-	if _, live := m.lookup(got); got == 0 || live || !m.tryRelease(fn, got) {
-		m.quarantine(0, n)
+	if got == 0 || m.holds(got) || !m.tryRelease(fn, got) {
+		m.quarantine(nil, n)
 		what = fmt.Sprintf("%d bytes quarantined", n)
 	}
 	return m.protocol(op, 0, "the plugin changed the assigned id %d to %d (%s)", assigned, got, what)
@@ -465,28 +525,28 @@ func (m *Mechanism) noGrant(op string) error {
 	return &memapi.Error{Op: op, Kind: memapi.ErrNoGrant, Mechanism: m.info.Mechanism, Detail: "a consuming call needs a grant"}
 }
 
-// idOf returns the id behind a live handle of this instance; a quarantined
-// id is refused with ErrProtocol.
-func (m *Mechanism) idOf(op string, h memapi.Handle) (uint64, error) {
+// entryOfLive returns the entry behind a live handle of this instance; a
+// quarantined id is refused with ErrProtocol.
+func (m *Mechanism) entryOfLive(op string, h memapi.Handle) (*entry, error) {
 	impl, err := m.issuer.Impl(op, h)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	id := impl.(uint64)
-	if m.isDisowned(id) {
-		return 0, m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
+	e := entryOf(impl)
+	if m.isDisowned(e) {
+		return nil, m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", e.id)
 	}
-	return id, nil
+	return e, nil
 }
 
 // unknown turns a plugin's ErrReleased for an id the host holds live into a
 // protocol error and quarantines the id.
-func (m *Mechanism) unknown(op string, h memapi.HandleID, id uint64, err error) error {
+func (m *Mechanism) unknown(op string, h memapi.HandleID, e *entry, err error) error {
 	if !isKind(err, memapi.ErrReleased) {
 		return err
 	}
-	m.quarantine(id, 0)
-	return m.protocol(op, h, "the plugin does not know id %d, which the host holds live: its bytes stay accounted (quarantined) until the instance closes (%v)", id, err)
+	m.quarantine(e, 0)
+	return m.protocol(op, h, "the plugin does not know id %d, which the host holds live: its bytes stay accounted (quarantined) until the instance closes (%v)", e.id, err)
 }
 
 // Close destroys the instance (the plugin's close slot, which frees whatever
@@ -501,7 +561,7 @@ func (m *Mechanism) Close() error {
 	}
 	m.mu.Lock()
 	n := 0
-	for _, e := range m.table {
+	for e := m.table; e != nil; e = e.next {
 		if !e.quarantined {
 			n++
 		}
@@ -512,9 +572,11 @@ func (m *Mechanism) Close() error {
 			Detail: fmt.Sprintf("%d handles are live", n)}
 	}
 	m.closed = true
-	_, err := callC(m.lib.desc.Close, m.inst)
+	_, err := callInts(m.lib.desc.Close, m.inst)
 	m.mu.Lock()
-	clear(m.table)
+	for m.table != nil {
+		m.unlink(m.table)
+	}
 	m.quarantined = 0
 	m.disowned.Store(0)
 	m.mu.Unlock()
@@ -562,14 +624,15 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest) (*memapi.Allocation, error) {
 	id := newID()
 	// The request and the out parameter escape to the heap for the call
-	// (go:uintptrescapes): one object for both is one allocation.
+	// (go:uintptrescapes): one object for both is one allocation, and slot4
+	// adds none for the argument list.
 	inout := &struct {
 		in  cAllocRequest
 		out cAllocationOut
 	}{cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}, cAllocationOut{ID: id}}
 	out := &inout.out
 	w := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
+	if err := m.slot4(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.AllocGranularity)
@@ -585,8 +648,8 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 		m.giveBack(m.lib.da.Free, id, want)
 		return nil, m.overran(op, w)
 	}
-	m.adoptNew(kindAllocation, id, want)
-	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), want, id), nil
+	e := m.adoptNew(kindAllocation, id, want)
+	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), want, e), nil
 }
 
 // Free calls the plugin's free slot. The account is not refunded (the
@@ -604,21 +667,21 @@ func (m *Mechanism) release(op string, h memapi.Handle, fn uintptr) error {
 	if err != nil {
 		return err
 	}
-	id := impl.(uint64)
-	if m.isDisowned(id) {
+	e := entryOf(impl)
+	if m.isDisowned(e) {
 		m.issuer.EndRelease(h, false)
-		return m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", id)
+		return m.protocol(op, h.ID(), "handle %d is quarantined: the plugin disowned it", e.id)
 	}
 	if err := m.mutate(op); err != nil {
 		m.issuer.EndRelease(h, false)
 		return err
 	}
-	if err := m.slot(op, h.ID(), fn, m.inst, uintptr(id)); err != nil {
-		err = m.unknown(op, h.ID(), id, err)
+	if err := m.slotInts(op, h.ID(), fn, m.inst, uintptr(e.id)); err != nil {
+		err = m.unknown(op, h.ID(), e, err)
 		m.issuer.EndRelease(h, false)
 		return m.done(op, err)
 	}
-	m.forget(id)
+	m.forget(e)
 	m.issuer.EndRelease(h, true)
 	return m.done(op, nil)
 }
@@ -629,7 +692,7 @@ func (m *Mechanism) UsedBytes() memapi.Bytes {
 		return 0
 	}
 	defer m.leave()
-	r, err := callC(m.lib.da.UsedBytes, m.inst)
+	r, err := callInts(m.lib.da.UsedBytes, m.inst)
 	if err != nil {
 		return 0
 	}
@@ -663,8 +726,8 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 		m.giveBack(m.lib.vb.ReleaseReservation, id, 0)
 		return nil, m.done(op, m.protocol(op, 0, "the plugin returned a reservation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want))
 	}
-	m.adoptNew(kindReservation, id, 0)
-	return m.issuer.NewReservation(memapi.DeviceAddr(out.Addr), want, id), m.done(op, nil)
+	e := m.adoptNew(kindReservation, id, 0)
+	return m.issuer.NewReservation(memapi.DeviceAddr(out.Addr), want, e), m.done(op, nil)
 }
 
 // checkRange refuses a range outside res (ErrInvalidRange) or not aligned to
@@ -696,7 +759,7 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 }
 
 func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservation, r memapi.Range) error {
-	id, err := m.idOf(op, res)
+	e, err := m.entryOfLive(op, res)
 	if err != nil {
 		return err
 	}
@@ -705,24 +768,24 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
 	w := m.deadline(ctx)
-	if err := m.slot(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
-		return m.unknown(op, res.ID(), id, err)
+	if err := m.slot4(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
+		return m.unknown(op, res.ID(), e, err)
 	}
 	if w.passed() {
-		if rerr := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in))); rerr != nil {
-			m.addCommitted(id, r.Len) // still installed: keep it counted on the reservation
+		if rerr := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); rerr != nil {
+			m.addCommitted(e, r.Len) // still installed: keep it counted on the reservation
 		}
 		return m.overran(op, w)
 	}
-	m.addCommitted(id, r.Len)
+	m.addCommitted(e, r.Len)
 	return nil
 }
 
-func (m *Mechanism) addCommitted(id uint64, n memapi.Bytes) {
+// addCommitted adds n committed bytes to reservation entry e.
+func (m *Mechanism) addCommitted(e *entry, n memapi.Bytes) {
 	m.mu.Lock()
-	if e, ok := m.table[id]; ok {
+	if e.inTable {
 		e.bytes += n
-		m.table[id] = e
 	}
 	m.mu.Unlock()
 }
@@ -733,7 +796,7 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 	if err := m.mutate(op); err != nil {
 		return err
 	}
-	id, err := m.idOf(op, res)
+	e, err := m.entryOfLive(op, res)
 	if err == nil {
 		err = m.checkRange(op, res, r)
 	}
@@ -741,13 +804,12 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		return m.done(op, err)
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
-	if err := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(id), uintptr(unsafe.Pointer(&in))); err != nil {
-		return m.done(op, m.unknown(op, res.ID(), id, err))
+	if err := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
+		return m.done(op, m.unknown(op, res.ID(), e, err))
 	}
 	m.mu.Lock()
-	if e, ok := m.table[id]; ok {
+	if e.inTable {
 		e.bytes -= min(e.bytes, r.Len)
-		m.table[id] = e
 	}
 	m.mu.Unlock()
 	return m.done(op, nil)
@@ -760,13 +822,13 @@ func (m *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error
 		return 0, err
 	}
 	defer m.leave()
-	id, err := m.idOf(op, res)
+	e, err := m.entryOfLive(op, res)
 	if err != nil {
 		return 0, err
 	}
 	var out uint64
-	if err := m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out))); err != nil {
-		return 0, m.unknown(op, res.ID(), id, err)
+	if err := m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&out))); err != nil {
+		return 0, m.unknown(op, res.ID(), e, err)
 	}
 	return memapi.Bytes(out), nil
 }
@@ -801,7 +863,7 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 	id := newID()
 	out := cBackingOut{ID: id}
 	w := m.deadline(ctx)
-	if err := m.slot(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
+	if err := m.slot4(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
 		return nil, err
 	}
 	if err := m.changedID(op, id, out.ID, m.lib.sm.ReleaseBacking, memapi.Bytes(out.Size)); err != nil {
@@ -816,8 +878,8 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 		m.giveBack(m.lib.sm.ReleaseBacking, id, want)
 		return nil, m.overran(op, w)
 	}
-	m.adoptNew(kindBacking, id, want)
-	return m.issuer.NewBacking(want, id), nil
+	e := m.adoptNew(kindBacking, id, want)
+	return m.issuer.NewBacking(want, e), nil
 }
 
 // MapView calls the plugin's map_view slot with a host-assigned id.
@@ -831,14 +893,15 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, rg mem
 }
 
 func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range, b *memapi.Backing, access memapi.Access) (*memapi.View, error) {
-	rid, err := m.idOf(op, res)
+	re, err := m.entryOfLive(op, res)
 	if err != nil {
 		return nil, err
 	}
-	bid, err := m.idOf(op, b)
+	be, err := m.entryOfLive(op, b)
 	if err != nil {
 		return nil, err
 	}
+	rid, bid := re.id, be.id
 	if err := m.checkRange(op, res, rg); err != nil {
 		return nil, err
 	}
@@ -854,8 +917,8 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 	out := cViewOut{ID: id}
 	if err := m.slot(op, res.ID(), m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(unsafe.Pointer(&out))); err != nil {
 		if isKind(err, memapi.ErrReleased) {
-			m.quarantine(rid, 0)
-			m.quarantine(bid, 0)
+			m.quarantine(re, 0)
+			m.quarantine(be, 0)
 			return nil, m.protocol(op, res.ID(), "the plugin does not know reservation %d or backing %d, which the host holds live: both are quarantined (%v)", rid, bid, err)
 		}
 		return nil, err
@@ -867,8 +930,8 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 		m.giveBack(m.lib.sm.UnmapView, id, 0)
 		return nil, m.protocol(op, res.ID(), "the plugin mapped %+v, asked for reservation %d, backing %d, range %+v, access %d", out, rid, bid, in, access)
 	}
-	m.adoptNew(kindView, id, 0)
-	return m.issuer.NewView(res, rg, b, access, id), nil
+	e := m.adoptNew(kindView, id, 0)
+	return m.issuer.NewView(res, rg, b, access, e), nil
 }
 
 // UnmapView calls the plugin's unmap_view slot.
@@ -891,8 +954,9 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	if err != nil {
 		return nil, err
 	}
-	old := impl.(uint64)
-	if m.isDisowned(old) {
+	oe := entryOf(impl)
+	old := oe.id
+	if m.isDisowned(oe) {
 		m.issuer.EndRelease(v, false)
 		return nil, m.protocol(op, v.ID(), "view %d is quarantined: the plugin disowned it", old)
 	}
@@ -905,24 +969,24 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	vid, bid := newID(), newID()
 	out := cViewOut{ID: vid, Backing: bid}
 	w := m.deadline(ctx)
-	if err := m.slot(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
-		err = m.unknown(op, v.ID(), old, err)
+	if err := m.slot4(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
+		err = m.unknown(op, v.ID(), oe, err)
 		m.issuer.EndRelease(v, false)
 		return nil, m.done(op, err)
 	}
 	// The plugin replaced v: its id is dead.
-	m.forget(old)
+	m.forget(oe)
 	m.issuer.EndRelease(v, true)
 	rg := v.Range()
 	if out.ID != vid || out.Backing != bid {
-		m.quarantine(0, rg.Len)
+		m.quarantine(nil, rg.Len)
 		return nil, m.done(op, m.protocol(op, v.ID(), "the plugin changed the assigned ids (view %d to %d, backing %d to %d): %d bytes quarantined", vid, out.ID, bid, out.Backing, rg.Len))
 	}
-	m.adoptNew(kindView, vid, 0)
-	m.adoptNew(kindBacking, bid, rg.Len)
-	nb := m.issuer.NewBacking(rg.Len, bid)
-	nv := m.issuer.NewView(res, rg, nb, memapi.AccessReadWrite, vid)
-	if out.Reservation != rid.(uint64) || out.Range != (cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}) || out.Access != int32(memapi.AccessReadWrite) {
+	ve := m.adoptNew(kindView, vid, 0)
+	be := m.adoptNew(kindBacking, bid, rg.Len)
+	nb := m.issuer.NewBacking(rg.Len, be)
+	nv := m.issuer.NewView(res, rg, nb, memapi.AccessReadWrite, ve)
+	if out.Reservation != entryOf(rid).id || out.Range != (cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}) || out.Access != int32(memapi.AccessReadWrite) {
 		return nv, m.done(op, m.protocol(op, v.ID(), "the plugin's copy %+v is not a read-write view of range %v of reservation %v", out, rg, rid))
 	}
 	if w.passed() {
@@ -938,13 +1002,13 @@ func (m *Mechanism) ViewCount(b *memapi.Backing) (int, error) {
 		return 0, err
 	}
 	defer m.leave()
-	id, err := m.idOf(op, b)
+	e, err := m.entryOfLive(op, b)
 	if err != nil {
 		return 0, err
 	}
 	var out int64
-	if err := m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(id), uintptr(unsafe.Pointer(&out))); err != nil {
-		return 0, m.unknown(op, b.ID(), id, err)
+	if err := m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&out))); err != nil {
+		return 0, m.unknown(op, b.ID(), e, err)
 	}
 	return int(out), nil
 }

@@ -88,9 +88,14 @@ struct obj {
   memgen_access access;
 };
 
+/* At most this many freed objects are kept for reuse per instance. */
+#define MAX_SPARE 64
+
 struct instance {
   pthread_mutex_t mu;
   struct obj *objs;
+  struct obj *spare; /* freed objects kept for reuse, nspare of them */
+  unsigned nspare;
   uint64_t next_id; /* streams and fences */
   uint64_t used;
   uint64_t gran; /* reservations and backings */
@@ -115,7 +120,10 @@ static uint64_t ref_last_error(void *instance, char *buf, uint64_t cap) {
   return n;
 }
 
-static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+/* The page size, read once by the entry point (before any instance opens). */
+static uint64_t page;
+
+static uint64_t page_size(void) { return page; }
 
 static struct obj *find(struct instance *in, uint64_t id, enum kind k) {
   struct obj *o;
@@ -127,10 +135,18 @@ static struct obj *find(struct instance *in, uint64_t id, enum kind k) {
   return NULL;
 }
 
-/* add files a new object under id (0: a stream or fence, numbered here). */
+/*
+ * add files a new object under id (0: a stream or fence, numbered here). It
+ * reuses a freed object when the instance keeps one: an allocate and a free
+ * then cost no malloc. The caller holds the mutex.
+ */
 static struct obj *add(struct instance *in, enum kind k, uint64_t id) {
-  struct obj *o = calloc(1, sizeof *o);
-  if (o == NULL) {
+  struct obj *o = in->spare;
+  if (o != NULL) {
+    in->spare = o->next;
+    in->nspare--;
+    memset(o, 0, sizeof *o);
+  } else if ((o = calloc(1, sizeof *o)) == NULL) {
     return NULL;
   }
   o->kind = k;
@@ -150,6 +166,13 @@ static void drop(struct instance *in, struct obj *o) {
     }
   }
   free(o->gran);
+  o->gran = NULL;
+  if (in->nspare < MAX_SPARE) {
+    o->next = in->spare;
+    in->spare = o;
+    in->nspare++;
+    return;
+  }
   free(o);
 }
 
@@ -240,6 +263,11 @@ static void ref_close(void *instance) {
       close(o->fd);
     }
     drop(in, o);
+  }
+  while (in->spare != NULL) {
+    struct obj *o = in->spare;
+    in->spare = o->next;
+    free(o);
   }
   pthread_mutex_destroy(&in->mu);
   free(in);
@@ -888,7 +916,8 @@ static void ref_fence_release(void *instance, memgen_handle fence) {
 
 /*
  * refhost_count is not part of the ABI: the tests call it to count an
- * instance's live objects of one kind (6 = fences), which no slot reports.
+ * instance's live objects of one kind (6 = fences), which no slot reports,
+ * or with kind 0 the freed objects kept for reuse.
  */
 MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind);
 MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind) {
@@ -896,6 +925,9 @@ MEMGEN_EXPORT uint64_t refhost_count(void *instance, int32_t kind) {
   struct obj *o;
   uint64_t n = 0;
   pthread_mutex_lock(&in->mu);
+  if (kind == 0) {
+    n = in->nspare;
+  }
   for (o = in->objs; o != NULL; o = o->next) {
     n += o->kind == (enum kind)kind;
   }
@@ -961,6 +993,7 @@ static memgen_plugin descriptor;
 static pthread_once_t descriptor_once = PTHREAD_ONCE_INIT;
 
 static void fill_descriptor(void) {
+  page = (uint64_t)sysconf(_SC_PAGESIZE);
   descriptor.struct_size = sizeof descriptor;
 #ifdef REFHOST_BAD_STRUCT_SIZE
   descriptor.struct_size = 16; /* smaller than any descriptor */
