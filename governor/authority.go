@@ -26,9 +26,13 @@ type authority struct {
 	// queued mirrors head != nil for Lease.Refund, which reads it without
 	// the lock after refunding without the lock (see refundUnsettled).
 	queued atomic.Bool
-	// closed mirrors shut != nil for Binding.ReserveInto, which reissues a
-	// grant without the lock (see Grant.reissue).
+	// closed mirrors shut != nil for Reserve, which reissues a spare grant
+	// without the lock (see Grant.reissue).
 	closed atomic.Bool
+
+	// spare holds grants whose use ended (cancelled, or committed and
+	// their lease refunded whole), which Reserve issues again (putSpare).
+	spare sync.Pool
 
 	admit        Admission // raises capacity for a reservation that does not fit (SetAdmission), or nil
 	capacity     memapi.Bytes
@@ -67,7 +71,7 @@ type waiter struct {
 	priority   Priority
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
-	into       *Grant        // the caller's grant to fill (Binding.ReserveInto), or nil
+	into       *Grant        // a spare grant to fill (Reserve), or nil
 	grant      *Grant
 	err        error
 	pressure   uint64 // its pressure event's number, 0 if none
@@ -146,19 +150,17 @@ func (a *authority) shutLocked(err error) {
 	}
 }
 
-// newGrantLocked books an open grant of size bytes for c, in gr (the
-// caller's, checked reusable) or in a new one when gr is nil.
+// newGrantLocked books an open grant of size bytes for c, in gr (a spare
+// one, checked reusable) or in a new one when gr is nil.
 func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *Grant) *Grant {
 	relink := true
 	switch {
 	case gr == nil:
 		gr = new(Grant)
 		gr.lease.g = gr
-	case gr.acct == nil:
-		gr.lease.g = gr // a zero Grant
 	case a.unsettledLocked(gr):
-		// Refunded whole without the lock and issued again at once (the
-		// hot path of ReserveInto, see reusableLocked): its old booking
+		// Refunded whole without the lock and issued again at once (a
+		// spare grant, see reusableLocked): its old booking
 		// goes, its place in the list stays.
 		gr.bookGen(a, gr.state.Load())
 		old := gr.acct

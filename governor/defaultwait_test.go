@@ -63,12 +63,12 @@ func TestDefaultWaitIsSettable(t *testing.T) {
 	if err := g.Register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Reserve(context.Background(), "gpu", "a", "r", 100, 0, time.Time{}); err != nil {
+	if _, err := g.Reserve(context.Background(), Request{Authority: "gpu", Holder: "a", Role: "r", Bytes: 100}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.Reserve(context.Background(), "gpu", "a", "r", 1, 0, time.Time{})
+		_, err := g.Reserve(context.Background(), Request{Authority: "gpu", Holder: "a", Role: "r", Bytes: 1})
 		done <- err
 	}()
 	if err := watchdog.Recv(t, watchdog.Bound, "a reservation with no deadline, past the 10 ms default wait", done); !errors.Is(err, ErrDefaultWait) {

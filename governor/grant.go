@@ -16,8 +16,8 @@ import (
 // previous, closed issue reads as open with nothing drawn: reissuing a grant
 // writes no atomic word (Grant.load).
 //
-// And it counts the issues made without the lock (Binding.ReserveInto of a
-// grant whose lease was just refunded whole, Grant.reissue) that the
+// And it counts the issues made without the lock (Reserve of a spare grant
+// whose lease was just refunded whole, Grant.reissue) that the
 // authority has not booked yet: whoever moves the grant under the lock
 // books them in Granted. At genMax the next reissue takes the lock.
 const (
@@ -31,7 +31,7 @@ const (
 	stateCommit   uint64 = 1 // committed without the lock, not settled yet (authority.settleLocked)
 	stateCancel   uint64 = 2
 	stateExpired  uint64 = 3
-	stateClaimed  uint64 = 4 // held by a ReserveInto that waits; closed to every use
+	stateClaimed  uint64 = 4 // a spare grant held by a reservation that waits; closed to every use
 	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
 	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
 	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
@@ -48,9 +48,9 @@ const (
 // returns the rest; Cancel returns everything once nothing is drawn. Refund
 // (memapi.Account) un-draws, so a rollback can refund to the grant.
 //
-// A Grant is usually allocated by Reserve; Binding.ReserveInto instead fills
-// one the caller owns (its zero value, or one whose use ended), so a steady
-// stream of reservations allocates nothing.
+// The governor recycles grants: once a grant was cancelled, or committed
+// and its lease refunded whole, a later Reserve may issue it again (see
+// Reserve), so a steady stream of reservations allocates nothing.
 //
 // A Grant is used through its pointer only. A copy of an issued Grant (a
 // value copy, `cp := *gr`, which go vet's copylocks flags) is refused by
@@ -219,6 +219,9 @@ func (gr *Grant) reissue() bool {
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
 func (gr *Grant) Draw(n memapi.Bytes) error {
+	if err := gr.inject(OpDraw, n); err != nil {
+		return err
+	}
 	if gr.dl != nil && gr.pastDeadline() {
 		gr.expire()
 	}
@@ -247,6 +250,9 @@ func (gr *Grant) Undraw(n memapi.Bytes) error { return gr.undraw(opUndraw, n) }
 func (gr *Grant) Refund(n memapi.Bytes) error { return gr.undraw("governor.Grant.Refund", n) }
 
 func (gr *Grant) undraw(op string, n memapi.Bytes) error {
+	if err := gr.inject(OpUndraw, n); err != nil {
+		return err
+	}
 	for {
 		w, st, d := gr.load()
 		if st != stateOpen && st != stateExpired {
@@ -282,6 +288,9 @@ func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
 func (gr *Grant) Commit() (*Lease, error) {
+	if err := gr.inject(OpCommit, 0); err != nil {
+		return nil, err
+	}
 	if gr.dl == nil {
 		// Every byte drawn and no timer to stop: no byte returns to free,
 		// so no waiter can be served and the free figure does not move.
@@ -323,6 +332,9 @@ func (gr *Grant) Cancel() error {
 	if _, st, _ := gr.load(); st == stateUnissued || st == stateCopied {
 		return gr.closedError(opGrantCancel, st)
 	}
+	if err := gr.inject(OpCancel, 0); err != nil {
+		return err
+	}
 	a := gr.acct.a
 	a.mu.Lock()
 	for {
@@ -351,7 +363,17 @@ func (gr *Grant) Cancel() error {
 	gr.acct.reserved -= gr.sz()
 	a.serveLocked()
 	a.mu.Unlock()
+	a.putSpare(gr)
 	return nil
+}
+
+// inject consults the governor's Injector (Options.Injector) at op on an
+// issued grant; nil when there is none.
+func (gr *Grant) inject(op Op, n memapi.Bytes) error {
+	if gr.acct == nil || gr.acct.a.g.inject == nil {
+		return nil
+	}
+	return gr.acct.a.g.inject.MaybeError(op, gr.acct.a.id, n)
 }
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return
@@ -360,7 +382,7 @@ func (gr *Grant) expire() { gr.expireBy(gr.acct.a, nil) }
 
 // expireBy is expire for the deadline timer armed with dl on the grant's
 // authority a: a timer that fires late, after the grant was closed and
-// issued again (ReserveInto), finds another deadline (or none) and leaves
+// issued again (a spare grant), finds another deadline (or none) and leaves
 // the new issue alone. It reads nothing of the grant before taking the lock.
 func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 	a.mu.Lock()
@@ -381,7 +403,7 @@ func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 	a.expired++
 	a.serveLocked()
 	// Read under the lock: with nothing drawn the grant may be issued
-	// again (ReserveInto) as soon as it is released.
+	// again (a spare grant) as soon as it is released.
 	holder, role := gr.acct.h.id, gr.role
 	a.mu.Unlock()
 	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", holder, "role", role, "returned", back, "drawn", d)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/checked"
@@ -24,14 +23,15 @@ func copyGrant(gr *Grant) *Grant {
 // method that can fail refuses it with ErrCopiedGrant (a
 // memapi.ErrForeignGrant) and changes nothing; the others report it
 // closed; the issuer check refuses it, so the checked wrapper draws
-// nothing from it; ReserveInto refuses to fill it. The original goes on
-// as if no copy was made, and the ledger stays exact.
+// nothing from it. The original goes on as if no copy was made, and the
+// ledger stays exact; once its use ended, the governor issues it again,
+// and the copy is still refused.
 func TestCopiedGrantRefused(t *testing.T) {
 	const capacity = 1 << 20
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: capacity})
 	h.register("kv", nil, HolderOptions{})
 	ctx := context.Background()
-	gr, err := h.g.Reserve(ctx, hostA, "kv", "kv", 256<<10, 0, time.Time{})
+	gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 256 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +54,6 @@ func TestCopiedGrantRefused(t *testing.T) {
 	if h.g.IssuedGrant(cp) || h.g.IssuedAccount(cp) {
 		t.Fatal("the issuer check vouched for a copy")
 	}
-	b, err := h.g.Bind(hostA, "kv", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustKind(t, b.ReserveInto(ctx, cp, 1<<20, 0, time.Time{}), ErrCopiedGrant)
 	h.wantLedger(hostA, before)
 
 	// The checked wrapper draws nothing from the copy.
@@ -91,9 +86,14 @@ func TestCopiedGrantRefused(t *testing.T) {
 	}
 	mustKind(t, cp.Cancel(), ErrCopiedGrant)
 	h.wantLedger(hostA, ledger{Free: capacity})
-	all, err := h.g.Reserve(ctx, hostA, "kv", "kv", capacity, 0, time.Time{})
+	all, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: capacity})
 	if err != nil {
 		t.Fatal(err)
+	}
+	mustKind(t, cp.Cancel(), ErrCopiedGrant)
+	mustKind(t, cp.Draw(1), ErrCopiedGrant)
+	if h.g.IssuedGrant(cp) {
+		t.Fatal("the issuer check vouched for a copy of a reissued grant")
 	}
 	if err := all.Cancel(); err != nil {
 		t.Fatal(err)
@@ -101,29 +101,18 @@ func TestCopiedGrantRefused(t *testing.T) {
 	h.wantLedger(hostA, ledger{Free: capacity})
 }
 
-// TestCopiedZeroGrantStaysUnissued: a copy of a zero Grant is a zero Grant:
-// ReserveInto fills it, as it fills the original, each its own.
+// TestCopiedZeroGrantStaysUnissued: a copy of a zero Grant is a zero
+// Grant, closed to every use like the original.
 func TestCopiedZeroGrantStaysUnissued(t *testing.T) {
-	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
-	h.register("kv", nil, HolderOptions{})
-	b, err := h.g.Bind(hostA, "kv", "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var zero Grant
 	cp := copyGrant(&zero)
 	for _, gr := range []*Grant{&zero, cp} {
-		if err := b.ReserveInto(context.Background(), gr, 100, 0, time.Time{}); err != nil {
-			t.Fatal(err)
+		mustKind(t, gr.Draw(1), memapi.ErrGrantClosed)
+		mustKind(t, gr.Cancel(), memapi.ErrGrantClosed)
+		if _, err := gr.Commit(); err == nil {
+			t.Fatal("a zero Grant committed")
 		}
 	}
-	h.wantLedger(hostA, ledger{Reserved: 200, Free: 800})
-	for _, gr := range []*Grant{&zero, cp} {
-		if err := gr.Cancel(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h.wantLedger(hostA, ledger{Free: 1000})
 }
 
 // TestCopiedLeaseNotVouched: a copy of a lease is not an account of the
@@ -131,7 +120,7 @@ func TestCopiedZeroGrantStaysUnissued(t *testing.T) {
 func TestCopiedLeaseNotVouched(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
 	h.register("kv", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "kv", "kv", 100, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,7 @@ func (h *harness) wantLedger(id memapi.AuthorityID, want ledger) {
 // lease reserves, draws and commits n bytes for holder.
 func (h *harness) lease(auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Lease {
 	h.t.Helper()
-	gr, err := h.g.Reserve(context.Background(), auth, holder, "test", n, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: auth, Holder: holder, Role: "test", Bytes: n})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ type result struct {
 func (h *harness) reserveAsync(ctx context.Context, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes, pri Priority, deadline time.Time) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		gr, err := h.g.Reserve(ctx, auth, holder, "test", n, pri, deadline)
+		gr, err := h.g.Reserve(ctx, Request{Authority: auth, Holder: holder, Role: "test", Bytes: n, Priority: pri, Deadline: deadline})
 		ch <- result{gr, err}
 	}()
 	return ch

@@ -16,15 +16,36 @@ func (g *Governor) IssuedGrant(x memapi.Grant) bool {
 	return ok && g.issued(gr)
 }
 
-// IssuedAccount reports whether a is a Grant or a Lease of this governor.
+// IssuedAccount reports whether a is a Grant or a Lease of this governor,
+// or one of the accounts it issues over them (Lease.QuarantinedAccount,
+// Split, ZeroAccount) whose every account is its own.
 func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	switch v := x.(type) {
 	case *Grant:
 		return g.issued(v)
 	case *Lease:
-		return v != nil && g.issued(v.g) && &v.g.lease == v // not a copy of the lease
+		return g.issuedLease(v)
+	case quarantinedAccount:
+		return g.issuedLease(v.l)
+	case *splitAccount:
+		if v == nil || v.g != g {
+			return false
+		}
+		for _, p := range v.parts {
+			if !g.IssuedAccount(p.Account) {
+				return false
+			}
+		}
+		return true
+	case *zeroAccount:
+		return v != nil && v.g == g
 	}
 	return false
+}
+
+// issuedLease reports whether l is the lease of a grant of g, not a copy.
+func (g *Governor) issuedLease(l *Lease) bool {
+	return l != nil && g.issued(l.g) && &l.g.lease == l
 }
 
 // issued reports whether gr was issued by g at least once, and is that

@@ -69,8 +69,12 @@ func (l *Lease) Bytes() memapi.Bytes {
 // Refund returns n bytes whose memory was really freed: from pending first,
 // then from charged. The bytes become free and waiting reservations are
 // served. It fails with ErrOverReturn, changing nothing, beyond what the
-// lease holds.
+// lease holds. A Refund of the whole commit, the lease untouched since,
+// ends the grant's use: the governor may issue it again (Reserve).
 func (l *Lease) Refund(n memapi.Bytes) error {
+	if err := l.g.inject(OpRefund, n); err != nil {
+		return err
+	}
 	// refundUnsettled, spelled out on the hot path; with a reservation
 	// waiting, the lock is taken anyway, so take it at once.
 	if gr := l.g; n != 0 && !gr.acct.a.queued.Load() {
@@ -79,6 +83,7 @@ func (l *Lease) Refund(n memapi.Bytes) error {
 		}
 		if w, st, d := gr.load(); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
 			gr.refunded()
+			gr.acct.a.putSpare(gr)
 			return nil
 		}
 	}
@@ -89,6 +94,7 @@ func (l *Lease) Refund(n memapi.Bytes) error {
 			a.serveLocked()
 		}
 		a.mu.Unlock()
+		a.putSpare(l.g)
 		return nil
 	}
 	a.settleGrantLocked(l.g)
@@ -125,6 +131,7 @@ func (l *Lease) refundUnsettled(n memapi.Bytes) bool {
 		return false
 	}
 	gr.refunded()
+	gr.acct.a.putSpare(gr)
 	return true
 }
 
@@ -176,6 +183,9 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 // It fails with ErrOverReturn, changing nothing, beyond the charged bytes.
 // Quarantined bytes are not marked: their free already failed.
 func (l *Lease) MarkPending(n memapi.Bytes) error {
+	if err := l.g.inject(OpMarkPending, n); err != nil {
+		return err
+	}
 	a, c := l.lockLease(), l.g.acct
 	defer a.mu.Unlock()
 	if n > l.charged-l.quarantined {
@@ -210,6 +220,9 @@ func (l *Lease) Release() memapi.Bytes {
 // RefundQuarantined. It fails with ErrOverReturn, changing nothing, beyond
 // the bytes not quarantined yet.
 func (l *Lease) Quarantine(n memapi.Bytes) error {
+	if err := l.g.inject(OpQuarantine, n); err != nil {
+		return err
+	}
 	a, c := l.lockLease(), l.g.acct
 	defer a.mu.Unlock()
 	if free := l.pending + l.charged - l.quarantined; n > free {
@@ -232,6 +245,9 @@ func (l *Lease) Quarantine(n memapi.Bytes) error {
 // It fails with ErrOverReturn, changing nothing, beyond the quarantined
 // bytes.
 func (l *Lease) RefundQuarantined(n memapi.Bytes) error {
+	if err := l.g.inject(OpRefundQuarantined, n); err != nil {
+		return err
+	}
 	a := l.lockLease()
 	defer a.mu.Unlock()
 	if n > l.quarantined {

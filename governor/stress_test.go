@@ -121,17 +121,6 @@ func TestStressConcurrentLedger(t *testing.T) {
 		}
 	}
 
-	bindings := map[string]*Binding{}
-	for _, a := range auths {
-		for _, id := range ids {
-			bd, err := g.Bind(a, id, "stress")
-			if err != nil {
-				t.Fatal(err)
-			}
-			bindings[string(a)+"/"+string(id)] = bd
-		}
-	}
-
 	// A watcher takes snapshots throughout: the identity holds at every
 	// instant, commits made without the lock included.
 	stopWatch := make(chan struct{})
@@ -170,16 +159,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 	var hot [4]int64
 	for i := range hot {
 		wg.Go(func() {
-			bd, err := g.Bind(hotAuth, ids[i], "hot")
-			if err != nil {
-				errs <- err
-				return
-			}
 			size := memapi.Bytes(4<<10) << i
-			var gr Grant
 			for range iters * 10 {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				err := bd.ReserveInto(ctx, &gr, size, 1, time.Time{})
+				gr, err := g.Reserve(ctx, Request{Authority: hotAuth, Holder: ids[i], Role: "hot", Bytes: size, Priority: 1})
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError
@@ -209,7 +192,6 @@ func TestStressConcurrentLedger(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 2))
-			var spare *Grant // a closed grant this worker owns, for ReserveInto
 			for range iters {
 				hi := rng.IntN(len(holders))
 				hd := holders[hi]
@@ -245,22 +227,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				if rng.IntN(8) == 0 {
 					cancel() // some waits are cancelled before they start
 				}
-				// By names, through a binding, or into the spare grant.
-				var gr *Grant
-				var err error
-				switch bd := bindings[string(a)+"/"+string(ids[hi])]; rng.IntN(3) {
-				case 0:
-					gr, err = g.Reserve(ctx, a, ids[hi], "stress", size, Priority(rng.IntN(3)), deadline)
-				case 1:
-					gr, err = bd.Reserve(ctx, size, Priority(rng.IntN(3)), deadline)
-				default:
-					if spare == nil || spare.Authority() != a {
-						spare = new(Grant)
-					}
-					if err = bd.ReserveInto(ctx, spare, size, Priority(rng.IntN(3)), deadline); err == nil {
-						gr = spare
-					}
-				}
+				gr, err := g.Reserve(ctx, Request{Authority: a, Holder: ids[hi], Role: "stress", Bytes: size, Priority: Priority(rng.IntN(3)), Deadline: deadline})
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError
@@ -295,7 +262,6 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(3)
-					spare = gr // closed, and nobody else holds it
 					continue
 				}
 				l, err := gr.Commit()
@@ -311,13 +277,9 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(4)
-					spare = gr
 					continue
 				}
 				count(5)
-				if gr == spare {
-					spare = nil // its lease now belongs to the holder
-				}
 				hd.put(l)
 			}
 		})

@@ -74,7 +74,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	rec.Label("kv", "kv-cache")
 
 	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) *governor.Lease {
-		gr, err := g.Reserve(context.Background(), auth, h, role, n, 0, time.Time{})
+		gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: h, Role: role, Bytes: n})
 		require.NoError(t, err)
 		require.NoError(t, gr.Draw(n))
 		l, err := gr.Commit()
@@ -99,7 +99,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, kvLeases[2].MarkPending(4*mib))
 	step()
 	// 30 MiB free less 4 pending: a 40 MiB grant needs a ticket to kv.
-	gr, err := g.Reserve(context.Background(), "dev", "weights", "weights", 40*mib, 5, time.Time{})
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: "dev", Holder: "weights", Role: "weights", Bytes: 40 * mib, Priority: 5})
 	require.NoError(t, err)
 	require.NoError(t, gr.Draw(40*mib))
 	_, err = gr.Commit()

@@ -36,7 +36,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, wrap func(pmm.Ledger) pmm.Ledg
 		b.Fatal(err)
 	}
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	var l pmm.Ledger = pmm.GovernorLedger(g)
+	var l pmm.Ledger = g
 	if wrap != nil {
 		l = wrap(l)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // segment is one backed piece of a region, in address order: private
@@ -16,13 +17,13 @@ import (
 // private view a copy-on-write made (with the lease of its new backing).
 type segment struct {
 	r      memapi.Range
-	lease  Lease        // commit and copy-on-write segments
-	view   *memapi.View // view segments
-	shared *sharedState // view of a shared backing; nil for a copy-on-write view
+	lease  *governor.Lease // commit and copy-on-write segments
+	view   *memapi.View    // view segments
+	shared *sharedState    // view of a shared backing; nil for a copy-on-write view
 	// grant, instead of lease: backing whose rollback failed before its
 	// grant could be committed; removing it refunds (undraws) the grant,
 	// which is then cancelled.
-	grant Grant
+	grant *governor.Grant
 	quar  bool // its free failed: its bytes are booked quarantined
 	hole  bool // nothing installed (a copy-on-write undo could not map back)
 	// unmapped: the view is gone but its private backing's release
@@ -41,7 +42,7 @@ func (s segment) account() memapi.Account {
 	case s.grant != nil:
 		return s.grant
 	case s.quar:
-		return quarantined{s.lease}
+		return s.lease.QuarantinedAccount()
 	}
 	return s.lease
 }
@@ -107,7 +108,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 		txn: make(chan struct{}, 1)}
 	owned, err := d.ctx.OwnReleaser(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
-		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, zeroAccount(d.authority)))
+		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.ZeroAccount(d.authority)))
 	}
 	s.lc = owned.Lifecycle()
 	return &Region{Owned: owned, s: s}, nil
@@ -236,7 +237,7 @@ func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memap
 // reserved (with pressure, bounded by ctx) and the mechanism commits rng,
 // drawing from it. On a failure nothing is left: the grant is cancelled.
 // The caller commits the grant into the new piece's lease, or rolls back.
-func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (Grant, error) {
+func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (*governor.Grant, error) {
 	if err := s.settleQuarantine(ctx, op, rng); err != nil {
 		return nil, err
 	}
@@ -337,12 +338,12 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 // with its open grant (the drawn bytes stay reserved). Either way the bytes
 // stay visible and the next transaction that backs the range (Grow, Commit,
 // MapShared), Retry or Close removes it first.
-func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error {
+func (s *regionState) quarantineGrow(rng memapi.Range, g *governor.Grant, err error) error {
 	return s.quarantineCommit("pmm.Region.Grow", rng, g, err)
 }
 
 // quarantineCommit is quarantineGrow for the operation op (Grow, Commit).
-func (s *regionState) quarantineCommit(op string, rng memapi.Range, g Grant, err error) error {
+func (s *regionState) quarantineCommit(op string, rng memapi.Range, g *governor.Grant, err error) error {
 	seg := segment{r: rng, grant: g, quar: true}
 	if lease, cerr := g.Commit(); cerr == nil {
 		seg.grant, seg.lease = nil, lease
@@ -499,7 +500,7 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 		} else {
 			last := run[len(run)-1].r
 			rng := memapi.Range{Off: run[0].r.Off, Len: last.Off + last.Len - run[0].r.Off}
-			err = s.vb.Decommit(ctx, s.res, rng, splitAccount{auth: s.d.authority, parts: run})
+			err = s.vb.Decommit(ctx, s.res, rng, s.split(run))
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -516,31 +517,14 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	return left, errors.Join(errs...)
 }
 
-// splitAccount refunds a decommit of adjacent commits to each one's account,
-// in address order, by the bytes each held.
-//
-//memvet:allow it issues nothing: it forwards a decommit's refund to the governor leases of the segments it covers
-type splitAccount struct {
-	auth  memapi.AuthorityID
-	parts []segment
-}
-
-func (a splitAccount) Authority() memapi.AuthorityID { return a.auth }
-
-func (a splitAccount) Refund(n memapi.Bytes) error {
-	var errs []error
-	for _, p := range a.parts {
-		k := min(n, p.r.Len)
-		if k == 0 {
-			break
-		}
-		errs = append(errs, p.account().Refund(k))
-		n -= k
+// split is the governor's account that refunds a decommit of adjacent
+// commits to each one's account, in address order, by the bytes each held.
+func (s *regionState) split(run []segment) memapi.Account {
+	parts := make([]governor.Part, len(run))
+	for i, p := range run {
+		parts[i] = governor.Part{Account: p.account(), Bytes: p.r.Len}
 	}
-	if n != 0 {
-		errs = append(errs, &memapi.Error{Op: "pmm.splitAccount.Refund", Kind: memapi.ErrInvalidSize, Wanted: n, Detail: "refund larger than the decommitted segments"})
-	}
-	return errors.Join(errs...)
+	return s.bind.m.g.Split(s.d.authority, parts)
 }
 
 // remove releases one segment: decommit private memory (refunding its
@@ -611,7 +595,7 @@ func (s *regionState) releaseAll(ctx context.Context) error {
 	if s.resGone {
 		return nil
 	}
-	if err := s.vb.ReleaseReservation(ctx, s.res, zeroAccount(s.d.authority)); err != nil {
+	if err := s.vb.ReleaseReservation(ctx, s.res, s.bind.m.g.ZeroAccount(s.d.authority)); err != nil {
 		return err
 	}
 	s.resGone = true
@@ -626,20 +610,4 @@ func cmpOff(x, y memapi.Bytes) int {
 		return 1
 	}
 	return 0
-}
-
-// zeroAccount receives the refund of a release that should have nothing left
-// to refund; anything else is an accounting error, reported, never dropped.
-//
-//memvet:allow it issues nothing: a sink that accepts a refund of 0 and reports any other as an error
-type zeroAccount memapi.AuthorityID
-
-func (z zeroAccount) Authority() memapi.AuthorityID { return memapi.AuthorityID(z) }
-
-func (z zeroAccount) Refund(n memapi.Bytes) error {
-	if n != 0 {
-		return &memapi.Error{Op: "pmm.release", Kind: memapi.ErrInvalidSize, Authority: memapi.AuthorityID(z), Wanted: n,
-			Detail: "bytes still committed at release had no lease"}
-	}
-	return nil
 }

@@ -173,7 +173,7 @@ func childCUDAChurn() error {
 			if committed[i] != nil {
 				continue
 			}
-			gr, err := a.Reserve(contextBG, "kv", "chunk", chunk, 0, time.Time{})
+			gr, err := a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "chunk", Bytes: chunk})
 			if err != nil {
 				continue // over budget: the ledger refused before the driver
 			}
@@ -198,7 +198,7 @@ func childCUDAChurn() error {
 				break
 			}
 		case k < 8 && len(allocs) < 2:
-			gr, err := a.Reserve(contextBG, "kv", "alloc", chunk, 0, time.Time{})
+			gr, err := a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "alloc", Bytes: chunk})
 			if err != nil {
 				continue
 			}

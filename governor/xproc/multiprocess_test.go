@@ -57,7 +57,7 @@ type held struct {
 // take reserves n bytes through the ledger, allocates them on the CPU and
 // commits: the allocation happens only once the ledger admitted the bytes.
 func (c *cpuMember) take(n memapi.Bytes) (held, error) {
-	gr, err := c.a.Reserve(context.Background(), "h", "r", n, 0, time.Time{})
+	gr, err := c.a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: n})
 	if err != nil {
 		return held{}, err
 	}

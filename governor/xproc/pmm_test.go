@@ -26,7 +26,7 @@ func pmmOn(g *governor.Governor, authority memapi.AuthorityID) (*pmm.Binding, *c
 		return nil, nil, nil, err
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: dev, Mechanism: mech, Context: ectx, Authority: authority}); err != nil {
 		return nil, nil, nil, err
@@ -83,7 +83,7 @@ func TestPmmClaims(t *testing.T) {
 		}
 	}
 	// Governor.Reserve and Binding.Reserve claim the same way.
-	gr, err := g.Reserve(ctx, "dev", "h", "r", 64<<10, 0, time.Time{})
+	gr, err := g.Reserve(ctx, governor.Request{Authority: "dev", Holder: "h", Role: "r", Bytes: 64 << 10})
 	if err != nil {
 		t.Fatalf("Governor.Reserve on the shared authority: %v", err)
 	}

@@ -3,7 +3,6 @@ package checkedtest
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
@@ -39,7 +38,7 @@ func newGovernor(t *testing.T) *governor.Governor {
 
 func reserve(t *testing.T, g *governor.Governor, a memapi.AuthorityID, n memapi.Bytes) *governor.Grant {
 	t.Helper()
-	gr, err := g.Reserve(context.Background(), a, "h", "r", n, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: a, Holder: "h", Role: "r", Bytes: n})
 	require.NoError(t, err)
 	return gr
 }
