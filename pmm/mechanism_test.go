@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
