@@ -170,7 +170,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 		old.grants--
 		relink = false
 	}
-	gr.acct, gr.role, gr.priority = c, role, pri
+	gr.acct, gr.role, gr.priority, gr.inj = c, role, pri, a.g.inject
 	gr.dl = nil
 	gr.lease.charged, gr.lease.pending = 0, 0
 	// A new issue flips the era: the closed word of the last one reads as

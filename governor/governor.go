@@ -58,6 +58,10 @@ type Governor struct {
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
 	holders atomic.Pointer[map[HolderID]*holder]
 	closed  atomic.Bool
+	// last is the authority Reserve found last: the next one looks it up
+	// by id only when it asks for another, or that one was removed or
+	// closed since.
+	last atomic.Pointer[authority]
 
 	ticketSeq atomic.Uint64
 }

@@ -67,6 +67,7 @@ type Grant struct {
 	priority Priority
 	state    atomic.Uint64
 	dl       *grantDeadline // nil without a deadline, which keeps Grant small
+	inj      Injector       // the governor's Options.Injector, or nil: set at the first issue
 
 	// guarded by the authority's mutex: the grant's place in its list of
 	// unsettled grants (see authority.settleLocked)
@@ -370,10 +371,10 @@ func (gr *Grant) Cancel() error {
 // inject consults the governor's Injector (Options.Injector) at op on an
 // issued grant; nil when there is none.
 func (gr *Grant) inject(op Op, n memapi.Bytes) error {
-	if gr.acct == nil || gr.acct.a.g.inject == nil {
+	if gr.inj == nil {
 		return nil
 	}
-	return gr.acct.a.g.inject.MaybeError(op, gr.acct.a.id, n)
+	return gr.inj.MaybeError(op, gr.acct.a.id, n)
 }
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return

@@ -61,12 +61,15 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (*Grant, error) {
 			return nil, err
 		}
 	}
-	a := g.authority(r.Authority)
-	if a == nil {
-		if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
-			return nil, err
+	a := g.last.Load()
+	if a == nil || a.id != r.Authority || a.closed.Load() {
+		if a = g.authority(r.Authority); a == nil {
+			if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
+				return nil, err
+			}
+			return nil, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 		}
-		return nil, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
+		g.last.Store(a)
 	}
 	gr, _ := a.spare.Get().(*Grant)
 	// The same reservation again, right after the whole refund of the
