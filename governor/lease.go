@@ -69,8 +69,8 @@ func (l *Lease) Bytes() memapi.Bytes {
 // Refund returns n bytes whose memory was really freed: from pending first,
 // then from charged. The bytes become free and waiting reservations are
 // served. It fails with ErrOverReturn, changing nothing, beyond what the
-// lease holds. A Refund of the whole commit, the lease untouched since,
-// ends the grant's use: the governor may issue it again (Reserve).
+// lease holds. A Refund that empties the lease ends its grant's use: the
+// governor may issue both again (Reserve).
 func (l *Lease) Refund(n memapi.Bytes) error {
 	if err := l.g.inject(OpRefund, n); err != nil {
 		return err
@@ -102,8 +102,11 @@ func (l *Lease) Refund(n memapi.Bytes) error {
 		a.mu.Unlock()
 		return opError("governor.Lease.Refund", ErrOverReturn, a.id, n, held, "refund beyond the lease")
 	}
-	l.refundLocked(n)
+	emptied := l.refundLocked(n)
 	a.mu.Unlock()
+	if emptied {
+		a.putSpare(l.g)
+	}
 	return nil
 }
 
@@ -148,9 +151,11 @@ func (gr *Grant) refunded() {
 	}
 }
 
-func (l *Lease) refundLocked(n memapi.Bytes) {
+// refundLocked refunds n bytes of the lease and reports whether that
+// emptied it, which ends its grant's use.
+func (l *Lease) refundLocked(n memapi.Bytes) bool {
 	if n == 0 {
-		return
+		return false
 	}
 	c := l.g.acct
 	a := c.a
@@ -169,13 +174,15 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 	l.charged -= fromCharged
 	a.charged -= fromCharged
 	c.charged -= fromCharged
-	if l.charged == 0 && l.pending == 0 {
+	emptied := l.charged == 0 && l.pending == 0
+	if emptied {
 		a.leases--
 		c.leases--
 	}
 	if a.head != nil {
 		a.serveLocked()
 	}
+	return emptied
 }
 
 // MarkPending moves n charged bytes to pending: the holder released the
@@ -207,9 +214,12 @@ func (l *Lease) Release() memapi.Bytes {
 		return d
 	}
 	a := l.lockLease()
-	defer a.mu.Unlock()
 	n := l.charged + l.pending
-	l.refundLocked(n)
+	emptied := l.refundLocked(n)
+	a.mu.Unlock()
+	if emptied {
+		a.putSpare(l.g)
+	}
 	return n
 }
 
@@ -249,8 +259,8 @@ func (l *Lease) RefundQuarantined(n memapi.Bytes) error {
 		return err
 	}
 	a := l.lockLease()
-	defer a.mu.Unlock()
 	if n > l.quarantined {
+		a.mu.Unlock()
 		return opError("governor.Lease.RefundQuarantined", ErrOverReturn, a.id, n, l.quarantined, "more than the quarantined bytes")
 	}
 	// refundLocked takes pending first: refund from charged alone.
@@ -261,12 +271,17 @@ func (l *Lease) RefundQuarantined(n memapi.Bytes) error {
 	l.charged -= n
 	a.charged -= n
 	c.charged -= n
-	if l.charged == 0 && l.pending == 0 && n != 0 {
+	emptied := l.charged == 0 && l.pending == 0 && n != 0
+	if emptied {
 		a.leases--
 		c.leases--
 	}
 	if a.head != nil {
 		a.serveLocked()
+	}
+	a.mu.Unlock()
+	if emptied {
+		a.putSpare(l.g)
 	}
 	return nil
 }

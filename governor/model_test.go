@@ -438,6 +438,9 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 		if err := l.l.Refund(n); err != nil {
 			rt.Fatal(err)
 		}
+		if n != 0 {
+			m.spend(m.grantOf(l))
+		}
 		l.charged, l.pending = 0, 0
 		if m.free(a) >= bytes {
 			res = watchdog.Recv(rt, bound, "the served reservation", ch)

@@ -42,11 +42,11 @@ type Request struct {
 // until it is served, ctx is cancelled or the governor closes.
 //
 // Grants are recycled: once a grant was cancelled, or committed and its
-// lease refunded whole in one Refund (or Release), the governor may issue
-// the same *Grant, and its *Lease, to a later Reserve. So the reservation
-// cycle allocates nothing. Until that reissue, the old grant refuses every
-// use as closed (and its empty lease every refund); the caller keeps no
-// reference past that point.
+// lease emptied by a refund (Refund, Release, RefundQuarantined), the
+// governor may issue the same *Grant, and its *Lease, to a later Reserve.
+// So the reservation cycle allocates nothing. Until that reissue, the old
+// grant refuses every use as closed (and its empty lease every refund);
+// the caller keeps no reference past that point.
 //
 // Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
 // ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
