@@ -42,11 +42,3 @@ func (o Op) String() string {
 type Injector interface {
 	MaybeError(op Op, authority memapi.AuthorityID, bytes memapi.Bytes) error
 }
-
-// InjectorFunc adapts a function to an Injector.
-type InjectorFunc func(op Op, authority memapi.AuthorityID, bytes memapi.Bytes) error
-
-// MaybeError calls f.
-func (f InjectorFunc) MaybeError(op Op, authority memapi.AuthorityID, bytes memapi.Bytes) error {
-	return f(op, authority, bytes)
-}
