@@ -16,9 +16,9 @@ import (
 // QuarantinedAccount returns the account a retry refunds once it freed
 // bytes of l booked quarantined (Lease.Quarantine): its Refund is
 // l.RefundQuarantined.
-func (l *Lease) QuarantinedAccount() memapi.Account { return quarantinedAccount{l} }
+func (l Lease) QuarantinedAccount() memapi.Account { return quarantinedAccount{l} }
 
-type quarantinedAccount struct{ l *Lease }
+type quarantinedAccount struct{ l Lease }
 
 func (q quarantinedAccount) Authority() memapi.AuthorityID { return q.l.Authority() }
 func (q quarantinedAccount) Refund(n memapi.Bytes) error   { return q.l.RefundQuarantined(n) }

@@ -89,7 +89,7 @@ const MaxAdmitTries = 8
 // lasts; once the Admission cannot, it queues as on any authority, or
 // fails with the Admission's error when it may not wait. A reservation that
 // fails after an admission gives the admitted bytes back (AdmissionReturn).
-func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	// The reservation's deadline bounds the Admission's waits as its ctx
@@ -107,7 +107,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	admitted := false // Admit returned nil for this reservation
 	// fail ends the reservation with err, emitting an EventOverBudget when
 	// asked, and gives the admitted bytes back; called with a.mu held.
-	fail := func(err error, event bool) (*Grant, error) {
+	fail := func(err error, event bool) (*grant, error) {
 		a.mu.Unlock()
 		if r, ok := adm.(AdmissionReturn); ok && admitted {
 			r.ReturnAdmitted(c.h.id, bytes)

@@ -158,7 +158,7 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 	if err := h.g.SetAdmission(hostA, p); err != nil {
 		t.Fatal(err)
 	}
-	var other *Grant
+	var other Grant
 	p.during = func() {
 		if err := h.g.SetCapacity(hostA, 400); err != nil {
 			t.Error(err)
@@ -172,7 +172,7 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 	if !errors.Is(err, ErrOverLimit) {
 		t.Fatalf("past the limit after the admission: %v, want ErrOverLimit", err)
 	}
-	if other == nil {
+	if other == (Grant{}) {
 		t.Fatal("the reservation made during Admit failed")
 	}
 	// The 300 bytes admitted for the failed reservation went back at once
@@ -194,7 +194,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 	p.decline = true
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wc := make(chan *Grant, 1)
+	wc := make(chan Grant, 1)
 	go func() {
 		gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "w", Bytes: 100})
 		if err != nil {
@@ -224,7 +224,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 		t.Fatalf("asked the Admission for %v with the queue and the reservation covered", asked)
 	}
 	_ = gr.Cancel()
-	if w != nil {
+	if w != (Grant{}) {
 		_ = w.Cancel()
 	}
 	h.wantLedger(hostA, ledger{Free: 150})
@@ -241,7 +241,7 @@ type stealingAdmission struct {
 	mu     sync.Mutex
 	calls  int
 	steals int
-	stolen []*Grant
+	stolen []Grant
 }
 
 func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need memapi.Bytes, _ Priority, _ bool) error {
@@ -345,7 +345,7 @@ func TestAdmissionContendedReservationQueues(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type result struct {
-		gr  *Grant
+		gr  Grant
 		err error
 	}
 	rc := make(chan result, 1)

@@ -49,7 +49,7 @@ type authority struct {
 
 	accts     map[HolderID]*account
 	timed     grantList // open grants with a running deadline timer
-	unsettled *Grant    // list (uprev/unext) of grants whose figures may still move: open, or committed without the lock
+	unsettled *grant    // list (uprev/unext) of grants whose figures may still move: open, or committed without the lock
 	linked    int       // grants in unsettled
 	settleAt  int       // settle when linked reaches it, so refunded grants do not pile up
 
@@ -71,8 +71,8 @@ type waiter struct {
 	priority   Priority
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
-	into       *Grant        // a spare grant to fill (Reserve), or nil
-	grant      *Grant
+	into       *grant        // a spare grant to fill (Reserve), or nil
+	grant      *grant
 	err        error
 	pressure   uint64 // its pressure event's number, 0 if none
 	prev, next *waiter
@@ -152,12 +152,11 @@ func (a *authority) shutLocked(err error) {
 
 // newGrantLocked books an open grant of size bytes for c, in gr (a spare
 // one, checked reusable) or in a new one when gr is nil.
-func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *Grant) *Grant {
+func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *grant) *grant {
 	relink := true
 	switch {
 	case gr == nil:
-		gr = new(Grant)
-		gr.lease.g = gr
+		gr = new(grant)
 	case a.unsettledLocked(gr):
 		// Refunded whole without the lock and issued again at once (a
 		// spare grant, see reusableLocked): its old booking
@@ -170,12 +169,16 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 		old.grants--
 		relink = false
 	}
+	// A new issue makes the handles of the last one stale before anything
+	// of the record changes (grant.loadAs).
+	gr.issue.Add(1)
 	gr.acct, gr.role, gr.priority, gr.inj = c, role, pri, a.g.inject
 	gr.dl = nil
-	gr.lease.charged, gr.lease.pending = 0, 0
-	// A new issue flips the era: the closed word of the last one reads as
-	// open (Grant.load).
+	gr.lease = leaseFigures{}
+	// A new issue flips the era, and stores its open word: a swap from a
+	// word of the last issue fails.
 	gr.sizeEra = (gr.sizeEra&eraBit ^ eraBit) | uint64(size)
+	gr.state.Store(gr.word(stateOpen, 0))
 	if relink {
 		if a.linked >= a.settleAt {
 			a.settleLocked()
@@ -207,7 +210,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 }
 
 // closeGrantLocked forgets an open grant's booking (the caller moves its bytes).
-func (a *authority) closeGrantLocked(gr *Grant) {
+func (a *authority) closeGrantLocked(gr *grant) {
 	a.grants--
 	gr.acct.grants--
 	if gr.uprev != nil {
@@ -229,7 +232,7 @@ func (a *authority) closeGrantLocked(gr *Grant) {
 
 // bookCommitLocked books the commit of gr with d bytes drawn: the grant's
 // size leaves reserved and d becomes its lease's charge.
-func (a *authority) bookCommitLocked(gr *Grant, d memapi.Bytes) {
+func (a *authority) bookCommitLocked(gr *grant, d memapi.Bytes) {
 	c := gr.acct
 	a.closeGrantLocked(gr)
 	a.reserved -= gr.sz()
@@ -245,7 +248,7 @@ func (a *authority) bookCommitLocked(gr *Grant, d memapi.Bytes) {
 
 // unsettledLocked reports whether gr is in the unsettled list: open, or
 // closed without the lock and not yet booked.
-func (a *authority) unsettledLocked(gr *Grant) bool {
+func (a *authority) unsettledLocked(gr *grant) bool {
 	return gr.uprev != nil || a.unsettled == gr
 }
 
@@ -274,7 +277,7 @@ func (a *authority) settleLocked() bool {
 // settleGrantLocked settles gr alone (a lease's own figures) and reports
 // whether it booked a refund. Every swap here races with those made
 // without the lock, hence the retries.
-func (a *authority) settleGrantLocked(gr *Grant) bool {
+func (a *authority) settleGrantLocked(gr *grant) bool {
 	if !a.unsettledLocked(gr) {
 		return false
 	}
@@ -313,7 +316,7 @@ func (a *authority) settleGrantLocked(gr *Grant) bool {
 // under the lock: settled as refunded whole in one swap, rather than booked
 // charged and then refunded. It reports false, changing nothing, when that
 // is not the case.
-func (a *authority) settleRefundLocked(gr *Grant, n memapi.Bytes) bool {
+func (a *authority) settleRefundLocked(gr *grant, n memapi.Bytes) bool {
 	if !a.unsettledLocked(gr) {
 		return false
 	}
@@ -328,7 +331,7 @@ func (a *authority) settleRefundLocked(gr *Grant, n memapi.Bytes) bool {
 
 // dropGrantLocked returns a committed grant whose lease was refunded whole
 // before it was settled: its size leaves reserved for free.
-func (a *authority) dropGrantLocked(gr *Grant) {
+func (a *authority) dropGrantLocked(gr *grant) {
 	c := gr.acct
 	a.closeGrantLocked(gr)
 	a.reserved -= gr.sz()
@@ -380,10 +383,10 @@ func (a *authority) aheadLocked(w *waiter) memapi.Bytes {
 }
 
 // grantList is an intrusive list of grants.
-type grantList struct{ head *Grant }
+type grantList struct{ head *grant }
 
 // Its members all have a deadline (gr.dl != nil).
-func (l *grantList) push(gr *Grant) {
+func (l *grantList) push(gr *grant) {
 	gr.dl.tnext = l.head
 	if l.head != nil {
 		l.head.dl.tprev = gr
@@ -391,7 +394,7 @@ func (l *grantList) push(gr *Grant) {
 	l.head = gr
 }
 
-func (l *grantList) remove(gr *Grant) {
+func (l *grantList) remove(gr *grant) {
 	d := gr.dl
 	if d.tprev != nil {
 		d.tprev.dl.tnext = d.tnext

@@ -40,7 +40,7 @@ func governorCycle(b *testing.B, g *Governor, ctx context.Context) {
 	drawCommitRefund(b, gr)
 }
 
-func drawCommitRefund(b *testing.B, gr *Grant) {
+func drawCommitRefund(b *testing.B, gr Grant) {
 	if err := gr.Draw(benchBytes); err != nil {
 		b.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func BenchmarkRefundToWake(b *testing.B) {
 
 	type woke struct {
 		at time.Time
-		l  *Lease
+		l  Lease
 	}
 	govWoke := make(chan woke)
 	chanReady, chanWake, chanWoke := make(chan struct{}), make(chan struct{}), make(chan time.Time)

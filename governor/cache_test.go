@@ -33,7 +33,7 @@ func (c *cacheHolder) set(f func(memapi.AuthorityID) memapi.Bytes) {
 }
 
 // charge commits a lease of n bytes for holder on auth.
-func charge(t *testing.T, g *Governor, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Lease {
+func charge(t *testing.T, g *Governor, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) Lease {
 	t.Helper()
 	gr, err := g.Reserve(context.Background(), Request{Authority: auth, Holder: holder, Role: "", Bytes: n})
 	if err != nil {

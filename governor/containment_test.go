@@ -149,7 +149,7 @@ func TestReclaimContextEndsAtTheDeadline(t *testing.T) {
 // back; the failed Reserve leaves the ledger as it found it.
 func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 	for range 40 {
-		var gr *Grant
+		var gr Grant
 		var cancel context.CancelFunc
 		g := hooked(t, 100, nil)
 		g.onEvent = func(e Event) {
@@ -170,12 +170,12 @@ func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 		cancel()
 		s := snap(t, g)
 		switch {
-		case err == nil && (s.Reserved != 50 || got == nil):
+		case err == nil && (s.Reserved != 50 || got == (Grant{})):
 			t.Fatalf("served: %+v", s)
 		case err != nil && (s.Reserved != 0 || s.Grants != 0):
 			t.Fatalf("failed Reserve kept its grant: %+v", s)
 		}
-		if got != nil {
+		if got != (Grant{}) {
 			_ = got.Cancel()
 		}
 		_ = g.Close()

@@ -13,7 +13,7 @@ import (
 
 // fill charges the whole of authority "gpu" to holder "a" and returns the
 // lease, so the next reservation must wait.
-func fillForWait(h *harness) *Lease {
+func fillForWait(h *harness) Lease {
 	h.register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{})
 	return h.lease("gpu", "a", 100)
 }
@@ -38,7 +38,7 @@ func TestNoDeadlineWaitsTheDefaultWait(t *testing.T) {
 	pendingResult(t, ch)
 	h.clock.Advance(time.Second)
 	r := await(t, ch)
-	if r.gr != nil {
+	if r.gr != (Grant{}) {
 		t.Fatal("served, want the default wait to end it")
 	}
 	mustKind(t, r.err, ErrDefaultWait)

@@ -45,7 +45,7 @@ func ExampleHolder() {
 	defer g.Close()
 	_ = g.AddAuthority("host", 1000)
 
-	var cached *governor.Lease
+	var cached governor.Lease
 	cache := governor.HolderFunc(func(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 		fmt.Printf("ticket: %d bytes on %s\n", t.Wanted, t.Authority)
 		n := min(t.Wanted, cached.Charged())

@@ -35,7 +35,7 @@ const (
 	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
 	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
 	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
-	stateCopied   uint64 = 8 // a copy of an issued grant (read by load, never stored: not in the word's 3 bits)
+	stateStale    uint64 = 8 // a handle of an earlier issue (read by loadAs, never stored: not in the word's 3 bits)
 	opDraw               = "governor.Grant.Draw"
 	opUndraw             = "governor.Grant.Undraw"
 	opGrantCommit        = "governor.Grant.Commit"
@@ -48,32 +48,46 @@ const (
 // returns the rest; Cancel returns everything once nothing is drawn. Refund
 // (memapi.Account) un-draws, so a rollback can refund to the grant.
 //
-// The governor recycles grants: once a grant was cancelled, or committed
-// and its lease refunded whole, a later Reserve may issue it again (see
-// Reserve), so a steady stream of reservations allocates nothing.
+// A Grant is a handle: a small value naming the governor's record of the
+// grant and the issue of it the handle was made for. The governor recycles
+// its records: once a grant was cancelled, or committed and its lease
+// refunded whole, a later Reserve may issue the record again (see Reserve),
+// so a steady stream of reservations allocates nothing. Each issue counts
+// one more generation, and every method compares the handle's generation
+// with the record's first: a handle of an earlier issue (a stale handle)
+// changes nothing and fails with memapi.ErrGrantClosed caused by
+// ErrStaleHandle, so a double Cancel never touches the grant's next holder.
+// A copy of a Grant is the same handle: both see one record, so the bytes
+// are drawn, committed or returned once.
 //
-// A Grant is used through its pointer only. A copy of an issued Grant (a
-// value copy, `cp := *gr`, which go vet's copylocks flags) is refused by
-// every method that can fail, with ErrCopiedGrant, and reads as closed:
-// an issued grant is the one its lease points back to (lease.g), which a
-// copy is not, so a copy can neither return nor draw the bytes of the
-// reservation it was copied from.
+// The zero Grant was never reserved: it reads as closed and refuses every use.
 //
 // All methods are safe for concurrent use.
 type Grant struct {
+	g   *grant
+	gen uint64 // the issue of g this handle was made for (grant.issue)
+}
+
+// grant is the governor's record behind a Grant and its Lease, recycled
+// from one issue to the next.
+type grant struct {
 	acct     *account // nil until first issued; its authority never changes after
 	role     Role
 	sizeEra  uint64 // the size, and in eraBit this issue's era (see load)
 	priority Priority
 	state    atomic.Uint64
-	dl       *grantDeadline // nil without a deadline, which keeps Grant small
-	inj      Injector       // the governor's Options.Injector, or nil: set at the first issue
+	// issue counts the issues of the record: bumped before each issue
+	// makes the record usable again, so a handle of an earlier one fails
+	// (loadAs).
+	issue atomic.Uint64
+	dl    *grantDeadline // nil without a deadline, which keeps the record small
+	inj   Injector       // the governor's Options.Injector, or nil: set at the first issue
 
 	// guarded by the authority's mutex: the grant's place in its list of
 	// unsettled grants (see authority.settleLocked)
-	uprev, unext *Grant
+	uprev, unext *grant
 
-	lease Lease // handed out by Commit: one allocation per grant and lease
+	lease leaseFigures // the figures of the Lease that Commit hands out
 }
 
 // grantDeadline is the deadline part of a grant.
@@ -81,69 +95,113 @@ type grantDeadline struct {
 	at time.Time
 	// guarded by the authority's mutex
 	timer        Timer // nil once stopped or fired
-	tprev, tnext *Grant
+	tprev, tnext *grant
 }
 
 var (
-	_ memapi.Grant   = (*Grant)(nil)
-	_ memapi.Account = (*Grant)(nil)
+	_ memapi.Grant   = Grant{}
+	_ memapi.Account = Grant{}
 )
 
+// handle is the Grant of gr's current issue.
+func (gr *grant) handle() Grant { return Grant{g: gr, gen: gr.issue.Load()} }
+
+// live reports whether h names the current issue of its record.
+func (h Grant) live() bool { return h.g != nil && h.g.acct != nil && h.g.issue.Load() == h.gen }
+
 // Authority returns the authority the grant draws on ("" for a zero Grant).
-func (gr *Grant) Authority() memapi.AuthorityID {
-	if gr.acct == nil {
+func (h Grant) Authority() memapi.AuthorityID {
+	if h.g == nil || h.g.acct == nil {
 		return ""
 	}
-	return gr.acct.a.id
+	return h.g.acct.a.id
 }
 
-// Holder returns the holder the grant was reserved for ("" for a zero Grant).
-func (gr *Grant) Holder() HolderID {
-	if gr.acct == nil {
+// Holder returns the holder the grant was reserved for ("" for a zero or
+// stale Grant).
+func (h Grant) Holder() HolderID {
+	if !h.live() {
 		return ""
 	}
-	return gr.acct.h.id
+	return h.g.acct.h.id
 }
 
-// Role returns what the grant was reserved for.
-func (gr *Grant) Role() Role { return gr.role }
+// Role returns what the grant was reserved for ("" for a zero or stale Grant).
+func (h Grant) Role() Role {
+	if !h.live() {
+		return ""
+	}
+	return h.g.role
+}
 
-// Size returns the bytes granted.
-func (gr *Grant) Size() memapi.Bytes { return gr.sz() }
+// Size returns the bytes granted (0 for a zero or stale Grant).
+func (h Grant) Size() memapi.Bytes {
+	if !h.live() {
+		return 0
+	}
+	return h.g.sz()
+}
 
 // sz is the size; sizes never reach eraBit (maxBytes).
-func (gr *Grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra & drawnMask) }
+func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra & drawnMask) }
 
 // Priority returns the priority the grant was reserved with.
-func (gr *Grant) Priority() Priority { return gr.priority }
+func (h Grant) Priority() Priority {
+	if !h.live() {
+		return 0
+	}
+	return h.g.priority
+}
 
 // Deadline returns the grant's deadline (zero: none).
-func (gr *Grant) Deadline() time.Time {
-	if gr.dl == nil {
+func (h Grant) Deadline() time.Time {
+	if !h.live() || h.g.dl == nil {
 		return time.Time{}
 	}
-	return gr.dl.at
+	return h.g.dl.at
 }
 
 // Drawn returns the bytes drawn now.
-func (gr *Grant) Drawn() memapi.Bytes {
-	_, _, d := gr.load()
+func (h Grant) Drawn() memapi.Bytes {
+	_, _, d := h.load()
 	return d
 }
 
 // Remaining returns the bytes that can still be drawn (0 once closed).
-func (gr *Grant) Remaining() memapi.Bytes {
-	_, st, d := gr.load()
+func (h Grant) Remaining() memapi.Bytes {
+	_, st, d := h.load()
 	if st != stateOpen {
 		return 0
 	}
-	return gr.sz() - d
+	return h.g.sz() - d
 }
 
 // Open reports whether the grant can still be drawn from and committed.
-func (gr *Grant) Open() bool {
-	_, st, _ := gr.load()
-	return st == stateOpen && !gr.pastDeadline()
+func (h Grant) Open() bool {
+	_, st, _ := h.load()
+	return st == stateOpen && !h.g.pastDeadline()
+}
+
+// load is the record's load for this handle: a zero Grant reads as
+// stateUnissued, and a stale one as stateStale.
+func (h Grant) load() (w, st uint64, d memapi.Bytes) {
+	if h.g == nil {
+		return 0, stateUnissued, 0
+	}
+	return h.g.loadAs(h.gen)
+}
+
+// loadAs is load for a handle of issue gen: stateStale when the record was
+// issued again since. The issue is read after the word, and every issue
+// bumps it before the record can change for its new holder, so a word read
+// as this issue's belongs to it, and a compare-and-swap from it fails once
+// the record was issued again (a new issue stores a new word).
+func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
+	w, st, d = gr.load()
+	if st != stateUnissued && gr.issue.Load() != gen {
+		return w, stateStale, 0
+	}
+	return w, st, d
 }
 
 // load returns the state word (to compare-and-swap from), and the state and
@@ -151,15 +209,11 @@ func (gr *Grant) Open() bool {
 // to the previous issue, closed before the grant was issued again, and reads
 // as open with nothing drawn.
 //
-// A zero Grant, never reserved, reads as stateUnissued, and a copy of an
-// issued one as stateCopied: closed to every use.
-func (gr *Grant) load() (w, st uint64, d memapi.Bytes) {
+// A record never issued reads as stateUnissued.
+func (gr *grant) load() (w, st uint64, d memapi.Bytes) {
 	w = gr.state.Load()
 	if gr.acct == nil {
 		return w, stateUnissued, 0
-	}
-	if gr.copied() {
-		return w, stateCopied, 0
 	}
 	if w&eraBit != gr.sizeEra&eraBit {
 		return w, stateOpen, 0
@@ -167,27 +221,22 @@ func (gr *Grant) load() (w, st uint64, d memapi.Bytes) {
 	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
 }
 
-// copied reports whether gr is a copy of an issued grant: the grant its
-// lease points back to is another. The link is set at the first issue,
-// before the grant is handed out, and never changes.
-func (gr *Grant) copied() bool { return gr.acct != nil && gr.lease.g != gr }
-
 // word is the state word of this issue in state st with d bytes drawn and
 // no reissue left to book: for the swaps made under the lock, which book
 // what w held (bookGen).
-func (gr *Grant) word(st uint64, d memapi.Bytes) uint64 {
+func (gr *grant) word(st uint64, d memapi.Bytes) uint64 {
 	return st<<stateShift | gr.sizeEra&eraBit | uint64(d)
 }
 
 // keep is word(st, d) still counting w's reissues: for the swaps made
 // without the lock.
-func (gr *Grant) keep(w, st uint64, d memapi.Bytes) uint64 {
+func (gr *grant) keep(w, st uint64, d memapi.Bytes) uint64 {
 	return gr.word(st, d) | gr.gen(w)<<genShift
 }
 
 // gen returns the reissues without the lock that w counts (none in a word
 // of a previous issue: they were booked when it was issued again).
-func (gr *Grant) gen(w uint64) uint64 {
+func (gr *grant) gen(w uint64) uint64 {
 	if w&eraBit != gr.sizeEra&eraBit {
 		return 0
 	}
@@ -196,7 +245,7 @@ func (gr *Grant) gen(w uint64) uint64 {
 
 // bookGen books in the authority's Granted the reissues w counted, once a
 // swap under the lock replaced it by a word that counts none.
-func (gr *Grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
+func (gr *grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
 
 // reissue issues again, without the lock, a grant whose lease was refunded
 // whole and not settled since: its size stays reserved all along, for the
@@ -208,18 +257,27 @@ func (gr *Grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
 // need the lock: to wait its turn, to fail, or to book. After Close the
 // caller does not try (authority.closed): a grant open at Close may still
 // be committed and refunded without the lock.
-func (gr *Grant) reissue() bool {
+//
+// The issue count goes up before the swap: the handles of the last issue
+// are stale from then on, whether the swap succeeds or the lock issues the
+// grant (its use ended either way).
+func (gr *grant) reissue() bool {
 	w, st, _ := gr.load()
 	if st != stateRefunded || gr.gen(w) == genMax {
 		return false
 	}
+	gr.issue.Add(1)
 	return gr.state.CompareAndSwap(w, gr.word(stateOpen, 0)|(gr.gen(w)+1)<<genShift)
 }
 
 // Draw takes n bytes from the grant. It fails with memapi.ErrGrantExhausted
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
-func (gr *Grant) Draw(n memapi.Bytes) error {
+func (h Grant) Draw(n memapi.Bytes) error {
+	gr := h.g
+	if !h.live() {
+		return h.closed(opDraw)
+	}
 	if err := gr.inject(OpDraw, n); err != nil {
 		return err
 	}
@@ -227,7 +285,7 @@ func (gr *Grant) Draw(n memapi.Bytes) error {
 		gr.expire()
 	}
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		if st != stateOpen {
 			return gr.closedError(opDraw, st)
 		}
@@ -244,18 +302,22 @@ func (gr *Grant) Draw(n memapi.Bytes) error {
 // on a grant reclaimed after its deadline they return to the authority's
 // free bytes. It fails with ErrOverReturn beyond the drawn bytes and with
 // memapi.ErrGrantClosed after Commit (refund the lease instead) or Cancel.
-func (gr *Grant) Undraw(n memapi.Bytes) error { return gr.undraw(opUndraw, n) }
+func (h Grant) Undraw(n memapi.Bytes) error { return h.undraw(opUndraw, n) }
 
 // Refund is Undraw: a refund to an open grant rolls back a commit made
 // against it (memapi.Account).
-func (gr *Grant) Refund(n memapi.Bytes) error { return gr.undraw("governor.Grant.Refund", n) }
+func (h Grant) Refund(n memapi.Bytes) error { return h.undraw("governor.Grant.Refund", n) }
 
-func (gr *Grant) undraw(op string, n memapi.Bytes) error {
+func (h Grant) undraw(op string, n memapi.Bytes) error {
+	gr := h.g
+	if !h.live() {
+		return h.closed(op)
+	}
 	if err := gr.inject(OpUndraw, n); err != nil {
 		return err
 	}
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		if st != stateOpen && st != stateExpired {
 			return gr.closedError(op, st)
 		}
@@ -288,9 +350,13 @@ func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 // bytes; the undrawn rest returns to free. A grant with nothing drawn gives
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
-func (gr *Grant) Commit() (*Lease, error) {
+func (h Grant) Commit() (Lease, error) {
+	gr := h.g
+	if !h.live() {
+		return Lease{}, h.closed(opGrantCommit)
+	}
 	if err := gr.inject(OpCommit, 0); err != nil {
-		return nil, err
+		return Lease{}, err
 	}
 	if gr.dl == nil {
 		// Every byte drawn and no timer to stop: no byte returns to free,
@@ -298,30 +364,27 @@ func (gr *Grant) Commit() (*Lease, error) {
 		// The commit is then this one compare-and-swap; the authority
 		// settles the moves from reserved to charged under its lock before
 		// anything reads them (authority.settleLocked).
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		if st == stateOpen && d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
-			return &gr.lease, nil
-		}
-		if st == stateUnissued {
-			return nil, gr.closedError(opGrantCommit, st)
+			return Lease(h), nil
 		}
 	} else if gr.pastDeadline() {
 		gr.expire()
 	}
 	a := gr.acct.a
 	a.mu.Lock()
-	d, ok := gr.transition(stateSettled)
+	d, ok := gr.transitionAs(h.gen, stateSettled)
 	if !ok {
-		_, st, _ := gr.load()
+		_, st, _ := gr.loadAs(h.gen)
 		a.mu.Unlock()
-		return nil, gr.closedError(opGrantCommit, st)
+		return Lease{}, gr.closedError(opGrantCommit, st)
 	}
 	a.bookCommitLocked(gr, d)
 	if d != gr.sz() {
 		a.serveLocked()
 	}
 	a.mu.Unlock()
-	return &gr.lease, nil
+	return Lease(h), nil
 }
 
 // Cancel returns the whole grant to free. It fails with memapi.ErrInUse,
@@ -329,9 +392,10 @@ func (gr *Grant) Commit() (*Lease, error) {
 // grant must be removed and undrawn (or refunded) first, so the ledger never
 // forgets installed bytes. Cancelling a cancelled or expired grant with
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
-func (gr *Grant) Cancel() error {
-	if _, st, _ := gr.load(); st == stateUnissued || st == stateCopied {
-		return gr.closedError(opGrantCancel, st)
+func (h Grant) Cancel() error {
+	gr := h.g
+	if !h.live() {
+		return h.closed(opGrantCancel)
 	}
 	if err := gr.inject(OpCancel, 0); err != nil {
 		return err
@@ -339,8 +403,11 @@ func (gr *Grant) Cancel() error {
 	a := gr.acct.a
 	a.mu.Lock()
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		switch {
+		case st == stateStale:
+			a.mu.Unlock()
+			return gr.closedError(opGrantCancel, st)
 		case st == stateCommit || st == stateSettled || st == stateRefunded:
 			a.mu.Unlock()
 			return gr.closedError(opGrantCancel, st)
@@ -370,7 +437,7 @@ func (gr *Grant) Cancel() error {
 
 // inject consults the governor's Injector (Options.Injector) at op on an
 // issued grant; nil when there is none.
-func (gr *Grant) inject(op Op, n memapi.Bytes) error {
+func (gr *grant) inject(op Op, n memapi.Bytes) error {
 	if gr.inj == nil {
 		return nil
 	}
@@ -379,13 +446,13 @@ func (gr *Grant) inject(op Op, n memapi.Bytes) error {
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return
 // to free; the drawn ones stay reserved until undrawn.
-func (gr *Grant) expire() { gr.expireBy(gr.acct.a, nil) }
+func (gr *grant) expire() { gr.expireBy(gr.acct.a, nil) }
 
 // expireBy is expire for the deadline timer armed with dl on the grant's
 // authority a: a timer that fires late, after the grant was closed and
 // issued again (a spare grant), finds another deadline (or none) and leaves
 // the new issue alone. It reads nothing of the grant before taking the lock.
-func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
+func (gr *grant) expireBy(a *authority, dl *grantDeadline) {
 	a.mu.Lock()
 	if dl != nil && gr.dl != dl {
 		a.mu.Unlock()
@@ -413,9 +480,15 @@ func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 
 // transition moves an open grant to st and returns the bytes drawn at that
 // instant. Called with the authority's mutex held.
-func (gr *Grant) transition(st uint64) (memapi.Bytes, bool) {
+func (gr *grant) transition(st uint64) (memapi.Bytes, bool) {
+	return gr.transitionAs(gr.issue.Load(), st)
+}
+
+// transitionAs is transition for a handle of issue gen: false for a stale
+// one.
+func (gr *grant) transitionAs(gen uint64, st uint64) (memapi.Bytes, bool) {
 	for {
-		w, cur, d := gr.load()
+		w, cur, d := gr.loadAs(gen)
 		if cur != stateOpen {
 			return 0, false
 		}
@@ -426,15 +499,25 @@ func (gr *Grant) transition(st uint64) (memapi.Bytes, bool) {
 	}
 }
 
-func (gr *Grant) pastDeadline() bool {
+func (gr *grant) pastDeadline() bool {
 	return gr.dl != nil && !gr.acct.a.g.clock.Now().Before(gr.dl.at)
 }
 
-func (gr *Grant) closedError(op string, st uint64) error {
-	if st == stateCopied {
-		return opError(op, ErrCopiedGrant, gr.Authority(), 0, 0, "a copy of a Grant: use the *Grant the reservation returned")
+// closed is the error of a method refused before it looked at the state:
+// h is zero, never reserved, or stale.
+func (h Grant) closed(op string) error {
+	if h.g == nil || h.g.acct == nil {
+		return opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
 	}
-	e := opError(op, memapi.ErrGrantClosed, gr.Authority(), 0, 0, "")
+	return h.g.closedError(op, stateStale)
+}
+
+func (gr *grant) closedError(op string, st uint64) error {
+	var auth memapi.AuthorityID
+	if gr.acct != nil {
+		auth = gr.acct.a.id
+	}
+	e := opError(op, memapi.ErrGrantClosed, auth, 0, 0, "")
 	switch st {
 	case stateCommit, stateSettled, stateRefunded:
 		e.Detail = "committed"
@@ -447,6 +530,9 @@ func (gr *Grant) closedError(op string, st uint64) error {
 		e.Detail = "being reserved again"
 	case stateUnissued:
 		e.Detail = "never reserved"
+	case stateStale:
+		e.Detail = "a stale handle: the grant was issued again since"
+		e.Err = ErrStaleHandle
 	}
 	return e
 }

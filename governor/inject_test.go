@@ -100,8 +100,8 @@ func TestInjectorFailsEveryOpChangingNothing(t *testing.T) {
 	// Each case brings a grant (and its lease) to where op applies, then
 	// runs op.
 	type state struct {
-		gr *Grant
-		l  *Lease
+		gr Grant
+		l  Lease
 	}
 	reserve := func(t *testing.T, g *Governor) state {
 		gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 100})
@@ -191,7 +191,7 @@ func TestNoInjectorByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gr.inj != nil {
+	if gr.g.inj != nil {
 		t.Fatal("a grant of a governor without an injector carries one")
 	}
 	if err := gr.Cancel(); err != nil {

@@ -8,12 +8,14 @@ import "github.com/memgen/memgen/generated/memapi"
 // methods is refused (memapi.ErrForeignGrant) before anything is drawn.
 // Recognition is by concrete type and the link every issued grant keeps to
 // its governor (through its authority), which no code outside the package
-// can set. A copy of an issued grant or lease is not vouched for.
+// can set. A stale handle (of an earlier issue of a recycled grant) is
+// vouched for, as the governor's own, and refuses every use itself
+// (ErrStaleHandle).
 
 // IssuedGrant reports whether g is a Grant this governor reserved.
 func (g *Governor) IssuedGrant(x memapi.Grant) bool {
-	gr, ok := x.(*Grant)
-	return ok && g.issued(gr)
+	gr, ok := x.(Grant)
+	return ok && g.issued(gr.g)
 }
 
 // IssuedAccount reports whether a is a Grant or a Lease of this governor,
@@ -21,12 +23,12 @@ func (g *Governor) IssuedGrant(x memapi.Grant) bool {
 // Split, ZeroAccount) whose every account is its own.
 func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	switch v := x.(type) {
-	case *Grant:
-		return g.issued(v)
-	case *Lease:
-		return g.issuedLease(v)
+	case Grant:
+		return g.issued(v.g)
+	case Lease:
+		return g.issued(v.g)
 	case quarantinedAccount:
-		return g.issuedLease(v.l)
+		return g.issued(v.l.g)
 	case *splitAccount:
 		if v == nil || v.g != g {
 			return false
@@ -43,13 +45,7 @@ func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	return false
 }
 
-// issuedLease reports whether l is the lease of a grant of g, not a copy.
-func (g *Governor) issuedLease(l *Lease) bool {
-	return l != nil && g.issued(l.g) && &l.g.lease == l
-}
-
-// issued reports whether gr was issued by g at least once, and is that
-// grant, not a copy of it (Grant.copied).
-func (g *Governor) issued(gr *Grant) bool {
-	return gr != nil && gr.acct != nil && !gr.copied() && gr.acct.a.g == g
+// issued reports whether gr was issued by g at least once.
+func (g *Governor) issued(gr *grant) bool {
+	return gr != nil && gr.acct != nil && gr.acct.a.g == g
 }

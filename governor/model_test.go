@@ -55,7 +55,7 @@ const (
 )
 
 type mGrant struct {
-	gr       *Grant
+	gr       Grant
 	auth     memapi.AuthorityID
 	holder   HolderID
 	size     memapi.Bytes
@@ -65,7 +65,7 @@ type mGrant struct {
 }
 
 type mLease struct {
-	l                *Lease
+	l                Lease
 	auth             memapi.AuthorityID
 	holder           HolderID
 	charged, pending memapi.Bytes
@@ -460,7 +460,7 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 
 func (m *model) leaseOf(g *mGrant) *mLease {
 	for _, l := range m.leases {
-		if l.l == &g.gr.lease {
+		if Grant(l.l) == g.gr {
 			return l
 		}
 	}
@@ -496,15 +496,15 @@ func (m *model) forgetSpent() {
 // grantOf returns the model's grant whose lease is l.
 func (m *model) grantOf(l *mLease) *mGrant {
 	for _, g := range m.grants {
-		if &g.gr.lease == l.l {
+		if g.gr == Grant(l.l) {
 			return g
 		}
 	}
 	return nil
 }
 
-func (m *model) addGrant(gr *Grant, a memapi.AuthorityID, h HolderID, n memapi.Bytes, deadline time.Time) *mGrant {
-	if gr == nil || gr.Size() != n || gr.Authority() != a || gr.Holder() != h || !gr.Deadline().Equal(deadline) || gr.Remaining() != n {
+func (m *model) addGrant(gr Grant, a memapi.AuthorityID, h HolderID, n memapi.Bytes, deadline time.Time) *mGrant {
+	if gr == (Grant{}) || gr.Size() != n || gr.Authority() != a || gr.Holder() != h || !gr.Deadline().Equal(deadline) || gr.Remaining() != n {
 		m.rt.Fatalf("grant %+v", gr)
 	}
 	g := &mGrant{gr: gr, auth: a, holder: h, size: n, deadline: deadline}
@@ -624,7 +624,7 @@ func (m *model) commitGrant(rt *rapid.T, g *mGrant) {
 	m.addLease(rt, g, l)
 }
 
-func (m *model) addLease(rt *rapid.T, g *mGrant, l *Lease) {
+func (m *model) addLease(rt *rapid.T, g *mGrant, l Lease) {
 	g.state = gCommitted
 	m.leases = append(m.leases, &mLease{l: l, auth: g.auth, holder: g.holder, charged: g.drawn})
 	if l.Holder() != g.holder || l.Authority() != g.auth {

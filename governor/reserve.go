@@ -43,7 +43,7 @@ type Request struct {
 //
 // Grants are recycled: once a grant was cancelled, or committed and its
 // lease emptied by a refund (Refund, Release, RefundQuarantined), the
-// governor may issue the same *Grant, and its *Lease, to a later Reserve.
+// governor may issue the same *grant, and its *Lease, to a later Reserve.
 // So the reservation cycle allocates nothing. Until that reissue, the old
 // grant refuses every use as closed (and its empty lease every refund);
 // the caller keeps no reference past that point.
@@ -55,37 +55,43 @@ type Request struct {
 // error or context.DeadlineExceeded); memapi.ErrClosed after Close; the
 // Injector's error (Options.Injector). A failed Reserve leaves the ledger as
 // it found it.
-func (g *Governor) Reserve(ctx context.Context, r Request) (*Grant, error) {
+func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if g.inject != nil {
 		if err := g.inject.MaybeError(OpReserve, r.Authority, r.Bytes); err != nil {
-			return nil, err
+			return Grant{}, err
 		}
 	}
 	a := g.last.Load()
 	if a == nil || a.id != r.Authority || a.closed.Load() {
 		if a = g.authority(r.Authority); a == nil {
 			if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
-				return nil, err
+				return Grant{}, err
 			}
-			return nil, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
+			return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 		}
 		g.last.Store(a)
 	}
-	gr, _ := a.spare.Get().(*Grant)
+	gr, _ := a.spare.Get().(*grant)
 	// The same reservation again, right after the whole refund of the
 	// last one's lease: the bytes never left, so the grant opens again
 	// without the lock (Grant.reissue), or the swap fails and the lock
 	// decides.
 	if gr != nil && gr.acct.h.id == r.Holder && r.Bytes == gr.sz() && r.Priority == gr.priority &&
 		gr.role == r.Role && r.Deadline.IsZero() && !a.closed.Load() && gr.reissue() {
-		return gr, nil
+		return gr.handle(), nil
 	}
-	return g.reserveSlow(ctx, a, r, gr)
+	got, err := g.reserveSlow(ctx, a, r, gr)
+	if err != nil {
+		return Grant{}, err
+	}
+	// Read before the handle is out: nothing else issues the grant again
+	// before its use ends.
+	return got.handle(), nil
 }
 
 // reserveSlow is Reserve under the authority's lock, into gr (a spare
 // grant whose use ended) or a new one when gr is nil.
-func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, gr *Grant) (*Grant, error) {
+func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, gr *grant) (*grant, error) {
 	if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
 		a.putSpare(gr)
 		return nil, err
@@ -112,7 +118,7 @@ func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, gr 
 }
 
 // putSpare keeps gr, a grant whose use ended, for a later Reserve.
-func (a *authority) putSpare(gr *Grant) {
+func (a *authority) putSpare(gr *grant) {
 	if gr != nil {
 		a.spare.Put(gr)
 	}
@@ -121,8 +127,8 @@ func (a *authority) putSpare(gr *Grant) {
 // reusableLocked reports whether gr, a spare grant of a, can be issued
 // again: its use ended (cancelled, committed with its lease empty, or
 // refunded whole and not settled yet) and nothing holds it.
-func (a *authority) reusableLocked(gr *Grant) bool {
-	if gr.copied() || gr.acct.a != a {
+func (a *authority) reusableLocked(gr *grant) bool {
+	if gr.acct.a != a {
 		return false
 	}
 	_, st, _ := gr.load()
@@ -150,7 +156,7 @@ func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes
 // reserveLocked is Reserve once the authority and the holder's account are
 // resolved, called with a.mu held (it releases it). into is a spare grant
 // to fill (checked reusable) or nil.
-func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	if a.head == nil && a.freeLocked() >= bytes && (c.limit == 0 || c.used()+c.waiting+bytes <= c.limit) {
 		gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
 		a.mu.Unlock()
@@ -186,7 +192,7 @@ func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
 
 // queueLocked is the slow path of reserveLocked: the request fails at once
 // or joins the queue, asks holders for the shortfall and waits.
-func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	holder := c.h.id
 	w := &waiter{acct: c, bytes: bytes, role: role, priority: priority, deadline: deadline}
 	if bytes > a.capacity && (a.admit == nil || ctx.Done() == nil && deadline.IsZero()) {
@@ -198,7 +204,9 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 	}
 	if into != nil {
 		// Closed to every use while it waits, until it is served or given
-		// back (unclaimLocked).
+		// back (unclaimLocked); the handles of its last issue are stale
+		// from now on.
+		into.issue.Add(1)
 		into.acct = c
 		into.state.Store(into.word(stateClaimed, 0))
 		w.into = into
@@ -323,7 +331,7 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 // Every callback it makes (the event hook, a holder's Reclaim) runs after
 // the cleanup below is armed: should one panic, w leaves the queue (or its
 // grant goes back) and no ask stays booked, then the panic goes on.
-func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*Grant, error) {
+func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*grant, error) {
 	holder := w.acct.h.id
 	var issued int
 	var freed memapi.Bytes

@@ -12,7 +12,7 @@ import (
 const hostB memapi.AuthorityID = "host-b"
 
 // reserve reserves n bytes on a for holder in role "test".
-func reserve(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Grant {
+func reserve(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n memapi.Bytes) Grant {
 	t.Helper()
 	gr, err := g.Reserve(context.Background(), Request{Authority: a, Holder: holder, Role: "test", Bytes: n})
 	if err != nil {
@@ -23,7 +23,7 @@ func reserve(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n
 
 // cycle reserves n bytes on a for holder, draws them all, commits and
 // refunds: the hot path. It returns the grant, whose use then ended.
-func cycle(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Grant {
+func cycle(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n memapi.Bytes) Grant {
 	t.Helper()
 	gr := reserve(t, g, a, holder, n)
 	if err := gr.Draw(n); err != nil {
@@ -39,12 +39,12 @@ func cycle(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n m
 	return gr
 }
 
-// samePointer fails t unless got is want, the spare grant Reserve was to
+// wantSameRecord fails t unless got is an issue of want's record, the spare grant Reserve was to
 // issue again. The race detector's sync.Pool drops a share of what it is
 // given, so there a fresh grant is also right.
-func samePointer(t *testing.T, got, want *Grant) {
+func wantSameRecord(t *testing.T, got, want Grant) {
 	t.Helper()
-	if got != want && !raceEnabled {
+	if got.g != want.g && !raceEnabled {
 		t.Fatal("Reserve did not issue the spare grant again")
 	}
 }
@@ -82,7 +82,7 @@ func TestSpareGrantCarriesTheNewRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	samePointer(t, gr, old)
+	wantSameRecord(t, gr, old)
 	if gr.Holder() != "w" || gr.Role() != "pages" || gr.Priority() != 7 || gr.Size() != 300 || gr.Authority() != hostA || gr.Drawn() != 0 || !gr.Open() {
 		t.Fatalf("grant %s %s %d %d %s drawn %d", gr.Holder(), gr.Role(), gr.Priority(), gr.Size(), gr.Authority(), gr.Drawn())
 	}
@@ -149,7 +149,7 @@ func TestReserveCycleAllocatesNothing(t *testing.T) {
 	// (AllocsPerRun changes GOMAXPROCS, which empties a sync.Pool: its
 	// first run allocated a grant, which every later one reissued.)
 	first := cycle(t, h.g, hostA, "kv", 100)
-	samePointer(t, cycle(t, h.g, hostA, "kv", 100), first)
+	wantSameRecord(t, cycle(t, h.g, hostA, "kv", 100), first)
 	s := h.auth(hostA)
 	if s.Free != 1000 || s.Grants != 0 || s.Leases != 0 || s.Granted != 2*genMax+4 {
 		t.Fatalf("after the cycles: %+v", s)
@@ -168,7 +168,7 @@ func TestSpareGrantOnlyOnceItsUseEnded(t *testing.T) {
 		t.Helper()
 		before := h.ledger(hostA)
 		x := reserve(t, h.g, hostA, "kv", 10)
-		if x == gr {
+		if x.g == gr.g {
 			t.Fatal("a grant in use was issued again")
 		}
 		if err := x.Cancel(); err != nil {
@@ -202,23 +202,24 @@ func TestSpareGrantOnlyOnceItsUseEnded(t *testing.T) {
 	// A whole refund ends the use: until it is issued again the old grant
 	// and lease refuse every use, and another authority never takes it.
 	gr = cycle(t, h.g, hostA, "kv", 100)
-	l = &gr.lease
+	l = Lease(gr)
 	mustKind(t, gr.Draw(1), memapi.ErrGrantClosed)
 	_, err = gr.Commit()
 	mustKind(t, err, memapi.ErrGrantClosed)
 	mustKind(t, gr.Cancel(), memapi.ErrGrantClosed)
 	mustKind(t, l.Refund(1), ErrOverReturn)
-	if x := reserve(t, h.g, hostB, "kv", 10); x == gr {
+	if x := reserve(t, h.g, hostB, "kv", 10); x.g == gr.g {
 		t.Fatal("another authority issued the spare grant")
 	} else if err := x.Cancel(); err != nil {
 		t.Fatal(err)
 	}
 	x := reserve(t, h.g, hostA, "kv", 10)
-	samePointer(t, x, gr)
+	wantSameRecord(t, x, gr)
 	if x.Size() != 10 || x.Drawn() != 0 || !x.Open() {
 		t.Fatalf("reissued grant: size %d drawn %d open %v", x.Size(), x.Drawn(), x.Open())
 	}
-	// The old lease pointer is the new issue's lease: empty until committed.
+	// The old lease is stale: it reads empty and refuses every use.
+	mustStale(t, l.Refund(1))
 	if l.Bytes() != 0 {
 		t.Fatalf("lease of the new issue holds %d", l.Bytes())
 	}
@@ -298,25 +299,25 @@ func TestStaleDeadlineTimerSparesTheReissuedGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := gr.dl
+	old := gr.g.dl
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
 	x := reserve(t, h.g, hostA, "kv", 200)
-	if x != gr {
+	if x.g != gr.g {
 		if raceEnabled {
 			t.Skip("the race detector's sync.Pool dropped the spare grant")
 		}
 		t.Fatal("Reserve did not issue the spare grant again")
 	}
-	gr.expireBy(h.g.authority(hostA), old) // what the old timer does if it fired as Cancel stopped it
-	if !gr.Open() || gr.Remaining() != 200 {
-		t.Fatalf("the stale timer closed the new issue: open %v remaining %d", gr.Open(), gr.Remaining())
+	gr.g.expireBy(h.g.authority(hostA), old) // what the old timer does if it fired as Cancel stopped it
+	if !x.Open() || x.Remaining() != 200 {
+		t.Fatalf("the stale timer closed the new issue: open %v remaining %d", x.Open(), x.Remaining())
 	}
 	if s := h.auth(hostA); s.ExpiredGrants != 0 || s.Reserved != 200 {
 		t.Fatalf("after the stale timer: %+v", s)
 	}
-	if err := gr.Cancel(); err != nil {
+	if err := x.Cancel(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -337,7 +338,7 @@ func TestZeroGrantIsClosed(t *testing.T) {
 // A commit of a fully drawn grant takes no lock; every reader of the figures
 // it moves settles it first.
 func TestUnlockedCommitIsSettledBeforeItIsRead(t *testing.T) {
-	setup := func(t *testing.T) (*harness, *leaseHolder, *Lease) {
+	setup := func(t *testing.T) (*harness, *leaseHolder, Lease) {
 		h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
 		lh := &leaseHolder{frac: 100}
 		h.register("kv", lh, HolderOptions{Priority: 1})
@@ -355,7 +356,7 @@ func TestUnlockedCommitIsSettledBeforeItIsRead(t *testing.T) {
 		}
 		a := h.g.authority(hostA)
 		a.mu.Lock()
-		unsettled := a.unsettledLocked(gr) && a.reserved == 600 && a.charged == 0
+		unsettled := a.unsettledLocked(gr.g) && a.reserved == 600 && a.charged == 0
 		a.mu.Unlock()
 		if !unsettled {
 			t.Fatal("the commit of a fully drawn grant was booked at once: the test no longer tests the unlocked path")

@@ -20,21 +20,21 @@ import (
 type stressHolder struct {
 	mu      sync.Mutex
 	rng     *rand.Rand
-	leases  []*Lease
-	pending []*Lease
+	leases  []Lease
+	pending []Lease
 }
 
-func (s *stressHolder) put(l *Lease) {
+func (s *stressHolder) put(l Lease) {
 	s.mu.Lock()
 	s.leases = append(s.leases, l)
 	s.mu.Unlock()
 }
 
-func (s *stressHolder) take() *Lease {
+func (s *stressHolder) take() Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.leases) == 0 {
-		return nil
+		return Lease{}
 	}
 	i := s.rng.IntN(len(s.leases))
 	l := s.leases[i]
@@ -43,11 +43,11 @@ func (s *stressHolder) take() *Lease {
 	return l
 }
 
-func (s *stressHolder) takePending() *Lease {
+func (s *stressHolder) takePending() Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pending) == 0 {
-		return nil
+		return Lease{}
 	}
 	l := s.pending[len(s.pending)-1]
 	s.pending = s.pending[:len(s.pending)-1]
@@ -64,7 +64,7 @@ func (s *stressHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 	var freed memapi.Bytes
 	for freed < t.Wanted {
 		l := s.take()
-		if l == nil {
+		if l == (Lease{}) {
 			break
 		}
 		if l.Authority() != t.Authority {
@@ -197,10 +197,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 				hd := holders[hi]
 				switch rng.IntN(5) {
 				case 0: // free memory: refund part, mark part pending, complete pendings
-					if l := hd.takePending(); l != nil {
+					if l := hd.takePending(); l != (Lease{}) {
 						l.Release()
 					}
-					if l := hd.take(); l != nil {
+					if l := hd.take(); l != (Lease{}) {
 						if n := l.Charged(); n > 1 && rng.IntN(2) == 0 {
 							if err := l.MarkPending(n / 2); err != nil {
 								errs <- err
@@ -295,10 +295,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 	}
 	// Everyone releases what they hold; every figure is back to its start.
 	for _, hd := range holders {
-		for l := hd.takePending(); l != nil; l = hd.takePending() {
+		for l := hd.takePending(); l != (Lease{}); l = hd.takePending() {
 			l.Release()
 		}
-		for l := hd.take(); l != nil; l = hd.take() {
+		for l := hd.take(); l != (Lease{}); l = hd.take() {
 			l.Release()
 		}
 	}

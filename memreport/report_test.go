@@ -56,7 +56,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.AddAuthority("dev", 100*mib))
 	require.NoError(t, g.AddAuthority("host", 64*mib))
 
-	var kvLeases []*governor.Lease
+	var kvLeases []governor.Lease
 	var kvMu sync.Mutex
 	kv := governor.HolderFunc(func(_ context.Context, tk governor.Ticket) (memapi.Bytes, error) {
 		kvMu.Lock()
@@ -73,7 +73,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.Register("weights", nil, governor.HolderOptions{Priority: 10}))
 	rec.Label("kv", "kv-cache")
 
-	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) *governor.Lease {
+	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) governor.Lease {
 		gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: h, Role: role, Bytes: n})
 		require.NoError(t, err)
 		require.NoError(t, gr.Draw(n))

@@ -114,13 +114,13 @@ func (b *Binding) release() {
 }
 
 // reserve asks the governor for a grant of n bytes on d's authority.
-func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (*governor.Grant, error) {
+func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (governor.Grant, error) {
 	return b.m.g.Reserve(ctx, governor.Request{Authority: d.authority, Holder: governor.HolderID(b.holder),
 		Role: governor.Role(b.role), Bytes: n, Priority: governor.Priority(b.priority)})
 }
 
 // cancel returns a grant after a failed step, joining any failure to err.
-func cancel(g *governor.Grant, err error) error {
+func cancel(g governor.Grant, err error) error {
 	if cerr := g.Cancel(); cerr != nil {
 		return errors.Join(err, cerr)
 	}
@@ -201,7 +201,7 @@ type bufferRelease struct {
 	b     *Binding
 	mech  memapi.Mechanism
 	a     *memapi.Allocation
-	lease *governor.Lease
+	lease governor.Lease
 	quar  bool // set by a failed free, read by its retry (both ordered by the lifecycle)
 }
 
@@ -229,7 +229,7 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 // ep.Context.RetryQuarantined or Manager.Close frees it back into the grant
 // and cancels the grant once the fault clears. The error is of kind
 // ep.ErrQuarantined.
-func keepRollback(d *device, name string, g *governor.Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
+func keepRollback(d *device, name string, g governor.Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
 	qerr := &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
 		Detail: "rollback failed; the grant keeps the bytes drawn until a retry (ep.Context.RetryQuarantined, Manager.Close) frees them", Err: err}
 	return keep(d, name, &leftover{g: g, free: free}, qerr)
@@ -261,7 +261,7 @@ func keep(d *device, name string, rel ep.Releaser, err error) error {
 // an open grant: free it into the grant (which undraws), then cancel the
 // grant. A retry after a failed cancel only cancels.
 type leftover struct {
-	g     *governor.Grant
+	g     governor.Grant
 	free  func(context.Context, memapi.Account) error
 	freed bool // set by a successful free, read by the retry (both ordered by the lifecycle)
 }

@@ -17,13 +17,13 @@ import (
 // private view a copy-on-write made (with the lease of its new backing).
 type segment struct {
 	r      memapi.Range
-	lease  *governor.Lease // commit and copy-on-write segments
+	lease  governor.Lease // commit and copy-on-write segments
 	view   *memapi.View    // view segments
 	shared *sharedState    // view of a shared backing; nil for a copy-on-write view
 	// grant, instead of lease: backing whose rollback failed before its
 	// grant could be committed; removing it refunds (undraws) the grant,
 	// which is then cancelled.
-	grant *governor.Grant
+	grant governor.Grant
 	quar  bool // its free failed: its bytes are booked quarantined
 	hole  bool // nothing installed (a copy-on-write undo could not map back)
 	// unmapped: the view is gone but its private backing's release
@@ -39,7 +39,7 @@ func (s segment) committed() bool { return s.view == nil && !s.hole && !s.unmapp
 // account is what removing the segment refunds.
 func (s segment) account() memapi.Account {
 	switch {
-	case s.grant != nil:
+	case s.grant != (governor.Grant{}):
 		return s.grant
 	case s.quar:
 		return s.lease.QuarantinedAccount()
@@ -237,16 +237,16 @@ func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memap
 // reserved (with pressure, bounded by ctx) and the mechanism commits rng,
 // drawing from it. On a failure nothing is left: the grant is cancelled.
 // The caller commits the grant into the new piece's lease, or rolls back.
-func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (*governor.Grant, error) {
+func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (governor.Grant, error) {
 	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return nil, err
+		return governor.Grant{}, err
 	}
 	g, err := s.bind.reserve(ctx, s.d, rng.Len)
 	if err != nil {
-		return nil, err
+		return governor.Grant{}, err
 	}
 	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
-		return nil, cancel(g, err)
+		return governor.Grant{}, cancel(g, err)
 	}
 	return g, nil
 }
@@ -338,15 +338,15 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 // with its open grant (the drawn bytes stay reserved). Either way the bytes
 // stay visible and the next transaction that backs the range (Grow, Commit,
 // MapShared), Retry or Close removes it first.
-func (s *regionState) quarantineGrow(rng memapi.Range, g *governor.Grant, err error) error {
+func (s *regionState) quarantineGrow(rng memapi.Range, g governor.Grant, err error) error {
 	return s.quarantineCommit("pmm.Region.Grow", rng, g, err)
 }
 
 // quarantineCommit is quarantineGrow for the operation op (Grow, Commit).
-func (s *regionState) quarantineCommit(op string, rng memapi.Range, g *governor.Grant, err error) error {
+func (s *regionState) quarantineCommit(op string, rng memapi.Range, g governor.Grant, err error) error {
 	seg := segment{r: rng, grant: g, quar: true}
 	if lease, cerr := g.Commit(); cerr == nil {
-		seg.grant, seg.lease = nil, lease
+		seg.grant, seg.lease = governor.Grant{}, lease
 		if qerr := lease.Quarantine(rng.Len); qerr != nil {
 			err = errors.Join(err, qerr)
 		}
@@ -422,7 +422,7 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 	var dropped memapi.Bytes
 	for _, sg := range drop {
 		dropped += sg.r.Len
-		if sg.lease != nil {
+		if sg.lease != (governor.Lease{}) {
 			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
@@ -469,7 +469,7 @@ func (s *regionState) queueRelease(op, name string, wanted memapi.Bytes, drop []
 // them for a retry.
 func (s *regionState) quarantine(left []segment) {
 	for i := range left {
-		if sg := &left[i]; !sg.quar && sg.lease != nil {
+		if sg := &left[i]; !sg.quar && sg.lease != (governor.Lease{}) {
 			sg.quar = sg.lease.Quarantine(sg.r.Len) == nil
 		}
 	}
@@ -507,7 +507,7 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 			left = append(run[:len(run):len(run)], left...)
 		} else {
 			for _, sg := range run {
-				if sg.grant != nil {
+				if sg.grant != (governor.Grant{}) {
 					errs = append(errs, sg.grant.Cancel())
 				}
 			}
@@ -571,7 +571,7 @@ func (s *regionState) Pending() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sg := range s.segs {
-		if sg.lease != nil && !sg.quar {
+		if sg.lease != (governor.Lease{}) && !sg.quar {
 			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}

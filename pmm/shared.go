@@ -28,7 +28,7 @@ type sharedState struct {
 	d       *device
 	sm      memapi.SharedMapping
 	backing *memapi.Backing
-	lease   *governor.Lease
+	lease   governor.Lease
 	quar    bool // set by a failed release, read by its retry (both on the queue)
 }
 

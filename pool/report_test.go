@@ -230,7 +230,7 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 }
 
 // charge commits a lease of n bytes for holder on the pool's authority.
-func charge(t *testing.T, g *governor.Governor, holder governor.HolderID, n memapi.Bytes) *governor.Lease {
+func charge(t *testing.T, g *governor.Governor, holder governor.HolderID, n memapi.Bytes) governor.Lease {
 	t.Helper()
 	gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: holder, Role: "", Bytes: n, Deadline: noDeadline})
 	require.NoError(t, err)

@@ -110,7 +110,7 @@ func TestCollectorExportsCachedBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var leases []*governor.Lease
+	var leases []governor.Lease
 	for id, n := range map[governor.HolderID]memapi.Bytes{"pool": 400, "liar": 200, "kv": 100} {
 		gr, err := g.Reserve(context.Background(), governor.Request{Authority: "dev", Holder: id, Role: "", Bytes: n})
 		if err != nil {

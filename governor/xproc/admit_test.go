@@ -76,7 +76,7 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
-		gr  *governor.Grant
+		gr  governor.Grant
 		err error
 	}
 	wc := make(chan result, 1)
@@ -133,7 +133,7 @@ func TestAdmitGivesBackTheClaimOfAFailedReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	var other *governor.Grant
+	var other governor.Grant
 	a.beforeClaim = func(bytes memapi.Bytes) {
 		if bytes != 300 {
 			return
@@ -147,7 +147,7 @@ func TestAdmitGivesBackTheClaimOfAFailedReservation(t *testing.T) {
 	if !errors.Is(err, governor.ErrOverLimit) {
 		t.Fatalf("past the limit after the claim: %v, want ErrOverLimit", err)
 	}
-	if other == nil {
+	if other == (governor.Grant{}) {
 		t.Fatal("the reservation made during the claim failed")
 	}
 	claimsEqualReserved(t, l, g)

@@ -138,9 +138,9 @@ func (a *Authority) ID() memapi.AuthorityID { return a.id }
 // *governor.OverBudgetError of Kind memapi.ErrOverBudget and no physical
 // allocation was attempted. ctx, and r.Deadline, bound the claim's waits
 // for the locks: the reservation fails at them.
-func (a *Authority) Reserve(ctx context.Context, r governor.Request) (*governor.Grant, error) {
+func (a *Authority) Reserve(ctx context.Context, r governor.Request) (governor.Grant, error) {
 	if a.released.Load() {
-		return nil, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
+		return governor.Grant{}, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
 	r.Authority = a.id
 	return a.g.Reserve(ctx, r)

@@ -91,7 +91,7 @@ func TestCrossProcessPressure(t *testing.T) {
 	}
 	_ = gr.Draw(900)
 	cached, _ := gr.Commit()
-	cachedP.Store(cached)
+	cachedP.Store(&cached)
 	defer func() { _ = cached.Refund(cached.Bytes()) }() // so A can leave
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

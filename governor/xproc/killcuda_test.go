@@ -162,7 +162,7 @@ func childCUDAChurn() error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(seed(), 4))
-	committed := map[int]*governor.Lease{}
+	committed := map[int]governor.Lease{}
 	var allocs []held
 	ready := false
 	for {
@@ -170,7 +170,7 @@ func childCUDAChurn() error {
 		switch {
 		case k < 4:
 			i := rng.IntN(8)
-			if committed[i] != nil {
+			if committed[i] != (governor.Lease{}) {
 				continue
 			}
 			gr, err := a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "chunk", Bytes: chunk})

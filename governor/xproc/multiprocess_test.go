@@ -51,7 +51,7 @@ func joinCPU() (*cpuMember, error) {
 // held is an allocation and the lease that pays for it.
 type held struct {
 	al *memapi.Allocation
-	ls *governor.Lease
+	ls governor.Lease
 }
 
 // take reserves n bytes through the ledger, allocates them on the CPU and

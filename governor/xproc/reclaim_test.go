@@ -32,7 +32,7 @@ func childIdle() error {
 // slowCache registers holder "slow" on g, holding n bytes of a, whose
 // Reclaim takes hold (ignoring its context) before it frees what it is
 // asked; it returns the lease and what the holder was asked.
-func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (*governor.Lease, *slowAnswers) {
+func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (governor.Lease, *slowAnswers) {
 	t.Helper()
 	var lp atomic.Pointer[governor.Lease]
 	sa := &slowAnswers{asked: make(chan struct{})}
@@ -60,7 +60,7 @@ func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes,
 	if err != nil {
 		t.Fatal(err)
 	}
-	lp.Store(ls)
+	lp.Store(&ls)
 	return ls, sa
 }
 
