@@ -18,8 +18,8 @@ import (
 type segment struct {
 	r      memapi.Range
 	lease  governor.Lease // commit and copy-on-write segments
-	view   *memapi.View    // view segments
-	shared *sharedState    // view of a shared backing; nil for a copy-on-write view
+	view   *memapi.View   // view segments
+	shared *sharedState   // view of a shared backing; nil for a copy-on-write view
 	// grant, instead of lease: backing whose rollback failed before its
 	// grant could be committed; removing it refunds (undraws) the grant,
 	// which is then cancelled.
