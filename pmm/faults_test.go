@@ -19,6 +19,9 @@ type faults struct {
 	auth                    memapi.AuthorityID
 	failReserve, failCommit int              // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
 	failCancel              int              // fail the Nth Cancel (1-based); 0 = never
+	failRefund              int              // fail the Nth Lease.Refund (1-based); 0 = never
+	beforeFailedRefund      func()           // runs, outside the injector's lock, before the refund it fails
+	refunds                 int
 	failCommitIf            func(n int) bool // fail the commits (numbered from 1) it selects
 	reserves, commits       int
 	cancels                 int
@@ -44,6 +47,16 @@ func (f *faults) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes
 	case governor.OpCancel:
 		f.cancels++
 		if f.failCancel == f.cancels {
+			return errInjected
+		}
+	case governor.OpRefund:
+		f.refunds++
+		if f.failRefund == f.refunds {
+			if hook := f.beforeFailedRefund; hook != nil {
+				f.mu.Unlock()
+				hook()
+				f.mu.Lock()
+			}
 			return errInjected
 		}
 	}

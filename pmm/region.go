@@ -488,8 +488,10 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	var left []segment
 	for end := len(segs); end > 0; {
 		start := end - 1
-		if segs[start].committed() {
-			for start > 0 && segs[start-1].committed() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+		// Quarantined pieces go one by one: a retry, where each may find
+		// its memory already freed (remove).
+		if segs[start].committed() && !segs[start].quar {
+			for start > 0 && segs[start-1].committed() && !segs[start-1].quar && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
 				start--
 			}
 		}
@@ -504,7 +506,7 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 		}
 		if err != nil {
 			errs = append(errs, err)
-			left = append(run[:len(run):len(run)], left...)
+			left = append(owing(run), left...)
 		} else {
 			for _, sg := range run {
 				if sg.grant != (governor.Grant{}) {
@@ -515,6 +517,23 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 		end = start
 	}
 	return left, errors.Join(errs...)
+}
+
+// owing returns the segments of a run whose removal failed that are still
+// to remove: all but the private commits whose lease holds nothing. Those
+// were refunded, and a refund follows the free of the memory (the checked
+// wrapper refunds after the mechanism's success), so nothing of them is
+// left; an emptied lease may already be another reservation's (the
+// governor recycles it), and is never used again.
+func owing(run []segment) []segment {
+	left := make([]segment, 0, len(run))
+	for _, sg := range run {
+		if sg.committed() && sg.lease != (governor.Lease{}) && sg.lease.Bytes() == 0 {
+			continue
+		}
+		left = append(left, sg)
+	}
+	return left
 }
 
 // split is the governor's account that refunds a decommit of adjacent
@@ -537,7 +556,13 @@ func (s *regionState) remove(ctx context.Context, sg *segment) error {
 		return nil
 	}
 	if sg.view == nil && !sg.unmapped {
-		return s.vb.Decommit(ctx, s.res, sg.r, sg.account())
+		err := s.vb.Decommit(ctx, s.res, sg.r, sg.account())
+		if sg.quar && errors.Is(err, memapi.ErrNotCommitted) {
+			// The memory of a piece quarantined by a release whose
+			// refund failed is already freed: only the refund is left.
+			return sg.account().Refund(sg.r.Len)
+		}
+		return err
 	}
 	sm, err := memapi.RequireSharedMapping(s.mech)
 	if err != nil {
