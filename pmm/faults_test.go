@@ -17,10 +17,10 @@ type faults struct {
 	mu                      sync.Mutex
 	g                       *governor.Governor
 	auth                    memapi.AuthorityID
-	failReserve, failCommit int              // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
-	failCancel              int              // fail the Nth Cancel (1-based); 0 = never
-	failRefund              int              // fail the Nth Lease.Refund (1-based); 0 = never
-	beforeFailedRefund      func()           // runs, outside the injector's lock, before the refund it fails
+	failReserve, failCommit int    // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
+	failCancel              int    // fail the Nth Cancel (1-based); 0 = never
+	failRefund              int    // fail the Nth Lease.Refund (1-based); 0 = never
+	beforeFailedRefund      func() // runs, outside the injector's lock, before the refund it fails
 	refunds                 int
 	failCommitIf            func(n int) bool // fail the commits (numbered from 1) it selects
 	reserves, commits       int
