@@ -175,10 +175,9 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 	gr.acct, gr.role, gr.priority, gr.inj = c, role, pri, a.g.inject
 	gr.dl = nil
 	gr.lease = leaseFigures{}
-	// A new issue flips the era, and stores its open word: a swap from a
-	// word of the last issue fails.
+	// A new issue flips the era: the closed word of the last one reads as
+	// open (grant.load) to the handles of this issue only.
 	gr.sizeEra = (gr.sizeEra&eraBit ^ eraBit) | uint64(size)
-	gr.state.Store(gr.word(stateOpen, 0))
 	if relink {
 		if a.linked >= a.settleAt {
 			a.settleLocked()

@@ -106,8 +106,13 @@ var (
 // handle is the Grant of gr's current issue.
 func (gr *grant) handle() Grant { return Grant{g: gr, gen: gr.issue.Load()} }
 
-// live reports whether h names the current issue of its record.
-func (h Grant) live() bool { return h.g != nil && h.g.acct != nil && h.g.issue.Load() == h.gen }
+// live reports whether h names the current issue of its record (for the
+// getters; the methods that change the record check the issue where they
+// read the state word, grant.loadAs).
+func (h Grant) live() bool { return !h.zero() && h.g.issue.Load() == h.gen }
+
+// zero reports whether h was never reserved.
+func (h Grant) zero() bool { return h.g == nil || h.g.acct == nil }
 
 // Authority returns the authority the grant draws on ("" for a zero Grant).
 func (h Grant) Authority() memapi.AuthorityID {
@@ -193,9 +198,11 @@ func (h Grant) load() (w, st uint64, d memapi.Bytes) {
 
 // loadAs is load for a handle of issue gen: stateStale when the record was
 // issued again since. The issue is read after the word, and every issue
-// bumps it before the record can change for its new holder, so a word read
-// as this issue's belongs to it, and a compare-and-swap from it fails once
-// the record was issued again (a new issue stores a new word).
+// bumps it before the record changes for its new holder (its fields, or
+// its word without the lock, grant.reissue), so a word read as this
+// issue's belongs to it. A stale handle used after the reissue is refused;
+// one used at the same time as it races with the reissue's writes, which
+// the race detector reports.
 func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
 	w, st, d = gr.load()
 	if st != stateUnissued && gr.issue.Load() != gen {
@@ -275,7 +282,7 @@ func (gr *grant) reissue() bool {
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
 func (h Grant) Draw(n memapi.Bytes) error {
 	gr := h.g
-	if !h.live() {
+	if h.zero() {
 		return h.closed(opDraw)
 	}
 	if err := gr.inject(OpDraw, n); err != nil {
@@ -310,7 +317,7 @@ func (h Grant) Refund(n memapi.Bytes) error { return h.undraw("governor.Grant.Re
 
 func (h Grant) undraw(op string, n memapi.Bytes) error {
 	gr := h.g
-	if !h.live() {
+	if h.zero() {
 		return h.closed(op)
 	}
 	if err := gr.inject(OpUndraw, n); err != nil {
@@ -352,7 +359,7 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 // the deadline.
 func (h Grant) Commit() (Lease, error) {
 	gr := h.g
-	if !h.live() {
+	if h.zero() {
 		return Lease{}, h.closed(opGrantCommit)
 	}
 	if err := gr.inject(OpCommit, 0); err != nil {
@@ -394,7 +401,7 @@ func (h Grant) Commit() (Lease, error) {
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
 func (h Grant) Cancel() error {
 	gr := h.g
-	if !h.live() {
+	if h.zero() {
 		return h.closed(opGrantCancel)
 	}
 	if err := gr.inject(OpCancel, 0); err != nil {
@@ -503,10 +510,10 @@ func (gr *grant) pastDeadline() bool {
 	return gr.dl != nil && !gr.acct.a.g.clock.Now().Before(gr.dl.at)
 }
 
-// closed is the error of a method refused before it looked at the state:
-// h is zero, never reserved, or stale.
+// closed is the error of a method on a zero Grant (never reserved) or,
+// for a Lease, on a stale one.
 func (h Grant) closed(op string) error {
-	if h.g == nil || h.g.acct == nil {
+	if h.zero() {
 		return opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
 	}
 	return h.g.closedError(op, stateStale)

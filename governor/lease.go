@@ -47,24 +47,24 @@ func (l Lease) Holder() HolderID { return Grant(l).Holder() }
 func (l Lease) Role() Role { return Grant(l).Role() }
 
 // lockLease takes the authority's mutex and settles the lease's commit if
-// it was made without the lock. It returns the lease's figures, or nil,
-// with the mutex released, when l is zero or stale.
+// it was made without the lock. It returns the lease's figures; nil for a
+// zero Lease, and then the mutex is not taken.
 func (l Lease) lockLease() (*authority, *leaseFigures) {
-	if l.g == nil || l.g.acct == nil {
+	if Grant(l).zero() {
 		return nil, nil
 	}
 	a := l.g.acct.a
 	a.mu.Lock()
 	a.settleGrantLocked(l.g)
-	// Checked under the lock, after the settle: an issue under the lock
-	// waits for it, and one without it needs a refunded grant, which the
-	// settle leaves settled.
-	if l.g.issue.Load() != l.gen {
-		a.mu.Unlock()
-		return nil, nil
-	}
 	return a, &l.g.lease
 }
+
+// staleLocked reports whether l is of an earlier issue of its record:
+// every method checks it under the lock, after lockLease's settle, where
+// the issue cannot change under it (an issue under the lock waits for it,
+// and one without it needs a grant refunded and not settled, which the
+// settle leaves settled).
+func (l Lease) staleLocked() bool { return l.g.issue.Load() != l.gen }
 
 // staleError is the failure of op on a zero or stale lease.
 func (l Lease) staleError(op string) error { return Grant(l).closed(op) }
@@ -76,6 +76,9 @@ func (l Lease) figure(f func(*leaseFigures) memapi.Bytes) memapi.Bytes {
 		return 0
 	}
 	defer a.mu.Unlock()
+	if l.staleLocked() {
+		return 0
+	}
 	return f(lf)
 }
 
@@ -108,7 +111,7 @@ func (l Lease) Bytes() memapi.Bytes {
 func (l Lease) Refund(n memapi.Bytes) error {
 	const op = "governor.Lease.Refund"
 	gr := l.g
-	if !l.live() {
+	if Grant(l).zero() {
 		return l.staleError(op)
 	}
 	if err := gr.inject(OpRefund, n); err != nil {
@@ -127,7 +130,8 @@ func (l Lease) Refund(n memapi.Bytes) error {
 		}
 	}
 	a, f := l.lockLease()
-	if a == nil {
+	if l.staleLocked() {
+		a.mu.Unlock()
 		return l.staleError(op)
 	}
 	if n != 0 && a.settleRefundLocked(gr, n) {
@@ -232,14 +236,15 @@ func (gr *grant) refundLocked(n memapi.Bytes) bool {
 // Quarantined bytes are not marked: their free already failed.
 func (l Lease) MarkPending(n memapi.Bytes) error {
 	const op = "governor.Lease.MarkPending"
-	if !l.live() {
+	if Grant(l).zero() {
 		return l.staleError(op)
 	}
 	if err := l.g.inject(OpMarkPending, n); err != nil {
 		return err
 	}
 	a, f := l.lockLease()
-	if a == nil {
+	if l.staleLocked() {
+		a.mu.Unlock()
 		return l.staleError(op)
 	}
 	defer a.mu.Unlock()
@@ -259,14 +264,15 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 // Release refunds everything the lease still holds and returns how much that
 // was. Releasing an empty lease, or a stale one, is a no-op.
 func (l Lease) Release() memapi.Bytes {
-	if !l.live() {
+	if Grant(l).zero() {
 		return 0
 	}
 	if _, st, d := l.g.loadAs(l.gen); st == stateCommit && d != 0 && l.refundUnsettled(d) {
 		return d
 	}
 	a, f := l.lockLease()
-	if a == nil {
+	if l.staleLocked() {
+		a.mu.Unlock()
 		return 0
 	}
 	n := f.charged + f.pending
@@ -286,14 +292,15 @@ func (l Lease) Release() memapi.Bytes {
 // the bytes not quarantined yet.
 func (l Lease) Quarantine(n memapi.Bytes) error {
 	const op = "governor.Lease.Quarantine"
-	if !l.live() {
+	if Grant(l).zero() {
 		return l.staleError(op)
 	}
 	if err := l.g.inject(OpQuarantine, n); err != nil {
 		return err
 	}
 	a, f := l.lockLease()
-	if a == nil {
+	if l.staleLocked() {
+		a.mu.Unlock()
 		return l.staleError(op)
 	}
 	defer a.mu.Unlock()
@@ -319,14 +326,15 @@ func (l Lease) Quarantine(n memapi.Bytes) error {
 // bytes.
 func (l Lease) RefundQuarantined(n memapi.Bytes) error {
 	const op = "governor.Lease.RefundQuarantined"
-	if !l.live() {
+	if Grant(l).zero() {
 		return l.staleError(op)
 	}
 	if err := l.g.inject(OpRefundQuarantined, n); err != nil {
 		return err
 	}
 	a, f := l.lockLease()
-	if a == nil {
+	if l.staleLocked() {
+		a.mu.Unlock()
 		return l.staleError(op)
 	}
 	if n > f.quarantined {

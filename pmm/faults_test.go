@@ -17,10 +17,10 @@ type faults struct {
 	mu                      sync.Mutex
 	g                       *governor.Governor
 	auth                    memapi.AuthorityID
-	failReserve, failCommit int    // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
-	failCancel              int    // fail the Nth Cancel (1-based); 0 = never
-	failRefund              int    // fail the Nth Lease.Refund (1-based); 0 = never
-	beforeFailedRefund      func() // runs, outside the injector's lock, before the refund it fails
+	failReserve, failCommit int              // fail the Nth call (1-based); 0 = never; failCommit < 0: every commit
+	failCancel              int              // fail the Nth Cancel (1-based); 0 = never
+	failRefundIf            func(n int) bool // fail the Lease.Refunds (numbered from 1) it selects
+	beforeFailedRefund      func()           // runs, outside the injector's lock, before a refund it fails
 	refunds                 int
 	failCommitIf            func(n int) bool // fail the commits (numbered from 1) it selects
 	reserves, commits       int
@@ -51,7 +51,7 @@ func (f *faults) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes
 		}
 	case governor.OpRefund:
 		f.refunds++
-		if f.failRefund == f.refunds {
+		if f.failRefundIf != nil && f.failRefundIf(f.refunds) {
 			if hook := f.beforeFailedRefund; hook != nil {
 				f.mu.Unlock()
 				hook()

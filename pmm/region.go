@@ -36,6 +36,12 @@ type segment struct {
 // adjacent ones are decommitted in one call.
 func (s segment) committed() bool { return s.view == nil && !s.hole && !s.unmapped }
 
+// joins reports whether the segment is decommitted in one call with the
+// adjacent ones that join too: private committed memory, not quarantined.
+// Quarantined pieces go one by one: a retry, where each may find its
+// memory already freed (remove).
+func (s segment) joins() bool { return s.committed() && !s.quar }
+
 // account is what removing the segment refunds.
 func (s segment) account() memapi.Account {
 	switch {
@@ -488,10 +494,8 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	var left []segment
 	for end := len(segs); end > 0; {
 		start := end - 1
-		// Quarantined pieces go one by one: a retry, where each may find
-		// its memory already freed (remove).
-		if segs[start].committed() && !segs[start].quar {
-			for start > 0 && segs[start-1].committed() && !segs[start-1].quar && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+		if segs[start].joins() {
+			for start > 0 && segs[start-1].joins() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
 				start--
 			}
 		}

@@ -26,7 +26,7 @@ func TestSplitRefundFaultSparesTheReissuedLease(t *testing.T) {
 
 	var other governor.Lease
 	e.l.mu.Lock()
-	e.l.refunds, e.l.failRefund = 0, 2 // the second part of the split
+	e.l.refunds, e.l.failRefundIf = 0, func(n int) bool { return n == 2 } // the second part of the split
 	e.l.beforeFailedRefund = func() {
 		// The first part's lease is empty: its grant is spare. Reserve
 		// and commit the same size for another holder.
@@ -57,7 +57,7 @@ func TestSplitRefundFaultSparesTheReissuedLease(t *testing.T) {
 	require.Zero(t, e.m.UsedBytes())
 
 	e.l.mu.Lock()
-	e.l.failRefund, e.l.beforeFailedRefund = 0, nil
+	e.l.failRefundIf, e.l.beforeFailedRefund = nil, nil
 	e.l.mu.Unlock()
 	// The retry finds the memory freed: it refunds the quarantined bytes.
 	require.NoError(t, r.Retry(ctx))
@@ -65,6 +65,33 @@ func TestSplitRefundFaultSparesTheReissuedLease(t *testing.T) {
 	require.Zero(t, r.Quarantined())
 	require.Equal(t, memapi.Bytes(gran), other.Charged())
 	require.NoError(t, other.Refund(gran))
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// When every refund of a split fails, both pieces stay quarantined, side
+// by side, their memory freed: the retry removes them one by one, each
+// refunding its quarantined bytes, and the ledger is exact again.
+func TestSplitRefundFaultOnEveryPartIsRetried(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	_, r := e.region(t, 8*gran)
+	require.NoError(t, r.Grow(ctx, gran, nil))
+	require.NoError(t, r.Grow(ctx, 3*gran, nil))
+	e.l.mu.Lock()
+	e.l.failRefundIf = func(int) bool { return true }
+	e.l.mu.Unlock()
+	require.NoError(t, r.Shrink(ctx, 0, nil))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 3 * gran, Quarantined: 3 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(3*gran), r.Quarantined())
+	require.Zero(t, e.m.UsedBytes())
+	e.l.mu.Lock()
+	e.l.failRefundIf = nil
+	e.l.mu.Unlock()
+	require.NoError(t, r.Retry(ctx))
+	require.Equal(t, figures{}, e.l.snapshot())
+	require.Zero(t, r.Quarantined())
 	require.NoError(t, r.Close())
 	e.settled(t)
 }
