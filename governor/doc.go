@@ -24,10 +24,10 @@ reservation that does not fit waits or fails, it is never overcommitted.
 
 # Grants
 
-Governor.Reserve returns a *Grant: a provisional budget of the requested
+Governor.Reserve returns a Grant: a provisional budget of the requested
 bytes. Physical commits draw from it (it implements memapi.Grant, which the
 generated checked wrappers draw from); Grant.Commit turns the drawn bytes
-into the holder's *Lease and returns the undrawn rest to free; Grant.Cancel
+into the holder's Lease and returns the undrawn rest to free; Grant.Cancel
 returns everything, but only once nothing is drawn: a cancel that would
 forget installed backing fails with memapi.ErrInUse, because the ledger must
 never lose installed bytes. A grant also implements memapi.Account: refunding
@@ -41,7 +41,7 @@ undraws or refunds them to the grant, which moves them to free.
 
 # Leases
 
-A *Lease holds a holder's charged bytes. Lease.MarkPending moves bytes to
+A Lease holds a holder's charged bytes. Lease.MarkPending moves bytes to
 pending while their memory waits for fences; Lease.Refund (the memapi.Account
 method) returns bytes whose memory was really freed, from pending first, then
 from charged. Lease.Release refunds everything left.
@@ -68,8 +68,11 @@ figures, and leaves no trace in the ledger.
 There is one way to reserve: Governor.Reserve(ctx, Request). A grant whose
 use ended (cancelled, or committed and its lease emptied by a refund) is
 kept spare by the governor and issued again by a later Reserve, so a steady
-stream of reservations allocates nothing; the caller keeps no reference to
-a grant or its lease past the end of its use. The cycle reserve, draw,
+stream of reservations allocates nothing. A Grant and a Lease are handles
+that carry the generation of the issue they were made for: once the record
+was issued again, every method of an old handle fails with ErrStaleHandle
+and changes nothing, so a double cancel or refund never reaches the next
+holder. The cycle reserve, draw,
 commit, refund keeps every account:
 
   - Draw and Undraw are one compare-and-swap on the grant's word.

@@ -43,10 +43,11 @@ type Request struct {
 //
 // Grants are recycled: once a grant was cancelled, or committed and its
 // lease emptied by a refund (Refund, Release, RefundQuarantined), the
-// governor may issue the same *grant, and its *Lease, to a later Reserve.
-// So the reservation cycle allocates nothing. Until that reissue, the old
-// grant refuses every use as closed (and its empty lease every refund);
-// the caller keeps no reference past that point.
+// governor may issue its record again to a later Reserve. So the
+// reservation cycle allocates nothing. Until that reissue, the old grant
+// refuses every use as closed (and its empty lease every refund); from it
+// on, the old Grant and Lease are stale handles, refused with
+// ErrStaleHandle, changing nothing.
 //
 // Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
 // ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
