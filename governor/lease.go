@@ -31,9 +31,6 @@ type leaseFigures struct {
 
 var _ memapi.Account = Lease{}
 
-// live reports whether l names the current issue of its record.
-func (l Lease) live() bool { return Grant(l).live() }
-
 // Authority returns the authority the lease is charged on ("" for a zero
 // Lease).
 func (l Lease) Authority() memapi.AuthorityID { return Grant(l).Authority() }
