@@ -145,8 +145,8 @@ func (a *authority) shutLocked(err error) {
 	}
 	for gr := a.timed.head; gr != nil; gr = a.timed.head {
 		a.timed.remove(gr)
-		gr.dl.timer.Stop()
-		gr.dl.timer = nil
+		gr.dl.Load().timer.Stop()
+		gr.dl.Load().timer = nil
 	}
 }
 
@@ -156,7 +156,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 	relink := true
 	switch {
 	case gr == nil:
-		gr = new(grant)
+		gr = &grant{auth: a, inj: a.g.inject}
 	case a.unsettledLocked(gr):
 		// Refunded whole without the lock and issued again at once (a
 		// spare grant, see reusableLocked): its old booking
@@ -172,12 +172,12 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 	// A new issue makes the handles of the last one stale before anything
 	// of the record changes (grant.loadAs).
 	gr.issue.Add(1)
-	gr.acct, gr.role, gr.priority, gr.inj = c, role, pri, a.g.inject
-	gr.dl = nil
+	gr.acct, gr.role, gr.priority = c, role, pri
+	gr.dl.Store(nil)
 	gr.lease = leaseFigures{}
 	// A new issue flips the era: the closed word of the last one reads as
 	// open (grant.load) to the handles of this issue only.
-	gr.sizeEra = (gr.sizeEra&eraBit ^ eraBit) | uint64(size)
+	gr.sizeEra.Store((gr.sizeEra.Load()&eraBit ^ eraBit) | uint64(size))
 	if relink {
 		if a.linked >= a.settleAt {
 			a.settleLocked()
@@ -201,7 +201,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 		// deadline, so a timer that fires after the grant was reused
 		// finds another and does nothing.
 		dl := &grantDeadline{at: deadline}
-		gr.dl = dl
+		gr.dl.Store(dl)
 		dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), func() { gr.expireBy(a, dl) })
 		a.timed.push(gr)
 	}
@@ -222,10 +222,10 @@ func (a *authority) closeGrantLocked(gr *grant) {
 	}
 	gr.uprev, gr.unext = nil, nil
 	a.linked--
-	if gr.dl != nil && gr.dl.timer != nil {
+	if gr.dl.Load() != nil && gr.dl.Load().timer != nil {
 		a.timed.remove(gr)
-		gr.dl.timer.Stop()
-		gr.dl.timer = nil
+		gr.dl.Load().timer.Stop()
+		gr.dl.Load().timer = nil
 	}
 }
 
@@ -384,24 +384,24 @@ func (a *authority) aheadLocked(w *waiter) memapi.Bytes {
 // grantList is an intrusive list of grants.
 type grantList struct{ head *grant }
 
-// Its members all have a deadline (gr.dl != nil).
+// Its members all have a deadline (gr.dl.Load() != nil).
 func (l *grantList) push(gr *grant) {
-	gr.dl.tnext = l.head
+	gr.dl.Load().tnext = l.head
 	if l.head != nil {
-		l.head.dl.tprev = gr
+		l.head.dl.Load().tprev = gr
 	}
 	l.head = gr
 }
 
 func (l *grantList) remove(gr *grant) {
-	d := gr.dl
+	d := gr.dl.Load()
 	if d.tprev != nil {
-		d.tprev.dl.tnext = d.tnext
+		d.tprev.dl.Load().tnext = d.tnext
 	} else {
 		l.head = d.tnext
 	}
 	if d.tnext != nil {
-		d.tnext.dl.tprev = d.tprev
+		d.tnext.dl.Load().tprev = d.tprev
 	}
 	d.tprev, d.tnext = nil, nil
 }

@@ -71,17 +71,20 @@ type Grant struct {
 // grant is the governor's record behind a Grant and its Lease, recycled
 // from one issue to the next.
 type grant struct {
-	acct     *account // nil until first issued; its authority never changes after
+	// auth and inj are set when the record is made, before its first
+	// issue, and never change: a stale handle reads them without the lock.
+	auth     *authority
+	inj      Injector // the governor's Options.Injector, or nil
+	acct     *account // the holder's account of this issue
 	role     Role
-	sizeEra  uint64 // the size, and in eraBit this issue's era (see load)
+	sizeEra  atomic.Uint64 // the size, and in eraBit this issue's era (see load)
 	priority Priority
 	state    atomic.Uint64
 	// issue counts the issues of the record: bumped before each issue
 	// makes the record usable again, so a handle of an earlier one fails
 	// (loadAs).
 	issue atomic.Uint64
-	dl    *grantDeadline // nil without a deadline, which keeps the record small
-	inj   Injector       // the governor's Options.Injector, or nil: set at the first issue
+	dl    atomic.Pointer[grantDeadline] // nil without a deadline, which keeps the record small
 
 	// guarded by the authority's mutex: the grant's place in its list of
 	// unsettled grants (see authority.settleLocked)
@@ -112,14 +115,14 @@ func (gr *grant) handle() Grant { return Grant{g: gr, gen: gr.issue.Load()} }
 func (h Grant) live() bool { return !h.zero() && h.g.issue.Load() == h.gen }
 
 // zero reports whether h was never reserved.
-func (h Grant) zero() bool { return h.g == nil || h.g.acct == nil }
+func (h Grant) zero() bool { return h.g == nil }
 
 // Authority returns the authority the grant draws on ("" for a zero Grant).
 func (h Grant) Authority() memapi.AuthorityID {
-	if h.g == nil || h.g.acct == nil {
+	if h.zero() {
 		return ""
 	}
-	return h.g.acct.a.id
+	return h.g.auth.id
 }
 
 // Holder returns the holder the grant was reserved for ("" for a zero or
@@ -148,7 +151,7 @@ func (h Grant) Size() memapi.Bytes {
 }
 
 // sz is the size; sizes never reach eraBit (maxBytes).
-func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra & drawnMask) }
+func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra.Load() & drawnMask) }
 
 // Priority returns the priority the grant was reserved with.
 func (h Grant) Priority() Priority {
@@ -160,10 +163,13 @@ func (h Grant) Priority() Priority {
 
 // Deadline returns the grant's deadline (zero: none).
 func (h Grant) Deadline() time.Time {
-	if !h.live() || h.g.dl == nil {
+	if !h.live() {
 		return time.Time{}
 	}
-	return h.g.dl.at
+	if dl := h.g.dl.Load(); dl != nil {
+		return dl.at
+	}
+	return time.Time{}
 }
 
 // Drawn returns the bytes drawn now.
@@ -205,7 +211,7 @@ func (h Grant) load() (w, st uint64, d memapi.Bytes) {
 // the race detector reports.
 func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
 	w, st, d = gr.load()
-	if st != stateUnissued && gr.issue.Load() != gen {
+	if gr.issue.Load() != gen {
 		return w, stateStale, 0
 	}
 	return w, st, d
@@ -216,13 +222,10 @@ func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
 // to the previous issue, closed before the grant was issued again, and reads
 // as open with nothing drawn.
 //
-// A record never issued reads as stateUnissued.
+// Every record is issued before a handle of it exists.
 func (gr *grant) load() (w, st uint64, d memapi.Bytes) {
 	w = gr.state.Load()
-	if gr.acct == nil {
-		return w, stateUnissued, 0
-	}
-	if w&eraBit != gr.sizeEra&eraBit {
+	if w&eraBit != gr.sizeEra.Load()&eraBit {
 		return w, stateOpen, 0
 	}
 	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
@@ -232,7 +235,7 @@ func (gr *grant) load() (w, st uint64, d memapi.Bytes) {
 // no reissue left to book: for the swaps made under the lock, which book
 // what w held (bookGen).
 func (gr *grant) word(st uint64, d memapi.Bytes) uint64 {
-	return st<<stateShift | gr.sizeEra&eraBit | uint64(d)
+	return st<<stateShift | gr.sizeEra.Load()&eraBit | uint64(d)
 }
 
 // keep is word(st, d) still counting w's reissues: for the swaps made
@@ -244,7 +247,7 @@ func (gr *grant) keep(w, st uint64, d memapi.Bytes) uint64 {
 // gen returns the reissues without the lock that w counts (none in a word
 // of a previous issue: they were booked when it was issued again).
 func (gr *grant) gen(w uint64) uint64 {
-	if w&eraBit != gr.sizeEra&eraBit {
+	if w&eraBit != gr.sizeEra.Load()&eraBit {
 		return 0
 	}
 	return w & genMask >> genShift
@@ -288,16 +291,17 @@ func (h Grant) Draw(n memapi.Bytes) error {
 	if err := gr.inject(OpDraw, n); err != nil {
 		return err
 	}
-	if gr.dl != nil && gr.pastDeadline() {
-		gr.expire()
-	}
 	for {
 		w, st, d := gr.loadAs(h.gen)
+		if st == stateOpen && gr.pastDeadline() {
+			gr.expire()
+			continue
+		}
 		if st != stateOpen {
 			return gr.closedError(opDraw, st)
 		}
 		if n > gr.sz()-d {
-			return opError(opDraw, memapi.ErrGrantExhausted, gr.acct.a.id, n, gr.sz()-d, "")
+			return opError(opDraw, memapi.ErrGrantExhausted, gr.auth.id, n, gr.sz()-d, "")
 		}
 		if n == 0 || gr.state.CompareAndSwap(w, gr.keep(w, stateOpen, d+n)) {
 			return nil
@@ -329,7 +333,7 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 			return gr.closedError(op, st)
 		}
 		if n > d {
-			return opError(op, ErrOverReturn, gr.acct.a.id, n, d, "undraw beyond the drawn bytes")
+			return opError(op, ErrOverReturn, gr.auth.id, n, d, "undraw beyond the drawn bytes")
 		}
 		if n == 0 {
 			return nil
@@ -341,7 +345,7 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 			// Expiry moved the state under the lock before this CAS saw
 			// it, so taking the lock now orders this after the expiry's
 			// booking of the drawn bytes.
-			a := gr.acct.a
+			a := gr.auth
 			a.mu.Lock()
 			a.reserved -= n
 			a.expiredDrawn -= n
@@ -365,20 +369,19 @@ func (h Grant) Commit() (Lease, error) {
 	if err := gr.inject(OpCommit, 0); err != nil {
 		return Lease{}, err
 	}
-	if gr.dl == nil {
+	if w, st, d := gr.loadAs(h.gen); st == stateOpen && gr.dl.Load() == nil {
 		// Every byte drawn and no timer to stop: no byte returns to free,
 		// so no waiter can be served and the free figure does not move.
 		// The commit is then this one compare-and-swap; the authority
 		// settles the moves from reserved to charged under its lock before
 		// anything reads them (authority.settleLocked).
-		w, st, d := gr.loadAs(h.gen)
-		if st == stateOpen && d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
+		if d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
 			return Lease(h), nil
 		}
-	} else if gr.pastDeadline() {
+	} else if st == stateOpen && gr.pastDeadline() {
 		gr.expire()
 	}
-	a := gr.acct.a
+	a := gr.auth
 	a.mu.Lock()
 	d, ok := gr.transitionAs(h.gen, stateSettled)
 	if !ok {
@@ -407,7 +410,7 @@ func (h Grant) Cancel() error {
 	if err := gr.inject(OpCancel, 0); err != nil {
 		return err
 	}
-	a := gr.acct.a
+	a := gr.auth
 	a.mu.Lock()
 	for {
 		w, st, d := gr.loadAs(h.gen)
@@ -448,12 +451,12 @@ func (gr *grant) inject(op Op, n memapi.Bytes) error {
 	if gr.inj == nil {
 		return nil
 	}
-	return gr.inj.MaybeError(op, gr.acct.a.id, n)
+	return gr.inj.MaybeError(op, gr.auth.id, n)
 }
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return
 // to free; the drawn ones stay reserved until undrawn.
-func (gr *grant) expire() { gr.expireBy(gr.acct.a, nil) }
+func (gr *grant) expire() { gr.expireBy(gr.auth, nil) }
 
 // expireBy is expire for the deadline timer armed with dl on the grant's
 // authority a: a timer that fires late, after the grant was closed and
@@ -461,7 +464,7 @@ func (gr *grant) expire() { gr.expireBy(gr.acct.a, nil) }
 // the new issue alone. It reads nothing of the grant before taking the lock.
 func (gr *grant) expireBy(a *authority, dl *grantDeadline) {
 	a.mu.Lock()
-	if dl != nil && gr.dl != dl {
+	if dl != nil && gr.dl.Load() != dl {
 		a.mu.Unlock()
 		return
 	}
@@ -500,14 +503,15 @@ func (gr *grant) transitionAs(gen uint64, st uint64) (memapi.Bytes, bool) {
 			return 0, false
 		}
 		if gr.state.CompareAndSwap(w, gr.word(st, d)) {
-			gr.bookGen(gr.acct.a, w)
+			gr.bookGen(gr.auth, w)
 			return d, true
 		}
 	}
 }
 
 func (gr *grant) pastDeadline() bool {
-	return gr.dl != nil && !gr.acct.a.g.clock.Now().Before(gr.dl.at)
+	dl := gr.dl.Load()
+	return dl != nil && !gr.auth.g.clock.Now().Before(dl.at)
 }
 
 // closed is the error of a method on a zero Grant (never reserved) or,
@@ -520,11 +524,7 @@ func (h Grant) closed(op string) error {
 }
 
 func (gr *grant) closedError(op string, st uint64) error {
-	var auth memapi.AuthorityID
-	if gr.acct != nil {
-		auth = gr.acct.a.id
-	}
-	e := opError(op, memapi.ErrGrantClosed, auth, 0, 0, "")
+	e := opError(op, memapi.ErrGrantClosed, gr.auth.id, 0, 0, "")
 	switch st {
 	case stateCommit, stateSettled, stateRefunded:
 		e.Detail = "committed"

@@ -47,5 +47,5 @@ func (g *Governor) IssuedAccount(x memapi.Account) bool {
 
 // issued reports whether gr was issued by g at least once.
 func (g *Governor) issued(gr *grant) bool {
-	return gr != nil && gr.acct != nil && gr.acct.a.g == g
+	return gr != nil && gr.auth.g == g
 }

@@ -50,7 +50,7 @@ func (l Lease) lockLease() (*authority, *leaseFigures) {
 	if Grant(l).zero() {
 		return nil, nil
 	}
-	a := l.g.acct.a
+	a := l.g.auth
 	a.mu.Lock()
 	a.settleGrantLocked(l.g)
 	return a, &l.g.lease
@@ -116,13 +116,13 @@ func (l Lease) Refund(n memapi.Bytes) error {
 	}
 	// refundUnsettled, spelled out on the hot path; with a reservation
 	// waiting, the lock is taken anyway, so take it at once.
-	if n != 0 && !gr.acct.a.queued.Load() {
+	if n != 0 && !gr.auth.queued.Load() {
 		if refundChecked != nil {
 			refundChecked()
 		}
 		if w, st, d := gr.loadAs(l.gen); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
 			gr.refunded()
-			gr.acct.a.putSpare(gr)
+			gr.auth.putSpare(gr)
 			return nil
 		}
 	}
@@ -175,7 +175,7 @@ func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 		return false
 	}
 	gr.refunded()
-	gr.acct.a.putSpare(gr)
+	gr.auth.putSpare(gr)
 	return true
 }
 
@@ -184,7 +184,7 @@ func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 // settle booked the refund first (a snapshot, a reservation's), which does
 // not serve.
 func (gr *grant) refunded() {
-	if a := gr.acct.a; a.queued.Load() {
+	if a := gr.auth; a.queued.Load() {
 		a.mu.Lock()
 		a.settleGrantLocked(gr)
 		a.serveLocked()

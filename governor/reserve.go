@@ -129,7 +129,7 @@ func (a *authority) putSpare(gr *grant) {
 // again: its use ended (cancelled, committed with its lease empty, or
 // refunded whole and not settled yet) and nothing holds it.
 func (a *authority) reusableLocked(gr *grant) bool {
-	if gr.acct.a != a {
+	if gr.auth != a {
 		return false
 	}
 	_, st, _ := gr.load()

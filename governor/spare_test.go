@@ -305,7 +305,7 @@ func TestStaleDeadlineTimerSparesTheReissuedGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := gr.g.dl
+	old := gr.g.dl.Load()
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
