@@ -206,9 +206,7 @@ func (h Grant) load() (w, st uint64, d memapi.Bytes) {
 // issued again since. The issue is read after the word, and every issue
 // bumps it before the record changes for its new holder (its fields, or
 // its word without the lock, grant.reissue), so a word read as this
-// issue's belongs to it. A stale handle used after the reissue is refused;
-// one used at the same time as it races with the reissue's writes, which
-// the race detector reports.
+// issue's belongs to it. Everything it reads is atomic.
 func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
 	w, st, d = gr.load()
 	if gr.issue.Load() != gen {
