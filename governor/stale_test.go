@@ -253,3 +253,6 @@ func TestStaleHandlesRacingReissues(t *testing.T) {
 	}
 	h.wantLedger(hostA, ledger{Free: 1 << 20})
 }
+
+// sameRecord reports whether two grants are issues of one recycled record.
+func sameRecord(a, b Grant) bool { return a.g == b.g }
