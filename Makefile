@@ -54,8 +54,8 @@ check: drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck memvet
 drift:
 	$(GO) run ./cmd/memgen check
 
-# go vet's default analyzers include copylocks: a copied governor.Grant (or any
-# value holding a lock or an atomic) fails check, over the whole module.
+# go vet's default analyzers include copylocks: a copied value holding a lock
+# or an atomic fails check, over the whole module.
 vet:
 	$(GO) vet ./...
 	@for m in $(MODULES); do echo "(cd $$m && $(GO) vet ./...)"; (cd $$m && $(GO) vet ./...); done

@@ -14,8 +14,8 @@ import (
 // ledger several processes share, package governor/xproc) grows by the
 // shortfall before the reservation queues. It is installed on one authority
 // with SetAdmission and is called by every reservation on it, whatever API
-// it comes through (Reserve, Binding.Reserve, Binding.ReserveInto), only
-// when the reservation does not fit and the governor holds no lock: Admit
+// it comes through (Reserve, and so every manager above the governor),
+// only when the reservation does not fit and the governor holds no lock: Admit
 // may block, take its own locks and call SetCapacity and Authority.
 type Admission interface {
 	// Admit tries to raise the capacity (with SetCapacity) by need bytes
@@ -89,13 +89,25 @@ const MaxAdmitTries = 8
 // lasts; once the Admission cannot, it queues as on any authority, or
 // fails with the Admission's error when it may not wait. A reservation that
 // fails after an admission gives the admitted bytes back (AdmissionReturn).
-func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
+	// The reservation's deadline bounds the Admission's waits as its ctx
+	// does (measured on the governor's clock).
+	actx := ctx
+	if !deadline.IsZero() {
+		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+			c, stop := context.WithCancelCause(ctx)
+			t := g.clock.AfterFunc(deadline.Sub(g.clock.Now()), func() { stop(context.DeadlineExceeded) })
+			defer t.Stop()
+			defer stop(nil)
+			actx = c
+		}
+	}
 	admitted := false // Admit returned nil for this reservation
 	// fail ends the reservation with err, emitting an EventOverBudget when
 	// asked, and gives the admitted bytes back; called with a.mu held.
-	fail := func(err error, event bool) (*Grant, error) {
+	fail := func(err error, event bool) (*grant, error) {
 		a.mu.Unlock()
 		if r, ok := adm.(AdmissionReturn); ok && admitted {
 			r.ReturnAdmitted(c.h.id, bytes)
@@ -121,9 +133,9 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			break
 		}
 		need -= free
-		if ctx.Err() != nil {
+		if actx.Err() != nil {
 			w := &waiter{acct: c, bytes: bytes}
-			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended before the admission raised enough capacity", context.Cause(ctx)), true)
+			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended before the admission raised enough capacity", context.Cause(actx)), true)
 		}
 		if tries == MaxAdmitTries {
 			if wait {
@@ -132,7 +144,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			w := &waiter{acct: c, bytes: bytes}
 			return fail(a.overBudgetLocked(w, a.waitingBytes, fmt.Sprintf("other reservations took the capacity admitted for it %d times", MaxAdmitTries), ErrAdmissionContended), true)
 		}
-		err := g.admitCall(ctx, a, adm, c, bytes, need, priority, wait, admitted)
+		err := g.admitCall(actx, a, adm, c, bytes, need, priority, wait, admitted)
 		admitted = admitted || err == nil
 		if a.shut != nil {
 			return fail(a.shut, false)

@@ -86,30 +86,32 @@ func newPooled(t *testing.T) (*harness, *poolAdmission) {
 func TestAdmissionOnEveryPath(t *testing.T) {
 	h, p := newPooled(t)
 	ctx := context.Background()
-	gr, err := h.g.Reserve(ctx, hostA, "kv", "r", 300, 0, time.Time{})
+	gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 300})
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
-	bd := mustBind(t, h.g, hostA, "kv")
-	g2, err := bd.Reserve(ctx, 200, 0, time.Time{})
+	g2, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 200, Deadline: h.clock.Now().Add(time.Hour)})
 	if err != nil {
-		t.Fatalf("Binding.Reserve: %v", err)
+		t.Fatalf("Reserve with a deadline: %v", err)
 	}
-	var g3 Grant
-	if err := bd.ReserveInto(ctx, &g3, 100, 0, time.Time{}); err != nil {
-		t.Fatalf("Binding.ReserveInto: %v", err)
+	// A spare grant (g2's use ended) filled by a reservation that does not
+	// fit asks too.
+	if err := g2.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	g3, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 300})
+	if err != nil {
+		t.Fatalf("Reserve into a spare grant: %v", err)
 	}
 	if p.calls != 3 || p.needs[0] != 300 || p.needs[1] != 200 || p.needs[2] != 100 {
 		t.Fatalf("admissions %d, needs %v: want the three shortfalls", p.calls, p.needs)
 	}
 	_ = gr.Cancel()
-	_ = g2.Cancel()
 	_ = g3.Cancel()
 	// 600 free now: reservations that fit never ask, and allocate nothing.
-	var g4 Grant
 	n := testing.AllocsPerRun(100, func() {
 		for _, sz := range []memapi.Bytes{100, 200} {
-			cycle(t, bd, &g4, sz)
+			cycle(t, h.g, hostA, "kv", sz)
 		}
 	})
 	if n != 0 && !raceEnabled {
@@ -126,7 +128,7 @@ func TestAdmissionOnEveryPath(t *testing.T) {
 func TestAdmissionRefuses(t *testing.T) {
 	h, p := newPooled(t)
 	p.pool = 100
-	_, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 500, 0, time.Time{})
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 500})
 	var ob *OverBudgetError
 	if !errors.As(err, &ob) || ob.Op != "pool.Admit" {
 		t.Fatalf("refused admission: %v, want the Admission's error", err)
@@ -134,11 +136,11 @@ func TestAdmissionRefuses(t *testing.T) {
 	// Beyond the Admission's capacity, a reservation that could wait fails at once too.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := h.g.Reserve(ctx, hostA, "kv", "r", 2000, 0, time.Time{}); !errors.As(err, &ob) || ob.Op != "pool.Admit" {
+	if _, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 2000}); !errors.As(err, &ob) || ob.Op != "pool.Admit" {
 		t.Fatalf("beyond every capacity: %v", err)
 	}
 	p.decline = true
-	if _, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 50, 0, time.Time{}); !errors.As(err, &ob) || ob.Op != "governor.Reserve" || ob.Reason != "larger than the capacity" {
+	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 50}); !errors.As(err, &ob) || ob.Op != "governor.Reserve" || ob.Reason != "larger than the capacity" {
 		t.Fatalf("declined admission: %v, want the governor's own refusal", err)
 	}
 	h.wantLedger(hostA, ledger{})
@@ -156,21 +158,21 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 	if err := h.g.SetAdmission(hostA, p); err != nil {
 		t.Fatal(err)
 	}
-	var other *Grant
+	var other Grant
 	p.during = func() {
 		if err := h.g.SetCapacity(hostA, 400); err != nil {
 			t.Error(err)
 		}
 		var err error
-		if other, err = h.g.Reserve(context.Background(), hostA, "kv", "r", 400, 0, time.Time{}); err != nil {
+		if other, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 400}); err != nil {
 			t.Error(err)
 		}
 	}
-	_, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 300, 0, time.Time{})
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 300})
 	if !errors.Is(err, ErrOverLimit) {
 		t.Fatalf("past the limit after the admission: %v, want ErrOverLimit", err)
 	}
-	if other == nil {
+	if other == (Grant{}) {
 		t.Fatal("the reservation made during Admit failed")
 	}
 	// The 300 bytes admitted for the failed reservation went back at once
@@ -192,9 +194,9 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 	p.decline = true
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wc := make(chan *Grant, 1)
+	wc := make(chan Grant, 1)
 	go func() {
-		gr, err := h.g.Reserve(ctx, hostA, "kv", "w", 100, 0, time.Time{})
+		gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "w", Bytes: 100})
 		if err != nil {
 			t.Error(err)
 		}
@@ -210,7 +212,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 	p.decline = false
 	calls := p.calls
 	p.mu.Unlock()
-	gr, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 30, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +224,7 @@ func TestAdmissionAsksNothingWhenTheFreeBytesCoverTheQueue(t *testing.T) {
 		t.Fatalf("asked the Admission for %v with the queue and the reservation covered", asked)
 	}
 	_ = gr.Cancel()
-	if w != nil {
+	if w != (Grant{}) {
 		_ = w.Cancel()
 	}
 	h.wantLedger(hostA, ledger{Free: 150})
@@ -239,7 +241,7 @@ type stealingAdmission struct {
 	mu     sync.Mutex
 	calls  int
 	steals int
-	stolen []*Grant
+	stolen []Grant
 }
 
 func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need memapi.Bytes, _ Priority, _ bool) error {
@@ -258,7 +260,7 @@ func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need me
 		return err
 	}
 	if steal {
-		gr, err := s.g.Reserve(context.Background(), s.id, "thief", "t", need, 0, time.Time{})
+		gr, err := s.g.Reserve(context.Background(), Request{Authority: s.id, Holder: "thief", Role: "t", Bytes: need})
 		if err != nil {
 			return err
 		}
@@ -297,7 +299,7 @@ func newStealing(t *testing.T, steals int) (*harness, *stealingAdmission) {
 // bounded number of tries with a typed over-budget error.
 func TestAdmissionRetriesAreBounded(t *testing.T) {
 	h, s := newStealing(t, 100)
-	_, err := h.g.Reserve(context.Background(), hostA, "kv", "r", 50, 0, time.Time{})
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 50})
 	var ob *OverBudgetError
 	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, ErrAdmissionContended) || ob.Wanted != 50 {
 		t.Fatalf("after %d admissions: %v, want an *OverBudgetError caused by ErrAdmissionContended", s.calls, err)
@@ -325,7 +327,7 @@ func TestAdmissionRetriesEndWithTheContext(t *testing.T) {
 			cancel()
 		}
 	}
-	_, err := h.g.Reserve(ctx, hostA, "kv", "r", 50, 0, time.Time{})
+	_, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 50})
 	if !errors.Is(err, context.Canceled) || !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("after %d admissions: %v, want an over-budget error caused by context.Canceled", s.calls, err)
 	}
@@ -343,12 +345,12 @@ func TestAdmissionContendedReservationQueues(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type result struct {
-		gr  *Grant
+		gr  Grant
 		err error
 	}
 	rc := make(chan result, 1)
 	go func() {
-		gr, err := h.g.Reserve(ctx, hostA, "kv", "r", 50, 0, time.Time{})
+		gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 50})
 		rc <- result{gr, err}
 	}()
 	h.awaitWaiting("kv")
@@ -395,7 +397,7 @@ func TestPanickingAdmissionLeavesLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	full, err := h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+	full, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +405,7 @@ func TestPanickingAdmissionLeavesLedger(t *testing.T) {
 	var recovered any
 	watchdog.Within(t, 5*time.Second, "Reserve with a panicking Admission", func() {
 		defer func() { recovered = recover() }()
-		_, _ = h.g.Reserve(ctx, hostA, "kv", "kv", 1<<20, 0, time.Time{})
+		_, _ = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 1 << 20})
 	})
 	if recovered != "admission bug" {
 		t.Fatalf("recovered %v, want the Admission's panic", recovered)

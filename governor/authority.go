@@ -26,9 +26,13 @@ type authority struct {
 	// queued mirrors head != nil for Lease.Refund, which reads it without
 	// the lock after refunding without the lock (see refundUnsettled).
 	queued atomic.Bool
-	// closed mirrors shut != nil for Binding.ReserveInto, which reissues a
-	// grant without the lock (see Grant.reissue).
+	// closed mirrors shut != nil for Reserve, which reissues a spare grant
+	// without the lock (see Grant.reissue).
 	closed atomic.Bool
+
+	// spare holds grants whose use ended (cancelled, or committed and
+	// their lease refunded whole), which Reserve issues again (putSpare).
+	spare sync.Pool
 
 	admit        Admission // raises capacity for a reservation that does not fit (SetAdmission), or nil
 	capacity     memapi.Bytes
@@ -45,7 +49,7 @@ type authority struct {
 
 	accts     map[HolderID]*account
 	timed     grantList // open grants with a running deadline timer
-	unsettled *Grant    // list (uprev/unext) of grants whose figures may still move: open, or committed without the lock
+	unsettled *grant    // list (uprev/unext) of grants whose figures may still move: open, or committed without the lock
 	linked    int       // grants in unsettled
 	settleAt  int       // settle when linked reaches it, so refunded grants do not pile up
 
@@ -67,8 +71,8 @@ type waiter struct {
 	priority   Priority
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
-	into       *Grant        // the caller's grant to fill (Binding.ReserveInto), or nil
-	grant      *Grant
+	into       *grant        // a spare grant to fill (Reserve), or nil
+	grant      *grant
 	err        error
 	pressure   uint64 // its pressure event's number, 0 if none
 	prev, next *waiter
@@ -141,24 +145,21 @@ func (a *authority) shutLocked(err error) {
 	}
 	for gr := a.timed.head; gr != nil; gr = a.timed.head {
 		a.timed.remove(gr)
-		gr.dl.timer.Stop()
-		gr.dl.timer = nil
+		gr.dl.Load().timer.Stop()
+		gr.dl.Load().timer = nil
 	}
 }
 
-// newGrantLocked books an open grant of size bytes for c, in gr (the
-// caller's, checked reusable) or in a new one when gr is nil.
-func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *Grant) *Grant {
+// newGrantLocked books an open grant of size bytes for c, in gr (a spare
+// one, checked reusable) or in a new one when gr is nil.
+func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *grant) *grant {
 	relink := true
 	switch {
 	case gr == nil:
-		gr = new(Grant)
-		gr.lease.g = gr
-	case gr.acct == nil:
-		gr.lease.g = gr // a zero Grant
+		gr = &grant{auth: a, inj: a.g.inject}
 	case a.unsettledLocked(gr):
-		// Refunded whole without the lock and issued again at once (the
-		// hot path of ReserveInto, see reusableLocked): its old booking
+		// Refunded whole without the lock and issued again at once (a
+		// spare grant, see reusableLocked): its old booking
 		// goes, its place in the list stays.
 		gr.bookGen(a, gr.state.Load())
 		old := gr.acct
@@ -168,12 +169,15 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 		old.grants--
 		relink = false
 	}
+	// A new issue makes the handles of the last one stale before anything
+	// of the record changes (grant.loadAs).
+	gr.issue.Add(1)
 	gr.acct, gr.role, gr.priority = c, role, pri
-	gr.dl = nil
-	gr.lease.charged, gr.lease.pending = 0, 0
+	gr.dl.Store(nil)
+	gr.lease = leaseFigures{}
 	// A new issue flips the era: the closed word of the last one reads as
-	// open (Grant.load).
-	gr.sizeEra = (gr.sizeEra&eraBit ^ eraBit) | uint64(size)
+	// open (grant.load) to the handles of this issue only.
+	gr.sizeEra.Store((gr.sizeEra.Load()&eraBit ^ eraBit) | uint64(size))
 	if relink {
 		if a.linked >= a.settleAt {
 			a.settleLocked()
@@ -197,7 +201,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 		// deadline, so a timer that fires after the grant was reused
 		// finds another and does nothing.
 		dl := &grantDeadline{at: deadline}
-		gr.dl = dl
+		gr.dl.Store(dl)
 		dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), func() { gr.expireBy(a, dl) })
 		a.timed.push(gr)
 	}
@@ -205,7 +209,7 @@ func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri
 }
 
 // closeGrantLocked forgets an open grant's booking (the caller moves its bytes).
-func (a *authority) closeGrantLocked(gr *Grant) {
+func (a *authority) closeGrantLocked(gr *grant) {
 	a.grants--
 	gr.acct.grants--
 	if gr.uprev != nil {
@@ -218,16 +222,16 @@ func (a *authority) closeGrantLocked(gr *Grant) {
 	}
 	gr.uprev, gr.unext = nil, nil
 	a.linked--
-	if gr.dl != nil && gr.dl.timer != nil {
+	if gr.dl.Load() != nil && gr.dl.Load().timer != nil {
 		a.timed.remove(gr)
-		gr.dl.timer.Stop()
-		gr.dl.timer = nil
+		gr.dl.Load().timer.Stop()
+		gr.dl.Load().timer = nil
 	}
 }
 
 // bookCommitLocked books the commit of gr with d bytes drawn: the grant's
 // size leaves reserved and d becomes its lease's charge.
-func (a *authority) bookCommitLocked(gr *Grant, d memapi.Bytes) {
+func (a *authority) bookCommitLocked(gr *grant, d memapi.Bytes) {
 	c := gr.acct
 	a.closeGrantLocked(gr)
 	a.reserved -= gr.sz()
@@ -243,7 +247,7 @@ func (a *authority) bookCommitLocked(gr *Grant, d memapi.Bytes) {
 
 // unsettledLocked reports whether gr is in the unsettled list: open, or
 // closed without the lock and not yet booked.
-func (a *authority) unsettledLocked(gr *Grant) bool {
+func (a *authority) unsettledLocked(gr *grant) bool {
 	return gr.uprev != nil || a.unsettled == gr
 }
 
@@ -272,7 +276,7 @@ func (a *authority) settleLocked() bool {
 // settleGrantLocked settles gr alone (a lease's own figures) and reports
 // whether it booked a refund. Every swap here races with those made
 // without the lock, hence the retries.
-func (a *authority) settleGrantLocked(gr *Grant) bool {
+func (a *authority) settleGrantLocked(gr *grant) bool {
 	if !a.unsettledLocked(gr) {
 		return false
 	}
@@ -311,7 +315,7 @@ func (a *authority) settleGrantLocked(gr *Grant) bool {
 // under the lock: settled as refunded whole in one swap, rather than booked
 // charged and then refunded. It reports false, changing nothing, when that
 // is not the case.
-func (a *authority) settleRefundLocked(gr *Grant, n memapi.Bytes) bool {
+func (a *authority) settleRefundLocked(gr *grant, n memapi.Bytes) bool {
 	if !a.unsettledLocked(gr) {
 		return false
 	}
@@ -326,7 +330,7 @@ func (a *authority) settleRefundLocked(gr *Grant, n memapi.Bytes) bool {
 
 // dropGrantLocked returns a committed grant whose lease was refunded whole
 // before it was settled: its size leaves reserved for free.
-func (a *authority) dropGrantLocked(gr *Grant) {
+func (a *authority) dropGrantLocked(gr *grant) {
 	c := gr.acct
 	a.closeGrantLocked(gr)
 	a.reserved -= gr.sz()
@@ -378,26 +382,26 @@ func (a *authority) aheadLocked(w *waiter) memapi.Bytes {
 }
 
 // grantList is an intrusive list of grants.
-type grantList struct{ head *Grant }
+type grantList struct{ head *grant }
 
-// Its members all have a deadline (gr.dl != nil).
-func (l *grantList) push(gr *Grant) {
-	gr.dl.tnext = l.head
+// Its members all have a deadline (gr.dl.Load() != nil).
+func (l *grantList) push(gr *grant) {
+	gr.dl.Load().tnext = l.head
 	if l.head != nil {
-		l.head.dl.tprev = gr
+		l.head.dl.Load().tprev = gr
 	}
 	l.head = gr
 }
 
-func (l *grantList) remove(gr *Grant) {
-	d := gr.dl
+func (l *grantList) remove(gr *grant) {
+	d := gr.dl.Load()
 	if d.tprev != nil {
-		d.tprev.dl.tnext = d.tnext
+		d.tprev.dl.Load().tnext = d.tnext
 	} else {
 		l.head = d.tnext
 	}
 	if d.tnext != nil {
-		d.tnext.dl.tprev = d.tprev
+		d.tnext.dl.Load().tprev = d.tprev
 	}
 	d.tprev, d.tnext = nil, nil
 }

@@ -33,31 +33,14 @@ func benchGovernor(b *testing.B) *Governor {
 // draw it (as the checked wrapper does), commit it to a lease, refund the
 // lease when the memory is freed.
 func governorCycle(b *testing.B, g *Governor, ctx context.Context) {
-	gr, err := g.Reserve(ctx, hostA, "bench", "bench", benchBytes, 0, time.Time{})
+	gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "bench", Role: "bench", Bytes: benchBytes})
 	if err != nil {
 		b.Fatal(err)
 	}
 	drawCommitRefund(b, gr)
 }
 
-// boundCycle is governorCycle through a Binding (no lookups).
-func boundCycle(b *testing.B, bd *Binding, ctx context.Context) {
-	gr, err := bd.Reserve(ctx, benchBytes, 0, time.Time{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	drawCommitRefund(b, gr)
-}
-
-// reuseCycle is boundCycle into the caller's grant (no allocation).
-func reuseCycle(b *testing.B, bd *Binding, gr *Grant, ctx context.Context) {
-	if err := bd.ReserveInto(ctx, gr, benchBytes, 0, time.Time{}); err != nil {
-		b.Fatal(err)
-	}
-	drawCommitRefund(b, gr)
-}
-
-func drawCommitRefund(b *testing.B, gr *Grant) {
+func drawCommitRefund(b *testing.B, gr Grant) {
 	if err := gr.Draw(benchBytes); err != nil {
 		b.Fatal(err)
 	}
@@ -85,9 +68,9 @@ func report(b *testing.B, gov, sem time.Duration, ops int) {
 	b.ReportMetric(govNs/semNs, "x-vs-semaphore")
 }
 
-// cyclePaths are the three ways into the same cycle: by names
-// (Governor.Reserve), through a Binding, and through a Binding into a
-// reused grant. Each makes a cycle function for one goroutine.
+// cyclePaths are the ways into the same cycle: the one public path,
+// Governor.Reserve (which reissues the grant whose lease the last cycle
+// refunded whole). Each makes a cycle function for one goroutine.
 var cyclePaths = []struct {
 	name string
 	make func(b *testing.B, g *Governor, ctx context.Context) func()
@@ -95,23 +78,6 @@ var cyclePaths = []struct {
 	{"", func(b *testing.B, g *Governor, ctx context.Context) func() {
 		return func() { governorCycle(b, g, ctx) }
 	}},
-	{"_bound", func(b *testing.B, g *Governor, ctx context.Context) func() {
-		bd := benchBinding(b, g)
-		return func() { boundCycle(b, bd, ctx) }
-	}},
-	{"_reuse", func(b *testing.B, g *Governor, ctx context.Context) func() {
-		bd := benchBinding(b, g)
-		gr := new(Grant)
-		return func() { reuseCycle(b, bd, gr, ctx) }
-	}},
-}
-
-func benchBinding(b *testing.B, g *Governor) *Binding {
-	bd, err := g.Bind(hostA, "bench", "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	return bd
 }
 
 func BenchmarkCycle(b *testing.B) {
@@ -187,7 +153,7 @@ func BenchmarkRefundToWake(b *testing.B) {
 	}
 	ctx := context.Background()
 	// Take the whole authority before the waiter starts, so it waits.
-	gr, err := g.Reserve(ctx, hostA, "bench", "", benchBytes, 0, time.Time{})
+	gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "bench", Role: "", Bytes: benchBytes})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -201,7 +167,7 @@ func BenchmarkRefundToWake(b *testing.B) {
 
 	type woke struct {
 		at time.Time
-		l  *Lease
+		l  Lease
 	}
 	govWoke := make(chan woke)
 	chanReady, chanWake, chanWoke := make(chan struct{}), make(chan struct{}), make(chan time.Time)
@@ -210,7 +176,7 @@ func BenchmarkRefundToWake(b *testing.B) {
 	go func() { // the waiting reservation
 		defer func() { done <- struct{}{} }()
 		for {
-			gr, err := g.Reserve(ctx, hostA, "bench", "", benchBytes, 0, time.Time{})
+			gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "bench", Role: "", Bytes: benchBytes})
 			at := time.Now()
 			if err != nil {
 				return // the governor closed

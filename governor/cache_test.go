@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/internal/watchdog"
@@ -34,9 +33,9 @@ func (c *cacheHolder) set(f func(memapi.AuthorityID) memapi.Bytes) {
 }
 
 // charge commits a lease of n bytes for holder on auth.
-func charge(t *testing.T, g *Governor, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Lease {
+func charge(t *testing.T, g *Governor, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) Lease {
 	t.Helper()
-	gr, err := g.Reserve(context.Background(), auth, holder, "", n, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), Request{Authority: auth, Holder: holder, Role: "", Bytes: n})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +196,7 @@ func TestCachedBytesCalledWithoutLocks(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{"dev": 1000})
 	pool := &cacheHolder{}
 	pool.set(func(a memapi.AuthorityID) memapi.Bytes {
-		gr, err := h.g.Reserve(context.Background(), a, "pool", "", 10, 0, time.Time{})
+		gr, err := h.g.Reserve(context.Background(), Request{Authority: a, Holder: "pool", Role: "", Bytes: 10})
 		if err != nil {
 			panic(err)
 		}

@@ -52,7 +52,7 @@ func TestPanickingPressureHookLeavesNoWaiter(t *testing.T) {
 			panic("hook bug")
 		}
 	})
-	gr, err := g.Reserve(context.Background(), hostQ, "a", "", 100, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestPanickingPressureHookLeavesNoWaiter(t *testing.T) {
 				t.Fatalf("recovered %v", r)
 			}
 		}()
-		g.Reserve(context.Background(), hostQ, "b", "", 50, 0, time.Time{})
+		g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "b", Role: "", Bytes: 50})
 		t.Fatal("Reserve returned")
 	}()
 	if s := snap(t, g); s.Waiters != 0 || s.WaitingBytes != 0 {
@@ -85,14 +85,14 @@ func TestPanickingServedHookReturnsTheGrant(t *testing.T) {
 			panic("hook bug")
 		}
 	})
-	gr, err := g.Reserve(context.Background(), hostQ, "a", "", 100, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan any, 1)
 	go func() {
 		defer func() { done <- recover() }()
-		g.Reserve(context.Background(), hostQ, "b", "", 50, 0, time.Time{})
+		g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "b", Role: "", Bytes: 50})
 	}()
 	for snap(t, g).Waiters == 0 {
 		time.Sleep(100 * time.Microsecond)
@@ -129,13 +129,13 @@ func TestReclaimContextEndsAtTheDeadline(t *testing.T) {
 	if err := g.Register("req", nil, HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	gr, _ := g.Reserve(context.Background(), hostQ, "slow", "", 100, 0, time.Time{})
+	gr, _ := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "slow", Role: "", Bytes: 100})
 	_ = gr.Draw(100)
 	l, _ := gr.Commit()
 	defer l.Release()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	_, err := g.Reserve(ctx, hostQ, "req", "", 50, 0, time.Now().Add(20*time.Millisecond))
+	_, err := g.Reserve(ctx, Request{Authority: hostQ, Holder: "req", Role: "", Bytes: 50, Deadline: time.Now().Add(20 * time.Millisecond)})
 	mustKind(t, err, memapi.ErrOverBudget)
 	if c := watchdog.Recv(t, bound, "Reclaim's context ending", cause); !errors.Is(c, context.DeadlineExceeded) {
 		t.Fatalf("Reclaim's ctx ended by %v, not by the reservation's deadline", c)
@@ -149,7 +149,7 @@ func TestReclaimContextEndsAtTheDeadline(t *testing.T) {
 // back; the failed Reserve leaves the ledger as it found it.
 func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 	for range 40 {
-		var gr *Grant
+		var gr Grant
 		var cancel context.CancelFunc
 		g := hooked(t, 100, nil)
 		g.onEvent = func(e Event) {
@@ -160,22 +160,22 @@ func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 			}
 		}
 		var err error
-		gr, err = g.Reserve(context.Background(), hostQ, "a", "", 100, 0, time.Time{})
+		gr, err = g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var ctx context.Context
 		ctx, cancel = context.WithCancel(context.Background())
-		got, err := g.Reserve(ctx, hostQ, "b", "", 50, 0, time.Time{})
+		got, err := g.Reserve(ctx, Request{Authority: hostQ, Holder: "b", Role: "", Bytes: 50})
 		cancel()
 		s := snap(t, g)
 		switch {
-		case err == nil && (s.Reserved != 50 || got == nil):
+		case err == nil && (s.Reserved != 50 || got == (Grant{})):
 			t.Fatalf("served: %+v", s)
 		case err != nil && (s.Reserved != 0 || s.Grants != 0):
 			t.Fatalf("failed Reserve kept its grant: %+v", s)
 		}
-		if got != nil {
+		if got != (Grant{}) {
 			_ = got.Cancel()
 		}
 		_ = g.Close()
@@ -186,13 +186,13 @@ func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 // commit made without the lock) serves a waiting reservation.
 func TestRefundFastPathWakesWaiters(t *testing.T) {
 	g := hooked(t, 100, nil)
-	gr, err := g.Reserve(context.Background(), hostQ, "a", "", 100, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ch := make(chan error, 1)
 	go func() {
-		_, err := g.Reserve(context.Background(), hostQ, "b", "", 50, 0, time.Time{})
+		_, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "b", Role: "", Bytes: 50})
 		ch <- err
 	}()
 	for snap(t, g).Waiters == 0 {
@@ -220,7 +220,7 @@ func TestUndrawOfExpiredGrantServesWaiters(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostQ: 100})
 	h.register("a", nil, HolderOptions{})
 	h.register("b", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostQ, "a", "", 100, 0, h.clock.Now().Add(time.Second))
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100, Deadline: h.clock.Now().Add(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

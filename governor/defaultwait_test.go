@@ -13,7 +13,7 @@ import (
 
 // fill charges the whole of authority "gpu" to holder "a" and returns the
 // lease, so the next reservation must wait.
-func fillForWait(h *harness) *Lease {
+func fillForWait(h *harness) Lease {
 	h.register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{})
 	return h.lease("gpu", "a", 100)
 }
@@ -38,7 +38,7 @@ func TestNoDeadlineWaitsTheDefaultWait(t *testing.T) {
 	pendingResult(t, ch)
 	h.clock.Advance(time.Second)
 	r := await(t, ch)
-	if r.gr != nil {
+	if r.gr != (Grant{}) {
 		t.Fatal("served, want the default wait to end it")
 	}
 	mustKind(t, r.err, ErrDefaultWait)
@@ -63,12 +63,12 @@ func TestDefaultWaitIsSettable(t *testing.T) {
 	if err := g.Register("a", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Reserve(context.Background(), "gpu", "a", "r", 100, 0, time.Time{}); err != nil {
+	if _, err := g.Reserve(context.Background(), Request{Authority: "gpu", Holder: "a", Role: "r", Bytes: 100}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.Reserve(context.Background(), "gpu", "a", "r", 1, 0, time.Time{})
+		_, err := g.Reserve(context.Background(), Request{Authority: "gpu", Holder: "a", Role: "r", Bytes: 1})
 		done <- err
 	}()
 	if err := watchdog.Recv(t, watchdog.Bound, "a reservation with no deadline, past the 10 ms default wait", done); !errors.Is(err, ErrDefaultWait) {

@@ -24,10 +24,10 @@ reservation that does not fit waits or fails, it is never overcommitted.
 
 # Grants
 
-Governor.Reserve returns a *Grant: a provisional budget of the requested
+Governor.Reserve returns a Grant: a provisional budget of the requested
 bytes. Physical commits draw from it (it implements memapi.Grant, which the
 generated checked wrappers draw from); Grant.Commit turns the drawn bytes
-into the holder's *Lease and returns the undrawn rest to free; Grant.Cancel
+into the holder's Lease and returns the undrawn rest to free; Grant.Cancel
 returns everything, but only once nothing is drawn: a cancel that would
 forget installed backing fails with memapi.ErrInUse, because the ledger must
 never lose installed bytes. A grant also implements memapi.Account: refunding
@@ -41,7 +41,7 @@ undraws or refunds them to the grant, which moves them to free.
 
 # Leases
 
-A *Lease holds a holder's charged bytes. Lease.MarkPending moves bytes to
+A Lease holds a holder's charged bytes. Lease.MarkPending moves bytes to
 pending while their memory waits for fences; Lease.Refund (the memapi.Account
 method) returns bytes whose memory was really freed, from pending first, then
 from charged. Lease.Release refunds everything left.
@@ -58,26 +58,29 @@ lower priority first, then the largest amount over the guarantee — and calls
 their Reclaim in the reserving goroutine without holding any lock, so a
 holder may refund leases, mark them pending or use the governor from inside
 Reclaim. A holder may free 0. The reservation then waits, bounded by its
-context and its deadline, for refunds. Waiters are served strictly in arrival
+context (and the request's deadline, if any), for refunds. Waiters are served strictly in arrival
 order: a later small request never overtakes an earlier large one. A wait that
 ends by context or deadline fails with an *OverBudgetError carrying the
 figures, and leaves no trace in the ledger.
 
 # The hot path
 
-A holder that reserves often binds once (Governor.Bind returns a Binding for
-one authority, holder and role: no lookups) and reuses one grant
-(Binding.ReserveInto fills a Grant the caller owns: no allocation). The
-cycle reserve, draw, commit, refund then costs about what a
-golang.org/x/sync/semaphore Acquire and Release do, while keeping every
-account:
+There is one way to reserve: Governor.Reserve(ctx, Request). A grant whose
+use ended (cancelled, or committed and its lease emptied by a refund) is
+kept spare by the governor and issued again by a later Reserve, so a steady
+stream of reservations allocates nothing. A Grant and a Lease are handles
+that carry the generation of the issue they were made for: once the record
+was issued again, every method of an old handle fails with ErrStaleHandle
+and changes nothing, so a double cancel or refund never reaches the next
+holder. The cycle reserve, draw,
+commit, refund keeps every account:
 
   - Draw and Undraw are one compare-and-swap on the grant's word.
   - Commit of a fully drawn grant is one compare-and-swap: no byte returns
     to free, so nothing can be served by it.
   - Refund of all of such a lease, untouched since, is one compare-and-swap.
-  - ReserveInto of the same reservation again, right after that refund, is
-    one compare-and-swap: the bytes never left.
+  - Reserve of the same reservation again, right after that refund, takes
+    the spare grant and is one compare-and-swap: the bytes never left.
 
 What those swaps leave unbooked, the authority settles under its lock before
 anything reads it: a snapshot, a pressure ticket, an over-budget error, a

@@ -32,10 +32,11 @@ var (
 	// ErrOverLimit: the reservation would take the holder past its limit on
 	// the authority. It wraps memapi.ErrOverBudget.
 	ErrOverLimit = fmt.Errorf("governor: over holder limit: %w", memapi.ErrOverBudget)
-	// ErrCopiedGrant: the Grant is a copy of one the governor issued (a
-	// Grant is used through its pointer only). It wraps
-	// memapi.ErrForeignGrant: the governor vouches for no copy.
-	ErrCopiedGrant = fmt.Errorf("governor: a copy of a Grant: %w", memapi.ErrForeignGrant)
+	// ErrStaleHandle is the cause inside the memapi.ErrGrantClosed error of
+	// a Grant or Lease used after its grant was issued again (the governor
+	// recycles grants): the handle belongs to an earlier issue, and nothing
+	// changed.
+	ErrStaleHandle = errors.New("governor: stale handle: the grant was issued again")
 )
 
 // OverBudgetError is the typed failure of Reserve: the authority could not

@@ -20,7 +20,7 @@ func Example() {
 	_ = g.Register("weights", nil, governor.HolderOptions{Priority: 10})
 
 	ctx := context.Background()
-	grant, err := g.Reserve(ctx, "cuda:0", "weights", "layer0", 3<<30, 10, time.Time{})
+	grant, err := g.Reserve(ctx, governor.Request{Authority: "cuda:0", Holder: "weights", Role: "layer0", Bytes: 3 << 30, Priority: 10})
 	if err != nil {
 		panic(err)
 	}
@@ -45,7 +45,7 @@ func ExampleHolder() {
 	defer g.Close()
 	_ = g.AddAuthority("host", 1000)
 
-	var cached *governor.Lease
+	var cached governor.Lease
 	cache := governor.HolderFunc(func(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 		fmt.Printf("ticket: %d bytes on %s\n", t.Wanted, t.Authority)
 		n := min(t.Wanted, cached.Charged())
@@ -57,11 +57,11 @@ func ExampleHolder() {
 	})
 	_ = g.Register("kv", nil, governor.HolderOptions{Priority: 5})
 
-	gr, _ := g.Reserve(context.Background(), "host", "cache", "blocks", 900, 0, time.Time{})
+	gr, _ := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "cache", Role: "blocks", Bytes: 900})
 	_ = gr.Draw(900)
 	cached, _ = gr.Commit()
 
-	kv, err := g.Reserve(context.Background(), "host", "kv", "pages", 400, 5, time.Time{})
+	kv, err := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "kv", Role: "pages", Bytes: 400, Priority: 5})
 	fmt.Println(kv.Size(), err)
 	s := g.Snapshot()
 	fmt.Println("cache keeps", s.Holders[0].Authorities[0].Charged, "tickets", s.Authorities[0].Tickets)
@@ -77,12 +77,12 @@ func ExampleOverBudgetError() {
 	defer g.Close()
 	_ = g.AddAuthority("host", 1000)
 	_ = g.Register("a", nil, governor.HolderOptions{})
-	gr, _ := g.Reserve(context.Background(), "host", "a", "", 800, 0, time.Time{})
+	gr, _ := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "a", Role: "", Bytes: 800})
 	defer gr.Cancel()
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
-	_, err := g.Reserve(ctx, "host", "a", "", 500, 0, time.Time{})
+	_, err := g.Reserve(ctx, governor.Request{Authority: "host", Holder: "a", Role: "", Bytes: 500})
 	var ob *governor.OverBudgetError
 	if errors.As(err, &ob) {
 		fmt.Println(errors.Is(err, memapi.ErrOverBudget), errors.Is(err, context.DeadlineExceeded))
@@ -99,7 +99,7 @@ func ExampleGrant_Deadline() {
 	defer g.Close()
 	_ = g.AddAuthority("host", 1000)
 	_ = g.Register("ws", nil, governor.HolderOptions{})
-	gr, _ := g.Reserve(context.Background(), "host", "ws", "workspace", 600, 0, time.Now().Add(time.Millisecond))
+	gr, _ := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "ws", Role: "workspace", Bytes: 600, Deadline: time.Now().Add(time.Millisecond)})
 	time.Sleep(5 * time.Millisecond)
 	err := gr.Draw(100)
 	fmt.Println(errors.Is(err, memapi.ErrGrantClosed), errors.Is(err, governor.ErrExpired))
@@ -110,37 +110,34 @@ func ExampleGrant_Deadline() {
 	// free 1000
 }
 
-// A holder that reserves often binds once and reuses one grant: each cycle
-// is the full accounting (reserve, draw, commit, refund) with no lookup and
-// no allocation.
-func ExampleBinding_ReserveInto() {
+// A holder that reserves often just reserves: once a grant's lease is
+// refunded whole, the governor issues the same grant again, so each cycle
+// is the full accounting (reserve, draw, commit, refund) with no
+// allocation. A grant still in use is never issued again.
+func ExampleGovernor_Reserve_cycle() {
 	g := governor.New(governor.Options{})
 	defer g.Close()
 	_ = g.AddAuthority("cuda:0", 1<<30)
 	_ = g.Register("kv", nil, governor.HolderOptions{})
-	pages, err := g.Bind("cuda:0", "kv", "pages")
-	if err != nil {
-		panic(err)
-	}
 
 	ctx := context.Background()
-	var grant governor.Grant // the zero Grant is ready for ReserveInto
+	page := governor.Request{Authority: "cuda:0", Holder: "kv", Role: "pages", Bytes: 2 << 20}
 	for range 3 {
-		if err := pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{}); err != nil {
+		grant, err := g.Reserve(ctx, page)
+		if err != nil {
 			panic(err)
 		}
 		_ = grant.Draw(2 << 20)
 		lease, _ := grant.Commit()
 		// ... the page is used, then freed ...
-		_ = lease.Refund(2 << 20) // the lease is empty: the grant may be reused
+		_ = lease.Refund(2 << 20) // the lease is empty: the grant's use ended
 	}
-	// A grant still in use is refused, and nothing changes.
-	_ = pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{})
-	err = pages.ReserveInto(ctx, &grant, 2<<20, 0, time.Time{})
-	fmt.Println(errors.Is(err, memapi.ErrInUse))
+	open, _ := g.Reserve(ctx, page)
+	other, _ := g.Reserve(ctx, page)
+	fmt.Println(open != other)
 	a, _ := g.Authority("cuda:0")
 	fmt.Printf("granted %d, reserved %d MiB\n", a.Granted, a.Reserved>>20)
 	// Output:
 	// true
-	// granted 4, reserved 2 MiB
+	// granted 5, reserved 4 MiB
 }

@@ -33,6 +33,10 @@ type Options struct {
 	// shortens nor lengthens it. It bounds the wait only, never the grant,
 	// and is measured on Clock (a simulated clock's time, where one is set).
 	DefaultWait time.Duration
+	// Injector, if set, is consulted at every named point of the ledger
+	// (Op) and may fail the operation there: fault injection for tests of
+	// what sits above the governor. Nil (the default) costs one nil check.
+	Injector Injector
 }
 
 // DefaultWaitBound is the wait of a reservation with no deadline when
@@ -48,18 +52,23 @@ type Governor struct {
 	// defaultWait bounds a wait with no deadline (Options.DefaultWait);
 	// 0 here means none.
 	defaultWait time.Duration
+	inject      Injector // Options.Injector, or nil
 
 	mu      sync.Mutex // serializes registry changes and Close; taken before any authority's mutex
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
 	holders atomic.Pointer[map[HolderID]*holder]
 	closed  atomic.Bool
+	// last is the authority Reserve found last: the next one looks it up
+	// by id only when it asks for another, or that one was removed or
+	// closed since.
+	last atomic.Pointer[authority]
 
 	ticketSeq atomic.Uint64
 }
 
 // New returns a Governor with no authorities and no holders.
 func New(opts Options) *Governor {
-	g := &Governor{clock: opts.Clock, onEvent: opts.OnEvent, log: opts.Logger}
+	g := &Governor{clock: opts.Clock, onEvent: opts.OnEvent, log: opts.Logger, inject: opts.Injector}
 	if g.clock == nil {
 		g.clock = SystemClock()
 	}

@@ -21,11 +21,11 @@ func TestRegistryErrors(t *testing.T) {
 		Limit:     map[memapi.AuthorityID]memapi.Bytes{hostA: 40},
 	}), memapi.ErrInvalidSize)
 
-	_, err := h.g.Reserve(ctx, "nowhere", "x", "", 1, 0, time.Time{})
+	_, err := h.g.Reserve(ctx, Request{Authority: "nowhere", Holder: "x", Role: "", Bytes: 1})
 	mustKind(t, err, ErrUnknownAuthority)
-	_, err = h.g.Reserve(ctx, hostA, "nobody", "", 1, 0, time.Time{})
+	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "nobody", Role: "", Bytes: 1})
 	mustKind(t, err, ErrUnknownHolder)
-	_, err = h.g.Reserve(ctx, hostA, "x", "", 0, 0, time.Time{})
+	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "x", Role: "", Bytes: 0})
 	mustKind(t, err, memapi.ErrInvalidSize)
 
 	l := h.lease(hostA, "x", 10)
@@ -36,7 +36,7 @@ func TestRegistryErrors(t *testing.T) {
 	if err := h.g.Unregister("x"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.g.Reserve(ctx, hostA, "x", "", 1, 0, time.Time{})
+	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "x", Role: "", Bytes: 1})
 	mustKind(t, err, ErrUnknownHolder)
 	if err := h.g.RemoveAuthority(hostA); err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestCloseWakesWaitersAndStopsTimers(t *testing.T) {
 	if err := l.Refund(5); err != nil { // not enough
 		t.Fatal(err)
 	}
-	timed, err := h.g.Reserve(context.Background(), gpu, "x", "", 20, 0, epoch.Add(time.Minute))
+	timed, err := h.g.Reserve(context.Background(), Request{Authority: gpu, Holder: "x", Role: "", Bytes: 20, Deadline: epoch.Add(time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestCloseWakesWaitersAndStopsTimers(t *testing.T) {
 	if n := h.clock.Pending(); n != 0 {
 		t.Fatalf("%d timers after Close", n)
 	}
-	_, err = h.g.Reserve(context.Background(), hostA, "x", "", 1, 0, time.Time{})
+	_, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 1})
 	mustKind(t, err, memapi.ErrClosed)
 	mustKind(t, h.g.AddAuthority("other", 1), memapi.ErrClosed)
 	mustKind(t, h.g.Register("z", nil, HolderOptions{}), memapi.ErrClosed)

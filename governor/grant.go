@@ -16,8 +16,8 @@ import (
 // previous, closed issue reads as open with nothing drawn: reissuing a grant
 // writes no atomic word (Grant.load).
 //
-// And it counts the issues made without the lock (Binding.ReserveInto of a
-// grant whose lease was just refunded whole, Grant.reissue) that the
+// And it counts the issues made without the lock (Reserve of a spare grant
+// whose lease was just refunded whole, Grant.reissue) that the
 // authority has not booked yet: whoever moves the grant under the lock
 // books them in Granted. At genMax the next reissue takes the lock.
 const (
@@ -31,11 +31,11 @@ const (
 	stateCommit   uint64 = 1 // committed without the lock, not settled yet (authority.settleLocked)
 	stateCancel   uint64 = 2
 	stateExpired  uint64 = 3
-	stateClaimed  uint64 = 4 // held by a ReserveInto that waits; closed to every use
+	stateClaimed  uint64 = 4 // a spare grant held by a reservation that waits; closed to every use
 	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
 	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
 	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
-	stateCopied   uint64 = 8 // a copy of an issued grant (read by load, never stored: not in the word's 3 bits)
+	stateStale    uint64 = 8 // a handle of an earlier issue (read by loadAs, never stored: not in the word's 3 bits)
 	opDraw               = "governor.Grant.Draw"
 	opUndraw             = "governor.Grant.Undraw"
 	opGrantCommit        = "governor.Grant.Commit"
@@ -48,31 +48,49 @@ const (
 // returns the rest; Cancel returns everything once nothing is drawn. Refund
 // (memapi.Account) un-draws, so a rollback can refund to the grant.
 //
-// A Grant is usually allocated by Reserve; Binding.ReserveInto instead fills
-// one the caller owns (its zero value, or one whose use ended), so a steady
-// stream of reservations allocates nothing.
+// A Grant is a handle: a small value naming the governor's record of the
+// grant and the issue of it the handle was made for. The governor recycles
+// its records: once a grant was cancelled, or committed and its lease
+// refunded whole, a later Reserve may issue the record again (see Reserve),
+// so a steady stream of reservations allocates nothing. Each issue counts
+// one more generation, and every method compares the handle's generation
+// with the record's first: a handle of an earlier issue (a stale handle)
+// changes nothing and fails with memapi.ErrGrantClosed caused by
+// ErrStaleHandle, so a double Cancel never touches the grant's next holder.
+// A copy of a Grant is the same handle: both see one record, so the bytes
+// are drawn, committed or returned once.
 //
-// A Grant is used through its pointer only. A copy of an issued Grant (a
-// value copy, `cp := *gr`, which go vet's copylocks flags) is refused by
-// every method that can fail, with ErrCopiedGrant, and reads as closed:
-// an issued grant is the one its lease points back to (lease.g), which a
-// copy is not, so a copy can neither return nor draw the bytes of the
-// reservation it was copied from.
+// The zero Grant was never reserved: it reads as closed and refuses every use.
 //
 // All methods are safe for concurrent use.
 type Grant struct {
-	acct     *account // nil until first issued; its authority never changes after
+	g   *grant
+	gen uint64 // the issue of g this handle was made for (grant.issue)
+}
+
+// grant is the governor's record behind a Grant and its Lease, recycled
+// from one issue to the next.
+type grant struct {
+	// auth and inj are set when the record is made, before its first
+	// issue, and never change: a stale handle reads them without the lock.
+	auth     *authority
+	inj      Injector // the governor's Options.Injector, or nil
+	acct     *account // the holder's account of this issue
 	role     Role
-	sizeEra  uint64 // the size, and in eraBit this issue's era (see load)
+	sizeEra  atomic.Uint64 // the size, and in eraBit this issue's era (see load)
 	priority Priority
 	state    atomic.Uint64
-	dl       *grantDeadline // nil without a deadline, which keeps Grant small
+	// issue counts the issues of the record: bumped before each issue
+	// makes the record usable again, so a handle of an earlier one fails
+	// (loadAs).
+	issue atomic.Uint64
+	dl    atomic.Pointer[grantDeadline] // nil without a deadline, which keeps the record small
 
 	// guarded by the authority's mutex: the grant's place in its list of
 	// unsettled grants (see authority.settleLocked)
-	uprev, unext *Grant
+	uprev, unext *grant
 
-	lease Lease // handed out by Commit: one allocation per grant and lease
+	lease leaseFigures // the figures of the Lease that Commit hands out
 }
 
 // grantDeadline is the deadline part of a grant.
@@ -80,69 +98,121 @@ type grantDeadline struct {
 	at time.Time
 	// guarded by the authority's mutex
 	timer        Timer // nil once stopped or fired
-	tprev, tnext *Grant
+	tprev, tnext *grant
 }
 
 var (
-	_ memapi.Grant   = (*Grant)(nil)
-	_ memapi.Account = (*Grant)(nil)
+	_ memapi.Grant   = Grant{}
+	_ memapi.Account = Grant{}
 )
 
+// handle is the Grant of gr's current issue.
+func (gr *grant) handle() Grant { return Grant{g: gr, gen: gr.issue.Load()} }
+
+// live reports whether h names the current issue of its record (for the
+// getters; the methods that change the record check the issue where they
+// read the state word, grant.loadAs).
+func (h Grant) live() bool { return !h.zero() && h.g.issue.Load() == h.gen }
+
+// zero reports whether h was never reserved.
+func (h Grant) zero() bool { return h.g == nil }
+
 // Authority returns the authority the grant draws on ("" for a zero Grant).
-func (gr *Grant) Authority() memapi.AuthorityID {
-	if gr.acct == nil {
+func (h Grant) Authority() memapi.AuthorityID {
+	if h.zero() {
 		return ""
 	}
-	return gr.acct.a.id
+	return h.g.auth.id
 }
 
-// Holder returns the holder the grant was reserved for ("" for a zero Grant).
-func (gr *Grant) Holder() HolderID {
-	if gr.acct == nil {
+// Holder returns the holder the grant was reserved for ("" for a zero or
+// stale Grant).
+func (h Grant) Holder() HolderID {
+	if !h.live() {
 		return ""
 	}
-	return gr.acct.h.id
+	return h.g.acct.h.id
 }
 
-// Role returns what the grant was reserved for.
-func (gr *Grant) Role() Role { return gr.role }
+// Role returns what the grant was reserved for ("" for a zero or stale Grant).
+func (h Grant) Role() Role {
+	if !h.live() {
+		return ""
+	}
+	return h.g.role
+}
 
-// Size returns the bytes granted.
-func (gr *Grant) Size() memapi.Bytes { return gr.sz() }
+// Size returns the bytes granted (0 for a zero or stale Grant).
+func (h Grant) Size() memapi.Bytes {
+	if !h.live() {
+		return 0
+	}
+	return h.g.sz()
+}
 
 // sz is the size; sizes never reach eraBit (maxBytes).
-func (gr *Grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra & drawnMask) }
+func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra.Load() & drawnMask) }
 
 // Priority returns the priority the grant was reserved with.
-func (gr *Grant) Priority() Priority { return gr.priority }
+func (h Grant) Priority() Priority {
+	if !h.live() {
+		return 0
+	}
+	return h.g.priority
+}
 
 // Deadline returns the grant's deadline (zero: none).
-func (gr *Grant) Deadline() time.Time {
-	if gr.dl == nil {
+func (h Grant) Deadline() time.Time {
+	if !h.live() {
 		return time.Time{}
 	}
-	return gr.dl.at
+	if dl := h.g.dl.Load(); dl != nil {
+		return dl.at
+	}
+	return time.Time{}
 }
 
 // Drawn returns the bytes drawn now.
-func (gr *Grant) Drawn() memapi.Bytes {
-	_, _, d := gr.load()
+func (h Grant) Drawn() memapi.Bytes {
+	_, _, d := h.load()
 	return d
 }
 
 // Remaining returns the bytes that can still be drawn (0 once closed).
-func (gr *Grant) Remaining() memapi.Bytes {
-	_, st, d := gr.load()
+func (h Grant) Remaining() memapi.Bytes {
+	_, st, d := h.load()
 	if st != stateOpen {
 		return 0
 	}
-	return gr.sz() - d
+	return h.g.sz() - d
 }
 
 // Open reports whether the grant can still be drawn from and committed.
-func (gr *Grant) Open() bool {
-	_, st, _ := gr.load()
-	return st == stateOpen && !gr.pastDeadline()
+func (h Grant) Open() bool {
+	_, st, _ := h.load()
+	return st == stateOpen && !h.g.pastDeadline()
+}
+
+// load is the record's load for this handle: a zero Grant reads as
+// stateUnissued, and a stale one as stateStale.
+func (h Grant) load() (w, st uint64, d memapi.Bytes) {
+	if h.g == nil {
+		return 0, stateUnissued, 0
+	}
+	return h.g.loadAs(h.gen)
+}
+
+// loadAs is load for a handle of issue gen: stateStale when the record was
+// issued again since. The issue is read after the word, and every issue
+// bumps it before the record changes for its new holder (its fields, or
+// its word without the lock, grant.reissue), so a word read as this
+// issue's belongs to it. Everything it reads is atomic.
+func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
+	w, st, d = gr.load()
+	if gr.issue.Load() != gen {
+		return w, stateStale, 0
+	}
+	return w, st, d
 }
 
 // load returns the state word (to compare-and-swap from), and the state and
@@ -150,44 +220,32 @@ func (gr *Grant) Open() bool {
 // to the previous issue, closed before the grant was issued again, and reads
 // as open with nothing drawn.
 //
-// A zero Grant, never reserved, reads as stateUnissued, and a copy of an
-// issued one as stateCopied: closed to every use.
-func (gr *Grant) load() (w, st uint64, d memapi.Bytes) {
+// Every record is issued before a handle of it exists.
+func (gr *grant) load() (w, st uint64, d memapi.Bytes) {
 	w = gr.state.Load()
-	if gr.acct == nil {
-		return w, stateUnissued, 0
-	}
-	if gr.copied() {
-		return w, stateCopied, 0
-	}
-	if w&eraBit != gr.sizeEra&eraBit {
+	if w&eraBit != gr.sizeEra.Load()&eraBit {
 		return w, stateOpen, 0
 	}
 	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
 }
 
-// copied reports whether gr is a copy of an issued grant: the grant its
-// lease points back to is another. The link is set at the first issue,
-// before the grant is handed out, and never changes.
-func (gr *Grant) copied() bool { return gr.acct != nil && gr.lease.g != gr }
-
 // word is the state word of this issue in state st with d bytes drawn and
 // no reissue left to book: for the swaps made under the lock, which book
 // what w held (bookGen).
-func (gr *Grant) word(st uint64, d memapi.Bytes) uint64 {
-	return st<<stateShift | gr.sizeEra&eraBit | uint64(d)
+func (gr *grant) word(st uint64, d memapi.Bytes) uint64 {
+	return st<<stateShift | gr.sizeEra.Load()&eraBit | uint64(d)
 }
 
 // keep is word(st, d) still counting w's reissues: for the swaps made
 // without the lock.
-func (gr *Grant) keep(w, st uint64, d memapi.Bytes) uint64 {
+func (gr *grant) keep(w, st uint64, d memapi.Bytes) uint64 {
 	return gr.word(st, d) | gr.gen(w)<<genShift
 }
 
 // gen returns the reissues without the lock that w counts (none in a word
 // of a previous issue: they were booked when it was issued again).
-func (gr *Grant) gen(w uint64) uint64 {
-	if w&eraBit != gr.sizeEra&eraBit {
+func (gr *grant) gen(w uint64) uint64 {
+	if w&eraBit != gr.sizeEra.Load()&eraBit {
 		return 0
 	}
 	return w & genMask >> genShift
@@ -195,7 +253,7 @@ func (gr *Grant) gen(w uint64) uint64 {
 
 // bookGen books in the authority's Granted the reissues w counted, once a
 // swap under the lock replaced it by a word that counts none.
-func (gr *Grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
+func (gr *grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
 
 // reissue issues again, without the lock, a grant whose lease was refunded
 // whole and not settled since: its size stays reserved all along, for the
@@ -207,28 +265,41 @@ func (gr *Grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
 // need the lock: to wait its turn, to fail, or to book. After Close the
 // caller does not try (authority.closed): a grant open at Close may still
 // be committed and refunded without the lock.
-func (gr *Grant) reissue() bool {
+//
+// The issue count goes up before the swap: the handles of the last issue
+// are stale from then on, whether the swap succeeds or the lock issues the
+// grant (its use ended either way).
+func (gr *grant) reissue() bool {
 	w, st, _ := gr.load()
 	if st != stateRefunded || gr.gen(w) == genMax {
 		return false
 	}
+	gr.issue.Add(1)
 	return gr.state.CompareAndSwap(w, gr.word(stateOpen, 0)|(gr.gen(w)+1)<<genShift)
 }
 
 // Draw takes n bytes from the grant. It fails with memapi.ErrGrantExhausted
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
-func (gr *Grant) Draw(n memapi.Bytes) error {
-	if gr.dl != nil && gr.pastDeadline() {
-		gr.expire()
+func (h Grant) Draw(n memapi.Bytes) error {
+	gr := h.g
+	if h.zero() {
+		return h.closed(opDraw)
+	}
+	if err := gr.inject(OpDraw, n); err != nil {
+		return err
 	}
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
+		if st == stateOpen && gr.pastDeadline() {
+			gr.expire()
+			continue
+		}
 		if st != stateOpen {
 			return gr.closedError(opDraw, st)
 		}
 		if n > gr.sz()-d {
-			return opError(opDraw, memapi.ErrGrantExhausted, gr.acct.a.id, n, gr.sz()-d, "")
+			return opError(opDraw, memapi.ErrGrantExhausted, gr.auth.id, n, gr.sz()-d, "")
 		}
 		if n == 0 || gr.state.CompareAndSwap(w, gr.keep(w, stateOpen, d+n)) {
 			return nil
@@ -240,20 +311,27 @@ func (gr *Grant) Draw(n memapi.Bytes) error {
 // on a grant reclaimed after its deadline they return to the authority's
 // free bytes. It fails with ErrOverReturn beyond the drawn bytes and with
 // memapi.ErrGrantClosed after Commit (refund the lease instead) or Cancel.
-func (gr *Grant) Undraw(n memapi.Bytes) error { return gr.undraw(opUndraw, n) }
+func (h Grant) Undraw(n memapi.Bytes) error { return h.undraw(opUndraw, n) }
 
 // Refund is Undraw: a refund to an open grant rolls back a commit made
 // against it (memapi.Account).
-func (gr *Grant) Refund(n memapi.Bytes) error { return gr.undraw("governor.Grant.Refund", n) }
+func (h Grant) Refund(n memapi.Bytes) error { return h.undraw("governor.Grant.Refund", n) }
 
-func (gr *Grant) undraw(op string, n memapi.Bytes) error {
+func (h Grant) undraw(op string, n memapi.Bytes) error {
+	gr := h.g
+	if h.zero() {
+		return h.closed(op)
+	}
+	if err := gr.inject(OpUndraw, n); err != nil {
+		return err
+	}
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		if st != stateOpen && st != stateExpired {
 			return gr.closedError(op, st)
 		}
 		if n > d {
-			return opError(op, ErrOverReturn, gr.acct.a.id, n, d, "undraw beyond the drawn bytes")
+			return opError(op, ErrOverReturn, gr.auth.id, n, d, "undraw beyond the drawn bytes")
 		}
 		if n == 0 {
 			return nil
@@ -265,7 +343,7 @@ func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 			// Expiry moved the state under the lock before this CAS saw
 			// it, so taking the lock now orders this after the expiry's
 			// booking of the drawn bytes.
-			a := gr.acct.a
+			a := gr.auth
 			a.mu.Lock()
 			a.reserved -= n
 			a.expiredDrawn -= n
@@ -281,37 +359,40 @@ func (gr *Grant) undraw(op string, n memapi.Bytes) error {
 // bytes; the undrawn rest returns to free. A grant with nothing drawn gives
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
-func (gr *Grant) Commit() (*Lease, error) {
-	if gr.dl == nil {
+func (h Grant) Commit() (Lease, error) {
+	gr := h.g
+	if h.zero() {
+		return Lease{}, h.closed(opGrantCommit)
+	}
+	if err := gr.inject(OpCommit, 0); err != nil {
+		return Lease{}, err
+	}
+	if w, st, d := gr.loadAs(h.gen); st == stateOpen && gr.dl.Load() == nil {
 		// Every byte drawn and no timer to stop: no byte returns to free,
 		// so no waiter can be served and the free figure does not move.
 		// The commit is then this one compare-and-swap; the authority
 		// settles the moves from reserved to charged under its lock before
 		// anything reads them (authority.settleLocked).
-		w, st, d := gr.load()
-		if st == stateOpen && d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
-			return &gr.lease, nil
+		if d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
+			return Lease(h), nil
 		}
-		if st == stateUnissued {
-			return nil, gr.closedError(opGrantCommit, st)
-		}
-	} else if gr.pastDeadline() {
+	} else if st == stateOpen && gr.pastDeadline() {
 		gr.expire()
 	}
-	a := gr.acct.a
+	a := gr.auth
 	a.mu.Lock()
-	d, ok := gr.transition(stateSettled)
+	d, ok := gr.transitionAs(h.gen, stateSettled)
 	if !ok {
-		_, st, _ := gr.load()
+		_, st, _ := gr.loadAs(h.gen)
 		a.mu.Unlock()
-		return nil, gr.closedError(opGrantCommit, st)
+		return Lease{}, gr.closedError(opGrantCommit, st)
 	}
 	a.bookCommitLocked(gr, d)
 	if d != gr.sz() {
 		a.serveLocked()
 	}
 	a.mu.Unlock()
-	return &gr.lease, nil
+	return Lease(h), nil
 }
 
 // Cancel returns the whole grant to free. It fails with memapi.ErrInUse,
@@ -319,15 +400,22 @@ func (gr *Grant) Commit() (*Lease, error) {
 // grant must be removed and undrawn (or refunded) first, so the ledger never
 // forgets installed bytes. Cancelling a cancelled or expired grant with
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
-func (gr *Grant) Cancel() error {
-	if _, st, _ := gr.load(); st == stateUnissued || st == stateCopied {
-		return gr.closedError(opGrantCancel, st)
+func (h Grant) Cancel() error {
+	gr := h.g
+	if h.zero() {
+		return h.closed(opGrantCancel)
 	}
-	a := gr.acct.a
+	if err := gr.inject(OpCancel, 0); err != nil {
+		return err
+	}
+	a := gr.auth
 	a.mu.Lock()
 	for {
-		w, st, d := gr.load()
+		w, st, d := gr.loadAs(h.gen)
 		switch {
+		case st == stateStale:
+			a.mu.Unlock()
+			return gr.closedError(opGrantCancel, st)
 		case st == stateCommit || st == stateSettled || st == stateRefunded:
 			a.mu.Unlock()
 			return gr.closedError(opGrantCancel, st)
@@ -351,20 +439,30 @@ func (gr *Grant) Cancel() error {
 	gr.acct.reserved -= gr.sz()
 	a.serveLocked()
 	a.mu.Unlock()
+	a.putSpare(gr)
 	return nil
+}
+
+// inject consults the governor's Injector (Options.Injector) at op on an
+// issued grant; nil when there is none.
+func (gr *grant) inject(op Op, n memapi.Bytes) error {
+	if gr.inj == nil {
+		return nil
+	}
+	return gr.inj.MaybeError(op, gr.auth.id, n)
 }
 
 // expire reclaims an open grant past its deadline: the undrawn bytes return
 // to free; the drawn ones stay reserved until undrawn.
-func (gr *Grant) expire() { gr.expireBy(gr.acct.a, nil) }
+func (gr *grant) expire() { gr.expireBy(gr.auth, nil) }
 
 // expireBy is expire for the deadline timer armed with dl on the grant's
 // authority a: a timer that fires late, after the grant was closed and
-// issued again (ReserveInto), finds another deadline (or none) and leaves
+// issued again (a spare grant), finds another deadline (or none) and leaves
 // the new issue alone. It reads nothing of the grant before taking the lock.
-func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
+func (gr *grant) expireBy(a *authority, dl *grantDeadline) {
 	a.mu.Lock()
-	if dl != nil && gr.dl != dl {
+	if dl != nil && gr.dl.Load() != dl {
 		a.mu.Unlock()
 		return
 	}
@@ -381,7 +479,7 @@ func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 	a.expired++
 	a.serveLocked()
 	// Read under the lock: with nothing drawn the grant may be issued
-	// again (ReserveInto) as soon as it is released.
+	// again (a spare grant) as soon as it is released.
 	holder, role := gr.acct.h.id, gr.role
 	a.mu.Unlock()
 	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", holder, "role", role, "returned", back, "drawn", d)
@@ -390,28 +488,41 @@ func (gr *Grant) expireBy(a *authority, dl *grantDeadline) {
 
 // transition moves an open grant to st and returns the bytes drawn at that
 // instant. Called with the authority's mutex held.
-func (gr *Grant) transition(st uint64) (memapi.Bytes, bool) {
+func (gr *grant) transition(st uint64) (memapi.Bytes, bool) {
+	return gr.transitionAs(gr.issue.Load(), st)
+}
+
+// transitionAs is transition for a handle of issue gen: false for a stale
+// one.
+func (gr *grant) transitionAs(gen uint64, st uint64) (memapi.Bytes, bool) {
 	for {
-		w, cur, d := gr.load()
+		w, cur, d := gr.loadAs(gen)
 		if cur != stateOpen {
 			return 0, false
 		}
 		if gr.state.CompareAndSwap(w, gr.word(st, d)) {
-			gr.bookGen(gr.acct.a, w)
+			gr.bookGen(gr.auth, w)
 			return d, true
 		}
 	}
 }
 
-func (gr *Grant) pastDeadline() bool {
-	return gr.dl != nil && !gr.acct.a.g.clock.Now().Before(gr.dl.at)
+func (gr *grant) pastDeadline() bool {
+	dl := gr.dl.Load()
+	return dl != nil && !gr.auth.g.clock.Now().Before(dl.at)
 }
 
-func (gr *Grant) closedError(op string, st uint64) error {
-	if st == stateCopied {
-		return opError(op, ErrCopiedGrant, gr.Authority(), 0, 0, "a copy of a Grant: use the *Grant the reservation returned")
+// closed is the error of a method on a zero Grant (never reserved) or,
+// for a Lease, on a stale one.
+func (h Grant) closed(op string) error {
+	if h.zero() {
+		return opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
 	}
-	e := opError(op, memapi.ErrGrantClosed, gr.Authority(), 0, 0, "")
+	return h.g.closedError(op, stateStale)
+}
+
+func (gr *grant) closedError(op string, st uint64) error {
+	e := opError(op, memapi.ErrGrantClosed, gr.auth.id, 0, 0, "")
 	switch st {
 	case stateCommit, stateSettled, stateRefunded:
 		e.Detail = "committed"
@@ -424,6 +535,9 @@ func (gr *Grant) closedError(op string, st uint64) error {
 		e.Detail = "being reserved again"
 	case stateUnissued:
 		e.Detail = "never reserved"
+	case stateStale:
+		e.Detail = "a stale handle: the grant was issued again since"
+		e.Err = ErrStaleHandle
 	}
 	return e
 }

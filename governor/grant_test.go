@@ -17,7 +17,7 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 	h.register("kv", nil, HolderOptions{})
 	ctx := context.Background()
 
-	gr, err := h.g.Reserve(ctx, hostA, "kv", "kv", 300, 5, time.Time{})
+	gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 300, Priority: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 func TestGrantErrorsChangeNothing(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
 	h.register("w", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "w", "weights", 100, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "w", Role: "weights", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestGrantErrorsChangeNothing(t *testing.T) {
 	mustKind(t, err, memapi.ErrGrantClosed)
 	mustKind(t, gr.Undraw(1), memapi.ErrGrantClosed)
 
-	gr2, err := h.g.Reserve(context.Background(), hostA, "w", "weights", 100, 0, time.Time{})
+	gr2, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "w", Role: "weights", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestGrantErrorsChangeNothing(t *testing.T) {
 func TestGrantDeadlineReclaimsUndrawnAndKeepsDrawn(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
 	h.register("ws", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "ws", "workspace", 400, 0, epoch.Add(10*time.Second))
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "ws", Role: "workspace", Bytes: 400, Deadline: epoch.Add(10 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestGrantDeadlineSeenWithoutTimer(t *testing.T) {
 	// (a real timer may fire late).
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 100})
 	h.register("x", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "x", "", 10, 0, epoch.Add(time.Second))
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 10, Deadline: epoch.Add(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestGrantDeadlineSeenWithoutTimer(t *testing.T) {
 func TestCommitStopsDeadline(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 100})
 	h.register("x", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "x", "", 10, 0, epoch.Add(time.Second))
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 10, Deadline: epoch.Add(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestCommitStopsDeadline(t *testing.T) {
 func TestReserveWithPastDeadline(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 100})
 	h.register("x", nil, HolderOptions{})
-	_, err := h.g.Reserve(context.Background(), hostA, "x", "", 10, 0, epoch)
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 10, Deadline: epoch})
 	mustKind(t, err, memapi.ErrGrantClosed)
 	mustKind(t, err, ErrExpired)
 	h.wantLedger(hostA, ledger{Free: 100})
@@ -218,7 +218,7 @@ func TestGrantDrawIsAtomic(t *testing.T) {
 	// Concurrent draws never take more than the grant.
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1 << 20})
 	h.register("x", nil, HolderOptions{})
-	gr, err := h.g.Reserve(context.Background(), hostA, "x", "", 1000, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,9 +106,9 @@ func (h *harness) wantLedger(id memapi.AuthorityID, want ledger) {
 }
 
 // lease reserves, draws and commits n bytes for holder.
-func (h *harness) lease(auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) *Lease {
+func (h *harness) lease(auth memapi.AuthorityID, holder HolderID, n memapi.Bytes) Lease {
 	h.t.Helper()
-	gr, err := h.g.Reserve(context.Background(), auth, holder, "test", n, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: auth, Holder: holder, Role: "test", Bytes: n})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func (h *harness) lease(auth memapi.AuthorityID, holder HolderID, n memapi.Bytes
 }
 
 type result struct {
-	gr  *Grant
+	gr  Grant
 	err error
 }
 
@@ -131,7 +131,7 @@ type result struct {
 func (h *harness) reserveAsync(ctx context.Context, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes, pri Priority, deadline time.Time) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		gr, err := h.g.Reserve(ctx, auth, holder, "test", n, pri, deadline)
+		gr, err := h.g.Reserve(ctx, Request{Authority: auth, Holder: holder, Role: "test", Bytes: n, Priority: pri, Deadline: deadline})
 		ch <- result{gr, err}
 	}()
 	return ch
@@ -153,14 +153,14 @@ func mustKind(t testing.TB, err, kind error) {
 // marks pending) up to frac percent of the bytes asked.
 type leaseHolder struct {
 	mu      sync.Mutex
-	leases  []*Lease
+	leases  []Lease
 	frac    int // percent of Wanted to free
 	pending bool
 	tickets []Ticket
 	onCall  func(Ticket)
 }
 
-func (lh *leaseHolder) add(l *Lease) {
+func (lh *leaseHolder) add(l Lease) {
 	lh.mu.Lock()
 	lh.leases = append(lh.leases, l)
 	lh.mu.Unlock()
@@ -170,7 +170,7 @@ func (lh *leaseHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 	lh.mu.Lock()
 	lh.tickets = append(lh.tickets, t)
 	target := t.Wanted * memapi.Bytes(lh.frac) / 100
-	leases := append([]*Lease(nil), lh.leases...)
+	leases := append([]Lease(nil), lh.leases...)
 	pending, onCall := lh.pending, lh.onCall
 	lh.mu.Unlock()
 	if onCall != nil {

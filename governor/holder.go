@@ -96,7 +96,7 @@ type account struct {
 	// Read and counted by snapshots without the lock (cacheRead).
 	cacheClamped, cacheErrors atomic.Uint64
 
-	gone bool // removed by Unregister: a Binding holding it resolves again
+	gone bool // removed by Unregister (which settled its grants: none is reissued without the lock)
 }
 
 func (c *account) used() memapi.Bytes { return c.reserved + c.charged + c.pending }

@@ -8,27 +8,44 @@ import "github.com/memgen/memgen/generated/memapi"
 // methods is refused (memapi.ErrForeignGrant) before anything is drawn.
 // Recognition is by concrete type and the link every issued grant keeps to
 // its governor (through its authority), which no code outside the package
-// can set. A copy of an issued grant or lease is not vouched for.
+// can set. A stale handle (of an earlier issue of a recycled grant) is
+// vouched for, as the governor's own, and refuses every use itself
+// (ErrStaleHandle).
 
 // IssuedGrant reports whether g is a Grant this governor reserved.
 func (g *Governor) IssuedGrant(x memapi.Grant) bool {
-	gr, ok := x.(*Grant)
-	return ok && g.issued(gr)
+	gr, ok := x.(Grant)
+	return ok && g.issued(gr.g)
 }
 
-// IssuedAccount reports whether a is a Grant or a Lease of this governor.
+// IssuedAccount reports whether a is a Grant or a Lease of this governor,
+// or one of the accounts it issues over them (Lease.QuarantinedAccount,
+// Split, ZeroAccount) whose every account is its own.
 func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	switch v := x.(type) {
-	case *Grant:
-		return g.issued(v)
-	case *Lease:
-		return v != nil && g.issued(v.g) && &v.g.lease == v // not a copy of the lease
+	case Grant:
+		return g.issued(v.g)
+	case Lease:
+		return g.issued(v.g)
+	case quarantinedAccount:
+		return g.issued(v.l.g)
+	case *splitAccount:
+		if v == nil || v.g != g {
+			return false
+		}
+		for _, p := range v.parts {
+			if !g.IssuedAccount(p.Account) {
+				return false
+			}
+		}
+		return true
+	case *zeroAccount:
+		return v != nil && v.g == g
 	}
 	return false
 }
 
-// issued reports whether gr was issued by g at least once, and is that
-// grant, not a copy of it (Grant.copied).
-func (g *Governor) issued(gr *Grant) bool {
-	return gr != nil && gr.acct != nil && !gr.copied() && gr.acct.a.g == g
+// issued reports whether gr was issued by g at least once.
+func (g *Governor) issued(gr *grant) bool {
+	return gr != nil && gr.auth.g == g
 }

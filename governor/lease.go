@@ -7,104 +7,154 @@ import "github.com/memgen/memgen/generated/memapi"
 // waiting for device fences) and refunded when the memory is really freed.
 // It implements memapi.Account, so the checked wrappers refund to it.
 //
+// Like a Grant, a Lease is a handle on the governor's record of its grant,
+// for one issue of it: once the lease was emptied (Refund, Release,
+// RefundQuarantined) the record may be issued again, and from then on every
+// method of the old Lease changes nothing: the figures read 0, Release
+// returns 0, and the others fail with memapi.ErrGrantClosed caused by
+// ErrStaleHandle. A copy of a Lease is the same handle.
+//
 // All methods are safe for concurrent use.
 type Lease struct {
-	g *Grant
-	// guarded by the authority's mutex, and set when the commit is settled: every
-	// method settles its own grant first (lockLease)
+	g   *grant
+	gen uint64 // the issue of g the lease was committed in (grant.issue)
+}
+
+// leaseFigures are a lease's figures, kept in its grant's record: guarded
+// by the authority's mutex, and set when the commit is settled (every
+// method settles its own grant first, lockLease).
+type leaseFigures struct {
 	charged     memapi.Bytes
 	pending     memapi.Bytes
 	quarantined memapi.Bytes // the part of charged whose free failed
 }
 
-var _ memapi.Account = (*Lease)(nil)
+var _ memapi.Account = Lease{}
 
-// Authority returns the authority the lease is charged on.
-func (l *Lease) Authority() memapi.AuthorityID { return l.g.acct.a.id }
+// Authority returns the authority the lease is charged on ("" for a zero
+// Lease).
+func (l Lease) Authority() memapi.AuthorityID { return Grant(l).Authority() }
 
-// Holder returns the holder the lease is charged to.
-func (l *Lease) Holder() HolderID { return l.g.acct.h.id }
+// Holder returns the holder the lease is charged to ("" for a zero or stale
+// Lease).
+func (l Lease) Holder() HolderID { return Grant(l).Holder() }
 
-// Role returns what the memory was reserved for.
-func (l *Lease) Role() Role { return l.g.role }
+// Role returns what the memory was reserved for ("" for a zero or stale
+// Lease).
+func (l Lease) Role() Role { return Grant(l).Role() }
 
 // lockLease takes the authority's mutex and settles the lease's commit if
-// it was made without the lock.
-func (l *Lease) lockLease() *authority {
-	a := l.g.acct.a
+// it was made without the lock. It returns the lease's figures; nil for a
+// zero Lease, and then the mutex is not taken.
+func (l Lease) lockLease() (*authority, *leaseFigures) {
+	if Grant(l).zero() {
+		return nil, nil
+	}
+	a := l.g.auth
 	a.mu.Lock()
 	a.settleGrantLocked(l.g)
-	return a
+	return a, &l.g.lease
+}
+
+// staleLocked reports whether l is of an earlier issue of its record:
+// every method checks it under the lock, after lockLease's settle, where
+// the issue cannot change under it (an issue under the lock waits for it,
+// and one without it needs a grant refunded and not settled, which the
+// settle leaves settled).
+func (l Lease) staleLocked() bool { return l.g.issue.Load() != l.gen }
+
+// staleError is the failure of op on a zero or stale lease.
+func (l Lease) staleError(op string) error { return Grant(l).closed(op) }
+
+// figure reads one figure under the lock; 0 for a zero or stale lease.
+func (l Lease) figure(f func(*leaseFigures) memapi.Bytes) memapi.Bytes {
+	a, lf := l.lockLease()
+	if a == nil {
+		return 0
+	}
+	defer a.mu.Unlock()
+	if l.staleLocked() {
+		return 0
+	}
+	return f(lf)
 }
 
 // Charged returns the bytes charged and not pending.
-func (l *Lease) Charged() memapi.Bytes {
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	return l.charged
+func (l Lease) Charged() memapi.Bytes {
+	return l.figure(func(f *leaseFigures) memapi.Bytes { return f.charged })
 }
 
 // Pending returns the bytes waiting for fences before their free.
-func (l *Lease) Pending() memapi.Bytes {
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	return l.pending
+func (l Lease) Pending() memapi.Bytes {
+	return l.figure(func(f *leaseFigures) memapi.Bytes { return f.pending })
 }
 
 // Quarantined returns the part of the charged bytes whose free failed: the
 // memory is still held by its mechanism, waiting for a retry.
-func (l *Lease) Quarantined() memapi.Bytes {
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	return l.quarantined
+func (l Lease) Quarantined() memapi.Bytes {
+	return l.figure(func(f *leaseFigures) memapi.Bytes { return f.quarantined })
 }
 
 // Bytes returns charged + pending: what the lease still holds.
-func (l *Lease) Bytes() memapi.Bytes {
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	return l.charged + l.pending
+func (l Lease) Bytes() memapi.Bytes {
+	return l.figure(func(f *leaseFigures) memapi.Bytes { return f.charged + f.pending })
 }
 
 // Refund returns n bytes whose memory was really freed: from pending first,
 // then from charged. The bytes become free and waiting reservations are
 // served. It fails with ErrOverReturn, changing nothing, beyond what the
-// lease holds.
-func (l *Lease) Refund(n memapi.Bytes) error {
+// lease holds. A Refund that empties the lease ends its grant's use: the
+// governor may issue both again (Reserve), which makes this Lease stale.
+func (l Lease) Refund(n memapi.Bytes) error {
+	const op = "governor.Lease.Refund"
+	gr := l.g
+	if Grant(l).zero() {
+		return l.staleError(op)
+	}
+	if err := gr.inject(OpRefund, n); err != nil {
+		return err
+	}
 	// refundUnsettled, spelled out on the hot path; with a reservation
 	// waiting, the lock is taken anyway, so take it at once.
-	if gr := l.g; n != 0 && !gr.acct.a.queued.Load() {
+	if n != 0 && !gr.auth.queued.Load() {
 		if refundChecked != nil {
 			refundChecked()
 		}
-		if w, st, d := gr.load(); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
+		if w, st, d := gr.loadAs(l.gen); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
 			gr.refunded()
+			gr.auth.putSpare(gr)
 			return nil
 		}
 	}
-	a := l.g.acct.a
-	a.mu.Lock()
-	if n != 0 && a.settleRefundLocked(l.g, n) {
+	a, f := l.lockLease()
+	if l.staleLocked() {
+		a.mu.Unlock()
+		return l.staleError(op)
+	}
+	if n != 0 && a.settleRefundLocked(gr, n) {
 		if a.head != nil {
 			a.serveLocked()
 		}
 		a.mu.Unlock()
+		a.putSpare(gr)
 		return nil
 	}
-	a.settleGrantLocked(l.g)
-	if held := l.charged + l.pending; n > held {
+	if held := f.charged + f.pending; n > held {
 		a.mu.Unlock()
-		return opError("governor.Lease.Refund", ErrOverReturn, a.id, n, held, "refund beyond the lease")
+		return opError(op, ErrOverReturn, a.id, n, held, "refund beyond the lease")
 	}
-	l.refundLocked(n)
+	emptied := gr.refundLocked(n)
 	a.mu.Unlock()
+	if emptied {
+		a.putSpare(gr)
+	}
 	return nil
 }
 
 // refundChecked, when set (by tests, before anything runs concurrently),
 // runs on Refund's lock-free path between its check that no reservation
 // waits and its swap: a test queues a reservation there, the interleaving
-// that only the wake after the swap (Grant.refunded) serves.
+// that only the wake after the swap (grant.refunded) serves.
 var refundChecked func()
 
 // refundUnsettled refunds n bytes without the lock when they are the whole
@@ -117,14 +167,15 @@ var refundChecked func()
 // swap and a reservation marks itself queued before it settles, so at
 // least one of the two sees the other (both are sequentially consistent
 // atomics): no waiter misses a refund. It reports false, changing nothing,
-// when the lock is needed.
-func (l *Lease) refundUnsettled(n memapi.Bytes) bool {
+// when the lock is needed or l is stale.
+func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 	gr := l.g
-	w, st, d := gr.load()
+	w, st, d := gr.loadAs(l.gen)
 	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
 		return false
 	}
 	gr.refunded()
+	gr.auth.putSpare(gr)
 	return true
 }
 
@@ -132,8 +183,8 @@ func (l *Lease) refundUnsettled(n memapi.Bytes) bool {
 // waiting reservation is served at once. It serves even when another
 // settle booked the refund first (a snapshot, a reservation's), which does
 // not serve.
-func (gr *Grant) refunded() {
-	if a := gr.acct.a; a.queued.Load() {
+func (gr *grant) refunded() {
+	if a := gr.auth; a.queued.Load() {
 		a.mu.Lock()
 		a.settleGrantLocked(gr)
 		a.serveLocked()
@@ -141,11 +192,14 @@ func (gr *Grant) refunded() {
 	}
 }
 
-func (l *Lease) refundLocked(n memapi.Bytes) {
+// refundLocked refunds n bytes of gr's lease and reports whether that
+// emptied it, which ends the grant's use.
+func (gr *grant) refundLocked(n memapi.Bytes) bool {
 	if n == 0 {
-		return
+		return false
 	}
-	c := l.g.acct
+	l := &gr.lease
+	c := gr.acct
 	a := c.a
 	fromPending := min(n, l.pending)
 	fromCharged := n - fromPending
@@ -162,44 +216,68 @@ func (l *Lease) refundLocked(n memapi.Bytes) {
 	l.charged -= fromCharged
 	a.charged -= fromCharged
 	c.charged -= fromCharged
-	if l.charged == 0 && l.pending == 0 {
+	emptied := l.charged == 0 && l.pending == 0
+	if emptied {
 		a.leases--
 		c.leases--
 	}
 	if a.head != nil {
 		a.serveLocked()
 	}
+	return emptied
 }
 
 // MarkPending moves n charged bytes to pending: the holder released the
 // memory but its free waits for device fences. Refund them when it happens.
 // It fails with ErrOverReturn, changing nothing, beyond the charged bytes.
 // Quarantined bytes are not marked: their free already failed.
-func (l *Lease) MarkPending(n memapi.Bytes) error {
-	a, c := l.lockLease(), l.g.acct
-	defer a.mu.Unlock()
-	if n > l.charged-l.quarantined {
-		return opError("governor.Lease.MarkPending", ErrOverReturn, a.id, n, l.charged-l.quarantined, "more than the charged bytes not quarantined")
+func (l Lease) MarkPending(n memapi.Bytes) error {
+	const op = "governor.Lease.MarkPending"
+	if Grant(l).zero() {
+		return l.staleError(op)
 	}
-	l.charged -= n
+	if err := l.g.inject(OpMarkPending, n); err != nil {
+		return err
+	}
+	a, f := l.lockLease()
+	if l.staleLocked() {
+		a.mu.Unlock()
+		return l.staleError(op)
+	}
+	defer a.mu.Unlock()
+	c := l.g.acct
+	if n > f.charged-f.quarantined {
+		return opError(op, ErrOverReturn, a.id, n, f.charged-f.quarantined, "more than the charged bytes not quarantined")
+	}
+	f.charged -= n
 	a.charged -= n
 	c.charged -= n
-	l.pending += n
+	f.pending += n
 	a.pending += n
 	c.pending += n
 	return nil
 }
 
 // Release refunds everything the lease still holds and returns how much that
-// was. Releasing an empty lease is a no-op.
-func (l *Lease) Release() memapi.Bytes {
-	if _, st, d := l.g.load(); st == stateCommit && d != 0 && l.refundUnsettled(d) {
+// was. Releasing an empty lease, or a stale one, is a no-op.
+func (l Lease) Release() memapi.Bytes {
+	if Grant(l).zero() {
+		return 0
+	}
+	if _, st, d := l.g.loadAs(l.gen); st == stateCommit && d != 0 && l.refundUnsettled(d) {
 		return d
 	}
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	n := l.charged + l.pending
-	l.refundLocked(n)
+	a, f := l.lockLease()
+	if l.staleLocked() {
+		a.mu.Unlock()
+		return 0
+	}
+	n := f.charged + f.pending
+	emptied := l.g.refundLocked(n)
+	a.mu.Unlock()
+	if emptied {
+		a.putSpare(l.g)
+	}
 	return n
 }
 
@@ -209,20 +287,32 @@ func (l *Lease) Release() memapi.Bytes {
 // for by a ticket. A retry that frees them refunds them with
 // RefundQuarantined. It fails with ErrOverReturn, changing nothing, beyond
 // the bytes not quarantined yet.
-func (l *Lease) Quarantine(n memapi.Bytes) error {
-	a, c := l.lockLease(), l.g.acct
-	defer a.mu.Unlock()
-	if free := l.pending + l.charged - l.quarantined; n > free {
-		return opError("governor.Lease.Quarantine", ErrOverReturn, a.id, n, free, "more than the bytes not quarantined")
+func (l Lease) Quarantine(n memapi.Bytes) error {
+	const op = "governor.Lease.Quarantine"
+	if Grant(l).zero() {
+		return l.staleError(op)
 	}
-	p := min(n, l.pending)
-	l.pending -= p
+	if err := l.g.inject(OpQuarantine, n); err != nil {
+		return err
+	}
+	a, f := l.lockLease()
+	if l.staleLocked() {
+		a.mu.Unlock()
+		return l.staleError(op)
+	}
+	defer a.mu.Unlock()
+	c := l.g.acct
+	if free := f.pending + f.charged - f.quarantined; n > free {
+		return opError(op, ErrOverReturn, a.id, n, free, "more than the bytes not quarantined")
+	}
+	p := min(n, f.pending)
+	f.pending -= p
 	a.pending -= p
 	c.pending -= p
-	l.charged += p
+	f.charged += p
 	a.charged += p
 	c.charged += p
-	l.quarantined += n
+	f.quarantined += n
 	a.quarantined += n
 	c.quar += n
 	return nil
@@ -231,26 +321,42 @@ func (l *Lease) Quarantine(n memapi.Bytes) error {
 // RefundQuarantined returns n quarantined bytes that a retry really freed.
 // It fails with ErrOverReturn, changing nothing, beyond the quarantined
 // bytes.
-func (l *Lease) RefundQuarantined(n memapi.Bytes) error {
-	a := l.lockLease()
-	defer a.mu.Unlock()
-	if n > l.quarantined {
-		return opError("governor.Lease.RefundQuarantined", ErrOverReturn, a.id, n, l.quarantined, "more than the quarantined bytes")
+func (l Lease) RefundQuarantined(n memapi.Bytes) error {
+	const op = "governor.Lease.RefundQuarantined"
+	if Grant(l).zero() {
+		return l.staleError(op)
+	}
+	if err := l.g.inject(OpRefundQuarantined, n); err != nil {
+		return err
+	}
+	a, f := l.lockLease()
+	if l.staleLocked() {
+		a.mu.Unlock()
+		return l.staleError(op)
+	}
+	if n > f.quarantined {
+		a.mu.Unlock()
+		return opError(op, ErrOverReturn, a.id, n, f.quarantined, "more than the quarantined bytes")
 	}
 	// refundLocked takes pending first: refund from charged alone.
 	c := l.g.acct
-	l.quarantined -= n
+	f.quarantined -= n
 	a.quarantined -= n
 	c.quar -= n
-	l.charged -= n
+	f.charged -= n
 	a.charged -= n
 	c.charged -= n
-	if l.charged == 0 && l.pending == 0 && n != 0 {
+	emptied := f.charged == 0 && f.pending == 0 && n != 0
+	if emptied {
 		a.leases--
 		c.leases--
 	}
 	if a.head != nil {
 		a.serveLocked()
+	}
+	a.mu.Unlock()
+	if emptied {
+		a.putSpare(l.g)
 	}
 	return nil
 }

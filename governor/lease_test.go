@@ -72,7 +72,7 @@ func TestRefundWakesWaiterQueuedAfterItsCheck(t *testing.T) {
 	h.register("a", nil, HolderOptions{})
 	h.register("b", nil, HolderOptions{})
 	ctx := context.Background()
-	gr, err := h.g.Reserve(ctx, hostA, "a", "kv", 100, 0, time.Time{})
+	gr, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "a", Role: "kv", Bytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,9 @@ import (
 // deadlines, and after most steps compares the governor with a simple
 // reference model and checks the ledger identity (a step left unchecked lets
 // the next one run on commits made without the lock and not yet settled).
-// Reservations go by names (Governor.Reserve), through a Binding, or
-// through a Binding into a reused grant (ReserveInto).
+// Reservations go through Governor.Reserve, which reissues grants whose use
+// ended (cancelled, or their lease refunded whole): the model forgets such a
+// grant and its lease at the next reservation, which may reissue them.
 func TestLedgerStateMachine(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		m := newModel(rt)
@@ -54,7 +55,7 @@ const (
 )
 
 type mGrant struct {
-	gr       *Grant
+	gr       Grant
 	auth     memapi.AuthorityID
 	holder   HolderID
 	size     memapi.Bytes
@@ -64,7 +65,7 @@ type mGrant struct {
 }
 
 type mLease struct {
-	l                *Lease
+	l                Lease
 	auth             memapi.AuthorityID
 	holder           HolderID
 	charged, pending memapi.Bytes
@@ -94,9 +95,8 @@ type model struct {
 	grants  []*mGrant
 	leases  []*mLease
 
-	granted  map[memapi.AuthorityID]uint64 // grants made
-	bindings map[string]*Binding           // by authority + "/" + holder
-	spare    []*Grant                      // grants that left the model closed, for ReserveInto
+	granted map[memapi.AuthorityID]uint64 // grants made
+	spent   []*mGrant                     // grants whose use ended, forgotten by the next reservation (forgetSpent)
 
 	// written by Reclaim callbacks in the reserving goroutine while the
 	// test goroutine waits for it
@@ -113,13 +113,12 @@ type ticketSeen struct {
 
 func newModel(rt *rapid.T) *model {
 	m := &model{
-		rt:       rt,
-		clock:    newFakeClock(),
-		waiting:  make(chan Event, 8),
-		caps:     map[memapi.AuthorityID]memapi.Bytes{},
-		holders:  map[HolderID]*mHolder{},
-		bindings: map[string]*Binding{},
-		granted:  map[memapi.AuthorityID]uint64{},
+		rt:      rt,
+		clock:   newFakeClock(),
+		waiting: make(chan Event, 8),
+		caps:    map[memapi.AuthorityID]memapi.Bytes{},
+		holders: map[HolderID]*mHolder{},
+		granted: map[memapi.AuthorityID]uint64{},
 	}
 	m.g = New(Options{Clock: m.clock, OnEvent: func(e Event) {
 		if e.Kind == EventWaiting {
@@ -243,6 +242,9 @@ func (m *model) reclaim(h *mHolder, t Ticket) (memapi.Bytes, error) {
 			fromPending := min(n, l.pending) // a refund takes pending bytes first
 			l.pending -= fromPending
 			l.charged -= n - fromPending
+			if n != 0 && l.charged+l.pending == 0 {
+				m.spend(m.grantOf(l))
+			}
 		}
 		freed += n
 	}
@@ -327,6 +329,7 @@ func (m *model) lease(rt *rapid.T) {
 // reserve reserves and returns the model's grant, or nil when it failed as
 // the model says it must.
 func (m *model) reserve(rt *rapid.T) *mGrant {
+	m.forgetSpent()
 	a := rapid.SampledFrom(m.auths).Draw(rt, "authority")
 	h := m.holders[rapid.SampledFrom(m.hids).Draw(rt, "holder")]
 	bytes := memapi.Bytes(rapid.IntRange(1, max(10, int(m.caps[a]*6/5))).Draw(rt, "bytes"))
@@ -343,77 +346,17 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 	free := m.free(a)
 	_, _, pendingAll := m.figures(a, "")
 
-	// The way in: by names, through a binding, or into a grant the caller
-	// owns (a zero one, a spare one, or any of the model's: the model says
-	// whether it may be reused).
-	via := rapid.SampledFrom([]string{"names", "binding", "into"}).Draw(rt, "via")
-	var bd *Binding
-	var into *Grant
-	var old *mGrant
-	if via != "names" {
-		bd = m.binding(rt, a, h.id)
-	}
-	if via == "into" {
-		switch k := rapid.IntRange(0, 2).Draw(rt, "into"); {
-		case k == 1 && len(m.spare) != 0:
-			i := rapid.IntRange(0, len(m.spare)-1).Draw(rt, "spare")
-			into = m.spare[i]
-			if into.acct != nil && into.acct.a.id != a {
-				err := bd.ReserveInto(context.Background(), into, bytes, 0, deadline)
-				mustKindRapid(rt, err, memapi.ErrAuthorityMismatch)
-				return nil
-			}
-			m.spare = slices.Delete(m.spare, i, i+1)
-		case k == 2 && len(m.grants) != 0:
-			old = rapid.SampledFrom(m.grants).Draw(rt, "reused grant")
-			into = old.gr
-			if kind := m.reuseRefusal(old, a); kind != nil {
-				err := bd.ReserveInto(context.Background(), into, bytes, 0, deadline)
-				mustKindRapid(rt, err, kind)
-				return nil
-			}
-		default:
-			into = new(Grant)
-		}
-	}
-
 	m.tickets = nil
 	m.wanted = bytes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ch := make(chan result, 1)
 	go func() {
-		var gr *Grant
-		var err error
-		switch via {
-		case "names":
-			gr, err = m.g.Reserve(ctx, a, h.id, "model", bytes, 0, deadline)
-		case "binding":
-			gr, err = bd.Reserve(ctx, bytes, 0, deadline)
-		default:
-			if err = bd.ReserveInto(ctx, into, bytes, 0, deadline); err == nil {
-				gr = into
-			}
-		}
+		gr, err := m.g.Reserve(ctx, Request{Authority: a, Holder: h.id, Role: "model", Bytes: bytes, Deadline: deadline})
 		ch <- result{gr, err}
 	}()
-	// done settles the reused grant's old entries once the reservation is
-	// over: a success or a wait that ended reissued or closed it; a refusal
-	// before the wait left it as it was.
-	done := func(res result, waited bool) {
-		if into == nil {
-			return
-		}
-		if res.err == nil || waited {
-			m.forget(old)
-		}
-		if res.err != nil && (old == nil || waited) {
-			m.spare = append(m.spare, into)
-		}
-	}
 	var res result
 	var waited bool
-	defer func() { done(res, waited) }()
 	select {
 	case res = <-ch:
 	case <-m.waiting:
@@ -495,6 +438,9 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 		if err := l.l.Refund(n); err != nil {
 			rt.Fatal(err)
 		}
+		if n != 0 {
+			m.spend(m.grantOf(l))
+		}
 		l.charged, l.pending = 0, 0
 		if m.free(a) >= bytes {
 			res = watchdog.Recv(rt, bound, "the served reservation", ch)
@@ -512,63 +458,53 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 	return nil
 }
 
-// binding returns the model's binding of holder on authority a.
-func (m *model) binding(rt *rapid.T, a memapi.AuthorityID, h HolderID) *Binding {
-	key := string(a) + "/" + string(h)
-	if bd := m.bindings[key]; bd != nil {
-		return bd
-	}
-	bd, err := m.g.Bind(a, h, "model")
-	if err != nil {
-		rt.Fatal(err)
-	}
-	m.bindings[key] = bd
-	return bd
-}
-
-// reuseRefusal is the error kind ReserveInto must refuse g's grant with on
-// authority a, or nil when the grant may be reused.
-func (m *model) reuseRefusal(g *mGrant, a memapi.AuthorityID) error {
-	if g.auth != a {
-		return memapi.ErrAuthorityMismatch
-	}
-	switch g.state {
-	case gOpen:
-		return memapi.ErrInUse
-	case gExpired:
-		if g.drawn != 0 {
-			return memapi.ErrInUse
-		}
-	case gCommitted:
-		if l := m.leaseOf(g); l != nil && l.charged+l.pending != 0 {
-			return memapi.ErrInUse
-		}
-	}
-	return nil
-}
-
 func (m *model) leaseOf(g *mGrant) *mLease {
 	for _, l := range m.leases {
-		if l.l == &g.gr.lease {
+		if Grant(l.l) == g.gr {
 			return l
 		}
 	}
 	return nil
 }
 
-// forget drops a reused grant and its lease from the model.
+// forget drops a grant and its lease from the model.
 func (m *model) forget(g *mGrant) {
-	if g == nil {
-		return
-	}
 	if l := m.leaseOf(g); l != nil {
 		m.leases = slices.DeleteFunc(m.leases, func(x *mLease) bool { return x == l })
 	}
 	m.grants = slices.DeleteFunc(m.grants, func(x *mGrant) bool { return x == g })
 }
 
-func (m *model) addGrant(gr *Grant, a memapi.AuthorityID, h HolderID, n memapi.Bytes, deadline time.Time) *mGrant {
-	if gr == nil || gr.Size() != n || gr.Authority() != a || gr.Holder() != h || !gr.Deadline().Equal(deadline) || gr.Remaining() != n {
+// spend marks g's use as ended (cancelled, or its lease emptied by a refund
+// or a release): the governor may issue it again from the next
+// reservation on, so the model forgets it then (forgetSpent); until then
+// every check on it still runs.
+func (m *model) spend(g *mGrant) {
+	if g != nil && !slices.Contains(m.spent, g) {
+		m.spent = append(m.spent, g)
+	}
+}
+
+// forgetSpent forgets the spent grants before a reservation.
+func (m *model) forgetSpent() {
+	for _, g := range m.spent {
+		m.forget(g)
+	}
+	m.spent = nil
+}
+
+// grantOf returns the model's grant whose lease is l.
+func (m *model) grantOf(l *mLease) *mGrant {
+	for _, g := range m.grants {
+		if g.gr == Grant(l.l) {
+			return g
+		}
+	}
+	return nil
+}
+
+func (m *model) addGrant(gr Grant, a memapi.AuthorityID, h HolderID, n memapi.Bytes, deadline time.Time) *mGrant {
+	if gr == (Grant{}) || gr.Size() != n || gr.Authority() != a || gr.Holder() != h || !gr.Deadline().Equal(deadline) || gr.Remaining() != n {
 		m.rt.Fatalf("grant %+v", gr)
 	}
 	g := &mGrant{gr: gr, auth: a, holder: h, size: n, deadline: deadline}
@@ -577,11 +513,10 @@ func (m *model) addGrant(gr *Grant, a memapi.AuthorityID, h HolderID, n memapi.B
 	return g
 }
 
-// cycle is the hot path, one to four times on one grant: reserve into it
-// through a binding what fits, draw it all, commit, refund the whole lease
-// (the commit and the refund take no lock; issued again at once, the grant
-// is reissued in place, or without the lock when the size is the same).
-// The figures end where they began; the grant is left spare.
+// cycle is the hot path, one to four times: reserve what fits, draw it
+// all, commit, refund the whole lease (the commit and the refund take no
+// lock; the next reservation reissues the grant, without the lock when the
+// size is the same). The figures end where they began.
 func (m *model) cycle(rt *rapid.T) {
 	a := rapid.SampledFrom(m.auths).Draw(rt, "authority")
 	h := m.holders[rapid.SampledFrom(m.hids).Draw(rt, "holder")]
@@ -593,18 +528,14 @@ func (m *model) cycle(rt *rapid.T) {
 	if room == 0 {
 		rt.Skip("no room")
 	}
-	bd := m.binding(rt, a, h.id)
-	into := new(Grant)
-	if i := slices.IndexFunc(m.spare, func(gr *Grant) bool { return gr.acct != nil && gr.acct.a.id == a }); i >= 0 && rapid.Bool().Draw(rt, "spare") {
-		into = m.spare[i]
-		m.spare = slices.Delete(m.spare, i, i+1)
-	}
+	m.forgetSpent()
 	n := memapi.Bytes(rapid.IntRange(1, int(room)).Draw(rt, "n"))
 	for range rapid.IntRange(1, 4).Draw(rt, "cycles") {
 		if rapid.Bool().Draw(rt, "new size") {
 			n = memapi.Bytes(rapid.IntRange(1, int(room)).Draw(rt, "n"))
 		}
-		if err := bd.ReserveInto(context.Background(), into, n, 0, time.Time{}); err != nil {
+		into, err := m.g.Reserve(context.Background(), Request{Authority: a, Holder: h.id, Role: "model", Bytes: n})
+		if err != nil {
 			rt.Fatal(err)
 		}
 		if err := into.Draw(n); err != nil {
@@ -619,7 +550,6 @@ func (m *model) cycle(rt *rapid.T) {
 		}
 		m.granted[a]++
 	}
-	m.spare = append(m.spare, into)
 }
 
 func (m *model) pickGrant(rt *rapid.T) *mGrant {
@@ -694,7 +624,7 @@ func (m *model) commitGrant(rt *rapid.T, g *mGrant) {
 	m.addLease(rt, g, l)
 }
 
-func (m *model) addLease(rt *rapid.T, g *mGrant, l *Lease) {
+func (m *model) addLease(rt *rapid.T, g *mGrant, l Lease) {
 	g.state = gCommitted
 	m.leases = append(m.leases, &mLease{l: l, auth: g.auth, holder: g.holder, charged: g.drawn})
 	if l.Holder() != g.holder || l.Authority() != g.auth {
@@ -714,6 +644,7 @@ func (m *model) cancel(rt *rapid.T) {
 		rt.Fatal(err)
 	case g.state == gOpen:
 		g.state = gCancelled
+		m.spend(g)
 	}
 }
 
@@ -731,6 +662,9 @@ func (m *model) refund(rt *rapid.T) {
 	fromPending := min(n, l.pending)
 	l.pending -= fromPending
 	l.charged -= n - fromPending
+	if n != 0 && l.charged+l.pending == 0 {
+		m.spend(m.grantOf(l))
+	}
 }
 
 func (m *model) markPending(rt *rapid.T) {
@@ -752,6 +686,9 @@ func (m *model) release(rt *rapid.T) {
 	l := m.pickLease(rt)
 	if n := l.l.Release(); n != l.charged+l.pending {
 		rt.Fatalf("release returned %d, want %d", n, l.charged+l.pending)
+	}
+	if l.charged+l.pending != 0 {
+		m.spend(m.grantOf(l))
 	}
 	l.charged, l.pending = 0, 0
 }

@@ -29,7 +29,7 @@ func TestReclaimMayReenterTheGovernor(t *testing.T) {
 		if _, ok := h.g.Authority(hostA); ok {
 			inside = append(inside, "authority")
 		}
-		gr, err := h.g.Reserve(context.Background(), gpu, "cache", "staging", 50, 0, time.Time{})
+		gr, err := h.g.Reserve(context.Background(), Request{Authority: gpu, Holder: "cache", Role: "staging", Bytes: 50})
 		if err != nil {
 			t.Errorf("reserve on another authority inside Reclaim: %v", err)
 			return
@@ -50,7 +50,7 @@ func TestReclaimMayReenterTheGovernor(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		gr, err := h.g.Reserve(context.Background(), hostA, "req", "kv", 500, 1, time.Time{})
+		gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "kv", Bytes: 500, Priority: 1})
 		done <- result{gr, err}
 	}()
 	r := await(t, done) // a deadlock would trip the watchdog
@@ -299,7 +299,7 @@ func TestHolderOverItsLimit(t *testing.T) {
 	l := h.lease(hostA, "kv", 300)
 	before := h.ledger(hostA)
 
-	_, err := h.g.Reserve(context.Background(), hostA, "kv", "kv", 201, 0, time.Time{})
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 201})
 	mustKind(t, err, ErrOverLimit)
 	mustKind(t, err, memapi.ErrOverBudget)
 	var ob *OverBudgetError
@@ -315,13 +315,13 @@ func TestHolderOverItsLimit(t *testing.T) {
 	if err := l.MarkPending(300); err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.g.Reserve(context.Background(), hostA, "kv", "kv", 201, 0, time.Time{})
+	_, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 201})
 	mustKind(t, err, ErrOverLimit)
-	gr, err := h.g.Reserve(context.Background(), hostA, "kv", "kv", 200, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 200})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.g.Reserve(context.Background(), hostA, "kv", "kv", 1, 0, time.Time{})
+	_, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 1})
 	mustKind(t, err, ErrOverLimit)
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
@@ -403,7 +403,7 @@ func TestStopsAskingOnceServed(t *testing.T) {
 	h.register("req", nil, HolderOptions{})
 	generous.add(h.lease(hostA, "generous", 300))
 	other.add(h.lease(hostA, "other", 700))
-	gr, err := h.g.Reserve(context.Background(), hostA, "req", "", 300, 0, time.Time{})
+	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func TestReclaimErrorIsCountedAndNextHolderAsked(t *testing.T) {
 	h.register("req", nil, HolderOptions{})
 	h.lease(hostA, "bad", 500)
 	good.add(h.lease(hostA, "good", 500))
-	if _, err := h.g.Reserve(context.Background(), hostA, "req", "", 400, 0, time.Time{}); err != nil {
+	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 400}); err != nil {
 		t.Fatal(err)
 	}
 	ev := h.eventsOf(EventReclaimed)
@@ -452,7 +452,7 @@ func TestOverBudgetErrorFigures(t *testing.T) {
 	}
 	// free 300, pending 100, reclaimable 200 (b over its guarantee)
 
-	_, err := h.g.Reserve(context.Background(), hostA, "req", "", 1001, 0, time.Time{})
+	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 1001})
 	var ob *OverBudgetError
 	if !errors.As(err, &ob) || ob.Reason != "larger than the capacity" || ob.Tickets != 0 {
 		t.Fatalf("oversized: %v", err)
@@ -527,7 +527,7 @@ func TestPanickingReclaimLeavesNoWaiter(t *testing.T) {
 				t.Fatalf("recovered %v", r)
 			}
 		}()
-		h.g.Reserve(context.Background(), hostA, "req", "", 50, 0, time.Time{})
+		h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 50})
 		t.Fatal("Reserve returned")
 	}()
 	s := h.auth(hostA)
@@ -536,7 +536,7 @@ func TestPanickingReclaimLeavesNoWaiter(t *testing.T) {
 	}
 	// The queue is not blocked.
 	l.Release()
-	if _, err := h.g.Reserve(context.Background(), hostA, "req", "", 50, 0, time.Time{}); err != nil {
+	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 50}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -10,7 +10,20 @@ import (
 
 const opReserve = "governor.Reserve"
 
-// Reserve asks authority for a provisional grant of bytes for holder.
+// Request asks an authority for a provisional grant of Bytes for Holder.
+type Request struct {
+	Authority memapi.AuthorityID
+	Holder    HolderID
+	Role      Role         // what the bytes are for, carried by the grant and its lease
+	Bytes     memapi.Bytes // more than 0
+	Priority  Priority     // carried in the pressure tickets, so holders can weigh the request
+	// Deadline (zero: none) bounds the grant: one still open at it is
+	// reclaimed (see Grant). A reservation does not wait past it either,
+	// as if its ctx ended there.
+	Deadline time.Time
+}
+
+// Reserve asks r.Authority for a provisional grant of r.Bytes for r.Holder.
 //
 // When the bytes fit and nobody is waiting, it returns at once. Otherwise the
 // request joins the authority's queue (served strictly in arrival order),
@@ -18,42 +31,116 @@ const opReserve = "governor.Reserve"
 // memory (lower holder priority first, then the most bytes over the
 // guarantee; guaranteed bytes are never asked for) and their Reclaim is
 // called in this goroutine with ctx. The request then waits for refunds until
-// it is served, ctx ends or deadline passes. priority is carried in the
-// tickets so holders can weigh the request.
+// it is served or ctx ends (or r.Deadline passes). The same ctx bounds an
+// authority's Admission (SetAdmission), and with it the waits of a shared
+// ledger's locks (governor/xproc).
 //
-// deadline (zero: none) bounds both the wait and the grant: a grant still
-// open at its deadline is reclaimed (see Grant). A reservation with no
-// deadline, whose ctx has none either (context.Background()), waits at most
-// the governor's Options.DefaultWait (DefaultWaitBound, 30 s, unless set),
-// then fails with an *OverBudgetError whose Err is ErrDefaultWait; with
-// Options.DefaultWait negative it waits until it is served, ctx is
-// cancelled or the governor closes.
+// A reservation whose ctx has no deadline (context.Background()), and that
+// has no Deadline, waits at most the governor's Options.DefaultWait
+// (DefaultWaitBound, 30 s, unless set), then fails with an *OverBudgetError
+// whose Err is ErrDefaultWait; with Options.DefaultWait negative it waits
+// until it is served, ctx is cancelled or the governor closes.
+//
+// Grants are recycled: once a grant was cancelled, or committed and its
+// lease emptied by a refund (Refund, Release, RefundQuarantined), the
+// governor may issue its record again to a later Reserve. So the
+// reservation cycle allocates nothing. Until that reissue, the old grant
+// refuses every use as closed (and its empty lease every refund); from it
+// on, the old Grant and Lease are stale handles, refused with
+// ErrStaleHandle, changing nothing.
 //
 // Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
 // ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
 // holder's limit forbids the bytes, and of Kind memapi.ErrOverBudget when the
 // bytes exceed the capacity or the wait ended (its Err is then the context's
-// error or context.DeadlineExceeded); memapi.ErrClosed after Close. A failed
-// Reserve leaves the ledger as it found it.
-func (g *Governor) Reserve(ctx context.Context, authority memapi.AuthorityID, holder HolderID, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*Grant, error) {
-	if err := g.checkReserve(authority, bytes, deadline); err != nil {
-		return nil, err
+// error or context.DeadlineExceeded); memapi.ErrClosed after Close; the
+// Injector's error (Options.Injector). A failed Reserve leaves the ledger as
+// it found it.
+func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
+	if g.inject != nil {
+		if err := g.inject.MaybeError(OpReserve, r.Authority, r.Bytes); err != nil {
+			return Grant{}, err
+		}
 	}
-	a := g.authority(authority)
-	if a == nil {
-		return nil, opError(opReserve, ErrUnknownAuthority, authority, bytes, 0, "")
+	a := g.last.Load()
+	if a == nil || a.id != r.Authority || a.closed.Load() {
+		if a = g.authority(r.Authority); a == nil {
+			if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
+				return Grant{}, err
+			}
+			return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
+		}
+		g.last.Store(a)
+	}
+	gr, _ := a.spare.Get().(*grant)
+	// The same reservation again, right after the whole refund of the
+	// last one's lease: the bytes never left, so the grant opens again
+	// without the lock (Grant.reissue), or the swap fails and the lock
+	// decides.
+	if gr != nil && gr.acct.h.id == r.Holder && r.Bytes == gr.sz() && r.Priority == gr.priority &&
+		gr.role == r.Role && r.Deadline.IsZero() && !a.closed.Load() && gr.reissue() {
+		return gr.handle(), nil
+	}
+	got, err := g.reserveSlow(ctx, a, r, gr)
+	if err != nil {
+		return Grant{}, err
+	}
+	// Read before the handle is out: nothing else issues the grant again
+	// before its use ends.
+	return got.handle(), nil
+}
+
+// reserveSlow is Reserve under the authority's lock, into gr (a spare
+// grant whose use ended) or a new one when gr is nil.
+func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, gr *grant) (*grant, error) {
+	if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
+		a.putSpare(gr)
+		return nil, err
 	}
 	a.mu.Lock()
 	if a.shut != nil {
 		a.mu.Unlock()
 		return nil, a.shut
 	}
-	c := a.accountLocked(holder)
+	c := a.accountLocked(r.Holder)
 	if c == nil {
 		a.mu.Unlock()
-		return nil, opError(opReserve, ErrUnknownHolder, authority, bytes, 0, "holder "+string(holder))
+		a.putSpare(gr)
+		return nil, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
 	}
-	return g.reserveLocked(ctx, a, c, role, bytes, priority, deadline, nil)
+	if gr != nil && !a.reusableLocked(gr) {
+		gr = nil // not reissued: a fresh grant instead
+	}
+	got, err := g.reserveLocked(ctx, a, c, r.Role, r.Bytes, r.Priority, r.Deadline, gr)
+	if err != nil {
+		a.putSpare(gr) // a failed reservation leaves it closed and reusable
+	}
+	return got, err
+}
+
+// putSpare keeps gr, a grant whose use ended, for a later Reserve.
+func (a *authority) putSpare(gr *grant) {
+	if gr != nil {
+		a.spare.Put(gr)
+	}
+}
+
+// reusableLocked reports whether gr, a spare grant of a, can be issued
+// again: its use ended (cancelled, committed with its lease empty, or
+// refunded whole and not settled yet) and nothing holds it.
+func (a *authority) reusableLocked(gr *grant) bool {
+	if gr.auth != a {
+		return false
+	}
+	_, st, _ := gr.load()
+	switch st {
+	case stateRefunded, stateCancel:
+		return true
+	case stateCommit, stateSettled:
+		a.settleGrantLocked(gr)
+		return gr.lease.charged+gr.lease.pending == 0
+	}
+	return false
 }
 
 // checkReserve refuses what no ledger state can grant.
@@ -68,9 +155,9 @@ func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes
 }
 
 // reserveLocked is Reserve once the authority and the holder's account are
-// resolved, called with a.mu held (it releases it). into is the caller's
-// grant to fill (Binding.ReserveInto, checked reusable) or nil.
-func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+// resolved, called with a.mu held (it releases it). into is a spare grant
+// to fill (checked reusable) or nil.
+func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	if a.head == nil && a.freeLocked() >= bytes && (c.limit == 0 || c.used()+c.waiting+bytes <= c.limit) {
 		gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
 		a.mu.Unlock()
@@ -106,7 +193,7 @@ func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
 
 // queueLocked is the slow path of reserveLocked: the request fails at once
 // or joins the queue, asks holders for the shortfall and waits.
-func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *Grant) (*Grant, error) {
+func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
 	holder := c.h.id
 	w := &waiter{acct: c, bytes: bytes, role: role, priority: priority, deadline: deadline}
 	if bytes > a.capacity && (a.admit == nil || ctx.Done() == nil && deadline.IsZero()) {
@@ -117,11 +204,10 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 		return nil, err
 	}
 	if into != nil {
-		// Closed to every use while it waits, and not reusable by another
-		// ReserveInto, until it is served or given back (unclaimLocked).
-		if into.acct == nil {
-			into.lease.g = into // a zero Grant
-		}
+		// Closed to every use while it waits, until it is served or given
+		// back (unclaimLocked); the handles of its last issue are stale
+		// from now on.
+		into.issue.Add(1)
 		into.acct = c
 		into.state.Store(into.word(stateClaimed, 0))
 		w.into = into
@@ -155,8 +241,8 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 	return g.wait(ctx, a, w, short)
 }
 
-// unclaimLocked gives a waiter's unserved grant (ReserveInto) back to its
-// caller, closed and reusable, as a failed reservation leaves it.
+// unclaimLocked gives a waiter's unserved spare grant back, closed and
+// reusable, as a failed reservation leaves it.
 func (w *waiter) unclaimLocked() {
 	if gr := w.into; gr != nil && w.grant == nil {
 		if _, st, _ := gr.load(); st == stateClaimed {
@@ -246,7 +332,7 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 // Every callback it makes (the event hook, a holder's Reclaim) runs after
 // the cleanup below is armed: should one panic, w leaves the queue (or its
 // grant goes back) and no ask stays booked, then the panic goes on.
-func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*Grant, error) {
+func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*grant, error) {
 	holder := w.acct.h.id
 	var issued int
 	var freed memapi.Bytes

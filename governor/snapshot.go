@@ -31,6 +31,7 @@ type AuthoritySnapshot struct {
 	Pending  memapi.Bytes
 	Free     memapi.Bytes
 
+	Drawn        memapi.Bytes // the part of Reserved drawn from open grants: backing installed, not committed yet
 	ExpiredDrawn memapi.Bytes // the part of Reserved held by expired grants awaiting rollback
 	Quarantined  memapi.Bytes // the part of Charged whose free failed: still held, waiting for a retry
 	Cached       memapi.Bytes // the part of Charged its holders report as cache: the sum of their HolderAuthoritySnapshot.Cached
@@ -240,6 +241,11 @@ func (a *authority) snapshotLocked() AuthoritySnapshot {
 		Tickets:        a.tickets,
 		Freed:          a.freed,
 		PressureEvents: a.pressureEvents,
+	}
+	for gr := a.unsettled; gr != nil; gr = gr.unext {
+		if _, st, d := gr.load(); st == stateOpen {
+			s.Drawn += d
+		}
 	}
 	n := min(a.pressureEvents, pressureHistory)
 	for i := a.pressureEvents - n; i < a.pressureEvents; i++ {

@@ -20,21 +20,21 @@ import (
 type stressHolder struct {
 	mu      sync.Mutex
 	rng     *rand.Rand
-	leases  []*Lease
-	pending []*Lease
+	leases  []Lease
+	pending []Lease
 }
 
-func (s *stressHolder) put(l *Lease) {
+func (s *stressHolder) put(l Lease) {
 	s.mu.Lock()
 	s.leases = append(s.leases, l)
 	s.mu.Unlock()
 }
 
-func (s *stressHolder) take() *Lease {
+func (s *stressHolder) take() Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.leases) == 0 {
-		return nil
+		return Lease{}
 	}
 	i := s.rng.IntN(len(s.leases))
 	l := s.leases[i]
@@ -43,11 +43,11 @@ func (s *stressHolder) take() *Lease {
 	return l
 }
 
-func (s *stressHolder) takePending() *Lease {
+func (s *stressHolder) takePending() Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pending) == 0 {
-		return nil
+		return Lease{}
 	}
 	l := s.pending[len(s.pending)-1]
 	s.pending = s.pending[:len(s.pending)-1]
@@ -64,7 +64,7 @@ func (s *stressHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 	var freed memapi.Bytes
 	for freed < t.Wanted {
 		l := s.take()
-		if l == nil {
+		if l == (Lease{}) {
 			break
 		}
 		if l.Authority() != t.Authority {
@@ -121,17 +121,6 @@ func TestStressConcurrentLedger(t *testing.T) {
 		}
 	}
 
-	bindings := map[string]*Binding{}
-	for _, a := range auths {
-		for _, id := range ids {
-			bd, err := g.Bind(a, id, "stress")
-			if err != nil {
-				t.Fatal(err)
-			}
-			bindings[string(a)+"/"+string(id)] = bd
-		}
-	}
-
 	// A watcher takes snapshots throughout: the identity holds at every
 	// instant, commits made without the lock included.
 	stopWatch := make(chan struct{})
@@ -170,16 +159,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 	var hot [4]int64
 	for i := range hot {
 		wg.Go(func() {
-			bd, err := g.Bind(hotAuth, ids[i], "hot")
-			if err != nil {
-				errs <- err
-				return
-			}
 			size := memapi.Bytes(4<<10) << i
-			var gr Grant
 			for range iters * 10 {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				err := bd.ReserveInto(ctx, &gr, size, 1, time.Time{})
+				gr, err := g.Reserve(ctx, Request{Authority: hotAuth, Holder: ids[i], Role: "hot", Bytes: size, Priority: 1})
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError
@@ -209,16 +192,15 @@ func TestStressConcurrentLedger(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 2))
-			var spare *Grant // a closed grant this worker owns, for ReserveInto
 			for range iters {
 				hi := rng.IntN(len(holders))
 				hd := holders[hi]
 				switch rng.IntN(5) {
 				case 0: // free memory: refund part, mark part pending, complete pendings
-					if l := hd.takePending(); l != nil {
+					if l := hd.takePending(); l != (Lease{}) {
 						l.Release()
 					}
-					if l := hd.take(); l != nil {
+					if l := hd.take(); l != (Lease{}) {
 						if n := l.Charged(); n > 1 && rng.IntN(2) == 0 {
 							if err := l.MarkPending(n / 2); err != nil {
 								errs <- err
@@ -245,22 +227,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				if rng.IntN(8) == 0 {
 					cancel() // some waits are cancelled before they start
 				}
-				// By names, through a binding, or into the spare grant.
-				var gr *Grant
-				var err error
-				switch bd := bindings[string(a)+"/"+string(ids[hi])]; rng.IntN(3) {
-				case 0:
-					gr, err = g.Reserve(ctx, a, ids[hi], "stress", size, Priority(rng.IntN(3)), deadline)
-				case 1:
-					gr, err = bd.Reserve(ctx, size, Priority(rng.IntN(3)), deadline)
-				default:
-					if spare == nil || spare.Authority() != a {
-						spare = new(Grant)
-					}
-					if err = bd.ReserveInto(ctx, spare, size, Priority(rng.IntN(3)), deadline); err == nil {
-						gr = spare
-					}
-				}
+				gr, err := g.Reserve(ctx, Request{Authority: a, Holder: ids[hi], Role: "stress", Bytes: size, Priority: Priority(rng.IntN(3)), Deadline: deadline})
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError
@@ -295,7 +262,6 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(3)
-					spare = gr // closed, and nobody else holds it
 					continue
 				}
 				l, err := gr.Commit()
@@ -311,13 +277,9 @@ func TestStressConcurrentLedger(t *testing.T) {
 						return
 					}
 					count(4)
-					spare = gr
 					continue
 				}
 				count(5)
-				if gr == spare {
-					spare = nil // its lease now belongs to the holder
-				}
 				hd.put(l)
 			}
 		})
@@ -333,10 +295,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 	}
 	// Everyone releases what they hold; every figure is back to its start.
 	for _, hd := range holders {
-		for l := hd.takePending(); l != nil; l = hd.takePending() {
+		for l := hd.takePending(); l != (Lease{}); l = hd.takePending() {
 			l.Release()
 		}
-		for l := hd.take(); l != nil; l = hd.take() {
+		for l := hd.take(); l != (Lease{}); l = hd.take() {
 			l.Release()
 		}
 	}

@@ -45,7 +45,7 @@ func newCPURig(t testing.TB, devCap, hostCap memapi.Bytes) *cpuRig {
 	r := &cpuRig{g: g, devM: devM, hostM: hostM, devDC: cpu.NewContext(devM), hostDC: cpu.NewContext(hostM)}
 	r.devCtx = ep.NewContext(r.devDC, ep.Options{})
 	r.hostCtx = ep.NewContext(r.hostDC, ep.Options{})
-	r.mgr = pmm.New(pmm.GovernorLedger(g), pmm.Options{Verify: true})
+	r.mgr = pmm.New(g, pmm.Options{Verify: true})
 	require.NoError(t, r.mgr.Register(pmm.Device{Key: devKey, Mechanism: devM, Context: r.devCtx, Authority: cpuDev}))
 	require.NoError(t, r.mgr.Register(pmm.Device{Key: hostKey, Mechanism: hostM, Context: r.hostCtx, Authority: cpuHost}))
 	t.Cleanup(func() {

@@ -39,7 +39,7 @@ func ExampleKVStore() {
 	defer cancel()
 	g := governor.New(governor.Options{})
 	defer g.Close()
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{Verify: true})
+	mgr := pmm.New(g, pmm.Options{Verify: true})
 	key := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	m, ectx := device(g, mgr, key, "device", 64<<10)
 	defer ectx.Close(ctx, true)
@@ -91,7 +91,7 @@ func ExampleResidency() {
 	defer cancel()
 	g := governor.New(governor.Options{})
 	defer g.Close()
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{Verify: true})
+	mgr := pmm.New(g, pmm.Options{Verify: true})
 	devKey := memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: 0}
 	hostKey := memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: 1}
 	_, dctx := device(g, mgr, devKey, "device", 2<<20)

@@ -51,7 +51,7 @@ func newRig(t *testing.T, devCap, hostCap memapi.Bytes) *rig {
 	r.devCtx = ep.NewContext(r.devF, ep.Options{})
 	r.hostCtx = ep.NewContext(r.hostF, ep.Options{})
 	r.devUsed, r.hostUse = devM.UsedBytes, hostM.UsedBytes
-	r.mgr = pmm.New(pmm.GovernorLedger(g), pmm.Options{Verify: true})
+	r.mgr = pmm.New(g, pmm.Options{Verify: true})
 	require.NoError(t, r.mgr.Register(pmm.Device{Key: devKey, Mechanism: devM, Context: r.devCtx, Authority: devAuth}))
 	require.NoError(t, r.mgr.Register(pmm.Device{Key: hostKey, Mechanism: hostM, Context: r.hostCtx, Authority: hostAuth}))
 	t.Cleanup(func() {

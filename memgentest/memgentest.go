@@ -135,7 +135,7 @@ func New(t testing.TB, opts Options) *Harness {
 	if err := h.Governor.AddAuthority(opts.Authority, opts.Capacity); err != nil {
 		t.Fatalf("memgentest: %v", err)
 	}
-	h.Manager = pmm.New(pmm.GovernorLedger(h.Governor), pmm.Options{Verify: true})
+	h.Manager = pmm.New(h.Governor, pmm.Options{Verify: true})
 	if err := h.Manager.Register(pmm.Device{Key: h.Device, Mechanism: h.Mechanism, Context: h.Context, Authority: opts.Authority}); err != nil {
 		t.Fatalf("memgentest: %v", err)
 	}

@@ -40,8 +40,8 @@ func cacheScenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.Register("pool", pool, governor.HolderOptions{Cache: true}))
 	require.NoError(t, g.Register("weights", nil, governor.HolderOptions{Priority: 10}))
 	rec.Label("pool", "workspace")
-	charge := func(h governor.HolderID, n memapi.Bytes) *governor.Lease {
-		gr, err := g.Reserve(context.Background(), "dev", h, "", n, 0, time.Time{})
+	charge := func(h governor.HolderID, n memapi.Bytes) governor.Lease {
+		gr, err := g.Reserve(context.Background(), governor.Request{Authority: "dev", Holder: h, Role: "", Bytes: n})
 		require.NoError(t, err)
 		require.NoError(t, gr.Draw(n))
 		l, err := gr.Commit()

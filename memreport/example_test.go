@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/memreport"
@@ -22,7 +21,7 @@ func Example() {
 
 	rec.Sample(g.Snapshot())
 	// A holder's memory is charged: grant, draw (a mechanism's commit), commit.
-	gr, _ := g.Reserve(context.Background(), "cuda:0", "weights", "weights", 256<<20, 0, time.Time{})
+	gr, _ := g.Reserve(context.Background(), governor.Request{Authority: "cuda:0", Holder: "weights", Role: "weights", Bytes: 256 << 20})
 	_ = gr.Draw(256 << 20)
 	lease, _ := gr.Commit()
 	rec.Sample(g.Snapshot())

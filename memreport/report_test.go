@@ -56,7 +56,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.AddAuthority("dev", 100*mib))
 	require.NoError(t, g.AddAuthority("host", 64*mib))
 
-	var kvLeases []*governor.Lease
+	var kvLeases []governor.Lease
 	var kvMu sync.Mutex
 	kv := governor.HolderFunc(func(_ context.Context, tk governor.Ticket) (memapi.Bytes, error) {
 		kvMu.Lock()
@@ -73,8 +73,8 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.Register("weights", nil, governor.HolderOptions{Priority: 10}))
 	rec.Label("kv", "kv-cache")
 
-	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) *governor.Lease {
-		gr, err := g.Reserve(context.Background(), auth, h, role, n, 0, time.Time{})
+	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) governor.Lease {
+		gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: h, Role: role, Bytes: n})
 		require.NoError(t, err)
 		require.NoError(t, gr.Draw(n))
 		l, err := gr.Commit()
@@ -99,7 +99,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, kvLeases[2].MarkPending(4*mib))
 	step()
 	// 30 MiB free less 4 pending: a 40 MiB grant needs a ticket to kv.
-	gr, err := g.Reserve(context.Background(), "dev", "weights", "weights", 40*mib, 5, time.Time{})
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: "dev", Holder: "weights", Role: "weights", Bytes: 40 * mib, Priority: 5})
 	require.NoError(t, err)
 	require.NoError(t, gr.Draw(40*mib))
 	_, err = gr.Commit()

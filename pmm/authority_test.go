@@ -27,7 +27,7 @@ func TestRegisterAndBindRefuseAnAuthorityTheGovernorLacks(t *testing.T) {
 		defer cancel()
 		require.NoError(t, ectx.Close(ctx, true))
 	})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	err := mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: "host"})
 	require.ErrorIs(t, err, governor.ErrUnknownAuthority)
 	var me *memapi.Error

@@ -23,8 +23,8 @@ type benchEnv struct {
 	b    *pmm.Binding
 }
 
-func newBenchEnv(b *testing.B, gran memapi.Bytes, wrap func(pmm.Ledger) pmm.Ledger) *benchEnv {
-	g := governor.New(governor.Options{})
+func newBenchEnv(b *testing.B, gran memapi.Bytes, inject governor.Injector) *benchEnv {
+	g := governor.New(governor.Options{Injector: inject})
 	if err := g.AddAuthority(hostAuth, 8<<30); err != nil {
 		b.Fatal(err)
 	}
@@ -36,11 +36,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, wrap func(pmm.Ledger) pmm.Ledg
 		b.Fatal(err)
 	}
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	var l pmm.Ledger = pmm.GovernorLedger(g)
-	if wrap != nil {
-		l = wrap(l)
-	}
-	mgr := pmm.New(l, pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
 		b.Fatal(err)
@@ -185,49 +181,22 @@ func (f *manualFence) Wait(ctx context.Context) error {
 }
 func (f *manualFence) Ready() <-chan struct{} { return f.ch }
 
-// refundClock wraps a ledger so that lease refunds are timestamped.
-type refundClock struct {
-	pmm.Ledger
-	last atomic.Int64
-}
+// refundClock is an injector that injects nothing: it timestamps the
+// lease refunds as they begin.
+type refundClock struct{ last atomic.Int64 }
 
-func (r *refundClock) Reserve(ctx context.Context, q pmm.Request) (pmm.Grant, error) {
-	g, err := r.Ledger.Reserve(ctx, q)
-	if err != nil {
-		return nil, err
+func (r *refundClock) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes) error {
+	if op == governor.OpRefund {
+		r.last.Store(time.Now().UnixNano())
 	}
-	return clockGrant{g, r}, nil
-}
-
-type clockGrant struct {
-	pmm.Grant
-	r *refundClock
-}
-
-func (g clockGrant) Commit() (pmm.Lease, error) {
-	l, err := g.Grant.Commit()
-	if err != nil {
-		return nil, err
-	}
-	return clockLease{l, g.r}, nil
-}
-
-type clockLease struct {
-	pmm.Lease
-	r *refundClock
-}
-
-func (l clockLease) Refund(n memapi.Bytes) error {
-	err := l.Lease.Refund(n)
-	l.r.last.Store(time.Now().UnixNano())
-	return err
+	return nil
 }
 
 // BenchmarkFenceToRefund: the latency from a fence completing to the lease
 // refund, through the deferred-free queue and the CPU mechanism's free.
 func BenchmarkFenceToRefund(b *testing.B) {
-	var rc *refundClock
-	e := newBenchEnv(b, 4096, func(l pmm.Ledger) pmm.Ledger { rc = &refundClock{Ledger: l}; return rc })
+	rc := &refundClock{}
+	e := newBenchEnv(b, 4096, rc)
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

@@ -24,8 +24,6 @@ type Binding struct {
 	mu     sync.Mutex
 	live   int
 	closed bool
-
-	pool grantPool // Allocate's reusable grants (governor ledger only)
 }
 
 // Holder returns the binding's holder.
@@ -37,8 +35,8 @@ func (b *Binding) Role() string { return b.role }
 // Device returns the binding's device.
 func (b *Binding) Device() memapi.DeviceKey { return b.key }
 
-// Authority returns the authority of the binding's device: the ledger its
-// memory is charged on.
+// Authority returns the authority of the binding's device: the governor's
+// ledger its memory is charged on.
 func (b *Binding) Authority() (memapi.AuthorityID, error) {
 	d, err := b.m.device("pmm.Binding.Authority", b.key)
 	if err != nil {
@@ -115,12 +113,14 @@ func (b *Binding) release() {
 	b.mu.Unlock()
 }
 
-func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (Grant, error) {
-	return b.m.ledger.Reserve(ctx, Request{Authority: d.authority, Holder: b.holder, Role: b.role, Bytes: n, Priority: b.priority})
+// reserve asks the governor for a grant of n bytes on d's authority.
+func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (governor.Grant, error) {
+	return b.m.g.Reserve(ctx, governor.Request{Authority: d.authority, Holder: governor.HolderID(b.holder),
+		Role: governor.Role(b.role), Bytes: n, Priority: governor.Priority(b.priority)})
 }
 
 // cancel returns a grant after a failed step, joining any failure to err.
-func cancel(g Grant, err error) error {
+func cancel(g governor.Grant, err error) error {
 	if cerr := g.Cancel(); cerr != nil {
 		return errors.Join(err, cerr)
 	}
@@ -166,16 +166,13 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	if size == 0 || !ok {
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: size}
 	}
-	g, slot, err := b.reserveReusable(ctx, d, n)
+	g, err := b.reserve(ctx, d, n)
 	if err != nil {
 		return nil, err
 	}
 	a, err := mech.Allocate(ctx, memapi.AllocRequest{Size: size}, g)
 	if err != nil {
-		if err := cancel(g, err); !errors.Is(err, memapi.ErrInUse) {
-			b.putGrant(slot)
-		}
-		return nil, err
+		return nil, cancel(g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {
@@ -187,7 +184,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	}
 	// The release holds the allocation, never the Buffer: the leak
 	// backstop watches the Buffer.
-	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease, slot: slot}
+	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease}
 	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
 	owned, err := d.ctx.Own(name, rel)
 	if err != nil {
@@ -204,8 +201,7 @@ type bufferRelease struct {
 	b     *Binding
 	mech  memapi.Mechanism
 	a     *memapi.Allocation
-	lease Lease
-	slot  *governor.Grant
+	lease governor.Lease
 	quar  bool // set by a failed free, read by its retry (both ordered by the lifecycle)
 }
 
@@ -215,7 +211,7 @@ func (r *bufferRelease) Pending() { _ = r.lease.MarkPending(r.a.Size()) }
 func (r *bufferRelease) Free(ctx context.Context) error {
 	acct := memapi.Account(r.lease)
 	if r.quar {
-		acct = quarantined{r.lease}
+		acct = r.lease.QuarantinedAccount()
 	}
 	if err := r.mech.Free(ctx, r.a, acct); err != nil {
 		if !r.quar {
@@ -223,7 +219,6 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 		}
 		return err
 	}
-	r.b.putGrant(r.slot) // its lease is refunded whole: reusable
 	return nil
 }
 
@@ -234,7 +229,7 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 // ep.Context.RetryQuarantined or Manager.Close frees it back into the grant
 // and cancels the grant once the fault clears. The error is of kind
 // ep.ErrQuarantined.
-func keepRollback(d *device, name string, g Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
+func keepRollback(d *device, name string, g governor.Grant, n memapi.Bytes, free func(context.Context, memapi.Account) error, err error) error {
 	qerr := &memapi.Error{Op: "pmm.rollback", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: n,
 		Detail: "rollback failed; the grant keeps the bytes drawn until a retry (ep.Context.RetryQuarantined, Manager.Close) frees them", Err: err}
 	return keep(d, name, &leftover{g: g, free: free}, qerr)
@@ -266,7 +261,7 @@ func keep(d *device, name string, rel ep.Releaser, err error) error {
 // an open grant: free it into the grant (which undraws), then cancel the
 // grant. A retry after a failed cancel only cancels.
 type leftover struct {
-	g     Grant
+	g     governor.Grant
 	free  func(context.Context, memapi.Account) error
 	freed bool // set by a successful free, read by the retry (both ordered by the lifecycle)
 }

@@ -25,7 +25,7 @@ func Example() {
 	m, _ := cpu.New(cpu.Options{Granularity: cpu.Granularity2MiB, Authority: "host"})
 	dc := ep.NewContext(cpu.NewContext(m), ep.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	_ = mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: dc, Authority: "host"})
 
 	kv, _ := mgr.Bind("kv", "kv-cache", host)

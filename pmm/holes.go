@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // A region's holes: ranges below Len whose private backing was decommitted
@@ -94,7 +95,7 @@ func cutOut(segs []segment, rng memapi.Range) (keep, drop []segment, err error) 
 			keep = append(keep, sg)
 			continue
 		}
-		if !sg.committed() || sg.lease == nil || sg.grant != nil {
+		if !sg.committed() || sg.lease == (governor.Lease{}) || sg.grant != (governor.Grant{}) {
 			return nil, nil, fmt.Errorf("[%#x, +%#x) is not private committed backing", sg.r.Off, sg.r.Len)
 		}
 		lo, hi := max(sg.r.Off, rng.Off), min(sEnd, end)

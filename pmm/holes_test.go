@@ -303,8 +303,9 @@ func TestHolesOnTheCPU(t *testing.T) {
 	require.NoError(t, err)
 	cctx := cpu.NewContext(m)
 	ectx := ep.NewContext(cctx, ep.Options{})
-	l := &testLedger{}
-	mgr := pmm.New(l, pmm.Options{Verify: true})
+	g, l := newFaulty(auth)
+	defer g.Close()
+	mgr := pmm.New(g, pmm.Options{Verify: true})
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: auth}))
 	ctx := context.Background()
 	defer watchdog.Within(t, watchdog.Bound, "the device context's Close", func() { require.NoError(t, ectx.Close(ctx, true)) })

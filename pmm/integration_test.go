@@ -130,7 +130,7 @@ func TestIntegrationCPUGovernorTrace(t *testing.T) {
 	m, err := cpu.New(cpu.Options{Granularity: 4096, Authority: hostAuth})
 	require.NoError(t, err)
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{Verify: true})
+	mgr := pmm.New(g, pmm.Options{Verify: true})
 	require.NoError(t, mgr.Register(pmm.Device{Key: memapi.DeviceKey{Kind: memapi.DeviceKindHost}, Mechanism: m, Context: ectx, Authority: hostAuth}))
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 

@@ -32,7 +32,7 @@ type device struct {
 	key       memapi.DeviceKey
 	ctx       *ep.Context
 	authority memapi.AuthorityID
-	mech      memapi.Mechanism // checked wrapper over the current mechanism, trusting the manager's ledger
+	mech      memapi.Mechanism // checked wrapper over the current mechanism, trusting the manager's governor
 	public    memapi.Mechanism // checked wrapper over it that takes no grant: what Mechanism hands out
 	bare      memapi.Mechanism
 	gen       uint64 // bumped by Replace
@@ -40,9 +40,8 @@ type device struct {
 
 // Manager is the ProcessMemoryManager.
 type Manager struct {
-	ledger Ledger
-	trust  checked.Ledger // whose grants and accounts the manager's wrappers accept
-	opts   Options
+	g    *governor.Governor // draws every grant; its wrappers accept only the governor's grants and accounts
+	opts Options
 
 	mu       sync.RWMutex
 	devices  map[memapi.DeviceKey]*device
@@ -50,27 +49,28 @@ type Manager struct {
 	closed   bool
 }
 
-// New returns a manager that draws capacity from ledger.
-func New(ledger Ledger, opts Options) *Manager {
-	return &Manager{ledger: ledger, trust: trustOf(ledger), opts: opts, devices: map[memapi.DeviceKey]*device{}, bindings: map[*Binding]struct{}{}}
+// New returns a manager that draws capacity from g: every grant it uses is
+// the governor's, and the checked wrappers it builds accept only the
+// governor's grants and accounts (g is their checked.Ledger).
+func New(g *governor.Governor, opts Options) *Manager {
+	return &Manager{g: g, opts: opts, devices: map[memapi.DeviceKey]*device{}, bindings: map[*Binding]struct{}{}}
 }
 
 // wrap returns the manager's checked wrapper over mech, which only the
 // manager's own calls reach, and the one Mechanism hands out, which accepts
 // no grant or account at all: nothing public yields a way to draw from or
-// refund to the ledger past the manager, nor the raw mechanism.
+// refund to the governor past the manager, nor the raw mechanism.
 func (m *Manager) wrap(mech memapi.Mechanism) (own, public memapi.Mechanism) {
 	var opts []checked.Option
 	if m.opts.Verify {
 		opts = append(opts, checked.WithVerify())
 	}
-	return checked.Wrap(mech, m.trust, opts...), checked.Wrap(mech, checked.NoLedger)
+	return checked.Wrap(mech, m.g, opts...), checked.Wrap(mech, checked.NoLedger)
 }
 
 // Register adds a device. Its mechanism's authority must be the device's,
-// and a ledger that knows its authorities (AuthorityLedger, as
-// GovernorLedger's does) must have it: otherwise Register fails with an
-// error of kind governor.ErrUnknownAuthority.
+// and the governor must have it: otherwise Register fails with an error of
+// kind governor.ErrUnknownAuthority.
 func (m *Manager) Register(d Device) error {
 	if d.Mechanism == nil || d.Context == nil {
 		return memapi.Errorf("pmm.Register", memapi.ErrInvalidSize, "device %v needs a mechanism and a context", d.Key)
@@ -139,20 +139,18 @@ func (m *Manager) Mechanism(key memapi.DeviceKey) (memapi.Mechanism, error) {
 	return d.public, nil
 }
 
-// knownAuthority refuses an authority that a ledger knowing its
-// authorities (AuthorityLedger) does not have.
+// knownAuthority refuses an authority the governor does not have.
 func (m *Manager) knownAuthority(op string, key memapi.DeviceKey, id memapi.AuthorityID) error {
-	if al, ok := m.ledger.(AuthorityLedger); ok && !al.HasAuthority(id) {
+	if _, ok := m.g.Authority(id); !ok {
 		return &memapi.Error{Op: op, Kind: governor.ErrUnknownAuthority, Authority: id,
-			Detail: fmt.Sprintf("device %v accounts to %q, which the ledger does not have (add it first: governor.AddAuthority)", key, id)}
+			Detail: fmt.Sprintf("device %v accounts to %q, which the governor does not have (add it first: governor.AddAuthority)", key, id)}
 	}
 	return nil
 }
 
 // Bind returns a scoped binding of holder in role to a device. It fails
 // with an error of kind governor.ErrUnknownAuthority when the device's
-// authority is gone from a ledger that knows its authorities (see
-// Register).
+// authority is gone from the governor (see Register).
 func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOption) (*Binding, error) {
 	d, err := m.device("pmm.Bind", key)
 	if err != nil {
@@ -183,7 +181,7 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 // retried first, including the leftovers of failed rollbacks that a
 // closed context keeps unpinned (ep.Context.OwnQuarantined); one still
 // failing makes the error of kind ep.ErrQuarantined when nothing else is
-// alive, its bytes still booked in the ledger. Close may be called again
+// alive, its bytes still booked in the governor. Close may be called again
 // once the holders closed their handles or the faults cleared.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
@@ -34,7 +33,7 @@ func TestNothingPublicYieldsRawMechanism(t *testing.T) {
 	t.Cleanup(func() {
 		watchdog.Within(t, watchdog.Bound, "the device context's Close", func() { require.NoError(t, ectx.Close(ctx, true)) })
 	})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: raw, Context: ectx, Authority: auth}))
 
 	check := func(t *testing.T, raw *fakes.Mechanism) {
@@ -52,7 +51,7 @@ func TestNothingPublicYieldsRawMechanism(t *testing.T) {
 		require.True(t, ok)
 		require.NotEqual(t, reflect.TypeOf(rsm), reflect.TypeOf(sm), "the raw SharedMapping")
 
-		gr, err := g.Reserve(ctx, auth, "h", "r", 1<<20, 0, time.Time{})
+		gr, err := g.Reserve(ctx, governor.Request{Authority: auth, Holder: "h", Role: "r", Bytes: 1 << 20})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, gr.Cancel()) }()
 		for name, mech := range map[string]memapi.Mechanism{

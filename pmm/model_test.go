@@ -309,7 +309,7 @@ func newPModel(rt *rapid.T, be backend) *pmodel {
 	}
 	mech := m.newMech(rt)
 	m.ectx = ep.NewContext(be.dev(mech.(*flaky).Mechanism), ep.Options{Logger: discard})
-	m.mgr = pmm.New(pmm.GovernorLedger(m.g), pmm.Options{Verify: true})
+	m.mgr = pmm.New(m.g, pmm.Options{Verify: true})
 	if err := m.mgr.Register(pmm.Device{Key: dev0, Mechanism: mech, Context: m.ectx, Authority: modelAuth}); err != nil {
 		rt.Fatal(err)
 	}

@@ -24,7 +24,7 @@ const auth = memapi.AuthorityID("dev")
 
 type env struct {
 	mgr  *pmm.Manager
-	l    *testLedger
+	l    *faults
 	m    *fakes.Mechanism
 	fctx *fakes.Context
 	ectx *ep.Context
@@ -40,8 +40,9 @@ func setup(t *testing.T, cfg fakes.Config) *env {
 	m := fakes.NewMechanism(cfg)
 	fctx := fakes.NewContext(m)
 	ectx := ep.NewContext(fctx, ep.Options{})
-	l := &testLedger{}
-	mgr := pmm.New(l, pmm.Options{Verify: true})
+	g, l := newFaulty(auth)
+	t.Cleanup(func() { g.Close() })
+	mgr := pmm.New(g, pmm.Options{Verify: true})
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: auth}))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // segment is one backed piece of a region, in address order: private
@@ -16,13 +17,13 @@ import (
 // private view a copy-on-write made (with the lease of its new backing).
 type segment struct {
 	r      memapi.Range
-	lease  Lease        // commit and copy-on-write segments
-	view   *memapi.View // view segments
-	shared *sharedState // view of a shared backing; nil for a copy-on-write view
+	lease  governor.Lease // commit and copy-on-write segments
+	view   *memapi.View   // view segments
+	shared *sharedState   // view of a shared backing; nil for a copy-on-write view
 	// grant, instead of lease: backing whose rollback failed before its
 	// grant could be committed; removing it refunds (undraws) the grant,
 	// which is then cancelled.
-	grant Grant
+	grant governor.Grant
 	quar  bool // its free failed: its bytes are booked quarantined
 	hole  bool // nothing installed (a copy-on-write undo could not map back)
 	// unmapped: the view is gone but its private backing's release
@@ -35,13 +36,19 @@ type segment struct {
 // adjacent ones are decommitted in one call.
 func (s segment) committed() bool { return s.view == nil && !s.hole && !s.unmapped }
 
+// joins reports whether the segment is decommitted in one call with the
+// adjacent ones that join too: private committed memory, not quarantined.
+// Quarantined pieces go one by one: a retry, where each may find its
+// memory already freed (remove).
+func (s segment) joins() bool { return s.committed() && !s.quar }
+
 // account is what removing the segment refunds.
 func (s segment) account() memapi.Account {
 	switch {
-	case s.grant != nil:
+	case s.grant != (governor.Grant{}):
 		return s.grant
 	case s.quar:
-		return quarantined{s.lease}
+		return s.lease.QuarantinedAccount()
 	}
 	return s.lease
 }
@@ -107,7 +114,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 		txn: make(chan struct{}, 1)}
 	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
-		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, zeroAccount(d.authority)))
+		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.ZeroAccount(d.authority)))
 	}
 	s.lc = owned.Lifecycle()
 	return &Region{Owned: owned, s: s}, nil
@@ -236,16 +243,16 @@ func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memap
 // reserved (with pressure, bounded by ctx) and the mechanism commits rng,
 // drawing from it. On a failure nothing is left: the grant is cancelled.
 // The caller commits the grant into the new piece's lease, or rolls back.
-func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (Grant, error) {
+func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (governor.Grant, error) {
 	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return nil, err
+		return governor.Grant{}, err
 	}
 	g, err := s.bind.reserve(ctx, s.d, rng.Len)
 	if err != nil {
-		return nil, err
+		return governor.Grant{}, err
 	}
 	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
-		return nil, cancel(g, err)
+		return governor.Grant{}, cancel(g, err)
 	}
 	return g, nil
 }
@@ -337,15 +344,15 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 // with its open grant (the drawn bytes stay reserved). Either way the bytes
 // stay visible and the next transaction that backs the range (Grow, Commit,
 // MapShared), Retry or Close removes it first.
-func (s *regionState) quarantineGrow(rng memapi.Range, g Grant, err error) error {
+func (s *regionState) quarantineGrow(rng memapi.Range, g governor.Grant, err error) error {
 	return s.quarantineCommit("pmm.Region.Grow", rng, g, err)
 }
 
 // quarantineCommit is quarantineGrow for the operation op (Grow, Commit).
-func (s *regionState) quarantineCommit(op string, rng memapi.Range, g Grant, err error) error {
+func (s *regionState) quarantineCommit(op string, rng memapi.Range, g governor.Grant, err error) error {
 	seg := segment{r: rng, grant: g, quar: true}
 	if lease, cerr := g.Commit(); cerr == nil {
-		seg.grant, seg.lease = nil, lease
+		seg.grant, seg.lease = governor.Grant{}, lease
 		if qerr := lease.Quarantine(rng.Len); qerr != nil {
 			err = errors.Join(err, qerr)
 		}
@@ -421,7 +428,7 @@ func (r *Region) Shrink(ctx context.Context, newLen memapi.Bytes, update func(ne
 	var dropped memapi.Bytes
 	for _, sg := range drop {
 		dropped += sg.r.Len
-		if sg.lease != nil {
+		if sg.lease != (governor.Lease{}) {
 			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
@@ -468,7 +475,7 @@ func (s *regionState) queueRelease(op, name string, wanted memapi.Bytes, drop []
 // them for a retry.
 func (s *regionState) quarantine(left []segment) {
 	for i := range left {
-		if sg := &left[i]; !sg.quar && sg.lease != nil {
+		if sg := &left[i]; !sg.quar && sg.lease != (governor.Lease{}) {
 			sg.quar = sg.lease.Quarantine(sg.r.Len) == nil
 		}
 	}
@@ -487,8 +494,8 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	var left []segment
 	for end := len(segs); end > 0; {
 		start := end - 1
-		if segs[start].committed() {
-			for start > 0 && segs[start-1].committed() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
+		if segs[start].joins() {
+			for start > 0 && segs[start-1].joins() && segs[start-1].r.Off+segs[start-1].r.Len == segs[start].r.Off {
 				start--
 			}
 		}
@@ -499,14 +506,14 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 		} else {
 			last := run[len(run)-1].r
 			rng := memapi.Range{Off: run[0].r.Off, Len: last.Off + last.Len - run[0].r.Off}
-			err = s.vb.Decommit(ctx, s.res, rng, splitAccount{auth: s.d.authority, parts: run})
+			err = s.vb.Decommit(ctx, s.res, rng, s.split(run))
 		}
 		if err != nil {
 			errs = append(errs, err)
-			left = append(run[:len(run):len(run)], left...)
+			left = append(owing(run), left...)
 		} else {
 			for _, sg := range run {
-				if sg.grant != nil {
+				if sg.grant != (governor.Grant{}) {
 					errs = append(errs, sg.grant.Cancel())
 				}
 			}
@@ -516,31 +523,31 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 	return left, errors.Join(errs...)
 }
 
-// splitAccount refunds a decommit of adjacent commits to each one's account,
-// in address order, by the bytes each held.
-//
-//memvet:allow it issues nothing: it forwards a decommit's refund to the governor leases of the segments it covers
-type splitAccount struct {
-	auth  memapi.AuthorityID
-	parts []segment
+// owing returns the segments of a run whose removal failed that are still
+// to remove: all but the private commits whose lease holds nothing. Those
+// were refunded, and a refund follows the free of the memory (the checked
+// wrapper refunds after the mechanism's success), so nothing of them is
+// left; an emptied lease may already be another reservation's (the
+// governor recycles it), and is never used again.
+func owing(run []segment) []segment {
+	left := make([]segment, 0, len(run))
+	for _, sg := range run {
+		if sg.committed() && sg.lease != (governor.Lease{}) && sg.lease.Bytes() == 0 {
+			continue
+		}
+		left = append(left, sg)
+	}
+	return left
 }
 
-func (a splitAccount) Authority() memapi.AuthorityID { return a.auth }
-
-func (a splitAccount) Refund(n memapi.Bytes) error {
-	var errs []error
-	for _, p := range a.parts {
-		k := min(n, p.r.Len)
-		if k == 0 {
-			break
-		}
-		errs = append(errs, p.account().Refund(k))
-		n -= k
+// split is the governor's account that refunds a decommit of adjacent
+// commits to each one's account, in address order, by the bytes each held.
+func (s *regionState) split(run []segment) memapi.Account {
+	parts := make([]governor.Part, len(run))
+	for i, p := range run {
+		parts[i] = governor.Part{Account: p.account(), Bytes: p.r.Len}
 	}
-	if n != 0 {
-		errs = append(errs, &memapi.Error{Op: "pmm.splitAccount.Refund", Kind: memapi.ErrInvalidSize, Wanted: n, Detail: "refund larger than the decommitted segments"})
-	}
-	return errors.Join(errs...)
+	return s.bind.m.g.Split(s.d.authority, parts)
 }
 
 // remove releases one segment: decommit private memory (refunding its
@@ -553,7 +560,13 @@ func (s *regionState) remove(ctx context.Context, sg *segment) error {
 		return nil
 	}
 	if sg.view == nil && !sg.unmapped {
-		return s.vb.Decommit(ctx, s.res, sg.r, sg.account())
+		err := s.vb.Decommit(ctx, s.res, sg.r, sg.account())
+		if sg.quar && errors.Is(err, memapi.ErrNotCommitted) {
+			// The memory of a piece quarantined by a release whose
+			// refund failed is already freed: only the refund is left.
+			return sg.account().Refund(sg.r.Len)
+		}
+		return err
 	}
 	sm, err := memapi.RequireSharedMapping(s.mech)
 	if err != nil {
@@ -587,7 +600,7 @@ func (s *regionState) Pending() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sg := range s.segs {
-		if sg.lease != nil && !sg.quar {
+		if sg.lease != (governor.Lease{}) && !sg.quar {
 			_ = sg.lease.MarkPending(sg.r.Len)
 		}
 	}
@@ -611,7 +624,7 @@ func (s *regionState) releaseAll(ctx context.Context) error {
 	if s.resGone {
 		return nil
 	}
-	if err := s.vb.ReleaseReservation(ctx, s.res, zeroAccount(s.d.authority)); err != nil {
+	if err := s.vb.ReleaseReservation(ctx, s.res, s.bind.m.g.ZeroAccount(s.d.authority)); err != nil {
 		return err
 	}
 	s.resGone = true
@@ -626,20 +639,4 @@ func cmpOff(x, y memapi.Bytes) int {
 		return 1
 	}
 	return 0
-}
-
-// zeroAccount receives the refund of a release that should have nothing left
-// to refund; anything else is an accounting error, reported, never dropped.
-//
-//memvet:allow it issues nothing: a sink that accepts a refund of 0 and reports any other as an error
-type zeroAccount memapi.AuthorityID
-
-func (z zeroAccount) Authority() memapi.AuthorityID { return memapi.AuthorityID(z) }
-
-func (z zeroAccount) Refund(n memapi.Bytes) error {
-	if n != 0 {
-		return &memapi.Error{Op: "pmm.release", Kind: memapi.ErrInvalidSize, Authority: memapi.AuthorityID(z), Wanted: n,
-			Detail: "bytes still committed at release had no lease"}
-	}
-	return nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // Shared is a physical backing (SharedMapping) created once and charged
@@ -27,7 +28,7 @@ type sharedState struct {
 	d       *device
 	sm      memapi.SharedMapping
 	backing *memapi.Backing
-	lease   Lease
+	lease   governor.Lease
 	quar    bool // set by a failed release, read by its retry (both on the queue)
 }
 
@@ -95,7 +96,7 @@ func (s *sharedState) Pending() { _ = s.lease.MarkPending(s.backing.Size()) }
 func (s *sharedState) Free(ctx context.Context) error {
 	acct := memapi.Account(s.lease)
 	if s.quar {
-		acct = quarantined{s.lease}
+		acct = s.lease.QuarantinedAccount()
 	}
 	if err := s.sm.ReleaseBacking(ctx, s.backing, acct); err != nil {
 		if !s.quar {

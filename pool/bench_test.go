@@ -57,7 +57,7 @@ func benchOn(b *testing.B, capacity memapi.Bytes, m memapi.Mechanism, dc memapi.
 	g := governor.New(governor.Options{})
 	lastGov = g
 	must(b, g.AddAuthority(auth, capacity))
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	must(b, mgr.Register(pmm.Device{Key: key, Mechanism: m, Context: ectx, Authority: auth}))
 	dev0 := key
 	bp, err := mgr.Bind("pool", "workspace", dev0)

@@ -24,7 +24,7 @@ func newTestPool(t *testing.T) *Pool {
 	ectx := ep.NewContext(fakes.NewContext(m), ep.Options{})
 	g := governor.New(governor.Options{})
 	require.NoError(t, g.AddAuthority(a, 1<<30))
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	require.NoError(t, mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: a}))
 	b, err := mgr.Bind("pool", "workspace", dev)

@@ -100,7 +100,7 @@ func ortSeqEnv(tb testing.TB) (*pool.Pool, *pmm.Binding, *governor.Governor, fun
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
 	g := governor.New(governor.Options{})
 	check(g.AddAuthority(a, 8<<30))
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	check(mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: a}))
 	bp, err := mgr.Bind("ort-pool", "workspace", host)

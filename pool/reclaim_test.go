@@ -108,13 +108,13 @@ func TestCachesAskedFirst(t *testing.T) {
 		return 0, nil
 	}), governor.HolderOptions{Priority: -10}))
 	require.NoError(t, e.g.Register("other", nil, governor.HolderOptions{Priority: 10}))
-	data, err := e.g.Reserve(ctx, auth, "data", "weights", 16<<20, 0, noDeadline)
+	data, err := e.g.Reserve(ctx, governor.Request{Authority: auth, Holder: "data", Role: "weights", Bytes: 16 << 20, Deadline: noDeadline})
 	require.NoError(t, err)
 	require.NoError(t, data.Draw(16<<20))
 	lease, err := data.Commit()
 	require.NoError(t, err)
 	freeAll(t, allocAll(t, e.p, 10, 4<<20)) // 40 MiB cached
-	g, err := e.g.Reserve(ctx, auth, "other", "kv", 24<<20, 0, noDeadline)
+	g, err := e.g.Reserve(ctx, governor.Request{Authority: auth, Holder: "other", Role: "kv", Bytes: 24 << 20, Deadline: noDeadline})
 	require.NoError(t, err, "the pool's cache covers the shortfall")
 	require.Zero(t, evicted, "the data holder was asked before the cache")
 	require.NotZero(t, e.holder("pool").Tickets)
@@ -176,7 +176,7 @@ func TestOwnCacheAskedFirst(t *testing.T) {
 		asked++
 		return 0, nil
 	}), governor.HolderOptions{Cache: true, Priority: -10}))
-	other, err := e.g.Reserve(ctx, auth, "other-cache", "cache", 8<<20, 0, noDeadline)
+	other, err := e.g.Reserve(ctx, governor.Request{Authority: auth, Holder: "other-cache", Role: "cache", Bytes: 8 << 20, Deadline: noDeadline})
 	require.NoError(t, err)
 	require.NoError(t, other.Draw(8<<20))
 	lease, err := other.Commit()

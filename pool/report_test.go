@@ -186,7 +186,7 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 				<-ready
 				for i := range rounds / 10 {
 					wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-					gr, err := e.g.Reserve(wctx, auth, "other", "kv", 24<<20, 0, noDeadline)
+					gr, err := e.g.Reserve(wctx, governor.Request{Authority: auth, Holder: "other", Role: "kv", Bytes: 24 << 20, Deadline: noDeadline})
 					cancel()
 					if i == 0 {
 						close(asked)
@@ -230,9 +230,9 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 }
 
 // charge commits a lease of n bytes for holder on the pool's authority.
-func charge(t *testing.T, g *governor.Governor, holder governor.HolderID, n memapi.Bytes) *governor.Lease {
+func charge(t *testing.T, g *governor.Governor, holder governor.HolderID, n memapi.Bytes) governor.Lease {
 	t.Helper()
-	gr, err := g.Reserve(context.Background(), auth, holder, "", n, 0, noDeadline)
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: holder, Role: "", Bytes: n, Deadline: noDeadline})
 	require.NoError(t, err)
 	require.NoError(t, gr.Draw(n))
 	l, err := gr.Commit()

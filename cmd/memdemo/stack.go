@@ -146,7 +146,7 @@ func newStack(ctx context.Context, cfg Config, rec *memreport.Recorder, log *slo
 	if err := s.g.AddAuthority(hostAuthority, cfg.HostBudget); err != nil {
 		return nil, err
 	}
-	s.mgr = pmm.New(pmm.GovernorLedger(s.g), pmm.Options{Verify: true})
+	s.mgr = pmm.New(s.g, pmm.Options{Verify: true})
 	if err := s.mgr.Register(pmm.Device{Key: s.devKey, Mechanism: devMech, Context: s.devCtx, Authority: s.devAuth}); err != nil {
 		return nil, err
 	}

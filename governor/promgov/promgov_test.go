@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -25,7 +24,7 @@ func TestCollectorExportsTheLedger(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	gr, err := g.Reserve(context.Background(), "host", "kv", "kv", 300, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "kv", Role: "kv", Bytes: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +38,7 @@ func TestCollectorExportsTheLedger(t *testing.T) {
 	if err := l.MarkPending(50); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Reserve(context.Background(), "host", "kv", "kv", 700, 0, time.Time{}); err == nil {
+	if _, err := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "kv", Role: "kv", Bytes: 700}); err == nil {
 		t.Fatal("reservation over the holder's limit succeeded")
 	}
 
@@ -111,9 +110,9 @@ func TestCollectorExportsCachedBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var leases []*governor.Lease
+	var leases []governor.Lease
 	for id, n := range map[governor.HolderID]memapi.Bytes{"pool": 400, "liar": 200, "kv": 100} {
-		gr, err := g.Reserve(context.Background(), "dev", id, "", n, 0, time.Time{})
+		gr, err := g.Reserve(context.Background(), governor.Request{Authority: "dev", Holder: id, Role: "", Bytes: n})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -68,7 +68,7 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	g1, err := a.Reserve(ctx, "h", "first", 400, 0, time.Time{})
+	g1, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "first", Bytes: 400})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,12 +76,12 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
-		gr  *governor.Grant
+		gr  governor.Grant
 		err error
 	}
 	wc := make(chan result, 1)
 	go func() {
-		gr, err := a.Reserve(wctx, "h", "waiter", 3700, 0, time.Time{})
+		gr, err := a.Reserve(wctx, governor.Request{Holder: "h", Role: "waiter", Bytes: 3700})
 		wc <- result{gr, err}
 	}()
 	<-waiting
@@ -91,7 +91,7 @@ func TestAdmitClaimsTheShortfallSeenUnderItsLock(t *testing.T) {
 	a.sem <- struct{}{}
 	rc := make(chan result, 1)
 	go func() {
-		gr, err := a.Reserve(ctx, "h", "late", 100, 0, time.Time{})
+		gr, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "late", Bytes: 100})
 		rc <- result{gr, err}
 	}()
 	<-entered
@@ -133,21 +133,21 @@ func TestAdmitGivesBackTheClaimOfAFailedReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	var other *governor.Grant
+	var other governor.Grant
 	a.beforeClaim = func(bytes memapi.Bytes) {
 		if bytes != 300 {
 			return
 		}
 		var err error
-		if other, err = a.Reserve(ctx, "lim", "other", 400, 0, time.Time{}); err != nil {
+		if other, err = a.Reserve(ctx, governor.Request{Holder: "lim", Role: "other", Bytes: 400}); err != nil {
 			t.Error(err)
 		}
 	}
-	_, err := a.Reserve(ctx, "lim", "r", 300, 0, time.Time{})
+	_, err := a.Reserve(ctx, governor.Request{Holder: "lim", Role: "r", Bytes: 300})
 	if !errors.Is(err, governor.ErrOverLimit) {
 		t.Fatalf("past the limit after the claim: %v, want ErrOverLimit", err)
 	}
-	if other == nil {
+	if other == (governor.Grant{}) {
 		t.Fatal("the reservation made during the claim failed")
 	}
 	claimsEqualReserved(t, l, g)

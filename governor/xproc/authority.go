@@ -30,9 +30,8 @@ const PressureHolder governor.HolderID = "xproc.pressure"
 // *governor.OverBudgetError before any mechanism is called.
 //
 // Every reservation on the bound authority claims so, whatever API it
-// comes through (governor.Governor.Reserve, governor.Binding.Reserve and
-// ReserveInto, and so pmm): Bind installs the Authority as the local
-// authority's governor.Admission.
+// comes through (governor.Governor.Reserve, and so pmm): Bind installs the
+// Authority as the local authority's governor.Admission.
 type Authority struct {
 	l  *Ledger
 	g  *governor.Governor
@@ -125,30 +124,26 @@ func (a *Authority) unacquire() { <-a.sem }
 // ID returns the local authority's ID.
 func (a *Authority) ID() memapi.AuthorityID { return a.id }
 
-// Reserve is governor.Reserve on the shared authority, kept for callers
-// that hold the Authority: every reservation on the bound authority, made
-// through Reserve, governor.Governor.Reserve, governor.Binding.Reserve or
-// ReserveInto (and so pmm), claims from the ledger the same way (Admit).
-// When the local free bytes do not cover bytes, the shortfall is claimed
+// Reserve is governor.Reserve on the shared authority (r.Authority is
+// set to it), kept for callers that hold the Authority: every reservation
+// on the bound authority, made through Reserve or governor.Governor.Reserve
+// (and so pmm), claims from the ledger the same way (Admit).
+// When the local free bytes do not cover r.Bytes, the shortfall is claimed
 // from the ledger first; when the ledger cannot give it, a reservation that
-// may wait (ctx can end, or deadline is set) posts the want in this
+// may wait (ctx can end, or r.Deadline is set) posts the want in this
 // process's slot, which the other processes split among them and answer
 // with tickets to their holders, and queues locally: the settler claims
 // for the local waiters every Poll until they are served or give up. One
 // that may not wait fails at once. Either way the failure is an
 // *governor.OverBudgetError of Kind memapi.ErrOverBudget and no physical
-// allocation was attempted. A deadline bounds the claim's waits for the
-// locks as ctx does: the reservation fails at it.
-func (a *Authority) Reserve(ctx context.Context, holder governor.HolderID, role governor.Role, bytes memapi.Bytes, priority governor.Priority, deadline time.Time) (*governor.Grant, error) {
+// allocation was attempted. ctx, and r.Deadline, bound the claim's waits
+// for the locks: the reservation fails at them.
+func (a *Authority) Reserve(ctx context.Context, r governor.Request) (governor.Grant, error) {
 	if a.released.Load() {
-		return nil, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
+		return governor.Grant{}, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
 	}
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	return a.g.Reserve(ctx, a.id, holder, role, bytes, priority, deadline)
+	r.Authority = a.id
+	return a.g.Reserve(ctx, r)
 }
 
 // Admit is the governor's admission hook on the bound authority
@@ -535,7 +530,7 @@ func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 func (a *Authority) answer(shares []share) {
 	for _, s := range shares {
 		ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
-		if gr, err := a.g.Reserve(ctx, a.id, PressureHolder, "xproc.pressure", s.bytes, s.pri, time.Time{}); err == nil {
+		if gr, err := a.g.Reserve(ctx, governor.Request{Authority: a.id, Holder: PressureHolder, Role: "xproc.pressure", Bytes: s.bytes, Priority: s.pri}); err == nil {
 			_ = gr.Cancel()
 		}
 		cancel()

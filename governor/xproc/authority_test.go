@@ -23,7 +23,7 @@ func TestSharedAdmission(t *testing.T) {
 		t.Fatal("two members on one slot")
 	}
 	ls := take(t, a, 700)
-	_, err := b.Reserve(context.Background(), "h", "r", 400, 0, time.Time{})
+	_, err := b.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 400})
 	var ob *governor.OverBudgetError
 	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || ob.Capacity != 1000 || ob.Free != 300 || ob.Wanted != 400 {
 		t.Fatalf("B over the shared capacity: %v", err)
@@ -40,7 +40,7 @@ func TestSharedAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Freed but not settled: still A's claim, so B still cannot have it.
-	if _, err := b.Reserve(context.Background(), "h", "r", 100, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+	if _, err := b.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 100}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("before A settles: %v", err)
 	}
 	a.Settle()
@@ -85,17 +85,17 @@ func TestCrossProcessPressure(t *testing.T) {
 	if err := ga.Register("cache", cache, governor.HolderOptions{Guarantee: map[memapi.AuthorityID]memapi.Bytes{"dev": 500}}); err != nil {
 		t.Fatal(err)
 	}
-	gr, err := a.Reserve(context.Background(), "cache", "blocks", 900, 0, time.Time{})
+	gr, err := a.Reserve(context.Background(), governor.Request{Holder: "cache", Role: "blocks", Bytes: 900})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = gr.Draw(900)
 	cached, _ := gr.Commit()
-	cachedP.Store(cached)
+	cachedP.Store(&cached)
 	defer func() { _ = cached.Refund(cached.Bytes()) }() // so A can leave
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	grB, err := b.Reserve(ctx, "h", "r", 500, 7, time.Time{})
+	grB, err := b.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 500, Priority: 7})
 	if err != nil {
 		t.Fatalf("B's reservation under pressure: %v", err)
 	}
@@ -108,7 +108,7 @@ func TestCrossProcessPressure(t *testing.T) {
 		t.Fatalf("A's cache holds %d, want its guarantee 500: 400 freed for B, none of the guarantee", c)
 	}
 	// A reservation that cannot wait fails at once, without tickets.
-	_, err = b.Reserve(context.Background(), "h", "r", 1000, 0, time.Time{})
+	_, err = b.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 1000})
 	if !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("no-wait reservation: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestSetCapacityOutcomes(t *testing.T) {
 		t.Fatalf("below the claims: %+v %v", ch, err)
 	}
 	// Deferred holds for new claims at once.
-	if _, err := a.Reserve(context.Background(), "h", "r", 1, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 1}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("a claim under a deferred capacity: %v", err)
 	}
 	deadline := time.After(5 * time.Second)
@@ -174,7 +174,7 @@ func TestFailedReserveLeavesNoClaim(t *testing.T) {
 		{"nobody", 10, governor.ErrUnknownHolder},
 		{"capped", 200, governor.ErrOverLimit},
 	} {
-		if _, err := a.Reserve(ctx, c.holder, "r", c.bytes, 0, time.Time{}); !errors.Is(err, c.want) {
+		if _, err := a.Reserve(ctx, governor.Request{Holder: c.holder, Role: "r", Bytes: c.bytes}); !errors.Is(err, c.want) {
 			t.Fatalf("%s %d: %v, want %v", c.holder, c.bytes, err, c.want)
 		}
 		if h, _ := inspect(t, path); h.Claimed != 0 {

@@ -18,7 +18,7 @@ import (
 func BenchmarkReserve(b *testing.B) {
 	const n = 1 << 20
 	ctx := context.Background()
-	cycle := func(b *testing.B, reserve func() (*governor.Grant, error), after func()) time.Duration {
+	cycle := func(b *testing.B, reserve func() (governor.Grant, error), after func()) time.Duration {
 		start := time.Now()
 		for range b.N {
 			gr, err := reserve()
@@ -38,10 +38,12 @@ func BenchmarkReserve(b *testing.B) {
 	_ = g.Register("h", nil, governor.HolderOptions{})
 	_, a, _ := member(b, ledgerPath(b), 1<<30, Options{Poll: time.Hour})
 	b.ResetTimer()
-	local := cycle(b, func() (*governor.Grant, error) {
-		return g.Reserve(ctx, "local", "h", "r", n, 0, time.Time{})
+	local := cycle(b, func() (governor.Grant, error) {
+		return g.Reserve(ctx, governor.Request{Authority: "local", Holder: "h", Role: "r", Bytes: n})
 	}, func() {})
-	reserve := func() (*governor.Grant, error) { return a.Reserve(ctx, "h", "r", memapi.Bytes(n), 0, time.Time{}) }
+	reserve := func() (governor.Grant, error) {
+		return a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: memapi.Bytes(n)})
+	}
 	kept := cycle(b, reserve, func() {})
 	claimed := cycle(b, reserve, a.trimNow)
 	b.StopTimer()

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/memgen/memgen/governor"
 )
 
 // image returns a valid ledger image of n slots and the given capacity.
@@ -205,7 +207,7 @@ func TestTruncatedUnderMembers(t *testing.T) {
 	if err := os.Truncate(path, 64); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Reserve(context.Background(), "h", "r", 10, 0, time.Time{}); !errors.Is(err, ErrTruncated) {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, ErrTruncated) {
 		t.Fatalf("Reserve: %v", err)
 	}
 	if err := a.Settle(); !errors.Is(err, ErrTruncated) {
@@ -265,7 +267,7 @@ func TestCorruptedUnderMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if _, err := a.Reserve(context.Background(), "h", "r", 10, 0, time.Time{}); !errors.Is(err, ErrCorrupt) {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Reserve: %v, want ErrCorrupt", err)
 	}
 	if err := a.Settle(); !errors.Is(err, ErrCorrupt) {

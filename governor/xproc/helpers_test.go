@@ -61,9 +61,9 @@ func inspect(t testing.TB, path string) (Header, []Slot) {
 }
 
 // take reserves, draws whole and commits n bytes.
-func take(t testing.TB, a *Authority, n memapi.Bytes) *governor.Lease {
+func take(t testing.TB, a *Authority, n memapi.Bytes) governor.Lease {
 	t.Helper()
-	gr, err := a.Reserve(context.Background(), "h", "r", n, 0, time.Time{})
+	gr, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: n})
 	if err != nil {
 		t.Fatalf("Reserve %d: %v", n, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/governor"
 )
 
 // childChurn: join and churn forever (reserve, allocate, commit, free, hold
@@ -40,7 +42,7 @@ func childChurn() error {
 		case k < 7:
 			// A grant left open with bytes drawn: killed now, it is a
 			// grant and a physical allocation the ledger must reclaim.
-			gr, err := c.a.Reserve(contextBG, "h", "open", 64<<10, 0, time.Time{})
+			gr, err := c.a.Reserve(contextBG, governor.Request{Holder: "h", Role: "open", Bytes: 64 << 10})
 			if err == nil {
 				_ = gr.Draw(32 << 10)
 				if !ready {

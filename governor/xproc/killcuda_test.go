@@ -162,7 +162,7 @@ func childCUDAChurn() error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(seed(), 4))
-	committed := map[int]*governor.Lease{}
+	committed := map[int]governor.Lease{}
 	var allocs []held
 	ready := false
 	for {
@@ -170,10 +170,10 @@ func childCUDAChurn() error {
 		switch {
 		case k < 4:
 			i := rng.IntN(8)
-			if committed[i] != nil {
+			if committed[i] != (governor.Lease{}) {
 				continue
 			}
-			gr, err := a.Reserve(contextBG, "kv", "chunk", chunk, 0, time.Time{})
+			gr, err := a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "chunk", Bytes: chunk})
 			if err != nil {
 				continue // over budget: the ledger refused before the driver
 			}
@@ -198,7 +198,7 @@ func childCUDAChurn() error {
 				break
 			}
 		case k < 8 && len(allocs) < 2:
-			gr, err := a.Reserve(contextBG, "kv", "alloc", chunk, 0, time.Time{})
+			gr, err := a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "alloc", Bytes: chunk})
 			if err != nil {
 				continue
 			}

@@ -84,8 +84,8 @@ func childCUDA() error {
 	}
 	g := governor.New(governor.Options{})
 	defer g.Close()
-	reserve := func(n memapi.Bytes) (*governor.Grant, error) {
-		return g.Reserve(contextBG, "cuda:0", "kv", "chunk", n, 0, time.Time{})
+	reserve := func(n memapi.Bytes) (governor.Grant, error) {
+		return g.Reserve(contextBG, governor.Request{Authority: "cuda:0", Holder: "kv", Role: "chunk", Bytes: n})
 	}
 	var l *Ledger
 	if os.Getenv(noLedgerEnv) == "" {
@@ -97,8 +97,8 @@ func childCUDA() error {
 			return err
 		}
 		cfg.Private = a // the pool is counted in this process's slot
-		reserve = func(n memapi.Bytes) (*governor.Grant, error) {
-			return a.Reserve(contextBG, "kv", "chunk", n, 0, time.Time{})
+		reserve = func(n memapi.Bytes) (governor.Grant, error) {
+			return a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "chunk", Bytes: n})
 		}
 	} else if err := g.AddAuthority("cuda:0", memapi.Bytes(pool.Free())); err != nil {
 		return err

@@ -51,13 +51,13 @@ func joinCPU() (*cpuMember, error) {
 // held is an allocation and the lease that pays for it.
 type held struct {
 	al *memapi.Allocation
-	ls *governor.Lease
+	ls governor.Lease
 }
 
 // take reserves n bytes through the ledger, allocates them on the CPU and
 // commits: the allocation happens only once the ledger admitted the bytes.
 func (c *cpuMember) take(n memapi.Bytes) (held, error) {
-	gr, err := c.a.Reserve(context.Background(), "h", "r", n, 0, time.Time{})
+	gr, err := c.a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: n})
 	if err != nil {
 		return held{}, err
 	}

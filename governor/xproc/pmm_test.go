@@ -26,7 +26,7 @@ func pmmOn(g *governor.Governor, authority memapi.AuthorityID) (*pmm.Binding, *c
 		return nil, nil, nil, err
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: dev, Mechanism: mech, Context: ectx, Authority: authority}); err != nil {
 		return nil, nil, nil, err
@@ -38,7 +38,7 @@ func pmmOn(g *governor.Governor, authority memapi.AuthorityID) (*pmm.Binding, *c
 	return b, mech, ectx, nil
 }
 
-// pmm reserves through governor.Binding.ReserveInto, not Authority.Reserve:
+// pmm reserves through governor.Governor.Reserve, not Authority.Reserve:
 // on a shared authority its allocations claim from the ledger, and one the
 // ledger cannot cover fails with the ledger's over-budget error before the
 // mechanism is called.
@@ -82,8 +82,8 @@ func TestPmmClaims(t *testing.T) {
 			t.Fatalf("the mechanism was called: %d allocations, had %d", got, before)
 		}
 	}
-	// Governor.Reserve and Binding.Reserve claim the same way.
-	gr, err := g.Reserve(ctx, "dev", "h", "r", 64<<10, 0, time.Time{})
+	// Governor.Reserve by hand claims the same way.
+	gr, err := g.Reserve(ctx, governor.Request{Authority: "dev", Holder: "h", Role: "r", Bytes: 64 << 10})
 	if err != nil {
 		t.Fatalf("Governor.Reserve on the shared authority: %v", err)
 	}
@@ -107,7 +107,7 @@ func TestPmmClaims(t *testing.T) {
 }
 
 // childPmm is childReserve through pmm: the allocations come from
-// pmm.Binding.Allocate (governor.Binding.ReserveInto on the shared
+// pmm.Binding.Allocate (governor.Governor.Reserve on the shared
 // authority) and are freed by Buffer.Close through the deferred-free queue.
 func childPmm() error {
 	c, err := joinCPU()

@@ -46,7 +46,7 @@ func childCache() error {
 		return err
 	}
 	for range 15 {
-		gr, err := c.a.Reserve(contextBG, "cache", "blocks", 64<<10, 0, time.Time{})
+		gr, err := c.a.Reserve(contextBG, governor.Request{Holder: "cache", Role: "blocks", Bytes: 64 << 10})
 		if err != nil {
 			return err
 		}
@@ -89,12 +89,12 @@ func TestPressureAcrossProcesses(t *testing.T) {
 	_, a, _ := member(t, path, capacity, Options{Create: &CreateOptions{Capacity: capacity, Slots: 4}})
 	p := spawn(t, "cache", pathEnv+"="+path)
 	p.expect(t, "ready")
-	if _, err := a.Reserve(context.Background(), "h", "r", 512<<10, 9, time.Time{}); err == nil {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10, Priority: 9}); err == nil {
 		t.Fatal("a reservation beyond the unclaimed bytes that cannot wait succeeded")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	gr, err := a.Reserve(ctx, "h", "r", 512<<10, 9, time.Time{})
+	gr, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10, Priority: 9})
 	if err != nil {
 		t.Fatalf("under pressure: %v", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda"
 	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
+
+	"github.com/memgen/memgen/governor"
 )
 
 // The CUDA mechanism's pool (its default: 4 chunks, 2 of them spares) is
@@ -35,7 +37,7 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 	if h, s := inspect(t, path); s[l.Slot()].Claim != 12*chunk || h.Claimed != 12*chunk || s[l.Slot()].Charged != 8*chunk {
 		t.Fatalf("settled with the pool kept: %v, shared %+v", s[l.Slot()], h)
 	}
-	if _, err := a.Reserve(contextBG, "h", "r", 1, 0, time.Time{}); !errors.Is(err, memapi.ErrOverBudget) {
+	if _, err := a.Reserve(contextBG, governor.Request{Holder: "h", Role: "r", Bytes: 1}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("beyond the capacity less the pool: %v", err)
 	}
 	if sn, _ := g.Authority("dev"); sn.Capacity != 8*chunk {

@@ -32,7 +32,7 @@ func childIdle() error {
 // slowCache registers holder "slow" on g, holding n bytes of a, whose
 // Reclaim takes hold (ignoring its context) before it frees what it is
 // asked; it returns the lease and what the holder was asked.
-func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (*governor.Lease, *slowAnswers) {
+func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (governor.Lease, *slowAnswers) {
 	t.Helper()
 	var lp atomic.Pointer[governor.Lease]
 	sa := &slowAnswers{asked: make(chan struct{})}
@@ -51,7 +51,7 @@ func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes,
 	if err := g.Register("slow", slow, governor.HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	gr, err := a.Reserve(context.Background(), "slow", "blocks", n, 0, time.Time{})
+	gr, err := a.Reserve(context.Background(), governor.Request{Holder: "slow", Role: "blocks", Bytes: n})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes,
 	if err != nil {
 		t.Fatal(err)
 	}
-	lp.Store(ls)
+	lp.Store(&ls)
 	return ls, sa
 }
 
@@ -130,7 +130,7 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	go func() {
-		if gr, err := b.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{}); err == nil {
+		if gr, err := b.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10}); err == nil {
 			_ = gr.Cancel()
 		}
 	}()
@@ -174,7 +174,7 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 	bctx, bcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer bcancel()
 	go func() {
-		if gr, err := b.Reserve(bctx, "h", "r", 512<<10, 0, time.Time{}); err == nil {
+		if gr, err := b.Reserve(bctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10}); err == nil {
 			_ = gr.Cancel()
 		}
 	}()
@@ -185,7 +185,7 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	gr, err := a.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{})
+	gr, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10})
 	took := time.Since(start)
 	if err == nil {
 		_ = gr.Cancel()

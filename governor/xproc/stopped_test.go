@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/governor"
 )
 
 // childHoldLock: join, take the ledger's lock, say "locked", and keep it
@@ -72,7 +74,7 @@ func TestStoppedLockHolder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	took, d, err := bounded(3*time.Second, func() error {
-		_, err := a.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{})
+		_, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10})
 		return err
 	})
 	waits = append(waits, d)

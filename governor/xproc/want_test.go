@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+
+	"github.com/memgen/memgen/governor"
 )
 
 // childWant: join, and wait (a minute at most) for a reservation of
@@ -24,7 +26,7 @@ func childWant() error {
 	n, _ := strconv.Atoi(os.Getenv(wantEnv))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	go func() { _, _ = c.a.Reserve(ctx, "h", "r", memapi.Bytes(n), 0, time.Time{}) }()
+	go func() { _, _ = c.a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: memapi.Bytes(n)}) }()
 	for {
 		if h, _, err := Inspect(c.l.path); err == nil && h.Want != 0 {
 			break
@@ -83,7 +85,7 @@ func TestWantOfADeadProcess(t *testing.T) {
 	_, b, _ := member(t, path, 1<<20, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := b.Reserve(ctx, "h", "r", 512<<10, 0, time.Time{}); err == nil {
+	if _, err := b.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10}); err == nil {
 		t.Fatal("a reservation beyond the unclaimed bytes succeeded")
 	}
 	if !wantGone(t, path, time.Second) {
@@ -127,7 +129,7 @@ func boundedAnswers(t testing.TB, n int) (freed uint64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	gr, err := a.Reserve(ctx, "h", "r", memapi.Bytes(want), 9, time.Time{})
+	gr, err := a.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: memapi.Bytes(want), Priority: 9})
 	if err != nil {
 		t.Fatalf("under pressure: %v", err)
 	}
@@ -171,7 +173,7 @@ func TestSharesBoundedByWhatAProcessCanGive(t *testing.T) {
 	done := make(chan struct{}, 2)
 	for _, x := range []*Authority{b, c} {
 		go func() {
-			if gr, err := x.Reserve(ctx, "h", "r", 500, 0, time.Time{}); err == nil {
+			if gr, err := x.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 500}); err == nil {
 				_ = gr.Cancel()
 			}
 			done <- struct{}{}
@@ -221,7 +223,7 @@ func TestNoNewRoundWhileSharesAreOut(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
-		if gr, err := b.Reserve(ctx, "h", "r", 500, 0, time.Time{}); err == nil {
+		if gr, err := b.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 500}); err == nil {
 			_ = gr.Cancel()
 		}
 		close(done)

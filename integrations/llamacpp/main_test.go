@@ -138,7 +138,7 @@ func newRig(t testing.TB, capacity memapi.Bytes) *rig {
 		t.Fatal(err)
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: mech, Context: ectx, Authority: hostAuth}); err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func newChildRig() (*rig, func(), error) {
 		return nil, nil, err
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: mech, Context: ectx, Authority: hostAuth}); err != nil {
 		return nil, nil, err

@@ -25,8 +25,8 @@ import (
 
 // Options configure LoadModel.
 type Options struct {
-	// Manager, Governor and Device: the pmm manager whose ledger is
-	// Governor (pmm.GovernorLedger), and the host device (a CPU mechanism
+	// Manager, Governor and Device: the pmm manager that draws from
+	// Governor (pmm.New(Governor, ...)), and the host device (a CPU mechanism
 	// with virtual backing) registered with it. The weights and every
 	// context's KV cache are allocated there.
 	Manager  *pmm.Manager

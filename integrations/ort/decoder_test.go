@@ -61,7 +61,7 @@ func newKVHost(t testing.TB, capacity memapi.Bytes) *kvHost {
 		t.Fatal(err)
 	}
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
 		t.Fatal(err)

@@ -30,7 +30,7 @@ func Example() {
 	_ = g.AddAuthority("host", 256<<20)
 	m, _ := cpu.New(cpu.Options{Authority: "host"})
 	dc := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	_ = mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: dc, Authority: "host"})
 	bind, _ := mgr.Bind("onnx", "session", host)

@@ -140,7 +140,7 @@ func newHost(t testing.TB, capacity memapi.Bytes) (*governor.Governor, *cpu.Mech
 		t.Fatal(err)
 	}
 	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
 		t.Fatal(err)

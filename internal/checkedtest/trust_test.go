@@ -3,7 +3,6 @@ package checkedtest
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
@@ -37,9 +36,9 @@ func newGovernor(t *testing.T) *governor.Governor {
 	return g
 }
 
-func reserve(t *testing.T, g *governor.Governor, a memapi.AuthorityID, n memapi.Bytes) *governor.Grant {
+func reserve(t *testing.T, g *governor.Governor, a memapi.AuthorityID, n memapi.Bytes) governor.Grant {
 	t.Helper()
-	gr, err := g.Reserve(context.Background(), a, "h", "r", n, 0, time.Time{})
+	gr, err := g.Reserve(context.Background(), governor.Request{Authority: a, Holder: "h", Role: "r", Bytes: n})
 	require.NoError(t, err)
 	return gr
 }
@@ -197,7 +196,7 @@ func TestAccountOfAnotherAuthorityRejected(t *testing.T) {
 	a, err := m.Allocate(ctx, memapi.AllocRequest{Size: 1}, own)
 	require.NoError(t, err)
 
-	lease := func(g *governor.Governor, at memapi.AuthorityID) *governor.Lease {
+	lease := func(g *governor.Governor, at memapi.AuthorityID) governor.Lease {
 		gr := reserve(t, g, at, testAllocGran)
 		require.NoError(t, gr.Draw(testAllocGran))
 		l, err := gr.Commit()

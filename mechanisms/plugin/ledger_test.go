@@ -30,7 +30,7 @@ func TestLedger(t *testing.T) {
 	}
 	dc := ep.NewContext(pc, ep.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: dc, Authority: "host"}); err != nil {
 		t.Fatal(err)
 	}

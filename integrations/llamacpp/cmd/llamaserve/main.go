@@ -267,7 +267,7 @@ func run(lib, model, trace string, n, nCtx int, budgetS string, threads int) err
 		return err
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(pmm.GovernorLedger(g), pmm.Options{})
+	mgr := pmm.New(g, pmm.Options{})
 	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := g.AddAuthority("host", 1<<40); err != nil {
 		return err

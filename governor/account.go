@@ -1,0 +1,86 @@
+package governor
+
+import (
+	"errors"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// Besides grants and leases, the governor issues the accounts a manager
+// refunds to when one release covers several leases, when a retry frees
+// bytes booked quarantined, or when a release should have nothing left to
+// refund. They are the governor's (IssuedAccount vouches for them when
+// every account they forward to is its own), so a checked wrapper built
+// with the governor accepts them and nothing else.
+
+// QuarantinedAccount returns the account a retry refunds once it freed
+// bytes of l booked quarantined (Lease.Quarantine): its Refund is
+// l.RefundQuarantined.
+func (l Lease) QuarantinedAccount() memapi.Account { return quarantinedAccount{l} }
+
+type quarantinedAccount struct{ l Lease }
+
+func (q quarantinedAccount) Authority() memapi.AuthorityID { return q.l.Authority() }
+func (q quarantinedAccount) Refund(n memapi.Bytes) error   { return q.l.RefundQuarantined(n) }
+
+// Part is one account of a Split and the most bytes it takes.
+type Part struct {
+	Account memapi.Account
+	Bytes   memapi.Bytes
+}
+
+// Split returns the account of one release that covers several accounts
+// of authority (a decommit of adjacent commits): its Refund(n) refunds each
+// part in order, up to the part's Bytes, until n is spent, and fails with
+// memapi.ErrInvalidSize for the bytes beyond them all (joined with the
+// parts' own failures). parts is not copied.
+func (g *Governor) Split(authority memapi.AuthorityID, parts []Part) memapi.Account {
+	return &splitAccount{g: g, auth: authority, parts: parts}
+}
+
+type splitAccount struct {
+	g     *Governor
+	auth  memapi.AuthorityID
+	parts []Part
+}
+
+func (s *splitAccount) Authority() memapi.AuthorityID { return s.auth }
+
+func (s *splitAccount) Refund(n memapi.Bytes) error {
+	var errs []error
+	for _, p := range s.parts {
+		k := min(n, p.Bytes)
+		if k == 0 {
+			break
+		}
+		errs = append(errs, p.Account.Refund(k))
+		n -= k
+	}
+	if n != 0 {
+		errs = append(errs, &memapi.Error{Op: "governor.Split.Refund", Kind: memapi.ErrInvalidSize, Authority: s.auth, Wanted: n, Detail: "refund larger than the split's parts"})
+	}
+	return errors.Join(errs...)
+}
+
+// ZeroAccount returns the account of a release that should have nothing
+// left to refund on authority (a reservation of addresses): Refund(0)
+// succeeds, and any other refund is an accounting error, reported with
+// memapi.ErrInvalidSize, never dropped.
+func (g *Governor) ZeroAccount(authority memapi.AuthorityID) memapi.Account {
+	return &zeroAccount{g: g, auth: authority}
+}
+
+type zeroAccount struct {
+	g    *Governor
+	auth memapi.AuthorityID
+}
+
+func (z *zeroAccount) Authority() memapi.AuthorityID { return z.auth }
+
+func (z *zeroAccount) Refund(n memapi.Bytes) error {
+	if n != 0 {
+		return &memapi.Error{Op: "governor.ZeroAccount.Refund", Kind: memapi.ErrInvalidSize, Authority: z.auth, Wanted: n,
+			Detail: "bytes still committed at release had no lease"}
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+package governor
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
+)
+
+// The accounts the governor issues over its leases are its own: vouched
+// for when every account they forward to is this governor's, refused
+// otherwise; and they refund what they say.
+func TestIssuedAccounts(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
+	h.register("kv", nil, HolderOptions{})
+	other := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
+	other.register("kv", nil, HolderOptions{})
+	l1, l2 := h.lease(hostA, "kv", 100), h.lease(hostA, "kv", 200)
+	foreign := other.lease(hostA, "kv", 50)
+
+	q := l1.QuarantinedAccount()
+	split := h.g.Split(hostA, []Part{{l1, 100}, {l2, 200}})
+	zero := h.g.ZeroAccount(hostA)
+	for name, a := range map[string]memapi.Account{"quarantined": q, "split": split, "zero": zero} {
+		if !h.g.IssuedAccount(a) {
+			t.Errorf("%s: not vouched for by its governor", name)
+		}
+		if other.g.IssuedAccount(a) {
+			t.Errorf("%s: vouched for by another governor", name)
+		}
+		if a.Authority() != hostA {
+			t.Errorf("%s: authority %s", name, a.Authority())
+		}
+	}
+	if h.g.IssuedAccount(h.g.Split(hostA, []Part{{l1, 100}, {foreign, 50}})) {
+		t.Error("a split over another governor's lease was vouched for")
+	}
+	if h.g.IssuedAccount(foreign.QuarantinedAccount()) {
+		t.Error("the quarantined account of another governor's lease was vouched for")
+	}
+
+	// The quarantined account refunds quarantined bytes only.
+	if err := l1.Quarantine(40); err != nil {
+		t.Fatal(err)
+	}
+	mustKind(t, q.Refund(41), ErrOverReturn)
+	if err := q.Refund(40); err != nil {
+		t.Fatal(err)
+	}
+	if l1.Quarantined() != 0 || l1.Charged() != 60 {
+		t.Fatalf("after the quarantined refund: quarantined %d charged %d", l1.Quarantined(), l1.Charged())
+	}
+	// The split refunds its parts in order, each up to its bytes.
+	if err := h.g.Split(hostA, []Part{{l1, 60}, {l2, 200}}).Refund(100); err != nil {
+		t.Fatal(err)
+	}
+	if l1.Bytes() != 0 || l2.Bytes() != 160 {
+		t.Fatalf("after the split refund: %d, %d", l1.Bytes(), l2.Bytes())
+	}
+	mustKind(t, h.g.Split(hostA, []Part{{l2, 100}}).Refund(101), memapi.ErrInvalidSize)
+	if l2.Bytes() != 60 {
+		t.Fatalf("the split refunded %d of its part", 160-l2.Bytes())
+	}
+	// The zero account takes a refund of nothing and reports any other.
+	if err := zero.Refund(0); err != nil {
+		t.Fatal(err)
+	}
+	mustKind(t, zero.Refund(1), memapi.ErrInvalidSize)
+	l2.Release()
+	foreign.Release()
+	h.wantLedger(hostA, ledger{Free: 1000})
+}
+
+// The reservation's deadline bounds its Admission's waits as its ctx
+// does: an Admission that waits on its ctx returns at the deadline.
+func TestAdmissionEndsAtTheDeadline(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 0})
+	h.register("kv", nil, HolderOptions{})
+	called := make(chan struct{}, 1)
+	adm := admitFunc(func(ctx context.Context) error {
+		called <- struct{}{}
+		<-ctx.Done()
+		return &OverBudgetError{Op: "test.Admit", Kind: memapi.ErrOverBudget, Authority: hostA, Wanted: 10, Err: context.Cause(ctx)}
+	})
+	if err := h.g.SetAdmission(hostA, adm); err != nil {
+		t.Fatal(err)
+	}
+	done := h.reserveAsync(context.Background(), hostA, "kv", 10, 0, h.clock.Now().Add(time.Second))
+	watchdog.Recv(t, bound, "the Admission's call", called)
+	h.clock.Advance(time.Second)
+	r := await(t, done)
+	mustKind(t, r.err, context.DeadlineExceeded)
+	h.wantLedger(hostA, ledger{})
+}
+
+// admitFunc is an Admission that runs f.
+type admitFunc func(ctx context.Context) error
+
+func (f admitFunc) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ Priority, _ bool) error {
+	return f(ctx)
+}

@@ -1,0 +1,200 @@
+package governor
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+var errInjected = errors.New("injected fault")
+
+// injected is one consultation of the injector.
+type injected struct {
+	op    Op
+	auth  memapi.AuthorityID
+	bytes memapi.Bytes
+}
+
+// opInjector fails every consultation at fail, and records them all.
+type opInjector struct {
+	mu   sync.Mutex
+	fail Op
+	seen []injected
+}
+
+func (f *opInjector) MaybeError(op Op, a memapi.AuthorityID, n memapi.Bytes) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen = append(f.seen, injected{op, a, n})
+	if op == f.fail {
+		return errInjected
+	}
+	return nil
+}
+
+func (f *opInjector) set(op Op) {
+	f.mu.Lock()
+	f.fail, f.seen = op, nil
+	f.mu.Unlock()
+}
+
+func newInjected(t *testing.T) (*Governor, *opInjector) {
+	t.Helper()
+	f := &opInjector{}
+	g := New(Options{Injector: f})
+	t.Cleanup(func() { g.Close() })
+	if err := g.AddAuthority(hostA, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Register("kv", nil, HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return g, f
+}
+
+// The injector is consulted at every named point, with the operation's
+// authority and bytes, in the order the operations run.
+func TestInjectorSeesEveryOp(t *testing.T) {
+	g, f := newInjected(t)
+	ctx := context.Background()
+	gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(gr.Draw(60))
+	step(gr.Undraw(10))
+	l, err := gr.Commit()
+	step(err)
+	step(l.MarkPending(20))
+	step(l.Quarantine(10))
+	step(l.QuarantinedAccount().Refund(10))
+	step(l.Refund(40))
+	gr, err = g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 30})
+	step(err)
+	step(gr.Cancel())
+	want := []injected{{OpReserve, hostA, 100}, {OpDraw, hostA, 60}, {OpUndraw, hostA, 10}, {OpCommit, hostA, 0},
+		{OpMarkPending, hostA, 20}, {OpQuarantine, hostA, 10}, {OpRefundQuarantined, hostA, 10}, {OpRefund, hostA, 40},
+		{OpReserve, hostA, 30}, {OpCancel, hostA, 0}}
+	if !slices.Equal(f.seen, want) {
+		t.Fatalf("consulted %v, want %v", f.seen, want)
+	}
+	if s, _ := g.Authority(hostA); s.Free != 1000 || s.Granted != 2 {
+		t.Fatalf("after the operations: %+v", s)
+	}
+}
+
+// An operation the injector fails returns its error and changes nothing:
+// the figures are as before, and the same operation then succeeds.
+func TestInjectorFailsEveryOpChangingNothing(t *testing.T) {
+	ctx := context.Background()
+	// Each case brings a grant (and its lease) to where op applies, then
+	// runs op.
+	type state struct {
+		gr Grant
+		l  Lease
+	}
+	reserve := func(t *testing.T, g *Governor) state {
+		gr, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gr.Draw(60); err != nil {
+			t.Fatal(err)
+		}
+		return state{gr: gr}
+	}
+	commit := func(t *testing.T, g *Governor) state {
+		s := reserve(t, g)
+		l, err := s.gr.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Quarantine(10); err != nil {
+			t.Fatal(err)
+		}
+		return state{s.gr, l}
+	}
+	none := func(*testing.T, *Governor) state { return state{} }
+	cases := []struct {
+		op    Op
+		setup func(*testing.T, *Governor) state
+		run   func(*Governor, state) error
+	}{
+		{OpReserve, none, func(g *Governor, _ state) error {
+			_, err := g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 10})
+			return err
+		}},
+		{OpDraw, reserve, func(_ *Governor, s state) error { return s.gr.Draw(10) }},
+		{OpUndraw, reserve, func(_ *Governor, s state) error { return s.gr.Undraw(10) }},
+		{OpUndraw, reserve, func(_ *Governor, s state) error { return s.gr.Refund(10) }},
+		{OpCommit, reserve, func(_ *Governor, s state) error { _, err := s.gr.Commit(); return err }},
+		{OpCancel, func(t *testing.T, g *Governor) state {
+			s := reserve(t, g)
+			if err := s.gr.Undraw(60); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, func(_ *Governor, s state) error { return s.gr.Cancel() }},
+		{OpRefund, commit, func(_ *Governor, s state) error { return s.l.Refund(10) }},
+		{OpMarkPending, commit, func(_ *Governor, s state) error { return s.l.MarkPending(10) }},
+		{OpQuarantine, commit, func(_ *Governor, s state) error { return s.l.Quarantine(10) }},
+		{OpRefundQuarantined, commit, func(_ *Governor, s state) error { return s.l.RefundQuarantined(10) }},
+		{OpRefundQuarantined, commit, func(_ *Governor, s state) error { return s.l.QuarantinedAccount().Refund(10) }},
+	}
+	for _, c := range cases {
+		t.Run(c.op.String(), func(t *testing.T) {
+			g, f := newInjected(t)
+			s := c.setup(t, g)
+			before, _ := g.Authority(hostA)
+			f.set(c.op)
+			if err := c.run(g, s); !errors.Is(err, errInjected) {
+				t.Fatalf("%v with the fault injected: %v", c.op, err)
+			}
+			if after, _ := g.Authority(hostA); !sameFigures(after, before) {
+				t.Fatalf("an injected fault moved the ledger: %+v -> %+v", before, after)
+			}
+			f.set(0)
+			if err := c.run(g, s); err != nil {
+				t.Fatalf("%v once the fault cleared: %v", c.op, err)
+			}
+		})
+	}
+}
+
+// sameFigures compares what an operation moves.
+func sameFigures(a, b AuthoritySnapshot) bool {
+	return a.Reserved == b.Reserved && a.Drawn == b.Drawn && a.Charged == b.Charged && a.Pending == b.Pending &&
+		a.Quarantined == b.Quarantined && a.Free == b.Free && a.Grants == b.Grants && a.Leases == b.Leases && a.Granted == b.Granted
+}
+
+// A governor without an injector consults none (the default).
+func TestNoInjectorByDefault(t *testing.T) {
+	g := New(Options{})
+	defer g.Close()
+	if err := g.AddAuthority(hostA, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Register("kv", nil, HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gr, err := g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Bytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gr.g.inj != nil {
+		t.Fatal("a grant of a governor without an injector carries one")
+	}
+	if err := gr.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+}
