@@ -128,18 +128,16 @@ func (h Grant) Authority() memapi.AuthorityID {
 // Holder returns the holder the grant was reserved for ("" for a zero or
 // stale Grant).
 func (h Grant) Holder() HolderID {
-	if !h.live() {
-		return ""
-	}
-	return h.g.acct.h.id
+	var id HolderID
+	h.issued(func(gr *grant) { id = gr.acct.h.id })
+	return id
 }
 
 // Role returns what the grant was reserved for ("" for a zero or stale Grant).
 func (h Grant) Role() Role {
-	if !h.live() {
-		return ""
-	}
-	return h.g.role
+	var r Role
+	h.issued(func(gr *grant) { r = gr.role })
+	return r
 }
 
 // Size returns the bytes granted (0 for a zero or stale Grant).
@@ -155,10 +153,26 @@ func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra.Load() & dra
 
 // Priority returns the priority the grant was reserved with.
 func (h Grant) Priority() Priority {
-	if !h.live() {
-		return 0
+	var p Priority
+	h.issued(func(gr *grant) { p = gr.priority })
+	return p
+}
+
+// issued calls read with h's record under the authority's lock when h
+// names the record's current issue. The holder, role and priority of a
+// record change only under that lock, at its next issue (newGrantLocked,
+// queueLocked), so a stale handle's getter never reads them while they
+// are written: it reads the zero value instead.
+func (h Grant) issued(read func(*grant)) {
+	if h.zero() {
+		return
 	}
-	return h.g.priority
+	a := h.g.auth
+	a.mu.Lock()
+	if h.live() {
+		read(h.g)
+	}
+	a.mu.Unlock()
 }
 
 // Deadline returns the grant's deadline (zero: none).

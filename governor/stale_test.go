@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -244,6 +245,18 @@ func TestStaleHandlesRacingReissues(t *testing.T) {
 				return
 			}
 			_ = l.Bytes() + l.Charged() + gr.Drawn() + gr.Remaining()
+			// The getters of a stale handle read nothing its record's next
+			// issue writes (under -race, a read racing the reissue fails),
+			// and answer with the zero value once the record was issued
+			// again.
+			if hd, r, p := gr.Holder(), gr.Role(), gr.Priority(); hd != "" && (hd != "kv" || r != "test" && r != "" || p != 0) {
+				errs <- fmt.Errorf("round %d: a stale grant reads as holder %q, role %q, priority %d", i, hd, r, p)
+				return
+			}
+			if hd, r := l.Holder(), l.Role(); hd != "" && (hd != "kv" || r != "test" && r != "") {
+				errs <- fmt.Errorf("round %d: a stale lease reads as holder %q, role %q", i, hd, r)
+				return
+			}
 		}
 	}()
 	wg.Wait()
@@ -256,3 +269,88 @@ func TestStaleHandlesRacingReissues(t *testing.T) {
 
 // sameRecord reports whether two grants are issues of one recycled record.
 func sameRecord(a, b Grant) bool { return a.g == b.g }
+
+// TestStaleGetterRacingReissue reads ended grants' getters without pause
+// while their records are issued again, under the lock, to another holder,
+// role and priority, round after round: the getters never read a record
+// while an issue writes it (under -race, a getter that skipped the
+// authority's lock is reported here), and a stale handle answers with its
+// own issue's figures or, once the record was issued again, the zero
+// value: never the next owner's.
+func TestStaleGetterRacingReissue(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1 << 20})
+	h.register("kv", nil, HolderOptions{})
+	h.register("w", nil, HolderOptions{})
+	type issue struct {
+		gr     Grant
+		holder HolderID
+		role   Role
+		pri    Priority
+	}
+	var published atomic.Pointer[[]issue]
+	published.Store(new([]issue))
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			for _, is := range *published.Load() {
+				hd, r, p := is.gr.Holder(), is.gr.Role(), is.gr.Priority()
+				// Each getter answers alone: its issue's figure, or zero
+				// once the record was issued again.
+				if hd != "" && hd != is.holder || r != "" && r != is.role || p != 0 && p != is.pri {
+					done <- fmt.Errorf("a stale grant of %s/%s/%d reads holder %q, role %q, priority %d", is.holder, is.role, is.pri, hd, r, p)
+					return
+				}
+			}
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+		}
+	}()
+	reissued := 0
+	var last []issue
+	for round := range 3000 {
+		// Each round reserves under another holder, role and priority than
+		// the last, so every record it takes is issued under the lock.
+		holder, role, pri := HolderID("kv"), Role("even"), Priority(0)
+		if round%2 == 1 {
+			holder, role, pri = "w", "odd", 3
+		}
+		ended := make([]issue, 4)
+		for i := range ended {
+			gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: holder, Role: role, Bytes: 100, Priority: pri})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, is := range last {
+				if sameRecord(gr, is.gr) {
+					reissued++
+				}
+			}
+			ended[i] = issue{gr, holder, role, pri}
+		}
+		for _, is := range ended {
+			if err := is.gr.Cancel(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		published.Store(&ended)
+		last = ended
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+	if reissued == 0 {
+		t.Fatal("no ended grant's record was issued again in 3000 rounds")
+	}
+	for _, is := range last {
+		if hd, r, p := is.gr.Holder(), is.gr.Role(), is.gr.Priority(); hd != is.holder || r != is.role || p != is.pri {
+			t.Errorf("an ended grant not issued again reads holder %q, role %q, priority %d, want its own %s/%s/%d", hd, r, p, is.holder, is.role, is.pri)
+		}
+	}
+	h.wantLedger(hostA, ledger{Free: 1 << 20})
+}
