@@ -302,12 +302,8 @@ func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error)
 // to the arena, under the arena's, the holes' and the segments' locks.
 func (p *Pool) holesMade(plans []holePlan, done [][]memapi.Range) uint64 {
 	a, h, g := &p.arena, &p.holes, &p.segs
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	p.lockRegionLevels()
+	defer p.unlockRegionLevels()
 	if g.rseg == nil {
 		return 0 // Close came meanwhile; the region's release has the rest
 	}
@@ -385,12 +381,8 @@ func (p *Pool) holeRuns(ch *chunk) (*pmm.Region, []memapi.Range, error) {
 // back to the arena.
 func (p *Pool) holesFilled(ch *chunk, done []memapi.Range, failed bool) error {
 	a, h, g := &p.arena, &p.holes, &p.segs
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	p.lockRegionLevels()
+	defer p.unlockRegionLevels()
 	if g.rseg == nil {
 		return errClosed() // Close came meanwhile; the region's release has it all
 	}

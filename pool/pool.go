@@ -709,6 +709,21 @@ func (p *Pool) unlockLevels() {
 	p.depot.mu.Unlock()
 }
 
+// lockRegionLevels takes the arena's, the holes' and the segments' locks,
+// in order (depot.go): the region's paths that cut or fill its tail and
+// holes change all three. unlockRegionLevels lets them go.
+func (p *Pool) lockRegionLevels() {
+	p.arena.mu.Lock()
+	p.holes.mu.Lock()
+	p.segs.mu.Lock()
+}
+
+func (p *Pool) unlockRegionLevels() {
+	p.segs.mu.Unlock()
+	p.holes.mu.Unlock()
+	p.arena.mu.Unlock()
+}
+
 func (p *Pool) closeAll() (err error, wasClosed bool) {
 	p.lockLevels()
 	defer p.unlockLevels()

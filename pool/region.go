@@ -177,12 +177,8 @@ func (p *Pool) trimTail(ctx context.Context, wanted uint64) (uint64, error) {
 // changed since freeTail.
 func (p *Pool) cutTail(keep, old uint64) (uint64, error) {
 	a, h, g := &p.arena, &p.holes, &p.segs
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	p.lockRegionLevels()
+	defer p.unlockRegionLevels()
 	rs := g.rseg
 	if rs == nil {
 		return 0, errTailTaken // Close came meanwhile; the region's release has the range
@@ -221,13 +217,9 @@ func (p *Pool) cutTail(keep, old uint64) (uint64, error) {
 // least the start of the free tail, rounded up to the granularity) and its
 // length now; ok is false when there is no free tail to give.
 func (p *Pool) freeTail(wanted uint64) (r *pmm.Region, keep, old uint64, ok bool) {
-	a, h, g := &p.arena, &p.holes, &p.segs
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	h, g := &p.holes, &p.segs
+	p.lockRegionLevels()
+	defer p.unlockRegionLevels()
 	if p.closed.Load() || g.rseg == nil {
 		return nil, 0, 0, false
 	}
