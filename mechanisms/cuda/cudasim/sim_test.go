@@ -117,6 +117,14 @@ func TestRules(t *testing.T) {
 			var p driver.DevicePtr
 			return e.d.MemAddressReserve(&p, g+100, 0, 0, 0) // not a multiple of the host page
 		}},
+		{"reserve/host-page-size", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			var p driver.DevicePtr
+			return e.d.MemAddressReserve(&p, hostPage, 0, 0, 0) // a host page, not a granularity: a GPU refuses it
+		}},
+		{"reserve/granularity-plus-a-page", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
+			var p driver.DevicePtr
+			return e.d.MemAddressReserve(&p, g+hostPage, g, 0, 0)
+		}},
 		{"reserve/flags", Config{}, driver.ErrInvalidValue, func(e *env) driver.Result {
 			var p driver.DevicePtr
 			return e.d.MemAddressReserve(&p, g, 0, 0, 1)

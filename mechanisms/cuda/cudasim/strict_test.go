@@ -51,7 +51,7 @@ func TestDocumentedSilence(t *testing.T) {
 	})
 	t.Run("default-reservation-alignment", func(t *testing.T) {
 		e := setup(t, Config{})
-		for _, size := range []uint64{hostPage, g, g + hostPage, 3 * g, 1 << 40} {
+		for _, size := range []uint64{g, 3 * g, 1 << 40} {
 			var p driver.DevicePtr
 			e.must("cuMemAddressReserve", e.d.MemAddressReserve(&p, size, 0, 0, 0))
 			if uint64(p)%hostPage != 0 || uint64(p)%g == 0 {
