@@ -21,7 +21,8 @@
 //     releasing the last reference to a primary context destroys everything
 //     made in it. (The documentation does not say that the VMM calls need a
 //     context; a driver may want one, so the simulator does.);
-//   - cuMemAddressReserve: size a multiple of the host page, alignment a
+//   - cuMemAddressReserve: size a multiple of the granularity (the
+//     documentation says the host page, but a GPU refuses less), alignment a
 //     power of two or zero, flags zero; with alignment zero the address is
 //     a host page multiple and never a granularity multiple (the default is
 //     undocumented, so nothing may rely on more); no gaps between
