@@ -89,7 +89,7 @@ const MaxAdmitTries = 8
 // lasts; once the Admission cannot, it queues as on any authority, or
 // fails with the Admission's error when it may not wait. A reservation that
 // fails after an admission gives the admitted bytes back (AdmissionReturn).
-func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time, into *grant) (*grant, error) {
+func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	// The reservation's deadline bounds the Admission's waits as its ctx
@@ -126,7 +126,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		if need <= free {
 			a.serveLocked()
 			if a.head == nil && a.freeLocked() >= bytes {
-				gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+				gr := a.newGrantLocked(c, role, bytes, priority, deadline)
 				a.mu.Unlock()
 				return gr, nil
 			}
@@ -158,7 +158,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			return fail(err, false)
 		}
 		if a.head == nil && a.freeLocked() >= bytes {
-			gr := a.newGrantLocked(c, role, bytes, priority, deadline, into)
+			gr := a.newGrantLocked(c, role, bytes, priority, deadline)
 			a.mu.Unlock()
 			return gr, nil
 		}
@@ -178,7 +178,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		}
 		break
 	}
-	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline, into)
+	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline)
 }
 
 // admitCall calls adm.Admit without a.mu (held on entry and on return).

@@ -30,9 +30,8 @@ type authority struct {
 	// without the lock (see Grant.reissue).
 	closed atomic.Bool
 
-	// spare holds grants whose use ended (cancelled, or committed and
-	// their lease refunded whole), which Reserve issues again (putSpare).
-	spare sync.Pool
+	// hints are the grants Reserve issues again without the lock.
+	hints hints
 
 	admit        Admission // raises capacity for a reservation that does not fit (SetAdmission), or nil
 	capacity     memapi.Bytes
@@ -46,6 +45,12 @@ type authority struct {
 	head, tail   *waiter
 	waiters      int
 	waitingBytes memapi.Bytes
+
+	// spares lists (snext) the grants whose use ended under the lock
+	// (cancelled, their lease emptied, or refunded whole and settled),
+	// which an issue under the lock takes before it makes a new one.
+	spares  *grant
+	nspares int
 
 	accts     map[HolderID]*account
 	timed     grantList // open grants with a running deadline timer
@@ -71,7 +76,6 @@ type waiter struct {
 	priority   Priority
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
-	into       *grant        // a spare grant to fill (Reserve), or nil
 	grant      *grant
 	err        error
 	pressure   uint64 // its pressure event's number, 0 if none
@@ -127,7 +131,7 @@ func (a *authority) serveLocked() {
 			return
 		}
 		a.removeLocked(w)
-		w.grant = a.newGrantLocked(w.acct, w.role, w.bytes, w.priority, w.deadline, w.into)
+		w.grant = a.newGrantLocked(w.acct, w.role, w.bytes, w.priority, w.deadline)
 		close(w.ready)
 	}
 }
@@ -137,6 +141,13 @@ func (a *authority) serveLocked() {
 func (a *authority) shutLocked(err error) {
 	a.shut = err
 	a.closed.Store(true)
+	// No grant is issued again without the lock from now on. The slot is
+	// closed before the settle: a grant the settle reads committed without
+	// the lock is settled by it (so its refund takes the lock), and one it
+	// reads open is committed after it, so its refund, later still, finds
+	// the slot closed and takes the lock (Lease.refundUnsettled). So no
+	// refunded grant is left in the slot or the pool after Close.
+	a.hints.close()
 	a.settleLocked()
 	for w := a.head; w != nil; w = a.head {
 		a.removeLocked(w)
@@ -150,46 +161,38 @@ func (a *authority) shutLocked(err error) {
 	}
 }
 
-// newGrantLocked books an open grant of size bytes for c, in gr (a spare
-// one, checked reusable) or in a new one when gr is nil.
-func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time, gr *grant) *grant {
-	relink := true
-	switch {
-	case gr == nil:
+// newGrantLocked books an open grant of size bytes for c, in a spare
+// record (retireLocked) or a new one.
+func (a *authority) newGrantLocked(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time) *grant {
+	gr := a.spareLocked()
+	if gr == nil {
 		gr = &grant{auth: a, inj: a.g.inject}
-	case a.unsettledLocked(gr):
-		// Refunded whole without the lock and issued again at once (a
-		// spare grant, see reusableLocked): its old booking
-		// goes, its place in the list stays.
-		gr.bookGen(a, gr.state.Load())
-		old := gr.acct
-		a.reserved -= gr.sz()
-		old.reserved -= gr.sz()
-		a.grants--
-		old.grants--
-		relink = false
 	}
-	// A new issue makes the handles of the last one stale before anything
-	// of the record changes (grant.loadAs).
-	gr.issue.Add(1)
-	gr.acct, gr.role, gr.priority = c, role, pri
+	// A new epoch makes the handles of the last issue stale before
+	// anything of the record changes (grant.loadAs). The issues made
+	// without the lock in the last one are booked first.
+	gr.book(a, gr.state.Load())
+	gr.epoch.Add(1)
+	gr.booked = 0
+	gr.acct, gr.holder, gr.role, gr.priority = c, c.h.id, role, pri
 	gr.dl.Store(nil)
 	gr.lease = leaseFigures{}
-	// A new issue flips the era: the closed word of the last one reads as
-	// open (grant.load) to the handles of this issue only.
-	gr.sizeEra.Store((gr.sizeEra.Load()&eraBit ^ eraBit) | uint64(size))
-	if relink {
-		if a.linked >= a.settleAt {
-			a.settleLocked()
-			a.settleAt = 2*a.linked + 64
-		}
-		gr.unext = a.unsettled
-		if a.unsettled != nil {
-			a.unsettled.uprev = gr
-		}
-		a.unsettled = gr
-		a.linked++
+	gr.size.Store(uint64(size))
+	w := stateOpen << stateShift
+	if !deadline.IsZero() || gr.inj != nil {
+		w |= slowBit
 	}
+	gr.state.Store(w)
+	if a.linked >= a.settleAt {
+		a.settleLocked()
+		a.settleAt = 2*a.linked + 64
+	}
+	gr.unext = a.unsettled
+	if a.unsettled != nil {
+		a.unsettled.uprev = gr
+	}
+	a.unsettled = gr
+	a.linked++
 	a.reserved += size
 	c.reserved += size
 	a.grants++
@@ -274,8 +277,8 @@ func (a *authority) settleLocked() bool {
 }
 
 // settleGrantLocked settles gr alone (a lease's own figures) and reports
-// whether it booked a refund. Every swap here races with those made
-// without the lock, hence the retries.
+// whether it booked a refund (which retired gr). Every swap here races with
+// those made without the lock, hence the retries.
 func (a *authority) settleGrantLocked(gr *grant) bool {
 	if !a.unsettledLocked(gr) {
 		return false
@@ -284,27 +287,23 @@ func (a *authority) settleGrantLocked(gr *grant) bool {
 		w, st, d := gr.load()
 		switch st {
 		case stateOpen:
-			if gr.gen(w) == 0 {
-				return false
-			}
-			if !gr.state.CompareAndSwap(w, gr.word(stateOpen, d)) {
-				continue
-			}
-			gr.bookGen(a, w)
+			// Issued again without the lock: booked, the word unchanged.
+			gr.book(a, w)
 		case stateCommit:
-			if !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+			if !gr.state.CompareAndSwap(w, with(w, stateSettled, d)) {
 				continue
 			}
-			gr.bookGen(a, w)
+			gr.book(a, w)
 			a.bookCommitLocked(gr, d)
 		case stateRefunded:
 			// Settled with its lease empty: no longer reissued without
-			// the lock (Grant.reissue).
-			if !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+			// the lock (Grant.reissue), and spare.
+			if !gr.state.CompareAndSwap(w, with(w, stateSettled, d)) {
 				continue
 			}
-			gr.bookGen(a, w)
+			gr.book(a, w)
 			a.dropGrantLocked(gr)
+			a.retireLocked(gr)
 			return true
 		}
 		return false
@@ -313,19 +312,70 @@ func (a *authority) settleGrantLocked(gr *grant) bool {
 
 // settleRefundLocked is Lease.Refund of all n bytes of an unsettled commit
 // under the lock: settled as refunded whole in one swap, rather than booked
-// charged and then refunded. It reports false, changing nothing, when that
-// is not the case.
+// charged and then refunded, and the grant retired. It reports false,
+// changing nothing, when that is not the case.
 func (a *authority) settleRefundLocked(gr *grant, n memapi.Bytes) bool {
 	if !a.unsettledLocked(gr) {
 		return false
 	}
 	w, st, d := gr.load()
-	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, gr.word(stateSettled, d)) {
+	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, with(w, stateSettled, d)) {
 		return false
 	}
-	gr.bookGen(a, w)
+	gr.book(a, w)
 	a.dropGrantLocked(gr)
+	a.retireLocked(gr)
 	return true
+}
+
+// maxSpares bounds an authority's spare list: more grants than that ended
+// at once are left to the garbage collector.
+const maxSpares = 1024
+
+// spareLocked takes a grant whose use ended for an issue under the lock:
+// from the spare list, or else a hint whose lease was refunded whole (which
+// its settle retires), or nil when there is none.
+func (a *authority) spareLocked() *grant {
+	if a.spares == nil {
+		if h := a.hints.refunded(); h == nil || !a.settleGrantLocked(h) {
+			if h, _ := a.hints.pool.Get().(*grant); h == nil || !a.settleGrantLocked(h) {
+				return nil
+			}
+		}
+	}
+	gr := a.spares
+	a.spares, gr.snext = gr.snext, nil
+	a.nspares--
+	return gr
+}
+
+// retireLocked keeps gr, whose use just ended under the lock (cancelled,
+// its lease emptied, or refunded whole and settled), for a later issue
+// under the lock (newGrantLocked), and takes it out of the hints: nothing
+// issues it again without the lock from now on (its word is not refunded
+// any more). Each use ends once, so no grant is listed twice.
+func (a *authority) retireLocked(gr *grant) {
+	a.hints.drop(gr)
+	if a.nspares < maxSpares {
+		gr.snext = a.spares
+		a.spares = gr
+		a.nspares++
+	}
+}
+
+// unclaimLocked gives back gr, which a reservation issued again without the
+// lock (grant.reissue, word w) for a request its holder, role or priority
+// do not match: the issue never left the reservation, so it is not booked
+// as one, and the record is what it was before, a grant whose lease was
+// refunded whole, now settled and retired.
+func (a *authority) unclaimLocked(gr *grant, w uint64) {
+	// The issues before it are booked; a settle since may have booked it
+	// too, and then this takes it back (unsigned arithmetic wraps).
+	a.granted += wordGen(w) - 1 - gr.booked
+	gr.booked = wordGen(w)
+	gr.state.Store(with(w, stateSettled, gr.sz()))
+	a.dropGrantLocked(gr)
+	a.retireLocked(gr)
 }
 
 // dropGrantLocked returns a committed grant whose lease was refunded whole

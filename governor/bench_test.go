@@ -37,10 +37,6 @@ func governorCycle(b *testing.B, g *Governor, ctx context.Context) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	drawCommitRefund(b, gr)
-}
-
-func drawCommitRefund(b *testing.B, gr Grant) {
 	if err := gr.Draw(benchBytes); err != nil {
 		b.Fatal(err)
 	}
@@ -68,70 +64,56 @@ func report(b *testing.B, gov, sem time.Duration, ops int) {
 	b.ReportMetric(govNs/semNs, "x-vs-semaphore")
 }
 
-// cyclePaths are the ways into the same cycle: the one public path,
-// Governor.Reserve (which reissues the grant whose lease the last cycle
-// refunded whole). Each makes a cycle function for one goroutine.
-var cyclePaths = []struct {
-	name string
-	make func(b *testing.B, g *Governor, ctx context.Context) func()
-}{
-	{"", func(b *testing.B, g *Governor, ctx context.Context) func() {
-		return func() { governorCycle(b, g, ctx) }
-	}},
-}
-
+// BenchmarkCycle runs the public reservation cycle (governorCycle: Reserve,
+// which issues again the grant whose lease the last cycle refunded whole,
+// then Draw, Commit and Refund) against a semaphore's Acquire and Release,
+// each side called the same way.
 func BenchmarkCycle(b *testing.B) {
 	ctx := context.Background()
-	for _, path := range cyclePaths {
-		b.Run("uncontended"+path.name, func(b *testing.B) {
-			g := benchGovernor(b)
-			s := semaphore.NewWeighted(1 << 50)
-			cycle := path.make(b, g, ctx)
-			const chunk = 512
-			var gov, sem time.Duration
-			b.ReportAllocs()
-			b.ResetTimer()
-			for done := 0; done < b.N; done += chunk {
-				n := min(chunk, b.N-done)
-				t0 := time.Now()
-				for range n {
-					semaphoreCycle(b, s, ctx)
-				}
-				t1 := time.Now()
-				for range n {
-					cycle()
-				}
-				gov += time.Since(t1)
-				sem += t1.Sub(t0)
-			}
-			report(b, gov, sem, b.N)
-		})
-	}
-	for _, path := range cyclePaths {
-		b.Run("parallel"+path.name, func(b *testing.B) {
-			// Every P contends for the one authority (and the one semaphore).
-			g := benchGovernor(b)
-			s := semaphore.NewWeighted(1 << 50)
-			b.ReportAllocs()
-			b.ResetTimer()
+	b.Run("uncontended", func(b *testing.B) {
+		g := benchGovernor(b)
+		s := semaphore.NewWeighted(1 << 50)
+		const chunk = 512
+		var gov, sem time.Duration
+		b.ReportAllocs()
+		b.ResetTimer()
+		for done := 0; done < b.N; done += chunk {
+			n := min(chunk, b.N-done)
 			t0 := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					semaphoreCycle(b, s, ctx)
-				}
-			})
+			for range n {
+				semaphoreCycle(b, s, ctx)
+			}
 			t1 := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				cycle := path.make(b, g, ctx) // per goroutine: its own grant
-				for pb.Next() {
-					cycle()
-				}
-			})
-			gov := time.Since(t1)
-			sem := t1.Sub(t0)
-			report(b, gov, sem, b.N)
+			for range n {
+				governorCycle(b, g, ctx)
+			}
+			gov += time.Since(t1)
+			sem += t1.Sub(t0)
+		}
+		report(b, gov, sem, b.N)
+	})
+	b.Run("parallel", func(b *testing.B) {
+		// Every P contends for the one authority (and the one semaphore).
+		g := benchGovernor(b)
+		s := semaphore.NewWeighted(1 << 50)
+		b.ReportAllocs()
+		b.ResetTimer()
+		t0 := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				semaphoreCycle(b, s, ctx)
+			}
 		})
-	}
+		t1 := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				governorCycle(b, g, ctx)
+			}
+		})
+		gov := time.Since(t1)
+		sem := t1.Sub(t0)
+		report(b, gov, sem, b.N)
+	})
 }
 
 // BenchmarkRefundToWake measures the latency from a refund to the return of

@@ -67,20 +67,22 @@ figures, and leaves no trace in the ledger.
 
 There is one way to reserve: Governor.Reserve(ctx, Request). A grant whose
 use ended (cancelled, or committed and its lease emptied by a refund) is
-kept spare by the governor and issued again by a later Reserve, so a steady
-stream of reservations allocates nothing. A Grant and a Lease are handles
-that carry the generation of the issue they were made for: once the record
-was issued again, every method of an old handle fails with ErrStaleHandle
-and changes nothing, so a double cancel or refund never reaches the next
-holder. The cycle reserve, draw,
-commit, refund keeps every account:
+kept by the governor and issued again by a later Reserve, so a steady
+stream of reservations allocates nothing: the grant refunded last waits in
+the authority's slot for the next reservation of its size, and when several
+goroutines reserve on the authority at once, refunded grants wait per P in
+a pool instead, so they share nothing. A Grant and a Lease are handles
+that carry the issue they were made for: once the record was issued again,
+every method of an old handle fails with ErrStaleHandle and changes
+nothing, so a double cancel or refund never reaches the next holder. The
+cycle reserve, draw, commit, refund keeps every account:
 
   - Draw and Undraw are one compare-and-swap on the grant's word.
   - Commit of a fully drawn grant is one compare-and-swap: no byte returns
     to free, so nothing can be served by it.
   - Refund of all of such a lease, untouched since, is one compare-and-swap.
   - Reserve of the same reservation again, right after that refund, takes
-    the spare grant and is one compare-and-swap: the bytes never left.
+    that grant back in one compare-and-swap: the bytes never left.
 
 What those swaps leave unbooked, the authority settles under its lock before
 anything reads it: a snapshot, a pressure ticket, an over-budget error, a

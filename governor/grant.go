@@ -11,27 +11,34 @@ import (
 // on an open grant take no lock and a transition (commit, cancel, expiry)
 // reads exactly the bytes drawn at the instant it happens.
 //
-// The word also carries the era of the issue that last wrote it. Each issue
-// of a grant under the lock flips the grant's era, so the word of the
-// previous, closed issue reads as open with nothing drawn: reissuing a grant
-// writes no atomic word (Grant.load).
+// The word also counts the issues made without the lock since the record
+// was last issued under it (Reserve of a grant whose lease was just
+// refunded whole, grant.reissue): its generation within the record's
+// epoch, which an issue under the lock bumps. A handle names both (see
+// Grant), so every compare-and-swap a handle makes on the word also checks
+// that the handle's issue is the current one. The authority books the
+// issues made without the lock in Granted when it next holds the lock
+// (grant.book). At genMax the next issue takes the lock.
 //
-// And it counts the issues made without the lock (Reserve of a spare grant
-// whose lease was just refunded whole, Grant.reissue) that the
-// authority has not booked yet: whoever moves the grant under the lock
-// books them in Granted. At genMax the next reissue takes the lock.
+// Between the state and the generation, the slow bit says the issue has a
+// deadline or the governor an Injector: the methods' few-instruction paths
+// then step aside (they compare the state, the slow bit and the generation
+// as one number, the word's tag above genShift).
 const (
 	stateShift           = 61
-	eraBit               = 1 << (stateShift - 1)
+	slowShift            = 60
 	genShift             = 52
-	genMax               = 1<<(stateShift-1-genShift) - 1
+	tagState             = stateShift - genShift // the state's place in the tag
+	genBits              = slowShift - genShift
+	genMax               = 1<<genBits - 1
 	genMask              = genMax << genShift
+	slowBit              = 1 << slowShift
 	drawnMask            = 1<<genShift - 1
+	stateMask     uint64 = 7 << stateShift
 	stateOpen     uint64 = 0
 	stateCommit   uint64 = 1 // committed without the lock, not settled yet (authority.settleLocked)
 	stateCancel   uint64 = 2
 	stateExpired  uint64 = 3
-	stateClaimed  uint64 = 4 // a spare grant held by a reservation that waits; closed to every use
 	stateUnissued uint64 = 5 // a zero Grant never reserved (read by load, never stored)
 	stateSettled  uint64 = 6 // committed, and booked: the lease's figures are its own
 	stateRefunded uint64 = 7 // committed, then its lease refunded whole, neither settled yet
@@ -64,31 +71,43 @@ const (
 //
 // All methods are safe for concurrent use.
 type Grant struct {
-	g   *grant
-	gen uint64 // the issue of g this handle was made for (grant.issue)
+	g *grant
+	// gen is the issue of g this handle was made for: the record's epoch
+	// above genBits, the word's generation below (grant.genAt).
+	gen uint64
 }
 
 // grant is the governor's record behind a Grant and its Lease, recycled
 // from one issue to the next.
+//
+// Its holder, role and priority are written only by an issue under the
+// authority's lock, of a record nobody else can issue (a new one, or one
+// taken from the authority's spare list), before any handle of the issue
+// exists. They are read under that lock, or without it by the reservation
+// that just issued the record again without the lock (its swap made the
+// record its own).
 type grant struct {
+	// What the methods' fast paths read comes first, in one cache line.
+	state atomic.Uint64
+	// epoch counts the issues of the record under the lock: bumped before
+	// such an issue writes anything else, so a handle of an earlier one
+	// fails (loadAs).
+	epoch atomic.Uint64
+	size  atomic.Uint64                 // written by an issue under the lock; stale handles read it
+	dl    atomic.Pointer[grantDeadline] // nil without a deadline, which keeps the record small
 	// auth and inj are set when the record is made, before its first
 	// issue, and never change: a stale handle reads them without the lock.
 	auth     *authority
 	inj      Injector // the governor's Options.Injector, or nil
 	acct     *account // the holder's account of this issue
+	holder   HolderID // acct's holder, beside the role for Reserve's comparison
 	role     Role
-	sizeEra  atomic.Uint64 // the size, and in eraBit this issue's era (see load)
 	priority Priority
-	state    atomic.Uint64
-	// issue counts the issues of the record: bumped before each issue
-	// makes the record usable again, so a handle of an earlier one fails
-	// (loadAs).
-	issue atomic.Uint64
-	dl    atomic.Pointer[grantDeadline] // nil without a deadline, which keeps the record small
 
-	// guarded by the authority's mutex: the grant's place in its list of
-	// unsettled grants (see authority.settleLocked)
-	uprev, unext *grant
+	// guarded by the authority's mutex:
+	booked       uint64 // the issues without the lock in this epoch booked in Granted (grant.book)
+	uprev, unext *grant // the grant's place in its list of unsettled grants (see authority.settleLocked)
+	snext        *grant // the next grant in the authority's spare list (authority.retireLocked)
 
 	lease leaseFigures // the figures of the Lease that Commit hands out
 }
@@ -106,13 +125,27 @@ var (
 	_ memapi.Account = Grant{}
 )
 
-// handle is the Grant of gr's current issue.
-func (gr *grant) handle() Grant { return Grant{g: gr, gen: gr.issue.Load()} }
+// handle is the Grant of gr's current issue, whose word is w: called by
+// the issuer, before any other handle of the issue exists.
+func (gr *grant) handle(w uint64) Grant { return Grant{g: gr, gen: gr.genAt(w)} }
+
+// genAt is the generation a handle of the issue that wrote w carries: the
+// epoch, read after w (see loadAs), and w's generation within it.
+func (gr *grant) genAt(w uint64) uint64 { return gr.epoch.Load()<<genBits | wordGen(w) }
+
+// wordGen is the generation w counts within the record's epoch.
+func wordGen(w uint64) uint64 { return w & genMask >> genShift }
 
 // live reports whether h names the current issue of its record (for the
 // getters; the methods that change the record check the issue where they
 // read the state word, grant.loadAs).
-func (h Grant) live() bool { return !h.zero() && h.g.issue.Load() == h.gen }
+func (h Grant) live() bool {
+	if h.zero() {
+		return false
+	}
+	_, st, _ := h.g.loadAs(h.gen)
+	return st != stateStale
+}
 
 // zero reports whether h was never reserved.
 func (h Grant) zero() bool { return h.g == nil }
@@ -129,7 +162,7 @@ func (h Grant) Authority() memapi.AuthorityID {
 // stale Grant).
 func (h Grant) Holder() HolderID {
 	var id HolderID
-	h.issued(func(gr *grant) { id = gr.acct.h.id })
+	h.issued(func(gr *grant) { id = gr.holder })
 	return id
 }
 
@@ -148,8 +181,8 @@ func (h Grant) Size() memapi.Bytes {
 	return h.g.sz()
 }
 
-// sz is the size; sizes never reach eraBit (maxBytes).
-func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.sizeEra.Load() & drawnMask) }
+// sz is the size of the record's current issue.
+func (gr *grant) sz() memapi.Bytes { return memapi.Bytes(gr.size.Load()) }
 
 // Priority returns the priority the grant was reserved with.
 func (h Grant) Priority() Priority {
@@ -160,9 +193,9 @@ func (h Grant) Priority() Priority {
 
 // issued calls read with h's record under the authority's lock when h
 // names the record's current issue. The holder, role and priority of a
-// record change only under that lock, at its next issue (newGrantLocked,
-// queueLocked), so a stale handle's getter never reads them while they
-// are written: it reads the zero value instead.
+// record change only under that lock, at its next issue (newGrantLocked),
+// so a stale handle's getter never reads them while they are written: it
+// reads the zero value instead.
 func (h Grant) issued(read func(*grant)) {
 	if h.zero() {
 		return
@@ -217,85 +250,93 @@ func (h Grant) load() (w, st uint64, d memapi.Bytes) {
 }
 
 // loadAs is load for a handle of issue gen: stateStale when the record was
-// issued again since. The issue is read after the word, and every issue
-// bumps it before the record changes for its new holder (its fields, or
-// its word without the lock, grant.reissue), so a word read as this
-// issue's belongs to it. Everything it reads is atomic.
+// issued again since, whether under the lock (another epoch) or without it
+// (another generation in the word). The epoch is read after the word, and
+// an issue under the lock bumps it before it writes the word (or anything
+// else), so a word read with the handle's epoch and generation belongs to
+// the handle's issue, and a swap from it fails if the record was issued
+// again since. Everything it reads is atomic.
 func (gr *grant) loadAs(gen uint64) (w, st uint64, d memapi.Bytes) {
 	w, st, d = gr.load()
-	if gr.issue.Load() != gen {
+	if wordGen(w) != gen&genMax || gr.epoch.Load() != gen>>genBits {
 		return w, stateStale, 0
 	}
 	return w, st, d
 }
 
 // load returns the state word (to compare-and-swap from), and the state and
-// drawn bytes of the grant's current issue: a word another era wrote belongs
-// to the previous issue, closed before the grant was issued again, and reads
-// as open with nothing drawn.
-//
-// Every record is issued before a handle of it exists.
+// drawn bytes of the grant's current issue.
 func (gr *grant) load() (w, st uint64, d memapi.Bytes) {
 	w = gr.state.Load()
-	if w&eraBit != gr.sizeEra.Load()&eraBit {
-		return w, stateOpen, 0
-	}
 	return w, w >> stateShift, memapi.Bytes(w & drawnMask)
 }
 
-// word is the state word of this issue in state st with d bytes drawn and
-// no reissue left to book: for the swaps made under the lock, which book
-// what w held (bookGen).
-func (gr *grant) word(st uint64, d memapi.Bytes) uint64 {
-	return st<<stateShift | gr.sizeEra.Load()&eraBit | uint64(d)
+// with is w in state st with d bytes drawn, in the same issue: every swap
+// of the word but an issue keeps its generation and slow bit.
+func with(w, st uint64, d memapi.Bytes) uint64 {
+	return st<<stateShift | w&(slowBit|genMask) | uint64(d)
 }
 
-// keep is word(st, d) still counting w's reissues: for the swaps made
-// without the lock.
-func (gr *grant) keep(w, st uint64, d memapi.Bytes) uint64 {
-	return gr.word(st, d) | gr.gen(w)<<genShift
+// book books in the authority's Granted the issues without the lock that w
+// counts and that were not booked yet. Called with the authority's mutex
+// held, by whatever holds it and reads the word: a settle, a swap under
+// the lock, an issue under the lock (before it starts a new epoch).
+func (gr *grant) book(a *authority, w uint64) {
+	a.granted += wordGen(w) - gr.booked
+	gr.booked = wordGen(w)
 }
-
-// gen returns the reissues without the lock that w counts (none in a word
-// of a previous issue: they were booked when it was issued again).
-func (gr *grant) gen(w uint64) uint64 {
-	if w&eraBit != gr.sizeEra.Load()&eraBit {
-		return 0
-	}
-	return w & genMask >> genShift
-}
-
-// bookGen books in the authority's Granted the reissues w counted, once a
-// swap under the lock replaced it by a word that counts none.
-func (gr *grant) bookGen(a *authority, w uint64) { a.granted += gr.gen(w) }
 
 // reissue issues again, without the lock, a grant whose lease was refunded
-// whole and not settled since: its size stays reserved all along, for the
-// same holder, role and priority, so nothing in the ledger moves; only the
-// word swaps from refunded back to open, counting one more issue to book.
+// whole and not settled since: its size stays reserved all along, so
+// nothing in the ledger moves; the word swaps from refunded back to open,
+// one generation on, which makes the handles of the last issue stale and
+// the record the caller's. It returns the new word, or false when the
+// swap failed (another reservation took the record, or a settle booked
+// the refund) or the generation is at genMax; then nothing changed.
+//
+// The holder, role and priority stay the last issue's: the caller compares
+// them with its request after the swap, when nothing can write them, and
+// gives the record back under the lock if they differ
+// (authority.unclaimLocked). The size is the word's drawn bytes, which a
+// refunded word holds whole, so the caller compares it before.
+//
 // Any settle turns a refunded grant to settled first (Unregister,
 // RemoveAuthority, SetCapacity and a reservation that waits or fails all
 // settle), so the swap fails, changing nothing, once the reservation would
-// need the lock: to wait its turn, to fail, or to book. After Close the
-// caller does not try (authority.closed): a grant open at Close may still
-// be committed and refunded without the lock.
-//
-// The issue count goes up before the swap: the handles of the last issue
-// are stale from then on, whether the swap succeeds or the lock issues the
-// grant (its use ended either way).
-func (gr *grant) reissue() bool {
-	w, st, _ := gr.load()
-	if st != stateRefunded || gr.gen(w) == genMax {
-		return false
+// need the lock: to wait its turn, to fail, or to book. After Close no
+// refunded grant is left where a reservation looks (hints.close).
+func (gr *grant) reissue(w uint64) (uint64, bool) {
+	// Refunded, not slow, and a generation below genMax, in one
+	// comparison.
+	if w>>genShift-stateRefunded<<tagState >= genMax {
+		return 0, false
 	}
-	gr.issue.Add(1)
-	return gr.state.CompareAndSwap(w, gr.word(stateOpen, 0)|(gr.gen(w)+1)<<genShift)
+	next := w&genMask + 1<<genShift // open, nothing drawn
+	return next, gr.state.CompareAndSwap(w, next)
 }
 
 // Draw takes n bytes from the grant. It fails with memapi.ErrGrantExhausted
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
 func (h Grant) Draw(n memapi.Bytes) error {
+	// The common case in few instructions: an open grant with no deadline
+	// and no injector, drawn in one swap.
+	gr := h.g
+	if gr == nil {
+		return h.draw(n)
+	}
+	// Open (state 0), not slow (no deadline, no injector), in this
+	// handle's generation and epoch, and n bytes (not 0) left.
+	w := gr.state.Load()
+	if w>>genShift != h.gen&genMax || gr.epoch.Load() != h.gen>>genBits || uint64(n)-1 >= gr.size.Load()-w&drawnMask ||
+		!gr.state.CompareAndSwap(w, w+uint64(n)) {
+		return h.draw(n)
+	}
+	return nil
+}
+
+// draw is Draw in every case.
+func (h Grant) draw(n memapi.Bytes) error {
 	gr := h.g
 	if h.zero() {
 		return h.closed(opDraw)
@@ -315,7 +356,7 @@ func (h Grant) Draw(n memapi.Bytes) error {
 		if n > gr.sz()-d {
 			return opError(opDraw, memapi.ErrGrantExhausted, gr.auth.id, n, gr.sz()-d, "")
 		}
-		if n == 0 || gr.state.CompareAndSwap(w, gr.keep(w, stateOpen, d+n)) {
+		if n == 0 || gr.state.CompareAndSwap(w, with(w, stateOpen, d+n)) {
 			return nil
 		}
 	}
@@ -350,7 +391,7 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 		if n == 0 {
 			return nil
 		}
-		if !gr.state.CompareAndSwap(w, gr.keep(w, st, d-n)) {
+		if !gr.state.CompareAndSwap(w, with(w, st, d-n)) {
 			continue
 		}
 		if st == stateExpired {
@@ -374,6 +415,27 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
 func (h Grant) Commit() (Lease, error) {
+	// Every byte drawn, no timer to stop and no injector: no byte returns
+	// to free, so no waiter can be served and the free figure does not
+	// move. The commit is then this one compare-and-swap; the authority
+	// settles the moves from reserved to charged under its lock before
+	// anything reads them (authority.settleLocked).
+	gr := h.g
+	if gr == nil {
+		return h.commit()
+	}
+	// Open (state 0), not slow (no deadline, no injector), in this
+	// handle's generation and epoch, every byte drawn.
+	w := gr.state.Load()
+	if w>>genShift != h.gen&genMax || gr.epoch.Load() != h.gen>>genBits || w&drawnMask != gr.size.Load() ||
+		!gr.state.CompareAndSwap(w, w|stateCommit<<stateShift) {
+		return h.commit()
+	}
+	return Lease(h), nil
+}
+
+// commit is Commit in every case.
+func (h Grant) commit() (Lease, error) {
 	gr := h.g
 	if h.zero() {
 		return Lease{}, h.closed(opGrantCommit)
@@ -382,12 +444,7 @@ func (h Grant) Commit() (Lease, error) {
 		return Lease{}, err
 	}
 	if w, st, d := gr.loadAs(h.gen); st == stateOpen && gr.dl.Load() == nil {
-		// Every byte drawn and no timer to stop: no byte returns to free,
-		// so no waiter can be served and the free figure does not move.
-		// The commit is then this one compare-and-swap; the authority
-		// settles the moves from reserved to charged under its lock before
-		// anything reads them (authority.settleLocked).
-		if d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, gr.keep(w, stateCommit, d)) {
+		if d != 0 && d == gr.sz() && gr.state.CompareAndSwap(w, with(w, stateCommit, d)) {
 			return Lease(h), nil
 		}
 	} else if st == stateOpen && gr.pastDeadline() {
@@ -433,9 +490,6 @@ func (h Grant) Cancel() error {
 		case st == stateCommit || st == stateSettled || st == stateRefunded:
 			a.mu.Unlock()
 			return gr.closedError(opGrantCancel, st)
-		case st == stateClaimed:
-			a.mu.Unlock()
-			return gr.closedError(opGrantCancel, st)
 		case d != 0:
 			a.mu.Unlock()
 			return opError(opGrantCancel, memapi.ErrInUse, a.id, d, 0, "bytes still drawn: remove the backing and undraw first")
@@ -443,17 +497,17 @@ func (h Grant) Cancel() error {
 			a.mu.Unlock()
 			return nil
 		}
-		if gr.state.CompareAndSwap(w, gr.word(stateCancel, 0)) {
-			gr.bookGen(a, w)
+		if gr.state.CompareAndSwap(w, with(w, stateCancel, 0)) {
+			gr.book(a, w)
 			break
 		}
 	}
 	a.closeGrantLocked(gr)
 	a.reserved -= gr.sz()
 	gr.acct.reserved -= gr.sz()
+	a.retireLocked(gr)
 	a.serveLocked()
 	a.mu.Unlock()
-	a.putSpare(gr)
 	return nil
 }
 
@@ -494,7 +548,7 @@ func (gr *grant) expireBy(a *authority, dl *grantDeadline) {
 	a.serveLocked()
 	// Read under the lock: with nothing drawn the grant may be issued
 	// again (a spare grant) as soon as it is released.
-	holder, role := gr.acct.h.id, gr.role
+	holder, role := gr.holder, gr.role
 	a.mu.Unlock()
 	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", holder, "role", role, "returned", back, "drawn", d)
 	a.g.emit(Event{Kind: EventGrantExpired, Authority: a.id, Holder: holder, Role: role, Bytes: back, Drawn: d})
@@ -503,7 +557,9 @@ func (gr *grant) expireBy(a *authority, dl *grantDeadline) {
 // transition moves an open grant to st and returns the bytes drawn at that
 // instant. Called with the authority's mutex held.
 func (gr *grant) transition(st uint64) (memapi.Bytes, bool) {
-	return gr.transitionAs(gr.issue.Load(), st)
+	// Only an open word can move, and nothing issues an open record
+	// again, so its own generation names the current issue.
+	return gr.transitionAs(gr.genAt(gr.state.Load()), st)
 }
 
 // transitionAs is transition for a handle of issue gen: false for a stale
@@ -514,8 +570,8 @@ func (gr *grant) transitionAs(gen uint64, st uint64) (memapi.Bytes, bool) {
 		if cur != stateOpen {
 			return 0, false
 		}
-		if gr.state.CompareAndSwap(w, gr.word(st, d)) {
-			gr.bookGen(gr.auth, w)
+		if gr.state.CompareAndSwap(w, with(w, st, d)) {
+			gr.book(gr.auth, w)
 			return d, true
 		}
 	}
@@ -545,8 +601,6 @@ func (gr *grant) closedError(op string, st uint64) error {
 	case stateExpired:
 		e.Detail = "reclaimed after its deadline"
 		e.Err = ErrExpired
-	case stateClaimed:
-		e.Detail = "being reserved again"
 	case stateUnissued:
 		e.Detail = "never reserved"
 	case stateStale:

@@ -17,7 +17,7 @@ import "github.com/memgen/memgen/generated/memapi"
 // All methods are safe for concurrent use.
 type Lease struct {
 	g   *grant
-	gen uint64 // the issue of g the lease was committed in (grant.issue)
+	gen uint64 // the issue of g the lease was committed in (see Grant)
 }
 
 // leaseFigures are a lease's figures, kept in its grant's record: guarded
@@ -61,7 +61,10 @@ func (l Lease) lockLease() (*authority, *leaseFigures) {
 // the issue cannot change under it (an issue under the lock waits for it,
 // and one without it needs a grant refunded and not settled, which the
 // settle leaves settled).
-func (l Lease) staleLocked() bool { return l.g.issue.Load() != l.gen }
+func (l Lease) staleLocked() bool {
+	_, st, _ := l.g.loadAs(l.gen)
+	return st == stateStale
+}
 
 // staleError is the failure of op on a zero or stale lease.
 func (l Lease) staleError(op string) error { return Grant(l).closed(op) }
@@ -106,6 +109,40 @@ func (l Lease) Bytes() memapi.Bytes {
 // lease holds. A Refund that empties the lease ends its grant's use: the
 // governor may issue both again (Reserve), which makes this Lease stale.
 func (l Lease) Refund(n memapi.Bytes) error {
+	// refundUnsettled in few instructions, for the common case: no
+	// injector, the grant the authority's hint or none.
+	gr := l.g
+	if gr == nil {
+		return l.refund(n)
+	}
+	a := gr.auth
+	install, toPool, ok := a.hints.place(gr)
+	if !ok {
+		return l.refund(n)
+	}
+	if refundChecked != nil {
+		refundChecked()
+	}
+	// Committed without the lock (state 1), not slow (no injector), in
+	// this handle's generation and epoch, with n bytes (the whole size,
+	// never 0).
+	w := gr.state.Load()
+	if w>>genShift != stateCommit<<tagState|l.gen&genMax || gr.epoch.Load() != l.gen>>genBits || w&drawnMask != uint64(n) ||
+		!gr.state.CompareAndSwap(w, w|stateRefunded<<stateShift) {
+		return l.refund(n)
+	}
+	// gr.refunded(install, toPool), spelled out.
+	if install || toPool {
+		a.hints.keep(gr, install, toPool)
+	}
+	if a.queued.Load() {
+		gr.serveRefunded()
+	}
+	return nil
+}
+
+// refund is Refund in every case.
+func (l Lease) refund(n memapi.Bytes) error {
 	const op = "governor.Lease.Refund"
 	gr := l.g
 	if Grant(l).zero() {
@@ -114,17 +151,8 @@ func (l Lease) Refund(n memapi.Bytes) error {
 	if err := gr.inject(OpRefund, n); err != nil {
 		return err
 	}
-	// refundUnsettled, spelled out on the hot path; with a reservation
-	// waiting, the lock is taken anyway, so take it at once.
-	if n != 0 && !gr.auth.queued.Load() {
-		if refundChecked != nil {
-			refundChecked()
-		}
-		if w, st, d := gr.loadAs(l.gen); st == stateCommit && d == n && gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
-			gr.refunded()
-			gr.auth.putSpare(gr)
-			return nil
-		}
+	if n != 0 && !gr.auth.queued.Load() && l.refundUnsettled(n) {
+		return nil
 	}
 	a, f := l.lockLease()
 	if l.staleLocked() {
@@ -136,18 +164,14 @@ func (l Lease) Refund(n memapi.Bytes) error {
 			a.serveLocked()
 		}
 		a.mu.Unlock()
-		a.putSpare(gr)
 		return nil
 	}
 	if held := f.charged + f.pending; n > held {
 		a.mu.Unlock()
 		return opError(op, ErrOverReturn, a.id, n, held, "refund beyond the lease")
 	}
-	emptied := gr.refundLocked(n)
+	gr.refundLocked(n)
 	a.mu.Unlock()
-	if emptied {
-		a.putSpare(gr)
-	}
 	return nil
 }
 
@@ -166,16 +190,22 @@ var refundChecked func()
 // settles and serves it at once. The refund checks for waiters after its
 // swap and a reservation marks itself queued before it settles, so at
 // least one of the two sees the other (both are sequentially consistent
-// atomics): no waiter misses a refund. It reports false, changing nothing,
-// when the lock is needed or l is stale.
+// atomics): no waiter misses a refund.
+//
+// The grant becomes one of the authority's hints (a refunded grant Reserve
+// issues again without the lock). It reports false, changing nothing, when
+// the lock is needed (the authority closed) or l is stale.
 func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 	gr := l.g
-	w, st, d := gr.loadAs(l.gen)
-	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, gr.keep(w, stateRefunded, d)) {
+	install, toPool, ok := gr.auth.hints.place(gr)
+	if !ok {
 		return false
 	}
-	gr.refunded()
-	gr.auth.putSpare(gr)
+	w, st, d := gr.loadAs(l.gen)
+	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, with(w, stateRefunded, d)) {
+		return false
+	}
+	gr.refunded(install, toPool)
 	return true
 }
 
@@ -183,17 +213,33 @@ func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 // waiting reservation is served at once. It serves even when another
 // settle booked the refund first (a snapshot, a reservation's), which does
 // not serve.
-func (gr *grant) refunded() {
-	if a := gr.auth; a.queued.Load() {
-		a.mu.Lock()
-		a.settleGrantLocked(gr)
-		a.serveLocked()
-		a.mu.Unlock()
+//
+// install and toPool are where the refund leaves gr in the authority's
+// hints (hints.place). (A settle may have retired gr since the swap: then
+// a hint names a grant that is not refunded, which nothing issues without
+// the lock.)
+func (gr *grant) refunded(install, toPool bool) {
+	a := gr.auth
+	if install || toPool {
+		a.hints.keep(gr, install, toPool)
+	}
+	if a.queued.Load() {
+		gr.serveRefunded()
 	}
 }
 
+// serveRefunded books gr's refund, made without the lock, and serves the
+// reservations waiting for it.
+func (gr *grant) serveRefunded() {
+	a := gr.auth
+	a.mu.Lock()
+	a.settleGrantLocked(gr)
+	a.serveLocked()
+	a.mu.Unlock()
+}
+
 // refundLocked refunds n bytes of gr's lease and reports whether that
-// emptied it, which ends the grant's use.
+// emptied it, which ends the grant's use and retires it.
 func (gr *grant) refundLocked(n memapi.Bytes) bool {
 	if n == 0 {
 		return false
@@ -220,6 +266,7 @@ func (gr *grant) refundLocked(n memapi.Bytes) bool {
 	if emptied {
 		a.leases--
 		c.leases--
+		a.retireLocked(gr)
 	}
 	if a.head != nil {
 		a.serveLocked()
@@ -273,11 +320,8 @@ func (l Lease) Release() memapi.Bytes {
 		return 0
 	}
 	n := f.charged + f.pending
-	emptied := l.g.refundLocked(n)
+	l.g.refundLocked(n)
 	a.mu.Unlock()
-	if emptied {
-		a.putSpare(l.g)
-	}
 	return n
 }
 
@@ -346,17 +390,14 @@ func (l Lease) RefundQuarantined(n memapi.Bytes) error {
 	f.charged -= n
 	a.charged -= n
 	c.charged -= n
-	emptied := f.charged == 0 && f.pending == 0 && n != 0
-	if emptied {
+	if f.charged == 0 && f.pending == 0 && n != 0 {
 		a.leases--
 		c.leases--
+		a.retireLocked(l.g)
 	}
 	if a.head != nil {
 		a.serveLocked()
 	}
 	a.mu.Unlock()
-	if emptied {
-		a.putSpare(l.g)
-	}
 	return nil
 }

@@ -504,6 +504,10 @@ func (m *model) grantOf(l *mLease) *mGrant {
 }
 
 func (m *model) addGrant(gr Grant, a memapi.AuthorityID, h HolderID, n memapi.Bytes, deadline time.Time) *mGrant {
+	// The reservation may have been served in the record of a grant spent
+	// while it ran (a reclaim's release, a refund while it waited): those
+	// grants are gone from the model from now on.
+	m.forgetSpent()
 	if gr == (Grant{}) || gr.Size() != n || gr.Authority() != a || gr.Holder() != h || !gr.Deadline().Equal(deadline) || gr.Remaining() != n {
 		m.rt.Fatalf("grant %+v", gr)
 	}

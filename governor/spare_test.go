@@ -248,9 +248,10 @@ func TestSpareGrantOnlyOnceItsUseEnded(t *testing.T) {
 	h.wantLedger(hostA, ledger{Free: 1000})
 }
 
-// While a reservation that took a spare grant waits, the grant is closed to
-// every use of its old issue; a wait that ends leaves it closed and spare.
-func TestSpareGrantHeldByAWait(t *testing.T) {
+// A reservation that waits holds no grant: a spare one stays closed to
+// every use of its old issue, and is not issued again (its handles are not
+// stale) until a reservation is served; a wait that ends leaves it spare.
+func TestSpareGrantWhileAReservationWaits(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 160})
 	h.register("kv", nil, HolderOptions{})
 	full := h.lease(hostA, "kv", 100)
@@ -264,17 +265,8 @@ func TestSpareGrantHeldByAWait(t *testing.T) {
 	mustKind(t, gr.Cancel(), memapi.ErrGrantClosed)
 	_, err := gr.Commit()
 	mustKind(t, err, memapi.ErrGrantClosed)
-	// Its handles are stale from the moment the waiting reservation took
-	// the record (when the pool gave it that one).
-	a := h.g.authority(hostA)
-	a.mu.Lock()
-	took := a.head != nil && a.head.into == gr.g
-	a.mu.Unlock()
-	if took {
-		mustStale(t, gr.Cancel())
-		mustStale(t, Lease(gr).Refund(1))
-	} else if !raceEnabled {
-		t.Log("the waiting reservation took another spare grant")
+	if err := gr.Cancel(); errors.Is(err, ErrStaleHandle) {
+		t.Fatalf("the waiting reservation issued the spare grant again: %v", err)
 	}
 	cancel()
 	r := await(t, done)
@@ -284,9 +276,8 @@ func TestSpareGrantHeldByAWait(t *testing.T) {
 	}
 	h.wantLedger(hostA, ledger{Charged: 100, Free: 60})
 
-	// Spare again after the failure (another goroutine's reservation may
-	// or may not find it: a sync.Pool keeps it per P), a reservation
-	// waits again and is served by a refund.
+	// Spare after the failure, a reservation waits again and is served
+	// by a refund, in the spare record: the old handles are stale now.
 	done = h.reserveAsync(context.Background(), hostA, "kv", 61, 0, time.Time{})
 	h.awaitWaiting("kv")
 	if err := full.Refund(100); err != nil {
@@ -300,6 +291,15 @@ func TestSpareGrantHeldByAWait(t *testing.T) {
 		t.Fatalf("served grant: open %v size %d remaining %d", r.gr.Open(), r.gr.Size(), r.gr.Remaining())
 	}
 	h.wantLedger(hostA, ledger{Reserved: 61, Free: 99})
+	// Served in a spare record, the last one retired first: full's, whose
+	// refund served it; gr's handles are closed but not stale yet.
+	if r.gr.g != full.g {
+		t.Fatal("the served reservation did not take the spare record its refund retired")
+	}
+	mustStale(t, Lease(full).Refund(1))
+	if err := gr.Cancel(); errors.Is(err, ErrStaleHandle) || !errors.Is(err, memapi.ErrGrantClosed) {
+		t.Fatalf("the spare grant's old handle: %v", err)
+	}
 	if err := r.gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,12 @@ func TestUnlockedRefundServesAWaiter(t *testing.T) {
 	if err := r.gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
-	mustKind(t, l.Refund(1), ErrOverReturn)
+	// The waiter was served in the record the refund retired: the old
+	// lease is stale.
+	if r.gr.g != gr.g {
+		t.Fatal("the waiter was not served in the record the refund retired")
+	}
+	mustStale(t, l.Refund(1))
 	if l.Release() != 0 {
 		t.Fatal("a refunded lease released bytes")
 	}
