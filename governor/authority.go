@@ -26,8 +26,8 @@ type authority struct {
 	// queued mirrors head != nil for Lease.Refund, which reads it without
 	// the lock after refunding without the lock (see refundUnsettled).
 	queued atomic.Bool
-	// closed mirrors shut != nil for Reserve, which reissues a spare grant
-	// without the lock (see Grant.reissue).
+	// closed mirrors shut != nil for Reserve, which drops a closed
+	// authority it remembers (Governor.last) without the lock.
 	closed atomic.Bool
 
 	// hints are the grants Reserve issues again without the lock.

@@ -110,7 +110,7 @@ func (l Lease) Bytes() memapi.Bytes {
 // governor may issue both again (Reserve), which makes this Lease stale.
 func (l Lease) Refund(n memapi.Bytes) error {
 	// refundUnsettled in few instructions, for the common case: no
-	// injector, the grant the authority's hint or none.
+	// injector, the authority not closed.
 	gr := l.g
 	if gr == nil {
 		return l.refund(n)
