@@ -186,3 +186,60 @@ func TestStreamsAtOnceTakeGrantsFromThePool(t *testing.T) {
 	}
 	h.wantLedger(hostA, ledger{Free: 1000})
 }
+
+// A refund whose swap lands before Close's settle and whose grant is kept
+// in the hints after Close: the slot stays closed (keep never stores over
+// closedHint), so a grant open at Close and refunded afterwards takes the
+// lock, and nothing is issued again after Close.
+func TestCloseBetweenARefundsSwapAndItsKeep(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
+	h.register("kv", nil, HolderOptions{})
+	a := h.g.authority(hostA)
+	lease := func(n memapi.Bytes) (Grant, Lease) {
+		t.Helper()
+		gr := reserve(t, h.g, hostA, "kv", n)
+		if err := gr.Draw(n); err != nil {
+			t.Fatal(err)
+		}
+		l, err := gr.Commit() // without the lock
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gr, l
+	}
+	_, first := lease(100)
+	open := reserve(t, h.g, hostA, "kv", 100) // open at Close
+	refundSwapped = func() {
+		refundSwapped = nil
+		h.g.Close()
+	}
+	t.Cleanup(func() { refundSwapped = nil })
+	if n := first.Release(); n != 100 { // refundUnsettled: swap, Close, keep
+		t.Fatalf("released %d", n)
+	}
+	if a.hints.slot.Load() != &closedHint {
+		t.Fatal("the slot is not closed after Close")
+	}
+	if err := open.Draw(100); err != nil {
+		t.Fatal(err)
+	}
+	l, err := open.Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refund(100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "test", Bytes: 100}); err == nil {
+		t.Fatal("a grant was issued again after Close")
+	}
+	for {
+		x, _ := a.hints.pool.Get().(*grant)
+		if x == nil {
+			break
+		}
+		if x.state.Load()>>stateShift == stateRefunded {
+			t.Fatalf("a refunded grant (%p) waits in the pool after Close", x)
+		}
+	}
+}

@@ -205,9 +205,18 @@ func (l Lease) refundUnsettled(n memapi.Bytes) bool {
 	if st != stateCommit || d != n || !gr.state.CompareAndSwap(w, with(w, stateRefunded, d)) {
 		return false
 	}
+	if refundSwapped != nil {
+		refundSwapped()
+	}
 	gr.refunded(install, toPool)
 	return true
 }
+
+// refundSwapped, when set (by tests, before anything runs concurrently),
+// runs in refundUnsettled between its swap and the keeping of its grant in
+// the hints: a test closes the authority there, the interleaving in which
+// only keep's compare-and-swap keeps the slot closed.
+var refundSwapped func()
 
 // refunded follows the swap that refunded gr's lease without the lock: a
 // waiting reservation is served at once. It serves even when another
