@@ -73,7 +73,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	w := gr.state.Load()
 	if w&drawnMask == uint64(r.Bytes) {
 		if next, ok := gr.reissue(w); ok {
-			if r.Priority != gr.priority || !sameString(string(gr.holder), string(r.Holder)) || !sameString(string(gr.role), string(r.Role)) {
+			if !gr.matches(r.Holder, r.Role, r.Priority) {
 				return g.reserveSlow(ctx, a, r, gr, next)
 			}
 			return gr.handle(next), nil
@@ -94,7 +94,7 @@ func (g *Governor) reserveFromPool(ctx context.Context, a *authority, r Request,
 		w := gr.state.Load()
 		if w&drawnMask == uint64(r.Bytes) {
 			if next, ok := gr.reissue(w); ok {
-				if r.Priority != gr.priority || !sameString(string(gr.holder), string(r.Holder)) || !sameString(string(gr.role), string(r.Role)) {
+				if !gr.matches(r.Holder, r.Role, r.Priority) {
 					return g.reserveSlow(ctx, a, r, gr, next)
 				}
 				return gr.handle(next), nil
@@ -116,6 +116,13 @@ func (g *Governor) reserveFromPool(ctx context.Context, a *authority, r Request,
 		}
 	}
 	return g.reserve(ctx, r)
+}
+
+// matches reports whether gr, which the caller just issued again without
+// the lock (so nothing writes these fields now), was last issued for the
+// same holder, role and priority.
+func (gr *grant) matches(holder HolderID, role Role, pri Priority) bool {
+	return pri == gr.priority && sameString(string(gr.holder), string(holder)) && sameString(string(gr.role), string(role))
 }
 
 // sameString is a == b, without comparing the bytes of one string with
