@@ -145,18 +145,8 @@ func TestStreamsAtOnceTakeGrantsFromThePool(t *testing.T) {
 		t.Fatal("the slot's grant in use did not make the slot pooledHint")
 	}
 	h.wantLedger(hostA, ledger{Reserved: 200, Free: 800})
-	for _, gr := range []Grant{x1, x2} {
-		if err := gr.Draw(100); err != nil {
-			t.Fatal(err)
-		}
-		l, err := gr.Commit()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Refund(100); err != nil {
-			t.Fatal(err)
-		}
-	}
+	spend(t, x1, 100)
+	spend(t, x2, 100)
 	if a.hints.slot.Load() != &pooledHint {
 		t.Fatal("a refund left its grant in the slot while streams run at once")
 	}
@@ -195,19 +185,7 @@ func TestCloseBetweenARefundsSwapAndItsKeep(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
 	h.register("kv", nil, HolderOptions{})
 	a := h.g.authority(hostA)
-	lease := func(n memapi.Bytes) (Grant, Lease) {
-		t.Helper()
-		gr := reserve(t, h.g, hostA, "kv", n)
-		if err := gr.Draw(n); err != nil {
-			t.Fatal(err)
-		}
-		l, err := gr.Commit() // without the lock
-		if err != nil {
-			t.Fatal(err)
-		}
-		return gr, l
-	}
-	_, first := lease(100)
+	first := h.lease(hostA, "kv", 100)        // committed without the lock
 	open := reserve(t, h.g, hostA, "kv", 100) // open at Close
 	refundSwapped = func() {
 		refundSwapped = nil
@@ -220,16 +198,7 @@ func TestCloseBetweenARefundsSwapAndItsKeep(t *testing.T) {
 	if a.hints.slot.Load() != &closedHint {
 		t.Fatal("the slot is not closed after Close")
 	}
-	if err := open.Draw(100); err != nil {
-		t.Fatal(err)
-	}
-	l, err := open.Commit()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Refund(100); err != nil {
-		t.Fatal(err)
-	}
+	spend(t, open, 100)
 	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "test", Bytes: 100}); err == nil {
 		t.Fatal("a grant was issued again after Close")
 	}

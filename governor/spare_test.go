@@ -26,6 +26,14 @@ func reserve(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n
 func cycle(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n memapi.Bytes) Grant {
 	t.Helper()
 	gr := reserve(t, g, a, holder, n)
+	spend(t, gr, n)
+	return gr
+}
+
+// spend draws all n bytes of gr, commits and refunds them: the rest of the
+// hot path, which ends gr's use.
+func spend(t testing.TB, gr Grant, n memapi.Bytes) {
+	t.Helper()
 	if err := gr.Draw(n); err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +44,6 @@ func cycle(t testing.TB, g *Governor, a memapi.AuthorityID, holder HolderID, n m
 	if err := l.Refund(n); err != nil {
 		t.Fatal(err)
 	}
-	return gr
 }
 
 // wantSameRecord fails t unless got is an issue of want's record, the spare grant Reserve was to
