@@ -440,7 +440,15 @@ func (cg *confGen) emitCall(f *File, c *capability, m *method) {
 		}
 	})
 	var args []Code
+	ctxParam := ""
 	for _, p := range m.Params {
+		if p.Type == "context.Context" && ctxParam == "" {
+			// The call runs under its own deadline (env.op), never the
+			// subtest's: a deadline bounds one operation.
+			ctxParam = p.Name
+			args = append(args, Id("ctx"))
+			continue
+		}
 		args = append(args, Id("c").Dot(p.Name))
 	}
 	_, results := g.Signature(m)
@@ -480,6 +488,10 @@ func (cg *confGen) emitCall(f *File, c *capability, m *method) {
 			if errIdx >= 0 {
 				b.If(cg.recv(m).Op("==").Nil()).Block(Return(zeros...))
 			}
+		}
+		if ctxParam != "" {
+			b.List(Id("ctx"), Id("done")).Op(":=").Id("e").Dot("op").Call(Lit(c.Name+"."+m.Name), Id("c").Dot(ctxParam))
+			b.Defer().Id("done").Call()
 		}
 		if len(rs) == 0 {
 			b.Add(cg.recv(m)).Dot(m.Name).Call(args...)

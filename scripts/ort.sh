@@ -78,7 +78,9 @@ test | bench)
 		go vet ./...
 		bad="$(gofmt -l .)"
 		[ -z "$bad" ] || { echo "gofmt needed on:"; echo "$bad"; exit 1; }
-		exec go test -race -count=1 ./...
+		# ORT_TEST_TIMEOUT bounds the run (go test's -timeout, reported as
+		# "panic: test timed out" with every stack), within CI's 90 minutes.
+		exec go test -race -count=1 -timeout "${ORT_TEST_TIMEOUT:-30m}" ./...
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
 	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .

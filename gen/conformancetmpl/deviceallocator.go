@@ -186,7 +186,10 @@ func testFenceCompletes(t T, e *env) {
 	if f == nil {
 		t.Fatalf("Record returned no fence")
 	}
-	if err := f.Wait(e.ctx); err != nil {
+	wctx, done := e.op("Fence.Wait", e.ctx)
+	err = f.Wait(wctx)
+	done()
+	if err != nil {
 		t.Fatalf("Fence.Wait: %v", err)
 	}
 	if !f.Done() {
@@ -195,7 +198,7 @@ func testFenceCompletes(t T, e *env) {
 	if ch := f.Ready(); ch != nil {
 		select {
 		case <-ch:
-		case <-time.After(opTimeout):
+		case <-time.After(e.opTimeout):
 			t.Errorf("Fence.Ready() channel not closed after Wait returned")
 		}
 	}
@@ -208,7 +211,10 @@ func testFenceCompletes(t T, e *env) {
 	if err != nil {
 		t.Fatalf("Record: %v", err)
 	}
-	if err := f2.Wait(e.ctx); err != nil {
+	wctx, done = e.op("Fence.Wait", e.ctx)
+	err = f2.Wait(wctx)
+	done()
+	if err != nil {
 		t.Fatalf("Fence.Wait: %v", err)
 	}
 	if i := firstDiff(got, data); i >= 0 {
@@ -233,7 +239,10 @@ func testCopyDevice(t T, e *env) {
 	if err := s.CopyDevice(dst.Addr(), src.Addr(), size); err != nil {
 		t.Fatalf("CopyDevice: %v", err)
 	}
-	if err := s.Synchronize(e.ctx); err != nil {
+	sctx, done := e.op("Stream.Synchronize", e.ctx)
+	err := s.Synchronize(sctx)
+	done()
+	if err != nil {
 		t.Fatalf("Synchronize after CopyDevice: %v", err)
 	}
 	e.expectBytes(t, "destination after CopyDevice", dst.Addr(), data)

@@ -53,7 +53,9 @@ type callAllocate struct {
 
 // do calls Allocate on e's mechanism and tracks the handle it creates.
 func (c *callAllocate) do(e *env) (*memapi.Allocation, error) {
-	r0, r1 := e.m.Allocate(c.ctx, c.req, c.grant)
+	ctx, done := e.op("DeviceAllocator.Allocate", c.ctx)
+	defer done()
+	r0, r1 := e.m.Allocate(ctx, c.req, c.grant)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -78,7 +80,9 @@ type callFree struct {
 
 // do calls Free on e's mechanism.
 func (c *callFree) do(e *env) error {
-	r0 := e.m.Free(c.ctx, c.a, c.to)
+	ctx, done := e.op("DeviceAllocator.Free", c.ctx)
+	defer done()
+	r0 := e.m.Free(ctx, c.a, c.to)
 	return r0
 }
 
@@ -118,7 +122,9 @@ func (c *callReserve) do(e *env) (*memapi.Reservation, error) {
 			Op:     "VirtualBacking.Reserve",
 		}
 	}
-	r0, r1 := e.virtualBacking.Reserve(c.ctx, c.req)
+	ctx, done := e.op("VirtualBacking.Reserve", c.ctx)
+	defer done()
+	r0, r1 := e.virtualBacking.Reserve(ctx, c.req)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -151,7 +157,9 @@ func (c *callCommit) do(e *env) error {
 			Op:     "VirtualBacking.Commit",
 		}
 	}
-	r0 := e.virtualBacking.Commit(c.ctx, c.res, c.r, c.grant)
+	ctx, done := e.op("VirtualBacking.Commit", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.Commit(ctx, c.res, c.r, c.grant)
 	return r0
 }
 
@@ -178,7 +186,9 @@ func (c *callDecommit) do(e *env) error {
 			Op:     "VirtualBacking.Decommit",
 		}
 	}
-	r0 := e.virtualBacking.Decommit(c.ctx, c.res, c.r, c.to)
+	ctx, done := e.op("VirtualBacking.Decommit", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.Decommit(ctx, c.res, c.r, c.to)
 	return r0
 }
 
@@ -230,7 +240,9 @@ func (c *callReleaseReservation) do(e *env) error {
 			Op:     "VirtualBacking.ReleaseReservation",
 		}
 	}
-	r0 := e.virtualBacking.ReleaseReservation(c.ctx, c.res, c.to)
+	ctx, done := e.op("VirtualBacking.ReleaseReservation", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.ReleaseReservation(ctx, c.res, c.to)
 	return r0
 }
 
@@ -257,7 +269,9 @@ func (c *callCreateBacking) do(e *env) (*memapi.Backing, error) {
 			Op:     "SharedMapping.CreateBacking",
 		}
 	}
-	r0, r1 := e.sharedMapping.CreateBacking(c.ctx, c.size, c.grant)
+	ctx, done := e.op("SharedMapping.CreateBacking", c.ctx)
+	defer done()
+	r0, r1 := e.sharedMapping.CreateBacking(ctx, c.size, c.grant)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -291,7 +305,9 @@ func (c *callMapView) do(e *env) (*memapi.View, error) {
 			Op:     "SharedMapping.MapView",
 		}
 	}
-	r0, r1 := e.sharedMapping.MapView(c.ctx, c.res, c.r, c.b, c.access)
+	ctx, done := e.op("SharedMapping.MapView", c.ctx)
+	defer done()
+	r0, r1 := e.sharedMapping.MapView(ctx, c.res, c.r, c.b, c.access)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -322,7 +338,9 @@ func (c *callUnmapView) do(e *env) error {
 			Op:     "SharedMapping.UnmapView",
 		}
 	}
-	r0 := e.sharedMapping.UnmapView(c.ctx, c.v)
+	ctx, done := e.op("SharedMapping.UnmapView", c.ctx)
+	defer done()
+	r0 := e.sharedMapping.UnmapView(ctx, c.v)
 	return r0
 }
 
@@ -348,7 +366,9 @@ func (c *callCopyOnWrite) do(e *env) (*memapi.View, error) {
 			Op:     "SharedMapping.CopyOnWrite",
 		}
 	}
-	r0, r1 := e.sharedMapping.CopyOnWrite(c.ctx, c.v, c.grant)
+	ctx, done := e.op("SharedMapping.CopyOnWrite", c.ctx)
+	defer done()
+	r0, r1 := e.sharedMapping.CopyOnWrite(ctx, c.v, c.grant)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -405,7 +425,9 @@ func (c *callReleaseBacking) do(e *env) error {
 			Op:     "SharedMapping.ReleaseBacking",
 		}
 	}
-	r0 := e.sharedMapping.ReleaseBacking(c.ctx, c.b, c.to)
+	ctx, done := e.op("SharedMapping.ReleaseBacking", c.ctx)
+	defer done()
+	r0 := e.sharedMapping.ReleaseBacking(ctx, c.b, c.to)
 	return r0
 }
 

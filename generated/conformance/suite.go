@@ -56,6 +56,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -99,6 +100,11 @@ type Subject struct {
 	// mechanism's own (a host-memory plugin): leak/freed-range-unmapped
 	// checks that a freed range is no longer mapped.
 	HostMapped bool
+	// OpTimeout, when set, replaces the deadline each call of the suite
+	// gets on its own (one minute): for a subject slower than that on
+	// purpose, or a test of the suite's timeout report. It bounds one call,
+	// never a subtest.
+	OpTimeout time.Duration
 }
 
 // Factory makes a fresh Subject for one subtest and registers its cleanup
@@ -241,9 +247,57 @@ func runOne(t T, f FactoryT, tc test) {
 	tc.run(t, e)
 }
 
-// opTimeout bounds every call the suite makes with its context, so a broken
-// mechanism or fence fails the subtest instead of hanging it.
-const opTimeout = 2 * time.Minute
+// opTimeout bounds each call the suite makes with a context, one operation
+// at a time (env.op), so a broken mechanism or fence fails the subtest
+// instead of hanging it. It bounds progress, never the amount of work: a
+// subtest of many calls has no deadline of its own, and the bound is far
+// above any call that succeeds on a loaded machine under the race detector.
+const opTimeout = time.Minute
+
+// timeout is one operation that ran past opTimeout: what it was, and every
+// goroutine's stack when its deadline passed.
+type timeout struct {
+	op     string
+	stacks []byte
+}
+
+// op gives one call its own deadline, under parent (the subtest's context,
+// or a test's own, cancelled one). If the deadline passes while the call
+// runs, every goroutine's stack is taken then, and the subtest reports a
+// timeout naming op instead of what the unfinished call left behind. done
+// must be called when the call returns.
+func (e *env) op(name string, parent context.Context) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithTimeout(parent, e.opTimeout)
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		if parent.Err() != nil || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return
+		}
+		to := timeout{op: name, stacks: allStacks()}
+		e.mu.Lock()
+		e.timeouts = append(e.timeouts, to)
+		e.mu.Unlock()
+	})
+	return ctx, func() {
+		if !stop() {
+			<-fired // the report is recorded before the call is done
+		}
+		cancel()
+	}
+}
+
+// allStacks returns every goroutine's stack.
+func allStacks() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
 
 // env is one subject under test with the suite's ledger and bookkeeping.
 type env struct {
@@ -263,9 +317,11 @@ type env struct {
 	account    *account
 	start      memapi.Bytes
 
-	mu      sync.Mutex
-	handles []memapi.Handle // every handle made through the suite, in creation order
-	stream  memapi.Stream
+	mu        sync.Mutex
+	handles   []memapi.Handle // every handle made through the suite, in creation order
+	stream    memapi.Stream
+	timeouts  []timeout     // the operations that ran past their deadline
+	opTimeout time.Duration // each call's deadline: Subject.OpTimeout or opTimeout
 }
 
 func newEnv(t T, f FactoryT) *env {
@@ -277,8 +333,13 @@ func newEnv(t T, f FactoryT) *env {
 	if s.Context == nil {
 		t.Fatalf("the factory returned no Context")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	// The subtest's context has no deadline: each call gets its own (op).
+	ctx, cancel := context.WithCancel(context.Background())
 	e := &env{t: t, factory: f, m: s.Mechanism, dc: s.Context, lacks: s.Lacks, declaredBy: s.Declared, hostMapped: s.HostMapped, ctx: ctx}
+	e.opTimeout = s.OpTimeout
+	if e.opTimeout <= 0 {
+		e.opTimeout = opTimeout
+	}
 	e.info = s.Mechanism.Info()
 	e.caps = e.capabilities.load(s.Mechanism)
 	e.ledger = &ledger{}
@@ -317,6 +378,20 @@ func (e *env) finish(t T) {
 		}
 	}
 	e.sweep(t)
+	e.mu.Lock()
+	timeouts := e.timeouts
+	e.mu.Unlock()
+	if len(timeouts) > 0 {
+		// What a timed-out call left behind is not a leak: the sweep above
+		// said what it could not release, and why.
+		for _, to := range timeouts {
+			t.Errorf("timeout: %s did not return within %v (a deadline of its own, not the subtest's); goroutines when it expired:\n%s", to.op, e.opTimeout, to.stacks)
+		}
+		if used := e.m.UsedBytes(); used != e.start {
+			t.Logf("after the timeout, UsedBytes is %d (it was %d when the subject was made): what the cleanup above could not release", used, e.start)
+		}
+		return
+	}
 	if used := e.m.UsedBytes(); used != e.start {
 		t.Errorf("leak: UsedBytes is %d after every handle the subtest made was released; it was %d when the subject was made", used, e.start)
 	}
@@ -803,7 +878,9 @@ func (e *env) writeOn(s memapi.Stream, addr memapi.DeviceAddr, data []byte) erro
 	if err := s.CopyToDevice(addr, data); err != nil {
 		return err
 	}
-	return s.Synchronize(e.ctx)
+	ctx, done := e.op("Stream.Synchronize", e.ctx)
+	defer done()
+	return s.Synchronize(ctx)
 }
 
 // readOn copies n bytes at addr through s and waits for them.
@@ -812,7 +889,9 @@ func (e *env) readOn(s memapi.Stream, addr memapi.DeviceAddr, n memapi.Bytes) ([
 	if err := s.CopyFromDevice(buf, addr); err != nil {
 		return nil, err
 	}
-	if err := s.Synchronize(e.ctx); err != nil {
+	ctx, done := e.op("Stream.Synchronize", e.ctx)
+	defer done()
+	if err := s.Synchronize(ctx); err != nil {
 		return nil, err
 	}
 	return buf, nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // childIdle: join, say "ready", and stay until EOF or killed.
@@ -149,14 +150,11 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 		if e.PID != p.pid {
 			t.Fatalf("reclaimed %+v, want the child %d", e, p.pid)
 		}
-		if d := time.Since(killed); d > time.Second {
-			t.Fatalf("the death was reclaimed %v after the kill: behind the answer", d)
-		}
 		if at := sa.returned.Load(); at != 0 && at <= e.Time.UnixNano() {
 			t.Fatalf("reclaimed %v after A's holder returned: behind the answer", e.Time.Sub(time.Unix(0, at)))
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("not reclaimed within 5 s")
+	case <-time.After(watchdog.Bound):
+		t.Fatalf("watchdog: not reclaimed within %v", watchdog.Bound)
 	}
 	cancel()
 }
@@ -191,9 +189,9 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 		_ = gr.Cancel()
 	}
 	t.Logf("%v after %v", err, took)
-	// A second of slack for a loaded machine under -race: behind the
-	// answer it takes 2.3 s.
-	if !isOverBudget(err) || took > deadline+time.Second {
+	// Behind the answer it would return once A's holder did (2.5 s):
+	// it must return first, with ErrOverBudget (an order, not a time).
+	if !isOverBudget(err) || sa.returned.Load() != 0 {
 		t.Fatalf("a reservation with a %v deadline: %v after %v, want ErrOverBudget at its deadline", deadline, err, took)
 	}
 	bcancel()

@@ -6,7 +6,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // A FIFO, a symlink, and modes that let non-members in are refused with a
@@ -53,8 +54,8 @@ func TestUnsafeLedgerFiles(t *testing.T) {
 			},
 			"SetCapacity": func() error { _, err := SetCapacity(p, 10, 0); return err },
 		} {
-			took, done, err := bounded(2*time.Second, f)
-			if err == nil || took >= 2*time.Second {
+			took, done, err := bounded(watchdog.Bound, f)
+			if err == nil || took >= watchdog.Bound {
 				// Let a reader stuck on the FIFO go.
 				if w, e := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); e == nil {
 					w.Close()

@@ -220,9 +220,6 @@ func TestDecodeOverBudget(t *testing.T) {
 	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("got %v, want an *OverBudgetError", err)
 	}
-	if took > 5*time.Second {
-		t.Errorf("the refusal took %v with a deadline of 300ms", took)
-	}
 	if ob.Rows != 128 || ob.Committed != before.Committed || ob.Capacity != 72<<20 {
 		t.Errorf("figures: %+v (before: %+v)", ob, before)
 	}

@@ -39,7 +39,7 @@ func TestWithinFailsWithStacks(t *testing.T) {
 	if !ft.failed || len(ft.msgs) != 1 {
 		t.Fatalf("failed %v, %d messages", ft.failed, len(ft.msgs))
 	}
-	if m := ft.msgs[0]; !strings.Contains(m, "the wait did not return within 10ms") || !strings.Contains(m, "watchdog.blockedHere") {
+	if m := ft.msgs[0]; !strings.Contains(m, "watchdog: the wait did not return within 10ms") || !strings.Contains(m, "watchdog.blockedHere") {
 		t.Fatalf("message lacks the wait or the blocked goroutine's stack:\n%s", m)
 	}
 }

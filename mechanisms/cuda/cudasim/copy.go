@@ -20,10 +20,10 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 	}
 	if b := s.findBlock(addr); b != nil {
 		off := addr - b.addr
-		if b.dev != d || end > b.addr+uint64(len(b.data)) {
+		if b.dev != d || end > b.addr+b.size {
 			return nil, driver.ErrInvalidValue
 		}
-		return [][]byte{b.data[off : off+n]}, driver.Success
+		return [][]byte{b.mem()[off : off+n]}, driver.Success
 	}
 	res := s.findReservation(addr)
 	if res == nil || res.dev != d || end > res.addr+res.size {
@@ -42,7 +42,7 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool) ([][]byte, driver.R
 		}
 		off := cur - m.addr
 		take := min(m.size-off, end-cur)
-		segs = append(segs, m.phys.data[m.off+off:m.off+off+take])
+		segs = append(segs, m.phys.mem()[m.off+off:m.off+off+take])
 		cur += take
 	}
 	if fault {

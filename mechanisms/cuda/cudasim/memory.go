@@ -8,7 +8,8 @@ import (
 )
 
 // memAlloc is cuMemAlloc_v2: the block is charged whole pages (AllocPage)
-// and filled with poison. Its address is aligned to 256 bytes and no more:
+// and reads as poison until written (its bytes are made at the first
+// access). Its address is aligned to 256 bytes and no more:
 // the CUDA programming guide promises that an address "returned by one of
 // the memory allocation routines from the driver or runtime API is always
 // aligned to at least 256 bytes", so code that relies on more fails here.
@@ -26,7 +27,7 @@ func (s *Sim) memAlloc(dptr *driver.DevicePtr, size uint64) driver.Result {
 	if charged < size || !s.charge(d, charged) {
 		return driver.ErrOutOfMemory
 	}
-	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, data: poisoned(size)}
+	b := &block{dev: d, addr: s.nextAlloc + allocAlign, charged: charged, size: size}
 	s.nextAlloc += charged + s.cfg.AllocPage // a guard page: overruns hit nothing
 	s.allocs = append(s.allocs, b)           // addresses only grow: stays sorted
 	*dptr = driver.DevicePtr(b.addr)
@@ -193,7 +194,7 @@ func (s *Sim) memCreate(h *driver.MemHandle, size uint64, prop *driver.MemAlloca
 		return driver.ErrOutOfMemory
 	}
 	id := driver.MemHandle(s.id())
-	s.phys[id] = &physical{handle: id, dev: d, size: size, data: poisoned(size)}
+	s.phys[id] = &physical{handle: id, dev: d, size: size}
 	*h = id
 	return driver.Success
 }

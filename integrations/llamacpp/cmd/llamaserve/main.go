@@ -228,14 +228,15 @@ func main() {
 	nCtx := flag.Int("nctx", 2048, "each context's n_ctx; lengths are scaled so that the longest request fills it")
 	budgetS := flag.String("budget", "96MiB", "KV budget, the same for both engines")
 	threads := flag.Int("threads", 1, "llama.cpp threads")
+	timeout := flag.Duration("timeout", 30*time.Minute, "the whole run's deadline (both engines' replays); its expiry is reported as a deadline")
 	flag.Parse()
-	if err := run(*lib, *model, *trace, *n, *nCtx, *budgetS, *threads); err != nil {
+	if err := run(*lib, *model, *trace, *n, *nCtx, *budgetS, *threads, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "llamaserve:", err)
 		os.Exit(1)
 	}
 }
 
-func run(lib, model, trace string, n, nCtx int, budgetS string, threads int) error {
+func run(lib, model, trace string, n, nCtx int, budgetS string, threads int, timeout time.Duration) (err error) {
 	budget, err := parseBytes(budgetS)
 	if err != nil {
 		return fmt.Errorf("-budget %q: %w", budgetS, err)
@@ -248,8 +249,14 @@ func run(lib, model, trace string, n, nCtx int, budgetS string, threads int) err
 	if err := llamacpp.Init(lib); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	defer func() {
+		// A refusal at the run's deadline says so, not "over budget".
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("deadline: the run's -timeout of %v expired before it finished: %w", timeout, err)
+		}
+	}()
 
 	// Stock: the row bytes come from memgen's run of one context (the same
 	// model); stock holds n_ctx rows per context.

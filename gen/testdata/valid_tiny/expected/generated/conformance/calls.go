@@ -48,7 +48,9 @@ type callAllocate struct {
 
 // do calls Allocate on e's mechanism and tracks the handle it creates.
 func (c *callAllocate) do(e *env) (*memapi.Allocation, error) {
-	r0, r1 := e.m.Allocate(c.ctx, c.req, c.grant)
+	ctx, done := e.op("DeviceAllocator.Allocate", c.ctx)
+	defer done()
+	r0, r1 := e.m.Allocate(ctx, c.req, c.grant)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -73,7 +75,9 @@ type callFree struct {
 
 // do calls Free on e's mechanism.
 func (c *callFree) do(e *env) error {
-	r0 := e.m.Free(c.ctx, c.a, c.to)
+	ctx, done := e.op("DeviceAllocator.Free", c.ctx)
+	defer done()
+	r0 := e.m.Free(ctx, c.a, c.to)
 	return r0
 }
 
@@ -113,7 +117,9 @@ func (c *callReserve) do(e *env) (*memapi.Reservation, error) {
 			Op:     "VirtualBacking.Reserve",
 		}
 	}
-	r0, r1 := e.virtualBacking.Reserve(c.ctx, c.req)
+	ctx, done := e.op("VirtualBacking.Reserve", c.ctx)
+	defer done()
+	r0, r1 := e.virtualBacking.Reserve(ctx, c.req)
 	if r1 == nil && r0 != nil {
 		e.track(r0)
 	}
@@ -146,7 +152,9 @@ func (c *callCommit) do(e *env) error {
 			Op:     "VirtualBacking.Commit",
 		}
 	}
-	r0 := e.virtualBacking.Commit(c.ctx, c.res, c.r, c.grant)
+	ctx, done := e.op("VirtualBacking.Commit", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.Commit(ctx, c.res, c.r, c.grant)
 	return r0
 }
 
@@ -173,7 +181,9 @@ func (c *callDecommit) do(e *env) error {
 			Op:     "VirtualBacking.Decommit",
 		}
 	}
-	r0 := e.virtualBacking.Decommit(c.ctx, c.res, c.r, c.to)
+	ctx, done := e.op("VirtualBacking.Decommit", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.Decommit(ctx, c.res, c.r, c.to)
 	return r0
 }
 
@@ -225,7 +235,9 @@ func (c *callReleaseReservation) do(e *env) error {
 			Op:     "VirtualBacking.ReleaseReservation",
 		}
 	}
-	r0 := e.virtualBacking.ReleaseReservation(c.ctx, c.res, c.to)
+	ctx, done := e.op("VirtualBacking.ReleaseReservation", c.ctx)
+	defer done()
+	r0 := e.virtualBacking.ReleaseReservation(ctx, c.res, c.to)
 	return r0
 }
 
