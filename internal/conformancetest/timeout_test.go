@@ -45,13 +45,13 @@ func slowSubjects(delay time.Duration, hang bool, opTimeout time.Duration, calls
 	}
 }
 
-// A deadline bounds one call, never a subtest: every Allocate takes 2 ms
-// and each gets 500 ms, so concurrency/stress (300 Allocates in a row per
-// worker, 600 ms and more) passes, as does the whole suite.
+// A deadline bounds one call, never a subtest: every Allocate takes 5 ms
+// and each call gets a second, so concurrency/stress (300 Allocates in a
+// row per worker, 1.5 s and more) passes, as does the whole suite.
 func TestDeadlineBoundsEachCall(t *testing.T) {
 	var calls atomic.Int64
 	res := run(func(root conformance.T) {
-		conformance.RunT(root, slowSubjects(2*time.Millisecond, false, 500*time.Millisecond, &calls))
+		conformance.RunT(root, slowSubjects(5*time.Millisecond, false, time.Second, &calls))
 	})
 	if f := res.Failed(); len(f) > 0 {
 		t.Fatalf("with each call under its deadline, subtests failed:\n%s", res.Report())
