@@ -33,7 +33,10 @@ type Part struct {
 // of authority (a decommit of adjacent commits): its Refund(n) refunds each
 // part in order, up to the part's Bytes, until n is spent, and fails with
 // memapi.ErrInvalidSize for the bytes beyond them all (joined with the
-// parts' own failures). parts is not copied.
+// parts' own failures). A part of another authority fails the whole
+// refund with memapi.ErrAuthorityMismatch before any part is refunded (and
+// IssuedAccount does not vouch for the split): a release on one authority
+// never refunds another's lease. parts is not copied.
 func (g *Governor) Split(authority memapi.AuthorityID, parts []Part) memapi.Account {
 	return &splitAccount{g: g, auth: authority, parts: parts}
 }
@@ -47,6 +50,14 @@ type splitAccount struct {
 func (s *splitAccount) Authority() memapi.AuthorityID { return s.auth }
 
 func (s *splitAccount) Refund(n memapi.Bytes) error {
+	if p, ok := s.foreignPart(); !ok {
+		what := "a nil account"
+		if p.Account != nil {
+			what = "an account of authority " + string(p.Account.Authority())
+		}
+		return &memapi.Error{Op: "governor.Split.Refund", Kind: memapi.ErrAuthorityMismatch, Authority: s.auth, Wanted: n,
+			Detail: "a part is " + what + ", not of the split's; nothing was refunded"}
+	}
 	var errs []error
 	for _, p := range s.parts {
 		k := min(n, p.Bytes)
@@ -60,6 +71,18 @@ func (s *splitAccount) Refund(n memapi.Bytes) error {
 		errs = append(errs, &memapi.Error{Op: "governor.Split.Refund", Kind: memapi.ErrInvalidSize, Authority: s.auth, Wanted: n, Detail: "refund larger than the split's parts"})
 	}
 	return errors.Join(errs...)
+}
+
+// foreignPart returns the first part of another authority than the split's
+// (a nil account among them), and false; or true when every part is the
+// split's.
+func (s *splitAccount) foreignPart() (Part, bool) {
+	for _, p := range s.parts {
+		if p.Account == nil || p.Account.Authority() != s.auth {
+			return p, false
+		}
+	}
+	return Part{}, true
 }
 
 // ZeroAccount returns the account of a release that should have nothing

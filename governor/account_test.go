@@ -101,3 +101,25 @@ type admitFunc func(ctx context.Context) error
 func (f admitFunc) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ Priority, _ bool) error {
 	return f(ctx)
 }
+
+// A split of one authority refuses a part of another, whole: a release on
+// authority A never refunds B's lease (which would leave A's lease charging
+// freed memory), and the checked wrapper is not told it is the governor's.
+func TestSplitRefusesAnotherAuthoritysPart(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000, hostB: 1000})
+	h.register("kv", nil, HolderOptions{})
+	la, lb := h.lease(hostA, "kv", 100), h.lease(hostB, "kv", 100)
+	for name, parts := range map[string][]Part{
+		"another authority's lease": {{la, 50}, {lb, 100}},
+		"a nil account":             {{la, 50}, {nil, 100}},
+	} {
+		split := h.g.Split(hostA, parts)
+		if h.g.IssuedAccount(split) {
+			t.Errorf("%s: the split is vouched for", name)
+		}
+		mustKind(t, split.Refund(120), memapi.ErrAuthorityMismatch)
+		if la.Bytes() != 100 || lb.Bytes() != 100 {
+			t.Fatalf("%s: the refused split refunded: A's lease %d, B's %d, want 100 and 100", name, la.Bytes(), lb.Bytes())
+		}
+	}
+}

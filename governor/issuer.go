@@ -33,6 +33,9 @@ func (g *Governor) IssuedAccount(x memapi.Account) bool {
 		if v == nil || v.g != g {
 			return false
 		}
+		if _, ok := v.foreignPart(); !ok {
+			return false
+		}
 		for _, p := range v.parts {
 			if !g.IssuedAccount(p.Account) {
 				return false
