@@ -120,11 +120,19 @@ func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (gover
 }
 
 // cancel returns a grant after a failed step, joining any failure to err.
-func cancel(g governor.Grant, err error) error {
-	if cerr := g.Cancel(); cerr != nil {
-		return errors.Join(err, cerr)
+// A grant whose cancel fails is not dropped: it stays reserved (visible),
+// and is kept on d's context as a leftover named name, like a failed
+// rollback's, so that ep.Context.RetryQuarantined or Manager.Close cancels
+// it once the fault clears; the error is then of kind ep.ErrQuarantined and
+// wraps both failures.
+func cancel(d *device, name string, g governor.Grant, err error) error {
+	cerr := g.Cancel()
+	if cerr == nil {
+		return err
 	}
-	return err
+	qerr := &memapi.Error{Op: "pmm.cancel", Kind: ep.ErrQuarantined, Authority: g.Authority(), Wanted: g.Size(),
+		Detail: "the grant could not be cancelled; it stays reserved until a retry (ep.Context.RetryQuarantined, Manager.Close) cancels it", Err: errors.Join(err, cerr)}
+	return keep(d, name+" (failed cancel)", &leftover{g: g, freed: true}, qerr)
 }
 
 // Buffer is an owning handle of ordinary memory. Record the fences of device
@@ -172,7 +180,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	}
 	a, err := mech.Allocate(ctx, memapi.AllocRequest{Size: size}, g)
 	if err != nil {
-		return nil, cancel(g, err)
+		return nil, cancel(d, fmt.Sprintf("%s/%s grant of %d bytes", b.holder, b.role, n), g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {
@@ -180,7 +188,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 			free := func(ctx context.Context, acct memapi.Account) error { return mech.Free(ctx, a, acct) }
 			return nil, keepRollback(d, fmt.Sprintf("%s/%s allocation %#x (failed rollback)", b.holder, b.role, a.Addr()), g, a.Size(), free, errors.Join(err, ferr))
 		}
-		return nil, cancel(g, err)
+		return nil, cancel(d, fmt.Sprintf("%s/%s allocation %#x", b.holder, b.role, a.Addr()), g, err)
 	}
 	// The release holds the allocation, never the Buffer: the leak
 	// backstop watches the Buffer.

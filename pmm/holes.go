@@ -152,7 +152,7 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 		if derr := s.vb.Decommit(ctx, s.res, rng, g); derr != nil {
 			return s.quarantineCommit(op, rng, g, errors.Join(err, derr))
 		}
-		return cancel(g, err)
+		return cancel(s.d, s.grantName(rng), g, err)
 	}
 	s.mu.Lock()
 	s.segs = slices.Insert(s.segs, i, segment{r: rng, lease: lease})

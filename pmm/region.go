@@ -238,6 +238,11 @@ func (s *regionState) settleQuarantine(ctx context.Context, op string, rng memap
 	return nil
 }
 
+// grantName names the grant of rng for the context's list of leftovers.
+func (s *regionState) grantName(rng memapi.Range) string {
+	return fmt.Sprintf("%s/%s region grant [%#x, +%#x)", s.bind.holder, s.bind.role, rng.Off, rng.Len)
+}
+
 // back is the first half of a transaction that backs rng (Grow, Commit):
 // the quarantined backing over rng is removed, a grant for rng's bytes is
 // reserved (with pressure, bounded by ctx) and the mechanism commits rng,
@@ -252,7 +257,7 @@ func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (go
 		return governor.Grant{}, err
 	}
 	if err := s.vb.Commit(ctx, s.res, rng, g); err != nil {
-		return governor.Grant{}, cancel(g, err)
+		return governor.Grant{}, cancel(s.d, s.grantName(rng), g, err)
 	}
 	return g, nil
 }
@@ -321,7 +326,7 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 		if derr := s.vb.Decommit(ctx, s.res, rng, g); derr != nil {
 			return s.quarantineGrow(rng, g, errors.Join(err, derr))
 		}
-		return cancel(g, err)
+		return cancel(s.d, s.grantName(rng), g, err)
 	}
 	if update != nil {
 		if err := guard(func() error { return update(newLen) }, func() { _ = rollback(nil, false) }); err != nil {

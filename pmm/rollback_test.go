@@ -265,3 +265,38 @@ func TestFailedRollbacksRacingContextClose(t *testing.T) {
 	require.Zero(t, e.ectx.Quarantined())
 	e.settled(t)
 }
+
+// A cancel that fails after the mechanism refused the allocation keeps the
+// grant: reserved (visible), listed on the context, and cancelled by the
+// next retry once the fault clears; both errors reach the caller. It used
+// to be dropped: 4 KiB reserved for good, behind a Manager.Close that
+// returned nil.
+func TestFailedCancelAfterFailedAllocateIsRetried(t *testing.T) {
+	for _, settle := range []string{"retry", "manager-close"} {
+		t.Run(settle, func(t *testing.T) {
+			e := setup(t, fakes.Config{})
+			b := e.bind(t, "w", "weights")
+			base := e.l.snapshot()
+			e.m.Inject(fakes.Fault{Method: "Allocate", Err: memapi.ErrUnavailable})
+			e.l.failCancel = e.l.cancels + 1
+			_, err := b.Allocate(context.Background(), 4096)
+			require.ErrorIs(t, err, memapi.ErrUnavailable, "the mechanism's error")
+			require.ErrorIs(t, err, errInjected, "the cancel's error")
+			require.ErrorIs(t, err, ep.ErrQuarantined)
+			stuck := base
+			stuck.Reserved += 4096
+			require.Equal(t, stuck, e.l.snapshot(), "the grant stays reserved, visible")
+			require.Equal(t, 1, e.ectx.Quarantined(), "reachable for a retry")
+			e.m.ClearFaults()
+			if settle == "retry" {
+				require.NoError(t, e.ectx.RetryQuarantined())
+				e.drain(t)
+			} else {
+				require.NoError(t, e.mgr.Close(context.Background()))
+			}
+			require.Equal(t, base, e.l.snapshot(), "the grant was cancelled")
+			require.Zero(t, e.ectx.Quarantined())
+			require.Zero(t, e.m.UsedBytes())
+		})
+	}
+}

@@ -54,14 +54,14 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	}
 	bk, err := sm.CreateBacking(ctx, size, g)
 	if err != nil {
-		return nil, cancel(g, err)
+		return nil, cancel(d, fmt.Sprintf("%s/%s shared grant of %d bytes", b.holder, b.role, n), g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {
 		if rerr := sm.ReleaseBacking(ctx, bk, g); rerr != nil {
 			return nil, keepRollback(d, fmt.Sprintf("%s/%s shared backing %v (failed rollback)", b.holder, b.role, bk), g, bk.Size(), releaser(sm, bk), errors.Join(err, rerr))
 		}
-		return nil, cancel(g, err)
+		return nil, cancel(d, fmt.Sprintf("%s/%s shared grant of %d bytes", b.holder, b.role, n), g, err)
 	}
 	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
 	name := fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk)
@@ -186,7 +186,7 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 	oldAccess := seg.view.Access()
 	nv, err := sm.CopyOnWrite(ctx, seg.view, g)
 	if err != nil {
-		return cancel(g, err)
+		return cancel(rs.d, rs.grantName(seg.r), g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {
@@ -206,7 +206,7 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 			name := fmt.Sprintf("%s/%s copy-on-write backing %v (failed rollback)", rs.bind.holder, rs.bind.role, bk)
 			err = errors.Join(err, keepRollback(rs.d, name, g, bk.Size(), releaser(sm, bk), rerr))
 		} else {
-			err = cancel(g, err)
+			err = cancel(rs.d, rs.grantName(seg.r), g, err)
 		}
 		ov, merr := sm.MapView(ctx, rs.res, seg.r, seg.shared.backing, oldAccess)
 		if merr != nil {
