@@ -15,12 +15,17 @@
 // Cleanup waits for pending releases at most Options.Drain in all, never
 // more: a handle left open is reported, then released so that its memory
 // goes back, and a release that cannot complete is reported, not waited
-// for.
+// for. The teardown runs off the test's goroutine: a release stuck in a
+// mechanism call that never returns (a Free that hangs) is reported with
+// every goroutine's stack once twice the bound plus 2 s passed, and the
+// cleanup returns.
 package memgentest
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -182,31 +187,39 @@ func (h *Harness) cleanup() {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), h.drain)
 	defer cancel()
-	defer h.Governor.Close()
-	if h.Manager == nil {
-		_ = h.Context.Close(ctx, true)
+	// The teardown runs off the test's goroutine: a release runs inline in
+	// the goroutine that closes its handle, so a mechanism call that never
+	// returns (a Free that hangs) would hold the test's cleanup forever.
+	// Waiting for it is bounded by twice the drain bound plus 2 s, a grace
+	// for the calls that honour their context to return on a loaded
+	// machine; a teardown still running then is reported and left behind.
+	var (
+		reported []string
+		err      error
+	)
+	names := h.handleNames()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer h.Governor.Close()
+		reported, err = h.teardown(ctx)
+	}()
+	grace := time.NewTimer(2*h.drain + 2*time.Second)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		t.Errorf("memgentest: the teardown did not return within the drain bound of %v: a release is stuck in a call that does not return (the handles at the end of the test: %v); every goroutine, the stuck release among them:\n%s",
+			h.drain, names, stacks())
 		return
 	}
-	// Releases the test scheduled run first: only what is still there
-	// after them was left behind.
-	_ = h.Context.Queue().Drain(ctx)
-	reported := h.report(ctx)
-	// Give the leaks back, so that their memory and the device context
-	// are released, within what is left of the bound.
-	for _, l := range h.Context.Handles() {
-		if l.State() == ep.Open {
-			_ = l.Close()
-		}
+	for _, msg := range reported {
+		t.Errorf("%s", msg)
 	}
-	_ = h.Context.RetryQuarantined()
-	err := h.Manager.Close(ctx)
-	if err == nil {
-		err = h.Context.Close(ctx, true)
-	}
-	if err != nil && !reported {
+	if err != nil && len(reported) == 0 {
 		t.Errorf("memgentest: teardown within %v: %v", h.drain, err)
 	}
-	if reported || err != nil {
+	if len(reported) > 0 || err != nil {
 		return
 	}
 	if s := h.Snapshot(); s.Reserved != 0 || s.Charged != 0 || s.Pending != 0 {
@@ -220,22 +233,69 @@ func (h *Harness) cleanup() {
 	}
 }
 
-// report fails the test once per handle still holding the device context,
-// naming it, and reports whether there was one.
-func (h *Harness) report(ctx context.Context) bool {
-	t := h.t
-	t.Helper()
-	hs := h.Context.Handles()
-	for _, l := range hs {
-		switch st := l.State(); st {
-		case ep.Open, ep.Closing:
-			t.Errorf("memgentest: leaked %s: still %v at the end of the test (never closed)", l.Name(), st)
-		case ep.Quarantined:
-			t.Errorf("memgentest: quarantined %s: its release failed and its memory is still held: %v", l.Name(), l.Err())
-		default:
-			t.Errorf("memgentest: %s is still %v after waiting for its release (%v): a recorded fence never completed",
-				l.Name(), st, context.Cause(ctx))
+// teardown runs the releases the test scheduled, reports what is left
+// (report), and gives it all back: the leaks closed, the quarantined
+// retried, the manager and the context closed, bounded by ctx.
+func (h *Harness) teardown(ctx context.Context) (reported []string, err error) {
+	if h.Manager == nil {
+		return nil, h.Context.Close(ctx, true)
+	}
+	// Releases the test scheduled run first: only what is still there
+	// after them was left behind.
+	_ = h.Context.Queue().Drain(ctx)
+	reported = h.report(ctx)
+	// Give the leaks back, so that their memory and the device context
+	// are released, within what is left of the bound.
+	for _, l := range h.Context.Handles() {
+		if l.State() == ep.Open {
+			_ = l.Close()
 		}
 	}
-	return len(hs) > 0
+	_ = h.Context.RetryQuarantined()
+	err = h.Manager.Close(ctx)
+	if err == nil {
+		err = h.Context.Close(ctx, true)
+	}
+	return reported, err
+}
+
+// handleNames names the handles that hold the device context, with their
+// states.
+func (h *Harness) handleNames() []string {
+	var out []string
+	for _, l := range h.Context.Handles() {
+		out = append(out, fmt.Sprintf("%s (%v)", l.Name(), l.State()))
+	}
+	return out
+}
+
+// stacks returns every goroutine's stack.
+func stacks() []byte {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return buf[:n]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// report describes each handle still holding the device context, naming
+// it: one failure of the test each (the caller reports them from the
+// test's goroutine).
+func (h *Harness) report(ctx context.Context) []string {
+	var out []string
+	for _, l := range h.Context.Handles() {
+		switch st := l.State(); st {
+		case ep.Open, ep.Closing:
+			out = append(out, fmt.Sprintf("memgentest: leaked %s: still %v at the end of the test (never closed)", l.Name(), st))
+		case ep.Quarantined:
+			out = append(out, fmt.Sprintf("memgentest: quarantined %s: its release failed and its memory is still held: %v", l.Name(), l.Err()))
+		default:
+			out = append(out, fmt.Sprintf("memgentest: %s is still %v after waiting for its release (%v): a recorded fence never completed",
+				l.Name(), st, context.Cause(ctx)))
+		}
+	}
+	return out
 }

@@ -230,3 +230,30 @@ func TestOneAuthorityName(t *testing.T) {
 		t.Fatal("the governor lacks the authority")
 	}
 }
+
+// A release stuck in a mechanism call that never returns (a Free that
+// hangs) does not hold the cleanup: it returns, reporting the handle and
+// every goroutine's stack, the hung Free among them. It used to wait until
+// the Free returned.
+func TestAHangingFreeDoesNotHangTheCleanup(t *testing.T) {
+	rec := &recTB{TB: t}
+	h := memgentest.New(rec, memgentest.Options{Drain: 100 * time.Millisecond})
+	b := h.Bind("act", "scratch")
+	if _, err := b.Allocate(context.Background(), 4096); err != nil { // left open: the cleanup closes it
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	h.Fake.Inject(fakes.Fault{Method: "Free", Err: memapi.ErrUnavailable, When: func(fakes.Call) bool {
+		<-release
+		return false
+	}})
+	watchdog.Within(t, watchdog.Bound, "the cleanup with a Free that hangs", func() { rec.run() })
+	close(release)
+	f := rec.failures()
+	all := strings.Join(f, "\n")
+	for _, want := range []string{"did not return within the drain bound of 100ms", "act/scratch buffer", "goroutine ", "fakes."} {
+		if !strings.Contains(all, want) {
+			t.Errorf("failures do not say %q:\n%s", want, all)
+		}
+	}
+}
