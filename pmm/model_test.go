@@ -17,6 +17,7 @@ import (
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 	"pgregory.net/rapid"
@@ -553,7 +554,7 @@ func (m *pmodel) batch(rt *rapid.T) {
 		}()
 	}
 	m.focus = nil // a dropped handle must be unreachable for the backstop
-	watchdog := time.After(20 * time.Second)
+	stuck := time.After(watchdog.Bound)
 	for range ops {
 		select {
 		case r := <-out:
@@ -570,8 +571,8 @@ func (m *pmodel) batch(rt *rapid.T) {
 			if r.err != nil && !errors.As(r.err, &me) {
 				rt.Fatalf("%s: untyped error %v", r.op, r.err)
 			}
-		case <-watchdog:
-			rt.Fatalf("a goroutine is blocked (ops %v)", ops)
+		case <-stuck:
+			rt.Fatalf("watchdog: a goroutine is blocked after %v (ops %v)", watchdog.Bound, ops)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // Two members of one ledger (here in one process, on two slots) share its
@@ -142,7 +143,7 @@ func TestSetCapacityOutcomes(t *testing.T) {
 	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 1}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("a claim under a deferred capacity: %v", err)
 	}
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(watchdog.Bound)
 	for {
 		select {
 		case e := <-events:
@@ -150,7 +151,7 @@ func TestSetCapacityOutcomes(t *testing.T) {
 				return
 			}
 		case <-deadline:
-			t.Fatal("no EventLimits for revision with capacity 500")
+			t.Fatalf("watchdog: no EventLimits for the revision with capacity 500 within %v", watchdog.Bound)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // childWant: join, and wait (a minute at most) for a reservation of
@@ -73,10 +74,10 @@ func TestWantOfADeadProcess(t *testing.T) {
 	_ = p.cmd.Wait()
 	select {
 	case <-events:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the killed process's slot was not reclaimed within 5 s")
+	case <-time.After(watchdog.Bound):
+		t.Fatalf("watchdog: the killed process's slot was not reclaimed within %v", watchdog.Bound)
 	}
-	if !wantGone(t, path, time.Second) {
+	if !wantGone(t, path, watchdog.Bound) {
 		h, _ := inspect(t, path)
 		t.Fatalf("the dead process's want of %d bytes is still posted a second after its slot was reclaimed", h.Want)
 	}
@@ -88,7 +89,7 @@ func TestWantOfADeadProcess(t *testing.T) {
 	if _, err := b.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10}); err == nil {
 		t.Fatal("a reservation beyond the unclaimed bytes succeeded")
 	}
-	if !wantGone(t, path, time.Second) {
+	if !wantGone(t, path, watchdog.Bound) {
 		t.Fatal("the want of a reservation that gave up is still posted")
 	}
 }

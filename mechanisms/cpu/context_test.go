@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 func TestStreamOrderAndFences(t *testing.T) {
@@ -51,8 +52,8 @@ func TestStreamOrderAndFences(t *testing.T) {
 	}
 	select {
 	case <-ch:
-	case <-time.After(10 * time.Second):
-		t.Fatal("fence never completed")
+	case <-time.After(watchdog.Bound):
+		t.Fatalf("watchdog: the fence did not complete within %v", watchdog.Bound)
 	}
 	if !last.Done() {
 		t.Fatal("Done() false after Ready closed")

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
 )
 
@@ -40,8 +41,8 @@ func TestFenceWaitLeavesDeviceThreadFree(t *testing.T) {
 		if err != nil {
 			t.Errorf("MemInfo during the Wait: %v", err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Error("MemInfo did not return in 5 s while a fence Wait(context.Background()) was pending: the device thread is held")
+	case <-time.After(watchdog.Bound):
+		t.Errorf("watchdog: MemInfo did not return in %v while a fence Wait(context.Background()) was pending: the device thread is held", watchdog.Bound)
 	}
 	sim.CompleteEvents()
 	pending := []chan error{waited}
@@ -54,8 +55,8 @@ func TestFenceWaitLeavesDeviceThreadFree(t *testing.T) {
 			if err != nil {
 				t.Errorf("after the events completed: %v", err)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("no return 10 s after the events completed")
+		case <-time.After(watchdog.Bound):
+			t.Fatalf("watchdog: no return %v after the events completed", watchdog.Bound)
 		}
 	}
 }
