@@ -9,19 +9,20 @@ import (
 // Besides grants and leases, the governor issues the accounts a manager
 // refunds to when one release covers several leases, when a retry frees
 // bytes booked quarantined, or when a release should have nothing left to
-// refund. They are the governor's (IssuedAccount vouches for them when
+// refund (a split of no parts). They are the governor's (IssuedAccount vouches for them when
 // every account they forward to is its own), so a checked wrapper built
 // with the governor accepts them and nothing else.
 
 // QuarantinedAccount returns the account a retry refunds once it freed
-// bytes of l booked quarantined (Lease.Quarantine): its Refund is
-// l.RefundQuarantined.
+// bytes of l booked quarantined (Lease.Quarantine): its Refund returns
+// them to free. It fails with ErrOverReturn, changing nothing, beyond the
+// quarantined bytes.
 func (l Lease) QuarantinedAccount() memapi.Account { return quarantinedAccount{l} }
 
 type quarantinedAccount struct{ l Lease }
 
 func (q quarantinedAccount) Authority() memapi.AuthorityID { return q.l.Authority() }
-func (q quarantinedAccount) Refund(n memapi.Bytes) error   { return q.l.RefundQuarantined(n) }
+func (q quarantinedAccount) Refund(n memapi.Bytes) error   { return q.l.refundQuarantined(n) }
 
 // Part is one account of a Split and the most bytes it takes.
 type Part struct {
@@ -36,7 +37,11 @@ type Part struct {
 // parts' own failures). A part of another authority fails the whole
 // refund with memapi.ErrAuthorityMismatch before any part is refunded (and
 // IssuedAccount does not vouch for the split): a release on one authority
-// never refunds another's lease. parts is not copied.
+// never refunds another's lease. parts is not copied. A split with no
+// parts is the account of a release that should have nothing left to
+// refund (a reservation of addresses): Refund(0) succeeds, and any other
+// refund is an accounting error, reported with memapi.ErrInvalidSize,
+// never dropped.
 func (g *Governor) Split(authority memapi.AuthorityID, parts []Part) memapi.Account {
 	return &splitAccount{g: g, auth: authority, parts: parts}
 }
@@ -83,27 +88,4 @@ func (s *splitAccount) foreignPart() (Part, bool) {
 		}
 	}
 	return Part{}, true
-}
-
-// ZeroAccount returns the account of a release that should have nothing
-// left to refund on authority (a reservation of addresses): Refund(0)
-// succeeds, and any other refund is an accounting error, reported with
-// memapi.ErrInvalidSize, never dropped.
-func (g *Governor) ZeroAccount(authority memapi.AuthorityID) memapi.Account {
-	return &zeroAccount{g: g, auth: authority}
-}
-
-type zeroAccount struct {
-	g    *Governor
-	auth memapi.AuthorityID
-}
-
-func (z *zeroAccount) Authority() memapi.AuthorityID { return z.auth }
-
-func (z *zeroAccount) Refund(n memapi.Bytes) error {
-	if n != 0 {
-		return &memapi.Error{Op: "governor.ZeroAccount.Refund", Kind: memapi.ErrInvalidSize, Authority: z.auth, Wanted: n,
-			Detail: "bytes still committed at release had no lease"}
-	}
-	return nil
 }

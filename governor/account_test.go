@@ -22,7 +22,7 @@ func TestIssuedAccounts(t *testing.T) {
 
 	q := l1.QuarantinedAccount()
 	split := h.g.Split(hostA, []Part{{l1, 100}, {l2, 200}})
-	zero := h.g.ZeroAccount(hostA)
+	zero := h.g.Split(hostA, nil)
 	for name, a := range map[string]memapi.Account{"quarantined": q, "split": split, "zero": zero} {
 		if !h.g.IssuedAccount(a) {
 			t.Errorf("%s: not vouched for by its governor", name)

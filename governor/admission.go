@@ -58,7 +58,7 @@ func (g *Governor) SetAdmission(authority memapi.AuthorityID, adm Admission) err
 	return nil
 }
 
-// AdmissionReturn is an Admission that takes back capacity it raised for a
+// admissionReturn is an Admission that takes back capacity it raised for a
 // reservation that then failed before it was granted (its holder's limit,
 // the holder unregistered, its context ended, its tries ran out): the
 // bytes would otherwise stay spare, a share of something larger held for
@@ -68,27 +68,27 @@ func (g *Governor) SetAdmission(authority memapi.AuthorityID, adm Admission) err
 // to bytes of the capacity that is still free (what it raised beyond the
 // reservation's own bytes went to the waiters ahead, and bytes other
 // reservations took meanwhile are theirs).
-type AdmissionReturn interface {
+type admissionReturn interface {
 	ReturnAdmitted(holder HolderID, bytes memapi.Bytes)
 }
 
-// ErrAdmissionContended is the cause inside the *OverBudgetError of a
-// reservation that may not wait after MaxAdmitTries admissions whose
+// errAdmissionContended is the cause inside the *OverBudgetError of a
+// reservation that may not wait after maxAdmitTries admissions whose
 // capacity other reservations took each time before it tried again.
-var ErrAdmissionContended = errors.New("governor: the capacity admitted for the reservation went to other reservations every time")
+var errAdmissionContended = errors.New("governor: the capacity admitted for the reservation went to other reservations every time")
 
-// MaxAdmitTries bounds the admissions one reservation asks for: past it, a
+// maxAdmitTries bounds the admissions one reservation asks for: past it, a
 // reservation that may wait queues (served in arrival order from then on)
-// and one that may not fails with ErrAdmissionContended.
-const MaxAdmitTries = 8
+// and one that may not fails with errAdmissionContended.
+const maxAdmitTries = 8
 
 // admitLocked is reserveLocked for a reservation that does not fit an
 // authority with an Admission, called with a.mu held (it releases it): the
 // Admission raises the capacity by the shortfall, outside the lock, and the
-// reservation tries again, at most MaxAdmitTries times and while its ctx
+// reservation tries again, at most maxAdmitTries times and while its ctx
 // lasts; once the Admission cannot, it queues as on any authority, or
 // fails with the Admission's error when it may not wait. A reservation that
-// fails after an admission gives the admitted bytes back (AdmissionReturn).
+// fails after an admission gives the admitted bytes back (admissionReturn).
 func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
@@ -109,7 +109,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	// asked, and gives the admitted bytes back; called with a.mu held.
 	fail := func(err error, event bool) (*grant, error) {
 		a.mu.Unlock()
-		if r, ok := adm.(AdmissionReturn); ok && admitted {
+		if r, ok := adm.(admissionReturn); ok && admitted {
 			r.ReturnAdmitted(c.h.id, bytes)
 		}
 		if event {
@@ -120,13 +120,12 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	for tries := 0; ; tries++ {
 		// The shortfall: the queue ahead is served first, so it lacks the
 		// waiters' bytes and its own beyond the free ones, and nothing
-		// when the free bytes cover them all (a settle booked a refund
-		// without serving the queue; its refunder serves it next).
+		// when the free bytes cover them all.
 		need, free := a.waitingBytes+bytes, a.freeLocked()
 		if need <= free {
-			a.serveLocked()
+			a.serve()
 			if a.head == nil && a.freeLocked() >= bytes {
-				gr := a.newGrantLocked(c, role, bytes, priority, deadline)
+				gr := a.reserve(c, role, bytes, priority, deadline)
 				a.mu.Unlock()
 				return gr, nil
 			}
@@ -137,12 +136,12 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			w := &waiter{acct: c, bytes: bytes}
 			return fail(a.overBudgetLocked(w, a.waitingBytes, "the context ended before the admission raised enough capacity", context.Cause(actx)), true)
 		}
-		if tries == MaxAdmitTries {
+		if tries == maxAdmitTries {
 			if wait {
 				break // queue: served in arrival order from here on
 			}
 			w := &waiter{acct: c, bytes: bytes}
-			return fail(a.overBudgetLocked(w, a.waitingBytes, fmt.Sprintf("other reservations took the capacity admitted for it %d times", MaxAdmitTries), ErrAdmissionContended), true)
+			return fail(a.overBudgetLocked(w, a.waitingBytes, fmt.Sprintf("other reservations took the capacity admitted for it %d times", maxAdmitTries), errAdmissionContended), true)
 		}
 		err := g.admitCall(actx, a, adm, c, bytes, need, priority, wait, admitted)
 		admitted = admitted || err == nil
@@ -152,13 +151,12 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		if c.gone {
 			return fail(opError(opReserve, ErrUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id)), false)
 		}
-		a.settleLocked()
 		// The holder's other reservations may have grown meanwhile.
 		if err := a.overLimitLocked(c, bytes); err != nil {
 			return fail(err, false)
 		}
 		if a.head == nil && a.freeLocked() >= bytes {
-			gr := a.newGrantLocked(c, role, bytes, priority, deadline)
+			gr := a.reserve(c, role, bytes, priority, deadline)
 			a.mu.Unlock()
 			return gr, nil
 		}
@@ -184,7 +182,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 // admitCall calls adm.Admit without a.mu (held on entry and on return).
 // Its bookkeeping is deferred: should Admit panic (or end its goroutine),
 // the lock is not taken again, the capacity admitted by earlier calls for
-// this reservation goes back (AdmissionReturn, when admitted) so the
+// this reservation goes back (admissionReturn, when admitted) so the
 // ledger is as it was, and the panic goes on, as a panicking Reclaim's or
 // event hook's does.
 func (g *Governor) admitCall(ctx context.Context, a *authority, adm Admission, c *account, bytes, need memapi.Bytes, priority Priority, wait, admitted bool) error {
@@ -196,7 +194,7 @@ func (g *Governor) admitCall(ctx context.Context, a *authority, adm Admission, c
 			return
 		}
 		g.log.Debug("governor: Admit did not return", "authority", a.id, "holder", c.h.id, "bytes", bytes)
-		if r, ok := adm.(AdmissionReturn); ok && admitted {
+		if r, ok := adm.(admissionReturn); ok && admitted {
 			r.ReturnAdmitted(c.h.id, bytes)
 		}
 	}()

@@ -47,7 +47,7 @@ func cacheReadLocked(c *account) (cacheRead, bool) {
 	if c.h.cacheRep == nil {
 		return cacheRead{}, false
 	}
-	return cacheRead{c: c, rep: c.h.cacheRep, limit: c.charged - c.quar}, true
+	return cacheRead{c: c, rep: c.h.cacheRep, limit: c.fig.charged - c.fig.quarantined}, true
 }
 
 // read asks the holder, without any governor lock: a panic counts as an

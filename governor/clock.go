@@ -18,8 +18,8 @@ type Timer interface {
 	Stop() bool
 }
 
-// SystemClock returns the wall clock (time.Now and time.AfterFunc).
-func SystemClock() Clock { return systemClock{} }
+// wallClock returns the wall clock (time.Now and time.AfterFunc).
+func wallClock() Clock { return systemClock{} }
 
 type systemClock struct{}
 

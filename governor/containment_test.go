@@ -42,7 +42,7 @@ func snap(t *testing.T, g *Governor) AuthoritySnapshot {
 	return s
 }
 
-// Bug 10: an event hook that panicked on EventPressure, emitted before the
+// An event hook that panicked on EventPressure, emitted before the
 // wait had armed its cleanup, stranded the waiter, and a later refund gave
 // it a grant nobody owned.
 func TestPanickingPressureHookLeavesNoWaiter(t *testing.T) {
@@ -182,8 +182,7 @@ func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 	}
 }
 
-// Behaviour: a whole refund made without the lock (Lease.Release of a
-// commit made without the lock) serves a waiting reservation.
+// Behaviour: a whole refund (Lease.Release) serves a waiting reservation.
 func TestRefundFastPathWakesWaiters(t *testing.T) {
 	g := hooked(t, 100, nil)
 	gr, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})
@@ -201,7 +200,7 @@ func TestRefundFastPathWakesWaiters(t *testing.T) {
 	if err := gr.Draw(100); err != nil {
 		t.Fatal(err)
 	}
-	l, err := gr.Commit() // fully drawn, no deadline: the swap without the lock
+	l, err := gr.Commit()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +238,7 @@ func TestUndrawOfExpiredGrantServesWaiters(t *testing.T) {
 }
 
 // Quarantined bytes stay charged, show apart, are never asked for by a
-// ticket, and leave with RefundQuarantined.
+// ticket, and leave through QuarantinedAccount.
 func TestQuarantinedBytesAreVisibleAndNotReclaimable(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostQ: 100})
 	h.register("kv", HolderFunc(func(context.Context, Ticket) (memapi.Bytes, error) { return 0, nil }), HolderOptions{})
@@ -259,11 +258,11 @@ func TestQuarantinedBytesAreVisibleAndNotReclaimable(t *testing.T) {
 		t.Fatalf("%+v", hs)
 	}
 	mustKind(t, l.MarkPending(1), ErrOverReturn)
-	mustKind(t, l.RefundQuarantined(41), ErrOverReturn)
+	mustKind(t, l.refundQuarantined(41), ErrOverReturn)
 	if err := l.Refund(20); err != nil { // the pending bytes freed
 		t.Fatal(err)
 	}
-	if err := l.RefundQuarantined(40); err != nil { // the retry freed the rest
+	if err := l.refundQuarantined(40); err != nil { // the retry freed the rest
 		t.Fatal(err)
 	}
 	if s := h.auth(hostQ); s.Charged != 0 || s.Quarantined != 0 || s.Leases != 0 || s.Free != 100 {

@@ -34,7 +34,7 @@ func TestNoDeadlineWaitsTheDefaultWait(t *testing.T) {
 	fillForWait(h)
 	ch := h.reserveAsync(context.Background(), "gpu", "a", 10, 0, time.Time{})
 	h.awaitWaiting("a")
-	h.clock.Advance(DefaultWaitBound - time.Second)
+	h.clock.Advance(defaultWaitBound - time.Second)
 	pendingResult(t, ch)
 	h.clock.Advance(time.Second)
 	r := await(t, ch)
@@ -118,7 +118,7 @@ func TestADeadlineOverridesTheDefaultWait(t *testing.T) {
 			}
 			ch := h.reserveAsync(ctx, "gpu", "a", 10, 0, deadline)
 			h.awaitWaiting("a")
-			h.clock.Advance(2 * DefaultWaitBound)
+			h.clock.Advance(2 * defaultWaitBound)
 			pendingResult(t, ch)
 			if err := l.Refund(100); err != nil {
 				t.Fatal(err)

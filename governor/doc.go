@@ -63,36 +63,23 @@ order: a later small request never overtakes an earlier large one. A wait that
 ends by context or deadline fails with an *OverBudgetError carrying the
 figures, and leaves no trace in the ledger.
 
-# The hot path
+# One lock, one record per reservation
 
-There is one way to reserve: Governor.Reserve(ctx, Request). A grant whose
-use ended (cancelled, or committed and its lease emptied by a refund) is
-kept by the governor and issued again by a later Reserve, so a steady
-stream of reservations allocates nothing: the grant refunded last waits in
-the authority's slot for the next reservation of its size, and when several
-goroutines reserve on the authority at once, refunded grants wait per P in
-a pool instead, so they share nothing. A Grant and a Lease are handles
-that carry the issue they were made for: once the record was issued again,
-every method of an old handle fails with ErrStaleHandle and changes
-nothing, so a double cancel or refund never reaches the next holder. The
-cycle reserve, draw, commit, refund keeps every account:
+Each authority has one mutex. It guards the authority's figures, its queue
+of waiting reservations, the holders' accounts on it and the records of its
+grants. Every Reserve makes a new record (one allocation), and no record is
+ever reused: a Grant or a Lease names its own reservation for ever, so a
+handle used after its grant ended (a double cancel, a refund of an emptied
+lease, a Draw delayed past a Cancel) is refused with a typed error and never
+reaches another holder's grant.
 
-  - Draw and Undraw are one compare-and-swap on the grant's word.
-  - Commit of a fully drawn grant is one compare-and-swap: no byte returns
-    to free, so nothing can be served by it.
-  - Refund of all of such a lease, untouched since, is one compare-and-swap.
-  - Reserve of the same reservation again, right after that refund, takes
-    that grant back in one compare-and-swap: the bytes never left.
-
-What those swaps leave unbooked, the authority settles under its lock before
-anything reads it: a snapshot, a pressure ticket, an over-budget error, a
-lease's figures, Unregister, RemoveAuthority, SetCapacity, and a reservation
-that does not fit (it settles before it waits or fails, so bytes refunded
-without the lock are never missing). A refund without the lock while a
-reservation waits takes the lock and serves it. So every figure anyone reads
-is exact and the identity holds; in between, the authority's raw figures only
-lag on the safe side (bytes refunded but not yet settled still count as
-reserved).
+Bytes move between the figures in one place: one function per transition
+(reserve, draw, undraw, commit, cancel, expire, mark pending, refund,
+quarantine, refund quarantined), each of which books the same change on
+the authority, on the holder's account and on the grant's record. So an
+authority's figures are the sum of its accounts' and of its records' at
+every instant the lock is free, and every figure anyone reads (a snapshot,
+a pressure ticket, an over-budget error, a lease's figures) is exact.
 
 # Observability
 

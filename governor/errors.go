@@ -32,11 +32,6 @@ var (
 	// ErrOverLimit: the reservation would take the holder past its limit on
 	// the authority. It wraps memapi.ErrOverBudget.
 	ErrOverLimit = fmt.Errorf("governor: over holder limit: %w", memapi.ErrOverBudget)
-	// ErrStaleHandle is the cause inside the memapi.ErrGrantClosed error of
-	// a Grant or Lease used after its grant was issued again (the governor
-	// recycles grants): the handle belongs to an earlier issue, and nothing
-	// changed.
-	ErrStaleHandle = errors.New("governor: stale handle: the grant was issued again")
 )
 
 // OverBudgetError is the typed failure of Reserve: the authority could not
@@ -70,24 +65,6 @@ type OverBudgetError struct {
 
 	Err error // the cause: the context's error, context.DeadlineExceeded for the reservation deadline, ErrDefaultWait for the governor's default wait, or nil
 
-	// Pool, when set, is the figures of the caching pool (package pool)
-	// whose growth failed: the pool's allocation failed over budget after
-	// it trimmed its own cache. The governor's figures above are those of
-	// the growth's reservation; a growth whose failure did not come from
-	// the governor (the mechanism's call ran past the pool's wait) has
-	// none: Holder is empty and Error gives the pool's figures alone.
-	Pool *PoolFigures
-}
-
-// PoolFigures are a caching pool's figures when its growth failed over
-// budget (OverBudgetError.Pool).
-type PoolFigures struct {
-	Request memapi.Bytes // the allocation asked for
-	Segment memapi.Bytes // the segment (or region growth, or recommit) the pool tried to add
-	Held    memapi.Bytes // bytes the pool held from its binding at the failure
-	InUse   memapi.Bytes // of Held, in blocks in use
-	Cached  memapi.Bytes // of Held, cached
-	Trimmed memapi.Bytes // bytes the pool gave back (its Reclaim) while the growth waited
 }
 
 func (e *OverBudgetError) Error() string {
@@ -104,21 +81,13 @@ func (e *OverBudgetError) Error() string {
 		b.WriteString(e.Reason)
 	}
 	switch {
-	case e.Pool != nil && e.Holder == "":
-		// No governor figures: the pool's alone.
 	case errors.Is(kind, ErrOverLimit):
 		fmt.Fprintf(&b, " (holder %s wanted %d, using %d, limit %d)", e.Holder, e.Wanted, e.HolderUse, e.Limit)
 	default:
 		fmt.Fprintf(&b, " (holder %s wanted %d: free %d, reclaimable %d, pending %d, reserved %d, charged %d, capacity %d; %d tickets, %d freed)",
 			e.Holder, e.Wanted, e.Free, e.Reclaimable, e.Pending, e.Reserved, e.Charged, e.Capacity, e.Tickets, e.Freed)
 	}
-	if e.Authority != "" || e.Pool == nil {
-		fmt.Fprintf(&b, " [authority %s]", e.Authority)
-	}
-	if f := e.Pool; f != nil {
-		fmt.Fprintf(&b, " [pool: request %d, segment %d, held %d (%d in use, %d cached), %d trimmed]",
-			f.Request, f.Segment, f.Held, f.InUse, f.Cached, f.Trimmed)
-	}
+	fmt.Fprintf(&b, " [authority %s]", e.Authority)
 	if e.Err != nil {
 		b.WriteString(": ")
 		b.WriteString(e.Err.Error())

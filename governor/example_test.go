@@ -94,7 +94,7 @@ func ExampleOverBudgetError() {
 }
 
 // A grant whose deadline passes gives its undrawn bytes back.
-func ExampleGrant_Deadline() {
+func ExampleRequest_deadline() {
 	g := governor.New(governor.Options{})
 	defer g.Close()
 	_ = g.AddAuthority("host", 1000)
@@ -110,10 +110,10 @@ func ExampleGrant_Deadline() {
 	// free 1000
 }
 
-// A holder that reserves often just reserves: once a grant's lease is
-// refunded whole, the governor issues the same grant again, so each cycle
-// is the full accounting (reserve, draw, commit, refund) with no
-// allocation. A grant still in use is never issued again.
+// A holder that reserves often just reserves: each cycle is the full
+// accounting (reserve, draw, commit, refund), and each reservation gets a
+// record of its own, so a handle kept past the end of its use is refused
+// and never touches a later grant.
 func ExampleGovernor_Reserve_cycle() {
 	g := governor.New(governor.Options{})
 	defer g.Close()
@@ -131,6 +131,7 @@ func ExampleGovernor_Reserve_cycle() {
 		lease, _ := grant.Commit()
 		// ... the page is used, then freed ...
 		_ = lease.Refund(2 << 20) // the lease is empty: the grant's use ended
+		fmt.Println(errors.Is(lease.Refund(2<<20), governor.ErrOverReturn))
 	}
 	open, _ := g.Reserve(ctx, page)
 	other, _ := g.Reserve(ctx, page)
@@ -138,6 +139,9 @@ func ExampleGovernor_Reserve_cycle() {
 	a, _ := g.Authority("cuda:0")
 	fmt.Printf("granted %d, reserved %d MiB\n", a.Granted, a.Reserved>>20)
 	// Output:
+	// true
+	// true
+	// true
 	// true
 	// granted 5, reserved 4 MiB
 }

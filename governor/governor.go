@@ -26,7 +26,7 @@ type Options struct {
 	// ctx that is only cancellable): once it passed, the reservation
 	// fails with an *OverBudgetError whose Err is ErrDefaultWait (which
 	// wraps context.DeadlineExceeded), and the reservation is gone from
-	// the queue. 0 means DefaultWaitBound; a negative value removes the
+	// the queue. 0 means defaultWaitBound; a negative value removes the
 	// bound, so such a reservation waits until it is served, its ctx is
 	// cancelled or the governor closes. A reservation with a deadline,
 	// or a ctx with one, waits until that deadline: DefaultWait never
@@ -34,14 +34,14 @@ type Options struct {
 	// and is measured on Clock (a simulated clock's time, where one is set).
 	DefaultWait time.Duration
 	// Injector, if set, is consulted at every named point of the ledger
-	// (Op) and may fail the operation there: fault injection for tests of
+	// (named as its errors' Op) and may fail the operation there: fault injection for tests of
 	// what sits above the governor. Nil (the default) costs one nil check.
 	Injector Injector
 }
 
-// DefaultWaitBound is the wait of a reservation with no deadline when
+// defaultWaitBound is the wait of a reservation with no deadline when
 // Options.DefaultWait is 0.
-const DefaultWaitBound = 30 * time.Second
+const defaultWaitBound = 30 * time.Second
 
 // Governor keeps the ledger of every authority and the registry of holders.
 // All its methods are safe for concurrent use.
@@ -58,10 +58,6 @@ type Governor struct {
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
 	holders atomic.Pointer[map[HolderID]*holder]
 	closed  atomic.Bool
-	// last is the authority Reserve found last: the next one looks it up
-	// by id only when it asks for another, or that one was removed or
-	// closed since.
-	last atomic.Pointer[authority]
 
 	ticketSeq atomic.Uint64
 }
@@ -70,14 +66,14 @@ type Governor struct {
 func New(opts Options) *Governor {
 	g := &Governor{clock: opts.Clock, onEvent: opts.OnEvent, log: opts.Logger, inject: opts.Injector}
 	if g.clock == nil {
-		g.clock = SystemClock()
+		g.clock = wallClock()
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
 	switch {
 	case opts.DefaultWait == 0:
-		g.defaultWait = DefaultWaitBound
+		g.defaultWait = defaultWaitBound
 	case opts.DefaultWait > 0:
 		g.defaultWait = opts.DefaultWait
 	}
@@ -105,7 +101,7 @@ func (g *Governor) AddAuthority(id memapi.AuthorityID, capacity memapi.Bytes) er
 		return opError(op, ErrDuplicate, id, 0, 0, "authority already exists")
 	}
 	next := maps.Clone(old)
-	next[id] = &authority{g: g, id: id, capacity: capacity, accts: map[HolderID]*account{}}
+	next[id] = &authority{g: g, id: id, capacity: capacity, accts: map[HolderID]*account{}, timed: map[*grant]struct{}{}}
 	g.auths.Store(&next)
 	g.mu.Unlock()
 	g.emit(Event{Kind: EventCapacity, Authority: id, Bytes: capacity})
@@ -130,7 +126,6 @@ func (g *Governor) SetCapacity(id memapi.AuthorityID, capacity memapi.Bytes) err
 		a.mu.Unlock()
 		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
 	}
-	a.settleLocked()
 	if used := a.usedLocked(); capacity < used {
 		a.mu.Unlock()
 		return opError(op, memapi.ErrInUse, id, capacity, used, "capacity below the bytes in use")
@@ -146,7 +141,7 @@ func (g *Governor) SetCapacity(id memapi.AuthorityID, capacity memapi.Bytes) err
 		}
 		w = next
 	}
-	a.serveLocked()
+	a.serve()
 	a.mu.Unlock()
 	g.emit(Event{Kind: EventCapacity, Authority: id, Bytes: capacity})
 	return nil
@@ -164,8 +159,7 @@ func (g *Governor) RemoveAuthority(id memapi.AuthorityID) error {
 		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
 	}
 	a.mu.Lock()
-	a.settleLocked()
-	if used := a.usedLocked(); used != 0 || a.grants != 0 {
+	if used := a.usedLocked(); used != 0 || a.fig.grants != 0 {
 		a.mu.Unlock()
 		return opError(op, memapi.ErrInUse, id, used, 0, "authority has grants or bytes in use")
 	}

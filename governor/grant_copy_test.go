@@ -88,12 +88,12 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 // read 0, Release returns 0, and every other method fails typed.
 func TestZeroLeaseIsClosed(t *testing.T) {
 	var l Lease
-	if l.Charged() != 0 || l.Pending() != 0 || l.Quarantined() != 0 || l.Bytes() != 0 || l.Release() != 0 || l.Authority() != "" || l.Holder() != "" {
+	if l.Charged() != 0 || l.pending() != 0 || l.Quarantined() != 0 || l.Bytes() != 0 || l.Release() != 0 || l.Authority() != "" || l.holder() != "" {
 		t.Fatal("a zero Lease looks committed")
 	}
 	mustKind(t, l.Refund(1), memapi.ErrGrantClosed)
 	mustKind(t, l.MarkPending(1), memapi.ErrGrantClosed)
 	mustKind(t, l.Quarantine(1), memapi.ErrGrantClosed)
-	mustKind(t, l.RefundQuarantined(1), memapi.ErrGrantClosed)
+	mustKind(t, l.refundQuarantined(1), memapi.ErrGrantClosed)
 	mustKind(t, l.QuarantinedAccount().Refund(1), memapi.ErrGrantClosed)
 }

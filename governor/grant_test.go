@@ -25,8 +25,8 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 	if err := gr.Draw(200); err != nil {
 		t.Fatal(err)
 	}
-	if gr.Drawn() != 200 || gr.Remaining() != 100 {
-		t.Fatalf("drawn %d remaining %d", gr.Drawn(), gr.Remaining())
+	if gr.Drawn() != 200 || gr.remaining() != 100 {
+		t.Fatalf("drawn %d remaining %d", gr.Drawn(), gr.remaining())
 	}
 	h.wantLedger(hostA, ledger{Reserved: 300, Free: 700}) // drawing moves nothing between figures
 	l, err := gr.Commit()
@@ -34,8 +34,8 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.wantLedger(hostA, ledger{Charged: 200, Free: 800})
-	if l.Charged() != 200 || l.Pending() != 0 || l.Holder() != "kv" || l.Role() != "kv" || l.Authority() != hostA {
-		t.Fatalf("lease %d/%d %s %s %s", l.Charged(), l.Pending(), l.Holder(), l.Role(), l.Authority())
+	if l.Charged() != 200 || l.pending() != 0 || l.holder() != "kv" || l.role() != "kv" || l.Authority() != hostA {
+		t.Fatalf("lease %d/%d %s %s %s", l.Charged(), l.pending(), l.holder(), l.role(), l.Authority())
 	}
 	s := h.auth(hostA)
 	if s.Grants != 0 || s.Leases != 1 || s.Granted != 1 {
@@ -74,8 +74,8 @@ func TestGrantErrorsChangeNothing(t *testing.T) {
 	if !errors.As(err, &me) || me.Wanted != 60 {
 		t.Fatalf("cancel error figures: %#v", me)
 	}
-	if gr.Drawn() != 60 || !gr.Open() {
-		t.Fatalf("failed calls changed the grant: drawn %d open %v", gr.Drawn(), gr.Open())
+	if gr.Drawn() != 60 || !isOpen(gr) {
+		t.Fatalf("failed calls changed the grant: drawn %d open %v", gr.Drawn(), isOpen(gr))
 	}
 	h.wantLedger(hostA, before)
 
@@ -123,11 +123,11 @@ func TestGrantDeadlineReclaimsUndrawnAndKeepsDrawn(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.clock.Advance(9 * time.Second)
-	if !gr.Open() {
+	if !isOpen(gr) {
 		t.Fatal("grant closed before its deadline")
 	}
 	h.clock.Advance(time.Second)
-	if gr.Open() {
+	if isOpen(gr) {
 		t.Fatal("grant open after its deadline")
 	}
 	// Undrawn bytes are back; the drawn (installed) bytes stay reserved.

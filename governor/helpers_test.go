@@ -201,3 +201,38 @@ func (lh *leaseHolder) ticketsSeen() []Ticket {
 	defer lh.mu.Unlock()
 	return append([]Ticket(nil), lh.tickets...)
 }
+
+// The figures tests read of a grant or a lease (the package exports what
+// its callers use).
+
+func (h Grant) holder() HolderID {
+	if h.g == nil {
+		return ""
+	}
+	return h.g.acct.h.id
+}
+
+func (h Grant) role() Role {
+	if h.g == nil {
+		return ""
+	}
+	return h.g.role
+}
+
+func (h Grant) remaining() memapi.Bytes {
+	var r memapi.Bytes
+	h.read(func(gr *grant) {
+		if gr.state == stateOpen {
+			r = gr.size - gr.fig.drawn
+		}
+	})
+	return r
+}
+
+func (l Lease) holder() HolderID { return Grant(l).holder() }
+
+func (l Lease) role() Role { return Grant(l).role() }
+
+func (l Lease) pending() memapi.Bytes {
+	return l.figure(func(f *figures) memapi.Bytes { return f.pending })
+}

@@ -80,14 +80,9 @@ type account struct {
 	guarantee memapi.Bytes
 	limit     memapi.Bytes
 
-	reserved memapi.Bytes // open grant sizes + drawn bytes of expired grants
-	charged  memapi.Bytes
-	pending  memapi.Bytes
-	quar     memapi.Bytes // the part of charged whose free failed (Lease.Quarantine)
-	waiting  memapi.Bytes // bytes of queued reservations
-	asking   memapi.Bytes // bytes asked of this holder by tickets in flight
-	grants   int          // open grants
-	leases   int          // leases with bytes
+	fig     figures
+	waiting memapi.Bytes // bytes of queued reservations
+	asking  memapi.Bytes // bytes asked of this holder by tickets in flight
 
 	tickets       uint64
 	freed         memapi.Bytes
@@ -96,21 +91,20 @@ type account struct {
 	// Read and counted by snapshots without the lock (cacheRead).
 	cacheClamped, cacheErrors atomic.Uint64
 
-	gone bool // removed by Unregister (which settled its grants: none is reissued without the lock)
+	gone bool // removed by Unregister
 }
 
-func (c *account) used() memapi.Bytes { return c.reserved + c.charged + c.pending }
-
-func (c *account) inUse() bool { return c.used() != 0 || c.waiting != 0 || c.grants != 0 }
+func (c *account) inUse() bool { return c.fig.used() != 0 || c.waiting != 0 || c.fig.grants != 0 }
 
 // reclaimable is what a ticket may ask of the holder now: charged bytes over
 // the guarantee, less what tickets in flight already ask.
 func (c *account) reclaimable() memapi.Bytes {
 	// Quarantined bytes cannot be freed by the holder: never asked for.
-	if c.h.reclaimer == nil || c.charged-c.quar <= c.guarantee {
+	f := &c.fig
+	if c.h.reclaimer == nil || f.charged-f.quarantined <= c.guarantee {
 		return 0
 	}
-	r := c.charged - c.quar - c.guarantee
+	r := f.charged - f.quarantined - c.guarantee
 	if r <= c.asking {
 		return 0
 	}
@@ -172,9 +166,8 @@ func (g *Governor) Unregister(id HolderID) error {
 		}
 	}()
 	for _, a := range auths {
-		a.settleLocked()
 		if c := a.accts[id]; c != nil && c.inUse() {
-			return opError(op, memapi.ErrInUse, a.id, c.used(), 0, "holder "+string(id)+" still holds memory or grants")
+			return opError(op, memapi.ErrInUse, a.id, c.fig.used(), 0, "holder "+string(id)+" still holds memory or grants")
 		}
 	}
 	for _, a := range auths {

@@ -8,9 +8,7 @@ import "github.com/memgen/memgen/generated/memapi"
 // methods is refused (memapi.ErrForeignGrant) before anything is drawn.
 // Recognition is by concrete type and the link every issued grant keeps to
 // its governor (through its authority), which no code outside the package
-// can set. A stale handle (of an earlier issue of a recycled grant) is
-// vouched for, as the governor's own, and refuses every use itself
-// (ErrStaleHandle).
+// can set.
 
 // IssuedGrant reports whether g is a Grant this governor reserved.
 func (g *Governor) IssuedGrant(x memapi.Grant) bool {
@@ -20,7 +18,7 @@ func (g *Governor) IssuedGrant(x memapi.Grant) bool {
 
 // IssuedAccount reports whether a is a Grant or a Lease of this governor,
 // or one of the accounts it issues over them (Lease.QuarantinedAccount,
-// Split, ZeroAccount) whose every account is its own.
+// Split) whose every account is its own.
 func (g *Governor) IssuedAccount(x memapi.Account) bool {
 	switch v := x.(type) {
 	case Grant:
@@ -42,13 +40,11 @@ func (g *Governor) IssuedAccount(x memapi.Account) bool {
 			}
 		}
 		return true
-	case *zeroAccount:
-		return v != nil && v.g == g
 	}
 	return false
 }
 
-// issued reports whether gr was issued by g at least once.
+// issued reports whether gr was issued by g.
 func (g *Governor) issued(gr *grant) bool {
-	return gr != nil && gr.auth.g == g
+	return gr != nil && gr.a.g == g
 }

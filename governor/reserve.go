@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -38,17 +37,12 @@ type Request struct {
 //
 // A reservation whose ctx has no deadline (context.Background()), and that
 // has no Deadline, waits at most the governor's Options.DefaultWait
-// (DefaultWaitBound, 30 s, unless set), then fails with an *OverBudgetError
+// (defaultWaitBound, 30 s, unless set), then fails with an *OverBudgetError
 // whose Err is ErrDefaultWait; with Options.DefaultWait negative it waits
 // until it is served, ctx is cancelled or the governor closes.
 //
-// Grants are recycled: once a grant was cancelled, or committed and its
-// lease emptied by a refund (Refund, Release, RefundQuarantined), the
-// governor may issue its record again to a later Reserve. So the
-// reservation cycle allocates nothing. Until that reissue, the old grant
-// refuses every use as closed (and its empty lease every refund); from it
-// on, the old Grant and Lease are stale handles, refused with
-// ErrStaleHandle, changing nothing.
+// Every Reserve makes a new record: a Grant (and the Lease committed from
+// it) names its own reservation for ever.
 //
 // Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
 // ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
@@ -58,112 +52,17 @@ type Request struct {
 // Injector's error (Options.Injector). A failed Reserve leaves the ledger as
 // it found it.
 func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
-	// The same reservation again, right after the whole refund of the
-	// last one's lease without the lock: the bytes never left, so the
-	// grant opens again in one swap (grant.reissue), in few instructions.
-	// (With an Injector every grant is slow, and reissue refuses it.)
-	a := g.last.Load()
-	if a == nil || !r.Deadline.IsZero() || !sameString(string(a.id), string(r.Authority)) {
-		return g.reserve(ctx, r)
-	}
-	gr := a.hints.slot.Load()
-	if gr == nil {
-		return g.reserve(ctx, r)
-	}
-	w := gr.state.Load()
-	if w&drawnMask == uint64(r.Bytes) {
-		if next, ok := gr.reissue(w); ok {
-			if !gr.matches(r.Holder, r.Role, r.Priority) {
-				return g.reserveSlow(ctx, a, r, gr, next)
-			}
-			return gr.handle(next), nil
-		}
-	}
-	return g.reserveFromPool(ctx, a, r, gr, w)
-}
-
-// reserveFromPool is Reserve when the authority's slot held no grant for r
-// (it held slot, whose word was w): one refunded on this P, from the pool,
-// or else the lock. A slot's grant in use means another stream runs at
-// the same time (hints.contended).
-func (g *Governor) reserveFromPool(ctx context.Context, a *authority, r Request, slot *grant, w uint64) (Grant, error) {
-	if st := w >> stateShift; (st == stateOpen || st == stateCommit) && slot != &pooledHint && slot != &closedHint {
-		a.hints.contended(slot)
-	}
-	if gr, _ := a.hints.pool.Get().(*grant); gr != nil {
-		w := gr.state.Load()
-		if w&drawnMask == uint64(r.Bytes) {
-			if next, ok := gr.reissue(w); ok {
-				if !gr.matches(r.Holder, r.Role, r.Priority) {
-					return g.reserveSlow(ctx, a, r, gr, next)
-				}
-				return gr.handle(next), nil
-			}
-		}
-		switch {
-		case w>>stateShift != stateRefunded:
-			// In use, or its use ended under the lock: not a hint any more.
-		case wordGen(w) == genMax:
-			// Issued as often as its word counts: the lock issues it
-			// next (its settle retires it). A stream that got this far
-			// on the pool tries the slot again.
-			a.mu.Lock()
-			a.settleGrantLocked(gr)
-			a.mu.Unlock()
-			a.hints.retry()
-		default:
-			a.hints.pool.Put(gr) // refunded, not for r: for another reservation
-		}
-	}
-	return g.reserve(ctx, r)
-}
-
-// matches reports whether gr, which the caller just issued again without
-// the lock (so nothing writes these fields now), was last issued for the
-// same holder, role and priority.
-func (gr *grant) matches(holder HolderID, role Role, pri Priority) bool {
-	return pri == gr.priority && sameString(string(gr.holder), string(holder)) && sameString(string(gr.role), string(role))
-}
-
-// sameString is a == b, without comparing the bytes of one string with
-// themselves (a request's fields are usually the very strings it gave
-// last time).
-func sameString(a, b string) bool {
-	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
-}
-
-// reserve is Reserve in every case.
-func (g *Governor) reserve(ctx context.Context, r Request) (Grant, error) {
 	if g.inject != nil {
-		if err := g.inject.MaybeError(OpReserve, r.Authority, r.Bytes); err != nil {
+		if err := g.inject.MaybeError(opReserve, r.Authority, r.Bytes); err != nil {
 			return Grant{}, err
 		}
 	}
-	a := g.last.Load()
-	if a == nil || a.id != r.Authority || a.closed.Load() {
-		if a = g.authority(r.Authority); a == nil {
-			if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
-				return Grant{}, err
-			}
-			return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
-		}
-		g.last.Store(a)
-	}
-	return g.reserveSlow(ctx, a, r, nil, 0)
-}
-
-// reserveSlow is Reserve under the authority's lock. claimed, when not
-// nil, is a grant the caller issued again without the lock (grant.reissue,
-// its word now w) for a request that does not match it: it goes back first
-// (authority.unclaimLocked).
-func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, claimed *grant, w uint64) (Grant, error) {
-	if claimed != nil {
-		a.mu.Lock()
-		a.unclaimLocked(claimed, w)
-		a.mu.Unlock()
-	}
 	if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
 		return Grant{}, err
+	}
+	a := g.authority(r.Authority)
+	if a == nil {
+		return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 	}
 	a.mu.Lock()
 	if a.shut != nil {
@@ -176,12 +75,7 @@ func (g *Governor) reserveSlow(ctx context.Context, a *authority, r Request, cla
 		return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
 	}
 	gr, err := g.reserveLocked(ctx, a, c, r.Role, r.Bytes, r.Priority, r.Deadline)
-	if err != nil {
-		return Grant{}, err
-	}
-	// An issue under the lock starts the record's epoch at generation 0,
-	// and nothing issues it again before its use ends.
-	return Grant{g: gr, gen: gr.epoch.Load() << genBits}, nil
+	return Grant{gr}, err
 }
 
 // checkReserve refuses what no ledger state can grant.
@@ -198,19 +92,12 @@ func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes
 // reserveLocked is Reserve once the authority and the holder's account are
 // resolved, called with a.mu held (it releases it).
 func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
-	if a.head == nil && a.freeLocked() >= bytes && (c.limit == 0 || c.used()+c.waiting+bytes <= c.limit) {
-		gr := a.newGrantLocked(c, role, bytes, priority, deadline)
-		a.mu.Unlock()
-		return gr, nil
-	}
-	// Refunds not settled yet show as reserved: count them before refusing.
-	a.settleLocked()
 	if err := a.overLimitLocked(c, bytes); err != nil {
 		a.mu.Unlock()
 		return nil, err
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.newGrantLocked(c, role, bytes, priority, deadline)
+		gr := a.reserve(c, role, bytes, priority, deadline)
 		a.mu.Unlock()
 		return gr, nil
 	}
@@ -223,12 +110,12 @@ func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, 
 // overLimitLocked refuses bytes beyond c's holder limit (counted as an
 // over-budget refusal), or returns nil.
 func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
-	if c.limit == 0 || c.used()+c.waiting+bytes <= c.limit {
+	if c.limit == 0 || c.fig.used()+c.waiting+bytes <= c.limit {
 		return nil
 	}
 	a.overBudget++
 	return &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: a.id, Holder: c.h.id,
-		Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: c.used() + c.waiting}
+		Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: c.fig.used() + c.waiting}
 }
 
 // queueLocked is the slow path of reserveLocked: the request fails at once
@@ -246,11 +133,6 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 	w.ready = make(chan struct{})
 	a.pushLocked(w)
 	a.waited++
-	// A refund without the lock that came after the settle above, but saw
-	// no waiter, is booked here (see Lease.refundUnsettled).
-	if a.settleLocked() {
-		a.serveLocked()
-	}
 	var short memapi.Bytes
 	if w.grant == nil {
 		short = a.shortfallLocked(w)
@@ -264,7 +146,7 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 			Wanted:      bytes,
 			Shortfall:   short,
 			Free:        a.freeLocked(),
-			Pending:     a.pending,
+			Pending:     a.fig.pending,
 			Reclaimable: a.reclaimableLocked(),
 		}
 	}
@@ -277,7 +159,7 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 // asked by tickets in flight.
 func (a *authority) shortfallLocked(w *waiter) memapi.Bytes {
 	need := a.aheadLocked(w) + w.bytes
-	cover := a.freeLocked() + a.pending + a.asking
+	cover := a.freeLocked() + a.fig.pending + a.asking
 	if need <= cover {
 		return 0
 	}
@@ -315,7 +197,6 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 	if w.grant != nil || w.err != nil {
 		return nil
 	}
-	a.settleLocked()
 	short := a.shortfallLocked(w)
 	if short == 0 {
 		return nil
@@ -346,134 +227,47 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 	}
 }
 
-// wait asks holders for w's shortfall, one ticket at a time (so a holder
-// that frees less than asked, or fails, is followed by the next one), then
-// waits for w to be served.
+// wait asks holders for w's shortfall, then waits for w to be served, and
+// settles how it ended.
 //
 // Every callback it makes (the event hook, a holder's Reclaim) runs after
 // the cleanup below is armed: should one panic, w leaves the queue (or its
 // grant goes back) and no ask stays booked, then the panic goes on.
 func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short memapi.Bytes) (*grant, error) {
-	holder := w.acct.h.id
-	var issued int
-	var freed memapi.Bytes
-	var asked []*account
-	var current *plannedTicket
-	settled := false
+	ended := false
 	defer func() {
-		if settled {
-			return
+		if !ended {
+			a.mu.Lock()
+			a.abandonLocked(w)
+			a.mu.Unlock()
 		}
-		// A Reclaim (or the event hook) panicked: the panic goes on, but
-		// no waiter or ask is left behind to block the queue.
-		a.mu.Lock()
-		if current != nil {
-			current.acct.asking -= current.Wanted
-			a.asking -= current.Wanted
-		}
-		a.abandonLocked(w)
-		a.mu.Unlock()
 	}()
 	if short != 0 {
-		g.emit(Event{Kind: EventPressure, Authority: a.id, Holder: holder, Role: w.role, Bytes: short})
+		g.emit(Event{Kind: EventPressure, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: short})
 	}
-	// A holder's Reclaim answers for this reservation: it gets a context
-	// that ends at the reservation's deadline, so a Reclaim that waits on
-	// its context never keeps Reserve waiting past it.
-	// With no deadline anywhere, the governor's default wait bounds it
-	// (the grant keeps no deadline: only the wait is bounded).
+	// With no deadline anywhere, the governor's default wait bounds the
+	// wait (the grant keeps no deadline: only the wait is bounded).
 	until, timeout := w.deadline, error(context.DeadlineExceeded)
 	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
 		until, timeout = g.clock.Now().Add(g.defaultWait), ErrDefaultWait
 	}
-	rctx := ctx
-	if !until.IsZero() {
-		c, stop := context.WithCancelCause(ctx)
-		t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
-		defer t.Stop()
-		defer stop(nil)
-		rctx = c
-	}
-	for rctx.Err() == nil {
-		a.mu.Lock()
-		t := a.nextTicketLocked(w, asked)
-		a.mu.Unlock()
-		if t == nil {
-			break
-		}
-		asked = append(asked, t.acct)
-		current = t
-		h := t.acct.h
-		g.emit(Event{Kind: EventTicket, Authority: a.id, Holder: h.id, Ticket: t.Ticket, Bytes: t.Wanted})
-		n, err := h.reclaimer.Reclaim(rctx, t.Ticket)
-		issued++
-		freed += n
-		a.mu.Lock()
-		t.acct.asking -= t.Wanted
-		a.asking -= t.Wanted
-		t.acct.tickets++
-		t.acct.freed += n
-		a.tickets++
-		a.freed += n
-		if err != nil {
-			t.acct.reclaimErrors++
-		}
-		current = nil
-		a.mu.Unlock()
-		if err != nil {
-			g.log.Debug("governor: reclaim failed", "authority", a.id, "holder", h.id, "ticket", t.ID, "err", err)
-		}
-		g.emit(Event{Kind: EventReclaimed, Authority: a.id, Holder: h.id, Ticket: t.Ticket, Bytes: n, Err: err})
-	}
-
-	var expired <-chan struct{}
-	if !until.IsZero() {
-		d := until.Sub(g.clock.Now())
-		ch := make(chan struct{})
-		if d <= 0 {
-			close(ch)
-		} else {
-			t := g.clock.AfterFunc(d, func() { close(ch) })
-			defer t.Stop()
-		}
-		expired = ch
-	}
-	if !isClosed(w.ready) {
-		g.emit(Event{Kind: EventWaiting, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes})
-	}
-	var cause error
-	select {
-	case <-w.ready:
-	case <-ctx.Done():
-		cause = context.Cause(ctx)
-	case <-expired:
-		cause = timeout
-	}
-
+	issued, freed := g.askHolders(ctx, a, w, until, timeout)
+	cause := g.await(ctx, a, w, until, timeout)
 	a.mu.Lock()
-	settled = true
+	ended = true
 	switch {
 	case w.err != nil:
 		a.mu.Unlock()
 		if ob, ok := w.err.(*OverBudgetError); ok {
 			ob.Tickets, ob.Freed = issued, freed
-			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes, Err: ob})
+			g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: w.bytes, Err: ob})
 		}
 		return nil, w.err
 	case w.grant != nil && cause == nil:
 		a.mu.Unlock()
-		// A hook that panics here would strand a grant nobody owns: it
-		// goes back first.
-		served := false
-		defer func() {
-			if !served {
-				a.mu.Lock()
-				a.abandonLocked(w)
-				a.mu.Unlock()
-			}
-		}()
-		g.emit(Event{Kind: EventServed, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes})
-		served = true
+		ended = false // a hook that panics here would strand the grant: it goes back
+		g.emit(Event{Kind: EventServed, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: w.bytes})
+		ended = true
 		return w.grant, nil
 	}
 	ahead := a.abandonLocked(w)
@@ -485,8 +279,100 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	err := a.overBudgetLocked(w, ahead, reason, cause)
 	err.Tickets, err.Freed = issued, freed
 	a.mu.Unlock()
-	g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: holder, Role: w.role, Bytes: w.bytes, Err: err})
+	g.emit(Event{Kind: EventOverBudget, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: w.bytes, Err: err})
 	return nil, err
+}
+
+// askHolders hands w's shortfall to holders, one ticket at a time (so a
+// holder that frees less than asked, or fails, is followed by the next
+// one), until nothing is short, no holder can give more, or the wait ends
+// (ctx, or until with timeout as the cause). A holder's Reclaim answers for
+// this reservation: its context ends when the wait does, so a Reclaim
+// that waits on its context never keeps Reserve waiting past it. It
+// returns the tickets issued and the bytes their holders reported freeing.
+func (g *Governor) askHolders(ctx context.Context, a *authority, w *waiter, until time.Time, timeout error) (issued int, freed memapi.Bytes) {
+	if !until.IsZero() {
+		c, stop := context.WithCancelCause(ctx)
+		t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
+		defer t.Stop()
+		defer stop(nil)
+		ctx = c
+	}
+	var asked []*account
+	for ctx.Err() == nil {
+		a.mu.Lock()
+		t := a.nextTicketLocked(w, asked)
+		a.mu.Unlock()
+		if t == nil {
+			break
+		}
+		asked = append(asked, t.acct)
+		freed += g.reclaim(ctx, a, t)
+		issued++
+	}
+	return issued, freed
+}
+
+// reclaim hands ticket t to its holder, books the answer and returns the
+// bytes the holder reported freeing. Should the
+// Reclaim (or the event hook) panic, the ask is taken back first.
+func (g *Governor) reclaim(ctx context.Context, a *authority, t *plannedTicket) memapi.Bytes {
+	h := t.acct.h
+	answered := false
+	defer func() {
+		if !answered {
+			a.mu.Lock()
+			t.acct.asking -= t.Wanted
+			a.asking -= t.Wanted
+			a.mu.Unlock()
+		}
+	}()
+	g.emit(Event{Kind: EventTicket, Authority: a.id, Holder: h.id, Ticket: t.Ticket, Bytes: t.Wanted})
+	n, err := h.reclaimer.Reclaim(ctx, t.Ticket)
+	answered = true
+	a.mu.Lock()
+	t.acct.asking -= t.Wanted
+	a.asking -= t.Wanted
+	t.acct.tickets++
+	t.acct.freed += n
+	a.tickets++
+	a.freed += n
+	if err != nil {
+		t.acct.reclaimErrors++
+	}
+	a.mu.Unlock()
+	if err != nil {
+		g.log.Debug("governor: reclaim failed", "authority", a.id, "holder", h.id, "ticket", t.ID, "err", err)
+	}
+	g.emit(Event{Kind: EventReclaimed, Authority: a.id, Holder: h.id, Ticket: t.Ticket, Bytes: n, Err: err})
+	return n
+}
+
+// await blocks until w is served or failed, ctx ends or until passes; it
+// returns the cause of a wait that ended unserved (nil when served).
+func (g *Governor) await(ctx context.Context, a *authority, w *waiter, until time.Time, timeout error) error {
+	var expired <-chan struct{}
+	if !until.IsZero() {
+		ch := make(chan struct{})
+		if d := until.Sub(g.clock.Now()); d <= 0 {
+			close(ch)
+		} else {
+			t := g.clock.AfterFunc(d, func() { close(ch) })
+			defer t.Stop()
+		}
+		expired = ch
+	}
+	if !isClosed(w.ready) {
+		g.emit(Event{Kind: EventWaiting, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: w.bytes})
+	}
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-expired:
+		return timeout
+	}
 }
 
 // abandonLocked undoes w: it leaves the queue, or, when it was served at the
@@ -499,13 +385,9 @@ func (a *authority) abandonLocked(w *waiter) memapi.Bytes {
 	case w.grant != nil:
 		// Its own deadline timer may have expired it already, which
 		// returned all of it (nothing was drawn from it).
-		gr := w.grant
-		if _, ok := gr.transition(stateCancel); ok {
-			a.closeGrantLocked(gr)
-			a.reserved -= gr.sz()
-			gr.acct.reserved -= gr.sz()
+		if gr := w.grant; gr.state == stateOpen {
+			a.cancel(gr)
 			a.granted--
-			a.serveLocked()
 		}
 		return 0
 	}
@@ -513,7 +395,7 @@ func (a *authority) abandonLocked(w *waiter) memapi.Bytes {
 	wasHead := a.head == w
 	a.removeLocked(w)
 	if wasHead {
-		a.serveLocked() // the next in line may fit now
+		a.serve() // the next in line may fit now
 	}
 	return ahead
 }

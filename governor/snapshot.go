@@ -1,8 +1,6 @@
 package governor
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -10,9 +8,7 @@ import (
 
 // Snapshot is a copy of the governor's figures. Each authority's figures are
 // read under its lock, so its identity holds exactly; different authorities
-// are read one after the other. The swaps of the hot path take no lock (see
-// the package documentation): one that runs while the snapshot is taken
-// appears either before or after it, each grant as a whole. The cached
+// are read one after the other. The cached
 // bytes of holders that report a cache (CacheReporter) are read after each
 // authority's lock is released, and clamped to the charge read under it.
 type Snapshot struct {
@@ -155,14 +151,14 @@ func (g *Governor) Snapshot() Snapshot {
 				Authority:     a.id,
 				Guarantee:     c.guarantee,
 				Limit:         c.limit,
-				Reserved:      c.reserved,
-				Charged:       c.charged,
-				Pending:       c.pending,
-				Quarantined:   c.quar,
+				Reserved:      c.fig.reserved,
+				Charged:       c.fig.charged,
+				Pending:       c.fig.pending,
+				Quarantined:   c.fig.quarantined,
 				Waiting:       c.waiting,
 				Reclaimable:   c.reclaimable(),
-				Grants:        c.grants,
-				Leases:        c.leases,
+				Grants:        c.fig.grants,
+				Leases:        c.fig.leases,
 				Tickets:       c.tickets,
 				Freed:         c.freed,
 				ReclaimErrors: c.reclaimErrors,
@@ -206,33 +202,24 @@ func (g *Governor) Authority(id memapi.AuthorityID) (AuthoritySnapshot, bool) {
 	return s, true
 }
 
-// Authorities returns the ids of the authorities, sorted.
-func (g *Governor) Authorities() []memapi.AuthorityID {
-	ids := make([]memapi.AuthorityID, 0, len(*g.auths.Load()))
-	for id := range *g.auths.Load() {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, cmp.Compare)
-	return ids
-}
-
 func (a *authority) snapshotLocked() AuthoritySnapshot {
-	a.settleLocked()
+	f := &a.fig
 	s := AuthoritySnapshot{
 		ID:             a.id,
 		Capacity:       a.capacity,
-		Reserved:       a.reserved,
-		Charged:        a.charged,
-		Pending:        a.pending,
+		Reserved:       f.reserved,
+		Charged:        f.charged,
+		Pending:        f.pending,
 		Free:           a.freeLocked(),
-		ExpiredDrawn:   a.expiredDrawn,
-		Quarantined:    a.quarantined,
+		Drawn:          f.drawn,
+		ExpiredDrawn:   f.expiredDrawn,
+		Quarantined:    f.quarantined,
 		Reclaimable:    a.reclaimableLocked(),
 		Asking:         a.asking,
 		Waiters:        a.waiters,
 		WaitingBytes:   a.waitingBytes,
-		Grants:         a.grants,
-		Leases:         a.leases,
+		Grants:         f.grants,
+		Leases:         f.leases,
 		Granted:        a.granted,
 		Waited:         a.waited,
 		OverBudget:     a.overBudget,
@@ -241,11 +228,6 @@ func (a *authority) snapshotLocked() AuthoritySnapshot {
 		Tickets:        a.tickets,
 		Freed:          a.freed,
 		PressureEvents: a.pressureEvents,
-	}
-	for gr := a.unsettled; gr != nil; gr = gr.unext {
-		if _, st, d := gr.load(); st == stateOpen {
-			s.Drawn += d
-		}
 	}
 	n := min(a.pressureEvents, pressureHistory)
 	for i := a.pressureEvents - n; i < a.pressureEvents; i++ {

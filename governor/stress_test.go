@@ -122,7 +122,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 	}
 
 	// A watcher takes snapshots throughout: the identity holds at every
-	// instant, commits made without the lock included.
+	// instant.
 	stopWatch := make(chan struct{})
 	watchErr := make(chan error, 1)
 	go func() {
@@ -153,9 +153,8 @@ func TestStressConcurrentLedger(t *testing.T) {
 	var omu sync.Mutex
 	count := func(i int) { omu.Lock(); outcomes[i]++; omu.Unlock() }
 	// Hot loops on their own authority, too small for all four: the same
-	// reservation over and over into one grant, whole refunds in between,
-	// so most reissues take no lock and race with the settles of
-	// snapshots and of the reservations that wait.
+	// reservation over and over, whole refunds in between, racing with
+	// the snapshots and with the reservations that wait.
 	var hot [4]int64
 	for i := range hot {
 		wg.Go(func() {
@@ -319,8 +318,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 	var tickets uint64
 	for _, a := range s.Authorities {
 		tickets += a.Tickets
-		// Every grant made is counted once, those reissued without the
-		// lock too.
+		// Every grant made is counted once.
 		if want := uint64(hot[0] + hot[1] + hot[2] + hot[3]); a.ID == hotAuth && a.Granted != want {
 			t.Fatalf("granted %d on %s, want %d", a.Granted, a.ID, want)
 		}

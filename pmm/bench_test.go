@@ -2,12 +2,14 @@ package pmm_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/mechanisms/cpu"
@@ -24,6 +26,17 @@ type benchEnv struct {
 }
 
 func newBenchEnv(b *testing.B, gran memapi.Bytes, inject governor.Injector) *benchEnv {
+	m, err := cpu.New(cpu.Options{Granularity: gran, Authority: hostAuth})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := newBenchEnvOn(b, m, cpu.NewContext(m), inject)
+	e.m = m
+	return e
+}
+
+// newBenchEnvOn is the stack over mechanism m and its context.
+func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, inject governor.Injector) *benchEnv {
 	g := governor.New(governor.Options{Injector: inject})
 	if err := g.AddAuthority(hostAuth, 8<<30); err != nil {
 		b.Fatal(err)
@@ -31,11 +44,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, inject governor.Injector) *ben
 	if err := g.Register("bench", governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) { return 0, nil }), governor.HolderOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	m, err := cpu.New(cpu.Options{Granularity: gran, Authority: hostAuth})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
+	ectx := ep.NewContext(mctx, ep.Options{})
 	mgr := pmm.New(g, pmm.Options{})
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
@@ -51,7 +60,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, inject governor.Injector) *ben
 		}
 		g.Close()
 	})
-	return &benchEnv{g: g, m: m, ectx: ectx, mgr: mgr, b: bind}
+	return &benchEnv{g: g, ectx: ectx, mgr: mgr, b: bind}
 }
 
 // bareGrant lets the bare mechanism be called: mechanisms never draw.
@@ -64,21 +73,42 @@ func (bareGrant) Refund(memapi.Bytes) error     { return nil }
 
 // BenchmarkAllocateClose: a governed Allocate+Close (grant, checked
 // allocation, lease, owning handle, deferred free, refund) against the bare
-// mechanism's Allocate+Free, alternating in one run.
+// mechanism's Allocate+Free, alternating in one run, at three sizes, over
+// the CPU mechanism (mmap and munmap: what a real caller pays) and over the
+// fake mechanism (a map: where the governor's and the manager's share
+// shows).
 func BenchmarkAllocateClose(b *testing.B) {
-	e := newBenchEnv(b, 4096, nil)
+	for _, mech := range []string{"cpu", "fake"} {
+		for _, size := range []memapi.Bytes{4 << 10, 64 << 10, 2 << 20} {
+			b.Run(fmt.Sprintf("%s/%dKiB", mech, size>>10), func(b *testing.B) {
+				var m memapi.DeviceAllocator
+				var e *benchEnv
+				if mech == "cpu" {
+					e = newBenchEnv(b, 4096, nil)
+					m = e.m
+				} else {
+					fm := fakes.NewMechanism(fakes.Config{Authority: hostAuth})
+					e = newBenchEnvOn(b, fm, fakes.NewContext(fm), nil)
+					m = fm
+				}
+				benchAllocateClose(b, e, m, size)
+			})
+		}
+	}
+}
+
+func benchAllocateClose(b *testing.B, e *benchEnv, m memapi.DeviceAllocator, size memapi.Bytes) {
 	ctx := context.Background()
-	const size = 64 << 10
 	var bare, governed time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		a, err := e.m.Allocate(ctx, memapi.AllocRequest{Size: size}, bareGrant{})
+		a, err := m.Allocate(ctx, memapi.AllocRequest{Size: size}, bareGrant{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := e.m.Free(ctx, a, bareGrant{}); err != nil {
+		if err := m.Free(ctx, a, bareGrant{}); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -185,8 +215,8 @@ func (f *manualFence) Ready() <-chan struct{} { return f.ch }
 // lease refunds as they begin.
 type refundClock struct{ last atomic.Int64 }
 
-func (r *refundClock) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes) error {
-	if op == governor.OpRefund {
+func (r *refundClock) MaybeError(op string, _ memapi.AuthorityID, _ memapi.Bytes) error {
+	if op == "governor.Lease.Refund" {
 		r.last.Store(time.Now().UnixNano())
 	}
 	return nil

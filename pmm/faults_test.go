@@ -2,6 +2,7 @@ package pmm_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -30,26 +31,26 @@ type faults struct {
 
 var errInjected = fmt.Errorf("injected ledger fault")
 
-func (f *faults) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes) error {
+func (f *faults) MaybeError(op string, _ memapi.AuthorityID, _ memapi.Bytes) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch op {
-	case governor.OpReserve:
+	case "governor.Reserve":
 		f.reserves++
 		if f.failReserve == f.reserves {
 			return errInjected
 		}
-	case governor.OpCommit:
+	case "governor.Grant.Commit":
 		f.commits++
 		if f.failCommit == f.commits || f.failCommit < 0 || (f.failCommitIf != nil && f.failCommitIf(f.commits)) {
 			return errInjected
 		}
-	case governor.OpCancel:
+	case "governor.Grant.Cancel":
 		f.cancels++
 		if f.failCancel == f.cancels {
 			return errInjected
 		}
-	case governor.OpRefund:
+	case "governor.Lease.Refund":
 		f.refunds++
 		if f.failRefundIf != nil && f.failRefundIf(f.refunds) {
 			if hook := f.beforeFailedRefund; hook != nil {
@@ -66,15 +67,17 @@ func (f *faults) MaybeError(op governor.Op, _ memapi.AuthorityID, _ memapi.Bytes
 	return nil
 }
 
-// eventName is the name tests give op.
-func eventName(op governor.Op) string {
+// eventName is the name tests give op: its method's, in lower case,
+// with a lease's refunds (of quarantined bytes too) "refund" and its
+// MarkPending "pending".
+func eventName(op string) string {
 	switch op {
-	case governor.OpMarkPending:
+	case "governor.Lease.MarkPending":
 		return "pending"
-	case governor.OpRefund, governor.OpRefundQuarantined:
+	case "governor.Lease.Refund", "governor.Lease.RefundQuarantined":
 		return "refund"
 	}
-	return op.String()
+	return strings.ToLower(op[strings.LastIndexByte(op, '.')+1:])
 }
 
 // figures are the governor's figures of the tests' authority. Quarantined

@@ -114,7 +114,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 		txn: make(chan struct{}, 1)}
 	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
 	if err != nil {
-		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.ZeroAccount(d.authority)))
+		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.Split(d.authority, nil)))
 	}
 	s.lc = owned.Lifecycle()
 	return &Region{Owned: owned, s: s}, nil
@@ -532,8 +532,8 @@ func (s *regionState) removeAll(ctx context.Context, segs []segment) ([]segment,
 // to remove: all but the private commits whose lease holds nothing. Those
 // were refunded, and a refund follows the free of the memory (the checked
 // wrapper refunds after the mechanism's success), so nothing of them is
-// left; an emptied lease may already be another reservation's (the
-// governor recycles it), and is never used again.
+// left; an emptied lease refuses any further refund (its record ended),
+// and is never used again.
 func owing(run []segment) []segment {
 	left := make([]segment, 0, len(run))
 	for _, sg := range run {
@@ -629,7 +629,7 @@ func (s *regionState) releaseAll(ctx context.Context) error {
 	if s.resGone {
 		return nil
 	}
-	if err := s.vb.ReleaseReservation(ctx, s.res, s.bind.m.g.ZeroAccount(s.d.authority)); err != nil {
+	if err := s.vb.ReleaseReservation(ctx, s.res, s.bind.m.g.Split(s.d.authority, nil)); err != nil {
 		return err
 	}
 	s.resGone = true

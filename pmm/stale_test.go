@@ -11,13 +11,13 @@ import (
 )
 
 // A decommit of adjacent commits refunds each one's lease in turn (the
-// governor's Split). When the first refund empties its lease, the governor
-// may issue that lease's grant to another reservation at once; when the
-// second refund then fails, the region quarantines what it could not
-// remove, the first lease included. That lease is stale by then: its
-// Quarantine must be refused, leaving the other reservation's lease, and
-// the ledger, exactly as they were.
-func TestSplitRefundFaultSparesTheReissuedLease(t *testing.T) {
+// governor's Split). When the first refund empties its lease and another
+// reservation of the same size commits at once, and the second refund
+// then fails, the region quarantines what it could not remove, the first
+// lease included. That lease's record ended: its Quarantine must be
+// refused, leaving the other reservation's lease, and the ledger, exactly
+// as they were.
+func TestSplitRefundFaultSparesTheNextLease(t *testing.T) {
 	e := setup(t, fakes.Config{})
 	ctx := context.Background()
 	_, r := e.region(t, 8*gran)
@@ -28,8 +28,8 @@ func TestSplitRefundFaultSparesTheReissuedLease(t *testing.T) {
 	e.l.mu.Lock()
 	e.l.refunds, e.l.failRefundIf = 0, func(n int) bool { return n == 2 } // the second part of the split
 	e.l.beforeFailedRefund = func() {
-		// The first part's lease is empty: its grant is spare. Reserve
-		// and commit the same size for another holder.
+		// The first part's lease is empty. Reserve and commit the same
+		// size for another holder.
 		gr, err := e.l.g.Reserve(ctx, governor.Request{Authority: auth, Holder: "w", Role: "other", Bytes: gran})
 		if err != nil {
 			t.Error(err)

@@ -152,9 +152,8 @@ func TestRecommitOverBudget(t *testing.T) {
 	defer cancel()
 	watchdog.Within(t, watchdog.Bound, "Alloc over budget", func() { _, err = e.p.Alloc(short, 512<<10, nil) })
 	require.ErrorIs(t, err, memapi.ErrOverBudget)
-	var ob2 *governor.OverBudgetError
-	require.True(t, errors.As(err, &ob2))
-	require.NotNil(t, ob2.Pool, "the pool's figures beside the governor's")
+	var ob2 *pool.OverBudgetError
+	require.True(t, errors.As(err, &ob2), "the pool's figures")
 	e.drain(t)
 	after := e.p.Stats()
 	require.Equal(t, after.Segments, e.holder("pool").Charged)

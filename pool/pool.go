@@ -10,7 +10,6 @@ import (
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -148,7 +147,8 @@ func (p *Pool) Binding() *pmm.Binding { return p.bind }
 // block); larger ones are best-fit chunks. When the pool must grow and the
 // governor is short, the pool's own cache is asked first (HolderOptions.
 // Cache), then other holders; if that fails the error is a
-// *governor.OverBudgetError with the pool's figures (its Pool field). Zero and absurd sizes are memapi.ErrInvalidSize;
+// *OverBudgetError with the pool's figures, which wraps the governor's
+// *governor.OverBudgetError. Zero and absurd sizes are memapi.ErrInvalidSize;
 // after Close, memapi.ErrClosed.
 func (p *Pool) Alloc(ctx context.Context, size memapi.Bytes, s memapi.Stream) (Block, error) {
 	if size == 0 || size > MaxAlloc {
@@ -497,9 +497,8 @@ func (p *Pool) growSegment(ctx context.Context, wanted, need uint64, huge bool) 
 	return nil
 }
 
-// growFailed counts a failed growth and gives its error: over budget, a
-// *governor.OverBudgetError with the pool's figures (Pool) beside the
-// governor's. A growth that ran past Options.Wait (the governor's wait, or
+// growFailed counts a failed growth and gives its error: over budget, an
+// *OverBudgetError with the pool's figures beside the governor's error. A growth that ran past Options.Wait (the governor's wait, or
 // the mechanism call after it, which sees the same context) is over budget
 // too: the bytes were not there in time. trimmed0 is the pool's reclaimed
 // bytes when the growth started (segments.reclaimedNow).
@@ -516,17 +515,9 @@ func (p *Pool) growFailed(wanted, size uint64, err error, waited bool, trimmed0 
 	use, _ := p.totalsLocked()
 	p.unlockShards()
 	inUse := uint64(use)
-	figs := &governor.PoolFigures{Request: memapi.Bytes(wanted), Segment: memapi.Bytes(size), Held: memapi.Bytes(g.held),
-		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(g.held - inUse), Trimmed: memapi.Bytes(g.reclaimed - trimmed0)}
-	var gob *governor.OverBudgetError
-	if errors.As(err, &gob) {
-		e := *gob
-		e.Op, e.Pool = "pool.Alloc", figs
-		return &e
-	}
 	auth, _ := p.bind.Authority()
-	return &governor.OverBudgetError{Op: "pool.Alloc", Kind: memapi.ErrOverBudget, Authority: auth,
-		Reason: "the binding could not back the growth in time", Wanted: memapi.Bytes(size), Pool: figs, Err: err}
+	return &OverBudgetError{Authority: auth, Request: memapi.Bytes(wanted), Segment: memapi.Bytes(size), Held: memapi.Bytes(g.held),
+		InUse: memapi.Bytes(inUse), Cached: memapi.Bytes(g.held - inUse), Trimmed: memapi.Bytes(g.reclaimed - trimmed0), Err: err}
 }
 
 // Free returns a block to the pool. Freed with fences that have not all

@@ -142,20 +142,22 @@ func TestOverBudgetTrimsOwnCacheFirst(t *testing.T) {
 	before := s
 	_, err = e.p.Alloc(ctx, 8<<20, nil)
 	var ob *governor.OverBudgetError
-	require.ErrorAs(t, err, &ob)
+	require.ErrorAs(t, err, &ob, "the governor's error inside the pool's")
 	require.ErrorIs(t, err, memapi.ErrOverBudget)
-	require.NotNil(t, ob.Pool, "the pool's figures beside the governor's")
 	require.Equal(t, "pool", string(ob.Holder))
-	require.Equal(t, memapi.Bytes(8<<20), ob.Pool.Request)
-	require.Equal(t, memapi.Bytes(8<<20), ob.Pool.Segment, "a huge request's own segment")
+	var pe *pool.OverBudgetError
+	require.ErrorAs(t, err, &pe, "the pool's figures beside the governor's")
+	require.Equal(t, memapi.Bytes(8<<20), pe.Request)
+	require.Equal(t, memapi.Bytes(8<<20), pe.Segment, "a huge request's own segment")
 	// The last cached segment was trimmed first; in use is untouched.
-	require.Equal(t, before.Segments-4<<20, ob.Pool.Held)
-	require.Equal(t, before.InUse, ob.Pool.InUse)
-	require.Equal(t, ob.Pool.Held-ob.Pool.InUse, ob.Pool.Cached)
-	require.Equal(t, memapi.Bytes(4<<20), ob.Pool.Trimmed)
-	// The message gives every figure of the pool's.
+	require.Equal(t, before.Segments-4<<20, pe.Held)
+	require.Equal(t, before.InUse, pe.InUse)
+	require.Equal(t, pe.Held-pe.InUse, pe.Cached)
+	require.Equal(t, memapi.Bytes(4<<20), pe.Trimmed)
+	// The message gives every figure of the pool's, and the governor's.
 	require.Contains(t, err.Error(), fmt.Sprintf("[pool: request %d, segment %d, held %d (%d in use, %d cached), %d trimmed]",
-		8<<20, 8<<20, ob.Pool.Held, ob.Pool.InUse, ob.Pool.Cached, 4<<20))
+		8<<20, 8<<20, pe.Held, pe.InUse, pe.Cached, 4<<20))
+	require.Contains(t, err.Error(), "holder pool wanted")
 	after := e.checkLedger(t)
 	require.Equal(t, before.Segments-4<<20, after.Segments)
 	require.Equal(t, memapi.Bytes(2<<20), after.Cached, "the tails of segments in use stay")

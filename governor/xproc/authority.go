@@ -388,7 +388,8 @@ func (a *Authority) settle(ctx context.Context) error {
 }
 
 // ReturnAdmitted is the governor's hook for a reservation of n bytes that
-// failed locally after Admit claimed for it (governor.AdmissionReturn): up
+// failed locally after Admit claimed for it (the governor calls it on an
+// Admission that has it): up
 // to n bytes of the claim still spare go back to the ledger at once,
 // rather than at the next settle (spare bytes beyond those stay the
 // process's until then, as freed bytes do). It waits for the locks at most

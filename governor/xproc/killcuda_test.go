@@ -18,6 +18,7 @@ import (
 	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/mechanisms/cuda"
 	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
 )
@@ -260,8 +261,9 @@ func TestKillNineCUDA(t *testing.T) {
 			} else if s != "ready" {
 				t.Fatalf("child %d: %q", p.pid, s)
 			}
-		case <-time.After(60 * time.Second):
-			t.Fatalf("child %d: no ready", p.pid)
+		case <-time.After(watchdog.Bound):
+			p.stacks()
+			t.Fatalf("watchdog: child %d: no ready within %v; its goroutines' stacks are above (SIGQUIT)", p.pid, watchdog.Bound)
 		}
 		return p
 	}

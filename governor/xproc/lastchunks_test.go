@@ -225,7 +225,7 @@ func TestLastChunksRace(t *testing.T) {
 	chunks, over, oom := lastChunks(t, n, size, false, false)
 	t.Logf("without the ledger: %d chunks, %d refusals, %d driver out-of-memory", chunks, over, oom)
 	if oom == 0 {
-		t.Fatal("without the ledger no process hit the driver's OUT_OF_MEMORY: #467 not reproduced")
+		t.Fatal("without the ledger no process hit the driver's OUT_OF_MEMORY: the race between processes was not reproduced")
 	}
 	chunks, over, oom = lastChunks(t, n, size, true, false)
 	t.Logf("with the ledger: %d chunks, %d refusals, %d driver out-of-memory", chunks, over, oom)

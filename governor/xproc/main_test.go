@@ -9,9 +9,11 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/memgen/memgen/internal/watchdog"
 	"go.uber.org/goleak"
 )
 
@@ -105,7 +107,9 @@ func spawn(t testing.TB, name string, env ...string) *proc {
 }
 
 // expect reads the child's next line, which must start with prefix, and
-// returns its fields after the prefix.
+// returns its fields after the prefix. A child that has not written it
+// after watchdog.Bound is stuck, not slow: the test fails, saying
+// "watchdog", and the child prints every goroutine's stack (SIGQUIT).
 func (p *proc) expect(t testing.TB, prefix string) []string {
 	t.Helper()
 	select {
@@ -117,10 +121,19 @@ func (p *proc) expect(t testing.TB, prefix string) []string {
 			t.Fatalf("child %d: %q, want %q", p.pid, s, prefix)
 		}
 		return strings.Fields(strings.TrimPrefix(s, prefix))
-	case <-time.After(60 * time.Second):
-		t.Fatalf("child %d: no %q within 60 s", p.pid, prefix)
+	case <-time.After(watchdog.Bound):
+		p.stacks()
+		t.Fatalf("watchdog: child %d: no %q within %v; its goroutines' stacks are above (SIGQUIT)", p.pid, prefix, watchdog.Bound)
 	}
 	return nil
+}
+
+// stacks makes the child print every goroutine's stack on its stderr (the
+// test's) and waits for it to exit.
+func (p *proc) stacks() {
+	if p.cmd.Process.Signal(syscall.SIGQUIT) == nil {
+		_, _ = p.cmd.Process.Wait()
+	}
 }
 
 // finish closes the child's stdin (its signal to clean up and leave) and

@@ -228,8 +228,8 @@ func (a *Allocator) Stats() Stats {
 func (a *Allocator) ResetPeak() { C.memgen_ort_front_reset_peak(&a.c.front) }
 
 // LastError returns the error of the latest refused allocation or failed
-// Free, nil when there was none: typically a *governor.OverBudgetError,
-// with the pool's figures (its Pool field) when the pool's Alloc failed,
+// Free, nil when there was none: typically a *pool.OverBudgetError with
+// the pool's figures, wrapping the governor's *governor.OverBudgetError,
 // memapi.ErrOverBudget either way.
 // (ONNX Runtime's status carries its message too.)
 func (a *Allocator) LastError() error {

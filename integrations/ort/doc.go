@@ -28,7 +28,8 @@
 // the governor asked the other holders and refused the reservation after
 // Options.Wait), the allocation is refused and ONNX Runtime fails the
 // session call with its own error status, whose message carries memgen's
-// reason (a *governor.OverBudgetError with the pool's figures); the ledger is
+// reason (a *pool.OverBudgetError with the pool's figures, wrapping the
+// governor's *governor.OverBudgetError); the ledger is
 // untouched and the session stays usable. The refusal reaches ONNX Runtime
 // as a std::bad_alloc thrown by the Alloc entry point (alloc_thunk.cc), not
 // as a NULL return: ONNX Runtime 1.30 dereferences a NULL from a custom

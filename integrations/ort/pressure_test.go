@@ -11,6 +11,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/pool"
 )
 
 var smallModel = envOr("MEMGEN_ORT_SMALL_MODEL", cacheDir()+"/mlp4x512b256.onnx")
@@ -70,7 +71,8 @@ func TestOverBudgetFailsCleanly(t *testing.T) {
 		t.Errorf("ONNX Runtime's status does not name the allocation: %v", err)
 	}
 	var over *governor.OverBudgetError
-	if le := r.alloc.LastError(); !errors.As(le, &over) || over.Pool == nil || !errors.Is(le, memapi.ErrOverBudget) {
+	var poolOver *pool.OverBudgetError
+	if le := r.alloc.LastError(); !errors.As(le, &over) || !errors.As(le, &poolOver) || !errors.Is(le, memapi.ErrOverBudget) {
 		t.Errorf("allocator's last error %v is not the pool's over-budget error over the governor's", le)
 	}
 	if r.alloc.Stats().Refused == 0 {

@@ -1,5 +1,0 @@
-//go:build race
-
-package governor
-
-const raceEnabled = true
