@@ -39,7 +39,7 @@ TIDY_MODULES := . $(MODULES) integrations/ort integrations/llamacpp
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all generate check drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci
+.PHONY: all generate check drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci path-table path-table-update
 
 all: check test
 
@@ -109,6 +109,15 @@ test-modules:
 
 test-short:
 	$(GO) test -short ./...
+
+## path-table: measure the functions the common operations enter (coverage counters around each call) and
+## fail when docs/pmm.md's path table disagrees; path-table-update rewrites the table
+PATHTABLE = GOCOVERDIR=$$(mktemp -d) $(GO) run -cover -covermode=atomic -coverpkg=github.com/memgen/memgen/... ./internal/pathtable/measure
+path-table:
+	$(PATHTABLE)
+
+path-table-update:
+	$(PATHTABLE) -update
 
 ## bench: every benchmark with a goal, then a table of ns/op, allocs/op and ratios
 bench:
