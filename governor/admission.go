@@ -125,7 +125,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		if need <= free {
 			a.serve()
 			if a.head == nil && a.freeLocked() >= bytes {
-				gr := a.reserve(c, role, bytes, priority, deadline)
+				gr := a.reserve(c, role, bytes, deadline)
 				a.mu.Unlock()
 				return gr, nil
 			}
@@ -156,7 +156,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			return fail(err, false)
 		}
 		if a.head == nil && a.freeLocked() >= bytes {
-			gr := a.reserve(c, role, bytes, priority, deadline)
+			gr := a.reserve(c, role, bytes, deadline)
 			a.mu.Unlock()
 			return gr, nil
 		}

@@ -98,7 +98,7 @@ func (a *authority) serve() {
 			return
 		}
 		a.removeLocked(w)
-		w.grant = a.reserve(w.acct, w.role, w.bytes, w.priority, w.deadline)
+		w.grant = a.reserve(w.acct, w.role, w.bytes, w.deadline)
 		close(w.ready)
 	}
 }
@@ -113,8 +113,8 @@ func (a *authority) shutLocked(err error) {
 		close(w.ready)
 	}
 	for gr := range a.timed {
-		gr.timer.Stop()
-		gr.timer = nil
+		gr.dl.timer.Stop()
+		gr.dl.timer = nil
 		delete(a.timed, gr)
 	}
 }

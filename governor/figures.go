@@ -56,14 +56,15 @@ func (a *authority) book(gr *grant, d delta) {
 
 // reserve makes the record of a new open grant of size bytes for c: the
 // bytes leave free.
-func (a *authority) reserve(c *account, role Role, size memapi.Bytes, pri Priority, deadline time.Time) *grant {
-	gr := &grant{a: a, acct: c, role: role, priority: pri, size: size, deadline: deadline}
+func (a *authority) reserve(c *account, role Role, size memapi.Bytes, deadline time.Time) *grant {
+	gr := &grant{a: a, acct: c, role: role, size: size}
 	a.book(gr, delta{reserved: int64(size), grants: 1})
 	a.granted++
 	if !deadline.IsZero() {
 		// The clock never calls the function before AfterFunc returns,
 		// so scheduling under the lock is safe.
-		gr.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), gr.expire)
+		gr.dl = &grantDeadline{at: deadline}
+		gr.dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), gr.expire)
 		a.timed[gr] = struct{}{}
 	}
 	return gr
@@ -118,9 +119,9 @@ func (a *authority) expire(gr *grant) {
 // end closes open grant gr in state st and stops its deadline timer.
 func (a *authority) end(gr *grant, st grantState) {
 	gr.state = st
-	if gr.timer != nil {
-		gr.timer.Stop()
-		gr.timer = nil
+	if gr.dl != nil && gr.dl.timer != nil {
+		gr.dl.timer.Stop()
+		gr.dl.timer = nil
 		delete(a.timed, gr)
 	}
 }

@@ -46,16 +46,21 @@ type Grant struct{ g *grant }
 // of its lease. Its fixed fields are written before any handle exists; the
 // others are guarded by the authority's mutex.
 type grant struct {
-	a        *authority
-	acct     *account // the holder's account on a
-	role     Role
-	priority Priority
-	size     memapi.Bytes
-	deadline time.Time // zero: none
+	a    *authority
+	acct *account // the holder's account on a
+	role Role
+	size memapi.Bytes
+	dl   *grantDeadline // nil: no deadline (which keeps the record small)
 
 	state grantState
-	timer Timer   // the deadline's, until stopped or fired
 	fig   figures // its share of the ledger: drawn bytes while open or expired, its lease's once committed
+}
+
+// grantDeadline is a grant's deadline and its timer, which runs until it
+// fired or the grant ended (guarded by the authority's mutex).
+type grantDeadline struct {
+	at    time.Time
+	timer Timer
 }
 
 // drawn is what is drawn from gr, open or expired.
@@ -204,7 +209,7 @@ func (h Grant) lock(op string, n memapi.Bytes, inject bool) (*authority, error) 
 			return nil, err
 		}
 	}
-	if !gr.deadline.IsZero() && !a.g.clock.Now().Before(gr.deadline) {
+	if gr.dl != nil && !a.g.clock.Now().Before(gr.dl.at) {
 		gr.expire()
 	}
 	a.mu.Lock()

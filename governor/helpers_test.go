@@ -236,3 +236,10 @@ func (l Lease) role() Role { return Grant(l).role() }
 func (l Lease) pending() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.pending })
 }
+
+func (h Grant) deadline() time.Time {
+	if h.g == nil || h.g.dl == nil {
+		return time.Time{}
+	}
+	return h.g.dl.at
+}

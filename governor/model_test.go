@@ -508,7 +508,7 @@ func (m *model) addGrant(gr Grant, a memapi.AuthorityID, h HolderID, n memapi.By
 	// while it ran (a reclaim's release, a refund while it waited): those
 	// grants are gone from the model from now on.
 	m.forgetSpent()
-	if gr == (Grant{}) || gr.Size() != n || gr.Authority() != a || gr.holder() != h || !gr.g.deadline.Equal(deadline) || gr.remaining() != n {
+	if gr == (Grant{}) || gr.Size() != n || gr.Authority() != a || gr.holder() != h || !gr.deadline().Equal(deadline) || gr.remaining() != n {
 		m.rt.Fatalf("grant %+v", gr)
 	}
 	g := &mGrant{gr: gr, auth: a, holder: h, size: n, deadline: deadline}

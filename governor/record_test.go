@@ -53,7 +53,7 @@ func isOpen(gr Grant) bool {
 	}
 	var st grantState
 	gr.read(func(r *grant) { st = r.state })
-	return st == stateOpen && (gr.g.deadline.IsZero() || gr.g.a.g.clock.Now().Before(gr.g.deadline))
+	return st == stateOpen && (gr.g.dl == nil || gr.g.a.g.clock.Now().Before(gr.g.dl.at))
 }
 
 func TestReserveErrors(t *testing.T) {

@@ -97,7 +97,7 @@ func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, 
 		return nil, err
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.reserve(c, role, bytes, priority, deadline)
+		gr := a.reserve(c, role, bytes, deadline)
 		a.mu.Unlock()
 		return gr, nil
 	}
