@@ -3,9 +3,6 @@ package governor
 import (
 	"context"
 	"testing"
-	"time"
-
-	"golang.org/x/sync/semaphore"
 )
 
 // pmmCycle is the cycle as the physical memory manager runs it: reserve,
@@ -32,48 +29,5 @@ func pmmCycle(b *testing.B, g *Governor, ctx context.Context) {
 }
 
 // BenchmarkCyclePending runs pmmCycle against a semaphore's Acquire and
-// Release, uncontended and from every P at once, as BenchmarkCycle does.
-func BenchmarkCyclePending(b *testing.B) {
-	ctx := context.Background()
-	b.Run("uncontended", func(b *testing.B) {
-		g := benchGovernor(b)
-		s := semaphore.NewWeighted(1 << 50)
-		const chunk = 512
-		var gov, sem time.Duration
-		b.ReportAllocs()
-		b.ResetTimer()
-		for done := 0; done < b.N; done += chunk {
-			n := min(chunk, b.N-done)
-			t0 := time.Now()
-			for range n {
-				semaphoreCycle(b, s, ctx)
-			}
-			t1 := time.Now()
-			for range n {
-				pmmCycle(b, g, ctx)
-			}
-			gov += time.Since(t1)
-			sem += t1.Sub(t0)
-		}
-		report(b, gov, sem, b.N)
-	})
-	b.Run("parallel", func(b *testing.B) {
-		g := benchGovernor(b)
-		s := semaphore.NewWeighted(1 << 50)
-		b.ReportAllocs()
-		b.ResetTimer()
-		t0 := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				semaphoreCycle(b, s, ctx)
-			}
-		})
-		t1 := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				pmmCycle(b, g, ctx)
-			}
-		})
-		report(b, time.Since(t1), t1.Sub(t0), b.N)
-	})
-}
+// Release, as BenchmarkCycle does.
+func BenchmarkCyclePending(b *testing.B) { benchCycle(b, pmmCycle) }
