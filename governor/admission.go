@@ -93,12 +93,17 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	// The reservation's deadline bounds the Admission's waits as its ctx
-	// does (measured on the governor's clock).
+	// does (measured on the governor's clock); with no deadline anywhere,
+	// the governor's default wait bounds them, as it bounds a queued wait.
 	actx := ctx
-	if !deadline.IsZero() {
-		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+	until, cause := deadline, error(context.DeadlineExceeded)
+	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
+		until, cause = g.clock.Now().Add(g.defaultWait), ErrDefaultWait
+	}
+	if !until.IsZero() {
+		if d, ok := ctx.Deadline(); !ok || d.After(until) {
 			c, stop := context.WithCancelCause(ctx)
-			t := g.clock.AfterFunc(deadline.Sub(g.clock.Now()), func() { stop(context.DeadlineExceeded) })
+			t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(cause) })
 			defer t.Stop()
 			defer stop(nil)
 			actx = c

@@ -131,3 +131,36 @@ func TestADeadlineOverridesTheDefaultWait(t *testing.T) {
 		})
 	}
 }
+
+// blockingAdmission waits in Admit until its context ends, as a shared
+// ledger's lock does behind a stopped holder, and returns the cause.
+type blockingAdmission struct{ entered chan struct{} }
+
+func (b blockingAdmission) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ Priority, _ bool) error {
+	b.entered <- struct{}{}
+	<-ctx.Done()
+	return context.Cause(ctx)
+}
+
+// The default wait bounds an Admission's wait too: a reservation with no
+// deadline anywhere whose Admission blocks (a shared ledger's lock held by
+// a stopped process) ends at the default wait, with ErrDefaultWait.
+func TestDefaultWaitBoundsTheAdmission(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{"gpu": 0})
+	h.register("a", nil, HolderOptions{})
+	adm := blockingAdmission{entered: make(chan struct{}, 1)}
+	if err := h.g.SetAdmission("gpu", adm); err != nil {
+		t.Fatal(err)
+	}
+	ch := h.reserveAsync(context.Background(), "gpu", "a", 10, 0, time.Time{})
+	watchdog.Recv(t, watchdog.Bound, "the Admission's call", adm.entered)
+	h.clock.Advance(defaultWaitBound - time.Second)
+	pendingResult(t, ch)
+	h.clock.Advance(time.Second)
+	r := await(t, ch)
+	if r.gr != (Grant{}) {
+		t.Fatal("served, want the default wait to end it")
+	}
+	mustKind(t, r.err, ErrDefaultWait)
+	h.wantLedger("gpu", ledger{})
+}

@@ -32,6 +32,8 @@ type Options struct {
 	// or a ctx with one, waits until that deadline: DefaultWait never
 	// shortens nor lengthens it. It bounds the wait only, never the grant,
 	// and is measured on Clock (a simulated clock's time, where one is set).
+	// It bounds the authority's Admission for such a reservation too (a
+	// shared ledger's lock held by a stopped process, say).
 	DefaultWait time.Duration
 	// Injector, if set, is consulted at every named point of the ledger
 	// (named as its errors' Op) and may fail the operation there: fault injection for tests of

@@ -101,15 +101,17 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 	return a, nil
 }
 
-// acquire takes a.sem before ctx ends, or returns a *LockError naming
-// the file lock's holders (a call of this process holds a.sem, most often
-// waiting for them).
+// acquire takes a.sem before ctx ends and within the lock timeout, or
+// returns a *LockError naming the file lock's holders (a call of this
+// process holds a.sem, most often waiting for them).
 func (a *Authority) acquire(ctx context.Context, op string) error {
 	select {
 	case a.sem <- struct{}{}:
 		return nil
 	default:
 	}
+	ctx, cancel := context.WithTimeout(ctx, a.l.lockTimeout)
+	defer cancel()
 	start := time.Now()
 	select {
 	case a.sem <- struct{}{}:
@@ -208,19 +210,21 @@ func (a *Authority) claimLocked(ctx context.Context, holder governor.HolderID, b
 		return &governor.OverBudgetError{Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
 			Reason: "beyond any shared capacity", Wanted: bytes, Free: snap.Free}
 	}
+	// A stale slot must not refuse a live process: when the ledger looks
+	// short, the gone members are found first, outside the lock, and
+	// reclaimed under it.
+	var gone []slotOwner
+	if uint64(need) > l.freeHint() {
+		gone = l.goneMembers()
+	}
 	if err := l.lock(ctx, "xproc.Reserve"); err != nil {
 		if errors.Is(err, ErrLockTimeout) {
 			return a.gaveUp(holder, bytes, err, "the shared ledger's lock was held")
 		}
 		return err
 	}
+	ev := l.reclaimGoneLocked(gone)
 	free := l.freeLocked()
-	var ev []Event
-	if uint64(need) > free {
-		// A stale slot must not refuse a live process: reclaim the dead first.
-		ev = l.scanLocked()
-		free = l.freeLocked()
-	}
 	if uint64(need) > free {
 		e := &governor.OverBudgetError{
 			Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
@@ -484,11 +488,31 @@ func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 	if !ok {
 		return nil, nil
 	}
+	// Only a living process's want is answered: which wanting processes
+	// live is read outside the lock, and a gone one's slot, want and all,
+	// is reclaimed in this pass rather than answered.
+	var live, gone []slotOwner
+	for i := 0; i < l.slots; i++ {
+		pid := int(l.load(l.sw(i, sPID)))
+		if i == l.slot || pid == 0 || l.load(l.sw(i, sWant)) == 0 {
+			continue
+		}
+		m := slotOwner{slot: i, pid: pid, start: l.load(l.sw(i, sStart))}
+		if alive(m.pid, m.start) {
+			live = append(live, m)
+		} else {
+			gone = append(gone, m)
+		}
+	}
 	if err := l.lock(ctx, "xproc.Settle"); err != nil {
 		return nil, err
 	}
-	defer l.unlock()
-	a.seenSeq = l.load(l.hw(hWantSeq))
+	ev := l.reclaimGoneLocked(gone)
+	defer func() {
+		l.unlock()
+		l.emitAll(ev)
+	}()
+	a.seenSeq = seq // a want posted since seq was read is taken by the next settle
 	can := min(snap.Free+snap.Reclaimable, snap.Capacity)
 	if snap.Waiters != 0 {
 		can = 0
@@ -511,13 +535,14 @@ func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 	if l.load(l.hw(hWant)) != 0 {
 		take(-1, round{seq: l.load(l.hw(hOpSeq))}, l.hw(hWantLeft), l.hw(hWantOut), 0)
 	}
-	for i := 0; i < l.slots; i++ {
-		pid := int(l.load(l.sw(i, sPID)))
-		if i == l.slot || pid == 0 || l.load(l.sw(i, sWant)) == 0 {
+	for _, m := range live {
+		// A want posted since the read above waits for the next settle,
+		// as does one whose slot changed owner meanwhile.
+		if !l.holdsLocked(m) || l.load(l.sw(m.slot, sWant)) == 0 {
 			continue
 		}
-		take(i, round{pid: pid, start: l.load(l.sw(i, sStart)), seq: l.load(l.sw(i, sWantSeq))},
-			l.sw(i, sWantLeft), l.sw(i, sWantOut), governor.Priority(int64(l.load(l.sw(i, sWantPri)))))
+		take(m.slot, round{pid: m.pid, start: m.start, seq: l.load(l.sw(m.slot, sWantSeq))},
+			l.sw(m.slot, sWantLeft), l.sw(m.slot, sWantOut), governor.Priority(int64(l.load(l.sw(m.slot, sWantPri)))))
 	}
 	return shares, nil
 }
@@ -530,6 +555,9 @@ func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 // to the ledger, where the asking process claims them.
 func (a *Authority) answer(shares []share) {
 	for _, s := range shares {
+		if s.slot >= 0 && !alive(s.owner.pid, s.owner.start) {
+			continue // it died since its share was taken: nothing is freed for it (its slot goes next round)
+		}
 		ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
 		if gr, err := a.g.Reserve(ctx, governor.Request{Authority: a.id, Holder: PressureHolder, Role: "xproc.pressure", Bytes: s.bytes, Priority: s.pri}); err == nil {
 			_ = gr.Cancel()
@@ -559,15 +587,15 @@ func (a *Authority) KeepPrivate(bytes memapi.Bytes) error {
 		return memapi.Errorf("xproc.KeepPrivate", memapi.ErrInvalidSize, "%d bytes", bytes)
 	}
 	l := a.l
+	var gone []slotOwner
+	if uint64(bytes) > l.freeHint() {
+		gone = l.goneMembers() // outside the lock, as for a claim
+	}
 	if err := l.lock(ctx, "xproc.KeepPrivate"); err != nil {
 		return err
 	}
+	ev := l.reclaimGoneLocked(gone)
 	free := l.freeLocked()
-	var ev []Event
-	if uint64(bytes) > free {
-		ev = l.scanLocked()
-		free = l.freeLocked()
-	}
 	if uint64(bytes) > free {
 		e := &governor.OverBudgetError{Op: "xproc.KeepPrivate", Kind: memapi.ErrOverBudget, Authority: a.id,
 			Reason: fmt.Sprintf("the shared ledger %s has %d bytes unclaimed: no room for %d bytes a mechanism keeps for itself", l.path, free, bytes),

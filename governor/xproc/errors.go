@@ -17,6 +17,10 @@ var (
 	ErrClosed    = errors.New("xproc: ledger closed")
 	ErrInUse     = errors.New("xproc: bytes still in use")
 	ErrUnsafe    = errors.New("xproc: unsafe ledger file")
+	// ErrNamespace refuses a process that would join from another PID
+	// namespace than the ledger's members: liveness is read from /proc
+	// by PID, and a PID names another process there.
+	ErrNamespace = errors.New("xproc: the ledger's members are in another PID namespace")
 	// ErrLockTimeout is the kind of a *LockError: the ledger's lock was
 	// not taken before the caller's deadline.
 	ErrLockTimeout = errors.New("xproc: the ledger's lock was not taken before the deadline")

@@ -9,9 +9,13 @@ import (
 // The ledger file is a header of 24 little-endian 64-bit words followed by
 // one slot of 16 words per process. Every word is read and written as one
 // aligned atomic store in the mapping, so a reader never sees a torn figure.
+// The header carries a CRC-64 of its words and each occupied slot a sum
+// of its own (slotSum), written by the lock holder as it lets go: a member
+// that takes the lock checks both, so a flipped bit or a stray write
+// anywhere in the file is refused (ErrCorrupt) rather than trusted.
 const (
 	magic       uint64 = 0x00434f5250584d4d // "MMXPROC\x00"
-	Version     uint64 = 2                  // the format this package reads and writes
+	Version     uint64 = 3                  // the format this package reads and writes
 	headerWords        = 24
 	slotWords          = 16
 	headerSize         = headerWords * 8
@@ -42,6 +46,7 @@ const (
 	hPrivate                     // sum of the slots' private bytes
 	hWantOut                     // the part of the operator's want processes are answering now
 	hOpSeq                       // the round of the operator's want: bumped by every SetCapacity that posts it
+	hPIDNS                       // the PID namespace of the members (the inode of /proc/self/ns/pid): liveness reads PIDs in it
 	hFirstZero                   // words hFirstZero to hSum-1 are reserved for a later version: written 0
 	hSum       = headerWords - 1 // CRC-64 (ECMA) of words 0 to hSum-1, written with the dirty word 0
 )
@@ -54,14 +59,15 @@ const (
 	sReserved        // its local authority's figures, settled (Authority.Settle)
 	sCharged
 	sPending
-	sSeq       // bumped by every settle
-	sPrivate   // device memory the process's mechanisms keep for themselves (Authority.KeepPrivate)
-	sWant      // bytes this process's waiting reservations lack and the ledger cannot give
-	sWantLeft  // the part of the want no process has taken to answer yet
-	sWantOut   // the part other processes are answering now
-	sWantPri   // the priority of the reservations behind the want
-	sWantSeq   // bumped by every new round of the want
-	sFirstZero // words sFirstZero to slotWords-1 are reserved for a later version: written 0
+	sSeq                       // bumped by every settle
+	sPrivate                   // device memory the process's mechanisms keep for themselves (Authority.KeepPrivate)
+	sWant                      // bytes this process's waiting reservations lack and the ledger cannot give
+	sWantLeft                  // the part of the want no process has taken to answer yet
+	sWantOut                   // the part other processes are answering now
+	sWantPri                   // the priority of the reservations behind the want
+	sWantSeq                   // bumped by every new round of the want
+	sFirstZero                 // words sFirstZero to sSum-1 are reserved for a later version: written 0
+	sSum       = slotWords - 1 // slotSum of words 0 to sSum-1 of an occupied slot; 0 in a free one
 )
 
 // dirtyMark is the dirty word of a lock holder: its PID in the low half and
@@ -84,6 +90,37 @@ func headerSum(b []byte) uint64 {
 	return crc64.Checksum(h[:], crcTable)
 }
 
+// slotSum is the checksum of slot i's words w[0] to w[sSum-1]: each step
+// (xor a word, multiply by an odd constant) is a bijection of the running
+// value, so a change of any one word always changes the sum, and the
+// slot's index is in it, so two slots' words swapped are seen too.
+func slotSum(i int, w *[slotWords]uint64) uint64 {
+	h := uint64(i+1) * 0x9e3779b97f4a7c15
+	for k := 0; k < sSum; k++ {
+		h = (h ^ w[k]) * 0xff51afd7ed558ccd
+		h ^= h >> 33
+	}
+	return h
+}
+
+// occupiedSum is the checksum slot i's words should carry: slotSum when
+// the slot has an owner, 0 when it is free.
+func occupiedSum(i int, w *[slotWords]uint64) uint64 {
+	if w[sPID] == 0 {
+		return 0
+	}
+	return slotSum(i, w)
+}
+
+// slotOK reports whether slot i's words are sealed: an occupied slot
+// carries its sum, and a free one is all zeros.
+func slotOK(i int, w *[slotWords]uint64) bool {
+	if w[sPID] == 0 {
+		return *w == [slotWords]uint64{}
+	}
+	return w[sSum] == slotSum(i, w)
+}
+
 // Header is the decoded header of a ledger file.
 type Header struct {
 	Version  uint64
@@ -101,6 +138,9 @@ type Header struct {
 	Want     uint64 // bytes wanted: the operator's want plus every slot's
 	WantSeq  uint64
 	Checksum uint64
+	// PIDNamespace is the inode of the members' PID namespace
+	// (/proc/self/ns/pid), in which their PIDs are read.
+	PIDNamespace uint64
 }
 
 // Slot is the decoded figures of one process.
@@ -144,20 +184,21 @@ func Parse(b []byte) (Header, []Slot, error) {
 		return Header{}, nil, &LedgerError{Err: ErrForeign, Detail: fmt.Sprintf("magic %#x", m)}
 	}
 	h := Header{
-		Version:  word(b, hVersion),
-		Capacity: word(b, hCapacity),
-		Revision: word(b, hRevision),
-		Claimed:  word(b, hClaimed),
-		Reserved: word(b, hReserved),
-		Charged:  word(b, hCharged),
-		Pending:  word(b, hPending),
-		Private:  word(b, hPrivate),
-		Dirty:    word(b, hDirty) != 0,
-		Reclaims: word(b, hReclaims),
-		Repairs:  word(b, hRepairs),
-		Want:     word(b, hWant),
-		WantSeq:  word(b, hWantSeq),
-		Checksum: word(b, hSum),
+		Version:      word(b, hVersion),
+		Capacity:     word(b, hCapacity),
+		Revision:     word(b, hRevision),
+		Claimed:      word(b, hClaimed),
+		Reserved:     word(b, hReserved),
+		Charged:      word(b, hCharged),
+		Pending:      word(b, hPending),
+		Private:      word(b, hPrivate),
+		Dirty:        word(b, hDirty) != 0,
+		Reclaims:     word(b, hReclaims),
+		Repairs:      word(b, hRepairs),
+		Want:         word(b, hWant),
+		WantSeq:      word(b, hWantSeq),
+		Checksum:     word(b, hSum),
+		PIDNamespace: word(b, hPIDNS),
 	}
 	if h.Version != Version {
 		return h, nil, &LedgerError{Err: ErrVersion, Detail: fmt.Sprintf("version %d, this build reads %d", h.Version, Version)}
@@ -208,7 +249,16 @@ func Parse(b []byte) (Header, []Slot, error) {
 			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: pid %d", i, pid)}
 		}
 		sl.PID = int(pid)
-		for w := sFirstZero; w < slotWords; w++ {
+		if !h.Dirty {
+			var w [slotWords]uint64
+			for k := range w {
+				w[k] = word(s, k)
+			}
+			if !slotOK(i, &w) {
+				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: checksum %#x, its words sum to %#x (a free slot is all zeros): a bit flipped, or a non-member wrote it", i, w[sSum], occupiedSum(i, &w))}
+			}
+		}
+		for w := sFirstZero; w < sSum; w++ {
 			if word(s, w) != 0 {
 				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word %d is not 0", i, w)}
 			}

@@ -18,12 +18,25 @@ func image(n int, capacity uint64) []byte {
 	put(b, hSlots, uint64(n))
 	put(b, hCapacity, capacity)
 	put(b, hRevision, 1)
+	put(b, hPIDNS, pidNamespace())
 	seal(b)
 	return b
 }
 
-// seal writes the header's checksum into an image.
-func seal(b []byte) []byte { put(b, hSum, headerSum(b)); return b }
+// seal writes the slots' checksums and the header's into an image.
+func seal(b []byte) []byte {
+	n := int(word(b, hSlots))
+	for i := 0; i < n && len(b) >= fileSize(i+1); i++ {
+		s := b[headerSize+i*slotSize:]
+		var w [slotWords]uint64
+		for k := range w {
+			w[k] = word(s, k)
+		}
+		put(s, sSum, occupiedSum(i, &w))
+	}
+	put(b, hSum, headerSum(b))
+	return b
+}
 
 func put(b []byte, i int, v uint64) {
 	b[i*8], b[i*8+1], b[i*8+2], b[i*8+3], b[i*8+4], b[i*8+5], b[i*8+6], b[i*8+7] = le8(v)
@@ -67,6 +80,9 @@ func TestBadLedgerFiles(t *testing.T) {
 		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), ErrCorrupt},
 		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), ErrCorrupt},
 		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sFirstZero, 1) }), ErrCorrupt},
+		{"slot checksum", func() []byte { b := withSlot(func([]byte) {}); putSlot(b, 0, sSeq, 1); return b }(), ErrCorrupt},
+		{"free slot with a checksum", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sSum, 1); return b }(), ErrCorrupt},
+		{"free slot with a start time", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sStart, 1); return seal(b) }(), ErrCorrupt},
 		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), ErrCorrupt},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -278,5 +294,141 @@ func TestCorruptedUnderMembers(t *testing.T) {
 	}
 	if err := l.Close(); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Close: %v, want ErrCorrupt", err)
+	}
+}
+
+// Every bit of every slot is checked: a flipped bit anywhere in an
+// occupied or a free slot (a figure, the start time, the want's round) is
+// refused, by Parse and by the members at their next lock.
+func TestSlotBitFlips(t *testing.T) {
+	b := image(2, 1000)
+	putSlot(b, 1, sPID, 1)
+	putSlot(b, 1, sStart, 12345)
+	putSlot(b, 1, sClaim, 100)
+	putSlot(b, 1, sSeq, 7)
+	put(b, hClaimed, 100)
+	seal(b)
+	if _, _, err := Parse(b); err != nil {
+		t.Fatalf("the sealed image: %v", err)
+	}
+	accepted := 0
+	for bit := headerSize * 8; bit < len(b)*8; bit++ {
+		c := append([]byte(nil), b...)
+		c[bit/8] ^= 1 << (bit % 8)
+		if _, _, err := Parse(c); err == nil {
+			if accepted < 5 {
+				slot, w := (bit/8-headerSize)/slotSize, (bit/8-headerSize)%slotSize/8
+				t.Errorf("a flip of bit %d of slot %d's word %d was accepted", bit%64, slot, w)
+			}
+			accepted++
+		}
+	}
+	if accepted != 0 {
+		t.Fatalf("%d of %d single-bit flips of the slots accepted", accepted, (len(b)-headerSize)*8)
+	}
+
+	path := ledgerPath(t)
+	l, a, _ := member(t, path, 1000, Options{Poll: time.Hour})
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := int64(headerSize + l.Slot()*slotSize + sSeq*8)
+	var w [1]byte
+	if _, err := f.ReadAt(w[:], off); err != nil {
+		t.Fatal(err)
+	}
+	w[0] ^= 4
+	if _, err := f.WriteAt(w[:], off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := a.Settle(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Settle after a slot's bit flipped: %v, want ErrCorrupt", err)
+	}
+	if err := l.Close(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Close: %v, want ErrCorrupt", err)
+	}
+}
+
+// A ledger file is exactly 0600 or exactly 0660 with the configured group,
+// and has one name: anything else is refused at open with ErrUnsafe,
+// changing nothing.
+func TestUnsafeModesAndLinks(t *testing.T) {
+	mk := func(t *testing.T) string {
+		path := ledgerPath(t)
+		l, err := Open(path, Options{Create: &CreateOptions{Capacity: 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, mode := range []os.FileMode{0o640, 0o060, 0o620, 0o400, 0o700} {
+		path := mk(t)
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		for _, open := range []func() error{
+			func() error { l, err := Open(path, Options{}); closeIf(l); return err },
+			func() error { _, _, err := Inspect(path); return err },
+		} {
+			if err := open(); !errors.Is(err, ErrUnsafe) {
+				t.Errorf("mode %#o: %v, want ErrUnsafe", mode, err)
+			}
+		}
+	}
+	path := mk(t)
+	if err := os.Link(path, path+".second-name"); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := Open(path, Options{}); !errors.Is(err, ErrUnsafe) {
+		closeIf(l)
+		t.Errorf("a ledger with two names: %v, want ErrUnsafe", err)
+	}
+	if _, _, err := Inspect(path); !errors.Is(err, ErrUnsafe) {
+		t.Errorf("Inspect of a ledger with two names: %v, want ErrUnsafe", err)
+	}
+	// 0660 of another group than the one configured.
+	path = mk(t)
+	if err := os.Chmod(path, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	other := os.Getgid() + 1
+	l, err := Open(path, Options{Create: &CreateOptions{Capacity: 1000, Mode: 0o660, Group: other}})
+	if !errors.Is(err, ErrUnsafe) {
+		closeIf(l)
+		t.Errorf("a 0660 file of group %d, configured %d: %v, want ErrUnsafe", os.Getgid(), other, err)
+	}
+	l, err = Open(path, Options{Create: &CreateOptions{Capacity: 1000, Mode: 0o660, Group: os.Getgid()}})
+	if err != nil {
+		t.Errorf("a 0660 file of the configured group: %v", err)
+	}
+	closeIf(l)
+}
+
+func closeIf(l *Ledger) {
+	if l != nil {
+		_ = l.Close()
+	}
+}
+
+// A process of another PID namespace is refused at join: the members'
+// liveness is their PIDs in /proc, which name other processes there.
+func TestOtherPIDNamespaceRefused(t *testing.T) {
+	b := image(2, 1000)
+	put(b, hPIDNS, pidNamespace()+1)
+	seal(b)
+	path := ledgerPath(t)
+	writeFile(t, path, b)
+	l, err := Open(path, Options{})
+	if !errors.Is(err, ErrNamespace) {
+		closeIf(l)
+		t.Fatalf("Open from another PID namespace: %v, want ErrNamespace", err)
+	}
+	if _, _, err := Inspect(path); err != nil {
+		t.Fatalf("Inspect (reads, joins nothing): %v", err)
 	}
 }

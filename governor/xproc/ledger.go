@@ -37,11 +37,14 @@ type Options struct {
 	// reclaimed within Poll of its death (the pidfd wakes the watcher at
 	// once; the period bounds a slot joined since the last check).
 	Poll time.Duration
-	// LockTimeout bounds the wait for the ledger's lock of the calls that
+	// LockTimeout bounds every wait of this member for the ledger's lock
+	// (and for the calls of its own process ahead of it): the calls that
 	// take no context (Open, Close, Settle, State, KeepPrivate,
-	// ReleasePrivate) and of each round of the watcher and the settler; 0
-	// means DefaultLockTimeout. The *Context forms of the calls take the
-	// caller's context instead.
+	// ReleasePrivate) and each round of the watcher and the settler wait
+	// that long, and the *Context forms and reservations until their
+	// context ends or that long, whichever comes first, so a reservation
+	// with context.Background() behind a stopped lock holder gets a
+	// *LockError naming it. 0 means DefaultLockTimeout.
 	LockTimeout time.Duration
 	OnEvent     func(Event) // called from the watcher, never with a lock held
 }
@@ -104,11 +107,16 @@ func lockTimeoutOf(d time.Duration) time.Duration {
 // beyond 0660, a stranger's file: see file.go) is a *LedgerError of
 // ErrUnsafe; a short, foreign, other-version or inconsistent file one of
 // ErrTruncated, ErrForeign, ErrVersion, ErrCorrupt; a ledger whose slots
-// are all held by live processes ErrFull; a lock not taken before ctx ends
-// a *LockError naming its holders.
+// are all held by live processes ErrFull; a lock not taken before ctx
+// ends (or the lock timeout passes) a *LockError naming its holders; a
+// process of another PID namespace than the members' ErrNamespace.
 func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 	const op = "xproc.Open"
-	f, err := openFile(op, path, unix.O_RDWR)
+	group := anyGroup
+	if o.Create != nil && o.Create.Mode == 0o660 {
+		group = o.Create.Group
+	}
+	f, err := openFile(op, path, unix.O_RDWR, group)
 	if errors.Is(err, os.ErrNotExist) && o.Create != nil {
 		f, err = create(path, *o.Create)
 	}
@@ -170,6 +178,7 @@ func create(path string, c CreateOptions) (*os.File, error) {
 	put(hSlots, uint64(c.Slots))
 	put(hCapacity, c.Capacity)
 	put(hRevision, 1)
+	put(hPIDNS, pidNamespace())
 	put(hSum, headerSum(b))
 	if _, err := tmp.Write(b); err != nil {
 		return nil, &LedgerError{Op: op, Path: path, Err: err}
@@ -182,10 +191,18 @@ func create(path string, c CreateOptions) (*os.File, error) {
 			return nil, &LedgerError{Op: op, Path: path, Err: err, Detail: "group " + strconv.Itoa(c.Group)}
 		}
 	}
-	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+	// Renamed into place without replacing: the ledger appears whole, and
+	// with one name (a hard link would leave two until the temporary name
+	// is removed, which a process opening it then would refuse).
+	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+	if err != nil && err != unix.EEXIST {
+		return nil, &LedgerError{Op: op, Path: path, Err: &os.LinkError{Op: "rename", Old: tmp.Name(), New: path, Err: err}}
 	}
-	return openFile("xproc.Open", path, unix.O_RDWR)
+	group := anyGroup
+	if c.Mode == 0o660 {
+		group = c.Group
+	}
+	return openFile("xproc.Open", path, unix.O_RDWR, group)
 }
 
 func le8(v uint64) (a, b, c, d, e, f, g, h byte) {
@@ -201,7 +218,8 @@ func readImage(f *os.File) ([]byte, error) {
 // mapAndJoin checks the file under the lock, maps it and takes a slot.
 func (l *Ledger) mapAndJoin(ctx context.Context) error {
 	const op = "xproc.Open"
-	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX); err != nil {
+	gone := goneInImage(l.f) // read outside the lock: reclaimed under it when the slots still name them
+	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX, l.lockTimeout); err != nil {
 		return err
 	}
 	defer unlockFile(l.fd)
@@ -215,6 +233,9 @@ func (l *Ledger) mapAndJoin(ctx context.Context) error {
 		e.Op, e.Path = op, l.path
 		return e
 	}
+	if ns := pidNamespace(); h.PIDNamespace != ns {
+		return ledgerErr(op, l.path, ErrNamespace, "the ledger's members are in PID namespace %d, this process in %d: the liveness of a member is its PID in /proc, which names other processes here", h.PIDNamespace, ns)
+	}
 	l.slots = h.Slots
 	mem, err := unix.Mmap(l.fd, 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -224,7 +245,7 @@ func (l *Ledger) mapAndJoin(ctx context.Context) error {
 	l.beginLocked()
 	defer l.sealLocked()
 	l.slot = -1
-	events := l.scanLocked()
+	events := l.reclaimGoneLocked(gone)
 	for i := 0; i < l.slots; i++ {
 		if l.load(l.sw(i, sPID)) == 0 {
 			l.slot = i
@@ -250,13 +271,16 @@ func (l *Ledger) load(p *uint64) uint64     { return atomic.LoadUint64(p) }
 func (l *Ledger) store(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
 func (l *Ledger) add(p *uint64, d uint64)   { atomic.AddUint64(p, d) }
 
-// lock takes the process's semaphore and the file lock before ctx ends,
-// checks the file (its size, the header's checksum) and marks the header
+// lock takes the process's semaphore and the file lock before ctx ends
+// and within the lock timeout, checks the file (its size, the header's
+// checksum and the slots') and marks the header
 // dirty; unlock seals it (the checksum, then the dirty word cleared) and
 // drops both. A lock holder that finds the header dirty knows the last
 // holder died holding the lock, and recomputes the totals from the slots
 // (repairLocked). op names the caller in a *LockError.
 func (l *Ledger) lock(ctx context.Context, op string) error {
+	ctx, cancel := context.WithTimeout(ctx, l.lockTimeout)
+	defer cancel()
 	start := time.Now()
 	select {
 	case l.sem <- struct{}{}:
@@ -271,7 +295,7 @@ func (l *Ledger) lock(ctx context.Context, op string) error {
 		<-l.sem
 		return &LedgerError{Op: op, Path: l.path, Err: ErrClosed}
 	}
-	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX); err != nil {
+	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX, l.lockTimeout); err != nil {
 		<-l.sem
 		return err
 	}
@@ -285,6 +309,13 @@ func (l *Ledger) lock(ctx context.Context, op string) error {
 		unlockFile(l.fd)
 		<-l.sem
 		return ledgerErr(op, l.path, ErrCorrupt, "the header's checksum or dirty word is wrong: a bit flipped, or a non-member wrote it")
+	}
+	if l.load(l.hw(hDirty)) == 0 {
+		if i := l.badSlotLocked(); i >= 0 {
+			unlockFile(l.fd)
+			<-l.sem
+			return ledgerErr(op, l.path, ErrCorrupt, "slot %d's checksum is wrong: a bit flipped, or a non-member wrote it", i)
+		}
 	}
 	l.beginLocked()
 	return nil
@@ -311,10 +342,37 @@ func (l *Ledger) beginLocked() {
 	}
 }
 
-// sealLocked writes the header's checksum, then clears the dirty word.
+// sealLocked writes the slots' checksums and the header's, then clears
+// the dirty word.
 func (l *Ledger) sealLocked() {
+	var w [slotWords]uint64
+	for i := 0; i < l.slots; i++ {
+		l.slotWords(i, &w)
+		if sum := occupiedSum(i, &w); sum != w[sSum] {
+			l.store(l.sw(i, sSum), sum)
+		}
+	}
 	l.store(l.hw(hSum), l.sumLocked())
 	l.store(l.hw(hDirty), 0)
+}
+
+// slotWords loads slot i's words into w.
+func (l *Ledger) slotWords(i int, w *[slotWords]uint64) {
+	for k := range w {
+		w[k] = l.load(l.sw(i, k))
+	}
+}
+
+// badSlotLocked returns the first slot whose checksum is wrong, or -1.
+func (l *Ledger) badSlotLocked() int {
+	var w [slotWords]uint64
+	for i := 0; i < l.slots; i++ {
+		l.slotWords(i, &w)
+		if !slotOK(i, &w) {
+			return i
+		}
+	}
+	return -1
 }
 
 // sumLocked is the checksum of the mapped header.
@@ -334,6 +392,14 @@ func (l *Ledger) repairLocked() {
 	var sum [5]uint64
 	tot := []int{hClaimed, hReserved, hCharged, hPending, hPrivate}
 	for i := 0; i < l.slots; i++ {
+		if l.load(l.sw(i, sPID)) == 0 {
+			// A free slot is all zeros: a joiner that died between its
+			// stores left a start time.
+			for w := 0; w < slotWords; w++ {
+				l.store(l.sw(i, w), 0)
+			}
+			continue
+		}
 		for k, w := range []int{sClaim, sReserved, sCharged, sPending, sPrivate} {
 			sum[k] += l.load(l.sw(i, w))
 		}
@@ -352,20 +418,81 @@ func (l *Ledger) repairLocked() {
 	l.add(l.hw(hRepairs), 1)
 }
 
-// scanLocked reclaims the slots of processes that are gone and returns the
-// events to emit.
-func (l *Ledger) scanLocked() []Event {
-	var ev []Event
+// slotOwner is the owner of a slot as read without the lock: the lock holder
+// acts on it only while the slot still names it (holdsLocked).
+type slotOwner struct {
+	slot  int
+	pid   int
+	start uint64
+}
+
+// holdsLocked reports whether slot m.slot still names m's owner.
+func (l *Ledger) holdsLocked(m slotOwner) bool {
+	return int(l.load(l.sw(m.slot, sPID))) == m.pid && l.load(l.sw(m.slot, sStart)) == m.start
+}
+
+// goneMembers returns the other slots whose owners are gone, read without
+// the lock: liveness is a /proc read per slot, a syscall that never runs
+// under the lock (dozens of members reading it there would keep each
+// other out for most of a second). The lock holder reclaims them with
+// reclaimGoneLocked, which confirms each slot still names its owner.
+func (l *Ledger) goneMembers() []slotOwner {
+	var gone []slotOwner
 	for i := 0; i < l.slots; i++ {
 		pid := int(l.load(l.sw(i, sPID)))
 		if pid == 0 || i == l.slot {
 			continue
 		}
-		if !alive(pid, l.load(l.sw(i, sStart))) {
-			ev = append(ev, l.reclaimLocked(i))
+		if start := l.load(l.sw(i, sStart)); !alive(pid, start) {
+			gone = append(gone, slotOwner{slot: i, pid: pid, start: start})
+		}
+	}
+	return gone
+}
+
+// goneInImage is goneMembers for a process that has not mapped the file
+// yet (Open): the slots of gone owners in an image read without the lock.
+// A torn or foreign image gives none (the lock holder checks the file).
+func goneInImage(f *os.File) []slotOwner {
+	b, err := readImage(f)
+	if err != nil || len(b) < headerSize || word(b, hMagic) != magic {
+		return nil
+	}
+	n := word(b, hSlots)
+	if n == 0 || n > MaxSlots || len(b) < fileSize(int(n)) {
+		return nil
+	}
+	var gone []slotOwner
+	for i := 0; i < int(n); i++ {
+		s := b[headerSize+i*slotSize:]
+		pid, start := word(s, sPID), word(s, sStart)
+		if pid != 0 && pid <= 1<<22 && !alive(int(pid), start) {
+			gone = append(gone, slotOwner{slot: i, pid: int(pid), start: start})
+		}
+	}
+	return gone
+}
+
+// reclaimGoneLocked reclaims the slots of gone that still name their
+// owners, and returns the events to emit.
+func (l *Ledger) reclaimGoneLocked(gone []slotOwner) []Event {
+	var ev []Event
+	for _, m := range gone {
+		if m.slot < l.slots && l.holdsLocked(m) {
+			ev = append(ev, l.reclaimLocked(m.slot))
 		}
 	}
 	return ev
+}
+
+// freeHint is the shared capacity not claimed, read without the lock: it
+// decides whether a claim reads liveness first, never what it claims.
+func (l *Ledger) freeHint() uint64 {
+	c, u := l.load(l.hw(hCapacity)), l.load(l.hw(hClaimed))
+	if u >= c {
+		return 0
+	}
+	return c - u
 }
 
 // reclaimLocked frees slot i of a dead process: its claim returns to the
@@ -443,7 +570,7 @@ func (l *Ledger) Close() error {
 // holds bytes (private ones included): they are this process's until it
 // frees them (or exits, and a survivor reclaims the slot); and with a
 // *LockError, changing nothing, when the lock is not taken before ctx ends
-// (call it again). On a file truncated or corrupted under it, it shuts
+// or the lock timeout passes (call it again). On a file truncated or corrupted under it, it shuts
 // down all the same and returns that error.
 func (l *Ledger) CloseContext(ctx context.Context) error {
 	var broken error
@@ -514,16 +641,17 @@ func Inspect(path string) (Header, []Slot, error) {
 
 // InspectContext reads a ledger file without joining it (the operator's
 // view, memctl): opened read-only and checked as Open checks it, read under
-// a shared lock taken before ctx ends, checked by Parse.
+// a shared lock taken before ctx ends (and within DefaultLockTimeout),
+// checked by Parse.
 func InspectContext(ctx context.Context, path string) (Header, []Slot, error) {
 	const op = "xproc.Inspect"
-	f, err := openFile(op, path, unix.O_RDONLY)
+	f, err := openFile(op, path, unix.O_RDONLY, anyGroup)
 	if err != nil {
 		return Header{}, nil, err
 	}
 	defer f.Close()
 	fd := int(f.Fd())
-	if err := lockFile(ctx, op, path, fd, unix.LOCK_SH); err != nil {
+	if err := lockFile(ctx, op, path, fd, unix.LOCK_SH, DefaultLockTimeout); err != nil {
 		return Header{}, nil, err
 	}
 	defer unlockFile(fd)

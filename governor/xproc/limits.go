@@ -59,16 +59,17 @@ func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
 // operator last read: a change made on a stale view is Refused. A change
 // bumps the revision and is Applied or Deferred (see Outcome); every
 // watcher emits EventLimits for it. The file is checked as Open checks it,
-// and a lock not taken before ctx ends is a *LockError naming its holders.
+// and a lock not taken before ctx ends (or DefaultLockTimeout passes) is
+// a *LockError naming its holders.
 func SetCapacityContext(ctx context.Context, path string, capacity, expect uint64) (LimitChange, error) {
 	const op = "xproc.SetCapacity"
-	f, err := openFile(op, path, unix.O_RDWR)
+	f, err := openFile(op, path, unix.O_RDWR, anyGroup)
 	if err != nil {
 		return LimitChange{}, err
 	}
 	defer f.Close()
 	fd := int(f.Fd())
-	if err := lockFile(ctx, op, path, fd, unix.LOCK_EX); err != nil {
+	if err := lockFile(ctx, op, path, fd, unix.LOCK_EX, DefaultLockTimeout); err != nil {
 		return LimitChange{}, err
 	}
 	defer unlockFile(fd)

@@ -17,7 +17,9 @@ import (
 // without a bound, and a holder that is alive and stopped (SIGSTOP, a
 // cgroup freezer, a debugger, D-state) would hold every other process
 // forever. So the lock is taken with LOCK_NB and retried with a backoff
-// until the caller's context ends; then the caller gets a *LockError
+// until the caller's context ends or the lock timeout passes, whichever
+// comes first (a caller with no deadline still gets one); then the caller
+// gets a *LockError
 // naming the processes that hold the lock and their state, read from
 // /proc/locks and /proc/PID/stat.
 
@@ -28,15 +30,20 @@ const (
 	lockBackoffMax = 2 * time.Millisecond
 )
 
-// DefaultLockTimeout bounds the wait for the ledger's lock of the calls
-// that take no context (Open, Inspect, SetCapacity, Settle, State, Close):
-// their *Context forms take the caller's.
+// DefaultLockTimeout bounds every wait for the ledger's lock, unless
+// Options.LockTimeout sets another bound: the calls that take no context
+// (Open, Inspect, SetCapacity, Settle, State, Close) wait at most that
+// long, and the *Context forms and reservations until their context ends
+// or that long, whichever comes first.
 const DefaultLockTimeout = 5 * time.Second
 
 // lockFile takes the file lock how (unix.LOCK_EX or unix.LOCK_SH) on fd
-// before ctx ends, or returns a *LockError (or a *LedgerError when flock
-// itself fails).
-func lockFile(ctx context.Context, op, path string, fd int, how int) error {
+// before ctx ends and within bound (a lock timeout: every wait for the
+// lock has one, whatever ctx says), or returns a *LockError (or a
+// *LedgerError when flock itself fails).
+func lockFile(ctx context.Context, op, path string, fd int, how int, bound time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
 	start := time.Now()
 	backoff := lockBackoffMin
 	var timer *time.Timer

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,6 +14,9 @@ import (
 // slot records it beside the PID: a PID the kernel gave to a new process
 // after the slot's owner died has another start time.
 func startTime(pid int) uint64 {
+	if h := livenessHook.Load(); h != nil {
+		(*h)(pid)
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0
@@ -43,6 +47,9 @@ func startTime(pid int) uint64 {
 // with another start time. The start time is read after the pidfd is
 // open, so a pidfd that names a successor is never kept.
 func watchProcess(pid int, start uint64) int {
+	if h := livenessHook.Load(); h != nil {
+		(*h)(pid)
+	}
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1
@@ -57,4 +64,19 @@ func watchProcess(pid int, start uint64) int {
 // alive reports whether the process that owns a slot (pid, start) still runs.
 func alive(pid int, start uint64) bool {
 	return start != 0 && startTime(pid) == start
+}
+
+// livenessHook, when set, is called with the PID before each liveness read
+// (tests only: they hold a read to see whether the ledger's lock is held
+// meanwhile).
+var livenessHook atomic.Pointer[func(pid int)]
+
+// pidNamespace is the inode of this process's PID namespace
+// (/proc/self/ns/pid), or 0 when it cannot be read.
+func pidNamespace() uint64 {
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/pid", &st) != nil {
+		return 0
+	}
+	return st.Ino
 }

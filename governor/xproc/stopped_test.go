@@ -132,3 +132,64 @@ func stopped(t *testing.T, name string, err error, pid int) {
 		t.Errorf("%s: holders %+v, want pid %d stopped", name, le.Holders, pid)
 	}
 }
+
+// A reservation with no deadline anywhere (context.Background(), no
+// Request.Deadline) behind a stopped lock holder ends with the lock's
+// typed error naming the stopped process: within the ledger's LockTimeout,
+// and within the governor's DefaultWait when that is the shorter bound
+// (then the error's cause is governor.ErrDefaultWait).
+func TestBackgroundReserveBehindAStoppedHolder(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		lockTimeout time.Duration
+		defaultWait time.Duration
+		cause       error
+	}{
+		{"lock timeout", 300 * time.Millisecond, 0, context.DeadlineExceeded},
+		{"default wait", time.Hour, 300 * time.Millisecond, governor.ErrDefaultWait},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := ledgerPath(t)
+			l, err := Open(path, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: 20 * time.Millisecond, LockTimeout: c.lockTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := governor.New(governor.Options{DefaultWait: c.defaultWait})
+			a, err := l.Bind(g, "dev")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Register("h", nil, governor.HolderOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			p := spawn(t, "holdlock", pathEnv+"="+path)
+			p.expect(t, "locked")
+			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			var done chan struct{}
+			defer func() {
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				fmt.Fprintln(p.in, "go")
+				if done != nil {
+					<-done
+				}
+				p.finish(t)
+				if err := l.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+				g.Close()
+			}()
+			took, d, err := bounded(watchdog.Bound, func() error {
+				_, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 512 << 10})
+				return err
+			})
+			done = d
+			t.Logf("reserve: %v after %v", err, took)
+			if !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, c.cause) {
+				t.Errorf("a reservation with no deadline behind a stopped lock holder: %v after %v, want over budget with cause %v", err, took, c.cause)
+			}
+			stopped(t, "reserve", err, p.pid)
+		})
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -260,4 +262,74 @@ func TestNoNewRoundWhileSharesAreOut(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A want whose process died before anyone answered it is not answered:
+// the next settle finds the process gone, reclaims its slot and want in
+// the same pass, and asks no holder here to free anything for it.
+func TestDeadWantIsNotAnswered(t *testing.T) {
+	path := ledgerPath(t)
+	// An hour's Poll: no watcher round and no settle but the test's.
+	_, a, g := member(t, path, 1<<20, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 4}, Poll: time.Hour})
+	var asked atomic.Int64
+	var mu sync.Mutex
+	var leases []governor.Lease
+	cache := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
+		asked.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		var n memapi.Bytes
+		for n < tk.Wanted && len(leases) > 0 {
+			if err := leases[0].Refund(64 << 10); err != nil {
+				return n, err
+			}
+			leases, n = leases[1:], n+64<<10
+		}
+		return n, nil
+	})
+	if err := g.Register("cache", cache, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 12 {
+		gr, err := a.Reserve(context.Background(), governor.Request{Holder: "cache", Role: "blocks", Bytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gr.Draw(64 << 10); err != nil {
+			t.Fatal(err)
+		}
+		ls, err := gr.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, ls)
+	}
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ls := range leases {
+			_ = ls.Refund(64 << 10)
+		}
+	}()
+	p := spawn(t, "want", pathEnv+"="+path, wantEnv+"="+strconv.Itoa(512<<10))
+	p.expect(t, "wanting")
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
+	if err := a.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("holders here were asked %d times to free memory for a process that had died", n)
+	}
+	h, slots := inspect(t, path)
+	if h.Want != 0 {
+		t.Errorf("the dead process's want of %d bytes is still posted after a settle", h.Want)
+	}
+	for _, s := range slots {
+		if s.PID == p.pid {
+			t.Errorf("the dead process's slot %d is still held after a settle: %+v", s.Index, s)
+		}
+	}
 }

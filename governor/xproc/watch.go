@@ -63,42 +63,64 @@ func (l *Ledger) watch() {
 				exited[slots[k]] = true
 			}
 		}
+		// Outside the lock: a pidfd (and the /proc read that checks it
+		// names the slot's owner) on each owner not watched yet. Under
+		// the lock, each is kept, or its slot reclaimed, only while the
+		// slot still names that owner.
+		var fresh []watched
+		var freshSlots []int
+		for i := 0; i < l.slots; i++ {
+			pid, start := int(l.load(l.sw(i, sPID))), l.load(l.sw(i, sStart))
+			if pid == 0 || i == l.slot {
+				continue
+			}
+			if w, ok := fds[i]; ok && w.pid == pid && w.start == start {
+				continue
+			}
+			fresh = append(fresh, watched{fd: watchProcess(pid, start), pid: pid, start: start})
+			freshSlots = append(freshSlots, i)
+		}
+		var closing []int // pidfds closed once the lock is dropped
 		ctx, cancel := context.WithTimeout(l.ctx, l.lockTimeout)
 		err = l.lock(ctx, "xproc.watch")
 		cancel()
 		if err != nil {
+			for _, w := range fresh {
+				if w.fd >= 0 {
+					unix.Close(w.fd)
+				}
+			}
 			if errors.Is(err, ErrClosed) || l.ctx.Err() != nil {
 				return
 			}
 			continue // a stopped lock holder, a file someone truncated: every use reports it; keep watching
 		}
 		var ev []Event
-		for i := 0; i < l.slots; i++ {
-			pid, start := int(l.load(l.sw(i, sPID))), l.load(l.sw(i, sStart))
-			w, ok := fds[i]
-			if ok && (w.pid != pid || w.start != start || exited[i]) {
-				unix.Close(w.fd)
-				delete(fds, i)
-				if w.pid == pid && w.start == start {
-					// This slot's owner exited.
-					ev = append(ev, l.reclaimLocked(i))
-					continue
+		for i, w := range fds {
+			m := slotOwner{slot: i, pid: w.pid, start: w.start}
+			if l.holdsLocked(m) && !exited[i] {
+				continue
+			}
+			closing = append(closing, w.fd)
+			delete(fds, i)
+			if l.holdsLocked(m) {
+				ev = append(ev, l.reclaimLocked(i)) // this slot's owner exited
+			}
+		}
+		for k, w := range fresh {
+			m := slotOwner{slot: freshSlots[k], pid: w.pid, start: w.start}
+			switch _, watching := fds[m.slot]; {
+			case !l.holdsLocked(m) || watching:
+				if w.fd >= 0 {
+					closing = append(closing, w.fd) // the slot changed meanwhile: the next round looks again
 				}
-			}
-			if pid == 0 || i == l.slot {
-				continue
-			}
-			if _, ok := fds[i]; ok {
-				continue
-			}
-			fd := watchProcess(pid, start)
-			if fd < 0 {
-				ev = append(ev, l.reclaimLocked(i))
-				continue
-			}
-			fds[i] = watched{fd: fd, pid: pid, start: start}
-			if f := l.watching.Load(); f != nil {
-				(*f)(i, pid)
+			case w.fd < 0:
+				ev = append(ev, l.reclaimLocked(m.slot))
+			default:
+				fds[m.slot] = w
+				if f := l.watching.Load(); f != nil {
+					(*f)(m.slot, w.pid)
+				}
 			}
 		}
 		if rev := l.load(l.hw(hRevision)); rev != seenRev {
@@ -106,6 +128,9 @@ func (l *Ledger) watch() {
 			seenRev = rev
 		}
 		l.unlock()
+		for _, fd := range closing {
+			unix.Close(fd)
+		}
 		l.emitAll(ev)
 	}
 }
