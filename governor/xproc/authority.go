@@ -9,6 +9,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/privacct"
 )
 
 // PressureHolder is the holder an Authority registers in its governor to
@@ -53,6 +54,10 @@ type Authority struct {
 	seenSeq uint64
 	seen    map[int]round
 
+	// closeAccount ends the authority's account of the memory this
+	// process's mechanisms keep for themselves (privacct), at release.
+	closeAccount func()
+
 	beforeClaim func(bytes memapi.Bytes) // tests only, set before use: runs in Admit before sem is taken
 }
 
@@ -73,11 +78,20 @@ type share struct {
 }
 
 // Bind adds authority id to g with capacity 0, ties it to the ledger and
-// starts the settler. A ledger binds one authority.
+// starts the settler. A ledger binds one authority. The authority is the
+// account of the memory this process's mechanisms keep for themselves on
+// id (the CUDA mechanism's pool and spares, unless its Config.Private
+// names another): what they keep already is claimed now, in this
+// process's slot, and what they keep later as they start. When the
+// ledger has no room for it Bind fails with the *governor.OverBudgetError
+// and binds nothing.
 func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, error) {
+	l.binding.Lock()
+	defer l.binding.Unlock()
 	l.sem <- struct{}{}
-	defer func() { <-l.sem }()
-	if l.closed {
+	closed := l.closed
+	<-l.sem
+	if closed {
 		return nil, &LedgerError{Op: "xproc.Bind", Path: l.path, Err: ErrClosed}
 	}
 	if old := l.auth.Load(); old != nil {
@@ -94,6 +108,21 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 	if err := g.SetAdmission(id, a); err != nil {
 		_ = g.RemoveAuthority(id)
 		return nil, err
+	}
+	// The private bytes are claimed with the file lock, so neither l.sem
+	// nor a.sem is held here.
+	closeAccount, err := privacct.Open(id, a)
+	if err != nil {
+		_ = g.RemoveAuthority(id)
+		return nil, err
+	}
+	a.closeAccount = closeAccount
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
+	if l.closed { // closed meanwhile: the slot, and the private bytes in it, went with it
+		closeAccount()
+		_ = g.RemoveAuthority(id)
+		return nil, &LedgerError{Op: "xproc.Bind", Path: l.path, Err: ErrClosed}
 	}
 	l.auth.Store(a)
 	l.settled = make(chan struct{})
@@ -660,6 +689,7 @@ func (a *Authority) release(ctx context.Context) error {
 			return err
 		}
 		a.released.Store(true)
+		a.closeAccount()
 		return err
 	}
 	snap, ok := a.g.Authority(a.id)
@@ -672,5 +702,6 @@ func (a *Authority) release(ctx context.Context) error {
 		}
 	}
 	a.released.Store(true)
+	a.closeAccount()
 	return nil
 }

@@ -145,7 +145,7 @@ func childCUDAChurn() error {
 	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
 		return err
 	}
-	mech, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "cuda:0", Private: a})
+	mech, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "cuda:0"}) // the default: its pool is in the ledger
 	if errors.Is(err, memapi.ErrOverBudget) {
 		fmt.Println("refused")
 		select {}

@@ -96,7 +96,6 @@ func childCUDA() error {
 		if err != nil {
 			return err
 		}
-		cfg.Private = a // the pool is counted in this process's slot
 		reserve = func(n memapi.Bytes) (governor.Grant, error) {
 			return a.Reserve(contextBG, governor.Request{Holder: "kv", Role: "chunk", Bytes: n})
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -68,9 +69,10 @@ type Ledger struct {
 
 	// sem orders this process's users of the file lock: a mutex whose
 	// waiters give up when their context ends.
-	sem    chan struct{}
-	closed bool                      // under sem
-	auth   atomic.Pointer[Authority] // bound by Bind, or nil
+	sem     chan struct{}
+	closed  bool                      // under sem
+	auth    atomic.Pointer[Authority] // bound by Bind, or nil
+	binding sync.Mutex                // orders Binds
 
 	joinRev    uint64  // the limits' revision when this process joined
 	joinEvents []Event // reclaims made while joining, emitted by the watcher

@@ -65,3 +65,65 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 		t.Fatalf("after the mechanism closed: %+v", h)
 	}
 }
+
+// With the default configuration (no Config.Private) the pool is in the
+// ledger all the same, whichever starts first: a mechanism opened after
+// Bind keeps it in the bound authority's slot; one opened before is
+// claimed by Bind; a Bind with no room for it fails with the typed
+// refusal and binds nothing.
+func TestPoolInTheLedgerByDefault(t *testing.T) {
+	sim := cudasim.New(cudasim.Config{Memory: 1 << 30})
+	for _, order := range []string{"bind first", "mechanism first"} {
+		t.Run(order, func(t *testing.T) {
+			path := ledgerPath(t)
+			var l *Ledger
+			var m *cuda.Mechanism
+			var err error
+			if order == "mechanism first" {
+				if m, err = cuda.New(cuda.Config{Driver: sim.Table(), Authority: "dev"}); err != nil {
+					t.Fatal(err)
+				}
+				l, _, _ = member(t, path, 0, Options{Create: &CreateOptions{Capacity: 12 * chunk, Slots: 4}, Poll: time.Hour})
+			} else {
+				l, _, _ = member(t, path, 0, Options{Create: &CreateOptions{Capacity: 12 * chunk, Slots: 4}, Poll: time.Hour})
+				if m, err = cuda.New(cuda.Config{Driver: sim.Table(), Authority: "dev"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h, s := inspect(t, path)
+			if s[l.Slot()].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || m.PoolLimit() == 0 {
+				t.Fatalf("%s: slot %v, shared %+v, pool limit %d", order, s[l.Slot()], h, m.PoolLimit())
+			}
+			if err := m.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if h, _ := inspect(t, path); h.Claimed != 0 || h.Private != 0 {
+				t.Fatalf("after the mechanism closed: %+v", h)
+			}
+		})
+	}
+	t.Run("no room", func(t *testing.T) {
+		m, err := cuda.New(cuda.Config{Driver: sim.Table(), Authority: "dev"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		path := ledgerPath(t)
+		l, err := Open(path, Options{Create: &CreateOptions{Capacity: chunk, Slots: 4}, Poll: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		g := governor.New(governor.Options{})
+		defer g.Close()
+		if _, err := l.Bind(g, "dev"); !errors.Is(err, memapi.ErrOverBudget) {
+			t.Fatalf("Bind with no room for the pool: %v, want ErrOverBudget", err)
+		}
+		if _, ok := g.Authority("dev"); ok {
+			t.Fatal("the refused Bind left its authority in the governor")
+		}
+		if h, _ := inspect(t, path); h.Claimed != 0 || h.Private != 0 {
+			t.Fatalf("the refused Bind left %+v", h)
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/privacct"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
@@ -45,14 +46,16 @@ type Config struct {
 	// Commit is expected (0 means DefaultSpareChunks, negative none; never
 	// more than the pool). See spare.go.
 	SpareChunks int
-	// Private, when set, accounts the device memory the mechanism keeps
-	// for itself: New keeps PoolLimit bytes with it before it creates the
-	// pool (and fails with its error, having taken nothing on the device,
-	// when it refuses: no room for the pool), and Close releases them once
-	// the pool is gone. Give it the shared authority of a ledger several
-	// processes share (xproc.Authority), so that each process's pool and
-	// spares are counted in its slot and the claims of all of them never
-	// exceed what the device holds.
+	// Private accounts the device memory the mechanism keeps for itself:
+	// New keeps PoolLimit bytes with it before it creates the pool (and
+	// fails with its error, having taken nothing on the device, when it
+	// refuses: no room for the pool), and Close releases them once the pool
+	// is gone. Left nil, the account is the one this process shares for
+	// Authority, if any: a cross-process ledger bound under that ID
+	// (xproc.Ledger.Bind), before or after New (Bind then claims the
+	// pool, or fails when the ledger has no room), so that each process's
+	// pool and spares are counted in its slot and the claims of all of
+	// them never exceed what the device holds. Set it to name another.
 	Private PrivateAccount
 	// Logger receives diagnostics (failed rollbacks); nil discards them
 	// (memgen never logs unasked).
@@ -79,6 +82,7 @@ type Mechanism struct {
 	poolMax int
 	log     *slog.Logger
 	private PrivateAccount // keeps PoolLimit bytes while the mechanism is open, or nil
+	kept    *privacct.Kept // PoolLimit bytes on the authority's shared account, when Private is nil
 
 	used   atomic.Uint64 // allocations + committed + backings
 	pooled atomic.Uint64 // bytes held in the pool
@@ -173,12 +177,21 @@ func New(cfg Config) (*Mechanism, error) {
 		AllocGranularity: ag,
 		Granularity:      memapi.Bytes(m.gran),
 	}
-	if cfg.Private != nil && m.poolMax > 0 {
-		if err := cfg.Private.KeepPrivate(m.PoolLimit()); err != nil {
-			d.release()
-			return nil, err
+	if m.poolMax > 0 {
+		if cfg.Private != nil {
+			if err := cfg.Private.KeepPrivate(m.PoolLimit()); err != nil {
+				d.release()
+				return nil, err
+			}
+			m.private = cfg.Private
+		} else {
+			k, err := privacct.Keep(auth, m.PoolLimit())
+			if err != nil {
+				d.release()
+				return nil, err
+			}
+			m.kept = k
 		}
-		m.private = cfg.Private
 	}
 	m.fillPool()
 	if m.spareMax > 0 {
@@ -297,9 +310,14 @@ func (m *Mechanism) Close() error {
 	}
 	m.mu.Unlock()
 	m.dev.release()
+	// The pool's handles are released (or logged as not releasable).
 	if m.private != nil {
-		// The pool's handles are released (or logged as not releasable).
 		if err := m.private.ReleasePrivate(m.PoolLimit()); err != nil {
+			m.log.Warn("cuda: the pool's private bytes not given back", "err", err)
+		}
+	}
+	if m.kept != nil {
+		if err := m.kept.Release(); err != nil {
 			m.log.Warn("cuda: the pool's private bytes not given back", "err", err)
 		}
 	}
