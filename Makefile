@@ -39,7 +39,7 @@ TIDY_MODULES := . $(MODULES) integrations/ort integrations/llamacpp
 # staticcheck, pinned; `go run` builds it from the module proxy (no install).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all generate check drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak regen-stable ci path-table path-table-update
+.PHONY: all generate check drift vet tmpl-vet fmt-check tidy-check core-graph staticcheck test test-modules test-short bench fuzz fuzz-ci xproc-soak xproc-trials regen-stable plugin-check-table ci path-table path-table-update
 
 all: check test
 
@@ -165,6 +165,24 @@ xproc-soak:
 	MEMGEN_XPROC_CUDA_TRIALS=$(XPROC_CUDA_TRIALS) $(GO) test $(XPROC_SOAK_FLAGS) -count=1 -run '^TestKillNineCUDA$$' -v ./governor/xproc/ | grep -E '^(---|ok|FAIL|PASS|\s+killcuda_test)'
 	MEMGEN_XPROC_ANSWERS=2,6,12 $(GO) test -race -count=1 -run '^TestBoundedAnswers$$' -v ./governor/xproc/ | grep -E '^(\s*---|ok|FAIL|PASS|\s+want_test)'
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./governor/xproc/
+
+## xproc-trials: the shared ledger's trials with 8, 16 and 32 processes (XPROC_MEMBERS) and 50 kills
+## each (XPROC_KILLS): reclaim and Inspect latencies while the members churn CUDA memory on a simulated
+## device whose capacity is the ledger's, driver out-of-memory errors and drift, a context.Background()
+## reservation behind a stopped lock holder, the bytes freed for a dead wanter, the fan-out of a want, a
+## flipped bit under the members. The churning processes spin (XPROC_CHURN_PAUSE, a Go duration, pauses
+## each between two operations). Printed, not judged; the test command runs 4 processes and 5 kills
+XPROC_MEMBERS ?= 8,16,32
+XPROC_KILLS ?= 50
+XPROC_CHURN_PAUSE ?= 0
+xproc-trials:
+	MEMGEN_XPROC_MEMBERS=$(XPROC_MEMBERS) MEMGEN_XPROC_TRIAL_KILLS=$(XPROC_KILLS) MEMGEN_XPROC_CHURN_PAUSE=$(XPROC_CHURN_PAUSE) $(GO) test $(XPROC_SOAK_FLAGS) -count=1 -timeout 60m -run '^TestTrials$$' -v ./governor/xproc/ | grep -E '^(\s*---|ok|FAIL|PASS|\s+(trials|want)_test)'
+
+## plugin-check-table: memgen plugin-check on every broken plugin of mechanisms/plugin/testdata
+## (scripts/plugin-check-table.sh): the table docs/cabi.md shows; fails when a variant is not
+## reported or plugin-check dies
+plugin-check-table:
+	scripts/plugin-check-table.sh
 
 ## regen-stable: go generate twice in a row changes no byte
 regen-stable:

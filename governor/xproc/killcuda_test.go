@@ -36,7 +36,10 @@ type liveDevice struct {
 
 const liveEntries = 64
 
-const cudaTrialsEnv = "MEMGEN_XPROC_CUDA_TRIALS" // kill -9 trials of TestKillNineCUDA
+const (
+	cudaTrialsEnv = "MEMGEN_XPROC_CUDA_TRIALS" // kill -9 trials of TestKillNineCUDA
+	churnPauseEnv = "MEMGEN_XPROC_CHURN_PAUSE" // a pause between two operations of the CUDA churn (a Go duration)
+)
 
 func createLiveDevice(t testing.TB, size uint64) string {
 	path := ledgerPath(t) + ".live"
@@ -166,7 +169,11 @@ func childCUDAChurn() error {
 	committed := map[int]governor.Lease{}
 	var allocs []held
 	ready := false
+	pause, _ := time.ParseDuration(os.Getenv(churnPauseEnv)) // 0: none
 	for {
+		if pause > 0 {
+			time.Sleep(pause)
+		}
 		k := rng.IntN(10)
 		switch {
 		case k < 4:
