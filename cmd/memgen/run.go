@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/memgen/memgen/gen"
 	"golang.org/x/mod/modfile"
@@ -98,8 +99,9 @@ type options struct {
 	root, spec string
 	out        string // doc: output file
 	verbose    bool
-	args       []string // the positional arguments of a command that takes them
-	config     string   // plugin-check: the plugin's configuration string
+	args       []string      // the positional arguments of a command that takes them
+	config     string        // plugin-check: the plugin's configuration string
+	callBound  time.Duration // plugin-check: the bound of every call into the plugin
 }
 
 type command struct {

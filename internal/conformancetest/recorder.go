@@ -25,6 +25,16 @@ type Results struct {
 	mu       sync.Mutex
 	outcomes map[string]*Outcome
 	order    []string
+	hooks    Hooks
+}
+
+// Hooks are told of every subtest as a recorded run goes (RecordWith), for
+// a caller that reports progress or must know which subtest is running.
+// Either may be nil. Subtests run one at a time, so between a Start and its
+// End only that subtest's own subtests start.
+type Hooks struct {
+	Start func(name string) // the subtest starts
+	End   func(o Outcome)   // it ended, its cleanups run
 }
 
 // Outcome returns the outcome of the named subtest.
@@ -101,7 +111,12 @@ func (r *Results) add(o *Outcome) {
 // meta-test can run the suite against a broken mechanism and assert which
 // subtests failed.
 func Record(f conformance.FactoryT) *Results {
-	res := &Results{outcomes: map[string]*Outcome{}}
+	return RecordWith(f, Hooks{})
+}
+
+// RecordWith is Record, telling h of every subtest as it starts and ends.
+func RecordWith(f conformance.FactoryT, h Hooks) *Results {
+	res := &Results{outcomes: map[string]*Outcome{}, hooks: h}
 	root := &recT{res: res}
 	root.run(func(t conformance.T) { conformance.RunT(t, f) })
 	return res
@@ -189,6 +204,9 @@ func (t *recT) Run(name string, f func(t conformance.T)) bool {
 
 // run runs f on a goroutine of its own, then the cleanups, and records the outcome.
 func (t *recT) run(f func(t conformance.T)) {
+	if t.name != "" && t.res.hooks.Start != nil {
+		t.res.hooks.Start(t.name)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -203,6 +221,9 @@ func (t *recT) run(f func(t conformance.T)) {
 	t.mu.Unlock()
 	if t.name != "" {
 		t.res.add(&o)
+		if t.res.hooks.End != nil {
+			t.res.hooks.End(o)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package conformancetest
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -55,5 +56,26 @@ func TestRecorder(t *testing.T) {
 	}
 	if !strings.Contains(res.Report(), "--- FAIL: a\n    stop 1") {
 		t.Errorf("report:\n%s", res.Report())
+	}
+}
+
+// TestRecordHooks: RecordWith tells its hooks of every subtest, a start
+// before its subtests' and an end after them, with the outcome.
+func TestRecordHooks(t *testing.T) {
+	var events []string
+	res := &Results{outcomes: map[string]*Outcome{}, hooks: Hooks{
+		Start: func(n string) { events = append(events, "start "+n) },
+		End: func(o Outcome) {
+			events = append(events, fmt.Sprintf("end %s failed=%v leaf=%v", o.Name, o.Failed, o.Leaf))
+		},
+	}}
+	(&recT{res: res}).run(func(root conformance.T) {
+		root.Run("a", func(t conformance.T) {
+			t.Run("b", func(t conformance.T) { t.Errorf("no") })
+		})
+	})
+	want := []string{"start a", "start a/b", "end a/b failed=true leaf=true", "end a failed=true leaf=false"}
+	if !reflect.DeepEqual(events, want) {
+		t.Errorf("events %q, want %q", events, want)
 	}
 }

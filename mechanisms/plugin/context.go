@@ -111,18 +111,56 @@ func (s *Stream) call(op string, fn uintptr, args ...uintptr) error {
 }
 
 // CopyToDevice calls stream_copy_to_device. src is borrowed until the next
-// fence of the stream completes.
+// fence of the stream completes. With Options.GuardPages the plugin reads a
+// guarded copy of src, and the copy is synchronized before it returns.
 func (s *Stream) CopyToDevice(dst memapi.DeviceAddr, src []byte) error {
-	return s.call("Stream.CopyToDevice", s.c.m.lib.dc.StreamCopyToDevice, uintptr(dst),
+	const op = "Stream.CopyToDevice"
+	if s.c.m.guard {
+		return s.guardedCopy(op, len(src), func(g *guardBuf) error {
+			copy(g.bytes(), src)
+			return s.call(op, s.c.m.lib.dc.StreamCopyToDevice, uintptr(dst), uintptr(g.ptr()), uintptr(len(src)))
+		}, nil)
+	}
+	return s.call(op, s.c.m.lib.dc.StreamCopyToDevice, uintptr(dst),
 		uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)))
 }
 
-// CopyFromDevice calls stream_copy_from_device.
+// CopyFromDevice calls stream_copy_from_device. With Options.GuardPages the
+// plugin writes a guarded buffer, which the host copies into dst once the
+// stream is synchronized, before it returns.
 func (s *Stream) CopyFromDevice(dst []byte, src memapi.DeviceAddr) error {
-	err := s.call("Stream.CopyFromDevice", s.c.m.lib.dc.StreamCopyFromDevice,
+	const op = "Stream.CopyFromDevice"
+	if s.c.m.guard {
+		return s.guardedCopy(op, len(dst), func(g *guardBuf) error {
+			return s.call(op, s.c.m.lib.dc.StreamCopyFromDevice, uintptr(g.ptr()), uintptr(len(dst)), uintptr(src))
+		}, func(g *guardBuf) { copy(dst, g.bytes()) })
+	}
+	err := s.call(op, s.c.m.lib.dc.StreamCopyFromDevice,
 		uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(len(dst)), uintptr(src))
 	runtime.KeepAlive(dst)
 	return err
+}
+
+// guardedCopy runs a copy slot on an n-byte guarded buffer (call), then
+// stream_synchronize, so the plugin is done with the buffer, then done, and
+// releases the buffer. A copy's error surfaces here rather than at a later
+// synchronize, as a synchronous stream's would.
+func (s *Stream) guardedCopy(op string, n int, call func(*guardBuf) error, done func(*guardBuf)) error {
+	g, err := newGuardBuf(n)
+	if err != nil {
+		return &memapi.Error{Op: op, Kind: memapi.ErrOutOfMemory, Mechanism: s.c.m.info.Mechanism, Detail: "mapping a guarded buffer", Err: err}
+	}
+	defer g.free()
+	if err := call(g); err != nil {
+		return err
+	}
+	if err := s.call(op, s.c.m.lib.dc.StreamSynchronize); err != nil {
+		return err
+	}
+	if done != nil {
+		done(g)
+	}
+	return nil
 }
 
 // CopyDevice calls stream_copy_device.
@@ -187,7 +225,7 @@ func (m *Mechanism) releaseFence(id uint64) {
 		return
 	}
 	defer m.leave()
-	_, _ = callInts(m.lib.dc.FenceRelease, m.inst, uintptr(id))
+	_, _ = m.call(m.lib.dc.FenceRelease, m.inst, uintptr(id))
 }
 
 // Fence is a plugin fence, polled through fence_done.

@@ -30,7 +30,9 @@
 // cgo by purego): on amd64 with a trampoline that loads a slot's at most six
 // integer arguments into registers (call_amd64.s), elsewhere through
 // purego.SyscallN. A fault inside a C slot cannot be contained in-process; a
-// panic on the Go side of a call is. docs/cabi.md is the guide to writing a
-// plugin, with a complete minimal one (testdata/minimal.c) and memgen
-// plugin-check.
+// panic on the Go side of a call is. For a process that runs a plugin on its
+// own (memgen plugin-check's child), Options.GuardPages makes a write past a
+// buffer fault at once and Options.Watchdog reports a call that does not
+// return. docs/cabi.md is the guide to writing a plugin, with a complete
+// minimal one (testdata/minimal.c) and memgen plugin-check.
 package plugin

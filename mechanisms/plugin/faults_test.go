@@ -72,9 +72,12 @@ func TestBrokenPluginBaseline(t *testing.T) {
 }
 
 // TestReusedID: a plugin that files a new allocation under the id of a live
-// one (and reports that id) has the call refused with ErrProtocol; the
-// memory it made stays accounted, quarantined, and the ledger is exact:
-// the grant keeps exactly what the plugin holds.
+// one (and reports that id) has the call refused with ErrProtocol, and the
+// host calls no releasing slot: the plugin now holds two objects under one
+// id, so a free of that id could free either, the quarantined one included.
+// The new object's bytes are quarantined, the live handle whose id was
+// reused is quarantined too (never passed to the plugin again), and the
+// ledger is exact: the grant keeps exactly what the plugin holds.
 func TestReusedID(t *testing.T) {
 	m, _ := newSubjectOpts(t, build(t, "broken", "BROKEN_REUSED_ID"), Options{Verify: true})
 	w := checked.Wrap(m, countingLedger{}, checked.WithVerify())
@@ -83,21 +86,126 @@ func TestReusedID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	frees := 0
+	beforeCall = func(fn uintptr) {
+		if fn == m.lib.da.Free {
+			frees++
+		}
+	}
 	a2, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr)
+	ferr := m.Free(bg, a1, nil)
+	beforeCall = nil
 	if !errors.Is(err, ErrProtocol) || a2 != nil {
 		t.Fatalf("Allocate filed under a live id = %v, %v, want ErrProtocol", a2, err)
 	}
-	if q := m.Quarantined(); q != 4096 {
-		t.Errorf("Quarantined = %d, want the 4096 bytes of the refused allocation", q)
+	if frees != 0 || !errors.Is(ferr, ErrProtocol) {
+		t.Errorf("after the plugin reused live id %d the host called free %d times (Free of that handle = %v); want no call and ErrProtocol: the id names two objects", a1.ID(), frees, ferr)
 	}
-	if used := m.UsedBytes(); used != a1.Size()+m.Quarantined() || gr.drawn != used {
-		t.Errorf("the plugin holds %d, the host accounts %d live + %d quarantined, the grant drew %d: want all equal", used, a1.Size(), m.Quarantined(), gr.drawn)
+	if q := m.Quarantined(); q != 8192 {
+		t.Errorf("Quarantined = %d, want 8192: the refused allocation and the handle whose id it took", q)
 	}
-	if err := m.Free(bg, a1, nil); err != nil {
+	holds, _ := callInts(m.lib.da.UsedBytes, m.inst)
+	if memapi.Bytes(holds) != m.held() || gr.drawn != memapi.Bytes(holds) {
+		t.Errorf("the plugin holds %d, the host accounts %d (%d quarantined), the grant drew %d: want all equal", holds, m.held(), m.Quarantined(), gr.drawn)
+	}
+}
+
+// TestQuarantineCharged: the bytes of an object the host refused and
+// quarantined stay charged to the grant of the call that made it, with the
+// checked wrapper in verify mode or not: the governor's figure is what the
+// plugin holds, never less (the refused allocation is not undrawn) nor more
+// (verify mode's settlement does not draw it a second time).
+func TestQuarantineCharged(t *testing.T) {
+	path := build(t, "broken", "BROKEN_REUSED_ID")
+	for _, verify := range []bool{false, true} {
+		m, _ := newSubjectOpts(t, path, Options{})
+		var opts []checked.Option
+		if verify {
+			opts = append(opts, checked.WithVerify())
+		}
+		w := checked.Wrap(m, countingLedger{}, opts...)
+		gr := &countingGrant{}
+		a1, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Allocate(bg, memapi.AllocRequest{Size: 4096}, gr); !errors.Is(err, ErrProtocol) {
+			t.Fatalf("checked verify=%v: Allocate filed under a live id = %v, want ErrProtocol", verify, err)
+		}
+		holds, _ := callInts(m.lib.da.UsedBytes, m.inst)
+		if gr.drawn != memapi.Bytes(holds) {
+			t.Errorf("checked verify=%v: the plugin holds %d bytes (%d of them quarantined), the grant drew %d", verify, holds, m.Quarantined(), gr.drawn)
+		}
+		_ = m.Free(bg, a1, nil) // quarantined: refused; the instance frees it at Close
+	}
+}
+
+// TestEndedContextCallsNoSlot: a consuming call whose context already ended
+// (cancelled, or its deadline past) fails with ErrUnavailable wrapping the
+// context's error, and calls no slot: the plugin never receives a deadline
+// that has passed.
+func TestEndedContextCallsNoSlot(t *testing.T) {
+	m, _ := newSubject(t, refhost(t))
+	gran := m.Info().Granularity
+	res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 2 * gran})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if used := m.UsedBytes(); used != m.Quarantined() {
-		t.Errorf("after freeing the live allocation the plugin holds %d, quarantined %d", used, m.Quarantined())
+	b, err := m.CreateBacking(bg, gran, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := m.MapView(bg, res, memapi.Range{Len: gran}, b, memapi.AccessReadWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made []memapi.Handle // what a call made although it should not have
+	defer func() {
+		_ = m.UnmapView(bg, v)
+		for i := len(made) - 1; i >= 0; i-- {
+			switch h := made[i].(type) {
+			case *memapi.Allocation:
+				_ = m.Free(bg, h, nil)
+			case *memapi.Backing:
+				_ = m.ReleaseBacking(bg, h, nil)
+			case *memapi.View:
+				_ = m.UnmapView(bg, h)
+			}
+		}
+		_ = m.ReleaseBacking(bg, b, nil)
+		_ = m.Decommit(bg, res, memapi.Range{Off: gran, Len: gran}, nil)
+		_ = m.ReleaseReservation(bg, res, nil)
+	}()
+	cancelled, cancel := context.WithCancel(bg)
+	cancel()
+	expired, cancel2 := context.WithDeadline(bg, time.Now().Add(-time.Second))
+	defer cancel2()
+	for name, ctx := range map[string]context.Context{"cancelled": cancelled, "expired": expired} {
+		calls := 0
+		beforeCall = func(uintptr) { calls++ }
+		a, aerr := m.Allocate(ctx, memapi.AllocRequest{Size: 4096}, g)
+		cerr := m.Commit(ctx, res, memapi.Range{Off: gran, Len: gran}, g)
+		nb, berr := m.CreateBacking(ctx, gran, g)
+		nv, werr := m.CopyOnWrite(ctx, v, g)
+		beforeCall = nil
+		if a != nil {
+			made = append(made, a)
+		}
+		if nb != nil {
+			made = append(made, nb)
+		}
+		if nv != nil {
+			v = nv
+			made = append(made, nv.Backing())
+		}
+		for op, err := range map[string]error{"Allocate": aerr, "Commit": cerr, "CreateBacking": berr, "CopyOnWrite": werr} {
+			if !errors.Is(err, memapi.ErrUnavailable) || !errors.Is(err, ctx.Err()) {
+				t.Errorf("%s under the %s context = %v, want ErrUnavailable wrapping %v", op, name, err, ctx.Err())
+			}
+		}
+		if calls != 0 {
+			t.Errorf("%d calls into the plugin under the %s context, want none", calls, name)
+		}
 	}
 }
 
@@ -318,7 +426,11 @@ func TestHostChecksBeforeSlots(t *testing.T) {
 // says: a slot comparing it with clock_gettime sees the budget it was given.
 func TestDeadlineIsMonotonic(t *testing.T) {
 	m := &Mechanism{timeout: time.Second}
-	ns := m.deadline(bg).ns()
+	w, err := m.deadline("test", bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := w.ns()
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		t.Skip(err)
@@ -328,21 +440,20 @@ func TestDeadlineIsMonotonic(t *testing.T) {
 	}
 }
 
-// TestDeadlineBounds: a slot's window never ends before it starts (a
-// context deadline already past, even before the process started, is "now",
-// not a wrapped deadline_ns) nor wraps around (a SlotTimeout near the
-// largest Duration is the farthest deadline, not one in the past).
+// TestDeadlineBounds: a context deadline already past, even before the
+// process started, gives no window at all (the slot is not called) rather
+// than a wrapped deadline_ns; a SlotTimeout near the largest Duration is the
+// farthest deadline, not one in the past.
 func TestDeadlineBounds(t *testing.T) {
 	m := &Mechanism{timeout: time.Second}
 	past, cancel := context.WithDeadline(bg, time.Unix(1, 0))
 	defer cancel()
-	w := m.deadline(past)
-	if w.end != w.start || w.ns() < monoBase || w.ns() > monoBase+uint64(time.Since(timeBase)) {
-		t.Errorf("a past context deadline gave the window %+v (deadline_ns %d, base %d), want it to end when it starts", w, w.ns(), monoBase)
+	if w, err := m.deadline("test", past); !errors.Is(err, memapi.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a past context deadline gave the window %+v, %v; want ErrUnavailable wrapping DeadlineExceeded", w, err)
 	}
 	m.timeout = math.MaxInt64
-	if w := m.deadline(bg); w.end < w.start || w.passed() || w.ns() < monoBase {
-		t.Errorf("a SlotTimeout of the largest Duration gave the window %+v (deadline_ns %d), want the farthest deadline", w, w.ns())
+	if w, err := m.deadline("test", bg); err != nil || w.end < w.start || w.passed() || w.ns() < monoBase {
+		t.Errorf("a SlotTimeout of the largest Duration gave the window %+v (deadline_ns %d), %v; want the farthest deadline", w, w.ns(), err)
 	}
 }
 

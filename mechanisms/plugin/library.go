@@ -3,7 +3,9 @@ package plugin
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -33,6 +35,7 @@ type Library struct {
 	dc      cDeviceContext
 	offers  memapi.CapSet
 	context bool // the device-context slots are all present
+	slots   map[uintptr]string
 }
 
 // Allowed is one entry of an allow-list: the device a plugin of that name
@@ -229,7 +232,47 @@ func negotiate(path string, entry uintptr) (*Library, *LoadError) {
 		return nil, loadErr(path, ErrBadDescriptor, "granularity is 0, but the plugin offers %v", l.offers)
 	}
 	l.context = allSlots(&l.dc)
+	l.slots = slotNames(l)
 	return l, nil
+}
+
+// slotNames maps the address of each of l's slots to its C name.
+func slotNames(l *Library) map[uintptr]string {
+	names := map[uintptr]string{l.desc.Open: "open", l.desc.Close: "close", l.desc.LastError: "last_error"}
+	for _, s := range []any{&l.da, &l.vb, &l.sm, &l.dc} {
+		v := reflect.ValueOf(s).Elem()
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.Uintptr && f.Uint() != 0 {
+				names[uintptr(f.Uint())] = snakeCase(v.Type().Field(i).Name)
+			}
+		}
+	}
+	delete(names, 0)
+	return names
+}
+
+// snakeCase turns a mirror's Go field name into the header's member name
+// (CopyOnWrite: copy_on_write).
+func snakeCase(s string) string {
+	var b strings.Builder
+	for i, c := range s {
+		if c >= 'A' && c <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			c += 'a' - 'A'
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// slotName is the C name of the slot at fn, or its address.
+func (l *Library) slotName(fn uintptr) string {
+	if n, ok := l.slots[fn]; ok {
+		return n
+	}
+	return fmt.Sprintf("%#x", fn)
 }
 
 func pow2(n uint64) bool { return n != 0 && n&(n-1) == 0 }

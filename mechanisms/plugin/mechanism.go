@@ -37,6 +37,18 @@ type Options struct {
 	// Logger receives a line per overrun slot and per protocol violation;
 	// nil means slog.Default().
 	Logger *slog.Logger
+	// Watchdog, when set, bounds every call into the plugin's C code (see
+	// Watchdog): for a host that runs the plugin in a process of its own,
+	// as memgen plugin-check does.
+	Watchdog *Watchdog
+	// GuardPages places every buffer a slot writes or a copy reads (the
+	// out structs, the copies' host buffers) at the end of a page followed
+	// by an inaccessible one, so that a plugin writing past it faults at
+	// once instead of corrupting the host's memory; guarded copies are
+	// synchronized before they return. It costs system calls on every such
+	// slot: it is for plugin-check, which runs the plugin in a child
+	// process, not for production.
+	GuardPages bool
 }
 
 // DefaultSlotTimeout bounds a consuming slot when neither the call's context
@@ -54,16 +66,20 @@ const MaxConfig = 4096
 // exactly once, so a plugin sees only live ids of its own instance and each
 // release once. The plugin never sees a grant or an account; run the
 // mechanism through checked.Wrap, which draws and refunds around every call,
-// as for any mechanism.
+// as for any mechanism (the mechanism draws from a call's grant itself only
+// the bytes it quarantined in that call).
 //
 // What the plugin returns is checked before it becomes a handle: the id must
 // be the one assigned, sizes and fields what was asked for; otherwise the
 // call fails with ErrProtocol, after giving back through the plugin what it
-// created. An id the host holds live that the plugin no longer knows
-// (ErrReleased from the plugin) is a protocol error too. Memory that cannot
-// be given back is quarantined: it stays in the host's table, counted by
-// Quarantined and expected in used_bytes, until the instance closes (the
-// plugin's close frees whatever is left). A Mechanism is safe for concurrent
+// created under the assigned id (an object filed under an id of the
+// plugin's own is never released: that id may name another object). An id
+// the host holds live that the plugin no longer knows (ErrReleased from the
+// plugin) is a protocol error too. Memory that cannot be given back is
+// quarantined: it stays in the host's table, counted by Quarantined and
+// expected in used_bytes, until the instance closes (the plugin's close
+// frees whatever is left); a consuming call draws what it quarantined from
+// its grant, so the governor sees it. A Mechanism is safe for concurrent
 // use.
 type Mechanism struct {
 	lib     *Library
@@ -73,6 +89,8 @@ type Mechanism struct {
 	timeout time.Duration
 	verify  bool
 	log     *slog.Logger
+	watch   *Watchdog
+	guard   bool
 
 	// life guards inst: every call holds it for reading, Close for writing.
 	life   sync.RWMutex
@@ -87,6 +105,10 @@ type Mechanism struct {
 	// through the handle and adding or dropping one is a link or an unlink.
 	table       *entry
 	quarantined memapi.Bytes
+	// charged is the part of quarantined that the mechanism drew from the
+	// grant of the call that made it (quarantineCharged): UsedBytes leaves
+	// it out, so that no wrapper charges it a second time.
+	charged memapi.Bytes
 	// disowned counts the table's quarantined entries: while it is 0 a
 	// handle's entry needs no look under the lock before a slot (the fast
 	// path).
@@ -156,7 +178,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	out := cOpenOut{AllocGranularity: l.desc.AllocGranularity, Granularity: l.desc.Granularity, Ordinal: l.desc.Ordinal}
 	is := memapi.NewIssuer()
-	m := &Mechanism{lib: l, issuer: is, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger}
+	m := &Mechanism{lib: l, issuer: is, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger, watch: o.Watchdog, guard: o.GuardPages}
 	if m.timeout <= 0 {
 		m.timeout = DefaultSlotTimeout
 	}
@@ -164,7 +186,9 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 		m.log = slog.Default()
 	}
 	m.info = memapi.MechanismInfo{Mechanism: l.Name, Instance: is.Instance()}
-	r, msg, err := m.callStatus(l.desc.Open, uintptr(unsafe.Pointer(&cfg[0])), uintptr(unsafe.Pointer(&out)))
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	r, msg, err := m.callStatus(l.desc.Open, uintptr(unsafe.Pointer(&cfg[0])), uintptr(outp))
+	back()
 	if err != nil {
 		return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "open", Err: err}
 	}
@@ -176,7 +200,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	m.inst = out.Instance
 	if !pow2(out.AllocGranularity) || out.Granularity != 0 && !pow2(out.Granularity) || out.Granularity == 0 && l.offers != memapi.Of(memapi.CapDeviceAllocator) {
-		_, _ = callC(l.desc.Close, m.inst)
+		_, _ = m.call(l.desc.Close, m.inst)
 		return nil, loadErr(l.Path, ErrBadDescriptor, "open(%q) set alloc_granularity %d and granularity %d: not powers of two", o.Config, out.AllocGranularity, out.Granularity)
 	}
 	a := o.Authority
@@ -197,7 +221,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	if m.verify {
 		if err := m.audit("plugin.New"); err != nil {
-			_, _ = callC(l.desc.Close, m.inst)
+			_, _ = m.call(l.desc.Close, m.inst)
 			return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: "a fresh instance", Err: err}
 		}
 	}
@@ -216,13 +240,20 @@ func (m *Mechanism) Library() *Library { return m.lib }
 func (m *Mechanism) Info() memapi.MechanismInfo { return m.info }
 
 // Quarantined returns the bytes the host keeps accounted for memory the
-// plugin holds but that no live handle can release (it broke the protocol).
-// They are part of what used_bytes must report, and are freed when the
-// instance closes.
+// plugin holds but that no handle can release (it broke the protocol): the
+// objects it made that the host refused, and the handles whose ids it
+// disowned or reused. They are part of what used_bytes must report, and are
+// freed when the instance closes.
 func (m *Mechanism) Quarantined() memapi.Bytes {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.quarantined
+	n := m.quarantined
+	for e := m.table; e != nil; e = e.next {
+		if e.quarantined {
+			n += e.bytes
+		}
+	}
+	return n
 }
 
 // Overruns returns how many consuming slots of the instance returned past
@@ -293,7 +324,7 @@ func (m *Mechanism) done(op string, err error) error {
 // audit compares used_bytes with what the host's table says the plugin
 // holds.
 func (m *Mechanism) audit(op string) error {
-	r, err := callInts(m.lib.da.UsedBytes, m.inst)
+	r, err := m.call(m.lib.da.UsedBytes, m.inst)
 	if err != nil {
 		return m.protocol(op, 0, "used_bytes: %v", err)
 	}
@@ -329,22 +360,33 @@ func (m *Mechanism) callStatus(fn uintptr, args ...uintptr) (int32, string, erro
 // (see callInts), or that a go:uintptrescapes caller keeps.
 func (m *Mechanism) callStatusInts(fn uintptr, args ...uintptr) (int32, string, error) {
 	if m.lib.desc.LastError == 0 {
-		r, err := callInts(fn, args...)
+		r, err := m.call(fn, args...)
 		return int32(r), "", err
 	}
 	lockThread()
 	defer unlockThread()
-	r, err := callInts(fn, args...)
+	r, err := m.call(fn, args...)
 	if err != nil || int32(r) == 0 {
 		return int32(r), "", err
 	}
 	return int32(r), m.lastError(), nil
 }
 
+// call is callInts for the instance: under the watchdog, when there is one.
+func (m *Mechanism) call(fn uintptr, args ...uintptr) (uintptr, error) {
+	if m.watch == nil {
+		return callInts(fn, args...)
+	}
+	defer m.watch.begin(m.lib, fn).Stop()
+	return callInts(fn, args...)
+}
+
 // lastError reads the plugin's last_error on this thread.
 func (m *Mechanism) lastError() string {
 	var buf [512]byte
-	n, err := callC(m.lib.desc.LastError, m.inst, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+	p, back := m.guarded(unsafe.Pointer(&buf[0]), uintptr(len(buf)))
+	n, err := m.call(m.lib.desc.LastError, m.inst, uintptr(p), uintptr(len(buf)))
+	back()
 	if err != nil || n == 0 {
 		return ""
 	}
@@ -390,17 +432,28 @@ func (m *Mechanism) slotInts(op string, h memapi.HandleID, fn uintptr, args ...u
 
 // deadline returns the window of a consuming slot starting now: it ends
 // Options.SlotTimeout from now, or at the context's deadline when that is
-// sooner (never before now). One read of the monotonic clock.
-func (m *Mechanism) deadline(ctx context.Context) window {
+// sooner. A context that already ended (cancelled, or its deadline not after
+// now) gets no window: the slot is not called, and the error is an
+// *memapi.Error of kind ErrUnavailable (the status a slot returns past its
+// deadline) wrapping the context's error. One read of the monotonic clock.
+func (m *Mechanism) deadline(op string, ctx context.Context) (window, error) {
 	now := time.Since(timeBase)
 	w := window{start: now, end: now + m.timeout}
 	if w.end < now { // a SlotTimeout near the largest Duration
 		w.end = math.MaxInt64
 	}
 	if d, ok := ctx.Deadline(); ok {
-		w.end = min(w.end, max(d.Sub(timeBase), now))
+		w.end = min(w.end, d.Sub(timeBase))
 	}
-	return w
+	err := ctx.Err()
+	if err == nil && w.end <= now {
+		err = context.DeadlineExceeded // passed, and the context's timer has not fired yet
+	}
+	if err != nil {
+		return window{}, &memapi.Error{Op: op, Kind: memapi.ErrUnavailable, Mechanism: m.info.Mechanism, Authority: m.info.Authority,
+			Detail: "the call's context ended before the slot was called", Err: err}
+	}
+	return w, nil
 }
 
 // overran reports a consuming slot that returned past the end of its window:
@@ -440,16 +493,17 @@ func (m *Mechanism) unlink(e *entry) {
 	e.prev, e.next, e.inTable = nil, nil, false
 }
 
-// holds reports whether id is in the table (an error path: it walks it).
-func (m *Mechanism) holds(id uint64) bool {
+// liveEntry returns the entry of id in the table, or nil (an error path: it
+// walks the table).
+func (m *Mechanism) liveEntry(id uint64) *entry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for e := m.table; e != nil; e = e.next {
 		if e.id == id {
-			return true
+			return e
 		}
 	}
-	return false
+	return nil
 }
 
 // isDisowned reports whether the entry of a live handle is quarantined (or
@@ -491,34 +545,63 @@ func (m *Mechanism) quarantine(e *entry, n memapi.Bytes) {
 	m.quarantined += n
 }
 
-// giveBack releases through slot fn what a creating slot made under id when
-// the host refuses it; what the plugin will not release is quarantined.
-func (m *Mechanism) giveBack(fn uintptr, id uint64, n memapi.Bytes) {
-	if !m.tryRelease(fn, id) {
-		m.quarantine(nil, n)
+// quarantineCharged quarantines n bytes of an object a consuming call made
+// and the host refused, and draws them from the call's grant: the checked
+// wrapper gives back what it drew for a call that failed, so without this
+// draw the governor would not see memory the plugin still holds. Bytes so
+// drawn are left out of UsedBytes, which a wrapper in verify mode settles
+// on, so they are charged exactly once. When the grant refuses, the bytes
+// stay in UsedBytes and the grant's error is returned.
+func (m *Mechanism) quarantineCharged(grant memapi.Grant, n memapi.Bytes) error {
+	if n == 0 {
+		return nil
 	}
+	var err error
+	if grant != nil {
+		err = grant.Draw(n)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.quarantined += n
+	if grant != nil && err == nil {
+		m.charged += n
+	}
+	return err
+}
+
+// giveBack releases through slot fn what a creating slot made under id when
+// the host refuses it; what the plugin will not release is quarantined and
+// charged to the call's grant (nil for a call that consumes nothing).
+func (m *Mechanism) giveBack(fn uintptr, id uint64, n memapi.Bytes, grant memapi.Grant) error {
+	if !m.tryRelease(fn, id) {
+		return m.quarantineCharged(grant, n)
+	}
+	return nil
 }
 
 func (m *Mechanism) tryRelease(fn uintptr, id uint64) bool {
-	r, err := callInts(fn, m.inst, uintptr(id))
+	r, err := m.call(fn, m.inst, uintptr(id))
 	return err == nil && r == 0
 }
 
 // changedID checks that the plugin left out->id as assigned. When it did
-// not, the plugin filed the object under an id of its own: the host gives
-// it back through that id when it holds no handle of that id, and
-// quarantines the n bytes otherwise (releasing it could free the memory of
-// another handle, or nothing).
-func (m *Mechanism) changedID(op string, assigned, got uint64, fn uintptr, n memapi.Bytes) error {
+// not, the plugin filed the object under an id of its own, and nothing is
+// released: that id may name another object of the plugin (a quarantined
+// one, or the object of a call still running), so releasing it could free
+// the wrong memory. The n bytes are quarantined and charged to the call's
+// grant; a live handle of that id is quarantined too, since the id now
+// names two objects of the plugin and no release of it is safe.
+func (m *Mechanism) changedID(op string, assigned, got uint64, n memapi.Bytes, grant memapi.Grant) error {
 	if got == assigned {
 		return nil
 	}
-	what := "given back"
-	if got == 0 || m.holds(got) || !m.tryRelease(fn, got) {
-		m.quarantine(nil, n)
-		what = fmt.Sprintf("%d bytes quarantined", n)
+	also := ""
+	if e := m.liveEntry(got); e != nil {
+		m.quarantine(e, 0)
+		also = fmt.Sprintf("; handle %d, whose id it took, is quarantined too", got)
 	}
-	return m.protocol(op, 0, "the plugin changed the assigned id %d to %d (%s)", assigned, got, what)
+	cerr := m.quarantineCharged(grant, n)
+	return joinErr(m.protocol(op, 0, "the plugin changed the assigned id %d to %d: nothing released, %d bytes quarantined%s", assigned, got, n, also), cerr)
 }
 
 func (m *Mechanism) noGrant(op string) error {
@@ -572,12 +655,12 @@ func (m *Mechanism) Close() error {
 			Detail: fmt.Sprintf("%d handles are live", n)}
 	}
 	m.closed = true
-	_, err := callInts(m.lib.desc.Close, m.inst)
+	_, err := m.call(m.lib.desc.Close, m.inst)
 	m.mu.Lock()
 	for m.table != nil {
 		m.unlink(m.table)
 	}
-	m.quarantined = 0
+	m.quarantined, m.charged = 0, 0
 	m.disowned.Store(0)
 	m.mu.Unlock()
 	if err != nil {
@@ -617,11 +700,11 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	a, err := m.allocate(ctx, op, req)
+	a, err := m.allocate(ctx, op, req, grant)
 	return a, m.done(op, err)
 }
 
-func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest) (*memapi.Allocation, error) {
+func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	id := newID()
 	// The request and the out parameter escape to the heap for the call
 	// (go:uintptrescapes): one object for both is one allocation, and slot4
@@ -631,22 +714,27 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 		out cAllocationOut
 	}{cAllocRequest{Size: uint64(req.Size), Align: uint64(req.Align)}, cAllocationOut{ID: id}}
 	out := &inout.out
-	w := m.deadline(ctx)
-	if err := m.slot4(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(unsafe.Pointer(out))); err != nil {
+	w, err := m.deadline(op, ctx)
+	if err != nil {
+		return nil, err
+	}
+	outp, back := m.guarded(unsafe.Pointer(out), unsafe.Sizeof(*out))
+	err = m.slot4(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(outp))
+	back()
+	if err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.AllocGranularity)
-	if err := m.changedID(op, id, out.ID, m.lib.da.Free, memapi.Bytes(out.Size)); err != nil {
+	if err := m.changedID(op, id, out.ID, memapi.Bytes(out.Size), grant); err != nil {
 		return nil, err
 	}
 	if out.Addr == 0 || out.Size != uint64(want) {
-		n := memapi.Bytes(out.Size)
-		m.giveBack(m.lib.da.Free, id, n)
-		return nil, m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want)
+		gerr := m.giveBack(m.lib.da.Free, id, memapi.Bytes(out.Size), grant)
+		return nil, joinErr(m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want), gerr)
 	}
 	if w.passed() {
-		m.giveBack(m.lib.da.Free, id, want)
-		return nil, m.overran(op, w)
+		gerr := m.giveBack(m.lib.da.Free, id, want, grant)
+		return nil, joinErr(m.overran(op, w), gerr)
 	}
 	e := m.adoptNew(kindAllocation, id, want)
 	return m.issuer.NewAllocation(memapi.DeviceAddr(out.Addr), want, e), nil
@@ -686,17 +774,24 @@ func (m *Mechanism) release(op string, h memapi.Handle, fn uintptr) error {
 	return m.done(op, nil)
 }
 
-// UsedBytes asks the plugin's used_bytes slot; 0 after Close.
+// UsedBytes asks the plugin's used_bytes slot, less the quarantined bytes
+// the mechanism charged to a grant itself (see Quarantined): what remains is
+// what the handles' charges cover, so a checked wrapper in verify mode,
+// which settles on this figure, never charges those bytes a second time. 0
+// after Close.
 func (m *Mechanism) UsedBytes() memapi.Bytes {
 	if m.enter("DeviceAllocator.UsedBytes") != nil {
 		return 0
 	}
 	defer m.leave()
-	r, err := callInts(m.lib.da.UsedBytes, m.inst)
+	r, err := m.call(m.lib.da.UsedBytes, m.inst)
 	if err != nil {
 		return 0
 	}
-	return memapi.Bytes(r)
+	m.mu.Lock()
+	charged := m.charged
+	m.mu.Unlock()
+	return memapi.Bytes(r) - min(charged, memapi.Bytes(r))
 }
 
 // ---- VirtualBacking -----------------------------------------------------
@@ -715,15 +810,18 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	in := cReserveRequest{Size: uint64(req.Size)}
 	id := newID()
 	out := cReservationOut{ID: id}
-	if err := m.slot(op, 0, m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(unsafe.Pointer(&out))); err != nil {
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err := m.slot(op, 0, m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(outp))
+	back()
+	if err != nil {
 		return nil, m.done(op, err)
 	}
-	if err := m.changedID(op, id, out.ID, m.lib.vb.ReleaseReservation, 0); err != nil {
+	if err := m.changedID(op, id, out.ID, 0, nil); err != nil {
 		return nil, m.done(op, err)
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.Granularity)
 	if out.Addr == 0 || out.Size != uint64(want) || out.Addr%uint64(m.info.Granularity) != 0 {
-		m.giveBack(m.lib.vb.ReleaseReservation, id, 0)
+		_ = m.giveBack(m.lib.vb.ReleaseReservation, id, 0, nil)
 		return nil, m.done(op, m.protocol(op, 0, "the plugin returned a reservation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want))
 	}
 	e := m.adoptNew(kindReservation, id, 0)
@@ -767,7 +865,10 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 		return err
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
-	w := m.deadline(ctx)
+	w, err := m.deadline(op, ctx)
+	if err != nil {
+		return err
+	}
 	if err := m.slot4(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.unknown(op, res.ID(), e, err)
 	}
@@ -827,7 +928,10 @@ func (m *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error
 		return 0, err
 	}
 	var out uint64
-	if err := m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&out))); err != nil {
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err = m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(e.id), uintptr(outp))
+	back()
+	if err != nil {
 		return 0, m.unknown(op, res.ID(), e, err)
 	}
 	return memapi.Bytes(out), nil
@@ -855,28 +959,34 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 	if err := m.mutate(op); err != nil {
 		return nil, err
 	}
-	b, err := m.createBacking(ctx, op, size)
+	b, err := m.createBacking(ctx, op, size, grant)
 	return b, m.done(op, err)
 }
 
-func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.Bytes) (*memapi.Backing, error) {
+func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.Bytes, grant memapi.Grant) (*memapi.Backing, error) {
 	id := newID()
 	out := cBackingOut{ID: id}
-	w := m.deadline(ctx)
-	if err := m.slot4(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(unsafe.Pointer(&out))); err != nil {
+	w, err := m.deadline(op, ctx)
+	if err != nil {
 		return nil, err
 	}
-	if err := m.changedID(op, id, out.ID, m.lib.sm.ReleaseBacking, memapi.Bytes(out.Size)); err != nil {
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err = m.slot4(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(outp))
+	back()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.changedID(op, id, out.ID, memapi.Bytes(out.Size), grant); err != nil {
 		return nil, err
 	}
 	want, _ := memapi.RoundUp(size, m.info.Granularity)
 	if out.Size != uint64(want) {
-		m.giveBack(m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size))
-		return nil, m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d (want %d)", out.Size, size, want)
+		gerr := m.giveBack(m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size), grant)
+		return nil, joinErr(m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d (want %d)", out.Size, size, want), gerr)
 	}
 	if w.passed() {
-		m.giveBack(m.lib.sm.ReleaseBacking, id, want)
-		return nil, m.overran(op, w)
+		gerr := m.giveBack(m.lib.sm.ReleaseBacking, id, want, grant)
+		return nil, joinErr(m.overran(op, w), gerr)
 	}
 	e := m.adoptNew(kindBacking, id, want)
 	return m.issuer.NewBacking(want, e), nil
@@ -915,7 +1025,10 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 	in := cRange{Off: uint64(rg.Off), Len: uint64(rg.Len)}
 	id := newID()
 	out := cViewOut{ID: id}
-	if err := m.slot(op, res.ID(), m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(unsafe.Pointer(&out))); err != nil {
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err = m.slot(op, res.ID(), m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(outp))
+	back()
+	if err != nil {
 		if isKind(err, memapi.ErrReleased) {
 			m.quarantine(re, 0)
 			m.quarantine(be, 0)
@@ -923,11 +1036,11 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 		}
 		return nil, err
 	}
-	if err := m.changedID(op, id, out.ID, m.lib.sm.UnmapView, 0); err != nil {
+	if err := m.changedID(op, id, out.ID, 0, nil); err != nil {
 		return nil, err
 	}
 	if out.Reservation != rid || out.Backing != bid || out.Range != in || out.Access != int32(access) {
-		m.giveBack(m.lib.sm.UnmapView, id, 0)
+		_ = m.giveBack(m.lib.sm.UnmapView, id, 0, nil)
 		return nil, m.protocol(op, res.ID(), "the plugin mapped %+v, asked for reservation %d, backing %d, range %+v, access %d", out, rid, bid, in, access)
 	}
 	e := m.adoptNew(kindView, id, 0)
@@ -968,8 +1081,15 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	rid, _ := m.issuer.Impl(op, res) // live: v keeps it
 	vid, bid := newID(), newID()
 	out := cViewOut{ID: vid, Backing: bid}
-	w := m.deadline(ctx)
-	if err := m.slot4(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(unsafe.Pointer(&out))); err != nil {
+	w, err := m.deadline(op, ctx)
+	if err != nil {
+		m.issuer.EndRelease(v, false)
+		return nil, m.done(op, err)
+	}
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err = m.slot4(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(outp))
+	back()
+	if err != nil {
 		err = m.unknown(op, v.ID(), oe, err)
 		m.issuer.EndRelease(v, false)
 		return nil, m.done(op, err)
@@ -979,8 +1099,13 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	m.issuer.EndRelease(v, true)
 	rg := v.Range()
 	if out.ID != vid || out.Backing != bid {
-		m.quarantine(nil, rg.Len)
-		return nil, m.done(op, m.protocol(op, v.ID(), "the plugin changed the assigned ids (view %d to %d, backing %d to %d): %d bytes quarantined", vid, out.ID, bid, out.Backing, rg.Len))
+		for _, id := range []uint64{out.ID, out.Backing} {
+			if e := m.liveEntry(id); e != nil {
+				m.quarantine(e, 0) // the id names two objects of the plugin now
+			}
+		}
+		cerr := m.quarantineCharged(grant, rg.Len)
+		return nil, m.done(op, joinErr(m.protocol(op, v.ID(), "the plugin changed the assigned ids (view %d to %d, backing %d to %d): nothing released, %d bytes quarantined", vid, out.ID, bid, out.Backing, rg.Len), cerr))
 	}
 	ve := m.adoptNew(kindView, vid, 0)
 	be := m.adoptNew(kindBacking, bid, rg.Len)
@@ -1007,7 +1132,10 @@ func (m *Mechanism) ViewCount(b *memapi.Backing) (int, error) {
 		return 0, err
 	}
 	var out int64
-	if err := m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&out))); err != nil {
+	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
+	err = m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(e.id), uintptr(outp))
+	back()
+	if err != nil {
 		return 0, m.unknown(op, b.ID(), e, err)
 	}
 	return int(out), nil

@@ -23,7 +23,18 @@
  * docs/cabi.md walks through this file. The tests build it with cc, also with
  * macros that emulate other builds of the ABI (REFHOST_NEWER_MINOR,
  * REFHOST_MAJOR, REFHOST_SLOTS_MAJOR) and broken plugins (REFHOST_BAD_*,
- * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME).
+ * REFHOST_NO_ENTRY, REFHOST_NULL_DESCRIPTOR, REFHOST_NAME), among them the
+ * variants memgen plugin-check must report without dying itself:
+ *
+ *   REFHOST_BAD_COMMIT       commit reports success and installs nothing
+ *   REFHOST_BAD_DECOMMIT     decommit reports success and keeps everything
+ *   REFHOST_HANG_COMMIT      commit never returns
+ *   REFHOST_UNMAPPED_COMMIT  commit marks and counts the granules committed
+ *                            without mapping them: a copy into them faults
+ *   REFHOST_OVERRUN_OUT      allocate writes 64 bytes past *out
+ *   REFHOST_OVERRUN_DST      stream_copy_from_device writes 64 bytes past dst
+ *   REFHOST_OVERLAP          allocate reports the address of another live
+ *                            allocation
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "memgen/mechanism.h"
@@ -312,6 +324,17 @@ static memgen_status ref_allocate(void *instance, uint64_t deadline_ns, const me
   in->used += size;
   out->addr = (memgen_device_addr)(uintptr_t)p;
   out->size = size;
+#ifdef REFHOST_OVERLAP
+  for (struct obj *x = o->next; x != NULL; x = x->next) {
+    if (x->kind == K_ALLOC && x->size >= size) {
+      out->addr = (memgen_device_addr)(uintptr_t)x->base; /* another live allocation's memory */
+      break;
+    }
+  }
+#endif
+#ifdef REFHOST_OVERRUN_OUT
+  memset((unsigned char *)out + sizeof *out, 0xa5, 64); /* past the out struct */
+#endif
 #ifdef REFHOST_BAD_HANDLE
   out->size = size / 2; /* less than asked for: garbage */
 #endif
@@ -419,6 +442,12 @@ static memgen_status ref_commit(void *instance, uint64_t deadline_ns, memgen_han
   struct obj *o;
   memgen_status st;
   (void)deadline_ns; /* mprotect and populate are bounded */
+#ifdef REFHOST_HANG_COMMIT
+  for (;;) { /* never returns, whatever the deadline */
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+  }
+#endif
   pthread_mutex_lock(&in->mu);
   o = find(in, res, K_RES);
   if (o == NULL) {
@@ -434,6 +463,12 @@ static memgen_status ref_commit(void *instance, uint64_t deadline_ns, memgen_han
   }
 #ifdef REFHOST_BAD_COMMIT
   goto out; /* reports success, installs nothing */
+#endif
+#ifdef REFHOST_UNMAPPED_COMMIT
+  set_granules(o, r->off, r->len, G_COMMITTED); /* marked and counted, never mapped */
+  o->committed += r->len;
+  in->used += r->len;
+  goto out;
 #endif
   if (mprotect(o->base + r->off, r->len, PROT_READ | PROT_WRITE) != 0) {
     st = errno_status(errno);
@@ -470,6 +505,9 @@ static memgen_status ref_decommit(void *instance, memgen_handle res, const memge
     st = MEMGEN_ERR_NOT_COMMITTED;
     goto out;
   }
+#ifdef REFHOST_BAD_DECOMMIT
+  goto out; /* reports success, keeps the memory */
+#endif
   if (mprotect(o->base + r->off, r->len, PROT_NONE) != 0) {
     st = MEMGEN_ERR_INVALID_RANGE;
     goto out;
@@ -840,6 +878,13 @@ static memgen_status ref_stream_copy_from_device(void *instance, memgen_handle s
   if (dst_len == 0) {
     return MEMGEN_OK;
   }
+#ifdef REFHOST_OVERRUN_DST
+  {
+    memgen_status st = ref_copy(instance, stream, dst, 0, NULL, src, dst_len);
+    memset((unsigned char *)dst + dst_len, 0xa5, 64); /* past the buffer */
+    return st;
+  }
+#endif
   return ref_copy(instance, stream, dst, 0, NULL, src, dst_len);
 }
 
