@@ -122,11 +122,30 @@ func TestContextBadInput(t *testing.T) {
 	// 8,192 cells x 12 KiB = 96 MiB of KV: more than the authority has.
 	_, err := m.NewContext(bg(t), ContextOptions{NCtx: 8192})
 	var ob *OverBudgetError
-	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || ob.Wanted != 96<<20 || ob.Capacity != 80<<20 {
-		t.Fatalf("n_ctx over the budget: got %v, want an *OverBudgetError for 96 MiB of 80 MiB", err)
+	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || ob.Wanted != 96<<20 || ob.Capacity != 80<<20 || ob.Weights != m.WeightBytes() {
+		t.Fatalf("n_ctx over the budget: got %v, want an *OverBudgetError for 96 MiB beside the weights of 80 MiB", err)
 	}
 	t.Log(err)
 	r.auditEmpty(t, "after the refused context", m)
+	// 1,536 cells: 18 MiB of KV fits the 80 MiB alone, not beside the
+	// weights: one sequence at its longest must fit with them.
+	if _, err := m.NewContext(bg(t), ContextOptions{NCtx: 1536}); !errors.As(err, &ob) || ob.Wanted != 18<<20 || ob.Weights != m.WeightBytes() {
+		t.Fatalf("n_ctx whose KV fits only without the weights: got %v, want an *OverBudgetError naming the weights", err)
+	}
+	r.auditEmpty(t, "after the context refused beside the weights", m)
+	// Beyond the trained context (16,384), and far beyond it: refused
+	// from the metadata, before llama.cpp allocates anything.
+	var le *LimitError
+	for _, n := range []int{16385, 1 << 30} {
+		if _, err := m.NewContext(bg(t), ContextOptions{NCtx: n}); !errors.As(err, &le) || !errors.Is(err, memapi.ErrInvalidSize) || le.Field != "n_ctx" || le.Value != n || le.Limit != 16384 {
+			t.Fatalf("n_ctx %d beyond the trained context: got %v, want a *LimitError naming n_ctx %d and 16384", n, err, n)
+		}
+	}
+	t.Log(le)
+	if _, err := m.NewContext(bg(t), ContextOptions{NCtx: 64, NoFlashAttention: true}); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Fatalf("a context without flash attention: got %v, want ErrUnsupported", err)
+	}
+	r.auditEmpty(t, "after the refused options", m)
 	if _, err := m.NewContext(bg(t), ContextOptions{NCtx: 0}); !errors.Is(err, memapi.ErrInvalidSize) {
 		t.Fatalf("n_ctx 0: got %v", err)
 	}
@@ -182,9 +201,9 @@ func TestContextBadInput(t *testing.T) {
 	r.auditEmpty(t, "after the model's close", nil)
 }
 
-// TestDecodeOverBudget: a decode whose growth the governor refuses fails
-// within the caller's deadline with an *OverBudgetError carrying the
-// figures; the context keeps its cells and rows, the accounts stay exact,
+// TestDecodeOverBudget: a decode whose growth the governor cannot serve
+// fails at the caller's deadline with a *WaitError carrying the figures and
+// matching context.DeadlineExceeded; the context keeps its cells and rows, the accounts stay exact,
 // and once memory is free the same decode succeeds.
 func TestDecodeOverBudget(t *testing.T) {
 	r := newRig(t, 72<<20)
@@ -216,12 +235,14 @@ func TestDecodeOverBudget(t *testing.T) {
 	start := time.Now()
 	_, err = c.Decode(ctx, prompt(4, 100, m.NVocab())) // 116 rows, 2 tiles: 1.5 MiB of KV
 	took := time.Since(start)
-	var ob *OverBudgetError
-	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) {
-		t.Fatalf("got %v, want an *OverBudgetError", err)
+	// The wait ended with the caller's deadline: that is the error, not
+	// an over-budget refusal.
+	var we *WaitError
+	if !errors.As(err, &we) || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("got %v, want a *WaitError matching context.DeadlineExceeded and not ErrOverBudget", err)
 	}
-	if ob.Rows != 128 || ob.Committed != before.Committed || ob.Capacity != 72<<20 {
-		t.Errorf("figures: %+v (before: %+v)", ob, before)
+	if we.Rows != 128 || we.Committed != before.Committed {
+		t.Errorf("figures: %+v (before: %+v)", we, before)
 	}
 	t.Logf("refused after %v: %v", took, err)
 	if after := c.KV(); after != before || len(c.Tokens()) != 16 {

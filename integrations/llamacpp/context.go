@@ -36,6 +36,12 @@ type ContextOptions struct {
 	// Priority is the context's holder's priority: under pressure the
 	// governor asks lower priorities first.
 	Priority governor.Priority
+	// NoFlashAttention asks for llama.cpp's attention without flash
+	// attention. It is refused (memapi.ErrUnsupported) at NewContext:
+	// without it llama.cpp stores V transposed, one row of n_ctx per
+	// channel, so a growing region would be touched whole by the first
+	// token, and its kernels read cells past the live ones.
+	NoFlashAttention bool
 }
 
 // Context is one llama.cpp context running one sequence, and the governor
@@ -81,8 +87,11 @@ type Stats struct {
 // NewContext creates a llama.cpp context of opts.NCtx cells for the model,
 // whose KV cache is placed in memgen's regions, charged to a holder of its
 // own (Model's Name + "/ctx<N>") registered with the governor. Nothing is
-// committed until the first decode. A context whose whole KV cache could
-// never fit the authority's capacity is refused with an *OverBudgetError.
+// committed until the first decode. Before anything is allocated, opts is
+// checked against the model's GGUF metadata: an n_ctx beyond the trained
+// context is a *LimitError, and a context whose whole KV cache and the
+// model's weights could never fit the authority's capacity together (one
+// sequence at its longest) an *OverBudgetError.
 func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, error) {
 	const op = "llamacpp.Model.NewContext"
 	if opts.Batch <= 0 {
@@ -90,6 +99,12 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	}
 	if opts.NCtx <= 0 {
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "n_ctx %d", opts.NCtx)
+	}
+	if opts.NoFlashAttention {
+		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "a context without flash attention: its V cache is one row of n_ctx per channel, which a growing region cannot back")
+	}
+	if err := m.checkContext(opts.NCtx); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	if m.closed {
@@ -147,10 +162,11 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		for _, t := range c.tensors {
 			full += t.region.Cap()
 		}
-		if capacity := c.capacity(); full > capacity {
+		// What llama.cpp reserved, checked as checkContext estimated it.
+		if weights, capacity := m.WeightBytes(), c.capacity(); weights+full > capacity {
 			C.memgen_llama_context_free(c.c)
 			c.c = nil
-			return fail(&OverBudgetError{Context: string(c.holder), Rows: c.nCtx, Wanted: full, Capacity: capacity, Free: c.free()})
+			return fail(&OverBudgetError{Context: string(c.holder), Rows: c.nCtx, Wanted: full, Weights: weights, Capacity: capacity, Free: c.free()})
 		}
 	}
 	return c, nil
@@ -426,6 +442,12 @@ func (c *Context) grow(ctx context.Context, rows int) error {
 			for _, u := range c.tensors {
 				kv += u.region.Committed()
 				wanted += memapi.Bytes(rows) * u.rowBytes
+			}
+			if cause := context.Cause(ctx); cause != nil {
+				// The wait ended with the caller's context: that is what
+				// happened, not a refusal of the budget.
+				return errors.Join(&WaitError{Context: string(c.holder), Rows: rows, Wanted: wanted, Committed: kv, Free: c.free(), Err: cause},
+					errors.Join(errs...))
 			}
 			return errors.Join(&OverBudgetError{Context: string(c.holder), Rows: rows, Wanted: wanted, Committed: kv,
 				Capacity: c.capacity(), Free: c.free(), Err: err}, errors.Join(errs...))

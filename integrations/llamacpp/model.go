@@ -236,3 +236,58 @@ func waitReleased[T owned](ctx context.Context, hs ...T) error {
 	}
 	return nil
 }
+
+// kvRowBytes is the bytes one cell takes in a context's KV cache, from
+// the GGUF metadata: K and V of every layer, F16 (llama.cpp's default
+// cache type, which the bridge keeps), head_count_kv heads of key_length
+// and value_length (n_embd / head_count when absent). 0 when the metadata
+// does not say (llama.cpp then refuses the model, or the check after the
+// allocation measures it).
+func (m *Model) kvRowBytes() memapi.Bytes {
+	arch := m.info.String("general.architecture")
+	layers, ok1 := m.info.Uint(arch + ".block_count")
+	embd, ok2 := m.info.Uint(arch + ".embedding_length")
+	heads, ok3 := m.info.Uint(arch + ".attention.head_count")
+	if !ok1 || !ok2 || !ok3 || heads == 0 {
+		return 0
+	}
+	headsKV, ok := m.info.Uint(arch + ".attention.head_count_kv")
+	if !ok {
+		headsKV = heads
+	}
+	k, ok := m.info.Uint(arch + ".attention.key_length")
+	if !ok {
+		k = embd / heads
+	}
+	v, ok := m.info.Uint(arch + ".attention.value_length")
+	if !ok {
+		v = embd / heads
+	}
+	return memapi.Bytes(layers * headsKV * (k + v) * 2)
+}
+
+// checkContext refuses, before anything is allocated, a context of nCtx
+// cells that the model cannot hold: beyond its trained context (a
+// *LimitError; RoPE scaling, which would allow more, is not offered), or
+// one whose KV cache at nCtx cells and the weights together exceed the
+// authority's capacity (an *OverBudgetError: one sequence at its longest
+// must fit beside the weights; the cells are committed only as they are
+// used).
+func (m *Model) checkContext(nCtx int) error {
+	arch := m.info.String("general.architecture")
+	if train, ok := m.info.Uint(arch + ".context_length"); ok && train > 0 && uint64(nCtx) > train {
+		return &LimitError{Field: "n_ctx", Value: nCtx, Limit: int(min(train, 1<<31-1)),
+			Reason: "the model's trained context (" + arch + ".context_length); RoPE scaling beyond it is not offered"}
+	}
+	row := m.kvRowBytes()
+	if m.opts.Stock || row == 0 {
+		return nil
+	}
+	a, _ := m.weights.Authority()
+	s, _ := m.opts.Governor.Authority(a)
+	weights := m.WeightBytes()
+	if kv := memapi.Bytes(nCtx) * row; kv/row != memapi.Bytes(nCtx) || weights+kv > s.Capacity {
+		return &OverBudgetError{Context: m.opts.Name + "/ctx", Rows: nCtx, Wanted: memapi.Bytes(nCtx) * row, Weights: weights, Capacity: s.Capacity, Free: s.Free}
+	}
+	return nil
+}
