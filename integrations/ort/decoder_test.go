@@ -643,8 +643,7 @@ func TestDecoderFleet(t *testing.T) {
 				continue
 			}
 			var ge *GrowError
-			if !errors.As(m.err, &ge) || !(errors.Is(m.err, memapi.ErrOverBudget) ||
-				errors.Is(m.err, memapi.ErrInUse) && errors.Is(m.err, context.DeadlineExceeded)) {
+			if !errors.As(m.err, &ge) || !(errors.Is(m.err, memapi.ErrOverBudget) || errors.Is(m.err, context.DeadlineExceeded)) {
 				t.Fatalf("round %d: sequence %d: %v, want a *GrowError over budget or out of time for its turn", round, m.id, m.err)
 			}
 			if ge.Held != kvBytes(m.q.Tokens()) {
@@ -877,5 +876,103 @@ func TestDecoderNewSequenceOverBudget(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDecoderCloseWaitsForTheStep: a sequence closed while its Step is
+// about to run keeps the decoder's session in use until the Step returns:
+// Decoder.Close meanwhile is memapi.ErrInUse (it used to free the session
+// under the running Run: SIGSEGV), and succeeds once the Step returned.
+func TestDecoderCloseWaitsForTheStep(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	var during error
+	q.beforeRun = func() error {
+		q.beforeRun = nil
+		if err := q.Close(); err != nil {
+			return err
+		}
+		during = d.Close()
+		return nil
+	}
+	if _, err := q.Step(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(during, memapi.ErrInUse) {
+		t.Fatalf("Decoder.Close while a closed sequence's Step runs: %v, want ErrInUse", during)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatalf("Decoder.Close once the Step returned: %v", err)
+	}
+	if n := h.charged(t, "closed"); n != 0 {
+		t.Fatalf("charged %d after both closed", n)
+	}
+}
+
+// TestDecoderFailedStepGivesTheGrowthBack: a step that fails after its
+// growth (here before its Run; a failed Run takes the same path) gives the
+// growth back at once: the ledger holds the tokens the sequence had, not
+// the failed step's rows until Close.
+func TestDecoderFailedStepGivesTheGrowthBack(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	ctx := context.Background()
+	// 48 tokens fill their granules exactly: the 49th step grows every
+	// Region by one.
+	full := int(kvGranule / decRowBytes * 3)
+	for i := range full {
+		if _, err := q.Step(ctx, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := h.charged(t, "48 tokens")
+	boom := errors.New("the run failed")
+	grew := false
+	q.beforeRun = func() error {
+		grew = q.backed[0] > memapi.Bytes(full)*decRowBytes
+		return boom
+	}
+	if _, err := q.Step(ctx, int64(full)); !errors.Is(err, boom) {
+		t.Fatalf("the failing step: %v, want the run's error", err)
+	}
+	if !grew {
+		t.Fatal("the failing step did not grow its Regions: the test tests nothing")
+	}
+	if n := h.charged(t, "after the failed step"); n != before {
+		t.Fatalf("after the failed step: charged %d, want the %d of the 48 tokens", n, before)
+	}
+	q.beforeRun = nil
+	if _, err := q.Step(ctx, int64(full)); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.charged(t, "49 tokens"); n != kvBytes(full+1) {
+		t.Fatalf("49 tokens: charged %d, want %d", n, kvBytes(full+1))
+	}
+}
+
+// TestDecoderCancelledWaitIsTheContexts: a step whose context ends while
+// another sequence's growth holds the turn fails with a *GrowError that
+// matches the context's error (not memapi.ErrInUse), whose Wanted is the
+// granules its Regions would hold.
+func TestDecoderCancelledWaitIsTheContexts(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q := newSequence(t, d)
+	d.growTurn <- struct{}{} // another sequence grows
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := q.Step(ctx, 1)
+	<-d.growTurn
+	var ge *GrowError
+	if !errors.As(err, &ge) || !errors.Is(err, context.Canceled) || errors.Is(err, memapi.ErrInUse) {
+		t.Fatalf("a cancelled wait for the turn: %v, want a *GrowError matching context.Canceled, not ErrInUse", err)
+	}
+	if ge.Wanted != kvBytes(1) {
+		t.Fatalf("Wanted %d, want %d: the granules of one token in every Region", ge.Wanted, kvBytes(1))
+	}
+	if n := h.charged(t, "after the cancelled step"); n != 0 {
+		t.Fatalf("charged %d after the cancelled step", n)
 	}
 }

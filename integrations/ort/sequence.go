@@ -45,7 +45,7 @@ type scalars struct {
 // short), joined with the rollback's should that fail.
 type GrowError struct {
 	Tokens int          // tokens in the cache, the step's own included
-	Wanted memapi.Bytes // bytes of backing the step needed in all
+	Wanted memapi.Bytes // bytes of backing the step needed in all: the granules its Regions would hold
 	Held   memapi.Bytes // bytes of backing the sequence holds (as before the step)
 	Err    error
 }
@@ -208,7 +208,9 @@ func (q *Sequence) bind(ctx context.Context) error {
 // every cache tensor. In KVGrow mode every Region is first grown, through
 // the governor and bounded by ctx, to the rows the step writes (rounded up
 // to the mechanism's granularity); a refusal is a *GrowError and changes
-// nothing. It fails with memapi.ErrClosed after Close, memapi.ErrInUse
+// nothing (a wait for another sequence's growth that ctx ended is a
+// *GrowError matching ctx's error), and a step that fails after growing
+// gives the growth back. It fails with memapi.ErrClosed after Close, memapi.ErrInUse
 // while another Step runs, memapi.ErrInvalidRange when the sequence holds
 // MaxSeq tokens or the token is outside the vocabulary.
 func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
@@ -239,22 +241,34 @@ func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
 	if err == nil {
 		q.pos++
 	}
-	if q.closed {
+	closed := q.closed
+	if closed {
 		q.freeValues() // Close came during the step and left them to it
 	}
 	q.mu.Unlock()
+	if closed {
+		q.d.release() // and the sequence's hold on the session
+	}
 	if err != nil {
 		return nil, err
 	}
 	return q.logits, nil
 }
 
-func (q *Sequence) step(ctx context.Context, pos int, token int64) error {
+func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 	d := q.d
 	if d.mode == KVGrow {
-		if err := q.grow(ctx, pos+1); err != nil {
-			return err
+		grown, prev, gerr := q.grow(ctx, pos+1)
+		if gerr != nil {
+			return gerr
 		}
+		// A step that fails after its growth gives the growth back: the
+		// cache holds the rows of the tokens it had, no more.
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, q.shrinkBack(grown, prev))
+			}
+		}()
 	}
 	var f *runFence
 	if d.mode != KVConcat {
@@ -279,7 +293,7 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) error {
 			q.outVals[sl.out] = nil
 		}
 	}
-	err := cErr(C.memgen_ort_run(d.s.s, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
+	err = cErr(C.memgen_ort_run(d.s.s, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
 		&d.outNames[0], &q.outVals[0], C.size_t(len(d.s.outputs))))
 	if d.mode == KVConcat {
 		for _, sl := range d.slots {
@@ -327,33 +341,37 @@ func (q *Sequence) replacePast(i int, v *C.OrtValue) {
 // rows); all of them grow at the same step, in the decoder's grow turn
 // (one sequence at a time), taken bounded by ctx. A refused growth shrinks
 // the regions grown for this step back to their length before it.
-func (q *Sequence) grow(ctx context.Context, rows int) error {
+// It returns the regions it grew and their lengths before, for a step that
+// fails later to give the growth back (shrinkBack).
+func (q *Sequence) grow(ctx context.Context, rows int) (grown []int, prev []memapi.Bytes, err error) {
 	need := memapi.Bytes(rows-q.short) * q.d.rowBytes
 	if need <= slices.Min(q.backed) {
-		return nil // every Region holds the rows already
+		return nil, nil, nil // every Region holds the rows already
 	}
 	refuse := func(err error) error {
-		var held memapi.Bytes
-		for _, b := range q.backed {
+		var held, wanted memapi.Bytes
+		for i, b := range q.backed {
 			held += b
+			// What the Region would hold: its granules, not the bytes.
+			w, _ := memapi.RoundUp(need, q.region[i].Granularity())
+			wanted += max(w, b)
 		}
-		return &GrowError{Tokens: rows, Wanted: memapi.Bytes(rows) * q.d.rowBytes * memapi.Bytes(len(q.region)), Held: held, Err: err}
+		return &GrowError{Tokens: rows, Wanted: wanted, Held: held, Err: err}
 	}
 	select {
 	case q.d.growTurn <- struct{}{}:
 		defer func() { <-q.d.growTurn }()
 	case <-ctx.Done():
-		return refuse(&memapi.Error{Op: "ort.Sequence.Step", Kind: memapi.ErrInUse,
-			Detail: "another sequence's growth held the turn until the context ended", Err: ctx.Err()})
+		// What ended the wait is the caller's context: its error, not a
+		// refusal.
+		return nil, nil, refuse(fmt.Errorf("waiting for another sequence's growth: %w", context.Cause(ctx)))
 	}
-	var grown []int
-	var prev []memapi.Bytes
 	for i, r := range q.region {
 		if need <= q.backed[i] {
 			continue
 		}
 		if err := r.Grow(ctx, need, nil); err != nil {
-			return refuse(errors.Join(err, q.shrinkBack(grown, prev)))
+			return nil, nil, refuse(errors.Join(err, q.shrinkBack(grown, prev)))
 		}
 		grown, prev = append(grown, i), append(prev, q.backed[i])
 		q.setBacked(i, r.Len())
@@ -361,7 +379,7 @@ func (q *Sequence) grow(ctx context.Context, rows int) error {
 			q.afterGrow(i)
 		}
 	}
-	return nil
+	return grown, prev, nil
 }
 
 // setBacked records Region i's length (Stats reads it from any goroutine;
@@ -394,7 +412,10 @@ func (q *Sequence) shrinkBack(grown []int, prev []memapi.Bytes) error {
 
 // Close releases the sequence: its cache memory (each handle behind the
 // fence of a Run still in flight, refunded after its free) and its tensors
-// (at once, or when the Step in flight returns). Later calls return nil.
+// (at once, or when the Step in flight returns). The sequence holds the
+// decoder's session until a Step in flight returns, so Decoder.Close
+// refuses (memapi.ErrInUse) rather than free the session under the Run.
+// Later calls return nil.
 func (q *Sequence) Close() error {
 	q.mu.Lock()
 	if q.closed {
@@ -403,11 +424,14 @@ func (q *Sequence) Close() error {
 	}
 	q.closed = true
 	err := q.closeMems()
-	if !q.stepping {
+	stepping := q.stepping
+	if !stepping {
 		q.freeValues()
 	}
 	q.mu.Unlock()
-	q.d.release()
+	if !stepping {
+		q.d.release()
+	} // else the running Step releases it as it returns: until then the decoder's session is in use, and Decoder.Close refuses
 	return err
 }
 
