@@ -18,8 +18,14 @@ static char *dup_msg(const char *prefix, const char *msg) {
 	return s;
 }
 
-static char *status_msg(const char *prefix, OrtStatus *st) {
-	char *s = dup_msg(prefix, api->GetErrorMessage(st));
+/* memgen_ort_status_msg is an ONNX Runtime failure: its OrtErrorCode, then the unit
+ * separator (0x1f), then "prefix: message"; the Go side (cErr) makes it a
+ * *SessionError. */
+char *memgen_ort_status_msg(const char *prefix, OrtStatus *st) {
+	const char *msg = api->GetErrorMessage(st);
+	size_t n = strlen(prefix) + strlen(msg) + 16;
+	char *s = malloc(n);
+	if (s) snprintf(s, n, "%d\x1f%s: %s", (int)api->GetErrorCode(st), prefix, msg);
 	api->ReleaseStatus(st);
 	return s;
 }
@@ -45,7 +51,7 @@ char *memgen_ort_load(const char *path) {
 	// onnxruntime_go created, with one more reference.
 	OrtStatus *st = api->CreateEnv(ORT_LOGGING_LEVEL_WARNING, "memgen", &env);
 	if (st) {
-		char *s = status_msg("CreateEnv", st);
+		char *s = memgen_ort_status_msg("CreateEnv", st);
 		api = NULL;
 		dlclose(lib);
 		lib = NULL;
@@ -141,7 +147,7 @@ memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, const uint64_t *cla
 	// A device allocator (no arena): every Alloc and Free reaches Go.
 	OrtStatus *st = api->CreateCpuMemoryInfo(OrtDeviceAllocator, OrtMemTypeDefault, &a->info);
 	if (st) {
-		*err = status_msg("CreateCpuMemoryInfo", st);
+		*err = memgen_ort_status_msg("CreateCpuMemoryInfo", st);
 		memgen_ort_front_release(&a->front);
 		free(a);
 		return NULL;
@@ -159,12 +165,12 @@ memgen_ort_allocator *memgen_ort_new_allocator(uintptr_t id, const uint64_t *cla
 
 char *memgen_ort_register(memgen_ort_allocator *a) {
 	OrtStatus *st = api->RegisterAllocator(env, &a->base);
-	return st ? status_msg("RegisterAllocator", st) : NULL;
+	return st ? memgen_ort_status_msg("RegisterAllocator", st) : NULL;
 }
 
 char *memgen_ort_unregister(memgen_ort_allocator *a) {
 	OrtStatus *st = api->UnregisterAllocator(env, a->info);
-	return st ? status_msg("UnregisterAllocator", st) : NULL;
+	return st ? memgen_ort_status_msg("UnregisterAllocator", st) : NULL;
 }
 
 
@@ -181,7 +187,7 @@ long memgen_ort_callback_loop(long n) {
 char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *found) {
 	OrtKeyValuePairs *kv = NULL;
 	OrtStatus *st = via_api ? api->AllocatorGetStats(a, &kv) : a->GetStats(a, &kv);
-	if (st) return status_msg(via_api ? "AllocatorGetStats" : "OrtAllocator::GetStats", st);
+	if (st) return memgen_ort_status_msg(via_api ? "AllocatorGetStats" : "OrtAllocator::GetStats", st);
 	for (int i = 0; i < MEMGEN_ORT_NSTATS; i++) {
 		const char *v = kv ? api->GetKeyValue(kv, stat_keys[i]) : NULL;
 		found[i] = v != NULL;
@@ -194,10 +200,10 @@ char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *foun
 char *memgen_ort_session_allocator(OrtSession *s, OrtAllocator **out) {
 	OrtMemoryInfo *info;
 	OrtStatus *st = api->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &info);
-	if (st) return status_msg("CreateCpuMemoryInfo", st);
+	if (st) return memgen_ort_status_msg("CreateCpuMemoryInfo", st);
 	st = api->CreateAllocator(s, info, out);
 	api->ReleaseMemoryInfo(info);
-	return st ? status_msg("CreateAllocator", st) : NULL;
+	return st ? memgen_ort_status_msg("CreateAllocator", st) : NULL;
 }
 
 void memgen_ort_release_allocator(OrtAllocator *a) { api->ReleaseAllocator(a); }

@@ -79,6 +79,10 @@ char *memgen_ort_get_stats(OrtAllocator *a, int via_api, int64_t *out, int *foun
 char *memgen_ort_session_allocator(OrtSession *s, OrtAllocator **out);
 void memgen_ort_release_allocator(OrtAllocator *a);
 
+/* An ONNX Runtime failure as the Go side reads it (cErr): its code, the
+ * unit separator, "prefix: message"; st is released. */
+char *memgen_ort_status_msg(const char *prefix, OrtStatus *st);
+
 #endif
 
 // ---- sessions and values for the conformance harness (valuebridge.c) ----

@@ -8,15 +8,7 @@
 
 extern const OrtApi *memgen_ort_api(void);
 
-static char *kv_fail(const char *where, OrtStatus *st) {
-	const OrtApi *api = memgen_ort_api();
-	const char *m = api->GetErrorMessage(st);
-	size_t n = strlen(where) + strlen(m) + 3;
-	char *s = malloc(n);
-	if (s) snprintf(s, n, "%s: %s", where, m);
-	api->ReleaseStatus(st);
-	return s;
-}
+static char *kv_fail(const char *where, OrtStatus *st) { return memgen_ort_status_msg(where, st); }
 
 static long values_made;
 

@@ -7,7 +7,6 @@ package ort
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -66,12 +65,15 @@ type session struct {
 	outputs []ioInfo
 }
 
+// cErr is the error of a bridge call: nil for a nil message, a
+// *SessionError for an ONNX Runtime status (the code before the unit
+// separator), the message otherwise (the bridge's own checks).
 func cErr(msg *C.char) error {
 	if msg == nil {
 		return nil
 	}
 	defer C.free(unsafe.Pointer(msg))
-	return errors.New(C.GoString(msg))
+	return parseErr(C.GoString(msg))
 }
 
 // newSession loads the model at path. With useEnv the session allocates
