@@ -326,3 +326,57 @@ func TestCloseWaitsForQueuedReleases(t *testing.T) {
 	}
 	r.auditEmpty(t, "after close", m)
 }
+
+// TestDecodeCancelledStopsTheWork: a Decode whose context ends while
+// llama_decode runs stops it (llama.cpp's abort callback): the error is the
+// context's, the context keeps its cells, tokens and rows as before, the
+// ledger is exact, and the next Decode goes on from there with the tokens
+// a decode that was never interrupted gives.
+func TestDecodeCancelledStopsTheWork(t *testing.T) {
+	r := newRig(t, 96<<20)
+	m := loadModel(t, r.options())
+	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(bg(t))
+	first, err := c.Decode(bg(t), prompt(5, 16, m.NVocab()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.KV()
+	ctx, cancel := context.WithCancel(context.Background())
+	set := make(chan struct{})
+	abortSet = func() { close(set) }
+	beforeLlamaDecode = func() {
+		beforeLlamaDecode = nil
+		cancel()
+		<-set // the flag is up before llama_decode starts: it aborts at its first node
+	}
+	defer func() { abortSet, beforeLlamaDecode = nil, nil }()
+	_, err = c.Decode(ctx, prompt(6, 100, m.NVocab()))
+	if !errors.Is(err, context.Canceled) || errors.Is(err, memapi.ErrOverBudget) {
+		t.Fatalf("a Decode cancelled while llama_decode runs: %v, want context.Canceled", err)
+	}
+	if after := c.KV(); after != before || len(c.Tokens()) != 16 || c.Stats().Tokens != 16 {
+		t.Fatalf("after the cancelled decode: %+v, %d tokens (%d decoded); before %+v", after, len(c.Tokens()), c.Stats().Tokens, before)
+	}
+	r.audit(t, "after the cancelled decode", m, c)
+	// The same two decodes on a fresh context, never interrupted.
+	abortSet, beforeLlamaDecode = nil, nil
+	want, err := c.Decode(bg(t), prompt(6, 100, m.NVocab()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(bg(t))
+	if got, err := c2.Decode(bg(t), prompt(5, 16, m.NVocab())); err != nil || got != first {
+		t.Fatalf("fresh context, first decode: %d, %v; want %d", got, err, first)
+	}
+	if got, err := c2.Decode(bg(t), prompt(6, 100, m.NVocab())); err != nil || got != want {
+		t.Fatalf("after the cancelled decode the next one gave %d, an uninterrupted one %d (%v)", want, got, err)
+	}
+}

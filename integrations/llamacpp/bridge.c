@@ -120,7 +120,14 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours) {
 
 void memgen_llama_model_free(struct llama_model *m) { memgen_llama_api.llama_model_free(m); }
 
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads) {
+/* A context's abort flag, read by llama.cpp's abort callback between the
+ * graph's nodes: once Go sets it (the Decode's context ended), the running
+ * llama_decode stops and returns 2. */
+static bool memgen_llama_should_abort(void *flag) { return __atomic_load_n((int *)flag, __ATOMIC_RELAXED) != 0; }
+
+void memgen_llama_set_flag(int *flag, int v) { __atomic_store_n(flag, v, __ATOMIC_RELAXED); }
+
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	struct llama_context_params p = a->llama_context_default_params();
 	p.n_ctx = n_ctx;
@@ -138,6 +145,8 @@ struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n
 	 * each tensor in use is a prefix (see docs/llamacpp.md). */
 	p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
 	p.offload_kqv = true;
+	p.abort_callback = memgen_llama_should_abort;
+	p.abort_callback_data = abort_flag;
 	p.no_perf = true;
 	return a->llama_init_from_model(m, p);
 }

@@ -56,7 +56,10 @@ void memgen_llama_set_owner(uintptr_t owner);
 /* Calls into llama.cpp. */
 struct llama_model *memgen_llama_model_load(const char *path, int ours);
 void memgen_llama_model_free(struct llama_model *m);
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads);
+/* abort_flag: llama_decode aborts (returns 2) once it is set, through
+ * memgen_llama_set_flag, from any thread. */
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag);
+void memgen_llama_set_flag(int *flag, int v);
 void memgen_llama_context_free(struct llama_context *c);
 /* memgen_llama_decode decodes n tokens at the end of the context's one
  * sequence and returns llama_decode's status; with argmax set, *next is the

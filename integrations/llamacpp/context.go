@@ -1,6 +1,7 @@
 package llamacpp
 
 /*
+#include <stdlib.h>
 #include "bridge.h"
 */
 import "C"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -62,7 +64,8 @@ type Context struct {
 	ubatch int
 	c      *C.struct_llama_context
 
-	allocErr error // during creation (under loadMu)
+	allocErr error  // during creation (under loadMu)
+	abort    *C.int // C memory: set, llama_decode aborts (abortOn); freed by release
 
 	mu      sync.Mutex // held by every call; TryLock by Reclaim
 	closed  bool
@@ -140,7 +143,8 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	h := cgo.NewHandle(allocator(c))
 	C.memgen_llama_set_owner(C.uintptr_t(h))
 	lastError()
-	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads))
+	c.abort = (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
+	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads), c.abort)
 	C.memgen_llama_set_owner(0)
 	h.Delete()
 	msg, allocErr := lastError(), c.allocErr
@@ -340,10 +344,14 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 		return errors.Join(err, c.shrinkTo(c.cells))
 	}
 	var next int32
+	defer c.abortOn(ctx)()
 	for len(todo) > 0 {
+		if ctx.Err() != nil {
+			return 0, undo(fmt.Errorf("llamacpp: decode stopped between batches: %w", context.Cause(ctx)))
+		}
 		n := min(len(todo), c.batch)
 		var err error
-		next, err = c.decodeBatch(todo[:n])
+		next, err = c.decodeBatch(ctx, todo[:n])
 		if err != nil {
 			return 0, undo(err)
 		}
@@ -381,12 +389,56 @@ func touched(cells, n, ubatch, rows int) int {
 	return r
 }
 
+// abortOn makes the llama_decode calls of a Decode stop once ctx ends:
+// a goroutine sets the context's abort flag then, which llama.cpp's abort
+// callback reads between the graph's nodes. The returned stop ends the
+// goroutine and clears the flag.
+func (c *Context) abortOn(ctx context.Context) (stop func()) {
+	if ctx.Done() == nil || c.abort == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			C.memgen_llama_set_flag(c.abort, 1)
+			if abortSet != nil {
+				abortSet()
+			}
+		case <-done:
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+		C.memgen_llama_set_flag(c.abort, 0)
+	}
+}
+
+// beforeLlamaDecode runs before each llama_decode, and abortSet once a
+// Decode's abort flag is set (tests only: they end a context while
+// llama_decode runs).
+var beforeLlamaDecode, abortSet func()
+
 // decodeBatch decodes one batch (at most Batch tokens) whose rows are
-// committed.
-func (c *Context) decodeBatch(batch []int32) (int32, error) {
+// committed. A decode that ctx's end aborted keeps none of the batch's
+// cells (llama.cpp keeps the ubatches it finished: they are removed).
+func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error) {
 	var next C.llama_token
+	if beforeLlamaDecode != nil {
+		beforeLlamaDecode()
+	}
 	st := C.memgen_llama_decode(c.c, (*C.llama_token)(&batch[0]), C.int32_t(len(batch)), C.int32_t(c.m.nVocab), &next)
 	c.stats.Decodes++
+	if st == 2 && ctx.Err() != nil {
+		if !C.memgen_llama_seq_rm(c.c, C.llama_pos(c.cells)) {
+			return 0, fmt.Errorf("%w: aborted, and llama_memory_seq_rm refused its cells: %w", ErrDecode, context.Cause(ctx))
+		}
+		return 0, fmt.Errorf("llamacpp: llama_decode aborted: %w", context.Cause(ctx))
+	}
 	if st != 0 {
 		// llama.cpp changed nothing.
 		return 0, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
@@ -537,6 +589,10 @@ func (c *Context) Close(ctx context.Context) error {
 // release waits for the regions' refunds and ends the binding and the
 // holder.
 func (c *Context) release(ctx context.Context) error {
+	if c.abort != nil { // llama.cpp's context, which read it, is freed
+		C.free(unsafe.Pointer(c.abort))
+		c.abort = nil
+	}
 	if c.m.opts.Stock {
 		return nil
 	}

@@ -101,8 +101,13 @@ char *memgen_ort_session_io(OrtSession *s, int outputs, size_t i, char **name, i
 char *memgen_ort_tensor_new(int elem_type, const int64_t *shape, size_t rank, const void *data, size_t nbytes,
                             char **strs, size_t nstrs, OrtValue **out);
 void memgen_ort_value_free(OrtValue *v);
-char *memgen_ort_run(OrtSession *s, const char **in_names, OrtValue **in, size_t nin, const char **out_names,
-                     OrtValue **out, size_t nout);
+char *memgen_ort_run(OrtSession *s, OrtRunOptions *ro, const char **in_names, OrtValue **in, size_t nin,
+                     const char **out_names, OrtValue **out, size_t nout);
+/* A run's options (ro may be NULL in memgen_ort_run): terminate on stops a
+ * run in flight at its next node, from any thread. */
+char *memgen_ort_run_options_new(OrtRunOptions **out);
+void memgen_ort_run_options_free(OrtRunOptions *ro);
+char *memgen_ort_run_options_terminate(OrtRunOptions *ro, int on);
 char *memgen_ort_value_info(OrtValue *v, int *onnx_type, int *elem_type, int64_t *shape, size_t cap, size_t *rank,
                             size_t *count, void **data);
 char *memgen_ort_string_at(OrtValue *v, size_t i, char **s, size_t *len);

@@ -976,3 +976,52 @@ func TestDecoderCancelledWaitIsTheContexts(t *testing.T) {
 		t.Fatalf("charged %d after the cancelled step", n)
 	}
 }
+
+// TestDecoderCancelledStepStopsTheRun: a step whose context ends while
+// its Run is under way stops it (the run options' terminate flag): the
+// error is the context's, the step's growth is given back, the sequence
+// holds its tokens as before, and its next step gives the logits an
+// uninterrupted sequence gives.
+func TestDecoderCancelledStepStopsTheRun(t *testing.T) {
+	h := newKVHost(t, 64<<20)
+	d := newDecoder(t, h.bind, KVGrow)
+	q, fresh := newSequence(t, d), newSequence(t, d)
+	bg := context.Background()
+	full := int(kvGranule / decRowBytes) // the next step grows every Region
+	for i := range full {
+		if _, err := q.Step(bg, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fresh.Step(bg, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := h.charged(t, "16 tokens twice")
+	ctx, cancel := context.WithCancel(bg)
+	set := make(chan struct{})
+	q.terminated = func() { close(set) }
+	q.beforeRun = func() error {
+		cancel()
+		<-set // the flag is up before the Run starts
+		return nil
+	}
+	_, err := q.Step(ctx, int64(full))
+	q.beforeRun, q.terminated = nil, nil
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a step cancelled as its Run starts: %v, want context.Canceled", err)
+	}
+	if n := h.charged(t, "after the stopped run"); n != before || q.Tokens() != full {
+		t.Fatalf("after the stopped run: charged %d (before %d), %d tokens", n, before, q.Tokens())
+	}
+	got, err := q.Step(bg, int64(full))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := fresh.Step(bg, int64(full))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatal("the step after a stopped run gives other logits than an uninterrupted sequence")
+	}
+}

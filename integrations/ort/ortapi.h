@@ -200,7 +200,13 @@ struct OrtApi {
 	// The name is allocated with a; free it with AllocatorFree.
 	/* 36 */ OrtStatus *(*SessionGetInputName)(const OrtSession *s, size_t i, OrtAllocator *a, char **out);
 	/* 37 */ OrtStatus *(*SessionGetOutputName)(const OrtSession *s, size_t i, OrtAllocator *a, char **out);
-	MEMGEN_ORT_SKIP(38, 47);
+	MEMGEN_ORT_SKIP(38, 38);
+	/* 39 */ OrtStatus *(*CreateRunOptions)(OrtRunOptions **out);
+	MEMGEN_ORT_SKIP(40, 45);
+	// A run whose options are set to terminate stops at its next node
+	// with an error ("Exiting due to terminate flag being set to true").
+	/* 46 */ OrtStatus *(*RunOptionsSetTerminate)(OrtRunOptions *opts);
+	/* 47 */ OrtStatus *(*RunOptionsUnsetTerminate)(OrtRunOptions *opts);
 	/* 48 */ OrtStatus *(*CreateTensorAsOrtValue)(OrtAllocator *a, const int64_t *shape, size_t rank,
 	                                             ONNXTensorElementDataType type, OrtValue **out);
 	// A tensor over memory the caller owns (p_data, p_data_len bytes, which
@@ -241,7 +247,7 @@ struct OrtApi {
 	/* 94 */ void (*ReleaseMemoryInfo)(OrtMemoryInfo *info);
 	/* 95 */ void (*ReleaseSession)(OrtSession *s);
 	/* 96 */ void (*ReleaseValue)(OrtValue *v);
-	MEMGEN_ORT_SKIP(97, 97);
+	/* 97 */ void (*ReleaseRunOptions)(OrtRunOptions *opts);
 	/* 98 */ void (*ReleaseTypeInfo)(OrtTypeInfo *ti);
 	/* 99 */ void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo *info);
 	/* 100 */ void (*ReleaseSessionOptions)(OrtSessionOptions *opts);

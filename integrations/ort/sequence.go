@@ -79,12 +79,15 @@ type Sequence struct {
 	runtime  int
 	presentB int64
 
+	ro *C.OrtRunOptions // every Run's: terminateOn raises its flag
+
 	// test hooks: rows left unbacked below the step's need (the
-	// one-row-short test), a call after each Region's growth, and a call
-	// before each Run.
-	short     int
-	afterGrow func(i int)
-	beforeRun func() error
+	// one-row-short test), a call after each Region's growth, a call
+	// before each Run, and one once a Run's terminate flag is set.
+	short      int
+	afterGrow  func(i int)
+	beforeRun  func() error
+	terminated func()
 
 	mu       sync.Mutex
 	pos      int
@@ -108,7 +111,11 @@ func (d *Decoder) NewSequence(ctx context.Context) (*Sequence, error) {
 	d.mu.Unlock()
 	q := &Sequence{d: d, logits: make([]float32, d.vocab),
 		inVals: make([]*C.OrtValue, len(d.s.inputs)+1), outVals: make([]*C.OrtValue, len(d.s.outputs)+1)}
-	if err := q.bind(ctx); err != nil {
+	err := cErr(C.memgen_ort_run_options_new(&q.ro))
+	if err == nil {
+		err = q.bind(ctx)
+	}
+	if err != nil {
 		q.mu.Lock()
 		q.closed = true
 		err = errors.Join(err, q.closeMems())
@@ -283,6 +290,8 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 	q.sc.ids = C.int64_t(token)
 	q.sc.seqlens = C.int32_t(pos)
 	q.sc.total = C.int32_t(pos + 1)
+	stop := q.terminateOn(ctx)
+	defer stop()
 	if q.beforeRun != nil {
 		if err := q.beforeRun(); err != nil {
 			return err
@@ -293,7 +302,7 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 			q.outVals[sl.out] = nil
 		}
 	}
-	err = cErr(C.memgen_ort_run(d.s.s, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
+	err = cErr(C.memgen_ort_run(d.s.s, q.ro, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
 		&d.outNames[0], &q.outVals[0], C.size_t(len(d.s.outputs))))
 	if d.mode == KVConcat {
 		for _, sl := range d.slots {
@@ -315,10 +324,44 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 		}
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			// The run stopped at the terminate flag the context's end
+			// raised: what happened is the context's.
+			return fmt.Errorf("ort.Sequence.Step: the run was stopped: %w", context.Cause(ctx))
+		}
 		return fmt.Errorf("ort.Sequence.Step: %w", err)
 	}
 	copy(q.logits, unsafe.Slice((*float32)(q.logitsC), d.vocab))
 	return nil
+}
+
+// terminateOn stops the step's Run once ctx ends: a goroutine sets the
+// run options' terminate flag then, which ONNX Runtime reads at the start
+// of the run and between its nodes. The returned stop ends the goroutine
+// and clears the flag.
+func (q *Sequence) terminateOn(ctx context.Context) (stop func()) {
+	if ctx.Done() == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 1)) // fails only on a NULL options
+			if q.terminated != nil {
+				q.terminated()
+			}
+		case <-done:
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+		_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 0))
+	}
 }
 
 // replacePast frees input i's past value and binds v in its place; called
@@ -459,6 +502,8 @@ func (q *Sequence) freeValues() {
 	C.free(unsafe.Pointer(q.sc))
 	C.free(q.logitsC)
 	q.sc, q.logitsC = nil, nil
+	C.memgen_ort_run_options_free(q.ro)
+	q.ro = nil
 }
 
 // Tokens returns the tokens in the cache.

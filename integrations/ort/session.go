@@ -172,7 +172,7 @@ func (s *session) run(in []tensor) ([]tensor, error) {
 			C.memgen_ort_value_free(v)
 		}
 	}()
-	if err := cErr(C.memgen_ort_run(s.s, &inNames[0], &inVals[0], C.size_t(len(in)), &outNames[0], &outVals[0], C.size_t(len(s.outputs)))); err != nil {
+	if err := cErr(C.memgen_ort_run(s.s, nil, &inNames[0], &inVals[0], C.size_t(len(in)), &outNames[0], &outVals[0], C.size_t(len(s.outputs)))); err != nil {
 		return nil, err
 	}
 	out := make([]tensor, len(s.outputs))
@@ -294,7 +294,7 @@ func (s *session) prepare(in []tensor) (*preparedRun, error) {
 // the outputs are freed (after the timing).
 func (p *preparedRun) run() (time.Duration, error) {
 	t0 := time.Now()
-	err := cErr(C.memgen_ort_run(p.s.s, &p.inNames[0], &p.inVals[0], C.size_t(len(p.s.inputs)), &p.outNames[0], &p.outVals[0], C.size_t(len(p.s.outputs))))
+	err := cErr(C.memgen_ort_run(p.s.s, nil, &p.inNames[0], &p.inVals[0], C.size_t(len(p.s.inputs)), &p.outNames[0], &p.outVals[0], C.size_t(len(p.s.outputs))))
 	d := time.Since(t0)
 	for i, v := range p.outVals {
 		C.memgen_ort_value_free(v)

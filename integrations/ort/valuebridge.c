@@ -98,9 +98,22 @@ void memgen_ort_value_free(OrtValue *v) {
 	if (v) memgen_ort_api()->ReleaseValue(v);
 }
 
-char *memgen_ort_run(OrtSession *s, const char **in_names, OrtValue **in, size_t nin, const char **out_names,
-                     OrtValue **out, size_t nout) {
-	TRY("Run", memgen_ort_api()->Run(s, NULL, in_names, (const OrtValue *const *)in, nin, out_names, nout, out));
+char *memgen_ort_run(OrtSession *s, OrtRunOptions *ro, const char **in_names, OrtValue **in, size_t nin,
+                     const char **out_names, OrtValue **out, size_t nout) {
+	TRY("Run", memgen_ort_api()->Run(s, ro, in_names, (const OrtValue *const *)in, nin, out_names, nout, out));
+	return NULL;
+}
+
+char *memgen_ort_run_options_new(OrtRunOptions **out) {
+	TRY("CreateRunOptions", memgen_ort_api()->CreateRunOptions(out));
+	return NULL;
+}
+
+void memgen_ort_run_options_free(OrtRunOptions *ro) { memgen_ort_api()->ReleaseRunOptions(ro); }
+
+char *memgen_ort_run_options_terminate(OrtRunOptions *ro, int on) {
+	const OrtApi *api = memgen_ort_api();
+	TRY("RunOptionsSetTerminate", on ? api->RunOptionsSetTerminate(ro) : api->RunOptionsUnsetTerminate(ro));
 	return NULL;
 }
 
