@@ -127,7 +127,11 @@ type Decoder struct {
 // holder is charged for the sequences' caches (KVGrow, KVPreallocated; its
 // device's mechanism must offer VirtualBacking for KVGrow); for KVConcat it
 // may be nil. A model without the interface above is refused with an error
-// of kind memapi.ErrUnsupported naming what is missing.
+// of kind memapi.ErrUnsupported naming what is missing; one whose
+// GroupQueryAttention nodes contradict it (several KV heads per cache
+// tensor, a rotary cache wider than the head size) or whose rotary cache
+// has fewer rows than MaxSeq with a *LimitError (checkGraph). Nothing is
+// committed before these checks.
 func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, error) {
 	const op = "ort.NewDecoder"
 	switch opts.Mode {
@@ -154,6 +158,10 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if err := d.inspect(); err != nil {
 		s.close()
 		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s is not a share-buffer GroupQueryAttention decoder: %v", path, err)
+	}
+	if err := d.checkGraph(path); err != nil {
+		s.close()
+		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
 	d.rowBytes = memapi.Bytes(d.headSize) * 4
 	for _, in := range s.inputs {

@@ -1,0 +1,218 @@
+package ort
+
+import (
+	"fmt"
+	"os"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// graph is what the decoder reads of an ONNX model before ONNX Runtime
+// loads it: its nodes (operator, domain, inputs, integer attributes) and
+// the dimensions of its initializers, from the protobuf (ModelProto.graph
+// 7; GraphProto.node 1, initializer 5; NodeProto.input 1, op_type 4,
+// attribute 5, domain 7; AttributeProto.name 1, i 3; TensorProto.dims 1,
+// name 8). Everything else is skipped, the weights' bytes included.
+type graph struct {
+	nodes []node
+	dims  map[string][]int64 // initializer name -> dims
+}
+
+type node struct {
+	op, domain string
+	inputs     []string
+	ints       map[string]int64
+}
+
+// readGraph reads the graph of the ONNX model at path.
+func readGraph(path string) (*graph, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	g := &graph{dims: map[string][]int64{}}
+	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if num == 7 && typ == protowire.BytesType {
+			return g.read(v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the model's protobuf: %w", err)
+	}
+	return g, nil
+}
+
+func (g *graph) read(b []byte) error {
+	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			n, err := readNode(v)
+			g.nodes = append(g.nodes, n)
+			return err
+		case num == 5 && typ == protowire.BytesType:
+			name, dims, err := readInitializer(v)
+			g.dims[name] = dims
+			return err
+		}
+		return nil
+	})
+}
+
+func readNode(b []byte) (node, error) {
+	n := node{ints: map[string]int64{}}
+	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		switch num {
+		case 1:
+			n.inputs = append(n.inputs, string(v))
+		case 4:
+			n.op = string(v)
+		case 7:
+			n.domain = string(v)
+		case 5:
+			var name string
+			var i int64
+			var has bool
+			err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+				switch {
+				case num == 1 && typ == protowire.BytesType:
+					name = string(v)
+				case num == 3 && typ == protowire.VarintType:
+					i, has = int64(x), true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if has {
+				n.ints[name] = i
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+func readInitializer(b []byte) (name string, dims []int64, err error) {
+	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+		switch {
+		case num == 8 && typ == protowire.BytesType:
+			name = string(v)
+		case num == 1 && typ == protowire.VarintType:
+			dims = append(dims, int64(x))
+		case num == 1 && typ == protowire.BytesType:
+			for len(v) > 0 {
+				d, n := protowire.ConsumeVarint(v)
+				if n < 0 {
+					return protowire.ParseError(n)
+				}
+				dims, v = append(dims, int64(d)), v[n:]
+			}
+		}
+		return nil
+	})
+	return name, dims, err
+}
+
+// fields calls f with each field of the message b: its number, wire type
+// and, for a length-delimited field its bytes, for a varint its value.
+func fields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		var v []byte
+		var x uint64
+		switch typ {
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+		case protowire.VarintType:
+			x, n = protowire.ConsumeVarint(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if err := f(num, typ, v, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LimitError refuses a decoder whose declarations its model contradicts,
+// or a MaxSeq beyond what its model can encode, before any byte is
+// committed; it matches memapi.ErrInvalidSize.
+type LimitError struct {
+	Field  string // "MaxSeq", "kv_num_heads", "head_size"
+	Value  int64  // what was asked or declared
+	Limit  int64  // what the model allows
+	Reason string // where the limit comes from
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("ort: %s %d, the model allows %d: %s", e.Field, e.Value, e.Limit, e.Reason)
+}
+
+// Unwrap reports memapi.ErrInvalidSize.
+func (e *LimitError) Unwrap() error { return memapi.ErrInvalidSize }
+
+// checkGraph checks the decoder against the GroupQueryAttention nodes of
+// its model at path: every cache tensor is the past of a node with one KV
+// head (kv_num_heads 1), and a node with rotary embedding (do_rotary 1)
+// has a cos_cache initializer of at least MaxSeq rows (positions past it
+// have no rotation) and at most head_size/2 columns (its rotary dimension
+// is at most the head size the cache tensors declare). A cos_cache
+// computed in the graph is not checked.
+func (d *Decoder) checkGraph(path string) error {
+	g, err := readGraph(path)
+	if err != nil {
+		return err
+	}
+	pasts := map[string]bool{}
+	for _, sl := range d.slots {
+		pasts[pastPrefix+sl.name] = true
+	}
+	fed := map[string]bool{}
+	for _, n := range g.nodes {
+		if n.op != "GroupQueryAttention" || n.domain != "com.microsoft" || len(n.inputs) < 5 || !pasts[n.inputs[3]] && !pasts[n.inputs[4]] {
+			continue
+		}
+		fed[n.inputs[3]], fed[n.inputs[4]] = true, true
+		if kv := n.ints["kv_num_heads"]; kv != 1 {
+			return &LimitError{Field: "kv_num_heads", Value: kv, Limit: 1,
+				Reason: fmt.Sprintf("the node reading %s keeps several KV heads in one cache tensor, whose rows in use are then no prefix", n.inputs[3])}
+		}
+		if n.ints["do_rotary"] != 1 || len(n.inputs) < 8 {
+			continue
+		}
+		dims, ok := g.dims[n.inputs[7]]
+		if !ok || len(dims) != 2 {
+			continue
+		}
+		if int64(d.maxSeq) > dims[0] {
+			return &LimitError{Field: "MaxSeq", Value: int64(d.maxSeq), Limit: dims[0],
+				Reason: fmt.Sprintf("the rotary cache %s has rows for %d positions", n.inputs[7], dims[0])}
+		}
+		if 2*dims[1] > int64(d.headSize) {
+			return &LimitError{Field: "head_size", Value: int64(d.headSize), Limit: 2 * dims[1],
+				Reason: fmt.Sprintf("%s declares head size %d, but the rotary cache %s rotates %d dimensions", n.inputs[3], d.headSize, n.inputs[7], 2*dims[1])}
+		}
+	}
+	for p := range pasts {
+		if !fed[p] {
+			return &memapi.Error{Op: "ort.NewDecoder", Kind: memapi.ErrUnsupported, Detail: "input " + p + " feeds no com.microsoft::GroupQueryAttention node"}
+		}
+	}
+	return nil
+}
