@@ -106,3 +106,78 @@ func medianOf(x []float64) float64 {
 	slices.Sort(y)
 	return y[len(y)/2]
 }
+
+// BenchmarkDeadlineOvershoot measures how long after its deadline a Step
+// that misses it returns (the overshoot; run it without -race), two ways:
+// growth-wait, a step whose growth the budget cannot serve (every Region
+// one granule more, the budget full) with a deadline of 1 to 20 ms; and
+// mid-run, steps with deadlines drawn around one step's time, so that some
+// fall inside the Run (stopped by its terminate flag) and some inside the
+// growth. A step that returns before its deadline counts 0. It reports the
+// median, 99th percentile and worst overshoot in ms.
+func BenchmarkDeadlineOvershoot(b *testing.B) {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	report := func(b *testing.B, over []time.Duration) {
+		slices.Sort(over)
+		b.ReportMetric(ms(over[len(over)/2]), "p50-ms")
+		b.ReportMetric(ms(over[len(over)*99/100]), "p99-ms")
+		b.ReportMetric(ms(over[len(over)-1]), "max-ms")
+		b.ReportMetric(0, "ns/op")
+	}
+	b.Run("growth-wait", func(b *testing.B) {
+		h := newKVHost(b, kvBytes(32))
+		d := newDecoder(b, h.bind, KVGrow)
+		q := newSequence(b, d)
+		for i := range 32 {
+			if _, err := q.Step(context.Background(), int64(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		over := make([]time.Duration, 0, b.N)
+		for i := range b.N {
+			wait := time.Duration(1+i%20) * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			deadline, _ := ctx.Deadline()
+			_, err := q.Step(ctx, 32)
+			over = append(over, max(time.Since(deadline), 0))
+			cancel()
+			if err == nil {
+				b.Fatal("a step beyond the budget was served")
+			}
+		}
+		report(b, over)
+	})
+	b.Run("mid-run", func(b *testing.B) {
+		h := newKVHost(b, 64<<20)
+		d := newDecoder(b, h.bind, KVGrow)
+		q := newSequence(b, d)
+		// One step's time, measured.
+		t0 := time.Now()
+		for i := range 16 {
+			if _, err := q.Step(context.Background(), int64(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		step := time.Since(t0) / 16
+		over := make([]time.Duration, 0, b.N)
+		tok := int64(16)
+		for i := range b.N {
+			if q.Tokens() >= decMaxSeq-1 {
+				b.StopTimer()
+				q.Close()
+				q = newSequence(b, d)
+				b.StartTimer()
+			}
+			wait := step * time.Duration(i%8) / 4 // 0 to 1.75 steps
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			deadline, _ := ctx.Deadline()
+			if _, err := q.Step(ctx, tok%int64(d.Vocab())); err == nil {
+				tok++
+			}
+			over = append(over, max(time.Since(deadline), 0))
+			cancel()
+		}
+		b.ReportMetric(ms(step), "step-ms")
+		report(b, over)
+	})
+}
