@@ -35,6 +35,17 @@ func TestSessionErrorsAreTyped(t *testing.T) {
 			t.Errorf("%s: %v, want a *SessionError %v matching %v", c.name, err, c.code, c.is)
 		}
 	}
+	// Through NewDecoder: the same errors, nothing charged.
+	h := newKVHost(t, 64<<20)
+	if _, err := NewDecoder(garbage, h.bind, DecoderOptions{Mode: KVGrow, MaxSeq: 16}); !errors.Is(err, ErrBadModel) {
+		t.Errorf("NewDecoder of a garbage file: %v, want ErrBadModel", err)
+	}
+	if _, err := NewDecoder(filepath.Join(dir, "none.onnx"), h.bind, DecoderOptions{Mode: KVGrow, MaxSeq: 16}); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("NewDecoder of a missing file: %v, want fs.ErrNotExist", err)
+	}
+	if n := h.charged(t, "after the refused decoders"); n != 0 {
+		t.Errorf("charged %d after the refused decoders", n)
+	}
 	s, err := newSession(smallModel, false, 1)
 	if err != nil {
 		t.Fatal(err)
