@@ -572,8 +572,8 @@ func (l *Ledger) Close() error {
 // holds bytes (private ones included): they are this process's until it
 // frees them (or exits, and a survivor reclaims the slot); and with a
 // *LockError, changing nothing, when the lock is not taken before ctx ends
-// or the lock timeout passes (call it again). On a file truncated or corrupted under it, it shuts
-// down all the same and returns that error.
+// or the lock timeout passes (call it again). On a file truncated or
+// corrupted under it, it shuts down all the same and returns that error.
 func (l *Ledger) CloseContext(ctx context.Context) error {
 	var broken error
 	if a := l.auth.Load(); a != nil {
