@@ -10,8 +10,9 @@ import (
 	"github.com/memgen/memgen/governor"
 )
 
-// A region's holes: ranges below Len whose private backing was decommitted
-// (Decommit) and that Commit backs again. The region keeps one ledger of its
+// A region's holes: ranges below Len with no backing, whose private
+// backing was decommitted (Decommit) or that a sparse Commit above Len
+// stepped over, and that Commit backs (again). The region keeps one ledger of its
 // pieces, the segments in address order; a hole is the absence of a
 // segment, so the governor's charge for the region is the sum of its
 // segments' leases (plus what is quarantined), which is what the mechanism
@@ -33,12 +34,12 @@ func (r *Region) Committed() memapi.Bytes {
 }
 
 // checkHoleRange validates a range given to Decommit or Commit: non-empty,
-// aligned to the granularity, below the region's length.
-func (s *regionState) checkHoleRange(op string, rng memapi.Range) error {
-	top := s.len()
-	if rng.Len == 0 || rng.Off%s.gran != 0 || rng.Len%s.gran != 0 || rng.Off+rng.Len < rng.Off || rng.Off+rng.Len > top {
-		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: rng.Len, Available: top,
-			Detail: fmt.Sprintf("range [%#x, +%#x) is empty, not aligned to %#x or beyond the region's length", rng.Off, rng.Len, s.gran)}
+// aligned to the granularity, and below limit (the region's length for
+// Decommit, its reservation for Commit).
+func (s *regionState) checkHoleRange(op string, rng memapi.Range, limit memapi.Bytes, what string) error {
+	if rng.Len == 0 || rng.Off%s.gran != 0 || rng.Len%s.gran != 0 || rng.Off+rng.Len < rng.Off || rng.Off+rng.Len > limit {
+		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: rng.Len, Available: limit,
+			Detail: fmt.Sprintf("range [%#x, +%#x) is empty, not aligned to %#x or beyond the region's %s", rng.Off, rng.Len, s.gran, what)}
 	}
 	return nil
 }
@@ -63,7 +64,7 @@ func (r *Region) Decommit(ctx context.Context, rng memapi.Range) error {
 	}
 	var done memapi.Fence
 	defer func() { s.end(done) }()
-	if err := s.checkHoleRange(op, rng); err != nil {
+	if err := s.checkHoleRange(op, rng, s.len(), "length"); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -114,8 +115,10 @@ func cutOut(segs []segment, rng memapi.Range) (keep, drop []segment, err error) 
 	return keep, drop, nil
 }
 
-// Commit backs a hole again: rng (aligned to the granularity, below Len)
-// must have no backing. As one transaction, like Grow: quarantined backing
+// Commit backs rng, any granule-aligned range inside the reservation that
+// has no backing: a hole below Len, or a range above it (sparse: Len then
+// rises to rng's end, and what lies between the old Len and rng is a
+// hole). As one transaction, like Grow: quarantined backing
 // that overlaps rng is removed first (quarantined pieces elsewhere stay as
 // they are and do not stop it), then a grant for rng's bytes is reserved (with pressure,
 // bounded by ctx) → the mechanism commits rng, drawing from it → the grant
@@ -123,7 +126,8 @@ func cutOut(segs []segment, rng memapi.Range) (keep, drop []segment, err error) 
 // is decommitted, the grant returned and the region is as before; should
 // that decommit fail, the range is quarantined (charged, visible) and the
 // error is of kind ep.ErrQuarantined. A range with backing is
-// memapi.ErrCommitted, one out of bounds memapi.ErrInvalidRange.
+// memapi.ErrCommitted, one beyond the reservation memapi.ErrInvalidRange;
+// both change nothing. Each committed range is charged exactly its bytes.
 func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 	const op = "pmm.Region.Commit"
 	s := r.s
@@ -131,7 +135,7 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 		return err
 	}
 	defer s.end()
-	if err := s.checkHoleRange(op, rng); err != nil {
+	if err := s.checkHoleRange(op, rng, s.res.Size(), "reservation"); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -156,6 +160,7 @@ func (r *Region) Commit(ctx context.Context, rng memapi.Range) error {
 	}
 	s.mu.Lock()
 	s.segs = slices.Insert(s.segs, i, segment{r: rng, lease: lease})
+	s.top = max(s.top, rng.Off+rng.Len)
 	s.mu.Unlock()
 	return nil
 }

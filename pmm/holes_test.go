@@ -57,7 +57,8 @@ func TestDecommitAndCommitHoles(t *testing.T) {
 		require.Equal(t, before, e.state(b))
 	}
 	require.ErrorIs(t, r.Commit(ctx, span(1, 2)), memapi.ErrCommitted)
-	require.ErrorIs(t, r.Commit(ctx, span(5, 2)), memapi.ErrInvalidRange)
+	require.ErrorIs(t, r.Commit(ctx, span(5, 2)), memapi.ErrCommitted, "half on backing, half above Len")
+	require.ErrorIs(t, r.Commit(ctx, span(15, 2)), memapi.ErrInvalidRange, "beyond the reservation")
 	require.Equal(t, before, e.state(b))
 
 	// A second hole, then the first is backed again piecewise.
@@ -77,6 +78,45 @@ func TestDecommitAndCommitHoles(t *testing.T) {
 	require.Equal(t, memapi.Bytes(4*gran), e.m.UsedBytes())
 	require.NoError(t, r.Decommit(ctx, span(0, 4)))
 	require.NoError(t, r.Commit(ctx, span(1, 1)))
+	require.NoError(t, r.Close())
+	e.settled(t)
+}
+
+// Commit backs any granule-aligned range of the reservation, above Len
+// too (sparse: Len rises to its end, the gap below it is a hole that Commit
+// can back later), each range charged exactly its bytes; Decommit and
+// Shrink take sparse pieces back the same way. Before, a range above Len
+// was memapi.ErrInvalidRange.
+func TestSparseCommit(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	b, r := e.region(t, 16*gran)
+	addr := r.Addr()
+	require.NoError(t, r.Commit(ctx, span(8, 2)), "a range above Len 0")
+	require.Equal(t, memapi.Bytes(10*gran), r.Len(), "Len rises to the range's end")
+	require.Equal(t, figures{Charged: 2 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(2*gran), e.m.UsedBytes())
+	require.Equal(t, memapi.Bytes(2*gran), r.Committed())
+	require.NoError(t, r.Commit(ctx, span(13, 1)), "above Len again, past a gap")
+	require.NoError(t, r.Commit(ctx, span(2, 3)), "inside the gap below")
+	require.Equal(t, memapi.Bytes(14*gran), r.Len())
+	require.Equal(t, figures{Charged: 6 * gran}, e.l.snapshot())
+	require.Equal(t, memapi.Bytes(6*gran), e.m.UsedBytes())
+	before := e.state(b)
+	require.ErrorIs(t, r.Commit(ctx, span(9, 2)), memapi.ErrCommitted, "overlapping a sparse piece")
+	require.ErrorIs(t, r.Commit(ctx, span(15, 2)), memapi.ErrInvalidRange, "beyond the reservation")
+	require.ErrorIs(t, r.Decommit(ctx, span(10, 2)), memapi.ErrNotCommitted, "a hole")
+	require.Equal(t, before, e.state(b))
+	// Grow from Len, then take pieces back.
+	require.NoError(t, r.Grow(ctx, 16*gran, nil))
+	require.Equal(t, figures{Charged: 8 * gran}, e.l.snapshot())
+	require.NoError(t, r.Decommit(ctx, span(8, 2)))
+	require.NoError(t, r.Shrink(ctx, 4*gran, nil))
+	e.drain(t)
+	require.Equal(t, figures{Charged: 2 * gran}, e.l.snapshot(), "[2,4) is what is left")
+	require.Equal(t, memapi.Bytes(2*gran), e.m.UsedBytes())
+	require.Equal(t, memapi.Bytes(4*gran), r.Len())
+	require.Equal(t, addr, r.Addr())
 	require.NoError(t, r.Close())
 	e.settled(t)
 }

@@ -226,7 +226,7 @@ func cpuBackend() backend {
 
 // TestManagerModelFakes and TestManagerModelCPU run random batches of
 // Allocate, ReserveVirtual, CreateShared, Grow, Shrink, MapShared,
-// CopyOnWrite, Decommit and Commit of holes, RecordUse, Close, Retry, Replace, drops left to the backstop
+// CopyOnWrite, Decommit and Commit of holes and of sparse ranges above the length, RecordUse, Close, Retry, Replace, drops left to the backstop
 // and garbage collections, each batch issued from up to three goroutines at
 // once on shared handles (so Close races transactions), with faults
 // injected at a random rate into every mechanism call, rollback and release
@@ -432,8 +432,10 @@ func (m *pmodel) prepare(rt *rapid.T) op {
 		}}
 	case "decommit", "commit":
 		// A granule-aligned range inside the region's length (at the
-		// time the op runs, which a concurrent Shrink may cut: then it is
-		// ErrInvalidRange), often across pieces of several commits.
+		// time the op runs, which a concurrent Shrink may cut: then a
+		// Decommit is ErrInvalidRange), often across pieces of several
+		// commits; one time in ten anywhere in the reservation (a Commit
+		// there is sparse: it raises the length).
 		h := m.pick(rt, isRegion)
 		if h == nil {
 			break

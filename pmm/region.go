@@ -56,8 +56,10 @@ func (s segment) account() memapi.Account {
 // Region is a growable range of device addresses (VirtualBacking): the
 // address never moves while backing is installed and removed behind it. It
 // is backed from its start up to Len, by private commits and by views of
-// shared backings, except for holes: granule-aligned ranges below Len whose
-// private backing Decommit removed and Commit may install again (holes.go).
+// shared backings, except for holes: granule-aligned ranges below Len with
+// no backing, which Decommit makes and Commit backs (holes.go). Commit
+// also backs any range above Len (a sparse commit), which raises Len to
+// its end.
 //
 // Its lifecycle is ep.Lifecycle's. Every transaction (Grow, Shrink,
 // MapShared, CopyOnWrite, Decommit, Commit) holds the region open: Close during one returns at
