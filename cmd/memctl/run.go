@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,11 +16,47 @@ import (
 )
 
 const usage = `usage:
-  memctl [--timeout DURATION] show PATH
-  memctl [--timeout DURATION] set-capacity PATH BYTES [REVISION]
-  memctl [--timeout DURATION] create PATH BYTES [SLOTS [GID]]
-  memctl --help
+  memctl [--timeout DURATION] [--bytes] show PATH
+  memctl [--timeout DURATION] [--bytes] set-capacity PATH BYTES [REVISION]
+  memctl [--timeout DURATION] [--bytes] create PATH BYTES [SLOTS [GID]]
+  memctl [VERB] --help
 `
+
+// verbHelp is each verb's --help: its usage, what it does, an example.
+var verbHelp = map[string]string{
+	"show": `usage: memctl [--timeout DURATION] [--bytes] show PATH
+
+Prints the ledger's format version, the limits' revision (what set-capacity
+takes as REVISION), the capacity and the totals, then every taken slot: the
+process, its claim, its reserved, charged, pending and private bytes, its
+want and its settles. Sizes are in binary units (64MiB, 1.5GiB); --bytes
+prints plain byte counts.
+
+example:
+  memctl show /dev/shm/memgen-gpu0
+`,
+	"set-capacity": `usage: memctl [--timeout DURATION] [--bytes] set-capacity PATH BYTES [REVISION]
+
+Changes the shared capacity while the processes run. REVISION, when given,
+is the revision you last read (show prints it): on a stale view the change
+is refused, and the answer names the current revision and the command to
+retry with. The answer is applied, deferred (the claims exceed the new
+capacity: it holds for new claims at once, and fully once the processes
+give back the excess) or refused, and why (exit code 3: nothing changed).
+
+example:
+  memctl set-capacity /dev/shm/memgen-gpu0 60GiB 7
+`,
+	"create": `usage: memctl [--timeout DURATION] [--bytes] create PATH BYTES [SLOTS [GID]]
+
+Makes a ledger with BYTES of capacity and SLOTS process slots (64 when
+left out), mode 0600, or with GID mode 0660 and that group. A file already
+at PATH is an error.
+
+example:
+  memctl create /dev/shm/memgen-gpu0 80GiB 64 1001
+`,
+}
 
 const help = `memctl shows and changes the ledger file that several processes share to
 hold one memory budget (package governor/xproc).
@@ -48,10 +85,13 @@ state.
 BYTES is a byte count: plain bytes (4096) or with a binary unit, K/KiB, M/MiB,
 G/GiB, T/TiB, any case (64K, 512MiB, 1GiB, 1.5GiB).
 
+Sizes are printed in binary units (64MiB, 1.5GiB); --bytes prints plain byte
+counts. memctl VERB --help describes a verb, with an example.
+
 Exit codes: 0 done (set-capacity applied or deferred); 1 a ledger error (a
 missing, corrupt, truncated or foreign-version file, reported with its kind);
-2 a usage error (a bad DURATION too); 3 set-capacity refused the change (a stale REVISION, or a
-capacity the ledger cannot take): nothing changed.
+2 a usage error (a bad DURATION too); 3 set-capacity refused the change (a
+stale REVISION, or a capacity the ledger cannot take): nothing changed.
 `
 
 // exitRefused is set-capacity's exit code when the ledger refused the
@@ -62,8 +102,22 @@ const exitRefused = 3
 func run(args []string, stdout, stderr io.Writer) int {
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
+			for _, v := range args {
+				if h, ok := verbHelp[v]; ok {
+					fmt.Fprint(stdout, h)
+					return 0
+				}
+			}
 			fmt.Fprint(stdout, help)
 			return 0
+		}
+	}
+	size := human
+	for i, a := range args {
+		if a == "--bytes" {
+			size = func(n uint64) string { return strconv.FormatUint(n, 10) }
+			args = slices.Delete(slices.Clone(args), i, i+1)
+			break
 		}
 	}
 	if len(args) == 1 && args[0] == "help" {
@@ -101,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
 		}
-		show(stdout, path, h, slots)
+		show(stdout, path, h, slots, size)
 		return 0
 	case args[0] == "set-capacity" && (len(args) == 3 || len(args) == 4):
 		capacity, err := parseBytes(args[2])
@@ -112,7 +166,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var rev uint64
 		if len(args) == 4 {
 			if rev, err = strconv.ParseUint(args[3], 10, 64); err != nil || rev == 0 {
-				fmt.Fprintf(stderr, "memctl: revision %q is not a positive integer\n", args[3])
+				fmt.Fprintf(stderr, "memctl: revision %q is not a revision: revisions start at 1 (memctl show %s prints the current one)\n", args[3], path)
 				return 2
 			}
 		}
@@ -121,12 +175,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "%s: revision %d, capacity %d, claimed %d", ch.Outcome, ch.Revision, ch.Capacity, ch.Claimed)
+		fmt.Fprintf(stdout, "%s: revision %d, capacity %s, claimed %s", ch.Outcome, ch.Revision, size(ch.Capacity), size(ch.Claimed))
 		switch ch.Outcome {
 		case xproc.Deferred:
-			fmt.Fprintf(stdout, ", %d bytes to give back", ch.Excess)
+			fmt.Fprintf(stdout, ", %s to give back", size(ch.Excess))
 		case xproc.Refused:
 			fmt.Fprintf(stdout, ": %s\n", ch.Reason)
+			if rev != 0 && rev != ch.Revision {
+				fmt.Fprintf(stdout, "the ledger is at revision %d: check it (memctl show %s), then retry with\n  memctl set-capacity %s %s %d\n",
+					ch.Revision, path, path, args[2], ch.Revision)
+			}
 			return exitRefused
 		}
 		fmt.Fprintln(stdout)
@@ -164,31 +222,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "created %s: capacity %d\n", path, capacity)
+		fmt.Fprintf(stdout, "created %s: capacity %s\n", path, size(capacity))
 		return 0
 	}
 	fmt.Fprint(stderr, usage)
 	return 2
 }
 
-func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot) {
+func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot, size func(uint64) string) {
 	free := uint64(0)
 	if h.Capacity > h.Claimed {
 		free = h.Capacity - h.Claimed
 	}
 	fmt.Fprintf(w, "%s: version %d, revision %d, %d slots\n", path, h.Version, h.Revision, h.Slots)
-	fmt.Fprintf(w, "capacity %d  claimed %d  unclaimed %d  reserved %d  charged %d  pending %d  private %d\n",
-		h.Capacity, h.Claimed, free, h.Reserved, h.Charged, h.Pending, h.Private)
-	fmt.Fprintf(w, "reclaimed slots %d  repairs %d  wanted %d\n", h.Reclaims, h.Repairs, h.Want)
+	fmt.Fprintf(w, "capacity %s  claimed %s  unclaimed %s\n", size(h.Capacity), size(h.Claimed), size(free))
+	fmt.Fprintf(w, "reserved %s  charged %s  pending %s  private %s  wanted %s\n",
+		size(h.Reserved), size(h.Charged), size(h.Pending), size(h.Private), size(h.Want))
+	fmt.Fprintf(w, "reclaimed slots %d  repairs %d\n", h.Reclaims, h.Repairs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "slot\tpid\tclaim\treserved\tcharged\tpending\tprivate\twant\tsettles\t")
 	for _, s := range slots {
 		if s.PID == 0 {
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending, s.Private, s.Want, s.Seq)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.Index, s.PID, size(s.Claim), size(s.Reserved),
+			size(s.Charged), size(s.Pending), size(s.Private), size(s.Want), s.Seq)
 	}
 	tw.Flush()
+}
+
+// human is n in the largest binary unit it reaches, to two decimals at
+// most (64MiB, 1.5GiB, 1.01GiB), plain bytes below 1KiB (512B): the
+// --bytes form is exact.
+func human(n uint64) string {
+	if n < 1<<10 {
+		return bytesize.Format(n)
+	}
+	v, unit := float64(n), ""
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB", "PiB"} {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	s := strconv.FormatFloat(v, 'f', 2, 64)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	return s + unit
 }
 
 // parseBytes reads a positive byte count (internal/bytesize's syntax, the

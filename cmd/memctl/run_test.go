@@ -27,11 +27,11 @@ func memctl(args ...string) (int, string, string) {
 // error with exit code 1; bad arguments are usage errors.
 func TestMemctl(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger")
-	if code, out, e := memctl("create", path, "64M", "8"); code != 0 || !strings.Contains(out, "capacity 67108864") {
+	if code, out, e := memctl("create", path, "64M", "8"); code != 0 || !strings.Contains(out, "capacity 64MiB") {
 		t.Fatalf("create: %d %q %q", code, out, e)
 	}
 	code, out, _ := memctl("show", path)
-	if code != 0 || !strings.Contains(out, "revision 1, 8 slots") || !strings.Contains(out, "capacity 67108864  claimed 0") {
+	if code != 0 || !strings.Contains(out, "revision 1, 8 slots") || !strings.Contains(out, "capacity 64MiB  claimed 0") {
 		t.Fatalf("show: %d %q", code, out)
 	}
 	l, err := xproc.Open(path, xproc.Options{})
@@ -43,7 +43,7 @@ func TestMemctl(t *testing.T) {
 	if code != 0 || !strings.Contains(out, " "+strconv.Itoa(os.Getpid())+" ") {
 		t.Fatalf("show with a member: %q", out)
 	}
-	if code, out, _ := memctl("set-capacity", path, "32M", "1"); code != 0 || !strings.HasPrefix(out, "applied: revision 2, capacity 33554432") {
+	if code, out, _ := memctl("set-capacity", path, "32M", "1"); code != 0 || !strings.HasPrefix(out, "applied: revision 2, capacity 32MiB") {
 		t.Fatalf("set-capacity: %d %q", code, out)
 	}
 	if code, out, _ := memctl("set-capacity", path, "16M", "1"); code != exitRefused || !strings.HasPrefix(out, "refused: revision 2") || !strings.Contains(out, "stale revision 1") {
@@ -147,7 +147,15 @@ func TestRefusedSetCapacityExitsNonZero(t *testing.T) {
 	if code != 3 || !strings.HasPrefix(out, "refused") {
 		t.Fatalf("stale revision: exit %d %q, want 3 and refused", code, out)
 	}
-	if _, out, _ := memctl("show", path); !strings.Contains(out, "capacity 536870912 ") {
+	// The refusal names the current revision and the command to retry.
+	if want := "memctl set-capacity " + path + " 256MiB 2"; !strings.Contains(out, "the ledger is at revision 2") || !strings.Contains(out, want) {
+		t.Fatalf("stale revision: %q names neither the current revision nor %q", out, want)
+	}
+	// Revision 0 is no revision: the error says so and where to read one.
+	if code, _, e := memctl("set-capacity", path, "256MiB", "0"); code != 2 || !strings.Contains(e, "revisions start at 1") || !strings.Contains(e, "memctl show "+path) {
+		t.Fatalf("revision 0: exit %d %q", code, e)
+	}
+	if _, out, _ := memctl("show", path); !strings.Contains(out, "capacity 512MiB ") {
 		t.Fatalf("a refused change changed the capacity: %q", out)
 	}
 }
@@ -155,7 +163,7 @@ func TestRefusedSetCapacityExitsNonZero(t *testing.T) {
 // --help says what PATH is and that a refused change exits non-zero, on
 // stdout with exit 0, wherever it is given.
 func TestHelpSaysWhatPathIs(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"set-capacity", "--help"}, {"show", "/dev/shm/x", "-h"}} {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		code, out, e := memctl(args...)
 		if code != 0 || e != "" {
 			t.Fatalf("%q: exit %d, stderr %q", args, code, e)
@@ -182,7 +190,46 @@ func TestSizes(t *testing.T) {
 		}
 	}
 	path := filepath.Join(t.TempDir(), "ledger")
-	if code, out, e := memctl("create", path, "1GiB"); code != 0 || !strings.Contains(out, "capacity 1073741824") {
+	if code, out, e := memctl("create", path, "1GiB"); code != 0 || !strings.Contains(out, "capacity 1GiB") {
 		t.Fatalf("create 1GiB: %d %q %q", code, out, e)
+	}
+}
+
+// Each verb has its own --help, with an example; every help fits 80
+// columns; sizes are in binary units, or plain bytes with --bytes.
+func TestVerbHelpAndUnits(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"show", "--help"}, {"set-capacity", "--help"}, {"create", "--help"}, {"show", "/dev/shm/x", "-h"}} {
+		code, out, e := memctl(args...)
+		if code != 0 || e != "" {
+			t.Fatalf("%q: exit %d, stderr %q", args, code, e)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if len(line) > 80 {
+				t.Errorf("%q: a line of %d columns: %q", args, len(line), line)
+			}
+		}
+		if len(args) > 1 && !strings.Contains(out, "example:\n  memctl "+args[0]+" ") {
+			t.Errorf("%q: no example:\n%s", args, out)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "ledger")
+	if code, _, e := memctl("create", path, "1536MiB"); code != 0 {
+		t.Fatalf("create: %q", e)
+	}
+	if _, out, _ := memctl("show", path); !strings.Contains(out, "capacity 1.5GiB ") {
+		t.Errorf("show: %q, want capacity 1.5GiB", out)
+	}
+	if _, out, _ := memctl("--bytes", "show", path); !strings.Contains(out, "capacity 1610612736 ") {
+		t.Errorf("show --bytes: %q, want capacity 1610612736", out)
+	}
+	for n, want := range map[uint64]string{0: "0", 512: "512B", 1536: "1.5KiB", 64 << 20: "64MiB", 1<<30 + 1<<20*10: "1.01GiB"} {
+		if got := human(n); got != want {
+			t.Errorf("human(%d) = %q, want %q", n, got, want)
+		}
+		if n != 0 && want != "1.01GiB" { // a rounded figure is display only: --bytes is exact
+			if back, err := parseBytes(human(n)); err != nil || back != n {
+				t.Errorf("parseBytes(%q) = %d, %v; want %d", human(n), back, err, n)
+			}
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/holders"
 	"github.com/memgen/memgen/internal/bytesize"
+	"github.com/memgen/memgen/internal/clihelp"
 )
 
 // Config is everything a run depends on; flags fill it.
@@ -152,7 +153,7 @@ Usage: memdemo [flags]
 
 Flags:
 `)
-		fs.PrintDefaults()
+		clihelp.Flags(out, fs)
 	}
 	fs.StringVar(&c.Trace, "trace", c.Trace, "`CSV` trace in the Azure LLM trace format (default: the embedded excerpt, first 2,000 requests of the Azure LLM inference trace 2023)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "replay only the first `N` requests (0: all)")

@@ -377,6 +377,10 @@ func TestCommandLineMessages(t *testing.T) {
 	require.Equal(t, 0, run(context.Background(), []string{"--help"}, &out, &errb))
 	require.Contains(t, out.String(), "Usage: memdemo [flags]")
 	require.Empty(t, errb.String())
+	for _, line := range strings.Split(out.String(), "\n") {
+		require.LessOrEqual(t, len(line), 80, "a help line wider than 80 columns: %q", line)
+	}
+	require.Contains(t, out.String(), "  -budget bytes\n", "the flags as flag.PrintDefaults lists them")
 	for _, tc := range []struct {
 		args     []string
 		want     string

@@ -13,7 +13,8 @@ import (
 
 func init() {
 	commands["doc"] = command{
-		help: "Writes the capability reference (" + gen.DocFile + ") from the spec: the\ncapability matrix of the mechanisms, each method's accounting effect, the\ninvariant table and Mermaid diagrams. go generate ./... writes the same file,\nand memgen check fails when it is out of date.",
+		example: "memgen doc -o -       # the reference on standard output",
+		help:    "Writes the capability reference (" + gen.DocFile + ") from the spec: the\ncapability matrix of the mechanisms, each method's accounting effect, the\ninvariant table and Mermaid diagrams. go generate ./... writes the same file,\nand memgen check fails when it is out of date.",
 		flags: func(fs *flag.FlagSet, o *options) {
 			fs.StringVar(&o.out, "o", gen.DocFile, "output file relative to the module root, or - for standard output")
 			fs.BoolVar(&o.verbose, "v", false, "say which file was written")

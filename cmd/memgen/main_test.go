@@ -403,3 +403,34 @@ func TestDoc(t *testing.T) {
 	code, stdout, stderr = memgen(t, "check", "-root", root)
 	wantCode(t, code, exitOK, stdout, stderr)
 }
+
+// Every help memgen prints fits 80 columns and ends with an example.
+func TestHelpFitsEightyColumns(t *testing.T) {
+	names := []string{"version"}
+	for n := range commands {
+		names = append(names, n)
+	}
+	check := func(what, out string) {
+		t.Helper()
+		for _, line := range strings.Split(out, "\n") {
+			if len(line) > 80 {
+				t.Errorf("%s: a line of %d columns: %q", what, len(line), line)
+			}
+		}
+	}
+	var out, errb strings.Builder
+	if code := run([]string{"--help"}, &out, &errb); code != exitOK {
+		t.Fatalf("--help: exit %d", code)
+	}
+	check("memgen --help", out.String())
+	for _, n := range names {
+		var out, errb strings.Builder
+		if code := run([]string{n, "--help"}, &out, &errb); code != exitOK {
+			t.Fatalf("%s --help: exit %d, %s", n, code, errb.String())
+		}
+		check(n+" --help", out.String())
+		if !strings.Contains(out.String(), "example:\n  memgen "+n) {
+			t.Errorf("%s --help has no example:\n%s", n, out.String())
+		}
+	}
+}

@@ -19,11 +19,14 @@ import (
 
 func init() {
 	commands["plugin-check"] = command{
-		help: "Loads the C plugin at PATH.so (usage: memgen plugin-check [flags] PATH.so),\n" +
-			"without the spec, and runs the conformance suite on fresh instances of it,\n" +
-			"in three passes: the whole suite bare and through the checked wrapper, with\n" +
-			"the loader in verify mode, then the concurrency subtests with verification\n" +
-			"off (where nothing serializes the plugin's calls). The spec/... subtests\n" +
+		args:    " PATH.so",
+		example: "memgen plugin-check -call-timeout 30s ./libmine.so",
+		help: "Loads the C plugin at PATH.so, a path to the shared library (a name without\n" +
+			"a slash is taken in the working directory), without the spec, and runs the\n" +
+			"conformance suite on fresh instances of it, in three passes: the whole\n" +
+			"suite bare and through the checked wrapper, with the loader in verify mode,\n" +
+			"then the concurrency subtests with verification off (where nothing\n" +
+			"serializes the plugin's calls). The spec/... subtests\n" +
 			"check it against its own descriptor (name, device, offers, granularity), and\n" +
 			"a host-memory plugin gets the leak check.\n\n" +
 			"The plugin runs in a child process (this binary again), with every buffer it\n" +

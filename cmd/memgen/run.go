@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/gen"
+	"github.com/memgen/memgen/internal/clihelp"
 	"golang.org/x/mod/modfile"
 )
 
@@ -23,7 +24,8 @@ const (
 const usage = `usage: memgen <command> [flags]
 
 commands:
-  generate   write every generated file from the spec (go generate ./... runs this)
+  generate   write every generated file from the spec (go generate ./...
+             runs this)
   check      validate the spec; fail on drift (generated files that differ, are
              missing or are stale) and on mechanism packages that implement more
              or less than the spec declares
@@ -34,8 +36,9 @@ commands:
   version    print memgen's module version, VCS revision and Go version
   help       print this, or with a command's name its flags
 
-Run memgen <command> --help (or memgen help <command>) for the flags of a command.
-Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
+Run memgen <command> --help (or memgen help <command>) for a command's
+flags and an example.
+Exit codes: 0 ok, 1 spec, drift or check error, 2 usage error.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -71,8 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&opts.root, "root", "", "module root (default: the directory of the nearest go.mod above the working directory)")
 	fs.StringVar(&opts.spec, "spec", "spec/capabilities.yaml", "spec file, relative to the module root")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: memgen %s [flags]\n\n%s\n\nflags:\n", args[0], cmd.help)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "usage: memgen %s [flags]%s\n\n%s\n\nflags:\n", args[0], cmd.args, cmd.help)
+		clihelp.Flags(fs.Output(), fs)
+		fmt.Fprintf(fs.Output(), "\nexample:\n  %s\n", cmd.example)
 	}
 	if cmd.flags != nil {
 		cmd.flags(fs, opts)
@@ -105,6 +109,8 @@ type options struct {
 }
 
 type command struct {
+	args       string // the positional arguments in the usage line (" PATH.so")
+	example    string // one command line, shown by --help
 	help       string
 	flags      func(*flag.FlagSet, *options)
 	run        func(*options, io.Writer, io.Writer) int
@@ -113,15 +119,17 @@ type command struct {
 
 var commands = map[string]command{
 	"generate": {
-		help: "Writes every generated file from the spec. Files are written to temporary\nnames and renamed only when all succeeded; stale files carrying memgen's\nheader are removed from its output directories (and stale mechanism glue);\nfiles without the header, or outside those places, are never touched.",
+		example: "memgen generate -v    # or: go generate ./...",
+		help:    "Writes every generated file from the spec. Files are written to temporary\nnames and renamed only when all succeeded; stale files carrying memgen's\nheader are removed from its output directories (and stale mechanism glue);\nfiles without the header, or outside those places, are never touched.",
 		flags: func(fs *flag.FlagSet, o *options) {
 			fs.BoolVar(&o.verbose, "v", false, "list the files written and removed")
 		},
 		run: runGenerate,
 	},
 	"check": {
-		help: "Validates the spec, regenerates in memory and fails (exit 1) listing every\ngenerated file that differs, is missing or is stale, with a unified diff\n(tree -> spec) of the first that differs; then loads each mechanism package\nnamed in the spec and fails when its type implements a capability the spec\ndoes not declare for it, or lacks one it declares.",
-		run:  runCheck,
+		example: "memgen check          # in CI, after go generate: fails on drift",
+		help:    "Validates the spec, regenerates in memory and fails (exit 1) listing every\ngenerated file that differs, is missing or is stale, with a unified diff\n(tree -> spec) of the first that differs; then loads each mechanism package\nnamed in the spec and fails when its type implements a capability the spec\ndoes not declare for it, or lacks one it declares.",
+		run:     runCheck,
 	},
 }
 
@@ -258,6 +266,9 @@ Prints memgen's module path and version, the VCS revision it was built from
 (with its time, and whether the tree was modified) and the Go version and
 platform, from the build information the Go command records in the binary.
 It takes no flags and no arguments.
+
+example:
+  memgen version
 `
 
 // runVersion is the version verb: no flags but --help.
