@@ -82,3 +82,42 @@ func TestGoWorkSumIgnored(t *testing.T) {
 	}
 	t.Fatal(".gitignore does not ignore go.work.sum")
 }
+
+// The README's short tour is the body of pmm's Example_tour, which the
+// tests compile and run: the block under "## A short tour" equals the
+// lines between the example's "// tour begins" and "// tour ends" (one
+// tab of indentation less), so the tour cannot drift from code that runs.
+func TestReadmeTourIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := os.ReadFile("pmm/tour_example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := string(readme)
+	i := strings.Index(r, "## A short tour")
+	if i < 0 {
+		t.Fatal(`README.md has no "## A short tour"`)
+	}
+	r = r[i:]
+	start := strings.Index(r, "```go\n")
+	if start < 0 {
+		t.Fatal("the tour has no Go block")
+	}
+	r = r[start+len("```go\n"):]
+	block := r[:strings.Index(r, "```\n")]
+	e := string(ex)
+	b, end := strings.Index(e, "\t// tour begins\n"), strings.Index(e, "\t// tour ends\n")
+	if b < 0 || end < b {
+		t.Fatal("pmm/tour_example_test.go has no tour markers")
+	}
+	var want strings.Builder
+	for _, line := range strings.SplitAfter(e[b+len("\t// tour begins\n"):end], "\n") {
+		want.WriteString(strings.TrimPrefix(line, "\t"))
+	}
+	if block != want.String() {
+		t.Errorf("README.md's tour differs from pmm/tour_example_test.go's Example_tour:\n--- README\n%s--- the example\n%s", block, want.String())
+	}
+}
