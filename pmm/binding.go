@@ -153,6 +153,28 @@ func (b *Buffer) Addr() memapi.DeviceAddr { return b.addr }
 // bytes charged.
 func (b *Buffer) Size() memapi.Bytes { return b.size }
 
+// Close schedules the buffer's release behind its recorded fences and
+// returns without waiting for the device: the memory is freed once they
+// completed, then refunded. On a quarantined buffer it retries the
+// release; otherwise a second Close returns nil.
+func (b *Buffer) Close() error { return b.Owned.Close() }
+
+// RecordUse records a fence of device work that uses the buffer: it is
+// freed only after the fence completes. It fails with memapi.ErrReleased
+// once the release is scheduled.
+func (b *Buffer) RecordUse(f memapi.Fence) error { return b.Owned.RecordUse(f) }
+
+// State returns where the buffer is in its lifecycle (ep.Lifecycle).
+func (b *Buffer) State() ep.State { return b.Owned.State() }
+
+// Err returns the error of the buffer's last failed free (of kind
+// ep.ErrQuarantined) while it is quarantined, else nil.
+func (b *Buffer) Err() error { return b.Owned.Err() }
+
+// Retry queues the free of a quarantined buffer again; on any other
+// buffer it does nothing and returns nil.
+func (b *Buffer) Retry() error { return b.Owned.Retry() }
+
 // Allocate obtains size bytes: reserve a grant, allocate through the checked
 // wrapper (which draws from it), commit the grant into a lease, and return
 // an owning Buffer. Any failure returns the grant and leaves no trace.

@@ -153,6 +153,27 @@ func (s *regionState) len() memapi.Bytes {
 // Granularity returns the unit in which the region grows.
 func (r *Region) Granularity() memapi.Bytes { return r.s.gran }
 
+// Close schedules the region's release behind its recorded fences, or,
+// while a transaction (Grow, Shrink, Commit...) holds it, when that ends;
+// it returns without waiting for the device. The backing is freed once
+// the fences completed, then refunded, and the addresses released. On a
+// quarantined region it retries the release; otherwise a second Close
+// returns nil.
+func (r *Region) Close() error { return r.Owned.Close() }
+
+// RecordUse records a fence of device work that uses the region: nothing
+// of it is decommitted (by Close, Shrink or Decommit) before the fence
+// completes. It fails with memapi.ErrReleased once the release is
+// scheduled.
+func (r *Region) RecordUse(f memapi.Fence) error { return r.Owned.RecordUse(f) }
+
+// State returns where the region is in its lifecycle (ep.Lifecycle).
+func (r *Region) State() ep.State { return r.Owned.State() }
+
+// Err returns the error of the region's last failed release (of kind
+// ep.ErrQuarantined) while it is quarantined, else nil.
+func (r *Region) Err() error { return r.Owned.Err() }
+
 // Retry removes quarantined backing now (its fences completed before it was
 // quarantined) and, once the region is closed, queues its failed release
 // again. It returns what still failed.

@@ -87,6 +87,29 @@ func (s *Shared) Size() memapi.Bytes { return s.s.backing.Size() }
 // Views returns how many views of the backing are mapped.
 func (s *Shared) Views() int { return s.s.lc.Holds() }
 
+// Close ends the shared backing: no view is added after it, and the
+// backing is freed and refunded behind the fences of its last view's use
+// once that view is gone; it returns without waiting. On a quarantined
+// backing it retries the release; otherwise a second Close returns nil.
+func (s *Shared) Close() error { return s.Owned.Close() }
+
+// RecordUse records a fence of device work that uses the backing: it is
+// released only after the fence completes. It fails with
+// memapi.ErrReleased once the release is scheduled.
+func (s *Shared) RecordUse(f memapi.Fence) error { return s.Owned.RecordUse(f) }
+
+// State returns where the shared backing is in its lifecycle
+// (ep.Lifecycle).
+func (s *Shared) State() ep.State { return s.Owned.State() }
+
+// Err returns the error of the backing's last failed release (of kind
+// ep.ErrQuarantined) while it is quarantined, else nil.
+func (s *Shared) Err() error { return s.Owned.Err() }
+
+// Retry queues the release of a quarantined shared backing again; on any
+// other it does nothing and returns nil.
+func (s *Shared) Retry() error { return s.Owned.Retry() }
+
 // Closed, Pending and Free are the backing's ep.Releaser: uncount it from
 // its binding, mark its lease pending, release it.
 func (s *sharedState) Closed() { s.bind.release() }
