@@ -3,6 +3,7 @@ package memgen
 import (
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -119,5 +120,78 @@ func TestReadmeTourIsTheExample(t *testing.T) {
 	}
 	if block != want.String() {
 		t.Errorf("README.md's tour differs from pmm/tour_example_test.go's Example_tour:\n--- README\n%s--- the example\n%s", block, want.String())
+	}
+}
+
+// A module outside this one uses memgen from a checkout with the README's
+// two go.mod lines: require v0.0.0 and replace by path. This builds one in
+// a temporary directory, with a test using memgentest, and runs it: what a
+// downstream user's first module does. memgen's go.sum comes along, so
+// only the module cache (or proxy) is asked, never the checksum database.
+func TestDownstreamModule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a module with the go command")
+	}
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"require github.com/memgen/memgen v0.0.0\n", "replace github.com/memgen/memgen => ../memgen\n"} {
+		if !strings.Contains(string(readme), line) {
+			t.Fatalf("README.md no longer gives the go.mod line %q", line)
+		}
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod": "module example.com/downstream\n\ngo 1.26.0\n\n" +
+			"require github.com/memgen/memgen v0.0.0\n" +
+			"replace github.com/memgen/memgen => " + root + "\n",
+		"cache_test.go": `package downstream
+
+import (
+	"context"
+	"testing"
+
+	"github.com/memgen/memgen/memgentest"
+)
+
+func TestCache(t *testing.T) {
+	h := memgentest.New(t, memgentest.Options{})
+	b := h.Bind("kv", "cache")
+	buf, err := b.Allocate(context.Background(), 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buf.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+`,
+	}
+	// memgen's go.sum has the hashes of everything it needs: with it the
+	// checksum database is not asked either.
+	sum, err := os.ReadFile("go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files["go.sum"] = string(sum)
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	for _, args := range [][]string{{"mod", "tidy"}, {"test", "-count=1", "./..."}} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go %s in a downstream module: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("go %s: %s", strings.Join(args, " "), out)
 	}
 }
