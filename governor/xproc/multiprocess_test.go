@@ -29,7 +29,11 @@ type cpuMember struct {
 }
 
 func joinCPU() (*cpuMember, error) {
-	l, err := Open(os.Getenv(pathEnv), Options{Poll: 20 * time.Millisecond})
+	poll := 20 * time.Millisecond
+	if d, err := time.ParseDuration(os.Getenv(pollEnv)); err == nil && d > 0 {
+		poll = d
+	}
+	l, err := Open(os.Getenv(pathEnv), Options{Poll: poll})
 	if err != nil {
 		return nil, err
 	}
@@ -71,6 +75,9 @@ func (c *cpuMember) take(n memapi.Bytes) (held, error) {
 }
 
 func (c *cpuMember) free(h held) error { return c.m.Free(context.Background(), h.al, h.ls) }
+
+// pollEnv sets a CPU member's Poll (a Go duration; 20 ms when unset).
+const pollEnv = "MEMGEN_XPROC_POLL"
 
 func seed() uint64 { s, _ := strconv.ParseUint(os.Getenv(seedEnv), 10, 64); return s }
 

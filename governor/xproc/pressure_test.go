@@ -62,7 +62,18 @@ func childCache() error {
 	}
 	_ = c.a.Settle()
 	fmt.Println("ready")
-	waitEOF()
+	// Until EOF, a "settle" line settles now (the dead-want trial's
+	// members poll once an hour and settle when told).
+	for {
+		line, err := stdin.ReadString('\n')
+		if err != nil {
+			break
+		}
+		if line == "settle\n" {
+			_ = c.a.Settle()
+			fmt.Println("settled")
+		}
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	fmt.Println("tickets", tickets, uint64(freed), int(pri))

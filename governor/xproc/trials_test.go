@@ -248,14 +248,15 @@ func killAndStopTrial(t *testing.T, n, kills int) {
 	}
 }
 
-// deadWantTrial: n processes hold memory, stopped (SIGSTOP) while another
-// posts a want and is killed; once they resume, nothing is freed for the
-// dead process and its slot and want are gone.
+// deadWantTrial: n processes hold memory and poll once an hour (no
+// settle, no watcher round of their own) while another posts a want and is
+// killed; then each is told to settle: nothing is freed for the dead
+// process, and its slot and want are gone.
 func deadWantTrial(t *testing.T, n int) {
 	const held = 15 * 64 << 10
 	path := ledgerPath(t)
 	// Not a member here: this process's watcher would reclaim the dead
-	// wanter's slot while the others are stopped.
+	// wanter's slot before the others settle.
 	l, err := Open(path, Options{Create: &CreateOptions{Capacity: uint64(n) * held, Slots: n + 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -265,14 +266,9 @@ func deadWantTrial(t *testing.T, n int) {
 	}
 	var ps []*proc
 	for range n {
-		p := spawn(t, "cache", pathEnv+"="+path)
+		p := spawn(t, "cache", pathEnv+"="+path, pollEnv+"=1h")
 		p.expect(t, "ready")
 		ps = append(ps, p)
-	}
-	for _, p := range ps {
-		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
 	}
 	w := spawn(t, "want", pathEnv+"="+path, wantEnv+"="+strconv.Itoa(4*held))
 	w.expect(t, "wanting")
@@ -280,10 +276,11 @@ func deadWantTrial(t *testing.T, n int) {
 		t.Fatal(err)
 	}
 	_ = w.cmd.Wait()
-	for _, p := range ps {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
-	}
 	start := time.Now()
+	for _, p := range ps {
+		fmt.Fprintln(p.in, "settle")
+		p.expect(t, "settled")
+	}
 	for {
 		h, s, err := Inspect(path)
 		if err == nil && h.Want == 0 && !slices.ContainsFunc(s, func(x Slot) bool { return x.PID == w.pid }) {
@@ -295,7 +292,6 @@ func deadWantTrial(t *testing.T, n int) {
 		time.Sleep(time.Millisecond)
 	}
 	gone := time.Since(start)
-	time.Sleep(300 * time.Millisecond) // a few Polls of every settler
 	var tickets, freed uint64
 	for _, p := range ps {
 		p.in.Close()
@@ -307,7 +303,7 @@ func deadWantTrial(t *testing.T, n int) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("%d members, a want of %d bytes whose process died: reclaimed %v after the members resumed; %d tickets, %d bytes freed for it",
+	t.Logf("%d members, a want of %d bytes whose process died: reclaimed %v after the members were told to settle; %d tickets, %d bytes freed for it",
 		n, 4*held, gone.Round(time.Millisecond), tickets, freed)
 	if freed != 0 {
 		t.Errorf("%d bytes freed for a process that had died", freed)
