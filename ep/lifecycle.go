@@ -111,6 +111,8 @@ type Lifecycle struct {
 	// handles (Context.Handles), under the context's mutex.
 	prev, next *Lifecycle
 
+	origin Origin // what a leak report names (OwnFrom)
+
 	mu     sync.Mutex
 	state  State
 	holds  int
@@ -141,6 +143,16 @@ func (c *Context) Own(name string, r Releaser) (*Owned, error) {
 	o := &Owned{l: l}
 	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
 	return o, nil
+}
+
+// OwnFrom is Own for a handle whose origin a leak report names
+// (Lifecycle.Origin).
+func (c *Context) OwnFrom(name string, r Releaser, o Origin) (*Owned, error) {
+	owned, err := c.Own(name, r)
+	if err == nil {
+		owned.l.origin = o
+	}
+	return owned, err
 }
 
 // OwnQuarantined keeps memory that no handle owns any more because its

@@ -27,7 +27,7 @@ func Example() {
 	fmt.Println("charged after cleanup:", h.Snapshot().Charged)
 	// Output:
 	// charged: 12288
-	// test failed: memgentest: leaked kv/cache buffer 0x100000013000: still open at the end of the test (never closed)
+	// test failed: memgentest: leaked kv/cache buffer 0x100000013000: still open at the end of the test (never closed); 4096 bytes, made at example_test.go:24 (github.com/memgen/memgen/memgentest_test.Example)
 	// charged after cleanup: 0
 }
 

@@ -56,6 +56,10 @@ type Options struct {
 	// Capacity (the device running out of memory), AllocGranularity...
 	// Its Authority is Options.Authority.
 	Fake fakes.Config
+	// NoSites turns off what a leak report says of where each handle was
+	// made (the line outside memgen that allocated it: pmm's
+	// Options.RecordSites, on by default here).
+	NoSites bool
 	// Wait bounds a reservation with no deadline (governor
 	// Options.DefaultWait); 0 means 5 s, negative waits without bound.
 	Wait time.Duration
@@ -140,7 +144,7 @@ func New(t testing.TB, opts Options) *Harness {
 	if err := h.Governor.AddAuthority(opts.Authority, opts.Capacity); err != nil {
 		t.Fatalf("memgentest: %v", err)
 	}
-	h.Manager = pmm.New(h.Governor, pmm.Options{Verify: true})
+	h.Manager = pmm.New(h.Governor, pmm.Options{Verify: true, RecordSites: !opts.NoSites})
 	if err := h.Manager.Register(pmm.Device{Key: h.Device, Mechanism: h.Mechanism, Context: h.Context, Authority: opts.Authority}); err != nil {
 		t.Fatalf("memgentest: %v", err)
 	}
@@ -289,13 +293,22 @@ func (h *Harness) report(ctx context.Context) []string {
 	for _, l := range h.Context.Handles() {
 		switch st := l.State(); st {
 		case ep.Open, ep.Closing:
-			out = append(out, fmt.Sprintf("memgentest: leaked %s: still %v at the end of the test (never closed)", l.Name(), st))
+			out = append(out, fmt.Sprintf("memgentest: leaked %s: still %v at the end of the test (never closed)%s", l.Name(), st, origin(l)))
 		case ep.Quarantined:
-			out = append(out, fmt.Sprintf("memgentest: quarantined %s: its release failed and its memory is still held: %v", l.Name(), l.Err()))
+			out = append(out, fmt.Sprintf("memgentest: quarantined %s: its release failed and its memory is still held: %v%s", l.Name(), l.Err(), origin(l)))
 		default:
-			out = append(out, fmt.Sprintf("memgentest: %s is still %v after waiting for its release (%v): a recorded fence never completed",
-				l.Name(), st, context.Cause(ctx)))
+			out = append(out, fmt.Sprintf("memgentest: %s is still %v after waiting for its release (%v): a recorded fence never completed%s",
+				l.Name(), st, context.Cause(ctx), origin(l)))
 		}
 	}
 	return out
+}
+
+// origin is what a report adds of where the handle came from: "; 65536
+// bytes, made at cache_test.go:42 (...)", or nothing.
+func origin(l *ep.Lifecycle) string {
+	if o := l.Origin(); o != "" {
+		return "; " + o
+	}
+	return ""
 }

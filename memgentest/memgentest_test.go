@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -103,17 +104,23 @@ func TestLeaksFailTheTestByName(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			_, _, bufLine, _ := runtime.Caller(0)
 			r, err := b.ReserveVirtual(context.Background(), 1<<20)
 			if err != nil {
 				t.Fatal(err)
 			}
+			_, _, regionLine, _ := runtime.Caller(0)
 			watchdog.Within(t, watchdog.Bound, "the cleanup, whose drain bound is an hour", func() { rec.run() })
 			f := rec.failures()
 			if len(f) != 2 {
 				t.Fatalf("%d failures, want the buffer's and the region's: %q", len(f), f)
 			}
 			all := strings.Join(f, "\n")
-			for _, want := range []string{fmt.Sprintf("leaked kv/cache buffer %#x", buf.Addr()), fmt.Sprintf("%#x", r.Addr()), "never closed"} {
+			// Each names its size and the line that made it (3 lines above
+			// each runtime.Caller).
+			for _, want := range []string{fmt.Sprintf("leaked kv/cache buffer %#x", buf.Addr()), fmt.Sprintf("%#x", r.Addr()), "never closed",
+				fmt.Sprintf("%d bytes, made at memgentest_test.go:%d (", buf.Size(), bufLine-4),
+				fmt.Sprintf("%d bytes, made at memgentest_test.go:%d (", r.Cap(), regionLine-4)} {
 				if !strings.Contains(all, want) {
 					t.Errorf("failures %q do not say %q", f, want)
 				}

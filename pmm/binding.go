@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/memgen/memgen/ep"
@@ -186,10 +187,15 @@ func (b *Buffer) Retry() error { return b.Owned.Retry() }
 // *governor.OverBudgetError whose cause is governor.ErrDefaultWait
 // (errors.Is(err, memapi.ErrOverBudget) holds).
 func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, error) {
-	return counted(b, "pmm.Allocate", func(d *device) (*Buffer, error) { return b.allocate(ctx, d, size) })
+	var site *ep.Site
+	if b.m.opts.RecordSites {
+		site = new(ep.Site)
+		runtime.Callers(2, site[:])
+	}
+	return counted(b, "pmm.Allocate", func(d *device) (*Buffer, error) { return b.allocate(ctx, d, size, site) })
 }
 
-func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*Buffer, error) {
+func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes, site *ep.Site) (*Buffer, error) {
 	const op = "pmm.Allocate"
 	mech := d.mech
 	n, ok := memapi.RoundUp(size, mech.Info().AllocGranularity)
@@ -216,7 +222,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes) (*
 	// backstop watches the Buffer.
 	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease}
 	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
-	owned, err := d.ctx.Own(name, rel)
+	owned, err := d.ctx.OwnFrom(name, rel, ep.Origin{Bytes: a.Size(), Site: site})
 	if err != nil {
 		if ferr := rel.Free(ctx); ferr != nil {
 			return nil, keepRefused(d, name+" (refused)", rel, a.Size(), errors.Join(err, ferr))

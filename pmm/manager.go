@@ -18,6 +18,12 @@ type Options struct {
 	// bytes must move by exactly the rounded amount on every commit and
 	// decommit). It costs a query per call; tests and demos turn it on.
 	Verify bool
+	// RecordSites keeps the stack each Buffer, Region and Shared was made
+	// on (ep.Site), so that a report of a leaked or stuck handle names the
+	// line that made it (ep.Lifecycle.Origin): one stack walk and one
+	// allocation per handle when on (memgentest turns it on), nothing when
+	// off.
+	RecordSites bool
 }
 
 // Device describes one registered device.

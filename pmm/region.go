@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -100,10 +101,15 @@ type regionState struct {
 // errors.Is(err, errors.ErrUnsupported) holds: the caller then chooses its
 // explicit fallback (e.g. Allocate the maximum eagerly).
 func (b *Binding) ReserveVirtual(ctx context.Context, max memapi.Bytes) (*Region, error) {
-	return counted(b, "pmm.ReserveVirtual", func(d *device) (*Region, error) { return b.reserveVirtual(ctx, d, max) })
+	var site *ep.Site
+	if b.m.opts.RecordSites {
+		site = new(ep.Site)
+		runtime.Callers(2, site[:])
+	}
+	return counted(b, "pmm.ReserveVirtual", func(d *device) (*Region, error) { return b.reserveVirtual(ctx, d, max, site) })
 }
 
-func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Bytes) (*Region, error) {
+func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Bytes, site *ep.Site) (*Region, error) {
 	vb, err := memapi.RequireVirtualBacking(d.mech)
 	if err != nil {
 		return nil, err
@@ -114,7 +120,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	}
 	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
 		txn: make(chan struct{}, 1)}
-	owned, err := d.ctx.Own(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s)
+	owned, err := d.ctx.OwnFrom(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s, ep.Origin{Bytes: res.Size(), Site: site})
 	if err != nil {
 		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.Split(d.authority, nil)))
 	}

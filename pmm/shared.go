@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
@@ -36,10 +37,15 @@ type sharedState struct {
 // granularity), charged to the binding's holder. Without SharedMapping it
 // returns an error for which errors.Is(err, errors.ErrUnsupported) holds.
 func (b *Binding) CreateShared(ctx context.Context, size memapi.Bytes) (*Shared, error) {
-	return counted(b, "pmm.CreateShared", func(d *device) (*Shared, error) { return b.createShared(ctx, d, size) })
+	var site *ep.Site
+	if b.m.opts.RecordSites {
+		site = new(ep.Site)
+		runtime.Callers(2, site[:])
+	}
+	return counted(b, "pmm.CreateShared", func(d *device) (*Shared, error) { return b.createShared(ctx, d, size, site) })
 }
 
-func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes) (*Shared, error) {
+func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes, site *ep.Site) (*Shared, error) {
 	sm, err := memapi.RequireSharedMapping(d.mech)
 	if err != nil {
 		return nil, err
@@ -65,7 +71,7 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	}
 	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
 	name := fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk)
-	owned, err := d.ctx.Own(name, s)
+	owned, err := d.ctx.OwnFrom(name, s, ep.Origin{Bytes: bk.Size(), Site: site})
 	if err != nil {
 		if rerr := s.Free(ctx); rerr != nil {
 			return nil, keepRefused(d, name+" (refused)", s, bk.Size(), errors.Join(err, rerr))
