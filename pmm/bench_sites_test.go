@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/fakes"
-	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -20,25 +17,8 @@ import (
 func BenchmarkRecordSites(b *testing.B) {
 	ctx := context.Background()
 	bind := func(sites bool) *pmm.Binding {
-		g := governor.New(governor.Options{})
-		_ = g.AddAuthority(hostAuth, 8<<30)
-		_ = g.Register("bench", nil, governor.HolderOptions{})
 		m := fakes.NewMechanism(fakes.Config{Authority: hostAuth})
-		ectx := ep.NewContext(fakes.NewContext(m), ep.Options{})
-		mgr := pmm.New(g, pmm.Options{RecordSites: sites})
-		dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-		if err := mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
-			b.Fatal(err)
-		}
-		bd, err := mgr.Bind("bench", "buffers", dev)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() {
-			_ = ectx.Close(ctx, true)
-			g.Close()
-		})
-		return bd
+		return newBenchEnvOn(b, m, fakes.NewContext(m), nil, pmm.Options{RecordSites: sites}).b
 	}
 	off, on := bind(false), bind(true)
 	cycle := func(bd *pmm.Binding) {

@@ -36,7 +36,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, inject governor.Injector) *ben
 }
 
 // newBenchEnvOn is the stack over mechanism m and its context.
-func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, inject governor.Injector) *benchEnv {
+func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, inject governor.Injector, opts ...pmm.Options) *benchEnv {
 	g := governor.New(governor.Options{Injector: inject})
 	if err := g.AddAuthority(hostAuth, 8<<30); err != nil {
 		b.Fatal(err)
@@ -45,7 +45,11 @@ func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, 
 		b.Fatal(err)
 	}
 	ectx := ep.NewContext(mctx, ep.Options{})
-	mgr := pmm.New(g, pmm.Options{})
+	var o pmm.Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	mgr := pmm.New(g, o)
 	dev := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
 	if err := mgr.Register(pmm.Device{Key: dev, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
 		b.Fatal(err)

@@ -118,8 +118,7 @@ func killAndStopTrial(t *testing.T, n, kills int) {
 	size := uint64(n) * 12 * chunk
 	dev := createLiveDevice(t, size)
 	path := ledgerPath(t)
-	l, a, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: size, Slots: n + 4}, Poll: 100 * time.Millisecond})
-	_ = l
+	_, a, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: size, Slots: n + 4}, Poll: 100 * time.Millisecond})
 	next := 0
 	start := func() *proc {
 		next++

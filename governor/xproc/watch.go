@@ -67,8 +67,10 @@ func (l *Ledger) watch() {
 		// names the slot's owner) on each owner not watched yet. Under
 		// the lock, each is kept, or its slot reclaimed, only while the
 		// slot still names that owner.
-		var fresh []watched
-		var freshSlots []int
+		var fresh []struct {
+			slot int
+			w    watched
+		}
 		for i := 0; i < l.slots; i++ {
 			pid, start := int(l.load(l.sw(i, sPID))), l.load(l.sw(i, sStart))
 			if pid == 0 || i == l.slot {
@@ -77,17 +79,19 @@ func (l *Ledger) watch() {
 			if w, ok := fds[i]; ok && w.pid == pid && w.start == start {
 				continue
 			}
-			fresh = append(fresh, watched{fd: watchProcess(pid, start), pid: pid, start: start})
-			freshSlots = append(freshSlots, i)
+			fresh = append(fresh, struct {
+				slot int
+				w    watched
+			}{i, watched{fd: watchProcess(pid, start), pid: pid, start: start}})
 		}
 		var closing []int // pidfds closed once the lock is dropped
 		ctx, cancel := context.WithTimeout(l.ctx, l.lockTimeout)
 		err = l.lock(ctx, "xproc.watch")
 		cancel()
 		if err != nil {
-			for _, w := range fresh {
-				if w.fd >= 0 {
-					unix.Close(w.fd)
+			for _, f := range fresh {
+				if f.w.fd >= 0 {
+					unix.Close(f.w.fd)
 				}
 			}
 			if errors.Is(err, ErrClosed) || l.ctx.Err() != nil {
@@ -107,8 +111,9 @@ func (l *Ledger) watch() {
 				ev = append(ev, l.reclaimLocked(i)) // this slot's owner exited
 			}
 		}
-		for k, w := range fresh {
-			m := slotOwner{slot: freshSlots[k], pid: w.pid, start: w.start}
+		for _, f := range fresh {
+			w := f.w
+			m := slotOwner{slot: f.slot, pid: w.pid, start: w.start}
 			switch _, watching := fds[m.slot]; {
 			case !l.holdsLocked(m) || watching:
 				if w.fd >= 0 {

@@ -390,30 +390,26 @@ func touched(cells, n, ubatch, rows int) int {
 }
 
 // abortOn makes the llama_decode calls of a Decode stop once ctx ends:
-// a goroutine sets the context's abort flag then, which llama.cpp's abort
-// callback reads between the graph's nodes. The returned stop ends the
-// goroutine and clears the flag.
+// then (context.AfterFunc: no goroutine until it ends) the context's abort
+// flag is set, which llama.cpp's abort callback reads between the graph's
+// nodes. The returned stop waits for a setting under way and clears the
+// flag.
 func (c *Context) abortOn(ctx context.Context) (stop func()) {
 	if ctx.Done() == nil || c.abort == nil {
 		return func() {}
 	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-			C.memgen_llama_set_flag(c.abort, 1)
-			if abortSet != nil {
-				abortSet()
-			}
-		case <-done:
+	set := make(chan struct{})
+	cancel := context.AfterFunc(ctx, func() {
+		C.memgen_llama_set_flag(c.abort, 1)
+		if abortSet != nil {
+			abortSet()
 		}
-	}()
+		close(set)
+	})
 	return func() {
-		close(done)
-		wg.Wait()
+		if !cancel() {
+			<-set
+		}
 		C.memgen_llama_set_flag(c.abort, 0)
 	}
 }

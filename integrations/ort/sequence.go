@@ -335,31 +335,27 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 	return nil
 }
 
-// terminateOn stops the step's Run once ctx ends: a goroutine sets the
-// run options' terminate flag then, which ONNX Runtime reads at the start
-// of the run and between its nodes. The returned stop ends the goroutine
+// terminateOn stops the step's Run once ctx ends: then
+// (context.AfterFunc: no goroutine until it ends) the run options'
+// terminate flag is set, which ONNX Runtime reads at the start of the run
+// and between its nodes. The returned stop waits for a setting under way
 // and clears the flag.
 func (q *Sequence) terminateOn(ctx context.Context) (stop func()) {
 	if ctx.Done() == nil {
 		return func() {}
 	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-			_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 1)) // fails only on a NULL options
-			if q.terminated != nil {
-				q.terminated()
-			}
-		case <-done:
+	set := make(chan struct{})
+	cancel := context.AfterFunc(ctx, func() {
+		_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 1)) // fails only on a NULL options
+		if q.terminated != nil {
+			q.terminated()
 		}
-	}()
+		close(set)
+	})
 	return func() {
-		close(done)
-		wg.Wait()
+		if !cancel() {
+			<-set
+		}
 		_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 0))
 	}
 }
