@@ -76,6 +76,10 @@ if [ "$mode" != fetch ]; then
 		# LLAMACPP_TEST_TIMEOUT bounds the run (go test's -timeout; its
 		# expiry prints "panic: test timed out" with every stack): the
 		# default fits CI's 90 minutes with the rest of .ci/run.
+		# The resident-set bounds are checked without the race detector
+		# (its shadow memory grows with the process): one test, built
+		# without -race, before the whole suite with it.
+		go test -count=1 -run '^TestLedgerMatchesProcess$' .
 		exec go test -race -count=1 -timeout "${LLAMACPP_TEST_TIMEOUT:-45m}" ./...
 	fi
 	exec go test -run '^$' -bench . -benchtime "${LLAMACPP_BENCHTIME:-1x}" -count "${LLAMACPP_BENCHCOUNT:-3}" -timeout "${LLAMACPP_BENCH_TIMEOUT:-60m}" .

@@ -206,7 +206,7 @@ func TestContextBadInput(t *testing.T) {
 // matching context.DeadlineExceeded; the context keeps its cells and rows, the accounts stay exact,
 // and once memory is free the same decode succeeds.
 func TestDecodeOverBudget(t *testing.T) {
-	r := newRig(t, 72<<20)
+	r := newRig(t, 82<<20) // the weights (64 MiB), the compute buffers (9.5 MiB) and KV
 	m := loadModel(t, r.options())
 	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
 	if err != nil {

@@ -140,8 +140,8 @@ func medianOf(x []float64) float64 {
 // greedy steps) and prints its resident set (and the set before the model
 // was loaded), split by what maps it (rssParts), the Go runtime's account
 // of its memory (goMemory), and on memgen's device the weights' bytes, the
-// committed KV's and the KV's reserved bytes (all of n_ctx: what stock
-// allocates). llama.cpp's log goes to standard error, where the parent
+// contexts' charged bytes (committed KV, compute and output buffers) and
+// the KV's reserved bytes (all of n_ctx: what stock allocates). llama.cpp's log goes to standard error, where the parent
 // reads the buffer sizes it reports. The contexts decode in batches of
 // memoryBatch tokens computed in ubatches of memoryUBatch
 // (LLAMACPP_MEMORY_BATCH and LLAMACPP_MEMORY_UBATCH override them).
@@ -201,13 +201,18 @@ func memChild(stock bool) int {
 		if err != nil {
 			return fail(err)
 		}
-		kv += c.KV().Committed
+		// What the context's holder is charged: its committed KV and its
+		// compute and output buffers.
+		kv += c.KV().Committed + c.Compute()
 		reserved += c.KV().Reserved
 		for _, t := range c.tensors {
 			held = append(held, span{uintptr(t.region.Addr()), uintptr(t.region.Cap())})
 		}
 		for _, b := range c.bufs {
 			held = append(held, span{uintptr(b.reserve.Addr()), uintptr(b.reserve.Cap())})
+		}
+		for _, h := range c.host {
+			held = append(held, span{uintptr(h.buf.Addr()), uintptr(h.buf.Size())})
 		}
 	}
 	rss, err := residentBytes()
@@ -371,7 +376,7 @@ func BenchmarkMemory(b *testing.B) {
 	row("  main thread's stack", float64(o.parts.Stack), float64(s.parts.Stack))
 	row("  sum of the parts (read just after VmRSS)", float64(o.parts.total()), float64(s.parts.total()))
 	row("process before the model (base)", o.base, s.base)
-	row("held: memgen weights + committed KV; stock weights + all KV", o.weights+o.kv, o.weights+o.reserved)
+	row("held: memgen weights, committed KV, compute buffers; stock weights + all KV", o.weights+o.kv, o.weights+o.reserved)
 	row("RSS beyond what is held", o.rss-o.weights-o.kv, s.rss-o.weights-o.reserved)
 	head("Go runtime (runtime/metrics, MiB)")
 	gm := func(what string, f func(goMemory) uint64) { row(what, float64(f(o.goMem)), float64(f(s.goMem))) }

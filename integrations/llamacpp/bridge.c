@@ -1,4 +1,5 @@
 #include <dlfcn.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,7 @@ char *memgen_llama_load(const char *lib, const char *dir) {
 
 /* ---- llama calls --------------------------------------------------------- */
 
-struct llama_model *memgen_llama_model_load(const char *path, int ours) {
+struct llama_model *memgen_llama_model_load(const char *path, int ours, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	struct llama_model_params p = a->llama_model_default_params();
 	/* Read the file into the weights' buffers: no mapping of it stays. */
@@ -115,7 +116,10 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours) {
 		p.split_mode = LLAMA_SPLIT_MODE_LAYER;
 		p.tensor_buft_overrides = ov;
 	}
-	return a->llama_model_load_from_file(path, p);
+	uintptr_t prev = memgen_llama_swap_owner(owner);
+	struct llama_model *m = a->llama_model_load_from_file(path, p);
+	memgen_llama_swap_owner(prev);
+	return m;
 }
 
 void memgen_llama_model_free(struct llama_model *m) { memgen_llama_api.llama_model_free(m); }
@@ -127,7 +131,7 @@ static bool memgen_llama_should_abort(void *flag) { return __atomic_load_n((int 
 
 void memgen_llama_set_flag(int *flag, int v) { __atomic_store_n(flag, v, __ATOMIC_RELAXED); }
 
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag) {
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	struct llama_context_params p = a->llama_context_default_params();
 	p.n_ctx = n_ctx;
@@ -148,14 +152,21 @@ struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n
 	p.abort_callback = memgen_llama_should_abort;
 	p.abort_callback_data = abort_flag;
 	p.no_perf = true;
-	return a->llama_init_from_model(m, p);
+	uintptr_t prev = memgen_llama_swap_owner(owner);
+	struct llama_context *c = a->llama_init_from_model(m, p);
+	memgen_llama_swap_owner(prev);
+	return c;
 }
 
 void memgen_llama_context_free(struct llama_context *c) { memgen_llama_api.llama_free(c); }
 
-int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next) {
+/* Decoding can allocate: llama.cpp grows a context's output buffer, and
+ * its scheduler a compute buffer, when a graph needs more than reserved. */
+int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
+	uintptr_t prev = memgen_llama_swap_owner(owner);
 	int32_t st = a->llama_decode(c, a->llama_batch_get_one(tokens, n));
+	memgen_llama_swap_owner(prev);
 	if (st != 0) return st;
 	const float *logits = a->llama_get_logits_ith(c, -1);
 	if (!logits) return -100;
@@ -181,3 +192,9 @@ bool memgen_llama_seq_rm(struct llama_context *c, llama_pos p0) {
 void memgen_llama_memset(uintptr_t addr, int v, size_t n) { memset((void *)addr, v, n); }
 
 size_t memgen_llama_nbytes(const struct ggml_tensor *t) { return memgen_llama_api.ggml_nbytes(t); }
+
+void memgen_llama_c_heap(size_t *in_use, size_t *from_system) {
+	struct mallinfo2 mi = mallinfo2();
+	*in_use = mi.uordblks + mi.hblkhd;
+	*from_system = mi.arena + mi.hblkhd;
+}

@@ -49,22 +49,24 @@ void memgen_llama_set_verbose(int on);
 /* The device and its buffer type (device.c). */
 ggml_backend_dev_t memgen_llama_device(void);
 ggml_backend_buffer_type_t memgen_llama_buft(void);
-/* The Go object (a cgo.Handle) that the buffer type's allocations are made
- * for until the next call: a model being loaded, a context being made. */
-void memgen_llama_set_owner(uintptr_t owner);
+/* memgen_llama_swap_owner sets the Go object (a cgo.Handle) that the
+ * buffer types' allocations on this thread are made for, and returns the
+ * previous one. The bridge's calls below take the owner as an argument
+ * and set it for their duration only. */
+uintptr_t memgen_llama_swap_owner(uintptr_t owner);
 
 /* Calls into llama.cpp. */
-struct llama_model *memgen_llama_model_load(const char *path, int ours);
+struct llama_model *memgen_llama_model_load(const char *path, int ours, uintptr_t owner);
 void memgen_llama_model_free(struct llama_model *m);
 /* abort_flag: llama_decode aborts (returns 2) once it is set, through
  * memgen_llama_set_flag, from any thread. */
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag);
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag, uintptr_t owner);
 void memgen_llama_set_flag(int *flag, int v);
 void memgen_llama_context_free(struct llama_context *c);
 /* memgen_llama_decode decodes n tokens at the end of the context's one
  * sequence and returns llama_decode's status; with argmax set, *next is the
  * greedy token after the last of them (logits over n_vocab). */
-int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next);
+int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next, uintptr_t owner);
 /* memgen_llama_clear drops the context's whole KV cache (its cells; the
  * buffers are not written). */
 void memgen_llama_clear(struct llama_context *c);
@@ -76,5 +78,9 @@ size_t memgen_llama_nbytes(const struct ggml_tensor *t);
 /* memgen_llama_memset sets n bytes at addr (committed memory of a KV
  * tensor) to v. */
 void memgen_llama_memset(uintptr_t addr, int v, size_t n);
+/* memgen_llama_c_heap reads glibc's malloc figures (mallinfo2, every
+ * arena): the bytes in use and the bytes taken from the system (arenas and
+ * mmapped chunks). */
+void memgen_llama_c_heap(size_t *in_use, size_t *from_system);
 
 #endif

@@ -16,11 +16,13 @@ import (
 	"github.com/memgen/memgen/pmm"
 )
 
-// allocator is what a buffer of the memgen buffer type is allocated for:
+// allocator is what a buffer of the memgen buffer types is allocated for:
 // a Model while it loads (weights), a Context while llama.cpp creates it
-// (KV cache).
+// (KV cache, compute and output buffers) or decodes (a compute or output
+// buffer llama.cpp grows). host says the buffer is of the host buffer
+// type (what the CPU computes in).
 type allocator interface {
-	allocBuffer(size memapi.Bytes) (buffer, error)
+	allocBuffer(size memapi.Bytes, host bool) (buffer, error)
 }
 
 // buffer is the Go side of one ggml buffer of the memgen buffer type.
@@ -40,6 +42,19 @@ type weightBuffer struct {
 func (w *weightBuffer) base() memapi.DeviceAddr { return w.buf.Addr() }
 func (w *weightBuffer) kv() bool                { return false }
 func (w *weightBuffer) free()                   { w.m.freeWeights(w) }
+
+// hostBuffer is a context's buffer of the host buffer type: a compute
+// buffer (activations, sized by llama.cpp's scheduler for UBatch tokens
+// against all of NCtx) or the output buffer (logits). It is one pmm.Buffer
+// of the context's "compute" binding, committed whole.
+type hostBuffer struct {
+	c   *Context
+	buf *pmm.Buffer
+}
+
+func (h *hostBuffer) base() memapi.DeviceAddr { return h.buf.Addr() }
+func (h *hostBuffer) kv() bool                { return false }
+func (h *hostBuffer) free()                   { h.c.freeHost(h) }
 
 // kvTensor is one KV tensor (cache_k_l<i> or cache_v_l<i>): its own
 // pmm.Region, reserved for every cell, committed for the rows in use.
@@ -100,17 +115,17 @@ func (b *kvBuffer) clear(v byte) {
 	}
 }
 
-// The functions below are the buffer type's calls into Go (device.c).
+// The functions below are the buffer types' calls into Go (device.c).
 // They run in the goroutine that called llama.cpp (a model's load, a
-// context's creation or free), never concurrently for one owner.
+// context's creation, decode or free), never concurrently for one owner.
 
 //export memgenLlamaAlloc
-func memgenLlamaAlloc(owner C.uintptr_t, size C.size_t, handle *C.uintptr_t, kv *C.int) (addr C.uintptr_t) {
+func memgenLlamaAlloc(owner C.uintptr_t, size C.size_t, host C.int, handle *C.uintptr_t, kv *C.int) (addr C.uintptr_t) {
 	if owner == 0 {
-		return 0 // an allocation outside a load or a context's creation
+		return 0 // an allocation outside the bridge's calls: nothing to charge it to
 	}
 	a := cgo.Handle(owner).Value().(allocator)
-	b, err := a.allocBuffer(memapi.Bytes(size))
+	b, err := a.allocBuffer(memapi.Bytes(size), host != 0)
 	if err != nil {
 		return 0
 	}

@@ -32,8 +32,9 @@ type ContextOptions struct {
 	Batch int
 	// UBatch is the most tokens llama.cpp computes at once (n_ubatch): a
 	// batch is computed in ubatches of UBatch tokens, and llama.cpp's
-	// compute buffer (activations, outside memgen) is sized for UBatch
-	// tokens against all of NCtx. Default (and at most) Batch.
+	// compute buffer (activations, charged to the context: Compute) is
+	// sized for UBatch tokens against all of NCtx. Default (and at most)
+	// Batch.
 	UBatch int
 	// Priority is the context's holder's priority: under pressure the
 	// governor asks lower priorities first.
@@ -63,18 +64,25 @@ type Context struct {
 	batch  int
 	ubatch int
 	c      *C.struct_llama_context
+	work   *pmm.Binding // role "compute": the compute and output buffers
+	self   cgo.Handle   // the context as the owner of llama.cpp's allocations for it
 
-	allocErr error  // during creation (under loadMu)
+	// allocCtx bounds the buffers allocated during a creation or a decode
+	// (set around the call), allocErr is the first refusal of one.
+	allocCtx context.Context
+	allocErr error
 	abort    *C.int // C memory: set, llama_decode aborts (abortOn); freed by release
 
-	mu      sync.Mutex // held by every call; TryLock by Reclaim
-	closed  bool
-	bufs    []*kvBuffer
-	tensors []*kvTensor
-	freed   []*pmm.Region // closed regions not yet waited for
-	tokens  []int32       // the sequence: its cells are tokens[:cells]
-	cells   int           // cells in llama.cpp's cache (0 after a preemption)
-	stats   Stats
+	mu        sync.Mutex // held by every call; TryLock by Reclaim
+	closed    bool
+	bufs      []*kvBuffer
+	tensors   []*kvTensor
+	host      []*hostBuffer // compute and output buffers
+	freed     []*pmm.Region // closed regions not yet waited for
+	hostFreed []*pmm.Buffer // closed host buffers not yet waited for
+	tokens    []int32       // the sequence: its cells are tokens[:cells]
+	cells     int           // cells in llama.cpp's cache (0 after a preemption)
+	stats     Stats
 }
 
 // Stats are a context's counters.
@@ -89,12 +97,16 @@ type Stats struct {
 
 // NewContext creates a llama.cpp context of opts.NCtx cells for the model,
 // whose KV cache is placed in memgen's regions, charged to a holder of its
-// own (Model's Name + "/ctx<N>") registered with the governor. Nothing is
-// committed until the first decode. Before anything is allocated, opts is
-// checked against the model's GGUF metadata: an n_ctx beyond the trained
-// context is a *LimitError, and a context whose whole KV cache and the
-// model's weights could never fit the authority's capacity together (one
-// sequence at its longest) an *OverBudgetError.
+// own (Model's Name + "/ctx<N>") registered with the governor. Nothing of
+// the KV cache is committed until the first decode; the compute and output
+// buffers llama.cpp makes for the context are committed whole and charged
+// to the same holder (binding role "compute"). Before anything is
+// allocated, opts is checked against the model's GGUF metadata: an n_ctx
+// beyond the trained context is a *LimitError, and a context whose whole
+// KV cache and the model's weights could never fit the authority's
+// capacity together (one sequence at its longest) an *OverBudgetError;
+// after llama.cpp made the context, its KV cache, its compute buffers and
+// the weights are checked against the capacity the same way.
 func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, error) {
 	const op = "llamacpp.Model.NewContext"
 	if opts.Batch <= 0 {
@@ -138,16 +150,19 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 			return fail(err)
 		}
 		c.bind = b
+		if c.work, err = m.opts.Manager.Bind(string(c.holder), "compute", m.opts.Device); err != nil {
+			return fail(err)
+		}
+		c.self = cgo.NewHandle(allocator(c))
 	}
 	loadMu.Lock()
-	h := cgo.NewHandle(allocator(c))
-	C.memgen_llama_set_owner(C.uintptr_t(h))
 	lastError()
 	c.abort = (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
-	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads), c.abort)
-	C.memgen_llama_set_owner(0)
-	h.Delete()
+	c.allocCtx = ctx
+	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads), c.abort, C.uintptr_t(c.self))
+	c.allocCtx = nil
 	msg, allocErr := lastError(), c.allocErr
+	c.allocErr = nil
 	loadMu.Unlock()
 	if c.c == nil {
 		if allocErr != nil {
@@ -167,10 +182,10 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 			full += t.region.Cap()
 		}
 		// What llama.cpp reserved, checked as checkContext estimated it.
-		if weights, capacity := m.WeightBytes(), c.capacity(); weights+full > capacity {
+		if weights, compute, capacity := m.WeightBytes(), c.compute(), c.capacity(); weights+compute+full > capacity {
 			C.memgen_llama_context_free(c.c)
 			c.c = nil
-			return fail(&OverBudgetError{Context: string(c.holder), Rows: c.nCtx, Wanted: full, Weights: weights, Capacity: capacity, Free: c.free()})
+			return fail(&OverBudgetError{Context: string(c.holder), Rows: c.nCtx, Wanted: full, Weights: weights, Compute: compute, Capacity: capacity, Free: c.free()})
 		}
 	}
 	return c, nil
@@ -203,7 +218,24 @@ func (c *Context) setAllocErr(err error) {
 	}
 }
 
-func (c *Context) allocBuffer(size memapi.Bytes) (buffer, error) {
+// allocBuffer makes a buffer llama.cpp asks for while it creates the
+// context (KV, compute and output buffers) or decodes (a compute or output
+// buffer it grows; c.mu is held by the Decode).
+func (c *Context) allocBuffer(size memapi.Bytes, host bool) (buffer, error) {
+	if host {
+		ctx := c.allocCtx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		buf, err := c.work.Allocate(ctx, max(size, 1))
+		if err != nil {
+			c.setAllocErr(err)
+			return nil, err
+		}
+		h := &hostBuffer{c: c, buf: buf}
+		c.host = append(c.host, h)
+		return h, nil
+	}
 	r, err := c.bind.ReserveVirtual(context.Background(), max(size, 1))
 	if err != nil {
 		c.setAllocErr(err)
@@ -227,6 +259,33 @@ func (c *Context) freeKV(b *kvBuffer) {
 	}
 	_ = b.reserve.Close()
 	c.freed = append(c.freed, b.reserve)
+}
+
+// freeHost runs in llama_free, or in a decode that replaces a compute or
+// output buffer: no computation uses it any more (the CPU backend is
+// synchronous), it is freed at once.
+func (c *Context) freeHost(h *hostBuffer) {
+	c.host = slices.DeleteFunc(c.host, func(x *hostBuffer) bool { return x == h })
+	_ = h.buf.Close() // a failed free is quarantined by pmm; release reports it
+	c.hostFreed = append(c.hostFreed, h.buf)
+}
+
+// Compute is the bytes of the context's compute and output buffers
+// (llama.cpp's activations and logits), charged to its holder beside its
+// KV cache (0 with Options.Stock, whose buffers llama.cpp allocates
+// itself).
+func (c *Context) Compute() memapi.Bytes {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.compute()
+}
+
+func (c *Context) compute() memapi.Bytes {
+	var n memapi.Bytes
+	for _, h := range c.host {
+		n += h.buf.Size()
+	}
+	return n
 }
 
 // KV is a context's KV cache as its regions hold it.
@@ -427,7 +486,11 @@ func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error)
 	if beforeLlamaDecode != nil {
 		beforeLlamaDecode()
 	}
-	st := C.memgen_llama_decode(c.c, (*C.llama_token)(&batch[0]), C.int32_t(len(batch)), C.int32_t(c.m.nVocab), &next)
+	c.allocCtx = ctx
+	st := C.memgen_llama_decode(c.c, (*C.llama_token)(&batch[0]), C.int32_t(len(batch)), C.int32_t(c.m.nVocab), &next, C.uintptr_t(c.self))
+	c.allocCtx = nil
+	allocErr := c.allocErr
+	c.allocErr = nil
 	c.stats.Decodes++
 	if st == 2 && ctx.Err() != nil {
 		if !C.memgen_llama_seq_rm(c.c, C.llama_pos(c.cells)) {
@@ -437,6 +500,9 @@ func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error)
 	}
 	if st != 0 {
 		// llama.cpp changed nothing.
+		if allocErr != nil {
+			return 0, fmt.Errorf("%w: llama_decode returned %d: a buffer it grows: %w", ErrDecode, int32(st), allocErr)
+		}
 		return 0, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
 	}
 	c.cells += len(batch)
@@ -595,10 +661,19 @@ func (c *Context) release(ctx context.Context) error {
 	if err := waitReleased(ctx, c.freed...); err != nil {
 		return err
 	}
-	c.freed = nil
+	if err := waitReleased(ctx, c.hostFreed...); err != nil {
+		return err
+	}
+	c.freed, c.hostFreed = nil, nil
+	if c.self != 0 {
+		c.self.Delete()
+		c.self = 0
+	}
 	var errs []error
-	if c.bind != nil {
-		errs = append(errs, c.bind.Close())
+	for _, b := range []*pmm.Binding{c.bind, c.work} {
+		if b != nil {
+			errs = append(errs, b.Close())
+		}
 	}
 	if c.holder != "" {
 		errs = append(errs, c.m.opts.Governor.Unregister(c.holder))

@@ -12,7 +12,16 @@
  *     Region reserved for its size and never committed, and each tensor
  *     placed in it gets a Region of its own, reserved for the tensor's
  *     bytes: init_tensor points the tensor at it. Nothing is committed
- *     until Go grows the Region before a decode.
+ *     until Go grows the Region before a decode;
+ *   - a buffer of the host buffer type (the device's host_buffer_type,
+ *     which llama.cpp uses for the CPU backends' compute buffers and for
+ *     a context's output buffer) is one pmm.Buffer, committed whole,
+ *     charged to the context it is made for.
+ *
+ * The Go object a buffer is made for (its owner: a model being loaded, a
+ * context being created or decoding) is per thread: each bridge call that
+ * can allocate sets it for its own duration (memgen_llama_swap_owner), so
+ * two contexts decoding at once on two threads each charge their own.
  *
  * A view of a tensor (view_src set) lives in its source's memory and
  * needs nothing.
@@ -29,9 +38,13 @@ struct buffer_ctx {
 	int kv;           /* 1: tensors get Regions of their own */
 };
 
-static uintptr_t owner;
+static __thread uintptr_t owner;
 
-void memgen_llama_set_owner(uintptr_t o) { owner = o; }
+uintptr_t memgen_llama_swap_owner(uintptr_t o) {
+	uintptr_t prev = owner;
+	owner = o;
+	return prev;
+}
 
 /* ---- buffer -------------------------------------------------------------- */
 
@@ -105,10 +118,12 @@ static const char *buft_name(ggml_backend_buffer_type_t t) {
 	return "memgen";
 }
 
+static struct ggml_backend_buffer_type host_buft;
+
 static ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t t, size_t size) {
 	struct buffer_ctx *c = calloc(1, sizeof *c);
 	if (!c) return NULL;
-	uintptr_t base = memgenLlamaAlloc(owner, size, &c->handle, &c->kv);
+	uintptr_t base = memgenLlamaAlloc(owner, size, t == &host_buft, &c->handle, &c->kv);
 	if (base == 0) {
 		free(c);
 		return NULL;
@@ -136,6 +151,27 @@ static struct ggml_backend_buffer_type buft = {
 	.iface =
 	    {
 	        .get_name = buft_name,
+	        .alloc_buffer = buft_alloc,
+	        .get_alignment = buft_alignment,
+	        .get_max_size = NULL,
+	        .get_alloc_size = NULL,
+	        .is_host = buft_is_host,
+	    },
+	.device = NULL, /* set by memgen_llama_device */
+	.context = NULL,
+};
+
+/* The host buffer type: the same buffers, asked for by llama.cpp for what
+ * the CPU computes in (compute and output buffers). */
+static const char *host_buft_name(ggml_backend_buffer_type_t t) {
+	(void)t;
+	return "memgen-host";
+}
+
+static struct ggml_backend_buffer_type host_buft = {
+	.iface =
+	    {
+	        .get_name = host_buft_name,
 	        .alloc_buffer = buft_alloc,
 	        .get_alignment = buft_alignment,
 	        .get_max_size = NULL,
@@ -193,6 +229,11 @@ static ggml_backend_buffer_type_t dev_buft(ggml_backend_dev_t d) {
 	return &buft;
 }
 
+static ggml_backend_buffer_type_t dev_host_buft(ggml_backend_dev_t d) {
+	(void)d;
+	return &host_buft;
+}
+
 static bool dev_supports_op(ggml_backend_dev_t d, const struct ggml_tensor *op) {
 	(void)d;
 	return cpu()->iface.supports_op(cpu(), op);
@@ -200,7 +241,7 @@ static bool dev_supports_op(ggml_backend_dev_t d, const struct ggml_tensor *op) 
 
 static bool dev_supports_buft(ggml_backend_dev_t d, ggml_backend_buffer_type_t t) {
 	(void)d;
-	return t == &buft || cpu()->iface.supports_buft(cpu(), t);
+	return t == &buft || t == &host_buft || cpu()->iface.supports_buft(cpu(), t);
 }
 
 static const char *reg_name(ggml_backend_reg_t r) {
@@ -237,7 +278,7 @@ static struct ggml_backend_device dev = {
 	        .get_props = dev_props,
 	        .init_backend = dev_init_backend,
 	        .get_buffer_type = dev_buft,
-	        .get_host_buffer_type = NULL,
+	        .get_host_buffer_type = dev_host_buft,
 	        .buffer_from_host_ptr = NULL,
 	        .supports_op = dev_supports_op,
 	        .supports_buft = dev_supports_buft,
@@ -257,5 +298,6 @@ static ggml_backend_dev_t reg_device(ggml_backend_reg_t r, size_t i) {
 
 ggml_backend_dev_t memgen_llama_device(void) {
 	buft.device = &dev;
+	host_buft.device = &dev;
 	return &dev;
 }

@@ -12,7 +12,9 @@
 // size and never committed, and each KV tensor placed in it is pointed, by
 // the buffer's init_tensor, at a pmm.Region of its own, reserved for all
 // n_ctx rows and committed for none. Each context is a governor holder of
-// its own (Name+"/ctx<N>"). Before the first llama_decode of a Decode the
+// its own (Name+"/ctx<N>"); the compute and output buffers llama.cpp makes
+// for it come from the device's host buffer type and are pmm.Buffers
+// charged to that holder (role "compute"), committed whole. Before the first llama_decode of a Decode the
 // context's regions grow, through the governor and within the caller's
 // deadline, to the rows the call's decodes touch, and after the last they
 // hold exactly its cells; llama.cpp touches no other row (the tests commit

@@ -76,6 +76,7 @@ type OverBudgetError struct {
 	Wanted    memapi.Bytes // KV bytes the context would hold
 	Committed memapi.Bytes // KV bytes it holds
 	Weights   memapi.Bytes // the model's weights, charged beside it (at open)
+	Compute   memapi.Bytes // the context's compute and output buffers, charged beside it (at open)
 	Capacity  memapi.Bytes // the authority's capacity
 	Free      memapi.Bytes // its free bytes when refused
 	Err       error        // the governor's or pmm's error (nil at open)
@@ -85,6 +86,9 @@ func (e *OverBudgetError) Error() string {
 	s := fmt.Sprintf("llamacpp: over budget: context %s needs %d bytes of KV (%d rows per tensor), holds %d", e.Context, e.Wanted, e.Rows, e.Committed)
 	if e.Weights != 0 {
 		s += fmt.Sprintf(", beside %d bytes of weights", e.Weights)
+		if e.Compute != 0 {
+			s += fmt.Sprintf(" and %d of compute buffers", e.Compute)
+		}
 	}
 	s += fmt.Sprintf("; authority capacity %d, free %d", e.Capacity, e.Free)
 	if e.Err != nil {

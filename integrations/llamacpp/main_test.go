@@ -61,6 +61,8 @@ func TestMain(m *testing.M) {
 	case "":
 	case "rss-stock", "rss-memgen":
 		os.Exit(memChild(os.Getenv(childEnv) == "rss-stock"))
+	case "ledger":
+		os.Exit(ledgerChild())
 	default:
 		os.Exit(runChild())
 	}

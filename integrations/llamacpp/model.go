@@ -114,10 +114,8 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 	loadMu.Lock()
 	m.loadCtx = ctx
 	h := cgo.NewHandle(allocator(m))
-	C.memgen_llama_set_owner(C.uintptr_t(h))
 	lastError()
-	m.c = C.memgen_llama_model_load(cpath, ours)
-	C.memgen_llama_set_owner(0)
+	m.c = C.memgen_llama_model_load(cpath, ours, C.uintptr_t(h))
 	h.Delete()
 	msg, allocErr := lastError(), m.allocErr
 	m.loadCtx, m.allocErr = nil, nil
@@ -149,7 +147,9 @@ func (m *Model) WeightBytes() memapi.Bytes {
 	return n
 }
 
-func (m *Model) allocBuffer(size memapi.Bytes) (buffer, error) {
+// allocBuffer allocates a buffer of weights (of either buffer type: with
+// the host one llama.cpp may place the input layer there).
+func (m *Model) allocBuffer(size memapi.Bytes, _ bool) (buffer, error) {
 	b, err := m.weights.Allocate(m.loadCtx, max(size, 1))
 	if err != nil {
 		m.allocErr = err

@@ -22,8 +22,9 @@ func TestPressurePreemptsAndResumes(t *testing.T) {
 	want.run(steps)
 
 	weights, _ := memapi.RoundUp(fm.WeightBytes(), 4<<10)
-	// 6 MiB of KV: (16+200) tokens x 12 KiB x 3 sequences = 7.6 MiB.
-	r := newRig(t, weights+6<<20)
+	// The weights, each context's compute buffers, and 6 MiB of KV:
+	// (16+200) tokens x 12 KiB x 3 sequences = 7.6 MiB.
+	r := newRig(t, weights+n*want.ctxs[0].Compute()+6<<20)
 	m := loadModel(t, r.options())
 	got := newGenerator(t, m, n, 512, promptLen)
 	got.after = func(s int) {

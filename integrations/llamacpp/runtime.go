@@ -32,9 +32,8 @@ var rt struct {
 	lib    string
 }
 
-// loadMu serializes the calls during which llama.cpp allocates from the
-// buffer type (a model's load, a context's creation): the buffer type asks
-// the owner set for the call (memgen_llama_set_owner).
+// loadMu serializes models' loads and contexts' creations, so that the
+// error llama.cpp logs during one (lastError) is that call's.
 var loadMu sync.Mutex
 
 // Init loads libllama from lib (its ggml libraries and CPU backends are
@@ -87,4 +86,20 @@ func lastError() string {
 	}
 	defer C.free(unsafe.Pointer(p))
 	return C.GoString(p)
+}
+
+// CHeap is the process's C heap as glibc's malloc counts it (mallinfo2, all
+// arenas): what llama.cpp (and any other C code) allocates outside memgen's
+// buffers: its contexts' graphs and scheduler, the KV cache's per-cell
+// metadata, the vocabulary.
+type CHeap struct {
+	InUse      int64 // bytes in allocated chunks, mmapped ones included
+	FromSystem int64 // bytes the arenas and mmapped chunks take from the system
+}
+
+// ReadCHeap reads the process's C heap figures.
+func ReadCHeap() CHeap {
+	var inUse, sys C.size_t
+	C.memgen_llama_c_heap(&inUse, &sys)
+	return CHeap{InUse: int64(inUse), FromSystem: int64(sys)}
 }

@@ -105,10 +105,14 @@ func (r *rig) audit(t testing.TB, what string, m *Model, ctxs ...*Context) {
 			want += n
 		}
 		c.mu.Unlock()
-		if got := r.charged(c.Holder()); got != want || kv.Committed != want {
-			t.Errorf("%s: context %d (%d cells): governor charges %d, regions commit %d, rows need %d", what, i, kv.Cells, got, kv.Committed, want)
+		// The compute and output buffers are charged beside the KV
+		// cache, committed whole from the context's creation.
+		compute := c.Compute()
+		if got := r.charged(c.Holder()); got != want+compute || kv.Committed != want || compute == 0 {
+			t.Errorf("%s: context %d (%d cells): governor charges %d, regions commit %d, rows need %d, compute buffers %d",
+				what, i, kv.Cells, got, kv.Committed, want, compute)
 		}
-		total += want
+		total += want + compute
 	}
 	wantW, _ := memapi.RoundUp(m.WeightBytes(), 4<<10)
 	if got := r.charged(m.Holder()); got != wantW || wantW == 0 {
@@ -229,8 +233,8 @@ func TestResetReleasesAndRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.audit(t, "after the reset", m, c)
-	if n, kv := r.charged(c.Holder()), c.KV(); n != 0 || kv.Committed != 0 || kv.Cells != 0 || len(c.Tokens()) != 0 {
-		t.Fatalf("after the reset: holder charged %d, %+v, %d tokens", n, kv, len(c.Tokens()))
+	if n, kv := r.charged(c.Holder()), c.KV(); n != c.Compute() || kv.Committed != 0 || kv.Cells != 0 || len(c.Tokens()) != 0 {
+		t.Fatalf("after the reset: holder charged %d (compute buffers %d), %+v, %d tokens", n, c.Compute(), kv, len(c.Tokens()))
 	}
 	if again := run(); hashTokens(again) != hashTokens(first) {
 		t.Fatalf("after the reset the same prompt gave other tokens:\n%v\n%v", first, again)
