@@ -80,6 +80,10 @@ test | bench)
 		[ -z "$bad" ] || { echo "gofmt needed on:"; echo "$bad"; exit 1; }
 		# ORT_TEST_TIMEOUT bounds the run (go test's -timeout, reported as
 		# "panic: test timed out" with every stack), within CI's 90 minutes.
+		# The resident-set bounds are checked without the race detector
+		# (its shadow memory grows with the process): one test, built
+		# without -race, before the whole suite with it.
+		go test -count=1 -run '^TestDecoderLedgerMatchesProcess$' .
 		exec go test -race -count=1 -timeout "${ORT_TEST_TIMEOUT:-30m}" ./...
 	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .

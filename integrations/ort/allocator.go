@@ -176,6 +176,27 @@ func NewAllocator(b *pmm.Binding, opts Options) (*Allocator, error) {
 	return a, nil
 }
 
+// whileRegistered runs f while a is the allocator registered with ONNX
+// Runtime's environment, so that a session f creates with
+// session.use_env_allocators takes a and no other. It fails without
+// calling f when a is closed (memapi.ErrClosed) or not registered
+// (memapi.ErrForeignHandle: the session would take another allocator, or
+// ONNX Runtime's own).
+func (a *Allocator) whileRegistered(op string, f func() error) error {
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return memapi.Errorf(op, memapi.ErrClosed, "the workspace allocator was closed")
+	}
+	envAlloc.mu.Lock()
+	defer envAlloc.mu.Unlock()
+	if envAlloc.id != a.id {
+		return memapi.Errorf(op, memapi.ErrForeignHandle, "the workspace allocator is not the one registered with ONNX Runtime's environment (Unregister was called)")
+	}
+	return f()
+}
+
 // envAlloc is the id of the Allocator registered with ONNX Runtime's
 // environment now (0: none). ONNX Runtime 1.30 itself keeps one CPU
 // allocator per device and lets a second RegisterAllocator replace the

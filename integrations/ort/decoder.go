@@ -59,6 +59,15 @@ type DecoderOptions struct {
 	MaxSeq int
 	// Threads is ONNX Runtime's intra-op thread count; 0 means 1.
 	Threads int
+	// Workspace is the Allocator the decoder's session takes ONNX
+	// Runtime's memory from: the weights (initializers), each step's
+	// activations and outputs (the logits), all charged to the
+	// Allocator's holder beside the KV cache's. It must be the Allocator
+	// registered with the environment when NewDecoder runs (a session
+	// keeps the allocator it was created with); NewDecoder fails with
+	// memapi.ErrForeignHandle otherwise, memapi.ErrClosed once it is
+	// closed. nil: ONNX Runtime's own allocator, outside the ledger.
+	Workspace *Allocator
 }
 
 // The decoder model's interface (scripts/ort.sh builds one): inputs
@@ -150,7 +159,16 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if threads <= 0 {
 		threads = 1
 	}
-	s, err := newSessionWith(path, 0, threads)
+	var s *session
+	var err error
+	if opts.Workspace == nil {
+		s, err = newSessionWith(path, 0, threads)
+	} else {
+		err = opts.Workspace.whileRegistered(op, func() (err error) {
+			s, err = newSessionWith(path, sessEnvAllocators, threads)
+			return err
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}

@@ -3,6 +3,7 @@ package ort
 import (
 	"fmt"
 	"os"
+	"syscall"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -26,12 +27,31 @@ type node struct {
 	ints       map[string]int64
 }
 
-// readGraph reads the graph of the ONNX model at path.
+// readGraph reads the graph of the ONNX model at path. The file is mapped
+// for the read, not copied: only the pages holding what is read (not the
+// weights' bytes, which are skipped) are ever touched, and none of them
+// stays resident once the map is gone.
 func readGraph(path string) (*graph, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() == 0 {
+		return nil, fmt.Errorf("the model's protobuf: the file is empty")
+	}
+	if int64(int(st.Size())) != st.Size() {
+		return nil, fmt.Errorf("the model's protobuf: %d bytes cannot be mapped", st.Size())
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mapping the model: %w", err)
+	}
+	defer syscall.Munmap(b)
 	g := &graph{dims: map[string][]int64{}}
 	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if num == 7 && typ == protowire.BytesType {

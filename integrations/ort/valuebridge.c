@@ -1,5 +1,6 @@
 // Sessions and tensors over the C API for the conformance harness; see
 // bridge.h.
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,12 @@ char *memgen_ort_session_new(const char *path, int flags, int threads, OrtSessio
 	if (!st) st = api->CreateSession(env, path, o, out);
 	if (o) api->ReleaseSessionOptions(o);
 	api->ReleaseEnv(env);
+	/* Loading parsed the model's protobuf (the weights' bytes included)
+	 * into the C heap and freed it once the initializers were copied out:
+	 * glibc keeps freed chunks of that size in its arenas (its mmap
+	 * threshold rises with each large free), so without a trim the
+	 * model's size stays resident, in nobody's account. */
+	malloc_trim(0);
 	return st ? fail("CreateSession", st) : NULL;
 }
 
