@@ -75,7 +75,6 @@ char *memgen_llama_load(const char *lib, const char *dir) {
 	SYM(llama_model_free);
 	SYM(llama_init_from_model);
 	SYM(llama_free);
-	SYM(llama_batch_get_one);
 	SYM(llama_decode);
 	SYM(llama_get_logits_ith);
 	SYM(llama_get_memory);
@@ -131,18 +130,21 @@ static bool memgen_llama_should_abort(void *flag) { return __atomic_load_n((int 
 
 void memgen_llama_set_flag(int *flag, int v) { __atomic_store_n(flag, v, __ATOMIC_RELAXED); }
 
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag, uintptr_t owner) {
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq, int32_t n_threads, int *abort_flag, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	struct llama_context_params p = a->llama_context_default_params();
 	p.n_ctx = n_ctx;
 	p.n_batch = n_batch;
 	p.n_ubatch = n_ubatch;
-	p.n_seq_max = 1;
-	/* memgen_llama_decode reads the logits of a batch's last token only
-	 * (llama_batch_get_one asks for no other): one output per ubatch, so
-	 * that the output buffer and the compute buffer's logits are sized
-	 * for one token, not n_batch. */
-	p.n_outputs_max = 1;
+	/* n_seq sequences, each in a KV stream of its own (n_ctx / n_seq
+	 * cells): every (layer, sequence) range of K and V is contiguous. */
+	p.n_seq_max = n_seq;
+	p.kv_unified = false;
+	/* memgen_llama_decode reads the logits of each sequence's last token
+	 * of a batch only: one output per sequence, so that the output buffer
+	 * and the compute buffer's logits are sized for n_seq tokens, not
+	 * n_batch. */
+	p.n_outputs_max = n_seq;
 	p.n_threads = n_threads;
 	p.n_threads_batch = n_threads;
 	/* Flash attention: K and V are both one row per cell, so the part of
@@ -162,18 +164,37 @@ void memgen_llama_context_free(struct llama_context *c) { memgen_llama_api.llama
 
 /* Decoding can allocate: llama.cpp grows a context's output buffer, and
  * its scheduler a compute buffer, when a graph needs more than reserved. */
-int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next, uintptr_t owner) {
+int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
+                            int32_t n_vocab, llama_token *next, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
+	int32_t *n_seq_id = malloc(sizeof(int32_t) * (size_t)n);
+	llama_seq_id **seq_id = malloc(sizeof(llama_seq_id *) * (size_t)n);
+	if (!n_seq_id || !seq_id) {
+		free(n_seq_id);
+		free(seq_id);
+		return -101;
+	}
+	for (int32_t i = 0; i < n; i++) {
+		n_seq_id[i] = 1;
+		seq_id[i] = &seq[i];
+	}
+	struct llama_batch b = {.n_tokens = n, .token = tokens, .embd = NULL, .pos = pos, .n_seq_id = n_seq_id, .seq_id = seq_id, .logits = out};
 	uintptr_t prev = memgen_llama_swap_owner(owner);
-	int32_t st = a->llama_decode(c, a->llama_batch_get_one(tokens, n));
+	int32_t st = a->llama_decode(c, b);
 	memgen_llama_swap_owner(prev);
+	free(n_seq_id);
+	free(seq_id);
 	if (st != 0) return st;
-	const float *logits = a->llama_get_logits_ith(c, -1);
-	if (!logits) return -100;
-	llama_token best = 0;
-	for (int32_t i = 1; i < n_vocab; i++)
-		if (logits[i] > logits[best]) best = i;
-	*next = best;
+	int32_t k = 0;
+	for (int32_t i = 0; i < n; i++) {
+		if (!out[i]) continue;
+		const float *logits = a->llama_get_logits_ith(c, i);
+		if (!logits) return -100;
+		llama_token best = 0;
+		for (int32_t j = 1; j < n_vocab; j++)
+			if (logits[j] > logits[best]) best = j;
+		next[k++] = best;
+	}
 	return 0;
 }
 
@@ -184,9 +205,9 @@ void memgen_llama_clear(struct llama_context *c) {
 	a->llama_memory_clear(a->llama_get_memory(c), false);
 }
 
-bool memgen_llama_seq_rm(struct llama_context *c, llama_pos p0) {
+bool memgen_llama_seq_rm(struct llama_context *c, llama_seq_id seq, llama_pos p0) {
 	struct memgen_llama_api *a = &memgen_llama_api;
-	return a->llama_memory_seq_rm(a->llama_get_memory(c), 0, p0, -1);
+	return a->llama_memory_seq_rm(a->llama_get_memory(c), seq, p0, -1);
 }
 
 void memgen_llama_memset(uintptr_t addr, int v, size_t n) { memset((void *)addr, v, n); }

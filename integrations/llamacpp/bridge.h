@@ -22,7 +22,6 @@ struct memgen_llama_api {
 	void (*llama_model_free)(struct llama_model *model);
 	struct llama_context *(*llama_init_from_model)(struct llama_model *model, struct llama_context_params params);
 	void (*llama_free)(struct llama_context *ctx);
-	struct llama_batch (*llama_batch_get_one)(llama_token *tokens, int32_t n_tokens);
 	int32_t (*llama_decode)(struct llama_context *ctx, struct llama_batch batch);
 	float *(*llama_get_logits_ith)(struct llama_context *ctx, int32_t i);
 	llama_memory_t (*llama_get_memory)(const struct llama_context *ctx);
@@ -60,18 +59,22 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours, uintptr_
 void memgen_llama_model_free(struct llama_model *m);
 /* abort_flag: llama_decode aborts (returns 2) once it is set, through
  * memgen_llama_set_flag, from any thread. */
-struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, int32_t n_threads, int *abort_flag, uintptr_t owner);
+/* n_seq: sequences, each with a KV stream of its own of n_ctx / n_seq cells. */
+struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq,
+                                               int32_t n_threads, int *abort_flag, uintptr_t owner);
 void memgen_llama_set_flag(int *flag, int v);
 void memgen_llama_context_free(struct llama_context *c);
-/* memgen_llama_decode decodes n tokens at the end of the context's one
- * sequence and returns llama_decode's status; with argmax set, *next is the
- * greedy token after the last of them (logits over n_vocab). */
-int32_t memgen_llama_decode(struct llama_context *c, llama_token *tokens, int32_t n, int32_t n_vocab, llama_token *next, uintptr_t owner);
+/* memgen_llama_decode decodes a batch of n tokens, token i at position
+ * pos[i] of sequence seq[i], and returns llama_decode's status; for each
+ * token with out[i] set, in order, next holds the greedy token after it
+ * (the argmax of its logits over n_vocab). */
+int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
+                            int32_t n_vocab, llama_token *next, uintptr_t owner);
 /* memgen_llama_clear drops the context's whole KV cache (its cells; the
  * buffers are not written). */
 void memgen_llama_clear(struct llama_context *c);
-/* memgen_llama_seq_rm drops the cells at positions [p0, end). */
-bool memgen_llama_seq_rm(struct llama_context *c, llama_pos p0);
+/* memgen_llama_seq_rm drops the cells of sequence seq at positions [p0, end). */
+bool memgen_llama_seq_rm(struct llama_context *c, llama_seq_id seq, llama_pos p0);
 
 /* memgen_llama_nbytes is ggml_nbytes(t). */
 size_t memgen_llama_nbytes(const struct ggml_tensor *t);

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/cgo"
 	"strings"
@@ -57,12 +58,55 @@ func (h *hostBuffer) kv() bool                { return false }
 func (h *hostBuffer) free()                   { h.c.freeHost(h) }
 
 // kvTensor is one KV tensor (cache_k_l<i> or cache_v_l<i>): its own
-// pmm.Region, reserved for every cell, committed for the rows in use.
+// pmm.Region, reserved for every cell of every stream, committed for the
+// rows in use. A context of several sequences has one stream per sequence
+// (llama.cpp's non-unified cache): the tensor is [row, cells, streams],
+// and stream s's rows are the range [s*stride, (s+1)*stride), its rows in
+// use a prefix of it.
 type kvTensor struct {
 	name     string
 	rowBytes memapi.Bytes
-	cells    int
+	cells    int          // rows per stream
+	stride   memapi.Bytes // bytes from one stream's first row to the next's: cells × rowBytes
 	region   *pmm.Region
+	// backed is, per stream, the committed bytes at the start of its range
+	// (a whole number of granules; with one stream, the region's Len).
+	backed []memapi.Bytes
+}
+
+// resize backs stream s's first rows rows (rounded up to the granule) and
+// nothing beyond them: with one stream the region grows or shrinks (a
+// prefix); with several, the range between what the stream had and what
+// it needs is committed or decommitted (the region is sparse). Shrinking
+// releases behind the region's recorded fences. On a refusal nothing
+// changed.
+func (t *kvTensor) resize(ctx context.Context, s, rows int) error {
+	want, _ := memapi.RoundUp(memapi.Bytes(rows)*t.rowBytes, t.region.Granularity())
+	have := t.backed[s]
+	switch {
+	case want == have:
+		return nil
+	case len(t.backed) == 1 && want > have:
+		if err := t.region.Grow(ctx, memapi.Bytes(rows)*t.rowBytes, nil); err != nil {
+			return err
+		}
+	case len(t.backed) == 1:
+		if err := t.region.Shrink(ctx, memapi.Bytes(rows)*t.rowBytes, nil); err != nil {
+			return err
+		}
+	case want > have:
+		base := memapi.Bytes(s) * t.stride
+		if err := t.region.Commit(ctx, memapi.Range{Off: base + have, Len: want - have}); err != nil {
+			return err
+		}
+	default:
+		base := memapi.Bytes(s) * t.stride
+		if err := t.region.Decommit(ctx, memapi.Range{Off: base + want, Len: have - want}); err != nil {
+			return err
+		}
+	}
+	t.backed[s] = want
+	return nil
 }
 
 // kvBuffer is the buffer llama.cpp allocates for a context's KV cache: a
@@ -80,26 +124,31 @@ func (b *kvBuffer) base() memapi.DeviceAddr { return b.reserve.Addr() }
 func (b *kvBuffer) kv() bool                { return true }
 func (b *kvBuffer) free()                   { b.c.freeKV(b) }
 
-// initTensor gives the tensor its own Region. Only the KV cache's tensors,
-// one row per cell, are accepted.
+// initTensor gives the tensor its own Region. Only the KV cache's tensors
+// are accepted: one row per cell, one stream of cells per sequence of the
+// context, each stream's range a whole number of granules (so that a
+// granule never holds rows of two sequences).
 func (b *kvBuffer) initTensor(t *C.struct_ggml_tensor) (memapi.DeviceAddr, error) {
 	name := C.GoString(&t.name[0])
 	if !strings.HasPrefix(name, "cache_k_l") && !strings.HasPrefix(name, "cache_v_l") {
 		return 0, fmt.Errorf("%w: tensor %q in a KV buffer", ErrLayout, name)
 	}
 	ne1, ne2, ne3 := int64(t.ne[1]), int64(t.ne[2]), int64(t.ne[3])
-	rowBytes := memapi.Bytes(t.nb[1])
+	rowBytes, stride := memapi.Bytes(t.nb[1]), memapi.Bytes(t.nb[2])
 	size := memapi.Bytes(C.memgen_llama_nbytes(t))
-	if ne2 != 1 || ne3 != 1 || ne1 <= 0 || rowBytes == 0 || rowBytes*memapi.Bytes(ne1) != size {
-		return 0, fmt.Errorf("%w: %s is %dx%dx%dx%d with rows of %d bytes (%d bytes): not one row per cell",
-			ErrLayout, name, int64(t.ne[0]), ne1, ne2, ne3, rowBytes, size)
+	if ne2 != int64(len(b.c.seqs)) || ne3 != 1 || ne1 <= 0 || rowBytes == 0 || stride != rowBytes*memapi.Bytes(ne1) || stride*memapi.Bytes(ne2) != size {
+		return 0, fmt.Errorf("%w: %s is %dx%dx%dx%d with rows of %d bytes, streams of %d (%d bytes): not one row per cell in one stream per sequence (%d)",
+			ErrLayout, name, int64(t.ne[0]), ne1, ne2, ne3, rowBytes, stride, size, len(b.c.seqs))
 	}
 	r, err := b.c.bind.ReserveVirtual(context.Background(), size)
 	if err != nil {
 		return 0, fmt.Errorf("llamacpp: reserving %s (%d bytes): %w", name, size, err)
 	}
+	if ne2 > 1 && stride%r.Granularity() != 0 {
+		return 0, errors.Join(fmt.Errorf("%w: %s: a stream of %d bytes is not a whole number of %d-byte granules", ErrLayout, name, stride, r.Granularity()), r.Close())
+	}
 	b.mu.Lock()
-	b.tensors = append(b.tensors, &kvTensor{name: name, rowBytes: rowBytes, cells: int(ne1), region: r})
+	b.tensors = append(b.tensors, &kvTensor{name: name, rowBytes: rowBytes, cells: int(ne1), stride: stride, region: r, backed: make([]memapi.Bytes, ne2)})
 	b.mu.Unlock()
 	return r.Addr(), nil
 }

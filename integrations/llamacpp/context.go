@@ -23,8 +23,8 @@ import (
 
 // ContextOptions configure Model.NewContext.
 type ContextOptions struct {
-	// NCtx is the context's size in cells (tokens); every KV tensor is
-	// reserved for it. Required.
+	// NCtx is the most tokens of one sequence: the cells of its KV stream,
+	// each KV tensor is reserved for NCtx rows per sequence. Required.
 	NCtx int
 	// Batch is the most tokens one llama_decode takes (n_batch); longer
 	// inputs are decoded in batches (the KV regions grow once for the
@@ -36,6 +36,14 @@ type ContextOptions struct {
 	// sized for UBatch tokens against all of NCtx. Default (and at most)
 	// Batch.
 	UBatch int
+	// Sequences is how many sequences the context decodes together
+	// (llama.cpp's n_seq_max), each in a KV stream of its own (its
+	// non-unified cache): every (layer, sequence) range of K and V is
+	// contiguous, and grows, through the governor, as its sequence does.
+	// Default 1; at most 256. With several, NCtx must be a multiple of 256
+	// (llama.cpp pads each stream to it) and each stream a whole number of
+	// granules.
+	Sequences int
 	// Priority is the context's holder's priority: under pressure the
 	// governor asks lower priorities first.
 	Priority governor.Priority
@@ -80,8 +88,7 @@ type Context struct {
 	host      []*hostBuffer // compute and output buffers
 	freed     []*pmm.Region // closed regions not yet waited for
 	hostFreed []*pmm.Buffer // closed host buffers not yet waited for
-	tokens    []int32       // the sequence: its cells are tokens[:cells]
-	cells     int           // cells in llama.cpp's cache (0 after a preemption)
+	seqs      []seqState    // the sequences, each in its KV stream
 	stats     Stats
 }
 
@@ -115,6 +122,13 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	if opts.NCtx <= 0 {
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "n_ctx %d", opts.NCtx)
 	}
+	if opts.Sequences == 0 {
+		opts.Sequences = 1
+	}
+	if opts.Sequences < 0 || opts.Sequences > maxSequences || (opts.Sequences > 1 && opts.NCtx%seqPad != 0) {
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%d sequences of n_ctx %d: 1 to %d sequences, and with several an n_ctx that is a multiple of %d",
+			opts.Sequences, opts.NCtx, maxSequences, seqPad)
+	}
 	if opts.NoFlashAttention {
 		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "a context without flash attention: its V cache is one row of n_ctx per channel, which a growing region cannot back")
 	}
@@ -127,7 +141,7 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		return nil, memapi.Errorf(op, memapi.ErrClosed, "model %s was closed", m.path)
 	}
 	m.nextID++
-	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx)}
+	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences)}
 	c.ubatch = c.batch
 	if opts.UBatch > 0 {
 		c.ubatch = min(opts.UBatch, c.batch)
@@ -159,7 +173,8 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	lastError()
 	c.abort = (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
 	c.allocCtx = ctx
-	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.int32_t(m.opts.Threads), c.abort, C.uintptr_t(c.self))
+	c.c = C.memgen_llama_context_new(m.c, C.uint32_t(opts.NCtx*opts.Sequences), C.uint32_t(c.batch), C.uint32_t(c.ubatch), C.uint32_t(opts.Sequences),
+		C.int32_t(m.opts.Threads), c.abort, C.uintptr_t(c.self))
 	c.allocCtx = nil
 	msg, allocErr := lastError(), c.allocErr
 	c.allocErr = nil
@@ -190,6 +205,13 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	}
 	return c, nil
 }
+
+// maxSequences is llama.cpp's LLAMA_MAX_SEQ; seqPad the multiple it pads
+// each stream of a non-unified cache to.
+const (
+	maxSequences = 256
+	seqPad       = 256
+)
 
 // Holder is the context's governor holder ("" with Options.Stock).
 func (c *Context) Holder() governor.HolderID { return c.holder }
@@ -290,7 +312,7 @@ func (c *Context) compute() memapi.Bytes {
 
 // KV is a context's KV cache as its regions hold it.
 type KV struct {
-	Cells     int          // cells (rows per tensor) in use
+	Cells     int          // cells in use (rows per tensor, every sequence's together)
 	Tensors   int          // KV tensors, each a region
 	RowBytes  memapi.Bytes // bytes of one row of every tensor together
 	Committed memapi.Bytes // committed bytes of all the regions
@@ -301,7 +323,7 @@ type KV struct {
 func (c *Context) KV() KV {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	kv := KV{Cells: c.cells, Tensors: len(c.tensors)}
+	kv := KV{Cells: c.cells(), Tensors: len(c.tensors)}
 	for _, t := range c.tensors {
 		kv.RowBytes += t.rowBytes
 		kv.Committed += t.region.Committed()
@@ -327,104 +349,214 @@ func (c *Context) Stats() Stats {
 	return c.stats
 }
 
-// Tokens returns the sequence so far (every token decoded, and the ones a
+// Tokens returns sequence 0 so far (every token decoded, and the ones a
 // preemption dropped, which the next Decode recomputes).
-func (c *Context) Tokens() []int32 {
+func (c *Context) Tokens() []int32 { return c.SeqTokens(0) }
+
+// SeqTokens returns sequence seq so far (nil for a sequence outside the
+// context's).
+func (c *Context) SeqTokens(seq int) []int32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]int32(nil), c.tokens...)
+	if seq < 0 || seq >= len(c.seqs) {
+		return nil
+	}
+	return append([]int32(nil), c.seqs[seq].tokens...)
 }
 
-// Decode appends tokens to the sequence, decodes them and returns the
-// greedy next token (the argmax of the last token's logits). After a
-// preemption the sequence's earlier tokens are decoded again first. The
-// tokens are decoded in batches of Batch tokens (one llama_decode each);
-// before the first, the KV regions grow once to the rows the whole call
-// uses, and after the last they hold exactly its cells. When the governor
-// refuses within ctx, Decode fails with an *OverBudgetError and the
-// sequence is as before. A token outside the vocabulary is ErrToken, a
-// sequence longer than NCtx ErrContextFull, a closed context
-// memapi.ErrClosed.
+// Sequences is how many sequences the context decodes together.
+func (c *Context) Sequences() int { return len(c.seqs) }
+
+// Decode appends tokens to sequence 0, decodes them and returns the
+// greedy next token (the argmax of the last token's logits): DecodeBatch
+// with one entry.
 func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
-	const op = "llamacpp.Context.Decode"
+	next, err := c.DecodeBatch(ctx, []SeqTokens{{Seq: 0, Tokens: tokens}})
+	if err != nil {
+		return 0, err
+	}
+	return next[0], nil
+}
+
+// SeqTokens are tokens to append to one sequence of a context.
+type SeqTokens struct {
+	Seq    int // 0 ... Sequences-1
+	Tokens []int32
+}
+
+// seqState is one sequence of a context: its tokens, and the cells
+// llama.cpp holds of them (a prefix of them: fewer after a preemption).
+type seqState struct {
+	tokens []int32
+	cells  int
+}
+
+// DecodeBatch appends each entry's tokens to its sequence, decodes them all
+// together (each sequence in its own KV stream, one llama_decode for up to
+// Batch tokens of them) and returns, per entry, the greedy next token after
+// its last. After a preemption a sequence's earlier tokens are decoded
+// again first. Before the first llama_decode every sequence's KV ranges
+// grow once to the rows the whole call uses, and after the last they hold
+// exactly its cells. When the governor refuses within ctx, DecodeBatch
+// fails with an *OverBudgetError (a *WaitError when ctx ended) and every
+// sequence is as before. A sequence outside the context's, or named twice,
+// is memapi.ErrInvalidRange; an entry without tokens memapi.ErrInvalidSize;
+// a token outside the vocabulary ErrToken; a sequence longer than NCtx
+// ErrContextFull; a closed context memapi.ErrClosed.
+func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, error) {
+	const op = "llamacpp.Context.DecodeBatch"
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
+		return nil, memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
 	}
-	if len(tokens) == 0 {
-		return 0, memapi.Errorf(op, memapi.ErrInvalidSize, "no tokens")
+	if len(in) == 0 {
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no sequences")
 	}
-	for _, t := range tokens {
-		if t < 0 || int(t) >= c.m.nVocab {
-			return 0, fmt.Errorf("%w: %d (vocabulary of %d)", ErrToken, t, c.m.nVocab)
+	seen := make(map[int]bool, len(in))
+	for _, e := range in {
+		if e.Seq < 0 || e.Seq >= len(c.seqs) || seen[e.Seq] {
+			return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "sequence %d (the context has %d; each at most once a call)", e.Seq, len(c.seqs))
+		}
+		seen[e.Seq] = true
+		if len(e.Tokens) == 0 {
+			return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no tokens for sequence %d", e.Seq)
+		}
+		for _, t := range e.Tokens {
+			if t < 0 || int(t) >= c.m.nVocab {
+				return nil, fmt.Errorf("%w: %d (vocabulary of %d)", ErrToken, t, c.m.nVocab)
+			}
+		}
+		if n := len(c.seqs[e.Seq].tokens) + len(e.Tokens); n > c.nCtx {
+			return nil, fmt.Errorf("%w: %d tokens in sequence %d of a context of %d", ErrContextFull, n, e.Seq, c.nCtx)
 		}
 	}
-	if n := len(c.tokens) + len(tokens); n > c.nCtx {
-		return 0, fmt.Errorf("%w: %d tokens in a context of %d", ErrContextFull, n, c.nCtx)
+	// Per sequence, the tokens a preemption dropped first, then the new
+	// ones; the rows the call touches.
+	type work struct {
+		seq       int
+		hist      int // the sequence's tokens before the call
+		todo      []int32
+		recompute int
+		rows      int // its cells after the call
+		commit    int // the rows the call touches
 	}
-	// The tokens a preemption dropped first, then the new ones.
-	hist := len(c.tokens)
-	todo := tokens
-	recompute := hist - c.cells
-	if recompute > 0 {
-		todo = slices.Concat(c.tokens[c.cells:], tokens)
+	ws := make([]work, len(in))
+	for i, e := range in {
+		sq := &c.seqs[e.Seq]
+		w := work{seq: e.Seq, hist: len(sq.tokens), todo: e.Tokens, recompute: len(sq.tokens) - sq.cells}
+		if w.recompute > 0 {
+			w.todo = slices.Concat(sq.tokens[sq.cells:], e.Tokens)
+		}
+		w.rows = sq.cells + len(w.todo)
+		w.commit = w.rows
+		if len(c.tensors) > 0 && !untiled {
+			w.commit = touched(sq.cells, len(w.todo), c.ubatch, c.tensors[0].cells)
+		}
+		ws[i] = w
 	}
-	rows := c.cells + len(todo)
-	commit := rows
-	if len(c.tensors) > 0 && !untiled {
-		commit = touched(c.cells, len(todo), c.ubatch, c.tensors[0].cells)
+	want := make(map[int]int, len(ws))
+	for _, w := range ws {
+		want[w.seq] = w.commit
 	}
-	if err := c.grow(ctx, commit); err != nil {
-		return 0, err
+	if err := c.grow(ctx, want); err != nil {
+		return nil, err
 	}
 	// The call's fence, on every region (stock has none): a release of
-	// the regions waits for the last of its decodes.
-	var f *decodeFence
-	if len(c.tensors) > 0 {
-		f = newDecodeFence()
-		defer f.complete()
-		for _, t := range c.tensors {
-			if err := t.region.RecordUse(f); err != nil {
-				return 0, errors.Join(err, c.shrinkTo(c.cells))
-			}
+	// the regions waits for the last of its decodes. It is completed once
+	// they returned, before the call shrinks the ranges it grew (a region
+	// queues each release behind the fence, and its next transaction
+	// behind that release: a second decommit under an open fence would
+	// wait for the call that makes it).
+	f := newDecodeFence()
+	defer f.complete()
+	for _, t := range c.tensors {
+		if err := t.region.RecordUse(f); err != nil {
+			f.complete()
+			return nil, errors.Join(err, c.shrinkToCells())
 		}
 	}
-	// undo leaves the sequence as before: cells of this call's tokens
+	// undo leaves every sequence as before: cells of this call's tokens
 	// already decoded are dropped again (recomputed ones stay, the next
-	// Decode goes on from them), and the regions hold the cells again.
+	// call goes on from them), and the ranges hold the cells again.
 	undo := func(err error) error {
-		if c.cells > hist {
-			if !C.memgen_llama_seq_rm(c.c, C.llama_pos(hist)) {
-				err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
+		f.complete()
+		for _, w := range ws {
+			if sq := &c.seqs[w.seq]; sq.cells > w.hist {
+				if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(w.seq), C.llama_pos(w.hist)) {
+					err = errors.Join(err, fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode))
+				}
+				sq.cells = w.hist
 			}
-			c.cells = hist
 		}
-		return errors.Join(err, c.shrinkTo(c.cells))
+		return errors.Join(err, c.shrinkToCells())
 	}
-	var next int32
+	// The batch: the sequences' tokens one after the other, cut every
+	// Batch tokens; each sequence's last token is an output.
+	var b decodeInput
+	for _, w := range ws {
+		cells := c.seqs[w.seq].cells
+		for j, t := range w.todo {
+			b.add(t, cells+j, w.seq, j == len(w.todo)-1)
+		}
+	}
+	next := make([]int32, 0, len(ws))
 	defer c.abortOn(ctx)()
-	for len(todo) > 0 {
+	for from := 0; from < len(b.tokens); from += c.batch {
 		if ctx.Err() != nil {
-			return 0, undo(fmt.Errorf("llamacpp: decode stopped between batches: %w", context.Cause(ctx)))
+			return nil, undo(fmt.Errorf("llamacpp: decode stopped between batches: %w", context.Cause(ctx)))
 		}
-		n := min(len(todo), c.batch)
-		var err error
-		next, err = c.decodeBatch(ctx, todo[:n])
+		part := b.slice(from, min(from+c.batch, len(b.tokens)))
+		out, err := c.decodeBatch(ctx, part)
 		if err != nil {
-			return 0, undo(err)
+			return nil, undo(err)
 		}
-		c.stats.Recomputed += min(n, recompute)
-		recompute -= min(n, recompute)
-		todo = todo[n:]
+		next = append(next, out...)
 	}
-	if commit > rows {
-		if err := c.shrinkTo(rows); err != nil {
-			return 0, undo(fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err))
-		}
+	for _, w := range ws {
+		c.stats.Recomputed += w.recompute
 	}
-	c.tokens = append(c.tokens, tokens...)
+	f.complete()
+	if err := c.shrinkToCells(); err != nil {
+		return nil, undo(fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err))
+	}
+	for _, e := range in {
+		sq := &c.seqs[e.Seq]
+		sq.tokens = append(sq.tokens, e.Tokens...)
+	}
 	return next, nil
+}
+
+// decodeInput is a batch for llama_decode: per token its id, position,
+// sequence and whether its logits are read.
+type decodeInput struct {
+	tokens []C.llama_token
+	pos    []C.llama_pos
+	seq    []C.llama_seq_id
+	out    []C.int8_t
+}
+
+func (b *decodeInput) add(t int32, pos, seq int, out bool) {
+	o := C.int8_t(0)
+	if out {
+		o = 1
+	}
+	b.tokens = append(b.tokens, C.llama_token(t))
+	b.pos = append(b.pos, C.llama_pos(pos))
+	b.seq = append(b.seq, C.llama_seq_id(seq))
+	b.out = append(b.out, o)
+}
+
+func (b *decodeInput) slice(from, to int) decodeInput {
+	return decodeInput{tokens: b.tokens[from:to], pos: b.pos[from:to], seq: b.seq[from:to], out: b.out[from:to]}
+}
+
+func (b *decodeInput) outputs() int {
+	n := 0
+	for _, o := range b.out {
+		n += int(o)
+	}
+	return n
 }
 
 // kvTile is the rows of K and V that ggml's CPU flash-attention kernel
@@ -479,43 +611,68 @@ func (c *Context) abortOn(ctx context.Context) (stop func()) {
 var beforeLlamaDecode, abortSet func()
 
 // decodeBatch decodes one batch (at most Batch tokens) whose rows are
-// committed. A decode that ctx's end aborted keeps none of the batch's
-// cells (llama.cpp keeps the ubatches it finished: they are removed).
-func (c *Context) decodeBatch(ctx context.Context, batch []int32) (int32, error) {
-	var next C.llama_token
+// committed and returns the greedy next token after each of its outputs. A
+// decode that ctx's end aborted keeps none of the batch's cells (llama.cpp
+// keeps the ubatches it finished: they are removed).
+func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, error) {
+	next := make([]C.llama_token, max(b.outputs(), 1))
 	if beforeLlamaDecode != nil {
 		beforeLlamaDecode()
 	}
 	c.allocCtx = ctx
-	st := C.memgen_llama_decode(c.c, (*C.llama_token)(&batch[0]), C.int32_t(len(batch)), C.int32_t(c.m.nVocab), &next, C.uintptr_t(c.self))
+	st := C.memgen_llama_decode(c.c, C.int32_t(len(b.tokens)), &b.tokens[0], &b.pos[0], &b.seq[0], &b.out[0], C.int32_t(c.m.nVocab), &next[0], C.uintptr_t(c.self))
 	c.allocCtx = nil
 	allocErr := c.allocErr
 	c.allocErr = nil
 	c.stats.Decodes++
 	if st == 2 && ctx.Err() != nil {
-		if !C.memgen_llama_seq_rm(c.c, C.llama_pos(c.cells)) {
-			return 0, fmt.Errorf("%w: aborted, and llama_memory_seq_rm refused its cells: %w", ErrDecode, context.Cause(ctx))
+		var errs []error
+		for _, seq := range distinct(b.seq) {
+			if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(seq), C.llama_pos(c.seqs[seq].cells)) {
+				errs = append(errs, fmt.Errorf("%w: aborted, and llama_memory_seq_rm refused the cells of sequence %d: %w", ErrDecode, seq, context.Cause(ctx)))
+			}
 		}
-		return 0, fmt.Errorf("llamacpp: llama_decode aborted: %w", context.Cause(ctx))
+		if len(errs) > 0 {
+			return nil, errors.Join(errs...)
+		}
+		return nil, fmt.Errorf("llamacpp: llama_decode aborted: %w", context.Cause(ctx))
 	}
 	if st != 0 {
 		// llama.cpp changed nothing.
 		if allocErr != nil {
-			return 0, fmt.Errorf("%w: llama_decode returned %d: a buffer it grows: %w", ErrDecode, int32(st), allocErr)
+			return nil, fmt.Errorf("%w: llama_decode returned %d: a buffer it grows: %w", ErrDecode, int32(st), allocErr)
 		}
-		return 0, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
+		return nil, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
 	}
-	c.cells += len(batch)
-	c.stats.Tokens += len(batch)
-	return int32(next), nil
+	for _, seq := range b.seq {
+		c.seqs[seq].cells++
+	}
+	c.stats.Tokens += len(b.tokens)
+	out := make([]int32, b.outputs())
+	for i := range out {
+		out[i] = int32(next[i])
+	}
+	return out, nil
 }
 
-// shrinkTo shrinks every tensor to rows (released behind the fences).
-func (c *Context) shrinkTo(rows int) error {
+// distinct returns the sequences of a batch, each once.
+func distinct(seqs []C.llama_seq_id) []int {
+	var out []int
+	for _, s := range seqs {
+		if !slices.Contains(out, int(s)) {
+			out = append(out, int(s))
+		}
+	}
+	return out
+}
+
+// shrinkToCells shrinks every sequence's ranges to its cells (released
+// behind the fences).
+func (c *Context) shrinkToCells() error {
 	var errs []error
 	for _, t := range c.tensors {
-		if want := memapi.Bytes(rows) * t.rowBytes; want < t.region.Len() {
-			errs = append(errs, t.region.Shrink(context.Background(), want, nil))
+		for s := range c.seqs {
+			errs = append(errs, t.resize(context.Background(), s, c.seqs[s].cells))
 		}
 	}
 	return errors.Join(errs...)
@@ -530,41 +687,46 @@ var (
 	untiled   bool
 )
 
-// grow commits every tensor's rows up to rows. On a refusal the tensors
-// grown so far are shrunk back: each holds its c.cells rows again.
-func (c *Context) grow(ctx context.Context, rows int) error {
+// grow commits, per sequence in rows, every tensor's rows of it up to
+// rows[seq]. On a refusal the ranges grown so far are shrunk back: each
+// holds its sequence's cells again.
+func (c *Context) grow(ctx context.Context, rows map[int]int) error {
 	if len(c.tensors) == 0 {
 		return nil
 	}
+	seqs := make([]int, 0, len(rows))
+	for s := range rows {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
 	grew := false
 	start := time.Now()
-	for i, t := range c.tensors {
-		want := memapi.Bytes(rows-rowsShort) * t.rowBytes
-		if want <= t.region.Len() {
-			continue
-		}
-		grew = true
-		if err := t.region.Grow(ctx, want, nil); err != nil {
-			var errs []error
-			for _, u := range c.tensors[:i] {
-				if back := memapi.Bytes(c.cells) * u.rowBytes; back < u.region.Len() {
-					errs = append(errs, u.region.Shrink(context.Background(), back, nil))
+	for _, t := range c.tensors {
+		for _, s := range seqs {
+			want, _ := memapi.RoundUp(memapi.Bytes(rows[s]-rowsShort)*t.rowBytes, t.region.Granularity())
+			if want <= t.backed[s] {
+				continue
+			}
+			grew = true
+			if err := t.resize(ctx, s, rows[s]-rowsShort); err != nil {
+				back := c.shrinkToCells()
+				var kv, wanted memapi.Bytes
+				most := 0
+				for _, u := range c.tensors {
+					kv += u.region.Committed()
+					for _, s := range seqs {
+						wanted += memapi.Bytes(rows[s]) * u.rowBytes
+						most = max(most, rows[s])
+					}
 				}
+				if cause := context.Cause(ctx); cause != nil {
+					// The wait ended with the caller's context: that is what
+					// happened, not a refusal of the budget.
+					return errors.Join(&WaitError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv, Free: c.free(), Err: cause}, back)
+				}
+				return errors.Join(&OverBudgetError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv,
+					Capacity: c.capacity(), Free: c.free(), Err: err}, back)
 			}
-			kv := memapi.Bytes(0)
-			wanted := memapi.Bytes(0)
-			for _, u := range c.tensors {
-				kv += u.region.Committed()
-				wanted += memapi.Bytes(rows) * u.rowBytes
-			}
-			if cause := context.Cause(ctx); cause != nil {
-				// The wait ended with the caller's context: that is what
-				// happened, not a refusal of the budget.
-				return errors.Join(&WaitError{Context: string(c.holder), Rows: rows, Wanted: wanted, Committed: kv, Free: c.free(), Err: cause},
-					errors.Join(errs...))
-			}
-			return errors.Join(&OverBudgetError{Context: string(c.holder), Rows: rows, Wanted: wanted, Committed: kv,
-				Capacity: c.capacity(), Free: c.free(), Err: err}, errors.Join(errs...))
 		}
 	}
 	if grew {
@@ -574,56 +736,105 @@ func (c *Context) grow(ctx context.Context, rows int) error {
 	return nil
 }
 
-// shrink drops every tensor's rows (the cells were dropped first);
-// the backing is released behind the recorded fences. It returns the
+// shrink drops every sequence's rows (the cells were dropped first); the
+// backing is released behind the recorded fences. It returns the
 // committed bytes given up.
 func (c *Context) shrink(ctx context.Context) (memapi.Bytes, error) {
+	return c.shrinkSeqs(ctx, nil)
+}
+
+// shrinkSeqs drops the rows of the sequences in seqs (every sequence for
+// nil) and returns the committed bytes given up.
+func (c *Context) shrinkSeqs(ctx context.Context, seqs []int) (memapi.Bytes, error) {
+	if seqs == nil {
+		for s := range c.seqs {
+			seqs = append(seqs, s)
+		}
+	}
 	var freed memapi.Bytes
 	var errs []error
 	for _, t := range c.tensors {
-		n := t.region.Committed()
-		if err := t.region.Shrink(ctx, 0, nil); err != nil {
-			errs = append(errs, err)
-			continue
+		for _, s := range seqs {
+			n := t.backed[s]
+			if err := t.resize(ctx, s, 0); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			freed += n
 		}
-		freed += n
 	}
 	return freed, errors.Join(errs...)
 }
 
-// Reset drops the sequence: llama.cpp's cells, then the regions' backing
-// (released behind the decode fences, refunded).
+// Reset drops every sequence: llama.cpp's cells, then the regions'
+// backing (released behind the decode fences, refunded).
 func (c *Context) Reset(ctx context.Context) error {
-	const op = "llamacpp.Context.Reset"
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.resetLocked(ctx, "llamacpp.Context.Reset", nil)
+}
+
+// ResetSeq drops sequence seq (a finished one): its cells, then its
+// ranges' backing, behind the decode fences; the other sequences are not
+// touched, and the next DecodeBatch that names seq starts it afresh. A
+// sequence outside the context's is memapi.ErrInvalidRange.
+func (c *Context) ResetSeq(ctx context.Context, seq int) error {
+	const op = "llamacpp.Context.ResetSeq"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq < 0 || seq >= len(c.seqs) {
+		return memapi.Errorf(op, memapi.ErrInvalidRange, "sequence %d (the context has %d)", seq, len(c.seqs))
+	}
+	return c.resetLocked(ctx, op, []int{seq})
+}
+
+// resetLocked drops the sequences in seqs (every one for nil).
+func (c *Context) resetLocked(ctx context.Context, op string, seqs []int) error {
 	if c.closed {
 		return memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
 	}
-	if !C.memgen_llama_seq_rm(c.c, 0) {
-		return fmt.Errorf("%w: llama_memory_seq_rm refused", ErrDecode)
+	if seqs == nil {
+		for s := range c.seqs {
+			seqs = append(seqs, s)
+		}
 	}
-	c.tokens, c.cells = c.tokens[:0], 0
-	_, err := c.shrink(ctx)
+	for _, s := range seqs {
+		if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(s), 0) {
+			return fmt.Errorf("%w: llama_memory_seq_rm refused sequence %d", ErrDecode, s)
+		}
+		c.seqs[s] = seqState{tokens: c.seqs[s].tokens[:0]}
+	}
+	_, err := c.shrinkSeqs(ctx, seqs)
 	return err
 }
 
+// cells is the cells llama.cpp holds, every sequence's together.
+func (c *Context) cells() int {
+	n := 0
+	for _, sq := range c.seqs {
+		n += sq.cells
+	}
+	return n
+}
+
 // Reclaim is the context's answer to a pressure ticket: it preempts its
-// whole sequence when it is idle (no call in progress: a context that is
+// sequences when it is idle (no call in progress: a context that is
 // decoding, or whose own growth raised the ticket, answers 0). Preempting
 // drops llama.cpp's cells and shrinks every region to nothing, released
-// behind the decode fences; the sequence's tokens are kept, and the next
-// Decode recomputes them. It returns the bytes given up.
+// behind the decode fences; the sequences' tokens are kept, and the next
+// call that names one recomputes it. It returns the bytes given up.
 func (c *Context) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 	if !c.mu.TryLock() {
 		return 0, nil
 	}
 	defer c.mu.Unlock()
-	if c.closed || c.cells == 0 || t.Authority != c.authority() {
+	if c.closed || c.cells() == 0 || t.Authority != c.authority() {
 		return 0, nil
 	}
 	C.memgen_llama_clear(c.c)
-	c.cells = 0
+	for s := range c.seqs {
+		c.seqs[s].cells = 0
+	}
 	c.stats.Preemptions++
 	return c.shrink(context.Background())
 }

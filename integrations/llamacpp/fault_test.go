@@ -48,6 +48,9 @@ func runChild() int {
 		fmt.Println("child:", err)
 		return 3
 	}
+	if strings.HasPrefix(mode, "batch16") {
+		return batchChild(ctx, m, mode == "batch16-short")
+	}
 	opts := ContextOptions{NCtx: 256}
 	switch mode {
 	case "ubatch32", "ubatch32-short":
@@ -118,18 +121,7 @@ func runChild() int {
 // they must be backed — committing one row short makes the engine fault
 // (in a child process), while committing exactly the rows runs.
 func TestOneRowShortFaults(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(mode string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+mode)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	run := func(mode string) (string, error) { return faultChild(t, mode) }
 	out, err := run("exact")
 	if err != nil || !strings.Contains(out, "child: decoded the 9th token") {
 		t.Fatalf("exact commit: %v\n%s", err, out)
@@ -151,18 +143,7 @@ func TestOneRowShortFaults(t *testing.T) {
 // (then given back): a prompt of 100 tokens and a batch of exactly 64
 // decode; committed to exactly the batch's rows, the engine faults.
 func TestPrefillNeedsWholeTiles(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(mode string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+mode)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	run := func(mode string) (string, error) { return faultChild(t, mode) }
 	out, err := run("prefill")
 	if err != nil || !strings.Contains(out, "child: decoded a prompt of 100 tokens") {
 		t.Fatalf("tiled commit: %v\n%s", err, out)
@@ -185,18 +166,7 @@ func TestPrefillNeedsWholeTiles(t *testing.T) {
 // row short the engine faults, so the commit is neither short nor more
 // than the rows.
 func TestSmallBatchNeedsItsRowsOnly(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(mode string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+mode)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	run := func(mode string) (string, error) { return faultChild(t, mode) }
 	out, err := run("batch63")
 	if err != nil || !strings.Contains(out, "child: decoded a batch of 63 tokens") {
 		t.Fatalf("exact commit: %v\n%s", err, out)
@@ -215,18 +185,7 @@ func TestSmallBatchNeedsItsRowsOnly(t *testing.T) {
 // row short the engine faults. Decoded in batches of 32 (four llama_decode
 // calls), one growth to the 97 rows before the first covers them all.
 func TestSmallUBatchNeedsItsRowsOnly(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(mode string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+mode)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	run := func(mode string) (string, error) { return faultChild(t, mode) }
 	for _, mode := range []string{"ubatch32", "batch32"} {
 		out, err := run(mode)
 		if err != nil || !strings.Contains(out, "child: decoded a prompt of 97 tokens") {
@@ -259,4 +218,20 @@ func TestTouchedRows(t *testing.T) {
 			t.Errorf("touched(cells %d, n %d, ubatch %d, rows %d) = %d, want %d", c.cells, c.n, c.ubatch, c.rows, got, c.want)
 		}
 	}
+}
+
+// faultChild runs the test binary as a child of mode (runChild) and
+// returns its output.
+func faultChild(t *testing.T, mode string) (string, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

@@ -2,21 +2,27 @@ package llamacpp
 
 import (
 	"context"
+	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
 
-// decodeFence is the fence of one llama_decode: recorded on every KV
-// region of the context before the call, completed when it returns. A
-// release of the regions (a close, a reset, a preemption) is queued behind
-// it by pmm.
-type decodeFence struct{ done chan struct{} }
+// decodeFence is the fence of a decode's llama_decode calls: recorded on
+// every KV region of the context before the first, completed when the
+// last has returned (the CPU backend is synchronous). A release of the
+// regions (a close, a reset, a preemption, the decode's own shrink) is
+// queued behind it by pmm.
+type decodeFence struct {
+	done chan struct{}
+	once sync.Once
+}
 
 var _ memapi.Fence = (*decodeFence)(nil)
 
 func newDecodeFence() *decodeFence { return &decodeFence{done: make(chan struct{})} }
 
-func (f *decodeFence) complete() { close(f.done) }
+// complete completes the fence; a second call does nothing.
+func (f *decodeFence) complete() { f.once.Do(func() { close(f.done) }) }
 
 func (f *decodeFence) Done() bool {
 	select {

@@ -101,8 +101,10 @@ func (r *rig) audit(t testing.TB, what string, m *Model, ctxs ...*Context) {
 		c.mu.Lock()
 		var want memapi.Bytes
 		for _, tn := range c.tensors {
-			n, _ := memapi.RoundUp(memapi.Bytes(kv.Cells)*tn.rowBytes, tn.region.Granularity())
-			want += n
+			for _, sq := range c.seqs {
+				n, _ := memapi.RoundUp(memapi.Bytes(sq.cells)*tn.rowBytes, tn.region.Granularity())
+				want += n
+			}
 		}
 		c.mu.Unlock()
 		// The compute and output buffers are charged beside the KV
