@@ -131,11 +131,17 @@ type rig struct {
 
 func newRig(t testing.TB, capacity memapi.Bytes) *rig {
 	t.Helper()
+	return newRigGranule(t, capacity, cpu.Granularity4KiB)
+}
+
+// newRigGranule is newRig with the mechanism's commit granularity gran.
+func newRigGranule(t testing.TB, capacity, gran memapi.Bytes) *rig {
+	t.Helper()
 	g := governor.New(governor.Options{})
 	if err := g.AddAuthority(hostAuth, capacity); err != nil {
 		t.Fatal(err)
 	}
-	mech, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: hostAuth})
+	mech, err := cpu.New(cpu.Options{Granularity: gran, Authority: hostAuth})
 	if err != nil {
 		t.Fatal(err)
 	}
