@@ -11,10 +11,14 @@
 #   - the tiny llama model the tests run (gguf.TinyShape: 512 wide, 6 layers,
 #     F32 random weights from seed 1, 66 MiB), written by the module's own
 #     generator (integrations/llamacpp/cmd/llamagguf) into the cache; or,
-#     with --model PATH (or MEMGEN_LLAMACPP_MODEL), any llama GGUF instead.
+#     with --model PATH (or MEMGEN_LLAMACPP_MODEL), any llama GGUF instead;
+#   - the GQA model (gguf.GQAShape: 8 layers, 4 query heads of 128 per KV
+#     head, F16, 66 MiB) with the tokenizer of the source's
+#     models/ggml-vocab-llama-spm.gguf (32,000 tokens), written the same way.
 #
 # Everything is reused when present. It prints the environment the tests
-# read (MEMGEN_LLAMACPP_LIB, MEMGEN_LLAMACPP_SRC, MEMGEN_LLAMACPP_MODEL) and
+# read (MEMGEN_LLAMACPP_LIB, MEMGEN_LLAMACPP_SRC, MEMGEN_LLAMACPP_MODEL,
+# MEMGEN_LLAMACPP_GQA_MODEL) and
 # writes it to $MEMGEN_LLAMACPP_CACHE/env. Exit status 0 means everything
 # is in place.
 #
@@ -144,9 +148,20 @@ else
 	fi
 fi
 
+# The GQA model (8 layers, GQA 4:1, head size 128, F16) with the tokenizer
+# of the source bundle's vocabulary-only llama-spm file.
+gqa="$CACHE/gqa-llama-f16-spm-seed1.gguf"
+if [ ! -f "$gqa" ]; then
+	command -v go >/dev/null || die "go is needed to write the GQA model"
+	say "writing $gqa (integrations/llamacpp/cmd/llamagguf -vocab, seed 1)"
+	(cd "$ROOT/integrations/llamacpp" && GOWORK=off GOTOOLCHAIN="${GOTOOLCHAIN:-local}" go run ./cmd/llamagguf -seed 1 \
+		-vocab "$CACHE/src/models/ggml-vocab-llama-spm.gguf" -o "$gqa") || die "could not write the GQA model"
+fi
+
 {
 	echo "MEMGEN_LLAMACPP_LIB=$CACHE/lib/$LIBNAME"
 	echo "MEMGEN_LLAMACPP_SRC=$CACHE/src"
 	echo "MEMGEN_LLAMACPP_MODEL=$model"
+	echo "MEMGEN_LLAMACPP_GQA_MODEL=$gqa"
 } >"$CACHE/env"
 cat "$CACHE/env"

@@ -57,8 +57,9 @@ func batchRun(t *testing.T, m *Model, n, steps int, after func(c *Context, step 
 	return out
 }
 
-// TestBatchTokensMatchStock: one context decodes 1, 4 and 16 sequences
-// together, each in its own KV stream whose ranges grow (sparse commits in
+// TestBatchTokensMatchStock: for the tiny model and the GQA one (8 layers,
+// GQA 4:1, head size 128, F16, a real vocabulary), one context decodes 1,
+// 4 and 16 sequences together, each in its own KV stream whose ranges grow (sparse commits in
 // one region per tensor) as the sequence does; the greedy tokens of every
 // sequence equal stock llama.cpp's, run with the same n_seq_max and the
 // same batches; after the prompts and after every step the ledger equals
@@ -68,9 +69,15 @@ func batchRun(t *testing.T, m *Model, n, steps int, after func(c *Context, step 
 // touching the others'.
 func TestBatchTokensMatchStock(t *testing.T) {
 	const steps = 48
-	stock := loadModel(t, Options{Stock: true})
+	for _, model := range []struct{ name, path string }{{"tiny", modelPath}, {"gqa", gqaModelPath}} {
+		t.Run(model.name, func(t *testing.T) { batchMatchStock(t, model.path, steps) })
+	}
+}
+
+func batchMatchStock(t *testing.T, path string, steps int) {
+	stock := loadModelAt(t, path, Options{Stock: true})
 	r := newRig(t, 1<<30)
-	m := loadModel(t, r.options())
+	m := loadModelAt(t, path, r.options())
 	for _, n := range []int{1, 4, 16} {
 		t.Run(fmt.Sprintf("seqs=%d", n), func(t *testing.T) {
 			want := batchRun(t, stock, n, steps, nil)

@@ -29,6 +29,9 @@ var (
 	libPath   = envOr("MEMGEN_LLAMACPP_LIB", filepath.Join(cacheDir(), "lib", LibName))
 	srcDir    = envOr("MEMGEN_LLAMACPP_SRC", filepath.Join(cacheDir(), "src"))
 	modelPath = envOr("MEMGEN_LLAMACPP_MODEL", filepath.Join(cacheDir(), "tiny-llama-w3-seed1.gguf"))
+	// gqaModelPath is the second shape: 8 layers, GQA 4:1, head size 128,
+	// F16, a real vocabulary (gguf.GQAShape).
+	gqaModelPath = envOr("MEMGEN_LLAMACPP_GQA_MODEL", filepath.Join(cacheDir(), "gqa-llama-f16-spm-seed1.gguf"))
 )
 
 func envOr(k, def string) string {
@@ -70,6 +73,7 @@ func TestMain(m *testing.M) {
 	for _, p := range []struct{ what, path string }{
 		{"llama.cpp (node-llama-cpp " + Version + ")", libPath},
 		{"the model", modelPath},
+		{"the GQA model", gqaModelPath},
 	} {
 		if _, err := os.Stat(p.path); err != nil && missing == "" {
 			missing = p.what + " (" + p.path + ")"
@@ -204,7 +208,13 @@ func bg(t testing.TB) context.Context {
 
 func loadModel(t testing.TB, opts Options) *Model {
 	t.Helper()
-	m, err := LoadModel(bg(t), modelPath, opts)
+	return loadModelAt(t, modelPath, opts)
+}
+
+// loadModelAt is loadModel of the model at path.
+func loadModelAt(t testing.TB, path string, opts Options) *Model {
+	t.Helper()
+	m, err := LoadModel(bg(t), path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,9 @@ type Info struct {
 	Size    int64 // the file's size
 	Meta    map[string]any
 	Tensors []TensorInfo
+	// Raw is every metadata entry as the file encodes it (RawValue), in
+	// the file's order: what Write copies into another file.
+	Raw []KV
 }
 
 // TensorInfo describes one tensor of the file.
@@ -124,6 +127,8 @@ type reader struct {
 	r   *bufio.Reader
 	off int64
 	err error
+	// capture, while set, receives every byte read.
+	capture *[]byte
 }
 
 func (r *reader) read(n int) []byte {
@@ -136,6 +141,9 @@ func (r *reader) read(n int) []byte {
 	if err != nil {
 		r.err = err
 		return nil
+	}
+	if r.capture != nil {
+		*r.capture = append(*r.capture, b...)
 	}
 	return b
 }
@@ -253,11 +261,16 @@ func Check(path string) (*Info, error) {
 	in := &Info{Size: st.Size(), Meta: map[string]any{}}
 	for i := uint64(0); i < nkv; i++ {
 		k := r.str()
-		v := r.value(r.u32(), 0)
+		t := r.u32()
+		var raw []byte
+		r.capture = &raw
+		v := r.value(t, 0)
+		r.capture = nil
 		if r.err != nil {
 			return fail(fmt.Sprintf("metadata entry %d", i))
 		}
 		in.Meta[k] = v
+		in.Raw = append(in.Raw, KV{Key: k, Value: RawValue{Type: t, Bytes: raw}})
 	}
 	for i := uint64(0); i < nt; i++ {
 		t := TensorInfo{Name: r.str()}

@@ -39,21 +39,50 @@ const (
 )
 
 // KV is one metadata entry; Value is a string, uint32, int32, float32,
-// bool or uint64.
+// bool, uint64 or a RawValue.
 type KV struct {
 	Key   string
 	Value any
 }
 
-// Tensor is one F32 tensor: its name, dimensions (ne0 first) and data.
+// RawValue is a metadata value as a GGUF file encodes it: its type and
+// the bytes after it (for an array: the element type, the count and the
+// elements). Check keeps every entry so (Info.Raw), and Write writes it
+// back unchanged: a tokenizer's arrays are copied from one file to
+// another so.
+type RawValue struct {
+	Type  uint32
+	Bytes []byte
+}
+
+// ArrayLen is the element count of an array value (0 for any other).
+func (v RawValue) ArrayLen() uint64 {
+	if v.Type != typeArray || len(v.Bytes) < 12 {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(v.Bytes[4:12])
+}
+
+// Tensor is one tensor: its name, dimensions (ne0 first), its type in the
+// file (TypeF32, the zero value, or TypeF16: the values are rounded to
+// half precision, to nearest even, as they are written) and its values.
 type Tensor struct {
 	Name string
 	Dims []uint64
+	Type uint32
 	Data []float32
 }
 
-// Write writes a GGUF file of the metadata and F32 tensors to w, from
-// its current offset (the data section is aligned relative to it).
+// elemSize is the bytes of one value of the tensor in the file.
+func (t Tensor) elemSize() uint64 {
+	if t.Type == TypeF16 {
+		return 2
+	}
+	return 4
+}
+
+// Write writes a GGUF file of the metadata and tensors to w, from its
+// current offset (the data section is aligned relative to it).
 func Write(w io.WriteSeeker, kvs []KV, tensors []Tensor) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	le := binary.LittleEndian
@@ -91,6 +120,9 @@ func Write(w io.WriteSeeker, kvs []KV, tensors []Tensor) error {
 		case uint64:
 			u32(typeUint64)
 			u64(v)
+		case RawValue:
+			u32(v.Type)
+			bw.Write(v.Bytes)
 		default:
 			return fmt.Errorf("gguf: metadata %s: unsupported value type %T", kv.Key, kv.Value)
 		}
@@ -109,9 +141,12 @@ func Write(w io.WriteSeeker, kvs []KV, tensors []Tensor) error {
 		for _, d := range t.Dims {
 			u64(d)
 		}
-		u32(TypeF32)
+		if t.Type != TypeF32 && t.Type != TypeF16 {
+			return fmt.Errorf("gguf: tensor %s: type %d is not F32 or F16", t.Name, t.Type)
+		}
+		u32(t.Type)
 		u64(off)
-		off = pad(off+4*n, alignment)
+		off = pad(off+t.elemSize()*n, alignment)
 	}
 	if err := bw.Flush(); err != nil {
 		return err
@@ -132,13 +167,51 @@ func writeData(w io.WriteSeeker, tensors []Tensor) error {
 	var buf [4]byte
 	for _, t := range tensors {
 		for _, v := range t.Data {
+			if t.Type == TypeF16 {
+				binary.LittleEndian.PutUint16(buf[:2], Float16(v))
+				bw.Write(buf[:2])
+				continue
+			}
 			binary.LittleEndian.PutUint32(buf[:], math.Float32bits(v))
 			bw.Write(buf[:])
 		}
-		n := 4 * uint64(len(t.Data))
+		n := t.elemSize() * uint64(len(t.Data))
 		bw.Write(zeros[:pad(n, alignment)-n])
 	}
 	return bw.Flush()
+}
+
+// Float16 is f in IEEE 754 half precision, rounded to nearest even:
+// beyond the largest half it is an infinity, below the smallest
+// subnormal a zero, and a NaN stays a NaN.
+func Float16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23&0xff) - 127 + 15
+	mant := b & 0x7fffff
+	switch {
+	case b&0x7fffffff > 0x7f800000: // NaN
+		return sign | 0x7e00
+	case exp >= 31: // too large, or an infinity
+		return sign | 0x7c00
+	case exp <= 0: // a subnormal half, or zero
+		if exp < -10 {
+			return sign
+		}
+		mant |= 0x800000
+		shift := uint32(14 - exp)
+		half := mant >> shift
+		rem, mid := mant&(1<<shift-1), uint32(1)<<(shift-1)
+		if rem > mid || rem == mid && half&1 == 1 {
+			half++
+		}
+		return sign | uint16(half)
+	}
+	half := uint32(exp)<<10 | mant>>13
+	if rem := mant & 0x1fff; rem > 0x1000 || rem == 0x1000 && half&1 == 1 {
+		half++ // a carry into the exponent is the right rounding
+	}
+	return sign | uint16(half)
 }
 
 func pad(n, a uint64) uint64 { return (n + a - 1) / a * a }

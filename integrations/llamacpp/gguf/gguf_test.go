@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -115,5 +116,85 @@ func TestCheckRejects(t *testing.T) {
 	}
 	if _, err := Check(t.TempDir()); !errors.Is(err, ErrMissing) {
 		t.Fatalf("a directory: got %v", err)
+	}
+}
+
+// TestFloat16: half precision, rounded to nearest even, with its edges.
+func TestFloat16(t *testing.T) {
+	for _, c := range []struct {
+		f    float32
+		want uint16
+	}{
+		{0, 0}, {1, 0x3c00}, {-2, 0xc000}, {0.5, 0x3800}, {65504, 0x7bff},
+		{65520, 0x7c00},                 // rounds up past the largest half: infinity
+		{float32(math.Inf(-1)), 0xfc00}, // infinity stays one
+		{5.960464477539063e-08, 0x0001}, // the smallest subnormal
+		{2.9e-08, 0},                    // under half of it: zero
+		{1.0009765625, 0x3c01},          // 1 + 2^-10: exact
+		{1.00048828125, 0x3c00},         // 1 + 2^-11: a tie, to even (down)
+		{1.00146484375, 0x3c02},         // 1 + 3*2^-11: a tie, to even (up)
+		{6.097555160522461e-05, 0x03ff}, // the largest subnormal
+	} {
+		if got := Float16(c.f); got != c.want {
+			t.Errorf("Float16(%g) = %#04x, want %#04x", c.f, got, c.want)
+		}
+	}
+	if got := Float16(float32(math.NaN())); got&0x7c00 != 0x7c00 || got&0x3ff == 0 {
+		t.Errorf("Float16(NaN) = %#04x, not a NaN", got)
+	}
+}
+
+// rawStrings encodes an array of strings as a GGUF metadata value.
+func rawStrings(ss ...string) RawValue {
+	b := binary.LittleEndian.AppendUint32(nil, 8)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(ss)))
+	for _, s := range ss {
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return RawValue{Type: typeArray, Bytes: b}
+}
+
+// TestTokenizerCopied: a model written with a vocabulary's entries carries
+// them byte for byte (Check's Raw of the model has the same values), its
+// matrices are F16 (half the bytes) and a tied model has no output.weight;
+// Tokenizer reads the entries back with the vocabulary's size, and refuses
+// a file without tokens.
+func TestTokenizerCopied(t *testing.T) {
+	tok := []KV{
+		{"tokenizer.ggml.model", "llama"},
+		{"tokenizer.ggml.tokens", rawStrings(make([]string, 40)...)},
+		{"tokenizer.ggml.bos_token_id", uint32(1)},
+	}
+	s := small
+	s.F16, s.Tied = true, true
+	kvs, ts := Model(s, 1, tok)
+	p := filepath.Join(t.TempDir(), "v.gguf")
+	if err := WriteFile(p, kvs, ts); err != nil {
+		t.Fatal(err)
+	}
+	got, n, err := Tokenizer(p)
+	if err != nil || n != 40 || len(got) != 3 {
+		t.Fatalf("Tokenizer: %d entries, vocabulary %d, %v", len(got), n, err)
+	}
+	if v := got[1].Value.(RawValue); got[1].Key != "tokenizer.ggml.tokens" || !bytes.Equal(v.Bytes, tok[1].Value.(RawValue).Bytes) {
+		t.Errorf("the tokens were not copied byte for byte: %s", got[1].Key)
+	}
+	in, err := Check(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := in.Tensor("output.weight"); ok {
+		t.Error("a tied model has output.weight")
+	}
+	if q, ok := in.Tensor("blk.0.attn_q.weight"); !ok || q.Type != TypeF16 {
+		t.Errorf("attn_q: %+v, want F16", q)
+	}
+	if nrm, ok := in.Tensor("blk.0.attn_norm.weight"); !ok || nrm.Type != TypeF32 {
+		t.Errorf("attn_norm: %+v, want F32", nrm)
+	}
+	tiny, _ := writeSmall(t, 1)
+	if _, _, err := Tokenizer(tiny); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file without tokens: got %v, want ErrCorrupt", err)
 	}
 }

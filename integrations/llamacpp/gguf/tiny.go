@@ -4,11 +4,16 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 )
 
-// Shape is a llama-architecture model's size.
+// Shape is a llama-architecture model's size: its head size is
+// Embd/Heads. F16 writes the matrices in half precision (norms stay F32,
+// as llama.cpp's converters write them); Tied leaves out output.weight, so
+// that llama.cpp computes the logits with the token embeddings.
 type Shape struct {
 	Embd, Layers, Heads, HeadsKV, FF, Vocab, CtxTrain int
+	F16, Tied                                         bool
 }
 
 // TinyShape is the model the integration's tests and benchmarks run: 512
@@ -17,12 +22,51 @@ type Shape struct {
 // 66 MiB.
 var TinyShape = Shape{Embd: 512, Layers: 6, Heads: 8, HeadsKV: 8, FF: 1024, Vocab: 1024, CtxTrain: 16384}
 
+// GQAShape is the second model the integration's tests run: 8 layers of
+// 4 query heads of 128 sharing one KV head (GQA 4:1), a feed-forward of
+// 1,024, F16 matrices, the output tied to the token embeddings, and a real
+// vocabulary (Tokenizer) whose size sets Vocab.
+var GQAShape = Shape{Embd: 512, Layers: 8, Heads: 4, HeadsKV: 1, FF: 1024, CtxTrain: 16384, F16: true, Tied: true}
+
+// Tokenizer reads the tokenizer of the GGUF file at path (llama.cpp's
+// source ships vocabulary-only files, such as models/ggml-vocab-llama-spm.gguf):
+// every "tokenizer." metadata entry as the file encodes it, and the
+// vocabulary's size (the count of tokenizer.ggml.tokens).
+func Tokenizer(path string) ([]KV, int, error) {
+	in, err := Check(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	var kvs []KV
+	n := uint64(0)
+	for _, kv := range in.Raw {
+		if !strings.HasPrefix(kv.Key, "tokenizer.") {
+			continue
+		}
+		kvs = append(kvs, kv)
+		if kv.Key == "tokenizer.ggml.tokens" {
+			n = kv.Value.(RawValue).ArrayLen()
+		}
+	}
+	if n == 0 {
+		return nil, 0, &FormatError{Path: path, Kind: ErrCorrupt, Detail: "no tokenizer.ggml.tokens array: not a vocabulary"}
+	}
+	return kvs, int(n), nil
+}
+
 // Tiny returns the metadata and tensors of a llama-architecture model of
+// the given shape with random weights drawn from seed and no tokenizer
+// (tokens are ids): Model without one.
+func Tiny(s Shape, seed uint64) ([]KV, []Tensor) { return Model(s, seed, nil) }
+
+// Model returns the metadata and tensors of a llama-architecture model of
 // the given shape with random weights drawn from seed: each matrix uniform
 // in ±3/sqrt(fan-in) (at ±1/sqrt(fan-in) greedy decoding repeats one token;
 // at 3 it wanders: 242 distinct tokens in 300 steps from seed 1), norms 1.
-// The same seed gives the same bytes.
-func Tiny(s Shape, seed uint64) ([]KV, []Tensor) {
+// tokenizer, when not nil, is a vocabulary's metadata (Tokenizer; s.Vocab
+// must be its size); without it the model has none. The same seed gives
+// the same bytes.
+func Model(s Shape, seed uint64, tokenizer []KV) ([]KV, []Tensor) {
 	rng := rand.New(rand.NewPCG(seed, 0x6d656d67656e))
 	headDim := s.Embd / s.Heads
 	kvs := []KV{
@@ -39,7 +83,15 @@ func Tiny(s Shape, seed uint64) ([]KV, []Tensor) {
 		{"llama.rope.dimension_count", uint32(headDim)},
 		{"llama.rope.freq_base", float32(10000)},
 		{"llama.vocab_size", uint32(s.Vocab)},
-		{"tokenizer.ggml.model", "none"},
+	}
+	if tokenizer == nil {
+		kvs = append(kvs, KV{"tokenizer.ggml.model", "none"})
+	} else {
+		kvs = append(kvs, tokenizer...)
+	}
+	typ := uint32(TypeF32)
+	if s.F16 {
+		typ = TypeF16
 	}
 	mat := func(name string, in, out int) Tensor {
 		a := float32(3 / math.Sqrt(float64(in)))
@@ -47,8 +99,9 @@ func Tiny(s Shape, seed uint64) ([]KV, []Tensor) {
 		for i := range d {
 			d[i] = (2*rng.Float32() - 1) * a
 		}
-		return Tensor{Name: name, Dims: []uint64{uint64(in), uint64(out)}, Data: d}
+		return Tensor{Name: name, Dims: []uint64{uint64(in), uint64(out)}, Type: typ, Data: d}
 	}
+	// Norms stay F32, as llama.cpp's converters write them.
 	ones := func(name string, n int) Tensor {
 		d := make([]float32, n)
 		for i := range d {
@@ -72,6 +125,9 @@ func Tiny(s Shape, seed uint64) ([]KV, []Tensor) {
 			mat(p+"ffn_down.weight", s.FF, s.Embd),
 		)
 	}
-	ts = append(ts, ones("output_norm.weight", s.Embd), mat("output.weight", s.Embd, s.Vocab))
+	ts = append(ts, ones("output_norm.weight", s.Embd))
+	if !s.Tied {
+		ts = append(ts, mat("output.weight", s.Embd, s.Vocab))
+	}
 	return kvs, ts
 }

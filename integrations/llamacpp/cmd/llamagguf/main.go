@@ -1,8 +1,11 @@
-// Command llamagguf writes the tiny llama-architecture GGUF model the
-// llama.cpp integration's tests and benchmarks run (gguf.TinyShape, random
-// F32 weights from a fixed seed), and checks any GGUF file.
+// Command llamagguf writes the llama-architecture GGUF models the llama.cpp
+// integration's tests and benchmarks run, with random weights from a fixed
+// seed: the tiny model (gguf.TinyShape, F32, no tokenizer), or with -vocab
+// the GQA model (gguf.GQAShape, F16) carrying the tokenizer of a
+// vocabulary-only GGUF file; and it checks any GGUF file.
 //
 //	llamagguf -o tiny.gguf [-seed 1]
+//	llamagguf -vocab ggml-vocab-llama-spm.gguf -o gqa.gguf [-seed 1]
 //	llamagguf -check model.gguf
 package main
 
@@ -18,6 +21,7 @@ func main() {
 	out := flag.String("o", "", "write the tiny model to this file")
 	seed := flag.Uint64("seed", 1, "the weights' random seed")
 	check := flag.String("check", "", "check this GGUF file and print its shape")
+	vocab := flag.String("vocab", "", "write the GQA model (F16) with the tokenizer of this vocabulary-only GGUF file")
 	flag.Parse()
 	switch {
 	case *check != "":
@@ -27,6 +31,19 @@ func main() {
 			os.Exit(1)
 		}
 		fmt.Printf("%s: %s, %d tensors, %d bytes\n", *check, in.String("general.architecture"), len(in.Tensors), in.Size)
+	case *out != "" && *vocab != "":
+		tok, n, err := gguf.Tokenizer(*vocab)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "llamagguf:", err)
+			os.Exit(1)
+		}
+		s := gguf.GQAShape
+		s.Vocab = n
+		kvs, ts := gguf.Model(s, *seed, tok)
+		if err := gguf.WriteFile(*out, kvs, ts); err != nil {
+			fmt.Fprintln(os.Stderr, "llamagguf:", err)
+			os.Exit(1)
+		}
 	case *out != "":
 		kvs, ts := gguf.Tiny(gguf.TinyShape, *seed)
 		if err := gguf.WriteFile(*out, kvs, ts); err != nil {
