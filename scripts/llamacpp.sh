@@ -14,7 +14,8 @@
 #     with --model PATH (or MEMGEN_LLAMACPP_MODEL), any llama GGUF instead;
 #   - the GQA model (gguf.GQAShape: 8 layers, 4 query heads of 128 per KV
 #     head, F16, 66 MiB) with the tokenizer of the source's
-#     models/ggml-vocab-llama-spm.gguf (32,000 tokens), written the same way.
+#     models/ggml-vocab-llama-spm.gguf (32,000 tokens) and the chat template
+#     "llama2", written the same way.
 #
 # Everything is reused when present. It prints the environment the tests
 # read (MEMGEN_LLAMACPP_LIB, MEMGEN_LLAMACPP_SRC, MEMGEN_LLAMACPP_MODEL,
@@ -150,7 +151,7 @@ fi
 
 # The GQA model (8 layers, GQA 4:1, head size 128, F16) with the tokenizer
 # of the source bundle's vocabulary-only llama-spm file.
-gqa="$CACHE/gqa-llama-f16-spm-seed1.gguf"
+gqa="$CACHE/gqa-llama2-f16-seed1.gguf"
 if [ ! -f "$gqa" ]; then
 	command -v go >/dev/null || die "go is needed to write the GQA model"
 	say "writing $gqa (integrations/llamacpp/cmd/llamagguf -vocab, seed 1)"

@@ -80,6 +80,19 @@ char *memgen_llama_load(const char *lib, const char *dir) {
 	SYM(llama_get_memory);
 	SYM(llama_memory_clear);
 	SYM(llama_memory_seq_rm);
+	SYM(llama_model_get_vocab);
+	SYM(llama_tokenize);
+	SYM(llama_token_to_piece);
+	SYM(llama_vocab_is_eog);
+	SYM(llama_model_chat_template);
+	SYM(llama_chat_apply_template);
+	SYM(llama_sampler_chain_default_params);
+	SYM(llama_sampler_chain_init);
+	SYM(llama_sampler_chain_add);
+	SYM(llama_sampler_init_temp);
+	SYM(llama_sampler_init_dist);
+	SYM(llama_sampler_sample);
+	SYM(llama_sampler_free);
 	SYM(ggml_backend_load_all_from_path);
 	SYM(ggml_backend_dev_by_type);
 	SYM(ggml_backend_buffer_init);
@@ -165,7 +178,7 @@ void memgen_llama_context_free(struct llama_context *c) { memgen_llama_api.llama
 /* Decoding can allocate: llama.cpp grows a context's output buffer, and
  * its scheduler a compute buffer, when a graph needs more than reserved. */
 int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
-                            int32_t n_vocab, llama_token *next, uintptr_t owner) {
+                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	int32_t *n_seq_id = malloc(sizeof(int32_t) * (size_t)n);
 	llama_seq_id **seq_id = malloc(sizeof(llama_seq_id *) * (size_t)n);
@@ -188,6 +201,11 @@ int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tok
 	int32_t k = 0;
 	for (int32_t i = 0; i < n; i++) {
 		if (!out[i]) continue;
+		if (samplers && samplers[k]) {
+			next[k] = a->llama_sampler_sample(samplers[k], c, i);
+			k++;
+			continue;
+		}
 		const float *logits = a->llama_get_logits_ith(c, i);
 		if (!logits) return -100;
 		llama_token best = 0;
@@ -219,3 +237,45 @@ void memgen_llama_c_heap(size_t *in_use, size_t *from_system) {
 	*in_use = mi.uordblks + mi.hblkhd;
 	*from_system = mi.arena + mi.hblkhd;
 }
+
+/* ---- vocabulary, chat templates, samplers --------------------------------- */
+
+int32_t memgen_llama_tokenize(struct llama_model *m, const char *text, int32_t len, llama_token *out, int32_t max, bool add_special) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	return a->llama_tokenize(a->llama_model_get_vocab(m), text, len, out, max, add_special, true);
+}
+
+int32_t memgen_llama_piece(struct llama_model *m, llama_token t, char *buf, int32_t len) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	return a->llama_token_to_piece(a->llama_model_get_vocab(m), t, buf, len, 0, false);
+}
+
+bool memgen_llama_is_eog(struct llama_model *m, llama_token t) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	return a->llama_vocab_is_eog(a->llama_model_get_vocab(m), t);
+}
+
+const char *memgen_llama_chat_template(struct llama_model *m) { return memgen_llama_api.llama_model_chat_template(m, NULL); }
+
+int32_t memgen_llama_chat_apply(const char *tmpl, const char **roles, const char **contents, size_t n, char *buf, int32_t len) {
+	struct llama_chat_message *msgs = calloc(n ? n : 1, sizeof *msgs);
+	if (!msgs) return -2;
+	for (size_t i = 0; i < n; i++) {
+		msgs[i].role = roles[i];
+		msgs[i].content = contents[i];
+	}
+	int32_t r = memgen_llama_api.llama_chat_apply_template(tmpl, msgs, n, true, buf, len);
+	free(msgs);
+	return r;
+}
+
+struct llama_sampler *memgen_llama_sampler_new(float temp, uint32_t seed) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	struct llama_sampler *ch = a->llama_sampler_chain_init(a->llama_sampler_chain_default_params());
+	if (!ch) return NULL;
+	a->llama_sampler_chain_add(ch, a->llama_sampler_init_temp(temp));
+	a->llama_sampler_chain_add(ch, a->llama_sampler_init_dist(seed));
+	return ch;
+}
+
+void memgen_llama_sampler_free(struct llama_sampler *s) { memgen_llama_api.llama_sampler_free(s); }

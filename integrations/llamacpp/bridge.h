@@ -27,6 +27,21 @@ struct memgen_llama_api {
 	llama_memory_t (*llama_get_memory)(const struct llama_context *ctx);
 	void (*llama_memory_clear)(llama_memory_t mem, bool data);
 	bool (*llama_memory_seq_rm)(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+	const struct llama_vocab *(*llama_model_get_vocab)(const struct llama_model *model);
+	int32_t (*llama_tokenize)(const struct llama_vocab *vocab, const char *text, int32_t text_len, llama_token *tokens, int32_t n_tokens_max,
+	                          bool add_special, bool parse_special);
+	int32_t (*llama_token_to_piece)(const struct llama_vocab *vocab, llama_token token, char *buf, int32_t length, int32_t lstrip, bool special);
+	bool (*llama_vocab_is_eog)(const struct llama_vocab *vocab, llama_token token);
+	const char *(*llama_model_chat_template)(const struct llama_model *model, const char *name);
+	int32_t (*llama_chat_apply_template)(const char *tmpl, const struct llama_chat_message *chat, size_t n_msg, bool add_ass, char *buf,
+	                                     int32_t length);
+	struct llama_sampler_chain_params (*llama_sampler_chain_default_params)(void);
+	struct llama_sampler *(*llama_sampler_chain_init)(struct llama_sampler_chain_params params);
+	void (*llama_sampler_chain_add)(struct llama_sampler *chain, struct llama_sampler *smpl);
+	struct llama_sampler *(*llama_sampler_init_temp)(float t);
+	struct llama_sampler *(*llama_sampler_init_dist)(uint32_t seed);
+	llama_token (*llama_sampler_sample)(struct llama_sampler *smpl, struct llama_context *ctx, int32_t idx);
+	void (*llama_sampler_free)(struct llama_sampler *smpl);
 	void (*ggml_backend_load_all_from_path)(const char *dir_path);
 	ggml_backend_dev_t (*ggml_backend_dev_by_type)(enum ggml_backend_dev_type type);
 	ggml_backend_buffer_t (*ggml_backend_buffer_init)(ggml_backend_buffer_type_t buft, struct ggml_backend_buffer_i iface,
@@ -65,11 +80,33 @@ struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n
 void memgen_llama_set_flag(int *flag, int v);
 void memgen_llama_context_free(struct llama_context *c);
 /* memgen_llama_decode decodes a batch of n tokens, token i at position
- * pos[i] of sequence seq[i], and returns llama_decode's status; for each
- * token with out[i] set, in order, next holds the greedy token after it
- * (the argmax of its logits over n_vocab). */
+ * pos[i] of sequence seq[i], and returns llama_decode's status; for the
+ * k-th token with out[i] set, next[k] is the token after it: drawn by
+ * samplers[k] when it is set, else the greedy one (the argmax of its
+ * logits over n_vocab). */
 int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
-                            int32_t n_vocab, llama_token *next, uintptr_t owner);
+                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, uintptr_t owner);
+
+/* The model's vocabulary (a model without a tokenizer has none of use). */
+/* memgen_llama_tokenize writes at most max tokens of text (special tokens
+ * parsed, BOS added when add_special and the vocabulary asks for it) and
+ * returns their count, or minus the count needed when max is too small. */
+int32_t memgen_llama_tokenize(struct llama_model *m, const char *text, int32_t len, llama_token *out, int32_t max, bool add_special);
+/* memgen_llama_piece writes token t's text (special tokens not rendered)
+ * and returns its length, or minus the length needed. */
+int32_t memgen_llama_piece(struct llama_model *m, llama_token t, char *buf, int32_t len);
+bool memgen_llama_is_eog(struct llama_model *m, llama_token t);
+/* memgen_llama_chat_template is the model's chat template (NULL: none). */
+const char *memgen_llama_chat_template(struct llama_model *m);
+/* memgen_llama_chat_apply formats n messages with tmpl, ending with the
+ * assistant's turn, and returns the length (more than len: call again
+ * with that much room), or a negative value for a template llama.cpp does
+ * not know. */
+int32_t memgen_llama_chat_apply(const char *tmpl, const char **roles, const char **contents, size_t n, char *buf, int32_t len);
+
+/* Samplers: temperature then a seeded draw. */
+struct llama_sampler *memgen_llama_sampler_new(float temp, uint32_t seed);
+void memgen_llama_sampler_free(struct llama_sampler *s);
 /* memgen_llama_clear drops the context's whole KV cache (its cells; the
  * buffers are not written). */
 void memgen_llama_clear(struct llama_context *c);

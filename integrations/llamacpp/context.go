@@ -382,6 +382,9 @@ func (c *Context) Decode(ctx context.Context, tokens []int32) (int32, error) {
 type SeqTokens struct {
 	Seq    int // 0 ... Sequences-1
 	Tokens []int32
+	// Sampler draws the token after the last of Tokens; nil takes the
+	// greedy one (the argmax of its logits).
+	Sampler *Sampler
 }
 
 // seqState is one sequence of a context: its tokens, and the cells
@@ -421,6 +424,9 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 		seen[e.Seq] = true
 		if len(e.Tokens) == 0 {
 			return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no tokens for sequence %d", e.Seq)
+		}
+		if e.Sampler != nil && e.Sampler.p == nil {
+			return nil, memapi.Errorf(op, memapi.ErrClosed, "the sampler of sequence %d was closed", e.Seq)
 		}
 		for _, t := range e.Tokens {
 			if t < 0 || int(t) >= c.m.nVocab {
@@ -494,10 +500,14 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	// The batch: the sequences' tokens one after the other, cut every
 	// Batch tokens; each sequence's last token is an output.
 	var b decodeInput
-	for _, w := range ws {
+	for i, w := range ws {
 		cells := c.seqs[w.seq].cells
 		for j, t := range w.todo {
-			b.add(t, cells+j, w.seq, j == len(w.todo)-1)
+			var smp *C.struct_llama_sampler
+			if j == len(w.todo)-1 && in[i].Sampler != nil {
+				smp = in[i].Sampler.p
+			}
+			b.add(t, cells+j, w.seq, j == len(w.todo)-1, smp)
 		}
 	}
 	next := make([]int32, 0, len(ws))
@@ -528,15 +538,17 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 }
 
 // decodeInput is a batch for llama_decode: per token its id, position,
-// sequence and whether its logits are read.
+// sequence, whether its logits are read, and the sampler that draws the
+// token after it (nil: greedy).
 type decodeInput struct {
 	tokens []C.llama_token
 	pos    []C.llama_pos
 	seq    []C.llama_seq_id
 	out    []C.int8_t
+	smp    []*C.struct_llama_sampler
 }
 
-func (b *decodeInput) add(t int32, pos, seq int, out bool) {
+func (b *decodeInput) add(t int32, pos, seq int, out bool, smp *C.struct_llama_sampler) {
 	o := C.int8_t(0)
 	if out {
 		o = 1
@@ -545,10 +557,26 @@ func (b *decodeInput) add(t int32, pos, seq int, out bool) {
 	b.pos = append(b.pos, C.llama_pos(pos))
 	b.seq = append(b.seq, C.llama_seq_id(seq))
 	b.out = append(b.out, o)
+	b.smp = append(b.smp, smp)
 }
 
 func (b *decodeInput) slice(from, to int) decodeInput {
-	return decodeInput{tokens: b.tokens[from:to], pos: b.pos[from:to], seq: b.seq[from:to], out: b.out[from:to]}
+	return decodeInput{tokens: b.tokens[from:to], pos: b.pos[from:to], seq: b.seq[from:to], out: b.out[from:to], smp: b.smp[from:to]}
+}
+
+// samplers is the sampler of each output, in order (C memory, as the
+// bridge reads it after the decode; freed by the caller).
+func (b *decodeInput) samplers() **C.struct_llama_sampler {
+	n := max(b.outputs(), 1)
+	arr := (*[1 << 20]*C.struct_llama_sampler)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof((*C.struct_llama_sampler)(nil)))))[:n:n]
+	k := 0
+	for i, o := range b.out {
+		if o != 0 {
+			arr[k] = b.smp[i]
+			k++
+		}
+	}
+	return &arr[0]
 }
 
 func (b *decodeInput) outputs() int {
@@ -619,8 +647,11 @@ func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, erro
 	if beforeLlamaDecode != nil {
 		beforeLlamaDecode()
 	}
+	smp := b.samplers()
+	defer C.free(unsafe.Pointer(smp))
 	c.allocCtx = ctx
-	st := C.memgen_llama_decode(c.c, C.int32_t(len(b.tokens)), &b.tokens[0], &b.pos[0], &b.seq[0], &b.out[0], C.int32_t(c.m.nVocab), &next[0], C.uintptr_t(c.self))
+	st := C.memgen_llama_decode(c.c, C.int32_t(len(b.tokens)), &b.tokens[0], &b.pos[0], &b.seq[0], &b.out[0], smp,
+		C.int32_t(c.m.nVocab), &next[0], C.uintptr_t(c.self))
 	c.allocCtx = nil
 	allocErr := c.allocErr
 	c.allocErr = nil

@@ -187,6 +187,7 @@ struct ggml_backend_reg {
 
 struct llama_model;
 struct llama_context;
+struct llama_vocab;
 struct llama_sampler;
 struct llama_model_kv_override;
 typedef struct llama_memory_i *llama_memory_t;
@@ -233,6 +234,15 @@ enum llama_context_type {
 };
 
 typedef bool (*llama_progress_callback)(float progress, void *user_data);
+
+typedef struct llama_chat_message {
+	const char *role;
+	const char *content;
+} llama_chat_message;
+
+typedef struct llama_sampler_chain_params {
+	bool no_perf;
+} llama_sampler_chain_params;
 
 typedef struct llama_batch {
 	int32_t n_tokens;

@@ -31,7 +31,7 @@ var (
 	modelPath = envOr("MEMGEN_LLAMACPP_MODEL", filepath.Join(cacheDir(), "tiny-llama-w3-seed1.gguf"))
 	// gqaModelPath is the second shape: 8 layers, GQA 4:1, head size 128,
 	// F16, a real vocabulary (gguf.GQAShape).
-	gqaModelPath = envOr("MEMGEN_LLAMACPP_GQA_MODEL", filepath.Join(cacheDir(), "gqa-llama-f16-spm-seed1.gguf"))
+	gqaModelPath = envOr("MEMGEN_LLAMACPP_GQA_MODEL", filepath.Join(cacheDir(), "gqa-llama2-f16-seed1.gguf"))
 )
 
 func envOr(k, def string) string {

@@ -2,7 +2,8 @@
 // integration's tests and benchmarks run, with random weights from a fixed
 // seed: the tiny model (gguf.TinyShape, F32, no tokenizer), or with -vocab
 // the GQA model (gguf.GQAShape, F16) carrying the tokenizer of a
-// vocabulary-only GGUF file; and it checks any GGUF file.
+// vocabulary-only GGUF file and the chat template "llama2"; and it checks
+// any GGUF file.
 //
 //	llamagguf -o tiny.gguf [-seed 1]
 //	llamagguf -vocab ggml-vocab-llama-spm.gguf -o gqa.gguf [-seed 1]
@@ -39,6 +40,9 @@ func main() {
 		}
 		s := gguf.GQAShape
 		s.Vocab = n
+		// The vocabulary is Llama 2's: so is the chat format (a name
+		// llama_chat_apply_template knows).
+		tok = append(tok, gguf.KV{Key: "tokenizer.chat_template", Value: "llama2"})
 		kvs, ts := gguf.Model(s, *seed, tok)
 		if err := gguf.WriteFile(*out, kvs, ts); err != nil {
 			fmt.Fprintln(os.Stderr, "llamagguf:", err)
