@@ -228,9 +228,11 @@ ort-bench:
 ## llamacpp-test: integrations/llamacpp (a nested module) vetted and tested under -race; when the fetch fails a
 ## SKIP line and exit 0, or under CI=true a FAIL line and exit 1
 ## llamacpp-bench: integrations/llamacpp's benchmarks (tokens/s against stock llama.cpp, memory)
+## llamacpp-curl: the HTTP endpoint (llamaserve -listen) driven with curl (scripts/llamaserve-curl.sh)
+## llamacpp-load: the endpoint under 64 clients for 60 s (TestServerLoad; CI runs it for 10 s)
 LLAMACPP_MODEL ?=
 LLAMACPP_ARGS = $(if $(LLAMACPP_MODEL),--model $(LLAMACPP_MODEL))
-.PHONY: llamacpp llamacpp-test llamacpp-bench
+.PHONY: llamacpp llamacpp-test llamacpp-bench llamacpp-curl llamacpp-load
 llamacpp:
 	scripts/llamacpp.sh fetch $(LLAMACPP_ARGS)
 
@@ -239,6 +241,12 @@ llamacpp-test:
 
 llamacpp-bench:
 	scripts/llamacpp.sh bench $(LLAMACPP_ARGS)
+
+llamacpp-curl:
+	scripts/llamacpp.sh curl $(LLAMACPP_ARGS)
+
+llamacpp-load:
+	scripts/llamacpp.sh load $(LLAMACPP_ARGS)
 
 ## memvet: memgen's static checks (cmd/memvet: nobypass, handleclose, unsupported, recorduse, the allow
 ## escape) over the module and every nested module, through go vet -vettool; any finding fails

@@ -31,9 +31,15 @@
 #                           prints a SKIP line and exits 0, except under CI
 #                           (CI=true) or MEMGEN_LLAMACPP_REQUIRE=1, where it
 #                           prints FAIL and exits 1.
+#                           It also runs the resident-set and load tests
+#                           without -race, and scripts/llamaserve-curl.sh.
 #   scripts/llamacpp.sh bench [--model PATH]  fetch, then the module's
 #                           benchmarks (make llamacpp-bench; LLAMACPP_BENCHTIME,
 #                           default 1x; LLAMACPP_BENCHCOUNT, default 3)
+#   scripts/llamacpp.sh curl  fetch, then the HTTP endpoint driven with curl
+#                           (scripts/llamaserve-curl.sh; make llamacpp-curl)
+#   scripts/llamacpp.sh load  fetch, then TestServerLoad for
+#                           LLAMACPP_LOAD_SECONDS (default 60; make llamacpp-load)
 #
 # The module is built with GOWORK=off, against its own go.mod.
 set -euo pipefail
@@ -48,14 +54,14 @@ die() { say "$*"; exit 1; }
 
 mode=fetch
 case "${1:-}" in
-fetch | test | bench) mode="$1"; shift ;;
+fetch | test | bench | curl | load) mode="$1"; shift ;;
 esac
 model="${MEMGEN_LLAMACPP_MODEL:-}"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--model) model="$2"; shift 2 ;;
 	--model=*) model="${1#--model=}"; shift ;;
-	*) die "usage: $0 [fetch|test|bench] [--model PATH]" ;;
+	*) die "usage: $0 [fetch|test|bench|curl|load] [--model PATH]" ;;
 	esac
 done
 
@@ -81,11 +87,19 @@ if [ "$mode" != fetch ]; then
 		# LLAMACPP_TEST_TIMEOUT bounds the run (go test's -timeout; its
 		# expiry prints "panic: test timed out" with every stack): the
 		# default fits CI's 90 minutes with the rest of .ci/run.
-		# The resident-set bounds are checked without the race detector
-		# (its shadow memory grows with the process): one test, built
-		# without -race, before the whole suite with it.
-		go test -count=1 -run '^TestLedgerMatchesProcess$' .
-		exec go test -race -count=1 -timeout "${LLAMACPP_TEST_TIMEOUT:-45m}" ./...
+		# The resident-set bound and the load test's busy share are checked
+		# without the race detector (its shadow memory grows with the
+		# process, and it slows decoding): those two tests, built without
+		# -race, before the whole suite with it; then the endpoint with curl.
+		go test -count=1 -run '^(TestLedgerMatchesProcess|TestServerLoad)$' .
+		go test -race -count=1 -timeout "${LLAMACPP_TEST_TIMEOUT:-45m}" ./...
+		exec "$ROOT/scripts/llamaserve-curl.sh"
+	fi
+	if [ "$mode" = curl ]; then
+		exec "$ROOT/scripts/llamaserve-curl.sh"
+	fi
+	if [ "$mode" = load ]; then
+		LLAMACPP_LOAD_SECONDS="${LLAMACPP_LOAD_SECONDS:-60}" exec go test -count=1 -run '^TestServerLoad$' -v .
 	fi
 	exec go test -run '^$' -bench . -benchtime "${LLAMACPP_BENCHTIME:-1x}" -count "${LLAMACPP_BENCHCOUNT:-3}" -timeout "${LLAMACPP_BENCH_TIMEOUT:-60m}" .
 fi

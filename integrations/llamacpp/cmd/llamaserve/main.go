@@ -23,6 +23,15 @@
 // the bytes the engine holds for KV (preallocated, or committed).
 //
 //	llamaserve -lib LIBLLAMA -model GGUF -trace CSV [-requests 64] [-nctx 2048] [-budget 96MiB]
+//
+// With -listen it serves the model instead (llamacpp.Server): an
+// OpenAI-style HTTP endpoint (POST /v1/completions, POST
+// /v1/chat/completions, GET /v1/models, GET /health, and the governor's
+// ledger as Prometheus metrics on GET /metrics) decoding up to -sequences
+// requests together in one context, each of at most -nctx tokens, within
+// the KV budget -budget:
+//
+//	llamaserve -lib LIBLLAMA -model GGUF -listen 127.0.0.1:8080 [-sequences 16] [-nctx 2048] [-budget 96MiB] [-queue 2s]
 package main
 
 import (
@@ -229,7 +238,21 @@ func main() {
 	budgetS := flag.String("budget", "96MiB", "KV budget, the same for both engines")
 	threads := flag.Int("threads", 1, "llama.cpp threads")
 	timeout := flag.Duration("timeout", 30*time.Minute, "the whole run's deadline (both engines' replays); its expiry is reported as a deadline")
+	listen := flag.String("listen", "", "serve the HTTP endpoint on this address (host:port) instead of replaying the trace")
+	seqs := flag.Int("sequences", 16, "with -listen: requests decoded together")
+	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a request waits for a sequence and budget before a 429")
 	flag.Parse()
+	if *listen != "" {
+		budget, err := parseBytes(*budgetS)
+		if err == nil {
+			err = serve(*lib, *model, *listen, budget, *seqs, *nCtx, *threads, *queue)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "llamaserve:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*lib, *model, *trace, *n, *nCtx, *budgetS, *threads, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "llamaserve:", err)
 		os.Exit(1)

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/governor/promgov"
+	"github.com/memgen/memgen/integrations/llamacpp"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/pmm"
+)
+
+// serve runs the HTTP endpoint (llamacpp.Server) on listen until SIGINT or
+// SIGTERM: the model's weights, and a KV budget of budget bytes for the
+// requests decoding together, in one governed authority whose ledger
+// /metrics exports.
+func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads int, queue time.Duration) error {
+	if err := llamacpp.Init(lib); err != nil {
+		return err
+	}
+	g := governor.New(governor.Options{})
+	defer g.Close()
+	mech, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: "host"})
+	if err != nil {
+		return err
+	}
+	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = ectx.Close(ctx, true)
+	}()
+	mgr := pmm.New(g, pmm.Options{})
+	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
+	if err := g.AddAuthority("host", 1<<40); err != nil {
+		return err
+	}
+	if err := mgr.Register(pmm.Device{Key: host, Mechanism: mech, Context: ectx, Authority: "host"}); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	m, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: mgr, Governor: g, Device: host, Threads: threads, Name: "llama"})
+	if err != nil {
+		return err
+	}
+	defer m.Close(ctx)
+	s, err := llamacpp.NewServer(m, llamacpp.ServerOptions{Sequences: seqs, NCtx: nCtx, Budget: budget, QueueTimeout: queue})
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(promgov.NewCollector(g))
+	srv := &http.Server{Handler: s.Handler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return errors.Join(err, s.Close(ctx))
+	}
+	fmt.Fprintf(os.Stderr, "llamaserve: serving %s on http://%s (%d sequences of %d tokens, KV budget %d bytes)\n", model, ln.Addr(), seqs, nCtx, budget)
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(stop)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case <-stop:
+	case err := <-served:
+		return errors.Join(err, s.Close(ctx))
+	}
+	// Stop admitting (503), end the running requests, then the listener.
+	closeCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = s.Close(closeCtx)
+	return errors.Join(err, srv.Shutdown(closeCtx))
+}

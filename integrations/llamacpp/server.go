@@ -1,0 +1,374 @@
+package llamacpp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
+// ServerOptions configure NewServer.
+type ServerOptions struct {
+	// Name is the model's id in the API (GET /v1/models, and each
+	// response's "model"). Default "memgen".
+	Name string
+	// Sequences is how many requests decode together: the context's
+	// sequences, one per request. Default 16.
+	Sequences int
+	// NCtx is the most tokens of one request, prompt and completion
+	// together (a multiple of 256). Default 2048.
+	NCtx int
+	// Batch is the context's Batch (the most tokens one llama_decode
+	// takes). Default 512.
+	Batch int
+	// MaxTokens is a request's max_tokens when it names none. Default 256.
+	MaxTokens int
+	// Budget is the KV bytes the running requests may hold together: a
+	// request is admitted when the KV of its prompt and max_tokens fits
+	// beside the running ones' (and a sequence is free). Default: the
+	// authority's free bytes once the context is made, less an eighth.
+	Budget memapi.Bytes
+	// QueueTimeout is how long a request waits to be admitted before it
+	// is refused (HTTP 429 with Retry-After). Default 2 s.
+	QueueTimeout time.Duration
+	// StepTimeout bounds each batched decode (its growth's wait for the
+	// governor included). Default 30 s.
+	StepTimeout time.Duration
+}
+
+// Server decodes requests together in one context of a Model: each
+// running request is one of the context's sequences, and every step
+// decodes one token of each (a new request's whole prompt) in one
+// DecodeBatch. Its HTTP API is Handler. Admission is by slot and KV
+// budget: a request that cannot be admitted within QueueTimeout is
+// refused, never queued without bound.
+type Server struct {
+	m    *Model
+	c    *Context
+	opts ServerOptions
+	// kvPerToken is the KV bytes one token takes (all tensors' rows);
+	// kvSlack what rounding to granules adds to a request at most.
+	kvPerToken, kvSlack memapi.Bytes
+
+	mu      sync.Mutex
+	free    []int         // free sequences
+	used    memapi.Bytes  // KV budget of the admitted requests
+	changed chan struct{} // closed (and replaced) when a slot or budget is released
+	state   error         // nil: serving; errClosing, or the engine's failure
+	jobs    chan *job     // admitted, not yet decoding
+	done    chan struct{} // the loop ended
+
+	stop  context.CancelFunc
+	ctx   context.Context
+	stats ServerStats // under mu
+}
+
+// ServerStats are a server's counters.
+type ServerStats struct {
+	Served  int64 // requests completed
+	Failed  int64 // requests admitted that ended in an error (their client went away, a decode failed, the server closed)
+	Refused int64 // requests refused for want of a sequence or budget (HTTP 429): none was free at the refusal
+	// SlotTime is the time requests held sequences, summed: over the
+	// server's life times Sequences, how busy it was.
+	SlotTime time.Duration
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// errClosing is the state of a Server being closed.
+var errClosing = errors.New("llamacpp: the server is closing")
+
+// ErrBusy refuses a request that could not be admitted within the queue
+// timeout: every sequence was busy, or the KV budget was held.
+var ErrBusy = errors.New("llamacpp: the server is busy")
+
+// job is one admitted request.
+type job struct {
+	seq     int
+	prompt  []int32
+	max     int
+	need    memapi.Bytes
+	sampler *Sampler
+	ctx     context.Context // the request's: when it ends, the job is dropped
+
+	// Written by the loop; events carries each generated token, then the
+	// end (ok false: see err).
+	out    []int32
+	events chan event
+	start  time.Time // admitted
+}
+
+type event struct {
+	token  int32
+	end    bool
+	reason string // "length" or "stop" at the end
+	err    error  // at the end: why the job failed
+}
+
+// NewServer opens the model's context (opts.Sequences sequences of
+// opts.NCtx cells) and starts decoding. Close it to stop.
+func NewServer(m *Model, opts ServerOptions) (*Server, error) {
+	if opts.Name == "" {
+		opts.Name = "memgen"
+	}
+	if opts.Sequences <= 0 {
+		opts.Sequences = 16
+	}
+	if opts.NCtx <= 0 {
+		opts.NCtx = 2048
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 512
+	}
+	if opts.MaxTokens <= 0 {
+		opts.MaxTokens = 256
+	}
+	if opts.QueueTimeout <= 0 {
+		opts.QueueTimeout = 2 * time.Second
+	}
+	if opts.StepTimeout <= 0 {
+		opts.StepTimeout = 30 * time.Second
+	}
+	if m.opts.Stock {
+		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrUnsupported, "a stock model: the server's admission reads memgen's ledger")
+	}
+	c, err := m.NewContext(context.Background(), ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{m: m, c: c, opts: opts, changed: make(chan struct{}), jobs: make(chan *job, opts.Sequences),
+		done: make(chan struct{})}
+	for _, t := range c.tensors {
+		s.kvPerToken += t.rowBytes
+		s.kvSlack += t.region.Granularity()
+	}
+	if s.opts.Budget == 0 {
+		s.opts.Budget = c.free() - c.free()/8
+	}
+	for i := range opts.Sequences {
+		s.free = append(s.free, i)
+	}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	go s.loop()
+	return s, nil
+}
+
+// kvNeed is what a request of n tokens may hold at most: its rows, the
+// rest of a 64-row tile its prompt's decode may touch, and a granule per
+// tensor of rounding.
+func (s *Server) kvNeed(n int) memapi.Bytes { return memapi.Bytes(n+kvTile)*s.kvPerToken + s.kvSlack }
+
+// admit waits (at most QueueTimeout, and no longer than ctx) for a free
+// sequence and room in the budget for a request of prompt and max tokens,
+// and hands it to the loop. It fails with ErrBusy when the wait ends, with
+// the server's state when it is closing or failed, and with a
+// memapi.ErrInvalidSize error when the request could never fit.
+func (s *Server) admit(ctx context.Context, prompt []int32, max int, sampler *Sampler) (*job, error) {
+	need := s.kvNeed(len(prompt) + max)
+	if need > s.opts.Budget {
+		return nil, memapi.Errorf("llamacpp.Server", memapi.ErrInvalidSize, "a request of %d tokens needs %d bytes of KV; the budget is %d", len(prompt)+max, need, s.opts.Budget)
+	}
+	timer := time.NewTimer(s.opts.QueueTimeout)
+	defer timer.Stop()
+	last := false // the timeout fired: one more look, then a refusal
+	for {
+		s.mu.Lock()
+		if s.state != nil {
+			err := s.state
+			s.mu.Unlock()
+			return nil, err
+		}
+		if len(s.free) > 0 && s.used+need <= s.opts.Budget {
+			j := &job{seq: s.free[len(s.free)-1], prompt: prompt, max: max, need: need, sampler: sampler, ctx: ctx, events: make(chan event, max+1), start: time.Now()}
+			s.free = s.free[:len(s.free)-1]
+			s.used += need
+			s.mu.Unlock()
+			s.jobs <- j // room for every sequence: never blocks
+			return j, nil
+		}
+		if last {
+			s.mu.Unlock()
+			return nil, s.refuse(need)
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-changed:
+		case <-timer.C:
+			// Room may have come as the timer fired: the loop looks once
+			// more before it refuses.
+			last = true
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// refuse counts a refusal of a request of need bytes, and returns ErrBusy.
+func (s *Server) refuse(need memapi.Bytes) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Refused++
+	if refused != nil {
+		refused(s.state == nil && len(s.free) > 0 && s.used+need <= s.opts.Budget)
+	}
+	return ErrBusy
+}
+
+// refused, set by tests, is called at each refusal with whether a sequence
+// and the budget were free at that moment (they must not be).
+var refused func(room bool)
+
+// release gives a finished job's sequence and budget back.
+func (s *Server) release(j *job, failed bool) {
+	s.mu.Lock()
+	s.free = append(s.free, j.seq)
+	s.used -= j.need
+	s.stats.SlotTime += time.Since(j.start)
+	if failed {
+		s.stats.Failed++
+	} else {
+		s.stats.Served++
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// loop decodes the running jobs together until the server stops.
+func (s *Server) loop() {
+	defer close(s.done)
+	var active []*job
+	defer func() {
+		for _, j := range active {
+			s.finish(j, event{end: true, err: errClosing})
+		}
+	}()
+	for {
+		// Take the admitted jobs; with none running, wait for one.
+		if len(active) == 0 {
+			select {
+			case j := <-s.jobs:
+				active = append(active, j)
+			case <-s.ctx.Done():
+				return
+			}
+		}
+	more:
+		for {
+			select {
+			case j := <-s.jobs:
+				active = append(active, j)
+			default:
+				break more
+			}
+		}
+		// Drop the jobs whose request went away.
+		kept := active[:0]
+		for _, j := range active {
+			if j.ctx.Err() != nil {
+				s.finish(j, event{end: true, err: context.Cause(j.ctx)})
+				continue
+			}
+			kept = append(kept, j)
+		}
+		active = kept
+		if len(active) == 0 {
+			continue
+		}
+		in := make([]SeqTokens, len(active))
+		for i, j := range active {
+			toks := j.prompt
+			if len(j.out) > 0 {
+				toks = j.out[len(j.out)-1:]
+			}
+			in[i] = SeqTokens{Seq: j.seq, Tokens: toks, Sampler: j.sampler}
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
+		next, err := s.c.DecodeBatch(ctx, in)
+		cancel()
+		if err != nil {
+			// The batch is as before the step; its jobs fail. A closed
+			// context or a broken engine fails the server.
+			for _, j := range active {
+				s.finish(j, event{end: true, err: fmt.Errorf("llamacpp: decoding: %w", err)})
+			}
+			active = nil
+			if errors.Is(err, ErrDecode) || errors.Is(err, memapi.ErrClosed) {
+				s.mu.Lock()
+				if s.state == nil {
+					s.state = err
+				}
+				s.mu.Unlock()
+			}
+			if s.ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		kept = active[:0]
+		for i, j := range active {
+			t := next[i]
+			j.out = append(j.out, t)
+			j.events <- event{token: t}
+			switch {
+			case s.m.IsEndOfGeneration(t):
+				s.finish(j, event{end: true, reason: "stop"})
+			case len(j.out) >= j.max:
+				s.finish(j, event{end: true, reason: "length"})
+			default:
+				kept = append(kept, j)
+			}
+		}
+		active = kept
+	}
+}
+
+// finish ends a job: its sequence is dropped from the context (its ranges
+// decommitted), its slot and budget released, and its end sent.
+func (s *Server) finish(j *job, end event) {
+	if err := s.c.ResetSeq(context.Background(), j.seq); err != nil && end.err == nil {
+		end = event{end: true, err: err}
+	}
+	s.release(j, end.err != nil)
+	j.events <- end
+}
+
+// Close stops admitting (requests get 503), ends the running requests,
+// waits for the loop and closes the context (bounded by ctx).
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.state == errClosing {
+		s.mu.Unlock()
+		return memapi.Errorf("llamacpp.Server.Close", memapi.ErrClosed, "the server was closed")
+	}
+	s.state = errClosing
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+	s.stop()
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return fmt.Errorf("llamacpp.Server.Close: waiting for the decode loop: %w", ctx.Err())
+	}
+	// Jobs admitted but never taken by the loop, and running ones it left.
+	for {
+		select {
+		case j := <-s.jobs:
+			s.finish(j, event{end: true, err: errClosing})
+			continue
+		default:
+		}
+		break
+	}
+	return s.c.Close(ctx)
+}
