@@ -192,11 +192,14 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		if len(c.tensors) == 0 {
 			return fail(fmt.Errorf("%w: llama.cpp placed no KV tensor in memgen's buffers", ErrContext))
 		}
+		// One sequence at its longest: each tensor's stream of it.
 		var full memapi.Bytes
 		for _, t := range c.tensors {
-			full += t.region.Cap()
+			full += t.stride
 		}
-		// What llama.cpp reserved, checked as checkContext estimated it.
+		// What llama.cpp reserved, checked as checkContext estimated it
+		// (per sequence: the reservation of them all may exceed the
+		// capacity, as growing regions are for).
 		if weights, compute, capacity := m.WeightBytes(), c.compute(), c.capacity(); weights+compute+full > capacity {
 			C.memgen_llama_context_free(c.c)
 			c.c = nil

@@ -3,24 +3,31 @@
 // ContextTokens, GeneratedTokens) with real greedy decoding on a llama
 // model, once with stock llama.cpp and once with the KV cache in memgen's
 // regions, under the same KV budget, and reports how many sequences each
-// ran at once.
+// ran at once and how fast.
 //
 // Lengths are scaled so that the longest replayed request fills n_ctx.
 // All requests are queued at the start (a closed loop: the question is how
-// many run at once, not when they arrive). Each engine admits the next
-// queued request while its budget allows, decodes the running sequences
-// one step each in turn, and closes a sequence once its generated tokens
-// are out:
+// many run at once, not when they arrive). Each engine decodes its
+// running requests together in one context (one sequence each, one
+// DecodeBatch per step: a new request's prompt, one token of the others),
+// admits the next queued request while a sequence is free and its budget
+// allows, and gives a request's sequence back once its tokens are out:
 //
-//   - stock llama.cpp's contexts each allocate n_ctx cells up front, so it
-//     admits while budget / (n_ctx x row bytes) contexts are not all open;
-//   - memgen admits while the governor's free bytes, less the new prompt's
-//     rows, stay above 1/8 of the budget; sequences grow a granule at a
-//     time, and when one cannot, the governor preempts an idle one whole
-//     (it recomputes later).
+//   - stock llama.cpp's layout preallocates n_ctx cells per sequence, so
+//     its context has budget / (n_ctx x row bytes) sequences;
+//   - memgen's context has -sequences sequences whose KV streams grow a
+//     granule at a time; it admits while the governor's free bytes, less
+//     the new prompt's rows, stay above 1/8 of the budget, and when a
+//     step's growth is refused the youngest request gives its sequence up
+//     and is recomputed later.
 //
 // KV utilisation is, at every step, the bytes of the cells in use over
-// the bytes the engine holds for KV (preallocated, or committed).
+// the bytes the engine holds for KV (preallocated, or committed). The
+// last line sums it up: llama-replay: capacity-vs-stock (peak concurrent
+// sequences), tput-vs-stock (generated tokens per second), and for how
+// many requests the two engines' greedy tokens are identical (different
+// batches can round llama.cpp's sums differently: each request that
+// differs is reported with where).
 //
 //	llamaserve -lib LIBLLAMA -model GGUF -trace CSV [-requests 64] [-nctx 2048] [-budget 96MiB]
 //
@@ -42,6 +49,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -117,55 +125,126 @@ func scale(rs []request, nCtx int) []request {
 
 type result struct {
 	engine              string
+	sequences           int // the context's sequences (n_seq_max)
 	peak                int
 	meanRunning         float64 // over every step
 	meanSaturated       float64 // over the steps while requests were queued
 	tokens, preemptions int
+	generated           int // tokens generated (each request's, once)
 	utilisation         float64
 	took                time.Duration
-	hashes              []uint64 // each request's greedy tokens (FNV-1a)
+	out                 [][]int32 // each request's greedy tokens
 }
 
+// seq is a running request: its sequence in the context, what it has
+// generated, and the token to decode next.
 type seq struct {
-	c         *llamacpp.Context
-	id        int
-	req       request
-	next      int32
-	generated int
-	hash      uint64
+	slot int
+	id   int
+	req  request
+	next int32
+	out  []int32
 }
 
-// replay runs the requests on m; admit says whether one more of them may
-// start now, held reports the KV bytes held now.
-func replay(ctx context.Context, m *llamacpp.Model, rs []request, nCtx int, admit func(running []*seq, r request) bool, held func(running []*seq) memapi.Bytes, rowBytes memapi.Bytes) (result, error) {
-	var res result
+// engine is what a replay runs on: one context of several sequences, an
+// admission rule (whether one more request may start now) and the KV bytes
+// it holds.
+type engine struct {
+	c     *llamacpp.Context
+	admit func(running []*seq, r request) bool
+	held  func() memapi.Bytes
+	// room says whether a step decoding tokens tokens of seqs sequences
+	// (prompts new of them) can grow within the budget; when it cannot,
+	// the youngest running request gives its sequence up and goes back to
+	// the queue's front (it is recomputed from its prompt later). nil:
+	// always (stock's preallocated layout).
+	room func(tokens, seqs, prompts int) bool
+}
+
+// promptOf is request id's prompt (the same on both engines).
+func promptOf(id, n, vocab int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((id*7919 + i*104729 + 13) % vocab)
+	}
+	return p
+}
+
+// replay runs the requests on e: at every step the requests admitted so
+// far decode together in one DecodeBatch (a new one its whole prompt, the
+// others one token), and a finished one gives its sequence back.
+func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowBytes memapi.Bytes) (result, error) {
+	res := result{sequences: e.c.Sequences(), out: make([][]int32, len(rs))}
+	free := make([]int, 0, e.c.Sequences())
+	for i := e.c.Sequences() - 1; i >= 0; i-- {
+		free = append(free, i)
+	}
+	type queued struct {
+		id  int
+		req request
+	}
+	var queue []queued
+	for id, r := range rs {
+		queue = append(queue, queued{id, r})
+	}
 	var running []*seq
-	queue := rs
 	var sumRunning, steps, sumSat, stepsSat int
 	var used, heldSum float64
+	// held: after a preemption no request is admitted until one finishes
+	// (else the preempted one would come straight back and be refused
+	// again).
+	held := false
 	start := time.Now()
-	res.hashes = make([]uint64, len(rs))
-	for id := 0; len(queue) > 0 || len(running) > 0; {
-		for len(queue) > 0 && admit(running, queue[0]) {
-			r := queue[0]
+	for len(queue) > 0 || len(running) > 0 {
+		var in []llamacpp.SeqTokens
+		for !held && len(queue) > 0 && len(free) > 0 && e.admit(running, queue[0].req) {
+			q := queue[0]
 			queue = queue[1:]
-			c, err := m.NewContext(ctx, llamacpp.ContextOptions{NCtx: nCtx, Batch: 128})
-			if err != nil {
-				return res, err
-			}
-			p := make([]int32, r.prompt)
-			for i := range p {
-				p[i] = int32((id*7919 + i*104729 + 13) % m.NVocab())
-			}
-			next, err := c.Decode(ctx, p)
-			if err != nil {
-				return res, errors.Join(err, c.Close(ctx))
-			}
-			running = append(running, &seq{c: c, id: id, req: r, next: next, hash: 14695981039346656037})
-			id++
+			s := &seq{slot: free[len(free)-1], id: q.id, req: q.req}
+			free = free[:len(free)-1]
+			running = append(running, s)
 		}
 		if len(running) == 0 {
-			return res, fmt.Errorf("a request of %d tokens cannot be admitted under the budget", queue[0].prompt+queue[0].gen)
+			return res, fmt.Errorf("a request of %d tokens cannot be admitted under the budget", queue[0].req.prompt+queue[0].req.gen)
+		}
+		// A request not decoded yet decodes its prompt, the others their
+		// last token.
+		for _, s := range running {
+			toks := []int32{s.next}
+			if len(s.out) == 0 {
+				toks = promptOf(s.id, s.req.prompt, m.NVocab())
+			}
+			in = append(in, llamacpp.SeqTokens{Seq: s.slot, Tokens: toks})
+		}
+		tokens, prompts := 0, 0
+		for _, t := range in {
+			tokens += len(t.Tokens)
+			if len(t.Tokens) > 1 {
+				prompts++
+			}
+		}
+		if e.room != nil && len(running) > 1 && !e.room(tokens, len(in), prompts) {
+			// The youngest request gives its sequence up and waits again.
+			y := running[len(running)-1]
+			running = running[:len(running)-1]
+			if err := e.c.ResetSeq(ctx, y.slot); err != nil {
+				return res, err
+			}
+			free = append(free, y.slot)
+			queue = append([]queued{{y.id, y.req}}, queue...)
+			res.preemptions++
+			held = true
+			continue
+		}
+		stepCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		next, err := e.c.DecodeBatch(stepCtx, in)
+		cancel()
+		if err != nil {
+			return res, err
+		}
+		bySlot := map[int]int32{}
+		for i, t := range next {
+			bySlot[in[i].Seq] = t
 		}
 		res.peak = max(res.peak, len(running))
 		sumRunning += len(running)
@@ -176,34 +255,30 @@ func replay(ctx context.Context, m *llamacpp.Model, rs []request, nCtx int, admi
 		}
 		keep := running[:0]
 		for _, s := range running {
-			if s.generated == s.req.gen {
-				res.hashes[s.id] = (s.hash ^ uint64(s.next)) * 1099511628211
-				st := s.c.Stats()
-				res.tokens += st.Tokens
-				res.preemptions += st.Preemptions
-				if err := s.c.Close(ctx); err != nil {
+			s.next = bySlot[s.slot]
+			s.out = append(s.out, s.next)
+			if len(s.out) == s.req.gen {
+				res.out[s.id] = s.out
+				res.generated += len(s.out)
+				if err := e.c.ResetSeq(ctx, s.slot); err != nil {
 					return res, err
 				}
+				free = append(free, s.slot)
+				held = false
 				continue
 			}
-			next, err := s.c.Decode(ctx, []int32{s.next})
-			if err != nil {
-				return res, err
-			}
-			s.hash = (s.hash ^ uint64(s.next)) * 1099511628211
-			s.next = next
-			s.generated++
 			keep = append(keep, s)
 		}
 		running = keep
 		var cells int
 		for _, s := range running {
-			cells += s.req.prompt + s.generated
+			cells += s.req.prompt + len(s.out)
 		}
 		used += float64(memapi.Bytes(cells) * rowBytes)
-		heldSum += float64(held(running))
+		heldSum += float64(e.held())
 	}
 	res.took = time.Since(start)
+	res.tokens = e.c.Stats().Tokens
 	res.meanRunning = float64(sumRunning) / float64(steps)
 	if stepsSat > 0 {
 		res.meanSaturated = float64(sumSat) / float64(stepsSat)
@@ -239,10 +314,15 @@ func main() {
 	threads := flag.Int("threads", 1, "llama.cpp threads")
 	timeout := flag.Duration("timeout", 30*time.Minute, "the whole run's deadline (both engines' replays); its expiry is reported as a deadline")
 	listen := flag.String("listen", "", "serve the HTTP endpoint on this address (host:port) instead of replaying the trace")
-	seqs := flag.Int("sequences", 16, "with -listen: requests decoded together")
+	seqs := flag.Int("sequences", 64, "requests memgen decodes together (with -listen: 16 unless set)")
 	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a request waits for a sequence and budget before a 429")
 	flag.Parse()
 	if *listen != "" {
+		seen := false
+		flag.Visit(func(f *flag.Flag) { seen = seen || f.Name == "sequences" })
+		if !seen {
+			*seqs = 16
+		}
 		budget, err := parseBytes(*budgetS)
 		if err == nil {
 			err = serve(*lib, *model, *listen, budget, *seqs, *nCtx, *threads, *queue)
@@ -253,13 +333,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*lib, *model, *trace, *n, *nCtx, *budgetS, *threads, *timeout); err != nil {
+	if err := run(*lib, *model, *trace, *n, *nCtx, *seqs, *budgetS, *threads, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "llamaserve:", err)
 		os.Exit(1)
 	}
 }
 
-func run(lib, model, trace string, n, nCtx int, budgetS string, threads int, timeout time.Duration) (err error) {
+func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads int, timeout time.Duration) (err error) {
 	budget, err := parseBytes(budgetS)
 	if err != nil {
 		return fmt.Errorf("-budget %q: %w", budgetS, err)
@@ -324,54 +404,91 @@ func run(lib, model, trace string, n, nCtx int, budgetS string, threads int, tim
 		return err
 	}
 	perStock := memapi.Bytes(nCtx) * rowBytes
+	stockSeqs := int(budget / perStock)
+	if stockSeqs < 1 {
+		return fmt.Errorf("-budget %d holds no sequence of n_ctx %d preallocated (%d bytes)", budget, nCtx, perStock)
+	}
+	if stockSeqs > 256 || seqs > 256 || nCtx%256 != 0 {
+		return fmt.Errorf("at most 256 sequences (stock's budget holds %d, -sequences %d), and -nctx a multiple of 256", stockSeqs, seqs)
+	}
 
-	a, err := replay(ctx, stock, rs, nCtx,
-		func(running []*seq, r request) bool { return memapi.Bytes(len(running)+1)*perStock <= budget },
-		func(running []*seq) memapi.Bytes { return memapi.Bytes(len(running)) * perStock }, rowBytes)
+	// Stock: its preallocated layout, batched: one context of as many
+	// sequences as the budget holds at n_ctx each (non-unified: each
+	// stream's n_ctx cells allocated at creation).
+	sc, err := stock.NewContext(ctx, llamacpp.ContextOptions{NCtx: nCtx, Sequences: stockSeqs, Batch: 512})
+	if err != nil {
+		return err
+	}
+	a, err := replay(ctx, stock, engine{c: sc,
+		admit: func(running []*seq, r request) bool { return true }, // a free sequence is all it needs
+		held:  func() memapi.Bytes { return memapi.Bytes(stockSeqs) * perStock }}, rs, rowBytes)
+	sc.Close(ctx)
 	if err != nil {
 		return fmt.Errorf("stock: %w", err)
 	}
-	a.engine = "stock llama.cpp (n_ctx preallocated)"
-	b, err := replay(ctx, ours, rs, nCtx,
-		func(running []*seq, r request) bool {
+	a.engine = "stock llama.cpp (n_ctx preallocated per sequence)"
+
+	// memgen: one context of -sequences sequences whose streams grow;
+	// a request is admitted while the governor's free bytes, less its
+	// prompt's rows (and a tile), stay above an eighth of the budget; a
+	// step whose growth would not fit preempts the youngest request.
+	oc, err := ours.NewContext(ctx, llamacpp.ContextOptions{NCtx: nCtx, Sequences: seqs, Batch: 512})
+	if err != nil {
+		return err
+	}
+	granules := memapi.Bytes(oc.KV().Tensors) * oc.Granularity()
+	b, err := replay(ctx, ours, engine{c: oc,
+		room: func(tokens, seqs, prompts int) bool {
+			// The step's rows, a tile per prompt, a granule per tensor of
+			// each sequence's rounding.
 			s, _ := g.Authority("host")
-			need, _ := memapi.RoundUp(memapi.Bytes(r.prompt)*rowBytes, 64*rowBytes)
+			return s.Free >= memapi.Bytes(tokens+64*prompts)*rowBytes+memapi.Bytes(seqs)*granules
+		},
+		admit: func(running []*seq, r request) bool {
+			s, _ := g.Authority("host")
+			need, _ := memapi.RoundUp(memapi.Bytes(r.prompt+64)*rowBytes, 64*rowBytes)
 			return s.Free >= need+budget/8
 		},
-		func(running []*seq) memapi.Bytes {
-			var h memapi.Bytes
-			for _, s := range running {
-				h += s.c.KV().Committed
-			}
-			return h
-		}, rowBytes)
+		held: func() memapi.Bytes { return oc.KV().Committed }}, rs, rowBytes)
+	closeErr := oc.Close(ctx)
 	if err != nil {
 		return fmt.Errorf("memgen: %w", err)
 	}
-	b.engine = "memgen (regions grown per token)"
+	if closeErr != nil {
+		return closeErr
+	}
+	b.engine = "memgen (streams grown per token)"
 
 	var prompt, gen int
 	for _, r := range rs {
 		prompt += r.prompt
 		gen += r.gen
 	}
-	fmt.Printf("%d requests of %s, scaled to n_ctx %d (%d prompt + %d generated tokens); KV budget %d MiB; %d KiB of KV per token; stock holds %d MiB per context\n",
+	fmt.Printf("%d requests of %s, scaled to n_ctx %d (%d prompt + %d generated tokens); KV budget %d MiB; %d KiB of KV per token; stock holds %d MiB per sequence\n",
 		len(rs), trace, nCtx, prompt, gen, budget>>20, rowBytes>>10, perStock>>20)
-	fmt.Println("engine | peak concurrent | mean concurrent while requests queue | mean concurrent | tokens decoded | preemptions | KV utilisation | wall time")
-	fmt.Println("--- | --- | --- | --- | --- | --- | --- | ---")
+	fmt.Println("engine | sequences | peak concurrent | mean concurrent while requests queue | mean concurrent | tokens decoded | preemptions | KV utilisation | generated tokens/s | wall time")
+	fmt.Println("--- | --- | --- | --- | --- | --- | --- | --- | --- | ---")
 	for _, r := range []result{a, b} {
-		fmt.Printf("%s | %d | %.1f | %.1f | %d | %d | %.1f %% | %.1f s\n", r.engine, r.peak, r.meanSaturated, r.meanRunning, r.tokens, r.preemptions, 100*r.utilisation, r.took.Seconds())
+		fmt.Printf("%s | %d | %d | %.1f | %.1f | %d | %d | %.1f %% | %.0f | %.1f s\n", r.engine, r.sequences, r.peak, r.meanSaturated, r.meanRunning, r.tokens, r.preemptions,
+			100*r.utilisation, float64(r.generated)/r.took.Seconds(), r.took.Seconds())
 	}
 	same := 0
-	for i := range a.hashes {
-		if a.hashes[i] == b.hashes[i] {
+	for i := range a.out {
+		if slices.Equal(a.out[i], b.out[i]) {
 			same++
+			continue
 		}
+		at := 0
+		for at < min(len(a.out[i]), len(b.out[i])) && a.out[i][at] == b.out[i][at] {
+			at++
+		}
+		fmt.Printf("request %d (%d prompt, %d generated tokens): the engines' greedy tokens first differ at token %d (its batches differ between the engines: llama.cpp's sums can round differently)\n",
+			i, rs[i].prompt, rs[i].gen, at)
 	}
-	fmt.Printf("memgen / stock concurrent sequences: peak %.1fx, while requests queue %.1fx, overall %.1fx; greedy tokens identical for %d of %d requests\n",
-		float64(b.peak)/float64(a.peak), b.meanSaturated/a.meanSaturated, b.meanRunning/a.meanRunning, same, len(a.hashes))
-	if same != len(a.hashes) {
-		return errors.New("the engines' greedy tokens differ")
-	}
+	capacity := float64(b.peak) / float64(a.peak)
+	tput := (float64(b.generated) / b.took.Seconds()) / (float64(a.generated) / a.took.Seconds())
+	fmt.Printf("memgen / stock: peak concurrent sequences %.1fx, while requests queue %.1fx, overall %.1fx; generated tokens/s %.2fx; greedy tokens identical for %d of %d requests\n",
+		capacity, b.meanSaturated/a.meanSaturated, b.meanRunning/a.meanRunning, tput, same, len(a.out))
+	fmt.Printf("llama-replay: requests=%d capacity-vs-stock=%.1fx tput-vs-stock=%.2fx tokens-identical=%d/%d\n", len(a.out), capacity, tput, same, len(a.out))
 	return nil
 }
