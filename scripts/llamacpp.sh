@@ -35,7 +35,11 @@
 #                           without -race, and scripts/llamaserve-curl.sh.
 #   scripts/llamacpp.sh bench [--model PATH]  fetch, then the module's
 #                           benchmarks (make llamacpp-bench; LLAMACPP_BENCHTIME,
-#                           default 1x; LLAMACPP_BENCHCOUNT, default 3)
+#                           default 1x; LLAMACPP_BENCHCOUNT, default 3), the
+#                           waste table and the trace replay, and last one
+#                           line: llama-batched: seqs=8 tokens-identical=yes
+#                           vs-stock= vs-per-context= capacity-vs-stock=
+#                           tput-vs-stock= replay-tokens-identical= waste-2MiB-4096=
 #   scripts/llamacpp.sh curl  fetch, then the HTTP endpoint driven with curl
 #                           (scripts/llamaserve-curl.sh; make llamacpp-curl)
 #   scripts/llamacpp.sh load  fetch, then TestServerLoad for
@@ -101,7 +105,26 @@ if [ "$mode" != fetch ]; then
 	if [ "$mode" = load ]; then
 		LLAMACPP_LOAD_SECONDS="${LLAMACPP_LOAD_SECONDS:-60}" exec go test -count=1 -run '^TestServerLoad$' -v .
 	fi
-	exec go test -run '^$' -bench . -benchtime "${LLAMACPP_BENCHTIME:-1x}" -count "${LLAMACPP_BENCHCOUNT:-3}" -timeout "${LLAMACPP_BENCH_TIMEOUT:-60m}" .
+	# The benchmarks, the waste table and the trace replay, then one line
+	# of the batched figures (the last thing printed).
+	out="$(mktemp -d)"
+	trap 'rm -rf "$out"' EXIT
+	go test -run '^$' -bench . -benchtime "${LLAMACPP_BENCHTIME:-1x}" -count "${LLAMACPP_BENCHCOUNT:-3}" -timeout "${LLAMACPP_BENCH_TIMEOUT:-60m}" . | tee "$out/bench"
+	go test -count=1 -run '^TestWasteTable$' -v . | tee "$out/waste"
+	go run ./cmd/llamaserve -lib "$MEMGEN_LLAMACPP_LIB" -model "$MEMGEN_LLAMACPP_MODEL" | tee "$out/replay"
+	# BenchmarkBatchDecode's ratios (the mean of its runs; it fails unless
+	# the batched tokens equal stock's), the replay's capacity and
+	# throughput at equal memory, the 32-layer shape's expected waste at
+	# 2 MiB and 4,096 tokens.
+	ratio() { awk -v m="$1" '/^BenchmarkBatchDecode/ { for (i = 2; i < NF; i++) if ($(i+1) == m) { s += $i; n++ } } END { if (n) printf "%.2f", s / n }' "$out/bench"; }
+	vs_stock="$(ratio vs-stock)"
+	vs_per="$(ratio vs-per-context)"
+	[ -n "$vs_stock" ] || die "no BenchmarkBatchDecode figures"
+	capacity="$(sed -n 's/.*capacity-vs-stock=\([0-9.]*\)x.*/\1/p' "$out/replay")"
+	tput="$(sed -n 's/.*tput-vs-stock=\([0-9.]*\)x.*/\1/p' "$out/replay")"
+	identical="$(sed -n 's/.*tokens-identical=\([0-9]*\/[0-9]*\).*/\1/p' "$out/replay")"
+	waste="$(awk -F'|' '$2 ~ /32 layers/ && $3 ~ /2 MiB/ && $4 ~ /^ *4096 *$/ { gsub(/[ %]/, "", $8); print $8 }' "$out/waste")"
+	echo "llama-batched: seqs=8 tokens-identical=yes vs-stock=${vs_stock}x vs-per-context=${vs_per}x capacity-vs-stock=${capacity}x tput-vs-stock=${tput}x replay-tokens-identical=${identical} waste-2MiB-4096=${waste}%"
 fi
 
 case "$(uname -s)/$(uname -m)" in

@@ -190,13 +190,17 @@ func (s *Server) admit(ctx context.Context, prompt []int32, max int, sampler *Sa
 			j := &job{seq: s.free[len(s.free)-1], prompt: prompt, max: max, need: need, sampler: sampler, ctx: ctx, events: make(chan event, max+1), start: time.Now()}
 			s.free = s.free[:len(s.free)-1]
 			s.used += need
+			// Under mu, so that Close (which sets the state under mu, then
+			// drains the channel once the loop ended) never misses it; the
+			// channel has room for every sequence: this never blocks.
+			s.jobs <- j
 			s.mu.Unlock()
-			s.jobs <- j // room for every sequence: never blocks
 			return j, nil
 		}
 		if last {
+			err := s.refuseLocked(need)
 			s.mu.Unlock()
-			return nil, s.refuse(need)
+			return nil, err
 		}
 		changed := s.changed
 		s.mu.Unlock()
@@ -212,10 +216,9 @@ func (s *Server) admit(ctx context.Context, prompt []int32, max int, sampler *Sa
 	}
 }
 
-// refuse counts a refusal of a request of need bytes, and returns ErrBusy.
-func (s *Server) refuse(need memapi.Bytes) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// refuseLocked counts a refusal of a request of need bytes, and returns
+// ErrBusy; s.mu is held.
+func (s *Server) refuseLocked(need memapi.Bytes) error {
 	s.stats.Refused++
 	if refused != nil {
 		refused(s.state == nil && len(s.free) > 0 && s.used+need <= s.opts.Budget)
