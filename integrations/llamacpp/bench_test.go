@@ -182,10 +182,7 @@ func memChild(stock bool) int {
 		}
 	}
 	var kv, reserved memapi.Bytes
-	var held []span
-	for _, b := range m.bufs {
-		held = append(held, span{uintptr(b.buf.Addr()), uintptr(b.buf.Size())})
-	}
+	held := m.spans()
 	for i := range 8 {
 		c, err := m.NewContext(ctx, ContextOptions{NCtx: 8192, Batch: batch, UBatch: ubatch})
 		if err != nil {
@@ -205,15 +202,7 @@ func memChild(stock bool) int {
 		// compute and output buffers.
 		kv += c.KV().Committed + c.Compute()
 		reserved += c.KV().Reserved
-		for _, t := range c.tensors {
-			held = append(held, span{uintptr(t.region.Addr()), uintptr(t.region.Cap())})
-		}
-		for _, b := range c.bufs {
-			held = append(held, span{uintptr(b.reserve.Addr()), uintptr(b.reserve.Cap())})
-		}
-		for _, h := range c.host {
-			held = append(held, span{uintptr(h.buf.Addr()), uintptr(h.buf.Size())})
-		}
+		held = append(held, c.spans()...)
 	}
 	rss, err := residentBytes()
 	if err != nil {

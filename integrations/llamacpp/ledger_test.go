@@ -218,10 +218,7 @@ func ledgerChild() int {
 	if err := outside("load"); err != nil {
 		return fail(err)
 	}
-	var held []span
-	for _, b := range m.bufs {
-		held = append(held, span{uintptr(b.buf.Addr()), uintptr(b.buf.Size())})
-	}
+	held := m.spans()
 	var kv, compute int64
 	for i := range ledgerContexts {
 		c, err := m.NewContext(ctx, ContextOptions{NCtx: ledgerNCtx})
@@ -246,15 +243,7 @@ func ledgerChild() int {
 		}
 		kv += int64(c.KV().Committed)
 		compute += int64(c.Compute())
-		for _, t := range c.tensors {
-			held = append(held, span{uintptr(t.region.Addr()), uintptr(t.region.Cap())})
-		}
-		for _, b := range c.bufs {
-			held = append(held, span{uintptr(b.reserve.Addr()), uintptr(b.reserve.Cap())})
-		}
-		for _, h := range c.host {
-			held = append(held, span{uintptr(h.buf.Addr()), uintptr(h.buf.Size())})
-		}
+		held = append(held, c.spans()...)
 	}
 	peak, err := statusField("VmHWM:")
 	if err != nil {

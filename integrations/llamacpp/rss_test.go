@@ -17,6 +17,32 @@ import (
 // span is a range of addresses [addr, addr+size).
 type span struct{ addr, size uintptr }
 
+// spans are the address ranges of the model's weight buffers.
+func (m *Model) spans() []span {
+	var out []span
+	for _, b := range m.bufs {
+		out = append(out, span{uintptr(b.buf.Addr()), uintptr(b.buf.Size())})
+	}
+	return out
+}
+
+// spans are the address ranges of the context's memory in pmm: its KV
+// tensors' regions and buffers' reservations (all of them, committed or
+// not: mincore counts what is resident), its compute and output buffers.
+func (c *Context) spans() []span {
+	var out []span
+	for _, t := range c.tensors {
+		out = append(out, span{uintptr(t.region.Addr()), uintptr(t.region.Cap())})
+	}
+	for _, b := range c.bufs {
+		out = append(out, span{uintptr(b.reserve.Addr()), uintptr(b.reserve.Cap())})
+	}
+	for _, h := range c.host {
+		out = append(out, span{uintptr(h.buf.Addr()), uintptr(h.buf.Size())})
+	}
+	return out
+}
+
 // rssParts is a process's resident set split by what maps it, read from
 // /proc/self/smaps (each mapping's Rss, file-backed ones by file) and, for
 // an anonymous mapping only partly inside a known range, mincore of that

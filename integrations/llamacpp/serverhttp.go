@@ -176,10 +176,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		s.fail(w, &apiError{status: http.StatusServiceUnavailable, Type: "unavailable", Msg: err.Error()})
 		return
 	}
-	id := fmt.Sprintf("cmpl-%d", completionIDs.Add(1))
-	object := "text_completion"
+	id, object := fmt.Sprintf("cmpl-%d", completionIDs.Add(1)), "text_completion"
 	if chat {
-		id, object = fmt.Sprintf("chatcmpl-%d", completionIDs.Add(1)), "chat.completion"
+		id, object = "chat"+id, "chat.completion"
 	}
 	created := time.Now().Unix()
 	var text utf8Buffer

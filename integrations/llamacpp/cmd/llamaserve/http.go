@@ -14,13 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/governor/promgov"
 	"github.com/memgen/memgen/integrations/llamacpp"
-	"github.com/memgen/memgen/mechanisms/cpu"
-	"github.com/memgen/memgen/pmm"
 )
 
 // serve runs the HTTP endpoint (llamacpp.Server) on listen until SIGINT or
@@ -31,28 +27,14 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads i
 	if err := llamacpp.Init(lib); err != nil {
 		return err
 	}
-	g := governor.New(governor.Options{})
-	defer g.Close()
-	mech, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: "host"})
+	h, err := newHost()
 	if err != nil {
 		return err
 	}
-	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = ectx.Close(ctx, true)
-	}()
-	mgr := pmm.New(g, pmm.Options{})
-	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	if err := g.AddAuthority("host", 1<<40); err != nil {
-		return err
-	}
-	if err := mgr.Register(pmm.Device{Key: host, Mechanism: mech, Context: ectx, Authority: "host"}); err != nil {
-		return err
-	}
+	defer h.close()
+	g := h.g
 	ctx := context.Background()
-	m, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: mgr, Governor: g, Device: host, Threads: threads, Name: "llama"})
+	m, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: threads, Name: "llama"})
 	if err != nil {
 		return err
 	}

@@ -54,12 +54,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/integrations/llamacpp"
 	"github.com/memgen/memgen/mechanisms/cpu"
-	"github.com/memgen/memgen/pmm"
 )
 
 type request struct{ prompt, gen int }
@@ -370,23 +367,13 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 	defer stock.Close(ctx)
 
 	// memgen: a governor whose authority is the weights plus the budget.
-	g := governor.New(governor.Options{})
-	defer g.Close()
-	mech, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: "host"})
+	h, err := newHost()
 	if err != nil {
 		return err
 	}
-	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
-	mgr := pmm.New(g, pmm.Options{})
-	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	if err := g.AddAuthority("host", 1<<40); err != nil {
-		return err
-	}
-	if err := mgr.Register(pmm.Device{Key: host, Mechanism: mech, Context: ectx, Authority: "host"}); err != nil {
-		return err
-	}
-	defer func() { _ = mgr.Close(ctx); _ = ectx.Close(ctx, true) }()
-	ours, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: mgr, Governor: g, Device: host, Threads: threads})
+	defer h.close()
+	g := h.g
+	ours, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: threads})
 	if err != nil {
 		return err
 	}
