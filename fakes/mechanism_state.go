@@ -390,6 +390,23 @@ func NewMechanism(cfg Config) *Mechanism {
 	return m
 }
 
+// Declaration is what the fake declares itself to be, as the spec declares
+// a real mechanism: its configured name, device kind and capabilities, and
+// granularity kind "device" (its granularities are what its Config says, as
+// a device's are what the device reports). The conformance suite checks the
+// fake against it; a mechanism with no declaration fails spec/name.
+func (m *Mechanism) Declaration() memapi.MechanismMeta {
+	cfg := m.state.cfg
+	return memapi.MechanismMeta{
+		Name:        cfg.Name,
+		Type:        "Mechanism",
+		Device:      cfg.Device.Kind.String(),
+		Offers:      cfg.Offers,
+		Granularity: "device",
+		Doc:         "A stateful fake, configured by fakes.Config.",
+	}
+}
+
 // absent is the error of a method of a capability the fake is configured
 // without: absent, never a silent no-op.
 func (m *Mechanism) absent(capability, method string) error {

@@ -609,6 +609,13 @@ capability value.`)
 		}
 	})
 	f.Var().Id("_").Add(c("Mechanism")).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
+	comment(f, `Unwrap returns the mechanism the wrapper wraps. Calls made on it bypass
+every check: it is for tools that identify the mechanism beneath (the
+conformance suite finds a wrapped mechanism's spec entry by the package of
+its type), never for memory operations.`)
+	f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("Unwrap").Params().Add(c("Mechanism")).Block(
+		Return(Id("m").Dot("inner")),
+	)
 	for _, cp := range optional {
 		comment(f, accessor(cp)+" returns the checked "+cp.Name+" when the wrapped mechanism offers it\nnow, and nil and false when it does not: never more than the mechanism offers.")
 		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id(accessor(cp)).Params().Params(c(cp.Name), Bool()).Block(

@@ -42,9 +42,17 @@ func checkMechanisms(p *project, stdout, stderr io.Writer) bool {
 	ok := true
 	var contractPkg *types.Package
 	for _, pkg := range pkgs {
-		for _, e := range packageErrors(pkg, p.root) {
+		errs := packageErrors(pkg, p.root)
+		for _, e := range errs {
 			fmt.Fprintln(stderr, e)
 			ok = false
+		}
+		if m := byPath[pkg.PkgPath]; m != nil && len(errs) > 0 {
+			noun := "errors"
+			if len(errs) == 1 {
+				noun = "error"
+			}
+			fmt.Fprintf(stderr, "%s: mechanism %s does not build (%d %s above)\n", m.Package, m.Name, len(errs), noun)
 		}
 		if pkg.PkgPath == contract {
 			contractPkg = pkg.Types

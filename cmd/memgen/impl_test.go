@@ -120,6 +120,15 @@ func TestImplementationCheck(t *testing.T) {
 		}
 	})
 
+	t.Run("does not build", func(t *testing.T) {
+		root := newModule(t, tinySpec)
+		mechanismSource(t, root, "mechanisms/plain", "Mechanism", "DeviceAllocator")
+		writeFile(t, root, "mechanisms/plain/broken.go", "package plain\n\nfunc broken() { undefinedThing() }\n")
+		code, stdout, stderr := check(t, root)
+		wantCode(t, code, exitSpec, stdout, stderr)
+		wantContains(t, stderr, "mechanisms/plain/broken.go:3:17: undefined: undefinedThing", "mechanisms/plain: mechanism plain does not build (1 error above)")
+	})
+
 	t.Run("declared type missing", func(t *testing.T) {
 		root := newModule(t, tinySpec)
 		mechanismSource(t, root, "mechanisms/plain", "Other", "DeviceAllocator")

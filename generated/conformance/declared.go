@@ -5,6 +5,7 @@ package conformance
 import (
 	"os"
 	"reflect"
+	"strings"
 
 	"github.com/memgen/memgen/generated/memapi"
 )
@@ -24,7 +25,11 @@ import (
 //     spec/name instead of skipping the others;
 //   - the spec's entry named Info().Mechanism.
 //
-// A mechanism with none of them (a fake, a test mechanism) skips them.
+// A wrapper that says what it wraps (the checked wrapper's Unwrap) is
+// looked through: the mechanism beneath is found as if it were the subject.
+// A mechanism with none of them fails spec/name, naming the spec's
+// mechanisms; nothing is skipped silently. A fake declares itself
+// (fakes.Mechanism.Declaration), and so can any test mechanism.
 
 func init() {
 	scenarios = append(scenarios,
@@ -44,20 +49,43 @@ func (e *env) declaration() (d memapi.MechanismMeta, from string, ok bool) {
 	if e.declaredBy != nil {
 		return *e.declaredBy, "Subject.Declared", true
 	}
-	if s, yes := e.m.(interface{ Declaration() memapi.MechanismMeta }); yes {
-		return s.Declaration(), "the mechanism's Declaration()", true
-	}
-	if pkg := typePackage(e.m); pkg != "" {
-		for _, m := range memapi.Meta.Mechanisms {
-			if module+"/"+m.Package == pkg {
-				return m, "the spec's entry for package " + m.Package, true
+	for m, depth := e.m, 0; m != nil && depth < maxUnwrap; depth++ {
+		if s, yes := m.(interface{ Declaration() memapi.MechanismMeta }); yes {
+			return s.Declaration(), "the mechanism's Declaration()", true
+		}
+		if pkg := typePackage(m); pkg != "" {
+			for _, d := range memapi.Meta.Mechanisms {
+				if module+"/"+d.Package == pkg {
+					return d, "the spec's entry for package " + d.Package, true
+				}
 			}
 		}
+		w, yes := m.(interface{ Unwrap() memapi.Mechanism })
+		if !yes {
+			break
+		}
+		m = w.Unwrap()
 	}
 	if m, yes := memapi.MechanismSpec(e.info.Mechanism); yes {
 		return m, "the spec", true
 	}
 	return memapi.MechanismMeta{}, "", false
+}
+
+// maxUnwrap bounds the wrappers looked through: a wrapper that unwraps to
+// itself must not hang the suite.
+const maxUnwrap = 16
+
+// specNames lists the mechanisms the spec declares, for an error message.
+func specNames() string {
+	var b strings.Builder
+	for i, d := range memapi.Meta.Mechanisms {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(string(d.Name))
+	}
+	return b.String()
 }
 
 // typePackage is the import path of the package m's type is defined in.
@@ -78,18 +106,19 @@ func (e *env) declared(t T) memapi.MechanismMeta {
 	t.Helper()
 	d, _, ok := e.declaration()
 	if !ok {
-		t.Skipf("mechanism %q has no declaration (the spec declares no mechanism of that name or package, and the subject declares none): nothing to compare with", e.info.Mechanism)
+		t.Skipf("mechanism %q has no declaration, which spec/name reports as a failure: nothing to compare with", e.info.Mechanism)
 	}
 	return d
 }
 
 // testSpecName: Info().Mechanism is the declared name. For a mechanism of
 // a package the spec declares, a mismatch fails here, where it used to make
-// every other spec subtest skip.
+// every other spec subtest skip; a mechanism with no declaration at all
+// fails here too, naming the spec's mechanisms.
 func testSpecName(t T, e *env) {
 	d, from, ok := e.declaration()
 	if !ok {
-		t.Skipf("mechanism %q has no declaration: nothing to compare with", e.info.Mechanism)
+		t.Fatalf("mechanism %q (type %T) matches no mechanism the spec declares (%s), by name or by the package of its type, and the subject declares none: report the spec's name (the generated constant SpecName of a mechanism's package), or set Subject.Declared for a mechanism the spec does not declare", e.info.Mechanism, e.m, specNames())
 	}
 	if d.Name != e.info.Mechanism {
 		t.Errorf("Info().Mechanism is %q, but %s declares the mechanism as %q (in a mechanism's package, report the generated constant SpecName)", e.info.Mechanism, from, d.Name)

@@ -36,7 +36,9 @@ func slowSubjects(delay time.Duration, hang bool, opTimeout time.Duration, calls
 		m := fakes.NewMechanism(fakes.Config{Offers: memapi.Of(memapi.CapDeviceAllocator)})
 		ctx := fakes.NewContext(m)
 		t.Cleanup(func() { _ = ctx.Close() })
+		d := m.Declaration()
 		return conformance.Subject{
+			Declared:  &d,
 			Mechanism: slowAllocator{Mechanism: m, delay: delay, hang: hang, calls: calls},
 			Context:   ctx,
 			Lacks:     memapi.Of(memapi.CapVirtualBacking, memapi.CapSharedMapping),

@@ -11,8 +11,8 @@ import (
 
 // TestDeclaredSubject is a Go mechanism of another module (the in-memory
 // one, which the spec does not declare): with Subject.Declared the spec
-// subtests run against its declaration instead of being skipped, pass when
-// it is true, and fail when it names another name or other offers.
+// subtests run against its declaration, pass when it is true, and fail when
+// it names another name or other offers; without it spec/name fails.
 func TestDeclaredSubject(t *testing.T) {
 	spec := []string{"spec/name", "spec/offers", "spec/device", "spec/granularity"}
 	record := func(d *memapi.MechanismMeta) *conformancetest.Results {
@@ -30,7 +30,10 @@ func TestDeclaredSubject(t *testing.T) {
 		}
 	}
 	undeclared := record(nil)
-	for _, n := range spec {
+	if !slices.Contains(undeclared.Failed(), "spec/name") {
+		t.Errorf("spec/name passed for a mechanism without any declaration")
+	}
+	for _, n := range spec[1:] {
 		if !slices.Contains(undeclared.Skipped(), n) {
 			t.Errorf("%s without any declaration was not skipped", n)
 		}

@@ -41,7 +41,11 @@ func (cfg Config) options() Options {
 // factory makes a fresh in-memory mechanism per subtest, changed by wrap,
 // and presents it as a mechanism of no declared package
 // (conformancetest.Undeclared): the spec/... subtests look it up by the name
-// it reports, as a test mechanism.
+// it reports. Under a name the spec declares ("cpu", "cuda") that is the
+// spec's entry; under any other the subject declares what the mechanism
+// really is (Subject.Declared: its name, host, its configured capabilities,
+// granularity kind "device"), as a test mechanism must: the suite fails a
+// mechanism with no declaration.
 func factory(cfg Config, wrap func(*Mechanism) memapi.Mechanism) conformance.FactoryT {
 	return func(t conformance.T) conformance.Subject {
 		m := New(cfg.options())
@@ -55,7 +59,11 @@ func factory(cfg Config, wrap func(*Mechanism) memapi.Mechanism) conformance.Fac
 		if wrap != nil {
 			mech = wrap(m)
 		}
-		return conformance.Subject{Mechanism: conformancetest.Undeclared(mech), Context: ctx}
+		s := conformance.Subject{Mechanism: conformancetest.Undeclared(mech), Context: ctx}
+		if _, inSpec := memapi.MechanismSpec(m.Info().Mechanism); !inSpec {
+			s.Declared = &memapi.MechanismMeta{Name: m.Info().Mechanism, Device: "Host", Offers: memapi.Negotiate(m), Granularity: "device"}
+		}
+		return s
 	}
 }
 
@@ -321,10 +329,17 @@ func TestSpecDisagreementsCaught(t *testing.T) {
 		}
 	})
 	t.Run("undeclared", func(t *testing.T) {
-		res := run(t, Config{})
+		res := conformancetest.Record(func(t conformance.T) conformance.Subject {
+			s := factory(Config{}, nil)(t)
+			s.Declared = nil
+			return s
+		})
+		if o, ok := res.Outcome("spec/name"); !ok || !o.Failed || !strings.Contains(strings.Join(o.Log, "\n"), "matches no mechanism the spec declares (cpu, cuda, example)") {
+			t.Errorf("spec/name: %+v, want a failure naming the spec's mechanisms", o)
+		}
 		for _, n := range specs {
 			if o, ok := res.Outcome(n); !ok || !o.Skipped {
-				t.Errorf("%s: %+v, want skipped for a mechanism the spec does not declare", n, o)
+				t.Errorf("%s: %+v, want skipped (spec/name fails) for a mechanism the spec does not declare", n, o)
 			}
 		}
 	})
