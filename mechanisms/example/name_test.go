@@ -61,4 +61,3 @@ func testMisnamed(t *testing.T, wrapped bool) {
 		t.Errorf("SpecName = %q, want the spec key example", SpecName)
 	}
 }
-
