@@ -30,6 +30,9 @@ commands:
              missing or are stale) and on mechanism packages that implement more
              or less than the spec declares
   doc        write docs/capabilities.md from the spec
+  new mechanism NAME
+             add a mechanism to the spec and write its starting point: a
+             package that compiles and runs the conformance suite
   plugin-check PATH.so
              load a C plugin by path and run the conformance suite on it,
              against its own descriptor; print a report (exit 1 on a failure)
@@ -81,21 +84,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cmd.flags != nil {
 		cmd.flags(fs, opts)
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			io.WriteString(stdout, flagOut.String())
-			return exitOK
+	// Flags may come before, between or after the positional arguments
+	// (memgen new mechanism arena -offers ...); after "--" everything is
+	// positional.
+	var positional []string
+	for rest := args[1:]; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				io.WriteString(stdout, flagOut.String())
+				return exitOK
+			}
+			io.WriteString(stderr, flagOut.String())
+			return exitUsage
 		}
-		io.WriteString(stderr, flagOut.String())
-		return exitUsage
+		if n := len(rest) - fs.NArg(); fs.NArg() == 0 || n > 0 && rest[n-1] == "--" {
+			positional = append(positional, fs.Args()...)
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
 	fs.SetOutput(stderr)
-	if fs.NArg() > 0 && !cmd.positional {
-		fmt.Fprintf(stderr, "memgen %s: unexpected arguments %q\n", args[0], fs.Args())
+	if len(positional) > 0 && !cmd.positional {
+		fmt.Fprintf(stderr, "memgen %s: unexpected arguments %q\n", args[0], positional)
 		fs.Usage()
 		return exitUsage
 	}
-	opts.args = fs.Args()
+	opts.args = positional
 	return cmd.run(opts, stdout, stderr)
 }
 
@@ -106,6 +121,9 @@ type options struct {
 	args       []string      // the positional arguments of a command that takes them
 	config     string        // plugin-check: the plugin's configuration string
 	callBound  time.Duration // plugin-check: the bound of every call into the plugin
+
+	// new mechanism: the spec entry's fields
+	newType, newPackage, newDevice, newOffers, newGranularity, newDoc string
 }
 
 type command struct {
