@@ -22,9 +22,10 @@
 // memctl fail at the timeout with exit code 1, naming that process and its
 // state.
 //
-// Exit codes: 0 ok (set-capacity applied or deferred), 1 a ledger error (a
-// missing, corrupt, truncated or foreign-version file is reported with its
-// kind), 2 usage error, 3 set-capacity refused the change (nothing
+// Exit codes, the same in memgen and memdemo: 0 done (set-capacity applied
+// or deferred), 1 a ledger error (a missing, corrupt, truncated or
+// foreign-version file is reported with its kind; a lock wait that timed
+// out), 2 a usage error, 3 set-capacity refused the change (nothing
 // changed).
 package main
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/memgen/memgen/governor/xproc"
 	"github.com/memgen/memgen/internal/bytesize"
+	"github.com/memgen/memgen/internal/clihelp"
 )
 
 const usage = `usage:
@@ -88,15 +89,21 @@ G/GiB, T/TiB, any case (64K, 512MiB, 1GiB, 1.5GiB).
 Sizes are printed in binary units (64MiB, 1.5GiB); --bytes prints plain byte
 counts. memctl VERB --help describes a verb, with an example.
 
-Exit codes: 0 done (set-capacity applied or deferred); 1 a ledger error (a
-missing, corrupt, truncated or foreign-version file, reported with its kind);
-2 a usage error (a bad DURATION too); 3 set-capacity refused the change (a
-stale REVISION, or a capacity the ledger cannot take): nothing changed.
+` + clihelp.ExitCodes + `memctl: 0 is set-capacity applied or deferred; 1 a ledger error (a missing,
+corrupt, truncated or foreign-version file, reported with its kind, or the
+lock's timeout); 2 a bad DURATION too; 3 set-capacity refused the change (a
+stale REVISION, or a capacity the ledger cannot take).
 `
 
-// exitRefused is set-capacity's exit code when the ledger refused the
-// change: a script can tell it from one that was applied.
-const exitRefused = 3
+// The exit codes, shared with memgen and memdemo (clihelp.ExitCodes).
+const (
+	exitOK     = clihelp.ExitOK
+	exitLedger = clihelp.ExitFailed
+	exitUsage  = clihelp.ExitUsage
+	// exitRefused is set-capacity's exit code when the ledger refused the
+	// change: a script can tell it from one that was applied.
+	exitRefused = clihelp.ExitRefused
+)
 
 // run is the command with its arguments and outputs: its exit code.
 func run(args []string, stdout, stderr io.Writer) int {
@@ -105,11 +112,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			for _, v := range args {
 				if h, ok := verbHelp[v]; ok {
 					fmt.Fprint(stdout, h)
-					return 0
+					return exitOK
 				}
 			}
 			fmt.Fprint(stdout, help)
-			return 0
+			return exitOK
 		}
 	}
 	size := human
@@ -122,7 +129,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) == 1 && args[0] == "help" {
 		fmt.Fprint(stdout, help)
-		return 0
+		return exitOK
 	}
 	timeout := xproc.DefaultLockTimeout
 	if len(args) > 0 && (args[0] == "--timeout" || strings.HasPrefix(args[0], "--timeout=")) {
@@ -130,14 +137,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if args[0] == "--timeout" {
 			if len(rest) == 0 {
 				fmt.Fprint(stderr, usage)
-				return 2
+				return exitUsage
 			}
 			v, rest = rest[0], rest[1:]
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
 			fmt.Fprintf(stderr, "memctl: timeout %q is not a positive duration (e.g. 2s, 500ms)\n", v)
-			return 2
+			return exitUsage
 		}
 		timeout, args = d, rest
 	}
@@ -145,7 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	if len(args) < 2 {
 		fmt.Fprint(stderr, usage)
-		return 2
+		return exitUsage
 	}
 	path := args[1]
 	switch {
@@ -153,27 +160,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		h, slots, err := xproc.InspectContext(ctx, path)
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 1
+			return exitLedger
 		}
 		show(stdout, path, h, slots, size)
-		return 0
+		return exitOK
 	case args[0] == "set-capacity" && (len(args) == 3 || len(args) == 4):
 		capacity, err := parseBytes(args[2])
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 2
+			return exitUsage
 		}
 		var rev uint64
 		if len(args) == 4 {
 			if rev, err = strconv.ParseUint(args[3], 10, 64); err != nil || rev == 0 {
 				fmt.Fprintf(stderr, "memctl: revision %q is not a revision: revisions start at 1 (memctl show %s prints the current one)\n", args[3], path)
-				return 2
+				return exitUsage
 			}
 		}
 		ch, err := xproc.SetCapacityContext(ctx, path, capacity, rev)
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 1
+			return exitLedger
 		}
 		fmt.Fprintf(stdout, "%s: revision %d, capacity %s, claimed %s", ch.Outcome, ch.Revision, size(ch.Capacity), size(ch.Claimed))
 		switch ch.Outcome {
@@ -188,45 +195,45 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitRefused
 		}
 		fmt.Fprintln(stdout)
-		return 0
+		return exitOK
 	case args[0] == "create" && len(args) >= 3 && len(args) <= 5:
 		capacity, err := parseBytes(args[2])
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 2
+			return exitUsage
 		}
 		c := xproc.CreateOptions{Capacity: capacity}
 		if len(args) >= 4 {
 			if c.Slots, err = strconv.Atoi(args[3]); err != nil {
 				fmt.Fprintf(stderr, "memctl: slots %q is not an integer\n", args[3])
-				return 2
+				return exitUsage
 			}
 		}
 		if len(args) == 5 {
 			if c.Group, err = strconv.Atoi(args[4]); err != nil {
 				fmt.Fprintf(stderr, "memctl: gid %q is not an integer\n", args[4])
-				return 2
+				return exitUsage
 			}
 			c.Mode = 0o660
 		}
 		if _, err := os.Stat(path); err == nil {
 			fmt.Fprintf(stderr, "memctl: %s exists\n", path)
-			return 1
+			return exitLedger
 		}
 		l, err := xproc.OpenContext(ctx, path, xproc.Options{Create: &c})
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 1
+			return exitLedger
 		}
 		if err := l.CloseContext(ctx); err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
-			return 1
+			return exitLedger
 		}
 		fmt.Fprintf(stdout, "created %s: capacity %s\n", path, size(capacity))
-		return 0
+		return exitOK
 	}
 	fmt.Fprint(stderr, usage)
-	return 2
+	return exitUsage
 }
 
 func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot, size func(uint64) string) {

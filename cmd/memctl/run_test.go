@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/clihelp"
 )
 
 func memctl(args ...string) (int, string, string) {
@@ -144,7 +145,7 @@ func TestRefusedSetCapacityExitsNonZero(t *testing.T) {
 		t.Fatalf("applied: exit %d %q", code, out)
 	}
 	code, out, _ := memctl("set-capacity", path, "256MiB", "1")
-	if code != 3 || !strings.HasPrefix(out, "refused") {
+	if code != clihelp.ExitRefused || !strings.HasPrefix(out, "refused") {
 		t.Fatalf("stale revision: exit %d %q, want 3 and refused", code, out)
 	}
 	// The refusal names the current revision and the command to retry.
@@ -168,7 +169,7 @@ func TestHelpSaysWhatPathIs(t *testing.T) {
 		if code != 0 || e != "" {
 			t.Fatalf("%q: exit %d, stderr %q", args, code, e)
 		}
-		for _, want := range []string{"PATH is the ledger file", "/dev/shm", "3 set-capacity refused the change", "1GiB"} {
+		for _, want := range []string{"PATH is the ledger file", "/dev/shm", "3 set-capacity refused the change", "1GiB", clihelp.ExitCodes} {
 			if !strings.Contains(out, want) {
 				t.Errorf("%q: help lacks %q:\n%s", args, want, out)
 			}

@@ -121,7 +121,7 @@ func parseSize(s string) (memapi.Bytes, error) {
 // bytes with the unit B (0 is "0").
 func formatSize(n memapi.Bytes) string { return bytesize.Format(uint64(n)) }
 
-// ErrUsage marks a command-line error (exit status 2).
+// ErrUsage marks a command-line error (exit status clihelp.ExitUsage).
 var ErrUsage = errors.New("usage")
 
 // usageError is a command-line error: its message is the problem alone
@@ -154,6 +154,7 @@ Usage: memdemo [flags]
 Flags:
 `)
 		clihelp.Flags(out, fs)
+		fmt.Fprint(out, "\n"+clihelp.ExitCodes+"memdemo: 1 is a failed check or a run that could not complete (--mechanism\ncuda without CUDA: the typed unavailable error); it never refuses (3).\n")
 	}
 	fs.StringVar(&c.Trace, "trace", c.Trace, "`CSV` trace in the Azure LLM trace format (default: the embedded excerpt, first 2,000 requests of the Azure LLM inference trace 2023)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "replay only the first `N` requests (0: all)")

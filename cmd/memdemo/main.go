@@ -24,10 +24,11 @@
 //	memdemo --trace AzureLLMInferenceTrace_conv.csv --progress line
 //	memdemo --metrics-addr localhost:9464 --speedup 20
 //
-// The exit status is 0 when every request was served and every check
-// passed, 1 when a check failed or the run could not complete (--mechanism
-// cuda on a machine without CUDA fails here with the typed unavailable
-// error), and 2 on a usage error.
+// The exit status, with the same meanings as memgen's and memctl's, is 0
+// when every request was served and every check passed, 1 when a check
+// failed or the run could not complete (--mechanism cuda on a machine
+// without CUDA fails here with the typed unavailable error), and 2 on a
+// usage error.
 package main
 
 import (
@@ -48,6 +49,7 @@ import (
 
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/governor/promgov"
+	"github.com/memgen/memgen/internal/clihelp"
 	"github.com/memgen/memgen/memreport"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -64,27 +66,27 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		return 0
+		return clihelp.ExitOK
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "memdemo: %v\nRun memdemo --help for the flags.\n", err)
-		return 2
+		return clihelp.ExitUsage
 	}
 	o, systems, err := demo(ctx, cfg, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "memdemo: %v\n", err)
-		return 1
+		return clihelp.ExitFailed
 	}
 	if o.Failures > 0 || o.Served+o.Rejected != o.Requests || o.Leaks > 0 {
 		fmt.Fprintf(stderr, "memdemo: %d check(s) failed, %d of %d requests served, %d leaked handles\n", o.Failures, o.Served, o.Requests, o.Leaks)
-		return 1
+		return clihelp.ExitFailed
 	}
 	for _, s := range systems {
 		if s.Name == ReserveOracle.String() && o.PeakConcurrent < 2*s.PeakConcurrent {
 			fmt.Fprintf(stderr, "memdemo: note: %d peak concurrent requests is less than twice static-oracle's %d at this budget\n", o.PeakConcurrent, s.PeakConcurrent)
 		}
 	}
-	return 0
+	return clihelp.ExitOK
 }
 
 // demo runs the whole demo with cfg: it loads the trace, serves metrics if

@@ -19,6 +19,7 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/internal/clihelp"
 	"github.com/memgen/memgen/memreport"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
@@ -361,6 +362,7 @@ func TestRunExitStatus(t *testing.T) {
 	errb.Reset()
 	require.Equal(t, 0, run(context.Background(), []string{"--help"}, &out, &errb))
 	require.Contains(t, out.String(), "-compare-static")
+	require.Contains(t, out.String(), clihelp.ExitCodes, "the exit codes memgen and memctl document too")
 	errb.Reset()
 	none := filepath.Join(t.TempDir(), "none.csv")
 	require.Equal(t, 1, run(context.Background(), []string{"--trace", none}, &out, &errb))

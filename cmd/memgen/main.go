@@ -11,7 +11,9 @@
 //	                  binary was built with (runtime/debug build information)
 //	memgen help [cmd] the commands, or one command's flags
 //
-// Exit codes: 0 ok, 1 spec or drift error, 2 usage error.
+// Exit codes, the same in memctl and memdemo: 0 done, 1 a spec, drift or
+// check error (a failed plugin-check too), 2 a usage error, 3 refused
+// (memgen new: the name or the directory is taken; nothing written).
 package main
 
 import (

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/gen"
+	"github.com/memgen/memgen/internal/clihelp"
 )
 
 // memgen runs the command in-process and returns its exit code and output.
@@ -116,6 +117,17 @@ func wantContains(t *testing.T, out string, subs ...string) {
 		if !strings.Contains(out, s) {
 			t.Errorf("output lacks %q:\n%s", s, out)
 		}
+	}
+}
+
+// TestExitCodesDocumented: memgen's help gives the exit codes memctl and
+// memdemo give, and its constants are theirs.
+func TestExitCodesDocumented(t *testing.T) {
+	code, stdout, _ := memgen(t, "--help")
+	wantCode(t, code, clihelp.ExitOK, stdout, "")
+	wantContains(t, stdout, clihelp.ExitCodes)
+	if exitOK != clihelp.ExitOK || exitSpec != clihelp.ExitFailed || exitUsage != clihelp.ExitUsage || exitRefused != clihelp.ExitRefused {
+		t.Error("memgen's exit codes differ from the shared ones")
 	}
 }
 

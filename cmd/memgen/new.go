@@ -29,8 +29,9 @@ func init() {
 			"the checked wrapper. The package compiles and memgen check passes at once;\n" +
 			"every method still to be written returns an ErrUnsupported error saying\n" +
 			"so, and go test fails naming each until it is written.\n\n" +
-			"Refuses (exit 1, nothing written) a name the spec already has, a package\n" +
-			"directory that already holds Go files, and an entry the spec rejects.",
+			"Refuses (exit 3, nothing written) a name the spec already has and a package\n" +
+			"directory that already holds Go files; flags that make an entry the spec\n" +
+			"rejects are a usage error (exit 2, nothing written).",
 		flags: func(fs *flag.FlagSet, o *options) {
 			fs.StringVar(&o.newType, "type", "Mechanism", "the exported type to write; *TYPE is the mechanism")
 			fs.StringVar(&o.newPackage, "package", "", "the module-relative package directory (default mechanisms/NAME)")
@@ -66,7 +67,7 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 	for _, m := range p.spec.Mechanisms {
 		if m.Name == name {
 			fmt.Fprintf(stderr, "memgen new: the spec already declares mechanism %s (package %s): nothing written\n", name, m.Package)
-			return exitSpec
+			return exitRefused
 		}
 	}
 	dir := o.newPackage
@@ -76,7 +77,7 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 	dir = path.Clean(filepath.ToSlash(dir))
 	if gos, _ := filepath.Glob(filepath.Join(p.root, filepath.FromSlash(dir), "*.go")); len(gos) > 0 {
 		fmt.Fprintf(stderr, "memgen new: %s already holds Go files (%s): nothing written; choose another -package\n", dir, filepath.Base(gos[0]))
-		return exitSpec
+		return exitRefused
 	}
 	specPath := filepath.Join(p.root, filepath.FromSlash(o.spec))
 	old, err := os.ReadFile(specPath)
@@ -101,8 +102,8 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 	// The new spec must load and generate before anything is written.
 	s, err := gen.Load(filepath.ToSlash(o.spec), updated)
 	if err != nil {
-		fmt.Fprintf(stderr, "memgen new: the spec rejects the entry, nothing written:\n%v\n", err)
-		return exitSpec
+		fmt.Fprintf(stderr, "memgen new: the spec rejects the entry the flags make, nothing written:\n%v\n", err)
+		return exitUsage
 	}
 	p.spec = s
 	skel, err := gen.Skeleton(s, gen.Config{Module: p.module, Root: p.root}, name)

@@ -50,12 +50,12 @@ func TestNewMechanismRefuses(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"plain"}, exitSpec, "the spec already declares mechanism plain (package mechanisms/plain): nothing written"},
+		{[]string{"plain"}, exitRefused, "the spec already declares mechanism plain (package mechanisms/plain): nothing written"},
 		{[]string{"Bad-Name"}, exitUsage, `mechanism name "Bad-Name": want lower-case letters and digits`},
-		{[]string{"gpu", "-device", "TPU"}, exitSpec, "the spec rejects the entry, nothing written"},
-		{[]string{"gpu", "-offers", "VirtualBacking"}, exitSpec, "the spec rejects the entry, nothing written"},
-		{[]string{"taken"}, exitSpec, "mechanisms/taken already holds Go files (taken.go): nothing written"},
-		{[]string{"gpu", "-package", "mechanisms/taken"}, exitSpec, "mechanisms/taken already holds Go files"},
+		{[]string{"gpu", "-device", "TPU"}, exitUsage, "the spec rejects the entry the flags make, nothing written"},
+		{[]string{"gpu", "-offers", "VirtualBacking"}, exitUsage, "the spec rejects the entry the flags make, nothing written"},
+		{[]string{"taken"}, exitRefused, "mechanisms/taken already holds Go files (taken.go): nothing written"},
+		{[]string{"gpu", "-package", "mechanisms/taken"}, exitRefused, "mechanisms/taken already holds Go files"},
 		{nil, exitUsage, "want: memgen new mechanism NAME"},
 	} {
 		args := append([]string{"new", "mechanism"}, c.args...)

@@ -15,10 +15,12 @@ import (
 	"golang.org/x/mod/modfile"
 )
 
+// The exit codes, shared with memctl and memdemo (clihelp.ExitCodes).
 const (
-	exitOK    = 0
-	exitSpec  = 1
-	exitUsage = 2
+	exitOK      = clihelp.ExitOK
+	exitSpec    = clihelp.ExitFailed // a spec, drift or check error
+	exitUsage   = clihelp.ExitUsage
+	exitRefused = clihelp.ExitRefused // memgen new: the name or the directory is taken
 )
 
 const usage = `usage: memgen <command> [flags]
@@ -41,7 +43,9 @@ commands:
 
 Run memgen <command> --help (or memgen help <command>) for a command's
 flags and an example.
-Exit codes: 0 ok, 1 spec, drift or check error, 2 usage error.
+
+` + clihelp.ExitCodes + `memgen: 1 is a spec, drift or check error or a failed plugin-check; 3 is
+memgen new refusing a name or a directory already taken.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
