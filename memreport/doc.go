@@ -1,5 +1,8 @@
 // Package memreport turns a governor's ledger into a memory report: a
-// self-contained HTML page with a timeline of every authority's ledger
+// self-contained HTML page that opens with the verdict of the program's
+// checks (Recorder.Check), then its tables (Recorder.Table: a comparison
+// with baselines), then the checks one by one, then a timeline of every
+// authority's ledger
 // (one stacked area per holder, labelled with its role, its cache paler
 // above the rest of its charge when it reports one, the bytes pending
 // free and reserved on top, the capacity as a line, events marked) that the
@@ -20,6 +23,7 @@
 //	...
 //	rec.Sample(g.Snapshot()) // at each step, or on a timer
 //	rec.Annotate(memreport.Annotation{...}) // the program's own events
+//	rec.Check("ledger identity", failures == 0, "0 failures in 812 audits")
 //	rec.Span("request 7", "request", start, end) // for the trace export
 //	...
 //	rec.End(g.Snapshot()) // the ledger the tables show, before closing

@@ -50,6 +50,7 @@ type Recorder struct {
 	auths   map[memapi.AuthorityID]*timeline
 	roles   map[governor.HolderID]map[string]struct{}
 	notes   []Note
+	checks  []Check
 	tables  []Table
 	data    map[string]any
 	latest  governor.Snapshot
@@ -176,6 +177,16 @@ func (r *Recorder) Note(label, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.notes = append(r.notes, Note{Key: snakeCase(label), Label: label, Text: text})
+}
+
+// Check adds one of the program's pass/fail checks, in the order given:
+// the page opens with the verdict (every check passed, or which failed)
+// and lists them after the program's tables. Its JSON key is label in
+// snake_case.
+func (r *Recorder) Check(label string, passed bool, text string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.checks = append(r.checks, Check{Key: snakeCase(label), Label: label, Passed: passed, Text: text})
 }
 
 // Table adds a table of the program's own, drawn at the top of the

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -40,7 +41,9 @@ const (
 )
 
 const style = `body{font-family:sans-serif;margin:16px 2vw;color:#222;background:#fff}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px}h3{font-size:15px;margin:14px 0 4px}
+h1{font-size:22px;margin:0 0 4px}.verdict{font-size:16px;font-weight:bold;margin:4px 0 8px;padding:4px 8px;display:inline-block}
+.verdict.pass{background:#e3f1e3;color:#1d5e20}.verdict.fail{background:#fbe3e1;color:#8a1c12}
+td.pass{color:#1d5e20;font-weight:bold}td.fail{color:#8a1c12;font-weight:bold}h2{font-size:18px;margin:28px 0 6px}h3{font-size:15px;margin:14px 0 4px}
 p.sub{color:#555;margin:0 0 12px;font-size:13px;max-width:75em}
 table{border-collapse:collapse;font-size:13px;margin:6px 0 12px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -73,7 +76,9 @@ var script string
 
 // WriteHTML writes the report as a self-contained HTML page (XHTML syntax,
 // so it is well-formed XML; no external scripts, styles or fonts): the
-// holder toggles and zoom controls, per authority a chart of the ledger
+// verdict of the program's checks, its tables (a comparison with
+// baselines), the checks one by one, the holder toggles and zoom
+// controls, per authority a chart of the ledger
 // over time with a cursor readout, the per-holder peak, mean and final
 // bytes and the events table, then the summary notes and the ledger at the
 // end of the work. The charts are drawn in Go and redrawn by the page's
@@ -85,11 +90,13 @@ func (rep Report) WriteHTML(w io.Writer) error {
 	p("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n")
 	p("<title>%s</title>\n<style>%s</style>\n</head>\n<body>\n", esc(rep.Title), style)
 	p("<h1>%s</h1>\n", esc(rep.Title))
+	writeVerdict(bw, rep)
+	writeTables(bw, rep)
+	writeChecks(bw, rep)
 	if !rep.Start.IsZero() {
 		p("<p class=\"sub\">Times are seconds since %s. Stacked areas: each holder's charged bytes (the steadiest at the bottom; the part a holder reports as cache, such as a caching pool's free blocks, paler above the bytes it uses), then the bytes pending free (released, waiting for device fences) and the bytes reserved by open grants; the dashed line is the capacity; ticks above the plot mark events (red: pressure, orange: tickets, purple: offloads, blue: reloads, brown: preemptions), listed with the routine ones (reservations waiting and served) in each authority's events table; click a tick or a row to find the other.</p>\n",
 			esc(rep.Start.UTC().Format("2006-01-02 15:04:05.000 UTC")))
 	}
-	writeTables(bw, rep)
 	colours := holderColours(rep)
 	writeControls(bw, rep, colours)
 	for _, tl := range rep.Authorities {
@@ -229,15 +236,7 @@ func writeEvents(w *bufio.Writer, tl Timeline) {
 	p("</tbody></table></div>\n")
 }
 
-func wallDuration(s float64) string {
-	switch {
-	case s < 1e-3:
-		return strconv.FormatFloat(s*1e6, 'f', 0, 64) + " \u00b5s"
-	case s < 1:
-		return strconv.FormatFloat(s*1e3, 'f', 2, 64) + " ms"
-	}
-	return strconv.FormatFloat(s, 'f', 3, 64) + " s"
-}
+func wallDuration(s float64) string { return FormatDuration(time.Duration(s * 1e9)) }
 
 // chartData is what the page's script draws: per authority, the layers in
 // stack order with their colours, the capacity and the events.
@@ -564,6 +563,37 @@ func FormatBytes(n memapi.Bytes) string {
 	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64) + " " + units[i]
 }
 
+// FormatDuration formats a duration in the unit that suits it, with three
+// significant digits: "830 ns", "12.3 µs", "1.45 ms", "2.50 s". A latency
+// reads at a glance, where time.Duration's own form prints every digit
+// ("1.234567ms").
+func FormatDuration(d time.Duration) string {
+	if d < 0 {
+		return "-" + FormatDuration(-d)
+	}
+	v, unit := float64(d), "ns"
+	for _, u := range []struct {
+		scale float64
+		name  string
+	}{{1e9, "s"}, {1e6, "ms"}, {1e3, "\u00b5s"}} {
+		if float64(d) >= u.scale {
+			v, unit = float64(d)/u.scale, u.name
+			break
+		}
+	}
+	if unit == "ns" {
+		return strconv.FormatInt(int64(d), 10) + " ns"
+	}
+	digits := 2
+	switch {
+	case v >= 100:
+		digits = 0
+	case v >= 10:
+		digits = 1
+	}
+	return strconv.FormatFloat(v, 'f', digits, 64) + " " + unit
+}
+
 // niceCeil rounds v up to a round byte figure (a small round multiple of a
 // power of 1024), so the axis ticks read well.
 func niceCeil(v memapi.Bytes) memapi.Bytes {
@@ -610,6 +640,44 @@ func timeTicks(tmax float64) []float64 {
 		out = append(out, math.Round(t/step)*step)
 	}
 	return out
+}
+
+// writeVerdict writes the line the page opens with, under its title: every
+// check passed, or how many failed and which. A report without checks has
+// none.
+func writeVerdict(w *bufio.Writer, rep Report) {
+	if len(rep.Checks) == 0 {
+		return
+	}
+	var failed []string
+	for _, c := range rep.Checks {
+		if !c.Passed {
+			failed = append(failed, c.Label)
+		}
+	}
+	if len(failed) == 0 {
+		fmt.Fprintf(w, "<p class=\"verdict pass\" id=\"verdict\">PASS: all %d checks passed</p>\n", len(rep.Checks))
+		return
+	}
+	fmt.Fprintf(w, "<p class=\"verdict fail\" id=\"verdict\">FAIL: %d of %d checks failed: %s</p>\n", len(failed), len(rep.Checks), esc(strings.Join(failed, ", ")))
+}
+
+// writeChecks writes the checks, each with its result, after the
+// program's tables and before the charts.
+func writeChecks(w *bufio.Writer, rep Report) {
+	if len(rep.Checks) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("<h2>Checks</h2>\n<div class=\"wide\"><table class=\"checks\">\n")
+	for _, c := range rep.Checks {
+		result, class := "pass", "pass"
+		if !c.Passed {
+			result, class = "FAIL", "fail"
+		}
+		p("<tr data-key=\"%s\"><td class=\"%s\">%s</td><td class=\"k\">%s</td><td class=\"k\">%s</td></tr>\n", esc(c.Key), class, result, esc(c.Label), esc(c.Text))
+	}
+	p("</table></div>\n")
 }
 
 // writeTables writes the program's tables (a comparison with baselines,

@@ -14,8 +14,8 @@ import (
 // Version is the version of the JSON snapshot's layout, its "version"
 // field; report.schema.json describes it. Version 3 split each holder's
 // charge into in use, cached and quarantined bytes; version 4 added the
-// program's tables (Tables).
-const Version = 4
+// program's tables (Tables); version 5 its checks (Checks).
+const Version = 5
 
 // Report is the data of a memory report: what WriteJSON writes and
 // WriteHTML draws. Every key of its JSON form is snake_case, every figure
@@ -28,6 +28,9 @@ type Report struct {
 	// the report is in seconds since Start.
 	Start time.Time `json:"start"`
 	Notes []Note    `json:"notes"`
+	// Checks are the program's pass/fail checks (Recorder.Check): the
+	// page's verdict, at its top.
+	Checks []Check `json:"checks"`
 	// Tables are the program's own tables (Recorder.Table), drawn at the
 	// top of the page, before the charts.
 	Tables []Table `json:"tables"`
@@ -52,6 +55,15 @@ type Table struct {
 	Caption string     `json:"caption"` // how to read it (units, which way a ratio reads); may be empty
 	Columns []string   `json:"columns"` // the header; the first column labels the rows
 	Rows    [][]string `json:"rows"`    // each as many cells as Columns
+}
+
+// Check is one of the program's pass/fail checks, such as "the ledger
+// equals the mechanism at every audit".
+type Check struct {
+	Key    string `json:"key"`   // the label in snake_case
+	Label  string `json:"label"` // as the page shows it
+	Passed bool   `json:"passed"`
+	Text   string `json:"text"` // what was checked and found
 }
 
 // Note is one row of the summary table.
@@ -204,6 +216,7 @@ func (r *Recorder) Report() Report {
 		TimeLabel:    r.opts.TimeLabel,
 		Start:        r.start,
 		Notes:        append([]Note{}, r.notes...),
+		Checks:       append([]Check{}, r.checks...),
 		Tables:       append([]Table{}, r.tables...),
 		Data:         maps.Clone(r.data),
 		Authorities:  []Timeline{},

@@ -460,3 +460,12 @@ func TestFormatBytes(t *testing.T) {
 	require.Equal(t, memapi.Bytes(0), niceCeil(0))
 	require.Equal(t, memapi.Bytes(5<<30), niceCeil(5<<30))
 }
+
+func TestFormatDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0 ns", 830: "830 ns", 999: "999 ns", 1000: "1.00 µs", 12345: "12.3 µs", 123456: "123 µs",
+		1234567: "1.23 ms", 45 * time.Millisecond: "45.0 ms", 2500 * time.Millisecond: "2.50 s", -1500: "-1.50 µs",
+	} {
+		require.Equal(t, want, FormatDuration(d), "%d ns", int64(d))
+	}
+}

@@ -19,6 +19,7 @@ func fullScenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	rec, snaps := scenario(t)
 	last := snaps[len(snaps)-1]
 	rec.Note("Requests served", "42 of 42")
+	rec.Check("Ledger identity", true, "0 failures in 12 checks")
 	rec.Table(Table{Key: "Comparison", Title: "memgen against the baselines", Caption: "memgen ÷ baseline",
 		Columns: []string{"system", "peak", "memgen ÷ it"}, Rows: [][]string{{"paged", "3", "1.02x"}, {"static-max", "1"}}})
 	rec.Data("run", map[string]any{"requests": 42, "kv_util_mean": 0.97, "systems": []any{map[string]any{"name": "paged", "peak_concurrent": 3}}})
@@ -74,7 +75,7 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 	// The schema rejects what the old snapshot did.
 	for name, edit := range map[string]func(string) string{
 		"events null":     func(s string) string { return strings.Replace(s, `"events": [`, `"events": null, "x": [`, 1) },
-		"no version":      func(s string) string { return strings.Replace(s, `"version": 4,`, ``, 1) },
+		"no version":      func(s string) string { return strings.Replace(s, `"version": 5,`, ``, 1) },
 		"a Go field name": func(s string) string { return strings.Replace(s, `"capacity": [`, `"Capacity": [`, 1) },
 		"a number as prose": func(s string) string {
 			return regexp.MustCompile(`"samples": \d+`).ReplaceAllString(s, `"samples": "7"`)
@@ -82,7 +83,8 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 		"a key with spaces": func(s string) string {
 			return strings.Replace(s, `"key": "requests_served"`, `"key": "  requests served"`, 1)
 		},
-		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 4,`, `"version": 3,`, 1) },
+		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 5,`, `"version": 4,`, 1) },
+		"a check without its result": func(s string) string { return strings.Replace(s, `"passed": true,`, ``, 1) },
 		"a holder without its split": func(s string) string {
 			return regexp.MustCompile(`"in_use": \d+,`).ReplaceAllString(s, ``)
 		},

@@ -34,3 +34,33 @@ func TestTablesAtTheTop(t *testing.T) {
 	require.Equal(t, "comparison", rep.Tables[0].Key)
 	require.Equal(t, []string{"static-max", "1", ""}, rep.Tables[0].Rows[1], "a short row is padded")
 }
+
+// The page opens with the verdict of the program's checks, then its
+// tables, then the checks one by one, then the charts; a failed check is
+// named in the verdict.
+func TestVerdictFirstThenComparisonThenChecks(t *testing.T) {
+	rec, _ := fullScenario(t)
+	rec.Check("Requests served", true, "42 of 42")
+	page := func() string {
+		var b bytes.Buffer
+		require.NoError(t, rec.WriteHTML(&b))
+		return b.String()
+	}
+	html := page()
+	order := []string{`<h1>`, `<p class="verdict pass" id="verdict">PASS: all 2 checks passed</p>`,
+		`<table class="program" data-key="comparison">`, `<table class="checks">`, `class="toggles"`, "<svg", `<table class="notes"`}
+	at := -1
+	for _, s := range order {
+		i := strings.Index(html, s)
+		require.Positive(t, i, s)
+		require.Less(t, at, i, "%s is out of order", s)
+		at = i
+	}
+	rec.Check("Leaked handles", false, "3 handles left open")
+	html = page()
+	require.Contains(t, html, `<p class="verdict fail" id="verdict">FAIL: 1 of 3 checks failed: Leaked handles</p>`)
+	require.Contains(t, html, `<tr data-key="leaked_handles"><td class="fail">FAIL</td>`)
+	var empty bytes.Buffer
+	require.NoError(t, New(Options{}).WriteHTML(&empty))
+	require.NotContains(t, empty.String(), `class="verdict`, "no checks, no verdict")
+}

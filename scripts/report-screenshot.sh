@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # report-screenshot.sh renders a memgen memory report (the self-contained
 # HTML file memdemo --report writes, or any memreport output) in headless
-# Chromium: screenshots at 1600 and 800 px wide, and, with --check, the
+# Chromium: screenshots at 1600 and 800 px wide and at 1280x800, and, with --check, the
 # page's interactive state checked in the browser.
 #
 #   scripts/report-screenshot.sh [--install] [--check] [--view FRAGMENT] [REPORT.html] [OUT]
 #
-# It writes OUT.png (1600 px wide) and OUT-800.png (800 px wide); OUT
+# It writes OUT.png (1600 px wide), OUT-800.png (800 px wide) and
+# OUT-1280x800.png (what a 1280x800 screen shows before any scrolling); OUT
 # defaults to the report's path without .html. --view 't0=100&t1=130&cursor=118'
 # also writes OUT-view.png (1600 px) of the page opened on that view (the
 # page's URL fragment: t0, t1, hide=HOLDER,..., cursor, kinds=KIND,...). When the report does not
@@ -93,7 +94,7 @@ headless() {
 		--hide-scrollbars --user-data-dir="$profile" "$@" 2>/dev/null
 }
 
-shots=("1600 1300 $abs_out.png" "800 1700 $abs_out-800.png")
+shots=("1600 1300 $abs_out.png" "800 1700 $abs_out-800.png" "1280 800 $abs_out-1280x800.png")
 if [[ -n "$view" ]]; then
 	shots+=("1600 1000 $abs_out-view.png #$view")
 fi

@@ -36,6 +36,8 @@ func ratio(a, b float64) string {
 
 func fmtDuration(d time.Duration) string { return d.Round(100 * time.Millisecond).String() }
 
+func fmtLatency(d time.Duration) string { return memreport.FormatDuration(d) }
+
 // summaryRows builds the summary of a run.
 func summaryRows(cfg Config, o *Outcome) []row {
 	kernel := "n/a (not a CPU mechanism)"
@@ -74,6 +76,23 @@ func summaryRows(cfg Config, o *Outcome) []row {
 	return rows
 }
 
+// check is one pass/fail check of a run: the report's verdict lists them,
+// and the exit status is 1 when any fails.
+type check struct {
+	label  string
+	passed bool
+	text   string
+}
+
+// runChecks are the checks a run must pass.
+func runChecks(o *Outcome) []check {
+	return []check{
+		{"ledger identity", o.Failures == 0, fmt.Sprintf("%d failures in %d audits (the governor's figures equal the mechanism's, every step, every authority)", o.Failures, o.Checks)},
+		{"every request answered", o.Served+o.Rejected == o.Requests, fmt.Sprintf("%d served and %d rejected (context larger than the budget) of %d", o.Served, o.Rejected, o.Requests)},
+		{"no leaked handles", o.Leaks == 0, fmt.Sprintf("%d handles open after close", o.Leaks)},
+	}
+}
+
 // poolRow is the activation workspace's line: what its pool held and
 // used at its peaks, and what its cache gave back under pressure.
 func poolRow(o *Outcome) row {
@@ -88,7 +107,7 @@ func poolRow(o *Outcome) row {
 // latencyText says the pool's Alloc latencies (wall clock: they vary with
 // the machine's load).
 func latencyText(l latencies) string {
-	return fmt.Sprintf("p50 %v, p99 %v, p99.9 %v, max %v over %d calls (wall clock)", l.P50, l.P99, l.P999, l.Max.Round(time.Microsecond), l.N)
+	return fmt.Sprintf("p50 %s, p99 %s, p99.9 %s, max %s over %d calls (wall clock)", fmtLatency(l.P50), fmtLatency(l.P99), fmtLatency(l.P999), fmtLatency(l.Max), l.N)
 }
 
 // cachesFirstRow says how the device's pressure rounds went: the pool's
@@ -135,8 +154,8 @@ func poolTable(o *Outcome) memreport.Table {
 			{"peak held / peak requested (fragmentation)", fmt.Sprintf("%s / %s = %.2f", fmtBytes(p.PeakSegments), fmtBytes(p.PeakRequested), p.PeakFragmentation())},
 			{"peak in use (rounded blocks)", fmtBytes(p.PeakInUse)},
 			{"Alloc calls", fmt.Sprint(l.N)},
-			{"Alloc latency p50 / p99 / p99.9", fmt.Sprintf("%v / %v / %v", l.P50, l.P99, l.P999)},
-			{"Alloc latency max", l.Max.String()},
+			{"Alloc latency p50 / p99 / p99.9", fmt.Sprintf("%s / %s / %s", fmtLatency(l.P50), fmtLatency(l.P99), fmtLatency(l.P999))},
+			{"Alloc latency max", fmtLatency(l.Max)},
 			{"cache given back under pressure", fmt.Sprintf("%s in %d reclaims", fmtBytes(p.Reclaimed), p.Reclaims)},
 			{"regrowths (segments allocated)", fmt.Sprint(p.SegmentAllocs)},
 		}}
