@@ -83,7 +83,7 @@ func TestJSONSnapshotMatchesItsSchema(t *testing.T) {
 		"a key with spaces": func(s string) string {
 			return strings.Replace(s, `"key": "requests_served"`, `"key": "  requests served"`, 1)
 		},
-		"an unknown version": func(s string) string { return strings.Replace(s, `"version": 5,`, `"version": 4,`, 1) },
+		"an unknown version":         func(s string) string { return strings.Replace(s, `"version": 5,`, `"version": 4,`, 1) },
 		"a check without its result": func(s string) string { return strings.Replace(s, `"passed": true,`, ``, 1) },
 		"a holder without its split": func(s string) string {
 			return regexp.MustCompile(`"in_use": \d+,`).ReplaceAllString(s, ``)
