@@ -207,6 +207,12 @@ DEMO_FLAGS ?=
 demo:
 	$(GO) run ./cmd/memdemo --compare --report out/memory-report.html $(DEMO_FLAGS)
 
+## journey: a new adopter's path, timed, on a copy of the checkout: a downstream module catches a leak
+## with its file:line, memgen new mechanism, its conformance failing then passing once written, memctl
+.PHONY: journey
+journey:
+	bash scripts/journey.sh
+
 ## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the pressure test's small MLP
 ## (outside the repository)
 ## ort-test: integrations/ort (a nested module) vetted and tested under -race; when the fetch fails a
