@@ -118,28 +118,34 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 	}
 	// Written in order: the starting point (new files only), the spec, then
 	// the generated files (so that the new package's glue sees it written).
+	// A failure takes back what was written: nothing is left half added.
 	var made []string
+	undo := func(err error) int {
+		for _, m := range made {
+			os.Remove(m)
+		}
+		fmt.Fprintln(stderr, "memgen new:", err)
+		return exitSpec
+	}
 	for _, rel := range sortedKeys(skel) {
 		target := filepath.Join(p.root, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err == nil {
+		err := os.MkdirAll(filepath.Dir(target), 0o755)
+		if err == nil {
 			err = writeNew(target, skel[rel])
 		}
 		if err != nil {
-			for _, m := range made {
-				os.Remove(m)
-			}
-			fmt.Fprintln(stderr, "memgen new:", err)
-			return exitSpec
+			return undo(err)
 		}
 		made = append(made, target)
 	}
 	if err := os.WriteFile(specPath, updated, 0o644); err != nil {
-		fmt.Fprintln(stderr, "memgen new:", err)
-		return exitSpec
+		return undo(err)
 	}
 	if _, _, err := gen.Write(p.root, files); err != nil {
-		fmt.Fprintln(stderr, "memgen new: generate:", err)
-		return exitSpec
+		if rerr := os.WriteFile(specPath, old, 0o644); rerr != nil {
+			err = fmt.Errorf("%w; and restoring %s: %v", err, o.spec, rerr)
+		}
+		return undo(fmt.Errorf("generate: %w", err))
 	}
 	fmt.Fprintf(stdout, "memgen new: mechanism %s: added to %s; wrote %s (%s) and generated the glue\n", name, o.spec, dir, strings.Join(baseNames(skel), ", "))
 	fmt.Fprintf(stdout, "next: go test ./%s/ fails naming each method to write; write them (mechanisms/example shows how), then memgen check\n", dir)

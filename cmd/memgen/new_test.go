@@ -64,6 +64,15 @@ func TestNewMechanismRefuses(t *testing.T) {
 		wantContains(t, stderr, c.want)
 	}
 	sameTree(t, before, snapshot(t, root))
+
+	// A write that fails half way (a file where a directory must go) takes
+	// back what was written: the spec and the tree are as before.
+	writeFile(t, root, "mechanisms/blocker", "not a directory\n")
+	before = snapshot(t, root)
+	code, stdout, stderr := memgen(t, "new", "mechanism", "gpu", "-package", "mechanisms/blocker/gpu", "-root", root)
+	wantCode(t, code, exitSpec, stdout, stderr)
+	wantContains(t, stderr, "not a directory")
+	sameTree(t, before, snapshot(t, root))
 }
 
 // TestInsertMechanism: the entry goes at the end of the mechanisms:
