@@ -236,9 +236,11 @@ ort-bench:
 ## llamacpp-bench: integrations/llamacpp's benchmarks (tokens/s against stock llama.cpp, memory)
 ## llamacpp-curl: the HTTP endpoint (llamaserve -listen) driven with curl (scripts/llamaserve-curl.sh)
 ## llamacpp-load: the endpoint under 64 clients for 60 s (TestServerLoad; CI runs it for 10 s)
+## llamacpp-plan: the memory plans' accuracy on every model, a 1.1 GiB one included (written once, outside
+## the repository), llamaplan on each, and the planning time
 LLAMACPP_MODEL ?=
 LLAMACPP_ARGS = $(if $(LLAMACPP_MODEL),--model $(LLAMACPP_MODEL))
-.PHONY: llamacpp llamacpp-test llamacpp-bench llamacpp-curl llamacpp-load
+.PHONY: llamacpp llamacpp-test llamacpp-bench llamacpp-curl llamacpp-load llamacpp-plan
 llamacpp:
 	scripts/llamacpp.sh fetch $(LLAMACPP_ARGS)
 
@@ -253,6 +255,9 @@ llamacpp-curl:
 
 llamacpp-load:
 	scripts/llamacpp.sh load $(LLAMACPP_ARGS)
+
+llamacpp-plan:
+	scripts/llamacpp.sh plan $(LLAMACPP_ARGS)
 
 ## memvet: memgen's static checks (cmd/memvet: nobypass, handleclose, unsupported, recorduse, the allow
 ## escape) over the module and every nested module, through go vet -vettool; any finding fails

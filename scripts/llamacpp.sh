@@ -15,11 +15,14 @@
 #   - the GQA model (gguf.GQAShape: 8 layers, 4 query heads of 128 per KV
 #     head, F16, 66 MiB) with the tokenizer of the source's
 #     models/ggml-vocab-llama-spm.gguf (32,000 tokens) and the chat template
-#     "llama2", written the same way.
+#     "llama2", written the same way, and the same model with its matrices
+#     quantized to Q8_0 (37 MB);
+#   - with `plan`, also the large model (gguf.LargeShape: 2,048 wide, 10
+#     layers, F16, about 1.1 GiB), written once into the cache.
 #
 # Everything is reused when present. It prints the environment the tests
 # read (MEMGEN_LLAMACPP_LIB, MEMGEN_LLAMACPP_SRC, MEMGEN_LLAMACPP_MODEL,
-# MEMGEN_LLAMACPP_GQA_MODEL) and
+# MEMGEN_LLAMACPP_GQA_MODEL, MEMGEN_LLAMACPP_Q8_MODEL) and
 # writes it to $MEMGEN_LLAMACPP_CACHE/env. Exit status 0 means everything
 # is in place.
 #
@@ -44,6 +47,10 @@
 #                           (scripts/llamaserve-curl.sh; make llamacpp-curl)
 #   scripts/llamacpp.sh load  fetch, then TestServerLoad for
 #                           LLAMACPP_LOAD_SECONDS (default 60; make llamacpp-load)
+#   scripts/llamacpp.sh plan  fetch, write the large model, then the plans'
+#                           accuracy (TestPlanMatchesEngine, TestPlanMatchesRSS
+#                           with the large model) and llamaplan on every model
+#                           (make llamacpp-plan)
 #
 # The module is built with GOWORK=off, against its own go.mod.
 set -euo pipefail
@@ -58,14 +65,14 @@ die() { say "$*"; exit 1; }
 
 mode=fetch
 case "${1:-}" in
-fetch | test | bench | curl | load) mode="$1"; shift ;;
+fetch | test | bench | curl | load | plan) mode="$1"; shift ;;
 esac
 model="${MEMGEN_LLAMACPP_MODEL:-}"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--model) model="$2"; shift 2 ;;
 	--model=*) model="${1#--model=}"; shift ;;
-	*) die "usage: $0 [fetch|test|bench|curl|load] [--model PATH]" ;;
+	*) die "usage: $0 [fetch|test|bench|curl|load|plan] [--model PATH]" ;;
 	esac
 done
 
@@ -104,6 +111,22 @@ if [ "$mode" != fetch ]; then
 	fi
 	if [ "$mode" = load ]; then
 		LLAMACPP_LOAD_SECONDS="${LLAMACPP_LOAD_SECONDS:-60}" exec go test -count=1 -run '^TestServerLoad$' -v .
+	fi
+	if [ "$mode" = plan ]; then
+		large="$CACHE/large-llama2-f16-seed1.gguf"
+		if [ ! -f "$large" ]; then
+			say "writing $large (integrations/llamacpp/cmd/llamagguf -vocab -large, seed 1)"
+			go run ./cmd/llamagguf -seed 1 -large -vocab "$CACHE/src/models/ggml-vocab-llama-spm.gguf" -o "$large" ||
+				die "could not write the large model"
+		fi
+		export MEMGEN_LLAMACPP_LARGE_MODEL="$large"
+		go test -count=1 -run '^(TestPlanMatchesEngine|TestPlanMatchesRSS|TestPlanBadInput)$' -v . | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|plan|planned'
+		go build -o "$CACHE/llamaplan" ./cmd/llamaplan
+		for m in "$MEMGEN_LLAMACPP_MODEL" "$MEMGEN_LLAMACPP_GQA_MODEL" "$MEMGEN_LLAMACPP_Q8_MODEL" "$large"; do
+			"$CACHE/llamaplan" -model "$m" -nctx 4096 -sequences 8
+		done
+		go test -run '^$' -bench '^BenchmarkPlan$' -benchtime 5x -count 5 . | grep -E '^Benchmark'
+		exit 0
 	fi
 	# The benchmarks, the waste table and the trace replay, then one line
 	# of the batched figures (the last thing printed).
@@ -195,11 +218,19 @@ if [ ! -f "$gqa" ]; then
 	(cd "$ROOT/integrations/llamacpp" && GOWORK=off GOTOOLCHAIN="${GOTOOLCHAIN:-local}" go run ./cmd/llamagguf -seed 1 \
 		-vocab "$CACHE/src/models/ggml-vocab-llama-spm.gguf" -o "$gqa") || die "could not write the GQA model"
 fi
+q8="$CACHE/gqa-llama2-q8_0-seed1.gguf"
+if [ ! -f "$q8" ]; then
+	command -v go >/dev/null || die "go is needed to write the Q8_0 GQA model"
+	say "writing $q8 (integrations/llamacpp/cmd/llamagguf -vocab -q8, seed 1)"
+	(cd "$ROOT/integrations/llamacpp" && GOWORK=off GOTOOLCHAIN="${GOTOOLCHAIN:-local}" go run ./cmd/llamagguf -seed 1 -q8 \
+		-vocab "$CACHE/src/models/ggml-vocab-llama-spm.gguf" -o "$q8") || die "could not write the Q8_0 GQA model"
+fi
 
 {
 	echo "MEMGEN_LLAMACPP_LIB=$CACHE/lib/$LIBNAME"
 	echo "MEMGEN_LLAMACPP_SRC=$CACHE/src"
 	echo "MEMGEN_LLAMACPP_MODEL=$model"
 	echo "MEMGEN_LLAMACPP_GQA_MODEL=$gqa"
+	echo "MEMGEN_LLAMACPP_Q8_MODEL=$q8"
 } >"$CACHE/env"
 cat "$CACHE/env"

@@ -136,6 +136,51 @@ struct llama_model *memgen_llama_model_load(const char *path, int ours, uintptr_
 
 void memgen_llama_model_free(struct llama_model *m) { memgen_llama_api.llama_model_free(m); }
 
+/* The stock configuration of a context, as memgen_llama_context_new makes
+ * memgen's: the same n_ctx, batches, sequences and attention. */
+static struct llama_context_params context_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq, int32_t n_threads) {
+	struct llama_context_params p = memgen_llama_api.llama_context_default_params();
+	p.n_ctx = n_ctx;
+	p.n_batch = n_batch;
+	p.n_ubatch = n_ubatch;
+	p.n_seq_max = n_seq;
+	p.kv_unified = false;
+	p.n_outputs_max = n_seq;
+	p.n_threads = n_threads;
+	p.n_threads_batch = n_threads;
+	p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+	p.offload_kqv = true;
+	p.no_perf = true;
+	return p;
+}
+
+int memgen_llama_plan(const char *path, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq, struct memgen_llama_mem *out, int cap,
+                      uint64_t *heap) {
+	struct memgen_llama_api *a = &memgen_llama_api;
+	size_t before, after, sys;
+	memgen_llama_c_heap(&before, &sys);
+	struct llama_model_params mp = a->llama_model_default_params();
+	mp.load_mode = LLAMA_LOAD_MODE_NONE;
+	mp.use_extra_bufts = false;
+	ggml_backend_dev_t devs[1] = {NULL};
+	mp.devices = devs;
+	mp.n_gpu_layers = 0;
+	mp.no_alloc = true; /* the metadata only: every allocation simulated */
+	struct llama_model *m = a->llama_model_load_from_file(path, mp);
+	if (!m) return -2;
+	memgen_llama_c_heap(&after, &sys);
+	*heap = after > before ? after - before : 0;
+	struct llama_context *c = a->llama_init_from_model(m, context_params(n_ctx, n_batch, n_ubatch, n_seq, 1));
+	if (!c) {
+		a->llama_model_free(m);
+		return -3;
+	}
+	int n = memgen_llama_breakdown(a->handle, c, out, cap);
+	a->llama_free(c);
+	a->llama_model_free(m);
+	return n;
+}
+
 /* A context's abort flag, read by llama.cpp's abort callback between the
  * graph's nodes: once Go sets it (the Decode's context ended), the running
  * llama_decode stops and returns 2. */
@@ -145,25 +190,14 @@ void memgen_llama_set_flag(int *flag, int v) { __atomic_store_n(flag, v, __ATOMI
 
 struct llama_context *memgen_llama_context_new(struct llama_model *m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq, int32_t n_threads, int *abort_flag, uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
-	struct llama_context_params p = a->llama_context_default_params();
-	p.n_ctx = n_ctx;
-	p.n_batch = n_batch;
-	p.n_ubatch = n_ubatch;
 	/* n_seq sequences, each in a KV stream of its own (n_ctx / n_seq
-	 * cells): every (layer, sequence) range of K and V is contiguous. */
-	p.n_seq_max = n_seq;
-	p.kv_unified = false;
-	/* memgen_llama_decode reads the logits of each sequence's last token
+	 * cells): every (layer, sequence) range of K and V is contiguous.
+	 * memgen_llama_decode reads the logits of each sequence's last token
 	 * of a batch only: one output per sequence, so that the output buffer
 	 * and the compute buffer's logits are sized for n_seq tokens, not
-	 * n_batch. */
-	p.n_outputs_max = n_seq;
-	p.n_threads = n_threads;
-	p.n_threads_batch = n_threads;
-	/* Flash attention: K and V are both one row per cell, so the part of
-	 * each tensor in use is a prefix (see docs/llamacpp.md). */
-	p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-	p.offload_kqv = true;
+	 * n_batch. Flash attention: K and V are both one row per cell, so the
+	 * part of each tensor in use is a prefix (see docs/llamacpp.md). */
+	struct llama_context_params p = context_params(n_ctx, n_batch, n_ubatch, n_seq, n_threads);
 	p.abort_callback = memgen_llama_should_abort;
 	p.abort_callback_data = abort_flag;
 	p.no_perf = true;

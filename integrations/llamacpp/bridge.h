@@ -7,6 +7,7 @@
 #ifndef MEMGEN_LLAMA_BRIDGE_H
 #define MEMGEN_LLAMA_BRIDGE_H
 
+#include "breakdown.h"
 #include "llamaapi.h"
 
 /* The functions of libllama and its ggml libraries that the bridge calls,
@@ -72,6 +73,19 @@ uintptr_t memgen_llama_swap_owner(uintptr_t owner);
 /* Calls into llama.cpp. */
 struct llama_model *memgen_llama_model_load(const char *path, int ours, uintptr_t owner);
 void memgen_llama_model_free(struct llama_model *m);
+/* memgen_llama_plan sizes, without allocating (llama_model_params.no_alloc),
+ * the model at path and a stock context configured as
+ * memgen_llama_context_new configures one, and writes what llama.cpp's
+ * memory breakdown reports (memgen_llama_breakdown). It returns the
+ * entries' count, -1 when the library lacks the breakdown, -2 when the
+ * model does not load, -3 when the context cannot be made. heap is what
+ * the C heap grew by while the model's metadata was loaded (the
+ * vocabulary and the tensor table: what llama.cpp allocates, and fills,
+ * for real even when its buffers are simulated). The context's growth is
+ * left out: most of it is the scheduler's calloc'd tables, mapped but
+ * never touched, so never resident. */
+int memgen_llama_plan(const char *path, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch, uint32_t n_seq, struct memgen_llama_mem *out, int cap,
+                      uint64_t *heap);
 /* abort_flag: llama_decode aborts (returns 2) once it is set, through
  * memgen_llama_set_flag, from any thread. */
 /* n_seq: sequences, each with a KV stream of its own of n_ctx / n_seq cells. */

@@ -32,6 +32,8 @@ var (
 	// gqaModelPath is the second shape: 8 layers, GQA 4:1, head size 128,
 	// F16, a real vocabulary (gguf.GQAShape).
 	gqaModelPath = envOr("MEMGEN_LLAMACPP_GQA_MODEL", filepath.Join(cacheDir(), "gqa-llama2-f16-seed1.gguf"))
+	// q8ModelPath is the GQA model with its matrices in Q8_0.
+	q8ModelPath = envOr("MEMGEN_LLAMACPP_Q8_MODEL", filepath.Join(cacheDir(), "gqa-llama2-q8_0-seed1.gguf"))
 )
 
 func envOr(k, def string) string {
@@ -66,6 +68,8 @@ func TestMain(m *testing.M) {
 		os.Exit(memChild(os.Getenv(childEnv) == "rss-stock"))
 	case "ledger":
 		os.Exit(ledgerChild())
+	case "plan-rss":
+		os.Exit(planRSSChild())
 	default:
 		os.Exit(runChild())
 	}
@@ -74,6 +78,7 @@ func TestMain(m *testing.M) {
 		{"llama.cpp (node-llama-cpp " + Version + ")", libPath},
 		{"the model", modelPath},
 		{"the GQA model", gqaModelPath},
+		{"the Q8_0 GQA model", q8ModelPath},
 	} {
 		if _, err := os.Stat(p.path); err != nil && missing == "" {
 			missing = p.what + " (" + p.path + ")"

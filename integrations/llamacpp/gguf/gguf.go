@@ -28,8 +28,16 @@ const (
 
 // Tensor types this package writes (ggml_type).
 const (
-	TypeF32 = 0
-	TypeF16 = 1
+	TypeF32  = 0
+	TypeF16  = 1
+	TypeQ8_0 = 8
+)
+
+// q8Block is Q8_0's block: 32 values stored as a half-precision scale and
+// 32 signed bytes (34 bytes).
+const (
+	q8Block      = 32
+	q8BlockBytes = 2 + q8Block
 )
 
 const (
@@ -64,8 +72,10 @@ func (v RawValue) ArrayLen() uint64 {
 }
 
 // Tensor is one tensor: its name, dimensions (ne0 first), its type in the
-// file (TypeF32, the zero value, or TypeF16: the values are rounded to
-// half precision, to nearest even, as they are written) and its values.
+// file (TypeF32, the zero value; TypeF16: the values are rounded to half
+// precision, to nearest even, as they are written; TypeQ8_0: quantized as
+// llama.cpp's reference quantizer does, in blocks of 32 along ne0, which
+// must be a multiple of 32) and its values.
 type Tensor struct {
 	Name string
 	Dims []uint64
@@ -73,12 +83,15 @@ type Tensor struct {
 	Data []float32
 }
 
-// elemSize is the bytes of one value of the tensor in the file.
-func (t Tensor) elemSize() uint64 {
-	if t.Type == TypeF16 {
-		return 2
+// dataSize is the bytes of n values of the tensor in the file.
+func (t Tensor) dataSize(n uint64) uint64 {
+	switch t.Type {
+	case TypeF16:
+		return 2 * n
+	case TypeQ8_0:
+		return n / q8Block * q8BlockBytes
 	}
-	return 4
+	return 4 * n
 }
 
 // Write writes a GGUF file of the metadata and tensors to w, from its
@@ -141,12 +154,15 @@ func Write(w io.WriteSeeker, kvs []KV, tensors []Tensor) error {
 		for _, d := range t.Dims {
 			u64(d)
 		}
-		if t.Type != TypeF32 && t.Type != TypeF16 {
-			return fmt.Errorf("gguf: tensor %s: type %d is not F32 or F16", t.Name, t.Type)
+		if t.Type != TypeF32 && t.Type != TypeF16 && t.Type != TypeQ8_0 {
+			return fmt.Errorf("gguf: tensor %s: type %d is not F32, F16 or Q8_0", t.Name, t.Type)
+		}
+		if t.Type == TypeQ8_0 && (len(t.Dims) == 0 || t.Dims[0]%q8Block != 0) {
+			return fmt.Errorf("gguf: tensor %s: Q8_0 needs rows (ne0) of a multiple of %d values, not %v", t.Name, q8Block, t.Dims)
 		}
 		u32(t.Type)
 		u64(off)
-		off = pad(off+t.elemSize()*n, alignment)
+		off = pad(off+t.dataSize(n), alignment)
 	}
 	if err := bw.Flush(); err != nil {
 		return err
@@ -164,21 +180,48 @@ func writeData(w io.WriteSeeker, tensors []Tensor) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	zeros := make([]byte, alignment)
 	bw.Write(zeros[:pad(uint64(at), alignment)-uint64(at)])
-	var buf [4]byte
+	var buf [q8BlockBytes]byte
 	for _, t := range tensors {
-		for _, v := range t.Data {
-			if t.Type == TypeF16 {
+		switch t.Type {
+		case TypeQ8_0:
+			for i := 0; i < len(t.Data); i += q8Block {
+				quantizeQ8(buf[:], t.Data[i:i+q8Block])
+				bw.Write(buf[:])
+			}
+		case TypeF16:
+			for _, v := range t.Data {
 				binary.LittleEndian.PutUint16(buf[:2], Float16(v))
 				bw.Write(buf[:2])
-				continue
 			}
-			binary.LittleEndian.PutUint32(buf[:], math.Float32bits(v))
-			bw.Write(buf[:])
+		default:
+			for _, v := range t.Data {
+				binary.LittleEndian.PutUint32(buf[:4], math.Float32bits(v))
+				bw.Write(buf[:4])
+			}
 		}
-		n := t.elemSize() * uint64(len(t.Data))
+		n := t.dataSize(uint64(len(t.Data)))
 		bw.Write(zeros[:pad(n, alignment)-n])
 	}
 	return bw.Flush()
+}
+
+// quantizeQ8 writes one Q8_0 block of the 32 values x into dst (34 bytes),
+// as llama.cpp's quantize_row_q8_0_ref does: the scale d = max|x| / 127 in
+// half precision, then each value x/d rounded half away from zero.
+func quantizeQ8(dst []byte, x []float32) {
+	var amax float32
+	for _, v := range x {
+		amax = max(amax, float32(math.Abs(float64(v))))
+	}
+	d := amax / 127
+	var id float32
+	if d != 0 {
+		id = 1 / d
+	}
+	binary.LittleEndian.PutUint16(dst[:2], Float16(d))
+	for j, v := range x {
+		dst[2+j] = byte(int8(math.Round(float64(v * id))))
+	}
 }
 
 // Float16 is f in IEEE 754 half precision, rounded to nearest even:

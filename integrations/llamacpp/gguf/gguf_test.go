@@ -198,3 +198,54 @@ func TestTokenizerCopied(t *testing.T) {
 		t.Errorf("a file without tokens: got %v, want ErrCorrupt", err)
 	}
 }
+
+// TestQ8_0: a block is the half-precision scale max|x|/127 and each value
+// x/d rounded half away from zero, as llama.cpp's quantize_row_q8_0_ref
+// writes it; a Q8_0 file checks, with 34 bytes a block; a row that is not
+// a whole number of blocks is refused.
+func TestQ8_0(t *testing.T) {
+	x := make([]float32, 32)
+	for i := range x {
+		x[i] = float32(i-16) / 4 // -4 .. 3.75
+	}
+	var blk [34]byte
+	quantizeQ8(blk[:], x)
+	d := float32(4) / 127
+	if got := binary.LittleEndian.Uint16(blk[:2]); got != Float16(d) {
+		t.Errorf("scale %#x, want %#x", got, Float16(d))
+	}
+	for i, v := range x {
+		want := int8(math.Round(float64(v / d)))
+		if got := int8(blk[2+i]); got != want {
+			t.Errorf("value %d: %d, want %d", i, got, want)
+		}
+	}
+	if int8(blk[2]) != -127 {
+		t.Errorf("the largest magnitude is %d, want -127", int8(blk[2]))
+	}
+	var zero [34]byte
+	quantizeQ8(zero[:], make([]float32, 32))
+	if zero != ([34]byte{}) {
+		t.Errorf("a block of zeros: %v", zero)
+	}
+
+	s := GQAShape
+	s.Vocab, s.Layers, s.Q8_0 = 64, 1, true
+	kvs, ts := Model(s, 1, nil)
+	p := filepath.Join(t.TempDir(), "q8.gguf")
+	if err := WriteFile(p, kvs, ts); err != nil {
+		t.Fatal(err)
+	}
+	in, err := Check(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, ok := in.Tensor("blk.0.attn_q.weight")
+	if !ok || q.Type != TypeQ8_0 {
+		t.Fatalf("attn_q: %+v, want Q8_0", q)
+	}
+	bad := []Tensor{{Name: "odd", Dims: []uint64{48, 2}, Type: TypeQ8_0, Data: make([]float32, 96)}}
+	if err := WriteFile(filepath.Join(t.TempDir(), "bad.gguf"), nil, bad); err == nil {
+		t.Error("a Q8_0 row of 48 values was written")
+	}
+}

@@ -14,6 +14,9 @@ import (
 type Shape struct {
 	Embd, Layers, Heads, HeadsKV, FF, Vocab, CtxTrain int
 	F16, Tied                                         bool
+	// Q8_0 writes the matrices quantized to Q8_0 (norms stay F32); it
+	// takes precedence over F16. Embd and FF must be multiples of 32.
+	Q8_0 bool
 }
 
 // TinyShape is the model the integration's tests and benchmarks run: 512
@@ -21,6 +24,12 @@ type Shape struct {
 // (no tokenizer: tokens are ids), trained context 16,384; F32 weights,
 // 66 MiB.
 var TinyShape = Shape{Embd: 512, Layers: 6, Heads: 8, HeadsKV: 8, FF: 1024, Vocab: 1024, CtxTrain: 16384}
+
+// LargeShape is the model the plan's accuracy is measured on at scale:
+// GQAShape's kind (GQA 4:1, head size 128, F16, a real vocabulary, whose
+// size sets Vocab) at 2,048 wide, 10 layers, a feed-forward of 5,632 and
+// its own output matrix: about 1.1 GiB with Llama 2's 32,000 tokens.
+var LargeShape = Shape{Embd: 2048, Layers: 10, Heads: 16, HeadsKV: 4, FF: 5632, CtxTrain: 16384, F16: true}
 
 // GQAShape is the second model the integration's tests run: 8 layers of
 // 4 query heads of 128 sharing one KV head (GQA 4:1), a feed-forward of
@@ -90,7 +99,10 @@ func Model(s Shape, seed uint64, tokenizer []KV) ([]KV, []Tensor) {
 		kvs = append(kvs, tokenizer...)
 	}
 	typ := uint32(TypeF32)
-	if s.F16 {
+	switch {
+	case s.Q8_0:
+		typ = TypeQ8_0
+	case s.F16:
 		typ = TypeF16
 	}
 	mat := func(name string, in, out int) Tensor {

@@ -2,11 +2,12 @@
 // integration's tests and benchmarks run, with random weights from a fixed
 // seed: the tiny model (gguf.TinyShape, F32, no tokenizer), or with -vocab
 // the GQA model (gguf.GQAShape, F16) carrying the tokenizer of a
-// vocabulary-only GGUF file and the chat template "llama2"; and it checks
-// any GGUF file.
+// vocabulary-only GGUF file and the chat template "llama2" (with -q8 its
+// matrices quantized to Q8_0; with -large gguf.LargeShape, about 1.1 GiB);
+// and it checks any GGUF file.
 //
 //	llamagguf -o tiny.gguf [-seed 1]
-//	llamagguf -vocab ggml-vocab-llama-spm.gguf -o gqa.gguf [-seed 1]
+//	llamagguf -vocab ggml-vocab-llama-spm.gguf -o gqa.gguf [-seed 1] [-q8 | -large]
 //	llamagguf -check model.gguf
 package main
 
@@ -23,7 +24,13 @@ func main() {
 	seed := flag.Uint64("seed", 1, "the weights' random seed")
 	check := flag.String("check", "", "check this GGUF file and print its shape")
 	vocab := flag.String("vocab", "", "write the GQA model (F16) with the tokenizer of this vocabulary-only GGUF file")
+	q8 := flag.Bool("q8", false, "with -vocab: the GQA model's matrices in Q8_0")
+	large := flag.Bool("large", false, "with -vocab: the large shape (gguf.LargeShape, about 1.1 GiB, F16)")
 	flag.Parse()
+	if (*q8 || *large) && *vocab == "" || *q8 && *large {
+		fmt.Fprintln(os.Stderr, "llamagguf: -q8 and -large go with -vocab, and not together")
+		os.Exit(2)
+	}
 	switch {
 	case *check != "":
 		in, err := gguf.Check(*check)
@@ -39,6 +46,10 @@ func main() {
 			os.Exit(1)
 		}
 		s := gguf.GQAShape
+		if *large {
+			s = gguf.LargeShape
+		}
+		s.Q8_0 = *q8
 		s.Vocab = n
 		// The vocabulary is Llama 2's: so is the chat format (a name
 		// llama_chat_apply_template knows).
