@@ -227,9 +227,11 @@ func (c *Context) authority() memapi.AuthorityID {
 	return a
 }
 
+// capacity is the most the context's authority can grow to (its
+// capacity, or the Model's Limit).
 func (c *Context) capacity() memapi.Bytes {
 	s, _ := c.m.opts.Governor.Authority(c.authority())
-	return s.Capacity
+	return c.m.limit(s.Capacity)
 }
 
 func (c *Context) free() memapi.Bytes {

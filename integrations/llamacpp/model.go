@@ -37,6 +37,12 @@ type Options struct {
 	Name string
 	// Threads is llama.cpp's thread count for decoding. Default 1.
 	Threads int
+	// Limit, when set, says the most the authority can grow to, when that
+	// is more than its capacity: a shared ledger's capacity, for an
+	// authority bound to one (xproc.Ledger.Bind), whose own capacity is
+	// only what this process has claimed so far. The checks that a
+	// context can ever fit beside the weights use it.
+	Limit func() memapi.Bytes
 	// Stock loads the model the way llama.cpp does on its own: its CPU
 	// buffers (malloc), every context's KV cache allocated and cleared for
 	// all of n_ctx at creation. Manager, Governor and Device are not used.
@@ -285,9 +291,18 @@ func (m *Model) checkContext(nCtx int) error {
 	}
 	a, _ := m.weights.Authority()
 	s, _ := m.opts.Governor.Authority(a)
-	weights := m.WeightBytes()
-	if kv := memapi.Bytes(nCtx) * row; kv/row != memapi.Bytes(nCtx) || weights+kv > s.Capacity {
-		return &OverBudgetError{Context: m.opts.Name + "/ctx", Rows: nCtx, Wanted: memapi.Bytes(nCtx) * row, Weights: weights, Capacity: s.Capacity, Free: s.Free}
+	weights, capacity := m.WeightBytes(), m.limit(s.Capacity)
+	if kv := memapi.Bytes(nCtx) * row; kv/row != memapi.Bytes(nCtx) || weights+kv > capacity {
+		return &OverBudgetError{Context: m.opts.Name + "/ctx", Rows: nCtx, Wanted: memapi.Bytes(nCtx) * row, Weights: weights, Capacity: capacity, Free: s.Free}
 	}
 	return nil
+}
+
+// limit is the most the authority of the given capacity can grow to:
+// Options.Limit's answer when larger.
+func (m *Model) limit(capacity memapi.Bytes) memapi.Bytes {
+	if m.opts.Limit != nil {
+		return max(capacity, m.opts.Limit())
+	}
+	return capacity
 }

@@ -213,6 +213,9 @@ func (p *Plan) FitLedger(h xproc.Header) Fit {
 	f := Fit{Capacity: capacity, Free: capacity - min(used, capacity)}
 	start, full := p.AtStart(), p.AtFull()
 	switch {
+	case p.Weights > capacity:
+		f.Verdict = NeverFits
+		f.Reason = fmt.Sprintf("the ledger's capacity of %s is below the weights alone (%s)", memreport.FormatBytes(capacity), memreport.FormatBytes(p.Weights))
 	case start > capacity:
 		f.Verdict = NeverFits
 		f.Reason = fmt.Sprintf("it needs %s at start (weights %s, compute %s, output %s, metadata %s), more than the ledger's capacity of %s",
@@ -251,4 +254,41 @@ func (c *Context) breakdown() ([]PlanBuffer, error) {
 		return nil, fmt.Errorf("%w: no memory breakdown (%d)", ErrContext, n)
 	}
 	return planBuffers(out[:n]), nil
+}
+
+// FitError is a plan that never fits a shared ledger: its start exceeds
+// the ledger's capacity (a capacity below the weights among them). It
+// matches memapi.ErrOverBudget. Nothing was joined or charged.
+type FitError struct {
+	Ledger string
+	Plan   *Plan
+	Fit    Fit
+}
+
+func (e *FitError) Error() string {
+	return fmt.Sprintf("llamacpp: %s never fits the ledger %s: %s", e.Plan.Model, e.Ledger, e.Fit.Reason)
+}
+
+// Is makes a FitError match memapi.ErrOverBudget.
+func (e *FitError) Is(target error) bool { return target == memapi.ErrOverBudget }
+
+// CheckLedger plans the model and a context configured by o
+// (PlanContext) and reads the shared ledger at ledger without joining it
+// (xproc.Inspect): a plan that never fits is a *FitError; any other answer
+// is returned with the plan. A missing or unreadable ledger is xproc's
+// typed error. Nothing is joined or charged either way.
+func CheckLedger(ledger, model string, o PlanOptions) (*Plan, Fit, error) {
+	h, _, err := xproc.Inspect(ledger)
+	if err != nil {
+		return nil, Fit{}, err
+	}
+	p, err := PlanContext(model, o)
+	if err != nil {
+		return nil, Fit{}, err
+	}
+	f := p.FitLedger(h)
+	if f.Verdict == NeverFits {
+		return p, f, &FitError{Ledger: ledger, Plan: p, Fit: f}
+	}
+	return p, f, nil
 }

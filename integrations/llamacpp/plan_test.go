@@ -2,9 +2,11 @@ package llamacpp
 
 import (
 	"errors"
+	"io/fs"
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,6 +167,59 @@ func BenchmarkPlan(b *testing.B) {
 			}
 			b.ReportMetric(float64(plan)/1e6/float64(b.N), "ms/plan")
 			b.ReportMetric(float64(plan)/float64(check), "vs-header-read")
+		})
+	}
+}
+
+// TestCheckLedgerRefuses: a missing ledger is xproc's typed error; a
+// ledger whose capacity is below the weights, and one that holds the
+// weights but not the rest of the engine's start, are *FitErrors (matching
+// memapi.ErrOverBudget) saying why; the ledger is left as it was: no slot
+// taken, nothing claimed.
+func TestCheckLedgerRefuses(t *testing.T) {
+	dir := t.TempDir()
+	o := PlanOptions{NCtx: 512}
+	if _, _, err := CheckLedger(dir+"/none", modelPath, o); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing ledger: %v, want one matching fs.ErrNotExist", err)
+	}
+	p, err := PlanContext(modelPath, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name     string
+		capacity memapi.Bytes
+		reason   string
+	}{
+		{"below-the-weights", p.Weights / 2, "is below the weights alone"},
+		{"below-the-start", p.Weights + 1<<20, "more than the ledger's capacity"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := dir + "/" + c.name
+			l, err := xproc.Open(path, xproc.Options{Create: &xproc.CreateOptions{Capacity: uint64(c.capacity), Slots: 4}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			_, f, err := CheckLedger(path, modelPath, o)
+			var fe *FitError
+			if !errors.As(err, &fe) || !errors.Is(err, memapi.ErrOverBudget) || f.Verdict != NeverFits || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("%v (%+v), want a *FitError saying %q", err, f, c.reason)
+			}
+			h, slots, err := xproc.Inspect(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Claimed != 0 || h.Charged != 0 || h.Reserved != 0 {
+				t.Errorf("after the refusal the ledger holds %+v", h)
+			}
+			for _, s := range slots {
+				if s.PID != 0 {
+					t.Errorf("after the refusal slot %d is taken by %d", s.Index, s.PID)
+				}
+			}
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/governor/xproc"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 )
@@ -19,12 +20,18 @@ type host struct {
 	g   *governor.Governor
 	mgr *pmm.Manager
 	key memapi.DeviceKey
+	// limit is the shared ledger's capacity (nil without a ledger): the
+	// most the authority can grow to (llamacpp.Options.Limit).
+	limit func() memapi.Bytes
 	// close releases the manager, the device context and the governor,
 	// each bounded by 10 s.
 	close func()
 }
 
-func newHost() (*host, error) {
+// newHost makes the host; with ledger set, its authority "host" is bound
+// to that shared ledger (xproc): its capacity is what this process claims
+// from the ledger, and the other processes on the ledger share it.
+func newHost(ledger string) (*host, error) {
 	g := governor.New(governor.Options{})
 	mech, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: "host"})
 	if err != nil {
@@ -33,16 +40,39 @@ func newHost() (*host, error) {
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
 	mgr := pmm.New(g, pmm.Options{})
+	var l *xproc.Ledger
 	h := &host{g: g, mgr: mgr, key: memapi.DeviceKey{Kind: memapi.DeviceKindHost}, close: func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = mgr.Close(ctx)
 		_ = ectx.Close(ctx, true)
+		if l != nil {
+			_ = l.CloseContext(ctx)
+		}
 		_ = g.Close()
 	}}
-	if err := g.AddAuthority("host", 1<<40); err != nil {
-		h.close()
-		return nil, err
+	if ledger == "" {
+		if err := g.AddAuthority("host", 1<<40); err != nil {
+			h.close()
+			return nil, err
+		}
+	} else {
+		var err error
+		if l, err = xproc.Open(ledger, xproc.Options{}); err != nil {
+			h.close()
+			return nil, err
+		}
+		if _, err := l.Bind(g, "host"); err != nil {
+			h.close()
+			return nil, err
+		}
+		h.limit = func() memapi.Bytes {
+			st, _, err := l.State()
+			if err != nil {
+				return 0
+			}
+			return memapi.Bytes(st.Capacity)
+		}
 	}
 	if err := mgr.Register(pmm.Device{Key: h.key, Mechanism: mech, Context: ectx, Authority: "host"}); err != nil {
 		h.close()

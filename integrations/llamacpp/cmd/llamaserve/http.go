@@ -22,19 +22,35 @@ import (
 // serve runs the HTTP endpoint (llamacpp.Server) on listen until SIGINT or
 // SIGTERM: the model's weights, and a KV budget of budget bytes for the
 // requests decoding together, in one governed authority whose ledger
-// /metrics exports.
-func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads int, queue time.Duration) error {
+// /metrics exports. With ledger set the authority is a member of that
+// shared ledger: the engine is planned first and refused (a
+// *llamacpp.FitError, nothing joined) when it never fits; otherwise it
+// joins, and its load waits up to join for other processes to give back
+// what it needs. budget 0 is the plan's KV cache at full context.
+func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads int, queue time.Duration, ledger string, join time.Duration) error {
 	if err := llamacpp.Init(lib); err != nil {
 		return err
 	}
-	h, err := newHost()
+	if ledger != "" {
+		p, f, err := llamacpp.CheckLedger(ledger, model, llamacpp.PlanOptions{NCtx: nCtx, Sequences: seqs})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "llamaserve: ledger %s: %s: %s\n", ledger, f.Verdict, f.Reason)
+		if budget == 0 {
+			budget = p.KVFull
+		}
+	}
+	h, err := newHost(ledger)
 	if err != nil {
 		return err
 	}
 	defer h.close()
 	g := h.g
 	ctx := context.Background()
-	m, err := llamacpp.LoadModel(ctx, model, llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: threads, Name: "llama"})
+	loadCtx, cancelLoad := context.WithTimeout(ctx, join)
+	m, err := llamacpp.LoadModel(loadCtx, model, llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: threads, Name: "llama", Limit: h.limit})
+	cancelLoad()
 	if err != nil {
 		return err
 	}

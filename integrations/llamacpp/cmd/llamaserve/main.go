@@ -39,6 +39,13 @@
 // the KV budget -budget:
 //
 //	llamaserve -lib LIBLLAMA -model GGUF -listen 127.0.0.1:8080 [-sequences 16] [-nctx 2048] [-budget 96MiB] [-queue 2s]
+//
+// With -ledger PATH (a shared ledger, memctl create) the engine joins it
+// instead of holding a budget of its own: it is planned first (llamaplan's
+// plan) and refused, exit status 3 and nothing joined, when it never fits;
+// otherwise its weights, KV cache and compute buffers are charged in the
+// shared ledger under its holders, beside the other processes', and its
+// load waits up to -join-timeout for them to give memory back.
 package main
 
 import (
@@ -313,6 +320,8 @@ func main() {
 	listen := flag.String("listen", "", "serve the HTTP endpoint on this address (host:port) instead of replaying the trace")
 	seqs := flag.Int("sequences", 64, "requests memgen decodes together (with -listen: 16 unless set)")
 	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a request waits for a sequence and budget before a 429")
+	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
+	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model waits for other processes to give memory back")
 	flag.Parse()
 	if *listen != "" {
 		seen := false
@@ -320,12 +329,22 @@ func main() {
 		if !seen {
 			*seqs = 16
 		}
-		budget, err := parseBytes(*budgetS)
+		var budget memapi.Bytes
+		var err error
+		budgetSet := false
+		flag.Visit(func(f *flag.Flag) { budgetSet = budgetSet || f.Name == "budget" })
+		if *ledger == "" || budgetSet {
+			budget, err = parseBytes(*budgetS)
+		}
 		if err == nil {
-			err = serve(*lib, *model, *listen, budget, *seqs, *nCtx, *threads, *queue)
+			err = serve(*lib, *model, *listen, budget, *seqs, *nCtx, *threads, *queue, *ledger, *join)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llamaserve:", err)
+			var fe *llamacpp.FitError
+			if errors.As(err, &fe) {
+				os.Exit(3) // refused: it never fits the ledger, nothing joined
+			}
 			os.Exit(1)
 		}
 		return
@@ -367,7 +386,7 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 	defer stock.Close(ctx)
 
 	// memgen: a governor whose authority is the weights plus the budget.
-	h, err := newHost()
+	h, err := newHost("")
 	if err != nil {
 		return err
 	}
