@@ -213,6 +213,12 @@ demo:
 journey:
 	bash scripts/journey.sh
 
+## many-engines: two llama.cpp engines (tiny and GQA models) serving a trace slice on one shared ledger, then on
+## static halves of the same budget, in a memory cgroup where one can be made; MANY_ENGINES_REQUESTS (default 128)
+.PHONY: many-engines
+many-engines:
+	scripts/many-engines.sh
+
 ## ort: fetch ONNX Runtime 1.30.0, the ONNX conformance models and the pressure test's small MLP
 ## (outside the repository)
 ## ort-test: integrations/ort (a nested module) vetted and tested under -race; when the fetch fails a

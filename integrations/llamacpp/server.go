@@ -74,13 +74,23 @@ type ServerStats struct {
 	// SlotTime is the time requests held sequences, summed: over the
 	// server's life times Sequences, how busy it was.
 	SlotTime time.Duration
+	// Running is the requests holding a sequence now, Peak the most that
+	// ever did at once, Sequences the context's.
+	Running, Peak, Sequences int
+	// Budget is the KV budget, Admitted the part of it the running
+	// requests hold (their prompts and max_tokens).
+	Budget, Admitted memapi.Bytes
 }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() ServerStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats
+	st := s.stats
+	st.Sequences = s.opts.Sequences
+	st.Running = s.opts.Sequences - len(s.free)
+	st.Budget, st.Admitted = s.opts.Budget, s.used
+	return st
 }
 
 // errClosing is the state of a Server being closed.
@@ -189,6 +199,9 @@ func (s *Server) admit(ctx context.Context, prompt []int32, max int, sampler *Sa
 		if len(s.free) > 0 && s.used+need <= s.opts.Budget {
 			j := &job{seq: s.free[len(s.free)-1], prompt: prompt, max: max, need: need, sampler: sampler, ctx: ctx, events: make(chan event, max+1), start: time.Now()}
 			s.free = s.free[:len(s.free)-1]
+			if running := s.opts.Sequences - len(s.free); running > s.stats.Peak {
+				s.stats.Peak = running
+			}
 			s.used += need
 			// Under mu, so that Close (which sets the state under mu, then
 			// drains the channel once the loop ended) never misses it; the

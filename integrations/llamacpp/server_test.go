@@ -183,6 +183,18 @@ func TestServerCompletions(t *testing.T) {
 			t.Errorf("%s: %d %s", p, resp.StatusCode, b)
 		}
 	}
+	resp, err = http.Get(hs.URL + "/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ServerStats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/stats: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if st.Served < 4 || st.Running != 0 || st.Peak < 1 || st.Sequences != s.opts.Sequences || st.Budget != s.opts.Budget || st.Admitted != 0 {
+		t.Errorf("/stats after the requests: %+v", st)
+	}
 	r.settle(t)
 	if kv := s.c.KV(); kv.Committed != 0 || kv.Cells != 0 {
 		t.Errorf("after the requests the context holds %+v", kv)

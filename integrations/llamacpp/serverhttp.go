@@ -23,6 +23,9 @@ import (
 //     template, otherwise the same;
 //   - GET /v1/models: the model;
 //   - GET /health: 200 while serving, 503 once closing or failed;
+//   - GET /stats: the server's counters (ServerStats) as JSON: requests
+//     served, failed and refused, the sequences running now and at the
+//     peak, the KV budget and the part of it admitted;
 //   - GET /metrics: metrics, when given (the governor's ledger through
 //     promgov in llamaserve).
 //
@@ -35,6 +38,7 @@ func (s *Server) Handler(metrics http.Handler) http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) })
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Stats()) })
 	if metrics != nil {
 		mux.Handle("GET /metrics", metrics)
 	}

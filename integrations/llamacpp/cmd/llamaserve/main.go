@@ -5,12 +5,12 @@
 // regions, under the same KV budget, and reports how many sequences each
 // ran at once and how fast.
 //
-// Lengths are scaled so that the longest replayed request fills n_ctx.
+// Lengths are scaled so that the longest replayed trace.Request fills n_ctx.
 // All requests are queued at the start (a closed loop: the question is how
 // many run at once, not when they arrive). Each engine decodes its
 // running requests together in one context (one sequence each, one
 // DecodeBatch per step: a new request's prompt, one token of the others),
-// admits the next queued request while a sequence is free and its budget
+// admits the next queued trace.Request while a sequence is free and its budget
 // allows, and gives a request's sequence back once its tokens are out:
 //
 //   - stock llama.cpp's layout preallocates n_ctx cells per sequence, so
@@ -18,7 +18,7 @@
 //   - memgen's context has -sequences sequences whose KV streams grow a
 //     granule at a time; it admits while the governor's free bytes, less
 //     the new prompt's rows, stay above 1/8 of the budget, and when a
-//     step's growth is refused the youngest request gives its sequence up
+//     step's growth is refused the youngest trace.Request gives its sequence up
 //     and is recomputed later.
 //
 // KV utilisation is, at every step, the bytes of the cells in use over
@@ -26,7 +26,7 @@
 // last line sums it up: llama-replay: capacity-vs-stock (peak concurrent
 // sequences), tput-vs-stock (generated tokens per second), and for how
 // many requests the two engines' greedy tokens are identical (different
-// batches can round llama.cpp's sums differently: each request that
+// batches can round llama.cpp's sums differently: each trace.Request that
 // differs is reported with where).
 //
 //	llamaserve -lib LIBLLAMA -model GGUF -trace CSV [-requests 64] [-nctx 2048] [-budget 96MiB]
@@ -50,11 +50,11 @@ package main
 
 import (
 	"context"
-	"encoding/csv"
+
 	"errors"
 	"flag"
 	"fmt"
-	"io"
+
 	"os"
 	"slices"
 	"strconv"
@@ -63,69 +63,9 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/integrations/llamacpp"
+	"github.com/memgen/memgen/integrations/llamacpp/internal/trace"
 	"github.com/memgen/memgen/mechanisms/cpu"
 )
-
-type request struct{ prompt, gen int }
-
-// readTrace reads the first n requests of a trace CSV.
-func readTrace(path string, n int) ([]request, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	r := csv.NewReader(f)
-	head, err := r.Read()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	col := map[string]int{}
-	for i, h := range head {
-		col[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
-	}
-	ic, ok1 := col["ContextTokens"]
-	ig, ok2 := col["GeneratedTokens"]
-	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("%s: no ContextTokens and GeneratedTokens columns", path)
-	}
-	var out []request
-	for len(out) < n {
-		rec, err := r.Read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		p, err1 := strconv.Atoi(rec[ic])
-		g, err2 := strconv.Atoi(rec[ig])
-		if err1 != nil || err2 != nil || p < 0 || g < 0 || p+g == 0 {
-			return nil, fmt.Errorf("%s: line %d: bad token counts %q, %q", path, len(out)+2, rec[ic], rec[ig])
-		}
-		out = append(out, request{p, g})
-	}
-	return out, nil
-}
-
-// scale makes the longest request fill nCtx; every request keeps at least
-// one prompt token and one generated token.
-func scale(rs []request, nCtx int) []request {
-	longest := 0
-	for _, r := range rs {
-		longest = max(longest, r.prompt+r.gen)
-	}
-	out := make([]request, len(rs))
-	for i, r := range rs {
-		p := max(1, r.prompt*nCtx/longest)
-		g := max(1, r.gen*nCtx/longest)
-		if p+g > nCtx {
-			g = nCtx - p
-		}
-		out[i] = request{p, g}
-	}
-	return out
-}
 
 type result struct {
 	engine              string
@@ -145,27 +85,27 @@ type result struct {
 type seq struct {
 	slot int
 	id   int
-	req  request
+	req  trace.Request
 	next int32
 	out  []int32
 }
 
 // engine is what a replay runs on: one context of several sequences, an
-// admission rule (whether one more request may start now) and the KV bytes
+// admission rule (whether one more trace.Request may start now) and the KV bytes
 // it holds.
 type engine struct {
 	c     *llamacpp.Context
-	admit func(running []*seq, r request) bool
+	admit func(running []*seq, r trace.Request) bool
 	held  func() memapi.Bytes
 	// room says whether a step decoding tokens tokens of seqs sequences
 	// (prompts new of them) can grow within the budget; when it cannot,
-	// the youngest running request gives its sequence up and goes back to
+	// the youngest running trace.Request gives its sequence up and goes back to
 	// the queue's front (it is recomputed from its prompt later). nil:
 	// always (stock's preallocated layout).
 	room func(tokens, seqs, prompts int) bool
 }
 
-// promptOf is request id's prompt (the same on both engines).
+// promptOf is trace.Request id's prompt (the same on both engines).
 func promptOf(id, n, vocab int) []int32 {
 	p := make([]int32, n)
 	for i := range p {
@@ -177,7 +117,7 @@ func promptOf(id, n, vocab int) []int32 {
 // replay runs the requests on e: at every step the requests admitted so
 // far decode together in one DecodeBatch (a new one its whole prompt, the
 // others one token), and a finished one gives its sequence back.
-func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowBytes memapi.Bytes) (result, error) {
+func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []trace.Request, rowBytes memapi.Bytes) (result, error) {
 	res := result{sequences: e.c.Sequences(), out: make([][]int32, len(rs))}
 	free := make([]int, 0, e.c.Sequences())
 	for i := e.c.Sequences() - 1; i >= 0; i-- {
@@ -185,7 +125,7 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 	}
 	type queued struct {
 		id  int
-		req request
+		req trace.Request
 	}
 	var queue []queued
 	for id, r := range rs {
@@ -194,7 +134,7 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 	var running []*seq
 	var sumRunning, steps, sumSat, stepsSat int
 	var used, heldSum float64
-	// held: after a preemption no request is admitted until one finishes
+	// held: after a preemption no trace.Request is admitted until one finishes
 	// (else the preempted one would come straight back and be refused
 	// again).
 	held := false
@@ -209,14 +149,14 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 			running = append(running, s)
 		}
 		if len(running) == 0 {
-			return res, fmt.Errorf("a request of %d tokens cannot be admitted under the budget", queue[0].req.prompt+queue[0].req.gen)
+			return res, fmt.Errorf("a trace.Request of %d tokens cannot be admitted under the budget", queue[0].req.Prompt+queue[0].req.Gen)
 		}
-		// A request not decoded yet decodes its prompt, the others their
+		// A trace.Request not decoded yet decodes its prompt, the others their
 		// last token.
 		for _, s := range running {
 			toks := []int32{s.next}
 			if len(s.out) == 0 {
-				toks = promptOf(s.id, s.req.prompt, m.NVocab())
+				toks = promptOf(s.id, s.req.Prompt, m.NVocab())
 			}
 			in = append(in, llamacpp.SeqTokens{Seq: s.slot, Tokens: toks})
 		}
@@ -228,7 +168,7 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 			}
 		}
 		if e.room != nil && len(running) > 1 && !e.room(tokens, len(in), prompts) {
-			// The youngest request gives its sequence up and waits again.
+			// The youngest trace.Request gives its sequence up and waits again.
 			y := running[len(running)-1]
 			running = running[:len(running)-1]
 			if err := e.c.ResetSeq(ctx, y.slot); err != nil {
@@ -261,7 +201,7 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 		for _, s := range running {
 			s.next = bySlot[s.slot]
 			s.out = append(s.out, s.next)
-			if len(s.out) == s.req.gen {
+			if len(s.out) == s.req.Gen {
 				res.out[s.id] = s.out
 				res.generated += len(s.out)
 				if err := e.c.ResetSeq(ctx, s.slot); err != nil {
@@ -276,7 +216,7 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []request, rowB
 		running = keep
 		var cells int
 		for _, s := range running {
-			cells += s.req.prompt + len(s.out)
+			cells += s.req.Prompt + len(s.out)
 		}
 		used += float64(memapi.Bytes(cells) * rowBytes)
 		heldSum += float64(e.held())
@@ -313,13 +253,13 @@ func main() {
 	model := flag.String("model", os.Getenv("MEMGEN_LLAMACPP_MODEL"), "a llama GGUF model")
 	trace := flag.String("trace", "../../cmd/memdemo/trace/azure-llm-conv-2023-excerpt.csv", "the trace (CSV: TIMESTAMP,ContextTokens,GeneratedTokens)")
 	n := flag.Int("requests", 64, "requests replayed (the trace's first)")
-	nCtx := flag.Int("nctx", 2048, "each context's n_ctx; lengths are scaled so that the longest request fills it")
+	nCtx := flag.Int("nctx", 2048, "each context's n_ctx; lengths are scaled so that the longest trace.Request fills it")
 	budgetS := flag.String("budget", "96MiB", "KV budget, the same for both engines")
 	threads := flag.Int("threads", 1, "llama.cpp threads")
 	timeout := flag.Duration("timeout", 30*time.Minute, "the whole run's deadline (both engines' replays); its expiry is reported as a deadline")
 	listen := flag.String("listen", "", "serve the HTTP endpoint on this address (host:port) instead of replaying the trace")
 	seqs := flag.Int("sequences", 64, "requests memgen decodes together (with -listen: 16 unless set)")
-	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a request waits for a sequence and budget before a 429")
+	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a trace.Request waits for a sequence and budget before a 429")
 	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
 	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model waits for other processes to give memory back")
 	flag.Parse()
@@ -355,16 +295,16 @@ func main() {
 	}
 }
 
-func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads int, timeout time.Duration) (err error) {
+func run(lib, model, tracePath string, n, nCtx, seqs int, budgetS string, threads int, timeout time.Duration) (err error) {
 	budget, err := parseBytes(budgetS)
 	if err != nil {
 		return fmt.Errorf("-budget %q: %w", budgetS, err)
 	}
-	rs, err := readTrace(trace, n)
+	rs, err := trace.Read(tracePath, n)
 	if err != nil {
 		return err
 	}
-	rs = scale(rs, nCtx)
+	rs = trace.Scale(rs, nCtx)
 	if err := llamacpp.Init(lib); err != nil {
 		return err
 	}
@@ -426,7 +366,7 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 		return err
 	}
 	a, err := replay(ctx, stock, engine{c: sc,
-		admit: func(running []*seq, r request) bool { return true }, // a free sequence is all it needs
+		admit: func(running []*seq, r trace.Request) bool { return true }, // a free sequence is all it needs
 		held:  func() memapi.Bytes { return memapi.Bytes(stockSeqs) * perStock }}, rs, rowBytes)
 	sc.Close(ctx)
 	if err != nil {
@@ -435,7 +375,7 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 	a.engine = "stock llama.cpp (n_ctx preallocated per sequence)"
 
 	// memgen: one context of -sequences sequences whose streams grow;
-	// a request is admitted while the governor's free bytes, less its
+	// a trace.Request is admitted while the governor's free bytes, less its
 	// prompt's rows (and a tile), stay above an eighth of the budget; a
 	// step whose growth would not fit preempts the youngest request.
 	oc, err := ours.NewContext(ctx, llamacpp.ContextOptions{NCtx: nCtx, Sequences: seqs, Batch: 512})
@@ -450,9 +390,9 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 			s, _ := g.Authority("host")
 			return s.Free >= memapi.Bytes(tokens+64*prompts)*rowBytes+memapi.Bytes(seqs)*granules
 		},
-		admit: func(running []*seq, r request) bool {
+		admit: func(running []*seq, r trace.Request) bool {
 			s, _ := g.Authority("host")
-			need, _ := memapi.RoundUp(memapi.Bytes(r.prompt+64)*rowBytes, 64*rowBytes)
+			need, _ := memapi.RoundUp(memapi.Bytes(r.Prompt+64)*rowBytes, 64*rowBytes)
 			return s.Free >= need+budget/8
 		},
 		held: func() memapi.Bytes { return oc.KV().Committed }}, rs, rowBytes)
@@ -467,11 +407,11 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 
 	var prompt, gen int
 	for _, r := range rs {
-		prompt += r.prompt
-		gen += r.gen
+		prompt += r.Prompt
+		gen += r.Gen
 	}
 	fmt.Printf("%d requests of %s, scaled to n_ctx %d (%d prompt + %d generated tokens); KV budget %d MiB; %d KiB of KV per token; stock holds %d MiB per sequence\n",
-		len(rs), trace, nCtx, prompt, gen, budget>>20, rowBytes>>10, perStock>>20)
+		len(rs), tracePath, nCtx, prompt, gen, budget>>20, rowBytes>>10, perStock>>20)
 	fmt.Println("engine | sequences | peak concurrent | mean concurrent while requests queue | mean concurrent | tokens decoded | preemptions | KV utilisation | generated tokens/s | wall time")
 	fmt.Println("--- | --- | --- | --- | --- | --- | --- | --- | --- | ---")
 	for _, r := range []result{a, b} {
@@ -488,8 +428,8 @@ func run(lib, model, trace string, n, nCtx, seqs int, budgetS string, threads in
 		for at < min(len(a.out[i]), len(b.out[i])) && a.out[i][at] == b.out[i][at] {
 			at++
 		}
-		fmt.Printf("request %d (%d prompt, %d generated tokens): the engines' greedy tokens first differ at token %d (its batches differ between the engines: llama.cpp's sums can round differently)\n",
-			i, rs[i].prompt, rs[i].gen, at)
+		fmt.Printf("trace.Request %d (%d prompt, %d generated tokens): the engines' greedy tokens first differ at token %d (its batches differ between the engines: llama.cpp's sums can round differently)\n",
+			i, rs[i].Prompt, rs[i].Gen, at)
 	}
 	capacity := float64(b.peak) / float64(a.peak)
 	tput := (float64(b.generated) / b.took.Seconds()) / (float64(a.generated) / a.took.Seconds())

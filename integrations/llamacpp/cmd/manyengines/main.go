@@ -1,0 +1,433 @@
+// Command manyengines replays a slice of an LLM conversation trace against
+// several running llamaserve engines (their HTTP endpoints) and measures
+// how many sequences they ran at once, what each request's greedy tokens
+// were, and, given the shared ledger they joined, whether the ledger
+// agreed with the engines' own governors.
+//
+//	manyengines -engine tiny=http://127.0.0.1:8081 -engine gqa=http://127.0.0.1:8082 \
+//	    [-trace CSV] [-requests 64] [-nctx 1024] [-ledger PATH] [-o run.json]
+//	manyengines -compare memgen.json static.json
+//
+// Request i goes to engine i mod N; lengths are scaled so that the longest
+// request fills -nctx; its prompt is token ids drawn from i (the same in
+// every run). All requests are sent at the start (a closed loop: the
+// question is how many run at once), each engine queues what it cannot
+// admit yet (start it with a long -queue), and a 429 is retried after its
+// Retry-After. Every 50 ms each engine's /stats is read: the sequences
+// running, summed over the engines, give the peak and the mean while
+// requests wait. With -ledger, before the first request and after the
+// last, once the engines are idle, the ledger is audited: the bytes it
+// says are charged must be what the engines' own governors have charged,
+// summed (their /metrics); a difference is drift.
+//
+// -o writes the run as JSON; -compare reads two runs (the engines on one
+// shared ledger, then the same engines each on a static share) and prints
+// the comparison, last a line (-oom-kills is the count the caller saw: its
+// engines killed by the kernel):
+//
+//	many-engines: engines=N requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/integrations/llamacpp/internal/trace"
+)
+
+// engine is one llamaserve endpoint.
+type engine struct {
+	Name string `json:"name"`
+	URL  string `json:"url"`
+}
+
+// Run is one replay's result.
+type Run struct {
+	Engines  []engine `json:"engines"`
+	Requests int      `json:"requests"`
+	Served   int      `json:"served"`
+	Retries  int      `json:"retries"` // 429s retried
+	// Peak is the most sequences the engines ran at once, summed; PeakBy
+	// each engine's own peak (its /stats).
+	Peak   int            `json:"peak"`
+	PeakBy map[string]int `json:"peak_by"`
+	// MeanQueued is the mean of the summed running sequences over the
+	// samples taken while some request was still waiting to be admitted.
+	MeanQueued float64 `json:"mean_queued"`
+	// Tokens are each request's greedy tokens.
+	Tokens [][]int32 `json:"tokens"`
+	// Audits are the ledger audits (with -ledger): the largest difference
+	// between an engine's governor and the ledger at each.
+	Audits []Audit  `json:"audits"`
+	Wall   float64  `json:"wall_seconds"`
+	Errors []string `json:"errors"`
+}
+
+// Audit is one comparison of the engines' governors with the ledger.
+type Audit struct {
+	When    string `json:"when"`
+	Charged uint64 `json:"ledger_charged"`  // the ledger's total
+	Engines uint64 `json:"engines_charged"` // the engines' governors', summed
+	Drift   uint64 `json:"drift"`           // |the two|
+}
+
+type engineFlags []engine
+
+func (e *engineFlags) String() string { return fmt.Sprint(*e) }
+func (e *engineFlags) Set(v string) error {
+	name, url, ok := strings.Cut(v, "=")
+	if !ok || name == "" || url == "" {
+		return fmt.Errorf("want NAME=URL, got %q", v)
+	}
+	*e = append(*e, engine{name, strings.TrimSuffix(url, "/")})
+	return nil
+}
+
+func main() {
+	var engines engineFlags
+	flag.Var(&engines, "engine", "an engine as NAME=URL (repeat for each)")
+	tracePath := flag.String("trace", "../../cmd/memdemo/trace/azure-llm-conv-2023-excerpt.csv", "the trace (CSV: TIMESTAMP,ContextTokens,GeneratedTokens)")
+	n := flag.Int("requests", 64, "requests replayed (the trace's first)")
+	nCtx := flag.Int("nctx", 1024, "the engines' n_ctx: lengths are scaled so that the longest request fills it")
+	ledger := flag.String("ledger", "", "the shared ledger the engines joined: audit it before and after")
+	out := flag.String("o", "", "write the run as JSON to this file")
+	compare := flag.Bool("compare", false, "compare two runs' JSON files (shared ledger, then static shares) instead")
+	oomKills := flag.Int("oom-kills", 0, "with -compare: the engines the kernel killed, as the caller counted them")
+	timeout := flag.Duration("timeout", 20*time.Minute, "the whole replay's deadline")
+	flag.Parse()
+	if *compare {
+		if flag.NArg() != 2 {
+			fmt.Fprintln(os.Stderr, "manyengines -compare SHARED.json STATIC.json")
+			os.Exit(2)
+		}
+		if err := compareRuns(os.Stdout, flag.Arg(0), flag.Arg(1), *oomKills); err != nil {
+			fmt.Fprintln(os.Stderr, "manyengines:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(engines) == 0 || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "manyengines: at least one -engine NAME=URL, and no arguments")
+		os.Exit(2)
+	}
+	rs, err := trace.Read(*tracePath, *n)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "manyengines:", err)
+		os.Exit(1)
+	}
+	// A request's prompt and completion fit n_ctx with a token to spare.
+	rs = trace.Scale(rs, *nCtx-1)
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	run, err := replay(ctx, engines, rs, *ledger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "manyengines:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("manyengines: %d engines, %d requests, %d served, %d retried after a 429, peak %d sequences at once (%v), mean %.1f while requests waited, %.1f s\n",
+		len(engines), run.Requests, run.Served, run.Retries, run.Peak, run.PeakBy, run.MeanQueued, run.Wall)
+	for _, a := range run.Audits {
+		fmt.Printf("audit %s: ledger %d, engines %d, drift %d\n", a.When, a.Charged, a.Engines, a.Drift)
+	}
+	if *out != "" {
+		b, _ := json.MarshalIndent(run, "", " ")
+		if err := os.WriteFile(*out, b, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "manyengines:", err)
+			os.Exit(1)
+		}
+	}
+	if run.Served != run.Requests || len(run.Errors) > 0 {
+		for _, e := range run.Errors {
+			fmt.Fprintln(os.Stderr, "manyengines:", e)
+		}
+		os.Exit(1)
+	}
+}
+
+// promptIDs is request i's prompt: n token ids from 10 to 999 (ids every
+// engine's vocabulary has, past the special tokens), drawn from i.
+func promptIDs(i, n int) []int32 {
+	r := rand.New(rand.NewPCG(uint64(i), 0x6d616e79))
+	out := make([]int32, n)
+	for k := range out {
+		out[k] = int32(10 + r.IntN(990))
+	}
+	return out
+}
+
+func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger string) (*Run, error) {
+	run := &Run{Engines: engines, Requests: len(rs), Tokens: make([][]int32, len(rs)), PeakBy: map[string]int{}}
+	client := &http.Client{}
+	if ledger != "" {
+		a, err := audit(ctx, client, engines, ledger, "before")
+		if err != nil {
+			return nil, err
+		}
+		run.Audits = append(run.Audits, a)
+	}
+	start := time.Now()
+	var (
+		mu       sync.Mutex
+		inflight = len(rs)
+	)
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := engines[i%len(engines)]
+			toks, retries, err := complete(ctx, client, e, promptIDs(i, r.Prompt), r.Gen)
+			mu.Lock()
+			defer mu.Unlock()
+			inflight--
+			run.Retries += retries
+			if err != nil {
+				run.Errors = append(run.Errors, fmt.Sprintf("request %d on %s: %v", i, e.Name, err))
+				return
+			}
+			run.Tokens[i] = toks
+			run.Served++
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var sum float64
+	var samples int
+sampling:
+	for {
+		select {
+		case <-done:
+			break sampling
+		case <-tick.C:
+		}
+		running := 0
+		for _, e := range engines {
+			st, err := stats(ctx, client, e)
+			if err != nil {
+				continue
+			}
+			running += st.Running
+		}
+		run.Peak = max(run.Peak, running)
+		mu.Lock()
+		waiting := inflight > running
+		mu.Unlock()
+		if waiting {
+			sum += float64(running)
+			samples++
+		}
+	}
+	run.Wall = time.Since(start).Seconds()
+	if samples > 0 {
+		run.MeanQueued = sum / float64(samples)
+	}
+	for _, e := range engines {
+		if st, err := stats(ctx, client, e); err == nil {
+			run.PeakBy[e.Name] = st.Peak
+		}
+	}
+	if ledger != "" {
+		a, err := audit(ctx, client, engines, ledger, "after")
+		if err != nil {
+			return nil, err
+		}
+		run.Audits = append(run.Audits, a)
+	}
+	return run, nil
+}
+
+// complete posts one request, retrying after a 429's Retry-After.
+func complete(ctx context.Context, c *http.Client, e engine, prompt []int32, gen int) ([]int32, int, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": gen})
+	for retries := 0; ; retries++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL+"/v1/completions", bytes.NewReader(body))
+		if err != nil {
+			return nil, retries, err
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, retries, err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			var out struct {
+				Choices []struct {
+					Tokens []int32 `json:"tokens"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal(b, &out); err != nil || len(out.Choices) != 1 {
+				return nil, retries, fmt.Errorf("bad answer %q", b)
+			}
+			return out.Choices[0].Tokens, retries, nil
+		case http.StatusTooManyRequests:
+			wait, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+			select {
+			case <-ctx.Done():
+				return nil, retries, ctx.Err()
+			case <-time.After(time.Duration(max(wait, 1)) * time.Second):
+			}
+		default:
+			return nil, retries, fmt.Errorf("%s: %s", resp.Status, b)
+		}
+	}
+}
+
+type serverStats struct {
+	Running, Peak int
+}
+
+func stats(ctx context.Context, c *http.Client, e engine) (serverStats, error) {
+	var st serverStats
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/stats", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// charged is an engine's governor's charged bytes on every authority, from
+// its /metrics (memgen_governor_charged_bytes).
+func charged(ctx context.Context, c *http.Client, e engine) (uint64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/metrics", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var total uint64
+	found := false
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		l := s.Text()
+		if !strings.HasPrefix(l, "memgen_governor_charged_bytes{") {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, err
+		}
+		total += uint64(v)
+		found = true
+	}
+	if !found {
+		return 0, fmt.Errorf("%s/metrics has no memgen_governor_charged_bytes", e.URL)
+	}
+	return total, s.Err()
+}
+
+// audit compares the ledger's charged bytes with the engines' governors'
+// once the engines are idle and their settlers have published (the
+// ledger's figures lag a process's by up to its poll): it reads both until
+// they agree or 5 s pass, and reports the last difference.
+func audit(ctx context.Context, c *http.Client, engines []engine, ledger, when string) (Audit, error) {
+	var a Audit
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, _, err := xproc.Inspect(ledger)
+		if err != nil {
+			return a, err
+		}
+		var sum uint64
+		for _, e := range engines {
+			n, err := charged(ctx, c, e)
+			if err != nil {
+				return a, err
+			}
+			sum += n
+		}
+		a = Audit{When: when, Charged: h.Charged, Engines: sum, Drift: max(h.Charged, sum) - min(h.Charged, sum)}
+		if a.Drift == 0 || time.Now().After(deadline) {
+			return a, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// compareRuns prints the shared run against the static one.
+func compareRuns(w io.Writer, sharedPath, staticPath string, oomKills int) error {
+	read := func(p string) (*Run, error) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var r Run
+		return &r, json.Unmarshal(b, &r)
+	}
+	shared, err := read(sharedPath)
+	if err != nil {
+		return err
+	}
+	static, err := read(staticPath)
+	if err != nil {
+		return err
+	}
+	if shared.Requests != static.Requests {
+		return errors.New("the runs replayed different requests")
+	}
+	identical, served := 0, 0
+	var differ []string
+	for i := range shared.Tokens {
+		a, b := shared.Tokens[i], static.Tokens[i]
+		if a == nil {
+			continue
+		}
+		served++
+		at := firstDiff(a, b)
+		if at < 0 {
+			identical++
+			continue
+		}
+		differ = append(differ, fmt.Sprintf("request %d (%s): first differs at token %d", i, shared.Engines[i%len(shared.Engines)].Name, at))
+	}
+	var drift uint64
+	for _, a := range shared.Audits {
+		drift = max(drift, a.Drift)
+	}
+	fmt.Fprintf(w, "shared ledger: peak %d sequences at once %v, mean %.1f while requests waited, %.1f s\n", shared.Peak, shared.PeakBy, shared.MeanQueued, shared.Wall)
+	fmt.Fprintf(w, "static shares: peak %d sequences at once %v, mean %.1f while requests waited, %.1f s\n", static.Peak, static.PeakBy, static.MeanQueued, static.Wall)
+	if static.Peak > 0 && static.MeanQueued > 0 {
+		fmt.Fprintf(w, "shared / static: peak %.2fx, mean while requests waited %.2fx, wall time %.2fx\n",
+			float64(shared.Peak)/float64(static.Peak), shared.MeanQueued/static.MeanQueued, shared.Wall/static.Wall)
+	}
+	sort.Strings(differ)
+	for _, d := range differ {
+		fmt.Fprintln(w, d, "(its batches differ between the runs: llama.cpp's sums can round differently)")
+	}
+	fmt.Fprintf(w, "many-engines: engines=%d requests=%d served=%d oom-kills=%d drift=%d tokens-identical=%d/%d peak-seqs=%d static-peak-seqs=%d\n",
+		len(shared.Engines), shared.Requests, shared.Served, oomKills, drift, identical, served, shared.Peak, static.Peak)
+	return nil
+}
+
+func firstDiff(a, b []int32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# many-engines.sh: several llama.cpp engines on one memory budget.
+#
+# Two llamaserve processes (the tiny model and the GQA one: different
+# shapes, 12 and 4 KiB of KV per token) serve a slice of the conversation
+# trace split between them (cmd/manyengines), twice, under the same budget:
+#
+#   1. shared: both join one shared ledger of the budget (memctl create;
+#      llamaserve -ledger): weights, KV cache and compute buffers of both
+#      charged there; each engine admits requests by the KV their prompt
+#      and max_tokens need, within a KV budget of half what the ledger has
+#      left beside both engines' start (llamaplan sizes it), and grows its
+#      KV a token at a time;
+#   2. static: each engine on a static half of the budget, holding the
+#      sequences stock llama.cpp's preallocated layout holds in that half
+#      (n_ctx of KV each, beside its weights and buffers: llamaplan sizes
+#      it), the way a device is split today.
+#
+# Where the machine lets it make a memory cgroup (v2, or v1 as here), both
+# runs' engines run inside one, nested under this process's, limited to
+# the budget plus MANY_ENGINES_ALLOWANCE (default 96 MiB) per engine (its
+# Go runtime, libraries, and on v1 the page cache the model files leave):
+# an overcommit ends in a kernel OOM kill, which is counted. Where it
+# cannot, it says so and runs on the ledger alone.
+#
+# The last line:
+#   many-engines: engines=2 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
+#
+#   scripts/many-engines.sh            MANY_ENGINES_REQUESTS (default 128),
+#                                      MANY_ENGINES_SEQUENCES (default 64, each
+#                                      engine's in the shared run),
+#                                      MANY_ENGINES_BUDGET (default 320MiB)
+#   make many-engines                  the same; CI runs it with 24 requests
+#
+# It exits 0 when every request was served, no engine was killed and the
+# ledger agreed with the engines at every audit.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+REQUESTS="${MANY_ENGINES_REQUESTS:-128}"
+BUDGET="${MANY_ENGINES_BUDGET:-320MiB}"
+ALLOWANCE=$(( ${MANY_ENGINES_ALLOWANCE_MIB:-96} << 20 ))
+NCTX=1024
+SEQS="${MANY_ENGINES_SEQUENCES:-64}"
+
+say() { printf 'many-engines: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+"$ROOT/scripts/llamacpp.sh" fetch >/dev/null || die "llama.cpp or its models could not be fetched (scripts/llamacpp.sh)"
+CACHE="${MEMGEN_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memgen/llamacpp-3.21.1}"
+while IFS='=' read -r k v; do export "$k=$v"; done <"$CACHE/env"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+work="$(mktemp -d)"
+cg=""
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	[ -z "$cg" ] || rmdir "$cg" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+(cd "$ROOT/integrations/llamacpp" && GOWORK=off go build -o "$work/llamaserve" ./cmd/llamaserve &&
+	GOWORK=off go build -o "$work/llamaplan" ./cmd/llamaplan && GOWORK=off go build -o "$work/manyengines" ./cmd/manyengines)
+(cd "$ROOT" && go build -o "$work/memctl" ./cmd/memctl)
+
+bytes() { # 320MiB -> bytes
+	local v="${1%MiB}"
+	[ "$v" != "$1" ] && { echo $((v << 20)); return; }
+	echo "$1"
+}
+budget=$(bytes "$BUDGET")
+plan() { # model sequences field
+	"$work/llamaplan" -model "$1" -nctx "$NCTX" -sequences "$2" -json | sed -n "s/.*\"$3\": \([0-9]*\).*/\1/p" | head -1
+}
+
+# The memory cgroup: v2 where the unified hierarchy has the memory
+# controller, else v1's memory hierarchy; nested under this process's.
+engines=2
+limit=$((budget + engines * ALLOWANCE))
+if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+	base="/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)"
+	if mkdir "$base/many-engines-$$" 2>/dev/null; then
+		cg="$base/many-engines-$$"
+		echo "$limit" >"$cg/memory.max"
+	fi
+elif [ -d /sys/fs/cgroup/memory ]; then
+	base="/sys/fs/cgroup/memory$(sed -n 's/^[0-9]*:memory://p' /proc/self/cgroup)"
+	if mkdir "$base/many-engines-$$" 2>/dev/null; then
+		cg="$base/many-engines-$$"
+		echo "$limit" >"$cg/memory.limit_in_bytes"
+	fi
+fi
+if [ -n "$cg" ]; then
+	say "engines run in the memory cgroup $cg, limited to the budget plus $((ALLOWANCE >> 20)) MiB per engine ($((limit >> 20)) MiB)"
+else
+	say "no memory cgroup could be made here: the engines run on the ledger alone (no kernel limit)"
+fi
+
+# start NAME MODEL ARGS...: an engine, in the cgroup; sets url to its URL.
+start() {
+	local name="$1" model="$2"
+	shift 2
+	local log="$work/$name.log"
+	if [ -n "$cg" ]; then
+		sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "$work/llamaserve" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
+	else
+		"$work/llamaserve" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
+	fi
+	pids+=($!)
+	for _ in $(seq 600); do
+		url="$(sed -n 's/.*serving .* on \(http:\/\/[^ ]*\) .*/\1/p' "$log")"
+		[ -z "$url" ] || { say "$name: $(head -1 "$log")"; return; }
+		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; die "engine $name ended before serving"; }
+		sleep 0.1
+	done
+	die "engine $name did not serve within a minute"
+}
+
+oom=0
+# stop: SIGTERM every engine, and count the ones the kernel killed.
+stop() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do
+		rc=0
+		wait "$p" || rc=$?
+		[ $rc -ne 137 ] || oom=$((oom + 1))
+	done
+	pids=()
+}
+
+tiny="$MEMGEN_LLAMACPP_MODEL"
+gqa="$MEMGEN_LLAMACPP_GQA_MODEL"
+
+# 1. Shared: one ledger; each engine's KV budget is half the room both
+# engines' start leaves in it.
+room=$((budget - $(plan "$tiny" $SEQS at_start) - $(plan "$gqa" $SEQS at_start) - (16 << 20)))
+[ "$room" -gt 0 ] || die "a budget of $BUDGET leaves no room for KV beside both engines"
+ledger="$work/ledger"
+"$work/memctl" create "$ledger" "$budget" 8 >/dev/null
+say "shared: ledger of $((budget >> 20)) MiB, each engine $SEQS sequences and a KV budget of $((room / 2 >> 20)) MiB"
+start tiny "$tiny" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
+u1="$url"
+start gqa "$gqa" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
+u2="$url"
+(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -ledger "$ledger" -o "$work/shared.json")
+"$work/memctl" show "$ledger" >"$work/show.txt"
+head -3 "$work/show.txt"
+stop
+
+# 2. Static: half the budget each, with the sequences stock llama.cpp's
+# preallocated layout holds there.
+half=$((budget / 2))
+static_seqs() { # model
+	local kv=$(( $(plan "$1" 1 kv_per_token) * NCTX ))
+	local n=$(( (half - $(plan "$1" 1 at_start)) / kv ))
+	[ "$n" -ge 1 ] || die "half of $BUDGET holds no sequence of $1 preallocated"
+	echo "$n"
+}
+s1=$(static_seqs "$tiny")
+s2=$(static_seqs "$gqa")
+say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2"
+start tiny "$tiny" -sequences "$s1" -budget $((s1 * NCTX * $(plan "$tiny" 1 kv_per_token)))
+u1="$url"
+start gqa "$gqa" -sequences "$s2" -budget $((s2 * NCTX * $(plan "$gqa" 1 kv_per_token)))
+u2="$url"
+(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -o "$work/static.json")
+stop
+
+"$work/manyengines" -compare -oom-kills "$oom" "$work/shared.json" "$work/static.json" | tee "$work/compare.txt"
+line="$(tail -1 "$work/compare.txt")"
+case "$line" in
+*" oom-kills=0 drift=0 "*) ;;
+*) die "an engine was killed or the ledger drifted: $line" ;;
+esac
