@@ -23,6 +23,9 @@
 # an overcommit ends in a kernel OOM kill, which is counted. Where it
 # cannot, it says so and runs on the ledger alone.
 #
+# The shared run writes a memory report of the ledger over time, by engine
+# and holder, to $MANY_ENGINES_OUT/many-engines-report.html (default out/).
+#
 # The last line:
 #   many-engines: engines=2 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
 #
@@ -41,6 +44,7 @@ REQUESTS="${MANY_ENGINES_REQUESTS:-128}"
 BUDGET="${MANY_ENGINES_BUDGET:-320MiB}"
 ALLOWANCE=$(( ${MANY_ENGINES_ALLOWANCE_MIB:-96} << 20 ))
 NCTX=1024
+OUT="${MANY_ENGINES_OUT:-$ROOT/out}" # the shared run's memory report goes there
 SEQS="${MANY_ENGINES_SEQUENCES:-64}"
 
 say() { printf 'many-engines: %s\n' "$*" >&2; }
@@ -52,6 +56,7 @@ while IFS='=' read -r k v; do export "$k=$v"; done <"$CACHE/env"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 work="$(mktemp -d)"
+mkdir -p "$OUT"
 cg=""
 pids=()
 cleanup() {
@@ -145,7 +150,7 @@ start tiny "$tiny" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
 u1="$url"
 start gqa "$gqa" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
 u2="$url"
-(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -ledger "$ledger" -o "$work/shared.json")
+(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -ledger "$ledger" -o "$work/shared.json" -report "$OUT/many-engines-report.html")
 "$work/memctl" show "$ledger" >"$work/show.txt"
 head -3 "$work/show.txt"
 stop

@@ -37,17 +37,22 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/governor/xproc"
 	"github.com/memgen/memgen/integrations/llamacpp/internal/trace"
+	"github.com/memgen/memgen/memreport"
 )
 
 // engine is one llamaserve endpoint.
@@ -106,6 +111,7 @@ func main() {
 	nCtx := flag.Int("nctx", 1024, "the engines' n_ctx: lengths are scaled so that the longest request fills it")
 	ledger := flag.String("ledger", "", "the shared ledger the engines joined: audit it before and after")
 	out := flag.String("o", "", "write the run as JSON to this file")
+	report := flag.String("report", "", "with -ledger: write a memory report (HTML) of the shared ledger over time, by engine and holder")
 	compare := flag.Bool("compare", false, "compare two runs' JSON files (shared ledger, then static shares) instead")
 	oomKills := flag.Int("oom-kills", 0, "with -compare: the engines the kernel killed, as the caller counted them")
 	timeout := flag.Duration("timeout", 20*time.Minute, "the whole replay's deadline")
@@ -134,15 +140,30 @@ func main() {
 	rs = trace.Scale(rs, *nCtx-1)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	run, err := replay(ctx, engines, rs, *ledger)
+	var rec *memreport.Recorder
+	if *report != "" {
+		if *ledger == "" {
+			fmt.Fprintln(os.Stderr, "manyengines: -report needs -ledger")
+			os.Exit(2)
+		}
+		rec = memreport.New(memreport.Options{Title: "many engines, one shared ledger"})
+	}
+	run, err := replay(ctx, engines, rs, *ledger, rec)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "manyengines:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("manyengines: %d engines, %d requests, %d served, %d retried after a 429, peak %d sequences at once (%v), mean %.1f while requests waited, %.1f s\n",
-		len(engines), run.Requests, run.Served, run.Retries, run.Peak, run.PeakBy, run.MeanQueued, run.Wall)
+	fmt.Printf("manyengines: %d engines, %d requests, %d served, %d retried after a 429, peak %d sequences at once (%s), mean %.1f while requests waited, %.1f s\n",
+		len(engines), run.Requests, run.Served, run.Retries, run.Peak, peaks(run), run.MeanQueued, run.Wall)
 	for _, a := range run.Audits {
 		fmt.Printf("audit %s: ledger %d, engines %d, drift %d\n", a.When, a.Charged, a.Engines, a.Drift)
+	}
+	if rec != nil {
+		if err := writeReport(rec, run, *report); err != nil {
+			fmt.Fprintln(os.Stderr, "manyengines:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("memory report: %s\n", *report)
 	}
 	if *out != "" {
 		b, _ := json.MarshalIndent(run, "", " ")
@@ -170,7 +191,7 @@ func promptIDs(i, n int) []int32 {
 	return out
 }
 
-func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger string) (*Run, error) {
+func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger string, rec *memreport.Recorder) (*Run, error) {
 	run := &Run{Engines: engines, Requests: len(rs), Tokens: make([][]int32, len(rs)), PeakBy: map[string]int{}}
 	client := &http.Client{}
 	if ledger != "" {
@@ -226,6 +247,11 @@ sampling:
 			running += st.Running
 		}
 		run.Peak = max(run.Peak, running)
+		if rec != nil {
+			if snap, err := ledgerSnapshot(ctx, client, engines, ledger, rec); err == nil {
+				rec.Sample(snap)
+			}
+		}
 		mu.Lock()
 		waiting := inflight > running
 		mu.Unlock()
@@ -249,8 +275,120 @@ sampling:
 			return nil, err
 		}
 		run.Audits = append(run.Audits, a)
+		if rec != nil {
+			if snap, err := ledgerSnapshot(ctx, client, engines, ledger, rec); err == nil {
+				rec.Sample(snap)
+				rec.End(snap)
+			}
+		}
 	}
 	return run, nil
+}
+
+// ledgerAuthority names the shared ledger in the report.
+const ledgerAuthority = "shared ledger"
+
+// ledgerSnapshot is the shared ledger as one authority of a governor
+// snapshot, for the memory report: its capacity from the ledger file, its
+// holders every engine's (ENGINE/HOLDER, their charges from the engine's
+// /metrics), charged their sum; the chart then shows the ledger over time
+// by engine and holder (each labelled in rec with its role).
+func ledgerSnapshot(ctx context.Context, c *http.Client, engines []engine, ledger string, rec *memreport.Recorder) (governor.Snapshot, error) {
+	h, _, err := xproc.Inspect(ledger)
+	if err != nil {
+		return governor.Snapshot{}, err
+	}
+	snap := governor.Snapshot{Time: time.Now()}
+	var total memapi.Bytes
+	for _, e := range engines {
+		_, hs, err := governorCharges(ctx, c, e)
+		if err != nil {
+			return governor.Snapshot{}, err
+		}
+		for _, name := range slices.Sorted(maps.Keys(hs)) {
+			if rec != nil {
+				role := "kv-cache and compute"
+				if strings.HasSuffix(name, "/weights") {
+					role = "weights"
+				}
+				rec.Label(governor.HolderID(e.Name+"/"+name), role)
+			}
+			snap.Holders = append(snap.Holders, governor.HolderSnapshot{ID: governor.HolderID(e.Name + "/" + name),
+				Authorities: []governor.HolderAuthoritySnapshot{{Authority: ledgerAuthority, Charged: hs[name]}}})
+			total += hs[name]
+		}
+	}
+	capacity := memapi.Bytes(h.Capacity)
+	snap.Authorities = []governor.AuthoritySnapshot{{ID: ledgerAuthority, Capacity: capacity, Charged: total, Free: capacity - min(total, capacity)}}
+	return snap, nil
+}
+
+// governorCharges reads an engine's /metrics: its governor's charged
+// bytes over every authority (memgen_governor_charged_bytes) and each
+// holder's (memgen_governor_holder_charged_bytes, summed over its
+// authorities).
+func governorCharges(ctx context.Context, c *http.Client, e engine) (memapi.Bytes, map[string]memapi.Bytes, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/metrics", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var total memapi.Bytes
+	found := false
+	holders := map[string]memapi.Bytes{}
+	s := bufio.NewScanner(resp.Body)
+	for s.Scan() {
+		l := s.Text()
+		holder := strings.HasPrefix(l, "memgen_governor_holder_charged_bytes{")
+		if !holder && !strings.HasPrefix(l, "memgen_governor_charged_bytes{") {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, nil, fmt.Errorf("%s/metrics: bad line %q", e.URL, l)
+		}
+		if !holder {
+			total += memapi.Bytes(v)
+			found = true
+			continue
+		}
+		_, rest, _ := strings.Cut(l, `holder="`)
+		name, _, ok := strings.Cut(rest, `"`)
+		if !ok {
+			return 0, nil, fmt.Errorf("%s/metrics: bad line %q", e.URL, l)
+		}
+		holders[name] += memapi.Bytes(v)
+	}
+	if !found {
+		return 0, nil, fmt.Errorf("%s/metrics has no memgen_governor_charged_bytes", e.URL)
+	}
+	return total, holders, s.Err()
+}
+
+// writeReport writes the memory report of the shared run: the ledger over
+// time by engine and holder, its checks and figures.
+func writeReport(rec *memreport.Recorder, run *Run, path string) error {
+	var drift uint64
+	for _, a := range run.Audits {
+		drift = max(drift, a.Drift)
+	}
+	rec.Check("every request served", run.Served == run.Requests, fmt.Sprintf("%d of %d", run.Served, run.Requests))
+	rec.Check("ledger equals the engines", drift == 0, fmt.Sprintf("largest difference %d bytes over %d audits (idle engines, before and after the replay)", drift, len(run.Audits)))
+	rec.Note("engines", fmt.Sprint(len(run.Engines)))
+	rec.Note("peak sequences at once", fmt.Sprintf("%d (each engine's peak: %s)", run.Peak, peaks(run)))
+	rec.Note("mean while requests waited", fmt.Sprintf("%.1f", run.MeanQueued))
+	rec.Note("wall time", fmt.Sprintf("%.1f s", run.Wall))
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rec.WriteHTML(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // complete posts one request, retrying after a 429's Retry-After.
@@ -306,37 +444,6 @@ func stats(ctx context.Context, c *http.Client, e engine) (serverStats, error) {
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
-// charged is an engine's governor's charged bytes on every authority, from
-// its /metrics (memgen_governor_charged_bytes).
-func charged(ctx context.Context, c *http.Client, e engine) (uint64, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/metrics", nil)
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var total uint64
-	found := false
-	s := bufio.NewScanner(resp.Body)
-	for s.Scan() {
-		l := s.Text()
-		if !strings.HasPrefix(l, "memgen_governor_charged_bytes{") {
-			continue
-		}
-		f := strings.Fields(l)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			return 0, err
-		}
-		total += uint64(v)
-		found = true
-	}
-	if !found {
-		return 0, fmt.Errorf("%s/metrics has no memgen_governor_charged_bytes", e.URL)
-	}
-	return total, s.Err()
-}
-
 // audit compares the ledger's charged bytes with the engines' governors'
 // once the engines are idle and their settlers have published (the
 // ledger's figures lag a process's by up to its poll): it reads both until
@@ -351,11 +458,11 @@ func audit(ctx context.Context, c *http.Client, engines []engine, ledger, when s
 		}
 		var sum uint64
 		for _, e := range engines {
-			n, err := charged(ctx, c, e)
+			n, _, err := governorCharges(ctx, c, e)
 			if err != nil {
 				return a, err
 			}
-			sum += n
+			sum += uint64(n)
 		}
 		a = Audit{When: when, Charged: h.Charged, Engines: sum, Drift: max(h.Charged, sum) - min(h.Charged, sum)}
 		if a.Drift == 0 || time.Now().After(deadline) {
@@ -405,11 +512,15 @@ func compareRuns(w io.Writer, sharedPath, staticPath string, oomKills int) error
 	for _, a := range shared.Audits {
 		drift = max(drift, a.Drift)
 	}
-	fmt.Fprintf(w, "shared ledger: peak %d sequences at once %v, mean %.1f while requests waited, %.1f s\n", shared.Peak, shared.PeakBy, shared.MeanQueued, shared.Wall)
-	fmt.Fprintf(w, "static shares: peak %d sequences at once %v, mean %.1f while requests waited, %.1f s\n", static.Peak, static.PeakBy, static.MeanQueued, static.Wall)
-	if static.Peak > 0 && static.MeanQueued > 0 {
-		fmt.Fprintf(w, "shared / static: peak %.2fx, mean while requests waited %.2fx, wall time %.2fx\n",
-			float64(shared.Peak)/float64(static.Peak), shared.MeanQueued/static.MeanQueued, shared.Wall/static.Wall)
+	fmt.Fprintf(w, "shared ledger: peak %d sequences at once (%s), mean %.1f while requests waited, %.1f s\n", shared.Peak, peaks(shared), shared.MeanQueued, shared.Wall)
+	fmt.Fprintf(w, "static shares: peak %d sequences at once (%s), mean %.1f while requests waited, %.1f s\n", static.Peak, peaks(static), static.MeanQueued, static.Wall)
+	if static.Peak > 0 {
+		waited := "no request waited in the shared run"
+		if shared.MeanQueued > 0 && static.MeanQueued > 0 {
+			waited = fmt.Sprintf("mean while requests waited %.2fx", shared.MeanQueued/static.MeanQueued)
+		}
+		fmt.Fprintf(w, "shared / static: peak %.2fx, %s, wall time %.2fx\n",
+			float64(shared.Peak)/float64(static.Peak), waited, shared.Wall/static.Wall)
 	}
 	sort.Strings(differ)
 	for _, d := range differ {
@@ -418,6 +529,15 @@ func compareRuns(w io.Writer, sharedPath, staticPath string, oomKills int) error
 	fmt.Fprintf(w, "many-engines: engines=%d requests=%d served=%d oom-kills=%d drift=%d tokens-identical=%d/%d peak-seqs=%d static-peak-seqs=%d\n",
 		len(shared.Engines), shared.Requests, shared.Served, oomKills, drift, identical, served, shared.Peak, static.Peak)
 	return nil
+}
+
+// peaks lists each engine's own peak: "gqa 32, tiny 24".
+func peaks(r *Run) string {
+	var parts []string
+	for _, e := range r.Engines {
+		parts = append(parts, fmt.Sprintf("%s %d", e.Name, r.PeakBy[e.Name]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func firstDiff(a, b []int32) int {
