@@ -213,8 +213,9 @@ demo:
 journey:
 	bash scripts/journey.sh
 
-## many-engines: two llama.cpp engines (tiny and GQA models) serving a trace slice on one shared ledger, then on
-## static halves of the same budget, in a memory cgroup where one can be made; MANY_ENGINES_REQUESTS (default 128)
+## many-engines: two llama.cpp engines (tiny and GQA models) and an ONNX Runtime decoder serving a trace slice on one
+## shared ledger, then on static thirds of the same budget, in a memory cgroup where one can be made;
+## MANY_ENGINES_REQUESTS (default 128)
 .PHONY: many-engines
 many-engines:
 	scripts/many-engines.sh

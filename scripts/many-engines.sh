@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # many-engines.sh: several llama.cpp engines on one memory budget.
 #
-# Two llamaserve processes (the tiny model and the GQA one: different
-# shapes, 12 and 4 KiB of KV per token) serve a slice of the conversation
-# trace split between them (cmd/manyengines), twice, under the same budget:
+# Three engine processes, two llamaserve (the tiny model and the GQA one:
+# different shapes, 12 and 4 KiB of KV per token) and one ortserve (an ONNX
+# Runtime decoder, 4 KiB), serve a slice of the conversation trace split
+# between them (cmd/manyengines), twice, under the same budget:
 #
-#   1. shared: both join one shared ledger of the budget (memctl create;
-#      llamaserve -ledger): weights, KV cache and compute buffers of both
-#      charged there; each engine admits requests by the KV their prompt
-#      and max_tokens need, within a KV budget of half what the ledger has
-#      left beside both engines' start (llamaplan sizes it), and grows its
-#      KV a token at a time;
-#   2. static: each engine on a static half of the budget, holding the
-#      sequences stock llama.cpp's preallocated layout holds in that half
-#      (n_ctx of KV each, beside its weights and buffers: llamaplan sizes
-#      it), the way a device is split today.
+#   1. shared: all join one shared ledger of the budget (memctl create;
+#      -ledger): weights, KV caches, compute buffers and ONNX Runtime's
+#      workspace charged there; each engine admits requests by the KV their
+#      prompt and max_tokens need, within a KV budget of a third of what the
+#      ledger has left beside the engines' start (llamaplan sizes the
+#      llama.cpp engines'; the decoder's is taken as twice its file), and
+#      grows its KV a token at a time;
+#   2. static: each engine on a static third of the budget, holding the
+#      sequences a preallocated layout holds there: stock llama.cpp's (n_ctx
+#      of KV each beside its weights and buffers, as llamaplan sizes them)
+#      and ONNX Runtime GenAI's max-length buffer (ortserve -preallocate:
+#      each sequence's KV allocated for n_ctx at its start), the way a
+#      device is split today.
 #
 # Where the machine lets it make a memory cgroup (v2, or v1 as here), both
 # runs' engines run inside one, nested under this process's, limited to
@@ -27,12 +31,12 @@
 # and holder, to $MANY_ENGINES_OUT/many-engines-report.html (default out/).
 #
 # The last line:
-#   many-engines: engines=2 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
+#   many-engines: engines=3 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
 #
 #   scripts/many-engines.sh            MANY_ENGINES_REQUESTS (default 128),
 #                                      MANY_ENGINES_SEQUENCES (default 64, each
 #                                      engine's in the shared run),
-#                                      MANY_ENGINES_BUDGET (default 320MiB)
+#                                      MANY_ENGINES_BUDGET (default 384MiB)
 #   make many-engines                  the same; CI runs it with 24 requests
 #
 # It exits 0 when every request was served, no engine was killed and the
@@ -41,7 +45,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 REQUESTS="${MANY_ENGINES_REQUESTS:-128}"
-BUDGET="${MANY_ENGINES_BUDGET:-320MiB}"
+BUDGET="${MANY_ENGINES_BUDGET:-384MiB}"
 ALLOWANCE=$(( ${MANY_ENGINES_ALLOWANCE_MIB:-96} << 20 ))
 NCTX=1024
 OUT="${MANY_ENGINES_OUT:-$ROOT/out}" # the shared run's memory report goes there
@@ -53,6 +57,10 @@ die() { say "$*"; exit 1; }
 "$ROOT/scripts/llamacpp.sh" fetch >/dev/null || die "llama.cpp or its models could not be fetched (scripts/llamacpp.sh)"
 CACHE="${MEMGEN_LLAMACPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memgen/llamacpp-3.21.1}"
 while IFS='=' read -r k v; do export "$k=$v"; done <"$CACHE/env"
+"$ROOT/scripts/ort.sh" >/dev/null || die "ONNX Runtime or its decoder model could not be fetched (scripts/ort.sh)"
+ORT_CACHE="${MEMGEN_ORT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memgen/ort-1.30.0}"
+while IFS='=' read -r k v; do export "$k=$v"; done <"$ORT_CACHE/env"
+[ -f "${MEMGEN_ORT_DECODER_MODEL:-}" ] || die "scripts/ort.sh wrote no decoder model (MEMGEN_ORT_DECODER_MODEL)"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 work="$(mktemp -d)"
@@ -69,6 +77,7 @@ trap cleanup EXIT
 
 (cd "$ROOT/integrations/llamacpp" && GOWORK=off go build -o "$work/llamaserve" ./cmd/llamaserve &&
 	GOWORK=off go build -o "$work/llamaplan" ./cmd/llamaplan && GOWORK=off go build -o "$work/manyengines" ./cmd/manyengines)
+(cd "$ROOT/integrations/ort" && GOWORK=off go build -o "$work/ortserve" ./cmd/ortserve)
 (cd "$ROOT" && go build -o "$work/memctl" ./cmd/memctl)
 
 bytes() { # 320MiB -> bytes
@@ -83,7 +92,7 @@ plan() { # model sequences field
 
 # The memory cgroup: v2 where the unified hierarchy has the memory
 # controller, else v1's memory hierarchy; nested under this process's.
-engines=2
+engines=3
 limit=$((budget + engines * ALLOWANCE))
 if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
 	base="/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)"
@@ -104,15 +113,17 @@ else
 	say "no memory cgroup could be made here: the engines run on the ledger alone (no kernel limit)"
 fi
 
-# start NAME MODEL ARGS...: an engine, in the cgroup; sets url to its URL.
+# start NAME MODEL ARGS...: an engine (ortserve for a .onnx model,
+# llamaserve otherwise), in the cgroup; sets url to its URL.
 start() {
-	local name="$1" model="$2"
+	local name="$1" model="$2" bin="$work/llamaserve"
 	shift 2
+	[ "${model%.onnx}" = "$model" ] || bin="$work/ortserve"
 	local log="$work/$name.log"
 	if [ -n "$cg" ]; then
-		sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "$work/llamaserve" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
+		sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" "$bin" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
 	else
-		"$work/llamaserve" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
+		"$bin" -model "$model" -listen 127.0.0.1:0 -nctx "$NCTX" -queue 30m "$@" >"$log" 2>&1 &
 	fi
 	pids+=($!)
 	for _ in $(seq 600); do
@@ -138,40 +149,46 @@ stop() {
 
 tiny="$MEMGEN_LLAMACPP_MODEL"
 gqa="$MEMGEN_LLAMACPP_GQA_MODEL"
+dec="$MEMGEN_ORT_DECODER_MODEL"
+dec_start=$((2 * $(stat -c %s "$dec")))
 
-# 1. Shared: one ledger; each engine's KV budget is half the room both
+# 1. Shared: one ledger; each engine's KV budget is a third of the room the
 # engines' start leaves in it.
-room=$((budget - $(plan "$tiny" $SEQS at_start) - $(plan "$gqa" $SEQS at_start) - (16 << 20)))
-[ "$room" -gt 0 ] || die "a budget of $BUDGET leaves no room for KV beside both engines"
+room=$((budget - $(plan "$tiny" $SEQS at_start) - $(plan "$gqa" $SEQS at_start) - dec_start - (16 << 20)))
+[ "$room" -gt 0 ] || die "a budget of $BUDGET leaves no room for KV beside the engines"
 ledger="$work/ledger"
 "$work/memctl" create "$ledger" "$budget" 8 >/dev/null
-say "shared: ledger of $((budget >> 20)) MiB, each engine $SEQS sequences and a KV budget of $((room / 2 >> 20)) MiB"
-start tiny "$tiny" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
+say "shared: ledger of $((budget >> 20)) MiB, each engine $SEQS sequences and a KV budget of $((room / 3 >> 20)) MiB"
+start tiny "$tiny" -ledger "$ledger" -sequences $SEQS -budget $((room / 3))
 u1="$url"
-start gqa "$gqa" -ledger "$ledger" -sequences $SEQS -budget $((room / 2))
+start gqa "$gqa" -ledger "$ledger" -sequences $SEQS -budget $((room / 3))
 u2="$url"
-(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -ledger "$ledger" -o "$work/shared.json" -report "$OUT/many-engines-report.html")
+start ort "$dec" -ledger "$ledger" -sequences $SEQS -budget $((room / 3))
+u3="$url"
+(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -engine ort="$u3" -requests "$REQUESTS" -nctx $NCTX -ledger "$ledger" -o "$work/shared.json" -report "$OUT/many-engines-report.html")
 "$work/memctl" show "$ledger" >"$work/show.txt"
 head -3 "$work/show.txt"
 stop
 
-# 2. Static: half the budget each, with the sequences stock llama.cpp's
+# 2. Static: a third of the budget each, with the sequences a
 # preallocated layout holds there.
-half=$((budget / 2))
+half=$((budget / 3))
 static_seqs() { # model
 	local kv=$(( $(plan "$1" 1 kv_per_token) * NCTX ))
 	local n=$(( (half - $(plan "$1" 1 at_start)) / kv ))
-	[ "$n" -ge 1 ] || die "half of $BUDGET holds no sequence of $1 preallocated"
+	[ "$n" -ge 1 ] || die "a third of $BUDGET holds no sequence of $1 preallocated"
 	echo "$n"
 }
 s1=$(static_seqs "$tiny")
 s2=$(static_seqs "$gqa")
-say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2"
+say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2, the decoder what its preallocated buffers fit"
 start tiny "$tiny" -sequences "$s1" -budget $((s1 * NCTX * $(plan "$tiny" 1 kv_per_token)))
 u1="$url"
 start gqa "$gqa" -sequences "$s2" -budget $((s2 * NCTX * $(plan "$gqa" 1 kv_per_token)))
 u2="$url"
-(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -requests "$REQUESTS" -nctx $NCTX -o "$work/static.json")
+start ort "$dec" -preallocate -sequences $SEQS -budget $((half - dec_start))
+u3="$url"
+(cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -engine ort="$u3" -requests "$REQUESTS" -nctx $NCTX -o "$work/static.json")
 stop
 
 "$work/manyengines" -compare -oom-kills "$oom" "$work/shared.json" "$work/static.json" | tee "$work/compare.txt"

@@ -4,14 +4,26 @@ go 1.26.0
 
 require (
 	github.com/memgen/memgen v0.1.0
+	github.com/memgen/memgen/governor/promgov v0.1.0
+	github.com/prometheus/client_golang v1.25.0
 	github.com/yalue/onnxruntime_go v1.27.0
 	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.36.12
 )
 
-require golang.org/x/sys v0.50.0 // indirect
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+)
 
 // In this repository the core is the checkout itself (go.work says the
 // same); a module that depends on integrations/ort gets the core version
 // above.
 replace github.com/memgen/memgen => ../..
+
+replace github.com/memgen/memgen/governor/promgov => ../../governor/promgov

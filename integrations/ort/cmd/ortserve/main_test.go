@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/governor/xproc"
+)
+
+// need returns the environment's path named key, or skips (fails under
+// CI=true or MEMGEN_ORT_REQUIRE=1) when it is not there.
+func need(t *testing.T, key string) string {
+	t.Helper()
+	v := os.Getenv(key)
+	if _, err := os.Stat(v); v == "" || err != nil {
+		msg := key + " is not set to an existing file (scripts/ort.sh writes it)"
+		if os.Getenv("CI") == "true" || os.Getenv("MEMGEN_ORT_REQUIRE") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return v
+}
+
+func newLedger(t *testing.T, capacity uint64) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ledger")
+	l, err := xproc.Open(path, xproc.Options{Create: &xproc.CreateOptions{Capacity: capacity, Slots: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+var servingOn = regexp.MustCompile(`serving .* on http://(\S+) `)
+
+// TestServeOnLedger: ortserve joins a shared ledger, answers a completion
+// (greedy, as many tokens as asked), /stats counts it, the ledger holds
+// the session's workspace; a prompt token outside the vocabulary is a 400
+// naming the field; after SIGTERM it exits 0 and the ledger holds nothing.
+// A ledger below the model's size is refused with exit status 3, nothing
+// joined.
+func TestServeOnLedger(t *testing.T) {
+	lib := need(t, "MEMGEN_ORT_LIB")
+	model := need(t, "MEMGEN_ORT_DECODER_MODEL")
+	bin := filepath.Join(t.TempDir(), "ortserve")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ledger := newLedger(t, 256<<20)
+	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "4", "-nctx", "256", "-ledger", ledger)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			if m := servingOn.FindStringSubmatch(s.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	var url string
+	select {
+	case a := <-addr:
+		url = "http://" + a
+	case <-time.After(time.Minute):
+		t.Fatal("ortserve did not serve within a minute")
+	}
+	post := func(body string) (int, []byte) {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		_, _ = bufio.NewReader(resp.Body).WriteTo(&b)
+		return resp.StatusCode, []byte(b.String())
+	}
+	code, body := post(`{"prompt":[11,12,13,14,15],"max_tokens":16}`)
+	var out struct {
+		Choices []struct {
+			Tokens []int64 `json:"tokens"`
+		} `json:"choices"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &out) != nil || len(out.Choices) != 1 || len(out.Choices[0].Tokens) != 16 {
+		t.Fatalf("completion: %d %s", code, body)
+	}
+	if code, body := post(`{"prompt":[5000],"max_tokens":1}`); code != http.StatusBadRequest || !strings.Contains(string(body), `"param":"prompt"`) {
+		t.Errorf("a token outside the vocabulary: %d %s", code, body)
+	}
+	resp, err := http.Get(url + "/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Served != 1 || st.Running != 0 || st.Peak != 1 || st.Sequences != 4 {
+		t.Errorf("/stats: %+v %v", st, err)
+	}
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, _, err := xproc.Inspect(ledger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Charged >= 8<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ledger never showed the session's workspace: %+v", h)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v", err)
+	}
+	if h, _, err := xproc.Inspect(ledger); err != nil || h.Claimed != 0 || h.Charged != 0 {
+		t.Errorf("after the engine ended the ledger holds %+v (%v)", h, err)
+	}
+
+	small := newLedger(t, 1<<20)
+	o, err := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-ledger", small).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(string(o), "refused by the ledger") {
+		t.Errorf("a 1 MiB ledger: %v, want exit status 3:\n%s", err, o)
+	}
+	if h, slots, err := xproc.Inspect(small); err != nil || h.Claimed != 0 {
+		t.Errorf("after the refusal: %+v %v", h, err)
+	} else {
+		for _, s := range slots {
+			if s.PID != 0 {
+				t.Errorf("the refused engine took slot %d", s.Index)
+			}
+		}
+	}
+}
