@@ -5,11 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/memgen/memgen/gen"
@@ -127,7 +128,7 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "memgen new:", err)
 		return exitSpec
 	}
-	for _, rel := range sortedKeys(skel) {
+	for _, rel := range slices.Sorted(maps.Keys(skel)) {
 		target := filepath.Join(p.root, filepath.FromSlash(rel))
 		err := os.MkdirAll(filepath.Dir(target), 0o755)
 		if err == nil {
@@ -232,18 +233,9 @@ func writeNew(target string, data []byte) error {
 	return f.Close()
 }
 
-func sortedKeys(m map[string][]byte) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
 func baseNames(m map[string][]byte) []string {
 	var out []string
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, path.Base(k))
 	}
 	return out

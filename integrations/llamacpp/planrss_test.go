@@ -1,7 +1,6 @@
 package llamacpp
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -23,24 +22,6 @@ const (
 	planNCtxEnv  = "MEMGEN_PLAN_NCTX"
 	planSeqsEnv  = "MEMGEN_PLAN_SEQS"
 )
-
-// procStatus reads a kB figure of /proc/self/status (VmRSS, VmHWM) in
-// bytes.
-func procStatus(field string) (int64, error) {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/self/status", field)
-}
 
 // planRSSChild measures what stock llama.cpp really takes: the peak
 // resident set's growth from a defined baseline (the library loaded, the
@@ -65,7 +46,7 @@ func planRSSChild() int {
 	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
 		return fail(err)
 	}
-	base, err := procStatus("VmRSS")
+	base, err := statusField("VmRSS:")
 	if err != nil {
 		return fail(err)
 	}
@@ -86,7 +67,7 @@ func planRSSChild() int {
 	if _, err := c.DecodeBatch(ctx, in); err != nil {
 		return fail(err)
 	}
-	peak, err := procStatus("VmHWM")
+	peak, err := statusField("VmHWM:")
 	if err != nil {
 		return fail(err)
 	}
