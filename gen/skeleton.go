@@ -97,8 +97,8 @@ conformance_test.go. Every method still to be written returns an error of
 kind memapi.ErrUnsupported saying so; go test runs the generated
 conformance suite and fails naming each until it is written.
 mechanisms/example is a complete mechanism to read beside it.`, sk.pkg, sk.m.Name, sk.m.Doc)
-	for _, para := range strings.Split(text, "\n\n") {
-		if para != strings.Split(text, "\n\n")[0] {
+	for i, para := range strings.Split(text, "\n\n") {
+		if i > 0 {
 			f.PackageComment("//")
 		}
 		for _, l := range strings.Split(wrapText(strings.Join(strings.Fields(para), " "), commentWidth-3), "\n") {
