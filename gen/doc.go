@@ -39,7 +39,9 @@
 // memgen's own spec under the build tag memgentmpl, so gofmt and go vet see
 // it (make tmpl-vet puts it in place of its copy in that package). template.go
 // renders it: "// memgen:needs A B.M ..." leaves the file out when the spec
-// lacks one of the names, "// memgen:if A" ... "// memgen:else" ...
+// lacks one of the capabilities it names, and the loader rejects a spec that
+// declares them but lacks another of the names (validate_templates.go), so a
+// spec the loader accepts always generates; "// memgen:if A" ... "// memgen:else" ...
 // "// memgen:end" cut lines by the same test, the package clause and the
 // marked string literals (the contract's import path, the module path) are
 // substituted token by token, and the result is gofmt'ed and parsed, so the

@@ -14,14 +14,6 @@ import (
 
 func init() { register(emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
 
-// The checked wrapper is generated from each capability method's accounting
-// effect, creates/releases and requires clauses. It leans on these errors by
-// name beyond what validate already demands of every spec.
-var checkedNeededErrors = []string{
-	"ErrNoAccount", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNoGrant",
-	"ErrForeignGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrUnsupported",
-}
-
 // checkedLocals are the names the generated method bodies declare; a spec
 // parameter with one of these names would be shadowed. The validator
 // rejects them (badParamName); the check in emitChecked is its backstop.
@@ -47,15 +39,6 @@ func emitChecked(g *generator) error {
 	s := g.Spec
 	if s.Packages.Checked == "" {
 		return nil
-	}
-	declared := map[string]bool{}
-	for _, e := range s.Errors {
-		declared[e.Name] = true
-	}
-	for _, n := range checkedNeededErrors {
-		if !declared[n] {
-			return fmt.Errorf("the checked wrapper needs error %s, which the spec does not declare", n)
-		}
 	}
 	if s.roleInterface(roleGrant) == nil || s.roleInterface(roleAccount) == nil {
 		return fmt.Errorf("the checked wrapper needs the grant and account interfaces")

@@ -163,18 +163,3 @@ func TestCheckedRefusesShadowingParams(t *testing.T) {
 		t.Fatalf("want a collision error, got %v", err)
 	}
 }
-
-func TestCheckedNeedsItsErrors(t *testing.T) {
-	s := loadReal(t)
-	var kept []*errorDecl
-	for _, e := range s.Errors {
-		if e.Name != "ErrNoAccount" {
-			kept = append(kept, e)
-		}
-	}
-	s.Errors = kept
-	err := emitChecked(&generator{Spec: s, Config: Config{Module: realModule}})
-	if err == nil || !strings.Contains(err.Error(), "ErrNoAccount") {
-		t.Fatalf("want an error naming ErrNoAccount, got %v", err)
-	}
-}

@@ -127,30 +127,6 @@ func isEnvMethod(fd *ast.FuncDecl) bool {
 	return ok && id.Name == "env"
 }
 
-// declaredNames returns every name declares accepts, for templates' needs.
-func (g *generator) declaredNames() map[string]bool {
-	s := g.Spec
-	out := map[string]bool{}
-	for _, c := range s.Capabilities {
-		out[c.Name] = true
-		for _, m := range c.Methods {
-			out[c.Name+"."+m.Name] = true
-		}
-	}
-	for _, t := range s.Types {
-		out[t.Name] = true
-		if t.Kind == kindEnum {
-			for _, v := range t.Values {
-				out[t.Name+v.Name] = true
-			}
-		}
-	}
-	for _, e := range s.Errors {
-		out[e.Name] = true
-	}
-	return out
-}
-
 type confGen struct {
 	g           *generator
 	fixtures    map[string]bool

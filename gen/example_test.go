@@ -32,7 +32,7 @@ invariants:
 	// Output:
 	// spec/capabilities.yaml:1:1: no interface has role "account", which consuming and refunding methods need
 	// spec/capabilities.yaml:1:1: no interface has role "grant", which consuming and refunding methods need
-	// spec/capabilities.yaml:1:1: the generator needs errors "ErrUnsupported", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNilHandle", "ErrForeignHandle", "ErrReleased", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", which the spec does not declare
+	// spec/capabilities.yaml:1:1: the generator needs errors "ErrUnsupported", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned", "ErrNilHandle", "ErrForeignHandle", "ErrReleased", "ErrNoGrant", "ErrAuthorityMismatch", "ErrUntruthful", "ErrNoAccount", "ErrForeignGrant", "ErrGrantClosed", "ErrGrantExhausted", "ErrOutOfMemory", "ErrClosed", which the spec does not declare
 	// spec/capabilities.yaml:1:1: the generator needs types "AuthorityID", "HandleID", "InstanceID", "MechanismInfo", "Range", which the spec does not declare
 	// spec/capabilities.yaml:4:17: type Bytes: unknown kind "number" (want scalar, enum, struct or handle)
 	// spec/capabilities.yaml:7:3: mechanism cpu: missing "offers"

@@ -35,6 +35,9 @@ import (
 //   - "// memgen:needs A B.M ..." (its own comment group, before the package
 //     clause) leaves the whole file out unless the spec declares every name:
 //     capabilities, Capability.Method, types, enum values (TypeValue), errors.
+//     A name that is not a capability is a requirement, not a condition: when
+//     the spec declares the capabilities a needs line names, the loader
+//     demands the rest (validateTemplateNeeds).
 //   - "// memgen:if A B", optionally "// memgen:else", and "// memgen:end",
 //     each alone on its line, keep the lines between them only when the spec
 //     declares the names (or only when it does not, after else). The marker
@@ -75,7 +78,7 @@ func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTempla
 		return nil, err
 	}
 	sort.Strings(names)
-	declared := g.declaredNames()
+	declared := g.Spec.declaredNames()
 	var out []goTemplate
 	for _, n := range names {
 		text, err := fs.ReadFile(fsys, n)

@@ -16,12 +16,23 @@ var (
 		"HandleID":      nil,
 		"AuthorityID":   nil,
 		"Range":         {"Off", "Len"},
-		"MechanismInfo": {"Instance", "Authority", "AllocGranularity", "Granularity"},
+		"MechanismInfo": {"Instance", "Authority", "Mechanism", "Device", "AllocGranularity", "Granularity"},
+	}
+	// neededFields are the fields the templates and the conformance suite
+	// use on a type the spec may leave out (with the capability using it):
+	// when the type is declared, it must have them.
+	neededFields = map[string][]string{
+		"AllocRequest": {"Size", "Align"},
+		"DeviceKey":    {"Kind"},
+		"Allocation":   {"Addr"},
+		"Reservation":  {"Addr"},
+		"View":         {"Reservation", "Backing", "Access"},
 	}
 	neededErrors = []string{
 		"ErrUnsupported", "ErrInvalidSize", "ErrInvalidRange", "ErrUnaligned",
 		"ErrNilHandle", "ErrForeignHandle", "ErrReleased", "ErrNoGrant",
-		"ErrAuthorityMismatch", "ErrUntruthful",
+		"ErrAuthorityMismatch", "ErrUntruthful", "ErrNoAccount", "ErrForeignGrant",
+		"ErrGrantClosed", "ErrGrantExhausted", "ErrOutOfMemory", "ErrClosed",
 	}
 	granularities = []string{"configurable", "device", "page"}
 
@@ -110,6 +121,17 @@ func validate(s *Spec, e *errs) {
 				}
 			}
 		}
+		for _, n := range sortedNames(neededFields) {
+			t := s.types[n]
+			if t == nil {
+				continue
+			}
+			for _, f := range neededFields[n] {
+				if !t.hasField(f) {
+					e.add(t.Pos, "type %s: the generator needs field %q", n, f)
+				}
+			}
+		}
 		if len(missing) > 0 {
 			e.add(top, "the generator needs %s %s, which the spec does not declare", plural(len(missing), "type", "types"), strings.Join(missing, ", "))
 		}
@@ -125,6 +147,7 @@ func validate(s *Spec, e *errs) {
 			e.add(top, "the generator needs %s %s, which the spec does not declare", plural(len(missing), "error", "errors"), strings.Join(missing, ", "))
 		}
 	}
+	validateTemplateNeeds(s, e)
 
 	for _, t := range s.Types {
 		validateType(s, t, e)
