@@ -6,18 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/holders"
+	"github.com/memgen/memgen/internal/procmem"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/memreport"
 	"github.com/memgen/memgen/pool"
@@ -801,30 +800,11 @@ func (e *engine) auditPool(when string, ha governor.HolderAuthoritySnapshot) mem
 // procMemory returns the process's resident memory and its high-water mark
 // (VmRSS and VmHWM of /proc/self/status), or zeros where they are unknown.
 func procMemory() (rss, peak memapi.Bytes) {
-	b, err := os.ReadFile("/proc/self/status")
+	u, err := procmem.Self()
 	if err != nil {
 		return 0, 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || (k != "VmRSS" && k != "VmHWM") {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			continue
-		}
-		n, err := strconv.ParseUint(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		if k == "VmRSS" {
-			rss = memapi.Bytes(n) << 10
-		} else {
-			peak = memapi.Bytes(n) << 10
-		}
-	}
-	return rss, peak
+	return memapi.Bytes(u.RSS), memapi.Bytes(u.Peak)
 }
 
 // kernelOf returns the kernel's count for a CPU mechanism, nil for none.
