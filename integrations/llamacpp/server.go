@@ -30,6 +30,9 @@ type ServerOptions struct {
 	// request is admitted when the KV of its prompt and max_tokens fits
 	// beside the running ones' (and a sequence is free). Default: the
 	// authority's free bytes once the context is made, less an eighth.
+	// A stock model (Options.Stock) has its whole KV cache from the
+	// start, as llama-server has: it admits by free sequence alone, and
+	// Budget is ignored.
 	Budget memapi.Bytes
 	// QueueTimeout is how long a request waits to be admitted before it
 	// is refused (HTTP 429 with Retry-After). Default 2 s.
@@ -147,9 +150,6 @@ func NewServer(m *Model, opts ServerOptions) (*Server, error) {
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = 30 * time.Second
 	}
-	if m.opts.Stock {
-		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrUnsupported, "a stock model: the server's admission reads memgen's ledger")
-	}
 	c, err := m.NewContext(context.Background(), ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
 	if err != nil {
 		return nil, err
@@ -160,7 +160,13 @@ func NewServer(m *Model, opts ServerOptions) (*Server, error) {
 		s.kvPerToken += t.rowBytes
 		s.kvSlack += t.region.Granularity()
 	}
-	if s.opts.Budget == 0 {
+	switch {
+	case m.opts.Stock:
+		// llama.cpp allocated every sequence's NCtx cells with the
+		// context, as llama-server does: a free sequence is all a request
+		// needs (need is 0), and the budget is not read.
+		s.opts.Budget = 0
+	case s.opts.Budget == 0:
 		s.opts.Budget = c.free() - c.free()/8
 	}
 	for i := range opts.Sequences {

@@ -389,3 +389,40 @@ func TestServerLoad(t *testing.T) {
 	r.settle(t)
 	r.audit(t, "after the load", m)
 }
+
+// TestStockServer: a stock model (llama.cpp's own KV cache, every
+// sequence's n_ctx allocated with the context, as llama-server does) is
+// served too, admitted by free sequence alone, and its completions are
+// the greedy tokens of a stock context of its own.
+func TestStockServer(t *testing.T) {
+	m := loadModelAt(t, gqaModelPath, Options{Stock: true})
+	s, err := NewServer(m, ServerOptions{Sequences: 2, NCtx: 512, Budget: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler(nil))
+	defer hs.Close()
+	defer func() {
+		if err := s.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	prompt, err := m.Tokenize("The ledger is", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := greedyTokens(t, m, prompt, 10)
+	for i := range 3 {
+		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 10}`)
+		var c completion
+		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("completion %d: %d %s", i, code, body)
+		}
+		if hashTokens(c.Choices[0].Tokens) != hashTokens(want) {
+			t.Errorf("completion %d: tokens %v, want a stock context's %v", i, c.Choices[0].Tokens, want)
+		}
+	}
+	if st := s.Stats(); st.Served != 3 || st.Budget != 0 || st.Admitted != 0 || st.Running != 0 {
+		t.Errorf("stats %+v: want 3 served, no budget read, nothing running", st)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -17,56 +18,84 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor/promgov"
 	"github.com/memgen/memgen/integrations/llamacpp"
+	"github.com/memgen/memgen/internal/procmem"
 )
 
-// serve runs the HTTP endpoint (llamacpp.Server) on listen until SIGINT or
-// SIGTERM: the model's weights, and a KV budget of budget bytes for the
-// requests decoding together, in one governed authority whose ledger
-// /metrics exports. With ledger set the authority is a member of that
-// shared ledger: the engine is planned first and refused (a
-// *llamacpp.FitError, nothing joined) when it never fits; otherwise it
-// joins, and its load waits up to join for other processes to give back
-// what it needs. budget 0 is the plan's KV cache at full context.
-func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads int, queue time.Duration, ledger string, join time.Duration) error {
-	if err := llamacpp.Init(lib); err != nil {
+// serveConfig is what -listen serves.
+type serveConfig struct {
+	lib, model, listen string
+	budget             memapi.Bytes // KV budget; 0 with ledger: the plan's KV cache at full context
+	seqs, nCtx         int
+	threads            int
+	queue              time.Duration // a request's wait for a sequence and budget
+	ledger             string        // a shared ledger to join ("": an authority of its own)
+	join               time.Duration // with ledger: how long the load waits for others to give back
+	stock              bool          // llama.cpp's own buffers, every sequence's n_ctx allocated at start
+}
+
+// serve runs the HTTP endpoint (llamacpp.Server) on cfg.listen until SIGINT
+// or SIGTERM: the model's weights, and a KV budget for the requests
+// decoding together, in one governed authority whose ledger /metrics
+// exports. With a ledger the authority is a member of that shared ledger:
+// the engine is planned first and refused (a *llamacpp.FitError, nothing
+// joined) when it never fits; otherwise it joins, and its load waits up to
+// cfg.join for other processes to give back what it needs. With stock,
+// llama.cpp allocates its weights and every sequence's whole n_ctx of KV
+// itself, as llama-server does, outside any ledger: the way engines are
+// run today, served for comparison.
+func serve(cfg serveConfig) error {
+	if err := llamacpp.Init(cfg.lib); err != nil {
 		return err
 	}
-	if ledger != "" {
-		p, f, err := llamacpp.CheckLedger(ledger, model, llamacpp.PlanOptions{NCtx: nCtx, Sequences: seqs})
+	baseline()
+	if cfg.stock && cfg.ledger != "" {
+		return errors.New("-stock and -ledger: a stock engine allocates outside memgen, so it cannot join a ledger")
+	}
+	budget := cfg.budget
+	if cfg.ledger != "" {
+		p, f, err := llamacpp.CheckLedger(cfg.ledger, cfg.model, llamacpp.PlanOptions{NCtx: cfg.nCtx, Sequences: cfg.seqs})
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "llamaserve: ledger %s: %s: %s\n", ledger, f.Verdict, f.Reason)
+		fmt.Fprintf(os.Stderr, "llamaserve: ledger %s: %s: %s\n", cfg.ledger, f.Verdict, f.Reason)
 		if budget == 0 {
 			budget = p.KVFull
 		}
 	}
-	h, err := newHost(ledger)
+	h, err := newHost(cfg.ledger)
 	if err != nil {
 		return err
 	}
 	defer h.close()
 	g := h.g
 	ctx := context.Background()
-	loadCtx, cancelLoad := context.WithTimeout(ctx, join)
-	m, err := llamacpp.LoadModel(loadCtx, model, llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: threads, Name: "llama", Limit: h.limit})
+	loadCtx, cancelLoad := context.WithTimeout(ctx, cfg.join)
+	opts := llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: cfg.threads, Name: "llama", Limit: h.limit}
+	if cfg.stock {
+		opts = llamacpp.Options{Stock: true, Threads: cfg.threads}
+	}
+	m, err := llamacpp.LoadModel(loadCtx, cfg.model, opts)
 	cancelLoad()
 	if err != nil {
 		return err
 	}
 	defer m.Close(ctx)
-	s, err := llamacpp.NewServer(m, llamacpp.ServerOptions{Sequences: seqs, NCtx: nCtx, Budget: budget, QueueTimeout: queue})
+	s, err := llamacpp.NewServer(m, llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue})
 	if err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(promgov.NewCollector(g))
 	srv := &http.Server{Handler: s.Handler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})), ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", listen)
+	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return errors.Join(err, s.Close(ctx))
 	}
-	fmt.Fprintf(os.Stderr, "llamaserve: serving %s on http://%s (%d sequences of %d tokens, KV budget %d bytes)\n", model, ln.Addr(), seqs, nCtx, budget)
+	kv := fmt.Sprintf("KV budget %d bytes", budget)
+	if cfg.stock {
+		kv = "stock: KV of every sequence allocated by llama.cpp"
+	}
+	fmt.Fprintf(os.Stderr, "llamaserve: serving %s on http://%s (%d sequences of %d tokens, %s)\n", cfg.model, ln.Addr(), cfg.seqs, cfg.nCtx, kv)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(stop)
@@ -82,4 +111,20 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx, threads i
 	defer cancel()
 	err = s.Close(closeCtx)
 	return errors.Join(err, srv.Shutdown(closeCtx))
+}
+
+// baseline marks where the engine's memory is measured from, the library
+// loaded and the model not yet: it collects the Go heap, resets the
+// resident set's high-water mark and says what is resident, so that the
+// mark's growth (VmHWM of /proc/PID/status, less this) is what the model,
+// its buffers and its serving took at their peak.
+func baseline() {
+	runtime.GC()
+	if err := procmem.ResetPeak(); err != nil {
+		fmt.Fprintf(os.Stderr, "llamaserve: no baseline for the resident set: %v\n", err)
+		return
+	}
+	if u, err := procmem.Self(); err == nil {
+		fmt.Fprintf(os.Stderr, "llamaserve: resident %d bytes before the model (the baseline)\n", u.RSS)
+	}
 }

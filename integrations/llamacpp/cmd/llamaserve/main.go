@@ -262,6 +262,7 @@ func main() {
 	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a trace.Request waits for a sequence and budget before a 429")
 	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
 	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model waits for other processes to give memory back")
+	stock := flag.Bool("stock", false, "with -listen: serve stock llama.cpp (its own buffers, every sequence's n_ctx of KV allocated at start, as llama-server does;\nno ledger, -budget ignored), for comparison")
 	flag.Parse()
 	if *listen != "" {
 		seen := false
@@ -277,7 +278,8 @@ func main() {
 			budget, err = parseBytes(*budgetS)
 		}
 		if err == nil {
-			err = serve(*lib, *model, *listen, budget, *seqs, *nCtx, *threads, *queue, *ledger, *join)
+			err = serve(serveConfig{lib: *lib, model: *model, listen: *listen, budget: budget, seqs: *seqs, nCtx: *nCtx,
+				threads: *threads, queue: *queue, ledger: *ledger, join: *join, stock: *stock})
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llamaserve:", err)

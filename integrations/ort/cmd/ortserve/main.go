@@ -41,6 +41,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -55,6 +56,7 @@ import (
 	"github.com/memgen/memgen/governor/promgov"
 	"github.com/memgen/memgen/governor/xproc"
 	"github.com/memgen/memgen/integrations/ort"
+	"github.com/memgen/memgen/internal/procmem"
 	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/pmm"
 )
@@ -117,6 +119,7 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue
 	if err := ort.Init(lib, ort.InitOptions{Quiet: true}); err != nil {
 		return err
 	}
+	baseline()
 	g := governor.New(governor.Options{})
 	defer g.Close()
 	var l *xproc.Ledger
@@ -393,4 +396,20 @@ func writeError(w http.ResponseWriter, status int, msg, param string) {
 		e["param"] = param
 	}
 	writeJSON(w, status, map[string]any{"error": e})
+}
+
+// baseline marks where the engine's memory is measured from, the library
+// loaded and the model not yet: it collects the Go heap, resets the
+// resident set's high-water mark and says what is resident, so that the
+// mark's growth (VmHWM of /proc/PID/status, less this) is what the model,
+// its buffers and its serving took at their peak.
+func baseline() {
+	runtime.GC()
+	if err := procmem.ResetPeak(); err != nil {
+		fmt.Fprintf(os.Stderr, "ortserve: no baseline for the resident set: %v\n", err)
+		return
+	}
+	if u, err := procmem.Self(); err == nil {
+		fmt.Fprintf(os.Stderr, "ortserve: resident %d bytes before the model (the baseline)\n", u.RSS)
+	}
 }
