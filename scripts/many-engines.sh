@@ -13,12 +13,17 @@
 #      ledger has left beside the engines' start (llamaplan sizes the
 #      llama.cpp engines'; the decoder's is taken as twice its file), and
 #      grows its KV a token at a time;
-#   2. static: each engine on a static third of the budget, holding the
-#      sequences a preallocated layout holds there: stock llama.cpp's (n_ctx
-#      of KV each beside its weights and buffers, as llamaplan sizes them)
-#      and ONNX Runtime GenAI's max-length buffer (ortserve -preallocate:
-#      each sequence's KV allocated for n_ctx at its start), the way a
-#      device is split today.
+#   2. static: each engine on a static third of the budget, the way a
+#      device is split today: stock llama.cpp (llamaserve -stock: its own
+#      buffers, every sequence's n_ctx of KV allocated at start, as
+#      llama-server does) with the sequences that fit a third beside its
+#      weights and buffers (as llamaplan sizes them), and ONNX Runtime
+#      GenAI's max-length buffer (ortserve -preallocate: each sequence's KV
+#      allocated for n_ctx at its start). Each stock llama.cpp engine's
+#      plan is checked against its resident set's peak growth;
+#   3. stock llama.cpp sized as the shared run sizes memgen's engines
+#      (MANY_ENGINES_SEQUENCES each, preallocated), side by side: whether
+#      each starts, or is killed or refused.
 #
 # Where the machine lets it make a memory cgroup (v2, or v1 as here), both
 # runs' engines run inside one, nested under this process's, limited to
@@ -31,7 +36,7 @@
 # and holder, to $MANY_ENGINES_OUT/many-engines-report.html (default out/).
 #
 # The last line:
-#   many-engines: engines=3 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
+#   many-engines: engines=3 requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q plan-error=E%
 #
 #   scripts/many-engines.sh            MANY_ENGINES_REQUESTS (default 128),
 #                                      MANY_ENGINES_SEQUENCES (default 64, each
@@ -113,9 +118,11 @@ else
 	say "no memory cgroup could be made here: the engines run on the ledger alone (no kernel limit)"
 fi
 
-# start NAME MODEL ARGS...: an engine (ortserve for a .onnx model,
-# llamaserve otherwise), in the cgroup; sets url to its URL.
-start() {
+# try_start NAME MODEL ARGS...: an engine (ortserve for a .onnx model,
+# llamaserve otherwise), in the cgroup; sets url to its URL and outcome to
+# served, or to killed (the kernel killed it) or refused (it ended) before
+# it served.
+try_start() {
 	local name="$1" model="$2" bin="$work/llamaserve"
 	shift 2
 	[ "${model%.onnx}" = "$model" ] || bin="$work/ortserve"
@@ -128,11 +135,34 @@ start() {
 	pids+=($!)
 	for _ in $(seq 600); do
 		url="$(sed -n 's/.*serving .* on \(http:\/\/[^ ]*\) .*/\1/p' "$log")"
-		[ -z "$url" ] || { say "$name: $(head -1 "$log")"; return; }
-		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; die "engine $name ended before serving"; }
+		[ -z "$url" ] || { say "$name: $(grep serving "$log" | head -1)"; outcome=served; return; }
+		if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+			local rc=0
+			wait "${pids[-1]}" || rc=$?
+			unset 'pids[-1]'
+			outcome=refused
+			[ $rc -ne 137 ] || outcome=killed
+			return
+		fi
 		sleep 0.1
 	done
 	die "engine $name did not serve within a minute"
+}
+
+# start NAME MODEL ARGS...: try_start, and stop the scenario unless it served.
+start() {
+	try_start "$@"
+	[ "$outcome" = served ] || { cat "$work/$1.log" >&2; die "engine $1 ended before serving ($outcome)"; }
+}
+
+# growth NAME PID: the engine's resident set's peak growth over the
+# baseline it printed before loading its model.
+growth() {
+	local base peak
+	base="$(sed -n 's/.*resident \([0-9]*\) bytes before the model.*/\1/p' "$work/$1.log")"
+	peak="$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$2/status")"
+	[ -n "$base" ] && [ -n "$peak" ] || die "engine $1 printed no baseline, or its peak cannot be read"
+	echo $(((peak << 10) - base))
 }
 
 oom=0
@@ -182,16 +212,45 @@ static_seqs() { # model
 s1=$(static_seqs "$tiny")
 s2=$(static_seqs "$gqa")
 say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2, the decoder what its preallocated buffers fit"
-start tiny "$tiny" -sequences "$s1" -budget $((s1 * NCTX * $(plan "$tiny" 1 kv_per_token)))
+start tiny "$tiny" -stock -sequences "$s1"
 u1="$url"
-start gqa "$gqa" -sequences "$s2" -budget $((s2 * NCTX * $(plan "$gqa" 1 kv_per_token)))
+p1="${pids[-1]}"
+start gqa "$gqa" -stock -sequences "$s2"
 u2="$url"
+p2="${pids[-1]}"
 start ort "$dec" -preallocate -sequences $SEQS -budget $((half - dec_start))
 u3="$url"
+p3="${pids[-1]}"
 (cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -engine ort="$u3" -requests "$REQUESTS" -nctx $NCTX -o "$work/static.json")
+# Each stock llama.cpp engine's plan (llamaplan, its exact configuration)
+# against its resident set's peak growth over the run; the decoder has no
+# plan yet, only the estimate of twice its file, printed beside.
+g1="$(growth tiny "$p1")"
+g2="$(growth gqa "$p2")"
+g3="$(growth ort "$p3")"
+plans=(-plan "tiny=$(plan "$tiny" "$s1" at_full):$g1" -plan "gqa=$(plan "$gqa" "$s2" at_full):$g2")
+say "ort: no plan; estimated $dec_start bytes at start (twice its file), its resident set grew by $g3 bytes at the peak"
+static_oom=$oom
 stop
+static_oom=$((oom - static_oom))
+oom=$((oom - static_oom))
 
-"$work/manyengines" -compare -oom-kills "$oom" "$work/shared.json" "$work/static.json" | tee "$work/compare.txt"
+# 3. Stock llama.cpp sized as the shared run sizes memgen's engines
+# ($SEQS sequences each, every one's n_ctx allocated at start), side by
+# side in the same cgroup: does each start?
+starts=()
+shared_oom=$oom
+for e in tiny gqa; do
+	m="$tiny"
+	[ $e = tiny ] || m="$gqa"
+	try_start "stock-$e" "$m" -stock -sequences "$SEQS"
+	say "stock $e with $SEQS sequences preallocated: $outcome"
+	starts+=(-stock-start "$e=$outcome")
+done
+stop
+oom=$shared_oom # (a kill at start is try_start's outcome; stop counted none of the shared run's)
+
+"$work/manyengines" -compare -oom-kills "$oom" -static-oom-kills "$static_oom" "${plans[@]}" "${starts[@]}" "$work/shared.json" "$work/static.json" | tee "$work/compare.txt"
 line="$(tail -1 "$work/compare.txt")"
 case "$line" in
 *" oom-kills=0 drift=0 "*) ;;

@@ -6,7 +6,7 @@
 //
 //	manyengines -engine tiny=http://127.0.0.1:8081 -engine gqa=http://127.0.0.1:8082 \
 //	    [-trace CSV] [-requests 64] [-nctx 1024] [-ledger PATH] [-o run.json]
-//	manyengines -compare memgen.json static.json
+//	manyengines -compare [-oom-kills K] [-plan NAME=PLANNED:MEASURED ...] memgen.json static.json
 //
 // Request i goes to engine i mod N; lengths are scaled so that the longest
 // request fills -nctx; its prompt is token ids drawn from i (the same in
@@ -21,11 +21,16 @@
 // summed (their /metrics); a difference is drift.
 //
 // -o writes the run as JSON; -compare reads two runs (the engines on one
-// shared ledger, then the same engines each on a static share) and prints
-// the comparison, last a line (-oom-kills is the count the caller saw: its
-// engines killed by the kernel):
+// shared ledger, then stock engines each on a static share) and prints the
+// comparison side by side, with what the caller counted outside the runs:
+// the engines the kernel killed in each (-oom-kills, -static-oom-kills),
+// each engine's plan against its resident set's measured peak growth
+// (-plan NAME=PLANNED:MEASURED), and how stock engines fared when started
+// with the shared run's sequences preallocated (-stock-start
+// NAME=served|killed|refused). Last comes a line (plan-error is the
+// largest error of a plan, in percent of the measure):
 //
-//	many-engines: engines=N requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q
+//	many-engines: engines=N requests=R served=S oom-kills=K drift=D tokens-identical=T/S peak-seqs=P static-peak-seqs=Q plan-error=E%
 package main
 
 import (
@@ -33,7 +38,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,7 +46,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,7 +116,11 @@ func main() {
 	out := flag.String("o", "", "write the run as JSON to this file")
 	report := flag.String("report", "", "with -ledger: write a memory report (HTML) of the shared ledger over time, by engine and holder")
 	compare := flag.Bool("compare", false, "compare two runs' JSON files (shared ledger, then static shares) instead")
-	oomKills := flag.Int("oom-kills", 0, "with -compare: the engines the kernel killed, as the caller counted them")
+	var cmp comparison
+	flag.IntVar(&cmp.oomShared, "oom-kills", 0, "with -compare: the shared run's engines the kernel killed, as the caller counted them")
+	flag.IntVar(&cmp.oomStatic, "static-oom-kills", 0, "with -compare: the static run's engines the kernel killed")
+	flag.Var(&cmp.plans, "plan", "with -compare: an engine's plan against what it really took, as NAME=PLANNED:MEASURED (bytes; repeat)")
+	flag.Var(&cmp.starts, "stock-start", "with -compare: a stock engine started as the shared run sizes it, as NAME=OUTCOME (served, killed, refused; repeat)")
 	timeout := flag.Duration("timeout", 20*time.Minute, "the whole replay's deadline")
 	flag.Parse()
 	if *compare {
@@ -121,7 +128,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "manyengines -compare SHARED.json STATIC.json")
 			os.Exit(2)
 		}
-		if err := compareRuns(os.Stdout, flag.Arg(0), flag.Arg(1), *oomKills); err != nil {
+		if err := cmp.print(os.Stdout, flag.Arg(0), flag.Arg(1)); err != nil {
 			fmt.Fprintln(os.Stderr, "manyengines:", err)
 			os.Exit(1)
 		}
@@ -472,65 +479,6 @@ func audit(ctx context.Context, c *http.Client, engines []engine, ledger, when s
 	}
 }
 
-// compareRuns prints the shared run against the static one.
-func compareRuns(w io.Writer, sharedPath, staticPath string, oomKills int) error {
-	read := func(p string) (*Run, error) {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
-		var r Run
-		return &r, json.Unmarshal(b, &r)
-	}
-	shared, err := read(sharedPath)
-	if err != nil {
-		return err
-	}
-	static, err := read(staticPath)
-	if err != nil {
-		return err
-	}
-	if shared.Requests != static.Requests {
-		return errors.New("the runs replayed different requests")
-	}
-	identical, served := 0, 0
-	var differ []string
-	for i := range shared.Tokens {
-		a, b := shared.Tokens[i], static.Tokens[i]
-		if a == nil {
-			continue
-		}
-		served++
-		at := firstDiff(a, b)
-		if at < 0 {
-			identical++
-			continue
-		}
-		differ = append(differ, fmt.Sprintf("request %d (%s): first differs at token %d", i, shared.Engines[i%len(shared.Engines)].Name, at))
-	}
-	var drift uint64
-	for _, a := range shared.Audits {
-		drift = max(drift, a.Drift)
-	}
-	fmt.Fprintf(w, "shared ledger: peak %d sequences at once (%s), mean %.1f while requests waited, %.1f s\n", shared.Peak, peaks(shared), shared.MeanQueued, shared.Wall)
-	fmt.Fprintf(w, "static shares: peak %d sequences at once (%s), mean %.1f while requests waited, %.1f s\n", static.Peak, peaks(static), static.MeanQueued, static.Wall)
-	if static.Peak > 0 {
-		waited := "no request waited in the shared run"
-		if shared.MeanQueued > 0 && static.MeanQueued > 0 {
-			waited = fmt.Sprintf("mean while requests waited %.2fx", shared.MeanQueued/static.MeanQueued)
-		}
-		fmt.Fprintf(w, "shared / static: peak %.2fx, %s, wall time %.2fx\n",
-			float64(shared.Peak)/float64(static.Peak), waited, shared.Wall/static.Wall)
-	}
-	sort.Strings(differ)
-	for _, d := range differ {
-		fmt.Fprintln(w, d, "(its batches differ between the runs: llama.cpp's sums can round differently)")
-	}
-	fmt.Fprintf(w, "many-engines: engines=%d requests=%d served=%d oom-kills=%d drift=%d tokens-identical=%d/%d peak-seqs=%d static-peak-seqs=%d\n",
-		len(shared.Engines), shared.Requests, shared.Served, oomKills, drift, identical, served, shared.Peak, static.Peak)
-	return nil
-}
-
 // peaks lists each engine's own peak: "gqa 32, tiny 24".
 func peaks(r *Run) string {
 	var parts []string
@@ -538,16 +486,4 @@ func peaks(r *Run) string {
 		parts = append(parts, fmt.Sprintf("%s %d", e.Name, r.PeakBy[e.Name]))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func firstDiff(a, b []int32) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	return -1
 }

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestComparePrintsSideBySide: the summary line carries the shared run's
+// figures, the tokens identical between the runs, and the largest plan
+// error by magnitude; the stock starts and each request that differs are
+// listed.
+func TestComparePrintsSideBySide(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, r Run) string {
+		p := filepath.Join(dir, name)
+		b, _ := json.Marshal(r)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	engines := []engine{{"tiny", "u1"}, {"gqa", "u2"}}
+	shared := write("shared.json", Run{Engines: engines, Requests: 3, Served: 3, Peak: 6, MeanQueued: 4,
+		Tokens: [][]int32{{1, 2, 3}, {4, 5}, {6}}, Audits: []Audit{{Drift: 0}, {Drift: 4096}}})
+	static := write("static.json", Run{Engines: engines, Requests: 3, Served: 3, Peak: 2, MeanQueued: 1,
+		Tokens: [][]int32{{1, 2, 3}, {4, 9}, {6}}})
+	var c comparison
+	c.oomShared = 1
+	for _, v := range []string{"tiny=90:100", "gqa=115:100"} {
+		if err := c.plans.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.starts.Set("tiny=killed"); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := c.print(&out, shared, static); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"request 1 (gqa): first differs at token 1 of 2",
+		"stock tiny, started with the shared run's sequences preallocated: killed",
+		"plan tiny: 90 bytes planned, 100 measured (the resident set's peak growth): -10.0 %",
+		"many-engines: engines=2 requests=3 served=3 oom-kills=1 drift=4096 tokens-identical=2/3 peak-seqs=6 static-peak-seqs=2 plan-error=+15.0%\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	c.plans = nil
+	out.Reset()
+	if err := c.print(&out, shared, static); err != nil || !strings.Contains(out.String(), "plan-error=none\n") {
+		t.Errorf("without plans: %v\n%s", err, out.String())
+	}
+}
+
+// TestCompareFlagsRefuseBadInput: malformed -plan and -stock-start values
+// are refused, a zero measure too (no error could be computed against it).
+func TestCompareFlagsRefuseBadInput(t *testing.T) {
+	var p planFlags
+	for _, v := range []string{"", "tiny", "tiny=1", "tiny=a:2", "tiny=1:0", "=1:2"} {
+		if err := p.Set(v); err == nil {
+			t.Errorf("-plan %q accepted", v)
+		}
+	}
+	var s startFlags
+	for _, v := range []string{"tiny", "tiny=maybe", "=served"} {
+		if err := s.Set(v); err == nil {
+			t.Errorf("-stock-start %q accepted", v)
+		}
+	}
+}
