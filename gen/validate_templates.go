@@ -53,7 +53,8 @@ func validateTemplateNeeds(s *Spec, e *errs) {
 			continue
 		}
 		for _, n := range t.needs {
-			if !declared[n] && !slices.Contains(neededErrors, n) && neededTypes[n] == nil {
+			_, typeNeeded := neededTypes[n]
+			if !declared[n] && !slices.Contains(neededErrors, n) && !typeNeeded { // those are reported above
 				k := miss{capability, n}
 				users[k] = append(users[k], t.what)
 			}
