@@ -7,6 +7,7 @@ package procmem
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 )
@@ -27,6 +28,18 @@ func Of(pid int) (Usage, error) { return read(fmt.Sprintf("/proc/%d/status", pid
 // (writing 5 to /proc/self/clear_refs), so that Peak measures from here.
 func ResetPeak() error {
 	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+}
+
+// Baseline marks where a measure of this process's memory starts: it
+// collects the Go heap, resets the high-water mark and returns the usage
+// then, so that a later Peak less the returned RSS is the resident set's
+// peak growth since.
+func Baseline() (Usage, error) {
+	runtime.GC()
+	if err := ResetPeak(); err != nil {
+		return Usage{}, err
+	}
+	return Self()
 }
 
 func read(path string) (Usage, error) {

@@ -2,7 +2,6 @@ package procmem
 
 import (
 	"os"
-	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -12,13 +11,9 @@ import (
 // raises the peak by about that much over a reset baseline, and unmapping
 // it lowers the resident set but not the peak; the peak resets.
 func TestPeakFollowsTouchedPages(t *testing.T) {
-	runtime.GC()
-	if err := ResetPeak(); err != nil {
-		t.Skipf("no clear_refs here: %v", err)
-	}
-	base, err := Self()
+	base, err := Baseline()
 	if err != nil {
-		t.Fatal(err)
+		t.Skipf("no baseline here (clear_refs): %v", err)
 	}
 	const n = 64 << 20
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"time"
 
@@ -119,12 +118,10 @@ func serve(cfg serveConfig) error {
 // mark's growth (VmHWM of /proc/PID/status, less this) is what the model,
 // its buffers and its serving took at their peak.
 func baseline() {
-	runtime.GC()
-	if err := procmem.ResetPeak(); err != nil {
+	u, err := procmem.Baseline()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "llamaserve: no baseline for the resident set: %v\n", err)
 		return
 	}
-	if u, err := procmem.Self(); err == nil {
-		fmt.Fprintf(os.Stderr, "llamaserve: resident %d bytes before the model (the baseline)\n", u.RSS)
-	}
+	fmt.Fprintf(os.Stderr, "llamaserve: resident %d bytes before the model (the baseline)\n", u.RSS)
 }

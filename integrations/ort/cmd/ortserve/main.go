@@ -41,7 +41,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -404,12 +403,10 @@ func writeError(w http.ResponseWriter, status int, msg, param string) {
 // mark's growth (VmHWM of /proc/PID/status, less this) is what the model,
 // its buffers and its serving took at their peak.
 func baseline() {
-	runtime.GC()
-	if err := procmem.ResetPeak(); err != nil {
+	u, err := procmem.Baseline()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "ortserve: no baseline for the resident set: %v\n", err)
 		return
 	}
-	if u, err := procmem.Self(); err == nil {
-		fmt.Fprintf(os.Stderr, "ortserve: resident %d bytes before the model (the baseline)\n", u.RSS)
-	}
+	fmt.Fprintf(os.Stderr, "ortserve: resident %d bytes before the model (the baseline)\n", u.RSS)
 }
