@@ -127,8 +127,10 @@ type event struct {
 }
 
 // NewServer opens the model's context (opts.Sequences sequences of
-// opts.NCtx cells) and starts decoding. Close it to stop.
-func NewServer(m *Model, opts ServerOptions) (*Server, error) {
+// opts.NCtx cells) and starts decoding. ctx bounds the context's creation,
+// its wait for memory other holders give back included (on a shared
+// ledger, other processes'). Close the server to stop.
+func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, error) {
 	if opts.Name == "" {
 		opts.Name = "memgen"
 	}
@@ -150,7 +152,7 @@ func NewServer(m *Model, opts ServerOptions) (*Server, error) {
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = 30 * time.Second
 	}
-	c, err := m.NewContext(context.Background(), ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
+	c, err := m.NewContext(ctx, ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
 	if err != nil {
 		return nil, err
 	}

@@ -58,7 +58,7 @@ func newTestServer(t *testing.T, opts ServerOptions) (*Server, *httptest.Server,
 	t.Helper()
 	r := newRig(t, 1<<30)
 	m := loadModelAt(t, gqaModelPath, r.options())
-	s, err := NewServer(m, opts)
+	s, err := NewServer(context.Background(), m, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestServerCompletions(t *testing.T) {
 func TestServerRefusals(t *testing.T) {
 	r := newRig(t, 1<<30)
 	m := loadModelAt(t, gqaModelPath, r.options())
-	probe, err := NewServer(m, ServerOptions{Sequences: 2, NCtx: 512})
+	probe, err := NewServer(context.Background(), m, ServerOptions{Sequences: 2, NCtx: 512})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestServerRefusals(t *testing.T) {
 	if err := probe.Close(bg(t)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(m, ServerOptions{Sequences: 2, NCtx: 512, Budget: budget, QueueTimeout: 200 * time.Millisecond})
+	s, err := NewServer(context.Background(), m, ServerOptions{Sequences: 2, NCtx: 512, Budget: budget, QueueTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestServerLoad(t *testing.T) {
 	const clients, seqs, maxLen = 64, 16, 128
 	r := newRig(t, 1<<30)
 	m := loadModel(t, r.options())
-	probe, err := NewServer(m, ServerOptions{Sequences: seqs, NCtx: 256})
+	probe, err := NewServer(context.Background(), m, ServerOptions{Sequences: seqs, NCtx: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestServerLoad(t *testing.T) {
 	if err := probe.Close(bg(t)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(m, ServerOptions{Sequences: seqs, NCtx: 256, Budget: budget, QueueTimeout: 100 * time.Millisecond})
+	s, err := NewServer(context.Background(), m, ServerOptions{Sequences: seqs, NCtx: 256, Budget: budget, QueueTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestServerLoad(t *testing.T) {
 // the greedy tokens of a stock context of its own.
 func TestStockServer(t *testing.T) {
 	m := loadModelAt(t, gqaModelPath, Options{Stock: true})
-	s, err := NewServer(m, ServerOptions{Sequences: 2, NCtx: 512, Budget: 1 << 40})
+	s, err := NewServer(context.Background(), m, ServerOptions{Sequences: 2, NCtx: 512, Budget: 1 << 40})
 	if err != nil {
 		t.Fatal(err)
 	}

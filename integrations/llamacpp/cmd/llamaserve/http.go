@@ -73,13 +73,15 @@ func serve(cfg serveConfig) error {
 	if cfg.stock {
 		opts = llamacpp.Options{Stock: true, Threads: cfg.threads}
 	}
+	defer cancelLoad()
 	m, err := llamacpp.LoadModel(loadCtx, cfg.model, opts)
-	cancelLoad()
 	if err != nil {
 		return err
 	}
 	defer m.Close(ctx)
-	s, err := llamacpp.NewServer(m, llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue})
+	// The context's creation waits, as the load did, within -join-timeout.
+	s, err := llamacpp.NewServer(loadCtx, m, llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue})
+	cancelLoad()
 	if err != nil {
 		return err
 	}
