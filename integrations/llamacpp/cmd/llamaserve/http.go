@@ -28,7 +28,7 @@ type serveConfig struct {
 	threads            int
 	queue              time.Duration // a request's wait for a sequence and budget
 	ledger             string        // a shared ledger to join ("": an authority of its own)
-	join               time.Duration // with ledger: how long the load waits for others to give back
+	join               time.Duration // with ledger: how long the load and the context's creation wait for others to give back
 	stock              bool          // llama.cpp's own buffers, every sequence's n_ctx allocated at start
 }
 

@@ -261,7 +261,7 @@ func main() {
 	seqs := flag.Int("sequences", 64, "requests memgen decodes together (with -listen: 16 unless set)")
 	queue := flag.Duration("queue", 2*time.Second, "with -listen: how long a trace.Request waits for a sequence and budget before a 429")
 	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
-	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model waits for other processes to give memory back")
+	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model and creating its context wait for other processes to give memory back")
 	stock := flag.Bool("stock", false, "with -listen: serve stock llama.cpp (its own buffers, every sequence's n_ctx of KV allocated at start, as llama-server does;\nno ledger, -budget ignored), for comparison")
 	flag.Parse()
 	if *listen != "" {
