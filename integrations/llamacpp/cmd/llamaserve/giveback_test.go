@@ -64,9 +64,13 @@ func TestJoinWaitsForGiveBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		mu.Lock() // the holder reads leases from the ledger's goroutine
 		leases = append(leases, ls)
+		mu.Unlock()
 	}
+	mu.Lock()
 	held := len(leases)
+	mu.Unlock()
 	t.Cleanup(func() {
 		mu.Lock()
 		for _, ls := range leases {
