@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# many-engines.sh: several llama.cpp engines on one memory budget.
+# many-engines.sh: several engines (llama.cpp, ONNX Runtime) on one memory budget.
 #
 # Three engine processes, two llamaserve (the tiny model and the GQA one:
 # different shapes, 12 and 4 KiB of KV per token) and one ortserve (an ONNX
@@ -11,15 +11,16 @@
 #      workspace charged there; each engine admits requests by the KV their
 #      prompt and max_tokens need, within a KV budget of a third of what the
 #      ledger has left beside the engines' start (llamaplan sizes the
-#      llama.cpp engines'; the decoder's is taken as twice its file), and
-#      grows its KV a token at a time;
+#      llama.cpp engines', ortplan the decoder's), and grows its KV a token
+#      at a time;
 #   2. static: each engine on a static third of the budget, the way a
 #      device is split today: stock llama.cpp (llamaserve -stock: its own
 #      buffers, every sequence's n_ctx of KV allocated at start, as
 #      llama-server does) with the sequences that fit a third beside its
 #      weights and buffers (as llamaplan sizes them), and ONNX Runtime
 #      GenAI's max-length buffer (ortserve -preallocate: each sequence's KV
-#      allocated for n_ctx at its start). Each stock llama.cpp engine's
+#      allocated for n_ctx at its start), with the sequences that fit a
+#      third beside its start (as ortplan sizes it). Each stock engine's
 #      plan is checked against its resident set's peak growth;
 #   3. stock llama.cpp sized as the shared run sizes memgen's engines
 #      (MANY_ENGINES_SEQUENCES each, preallocated), side by side: whether
@@ -82,7 +83,7 @@ trap cleanup EXIT
 
 (cd "$ROOT/integrations/llamacpp" && GOWORK=off go build -o "$work/llamaserve" ./cmd/llamaserve &&
 	GOWORK=off go build -o "$work/llamaplan" ./cmd/llamaplan && GOWORK=off go build -o "$work/manyengines" ./cmd/manyengines)
-(cd "$ROOT/integrations/ort" && GOWORK=off go build -o "$work/ortserve" ./cmd/ortserve)
+(cd "$ROOT/integrations/ort" && GOWORK=off go build -o "$work/ortserve" ./cmd/ortserve && GOWORK=off go build -o "$work/ortplan" ./cmd/ortplan)
 (cd "$ROOT" && go build -o "$work/memctl" ./cmd/memctl)
 
 bytes() { # 320MiB -> bytes
@@ -93,6 +94,9 @@ bytes() { # 320MiB -> bytes
 budget=$(bytes "$BUDGET")
 plan() { # model sequences field
 	"$work/llamaplan" -model "$1" -nctx "$NCTX" -sequences "$2" -json | sed -n "s/.*\"$3\": \([0-9]*\).*/\1/p" | head -1
+}
+oplan() { # sequences field [-preallocate]: the decoder's plan (ortplan)
+	"$work/ortplan" -model "$dec" -nctx "$NCTX" -sequences "$1" $3 -json | sed -n "s/.*\"$2\": \([0-9]*\).*/\1/p" | head -1
 }
 
 # The memory cgroup: v2 where the unified hierarchy has the memory
@@ -180,7 +184,7 @@ stop() {
 tiny="$MEMGEN_LLAMACPP_MODEL"
 gqa="$MEMGEN_LLAMACPP_GQA_MODEL"
 dec="$MEMGEN_ORT_DECODER_MODEL"
-dec_start=$((2 * $(stat -c %s "$dec")))
+dec_start=$(oplan $SEQS at_start)
 
 # 1. Shared: one ledger; each engine's KV budget is a third of the room the
 # engines' start leaves in it.
@@ -211,25 +215,27 @@ static_seqs() { # model
 }
 s1=$(static_seqs "$tiny")
 s2=$(static_seqs "$gqa")
-say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2, the decoder what its preallocated buffers fit"
+say "static: $((half >> 20)) MiB each: tiny holds $s1 sequences of n_ctx $NCTX preallocated, GQA $s2"
 start tiny "$tiny" -stock -sequences "$s1"
 u1="$url"
 p1="${pids[-1]}"
 start gqa "$gqa" -stock -sequences "$s2"
 u2="$url"
 p2="${pids[-1]}"
-start ort "$dec" -preallocate -sequences $SEQS -budget $((half - dec_start))
+s3=$(( (half - dec_start) / $(oplan 1 kv_per_sequence) ))
+[ "$s3" -ge 1 ] || die "a third of $BUDGET holds no sequence of the decoder preallocated"
+say "static: the decoder holds $s3 sequences preallocated"
+start ort "$dec" -preallocate -sequences "$s3"
 u3="$url"
 p3="${pids[-1]}"
 (cd "$ROOT/integrations/llamacpp" && "$work/manyengines" -engine tiny="$u1" -engine gqa="$u2" -engine ort="$u3" -requests "$REQUESTS" -nctx $NCTX -o "$work/static.json")
-# Each stock llama.cpp engine's plan (llamaplan, its exact configuration)
-# against its resident set's peak growth over the run; the decoder has no
-# plan yet, only the estimate of twice its file, printed beside.
+# Each stock engine's plan for its exact configuration (llamaplan's total
+# at full context, ortplan's peak) against its resident set's peak growth
+# over the run.
 g1="$(growth tiny "$p1")"
 g2="$(growth gqa "$p2")"
 g3="$(growth ort "$p3")"
-plans=(-plan "tiny=$(plan "$tiny" "$s1" at_full):$g1" -plan "gqa=$(plan "$gqa" "$s2" at_full):$g2")
-say "ort: no plan; estimated $dec_start bytes at start (twice its file), its resident set grew by $g3 bytes at the peak"
+plans=(-plan "tiny=$(plan "$tiny" "$s1" at_full):$g1" -plan "gqa=$(plan "$gqa" "$s2" at_full):$g2" -plan "ort=$(oplan "$s3" peak -preallocate):$g3")
 static_oom=$oom
 stop
 static_oom=$((oom - static_oom))

@@ -173,68 +173,18 @@ func PlanContext(path string, o PlanOptions) (*Plan, error) {
 	return p, nil
 }
 
-// FitVerdict is how a plan fits a shared ledger.
-type FitVerdict string
-
-const (
-	// FitsNow: the ledger's free bytes hold the engine at full context.
-	FitsNow FitVerdict = "fits now"
-	// StartsNow: the free bytes hold the engine at start (the KV cache
-	// then grows into what others give back); its full context needs
-	// GiveBack more.
-	StartsNow FitVerdict = "starts now"
-	// FitsAfterGiveBack: the engine needs GiveBack bytes that other
-	// processes hold before it can start.
-	FitsAfterGiveBack FitVerdict = "fits after others give back"
-	// NeverFits: the ledger's capacity is below what the engine needs at
-	// start.
-	NeverFits FitVerdict = "never fits"
-)
-
-// Fit is a plan's answer against a shared ledger.
-type Fit struct {
-	Verdict  FitVerdict   `json:"verdict"`
-	Capacity memapi.Bytes `json:"capacity"`
-	// Free is the ledger's capacity less what its processes hold or have
-	// claimed.
-	Free memapi.Bytes `json:"free"`
-	// GiveBack is what others must give back: for the engine to start
-	// (FitsAfterGiveBack), or to reach its full context (StartsNow).
-	GiveBack memapi.Bytes `json:"give_back"`
-	Reason   string       `json:"reason"`
+// Need is what the engine needs of a shared ledger by this plan: the
+// weights, and the totals at start and at full context.
+func (p *Plan) Need() xproc.Need {
+	b := memreport.FormatBytes
+	return xproc.Need{Weights: p.Weights, Start: p.AtStart(), Full: p.AtFull(),
+		StartParts: fmt.Sprintf("weights %s, compute %s, output %s, metadata %s", b(p.Weights), b(p.Compute), b(p.Output), b(p.Metadata))}
 }
 
 // FitLedger answers whether the plan fits the shared ledger h (read with
 // xproc.Inspect): its start and its full context against the ledger's
 // free bytes and capacity.
-func (p *Plan) FitLedger(h xproc.Header) Fit {
-	capacity := memapi.Bytes(h.Capacity)
-	used := memapi.Bytes(max(h.Claimed, h.Reserved+h.Charged+h.Pending+h.Private))
-	f := Fit{Capacity: capacity, Free: capacity - min(used, capacity)}
-	start, full := p.AtStart(), p.AtFull()
-	switch {
-	case p.Weights > capacity:
-		f.Verdict = NeverFits
-		f.Reason = fmt.Sprintf("the ledger's capacity of %s is below the weights alone (%s)", memreport.FormatBytes(capacity), memreport.FormatBytes(p.Weights))
-	case start > capacity:
-		f.Verdict = NeverFits
-		f.Reason = fmt.Sprintf("it needs %s at start (weights %s, compute %s, output %s, metadata %s), more than the ledger's capacity of %s",
-			memreport.FormatBytes(start), memreport.FormatBytes(p.Weights), memreport.FormatBytes(p.Compute), memreport.FormatBytes(p.Output), memreport.FormatBytes(p.Metadata), memreport.FormatBytes(capacity))
-	case full <= f.Free:
-		f.Verdict = FitsNow
-		f.Reason = fmt.Sprintf("%s free holds it at full context (%s)", memreport.FormatBytes(f.Free), memreport.FormatBytes(full))
-	case start <= f.Free:
-		f.Verdict, f.GiveBack = StartsNow, full-f.Free
-		f.Reason = fmt.Sprintf("%s free holds its start (%s); at full context (%s) it needs %s more from others", memreport.FormatBytes(f.Free), memreport.FormatBytes(start), memreport.FormatBytes(full), memreport.FormatBytes(f.GiveBack))
-		if full > capacity {
-			f.Reason += fmt.Sprintf(", and its full context exceeds the capacity of %s: it runs with fewer or shorter sequences at once", memreport.FormatBytes(capacity))
-		}
-	default:
-		f.Verdict, f.GiveBack = FitsAfterGiveBack, start-f.Free
-		f.Reason = fmt.Sprintf("%s free, %s needed at start: others must give back %s", memreport.FormatBytes(f.Free), memreport.FormatBytes(start), memreport.FormatBytes(f.GiveBack))
-	}
-	return f
-}
+func (p *Plan) FitLedger(h xproc.Header) xproc.Fit { return h.Fit(p.Need()) }
 
 func planBuffers(es []C.struct_memgen_llama_mem) []PlanBuffer {
 	out := make([]PlanBuffer, 0, len(es))
@@ -256,39 +206,19 @@ func (c *Context) breakdown() ([]PlanBuffer, error) {
 	return planBuffers(out[:n]), nil
 }
 
-// FitError is a plan that never fits a shared ledger: its start exceeds
-// the ledger's capacity (a capacity below the weights among them). It
-// matches memapi.ErrOverBudget. Nothing was joined or charged.
-type FitError struct {
-	Ledger string
-	Plan   *Plan
-	Fit    Fit
-}
-
-func (e *FitError) Error() string {
-	return fmt.Sprintf("llamacpp: %s never fits the ledger %s: %s", e.Plan.Model, e.Ledger, e.Fit.Reason)
-}
-
-// Is makes a FitError match memapi.ErrOverBudget.
-func (e *FitError) Is(target error) bool { return target == memapi.ErrOverBudget }
-
 // CheckLedger plans the model and a context configured by o
 // (PlanContext) and reads the shared ledger at ledger without joining it
-// (xproc.Inspect): a plan that never fits is a *FitError; any other answer
-// is returned with the plan. A missing or unreadable ledger is xproc's
-// typed error. Nothing is joined or charged either way.
-func CheckLedger(ledger, model string, o PlanOptions) (*Plan, Fit, error) {
-	h, _, err := xproc.Inspect(ledger)
-	if err != nil {
-		return nil, Fit{}, err
+// (xproc.CheckFit): a plan that never fits is an *xproc.FitError; any
+// other answer is returned with the plan. A missing or unreadable ledger
+// is xproc's typed error. Nothing is joined or charged either way.
+func CheckLedger(ledger, model string, o PlanOptions) (*Plan, xproc.Fit, error) {
+	if _, _, err := xproc.Inspect(ledger); err != nil {
+		return nil, xproc.Fit{}, err
 	}
 	p, err := PlanContext(model, o)
 	if err != nil {
-		return nil, Fit{}, err
+		return nil, xproc.Fit{}, err
 	}
-	f := p.FitLedger(h)
-	if f.Verdict == NeverFits {
-		return p, f, &FitError{Ledger: ledger, Plan: p, Fit: f}
-	}
-	return p, f, nil
+	f, err := xproc.CheckFit(ledger, model, p.Need())
+	return p, f, err
 }

@@ -104,28 +104,6 @@ func TestPlanMatchesEngine(t *testing.T) {
 	}
 }
 
-// TestPlanFitLedger: the four answers against a shared ledger, each with
-// its figures.
-func TestPlanFitLedger(t *testing.T) {
-	p := &Plan{Weights: 64 << 20, KVFull: 32 << 20, Compute: 10 << 20, Output: 1 << 20, Metadata: 1 << 20, MetadataFull: 2 << 20}
-	start, full := p.AtStart(), p.AtFull()
-	for _, c := range []struct {
-		h        xproc.Header
-		verdict  FitVerdict
-		giveBack memapi.Bytes
-	}{
-		{xproc.Header{Capacity: 1 << 30}, FitsNow, 0},
-		{xproc.Header{Capacity: 1 << 30, Charged: uint64(1<<30 - (start + 5<<20))}, StartsNow, full - (start + 5<<20)},
-		{xproc.Header{Capacity: 1 << 30, Claimed: 1 << 30}, FitsAfterGiveBack, start},
-		{xproc.Header{Capacity: uint64(start) - 1}, NeverFits, 0},
-	} {
-		f := p.FitLedger(c.h)
-		if f.Verdict != c.verdict || f.GiveBack != c.giveBack || f.Reason == "" {
-			t.Errorf("%+v: %+v, want %s giving back %d", c.h, f, c.verdict, c.giveBack)
-		}
-	}
-}
-
 // TestPlanBadInput: a missing or corrupt model, an n_ctx beyond the
 // trained context and a bad shape are typed errors.
 func TestPlanBadInput(t *testing.T) {
@@ -173,7 +151,7 @@ func BenchmarkPlan(b *testing.B) {
 
 // TestCheckLedgerRefuses: a missing ledger is xproc's typed error; a
 // ledger whose capacity is below the weights, and one that holds the
-// weights but not the rest of the engine's start, are *FitErrors (matching
+// weights but not the rest of the engine's start, are *xproc.FitErrors (matching
 // memapi.ErrOverBudget) saying why; the ledger is left as it was: no slot
 // taken, nothing claimed.
 func TestCheckLedgerRefuses(t *testing.T) {
@@ -204,9 +182,9 @@ func TestCheckLedgerRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, f, err := CheckLedger(path, modelPath, o)
-			var fe *FitError
-			if !errors.As(err, &fe) || !errors.Is(err, memapi.ErrOverBudget) || f.Verdict != NeverFits || !strings.Contains(err.Error(), c.reason) {
-				t.Fatalf("%v (%+v), want a *FitError saying %q", err, f, c.reason)
+			var fe *xproc.FitError
+			if !errors.As(err, &fe) || !errors.Is(err, memapi.ErrOverBudget) || f.Verdict != xproc.NeverFits || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("%v (%+v), want an *xproc.FitError saying %q", err, f, c.reason)
 			}
 			h, slots, err := xproc.Inspect(path)
 			if err != nil {

@@ -10,20 +10,38 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 )
 
-// graph is what the decoder reads of an ONNX model before ONNX Runtime
-// loads it: its nodes (operator, domain, inputs, integer attributes) and
-// the dimensions of its initializers, from the protobuf (ModelProto.graph
-// 7; GraphProto.node 1, initializer 5; NodeProto.input 1, op_type 4,
-// attribute 5, domain 7; AttributeProto.name 1, i 3; TensorProto.dims 1,
-// name 8). Everything else is skipped, the weights' bytes included.
+// graph is what the decoder and its plan read of an ONNX model before
+// ONNX Runtime loads it: its nodes (operator, domain, inputs, integer
+// attributes), the dimensions and element types of its initializers, and
+// the element types and shapes of its declared inputs and outputs, from
+// the protobuf (ModelProto.graph 7; GraphProto.node 1, initializer 5,
+// input 11, output 12; NodeProto.input 1, op_type 4, attribute 5, domain
+// 7; AttributeProto.name 1, i 3; TensorProto.dims 1, data_type 2, name 8;
+// ValueInfoProto.name 1, type 2; TypeProto.tensor_type 1;
+// TypeProto.Tensor.elem_type 1, shape 2; TensorShapeProto.dim 1;
+// Dimension.dim_value 1, dim_param 2). Everything else is skipped, the
+// weights' bytes included.
 type graph struct {
-	nodes []node
-	dims  map[string][]int64 // initializer name -> dims
+	nodes   []node
+	dims    map[string][]int64 // initializer name -> dims
+	types   map[string]int64   // initializer name -> TensorProto.DataType
+	order   []string           // the initializers' names in the file's order
+	inputs  []valueInfo
+	outputs []valueInfo
+}
+
+// valueInfo is a declared input or output: its element type
+// (TensorProto.DataType) and its dimensions, a symbolic one as -1.
+type valueInfo struct {
+	name string
+	elem int64
+	dims []int64
 }
 
 type node struct {
 	op, domain string
 	inputs     []string
+	outputs    int
 	ints       map[string]int64
 }
 
@@ -52,7 +70,7 @@ func readGraph(path string) (*graph, error) {
 		return nil, fmt.Errorf("mapping the model: %w", err)
 	}
 	defer syscall.Munmap(b)
-	g := &graph{dims: map[string][]int64{}}
+	g := &graph{dims: map[string][]int64{}, types: map[string]int64{}}
 	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if num == 7 && typ == protowire.BytesType {
 			return g.read(v)
@@ -73,12 +91,62 @@ func (g *graph) read(b []byte) error {
 			g.nodes = append(g.nodes, n)
 			return err
 		case num == 5 && typ == protowire.BytesType:
-			name, dims, err := readInitializer(v)
-			g.dims[name] = dims
+			name, dims, dt, err := readInitializer(v)
+			g.dims[name], g.types[name] = dims, dt
+			g.order = append(g.order, name)
+			return err
+		case (num == 11 || num == 12) && typ == protowire.BytesType:
+			vi, err := readValueInfo(v)
+			if num == 11 {
+				g.inputs = append(g.inputs, vi)
+			} else {
+				g.outputs = append(g.outputs, vi)
+			}
 			return err
 		}
 		return nil
 	})
+}
+
+// readValueInfo reads a ValueInfoProto of a tensor.
+func readValueInfo(b []byte) (valueInfo, error) {
+	var vi valueInfo
+	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			vi.name = string(v)
+		case num == 2 && typ == protowire.BytesType:
+			return fields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+				if num != 1 || typ != protowire.BytesType { // TypeProto.tensor_type
+					return nil
+				}
+				return fields(v, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+					switch {
+					case num == 1 && typ == protowire.VarintType:
+						vi.elem = int64(x)
+					case num == 2 && typ == protowire.BytesType: // the shape
+						return fields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+							if num != 1 || typ != protowire.BytesType {
+								return nil
+							}
+							d := int64(-1)
+							err := fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
+								if num == 1 && typ == protowire.VarintType {
+									d = int64(x)
+								}
+								return nil
+							})
+							vi.dims = append(vi.dims, d)
+							return err
+						})
+					}
+					return nil
+				})
+			})
+		}
+		return nil
+	})
+	return vi, err
 }
 
 func readNode(b []byte) (node, error) {
@@ -90,6 +158,8 @@ func readNode(b []byte) (node, error) {
 		switch num {
 		case 1:
 			n.inputs = append(n.inputs, string(v))
+		case 2:
+			n.outputs++
 		case 4:
 			n.op = string(v)
 		case 7:
@@ -119,11 +189,13 @@ func readNode(b []byte) (node, error) {
 	return n, err
 }
 
-func readInitializer(b []byte) (name string, dims []int64, err error) {
+func readInitializer(b []byte) (name string, dims []int64, dataType int64, err error) {
 	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 8 && typ == protowire.BytesType:
 			name = string(v)
+		case num == 2 && typ == protowire.VarintType:
+			dataType = int64(x)
 		case num == 1 && typ == protowire.VarintType:
 			dims = append(dims, int64(x))
 		case num == 1 && typ == protowire.BytesType:
@@ -137,7 +209,7 @@ func readInitializer(b []byte) (name string, dims []int64, err error) {
 		}
 		return nil
 	})
-	return name, dims, err
+	return name, dims, dataType, err
 }
 
 // fields calls f with each field of the message b: its number, wire type
@@ -199,6 +271,11 @@ func (d *Decoder) checkGraph(path string) error {
 	if err != nil {
 		return err
 	}
+	return d.checkGraphOf(g)
+}
+
+// checkGraphOf is checkGraph of the graph g read already.
+func (d *Decoder) checkGraphOf(g *graph) error {
 	pasts := map[string]bool{}
 	for _, sl := range d.slots {
 		pasts[pastPrefix+sl.name] = true

@@ -50,7 +50,7 @@ type output struct {
 	AtStart      uint64         `json:"at_start"`
 	AtFull       uint64         `json:"at_full"`
 	StockAtStart uint64         `json:"stock_at_start"`
-	Fit          *llamacpp.Fit  `json:"fit,omitempty"`
+	Fit          *xproc.Fit     `json:"fit,omitempty"`
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -114,7 +114,7 @@ usage error; 3 with -ledger: it does not fit now, or never fits.
 		}
 		f := p.FitLedger(h)
 		out.Fit = &f
-		if f.Verdict != llamacpp.FitsNow && f.Verdict != llamacpp.StartsNow {
+		if f.Verdict != xproc.FitsNow && f.Verdict != xproc.StartsNow {
 			code = exitRefused
 		}
 	}

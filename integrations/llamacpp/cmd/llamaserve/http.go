@@ -36,7 +36,7 @@ type serveConfig struct {
 // or SIGTERM: the model's weights, and a KV budget for the requests
 // decoding together, in one governed authority whose ledger /metrics
 // exports. With a ledger the authority is a member of that shared ledger:
-// the engine is planned first and refused (a *llamacpp.FitError, nothing
+// the engine is planned first and refused (an *xproc.FitError, nothing
 // joined) when it never fits; otherwise it joins, and its load waits up to
 // cfg.join for other processes to give back what it needs. With stock,
 // llama.cpp allocates its weights and every sequence's whole n_ctx of KV

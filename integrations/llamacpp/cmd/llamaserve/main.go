@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor/xproc"
 	"github.com/memgen/memgen/integrations/llamacpp"
 	"github.com/memgen/memgen/integrations/llamacpp/internal/trace"
 	"github.com/memgen/memgen/mechanisms/cpu"
@@ -283,7 +284,7 @@ func main() {
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llamaserve:", err)
-			var fe *llamacpp.FitError
+			var fe *xproc.FitError
 			if errors.As(err, &fe) {
 				os.Exit(3) // refused: it never fits the ledger, nothing joined
 			}

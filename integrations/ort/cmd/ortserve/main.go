@@ -16,9 +16,12 @@
 // within -queue, and refused with 429 and Retry-After otherwise. With
 // -ledger PATH the governor's authority joins that shared ledger (memctl
 // create) instead of holding a capacity of its own: every byte of the
-// engine is charged there beside the other processes'; a ledger whose
-// capacity is below the model's weights refuses it (exit status 3,
-// nothing joined).
+// engine is charged there beside the other processes'. The engine is
+// planned first (ort.PlanDecoder, the plan ortplan prints): a ledger
+// whose capacity is below the plan's start (the weights among it) refuses
+// it, an *xproc.FitError saying why (exit status 3, nothing joined); one
+// whose free bytes must first be given back by others is joined, and the
+// load waits for them as the workspace's allocations wait.
 //
 //	ortserve -lib LIBONNXRUNTIME -model DECODER.onnx -listen 127.0.0.1:8083 [-sequences 16] [-nctx 1024] [-budget BYTES] [-queue 2s] [-ledger PATH]
 //
@@ -77,15 +80,13 @@ func main() {
 	}
 	if err := serve(*lib, *model, *listen, memapi.Bytes(*budget), *seqs, *nCtx, *queue, *ledger, *prealloc); err != nil {
 		fmt.Fprintln(os.Stderr, "ortserve:", err)
-		if errors.Is(err, errRefused) {
-			os.Exit(3)
+		var fe *xproc.FitError
+		if errors.As(err, &fe) {
+			os.Exit(3) // refused: it never fits the ledger, nothing joined
 		}
 		os.Exit(1)
 	}
 }
-
-// errRefused marks a ledger that cannot hold the engine.
-var errRefused = errors.New("refused by the ledger")
 
 // engine is the decoder and what it runs on.
 type engine struct {
@@ -118,6 +119,9 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue
 	if err := ort.Init(lib, ort.InitOptions{Quiet: true}); err != nil {
 		return err
 	}
+	if err := ort.WarmUp(); err != nil {
+		return err
+	}
 	baseline()
 	g := governor.New(governor.Options{})
 	defer g.Close()
@@ -127,12 +131,16 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue
 			return err
 		}
 	} else {
-		h, _, err := xproc.Inspect(ledger)
+		mode := ort.KVGrow
+		if prealloc {
+			mode = ort.KVPreallocated
+		}
+		p, err := ort.PlanDecoder(model, ort.PlanOptions{NCtx: nCtx, Sequences: seqs, Mode: mode})
 		if err != nil {
 			return err
 		}
-		if st, err := os.Stat(model); err == nil && uint64(st.Size()) > h.Capacity {
-			return fmt.Errorf("%w: the ledger %s's capacity of %d bytes is below the model's weights (%s: %d bytes)", errRefused, ledger, h.Capacity, model, st.Size())
+		if _, err := xproc.CheckFit(ledger, model, p.Need()); err != nil {
+			return err
 		}
 		if l, err = xproc.Open(ledger, xproc.Options{}); err != nil {
 			return err

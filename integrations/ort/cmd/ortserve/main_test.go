@@ -51,8 +51,8 @@ var servingOn = regexp.MustCompile(`serving .* on http://(\S+) `)
 // (greedy, as many tokens as asked), /stats counts it, the ledger holds
 // the session's workspace; a prompt token outside the vocabulary is a 400
 // naming the field; after SIGTERM it exits 0 and the ledger holds nothing.
-// A ledger below the model's size is refused with exit status 3, nothing
-// joined.
+// A ledger below the engine's plan at start is refused with exit status
+// 3, a missing one with 1, nothing joined.
 func TestServeOnLedger(t *testing.T) {
 	lib := need(t, "MEMGEN_ORT_LIB")
 	model := need(t, "MEMGEN_ORT_DECODER_MODEL")
@@ -141,19 +141,40 @@ func TestServeOnLedger(t *testing.T) {
 		t.Errorf("after the engine ended the ledger holds %+v (%v)", h, err)
 	}
 
-	small := newLedger(t, 1<<20)
-	o, err := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-ledger", small).CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(string(o), "refused by the ledger") {
-		t.Errorf("a 1 MiB ledger: %v, want exit status 3:\n%s", err, o)
-	}
-	if h, slots, err := xproc.Inspect(small); err != nil || h.Claimed != 0 {
-		t.Errorf("after the refusal: %+v %v", h, err)
-	} else {
-		for _, s := range slots {
-			if s.PID != 0 {
-				t.Errorf("the refused engine took slot %d", s.Index)
+	// Refusals: the engine's plan against ledgers that never hold it,
+	// and a ledger that is not there; nothing is joined or charged.
+	for _, c := range []struct {
+		name     string
+		capacity uint64 // 0: no ledger
+		code     int
+		says     string
+	}{
+		{"below-the-weights", 1 << 20, 3, "below the weights alone"},
+		{"below-the-start", 15 << 20, 3, "more than the ledger's capacity"},
+		{"missing", 0, 1, "no such file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "none")
+			if c.capacity > 0 {
+				path = newLedger(t, c.capacity)
 			}
-		}
+			o, err := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-ledger", path).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != c.code || !strings.Contains(string(o), c.says) {
+				t.Fatalf("%v, want exit status %d saying %q:\n%s", err, c.code, c.says, o)
+			}
+			if c.capacity == 0 {
+				return
+			}
+			if h, slots, err := xproc.Inspect(path); err != nil || h.Claimed != 0 || h.Charged != 0 {
+				t.Errorf("after the refusal: %+v %v", h, err)
+			} else {
+				for _, s := range slots {
+					if s.PID != 0 {
+						t.Errorf("the refused engine took slot %d", s.Index)
+					}
+				}
+			}
+		})
 	}
 }
