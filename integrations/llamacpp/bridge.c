@@ -212,7 +212,8 @@ void memgen_llama_context_free(struct llama_context *c) { memgen_llama_api.llama
 /* Decoding can allocate: llama.cpp grows a context's output buffer, and
  * its scheduler a compute buffer, when a graph needs more than reserved. */
 int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
-                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, uintptr_t owner) {
+                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, float *top, llama_token *second,
+                            uintptr_t owner) {
 	struct memgen_llama_api *a = &memgen_llama_api;
 	int32_t *n_seq_id = malloc(sizeof(int32_t) * (size_t)n);
 	llama_seq_id **seq_id = malloc(sizeof(llama_seq_id *) * (size_t)n);
@@ -237,14 +238,27 @@ int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tok
 		if (!out[i]) continue;
 		if (samplers && samplers[k]) {
 			next[k] = a->llama_sampler_sample(samplers[k], c, i);
+			top[2 * k] = top[2 * k + 1] = 0;
+			second[k] = -1;
 			k++;
 			continue;
 		}
 		const float *logits = a->llama_get_logits_ith(c, i);
 		if (!logits) return -100;
-		llama_token best = 0;
-		for (int32_t j = 1; j < n_vocab; j++)
-			if (logits[j] > logits[best]) best = j;
+		/* The argmax (the lowest index among equal logits) and the
+		 * runner-up: the most of the others. */
+		llama_token best = 0, next_best = -1;
+		for (int32_t j = 1; j < n_vocab; j++) {
+			if (logits[j] > logits[best]) {
+				next_best = best;
+				best = j;
+			} else if (next_best < 0 || logits[j] > logits[next_best]) {
+				next_best = j;
+			}
+		}
+		top[2 * k] = logits[best];
+		top[2 * k + 1] = next_best < 0 ? logits[best] : logits[next_best];
+		second[k] = next_best;
 		next[k++] = best;
 	}
 	return 0;

@@ -97,9 +97,12 @@ void memgen_llama_context_free(struct llama_context *c);
  * pos[i] of sequence seq[i], and returns llama_decode's status; for the
  * k-th token with out[i] set, next[k] is the token after it: drawn by
  * samplers[k] when it is set, else the greedy one (the argmax of its
- * logits over n_vocab). */
+ * logits over n_vocab), whose logit is top[2k]; the runner-up (the most
+ * of the other logits) is second[k], its logit top[2k+1] (a sampled
+ * token has second[k] -1). */
 int32_t memgen_llama_decode(struct llama_context *c, int32_t n, llama_token *tokens, llama_pos *pos, llama_seq_id *seq, int8_t *out,
-                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, uintptr_t owner);
+                            struct llama_sampler **samplers, int32_t n_vocab, llama_token *next, float *top, llama_token *second,
+                            uintptr_t owner);
 
 /* The model's vocabulary (a model without a tokenizer has none of use). */
 /* memgen_llama_tokenize writes at most max tokens of text (special tokens

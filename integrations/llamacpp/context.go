@@ -390,7 +390,23 @@ type SeqTokens struct {
 	// Sampler draws the token after the last of Tokens; nil takes the
 	// greedy one (the argmax of its logits).
 	Sampler *Sampler
+	// Top, when set, receives the greedy token's logit and the
+	// runner-up's (with Sampler set: Second -1).
+	Top *TopLogits
 }
+
+// TopLogits are the two highest logits of a greedy choice: the chosen
+// token's, and the runner-up token's. Their difference is the choice's
+// margin: how far the logits must move for another token to be chosen
+// (batches of other shapes can round llama.cpp's sums differently).
+type TopLogits struct {
+	Logit       float32 // the chosen token's
+	Second      int32   // the runner-up, -1 for a sampled token
+	SecondLogit float32 // its logit
+}
+
+// Margin is Logit less SecondLogit.
+func (t TopLogits) Margin() float32 { return t.Logit - t.SecondLogit }
 
 // seqState is one sequence of a context: its tokens, and the cells
 // llama.cpp holds of them (a prefix of them: fewer after a preemption).
@@ -516,17 +532,19 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 		}
 	}
 	next := make([]int32, 0, len(ws))
+	tops := make([]TopLogits, 0, len(ws))
 	defer c.abortOn(ctx)()
 	for from := 0; from < len(b.tokens); from += c.batch {
 		if ctx.Err() != nil {
 			return nil, undo(fmt.Errorf("llamacpp: decode stopped between batches: %w", context.Cause(ctx)))
 		}
 		part := b.slice(from, min(from+c.batch, len(b.tokens)))
-		out, err := c.decodeBatch(ctx, part)
+		out, top, err := c.decodeBatch(ctx, part)
 		if err != nil {
 			return nil, undo(err)
 		}
 		next = append(next, out...)
+		tops = append(tops, top...)
 	}
 	for _, w := range ws {
 		c.stats.Recomputed += w.recompute
@@ -535,9 +553,12 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	if err := c.shrinkToCells(); err != nil {
 		return nil, undo(fmt.Errorf("llamacpp: decoded, but the tile's rows above the cells could not be released: %w", err))
 	}
-	for _, e := range in {
+	for i, e := range in {
 		sq := &c.seqs[e.Seq]
 		sq.tokens = append(sq.tokens, e.Tokens...)
+		if e.Top != nil {
+			*e.Top = tops[i]
+		}
 	}
 	return next, nil
 }
@@ -644,11 +665,14 @@ func (c *Context) abortOn(ctx context.Context) (stop func()) {
 var beforeLlamaDecode, abortSet func()
 
 // decodeBatch decodes one batch (at most Batch tokens) whose rows are
-// committed and returns the greedy next token after each of its outputs. A
-// decode that ctx's end aborted keeps none of the batch's cells (llama.cpp
-// keeps the ubatches it finished: they are removed).
-func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, error) {
+// committed and returns the next token after each of its outputs, with
+// its top logits. A decode that ctx's end aborted keeps none of the
+// batch's cells (llama.cpp keeps the ubatches it finished: they are
+// removed).
+func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, []TopLogits, error) {
 	next := make([]C.llama_token, max(b.outputs(), 1))
+	second := make([]C.llama_token, len(next))
+	top := make([]C.float, 2*len(next))
 	if beforeLlamaDecode != nil {
 		beforeLlamaDecode()
 	}
@@ -656,7 +680,7 @@ func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, erro
 	defer C.free(unsafe.Pointer(smp))
 	c.allocCtx = ctx
 	st := C.memgen_llama_decode(c.c, C.int32_t(len(b.tokens)), &b.tokens[0], &b.pos[0], &b.seq[0], &b.out[0], smp,
-		C.int32_t(c.m.nVocab), &next[0], C.uintptr_t(c.self))
+		C.int32_t(c.m.nVocab), &next[0], &top[0], &second[0], C.uintptr_t(c.self))
 	c.allocCtx = nil
 	allocErr := c.allocErr
 	c.allocErr = nil
@@ -669,26 +693,28 @@ func (c *Context) decodeBatch(ctx context.Context, b decodeInput) ([]int32, erro
 			}
 		}
 		if len(errs) > 0 {
-			return nil, errors.Join(errs...)
+			return nil, nil, errors.Join(errs...)
 		}
-		return nil, fmt.Errorf("llamacpp: llama_decode aborted: %w", context.Cause(ctx))
+		return nil, nil, fmt.Errorf("llamacpp: llama_decode aborted: %w", context.Cause(ctx))
 	}
 	if st != 0 {
 		// llama.cpp changed nothing.
 		if allocErr != nil {
-			return nil, fmt.Errorf("%w: llama_decode returned %d: a buffer it grows: %w", ErrDecode, int32(st), allocErr)
+			return nil, nil, fmt.Errorf("%w: llama_decode returned %d: a buffer it grows: %w", ErrDecode, int32(st), allocErr)
 		}
-		return nil, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
+		return nil, nil, fmt.Errorf("%w: llama_decode returned %d: %s", ErrDecode, int32(st), lastError())
 	}
 	for _, seq := range b.seq {
 		c.seqs[seq].cells++
 	}
 	c.stats.Tokens += len(b.tokens)
 	out := make([]int32, b.outputs())
+	tops := make([]TopLogits, len(out))
 	for i := range out {
 		out[i] = int32(next[i])
+		tops[i] = TopLogits{Logit: float32(top[2*i]), Second: int32(second[i]), SecondLogit: float32(top[2*i+1])}
 	}
-	return out, nil
+	return out, tops, nil
 }
 
 // distinct returns the sequences of a batch, each once.

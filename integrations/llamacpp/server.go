@@ -121,6 +121,7 @@ type job struct {
 
 type event struct {
 	token  int32
+	top    TopLogits // the token's logit and the runner-up's
 	end    bool
 	reason string // "length" or "stop" at the end
 	err    error  // at the end: why the job failed
@@ -309,12 +310,13 @@ func (s *Server) loop() {
 			continue
 		}
 		in := make([]SeqTokens, len(active))
+		tops := make([]TopLogits, len(active))
 		for i, j := range active {
 			toks := j.prompt
 			if len(j.out) > 0 {
 				toks = j.out[len(j.out)-1:]
 			}
-			in[i] = SeqTokens{Seq: j.seq, Tokens: toks, Sampler: j.sampler}
+			in[i] = SeqTokens{Seq: j.seq, Tokens: toks, Sampler: j.sampler, Top: &tops[i]}
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
 		next, err := s.c.DecodeBatch(ctx, in)
@@ -342,7 +344,7 @@ func (s *Server) loop() {
 		for i, j := range active {
 			t := next[i]
 			j.out = append(j.out, t)
-			j.events <- event{token: t}
+			j.events <- event{token: t, top: tops[i]}
 			switch {
 			case s.m.IsEndOfGeneration(t):
 				s.finish(j, event{end: true, reason: "stop"})

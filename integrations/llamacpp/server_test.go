@@ -42,6 +42,7 @@ type completion struct {
 			Role, Content string
 		} `json:"message"`
 		Delta struct{ Content string } `json:"delta"`
+		Top2  [][3]float64             `json:"top2"`
 	} `json:"choices"`
 	Usage struct {
 		Prompt     int `json:"prompt_tokens"`
@@ -160,6 +161,34 @@ func TestServerCompletions(t *testing.T) {
 	resp.Body.Close()
 	if !done || reason != "length" || hashTokens(streamed) != hashTokens(want) || streamedText.String() != text.String() {
 		t.Errorf("stream: done %v, reason %q, tokens %v, text %q", done, reason, streamed, streamedText.String())
+	}
+
+	// The top logits: per token its logit above the runner-up's (another
+	// token of the vocabulary), the first token's exactly what a context
+	// of its own computes for the prompt alone.
+	code, _, body = post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12, "top2": true}`)
+	if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices[0].Top2) != 12 || hashTokens(c.Choices[0].Tokens) != hashTokens(want) {
+		t.Fatalf("top2: %d %s", code, body)
+	}
+	for i, tp := range c.Choices[0].Top2 {
+		if tp[0] <= tp[2] || int32(tp[1]) == c.Choices[0].Tokens[i] || tp[1] < 0 || int(tp[1]) >= m.NVocab() {
+			t.Errorf("token %d (%d): top2 %v: not a logit above another token's", i, c.Choices[0].Tokens[i], tp)
+		}
+	}
+	ctx1, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top TopLogits
+	if _, err := ctx1.DecodeBatch(bg(t), []SeqTokens{{Seq: 0, Tokens: prompt, Top: &top}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx1.Close(bg(t))
+	if got := c.Choices[0].Top2[0]; got != [3]float64{float64(top.Logit), float64(top.Second), float64(top.SecondLogit)} {
+		t.Errorf("the first token's top2 %v, a context of its own %+v", got, top)
+	}
+	if code, _, _ := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 2, "top2": true, "stream": true}`); code != http.StatusBadRequest {
+		t.Errorf("top2 streamed: %d, want 400", code)
 	}
 
 	// Token ids, and a chat.

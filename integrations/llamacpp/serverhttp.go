@@ -18,7 +18,10 @@ import (
 //
 //   - POST /v1/completions: a prompt (text, or token ids), max_tokens,
 //     temperature (0: greedy) and seed; with "stream": true the tokens come
-//     as server-sent events ("data: {...}", then "data: [DONE]");
+//     as server-sent events ("data: {...}", then "data: [DONE]"); with
+//     "top2": true (greedy, not streamed) the choice also has "top2": per
+//     token its logit, the runner-up token and the runner-up's logit, so
+//     that a client can see how close each choice was;
 //   - POST /v1/chat/completions: messages formatted with the model's chat
 //     template, otherwise the same;
 //   - GET /v1/models: the model;
@@ -54,6 +57,9 @@ type completionRequest struct {
 	Temperature *float64        `json:"temperature"`
 	Seed        *int64          `json:"seed"`
 	Stream      bool            `json:"stream"`
+	// Top2 asks for each generated token's logit and the runner-up's
+	// (greedy decoding only): "top2": [[logit, runner-up, its logit], ...].
+	Top2 bool `json:"top2"`
 }
 
 // apiError is an error answered as JSON: {"error": {...}}.
@@ -90,6 +96,9 @@ func (s *Server) parse(r *http.Request, chat bool) (*completionRequest, []int32,
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 8<<20))
 	if err := dec.Decode(&req); err != nil {
 		return nil, nil, 0, nil, badRequest("body", "not a JSON request: %v", err)
+	}
+	if req.Top2 && (req.Stream || req.Temperature != nil && *req.Temperature != 0) {
+		return nil, nil, 0, nil, badRequest("top2", "the runner-up logits are answered for greedy requests that are not streamed")
 	}
 	if req.Model != "" && req.Model != s.opts.Name {
 		return nil, nil, 0, nil, badRequest("model", "%q is not served here (%q is)", req.Model, s.opts.Name)
@@ -232,6 +241,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	var out []byte
 	var toks []int32
+	var top2 [][3]float64
 	for ev := range j.events {
 		if ev.end {
 			if ev.err != nil {
@@ -240,12 +250,17 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 			out = append(out, text.flush()...)
 			reason := ev.reason
+			c := choice(string(out), &reason, toks)
+			if req.Top2 {
+				c["top2"] = top2
+			}
 			writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": object, "created": created, "model": s.opts.Name,
-				"choices": []any{choice(string(out), &reason, toks)},
+				"choices": []any{c},
 				"usage":   map[string]int{"prompt_tokens": len(prompt), "completion_tokens": len(toks), "total_tokens": len(prompt) + len(toks)}})
 			return
 		}
 		toks = append(toks, ev.token)
+		top2 = append(top2, [3]float64{float64(ev.top.Logit), float64(ev.top.Second), float64(ev.top.SecondLogit)})
 		out = append(out, s.piece(ev.token, &text)...)
 	}
 }

@@ -202,37 +202,46 @@ func TestEnginesShareOneLedger(t *testing.T) {
 }
 
 // TestJoinRefusals: llamaserve refuses a ledger whose capacity is below
-// the model's weights with exit status 3 (nothing joined, the ledger as it
-// was), and a missing ledger with exit status 1, naming it.
+// the model's weights, and one that holds the weights but not the
+// engine's start (the tiny model's: 64.03 MiB of weights, 74.37 MiB at
+// start), with exit status 3 (nothing joined, the ledger as it was); a
+// missing ledger, and -stock with -ledger (a stock engine allocates
+// outside memgen), with exit status 1, saying why.
 func TestJoinRefusals(t *testing.T) {
 	lib := need(t, "MEMGEN_LLAMACPP_LIB")
 	tiny := need(t, "MEMGEN_LLAMACPP_MODEL")
 	bin := build(t)
-	small := newLedger(t, 32<<20)
+	small, short, room := newLedger(t, 32<<20), newLedger(t, 70<<20), newLedger(t, 1<<30)
 	for _, c := range []struct {
 		ledger string
+		extra  []string
 		code   int
 		says   string
 	}{
-		{small, 3, "never fits the ledger " + small + ": the ledger's capacity of 32 MiB is below the weights alone"},
-		{filepath.Join(t.TempDir(), "none"), 1, "no such file or directory"},
+		{small, nil, 3, "never fits the ledger " + small + ": the ledger's capacity of 32 MiB is below the weights alone"},
+		{short, nil, 3, "never fits the ledger " + short + ": it needs 74.37 MiB at start (weights 64.03 MiB"},
+		{filepath.Join(t.TempDir(), "none"), nil, 1, "no such file or directory"},
+		{room, []string{"-stock"}, 1, "-stock and -ledger: a stock engine allocates outside memgen, so it cannot join a ledger"},
 	} {
-		out, err := exec.Command(bin, "-lib", lib, "-model", tiny, "-listen", "127.0.0.1:0", "-nctx", "1024", "-ledger", c.ledger).CombinedOutput()
+		args := append([]string{"-lib", lib, "-model", tiny, "-listen", "127.0.0.1:0", "-nctx", "1024", "-sequences", "4", "-ledger", c.ledger}, c.extra...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != c.code || !strings.Contains(string(out), c.says) {
-			t.Errorf("-ledger %s: %v, want exit status %d saying %q:\n%s", c.ledger, err, c.code, c.says, out)
+			t.Errorf("-ledger %s %v: %v, want exit status %d saying %q:\n%s", c.ledger, c.extra, err, c.code, c.says, out)
 		}
 	}
-	h, slots, err := xproc.Inspect(small)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range slots {
-		if s.PID != 0 {
-			t.Errorf("the refused proc took slot %d", s.Index)
+	for _, l := range []string{small, short, room} {
+		h, slots, err := xproc.Inspect(l)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if h.Claimed != 0 || h.Charged != 0 {
-		t.Errorf("after the refusal the ledger holds %+v", h)
+		for _, s := range slots {
+			if s.PID != 0 {
+				t.Errorf("%s: the refused process took slot %d", l, s.Index)
+			}
+		}
+		if h.Claimed != 0 || h.Charged != 0 {
+			t.Errorf("%s: after the refusal the ledger holds %+v", l, h)
+		}
 	}
 }

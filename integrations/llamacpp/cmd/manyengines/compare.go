@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -88,19 +87,25 @@ func (c *comparison) print(w io.Writer, sharedPath, staticPath string) error {
 		return errors.New("the runs replayed different requests")
 	}
 	identical, served := 0, 0
-	var differ []string
+	var differ []divergence
+	at := func(r *Run, i int) []top2 {
+		if i < len(r.Top2) {
+			return r.Top2[i]
+		}
+		return nil
+	}
 	for i := range shared.Tokens {
 		a, b := shared.Tokens[i], static.Tokens[i]
 		if a == nil {
 			continue
 		}
 		served++
-		at := firstDiff(a, b)
-		if at < 0 {
+		first := firstDiff(a, b)
+		if first < 0 {
 			identical++
 			continue
 		}
-		differ = append(differ, fmt.Sprintf("request %d (%s): first differs at token %d of %d", i, shared.Engines[i%len(shared.Engines)].Name, at, len(a)))
+		differ = append(differ, explain(i, shared.Engines[i%len(shared.Engines)].Name, first, a, b, at(shared, i), at(static, i)))
 	}
 	var drift uint64
 	for _, a := range shared.Audits {
@@ -134,9 +139,15 @@ func (c *comparison) print(w io.Writer, sharedPath, staticPath string) error {
 			planErr = p.errorPct()
 		}
 	}
-	sort.Strings(differ)
+	explained := 0
 	for _, d := range differ {
-		fmt.Fprintln(w, d, "(its batches differ between the runs: llama.cpp's sums can round differently)")
+		fmt.Fprintln(w, d)
+		if d.explained() {
+			explained++
+		}
+	}
+	if len(differ) > 0 {
+		fmt.Fprintf(w, "requests that differ: %d of %d (%.1f %%), %d explained by rounding\n", len(differ), served, 100*float64(len(differ))/float64(served), explained)
 	}
 	pe := "none"
 	if !math.IsNaN(planErr) {

@@ -75,3 +75,39 @@ func TestCompareFlagsRefuseBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestDivergenceExplained: a differing request is explained by rounding
+// only when the two runs' top two tokens are the same two, swapped, and
+// the stock run's margin is within twice the largest move of the logits
+// over the identical tokens before; otherwise it says why not.
+func TestDivergenceExplained(t *testing.T) {
+	memgen, stock := []int32{5, 6, 7}, []int32{5, 6, 8}
+	prefix := func(move float64) ([]top2, []top2) {
+		return []top2{{10, 1, 9}, {11, 2, 8}}, []top2{{10 + move, 1, 9}, {11 - move, 2, 8}}
+	}
+	for _, c := range []struct {
+		name      string
+		move      float64
+		atM, atS  top2
+		explained bool
+		says      string
+		noLogits  bool
+	}{
+		{name: "near-tie", move: 0.01, atM: top2{12.005, 8, 12}, atS: top2{12.01, 7, 12}, explained: true, says: "a near tie: stock chose 8 over 7 by 0.01, memgen 7 over 8 by 0.005"},
+		{name: "wide-margin", move: 0.001, atM: top2{12.5, 8, 12}, atS: top2{12.5, 7, 12}, says: "not explained: the margin is more than twice"},
+		{name: "not-swapped", move: 0.01, atM: top2{12.005, 9, 12}, atS: top2{12.01, 7, 12}, says: "not the same two candidates swapped"},
+		{name: "no-logits", noLogits: true, says: "no logits to compare"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ta, tb := prefix(c.move)
+			ta, tb = append(ta, c.atM), append(tb, c.atS)
+			if c.noLogits {
+				ta, tb = nil, nil
+			}
+			d := explain(3, "gqa", 2, memgen, stock, ta, tb)
+			if d.explained() != c.explained || !strings.Contains(d.String(), c.says) || !strings.HasPrefix(d.String(), "request 3 (gqa): first differs at token 2 of 3") {
+				t.Errorf("explained %v, want %v: %s", d.explained(), c.explained, d)
+			}
+		})
+	}
+}

@@ -77,8 +77,10 @@ type Run struct {
 	// MeanQueued is the mean of the summed running sequences over the
 	// samples taken while some request was still waiting to be admitted.
 	MeanQueued float64 `json:"mean_queued"`
-	// Tokens are each request's greedy tokens.
+	// Tokens are each request's greedy tokens; Top2 each token's logit,
+	// the runner-up and its logit, where the engine answers them.
 	Tokens [][]int32 `json:"tokens"`
+	Top2   [][]top2  `json:"top2"`
 	// Audits are the ledger audits (with -ledger): the largest difference
 	// between an engine's governor and the ledger at each.
 	Audits []Audit  `json:"audits"`
@@ -199,7 +201,7 @@ func promptIDs(i, n int) []int32 {
 }
 
 func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger string, rec *memreport.Recorder) (*Run, error) {
-	run := &Run{Engines: engines, Requests: len(rs), Tokens: make([][]int32, len(rs)), PeakBy: map[string]int{}}
+	run := &Run{Engines: engines, Requests: len(rs), Tokens: make([][]int32, len(rs)), Top2: make([][]top2, len(rs)), PeakBy: map[string]int{}}
 	client := &http.Client{}
 	if ledger != "" {
 		a, err := audit(ctx, client, engines, ledger, "before")
@@ -219,7 +221,7 @@ func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger st
 		go func() {
 			defer wg.Done()
 			e := engines[i%len(engines)]
-			toks, retries, err := complete(ctx, client, e, promptIDs(i, r.Prompt), r.Gen)
+			toks, tops, retries, err := complete(ctx, client, e, promptIDs(i, r.Prompt), r.Gen)
 			mu.Lock()
 			defer mu.Unlock()
 			inflight--
@@ -228,7 +230,7 @@ func replay(ctx context.Context, engines []engine, rs []trace.Request, ledger st
 				run.Errors = append(run.Errors, fmt.Sprintf("request %d on %s: %v", i, e.Name, err))
 				return
 			}
-			run.Tokens[i] = toks
+			run.Tokens[i], run.Top2[i] = toks, tops
 			run.Served++
 		}()
 	}
@@ -398,17 +400,19 @@ func writeReport(rec *memreport.Recorder, run *Run, path string) error {
 	return f.Close()
 }
 
-// complete posts one request, retrying after a 429's Retry-After.
-func complete(ctx context.Context, c *http.Client, e engine, prompt []int32, gen int) ([]int32, int, error) {
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": gen})
+// complete posts one request, retrying after a 429's Retry-After, and
+// returns its tokens and, where the engine answers them (llamaserve),
+// each token's top two logits.
+func complete(ctx context.Context, c *http.Client, e engine, prompt []int32, gen int) ([]int32, []top2, int, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": gen, "top2": true})
 	for retries := 0; ; retries++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL+"/v1/completions", bytes.NewReader(body))
 		if err != nil {
-			return nil, retries, err
+			return nil, nil, retries, err
 		}
 		resp, err := c.Do(req)
 		if err != nil {
-			return nil, retries, err
+			return nil, nil, retries, err
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -417,21 +421,22 @@ func complete(ctx context.Context, c *http.Client, e engine, prompt []int32, gen
 			var out struct {
 				Choices []struct {
 					Tokens []int32 `json:"tokens"`
+					Top2   []top2  `json:"top2"`
 				} `json:"choices"`
 			}
 			if err := json.Unmarshal(b, &out); err != nil || len(out.Choices) != 1 {
-				return nil, retries, fmt.Errorf("bad answer %q", b)
+				return nil, nil, retries, fmt.Errorf("bad answer %q", b)
 			}
-			return out.Choices[0].Tokens, retries, nil
+			return out.Choices[0].Tokens, out.Choices[0].Top2, retries, nil
 		case http.StatusTooManyRequests:
 			wait, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 			select {
 			case <-ctx.Done():
-				return nil, retries, ctx.Err()
+				return nil, nil, retries, ctx.Err()
 			case <-time.After(time.Duration(max(wait, 1)) * time.Second):
 			}
 		default:
-			return nil, retries, fmt.Errorf("%s: %s", resp.Status, b)
+			return nil, nil, retries, fmt.Errorf("%s: %s", resp.Status, b)
 		}
 	}
 }
