@@ -44,8 +44,10 @@ type ServerOptions struct {
 
 // Server decodes requests together in one context of a Model: each
 // running request is one of the context's sequences, and every step
-// decodes one token of each (a new request's whole prompt) in one
-// DecodeBatch. Its HTTP API is Handler. Admission is by slot and KV
+// decodes one token of each running request in one DecodeBatch, and each
+// new request's whole prompt in a DecodeBatch of its own (so that the
+// decode tokens' rounding does not depend on the prompts that arrive
+// beside them). Its HTTP API is Handler. Admission is by slot and KV
 // budget: a request that cannot be admitted within QueueTimeout is
 // refused, never queued without bound.
 type Server struct {
@@ -248,6 +250,10 @@ func (s *Server) refuseLocked(need memapi.Bytes) error {
 	return ErrBusy
 }
 
+// stepCall, set by tests, is called with the entries of each DecodeBatch
+// the loop makes.
+var stepCall func(in []SeqTokens)
+
 // refused, set by tests, is called at each refusal with whether a sequence
 // and the budget were free at that moment (they must not be).
 var refused func(room bool)
@@ -309,32 +315,69 @@ func (s *Server) loop() {
 		if len(active) == 0 {
 			continue
 		}
-		in := make([]SeqTokens, len(active))
+		// A step decodes the running sequences' next tokens together, and
+		// each new request's prompt in a call of its own: a decode token's
+		// attention is then computed the same way whether or not prompts
+		// arrive beside it (below 64 queries in a ubatch ggml's
+		// flash-attention kernel takes its one-query path, at 64 or more
+		// its tiled one, which sums in another order), so a request's
+		// greedy tokens do not depend on the prompts other requests send.
+		next := make([]int32, len(active))
 		tops := make([]TopLogits, len(active))
+		errs := make([]error, len(active))
+		var groups [][]int
+		var decodes []int
 		for i, j := range active {
-			toks := j.prompt
-			if len(j.out) > 0 {
-				toks = j.out[len(j.out)-1:]
+			if len(j.out) == 0 {
+				groups = append(groups, []int{i})
+			} else {
+				decodes = append(decodes, i)
 			}
-			in[i] = SeqTokens{Seq: j.seq, Tokens: toks, Sampler: j.sampler, Top: &tops[i]}
 		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
-		next, err := s.c.DecodeBatch(ctx, in)
-		cancel()
-		if err != nil {
-			// The batch is as before the step; its jobs fail. A closed
-			// context or a broken engine fails the server.
+		if len(decodes) > 0 {
+			groups = append([][]int{decodes}, groups...)
+		}
+		var failed error
+		for _, g := range groups {
+			in := make([]SeqTokens, len(g))
+			for k, i := range g {
+				j := active[i]
+				toks := j.prompt
+				if len(j.out) > 0 {
+					toks = j.out[len(j.out)-1:]
+				}
+				in[k] = SeqTokens{Seq: j.seq, Tokens: toks, Sampler: j.sampler, Top: &tops[i]}
+			}
+			if stepCall != nil {
+				stepCall(in)
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
+			out, err := s.c.DecodeBatch(ctx, in)
+			cancel()
+			for k, i := range g {
+				if err != nil {
+					errs[i] = err
+				} else {
+					next[i] = out[k]
+				}
+			}
+			if err != nil && (errors.Is(err, ErrDecode) || errors.Is(err, memapi.ErrClosed)) {
+				failed = err
+				break // a broken engine or a closed context: nothing more is decoded
+			}
+		}
+		if failed != nil {
+			// The server fails: every job does (the ones decoded this step
+			// too: their sequences' cells are dropped at the finish).
 			for _, j := range active {
-				s.finish(j, event{end: true, err: fmt.Errorf("llamacpp: decoding: %w", err)})
+				s.finish(j, event{end: true, err: fmt.Errorf("llamacpp: decoding: %w", failed)})
 			}
 			active = nil
-			if errors.Is(err, ErrDecode) || errors.Is(err, memapi.ErrClosed) {
-				s.mu.Lock()
-				if s.state == nil {
-					s.state = err
-				}
-				s.mu.Unlock()
+			s.mu.Lock()
+			if s.state == nil {
+				s.state = failed
 			}
+			s.mu.Unlock()
 			if s.ctx.Err() != nil {
 				return
 			}
@@ -342,6 +385,11 @@ func (s *Server) loop() {
 		}
 		kept = active[:0]
 		for i, j := range active {
+			if errs[i] != nil {
+				// Its call is as before the step; the job fails.
+				s.finish(j, event{end: true, err: fmt.Errorf("llamacpp: decoding: %w", errs[i])})
+				continue
+			}
 			t := next[i]
 			j.out = append(j.out, t)
 			j.events <- event{token: t, top: tops[i]}

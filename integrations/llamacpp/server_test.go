@@ -11,8 +11,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -318,6 +320,59 @@ func TestServerRefusals(t *testing.T) {
 	}
 	r.settle(t)
 	r.audit(t, "after Close", m)
+}
+
+// TestServerPrefillsApart: each step decodes the running sequences' next
+// tokens in one call and each new prompt in a call of its own, never a
+// prompt beside decode tokens (which would move the decode tokens onto
+// ggml's tiled attention path, at 64 queries, and change their rounding).
+// Eight requests with prompts of 80 tokens arrive while others decode.
+func TestServerPrefillsApart(t *testing.T) {
+	var mu sync.Mutex
+	var calls [][]int // per DecodeBatch call, each entry's token count
+	stepCall = func(in []SeqTokens) {
+		n := make([]int, len(in))
+		for i, e := range in {
+			n[i] = len(e.Tokens)
+		}
+		mu.Lock()
+		calls = append(calls, n)
+		mu.Unlock()
+	}
+	t.Cleanup(func() { stepCall = nil })
+	_, hs, _, _ := newTestServer(t, ServerOptions{Sequences: 4, NCtx: 512})
+	ids := make([]string, 80)
+	for i := range ids {
+		ids[i] = fmt.Sprint(100 + i)
+	}
+	var wg sync.WaitGroup
+	for k := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(k) * 20 * time.Millisecond)
+			if code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": [`+strings.Join(ids, ",")+`], "max_tokens": 24}`); code != http.StatusOK {
+				t.Errorf("request %d: %d %s", k, code, body)
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	prompts, decodes := 0, 0
+	for _, c := range calls {
+		switch {
+		case len(c) == 1 && c[0] == len(ids):
+			prompts++
+		case slices.Max(c) == 1:
+			decodes++
+		default:
+			t.Errorf("a call of entries of %v tokens: a prompt beside other entries", c)
+		}
+	}
+	if prompts != 8 || decodes < 23 {
+		t.Errorf("%d prompt calls (want 8), %d decode calls", prompts, decodes)
+	}
 }
 
 // TestServerLoad: 64 clients send completions without pause (a refused

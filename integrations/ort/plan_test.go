@@ -82,6 +82,35 @@ func TestPlanMatchesDecoder(t *testing.T) {
 		b(loaded), b(p.Weights-loaded), b(stepped), b(s.Charged), b(engine), 100*(float64(p.AtFull())-float64(engine))/float64(engine))
 }
 
+// TestPlanRoundsToGranules: with a context whose rows do not fill whole
+// granules (1,000 rows of 256 bytes: 62.5 pages), each cache tensor of a
+// preallocated sequence is charged in whole granules, as planned.
+func TestPlanRoundsToGranules(t *testing.T) {
+	needDecoder(t)
+	const nCtx = 1000
+	p, err := PlanDecoder(decoderModel, PlanOptions{NCtx: nCtx, Sequences: 2, Mode: KVPreallocated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := newKVHost(t, 1<<30)
+	d, err := NewDecoder(decoderModel, kv.bind, DecoderOptions{Mode: KVPreallocated, MaxSeq: nCtx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for range 2 {
+		q, err := d.NewSequence(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+	}
+	s, _ := kv.g.Authority(hostAuth)
+	if s.Charged != p.KVFull || p.KVPerSequence == memapi.Bytes(nCtx)*p.KVPerToken {
+		t.Errorf("two sequences of %d tokens charge %d, planned %d (%d a sequence, %d unrounded)", nCtx, s.Charged, p.KVFull, p.KVPerSequence, memapi.Bytes(nCtx)*p.KVPerToken)
+	}
+}
+
 func absDiff(a, b memapi.Bytes) memapi.Bytes {
 	if a > b {
 		return a - b

@@ -32,6 +32,12 @@ func (p planned) errorPct() float64 {
 	return 100 * (float64(p.planned) - float64(p.measured)) / float64(p.measured)
 }
 
+// close says whether the plan is within max(2 %, 16 MiB) of the measure.
+func (p planned) close() bool {
+	d := max(p.planned, p.measured) - min(p.planned, p.measured)
+	return d <= max(p.measured/50, 16<<20)
+}
+
 type planFlags []planned
 
 func (f *planFlags) String() string { return fmt.Sprint(*f) }
@@ -134,7 +140,12 @@ func (c *comparison) print(w io.Writer, sharedPath, staticPath string) error {
 	}
 	planErr := math.NaN()
 	for _, p := range c.plans {
-		fmt.Fprintf(w, "plan %s: %d bytes planned, %d measured (the resident set's peak growth): %+.1f %%\n", p.name, p.planned, p.measured, p.errorPct())
+		within := "within"
+		if !p.close() {
+			within = "beyond"
+		}
+		fmt.Fprintf(w, "plan %s: %d bytes planned, %d measured (the resident set's peak growth): %+.1f %% (%+.1f MiB: %s max(2 %%, 16 MiB))\n",
+			p.name, p.planned, p.measured, p.errorPct(), (float64(p.planned)-float64(p.measured))/(1<<20), within)
 		if math.IsNaN(planErr) || math.Abs(p.errorPct()) > math.Abs(planErr) {
 			planErr = p.errorPct()
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,12 +46,20 @@ func TestComparePrintsSideBySide(t *testing.T) {
 	for _, want := range []string{
 		"request 1 (gqa): first differs at token 1 of 2",
 		"stock tiny, started with the shared run's sequences preallocated: killed",
-		"plan tiny: 90 bytes planned, 100 measured (the resident set's peak growth): -10.0 %",
+		"plan tiny: 90 bytes planned, 100 measured (the resident set's peak growth): -10.0 % (-0.0 MiB: within max(2 %, 16 MiB))",
 		"many-engines: engines=2 requests=3 served=3 oom-kills=1 drift=4096 tokens-identical=2/3 peak-seqs=6 static-peak-seqs=2 plan-error=+15.0%\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
+	}
+	c.plans = nil
+	if err := c.plans.Set(fmt.Sprintf("ort=%d:%d", 100<<20, 120<<20)); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := c.print(&out, shared, static); err != nil || !strings.Contains(out.String(), "-16.7 % (-20.0 MiB: beyond max(2 %, 16 MiB))") {
+		t.Errorf("a plan 20 MiB under: %v\n%s", err, out.String())
 	}
 	c.plans = nil
 	out.Reset()
