@@ -20,10 +20,11 @@
 // planned first (ort.PlanDecoder, the plan ortplan prints): a ledger
 // whose capacity is below the plan's start (the weights among it) refuses
 // it, an *xproc.FitError saying why (exit status 3, nothing joined); one
-// whose free bytes must first be given back by others is joined, and the
-// load waits for them as the workspace's allocations wait.
+// whose free bytes must first be given back by others is joined, and each
+// allocation of the session (the weights while it loads) waits up to
+// -join-timeout (30 s) for them.
 //
-//	ortserve -lib LIBONNXRUNTIME -model DECODER.onnx -listen 127.0.0.1:8083 [-sequences 16] [-nctx 1024] [-budget BYTES] [-queue 2s] [-ledger PATH]
+//	ortserve -lib LIBONNXRUNTIME -model DECODER.onnx -listen 127.0.0.1:8083 [-sequences 16] [-nctx 1024] [-budget BYTES] [-queue 2s] [-ledger PATH [-join-timeout 30s]]
 //
 // With -preallocate each sequence's KV cache is preallocated for -nctx
 // tokens instead (ort.KVPreallocated: ONNX Runtime GenAI's max-length
@@ -72,13 +73,14 @@ func main() {
 	budget := flag.Int64("budget", 0, "the KV bytes the running requests may hold together (0: -sequences at -nctx)")
 	queue := flag.Duration("queue", 2*time.Second, "how long a request waits for a sequence and budget before a 429")
 	ledger := flag.String("ledger", "", "join this shared ledger (memctl create) instead of a capacity of its own")
+	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long one allocation of the session (its weights while loading, a step's\nactivations) waits for other processes to give memory back")
 	prealloc := flag.Bool("preallocate", false, "ONNX Runtime GenAI's layout instead: each sequence's KV cache preallocated for -nctx tokens\n(ort.KVPreallocated), a request's need its full -nctx")
 	flag.Parse()
 	if flag.NArg() > 0 || *lib == "" || *model == "" || *seqs < 1 || *nCtx < 2 {
 		fmt.Fprintln(os.Stderr, "ortserve: -lib and -model are required (or MEMGEN_ORT_LIB and MEMGEN_ORT_DECODER_MODEL), -sequences ≥ 1, -nctx ≥ 2, and no arguments")
 		os.Exit(2)
 	}
-	if err := serve(*lib, *model, *listen, memapi.Bytes(*budget), *seqs, *nCtx, *queue, *ledger, *prealloc); err != nil {
+	if err := serve(*lib, *model, *listen, memapi.Bytes(*budget), *seqs, *nCtx, *queue, *ledger, *join, *prealloc); err != nil {
 		fmt.Fprintln(os.Stderr, "ortserve:", err)
 		var fe *xproc.FitError
 		if errors.As(err, &fe) {
@@ -115,7 +117,7 @@ type stats struct {
 	Budget, Admitted        memapi.Bytes
 }
 
-func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue time.Duration, ledger string, prealloc bool) error {
+func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue time.Duration, ledger string, join time.Duration, prealloc bool) error {
 	if err := ort.Init(lib, ort.InitOptions{Quiet: true}); err != nil {
 		return err
 	}
@@ -170,7 +172,14 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue
 	if err != nil {
 		return err
 	}
-	ws, err := ort.NewAllocator(wsBind, ort.Options{})
+	wsOpts := ort.Options{}
+	if ledger != "" {
+		// On a shared ledger the room may be held by other processes: an
+		// allocation waits for them to give it back (the ledger's wants
+		// ask their holders), up to -join-timeout.
+		wsOpts.Wait = join
+	}
+	ws, err := ort.NewAllocator(wsBind, wsOpts)
 	if err != nil {
 		return err
 	}

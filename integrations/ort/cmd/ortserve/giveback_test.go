@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/governor/xproc"
+)
+
+// TestJoinWaitsForGiveBack: the ledger's room is held by a cache in
+// another process (this test's, bound to the same ledger), all but 8 MiB:
+// ortserve's plan (16 MiB at start) says it fits after others give back;
+// its load waits (-join-timeout), the cache's holder is asked through the
+// ledger's wants and gives back, and the engine serves a completion, the
+// ledger never charging more than its capacity.
+func TestJoinWaitsForGiveBack(t *testing.T) {
+	lib := need(t, "MEMGEN_ORT_LIB")
+	model := need(t, "MEMGEN_ORT_DECODER_MODEL")
+	bin := filepath.Join(t.TempDir(), "ortserve")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	const capacity, lease = 128 << 20, 4 << 20
+	ledger := newLedger(t, capacity)
+	l, err := xproc.Open(ledger, xproc.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := governor.New(governor.Options{})
+	a, err := l.Bind(g, "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		leases []governor.Lease
+		asked  atomic.Int64
+	)
+	cache := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
+		asked.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		var n memapi.Bytes
+		for n < tk.Wanted && len(leases) > 0 {
+			if err := leases[0].Refund(lease); err != nil {
+				return n, err
+			}
+			leases, n = leases[1:], n+lease
+		}
+		return n, nil
+	})
+	if err := g.Register("cache", cache, governor.HolderOptions{Cache: true}); err != nil {
+		t.Fatal(err)
+	}
+	for range (capacity - 8<<20) / lease {
+		gr, err := a.Reserve(context.Background(), governor.Request{Holder: "cache", Role: "blocks", Bytes: lease})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gr.Draw(lease); err != nil {
+			t.Fatal(err)
+		}
+		ls, err := gr.Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock() // the holder reads leases from the ledger's goroutine
+		leases = append(leases, ls)
+		mu.Unlock()
+	}
+	mu.Lock()
+	held := len(leases)
+	mu.Unlock()
+	t.Cleanup(func() {
+		mu.Lock()
+		for _, ls := range leases {
+			_ = ls.Refund(lease)
+		}
+		mu.Unlock()
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+		_ = g.Close()
+	})
+	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "2", "-nctx", "256", "-ledger", ledger, "-join-timeout", "2m")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr, ended := make(chan string, 1), make(chan struct{})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	go func() {
+		defer close(ended)
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			logMu.Lock()
+			logs.WriteString(s.Text() + "\n")
+			logMu.Unlock()
+			if m := servingOn.FindStringSubmatch(s.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	var url string
+	select {
+	case x := <-addr:
+		url = "http://" + x
+	case <-ended:
+		logMu.Lock()
+		defer logMu.Unlock()
+		t.Fatalf("ortserve ended without serving:\n%s", logs.String())
+	case <-time.After(2 * time.Minute):
+		logMu.Lock()
+		defer logMu.Unlock()
+		t.Fatalf("ortserve did not serve within 2 minutes:\n%s", logs.String())
+	}
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1,2,3,4],"max_tokens":8}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Choices []struct {
+			Tokens []int64 `json:"tokens"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 || len(out.Choices[0].Tokens) != 8 {
+		t.Errorf("completion: %d %+v %v", resp.StatusCode, out, err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	gave := held - len(leases)
+	mu.Unlock()
+	if asked.Load() == 0 || gave == 0 {
+		t.Errorf("the cache was asked %d times and gave back %d leases: the engine cannot have fit without them", asked.Load(), gave)
+	}
+	h, _, err := xproc.Inspect(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Charged > h.Capacity || h.Claimed > h.Capacity {
+		t.Errorf("the ledger overcommitted: %+v", h)
+	}
+	t.Logf("the cache gave back %d of %d leases of %d MiB (asked %d times); ledger charged %d of %d", gave, held, lease>>20, asked.Load(), h.Charged, h.Capacity)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v", err)
+	}
+}
