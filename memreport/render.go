@@ -17,6 +17,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/bytesize"
 )
 
 // Chart geometry, in SVG user units.
@@ -548,20 +549,7 @@ func joinBytes(vs []memapi.Bytes) string {
 }
 
 // FormatBytes writes n with a binary unit: 512 B, 1.5 KiB, 96 MiB, 2.25 GiB.
-func FormatBytes(n memapi.Bytes) string {
-	const unit = 1024
-	if n < unit {
-		return strconv.FormatUint(uint64(n), 10) + " B"
-	}
-	v := float64(n)
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
-	i := -1
-	for v >= unit && i < len(units)-1 {
-		v /= unit
-		i++
-	}
-	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64) + " " + units[i]
-}
+func FormatBytes(n memapi.Bytes) string { return bytesize.Human(uint64(n)) }
 
 // FormatDuration formats a duration in the unit that suits it, with three
 // significant digits: "830 ns", "12.3 µs", "1.45 ms", "2.50 s". A latency

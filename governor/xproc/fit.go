@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/memreport"
+	"github.com/memgen/memgen/internal/bytesize"
 )
 
 // Need is what an engine needs of a shared ledger, as its plan sizes it
@@ -53,7 +53,7 @@ type Fit struct {
 // Inspect): its start and its full context against the free bytes and
 // the capacity.
 func (h Header) Fit(n Need) Fit {
-	b := memreport.FormatBytes
+	b := func(n memapi.Bytes) string { return bytesize.Human(uint64(n)) }
 	capacity := memapi.Bytes(h.Capacity)
 	used := memapi.Bytes(max(h.Claimed, h.Reserved+h.Charged+h.Pending+h.Private))
 	f := Fit{Capacity: capacity, Free: capacity - min(used, capacity)}

@@ -115,8 +115,8 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 	switch {
 	case o.NCtx <= 0 || o.NCtx > 1<<24 || o.Sequences < 0 || o.Sequences > 1<<20:
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%d sequences of %d tokens: NCtx must be in 1..2^24, sequences in 1..2^20", o.Sequences, o.NCtx)
-	case o.KVGranule&(o.KVGranule-1) != 0 || o.PoolSegment < 0:
-		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "KV granule %d (a power of two) or pool segment %d", o.KVGranule, o.PoolSegment)
+	case o.KVGranule&(o.KVGranule-1) != 0 || o.KVGranule > 1<<30 || o.PoolSegment > 1<<40:
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "KV granule %d (a power of two up to 1 GiB) or pool segment %d (up to 1 TiB)", o.KVGranule, o.PoolSegment)
 	case o.Mode == KVConcat:
 		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "mode %v keeps the cache in ONNX Runtime's own memory, which a plan cannot size", o.Mode)
 	case o.Mode != KVGrow && o.Mode != KVPreallocated:
@@ -194,11 +194,7 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 		outputs += n.outputs
 	}
 	p.Activations = memapi.Bytes(int64(outputs) * max(width, vocab) * 4)
-	if o.PoolSegment > 0 {
-		p.Compute = (p.Activations + o.PoolSegment - 1) / o.PoolSegment * o.PoolSegment
-	} else {
-		p.Compute = p.Activations
-	}
+	p.Compute = (p.Activations + o.PoolSegment - 1) / o.PoolSegment * o.PoolSegment
 	p.Took = time.Since(start)
 	return p, nil
 }

@@ -87,3 +87,20 @@ func Format(n uint64) string {
 	}
 	return strconv.FormatUint(n, 10) + "B"
 }
+
+// Human writes n with a binary unit, rounded to two decimals, for people
+// rather than for Parse: 512 B, 1.5 KiB, 96 MiB, 2.25 GiB.
+func Human(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	v := float64(n)
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	i := -1
+	for v >= unit && i < len(units)-1 {
+		v /= unit
+		i++
+	}
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64) + " " + units[i]
+}
