@@ -405,9 +405,6 @@ type TopLogits struct {
 	SecondLogit float32 // its logit
 }
 
-// Margin is Logit less SecondLogit.
-func (t TopLogits) Margin() float32 { return t.Logit - t.SecondLogit }
-
 // seqState is one sequence of a context: its tokens, and the cells
 // llama.cpp holds of them (a prefix of them: fewer after a preemption).
 type seqState struct {

@@ -15,8 +15,8 @@ import (
 // attributes), the dimensions and element types of its initializers, and
 // the element types and shapes of its declared inputs and outputs, from
 // the protobuf (ModelProto.graph 7; GraphProto.node 1, initializer 5,
-// input 11, output 12; NodeProto.input 1, op_type 4, attribute 5, domain
-// 7; AttributeProto.name 1, i 3; TensorProto.dims 1, data_type 2, name 8;
+// input 11, output 12; NodeProto.input 1, output 2, op_type 4, attribute
+// 5, domain 7; AttributeProto.name 1, i 3; TensorProto.dims 1, data_type 2, name 8;
 // ValueInfoProto.name 1, type 2; TypeProto.tensor_type 1;
 // TypeProto.Tensor.elem_type 1, shape 2; TensorShapeProto.dim 1;
 // Dimension.dim_value 1, dim_param 2). Everything else is skipped, the

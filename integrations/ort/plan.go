@@ -139,6 +139,9 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 		}
 		n := size
 		for _, d := range dims {
+			if d < 0 || d > 1<<40 || d > 0 && n > (1<<50)/d {
+				return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%s: initializer %s declares dimensions %v: more than 2^50 bytes", path, name, dims)
+			}
 			n *= d
 		}
 		p.Weights += memapi.Bytes(n)
@@ -159,7 +162,7 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 		if len(parts) != 3 || (parts[0] != "key" && parts[0] != "value") || err1 != nil || layer < 0 {
 			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q is not past_key.LAYER.HEAD or past_value.LAYER.HEAD", path, in.name)
 		}
-		if len(in.dims) != 4 || in.dims[0] != 1 || in.dims[1] != 1 || in.dims[3] <= 0 || in.elem != elemFloat {
+		if len(in.dims) != 4 || in.dims[0] != 1 || in.dims[1] != 1 || in.dims[3] <= 0 || in.dims[3] > 1<<20 || in.elem != elemFloat {
 			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q is not float [1 1 rows head_size]", path, in.name)
 		}
 		if d.headSize == 0 {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
@@ -246,8 +248,9 @@ func planChild() error {
 	return nil
 }
 
-// TestPlanBadInput: a missing file, a file that is not a model, a model
-// without the decoder's interface, a context beyond the rotary cache, a
+// TestPlanBadInput: a missing file, a file that is not a model, an
+// initializer whose size overflows, a model without the decoder's
+// interface, a context beyond the rotary cache, a
 // mode a plan cannot size and a bad configuration are each typed errors.
 func TestPlanBadInput(t *testing.T) {
 	needDecoder(t)
@@ -261,6 +264,21 @@ func TestPlanBadInput(t *testing.T) {
 	}
 	if _, err := PlanDecoder(junk, PlanOptions{NCtx: 64}); err == nil {
 		t.Errorf("a file that is not a model was planned")
+	}
+	// A hostile initializer: dimensions whose product overflows.
+	init := protowire.AppendTag(nil, 1, protowire.VarintType)
+	init = protowire.AppendVarint(init, 1<<40)
+	init = protowire.AppendTag(init, 1, protowire.VarintType)
+	init = protowire.AppendVarint(init, 1<<40)
+	init = protowire.AppendTag(init, 2, protowire.VarintType)
+	init = protowire.AppendVarint(init, elemFloat)
+	graph := protowire.AppendBytes(protowire.AppendTag(nil, 5, protowire.BytesType), init)
+	huge := dir + "/huge.onnx"
+	if err := os.WriteFile(huge, protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), graph), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PlanDecoder(huge, PlanOptions{NCtx: 64}); !errors.Is(err, memapi.ErrInvalidSize) {
+		t.Errorf("an initializer of 2^80 elements: %v", err)
 	}
 	if _, err := PlanDecoder(smallModel, PlanOptions{NCtx: 64}); !errors.Is(err, memapi.ErrUnsupported) {
 		t.Errorf("a model that is no decoder: %v", err)
