@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,9 +46,14 @@ type ServerOptions struct {
 // Server decodes requests together in one context of a Model: each
 // running request is one of the context's sequences, and every step
 // decodes one token of each running request in one DecodeBatch, and each
-// new request's whole prompt in a DecodeBatch of its own (so that the
-// decode tokens' rounding does not depend on the prompts that arrive
-// beside them). Its HTTP API is Handler. Admission is by slot and KV
+// new request's whole prompt in a DecodeBatch of its own, the decode
+// tokens in decreasing order of their sequences. A request's tokens then
+// do not depend on the others': were a prompt decoded beside decode
+// tokens, a ubatch of 64 or more would take ggml's tiled attention path
+// for them, which sums in another order; and llama.cpp computes a ubatch
+// whose sequences come in increasing order differently from each row
+// alone, where one in decreasing order is computed exactly as each row
+// alone (TestDecreasingOrderIsEachRowAlone). Its HTTP API is Handler. Admission is by slot and KV
 // budget: a request that cannot be admitted within QueueTimeout is
 // refused, never queued without bound.
 type Server struct {
@@ -85,6 +91,10 @@ type ServerStats struct {
 	// Budget is the KV budget, Admitted the part of it the running
 	// requests hold (their prompts and max_tokens).
 	Budget, Admitted memapi.Bytes
+	// Preemptions is the times the context gave its KV cache up under
+	// pressure, Recomputed the tokens decoded again after them (the
+	// context's Stats, as of the last step).
+	Preemptions, Recomputed int
 }
 
 // Stats returns the server's counters.
@@ -335,6 +345,10 @@ func (s *Server) loop() {
 			}
 		}
 		if len(decodes) > 0 {
+			// Highest sequence first: llama.cpp computes a ubatch whose
+			// sequences come in increasing order differently (every row of
+			// it), and one in decreasing order exactly as each row alone.
+			slices.SortFunc(decodes, func(a, b int) int { return active[b].seq - active[a].seq })
 			groups = append([][]int{decodes}, groups...)
 		}
 		var failed error
@@ -383,6 +397,10 @@ func (s *Server) loop() {
 			}
 			continue
 		}
+		cs := s.c.Stats()
+		s.mu.Lock()
+		s.stats.Preemptions, s.stats.Recomputed = cs.Preemptions, cs.Recomputed
+		s.mu.Unlock()
 		kept = active[:0]
 		for i, j := range active {
 			if errs[i] != nil {

@@ -323,20 +323,27 @@ func TestServerRefusals(t *testing.T) {
 }
 
 // TestServerPrefillsApart: each step decodes the running sequences' next
-// tokens in one call and each new prompt in a call of its own, never a
-// prompt beside decode tokens (which would move the decode tokens onto
-// ggml's tiled attention path, at 64 queries, and change their rounding).
-// Eight requests with prompts of 80 tokens arrive while others decode.
+// tokens in one call, in decreasing order of their sequences, and each
+// new prompt in a call of its own, never a prompt beside decode tokens
+// (which would move the decode tokens onto ggml's tiled attention path,
+// at 64 queries, and change their rounding). Eight requests with prompts
+// of 80 tokens arrive while others decode, on four sequences (so that
+// freed sequences are taken again out of order).
 func TestServerPrefillsApart(t *testing.T) {
 	var mu sync.Mutex
 	var calls [][]int // per DecodeBatch call, each entry's token count
+	var order [][]int // per call of several entries, their sequences
 	stepCall = func(in []SeqTokens) {
 		n := make([]int, len(in))
+		seqs := make([]int, len(in))
 		for i, e := range in {
-			n[i] = len(e.Tokens)
+			n[i], seqs[i] = len(e.Tokens), e.Seq
 		}
 		mu.Lock()
 		calls = append(calls, n)
+		if len(in) > 1 {
+			order = append(order, seqs)
+		}
 		mu.Unlock()
 	}
 	t.Cleanup(func() { stepCall = nil })
@@ -360,6 +367,11 @@ func TestServerPrefillsApart(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	prompts, decodes := 0, 0
+	for _, seqs := range order {
+		if !slices.IsSortedFunc(seqs, func(a, b int) int { return b - a }) {
+			t.Errorf("a decode step of sequences %v: not in decreasing order", seqs)
+		}
+	}
 	for _, c := range calls {
 		switch {
 		case len(c) == 1 && c[0] == len(ids):

@@ -135,6 +135,16 @@ func (c *comparison) print(w io.Writer, sharedPath, staticPath string) error {
 		fmt.Fprintf(w, "shared / static: peak %.2fx, %s, wall time %.2fx\n",
 			float64(shared.Peak)/float64(static.Peak), waited, shared.Wall/static.Wall)
 	}
+	for _, r := range []struct {
+		name string
+		run  *Run
+	}{{"shared ledger", shared}, {"static shares", static}} {
+		for _, e := range r.run.Engines {
+			if n := r.run.PreemptedBy[e.Name]; n > 0 {
+				fmt.Fprintf(w, "%s: %s preempted its sequences %d times (recomputed after: llama.cpp's prefill path, which rounds differently)\n", r.name, e.Name, n)
+			}
+		}
+	}
 	for _, s := range c.starts {
 		fmt.Fprintf(w, "stock %s, started with the shared run's sequences preallocated: %s\n", s.name, s.outcome)
 	}

@@ -74,6 +74,9 @@ type Run struct {
 	// each engine's own peak (its /stats).
 	Peak   int            `json:"peak"`
 	PeakBy map[string]int `json:"peak_by"`
+	// PreemptedBy is each engine's preemptions (its KV cache given up
+	// under pressure, its sequences recomputed), where it had any.
+	PreemptedBy map[string]int `json:"preempted_by,omitempty"`
 	// MeanQueued is the mean of the summed running sequences over the
 	// samples taken while some request was still waiting to be admitted.
 	MeanQueued float64 `json:"mean_queued"`
@@ -276,6 +279,12 @@ sampling:
 	for _, e := range engines {
 		if st, err := stats(ctx, client, e); err == nil {
 			run.PeakBy[e.Name] = st.Peak
+			if st.Preemptions > 0 {
+				if run.PreemptedBy == nil {
+					run.PreemptedBy = map[string]int{}
+				}
+				run.PreemptedBy[e.Name] = st.Preemptions
+			}
 		}
 	}
 	if ledger != "" {
@@ -442,7 +451,8 @@ func complete(ctx context.Context, c *http.Client, e engine, prompt []int32, gen
 }
 
 type serverStats struct {
-	Running, Peak int
+	Running, Peak           int
+	Preemptions, Recomputed int // llamaserve's (0 where the engine has none)
 }
 
 func stats(ctx context.Context, c *http.Client, e engine) (serverStats, error) {
