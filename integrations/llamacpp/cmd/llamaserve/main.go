@@ -8,8 +8,9 @@
 // Lengths are scaled so that the longest replayed trace.Request fills n_ctx.
 // All requests are queued at the start (a closed loop: the question is how
 // many run at once, not when they arrive). Each engine decodes its
-// running requests together in one context (one sequence each, one
-// DecodeBatch per step: a new request's prompt, one token of the others),
+// running requests together in one context (one sequence each; per step
+// one DecodeBatch of one token of each running request, highest sequence
+// first, and one of each new request's prompt, as llamacpp.Server does),
 // admits the next queued trace.Request while a sequence is free and its budget
 // allows, and gives a request's sequence back once its tokens are out:
 //
@@ -25,9 +26,10 @@
 // the bytes the engine holds for KV (preallocated, or committed). The
 // last line sums it up: llama-replay: capacity-vs-stock (peak concurrent
 // sequences), tput-vs-stock (generated tokens per second), and for how
-// many requests the two engines' greedy tokens are identical (different
-// batches can round llama.cpp's sums differently: each trace.Request that
-// differs is reported with where).
+// many requests the two engines' greedy tokens are identical (a request
+// preempted and recomputed has its cells computed again as a prompt,
+// which rounds differently: each trace.Request that differs is reported
+// with where).
 //
 //	llamaserve -lib LIBLLAMA -model GGUF -trace CSV [-requests 64] [-nctx 2048] [-budget 96MiB]
 //
@@ -116,8 +118,9 @@ func promptOf(id, n, vocab int) []int32 {
 }
 
 // replay runs the requests on e: at every step the requests admitted so
-// far decode together in one DecodeBatch (a new one its whole prompt, the
-// others one token), and a finished one gives its sequence back.
+// far decode (a new one its whole prompt, in a DecodeBatch of its own; the
+// others one token each, together in one, highest sequence first), and a
+// finished one gives its sequence back.
 func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []trace.Request, rowBytes memapi.Bytes) (result, error) {
 	res := result{sequences: e.c.Sequences(), out: make([][]int32, len(rs))}
 	free := make([]int, 0, e.c.Sequences())
@@ -181,15 +184,33 @@ func replay(ctx context.Context, m *llamacpp.Model, e engine, rs []trace.Request
 			held = true
 			continue
 		}
-		stepCtx, cancel := context.WithTimeout(ctx, time.Minute)
-		next, err := e.c.DecodeBatch(stepCtx, in)
-		cancel()
-		if err != nil {
-			return res, err
+		// As llamacpp.Server does: the decode tokens in one call, highest
+		// sequence first, each prompt in a call of its own, so that a
+		// request's arithmetic does not depend on its neighbours.
+		var calls [][]llamacpp.SeqTokens
+		var decodes []llamacpp.SeqTokens
+		for _, t := range in {
+			if len(t.Tokens) > 1 {
+				calls = append(calls, []llamacpp.SeqTokens{t})
+			} else {
+				decodes = append(decodes, t)
+			}
+		}
+		if len(decodes) > 0 {
+			slices.SortFunc(decodes, func(a, b llamacpp.SeqTokens) int { return b.Seq - a.Seq })
+			calls = append([][]llamacpp.SeqTokens{decodes}, calls...)
 		}
 		bySlot := map[int]int32{}
-		for i, t := range next {
-			bySlot[in[i].Seq] = t
+		for _, call := range calls {
+			stepCtx, cancel := context.WithTimeout(ctx, time.Minute)
+			next, err := e.c.DecodeBatch(stepCtx, call)
+			cancel()
+			if err != nil {
+				return res, err
+			}
+			for i, t := range next {
+				bySlot[call[i].Seq] = t
+			}
 		}
 		res.peak = max(res.peak, len(running))
 		sumRunning += len(running)

@@ -56,14 +56,15 @@ type output struct {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ortplan", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	model := fs.String("model", os.Getenv("MEMGEN_ORT_DECODER_MODEL"), "a decoder ONNX model in ort.NewDecoder's layout")
+	model := fs.String("model", os.Getenv("MEMGEN_ORT_DECODER_MODEL"), "a decoder in ort.NewDecoder's layout")
 	nCtx := fs.Int("nctx", 1024, "the most tokens of one sequence (MaxSeq)")
 	seqs := fs.Int("sequences", 16, "sequences holding their KV cache at once")
-	prealloc := fs.Bool("preallocate", false, "ONNX Runtime GenAI's layout: each sequence's KV cache allocated for -nctx at its start")
+	prealloc := fs.Bool("preallocate", false, "GenAI's layout: each sequence's KV allocated for -nctx at its start")
 	ledger := fs.String("ledger", "", "a shared ledger file (memctl create): say whether the engine fits it")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: ortplan -model DECODER.onnx [-nctx N] [-sequences N] [-preallocate] [-ledger PATH] [-json]
+		fmt.Fprint(fs.Output(), `usage: ortplan -model DECODER.onnx [-nctx N] [-sequences N] [-preallocate]
+               [-ledger PATH] [-json]
 
 Sizes a decoder model and its sequences before any byte is committed, from
 the model's graph alone (ONNX Runtime is not loaded, the weights' bytes are
@@ -137,6 +138,7 @@ func printPlan(w io.Writer, o output) {
 	fmt.Fprintf(tw, "KV cache\t%s per token (%d tensors), %s a sequence, %s at full context\n", b(p.KVPerToken), p.KVTensors, b(p.KVPerSequence), b(p.KVFull))
 	fmt.Fprintf(tw, "compute\t%s (activations at most %s, in whole pool segments)\n", b(p.Compute), b(p.Activations))
 	fmt.Fprintf(tw, "while loading\t%s (the model's protobuf)\n", b(p.Load))
+	fmt.Fprintf(tw, "bookkeeping\tnot sized (ONNX Runtime's graph and kernels, in its heap)\n")
 	fmt.Fprintf(tw, "totals\t%s at start, %s at full context, %s at the peak\n", b(p.AtStart()), b(p.AtFull()), b(p.Peak()))
 	tw.Flush()
 	if f := o.Fit; f != nil {

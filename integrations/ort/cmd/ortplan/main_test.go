@@ -80,3 +80,24 @@ func TestRun(t *testing.T) {
 		t.Errorf("-json: %+v, %v:\n%s", o, err, out.String())
 	}
 }
+
+// TestHelpFits80Columns: -h exits 0 and every line of its help (the model
+// default unset) fits 80 columns, with an example and the exit codes.
+func TestHelpFits80Columns(t *testing.T) {
+	t.Setenv("MEMGEN_ORT_DECODER_MODEL", "")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-h"}, &out, &errOut); code != exitOK {
+		t.Fatalf("-h: exit %d", code)
+	}
+	help := errOut.String()
+	for _, line := range strings.Split(help, "\n") {
+		if len([]rune(line)) > 80 {
+			t.Errorf("a help line of %d columns: %q", len([]rune(line)), line)
+		}
+	}
+	for _, want := range []string{"example:", "Exit codes"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("the help lacks %q:\n%s", want, help)
+		}
+	}
+}
