@@ -125,39 +125,11 @@ func ledgerChild() error {
 	if err != nil {
 		return err
 	}
-	const capacity = 1 << 30
-	g := governor.New(governor.Options{})
-	if err := g.AddAuthority(hostAuth, capacity); err != nil {
-		return err
-	}
-	m, err := cpu.New(cpu.Options{Granularity: kvGranule, Authority: hostAuth})
+	ce, err := newChildEngine()
 	if err != nil {
 		return err
 	}
-	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(g, pmm.Options{})
-	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
-		return err
-	}
-	ws, err := mgr.Bind("decoder", "workspace", host)
-	if err != nil {
-		return err
-	}
-	a, err := NewAllocator(ws, Options{})
-	if err != nil {
-		return err
-	}
-	if err := g.Register("decoder", a, governor.HolderOptions{Cache: true}); err != nil {
-		return err
-	}
-	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
-		return err
-	}
-	kvBind, err := mgr.Bind("kv", "kv-cache", host)
-	if err != nil {
-		return err
-	}
+	g, m, ectx, a, kvBind := ce.g, ce.m, ce.ectx, ce.alloc, ce.kvBind
 	d, err := NewDecoder(decoderModel, kvBind, DecoderOptions{Mode: KVGrow, MaxSeq: decMaxSeq, Workspace: a})
 	if err != nil {
 		return err
@@ -314,4 +286,60 @@ func TestDecoderWorkspace(t *testing.T) {
 	if n := kv.charged(t, "after the refusals"); n != 0 {
 		t.Errorf("the KV host charges %d bytes", n)
 	}
+}
+
+// childEngine is what a child process's decoder runs on: a governor of 1
+// GiB on the host authority, the CPU mechanism at the KV granule, a
+// workspace Allocator registered as the "decoder" holder (a cache) and the
+// "kv" holder's binding.
+type childEngine struct {
+	g      *governor.Governor
+	m      *cpu.Mechanism
+	ectx   *ep.Context
+	mgr    *pmm.Manager
+	alloc  *Allocator
+	kvBind *pmm.Binding
+}
+
+func newChildEngine() (*childEngine, error) {
+	g := governor.New(governor.Options{})
+	if err := g.AddAuthority(hostAuth, 1<<30); err != nil {
+		return nil, err
+	}
+	m, err := cpu.New(cpu.Options{Granularity: kvGranule, Authority: hostAuth})
+	if err != nil {
+		return nil, err
+	}
+	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
+	mgr := pmm.New(g, pmm.Options{})
+	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
+	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
+		return nil, err
+	}
+	ws, err := mgr.Bind("decoder", "workspace", host)
+	if err != nil {
+		return nil, err
+	}
+	a, err := NewAllocator(ws, Options{})
+	if err != nil {
+		return nil, err
+	}
+	if err := g.Register("decoder", a, governor.HolderOptions{Cache: true}); err != nil {
+		return nil, err
+	}
+	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
+		return nil, err
+	}
+	kvBind, err := mgr.Bind("kv", "kv-cache", host)
+	if err != nil {
+		return nil, err
+	}
+	return &childEngine{g: g, m: m, ectx: ectx, mgr: mgr, alloc: a, kvBind: kvBind}, nil
+}
+
+// close gives everything back, bounded by 10 s.
+func (c *childEngine) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return errors.Join(c.alloc.Close(), c.kvBind.Close(), c.mgr.Close(ctx), c.ectx.Close(ctx, true), c.g.Close())
 }

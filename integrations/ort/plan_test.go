@@ -13,13 +13,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/internal/procmem"
-	"github.com/memgen/memgen/mechanisms/cpu"
 	"github.com/memgen/memgen/memreport"
-	"github.com/memgen/memgen/pmm"
 )
 
 // planSeqs and planNCtx are the configuration the accuracy tests size:
@@ -177,51 +173,16 @@ func planChild() error {
 	if err := WarmUp(); err != nil {
 		return err
 	}
-	g := governor.New(governor.Options{})
-	defer g.Close()
-	if err := g.AddAuthority(hostAuth, 1<<30); err != nil {
-		return err
-	}
-	m, err := cpu.New(cpu.Options{Granularity: kvGranule, Authority: hostAuth})
+	ce, err := newChildEngine()
 	if err != nil {
 		return err
 	}
-	ectx := ep.NewContext(cpu.NewContext(m), ep.Options{})
-	mgr := pmm.New(g, pmm.Options{})
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = mgr.Close(ctx)
-		_ = ectx.Close(ctx, true)
-	}()
-	host := memapi.DeviceKey{Kind: memapi.DeviceKindHost}
-	if err := mgr.Register(pmm.Device{Key: host, Mechanism: m, Context: ectx, Authority: hostAuth}); err != nil {
-		return err
-	}
-	ws, err := mgr.Bind("decoder", "workspace", host)
-	if err != nil {
-		return err
-	}
-	a, err := NewAllocator(ws, Options{})
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	if err := g.Register("decoder", a, governor.HolderOptions{Cache: true}); err != nil {
-		return err
-	}
-	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
-		return err
-	}
-	kvBind, err := mgr.Bind("kv", "kv-cache", host)
-	if err != nil {
-		return err
-	}
+	defer ce.close()
 	base, err := procmem.Baseline()
 	if err != nil {
 		return err
 	}
-	d, err := NewDecoder(decoderModel, kvBind, DecoderOptions{Mode: KVPreallocated, MaxSeq: planNCtx, Workspace: a})
+	d, err := NewDecoder(decoderModel, ce.kvBind, DecoderOptions{Mode: KVPreallocated, MaxSeq: planNCtx, Workspace: ce.alloc})
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/xproctest"
 )
 
 // proc is a running llamaserve process and the address it serves on.
@@ -131,19 +132,6 @@ func complete(t *testing.T, addr, body string) []int32 {
 	return out.Choices[0].Tokens
 }
 
-func newLedger(t *testing.T, capacity uint64) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger")
-	l, err := xproc.Open(path, xproc.Options{Create: &xproc.CreateOptions{Capacity: capacity, Slots: 8}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestEnginesShareOneLedger: two llamaserve processes, the tiny model and
 // the GQA one, join one shared ledger; each serves a completion; the
 // ledger shows each process's slot with its weights, KV cache and compute
@@ -154,7 +142,7 @@ func TestEnginesShareOneLedger(t *testing.T) {
 	tiny := need(t, "MEMGEN_LLAMACPP_MODEL")
 	gqa := need(t, "MEMGEN_LLAMACPP_GQA_MODEL")
 	bin := build(t)
-	ledger := newLedger(t, 400<<20)
+	ledger := xproctest.NewLedger(t, 400<<20)
 	a := start(t, bin, "-lib", lib, "-model", tiny, "-nctx", "1024", "-sequences", "4", "-ledger", ledger)
 	b := start(t, bin, "-lib", lib, "-model", gqa, "-nctx", "1024", "-sequences", "4", "-ledger", ledger)
 	if toks := complete(t, a.addr, `{"prompt":[1,2,3,4],"max_tokens":8}`); len(toks) != 8 {
@@ -211,7 +199,7 @@ func TestJoinRefusals(t *testing.T) {
 	lib := need(t, "MEMGEN_LLAMACPP_LIB")
 	tiny := need(t, "MEMGEN_LLAMACPP_MODEL")
 	bin := build(t)
-	small, short, room := newLedger(t, 32<<20), newLedger(t, 70<<20), newLedger(t, 1<<30)
+	small, short, room := xproctest.NewLedger(t, 32<<20), xproctest.NewLedger(t, 70<<20), xproctest.NewLedger(t, 1<<30)
 	for _, c := range []struct {
 		ledger string
 		extra  []string

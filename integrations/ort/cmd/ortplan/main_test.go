@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/xproctest"
 )
 
 func decoder(t *testing.T) string {
@@ -25,19 +25,6 @@ func decoder(t *testing.T) string {
 	return m
 }
 
-func ledger(t *testing.T, capacity uint64) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger")
-	l, err := xproc.Open(path, xproc.Options{Create: &xproc.CreateOptions{Capacity: capacity, Slots: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestRun: the plan in text and JSON, its exit codes against ledgers that
 // hold it, that hold only its start, and that never hold it, and the
 // usage and model errors.
@@ -50,9 +37,9 @@ func TestRun(t *testing.T) {
 		want string
 	}{
 		{"text", []string{"-model", m, "-nctx", "1024", "-sequences", "24"}, exitOK, "96 MiB at full context"},
-		{"fits", []string{"-model", m, "-ledger", ledger(t, 1<<30)}, exitOK, "ledger: fits now"},
-		{"starts", []string{"-model", m, "-sequences", "64", "-ledger", ledger(t, 64<<20)}, exitOK, "ledger: starts now"},
-		{"never", []string{"-model", m, "-ledger", ledger(t, 8<<20)}, exitRefused, "below the weights alone"},
+		{"fits", []string{"-model", m, "-ledger", xproctest.NewLedger(t, 1<<30)}, exitOK, "ledger: fits now"},
+		{"starts", []string{"-model", m, "-sequences", "64", "-ledger", xproctest.NewLedger(t, 64<<20)}, exitOK, "ledger: starts now"},
+		{"never", []string{"-model", m, "-ledger", xproctest.NewLedger(t, 8<<20)}, exitRefused, "below the weights alone"},
 		{"missing-ledger", []string{"-model", m, "-ledger", filepath.Join(t.TempDir(), "none")}, exitFailed, "no such file"},
 		{"missing-model", []string{"-model", filepath.Join(t.TempDir(), "none.onnx")}, exitFailed, "no such file"},
 		{"beyond-rotary", []string{"-model", m, "-nctx", "5000"}, exitFailed, "MaxSeq 5000"},

@@ -2,21 +2,18 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/xproctest"
 )
 
 // TestJoinWaitsForGiveBack: the ledger's room is held by a cache in
@@ -33,67 +30,8 @@ func TestJoinWaitsForGiveBack(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	const capacity, lease = 128 << 20, 4 << 20
-	ledger := newLedger(t, capacity)
-	l, err := xproc.Open(ledger, xproc.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := governor.New(governor.Options{})
-	a, err := l.Bind(g, "host")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu     sync.Mutex
-		leases []governor.Lease
-		asked  atomic.Int64
-	)
-	cache := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
-		asked.Add(1)
-		mu.Lock()
-		defer mu.Unlock()
-		var n memapi.Bytes
-		for n < tk.Wanted && len(leases) > 0 {
-			if err := leases[0].Refund(lease); err != nil {
-				return n, err
-			}
-			leases, n = leases[1:], n+lease
-		}
-		return n, nil
-	})
-	if err := g.Register("cache", cache, governor.HolderOptions{Cache: true}); err != nil {
-		t.Fatal(err)
-	}
-	for range (capacity - 8<<20) / lease {
-		gr, err := a.Reserve(context.Background(), governor.Request{Holder: "cache", Role: "blocks", Bytes: lease})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gr.Draw(lease); err != nil {
-			t.Fatal(err)
-		}
-		ls, err := gr.Commit()
-		if err != nil {
-			t.Fatal(err)
-		}
-		mu.Lock() // the holder reads leases from the ledger's goroutine
-		leases = append(leases, ls)
-		mu.Unlock()
-	}
-	mu.Lock()
-	held := len(leases)
-	mu.Unlock()
-	t.Cleanup(func() {
-		mu.Lock()
-		for _, ls := range leases {
-			_ = ls.Refund(lease)
-		}
-		mu.Unlock()
-		if err := l.Close(); err != nil {
-			t.Error(err)
-		}
-		_ = g.Close()
-	})
+	ledger := xproctest.NewLedger(t, capacity)
+	cache := xproctest.Fill(t, ledger, lease, 8<<20)
 	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "2", "-nctx", "256", "-ledger", ledger, "-join-timeout", "2m")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -144,11 +82,8 @@ func TestJoinWaitsForGiveBack(t *testing.T) {
 		t.Errorf("completion: %d %+v %v", resp.StatusCode, out, err)
 	}
 	resp.Body.Close()
-	mu.Lock()
-	gave := held - len(leases)
-	mu.Unlock()
-	if asked.Load() == 0 || gave == 0 {
-		t.Errorf("the cache was asked %d times and gave back %d leases: the engine cannot have fit without them", asked.Load(), gave)
+	if cache.Asked() == 0 || cache.Gave() == 0 {
+		t.Errorf("the cache was asked %d times and gave back %d leases: the engine cannot have fit without them", cache.Asked(), cache.Gave())
 	}
 	h, _, err := xproc.Inspect(ledger)
 	if err != nil {
@@ -157,7 +92,7 @@ func TestJoinWaitsForGiveBack(t *testing.T) {
 	if h.Charged > h.Capacity || h.Claimed > h.Capacity {
 		t.Errorf("the ledger overcommitted: %+v", h)
 	}
-	t.Logf("the cache gave back %d of %d leases of %d MiB (asked %d times); ledger charged %d of %d", gave, held, lease>>20, asked.Load(), h.Charged, h.Capacity)
+	t.Logf("the cache gave back %d of %d leases of %d MiB (asked %d times); ledger charged %d of %d", cache.Gave(), cache.Held(), lease>>20, cache.Asked(), h.Charged, h.Capacity)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

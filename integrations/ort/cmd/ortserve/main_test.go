@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/governor/xproc"
+	"github.com/memgen/memgen/internal/xproctest"
 )
 
 // need returns the environment's path named key, or skips (fails under
@@ -32,19 +33,6 @@ func need(t *testing.T, key string) string {
 	return v
 }
 
-func newLedger(t *testing.T, capacity uint64) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger")
-	l, err := xproc.Open(path, xproc.Options{Create: &xproc.CreateOptions{Capacity: capacity, Slots: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 var servingOn = regexp.MustCompile(`serving .* on http://(\S+) `)
 
 // TestServeOnLedger: ortserve joins a shared ledger, answers a completion
@@ -60,7 +48,7 @@ func TestServeOnLedger(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	ledger := newLedger(t, 256<<20)
+	ledger := xproctest.NewLedger(t, 256<<20)
 	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "4", "-nctx", "256", "-ledger", ledger)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -156,7 +144,7 @@ func TestServeOnLedger(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "none")
 			if c.capacity > 0 {
-				path = newLedger(t, c.capacity)
+				path = xproctest.NewLedger(t, c.capacity)
 			}
 			o, err := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-ledger", path).CombinedOutput()
 			var ee *exec.ExitError
