@@ -53,9 +53,9 @@ type ServerOptions struct {
 // for them, which sums in another order; and llama.cpp computes a ubatch
 // whose sequences come in increasing order differently from each row
 // alone, where one in decreasing order is computed exactly as each row
-// alone (TestDecreasingOrderIsEachRowAlone). Its HTTP API is Handler. Admission is by slot and KV
-// budget: a request that cannot be admitted within QueueTimeout is
-// refused, never queued without bound.
+// alone. Its HTTP API is Handler. Admission is by slot and KV budget: a
+// request that cannot be admitted within QueueTimeout is refused, never
+// queued without bound.
 type Server struct {
 	m    *Model
 	c    *Context

@@ -144,7 +144,9 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 			}
 			n *= d
 		}
-		p.Weights += memapi.Bytes(n)
+		if p.Weights += memapi.Bytes(n); p.Weights > 1<<60 {
+			return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%s: the initializers declare more than 2^60 bytes", path)
+		}
 		if len(dims) > 0 {
 			width = max(width, dims[len(dims)-1])
 		}
@@ -158,8 +160,13 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 			continue
 		}
 		parts := strings.Split(rest, ".")
-		layer, err1 := strconv.Atoi(parts[len(parts)-1])
-		if len(parts) != 3 || (parts[0] != "key" && parts[0] != "value") || err1 != nil || layer < 0 {
+		var layer, head int
+		var err1, err2 error
+		if len(parts) == 3 {
+			layer, err1 = strconv.Atoi(parts[1])
+			head, err2 = strconv.Atoi(parts[2])
+		}
+		if len(parts) != 3 || (parts[0] != "key" && parts[0] != "value") || err1 != nil || err2 != nil || layer < 0 || head < 0 {
 			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q is not past_key.LAYER.HEAD or past_value.LAYER.HEAD", path, in.name)
 		}
 		if len(in.dims) != 4 || in.dims[0] != 1 || in.dims[1] != 1 || in.dims[3] <= 0 || in.dims[3] > 1<<20 || in.elem != elemFloat {
@@ -195,6 +202,9 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 	outputs := 0
 	for _, n := range g.nodes {
 		outputs += n.outputs
+	}
+	if row := max(width, vocab); row > 1<<32 || int64(outputs) > 1<<24 {
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%s: %d node outputs, a row of %d elements: more than a plan bounds", path, outputs, row)
 	}
 	p.Activations = memapi.Bytes(int64(outputs) * max(width, vocab) * 4)
 	p.Compute = (p.Activations + o.PoolSegment - 1) / o.PoolSegment * o.PoolSegment
