@@ -29,6 +29,17 @@
 // fences and are refunded) and recomputes it at its next Decode. Reset
 // and Close release the regions the same way.
 //
+// A context decodes many sequences together (ContextOptions.Sequences,
+// DecodeBatch), each in a KV stream of its own. Server serves a context
+// over an OpenAI-style HTTP API (Handler): one sequence per request,
+// admission by free sequence and KV budget, and steps arranged so that a
+// request's arithmetic does not depend on its neighbours (each prompt in a
+// call of its own, the decode tokens highest sequence first), so that its
+// greedy tokens are the same whatever else runs; a greedy token's logit
+// and the runner-up's come back with it (TopLogits). PlanContext sizes a
+// model and a context before any byte is committed, and CheckLedger holds
+// the plan against a shared ledger (governor/xproc).
+//
 // llama.cpp is loaded with dlopen (Init), so building and vetting the
 // package needs no library; the bridge calls it through the project's own
 // declarations (llamaapi.h), which llamaapi_test.go holds to the release's

@@ -53,6 +53,14 @@
 // records a fence on the cache's handles, so that Sequence.Close, from any
 // goroutine, releases them only once the Run in flight has returned.
 //
+// PlanDecoder sizes a decoder and its sequences before any byte is
+// committed, from the model's graph alone (ONNX Runtime need not be
+// loaded): the weights, the KV cache per token and at full context, the
+// compute its workspace takes and the protobuf while it loads; its Need
+// is what a shared ledger (governor/xproc) is asked for. WarmUp makes and
+// runs a one-node session, so that the runtime's own start is behind a
+// caller's memory baseline.
+//
 // Sessions and tensors come from github.com/yalue/onnxruntime_go: Init loads
 // the library through it and opens the same library for the bridge, which
 // asks for C API version 24 (ORT_API_VERSION, served by ONNX Runtime
