@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,50 +21,11 @@ import (
 func TestJoinWaitsForGiveBack(t *testing.T) {
 	lib := need(t, "MEMGEN_ORT_LIB")
 	model := need(t, "MEMGEN_ORT_DECODER_MODEL")
-	bin := filepath.Join(t.TempDir(), "ortserve")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildServe(t)
 	const capacity, lease = 128 << 20, 4 << 20
 	ledger := xproctest.NewLedger(t, capacity)
 	cache := xproctest.Fill(t, ledger, lease, 8<<20)
-	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "2", "-nctx", "256", "-ledger", ledger, "-join-timeout", "2m")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	addr, ended := make(chan string, 1), make(chan struct{})
-	var logs strings.Builder
-	var logMu sync.Mutex
-	go func() {
-		defer close(ended)
-		s := bufio.NewScanner(stderr)
-		for s.Scan() {
-			logMu.Lock()
-			logs.WriteString(s.Text() + "\n")
-			logMu.Unlock()
-			if m := servingOn.FindStringSubmatch(s.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	var url string
-	select {
-	case x := <-addr:
-		url = "http://" + x
-	case <-ended:
-		logMu.Lock()
-		defer logMu.Unlock()
-		t.Fatalf("ortserve ended without serving:\n%s", logs.String())
-	case <-time.After(2 * time.Minute):
-		logMu.Lock()
-		defer logMu.Unlock()
-		t.Fatalf("ortserve did not serve within 2 minutes:\n%s", logs.String())
-	}
+	url, cmd := startServe(t, bin, 2*time.Minute, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "2", "-nctx", "256", "-ledger", ledger, "-join-timeout", "2m")
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1,2,3,4],"max_tokens":8}`))
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,65 @@ func need(t *testing.T, key string) string {
 
 var servingOn = regexp.MustCompile(`serving .* on http://(\S+) `)
 
+// buildServe builds ortserve into the test's temporary directory.
+func buildServe(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ortserve")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startServe starts bin with args and returns its URL once it says it
+// serves, within wait; it fails the test with the process's output when
+// the process ends first or the wait does. The process is killed at the
+// test's end unless the test waited for it.
+func startServe(t *testing.T, bin string, wait time.Duration, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	addr, ended := make(chan string, 1), make(chan struct{})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	go func() {
+		defer close(ended)
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			logMu.Lock()
+			logs.WriteString(s.Text() + "\n")
+			logMu.Unlock()
+			if m := servingOn.FindStringSubmatch(s.Text()); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	output := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.String()
+	}
+	select {
+	case a := <-addr:
+		return "http://" + a, cmd
+	case <-ended:
+		t.Fatalf("ortserve ended without serving:\n%s", output())
+	case <-time.After(wait):
+		t.Fatalf("ortserve did not serve within %v:\n%s", wait, output())
+	}
+	return "", nil
+}
+
 // TestServeOnLedger: ortserve joins a shared ledger, answers a completion
 // (greedy, as many tokens as asked), /stats counts it, the ledger holds
 // the session's workspace; a prompt token outside the vocabulary is a 400
@@ -44,36 +104,9 @@ var servingOn = regexp.MustCompile(`serving .* on http://(\S+) `)
 func TestServeOnLedger(t *testing.T) {
 	lib := need(t, "MEMGEN_ORT_LIB")
 	model := need(t, "MEMGEN_ORT_DECODER_MODEL")
-	bin := filepath.Join(t.TempDir(), "ortserve")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildServe(t)
 	ledger := xproctest.NewLedger(t, 256<<20)
-	cmd := exec.Command(bin, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "4", "-nctx", "256", "-ledger", ledger)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	addr := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stderr)
-		for s.Scan() {
-			if m := servingOn.FindStringSubmatch(s.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	var url string
-	select {
-	case a := <-addr:
-		url = "http://" + a
-	case <-time.After(time.Minute):
-		t.Fatal("ortserve did not serve within a minute")
-	}
+	url, cmd := startServe(t, bin, time.Minute, "-lib", lib, "-model", model, "-listen", "127.0.0.1:0", "-sequences", "4", "-nctx", "256", "-ledger", ledger)
 	post := func(body string) (int, []byte) {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
