@@ -49,8 +49,8 @@ func TestIssuedAccounts(t *testing.T) {
 	if err := q.Refund(40); err != nil {
 		t.Fatal(err)
 	}
-	if l1.Quarantined() != 0 || l1.Charged() != 60 {
-		t.Fatalf("after the quarantined refund: quarantined %d charged %d", l1.Quarantined(), l1.Charged())
+	if l1.quarantined() != 0 || l1.Charged() != 60 {
+		t.Fatalf("after the quarantined refund: quarantined %d charged %d", l1.quarantined(), l1.Charged())
 	}
 	// The split refunds its parts in order, each up to its bytes.
 	if err := h.g.Split(hostA, []Part{{l1, 60}, {l2, 200}}).Refund(100); err != nil {
@@ -68,8 +68,8 @@ func TestIssuedAccounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustKind(t, zero.Refund(1), memapi.ErrInvalidSize)
-	l2.Release()
-	foreign.Release()
+	l2.release()
+	foreign.release()
 	h.wantLedger(hostA, ledger{Free: 1000})
 }
 

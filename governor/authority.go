@@ -11,9 +11,6 @@ import (
 // so sums of figures never overflow.
 const maxBytes memapi.Bytes = 1<<52 - 1
 
-// pressureHistory is how many recent pressure events a snapshot shows per authority.
-const pressureHistory = 32
-
 // authority is one ledger. Every field below mu is guarded by it.
 type authority struct {
 	g  *Governor
@@ -37,7 +34,6 @@ type authority struct {
 	granted, waited, overBudget, cancelled, expired uint64
 	tickets, pressureEvents                         uint64
 	freed                                           memapi.Bytes
-	recent                                          [pressureHistory]PressureEvent
 }
 
 // waiter is a reservation queued for bytes. Its fields are guarded by the
@@ -51,13 +47,10 @@ type waiter struct {
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
 	grant      *grant
 	err        error
-	pressure   uint64 // its pressure event's number, 0 if none
 	prev, next *waiter
 }
 
-func (a *authority) usedLocked() memapi.Bytes { return a.fig.used() }
-
-func (a *authority) freeLocked() memapi.Bytes { return a.capacity - a.usedLocked() }
+func (a *authority) freeLocked() memapi.Bytes { return a.capacity - a.fig.used() }
 
 func (a *authority) pushLocked(w *waiter) {
 	w.prev = a.tail
@@ -98,7 +91,7 @@ func (a *authority) serve() {
 			return
 		}
 		a.removeLocked(w)
-		w.grant = a.reserve(w.acct, w.role, w.bytes, w.deadline)
+		w.grant = a.reserve(&grant{a: a, role: w.role, size: w.bytes}, w.acct, w.deadline)
 		close(w.ready)
 	}
 }

@@ -213,7 +213,7 @@ func BenchmarkRefundToWake(b *testing.B) {
 	g.Close()
 	<-done
 	<-done
-	held.Release()
+	held.release()
 
 	p := func(lat []time.Duration, q float64) float64 {
 		slices.Sort(lat)

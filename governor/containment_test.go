@@ -132,7 +132,7 @@ func TestReclaimContextEndsAtTheDeadline(t *testing.T) {
 	gr, _ := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "slow", Role: "", Bytes: 100})
 	_ = gr.Draw(100)
 	l, _ := gr.Commit()
-	defer l.Release()
+	defer l.release()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	_, err := g.Reserve(ctx, Request{Authority: hostQ, Holder: "req", Role: "", Bytes: 50, Deadline: time.Now().Add(20 * time.Millisecond)})
@@ -204,7 +204,7 @@ func TestRefundFastPathWakesWaiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := l.Release(); n != 100 {
+	if n := l.release(); n != 100 {
 		t.Fatalf("released %d", n)
 	}
 	err = watchdog.Recv(t, watchdog.Bound, "the waiter woken by the refund", ch)

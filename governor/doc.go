@@ -44,7 +44,7 @@ undraws or refunds them to the grant, which moves them to free.
 A Lease holds a holder's charged bytes. Lease.MarkPending moves bytes to
 pending while their memory waits for fences; Lease.Refund (the memapi.Account
 method) returns bytes whose memory was really freed, from pending first, then
-from charged. Lease.Release refunds everything left.
+from charged.
 
 # Holders and pressure
 
@@ -85,7 +85,7 @@ a pressure ticket, an over-budget error, a lease's figures) is exact.
 
 Governor.Snapshot returns a value with every figure per authority and per
 holder, the tickets issued, the bytes each holder reported freeing and the
-recent pressure events with their time. A holder that implements
+number of pressure events (each one is an EventPressure as it happens). A holder that implements
 CacheReporter (a caching pool) has its charge shown split into cached bytes
 and bytes in use; the snapshot asks it with no lock held and clamps the
 figure to the charge. Options.OnEvent receives events as

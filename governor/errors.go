@@ -21,9 +21,6 @@ var (
 	// ErrOverReturn: more bytes were undrawn, refunded or marked pending
 	// than the grant or lease holds.
 	ErrOverReturn = errors.New("governor: returned more than was taken")
-	// ErrExpired is the cause inside the memapi.ErrGrantClosed error of a
-	// grant reclaimed after its deadline.
-	ErrExpired = errors.New("governor: grant deadline passed")
 	// ErrDefaultWait is the cause (OverBudgetError.Err) of a reservation
 	// with no deadline, neither its own nor its ctx's, that was not served
 	// within the governor's Options.DefaultWait. It wraps

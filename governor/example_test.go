@@ -102,7 +102,7 @@ func ExampleRequest_deadline() {
 	gr, _ := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "ws", Role: "workspace", Bytes: 600, Deadline: time.Now().Add(time.Millisecond)})
 	time.Sleep(5 * time.Millisecond)
 	err := gr.Draw(100)
-	fmt.Println(errors.Is(err, memapi.ErrGrantClosed), errors.Is(err, governor.ErrExpired))
+	fmt.Println(errors.Is(err, memapi.ErrGrantClosed), errors.Is(err, context.DeadlineExceeded))
 	a, _ := g.Authority("host")
 	fmt.Println("free", a.Free)
 	// Output:

@@ -8,7 +8,7 @@ import (
 
 // figures are bytes in each state of the ledger. An authority, each
 // holder's account on it and each grant's record keep them alike, and
-// every transition moves all three at once (authority.book), so an
+// every transition moves all three at once (authority.books), so an
 // authority's figures are always the sum of its accounts' and of its
 // records'.
 type figures struct {
@@ -22,23 +22,6 @@ type figures struct {
 	leases       int          // leases holding bytes
 }
 
-// delta is one transition's change to the figures (negative: taken away).
-type delta struct {
-	reserved, drawn, expiredDrawn, charged, pending, quarantined int64
-	grants, leases                                               int
-}
-
-func (f *figures) add(d delta) {
-	f.reserved += memapi.Bytes(d.reserved)
-	f.drawn += memapi.Bytes(d.drawn)
-	f.expiredDrawn += memapi.Bytes(d.expiredDrawn)
-	f.charged += memapi.Bytes(d.charged)
-	f.pending += memapi.Bytes(d.pending)
-	f.quarantined += memapi.Bytes(d.quarantined)
-	f.grants += d.grants
-	f.leases += d.leases
-}
-
 func (f *figures) used() memapi.Bytes { return f.reserved + f.charged + f.pending }
 
 // held is what a lease still holds.
@@ -46,19 +29,22 @@ func (f *figures) held() memapi.Bytes { return f.charged + f.pending }
 
 // The transitions. Each is the one place its bytes move; the caller holds
 // the authority's mutex and has checked that the transition is allowed.
+// Each moves the fields it names in all three books at once.
 
-// book applies d to the authority's figures, gr's account's and gr's own.
-func (a *authority) book(gr *grant, d delta) {
-	a.fig.add(d)
-	gr.acct.fig.add(d)
-	gr.fig.add(d)
+// books are the figures every transition of gr moves alike: the
+// authority's, gr's account's and gr's own.
+func (a *authority) books(gr *grant) [3]*figures {
+	return [3]*figures{&a.fig, &gr.acct.fig, &gr.fig}
 }
 
-// reserve makes the record of a new open grant of size bytes for c: the
-// bytes leave free.
-func (a *authority) reserve(c *account, role Role, size memapi.Bytes, deadline time.Time) *grant {
-	gr := &grant{a: a, acct: c, role: role, size: size}
-	a.book(gr, delta{reserved: int64(size), grants: 1})
+// reserve books gr, a new record (its authority, role and size set, not
+// booked yet), as an open grant for c: its bytes leave free.
+func (a *authority) reserve(gr *grant, c *account, deadline time.Time) *grant {
+	gr.acct = c
+	for _, f := range a.books(gr) {
+		f.reserved += gr.size
+		f.grants++
+	}
 	a.granted++
 	if !deadline.IsZero() {
 		// The clock never calls the function before AfterFunc returns,
@@ -71,30 +57,44 @@ func (a *authority) reserve(c *account, role Role, size memapi.Bytes, deadline t
 }
 
 // draw takes n bytes of open grant gr: installed backing, still reserved.
-func (a *authority) draw(gr *grant, n memapi.Bytes) { a.book(gr, delta{drawn: int64(n)}) }
+func (a *authority) draw(gr *grant, n memapi.Bytes) {
+	for _, f := range a.books(gr) {
+		f.drawn += n
+	}
+}
 
 // undraw gives back n drawn bytes: to the open grant, or, for an expired
 // one, to free.
 func (a *authority) undraw(gr *grant, n memapi.Bytes) {
-	if gr.state == stateOpen {
-		a.book(gr, delta{drawn: -int64(n)})
-		return
+	open := gr.state == stateOpen
+	for _, f := range a.books(gr) {
+		if open {
+			f.drawn -= n
+		} else {
+			f.reserved -= n
+			f.expiredDrawn -= n
+		}
 	}
-	a.book(gr, delta{reserved: -int64(n), expiredDrawn: -int64(n)})
-	a.serve()
+	if !open {
+		a.serve()
+	}
 }
 
 // commit ends open grant gr: its drawn bytes become its lease's charge and
 // the rest returns to free.
 func (a *authority) commit(gr *grant) {
-	d := gr.fig.drawn
-	leases := 0
-	if d != 0 {
-		leases = 1
-	}
+	d, size := gr.fig.drawn, gr.size
 	a.end(gr, stateCommitted)
-	a.book(gr, delta{reserved: -int64(gr.size), drawn: -int64(d), charged: int64(d), grants: -1, leases: leases})
-	if d != gr.size {
+	for _, f := range a.books(gr) {
+		f.reserved -= size
+		f.drawn -= d
+		f.charged += d
+		f.grants--
+		if d != 0 {
+			f.leases++
+		}
+	}
+	if d != size {
 		a.serve()
 	}
 }
@@ -102,7 +102,10 @@ func (a *authority) commit(gr *grant) {
 // cancel ends open grant gr, nothing drawn: all of it returns to free.
 func (a *authority) cancel(gr *grant) {
 	a.end(gr, stateCancelled)
-	a.book(gr, delta{reserved: -int64(gr.size), grants: -1})
+	for _, f := range a.books(gr) {
+		f.reserved -= gr.size
+		f.grants--
+	}
 	a.serve()
 }
 
@@ -111,7 +114,12 @@ func (a *authority) cancel(gr *grant) {
 func (a *authority) expire(gr *grant) {
 	d := gr.fig.drawn
 	a.end(gr, stateExpired)
-	a.book(gr, delta{reserved: -int64(gr.size - d), drawn: -int64(d), expiredDrawn: int64(d), grants: -1})
+	for _, f := range a.books(gr) {
+		f.reserved -= gr.size - d
+		f.drawn -= d
+		f.expiredDrawn += d
+		f.grants--
+	}
 	a.expired++
 	a.serve()
 }
@@ -128,38 +136,53 @@ func (a *authority) end(gr *grant, st grantState) {
 
 // markPending moves n charged bytes of gr's lease to pending.
 func (a *authority) markPending(gr *grant, n memapi.Bytes) {
-	a.book(gr, delta{charged: -int64(n), pending: int64(n)})
+	for _, f := range a.books(gr) {
+		f.charged -= n
+		f.pending += n
+	}
 }
 
 // refund frees n bytes of gr's lease: pending ones first, then charged
-// ones not quarantined, then quarantined ones.
+// ones not quarantined, then quarantined ones. A lease it empties stops
+// counting as one; waiting reservations are served.
 func (a *authority) refund(gr *grant, n memapi.Bytes) {
-	f := &gr.fig
-	p := min(n, f.pending)
+	g := gr.fig
+	p := min(n, g.pending)
 	c := n - p
-	q := c - min(c, f.charged-f.quarantined)
-	a.release(gr, delta{pending: -int64(p), charged: -int64(c), quarantined: -int64(q)})
+	q := c - min(c, g.charged-g.quarantined)
+	empties := g.held() == n
+	for _, f := range a.books(gr) {
+		f.pending -= p
+		f.charged -= c
+		f.quarantined -= q
+		if empties && n != 0 {
+			f.leases--
+		}
+	}
+	a.serve()
 }
 
 // quarantine books n bytes of gr's lease whose free failed: pending ones
 // first become charged again, and n bytes are marked quarantined.
 func (a *authority) quarantine(gr *grant, n memapi.Bytes) {
 	p := min(n, gr.fig.pending)
-	a.book(gr, delta{pending: -int64(p), charged: int64(p), quarantined: int64(n)})
+	for _, f := range a.books(gr) {
+		f.pending -= p
+		f.charged += p
+		f.quarantined += n
+	}
 }
 
-// refundQuarantined frees n quarantined bytes of gr's lease.
+// refundQuarantined frees n quarantined bytes of gr's lease: a lease it
+// empties stops counting as one; waiting reservations are served.
 func (a *authority) refundQuarantined(gr *grant, n memapi.Bytes) {
-	a.release(gr, delta{charged: -int64(n), quarantined: -int64(n)})
-}
-
-// release books a refund d of gr's lease; a lease it empties stops
-// counting as one. Waiting reservations are served.
-func (a *authority) release(gr *grant, d delta) {
-	before := gr.fig.held()
-	a.book(gr, d)
-	if before != 0 && gr.fig.held() == 0 {
-		a.book(gr, delta{leases: -1})
+	empties := gr.fig.held() == n
+	for _, f := range a.books(gr) {
+		f.charged -= n
+		f.quarantined -= n
+		if empties && n != 0 {
+			f.leases--
+		}
 	}
 	a.serve()
 }

@@ -128,7 +128,7 @@ func (g *Governor) SetCapacity(id memapi.AuthorityID, capacity memapi.Bytes) err
 		a.mu.Unlock()
 		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
 	}
-	if used := a.usedLocked(); capacity < used {
+	if used := a.fig.used(); capacity < used {
 		a.mu.Unlock()
 		return opError(op, memapi.ErrInUse, id, capacity, used, "capacity below the bytes in use")
 	}
@@ -161,7 +161,7 @@ func (g *Governor) RemoveAuthority(id memapi.AuthorityID) error {
 		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
 	}
 	a.mu.Lock()
-	if used := a.usedLocked(); used != 0 || a.fig.grants != 0 {
+	if used := a.fig.used(); used != 0 || a.fig.grants != 0 {
 		a.mu.Unlock()
 		return opError(op, memapi.ErrInUse, id, used, 0, "authority has grants or bytes in use")
 	}

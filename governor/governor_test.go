@@ -32,7 +32,7 @@ func TestRegistryErrors(t *testing.T) {
 	mustKind(t, h.g.Unregister("x"), memapi.ErrInUse)
 	mustKind(t, h.g.RemoveAuthority(hostA), memapi.ErrInUse)
 	mustKind(t, h.g.Unregister("nobody"), ErrUnknownHolder)
-	l.Release()
+	l.release()
 	if err := h.g.Unregister("x"); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestSetCapacity(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	h.wantLedger(hostA, ledger{Reserved: 80, Charged: 80, Free: 10})
-	l.Release()
+	l.release()
 	if ev := h.eventsOf(EventCapacity); len(ev) != 3 || ev[1].Bytes != 140 || ev[2].Bytes != 170 {
 		t.Fatalf("capacity events %+v", ev)
 	}
@@ -142,9 +142,9 @@ func TestCloseWakesWaitersAndStopsTimers(t *testing.T) {
 	}
 	// Grants and leases still unwind after Close; a grant past its
 	// deadline still refuses draws, without its timer.
-	l.Release()
+	l.release()
 	h.wantLedger(hostA, ledger{Free: 100})
 	h.clock.Advance(time.Hour)
-	mustKind(t, timed.Draw(1), ErrExpired)
+	mustKind(t, timed.Draw(1), context.DeadlineExceeded)
 	h.wantLedger(gpu, ledger{Free: 100})
 }

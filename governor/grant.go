@@ -1,6 +1,7 @@
 package governor
 
 import (
+	"context"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -87,9 +88,9 @@ func (h Grant) Size() memapi.Bytes {
 	return h.g.size
 }
 
-// Drawn returns the bytes drawn now: 0 once committed (they are the
+// drawnNow returns the bytes drawn now: 0 once committed (they are the
 // lease's) or cancelled; an expired grant's until they are undrawn.
-func (h Grant) Drawn() memapi.Bytes {
+func (h Grant) drawnNow() memapi.Bytes {
 	var d memapi.Bytes
 	h.read(func(gr *grant) { d = gr.drawn() })
 	return d
@@ -243,7 +244,7 @@ func (gr *grant) closedError(op string) error {
 		e.Detail = "cancelled"
 	case stateExpired:
 		e.Detail = "reclaimed after its deadline"
-		e.Err = ErrExpired
+		e.Err = context.DeadlineExceeded
 	}
 	return e
 }

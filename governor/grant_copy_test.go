@@ -35,8 +35,8 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gr.Drawn() != 64<<10 || cp.Drawn() != 64<<10 {
-		t.Fatalf("drawn: original %d, copy %d", gr.Drawn(), cp.Drawn())
+	if gr.drawnNow() != 64<<10 || cp.drawnNow() != 64<<10 {
+		t.Fatalf("drawn: original %d, copy %d", gr.drawnNow(), cp.drawnNow())
 	}
 	// Drawing the rest through both copies takes it once.
 	if err := gr.Draw(192 << 10); err != nil {
@@ -75,7 +75,7 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustKind(t, lc.Refund(1), ErrOverReturn)
-	if n := lc.Release(); n != 0 {
+	if n := lc.release(); n != 0 {
 		t.Fatalf("a copy of an emptied lease released %d", n)
 	}
 	h.wantLedger(hostA, ledger{Free: capacity})
@@ -88,7 +88,7 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 // read 0, Release returns 0, and every other method fails typed.
 func TestZeroLeaseIsClosed(t *testing.T) {
 	var l Lease
-	if l.Charged() != 0 || l.pending() != 0 || l.Quarantined() != 0 || l.Bytes() != 0 || l.Release() != 0 || l.Authority() != "" || l.holder() != "" {
+	if l.Charged() != 0 || l.pending() != 0 || l.quarantined() != 0 || l.Bytes() != 0 || l.release() != 0 || l.Authority() != "" || l.holder() != "" {
 		t.Fatal("a zero Lease looks committed")
 	}
 	mustKind(t, l.Refund(1), memapi.ErrGrantClosed)

@@ -25,8 +25,8 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 	if err := gr.Draw(200); err != nil {
 		t.Fatal(err)
 	}
-	if gr.Drawn() != 200 || gr.remaining() != 100 {
-		t.Fatalf("drawn %d remaining %d", gr.Drawn(), gr.remaining())
+	if gr.drawnNow() != 200 || gr.remaining() != 100 {
+		t.Fatalf("drawn %d remaining %d", gr.drawnNow(), gr.remaining())
 	}
 	h.wantLedger(hostA, ledger{Reserved: 300, Free: 700}) // drawing moves nothing between figures
 	l, err := gr.Commit()
@@ -74,8 +74,8 @@ func TestGrantErrorsChangeNothing(t *testing.T) {
 	if !errors.As(err, &me) || me.Wanted != 60 {
 		t.Fatalf("cancel error figures: %#v", me)
 	}
-	if gr.Drawn() != 60 || !isOpen(gr) {
-		t.Fatalf("failed calls changed the grant: drawn %d open %v", gr.Drawn(), isOpen(gr))
+	if gr.drawnNow() != 60 || !isOpen(gr) {
+		t.Fatalf("failed calls changed the grant: drawn %d open %v", gr.drawnNow(), isOpen(gr))
 	}
 	h.wantLedger(hostA, before)
 
@@ -138,7 +138,7 @@ func TestGrantDeadlineReclaimsUndrawnAndKeepsDrawn(t *testing.T) {
 	}
 	err = gr.Draw(1)
 	mustKind(t, err, memapi.ErrGrantClosed)
-	mustKind(t, err, ErrExpired)
+	mustKind(t, err, context.DeadlineExceeded)
 	_, err = gr.Commit()
 	mustKind(t, err, memapi.ErrGrantClosed)
 	mustKind(t, gr.Cancel(), memapi.ErrInUse)
@@ -178,7 +178,7 @@ func TestGrantDeadlineSeenWithoutTimer(t *testing.T) {
 	h.clock.mu.Lock()
 	h.clock.now = h.clock.now.Add(2 * time.Second) // time passes, the timer does not run
 	h.clock.mu.Unlock()
-	mustKind(t, gr.Draw(1), ErrExpired)
+	mustKind(t, gr.Draw(1), context.DeadlineExceeded)
 	h.wantLedger(hostA, ledger{Free: 100})
 	if n := h.clock.Pending(); n != 0 {
 		t.Fatalf("expiry left %d timers", n)
@@ -210,7 +210,7 @@ func TestReserveWithPastDeadline(t *testing.T) {
 	h.register("x", nil, HolderOptions{})
 	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "x", Role: "", Bytes: 10, Deadline: epoch})
 	mustKind(t, err, memapi.ErrGrantClosed)
-	mustKind(t, err, ErrExpired)
+	mustKind(t, err, context.DeadlineExceeded)
 	h.wantLedger(hostA, ledger{Free: 100})
 }
 
@@ -238,7 +238,7 @@ func TestGrantDrawIsAtomic(t *testing.T) {
 	for range 8 {
 		total += watchdog.Recv(t, bound, "a drawing goroutine", done)
 	}
-	if total != 1000 || gr.Drawn() != 1000 {
-		t.Fatalf("%d draws succeeded, drawn %d", total, gr.Drawn())
+	if total != 1000 || gr.drawnNow() != 1000 {
+		t.Fatalf("%d draws succeeded, drawn %d", total, gr.drawnNow())
 	}
 }

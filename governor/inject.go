@@ -13,8 +13,7 @@ import "github.com/memgen/memgen/generated/memapi"
 // "governor.Grant.Refund", "governor.Grant.Commit", "governor.Grant.Cancel",
 // "governor.Lease.Refund", "governor.Lease.MarkPending",
 // "governor.Lease.Quarantine" and "governor.Lease.RefundQuarantined" (which
-// the account of Lease.QuarantinedAccount calls). Lease.Release, which
-// cannot fail, is not asked. The injector sees the authority and the bytes
+// the account of Lease.QuarantinedAccount calls). The injector sees the authority and the bytes
 // of the operation (0 for Commit and Cancel). MaybeError is called without
 // the governor's locks, from any goroutine, so it must be safe for
 // concurrent use; it may block or record the order of operations.

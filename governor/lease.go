@@ -34,9 +34,9 @@ func (l Lease) Charged() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.charged })
 }
 
-// Quarantined returns the part of the charged bytes whose free failed: the
+// quarantined returns the part of the charged bytes whose free failed: the
 // memory is still held by its mechanism, waiting for a retry.
-func (l Lease) Quarantined() memapi.Bytes {
+func (l Lease) quarantined() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.quarantined })
 }
 
@@ -93,10 +93,10 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 	return nil
 }
 
-// Release refunds everything the lease still holds and returns how much that
-// was. Releasing an empty lease is a no-op. (The Injector is not
-// consulted: a release cannot report a failure.)
-func (l Lease) Release() memapi.Bytes {
+// release refunds everything the lease still holds and returns how much
+// that was (the tests' shorthand for Refund(Bytes())). Releasing an empty
+// lease is a no-op; the Injector is not consulted.
+func (l Lease) release() memapi.Bytes {
 	a, err := l.lock("governor.Lease.Release", 0, false)
 	if err != nil {
 		return 0

@@ -36,10 +36,10 @@ func TestLeasePendingThenRefund(t *testing.T) {
 	mustKind(t, l.Refund(301), ErrOverReturn)
 	h.wantLedger(hostA, ledger{Charged: 300, Free: 700})
 
-	if n := l.Release(); n != 300 {
+	if n := l.release(); n != 300 {
 		t.Fatalf("release returned %d", n)
 	}
-	if n := l.Release(); n != 0 {
+	if n := l.release(); n != 0 {
 		t.Fatalf("second release returned %d", n)
 	}
 	h.wantLedger(hostA, ledger{Free: 1000})

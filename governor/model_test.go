@@ -302,8 +302,8 @@ func (m *model) check(rt *rapid.T) {
 	}
 	now := m.clock.Now()
 	for _, g := range m.grants {
-		if g.gr.Drawn() != g.drawn || isOpen(g.gr) != (g.state == gOpen && (g.deadline.IsZero() || now.Before(g.deadline))) {
-			rt.Fatalf("grant %+v: drawn %d open %v", *g, g.gr.Drawn(), isOpen(g.gr))
+		if g.gr.drawnNow() != g.drawn || isOpen(g.gr) != (g.state == gOpen && (g.deadline.IsZero() || now.Before(g.deadline))) {
+			rt.Fatalf("grant %+v: drawn %d open %v", *g, g.gr.drawnNow(), isOpen(g.gr))
 		}
 	}
 	for _, l := range m.leases {
@@ -687,7 +687,7 @@ func (m *model) markPending(rt *rapid.T) {
 
 func (m *model) release(rt *rapid.T) {
 	l := m.pickLease(rt)
-	if n := l.l.Release(); n != l.charged+l.pending {
+	if n := l.l.release(); n != l.charged+l.pending {
 		rt.Fatalf("release returned %d, want %d", n, l.charged+l.pending)
 	}
 	if l.charged+l.pending != 0 {

@@ -45,7 +45,7 @@ func TestReclaimMayReenterTheGovernor(t *testing.T) {
 		if err := l.MarkPending(50); err != nil {
 			t.Error(err)
 		}
-		l.Release()
+		l.release()
 		inside = append(inside, "lease")
 	}
 	done := make(chan result, 1)
@@ -206,7 +206,7 @@ func TestCancelledWaiterLeavesNoTrace(t *testing.T) {
 			t.Fatalf("cancelled holder left figures: %+v", hs.Authorities)
 		}
 	}
-	busy.Release()
+	busy.release()
 }
 
 func TestCancelledWaiterServedAtTheSameInstant(t *testing.T) {
@@ -220,7 +220,7 @@ func TestCancelledWaiterServedAtTheSameInstant(t *testing.T) {
 		ch := h.reserveAsync(ctx, hostA, "x", 100, 0, time.Time{})
 		h.awaitWaiting("x")
 		go cancel()
-		l.Release()
+		l.release()
 		r := await(t, ch)
 		s := h.auth(hostA)
 		if r.err == nil {
@@ -326,7 +326,7 @@ func TestHolderOverItsLimit(t *testing.T) {
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}
-	l.Release()
+	l.release()
 	if s := h.auth(hostA); s.OverBudget != 3 {
 		t.Fatalf("over-budget count %d", s.OverBudget)
 	}
@@ -460,8 +460,11 @@ func TestOverBudgetErrorFigures(t *testing.T) {
 
 	ch := h.reserveAsync(context.Background(), hostA, "req", 900, 0, epoch.Add(time.Second))
 	h.awaitWaiting("req")
-	if p := h.auth(hostA).RecentPressure; len(p) != 1 || p[0].Shortfall != 500 || p[0].Reclaimable != 200 || p[0].Tickets != 1 || !p[0].Time.Equal(epoch) || p[0].Requester != "req" {
-		t.Fatalf("pressure record %+v", p)
+	if p := h.eventsOf(EventPressure); len(p) != 1 || p[0].Bytes != 500 || !p[0].Time.Equal(epoch) || p[0].Holder != "req" || h.auth(hostA).PressureEvents != 1 {
+		t.Fatalf("pressure events %+v", p)
+	}
+	if tk := h.eventsOf(EventTicket); len(tk) != 1 || tk[0].Holder != "b" || tk[0].Bytes != 200 {
+		t.Fatalf("tickets %+v", tk)
 	}
 	h.clock.Advance(time.Second)
 	err = await(t, ch).err
@@ -501,7 +504,7 @@ func TestWaitDeadlineRacingServeAndExpiry(t *testing.T) {
 		l := h.lease(hostA, "x", 100)
 		ch := h.reserveAsync(context.Background(), hostA, "x", 100, 0, epoch.Add(time.Second))
 		h.awaitWaiting("x")
-		h.clock.AfterFunc(time.Second, func() { l.Release() })
+		h.clock.AfterFunc(time.Second, func() { l.release() })
 		h.clock.Advance(time.Second)
 		h.clock.Advance(0) // the served grant's expiry
 		r := await(t, ch)
@@ -510,7 +513,7 @@ func TestWaitDeadlineRacingServeAndExpiry(t *testing.T) {
 			t.Fatalf("err %v, ledger %+v", r.err, s)
 		}
 		if r.err == nil {
-			mustKind(t, r.gr.Draw(1), ErrExpired)
+			mustKind(t, r.gr.Draw(1), context.DeadlineExceeded)
 		}
 		h.g.Close()
 	}
@@ -535,7 +538,7 @@ func TestPanickingReclaimLeavesNoWaiter(t *testing.T) {
 		t.Fatalf("after the panic %+v", s)
 	}
 	// The queue is not blocked.
-	l.Release()
+	l.release()
 	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 50}); err != nil {
 		t.Fatal(err)
 	}

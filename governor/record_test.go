@@ -69,7 +69,7 @@ func TestReserveErrors(t *testing.T) {
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: maxBytes + 1})
 	mustKind(t, err, memapi.ErrInvalidSize)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 10, Deadline: h.clock.Now()})
-	mustKind(t, err, ErrExpired)
+	mustKind(t, err, context.DeadlineExceeded)
 	h.wantLedger(hostA, ledger{Free: 1000})
 	if s := h.auth(hostA); s.Granted != 0 || s.Grants != 0 {
 		t.Fatalf("refusals counted as grants: %+v", s)
@@ -81,7 +81,7 @@ func TestReserveErrors(t *testing.T) {
 
 func TestZeroGrantIsClosed(t *testing.T) {
 	var gr Grant
-	if isOpen(gr) || gr.remaining() != 0 || gr.Drawn() != 0 || gr.Authority() != "" || gr.holder() != "" || gr.role() != "" || gr.Size() != 0 {
+	if isOpen(gr) || gr.remaining() != 0 || gr.drawnNow() != 0 || gr.Authority() != "" || gr.holder() != "" || gr.role() != "" || gr.Size() != 0 {
 		t.Fatal("a zero Grant looks issued")
 	}
 	mustKind(t, gr.Draw(1), memapi.ErrGrantClosed)
@@ -116,8 +116,8 @@ func TestEndedHandlesAreRefusedForEver(t *testing.T) {
 		mustKind(t, old.Undraw(1), memapi.ErrGrantClosed)
 		_, err := old.Commit()
 		mustKind(t, err, memapi.ErrGrantClosed)
-		if old.remaining() != 0 || old.Drawn() != 0 {
-			t.Fatalf("an ended grant reads remaining %d drawn %d", old.remaining(), old.Drawn())
+		if old.remaining() != 0 || old.drawnNow() != 0 {
+			t.Fatalf("an ended grant reads remaining %d drawn %d", old.remaining(), old.drawnNow())
 		}
 	}
 	if err := cancelled.Cancel(); err != nil {
@@ -129,7 +129,7 @@ func TestEndedHandlesAreRefusedForEver(t *testing.T) {
 	mustKind(t, emptied.Quarantine(1), ErrOverReturn)
 	mustKind(t, emptied.refundQuarantined(1), ErrOverReturn)
 	mustKind(t, Lease(cancelled).Refund(1), memapi.ErrGrantClosed)
-	if n := emptied.Release(); n != 0 || emptied.Bytes() != 0 {
+	if n := emptied.release(); n != 0 || emptied.Bytes() != 0 {
 		t.Fatalf("an emptied lease released %d, holds %d", n, emptied.Bytes())
 	}
 	if same.remaining() != 100 || other.remaining() != 100 || same.holder() != "kv" || other.holder() != "w" {
@@ -206,8 +206,8 @@ func TestDelayedDrawDoesNotLandOnTheNextHoldersGrant(t *testing.T) {
 	}
 	close(clock.release)
 	mustKind(t, <-drew, memapi.ErrGrantClosed)
-	if theirs.Drawn() != 0 || theirs.remaining() != 100 {
-		t.Fatalf("the delayed Draw drew from the other holder's grant: drawn %d remaining %d", theirs.Drawn(), theirs.remaining())
+	if theirs.drawnNow() != 0 || theirs.remaining() != 100 {
+		t.Fatalf("the delayed Draw drew from the other holder's grant: drawn %d remaining %d", theirs.drawnNow(), theirs.remaining())
 	}
 	s, _ := g.Authority(hostA)
 	if s.Reserved != 100 || s.Drawn != 0 || s.Free != 900 {

@@ -64,6 +64,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if a == nil {
 		return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 	}
+	rec := &grant{a: a, role: r.Role, size: r.Bytes} // made before the lock: the critical section books it
 	a.mu.Lock()
 	if a.shut != nil {
 		a.mu.Unlock()
@@ -74,7 +75,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 		a.mu.Unlock()
 		return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
 	}
-	gr, err := g.reserveLocked(ctx, a, c, r.Role, r.Bytes, r.Priority, r.Deadline)
+	gr, err := g.reserveLocked(ctx, a, c, rec, r.Priority, r.Deadline)
 	return Grant{gr}, err
 }
 
@@ -84,20 +85,22 @@ func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes
 		return opError(opReserve, memapi.ErrInvalidSize, authority, bytes, maxBytes, "")
 	}
 	if !deadline.IsZero() && !g.clock.Now().Before(deadline) {
-		return &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: authority, Wanted: bytes, Detail: "deadline already passed", Err: ErrExpired}
+		return &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: authority, Wanted: bytes, Detail: "deadline already passed", Err: context.DeadlineExceeded}
 	}
 	return nil
 }
 
 // reserveLocked is Reserve once the authority and the holder's account are
-// resolved, called with a.mu held (it releases it).
-func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
+// resolved, called with a.mu held (it releases it). rec is the record made
+// before the lock, booked when the bytes fit at once.
+func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, rec *grant, priority Priority, deadline time.Time) (*grant, error) {
+	role, bytes := rec.role, rec.size
 	if err := a.overLimitLocked(c, bytes); err != nil {
 		a.mu.Unlock()
 		return nil, err
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.reserve(c, role, bytes, deadline)
+		gr := a.reserve(rec, c, deadline)
 		a.mu.Unlock()
 		return gr, nil
 	}
@@ -139,16 +142,6 @@ func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, ro
 	}
 	if short != 0 {
 		a.pressureEvents++
-		w.pressure = a.pressureEvents
-		a.recent[(w.pressure-1)%pressureHistory] = PressureEvent{
-			Time:        g.clock.Now(),
-			Requester:   holder,
-			Wanted:      bytes,
-			Shortfall:   short,
-			Free:        a.freeLocked(),
-			Pending:     a.fig.pending,
-			Reclaimable: a.reclaimableLocked(),
-		}
 	}
 	a.mu.Unlock()
 	return g.wait(ctx, a, w, short)
@@ -218,9 +211,6 @@ func (a *authority) nextTicketLocked(w *waiter, asked []*account) *plannedTicket
 	want := min(short, bestR)
 	best.asking += want
 	a.asking += want
-	if w.pressure != 0 && a.pressureEvents-w.pressure < pressureHistory {
-		a.recent[(w.pressure-1)%pressureHistory].Tickets++
-	}
 	return &plannedTicket{
 		Ticket: Ticket{ID: a.g.ticketSeq.Add(1), Authority: a.id, Wanted: want, Priority: w.priority, Deadline: w.deadline},
 		acct:   best,

@@ -46,25 +46,12 @@ type AuthoritySnapshot struct {
 	ExpiredGrants  uint64       // grants reclaimed after their deadline
 	Tickets        uint64       // tickets whose Reclaim returned
 	Freed          memapi.Bytes // bytes holders reported freeing
-	PressureEvents uint64
-	RecentPressure []PressureEvent // up to the last 32, oldest first
+	PressureEvents uint64       // reservations that did not fit and computed a shortfall (an EventPressure each)
 }
 
 // Balanced reports whether reserved + charged + pending + free = capacity.
 func (s AuthoritySnapshot) Balanced() bool {
 	return s.Reserved+s.Charged+s.Pending+s.Free == s.Capacity && s.Reserved+s.Charged+s.Pending <= s.Capacity
-}
-
-// PressureEvent records one time a reservation did not fit.
-type PressureEvent struct {
-	Time        time.Time
-	Requester   HolderID
-	Wanted      memapi.Bytes // bytes of the reservation
-	Shortfall   memapi.Bytes // bytes the queue lacked beyond free, pending and asks in flight
-	Free        memapi.Bytes
-	Pending     memapi.Bytes
-	Reclaimable memapi.Bytes
-	Tickets     int // tickets issued for it
 }
 
 // HolderSnapshot is one holder's figures on every authority it used or has
@@ -228,10 +215,6 @@ func (a *authority) snapshotLocked() AuthoritySnapshot {
 		Tickets:        a.tickets,
 		Freed:          a.freed,
 		PressureEvents: a.pressureEvents,
-	}
-	n := min(a.pressureEvents, pressureHistory)
-	for i := a.pressureEvents - n; i < a.pressureEvents; i++ {
-		s.RecentPressure = append(s.RecentPressure, a.recent[i%pressureHistory])
 	}
 	return s
 }

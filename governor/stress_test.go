@@ -80,7 +80,7 @@ func (s *stressHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 			s.pending = append(s.pending, l)
 			s.mu.Unlock()
 		} else {
-			l.Release()
+			l.release()
 		}
 		freed += n
 	}
@@ -197,7 +197,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				switch rng.IntN(5) {
 				case 0: // free memory: refund part, mark part pending, complete pendings
 					if l := hd.takePending(); l != (Lease{}) {
-						l.Release()
+						l.release()
 					}
 					if l := hd.take(); l != (Lease{}) {
 						if n := l.Charged(); n > 1 && rng.IntN(2) == 0 {
@@ -211,7 +211,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 							}
 							hd.put(l)
 						} else {
-							l.Release()
+							l.release()
 						}
 					}
 					continue
@@ -244,7 +244,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				count(2)
 				drawn := memapi.Bytes(rng.IntN(int(size) + 1))
 				if err := gr.Draw(drawn); err != nil {
-					if !errors.Is(err, ErrExpired) {
+					if !errors.Is(err, context.DeadlineExceeded) {
 						errs <- err
 						return
 					}
@@ -267,7 +267,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				if err != nil {
 					// Expired between draw and commit: the drawn bytes
 					// are still reserved until rolled back.
-					if !errors.Is(err, ErrExpired) {
+					if !errors.Is(err, context.DeadlineExceeded) {
 						errs <- err
 						return
 					}
@@ -295,10 +295,10 @@ func TestStressConcurrentLedger(t *testing.T) {
 	// Everyone releases what they hold; every figure is back to its start.
 	for _, hd := range holders {
 		for l := hd.takePending(); l != (Lease{}); l = hd.takePending() {
-			l.Release()
+			l.release()
 		}
 		for l := hd.take(); l != (Lease{}); l = hd.take() {
-			l.Release()
+			l.release()
 		}
 	}
 	s := g.Snapshot()

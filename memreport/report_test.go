@@ -65,7 +65,11 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 		for freed < tk.Wanted && len(kvLeases) > 0 {
 			l := kvLeases[0]
 			kvLeases = kvLeases[1:]
-			freed += l.Release()
+			n := l.Bytes()
+			if err := l.Refund(n); err != nil {
+				return freed, err
+			}
+			freed += n
 		}
 		return freed, nil
 	})

@@ -49,7 +49,7 @@ func TestSplitRefundFaultSparesTheNextLease(t *testing.T) {
 	e.drain(t) // the release: the first refund, the reservation, the failed refund
 	require.NotEqual(t, governor.Lease{}, other, "the reservation in the refund did not run")
 	require.Equal(t, memapi.Bytes(gran), other.Charged(), "the other reservation's lease")
-	require.Zero(t, other.Quarantined(), "the stale lease's quarantine was booked on the other reservation's")
+	require.ErrorIs(t, other.QuarantinedAccount().Refund(1), governor.ErrOverReturn, "the stale lease's quarantine was booked on the other reservation's")
 	// The second lease's bytes stay charged, quarantined; the first one's
 	// were refunded, and its segment is gone from the region.
 	require.Equal(t, figures{Charged: 3 * gran, Quarantined: 2 * gran}, e.l.snapshot())

@@ -89,7 +89,9 @@ memgen_governor_holder_reclaimable_bytes{authority="host",holder="kv"} 0
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Fatalf("lint: %v %v", problems, err)
 	}
-	l.Release()
+	if err := l.Refund(l.Bytes()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // cacheHolder reports a fixed cache on every authority.
@@ -159,6 +161,8 @@ memgen_governor_holder_cache_clamped_total{authority="dev",holder="pool"} 0
 		t.Fatalf("lint: %v %v", problems, err)
 	}
 	for _, l := range leases {
-		l.Release()
+		if err := l.Refund(l.Bytes()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
