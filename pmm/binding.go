@@ -249,13 +249,16 @@ func (r *bufferRelease) Free(ctx context.Context) error {
 	if r.quar {
 		acct = r.lease.QuarantinedAccount()
 	}
-	if err := r.mech.Free(ctx, r.a, acct); err != nil {
-		if !r.quar {
-			r.quar = r.lease.Quarantine(r.a.Size()) == nil
-		}
-		return err
+	err := r.mech.Free(ctx, r.a, acct)
+	if r.quar && errors.Is(err, memapi.ErrReleased) {
+		// The memory of a buffer quarantined by a free whose refund
+		// failed is already freed: only the refund is left.
+		return acct.Refund(r.a.Size())
 	}
-	return nil
+	if err != nil && !r.quar {
+		r.quar = r.lease.Quarantine(r.a.Size()) == nil
+	}
+	return err
 }
 
 // keepRollback books backing whose rollback failed after its grant could not

@@ -259,6 +259,32 @@ func TestFailedShrinkReleaseIsQuarantinedAndRetried(t *testing.T) {
 	e.settled(t)
 }
 
+// A buffer whose memory was freed but whose refund failed is quarantined
+// with its bytes still charged (visible); the retry finds the memory freed
+// and refunds the quarantined bytes, so the ledger is exact again.
+func TestBufferRefundFailureIsRetried(t *testing.T) {
+	e := setup(t, fakes.Config{})
+	ctx := context.Background()
+	b := e.bind(t, "w", "weights")
+	buf, err := b.Allocate(ctx, 4096)
+	require.NoError(t, err)
+	e.l.mu.Lock()
+	e.l.refunds, e.l.failRefundIf = 0, func(int) bool { return true }
+	e.l.mu.Unlock()
+	require.NoError(t, buf.Close())
+	e.drain(t)
+	require.Equal(t, ep.Quarantined, buf.State())
+	require.Zero(t, e.m.UsedBytes(), "the memory was freed")
+	require.Equal(t, figures{Charged: 4096, Quarantined: 4096}, e.l.snapshot(), "its bytes stay charged until the refund")
+	e.l.mu.Lock()
+	e.l.failRefundIf = nil
+	e.l.mu.Unlock()
+	require.NoError(t, e.ectx.RetryQuarantined())
+	e.drain(t)
+	require.Equal(t, ep.Released, buf.State())
+	e.settled(t)
+}
+
 // A failed final release quarantines the whole region: visible, pinned,
 // and freed by Close (or Retry) once the mechanism recovers.
 func TestFailedCloseIsQuarantinedAndRetried(t *testing.T) {
