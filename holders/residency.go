@@ -306,7 +306,7 @@ func (r *Residency) reload(ctx context.Context, w *weight) (*pmm.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := transfer(ctx, r.cfg.Staging, r.cfg.DeviceContext, buf.Addr(), r.cfg.HostContext, w.host.Addr(), w.size); err != nil {
+	if err := pmm.Transfer(ctx, r.cfg.Staging, r.cfg.DeviceContext, buf.Addr(), r.cfg.HostContext, w.host.Addr(), w.size); err != nil {
 		return nil, errors.Join(err, buf.Close())
 	}
 	return buf, nil
@@ -319,7 +319,7 @@ func (r *Residency) offload(ctx context.Context, w *weight) (*pmm.Buffer, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := transfer(ctx, r.cfg.Staging, r.cfg.HostContext, hb.Addr(), r.cfg.DeviceContext, w.dev.Addr(), w.size); err != nil {
+	if err := pmm.Transfer(ctx, r.cfg.Staging, r.cfg.HostContext, hb.Addr(), r.cfg.DeviceContext, w.dev.Addr(), w.size); err != nil {
 		return nil, errors.Join(err, hb.Close())
 	}
 	return hb, nil

@@ -18,6 +18,12 @@
 //   - Shared backings: created once and charged once, mapped read-only into
 //     many regions, copied on write explicitly (the copy is charged), freed
 //     and refunded when the last view and reference are gone.
+//   - Region.Offload moves a region's committed ranges to another tier (a
+//     Buffer of a binding on another authority: host memory) and
+//     decommits them, keeping the addresses; Offloaded.Restore commits
+//     them again and copies the bytes back. The destination is charged
+//     before each copy and the source released only after it, so a
+//     failure at any step leaves the bytes whole where they were.
 //
 // Releases go through the device context's deferred-free queue (package ep):
 // the lease is marked pending-free at Close, the creating mechanism frees

@@ -1,4 +1,4 @@
-package holders
+package pmm
 
 import (
 	"context"
@@ -7,12 +7,15 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 )
 
-// transfer copies n bytes from src on srcCtx to dst on dstCtx through a
-// host staging buffer of at most chunk bytes: each chunk is copied out on a
+// defaultStaging is Transfer's chunk when none is given.
+const defaultStaging memapi.Bytes = 4 << 20
+
+// Transfer copies n bytes from src on srcCtx to dst on dstCtx through a
+// host staging buffer of at most chunk bytes (0: n, at most 4 MiB): each chunk is copied out on a
 // stream of the source context, synchronized, then copied in on a stream of
 // the destination context and synchronized before the buffer is reused. It
 // works between any two contexts (a GPU and the host, two CPU mechanisms).
-func transfer(ctx context.Context, chunk memapi.Bytes, dstCtx memapi.DeviceContext, dst memapi.DeviceAddr, srcCtx memapi.DeviceContext, src memapi.DeviceAddr, n memapi.Bytes) (err error) {
+func Transfer(ctx context.Context, chunk memapi.Bytes, dstCtx memapi.DeviceContext, dst memapi.DeviceAddr, srcCtx memapi.DeviceContext, src memapi.DeviceAddr, n memapi.Bytes) (err error) {
 	in, err := srcCtx.NewStream()
 	if err != nil {
 		return err
@@ -23,6 +26,9 @@ func transfer(ctx context.Context, chunk memapi.Bytes, dstCtx memapi.DeviceConte
 		return err
 	}
 	defer func() { err = errors.Join(err, out.Close()) }()
+	if chunk == 0 {
+		chunk = min(n, defaultStaging)
+	}
 	stage := make([]byte, min(chunk, n))
 	for off := memapi.Bytes(0); off < n; off += chunk {
 		b := stage[:min(chunk, n-off)]
