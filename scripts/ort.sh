@@ -11,13 +11,16 @@
 #     pressure test's MLP (4 layers of width 512, 1 MiB) and the allocation
 #     benchmark's fan-out model (128 branches, 2.1 MiB) and the decoder
 #     (4 layers, GroupQueryAttention with 2 KV heads, one cache tensor per
-#     KV head, 4,096 rows; 14 MB) into the cache.
+#     KV head, 4,096 rows; 14 MB) into the cache, and three decoders in
+#     the layouts ONNX Runtime GenAI's model builder and Hugging Face
+#     Optimum export (see exported below; 9 MB each).
 #   - For `bench` only: the benchmark's MLP (24 layers of width 2048,
 #     403 MB), built once into the cache.
 #
 # It prints the environment the tests read (MEMGEN_ORT_LIB,
 # MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, MEMGEN_ORT_FAN_MODEL,
-# MEMGEN_ORT_DECODER_MODEL, and MEMGEN_ORT_BENCH_MODEL
+# MEMGEN_ORT_DECODER_MODEL, MEMGEN_ORT_GENAI_MASK_MODEL,
+# MEMGEN_ORT_GENAI_SEQLENS_MODEL, MEMGEN_ORT_OPTIMUM_MODEL, and MEMGEN_ORT_BENCH_MODEL
 # once built) and writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means
 # everything is in place; anything else means it could not be fetched.
 #
@@ -52,6 +55,9 @@ MODEL="$CACHE/mlp24x2048b64.onnx"
 SMALL="$CACHE/mlp4x512b256.onnx"
 FAN="$CACHE/fan128dyn.onnx"
 DECODER="$CACHE/gqa-decoder-l4d256h4kv2s4096v1024.onnx"
+GENAI_MASK="$CACHE/genai-mask-l2d256h4kv2p4096v1024.onnx"
+GENAI_SEQLENS="$CACHE/genai-seqlens-l2d256h4kv2p4096v1024.onnx"
+OPTIMUM="$CACHE/optimum-l2d256h4kv2p4096v1024.onnx"
 
 say() { printf 'ort.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -353,10 +359,245 @@ onnx.save(model, path + ".tmp")
 PY
 	mv "$file.tmp" "$file"
 }
+# exported LAYOUT LAYERS WIDTH HEADS KV_HEADS MAX_POS VOCAB FF FILE: a decoder
+# of random weights (seed 45) in the interface another tool exports, which
+# ort.NewDecoder reads as it comes. Its input and output names, element
+# types, shapes (dim_param strings included) and GroupQueryAttention
+# attributes are those of a real export; the layers between them are this
+# script's (LayerNormalization and a ReLU MLP, as in the decoder above).
+#
+#   genai-mask     ONNX Runtime GenAI's model builder for the CPU, fp32
+#                  (microsoft/onnxruntime-genai, src/python/py/models/builder.py
+#                  at commit 001faddf214642b925052728235c1577bb6eb606:
+#                  Model.__init__'s input_types/input_shapes/output_shapes,
+#                  make_inputs_and_outputs, make_group_query_attention,
+#                  make_attention_mask_reformatting_for_gqa). Inputs
+#                  input_ids int64 [batch_size, sequence_length],
+#                  attention_mask int64 [batch_size, total_sequence_length],
+#                  past_key_values.N.key/.value float [batch_size, KV_HEADS,
+#                  past_sequence_length, head_size]; outputs logits float
+#                  [batch_size, sequence_length, VOCAB], present.N.key/.value
+#                  float [batch_size, KV_HEADS, total_sequence_length,
+#                  head_size]. GQA with rotary embedding in the node removes
+#                  position_ids. seqlens_k = Cast<int32>(ReduceSum(mask, 1) - 1)
+#                  and total_sequence_length = Cast<int32>(Shape(mask)[1]) are
+#                  computed in the graph; one com.microsoft::GroupQueryAttention
+#                  per layer over packed QKV (key and value inputs empty) with
+#                  num_heads, kv_num_heads, scale 1/sqrt(head_size),
+#                  do_rotary 1, rotary_interleaved 0; past and present share
+#                  one buffer (genai_config's past_present_share_buffer).
+#   genai-seqlens  the same decoder taking GroupQueryAttention's lengths
+#                  directly, declared as ONNX Runtime's GQA tests declare them
+#                  (microsoft/onnxruntime,
+#                  onnxruntime/test/python/transformers/test_gqa_cpu.py at
+#                  commit 0349678c7786a5fc80ee6d19f1b00d1d4f9dffea,
+#                  create_group_query_attention_graph_past): seqlens_k int32
+#                  [batch_size], total_sequence_length int32 [1]; no
+#                  attention_mask.
+#   optimum        Hugging Face Optimum's ONNX export of a Llama/Qwen2 decoder
+#                  with past (huggingface/optimum at commit
+#                  31d4ea9ce98863805aa20f98bf60b4214ab3706f, the last before
+#                  the exporter moved to optimum-onnx:
+#                  optimum/exporters/onnx/config.py TextDecoderOnnxConfig and
+#                  TextDecoderWithPositionIdsOnnxConfig, base.py
+#                  OnnxConfigWithPast.add_past_key_values and the
+#                  text-generation outputs; model_configs.py LlamaOnnxConfig,
+#                  whose past has num_key_value_heads): inputs input_ids int64
+#                  [batch_size, sequence_length], attention_mask int64
+#                  [batch_size, past_sequence_length + sequence_length],
+#                  position_ids int64 [batch_size, sequence_length],
+#                  past_key_values.N.key/.value float [batch_size, KV_HEADS,
+#                  past_sequence_length, head_size]; outputs logits float
+#                  [batch_size, sequence_length, VOCAB], present.N.key/.value
+#                  float [batch_size, KV_HEADS, past_sequence_length + 1,
+#                  head_size]. The attention is plain ONNX operators, as
+#                  torch.onnx exports it: rotary embedding gathered at
+#                  position_ids, present = Concat(past, new) on the sequence
+#                  axis, the query heads grouped over their KV head, a causal
+#                  and attention_mask bias, Softmax. No share buffer: every
+#                  step's present is a new, longer tensor.
+exported() {
+	local file="$9"
+	[ -f "$file" ] && return 0
+	say "building $file with python3-onnx"
+	/usr/bin/python3 - "$@" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+layout = sys.argv[1]
+layers, d, heads, kvh, max_pos, vocab, ff = (int(a) for a in sys.argv[2:9])
+path = sys.argv[9]
+hs = d // heads
+assert heads % kvh == 0 and hs % 2 == 0
+group = heads // kvh
+rng = np.random.default_rng(45)
+inits, nodes = [], []
+F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+
+def w(name, shape, scale):
+    a = (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+    inits.append(numpy_helper.from_array(a, name))
+    return name
+
+def const(name, arr):
+    inits.append(numpy_helper.from_array(np.asarray(arr), name))
+    return name
+
+def node(op, ins, outs, **kw):
+    nodes.append(helper.make_node(op, ins, outs, **kw))
+    return outs[0]
+
+inv = 1.0 / (10000.0 ** (np.arange(0, hs, 2, dtype=np.float64) / hs))
+ang = np.outer(np.arange(max_pos, dtype=np.float64), inv)
+const("cos_cache", np.cos(ang).astype(np.float32))  # [max_pos, head_size/2]
+const("sin_cache", np.sin(ang).astype(np.float32))
+const("ln_g", np.ones((d,), dtype=np.float32))
+const("ln_b", np.zeros((d,), dtype=np.float32))
+const("one_i64", np.array(1, dtype=np.int64))
+const("zero_i64", np.array(0, dtype=np.int64))
+const("axes1", np.array([1], dtype=np.int64))
+
+inputs = [helper.make_tensor_value_info("input_ids", I64, ["batch_size", "sequence_length"])]
+outputs = [helper.make_tensor_value_info("logits", F, ["batch_size", "sequence_length", vocab])]
+if layout == "genai-mask":
+    inputs.append(helper.make_tensor_value_info("attention_mask", I64, ["batch_size", "total_sequence_length"]))
+    # make_attention_mask_reformatting_for_gqa
+    node("ReduceSum", ["attention_mask", "axes1"], ["mask_sum"])
+    node("Sub", ["mask_sum", "axes1"], ["mask_sum_1"])  # axes1 is [1]: minus one
+    node("Cast", ["mask_sum_1"], ["seqlens_k"], to=I32)
+    node("Shape", ["attention_mask"], ["mask_shape"])
+    node("Gather", ["mask_shape", "one_i64"], ["mask_len"], axis=0)
+    node("Cast", ["mask_len"], ["total_sequence_length"], to=I32)
+elif layout == "genai-seqlens":
+    inputs.append(helper.make_tensor_value_info("seqlens_k", I32, ["batch_size"]))
+    inputs.append(helper.make_tensor_value_info("total_sequence_length", I32, [1]))
+elif layout == "optimum":
+    inputs.append(helper.make_tensor_value_info("attention_mask", I64, ["batch_size", "past_sequence_length + sequence_length"]))
+    inputs.append(helper.make_tensor_value_info("position_ids", I64, ["batch_size", "sequence_length"]))
+    # The additive bias: key j is seen by query i (absolute position
+    # past + i) when j <= past + i and attention_mask[b, j] is 1.
+    node("Shape", ["attention_mask"], ["am_shape"])
+    node("Gather", ["am_shape", "one_i64"], ["tot"], axis=0)
+    node("Shape", ["input_ids"], ["ids_shape"])
+    node("Gather", ["ids_shape", "one_i64"], ["seq"], axis=0)
+    node("Sub", ["tot", "seq"], ["past"])
+    node("Range", ["zero_i64", "tot", "one_i64"], ["kpos"])
+    node("Range", ["zero_i64", "seq", "one_i64"], ["qrel"])
+    node("Add", ["qrel", "past"], ["qpos"])
+    node("Unsqueeze", ["qpos", "axes1"], ["qpos2"])
+    node("LessOrEqual", ["kpos", "qpos2"], ["causal"])  # [S, T]
+    node("Cast", ["attention_mask"], ["am_bool"], to=TensorProto.BOOL)
+    node("Unsqueeze", ["am_bool", "axes1"], ["am3"])  # [B, 1, T]
+    node("And", ["causal", "am3"], ["seen"])  # [B, S, T]
+    const("bias_on", np.array(0.0, dtype=np.float32))
+    const("bias_off", np.array(np.finfo(np.float32).min, dtype=np.float32))
+    node("Where", ["seen", "bias_on", "bias_off"], ["bias3"])
+    const("axes12", np.array([1, 2], dtype=np.int64))
+    node("Unsqueeze", ["bias3", "axes12"], ["bias5"])  # [B, 1, 1, S, T]
+    node("Gather", ["cos_cache", "position_ids"], ["cos_h"], axis=0)  # [B, S, hs/2]
+    node("Gather", ["sin_cache", "position_ids"], ["sin_h"], axis=0)
+    node("Concat", ["cos_h", "cos_h"], ["cos_f"], axis=-1)
+    node("Concat", ["sin_h", "sin_h"], ["sin_f"], axis=-1)
+    node("Unsqueeze", ["cos_f", "axes1"], ["cos4"])  # [B, 1, S, hs]
+    node("Unsqueeze", ["sin_f", "axes1"], ["sin4"])
+    const("shape_q", np.array([0, 0, heads, hs], dtype=np.int64))
+    const("shape_kv", np.array([0, 0, kvh, hs], dtype=np.int64))
+    const("shape_q5", np.array([0, kvh, group, -1, hs], dtype=np.int64))
+    const("shape_o4", np.array([0, heads, -1, hs], dtype=np.int64))
+    const("shape_o3", np.array([0, 0, heads * hs], dtype=np.int64))
+    const("axes2", np.array([2], dtype=np.int64))
+    const("half_lo", np.array([0], dtype=np.int64))
+    const("half_mid", np.array([hs // 2], dtype=np.int64))
+    const("half_hi", np.array([hs], dtype=np.int64))
+    const("axis_last", np.array([-1], dtype=np.int64))
+    const("scale", np.array(1 / np.sqrt(hs), dtype=np.float32))
+else:
+    raise SystemExit("unknown layout " + layout)
+
+w("embed", (vocab, d), 1.0)
+x = node("Gather", ["embed", "input_ids"], ["x0"], axis=0)
+
+def rotary(p, t):
+    lo = node("Slice", [t, "half_lo", "half_mid", "axis_last"], [p + "lo"])
+    hi = node("Slice", [t, "half_mid", "half_hi", "axis_last"], [p + "hi"])
+    neg = node("Neg", [hi], [p + "neg"])
+    rh = node("Concat", [neg, lo], [p + "rh"], axis=-1)
+    a = node("Mul", [t, "cos4"], [p + "c"])
+    b = node("Mul", [rh, "sin4"], [p + "s"])
+    return node("Add", [a, b], [p + "rot"])
+
+for l in range(layers):
+    p = f"/model/layers.{l}/"
+    pk, pv = f"past_key_values.{l}.key", f"past_key_values.{l}.value"
+    ck, cv = f"present.{l}.key", f"present.{l}.value"
+    if layout == "optimum":
+        past_len, present_len = "past_sequence_length", "past_sequence_length + 1"
+    else:
+        past_len, present_len = "past_sequence_length", "total_sequence_length"
+    inputs += [helper.make_tensor_value_info(pk, F, ["batch_size", kvh, past_len, hs]),
+               helper.make_tensor_value_info(pv, F, ["batch_size", kvh, past_len, hs])]
+    outputs += [helper.make_tensor_value_info(ck, F, ["batch_size", kvh, present_len, hs]),
+                helper.make_tensor_value_info(cv, F, ["batch_size", kvh, present_len, hs])]
+    h = node("LayerNormalization", [x, "ln_g", "ln_b"], [p + "h"], axis=-1, epsilon=1e-5)
+    if layout != "optimum":
+        qkv = node("MatMul", [h, w(p + "qkv", (d, (heads + 2 * kvh) * hs), 1 / np.sqrt(d))], [p + "qkv_out"])
+        # make_group_query_attention: its inputs and attributes, in its order.
+        nodes.append(helper.make_node(
+            "GroupQueryAttention",
+            [qkv, "", "", pk, pv, "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
+            [p + "attn", ck, cv], name=p + "attn/GroupQueryAttention", domain="com.microsoft",
+            num_heads=heads, kv_num_heads=kvh, scale=float(1 / np.sqrt(hs)), do_rotary=1, rotary_interleaved=0))
+        attn = p + "attn"
+    else:
+        q = node("MatMul", [h, w(p + "wq", (d, heads * hs), 1 / np.sqrt(d))], [p + "q"])
+        k = node("MatMul", [h, w(p + "wk", (d, kvh * hs), 1 / np.sqrt(d))], [p + "k"])
+        v = node("MatMul", [h, w(p + "wv", (d, kvh * hs), 1 / np.sqrt(d))], [p + "v"])
+        q = node("Transpose", [node("Reshape", [q, "shape_q"], [p + "q4"])], [p + "qt"], perm=[0, 2, 1, 3])
+        k = node("Transpose", [node("Reshape", [k, "shape_kv"], [p + "k4"])], [p + "kt"], perm=[0, 2, 1, 3])
+        v = node("Transpose", [node("Reshape", [v, "shape_kv"], [p + "v4"])], [p + "vt"], perm=[0, 2, 1, 3])
+        q, k = rotary(p + "qr_", q), rotary(p + "kr_", k)
+        node("Concat", [pk, k], [ck], axis=2)  # [B, kvh, T, hs]
+        node("Concat", [pv, v], [cv], axis=2)
+        q5 = node("Reshape", [q, "shape_q5"], [p + "q5"])  # [B, kvh, group, S, hs]
+        k5 = node("Unsqueeze", [ck, "axes2"], [p + "k5"])  # [B, kvh, 1, T, hs]
+        v5 = node("Unsqueeze", [cv, "axes2"], [p + "v5"])
+        kT = node("Transpose", [k5], [p + "kT"], perm=[0, 1, 2, 4, 3])
+        sc = node("Mul", [node("MatMul", [q5, kT], [p + "qk"]), "scale"], [p + "qks"])
+        sc = node("Add", [sc, "bias5"], [p + "qkb"])
+        pr = node("Softmax", [sc], [p + "probs"], axis=-1)
+        o = node("MatMul", [pr, v5], [p + "o5"])
+        o = node("Reshape", [o, "shape_o4"], [p + "o4"])
+        o = node("Transpose", [o], [p + "ot"], perm=[0, 2, 1, 3])
+        attn = node("Reshape", [o, "shape_o3"], [p + "attn"])
+    o = node("MatMul", [attn, w(p + "wo", (heads * hs, d), 1 / np.sqrt(d))], [p + "o"])
+    x1 = node("Add", [x, o], [p + "x1"])
+    h2 = node("LayerNormalization", [x1, "ln_g", "ln_b"], [p + "h2"], axis=-1, epsilon=1e-5)
+    m = node("Relu", [node("MatMul", [h2, w(p + "w1", (d, ff), 1 / np.sqrt(d))], [p + "m"])], [p + "r"])
+    f = node("MatMul", [m, w(p + "w2", (ff, d), 1 / np.sqrt(ff))], [p + "f"])
+    x = node("Add", [x1, f], [p + "x2"])
+hf = node("LayerNormalization", [x, "ln_g", "ln_b"], ["hf"], axis=-1, epsilon=1e-5)
+node("MatMul", [hf, w("lm_head", (d, vocab), 1 / np.sqrt(d))], ["logits"])
+graph = helper.make_graph(nodes, "main_graph", inputs, outputs, inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+model.ir_version = 8
+model.producer_name = "memgen scripts/ort.sh (" + layout + ")"
+onnx.checker.check_model(model)
+onnx.save(model, path + ".tmp")
+PY
+	mv "$file.tmp" "$file"
+}
 # The Decoder's tests and benchmark: 4 layers of width 256, 4 query heads
 # and 2 KV heads of size 64 (256-byte cache rows), 4,096 rows, a vocabulary
 # of 1,024, an MLP of width 1,024 (14 MB).
 decoder 4 256 4 2 4096 1024 1024 "$DECODER"
+# The exported layouts the Decoder reads as they come: 2 layers of width
+# 256, 4 query heads and 2 KV heads of size 64, rotary caches of 4,096
+# positions, a vocabulary of 1,024, an MLP of width 1,024 (9 MB each).
+exported genai-mask 2 256 4 2 4096 1024 1024 "$GENAI_MASK"
+exported genai-seqlens 2 256 4 2 4096 1024 1024 "$GENAI_SEQLENS"
+exported optimum 2 256 4 2 4096 1024 1024 "$OPTIMUM"
 # The benchmark, for bench only: 24 layers of width 2048 (16 MiB of weights
 # each, 403 MB in all), batch 64 (512 KiB activations between layers).
 [ "$mode" = fetch-bench ] && mlp 24 2048 64 "$MODEL"
@@ -367,6 +608,9 @@ decoder 4 256 4 2 4096 1024 1024 "$DECODER"
 	echo "MEMGEN_ORT_SMALL_MODEL=$SMALL"
 	echo "MEMGEN_ORT_FAN_MODEL=$FAN"
 	echo "MEMGEN_ORT_DECODER_MODEL=$DECODER"
+	echo "MEMGEN_ORT_GENAI_MASK_MODEL=$GENAI_MASK"
+	echo "MEMGEN_ORT_GENAI_SEQLENS_MODEL=$GENAI_SEQLENS"
+	echo "MEMGEN_ORT_OPTIMUM_MODEL=$OPTIMUM"
 	[ ! -f "$MODEL" ] || echo "MEMGEN_ORT_BENCH_MODEL=$MODEL"
 } >"$CACHE/env"
 cat "$CACHE/env"
