@@ -7,9 +7,9 @@ package ort
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -70,53 +70,21 @@ type DecoderOptions struct {
 	Workspace *Allocator
 }
 
-// The decoder model's interface (scripts/ort.sh builds one): inputs
-// input_ids (int64 [1,1]), seqlens_k (int32 [1]: tokens in the cache
-// before this one), total_sequence_length (int32 scalar: with this one),
-// and past_key.L.G / past_value.L.G (float [1,1,rows,head_size]) for layer
-// L and KV head G; outputs logits (float [1,1,vocab]) and
-// present_key.L.G / present_value.L.G. Each cache tensor holds one KV head:
-// com.microsoft::GroupQueryAttention's cache is BNSH, heads outer, so a
-// tensor of several KV heads would have its used rows at the start of each
-// head's slab, not one prefix; with one KV head per tensor (one
-// GroupQueryAttention node per KV head and layer, its query heads split
-// off) the rows in use are always a prefix, and a Region backed from its
-// start holds exactly them.
-const (
-	inIDs      = "input_ids"
-	inSeqlens  = "seqlens_k"
-	inTotal    = "total_sequence_length"
-	outLogits  = "logits"
-	pastPrefix = "past_"
-	presPrefix = "present_"
-)
-
-// kvSlot is one cache tensor: a KV head's keys or values in one layer.
-type kvSlot struct {
-	name     string // key.L.G or value.L.G
-	in, out  int    // the session's input and output index of past_name, present_name
-	layer    int
-	kvHead   int
-	isValue  bool
-	dimsPast []int64
-}
-
 // Decoder is a loaded decoder model with a KV cache of its mode. Make
 // sequences with NewSequence; close them before the Decoder.
 type Decoder struct {
 	mode     KVMode
 	bind     *pmm.Binding // nil for KVConcat
 	maxSeq   int
-	headSize int
-	vocab    int
 	rowBytes memapi.Bytes // one token's keys (or values) of one KV head
+	// rows is each KV head's rows in a share buffer: MaxSeq, raised in
+	// KVGrow mode for a tensor of several KV heads so that each head's
+	// slab starts on a granule of the mechanism (its ranges are committed
+	// apart).
+	rows int
 
-	s        *session
-	slots    []kvSlot
-	ids      int // input indexes
-	seqlens  int
-	total    int
-	logits   int // output index
+	s *session
+	ioLayout
 	inNames  []*C.char
 	outNames []*C.char
 
@@ -135,11 +103,16 @@ type Decoder struct {
 // allocator for its weights and intermediates. bind is the binding whose
 // holder is charged for the sequences' caches (KVGrow, KVPreallocated; its
 // device's mechanism must offer VirtualBacking for KVGrow); for KVConcat it
-// may be nil. A model without the interface above is refused with an error
-// of kind memapi.ErrUnsupported naming what is missing; one whose
-// GroupQueryAttention nodes contradict it (several KV heads per cache
-// tensor, a rotary cache wider than the head size) or whose rotary cache
-// has fewer rows than MaxSeq with a *LimitError (checkGraph). Nothing is
+// may be nil. The model's layout (Layout) is read as it was exported:
+// memgen's per-head decoder, ONNX Runtime GenAI's model builder's (share
+// buffer, with attention_mask or seqlens_k and total_sequence_length) or
+// Hugging Face Optimum's decoder with past (concat; KVConcat only, else
+// memapi.ErrUnsupported), with symbolic batch and sequence dimensions. A
+// model of no such layout is refused with a *LayoutError (matching
+// memapi.ErrUnsupported) naming the input or output and what the layout
+// expected; one whose GroupQueryAttention nodes contradict its tensors
+// (kv_num_heads, a rotary cache wider than the head size) or whose rotary
+// cache has fewer rows than MaxSeq with a *LimitError. Nothing is
 // committed before these checks.
 func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, error) {
 	const op = "ort.NewDecoder"
@@ -155,12 +128,20 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if opts.MaxSeq <= 0 || opts.MaxSeq > 1<<24 {
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: memapi.Bytes(max(opts.MaxSeq, 0)), Detail: "MaxSeq must be in 1..2^24"}
 	}
+	// The layout is read from the graph first: a model of no layout is
+	// refused before ONNX Runtime loads it.
+	g, err := readGraph(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
+	}
+	if _, err := readLayout(declaredInputs(g), g.outputs, g, opts.MaxSeq); err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
+	}
 	threads := opts.Threads
 	if threads <= 0 {
 		threads = 1
 	}
 	var s *session
-	var err error
 	if opts.Workspace == nil {
 		s, err = newSessionWith(path, 0, threads)
 	} else {
@@ -172,16 +153,23 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
-	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, s: s, growTurn: make(chan struct{}, 1)}
-	if err := d.inspect(); err != nil {
-		s.close()
-		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s is not a share-buffer GroupQueryAttention decoder: %v", path, err)
-	}
-	if err := d.checkGraph(path); err != nil {
+	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, rows: opts.MaxSeq, s: s, growTurn: make(chan struct{}, 1)}
+	if err := d.readLayout(g); err != nil {
 		s.close()
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
+	if d.layout == LayoutOptimum && opts.Mode != KVConcat {
+		s.close()
+		return nil, memapi.Errorf(op, memapi.ErrUnsupported,
+			"%s has the %v layout: its graph concatenates each step's keys and values to the past into a new present, so no buffer can be bound once as past and present; decode it with KVConcat", path, d.layout)
+	}
 	d.rowBytes = memapi.Bytes(d.headSize) * 4
+	if opts.Mode == KVGrow && d.kvHeads > 1 {
+		if err := d.alignRows(); err != nil {
+			s.close()
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+	}
 	for _, in := range s.inputs {
 		d.inNames = append(d.inNames, C.CString(in.name))
 	}
@@ -211,92 +199,58 @@ func (d *Decoder) dims(out bool, i int) ([]int64, error) {
 	return r, nil
 }
 
-// inspect finds the model's inputs and outputs (the interface above).
-func (d *Decoder) inspect() error {
-	const elemInt64, elemInt32 = 7, 6
-	d.ids, d.seqlens, d.total, d.logits = -1, -1, -1, -1
-	outIdx := map[string]int{}
-	for i, o := range d.s.outputs {
-		outIdx[o.name] = i
-	}
-	for i, in := range d.s.inputs {
-		want := 0
-		switch {
-		case in.name == inIDs:
-			d.ids, want = i, elemInt64
-		case in.name == inSeqlens:
-			d.seqlens, want = i, elemInt32
-		case in.name == inTotal:
-			d.total, want = i, elemInt32
-		case strings.HasPrefix(in.name, pastPrefix):
-			sl, err := d.slot(i, in.name, outIdx)
+// readLayout reads the model's layout: its inputs and outputs as the
+// session declares them (their indexes are the session's), and its graph
+// g's GroupQueryAttention nodes.
+func (d *Decoder) readLayout(g *graph) error {
+	var io [2][]valueInfo
+	for out, infos := range [][]ioInfo{d.s.inputs, d.s.outputs} {
+		for i, x := range infos {
+			dims, err := d.dims(out == 1, i)
 			if err != nil {
 				return err
 			}
-			d.slots = append(d.slots, sl)
-			want = elemFloat
-		default:
-			return fmt.Errorf("unexpected input %q", in.name)
-		}
-		if in.elemType != want {
-			return fmt.Errorf("input %q has element type %d, want %d", in.name, in.elemType, want)
+			io[out] = append(io[out], valueInfo{name: x.name, elem: int64(x.elemType), dims: dims})
 		}
 	}
-	if d.ids < 0 || d.seqlens < 0 || d.total < 0 {
-		return fmt.Errorf("inputs %s, %s and %s are required", inIDs, inSeqlens, inTotal)
-	}
-	if len(d.slots) == 0 {
-		return fmt.Errorf("no %sKIND.LAYER.HEAD inputs", pastPrefix)
-	}
-	i, ok := outIdx[outLogits]
-	if !ok || d.s.outputs[i].elemType != elemFloat {
-		return fmt.Errorf("no float output %q", outLogits)
-	}
-	dims, err := d.dims(true, i)
+	l, err := readLayout(io[0], io[1], g, d.maxSeq)
 	if err != nil {
 		return err
 	}
-	if len(dims) != 3 || dims[0] != 1 || dims[1] != 1 || dims[2] <= 0 {
-		return fmt.Errorf("output %q has shape %v, want [1 1 vocab]", outLogits, dims)
-	}
-	d.logits, d.vocab = i, int(dims[2])
-	if len(d.s.outputs) != 1+len(d.slots) {
-		return fmt.Errorf("%d outputs, want logits and %d presents", len(d.s.outputs), len(d.slots))
-	}
+	d.ioLayout = *l
 	return nil
 }
 
-// slot reads past input i (past_key.L.G or past_value.L.G) and finds its
-// present output.
-func (d *Decoder) slot(i int, name string, outIdx map[string]int) (kvSlot, error) {
-	rest := strings.TrimPrefix(name, pastPrefix)
-	parts := strings.Split(rest, ".")
-	if len(parts) != 3 || (parts[0] != "key" && parts[0] != "value") {
-		return kvSlot{}, fmt.Errorf("input %q is not past_key.LAYER.HEAD or past_value.LAYER.HEAD", name)
-	}
-	layer, err1 := strconv.Atoi(parts[1])
-	head, err2 := strconv.Atoi(parts[2])
-	if err1 != nil || err2 != nil || layer < 0 || head < 0 {
-		return kvSlot{}, fmt.Errorf("input %q: layer and head must be numbers", name)
-	}
-	out, ok := outIdx[presPrefix+rest]
-	if !ok {
-		return kvSlot{}, fmt.Errorf("input %q has no output %q", name, presPrefix+rest)
-	}
-	dims, err := d.dims(false, i)
+// alignRows raises rows so that each KV head's slab of a share buffer
+// (rows × RowBytes) is whole granules of the binding's mechanism, read
+// from a Region reserved for the purpose (addresses only) and released.
+func (d *Decoder) alignRows() error {
+	r, err := d.bind.ReserveVirtual(context.Background(), d.rowBytes)
 	if err != nil {
-		return kvSlot{}, err
+		return err
 	}
-	if len(dims) != 4 || dims[0] != 1 || dims[1] != 1 || dims[3] <= 0 || dims[3]%4 != 0 {
-		return kvSlot{}, fmt.Errorf("input %q has shape %v, want [1 1 rows head_size] (one KV head per tensor, head_size a multiple of 4)", name, dims)
+	gran := r.Granularity()
+	if err := r.Close(); err != nil {
+		return err
 	}
-	if d.headSize == 0 {
-		d.headSize = int(dims[3])
-	} else if d.headSize != int(dims[3]) {
-		return kvSlot{}, fmt.Errorf("input %q has head size %d, others %d", name, dims[3], d.headSize)
-	}
-	return kvSlot{name: rest, in: i, out: out, layer: layer, kvHead: head, isValue: parts[0] == "value", dimsPast: dims}, nil
+	unit := int(gran / gcd(gran, d.rowBytes)) // rows whose bytes are whole granules
+	d.rows = (d.maxSeq + unit - 1) / unit * unit
+	return nil
 }
+
+func gcd(a, b memapi.Bytes) memapi.Bytes {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// Layout returns the model's layout.
+func (d *Decoder) Layout() Layout { return d.layout }
+
+// KVHeads returns the KV heads in each cache tensor: 1 in LayoutPerHead,
+// the model's KV heads otherwise.
+func (d *Decoder) KVHeads() int { return d.kvHeads }
 
 // Mode returns the decoder's KV mode.
 func (d *Decoder) Mode() KVMode { return d.mode }
@@ -307,13 +261,14 @@ func (d *Decoder) MaxSeq() int { return d.maxSeq }
 // Vocab returns the number of logits per step.
 func (d *Decoder) Vocab() int { return d.vocab }
 
-// Tensors returns the number of cache tensors of a sequence (layers × KV
-// heads × 2).
+// Tensors returns the number of cache tensors of a sequence: layers × KV
+// heads × 2 in LayoutPerHead, layers × 2 otherwise (each of KVHeads
+// heads).
 func (d *Decoder) Tensors() int { return len(d.slots) }
 
-// RowBytes returns the bytes of one token in one cache tensor (head size ×
-// 4): a Region of a KVGrow sequence holding n tokens is n × RowBytes
-// rounded up to the mechanism's granularity.
+// RowBytes returns the bytes of one token of one KV head (head size × 4):
+// each KV head's range in a KVGrow sequence's Region holding n tokens is
+// n × RowBytes rounded up to the mechanism's granularity.
 func (d *Decoder) RowBytes() memapi.Bytes { return d.rowBytes }
 
 // Close releases the session. It fails with memapi.ErrInUse while

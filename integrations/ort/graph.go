@@ -2,6 +2,7 @@ package ort
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"syscall"
 
@@ -16,7 +17,7 @@ import (
 // the element types and shapes of its declared inputs and outputs, from
 // the protobuf (ModelProto.graph 7; GraphProto.node 1, initializer 5,
 // input 11, output 12; NodeProto.input 1, output 2, op_type 4, attribute
-// 5, domain 7; AttributeProto.name 1, i 3; TensorProto.dims 1, data_type 2, name 8;
+// 5, domain 7; AttributeProto.name 1, f 2, i 3; TensorProto.dims 1, data_type 2, name 8;
 // ValueInfoProto.name 1, type 2; TypeProto.tensor_type 1;
 // TypeProto.Tensor.elem_type 1, shape 2; TensorShapeProto.dim 1;
 // Dimension.dim_value 1, dim_param 2). Everything else is skipped, the
@@ -33,16 +34,19 @@ type graph struct {
 // valueInfo is a declared input or output: its element type
 // (TensorProto.DataType) and its dimensions, a symbolic one as -1.
 type valueInfo struct {
-	name string
-	elem int64
-	dims []int64
+	name   string
+	elem   int64
+	dims   []int64
+	params []string // each dimension's dim_param ("" for a fixed one)
 }
 
 type node struct {
 	op, domain string
 	inputs     []string
+	outs       []string // the outputs' names ("" for an omitted one)
 	outputs    int
 	ints       map[string]int64
+	floats     map[string]float32
 }
 
 // readGraph reads the graph of the ONNX model at path. The file is mapped
@@ -129,14 +133,17 @@ func readValueInfo(b []byte) (valueInfo, error) {
 							if num != 1 || typ != protowire.BytesType {
 								return nil
 							}
-							d := int64(-1)
-							err := fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
-								if num == 1 && typ == protowire.VarintType {
+							d, param := int64(-1), ""
+							err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+								switch {
+								case num == 1 && typ == protowire.VarintType:
 									d = int64(x)
+								case num == 2 && typ == protowire.BytesType:
+									param = string(v)
 								}
 								return nil
 							})
-							vi.dims = append(vi.dims, d)
+							vi.dims, vi.params = append(vi.dims, d), append(vi.params, param)
 							return err
 						})
 					}
@@ -150,7 +157,7 @@ func readValueInfo(b []byte) (valueInfo, error) {
 }
 
 func readNode(b []byte) (node, error) {
-	n := node{ints: map[string]int64{}}
+	n := node{ints: map[string]int64{}, floats: map[string]float32{}}
 	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		if typ != protowire.BytesType {
 			return nil
@@ -159,6 +166,7 @@ func readNode(b []byte) (node, error) {
 		case 1:
 			n.inputs = append(n.inputs, string(v))
 		case 2:
+			n.outs = append(n.outs, string(v))
 			n.outputs++
 		case 4:
 			n.op = string(v)
@@ -167,26 +175,58 @@ func readNode(b []byte) (node, error) {
 		case 5:
 			var name string
 			var i int64
-			var has bool
+			var f float32
+			var hasI, hasF bool
 			err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 				switch {
 				case num == 1 && typ == protowire.BytesType:
 					name = string(v)
 				case num == 3 && typ == protowire.VarintType:
-					i, has = int64(x), true
+					i, hasI = int64(x), true
 				}
 				return nil
 			})
 			if err != nil {
 				return err
 			}
-			if has {
+			// AttributeProto.f (2) is a fixed32, which fields skips.
+			if fv, ok := attrFloat(v); ok {
+				f, hasF = fv, true
+			}
+			if hasI {
 				n.ints[name] = i
+			}
+			if hasF {
+				n.floats[name] = f
 			}
 		}
 		return nil
 	})
 	return n, err
+}
+
+// attrFloat returns an AttributeProto's f (field 2, fixed32), if any.
+func attrFloat(b []byte) (float32, bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if num == 2 && typ == protowire.Fixed32Type {
+			x, m := protowire.ConsumeFixed32(b)
+			if m < 0 {
+				return 0, false
+			}
+			return math.Float32frombits(x), true
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return 0, false
+		}
+		b = b[m:]
+	}
+	return 0, false
 }
 
 func readInitializer(b []byte) (name string, dims []int64, dataType int64, err error) {
@@ -258,58 +298,3 @@ func (e *LimitError) Error() string {
 
 // Unwrap reports memapi.ErrInvalidSize.
 func (e *LimitError) Unwrap() error { return memapi.ErrInvalidSize }
-
-// checkGraph checks the decoder against the GroupQueryAttention nodes of
-// its model at path: every cache tensor is the past of a node with one KV
-// head (kv_num_heads 1), and a node with rotary embedding (do_rotary 1)
-// has a cos_cache initializer of at least MaxSeq rows (positions past it
-// have no rotation) and at most head_size/2 columns (its rotary dimension
-// is at most the head size the cache tensors declare). A cos_cache
-// computed in the graph is not checked.
-func (d *Decoder) checkGraph(path string) error {
-	g, err := readGraph(path)
-	if err != nil {
-		return err
-	}
-	return d.checkGraphOf(g)
-}
-
-// checkGraphOf is checkGraph of the graph g read already.
-func (d *Decoder) checkGraphOf(g *graph) error {
-	pasts := map[string]bool{}
-	for _, sl := range d.slots {
-		pasts[pastPrefix+sl.name] = true
-	}
-	fed := map[string]bool{}
-	for _, n := range g.nodes {
-		if n.op != "GroupQueryAttention" || n.domain != "com.microsoft" || len(n.inputs) < 5 || !pasts[n.inputs[3]] && !pasts[n.inputs[4]] {
-			continue
-		}
-		fed[n.inputs[3]], fed[n.inputs[4]] = true, true
-		if kv := n.ints["kv_num_heads"]; kv != 1 {
-			return &LimitError{Field: "kv_num_heads", Value: kv, Limit: 1,
-				Reason: fmt.Sprintf("the node reading %s keeps several KV heads in one cache tensor, whose rows in use are then no prefix", n.inputs[3])}
-		}
-		if n.ints["do_rotary"] != 1 || len(n.inputs) < 8 {
-			continue
-		}
-		dims, ok := g.dims[n.inputs[7]]
-		if !ok || len(dims) != 2 {
-			continue
-		}
-		if int64(d.maxSeq) > dims[0] {
-			return &LimitError{Field: "MaxSeq", Value: int64(d.maxSeq), Limit: dims[0],
-				Reason: fmt.Sprintf("the rotary cache %s has rows for %d positions", n.inputs[7], dims[0])}
-		}
-		if 2*dims[1] > int64(d.headSize) {
-			return &LimitError{Field: "head_size", Value: int64(d.headSize), Limit: 2 * dims[1],
-				Reason: fmt.Sprintf("%s declares head size %d, but the rotary cache %s rotates %d dimensions", n.inputs[3], d.headSize, n.inputs[7], 2*dims[1])}
-		}
-	}
-	for p := range pasts {
-		if !fed[p] {
-			return &memapi.Error{Op: "ort.NewDecoder", Kind: memapi.ErrUnsupported, Detail: "input " + p + " feeds no com.microsoft::GroupQueryAttention node"}
-		}
-	}
-	return nil
-}

@@ -3,8 +3,6 @@ package ort
 import (
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -94,12 +92,16 @@ func (p *DecoderPlan) Need() xproc.Need {
 		StartParts: fmt.Sprintf("weights %s, compute %s", b(p.Weights), b(p.Compute))}
 }
 
-// PlanDecoder sizes the decoder model at path (ort.NewDecoder's layout)
-// and o's sequences from the model's graph alone. A model without the
-// decoder's cache inputs and logits output is memapi.ErrUnsupported, as
-// NewDecoder refuses it; an NCtx beyond the model's rotary cache, or
-// cache tensors of several KV heads, a *LimitError; a bad configuration
-// memapi.ErrInvalidSize; a missing file fs.ErrNotExist.
+// PlanDecoder sizes the decoder model at path and o's sequences from the
+// model's graph alone, for the layouts whose cache a Decoder binds
+// (LayoutPerHead, LayoutGenAI: a KVGrow sequence at NCtx holds each KV
+// head's NCtx rows in whole granules, a KVPreallocated one a Buffer of
+// all of them). A model of no layout is a *LayoutError (matching
+// memapi.ErrUnsupported), as NewDecoder refuses it, and Optimum's concat
+// layout memapi.ErrUnsupported; an NCtx beyond the model's rotary cache,
+// or GroupQueryAttention nodes contradicting the cache tensors, a
+// *LimitError; a bad configuration memapi.ErrInvalidSize; a missing file
+// fs.ErrNotExist.
 func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 	const op = "ort.PlanDecoder"
 	start := time.Now()
@@ -151,53 +153,30 @@ func PlanDecoder(path string, o PlanOptions) (*DecoderPlan, error) {
 			width = max(width, dims[len(dims)-1])
 		}
 	}
-	// The cache inputs and the logits, as NewDecoder reads them from the
-	// session.
-	d := &Decoder{maxSeq: o.NCtx}
-	for _, in := range g.inputs {
-		rest, ok := strings.CutPrefix(in.name, pastPrefix)
-		if !ok {
-			continue
-		}
-		parts := strings.Split(rest, ".")
-		var layer, head int
-		var err1, err2 error
-		if len(parts) == 3 {
-			layer, err1 = strconv.Atoi(parts[1])
-			head, err2 = strconv.Atoi(parts[2])
-		}
-		if len(parts) != 3 || (parts[0] != "key" && parts[0] != "value") || err1 != nil || err2 != nil || layer < 0 || head < 0 {
-			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q is not past_key.LAYER.HEAD or past_value.LAYER.HEAD", path, in.name)
-		}
-		if len(in.dims) != 4 || in.dims[0] != 1 || in.dims[1] != 1 || in.dims[3] <= 0 || in.dims[3] > 1<<20 || in.elem != elemFloat {
-			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q is not float [1 1 rows head_size]", path, in.name)
-		}
-		if d.headSize == 0 {
-			d.headSize = int(in.dims[3])
-		} else if d.headSize != int(in.dims[3]) {
-			return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s: input %q has head size %d, others %d", path, in.name, in.dims[3], d.headSize)
-		}
-		d.slots = append(d.slots, kvSlot{name: rest})
-		row := memapi.Bytes(in.dims[3]) * 4
-		p.KVPerToken += row
-		p.KVPerSequence += (memapi.Bytes(o.NCtx)*row + o.KVGranule - 1) &^ (o.KVGranule - 1)
-	}
-	if len(d.slots) == 0 {
-		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s has no %sKIND.LAYER.HEAD inputs: not a share-buffer decoder", path, pastPrefix)
-	}
-	vocab := int64(0)
-	for _, out := range g.outputs {
-		if out.name == outLogits && out.elem == elemFloat && len(out.dims) == 3 && out.dims[2] > 0 {
-			vocab = out.dims[2]
-		}
-	}
-	if vocab == 0 {
-		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s has no float output %q of shape [1 1 vocab]", path, outLogits)
-	}
-	if err := d.checkGraphOf(g); err != nil {
+	// The layout, as NewDecoder reads it (the graph's declared inputs and
+	// outputs, less initializers listed as inputs, as the session has them).
+	l, err := readLayout(declaredInputs(g), g.outputs, g, o.NCtx)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
-	p.KVTensors = len(d.slots)
+	if l.layout == LayoutOptimum {
+		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "%s has the %v layout, which decodes in KVConcat mode only: its cache is in ONNX Runtime's own memory, which a plan cannot size", path, l.layout)
+	}
+	row := memapi.Bytes(l.headSize) * 4
+	heads := memapi.Bytes(l.kvHeads)
+	round := func(n memapi.Bytes) memapi.Bytes { return (n + o.KVGranule - 1) &^ (o.KVGranule - 1) }
+	for range l.slots {
+		p.KVPerToken += heads * row
+		if o.Mode == KVGrow {
+			// Each KV head's range holds its rows in whole granules.
+			p.KVPerSequence += heads * round(memapi.Bytes(o.NCtx)*row)
+		} else {
+			// One Buffer of every head's rows, in whole granules.
+			p.KVPerSequence += round(heads * memapi.Bytes(o.NCtx) * row)
+		}
+	}
+	vocab := int64(l.vocab)
+	p.KVTensors = len(l.slots)
 	p.KVFull = p.KVPerSequence * memapi.Bytes(o.Sequences)
 	outputs := 0
 	for _, n := range g.nodes {

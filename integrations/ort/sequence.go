@@ -31,6 +31,7 @@ type kvMem interface {
 // bound once.
 type scalars struct {
 	ids     C.int64_t
+	pos     C.int64_t
 	seqlens C.int32_t
 	total   C.int32_t
 }
@@ -64,12 +65,15 @@ func (e *GrowError) Unwrap() error { return e.Err }
 // at a time (a second concurrent Step fails with memapi.ErrInUse); Close,
 // Stats and Tokens may come from any goroutine.
 type Sequence struct {
-	d      *Decoder
-	mems   []kvMem       // per slot (not KVConcat)
-	region []*pmm.Region // per slot (KVGrow)
-	backed []memapi.Bytes
+	d       *Decoder
+	mems    []kvMem       // per slot (not KVConcat)
+	region  []*pmm.Region // per slot (KVGrow)
+	backed  []memapi.Bytes
+	perHead []memapi.Bytes // per slot (KVGrow): the bytes committed at the start of each KV head's slab
 
 	sc       *scalars // C memory
+	maskC    unsafe.Pointer
+	maskVal  *C.OrtValue // this step's attention_mask [1, tokens]: a new tensor header over maskC every step
 	logitsC  unsafe.Pointer
 	inVals   []*C.OrtValue
 	outVals  []*C.OrtValue
@@ -158,25 +162,44 @@ func (q *Sequence) bind(ctx context.Context) error {
 		return memapi.Errorf("ort.Decoder.NewSequence", memapi.ErrOutOfMemory, "calloc failed")
 	}
 	var err error
-	const elemInt64, elemInt32 = 7, 6
 	if q.inVals[d.ids], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.ids)), 8, elemInt64, 1, 1); err != nil {
 		return err
 	}
-	if q.inVals[d.seqlens], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.seqlens)), 4, elemInt32, 1); err != nil {
-		return err
+	if d.pos >= 0 {
+		if q.inVals[d.pos], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.pos)), 8, elemInt64, 1, 1); err != nil {
+			return err
+		}
 	}
-	if q.inVals[d.total], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.total)), 4, elemInt32); err != nil {
-		return err
+	if d.seqlens >= 0 {
+		if q.inVals[d.seqlens], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.seqlens)), 4, elemInt32, ones(d.seqlensRank)...); err != nil {
+			return err
+		}
+	}
+	if d.total >= 0 {
+		if q.inVals[d.total], err = q.valueOver(uintptr(unsafe.Pointer(&q.sc.total)), 4, elemInt32, ones(d.totalRank)...); err != nil {
+			return err
+		}
+	}
+	if d.mask >= 0 {
+		// Every token is attended to: the mask is MaxSeq ones, of which
+		// each step binds its tokens' prefix.
+		if q.maskC = C.calloc(C.size_t(d.maxSeq), 8); q.maskC == nil {
+			return memapi.Errorf("ort.Decoder.NewSequence", memapi.ErrOutOfMemory, "calloc failed")
+		}
+		for i := range unsafe.Slice((*int64)(q.maskC), d.maxSeq) {
+			unsafe.Slice((*int64)(q.maskC), d.maxSeq)[i] = 1
+		}
 	}
 	if q.outVals[d.logits], err = q.valueOver(uintptr(q.logitsC), uintptr(d.vocab)*4, elemFloat, 1, 1, int64(d.vocab)); err != nil {
 		return err
 	}
-	size := memapi.Bytes(d.maxSeq) * d.rowBytes
+	heads := int64(d.kvHeads)
+	size := memapi.Bytes(heads) * memapi.Bytes(d.rows) * d.rowBytes
 	for _, sl := range d.slots {
 		if d.mode == KVConcat {
 			// An empty past for the first step; ONNX Runtime allocates
 			// every present.
-			if q.inVals[sl.in], err = q.valueOver(0, 0, elemFloat, 1, 1, 0, int64(d.headSize)); err != nil {
+			if q.inVals[sl.in], err = q.valueOver(0, 0, elemFloat, 1, heads, 0, int64(d.headSize)); err != nil {
 				return err
 			}
 			continue
@@ -189,6 +212,7 @@ func (q *Sequence) bind(ctx context.Context) error {
 			}
 			q.region = append(q.region, r)
 			q.backed = append(q.backed, 0)
+			q.perHead = append(q.perHead, 0)
 			m = r
 		} else {
 			b, err := d.bind.Allocate(ctx, size)
@@ -199,15 +223,24 @@ func (q *Sequence) bind(ctx context.Context) error {
 			m = b
 		}
 		q.mems = append(q.mems, m)
-		v, err := q.valueOver(uintptr(m.Addr()), uintptr(size), elemFloat, 1, 1, int64(d.maxSeq), int64(d.headSize))
+		v, err := q.valueOver(uintptr(m.Addr()), uintptr(size), elemFloat, 1, heads, int64(d.rows), int64(d.headSize))
 		if err != nil {
 			return err
 		}
 		// Past and present are one tensor: GroupQueryAttention writes the
-		// step's row in place and reads the rows before it.
+		// step's row of each KV head in place and reads the rows before it.
 		q.inVals[sl.in], q.outVals[sl.out] = v, v
 	}
 	return nil
+}
+
+// ones is the shape of n ones (a rank-n tensor of one element).
+func ones(n int) []int64 {
+	s := make([]int64, n)
+	for i := range s {
+		s[i] = 1
+	}
+	return s
 }
 
 // Step runs one token through the decoder and returns its logits (valid
@@ -265,7 +298,7 @@ func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
 func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 	d := q.d
 	if d.mode == KVGrow {
-		grown, prev, gerr := q.grow(ctx, pos+1)
+		grown, gerr := q.grow(ctx, pos+1)
 		if gerr != nil {
 			return gerr
 		}
@@ -273,7 +306,7 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 		// cache holds the rows of the tokens it had, no more.
 		defer func() {
 			if err != nil {
-				err = errors.Join(err, q.shrinkBack(grown, prev))
+				err = errors.Join(err, q.shrinkBack(grown))
 			}
 		}()
 	}
@@ -288,8 +321,26 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 		}
 	}
 	q.sc.ids = C.int64_t(token)
+	q.sc.pos = C.int64_t(pos)
 	q.sc.seqlens = C.int32_t(pos)
 	q.sc.total = C.int32_t(pos + 1)
+	if d.mask >= 0 {
+		// attention_mask [1, tokens]: the tensor's shape is the step's, so
+		// its header is made anew over the same ones (GenAI's and
+		// Optimum's own loops feed a new, longer mask every step too).
+		var v *C.OrtValue
+		shape := []C.int64_t{1, C.int64_t(pos + 1)}
+		if err := cErr(C.memgen_ort_value_over(C.uintptr_t(uintptr(q.maskC)), C.size_t(8*(pos+1)), &shape[0], 2, elemInt64, &v)); err != nil {
+			return fmt.Errorf("ort.Sequence.Step: attention_mask: %w", err)
+		}
+		q.maskVal = v
+		q.inVals[d.mask] = v
+		defer func() {
+			q.inVals[d.mask] = nil
+			C.memgen_ort_value_free(q.maskVal)
+			q.maskVal = nil
+		}()
+	}
 	stop := q.terminateOn(ctx)
 	defer stop()
 	if q.beforeRun != nil {
@@ -318,7 +369,7 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 			// The present becomes the next step's past.
 			q.mu.Lock()
 			q.runtime++
-			q.presentB += int64(pos+1) * int64(d.rowBytes)
+			q.presentB += int64(pos+1) * int64(d.kvHeads) * int64(d.rowBytes)
 			q.replacePast(sl.in, v)
 			q.mu.Unlock()
 		}
@@ -375,76 +426,101 @@ func (q *Sequence) replacePast(i int, v *C.OrtValue) {
 	q.owned = append(q.owned, v)
 }
 
-// grow backs every Region up to rows tokens before the run. A Region
-// grows only when rows no longer fit in what it has (once per granule of
-// rows); all of them grow at the same step, in the decoder's grow turn
-// (one sequence at a time), taken bounded by ctx. A refused growth shrinks
-// the regions grown for this step back to their length before it.
-// It returns the regions it grew and their lengths before, for a step that
-// fails later to give the growth back (shrinkBack).
-func (q *Sequence) grow(ctx context.Context, rows int) (grown []int, prev []memapi.Bytes, err error) {
-	need := memapi.Bytes(rows-q.short) * q.d.rowBytes
-	if need <= slices.Min(q.backed) {
-		return nil, nil, nil // every Region holds the rows already
+// growth is one Region's growth in a step: the ranges committed (one per
+// KV head) and the bytes per head before.
+type growth struct {
+	slot   int
+	prev   memapi.Bytes
+	ranges []memapi.Range
+}
+
+// grow backs every Region's KV heads up to rows tokens before the run:
+// each head's range, at the start of its slab (rows × RowBytes apart), is
+// committed (pmm.Region.Commit) from what it holds to the step's rows
+// rounded up to the granularity. A Region grows only when rows no longer
+// fit in what it has (once per granule of rows); all of them grow at the
+// same step, in the decoder's grow turn (one sequence at a time), taken
+// bounded by ctx. A refused growth decommits the ranges committed for this
+// step. It returns the growths, for a step that fails later to give them
+// back (shrinkBack).
+func (q *Sequence) grow(ctx context.Context, rows int) (grown []growth, err error) {
+	d := q.d
+	need := memapi.Bytes(rows-q.short) * d.rowBytes
+	if need <= slices.Min(q.perHead) {
+		return nil, nil // every Region holds the rows already
 	}
+	heads := memapi.Bytes(d.kvHeads)
 	refuse := func(err error) error {
 		var held, wanted memapi.Bytes
 		for i, b := range q.backed {
 			held += b
 			// What the Region would hold: its granules, not the bytes.
 			w, _ := memapi.RoundUp(need, q.region[i].Granularity())
-			wanted += max(w, b)
+			wanted += heads * max(w, q.perHead[i])
 		}
 		return &GrowError{Tokens: rows, Wanted: wanted, Held: held, Err: err}
 	}
 	select {
-	case q.d.growTurn <- struct{}{}:
-		defer func() { <-q.d.growTurn }()
+	case d.growTurn <- struct{}{}:
+		defer func() { <-d.growTurn }()
 	case <-ctx.Done():
 		// What ended the wait is the caller's context: its error, not a
 		// refusal.
-		return nil, nil, refuse(fmt.Errorf("waiting for another sequence's growth: %w", context.Cause(ctx)))
+		return nil, refuse(fmt.Errorf("waiting for another sequence's growth: %w", context.Cause(ctx)))
 	}
+	slab := memapi.Bytes(d.rows) * d.rowBytes
 	for i, r := range q.region {
-		if need <= q.backed[i] {
+		have := q.perHead[i]
+		if need <= have {
 			continue
 		}
-		if err := r.Grow(ctx, need, nil); err != nil {
-			return nil, nil, refuse(errors.Join(err, q.shrinkBack(grown, prev)))
+		to, _ := memapi.RoundUp(need, r.Granularity())
+		gr := growth{slot: i, prev: have}
+		for h := range memapi.Bytes(d.kvHeads) {
+			rng := memapi.Range{Off: h*slab + have, Len: to - have}
+			if err := r.Commit(ctx, rng); err != nil {
+				return nil, refuse(errors.Join(err, q.shrinkBack(append(grown, gr))))
+			}
+			gr.ranges = append(gr.ranges, rng)
 		}
-		grown, prev = append(grown, i), append(prev, q.backed[i])
-		q.setBacked(i, r.Len())
+		grown = append(grown, gr)
+		q.setBacked(i, to)
 		if q.afterGrow != nil {
 			q.afterGrow(i)
 		}
 	}
-	return grown, prev, nil
+	return grown, nil
 }
 
-// setBacked records Region i's length (Stats reads it from any goroutine;
-// only the stepping one writes it, so it reads it without the lock).
-func (q *Sequence) setBacked(i int, n memapi.Bytes) {
+// setBacked records Region i's bytes per KV head (Stats reads them from
+// any goroutine; only the stepping one writes them, so it reads them
+// without the lock).
+func (q *Sequence) setBacked(i int, perHead memapi.Bytes) {
 	q.mu.Lock()
-	q.backed[i] = n
+	q.perHead[i] = perHead
+	q.backed[i] = perHead * memapi.Bytes(q.d.kvHeads)
 	q.mu.Unlock()
 }
 
-// shrinkBack returns the regions in grown to their lengths in prev. It runs
-// after the caller's context may have ended (a refusal within the
-// deadline), so it is bounded by its own: nothing else holds the regions'
-// transactions, and their earlier releases wait for no running step.
-func (q *Sequence) shrinkBack(grown []int, prev []memapi.Bytes) error {
+// shrinkBack decommits the ranges in grown, returning each Region to its
+// bytes before. It runs after the caller's context may have ended (a
+// refusal within the deadline), so it is bounded by its own: nothing else
+// holds the regions' transactions, and their earlier releases wait for no
+// running step.
+func (q *Sequence) shrinkBack(grown []growth) error {
 	if len(grown) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var errs error
-	for k, i := range grown {
-		if err := q.region[i].Shrink(ctx, prev[k], nil); err != nil {
-			errs = errors.Join(errs, err)
+	for _, gr := range grown {
+		for _, rng := range gr.ranges {
+			if err := q.region[gr.slot].Decommit(ctx, rng); err != nil {
+				errs = errors.Join(errs, err)
+			}
 		}
-		q.setBacked(i, q.region[i].Len())
+		q.setBacked(gr.slot, gr.prev)
 	}
 	return errs
 }
@@ -497,7 +573,8 @@ func (q *Sequence) freeValues() {
 	clear(q.outVals)
 	C.free(unsafe.Pointer(q.sc))
 	C.free(q.logitsC)
-	q.sc, q.logitsC = nil, nil
+	C.free(q.maskC)
+	q.sc, q.logitsC, q.maskC = nil, nil, nil
 	C.memgen_ort_run_options_free(q.ro)
 	q.ro = nil
 }
