@@ -101,7 +101,7 @@ type kvSlot struct {
 // indexes of its inputs (-1 when absent) and outputs, the rank of the
 // length inputs, and the cache tensors.
 type ioLayout struct {
-	layout                        Layout
+	layout                         Layout
 	ids, mask, pos, seqlens, total int
 	seqlensRank, totalRank         int
 	logits, vocab                  int

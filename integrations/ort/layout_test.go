@@ -573,8 +573,8 @@ func TestDecoderLayoutErrors(t *testing.T) {
 	}
 	for _, c := range []struct {
 		what, model, fault string
-		edit                func(bool, []byte) []byte
-		extra               [][]byte
+		edit               func(bool, []byte) []byte
+		extra              [][]byte
 	}{
 		{"missing present", genaiMaskModel, "input past_key_values.1.value",
 			func(out bool, vi []byte) []byte {
