@@ -53,6 +53,21 @@
 // records a fence on the cache's handles, so that Sequence.Close, from any
 // goroutine, releases them only once the Run in flight has returned.
 //
+// NewDecoder reads the model's Layout as it was exported, with symbolic
+// batch and sequence dimensions: memgen's per-head decoder (past_key.L.G),
+// ONNX Runtime GenAI's model builder's (past_key_values.N.key/.value
+// [batch, kv_heads, past, head_size] read and written by one
+// GroupQueryAttention node per layer with a share buffer; attention_mask,
+// or seqlens_k and total_sequence_length), and Hugging Face Optimum's
+// decoder with past (the same names, concatenated in the graph; with
+// position_ids), which decodes in KVConcat only. For GenAI's layout each
+// layer's keys (and values) are one tensor [1, kv_heads, rows, head_size]
+// bound once over one Region, in which each KV head's range is committed
+// as tokens arrive (pmm.Region.Commit), or over one Buffer
+// (KVPreallocated). A model of no layout is refused before ONNX Runtime
+// loads it with a *LayoutError naming the input or output and what the
+// layout expected.
+//
 // PlanDecoder sizes a decoder and its sequences before any byte is
 // committed, from the model's graph alone (ONNX Runtime need not be
 // loaded): the weights, the KV cache per token and at full context, the

@@ -589,13 +589,15 @@ func (q *Sequence) Tokens() int {
 // SequenceStats are a sequence's figures.
 type SequenceStats struct {
 	Tokens int // tokens in the cache
-	// Backed is the bytes backing the cache tensors: the Regions' lengths
-	// (KVGrow), the Buffers' sizes (KVPreallocated), 0 for KVConcat
+	// Backed is the bytes backing the cache tensors: the ranges the
+	// Regions' KV heads hold (KVGrow), the Buffers' sizes (KVPreallocated), 0 for KVConcat
 	// (ONNX Runtime's own memory).
 	Backed memapi.Bytes
-	// TensorsMade is the OrtValues the sequence made, all in NewSequence:
-	// input_ids, seqlens_k, total_sequence_length, logits and one per
-	// cache tensor (past and present being one).
+	// TensorsMade is the OrtValues the sequence made in NewSequence: one
+	// per small input the model has (input_ids, position_ids, seqlens_k,
+	// total_sequence_length), logits and one per cache tensor (past and
+	// present being one). The attention_mask's header, made anew each
+	// step, is not counted.
 	TensorsMade int
 	// RuntimeTensors is the present tensors ONNX Runtime allocated during
 	// the steps (KVConcat: one per cache tensor per step; else 0), and
