@@ -211,7 +211,7 @@ func TestExportedLayoutsAsCited(t *testing.T) {
 func toInfos(x []io) []valueInfo {
 	out := make([]valueInfo, len(x))
 	for i, v := range x {
-		out[i] = valueInfo{name: v.name, elem: v.elem, dims: v.dims, params: v.params}
+		out[i] = valueInfo(v)
 	}
 	return out
 }
