@@ -52,7 +52,8 @@ type node struct {
 // readGraph reads the graph of the ONNX model at path. The file is mapped
 // for the read, not copied: only the pages holding what is read (not the
 // weights' bytes, which are skipped) are ever touched, and none of them
-// stays resident once the map is gone.
+// stays resident once the map is gone. An empty or unparsable file matches
+// ErrBadModel, as ONNX Runtime's refusal of it does.
 func readGraph(path string) (*graph, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -64,7 +65,7 @@ func readGraph(path string) (*graph, error) {
 		return nil, err
 	}
 	if st.Size() == 0 {
-		return nil, fmt.Errorf("the model's protobuf: the file is empty")
+		return nil, fmt.Errorf("%w: the model's protobuf: the file is empty", ErrBadModel)
 	}
 	if int64(int(st.Size())) != st.Size() {
 		return nil, fmt.Errorf("the model's protobuf: %d bytes cannot be mapped", st.Size())
@@ -82,7 +83,7 @@ func readGraph(path string) (*graph, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("the model's protobuf: %w", err)
+		return nil, fmt.Errorf("%w: the model's protobuf: %w", ErrBadModel, err)
 	}
 	return g, nil
 }
