@@ -33,16 +33,25 @@ type buffer interface {
 	free()
 }
 
-// weightBuffer is a buffer of weights: one pmm.Buffer of the model's
-// weights binding, committed whole.
+// weightBuffer is a buffer of weights, committed whole: a pmm.Region of
+// the model's weights binding where its device offers VirtualBacking (so
+// that Sleep can take the backing away and Wake put it back at the same
+// address), else a pmm.Buffer.
 type weightBuffer struct {
-	m   *Model
-	buf *pmm.Buffer
+	m    *Model
+	reg  *pmm.Region
+	buf  *pmm.Buffer
+	size memapi.Bytes // committed
 }
 
-func (w *weightBuffer) base() memapi.DeviceAddr { return w.buf.Addr() }
-func (w *weightBuffer) kv() bool                { return false }
-func (w *weightBuffer) free()                   { w.m.freeWeights(w) }
+func (w *weightBuffer) base() memapi.DeviceAddr {
+	if w.reg != nil {
+		return w.reg.Addr()
+	}
+	return w.buf.Addr()
+}
+func (w *weightBuffer) kv() bool { return false }
+func (w *weightBuffer) free()    { w.m.freeWeights(w) }
 
 // hostBuffer is a context's buffer of the host buffer type: a compute
 // buffer (activations, sized by llama.cpp's scheduler for UBatch tokens

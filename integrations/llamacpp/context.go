@@ -90,6 +90,8 @@ type Context struct {
 	hostFreed []*pmm.Buffer // closed host buffers not yet waited for
 	seqs      []seqState    // the sequences, each in its KV stream
 	stats     Stats
+	asleep    bool             // the model's Sleep moved the KV cache to the host tier
+	sleeping  []*pmm.Offloaded // its host copies while asleep
 }
 
 // Stats are a context's counters.
@@ -135,10 +137,20 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 	if err := m.checkContext(opts.NCtx); err != nil {
 		return nil, err
 	}
+	// A context is made in the model's sleep turn: Sleep and Wake never
+	// see one half made.
+	if err := takeTurn(ctx, op, m.sleepTurn); err != nil {
+		return nil, err
+	}
+	defer func() { <-m.sleepTurn }()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return nil, memapi.Errorf(op, memapi.ErrClosed, "model %s was closed", m.path)
+	}
+	if m.asleep {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w", op, ErrAsleep)
 	}
 	m.nextID++
 	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences)}
@@ -430,6 +442,9 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
+	}
+	if c.asleep {
+		return nil, fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
 	}
 	if len(in) == 0 {
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no sequences")
@@ -852,6 +867,9 @@ func (c *Context) resetLocked(ctx context.Context, op string, seqs []int) error 
 	if c.closed {
 		return memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
 	}
+	if c.asleep {
+		return fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
+	}
 	if seqs == nil {
 		for s := range c.seqs {
 			seqs = append(seqs, s)
@@ -887,7 +905,7 @@ func (c *Context) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes,
 		return 0, nil
 	}
 	defer c.mu.Unlock()
-	if c.closed || c.cells() == 0 || t.Authority != c.authority() {
+	if c.closed || c.asleep || c.cells() == 0 || t.Authority != c.authority() {
 		return 0, nil
 	}
 	C.memgen_llama_clear(c.c)
@@ -911,11 +929,13 @@ func (c *Context) Close(ctx context.Context) error {
 	c.closed = true
 	C.memgen_llama_context_free(c.c)
 	c.c = nil
+	drop := dropSleeping(c.sleeping) // asleep: the KV cache's host copies go with it
+	c.sleeping, c.asleep = nil, false
 	c.mu.Unlock()
 	c.m.mu.Lock()
 	delete(c.m.contexts, c)
 	c.m.mu.Unlock()
-	return c.release(ctx)
+	return errors.Join(drop, c.release(ctx))
 }
 
 // release waits for the regions' refunds and ends the binding and the

@@ -7,7 +7,8 @@
 // llama_model_params.devices, every layer offloaded to it: llama.cpp then
 // allocates the layers' weights and every context's KV cache from that
 // buffer type. The weights (and, through a tensor override, the token
-// embeddings) are pmm.Buffers of a binding charged to the holder
+// embeddings) are pmm.Regions committed whole (pmm.Buffers on a device
+// without VirtualBacking) of a binding charged to the holder
 // Name+"/weights". A context's KV buffer is a pmm.Region reserved for its
 // size and never committed, and each KV tensor placed in it is pointed, by
 // the buffer's init_tensor, at a pmm.Region of its own, reserved for all
@@ -28,6 +29,13 @@
 // cells are dropped, its regions shrink to nothing behind the decode
 // fences and are refunded) and recomputes it at its next Decode. Reset
 // and Close release the regions the same way.
+//
+// An idle model sleeps (Model.Sleep): the bytes of its weights and of
+// every context's KV cache move to a host tier (a binding on another
+// authority) and the device backing is decommitted, every address kept;
+// Model.Wake puts them back and the engine decodes on where it was, its
+// tokens those of an uninterrupted run. Asleep, the calls that would
+// touch the moved bytes fail with ErrAsleep.
 //
 // A context decodes many sequences together (ContextOptions.Sequences,
 // DecodeBatch), each in a KV stream of its own. Server serves a context

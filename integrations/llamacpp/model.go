@@ -66,12 +66,18 @@ type Model struct {
 	loadCtx  context.Context
 	allocErr error
 
+	virtual bool // the weights are Regions (the device offers VirtualBacking)
+
 	mu       sync.Mutex
 	closed   bool
 	bufs     []*weightBuffer
-	released []*pmm.Buffer // closed, maybe not yet refunded
+	released []owned // closed, maybe not yet refunded
 	contexts map[*Context]struct{}
 	nextID   int
+
+	sleepTurn chan struct{}    // serializes Sleep and Wake, taken bounded by their ctx
+	asleep    bool             // under mu: the weights are offloaded
+	sleeping  []*pmm.Offloaded // under mu: the weights' host copies while asleep
 }
 
 // LoadModel checks the GGUF file at path (gguf.Check: a missing,
@@ -97,7 +103,7 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 	if !ok || len(emb.Dims) != 2 || emb.Dims[1] == 0 {
 		return nil, &gguf.FormatError{Path: path, Kind: gguf.ErrCorrupt, Detail: "no token_embd.weight of 2 dimensions"}
 	}
-	m := &Model{opts: opts, path: path, info: info, nVocab: int(emb.Dims[1]), contexts: map[*Context]struct{}{}}
+	m := &Model{opts: opts, path: path, info: info, nVocab: int(emb.Dims[1]), contexts: map[*Context]struct{}{}, sleepTurn: make(chan struct{}, 1)}
 	if !opts.Stock {
 		if opts.Manager == nil || opts.Governor == nil {
 			return nil, memapi.Errorf(op, memapi.ErrNilHandle, "Options.Manager and Options.Governor are required (or Stock)")
@@ -110,6 +116,11 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 		if err != nil {
 			return nil, errors.Join(err, opts.Governor.Unregister(m.holder))
 		}
+		caps, err := m.weights.Capabilities()
+		if err != nil {
+			return nil, errors.Join(err, m.weights.Close(), opts.Governor.Unregister(m.holder))
+		}
+		m.virtual = caps.Has(memapi.CapVirtualBacking)
 	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
@@ -148,20 +159,35 @@ func (m *Model) WeightBytes() memapi.Bytes {
 	defer m.mu.Unlock()
 	var n memapi.Bytes
 	for _, b := range m.bufs {
-		n += b.buf.Size()
+		n += b.size
 	}
 	return n
 }
 
 // allocBuffer allocates a buffer of weights (of either buffer type: with
-// the host one llama.cpp may place the input layer there).
+// the host one llama.cpp may place the input layer there): a Region
+// committed whole where the device offers VirtualBacking, else a Buffer.
 func (m *Model) allocBuffer(size memapi.Bytes, _ bool) (buffer, error) {
-	b, err := m.weights.Allocate(m.loadCtx, max(size, 1))
+	size = max(size, 1)
+	w := &weightBuffer{m: m}
+	var err error
+	if m.virtual {
+		if w.reg, err = m.weights.ReserveVirtual(m.loadCtx, size); err == nil {
+			if err = w.reg.Grow(m.loadCtx, size, nil); err != nil {
+				_ = w.reg.Close()
+				m.mu.Lock()
+				m.released = append(m.released, w.reg)
+				m.mu.Unlock()
+			}
+			w.size = w.reg.Len()
+		}
+	} else if w.buf, err = m.weights.Allocate(m.loadCtx, size); err == nil {
+		w.size = w.buf.Size()
+	}
 	if err != nil {
 		m.allocErr = err
 		return nil, err
 	}
-	w := &weightBuffer{m: m, buf: b}
 	m.mu.Lock()
 	m.bufs = append(m.bufs, w)
 	m.mu.Unlock()
@@ -169,13 +195,20 @@ func (m *Model) allocBuffer(size memapi.Bytes, _ bool) (buffer, error) {
 }
 
 func (m *Model) freeWeights(w *weightBuffer) {
+	var h interface {
+		owned
+		Close() error
+	} = w.buf
+	if w.reg != nil {
+		h = w.reg
+	}
 	m.mu.Lock()
 	m.bufs = slices.DeleteFunc(m.bufs, func(x *weightBuffer) bool { return x == w })
-	m.released = append(m.released, w.buf)
+	m.released = append(m.released, h)
 	m.mu.Unlock()
 	// No fence: the weights are freed by llama_model_free, after every
 	// context (and so every decode) of the model ended.
-	_ = w.buf.Close() // a failed free is quarantined by pmm and waited for in release
+	_ = h.Close() // a failed free is quarantined by pmm and waited for in release
 }
 
 // Close frees the model: its weights are released and refunded, the
@@ -194,10 +227,12 @@ func (m *Model) Close(ctx context.Context) error {
 		return memapi.Errorf(op, memapi.ErrInUse, "model %s has %d open contexts", m.path, n)
 	}
 	m.closed = true
+	drop := dropSleeping(m.sleeping) // asleep: the weights' host copies go with it
+	m.sleeping, m.asleep = nil, false
 	m.mu.Unlock()
 	C.memgen_llama_model_free(m.c)
 	m.c = nil
-	return m.release(ctx)
+	return errors.Join(drop, m.release(ctx))
 }
 
 // release waits until the weights' buffers were refunded, then ends the

@@ -21,7 +21,7 @@ type span struct{ addr, size uintptr }
 func (m *Model) spans() []span {
 	var out []span
 	for _, b := range m.bufs {
-		out = append(out, span{uintptr(b.buf.Addr()), uintptr(b.buf.Size())})
+		out = append(out, span{uintptr(b.base()), uintptr(b.size)})
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
 )
 
 // ServerOptions configure NewServer.
@@ -41,6 +42,14 @@ type ServerOptions struct {
 	// StepTimeout bounds each batched decode (its growth's wait for the
 	// governor included). Default 30 s.
 	StepTimeout time.Duration
+	// SleepAfter, when positive, puts the model to sleep (Model.Sleep into
+	// SleepTo) once no request has run for that long, and the next
+	// request wakes it (Model.Wake, bounded by StepTimeout) before it
+	// decodes. 0: never.
+	SleepAfter time.Duration
+	// SleepTo is the host tier an idle model sleeps into: a binding of the
+	// model's manager on another authority. Required with SleepAfter.
+	SleepTo *pmm.Binding
 }
 
 // Server decodes requests together in one context of a Model: each
@@ -95,6 +104,13 @@ type ServerStats struct {
 	// pressure, Recomputed the tokens decoded again after them (the
 	// context's Stats, as of the last step).
 	Preemptions, Recomputed int
+	// Sleeps and Wakes count the idle model's sleeps and the wakes the
+	// next requests made (ServerOptions.SleepAfter); Asleep says whether
+	// it is asleep now; WakeTime is the wakes' time, summed. SleepErrors
+	// counts sleeps that failed (the model stayed awake).
+	Sleeps, Wakes, SleepErrors int64
+	Asleep                     bool
+	WakeTime                   time.Duration
 }
 
 // Stats returns the server's counters.
@@ -164,6 +180,9 @@ func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, erro
 	}
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = 30 * time.Second
+	}
+	if opts.SleepAfter > 0 && opts.SleepTo == nil {
+		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrNilHandle, "SleepAfter needs SleepTo, the host tier to sleep into")
 	}
 	c, err := m.NewContext(ctx, ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
 	if err != nil {
@@ -294,14 +313,14 @@ func (s *Server) loop() {
 		}
 	}()
 	for {
-		// Take the admitted jobs; with none running, wait for one.
+		// Take the admitted jobs; with none running, wait for one (and,
+		// idle for SleepAfter, put the model to sleep meanwhile).
 		if len(active) == 0 {
-			select {
-			case j := <-s.jobs:
-				active = append(active, j)
-			case <-s.ctx.Done():
+			j, ok := s.idle()
+			if !ok {
 				return
 			}
+			active = append(active, j)
 		}
 	more:
 		for {

@@ -23,9 +23,13 @@ type host struct {
 	// limit is the shared ledger's capacity (nil without a ledger): the
 	// most the authority can grow to (llamacpp.Options.Limit).
 	limit func() memapi.Bytes
-	// close releases the manager, the device context and the governor,
+	// close releases the manager, the device contexts and the governor,
 	// each bounded by 10 s.
 	close func()
+	// offload is the host tier an idle engine sleeps into: a second CPU
+	// mechanism on an authority of its own ("offload"), outside the
+	// device's budget and any shared ledger.
+	offload memapi.DeviceKey
 }
 
 // newHost makes the host; with ledger set, its authority "host" is bound
@@ -39,13 +43,20 @@ func newHost(ledger string) (*host, error) {
 		return nil, err
 	}
 	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
+	tier, err := cpu.New(cpu.Options{Granularity: cpu.Granularity4KiB, Authority: "offload"})
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	tierCtx := ep.NewContext(cpu.NewContext(tier), ep.Options{})
 	mgr := pmm.New(g, pmm.Options{})
 	var l *xproc.Ledger
-	h := &host{g: g, mgr: mgr, key: memapi.DeviceKey{Kind: memapi.DeviceKindHost}, close: func() {
+	h := &host{g: g, mgr: mgr, key: memapi.DeviceKey{Kind: memapi.DeviceKindHost}, offload: memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: 1}, close: func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = mgr.Close(ctx)
 		_ = ectx.Close(ctx, true)
+		_ = tierCtx.Close(ctx, true)
 		if l != nil {
 			_ = l.CloseContext(ctx)
 		}
@@ -75,6 +86,14 @@ func newHost(ledger string) (*host, error) {
 		}
 	}
 	if err := mgr.Register(pmm.Device{Key: h.key, Mechanism: mech, Context: ectx, Authority: "host"}); err != nil {
+		h.close()
+		return nil, err
+	}
+	if err := g.AddAuthority("offload", 1<<40); err != nil {
+		h.close()
+		return nil, err
+	}
+	if err := mgr.Register(pmm.Device{Key: h.offload, Mechanism: tier, Context: tierCtx, Authority: "offload"}); err != nil {
 		h.close()
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/governor/promgov"
 	"github.com/memgen/memgen/integrations/llamacpp"
 	"github.com/memgen/memgen/internal/procmem"
@@ -30,6 +31,7 @@ type serveConfig struct {
 	ledger             string        // a shared ledger to join ("": an authority of its own)
 	join               time.Duration // with ledger: how long the load and the context's creation wait for others to give back
 	stock              bool          // llama.cpp's own buffers, every sequence's n_ctx allocated at start
+	sleepAfter         time.Duration // idle this long, the engine sleeps into the host tier (0: never)
 }
 
 // serve runs the HTTP endpoint (llamacpp.Server) on cfg.listen until SIGINT
@@ -79,8 +81,21 @@ func serve(cfg serveConfig) error {
 		return err
 	}
 	defer m.Close(ctx)
+	sopts := llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue}
+	if cfg.sleepAfter > 0 {
+		if cfg.stock {
+			return errors.New("-sleep-after and -stock: a stock engine's weights are not in regions, so it cannot sleep")
+		}
+		if err := g.Register("llama/sleep", nil, governor.HolderOptions{}); err != nil {
+			return err
+		}
+		if sopts.SleepTo, err = h.mgr.Bind("llama/sleep", "host-copy", h.offload); err != nil {
+			return err
+		}
+		sopts.SleepAfter = cfg.sleepAfter
+	}
 	// The context's creation waits, as the load did, within -join-timeout.
-	s, err := llamacpp.NewServer(loadCtx, m, llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue})
+	s, err := llamacpp.NewServer(loadCtx, m, sopts)
 	cancelLoad()
 	if err != nil {
 		return err

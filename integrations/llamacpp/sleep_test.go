@@ -1,0 +1,257 @@
+package llamacpp
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/pmm"
+)
+
+// The host tier of the sleep tests: a second CPU mechanism on an authority
+// of its own, registered with the rig's manager.
+const offloadAuth = memapi.AuthorityID("offload")
+
+type hostTier struct {
+	mech *cpu.Mechanism
+	ectx *ep.Context
+	bind *pmm.Binding
+}
+
+func (r *rig) hostTier(t *testing.T) *hostTier {
+	t.Helper()
+	if err := r.g.AddAuthority(offloadAuth, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	mech, err := cpu.New(cpu.Options{Authority: offloadAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx := ep.NewContext(cpu.NewContext(mech), ep.Options{})
+	key := memapi.DeviceKey{Kind: memapi.DeviceKindHost, Ordinal: 1}
+	if err := r.mgr.Register(pmm.Device{Key: key, Mechanism: mech, Context: ectx, Authority: offloadAuth}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.g.Register("sleep", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.mgr.Bind("sleep", "host-copy", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hostTier{mech: mech, ectx: ectx, bind: b}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := errors.Join(b.Close(), ectx.Close(ctx, true)); err != nil {
+			t.Error(err)
+		}
+	})
+	return h
+}
+
+// chargedOn is holder h's charge on authority a.
+func (r *rig) chargedOn(h governor.HolderID, a memapi.AuthorityID) memapi.Bytes {
+	for _, hs := range r.g.Snapshot().Holders {
+		if hs.ID != h {
+			continue
+		}
+		for _, x := range hs.Authorities {
+			if x.Authority == a {
+				return x.Charged
+			}
+		}
+	}
+	return 0
+}
+
+// A model put to sleep in the middle of a sequence gives its weights' and
+// KV cache's bytes back to the device (they wait in the host tier), refuses
+// what would touch them, and after Wake decodes on with the greedy tokens
+// of an uninterrupted run; the ledger equals the mechanisms' bytes and the
+// kernel's at every step.
+func TestSleepWakeTokensIdentical(t *testing.T) {
+	r := newRig(t, 1<<30)
+	tier := r.hostTier(t)
+	m := loadModel(t, r.options())
+	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(bg(t))
+	p := prompt(3, 40, m.NVocab())
+	run := func(steps int, next int32) ([]int32, int32) {
+		var out []int32
+		for range steps {
+			out = append(out, next)
+			var err error
+			if next, err = c.Decode(bg(t), []int32{next}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out, next
+	}
+	next, err := c.Decode(bg(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := run(32, next)
+	if err := c.Reset(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	next, err = c.Decode(bg(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, next := run(16, next)
+	r.settle(t)
+	weights, kv := r.charged(m.Holder()), c.KV().Committed
+	if weights == 0 || kv == 0 {
+		t.Fatalf("before the sleep: weights %d, KV %d charged", weights, kv)
+	}
+	exact := func(when string) {
+		t.Helper()
+		r.settle(t)
+		for _, x := range []struct {
+			auth memapi.AuthorityID
+			m    *cpu.Mechanism
+		}{{hostAuth, r.mech}, {offloadAuth, tier.mech}} {
+			a, _ := r.g.Authority(x.auth)
+			k, err := x.m.KernelBytes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Charged != x.m.UsedBytes() || a.Charged != k || a.Reserved != 0 || a.Pending != 0 {
+				t.Fatalf("%s: %s charged %d reserved %d pending %d, mechanism %d, kernel %d", when, x.auth, a.Charged, a.Reserved, a.Pending, x.m.UsedBytes(), k)
+			}
+		}
+	}
+	exact("before the sleep")
+	devBefore, _ := r.g.Authority(hostAuth)
+
+	if err := m.Sleep(bg(t), tier.bind); err != nil {
+		t.Fatal(err)
+	}
+	exact("asleep")
+	if !m.Asleep() {
+		t.Fatal("not asleep")
+	}
+	dev, _ := r.g.Authority(hostAuth)
+	freed := devBefore.Charged - dev.Charged
+	if r.charged(m.Holder()) != 0 || c.KV().Committed != 0 || freed != weights+kv {
+		t.Fatalf("asleep: weights %d and KV %d still charged on the device; freed %d of %d", r.charged(m.Holder()), c.KV().Committed, freed, weights+kv)
+	}
+	if h := r.chargedOn("sleep", offloadAuth); h != weights+kv {
+		t.Fatalf("the host tier holds %d, want the weights and KV %d", h, weights+kv)
+	}
+	t.Logf("asleep: the device gave back %d bytes (weights %d, KV %d: 100%%); compute buffers %d stay", freed, weights, kv, dev.Charged)
+	if _, err := c.Decode(bg(t), []int32{next}); !errors.Is(err, ErrAsleep) {
+		t.Fatalf("a decode while asleep: %v", err)
+	}
+	if err := c.Reset(bg(t)); !errors.Is(err, ErrAsleep) {
+		t.Fatalf("a reset while asleep: %v", err)
+	}
+	if _, err := m.NewContext(bg(t), ContextOptions{NCtx: 64}); !errors.Is(err, ErrAsleep) {
+		t.Fatalf("a new context while asleep: %v", err)
+	}
+	if err := m.Sleep(bg(t), tier.bind); err != nil {
+		t.Fatalf("a second sleep: %v", err)
+	}
+
+	if err := m.Wake(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	exact("awake")
+	if r.charged(m.Holder()) != weights || c.KV().Committed != kv || r.chargedOn("sleep", offloadAuth) != 0 {
+		t.Fatalf("awake: weights %d (want %d), KV %d (want %d), host tier %d", r.charged(m.Holder()), weights, c.KV().Committed, kv, r.chargedOn("sleep", offloadAuth))
+	}
+	rest, _ := run(16, next)
+	got = append(got, rest...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("tokens across the sleep %v\nwant %v", got, want)
+	}
+	if err := m.Wake(bg(t)); err != nil {
+		t.Fatalf("a second wake: %v", err)
+	}
+}
+
+// Closing an asleep context drops its host copies; closing the asleep
+// model drops the weights': nothing stays charged on either tier.
+func TestSleepThenClose(t *testing.T) {
+	r := newRig(t, 1<<30)
+	tier := r.hostTier(t)
+	m, err := LoadModel(bg(t), modelPath, r.options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Decode(bg(t), prompt(1, 20, m.NVocab())); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sleep(bg(t), tier.bind); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	r.settle(t)
+	for _, a := range []memapi.AuthorityID{hostAuth, offloadAuth} {
+		if s, _ := r.g.Authority(a); s.Charged != 0 || s.Reserved != 0 {
+			t.Fatalf("%s after closing: %+v", a, s)
+		}
+	}
+	if tier.mech.UsedBytes() != 0 || r.mech.UsedBytes() != 0 {
+		t.Fatalf("mechanisms hold %d and %d", r.mech.UsedBytes(), tier.mech.UsedBytes())
+	}
+}
+
+func TestSleepRefusals(t *testing.T) {
+	r := newRig(t, 1<<30)
+	tier := r.hostTier(t)
+	stock := loadModel(t, Options{Stock: true})
+	if err := stock.Sleep(bg(t), tier.bind); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Fatalf("a stock model's sleep: %v", err)
+	}
+	m := loadModel(t, r.options())
+	if err := m.Sleep(bg(t), nil); !errors.Is(err, memapi.ErrNilHandle) {
+		t.Fatalf("no host binding: %v", err)
+	}
+	same, err := r.mgr.Bind("sleep", "same-tier", r.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sleep(bg(t), same); !errors.Is(err, memapi.ErrInvalidRange) || m.Asleep() {
+		t.Fatalf("a host binding on the device's own authority: %v (asleep %v)", err, m.Asleep())
+	}
+	// A decode in progress holds the sleep off; a sleep whose ctx ends
+	// first is refused with nothing moved.
+	c, err := m.NewContext(bg(t), ContextOptions{NCtx: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(bg(t))
+	c.mu.Lock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	err = m.Sleep(ctx, tier.bind)
+	cancel()
+	c.mu.Unlock()
+	if !errors.Is(err, memapi.ErrInUse) || !errors.Is(err, context.DeadlineExceeded) || m.Asleep() {
+		t.Fatalf("a sleep while a call runs: %v (asleep %v)", err, m.Asleep())
+	}
+	if h := r.chargedOn("sleep", offloadAuth); h != 0 {
+		t.Fatalf("the refused sleep left %d on the host tier", h)
+	}
+}
