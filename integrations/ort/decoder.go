@@ -68,6 +68,11 @@ type DecoderOptions struct {
 	// memapi.ErrForeignHandle otherwise, memapi.ErrClosed once it is
 	// closed. nil: ONNX Runtime's own allocator, outside the ledger.
 	Workspace *Allocator
+	// PrefillChunk is the most prompt tokens Sequence.Prefill runs in one
+	// Run: 0 runs the whole prompt in one; a model whose input_ids or
+	// logits declare a length of 1 runs one token per Run whatever it is.
+	// Negative is memapi.ErrInvalidSize.
+	PrefillChunk int
 }
 
 // Decoder is a loaded decoder model with a KV cache of its mode. Make
@@ -82,6 +87,9 @@ type Decoder struct {
 	// slab starts on a granule of the mechanism (its ranges are committed
 	// apart).
 	rows int
+	// chunk is the most tokens one Run of a Prefill takes (0: the whole
+	// prompt).
+	chunk int
 
 	s *session
 	ioLayout
@@ -128,6 +136,9 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if opts.MaxSeq <= 0 || opts.MaxSeq > 1<<24 {
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: memapi.Bytes(max(opts.MaxSeq, 0)), Detail: "MaxSeq must be in 1..2^24"}
 	}
+	if opts.PrefillChunk < 0 {
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "PrefillChunk %d is negative", opts.PrefillChunk)
+	}
 	// The layout is read from the graph first: a model of no layout is
 	// refused before ONNX Runtime loads it.
 	g, err := readGraph(path)
@@ -153,10 +164,13 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
 	}
-	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, rows: opts.MaxSeq, s: s, growTurn: make(chan struct{}, 1)}
+	d := &Decoder{mode: opts.Mode, bind: bind, maxSeq: opts.MaxSeq, rows: opts.MaxSeq, chunk: opts.PrefillChunk, s: s, growTurn: make(chan struct{}, 1)}
 	if err := d.readLayout(g); err != nil {
 		s.close()
 		return nil, fmt.Errorf("%s: %s: %w", op, path, err)
+	}
+	if d.oneToken {
+		d.chunk = 1 // the model declares one token per Run
 	}
 	if d.layout == LayoutOptimum && opts.Mode != KVConcat {
 		s.close()
@@ -251,6 +265,11 @@ func (d *Decoder) Layout() Layout { return d.layout }
 // KVHeads returns the KV heads in each cache tensor: 1 in LayoutPerHead,
 // the model's KV heads otherwise.
 func (d *Decoder) KVHeads() int { return d.kvHeads }
+
+// PrefillChunk returns the most tokens one Run of Sequence.Prefill takes:
+// DecoderOptions.PrefillChunk, 1 for a model that declares a length of 1,
+// 0 for the whole prompt in one Run.
+func (d *Decoder) PrefillChunk() int { return d.chunk }
 
 // Mode returns the decoder's KV mode.
 func (d *Decoder) Mode() KVMode { return d.mode }

@@ -107,6 +107,9 @@ type ioLayout struct {
 	logits, vocab                  int
 	kvHeads, headSize              int // KV heads per cache tensor, the head size
 	slots                          []kvSlot
+	// oneToken: input_ids or logits declares a length of 1, so a Run
+	// takes one token (a prompt runs token by token).
+	oneToken bool
 }
 
 // dimOne reports whether a declared dimension takes one (a batch or a
@@ -136,10 +139,12 @@ func readLayout(ins, outs []valueInfo, g *graph, maxSeq int) (*ioLayout, error) 
 			switch in.name {
 			case inIDs:
 				l.ids = i
+				l.oneToken = l.oneToken || in.dims[1] == 1
 			case inMask:
 				l.mask = i
 			default:
 				l.pos = i
+				l.oneToken = l.oneToken || in.dims[1] == 1
 			}
 		case in.name == inSeqlens:
 			if in.elem != elemInt32 || len(in.dims) < 1 || len(in.dims) > 2 || !dimOne(in.dims[0]) || len(in.dims) == 2 && !dimOne(in.dims[1]) {
@@ -191,6 +196,7 @@ func readLayout(ins, outs []valueInfo, g *graph, maxSeq int) (*ioLayout, error) 
 				return nil, &LayoutError{Name: "output " + o.name, Want: fmt.Sprintf("element type %d, shape %v; want float [batch, length, vocab]", o.elem, o.dims)}
 			}
 			l.logits, l.vocab = i, int(o.dims[2])
+			l.oneToken = l.oneToken || o.dims[1] == 1
 		case presents[i]:
 		case strings.HasPrefix(o.name, pkvPresents) || strings.HasPrefix(o.name, presPrefix):
 			return nil, &LayoutError{Name: "output " + o.name, Want: "a present without its past input"}

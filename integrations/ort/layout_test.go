@@ -1,6 +1,7 @@
 package ort
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -285,6 +286,16 @@ func newRefRun(t *testing.T, path string, layout Layout) *refRun {
 // step runs token and returns the logits.
 func (r *refRun) step(t *testing.T, token int64) []float32 {
 	t.Helper()
+	return r.run(t, []int64{token})
+}
+
+// run runs tokens in one Run, fed as the tool feeds a prompt (input_ids
+// and position_ids [1, n], attention_mask [1, past + n], seqlens_k
+// past + n - 1, total_sequence_length past + n), and returns the last
+// token's logits; ONNX Runtime allocates the logits of several tokens.
+func (r *refRun) run(t *testing.T, tokens []int64) []float32 {
+	t.Helper()
+	n := len(tokens)
 	var tmp []ortgo.Value
 	defer func() {
 		for _, v := range tmp {
@@ -298,36 +309,43 @@ func (r *refRun) step(t *testing.T, token int64) []float32 {
 		tmp = append(tmp, v)
 		return v
 	}
+	total := r.pos + n
 	ins := make([]ortgo.Value, len(r.ins))
 	k := 0
-	for i, n := range r.ins {
-		switch n {
+	for i, name := range r.ins {
+		switch name {
 		case inIDs:
-			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, 1), []int64{token}))
+			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, int64(n)), slices.Clone(tokens)))
 		case inPos:
-			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, 1), []int64{int64(r.pos)}))
+			pos := make([]int64, n)
+			for j := range pos {
+				pos[j] = int64(r.pos + j)
+			}
+			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, int64(n)), pos))
 		case inMask:
-			mask := make([]int64, r.pos+1)
+			mask := make([]int64, total)
 			for j := range mask {
 				mask[j] = 1
 			}
-			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, int64(r.pos+1)), mask))
+			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1, int64(total)), mask))
 		case inSeqlens:
-			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1), []int32{int32(r.pos)}))
+			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1), []int32{int32(total - 1)}))
 		case inTotal:
-			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1), []int32{int32(r.pos + 1)}))
+			ins[i] = mk(ortgo.NewTensor(ortgo.NewShape(1), []int32{int32(total)}))
 		default:
 			ins[i] = r.pasts[k]
 			k++
 		}
 	}
 	outs := make([]ortgo.Value, len(r.outs))
-	outs[0] = r.logits
+	if n == 1 {
+		outs[0] = r.logits
+	}
 	if r.layout == LayoutGenAI {
 		copy(outs[1:], r.pasts) // the share buffer: present is past
 	}
 	if err := r.s.Run(ins, outs); err != nil {
-		t.Fatalf("reference step %d: %v", r.pos, err)
+		t.Fatalf("reference run at %d: %v", r.pos, err)
 	}
 	if r.layout == LayoutOptimum {
 		for i := range r.pasts {
@@ -335,62 +353,114 @@ func (r *refRun) step(t *testing.T, token int64) []float32 {
 			r.pasts[i] = outs[1+i] // the present is the next past
 		}
 	}
-	r.pos++
-	return r.logits.GetData()
+	r.pos = total
+	if n == 1 {
+		return r.logits.GetData()
+	}
+	lv := outs[0].(*ortgo.Tensor[float32])
+	defer lv.Destroy()
+	all := lv.GetData()
+	if len(all) != n*expVocab {
+		t.Fatalf("reference run: %d logits, want %d × %d", len(all), n, expVocab)
+	}
+	return slices.Clone(all[(n-1)*expVocab:])
 }
 
 // TestDecoderExportedLayouts decodes each exported layout as it comes,
 // with no change to the model, through memgen's Decoder in lockstep with
 // ONNX Runtime's own run of the same file (refRun): GenAI's share buffer
 // with attention_mask in KVGrow and KVPreallocated, with seqlens_k and
-// total_sequence_length in KVGrow, Optimum's concat in KVConcat. 16
-// prompt tokens, then greedy tokens: 128 steps, 2,048 with -ort.long.
-// After every step:
-//   - the tokens are equal, and the largest logit difference is 0;
+// total_sequence_length in KVGrow, Optimum's concat in KVConcat. A prompt
+// of 17 tokens fed one per step, then greedy tokens: 128 steps in all,
+// 2,048 with -ort.long. The prefill cases run a prompt of 300 tokens through
+// Sequence.Prefill, in one Run or in Runs of 64 (64, 64, 64, 64, 44), and
+// ONNX Runtime's own run is fed the same Runs; then 128 greedy steps
+// (2,048 with -ort.long), beside a second sequence of the same mode (its
+// own host) fed the prompt one token per Step. After the prompt and every
+// step:
+//   - the tokens are equal to ONNX Runtime's, and the largest logit
+//     difference is 0; a prefilled sequence's tokens are equal to the
+//     token-by-token one's too (their logits differ by float rounding: the
+//     attention of several query rows sums in another order; logged);
 //   - KVGrow: each layer's cache is one Region of 2 KV heads × 2,048
 //     rows bound once, as past and present; the ledger, the mechanism and
 //     mincore all equal each head's rows × 256 bytes rounded up to the
-//     4 KiB granule, × 2 heads × 4 tensors; KVPreallocated: the 4
-//     Buffers of 2 heads × 2,048 rows, from the start;
+//     4 KiB granule, × 2 heads × 4 tensors (after a Prefill, the
+//     prompt's rows: one growth); KVPreallocated: the 4 Buffers of 2
+//     heads × 2,048 rows, from the start;
 //   - tensors: no OrtValue made during a step but the attention_mask's
-//     header where the model has one.
+//     header where the model has one; a Prefill makes per Run of several
+//     tokens the input_ids' and position_ids' headers and the mask's.
 //
 // After Close every host is at 0.
 func TestDecoderExportedLayouts(t *testing.T) {
 	needExported(t)
-	steps := 128
+	decode := 128
 	if *longDecode {
-		steps = 2048
+		decode = 2048
 	}
 	for _, c := range []struct {
-		path   string
-		layout Layout
-		mode   KVMode
+		path    string
+		layout  Layout
+		mode    KVMode
+		prefill bool
+		chunk   int
 	}{
-		{genaiMaskModel, LayoutGenAI, KVGrow},
-		{genaiMaskModel, LayoutGenAI, KVPreallocated},
-		{genaiSeqlensModel, LayoutGenAI, KVGrow},
-		{optimumModel, LayoutOptimum, KVConcat},
+		{genaiMaskModel, LayoutGenAI, KVGrow, false, 0},
+		{genaiMaskModel, LayoutGenAI, KVPreallocated, false, 0},
+		{genaiSeqlensModel, LayoutGenAI, KVGrow, false, 0},
+		{optimumModel, LayoutOptimum, KVConcat, false, 0},
+		{genaiMaskModel, LayoutGenAI, KVGrow, true, 0},
+		{genaiMaskModel, LayoutGenAI, KVGrow, true, 64},
+		{genaiMaskModel, LayoutGenAI, KVPreallocated, true, 0},
+		{genaiSeqlensModel, LayoutGenAI, KVGrow, true, 64},
+		{optimumModel, LayoutOptimum, KVConcat, true, 0},
+		{optimumModel, LayoutOptimum, KVConcat, true, 64},
 	} {
-		t.Run(fmt.Sprintf("%s/%v", filepath.Base(c.path), c.mode), func(t *testing.T) {
+		name := fmt.Sprintf("%s/%v", filepath.Base(c.path), c.mode)
+		promptLen := 17
+		if c.prefill {
+			name += fmt.Sprintf("/prefill-chunk-%d", c.chunk)
+			promptLen = 300
+		}
+		t.Run(name, func(t *testing.T) {
 			h := newKVHost(t, 64<<20)
 			bind := h.bind
 			if c.mode == KVConcat {
 				bind = nil
 			}
-			d, err := NewDecoder(c.path, bind, DecoderOptions{Mode: c.mode, MaxSeq: expMaxSeq})
+			opts := DecoderOptions{Mode: c.mode, MaxSeq: expMaxSeq, PrefillChunk: c.chunk}
+			d, err := NewDecoder(c.path, bind, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.Layout() != c.layout || d.KVHeads() != expKVHeads || d.Tensors() != expTensors || d.Vocab() != expVocab {
-				t.Fatalf("read as %v, %d KV heads, %d tensors, vocabulary %d", d.Layout(), d.KVHeads(), d.Tensors(), d.Vocab())
+			if d.Layout() != c.layout || d.KVHeads() != expKVHeads || d.Tensors() != expTensors || d.Vocab() != expVocab || d.PrefillChunk() != c.chunk {
+				t.Fatalf("read as %v, %d KV heads, %d tensors, vocabulary %d, chunk %d", d.Layout(), d.KVHeads(), d.Tensors(), d.Vocab(), d.PrefillChunk())
 			}
 			q, err := d.NewSequence(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer q.Close()
+			// The token-by-token sequence beside a prefilled one.
+			var byToken *Sequence
+			if c.prefill {
+				h1 := newKVHost(t, 64<<20)
+				bind1 := h1.bind
+				if c.mode == KVConcat {
+					bind1 = nil
+				}
+				d1, err := NewDecoder(c.path, bind1, DecoderOptions{Mode: c.mode, MaxSeq: expMaxSeq})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d1.Close()
+				if byToken, err = d1.NewSequence(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				defer byToken.Close()
+			}
 			ref := newRefRun(t, c.path, c.layout)
 			b0, err := q.bindings()
 			if err != nil {
@@ -400,29 +470,86 @@ func TestDecoderExportedLayouts(t *testing.T) {
 			if d.mask >= 0 {
 				perMask = 1
 			}
+			perPos := int64(0)
+			if d.pos >= 0 {
+				perPos = 1
+			}
+			prompt := make([]int64, promptLen)
+			prompt[0] = 1
+			for i := 1; i < promptLen; i++ {
+				prompt[i] = int64((i-1)*37+5) % expVocab
+			}
 			preBytes := memapi.Bytes(expTensors * expKVHeads * expMaxSeq * 256)
 			ctx := context.Background()
-			tok := int64(1)
-			var diff float64
+			var diff, diffByToken float64
+			var tok int64
+			steps := decode
+			if c.prefill {
+				steps = promptLen + decode
+			}
 			for i := range steps {
 				values := valuesMade()
-				got, err := q.Step(ctx, tok)
-				if err != nil {
-					t.Fatalf("step %d: %v", i, err)
+				var got, want []float32
+				switch {
+				case c.prefill && i < promptLen-1:
+					continue // the prompt runs at once at its last token
+				case c.prefill && i == promptLen-1:
+					got, err = q.Prefill(ctx, prompt)
+					if err != nil {
+						t.Fatalf("prefill: %v", err)
+					}
+					var runs, made int64
+					for off := 0; off < promptLen; off += cmp.Or(c.chunk, promptLen) {
+						runs++
+						if m := min(promptLen-off, cmp.Or(c.chunk, promptLen)); m > 1 {
+							made += 1 + perPos
+						}
+					}
+					if n := valuesMade() - values; n != made+runs*perMask {
+						t.Fatalf("prefill: %d OrtValues made, want %d (%d Runs)", n, made+runs*perMask, runs)
+					}
+					for off := 0; off < promptLen; off += cmp.Or(c.chunk, promptLen) {
+						want = ref.run(t, prompt[off:min(off+cmp.Or(c.chunk, promptLen), promptLen)])
+					}
+					var last []float32
+					for _, p := range prompt {
+						if last, err = byToken.Step(ctx, p); err != nil {
+							t.Fatal(err)
+						}
+					}
+					diffByToken = max(diffByToken, maxDiff(got, last))
+					if argmax(got) != argmax(last) {
+						t.Fatalf("after the prompt: next token %d prefilled, %d token by token (max |logit difference| %g)", argmax(got), argmax(last), maxDiff(got, last))
+					}
+				default:
+					if i < promptLen {
+						tok = prompt[i]
+					}
+					got, err = q.Step(ctx, tok)
+					if err != nil {
+						t.Fatalf("step %d: %v", i, err)
+					}
+					if n := valuesMade() - values; n != perMask {
+						t.Fatalf("step %d: %d OrtValues made, want %d", i, n, perMask)
+					}
+					want = ref.step(t, tok)
+					if byToken != nil {
+						last, err := byToken.Step(ctx, tok)
+						if err != nil {
+							t.Fatal(err)
+						}
+						diffByToken = max(diffByToken, maxDiff(got, last))
+						if argmax(got) != argmax(last) {
+							t.Fatalf("step %d: next token %d after a prefilled prompt, %d token by token (max |logit difference| %g)", i, argmax(got), argmax(last), maxDiff(got, last))
+						}
+					}
 				}
-				if n := valuesMade() - values; n != perMask {
-					t.Fatalf("step %d: %d OrtValues made, want %d", i, n, perMask)
-				}
-				want := ref.step(t, tok)
 				diff = max(diff, maxDiff(got, want))
 				next, refNext := argmax(got), argmax(want)
 				if next != refNext {
 					t.Fatalf("step %d: next token %d through the Decoder, %d through ONNX Runtime's own run (max |logit difference| %g)", i, next, refNext, maxDiff(got, want))
 				}
 				tok = next
-				if i < 16 {
-					tok = int64(i*37+5) % expVocab // the prompt
-				}
 				switch c.mode {
 				case KVGrow:
 					per, _ := memapi.RoundUp(memapi.Bytes(i+1)*256, kvGranule)
@@ -434,6 +561,9 @@ func TestDecoderExportedLayouts(t *testing.T) {
 					if n := h.charged(t, fmt.Sprintf("step %d", i)); n != preBytes {
 						t.Fatalf("step %d: charged %d, want %d", i, n, preBytes)
 					}
+				}
+				if st := q.Stats(); st.Tokens != i+1 {
+					t.Fatalf("step %d: %d tokens, want %d", i, st.Tokens, i+1)
 				}
 				if c.mode != KVConcat {
 					now, err := q.bindings()
@@ -451,8 +581,8 @@ func TestDecoderExportedLayouts(t *testing.T) {
 				t.Errorf("the logits differ from ONNX Runtime's own run by up to %g", diff)
 			}
 			st := q.Stats()
-			t.Logf("%v, %v: %d steps, the same greedy tokens as ONNX Runtime's own run, max |logit difference| %g; %d bytes backed, %d present bytes copied by the concat",
-				c.layout, c.mode, steps, diff, st.Backed, st.PresentBytes)
+			t.Logf("%v, %v: %d tokens (prompt %d, prefilled %v in Runs of %d), the same greedy tokens as ONNX Runtime's own run, max |logit difference| %g; token by token: the same tokens, max |logit difference| %g; %d bytes backed, %d present bytes copied by the concat",
+				c.layout, c.mode, steps, promptLen, c.prefill, cmp.Or(c.chunk, promptLen), diff, diffByToken, st.Backed, st.PresentBytes)
 			if err := q.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -36,7 +36,7 @@ type scalars struct {
 	total   C.int32_t
 }
 
-// GrowError is a step refused because the cache could not grow to the
+// GrowError is a Step or Prefill refused because the cache could not grow to the
 // rows the step writes: the governor refused a Region's growth (over
 // budget within the caller's deadline), or the context ended while another
 // sequence of the decoder was growing (kind memapi.ErrInUse). The
@@ -52,7 +52,7 @@ type GrowError struct {
 }
 
 func (e *GrowError) Error() string {
-	return fmt.Sprintf("ort.Sequence.Step: the KV cache cannot grow to %d tokens (%d bytes backed, %d wanted): %v",
+	return fmt.Sprintf("ort.Sequence: the KV cache cannot grow to %d tokens (%d bytes backed, %d wanted): %v",
 		e.Tokens, e.Held, e.Wanted, e.Err)
 }
 
@@ -78,6 +78,7 @@ type Sequence struct {
 	inVals   []*C.OrtValue
 	outVals  []*C.OrtValue
 	owned    []*C.OrtValue // values this sequence made, released at the end
+	held     []*C.OrtValue // KVConcat, during a prompt of several Runs: the pasts it started with, per slot
 	logits   []float32
 	created  int
 	runtime  int
@@ -244,17 +245,44 @@ func ones(n int) []int64 {
 }
 
 // Step runs one token through the decoder and returns its logits (valid
-// until the next Step). The token's keys and values go to row Tokens() of
-// every cache tensor. In KVGrow mode every Region is first grown, through
-// the governor and bounded by ctx, to the rows the step writes (rounded up
-// to the mechanism's granularity); a refusal is a *GrowError and changes
-// nothing (a wait for another sequence's growth that ctx ended is a
-// *GrowError matching ctx's error), and a step that fails after growing
-// gives the growth back. It fails with memapi.ErrClosed after Close, memapi.ErrInUse
-// while another Step runs, memapi.ErrInvalidRange when the sequence holds
-// MaxSeq tokens or the token is outside the vocabulary.
+// until the next Step or Prefill). The token's keys and values go to row
+// Tokens() of every cache tensor. In KVGrow mode every Region is first
+// grown, through the governor and bounded by ctx, to the rows the step
+// writes (rounded up to the mechanism's granularity); a refusal is a
+// *GrowError and changes nothing (a wait for another sequence's growth
+// that ctx ended is a *GrowError matching ctx's error), and a step that
+// fails after growing gives the growth back. It fails with
+// memapi.ErrClosed after Close, memapi.ErrInUse while another Step or
+// Prefill runs, memapi.ErrInvalidRange when the sequence holds MaxSeq
+// tokens or the token is outside the vocabulary.
 func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
-	const op = "ort.Sequence.Step"
+	return q.advance(ctx, "ort.Sequence.Step", []int64{token})
+}
+
+// Prefill runs a prompt (or a continuation of the sequence) of
+// len(tokens) tokens and returns the last token's logits (valid until the
+// next Step or Prefill). The tokens run in one Run, or in Runs of
+// DecoderOptions.PrefillChunk tokens (Decoder.PrefillChunk): input_ids
+// [1, n], position_ids the tokens' positions, attention_mask
+// [1, Tokens()+n], seqlens_k Tokens()+n-1 and total_sequence_length
+// Tokens()+n, as GroupQueryAttention takes a prompt with the share buffer
+// (Optimum's concat: the presents of one Run are the pasts of the next).
+// In KVGrow mode every Region grows once, before the first Run, to the
+// rows of the whole prompt (each KV head's range to Tokens()+n rows,
+// rounded up to the mechanism's granularity). It is all or nothing: a
+// refused growth (a *GrowError), a context that ends (between Runs or
+// stopping one) or a failed Run gives the prompt's growth back and leaves
+// the sequence as it was, its tokens, cache and charge those before the
+// call. It fails with memapi.ErrInvalidSize for an empty prompt,
+// memapi.ErrInvalidRange for a prompt beyond MaxSeq or a token outside the
+// vocabulary, memapi.ErrClosed and memapi.ErrInUse as Step does.
+func (q *Sequence) Prefill(ctx context.Context, tokens []int64) ([]float32, error) {
+	return q.advance(ctx, "ort.Sequence.Prefill", tokens)
+}
+
+// advance checks and runs tokens for Step and Prefill (op).
+func (q *Sequence) advance(ctx context.Context, op string, tokens []int64) ([]float32, error) {
+	n := len(tokens)
 	q.mu.Lock()
 	switch {
 	case q.closed:
@@ -262,24 +290,37 @@ func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
 		return nil, memapi.Errorf(op, memapi.ErrClosed, "sequence is closed")
 	case q.stepping:
 		q.mu.Unlock()
-		return nil, memapi.Errorf(op, memapi.ErrInUse, "another Step is running")
-	case q.pos >= q.d.maxSeq:
+		return nil, memapi.Errorf(op, memapi.ErrInUse, "another Step or Prefill is running")
+	case n == 0:
 		q.mu.Unlock()
-		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: memapi.Bytes(q.pos + 1), Available: memapi.Bytes(q.d.maxSeq), Detail: "the sequence is full"}
-	case token < 0 || token >= int64(q.d.vocab):
+		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no tokens")
+	case q.pos+n > q.d.maxSeq:
 		q.mu.Unlock()
-		return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "token %d outside the vocabulary of %d", token, q.d.vocab)
+		detail := "the sequence is full"
+		if n > 1 {
+			detail = fmt.Sprintf("%d tokens after %d exceed MaxSeq", n, q.pos)
+		}
+		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: memapi.Bytes(q.pos + n), Available: memapi.Bytes(q.d.maxSeq), Detail: detail}
+	}
+	for i, token := range tokens {
+		if token < 0 || token >= int64(q.d.vocab) {
+			q.mu.Unlock()
+			if n == 1 {
+				return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "token %d outside the vocabulary of %d", token, q.d.vocab)
+			}
+			return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "token %d (prompt index %d) outside the vocabulary of %d", token, i, q.d.vocab)
+		}
 	}
 	q.stepping = true
 	pos := q.pos
 	q.mu.Unlock()
 
-	err := q.step(ctx, pos, token)
+	err := q.step(ctx, op, pos, tokens)
 
 	q.mu.Lock()
 	q.stepping = false
 	if err == nil {
-		q.pos++
+		q.pos += n
 	}
 	closed := q.closed
 	if closed {
@@ -295,10 +336,14 @@ func (q *Sequence) Step(ctx context.Context, token int64) ([]float32, error) {
 	return q.logits, nil
 }
 
-func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
+// step grows the cache to pos+len(tokens) rows (KVGrow) once and runs the
+// tokens in Runs of at most the decoder's chunk; on any failure it gives
+// the growth back and, for KVConcat, binds the pasts it started with.
+func (q *Sequence) step(ctx context.Context, op string, pos int, tokens []int64) (err error) {
 	d := q.d
+	n := len(tokens)
 	if d.mode == KVGrow {
-		grown, gerr := q.grow(ctx, pos+1)
+		grown, gerr := q.grow(ctx, pos+n)
 		if gerr != nil {
 			return gerr
 		}
@@ -310,28 +355,126 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 			}
 		}()
 	}
-	var f *runFence
 	if d.mode != KVConcat {
-		f = newRunFence()
+		f := newRunFence()
 		defer f.complete()
 		for _, m := range q.mems {
 			if err := m.RecordUse(f); err != nil {
-				return memapi.Errorf("ort.Sequence.Step", memapi.ErrClosed, "sequence closed before the run: %v", err)
+				return memapi.Errorf(op, memapi.ErrClosed, "sequence closed before the run: %v", err)
 			}
 		}
 	}
-	q.sc.ids = C.int64_t(token)
+	chunk := n
+	if d.chunk > 0 {
+		chunk = min(chunk, d.chunk)
+	}
+	var buf unsafe.Pointer // a Run of several tokens: their ids, then their positions
+	if chunk > 1 {
+		if buf = C.calloc(C.size_t(2*chunk), 8); buf == nil {
+			return memapi.Errorf(op, memapi.ErrOutOfMemory, "calloc failed")
+		}
+		defer C.free(buf)
+	}
+	if d.mode == KVConcat && chunk < n {
+		// The pasts the sequence had, kept until the whole prompt ran.
+		q.mu.Lock()
+		q.held = make([]*C.OrtValue, len(d.slots))
+		for k, sl := range d.slots {
+			q.held[k] = q.inVals[sl.in]
+		}
+		q.mu.Unlock()
+		defer q.settlePasts(&err)
+	}
+	for off := 0; off < n; off += chunk {
+		m := min(chunk, n-off)
+		if off > 0 && ctx.Err() != nil {
+			return fmt.Errorf("%s: stopped after %d of %d tokens: %w", op, off, n, context.Cause(ctx))
+		}
+		if err := q.run(ctx, op, pos+off, tokens[off:off+m], buf, off+m == n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settlePasts ends a KVConcat prompt of several Runs: on success it frees
+// the pasts the sequence had (q.held); on failure it frees the presents
+// bound since and binds the held pasts again.
+func (q *Sequence) settlePasts(err *error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for k, sl := range q.d.slots {
+		old, cur := q.held[k], q.inVals[sl.in]
+		if old == cur {
+			continue
+		}
+		if *err == nil {
+			C.memgen_ort_value_free(old)
+			continue
+		}
+		q.replacePast(sl.in, old, false)
+	}
+	q.held = nil
+}
+
+// run runs tokens, at positions pos.., in one Run. One token binds the
+// sequence's own scalars and logits; several bind input_ids and
+// position_ids [1, n] over buf and take logits [1, n, vocab] from ONNX
+// Runtime, of which the last row is copied when last is set.
+func (q *Sequence) run(ctx context.Context, op string, pos int, tokens []int64, buf unsafe.Pointer, last bool) (err error) {
+	d := q.d
+	n := len(tokens)
+	total := pos + n
+	q.sc.ids = C.int64_t(tokens[0])
 	q.sc.pos = C.int64_t(pos)
-	q.sc.seqlens = C.int32_t(pos)
-	q.sc.total = C.int32_t(pos + 1)
+	q.sc.seqlens = C.int32_t(total - 1)
+	q.sc.total = C.int32_t(total)
+	if n > 1 {
+		ids := unsafe.Slice((*int64)(buf), 2*n)
+		copy(ids, tokens)
+		for i := range n {
+			ids[n+i] = int64(pos + i)
+		}
+		boundIDs, boundPos, boundLogits := q.inVals[d.ids], q.inVals[max(d.pos, 0)], q.outVals[d.logits]
+		shape := []C.int64_t{1, C.int64_t(n)}
+		var vi, vp *C.OrtValue
+		if err := cErr(C.memgen_ort_value_over(C.uintptr_t(uintptr(buf)), C.size_t(8*n), &shape[0], 2, elemInt64, &vi)); err != nil {
+			return fmt.Errorf("%s: input_ids: %w", op, err)
+		}
+		q.inVals[d.ids] = vi
+		if d.pos >= 0 {
+			if err := cErr(C.memgen_ort_value_over(C.uintptr_t(uintptr(buf)+uintptr(8*n)), C.size_t(8*n), &shape[0], 2, elemInt64, &vp)); err != nil {
+				C.memgen_ort_value_free(vi)
+				q.inVals[d.ids] = boundIDs
+				return fmt.Errorf("%s: position_ids: %w", op, err)
+			}
+			q.inVals[d.pos] = vp
+		}
+		q.outVals[d.logits] = nil // ONNX Runtime's: [1, n, vocab]
+		defer func() {
+			if v := q.outVals[d.logits]; v != nil {
+				if err == nil && last {
+					err = q.copyLastLogits(op, v, n)
+				}
+				C.memgen_ort_value_free(v)
+			}
+			q.outVals[d.logits] = boundLogits
+			C.memgen_ort_value_free(vi)
+			q.inVals[d.ids] = boundIDs
+			if vp != nil {
+				C.memgen_ort_value_free(vp)
+				q.inVals[d.pos] = boundPos
+			}
+		}()
+	}
 	if d.mask >= 0 {
 		// attention_mask [1, tokens]: the tensor's shape is the step's, so
 		// its header is made anew over the same ones (GenAI's and
 		// Optimum's own loops feed a new, longer mask every step too).
 		var v *C.OrtValue
-		shape := []C.int64_t{1, C.int64_t(pos + 1)}
-		if err := cErr(C.memgen_ort_value_over(C.uintptr_t(uintptr(q.maskC)), C.size_t(8*(pos+1)), &shape[0], 2, elemInt64, &v)); err != nil {
-			return fmt.Errorf("ort.Sequence.Step: attention_mask: %w", err)
+		shape := []C.int64_t{1, C.int64_t(total)}
+		if err := cErr(C.memgen_ort_value_over(C.uintptr_t(uintptr(q.maskC)), C.size_t(8*total), &shape[0], 2, elemInt64, &v)); err != nil {
+			return fmt.Errorf("%s: attention_mask: %w", op, err)
 		}
 		q.maskVal = v
 		q.inVals[d.mask] = v
@@ -356,7 +499,7 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 	err = cErr(C.memgen_ort_run(d.s.s, q.ro, &d.inNames[0], &q.inVals[0], C.size_t(len(d.s.inputs)),
 		&d.outNames[0], &q.outVals[0], C.size_t(len(d.s.outputs))))
 	if d.mode == KVConcat {
-		for _, sl := range d.slots {
+		for k, sl := range d.slots {
 			v := q.outVals[sl.out]
 			q.outVals[sl.out] = nil
 			if v == nil {
@@ -366,11 +509,12 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 				C.memgen_ort_value_free(v)
 				continue
 			}
-			// The present becomes the next step's past.
+			// The present becomes the next step's past; the past is
+			// freed unless a prompt of several Runs holds it.
 			q.mu.Lock()
 			q.runtime++
-			q.presentB += int64(pos+1) * int64(d.kvHeads) * int64(d.rowBytes)
-			q.replacePast(sl.in, v)
+			q.presentB += int64(total) * int64(d.kvHeads) * int64(d.rowBytes)
+			q.replacePast(sl.in, v, q.held != nil && q.held[k] == q.inVals[sl.in])
 			q.mu.Unlock()
 		}
 	}
@@ -378,11 +522,31 @@ func (q *Sequence) step(ctx context.Context, pos int, token int64) (err error) {
 		if ctx.Err() != nil {
 			// The run stopped at the terminate flag the context's end
 			// raised: what happened is the context's.
-			return fmt.Errorf("ort.Sequence.Step: the run was stopped: %w", context.Cause(ctx))
+			return fmt.Errorf("%s: the run was stopped: %w", op, context.Cause(ctx))
 		}
-		return fmt.Errorf("ort.Sequence.Step: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
-	copy(q.logits, unsafe.Slice((*float32)(q.logitsC), d.vocab))
+	if n == 1 {
+		copy(q.logits, unsafe.Slice((*float32)(q.logitsC), d.vocab))
+	}
+	return nil
+}
+
+// copyLastLogits copies the last of the n rows of logits v (ONNX
+// Runtime's [1, n, vocab]) to the sequence's logits.
+func (q *Sequence) copyLastLogits(op string, v *C.OrtValue, n int) error {
+	var onnxType, elem C.int
+	var shape [8]C.int64_t
+	var rank, count C.size_t
+	var data unsafe.Pointer
+	if err := cErr(C.memgen_ort_value_info(v, &onnxType, &elem, &shape[0], 8, &rank, &count, &data)); err != nil {
+		return fmt.Errorf("%s: logits: %w", op, err)
+	}
+	vocab := q.d.vocab
+	if elem != elemFloat || int(count) != n*vocab || data == nil {
+		return memapi.Errorf(op, memapi.ErrUnsupported, "logits of %d elements (type %d), want %d × %d floats", int(count), int(elem), n, vocab)
+	}
+	copy(q.logits, unsafe.Slice((*float32)(data), n*vocab)[(n-1)*vocab:])
 	return nil
 }
 
@@ -411,9 +575,10 @@ func (q *Sequence) terminateOn(ctx context.Context) (stop func()) {
 	}
 }
 
-// replacePast frees input i's past value and binds v in its place; called
-// with q.mu held.
-func (q *Sequence) replacePast(i int, v *C.OrtValue) {
+// replacePast frees input i's past value (unless keep: a prompt of
+// several Runs holds it, in q.held) and binds v in its place; called with
+// q.mu held.
+func (q *Sequence) replacePast(i int, v *C.OrtValue, keep bool) {
 	old := q.inVals[i]
 	for k, o := range q.owned {
 		if o == old {
@@ -421,7 +586,9 @@ func (q *Sequence) replacePast(i int, v *C.OrtValue) {
 			break
 		}
 	}
-	C.memgen_ort_value_free(old)
+	if !keep {
+		C.memgen_ort_value_free(old)
+	}
 	q.inVals[i] = v
 	q.owned = append(q.owned, v)
 }
