@@ -2,11 +2,17 @@ package ort
 
 import (
 	"context"
+	"errors"
+	"os"
+	"runtime"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/pmm"
 )
 
 // BenchmarkDecode decodes 2,048 tokens per iteration three ways in
@@ -180,4 +186,144 @@ func BenchmarkDeadlineOvershoot(b *testing.B) {
 		b.ReportMetric(ms(step), "step-ms")
 		report(b, over)
 	})
+}
+
+// threadCPU returns the CPU time of the calling OS thread
+// (CLOCK_THREAD_CPUTIME_ID); the caller is locked to its thread, on which
+// ONNX Runtime runs a Run of one intra-op thread.
+func threadCPU(b *testing.B) time.Duration {
+	var ts syscall.Timespec
+	if _, _, e := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3 /* CLOCK_THREAD_CPUTIME_ID */, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		b.Fatal(e)
+	}
+	return time.Duration(ts.Nano())
+}
+
+// BenchmarkPrefill measures, in GenAI's model builder's layout
+// (attention_mask; 2 layers, 2 KV heads of size 64, MaxSeq 2,048), one
+// intra-op thread, the goroutine locked to its OS thread, CPU time of that
+// thread (wall time beside it), over 5 rounds per iteration whose sides
+// alternate (which runs first turns every round, and every step):
+//   - prefill: a KVGrow sequence's 512-token prompt in one Prefill
+//     against the same prompt fed one Step per token into another
+//     (by-token-x: the token-by-token time over the Prefill's, the median
+//     of the rounds; the goal is at least 5);
+//   - decode: then 512 greedy steps of a KVGrow sequence and a
+//     KVPreallocated one, both prefilled with the prompt, the same token
+//     to both at each step (decode-x-vs-prealloc: KVGrow's CPU time over
+//     the preallocated share buffer's in the round, the median of the
+//     rounds; the goal is at most 1.05).
+//
+// It reports the medians of the ms of each side and of the ratios.
+func BenchmarkPrefill(b *testing.B) {
+	const prompt, decode, rounds = 512, 512, 5
+	if _, err := os.Stat(genaiMaskModel); err != nil {
+		b.Fatalf("%v: run `make ort` to build it", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hg, hp := newKVHost(b, 256<<20), newKVHost(b, 256<<20)
+	open := func(bind *pmm.Binding, mode KVMode) *Decoder {
+		d, err := NewDecoder(genaiMaskModel, bind, DecoderOptions{Mode: mode, MaxSeq: 2048})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		return d
+	}
+	grow, pre := open(hg.bind, KVGrow), open(hp.bind, KVPreallocated)
+	ctx := context.Background()
+	tokens := make([]int64, prompt)
+	for i := range tokens {
+		tokens[i] = int64(i*37+5) % int64(grow.Vocab())
+	}
+	seq := func(d *Decoder) *Sequence {
+		q, err := d.NewSequence(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return q
+	}
+	type side struct{ cpu, wall time.Duration }
+	timed := func(f func() error) side {
+		w0, c0 := time.Now(), threadCPU(b)
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		return side{threadCPU(b) - c0, time.Since(w0)}
+	}
+	var prefillMS, byTokenMS, byTokenX, byTokenWallX, growMS, preMS, decodeX, decodeWallX []float64
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	b.ResetTimer()
+	for it := range b.N {
+		for r := range rounds {
+			// Prefill against token by token.
+			qa, qb := seq(grow), seq(grow)
+			var pf, bt side
+			runs := []func(){
+				func() { pf = timed(func() error { _, err := qa.Prefill(ctx, tokens); return err }) },
+				func() {
+					bt = timed(func() error {
+						for _, tok := range tokens {
+							if _, err := qb.Step(ctx, tok); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+				},
+			}
+			first := (it*rounds + r) % 2
+			runs[first]()
+			runs[1-first]()
+			prefillMS, byTokenMS = append(prefillMS, ms(pf.cpu)), append(byTokenMS, ms(bt.cpu))
+			byTokenX = append(byTokenX, float64(bt.cpu)/float64(pf.cpu))
+			byTokenWallX = append(byTokenWallX, float64(bt.wall)/float64(pf.wall))
+			if err := qb.Close(); err != nil {
+				b.Fatal(err)
+			}
+			// Decode: KVGrow (qa, prefilled) against the preallocated
+			// share buffer prefilled the same.
+			qp := seq(pre)
+			l, err := qp.Prefill(ctx, tokens)
+			if err != nil {
+				b.Fatal(err)
+			}
+			tok := argmax(l)
+			var sg, sp side
+			for i := range decode {
+				var next int64
+				for k := range 2 {
+					q, acc := qa, &sg
+					if (i+r+k)%2 == 1 {
+						q, acc = qp, &sp
+					}
+					var l []float32
+					s := timed(func() (err error) { l, err = q.Step(ctx, tok); return err })
+					acc.cpu, acc.wall = acc.cpu+s.cpu, acc.wall+s.wall
+					if q == qp {
+						next = argmax(l)
+					}
+				}
+				tok = next
+			}
+			growMS, preMS = append(growMS, ms(sg.cpu)/decode), append(preMS, ms(sp.cpu)/decode)
+			decodeX = append(decodeX, float64(sg.cpu)/float64(sp.cpu))
+			decodeWallX = append(decodeWallX, float64(sg.wall)/float64(sp.wall))
+			if err := errors.Join(qa.Close(), qp.Close()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(medianOf(prefillMS), "prefill-cpu-ms")
+	b.ReportMetric(medianOf(byTokenMS), "by-token-cpu-ms")
+	b.ReportMetric(medianOf(byTokenX), "by-token-x")
+	b.ReportMetric(medianOf(byTokenWallX), "by-token-wall-x")
+	b.ReportMetric(medianOf(growMS), "grow-cpu-ms/token")
+	b.ReportMetric(medianOf(preMS), "prealloc-cpu-ms/token")
+	b.ReportMetric(medianOf(decodeX), "decode-x-vs-prealloc")
+	b.ReportMetric(medianOf(decodeWallX), "decode-wall-x-vs-prealloc")
+	b.ReportMetric(float64(len(decodeX)), "rounds")
+	b.ReportMetric(0, "ns/op")
 }
