@@ -375,7 +375,7 @@ func (r *refRun) run(t *testing.T, tokens []int64) []float32 {
 // 2,048 with -ort.long. The prefill cases run a prompt of 300 tokens through
 // Sequence.Prefill, in one Run or in Runs of 64 (64, 64, 64, 64, 44), and
 // ONNX Runtime's own run is fed the same Runs; then 128 greedy steps
-// (2,048 with -ort.long), beside a second sequence of the same mode (its
+// (with -ort.long, to 2,048 tokens), beside a second sequence of the same mode (its
 // own host) fed the prompt one token per Step. After the prompt and every
 // step:
 //   - the tokens are equal to ONNX Runtime's, and the largest logit
@@ -485,7 +485,7 @@ func TestDecoderExportedLayouts(t *testing.T) {
 			var tok int64
 			steps := decode
 			if c.prefill {
-				steps = promptLen + decode
+				steps = min(promptLen+decode, expMaxSeq) // the prompt and its greedy tokens within MaxSeq
 			}
 			for i := range steps {
 				values := valuesMade()
