@@ -130,7 +130,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		if need <= free {
 			a.serve()
 			if a.head == nil && a.freeLocked() >= bytes {
-				gr := a.reserve(&grant{a: a, role: role, size: bytes}, c, deadline)
+				gr := a.reserve(&grant{a: a, size: bytes}, c, role, deadline)
 				a.mu.Unlock()
 				return gr, nil
 			}
@@ -161,7 +161,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			return fail(err, false)
 		}
 		if a.head == nil && a.freeLocked() >= bytes {
-			gr := a.reserve(&grant{a: a, role: role, size: bytes}, c, deadline)
+			gr := a.reserve(&grant{a: a, size: bytes}, c, role, deadline)
 			a.mu.Unlock()
 			return gr, nil
 		}

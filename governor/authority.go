@@ -91,7 +91,7 @@ func (a *authority) serve() {
 			return
 		}
 		a.removeLocked(w)
-		w.grant = a.reserve(&grant{a: a, role: w.role, size: w.bytes}, w.acct, w.deadline)
+		w.grant = a.reserve(&grant{a: a, size: w.bytes}, w.acct, w.role, w.deadline)
 		close(w.ready)
 	}
 }

@@ -18,8 +18,8 @@ type figures struct {
 	charged      memapi.Bytes // committed bytes of leases
 	pending      memapi.Bytes // released bytes waiting for fences
 	quarantined  memapi.Bytes // the part of charged whose free failed
-	grants       int          // open grants
-	leases       int          // leases holding bytes
+	grants       int32        // open grants
+	leases       int32        // leases holding bytes
 }
 
 func (f *figures) used() memapi.Bytes { return f.reserved + f.charged + f.pending }
@@ -37,9 +37,9 @@ func (a *authority) books(gr *grant) [3]*figures {
 	return [3]*figures{&a.fig, &gr.acct.fig, &gr.fig}
 }
 
-// reserve books gr, a new record (its authority, role and size set, not
-// booked yet), as an open grant for c: its bytes leave free.
-func (a *authority) reserve(gr *grant, c *account, deadline time.Time) *grant {
+// reserve books gr, a new record (its authority and size set, not booked
+// yet), as an open grant of c for role: its bytes leave free.
+func (a *authority) reserve(gr *grant, c *account, role Role, deadline time.Time) *grant {
 	gr.acct = c
 	for _, f := range a.books(gr) {
 		f.reserved += gr.size
@@ -49,7 +49,7 @@ func (a *authority) reserve(gr *grant, c *account, deadline time.Time) *grant {
 	if !deadline.IsZero() {
 		// The clock never calls the function before AfterFunc returns,
 		// so scheduling under the lock is safe.
-		gr.dl = &grantDeadline{at: deadline}
+		gr.dl = &grantDeadline{at: deadline, role: role}
 		gr.dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), gr.expire)
 		a.timed[gr] = struct{}{}
 	}

@@ -49,7 +49,6 @@ type Grant struct{ g *grant }
 type grant struct {
 	a    *authority
 	acct *account // the holder's account on a
-	role Role
 	size memapi.Bytes
 	dl   *grantDeadline // nil: no deadline (which keeps the record small)
 
@@ -62,6 +61,7 @@ type grant struct {
 type grantDeadline struct {
 	at    time.Time
 	timer Timer
+	role  Role // the reservation's, for the expiry's event
 }
 
 // drawn is what is drawn from gr, open or expired.
@@ -229,8 +229,8 @@ func (gr *grant) expire() {
 	back, drawn := gr.size-gr.fig.drawn, gr.fig.drawn
 	a.expire(gr)
 	a.mu.Unlock()
-	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", gr.acct.h.id, "role", gr.role, "returned", back, "drawn", drawn)
-	a.g.emit(Event{Kind: EventGrantExpired, Authority: a.id, Holder: gr.acct.h.id, Role: gr.role, Bytes: back, Drawn: drawn})
+	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", gr.acct.h.id, "role", gr.dl.role, "returned", back, "drawn", drawn)
+	a.g.emit(Event{Kind: EventGrantExpired, Authority: a.id, Holder: gr.acct.h.id, Role: gr.dl.role, Bytes: back, Drawn: drawn})
 }
 
 // closedError is the failure of a method of an open grant on gr, which is

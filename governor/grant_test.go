@@ -34,8 +34,8 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.wantLedger(hostA, ledger{Charged: 200, Free: 800})
-	if l.Charged() != 200 || l.pending() != 0 || l.holder() != "kv" || l.role() != "kv" || l.Authority() != hostA {
-		t.Fatalf("lease %d/%d %s %s %s", l.Charged(), l.pending(), l.holder(), l.role(), l.Authority())
+	if l.Charged() != 200 || l.pending() != 0 || l.holder() != "kv" || l.Authority() != hostA {
+		t.Fatalf("lease %d/%d %s %s", l.Charged(), l.pending(), l.holder(), l.Authority())
 	}
 	s := h.auth(hostA)
 	if s.Grants != 0 || s.Leases != 1 || s.Granted != 1 {

@@ -212,13 +212,6 @@ func (h Grant) holder() HolderID {
 	return h.g.acct.h.id
 }
 
-func (h Grant) role() Role {
-	if h.g == nil {
-		return ""
-	}
-	return h.g.role
-}
-
 func (h Grant) remaining() memapi.Bytes {
 	var r memapi.Bytes
 	h.read(func(gr *grant) {
@@ -231,7 +224,6 @@ func (h Grant) remaining() memapi.Bytes {
 
 func (l Lease) holder() HolderID { return Grant(l).holder() }
 
-func (l Lease) role() Role { return Grant(l).role() }
 
 func (l Lease) pending() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.pending })

@@ -81,7 +81,7 @@ func TestReserveErrors(t *testing.T) {
 
 func TestZeroGrantIsClosed(t *testing.T) {
 	var gr Grant
-	if isOpen(gr) || gr.remaining() != 0 || gr.drawnNow() != 0 || gr.Authority() != "" || gr.holder() != "" || gr.role() != "" || gr.Size() != 0 {
+	if isOpen(gr) || gr.remaining() != 0 || gr.drawnNow() != 0 || gr.Authority() != "" || gr.holder() != "" || gr.Size() != 0 {
 		t.Fatal("a zero Grant looks issued")
 	}
 	mustKind(t, gr.Draw(1), memapi.ErrGrantClosed)

@@ -64,7 +64,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if a == nil {
 		return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 	}
-	rec := &grant{a: a, role: r.Role, size: r.Bytes} // made before the lock: the critical section books it
+	rec := &grant{a: a, size: r.Bytes} // made before the lock: the critical section books it
 	a.mu.Lock()
 	if a.shut != nil {
 		a.mu.Unlock()
@@ -75,7 +75,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 		a.mu.Unlock()
 		return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
 	}
-	gr, err := g.reserveLocked(ctx, a, c, rec, r.Priority, r.Deadline)
+	gr, err := g.reserveLocked(ctx, a, c, rec, r.Role, r.Priority, r.Deadline)
 	return Grant{gr}, err
 }
 
@@ -93,14 +93,14 @@ func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes
 // reserveLocked is Reserve once the authority and the holder's account are
 // resolved, called with a.mu held (it releases it). rec is the record made
 // before the lock, booked when the bytes fit at once.
-func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, rec *grant, priority Priority, deadline time.Time) (*grant, error) {
-	role, bytes := rec.role, rec.size
+func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, rec *grant, role Role, priority Priority, deadline time.Time) (*grant, error) {
+	bytes := rec.size
 	if err := a.overLimitLocked(c, bytes); err != nil {
 		a.mu.Unlock()
 		return nil, err
 	}
 	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.reserve(rec, c, deadline)
+		gr := a.reserve(rec, c, role, deadline)
 		a.mu.Unlock()
 		return gr, nil
 	}
