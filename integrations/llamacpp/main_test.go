@@ -146,7 +146,13 @@ func newRig(t testing.TB, capacity memapi.Bytes) *rig {
 // newRigGranule is newRig with the mechanism's commit granularity gran.
 func newRigGranule(t testing.TB, capacity, gran memapi.Bytes) *rig {
 	t.Helper()
-	g := governor.New(governor.Options{})
+	return newRigWith(t, capacity, gran, governor.Options{})
+}
+
+// newRigWith is newRigGranule with the governor's options.
+func newRigWith(t testing.TB, capacity, gran memapi.Bytes, gopts governor.Options) *rig {
+	t.Helper()
+	g := governor.New(gopts)
 	if err := g.AddAuthority(hostAuth, capacity); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -253,5 +254,154 @@ func TestSleepRefusals(t *testing.T) {
 	}
 	if h := r.chargedOn("sleep", offloadAuth); h != 0 {
 		t.Fatalf("the refused sleep left %d on the host tier", h)
+	}
+}
+
+// nthReserve fails the Nth reservation on one authority (counted from 1
+// once armed), changing nothing.
+type nthReserve struct {
+	mu    sync.Mutex
+	auth  memapi.AuthorityID
+	n, at int // fail the at-th; n counts
+}
+
+var errInjected = errors.New("injected reservation fault")
+
+func (f *nthReserve) MaybeError(op string, a memapi.AuthorityID, _ memapi.Bytes) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if op != "governor.Reserve" || a != f.auth || f.at == 0 {
+		return nil
+	}
+	if f.n++; f.n == f.at {
+		return errInjected
+	}
+	return nil
+}
+
+func (f *nthReserve) arm(a memapi.AuthorityID, at int) {
+	f.mu.Lock()
+	f.auth, f.n, f.at = a, 0, at
+	f.mu.Unlock()
+}
+
+// A reservation refused at each move of a Sleep (the host tier's, one per
+// region) and of a Wake (the device's) leaves the engine whole: a failed
+// Sleep restores what it moved and the engine decodes on awake; a failed
+// Wake leaves what it did not restore asleep (decodes refused) and the
+// next Wake completes. Every step's ledger is exact on both tiers, and the
+// tokens are those of an uninterrupted run.
+func TestSleepWakeFaultAtEveryStep(t *testing.T) {
+	want := func() []int32 {
+		r := newRig(t, 1<<30)
+		m := loadModel(t, r.options())
+		return greedyTokens(t, m, prompt(5, 24, m.NVocab()), 12)
+	}()
+	for _, phase := range []string{"sleep", "wake"} {
+		for at := 1; ; at++ {
+			inj := &nthReserve{}
+			r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
+			tier := r.hostTier(t)
+			m := loadModel(t, r.options())
+			c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
+			if err != nil {
+				t.Fatal(err)
+			}
+			next, err := c.Decode(bg(t), prompt(5, 24, m.NVocab()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []int32{next}
+			for range 5 {
+				if next, err = c.Decode(bg(t), []int32{next}); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, next)
+			}
+			exactTiers(t, r, tier)
+			if phase == "sleep" {
+				inj.arm(offloadAuth, at)
+			}
+			serr := m.Sleep(bg(t), tier.bind)
+			inj.arm("", 0)
+			done := false
+			switch {
+			case phase == "sleep" && serr == nil:
+				done = true // every move got past its fault: all steps covered
+				if err := m.Wake(bg(t)); err != nil {
+					t.Fatal(err)
+				}
+			case phase == "sleep":
+				if !errors.Is(serr, errInjected) || m.Asleep() {
+					t.Fatalf("sleep failing at move %d: %v (asleep %v), want the fault and the engine awake", at, serr, m.Asleep())
+				}
+				exactTiers(t, r, tier)
+				if h := r.chargedOn("sleep", offloadAuth); h != 0 {
+					t.Fatalf("sleep failing at move %d left %d in the host tier", at, h)
+				}
+			case serr != nil:
+				t.Fatal(serr)
+			default:
+				inj.arm(hostAuth, at)
+				werr := m.Wake(bg(t))
+				inj.arm("", 0)
+				if werr == nil {
+					done = true
+					break
+				}
+				if !errors.Is(werr, errInjected) || !m.Asleep() {
+					t.Fatalf("wake failing at restore %d: %v (asleep %v)", at, werr, m.Asleep())
+				}
+				exactTiers(t, r, tier)
+				if _, err := c.Decode(bg(t), []int32{next}); !errors.Is(err, ErrAsleep) {
+					t.Fatalf("a decode after a failed wake: %v", err)
+				}
+				if err := m.Wake(bg(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exactTiers(t, r, tier)
+			for range 6 {
+				if next, err = c.Decode(bg(t), []int32{next}); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, next)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s failing at %d: tokens %v, want %v", phase, at, got, want)
+			}
+			if err := c.Close(bg(t)); err != nil {
+				t.Fatal(err)
+			}
+			if done {
+				t.Logf("%s: a fault at each of its %d moves, then none", phase, at-1)
+				break
+			}
+		}
+	}
+}
+
+// exactTiers checks, once the queues drained, that each tier's ledger
+// equals its mechanism's bytes and the kernel's.
+func exactTiers(t *testing.T, r *rig, tier *hostTier) {
+	t.Helper()
+	r.settle(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tier.ectx.Queue().Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		auth memapi.AuthorityID
+		m    *cpu.Mechanism
+	}{{hostAuth, r.mech}, {offloadAuth, tier.mech}} {
+		a, _ := r.g.Authority(x.auth)
+		k, err := x.m.KernelBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Charged != x.m.UsedBytes() || a.Charged != k || a.Reserved != 0 || a.Pending != 0 {
+			t.Fatalf("%s charged %d reserved %d pending %d, mechanism %d, kernel %d", x.auth, a.Charged, a.Reserved, a.Pending, x.m.UsedBytes(), k)
+		}
 	}
 }
