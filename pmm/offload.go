@@ -39,7 +39,8 @@ const (
 // out: it holds their bytes, charged to the host binding's holder on its
 // authority, until Restore puts them back or Discard drops them. Its
 // methods are safe for concurrent use; the first Restore or Discard that
-// succeeds ends it.
+// succeeds ends it. Once its region is closed, Restore fails with
+// memapi.ErrClosed and Discard releases the host copy.
 type Offloaded struct {
 	r     *Region
 	hostD *device

@@ -430,3 +430,19 @@ func TestOffloadFaultAtEveryStep(t *testing.T) {
 		})
 	}
 }
+
+// A region closed while offloaded: Restore is refused, Discard frees the
+// host copy, nothing stays charged on either tier.
+func TestOffloadedRegionClosed(t *testing.T) {
+	e := newTierEnv(t)
+	ctx := context.Background()
+	e.fill(t)
+	o, err := e.region.Offload(ctx, e.hostBind)
+	require.NoError(t, err)
+	require.NoError(t, e.region.Close())
+	require.ErrorIs(t, o.Restore(ctx), memapi.ErrClosed)
+	require.NoError(t, o.Discard())
+	e.exact(t)
+	require.Zero(t, e.charged(t, hostTier))
+	require.Zero(t, e.charged(t, auth))
+}
