@@ -83,9 +83,9 @@ type Decoder struct {
 	maxSeq   int
 	rowBytes memapi.Bytes // one token's keys (or values) of one KV head
 	// rows is each KV head's rows in a share buffer: MaxSeq, raised in
-	// KVGrow mode for a tensor of several KV heads so that each head's
-	// slab starts on a granule of the mechanism (its ranges are committed
-	// apart).
+	// KVGrow mode for a tensor of several KV heads, or of a batch's
+	// several sequences (LayoutGenAI), so that each head's slab starts on
+	// a granule of the mechanism (its ranges are committed apart).
 	rows int
 	// chunk is the most tokens one Run of a Prefill takes (0: the whole
 	// prompt).
@@ -178,7 +178,7 @@ func NewDecoder(path string, bind *pmm.Binding, opts DecoderOptions) (*Decoder, 
 			"%s has the %v layout: its graph concatenates each step's keys and values to the past into a new present, so no buffer can be bound once as past and present; decode it with KVConcat", path, d.layout)
 	}
 	d.rowBytes = memapi.Bytes(d.headSize) * 4
-	if opts.Mode == KVGrow && d.kvHeads > 1 {
+	if opts.Mode == KVGrow && (d.kvHeads > 1 || d.layout == LayoutGenAI) {
 		if err := d.alignRows(); err != nil {
 			s.close()
 			return nil, fmt.Errorf("%s: %w", op, err)

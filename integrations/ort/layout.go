@@ -110,6 +110,9 @@ type ioLayout struct {
 	// oneToken: input_ids or logits declares a length of 1, so a Run
 	// takes one token (a prompt runs token by token).
 	oneToken bool
+	// batchOne: an input or output declares a batch of 1 (not symbolic),
+	// so a Run takes one sequence.
+	batchOne bool
 }
 
 // dimOne reports whether a declared dimension takes one (a batch or a
@@ -214,6 +217,13 @@ func readLayout(ins, outs []valueInfo, g *graph, maxSeq int) (*ioLayout, error) 
 	}
 	if err := l.checkInputs(); err != nil {
 		return nil, err
+	}
+	for _, x := range [][]valueInfo{ins, outs} {
+		for _, v := range x {
+			if v.name != inTotal && len(v.dims) > 0 && v.dims[0] == 1 {
+				l.batchOne = true
+			}
+		}
 	}
 	return l, l.checkNodes(g, maxSeq)
 }

@@ -71,6 +71,13 @@ type Sequence struct {
 	backed  []memapi.Bytes
 	perHead []memapi.Bytes // per slot (KVGrow): the bytes committed at the start of each KV head's slab
 
+	// batch is the Batch whose slot the sequence occupies (nil for a
+	// sequence of its own): its cache tensors are views of the batch's,
+	// base bytes into each, and Close gives back its slabs and the slot.
+	batch *Batch
+	slot  int
+	base  memapi.Bytes
+
 	sc       *scalars // C memory
 	maskC    unsafe.Pointer
 	maskVal  *C.OrtValue // this step's attention_mask [1, tokens]: a new tensor header over maskC every step
@@ -106,7 +113,12 @@ type Sequence struct {
 // KVPreallocated one Buffer of MaxSeq rows per cache tensor (charged in
 // full), for KVConcat empty past tensors; and every tensor its steps bind.
 func (d *Decoder) NewSequence(ctx context.Context) (*Sequence, error) {
-	const op = "ort.Decoder.NewSequence"
+	return d.newSequence(ctx, "ort.Decoder.NewSequence", nil, 0)
+}
+
+// newSequence makes a sequence of its own (b nil) or one in slot of batch
+// b, whose slot the caller has taken.
+func (d *Decoder) newSequence(ctx context.Context, op string, b *Batch, slot int) (*Sequence, error) {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -114,8 +126,11 @@ func (d *Decoder) NewSequence(ctx context.Context) (*Sequence, error) {
 	}
 	d.live++
 	d.mu.Unlock()
-	q := &Sequence{d: d, logits: make([]float32, d.vocab),
+	q := &Sequence{d: d, logits: make([]float32, d.vocab), batch: b, slot: slot,
 		inVals: make([]*C.OrtValue, len(d.s.inputs)+1), outVals: make([]*C.OrtValue, len(d.s.outputs)+1)}
+	if b != nil {
+		q.base = memapi.Bytes(slot) * b.slotBytes
+	}
 	err := cErr(C.memgen_ort_run_options_new(&q.ro))
 	if err == nil {
 		err = q.bind(ctx)
@@ -123,7 +138,11 @@ func (d *Decoder) NewSequence(ctx context.Context) (*Sequence, error) {
 	if err != nil {
 		q.mu.Lock()
 		q.closed = true
-		err = errors.Join(err, q.closeMems())
+		if b != nil {
+			err = errors.Join(err, q.releaseSlabs()) // the caller frees the slot
+		} else {
+			err = errors.Join(err, q.closeMems())
+		}
 		q.freeValues()
 		q.mu.Unlock()
 		d.release()
@@ -206,7 +225,19 @@ func (q *Sequence) bind(ctx context.Context) error {
 			continue
 		}
 		var m kvMem
-		if d.mode == KVGrow {
+		switch {
+		case q.batch != nil:
+			// The slot's part of the batch's tensor: its KV heads' slabs,
+			// contiguous, at base.
+			m = q.batch.mems[len(q.mems)]
+			if d.mode == KVGrow {
+				q.region = append(q.region, q.batch.regions[len(q.mems)])
+				q.backed = append(q.backed, 0)
+				q.perHead = append(q.perHead, 0)
+			} else {
+				q.backed = append(q.backed, size)
+			}
+		case d.mode == KVGrow:
 			r, err := d.bind.ReserveVirtual(ctx, size)
 			if err != nil {
 				return err
@@ -215,7 +246,7 @@ func (q *Sequence) bind(ctx context.Context) error {
 			q.backed = append(q.backed, 0)
 			q.perHead = append(q.perHead, 0)
 			m = r
-		} else {
+		default:
 			b, err := d.bind.Allocate(ctx, size)
 			if err != nil {
 				return err
@@ -224,7 +255,7 @@ func (q *Sequence) bind(ctx context.Context) error {
 			m = b
 		}
 		q.mems = append(q.mems, m)
-		v, err := q.valueOver(uintptr(m.Addr()), uintptr(size), elemFloat, 1, heads, int64(d.rows), int64(d.headSize))
+		v, err := q.valueOver(uintptr(m.Addr())+uintptr(q.base), uintptr(size), elemFloat, 1, heads, int64(d.rows), int64(d.headSize))
 		if err != nil {
 			return err
 		}
@@ -317,23 +348,39 @@ func (q *Sequence) advance(ctx context.Context, op string, tokens []int64) ([]fl
 
 	err := q.step(ctx, op, pos, tokens)
 
-	q.mu.Lock()
-	q.stepping = false
-	if err == nil {
-		q.pos += n
-	}
-	closed := q.closed
-	if closed {
-		q.freeValues() // Close came during the step and left them to it
-	}
-	q.mu.Unlock()
-	if closed {
-		q.d.release() // and the sequence's hold on the session
+	if ferr := q.endStep(err == nil, n); ferr != nil {
+		err = errors.Join(err, ferr)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return q.logits, nil
+}
+
+// endStep ends a Step, Prefill or Batch.Step of the sequence: it is no
+// longer stepping, and holds n more tokens when ok. Were it closed
+// meanwhile, Close left its tensors (and, in a batch, its slabs and slot)
+// to the step: they are released now, and the sequence's hold on the
+// session with them; the error is the slabs' release's.
+func (q *Sequence) endStep(ok bool, n int) error {
+	q.mu.Lock()
+	q.stepping = false
+	if ok {
+		q.pos += n
+	}
+	closed := q.closed
+	var err error
+	if closed {
+		if q.batch != nil {
+			err = q.closeMems()
+		}
+		q.freeValues()
+	}
+	q.mu.Unlock()
+	if closed {
+		q.d.release()
+	}
+	return err
 }
 
 // step grows the cache to pos+len(tokens) rows (KVGrow) once and runs the
@@ -484,7 +531,7 @@ func (q *Sequence) run(ctx context.Context, op string, pos int, tokens []int64, 
 			q.maskVal = nil
 		}()
 	}
-	stop := q.terminateOn(ctx)
+	stop := terminateOn(ctx, q.ro, q.terminated)
 	defer stop()
 	if q.beforeRun != nil {
 		if err := q.beforeRun(); err != nil {
@@ -550,20 +597,20 @@ func (q *Sequence) copyLastLogits(op string, v *C.OrtValue, n int) error {
 	return nil
 }
 
-// terminateOn stops the step's Run once ctx ends: then
-// (context.AfterFunc: no goroutine until it ends) the run options'
+// terminateOn stops a step's Run once ctx ends: then
+// (context.AfterFunc: no goroutine until it ends) the run options' (ro's)
 // terminate flag is set, which ONNX Runtime reads at the start of the run
 // and between its nodes. The returned stop waits for a setting under way
 // and clears the flag.
-func (q *Sequence) terminateOn(ctx context.Context) (stop func()) {
+func terminateOn(ctx context.Context, ro *C.OrtRunOptions, terminated func()) (stop func()) {
 	if ctx.Done() == nil {
 		return func() {}
 	}
 	set := make(chan struct{})
 	cancel := context.AfterFunc(ctx, func() {
-		_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 1)) // fails only on a NULL options
-		if q.terminated != nil {
-			q.terminated()
+		_ = cErr(C.memgen_ort_run_options_terminate(ro, 1)) // fails only on a NULL options
+		if terminated != nil {
+			terminated()
 		}
 		close(set)
 	})
@@ -571,7 +618,7 @@ func (q *Sequence) terminateOn(ctx context.Context) (stop func()) {
 		if !cancel() {
 			<-set
 		}
-		_ = cErr(C.memgen_ort_run_options_terminate(q.ro, 0))
+		_ = cErr(C.memgen_ort_run_options_terminate(ro, 0))
 	}
 }
 
@@ -611,30 +658,54 @@ type growth struct {
 // step. It returns the growths, for a step that fails later to give them
 // back (shrinkBack).
 func (q *Sequence) grow(ctx context.Context, rows int) (grown []growth, err error) {
-	d := q.d
-	need := memapi.Bytes(rows-q.short) * d.rowBytes
-	if need <= slices.Min(q.perHead) {
+	if q.holds(rows) {
 		return nil, nil // every Region holds the rows already
 	}
-	heads := memapi.Bytes(d.kvHeads)
-	refuse := func(err error) error {
-		var held, wanted memapi.Bytes
-		for i, b := range q.backed {
-			held += b
-			// What the Region would hold: its granules, not the bytes.
-			w, _ := memapi.RoundUp(need, q.region[i].Granularity())
-			wanted += heads * max(w, q.perHead[i])
-		}
-		return &GrowError{Tokens: rows, Wanted: wanted, Held: held, Err: err}
+	if err := q.d.takeGrowTurn(ctx); err != nil {
+		return nil, q.growRefused(rows, err)
 	}
+	defer q.d.giveGrowTurn()
+	return q.growHeld(ctx, rows)
+}
+
+// holds reports whether every Region backs rows tokens already.
+func (q *Sequence) holds(rows int) bool {
+	return memapi.Bytes(rows-q.short)*q.d.rowBytes <= slices.Min(q.perHead)
+}
+
+// takeGrowTurn waits for the decoder's grow turn, bounded by ctx.
+func (d *Decoder) takeGrowTurn(ctx context.Context) error {
 	select {
 	case d.growTurn <- struct{}{}:
-		defer func() { <-d.growTurn }()
+		return nil
 	case <-ctx.Done():
 		// What ended the wait is the caller's context: its error, not a
 		// refusal.
-		return nil, refuse(fmt.Errorf("waiting for another sequence's growth: %w", context.Cause(ctx)))
+		return fmt.Errorf("waiting for another sequence's growth: %w", context.Cause(ctx))
 	}
+}
+
+func (d *Decoder) giveGrowTurn() { <-d.growTurn }
+
+// growRefused is the *GrowError of a growth to rows tokens refused with
+// err: the bytes the sequence holds and those its Regions would hold.
+func (q *Sequence) growRefused(rows int, err error) error {
+	need := memapi.Bytes(rows-q.short) * q.d.rowBytes
+	heads := memapi.Bytes(q.d.kvHeads)
+	var held, wanted memapi.Bytes
+	for i, b := range q.backed {
+		held += b
+		// What the Region would hold: its granules, not the bytes.
+		w, _ := memapi.RoundUp(need, q.region[i].Granularity())
+		wanted += heads * max(w, q.perHead[i])
+	}
+	return &GrowError{Tokens: rows, Wanted: wanted, Held: held, Err: err}
+}
+
+// growHeld is grow's work, in the grow turn the caller holds.
+func (q *Sequence) growHeld(ctx context.Context, rows int) (grown []growth, err error) {
+	d := q.d
+	need := memapi.Bytes(rows-q.short) * d.rowBytes
 	slab := memapi.Bytes(d.rows) * d.rowBytes
 	for i, r := range q.region {
 		have := q.perHead[i]
@@ -644,9 +715,9 @@ func (q *Sequence) grow(ctx context.Context, rows int) (grown []growth, err erro
 		to, _ := memapi.RoundUp(need, r.Granularity())
 		gr := growth{slot: i, prev: have}
 		for h := range memapi.Bytes(d.kvHeads) {
-			rng := memapi.Range{Off: h*slab + have, Len: to - have}
+			rng := memapi.Range{Off: q.base + h*slab + have, Len: to - have}
 			if err := r.Commit(ctx, rng); err != nil {
-				return nil, refuse(errors.Join(err, q.shrinkBack(append(grown, gr))))
+				return nil, q.growRefused(rows, errors.Join(err, q.shrinkBack(append(grown, gr))))
 			}
 			gr.ranges = append(gr.ranges, rng)
 		}
@@ -705,8 +776,14 @@ func (q *Sequence) Close() error {
 		return nil
 	}
 	q.closed = true
-	err := q.closeMems()
 	stepping := q.stepping
+	var err error
+	if q.batch == nil || !stepping {
+		// A sequence of its own closes its handles at once (released
+		// behind the fence of a Run in flight); a batch's slot gives its
+		// slabs and the slot back once its step has ended (endStep).
+		err = q.closeMems()
+	}
 	if !stepping {
 		q.freeValues()
 	}
@@ -718,6 +795,11 @@ func (q *Sequence) Close() error {
 }
 
 func (q *Sequence) closeMems() error {
+	if q.batch != nil {
+		err := q.releaseSlabs()
+		q.batch.free(q.slot, q)
+		return err
+	}
 	var err error
 	for _, m := range q.mems {
 		err = errors.Join(err, m.Close())
