@@ -327,3 +327,129 @@ func BenchmarkPrefill(b *testing.B) {
 	b.ReportMetric(float64(len(decodeX)), "rounds")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkBatchDecode measures, in GenAI's model builder's layout
+// (attention_mask; 2 layers, 2 KV heads of size 64, MaxSeq 2,048), one
+// intra-op thread, the goroutine locked to its OS thread, 8 sequences
+// (prompts of 16, 48, ..., 240 tokens, prefilled alone) decoded 64 greedy
+// tokens each two ways, in KVGrow, over 5 rounds per iteration whose
+// sides alternate (which runs first turns every round):
+//   - batched: the 8 in the slots of a Batch, one Batch.Step (one Run of
+//     batch 8) per step;
+//   - one by one: 8 sequences of their own, one Step (one Run) each per
+//     step.
+//
+// It reports the medians over the rounds of each side's tokens per second
+// of CPU time of the thread (wall time beside it) and of the ratio
+// batched over one by one (batch-x, batch-wall-x; the goal is at least
+// 3).
+func BenchmarkBatchDecode(b *testing.B) {
+	const seqs, decode, rounds = 8, 64, 5
+	if _, err := os.Stat(genaiMaskModel); err != nil {
+		b.Fatalf("%v: run `make ort` to build it", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hb, hs := newKVHost(b, 256<<20), newKVHost(b, 256<<20)
+	open := func(h *kvHost) *Decoder {
+		d, err := NewDecoder(genaiMaskModel, h.bind, DecoderOptions{Mode: KVGrow, MaxSeq: 2048})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		return d
+	}
+	db, ds := open(hb), open(hs)
+	ctx := context.Background()
+	batch, err := db.NewBatch(ctx, seqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { batch.Close() })
+	type side struct{ cpu, wall time.Duration }
+	timed := func(f func() error) side {
+		w0, c0 := time.Now(), threadCPU(b)
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		return side{threadCPU(b) - c0, time.Since(w0)}
+	}
+	// prefill makes the 8 sequences with new, prefilled, and their first
+	// tokens.
+	prefill := func(newSeq func(context.Context) (*Sequence, error)) ([]*Sequence, []int64) {
+		qs, toks := make([]*Sequence, seqs), make([]int64, seqs)
+		for i := range qs {
+			q, err := newSeq(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l, err := q.Prefill(ctx, promptOf(i, 16+32*i))
+			if err != nil {
+				b.Fatal(err)
+			}
+			qs[i], toks[i] = q, argmax(l)
+		}
+		return qs, toks
+	}
+	var batchTPS, aloneTPS, x, wallX []float64
+	tps := func(d time.Duration) float64 { return float64(seqs*decode) / d.Seconds() }
+	b.ResetTimer()
+	for it := range b.N {
+		for r := range rounds {
+			bq, bt := prefill(batch.NewSequence)
+			sq, st := prefill(ds.NewSequence)
+			var sb, ss side
+			runs := []func(){
+				func() {
+					sb = timed(func() error {
+						for range decode {
+							ls, err := batch.Step(ctx, bq, bt)
+							if err != nil {
+								return err
+							}
+							for i, l := range ls {
+								bt[i] = argmax(l)
+							}
+						}
+						return nil
+					})
+				},
+				func() {
+					ss = timed(func() error {
+						for range decode {
+							for i, q := range sq {
+								l, err := q.Step(ctx, st[i])
+								if err != nil {
+									return err
+								}
+								st[i] = argmax(l)
+							}
+						}
+						return nil
+					})
+				},
+			}
+			first := (it*rounds + r) % 2
+			runs[first]()
+			runs[1-first]()
+			if !slices.Equal(bt, st) {
+				b.Fatalf("round %d: the batched tokens %v differ from the one-by-one %v", r, bt, st)
+			}
+			batchTPS, aloneTPS = append(batchTPS, tps(sb.cpu)), append(aloneTPS, tps(ss.cpu))
+			x = append(x, float64(ss.cpu)/float64(sb.cpu))
+			wallX = append(wallX, float64(ss.wall)/float64(sb.wall))
+			for _, q := range append(bq, sq...) {
+				if err := q.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(medianOf(batchTPS), "batch-cpu-tokens/s")
+	b.ReportMetric(medianOf(aloneTPS), "one-by-one-cpu-tokens/s")
+	b.ReportMetric(medianOf(x), "batch-x")
+	b.ReportMetric(medianOf(wallX), "batch-wall-x")
+	b.ReportMetric(float64(len(x)), "rounds")
+	b.ReportMetric(0, "ns/op")
+}
