@@ -768,7 +768,9 @@ func (q *Sequence) shrinkBack(grown []growth) error {
 // (at once, or when the Step in flight returns). The sequence holds the
 // decoder's session until a Step in flight returns, so Decoder.Close
 // refuses (memapi.ErrInUse) rather than free the session under the Run.
-// Later calls return nil.
+// A sequence of a Batch decommits its own slabs of the batch's Regions
+// and frees its slot (once a step that runs it has ended). Later calls
+// return nil.
 func (q *Sequence) Close() error {
 	q.mu.Lock()
 	if q.closed {
