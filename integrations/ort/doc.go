@@ -101,6 +101,11 @@
 // loads it with a *LayoutError naming the input or output and what the
 // layout expected.
 //
+// An idle KVGrow sequence sleeps (Sequence.Sleep): its KV cache's bytes
+// move to a host tier (a binding on another authority) and the device's
+// backing is given back, every address kept; Sequence.Wake puts them back
+// and the sequence decodes on with the same logits, bit for bit.
+//
 // PlanDecoder sizes a decoder and its sequences before any byte is
 // committed, from the model's graph alone (ONNX Runtime need not be
 // loaded): the weights, the KV cache per token and at full context, the

@@ -106,6 +106,8 @@ type Sequence struct {
 	stepping bool
 	closed   bool
 	freed    bool
+	asleep   bool             // Sleep moved the KV cache to the host tier
+	sleeping []*pmm.Offloaded // its host copies while asleep
 }
 
 // NewSequence makes an empty sequence: for KVGrow one Region of MaxSeq
@@ -322,6 +324,9 @@ func (q *Sequence) advance(ctx context.Context, op string, tokens []int64) ([]fl
 	case q.stepping:
 		q.mu.Unlock()
 		return nil, memapi.Errorf(op, memapi.ErrInUse, "another Step or Prefill is running")
+	case q.asleep:
+		q.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w", op, ErrAsleep)
 	case n == 0:
 		q.mu.Unlock()
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no tokens")
@@ -780,11 +785,16 @@ func (q *Sequence) Close() error {
 	q.closed = true
 	stepping := q.stepping
 	var err error
+	if !stepping && q.asleep {
+		// The KV cache's host copies go with it.
+		err = dropSleeping(q.sleeping)
+		q.sleeping, q.asleep = nil, false
+	}
 	if q.batch == nil || !stepping {
 		// A sequence of its own closes its handles at once (released
 		// behind the fence of a Run in flight); a batch's slot gives its
 		// slabs and the slot back once its step has ended (endStep).
-		err = q.closeMems()
+		err = errors.Join(err, q.closeMems())
 	}
 	if !stepping {
 		q.freeValues()
