@@ -53,6 +53,12 @@ type ContextOptions struct {
 	// channel, so a growing region would be touched whole by the first
 	// token, and its kernels read cells past the live ones.
 	NoFlashAttention bool
+	// OffloadTo, when set, is the host tier (a binding of the model's
+	// manager on another authority) an idle context moves its KV cache
+	// to under pressure, instead of dropping its cells and recomputing
+	// them: its next call copies them back first. When the move fails
+	// (the host tier has no room) the context drops its cells as without.
+	OffloadTo *pmm.Binding
 }
 
 // Context is one llama.cpp context running one sequence, and the governor
@@ -92,6 +98,8 @@ type Context struct {
 	stats     Stats
 	asleep    bool             // the model's Sleep moved the KV cache to the host tier
 	sleeping  []*pmm.Offloaded // its host copies while asleep
+	offloadTo *pmm.Binding     // ContextOptions.OffloadTo
+	preempted []*pmm.Offloaded // the KV cache's host copies after a preemption that moved it (offload.go)
 }
 
 // Stats are a context's counters.
@@ -102,6 +110,13 @@ type Stats struct {
 	GrowTime    time.Duration // time spent growing (governor and commit)
 	Preemptions int           // times the holder gave its KV cache up
 	Recomputed  int           // tokens decoded again after preemptions
+	// Offloads counts the preemptions that moved the KV cache to the host
+	// tier (ContextOptions.OffloadTo) rather than dropping it, Restores
+	// the calls that copied it back, Moved the bytes moved both ways and
+	// MoveTime the time the moves took.
+	Offloads, Restores int
+	Moved              memapi.Bytes
+	MoveTime           time.Duration
 }
 
 // NewContext creates a llama.cpp context of opts.NCtx cells for the model,
@@ -153,7 +168,7 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		return nil, fmt.Errorf("%s: %w", op, ErrAsleep)
 	}
 	m.nextID++
-	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences)}
+	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences), offloadTo: opts.OffloadTo}
 	c.ubatch = c.batch
 	if opts.UBatch > 0 {
 		c.ubatch = min(opts.UBatch, c.batch)
@@ -445,6 +460,9 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	}
 	if c.asleep {
 		return nil, fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
+	}
+	if err := c.restoreKV(ctx, op); err != nil {
+		return nil, err
 	}
 	if len(in) == 0 {
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no sequences")
@@ -870,6 +888,9 @@ func (c *Context) resetLocked(ctx context.Context, op string, seqs []int) error 
 	if c.asleep {
 		return fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
 	}
+	if err := c.restoreKV(ctx, op); err != nil {
+		return err
+	}
 	if seqs == nil {
 		for s := range c.seqs {
 			seqs = append(seqs, s)
@@ -905,8 +926,11 @@ func (c *Context) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes,
 		return 0, nil
 	}
 	defer c.mu.Unlock()
-	if c.closed || c.asleep || c.cells() == 0 || t.Authority != c.authority() {
+	if c.closed || c.asleep || len(c.preempted) != 0 || c.cells() == 0 || t.Authority != c.authority() {
 		return 0, nil
+	}
+	if n, ok := c.offloadKV(ctx); ok {
+		return n, nil
 	}
 	C.memgen_llama_clear(c.c)
 	for s := range c.seqs {
@@ -929,8 +953,8 @@ func (c *Context) Close(ctx context.Context) error {
 	c.closed = true
 	C.memgen_llama_context_free(c.c)
 	c.c = nil
-	drop := dropSleeping(c.sleeping) // asleep: the KV cache's host copies go with it
-	c.sleeping, c.asleep = nil, false
+	drop := dropSleeping(append(c.sleeping, c.preempted...)) // the KV cache's host copies go with it
+	c.sleeping, c.asleep, c.preempted = nil, false, nil
 	c.mu.Unlock()
 	c.m.mu.Lock()
 	delete(c.m.contexts, c)
