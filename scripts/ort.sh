@@ -13,16 +13,19 @@
 #     (4 layers, GroupQueryAttention with 2 KV heads, one cache tensor per
 #     KV head, 4,096 rows; 14 MB) into the cache, and three decoders in
 #     the layouts ONNX Runtime GenAI's model builder and Hugging Face
-#     Optimum export (see exported below; 9 MB each).
+#     Optimum export (see exported below; 9 MB each), and a benchmark-size
+#     decoder in GenAI's layout (4 layers of width 1,024, 50M parameters;
+#     202 MB, built in seconds).
 #   - For `bench` only: the benchmark's MLP (24 layers of width 2048,
 #     403 MB), built once into the cache.
 #
 # It prints the environment the tests read (MEMGEN_ORT_LIB,
 # MEMGEN_ONNX_TESTDATA, MEMGEN_ORT_SMALL_MODEL, MEMGEN_ORT_FAN_MODEL,
 # MEMGEN_ORT_DECODER_MODEL, MEMGEN_ORT_GENAI_MASK_MODEL,
-# MEMGEN_ORT_GENAI_SEQLENS_MODEL, MEMGEN_ORT_OPTIMUM_MODEL, and MEMGEN_ORT_BENCH_MODEL
-# once built) and writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means
-# everything is in place; anything else means it could not be fetched.
+# MEMGEN_ORT_GENAI_SEQLENS_MODEL, MEMGEN_ORT_OPTIMUM_MODEL,
+# MEMGEN_ORT_GENAI_BENCH_MODEL, and MEMGEN_ORT_BENCH_MODEL once built) and
+# writes it to $MEMGEN_ORT_CACHE/env. Exit status 0 means everything is in
+# place; anything else means it could not be fetched.
 #
 #   scripts/ort.sh          fetch (make ort)
 #   scripts/ort.sh fetch-bench
@@ -58,6 +61,7 @@ DECODER="$CACHE/gqa-decoder-l4d256h4kv2s4096v1024.onnx"
 GENAI_MASK="$CACHE/genai-mask-l2d256h4kv2p4096v1024.onnx"
 GENAI_SEQLENS="$CACHE/genai-seqlens-l2d256h4kv2p4096v1024.onnx"
 OPTIMUM="$CACHE/optimum-l2d256h4kv2p4096v1024.onnx"
+GENAI_BENCH="$CACHE/genai-mask-l4d1024h16kv4f2816p2048v8192.onnx"
 
 say() { printf 'ort.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
@@ -598,6 +602,12 @@ decoder 4 256 4 2 4096 1024 1024 "$DECODER"
 exported genai-mask 2 256 4 2 4096 1024 1024 "$GENAI_MASK"
 exported genai-seqlens 2 256 4 2 4096 1024 1024 "$GENAI_SEQLENS"
 exported optimum 2 256 4 2 4096 1024 1024 "$OPTIMUM"
+# BenchmarkPrefill's and BenchmarkBatchDecode's decoder, in GenAI's layout
+# with attention_mask as above, of a size where a Run's weight products
+# weigh more than its fixed cost: 4 layers of width 1,024, 16 query heads
+# and 4 KV heads of size 64, rotary caches of 2,048 positions, a
+# vocabulary of 8,192, an MLP of width 2,816 (50M parameters, 202 MB).
+exported genai-mask 4 1024 16 4 2048 8192 2816 "$GENAI_BENCH"
 # The benchmark, for bench only: 24 layers of width 2048 (16 MiB of weights
 # each, 403 MB in all), batch 64 (512 KiB activations between layers).
 [ "$mode" = fetch-bench ] && mlp 24 2048 64 "$MODEL"
@@ -611,6 +621,7 @@ exported optimum 2 256 4 2 4096 1024 1024 "$OPTIMUM"
 	echo "MEMGEN_ORT_GENAI_MASK_MODEL=$GENAI_MASK"
 	echo "MEMGEN_ORT_GENAI_SEQLENS_MODEL=$GENAI_SEQLENS"
 	echo "MEMGEN_ORT_OPTIMUM_MODEL=$OPTIMUM"
+	echo "MEMGEN_ORT_GENAI_BENCH_MODEL=$GENAI_BENCH"
 	[ ! -f "$MODEL" ] || echo "MEMGEN_ORT_BENCH_MODEL=$MODEL"
 } >"$CACHE/env"
 cat "$CACHE/env"
