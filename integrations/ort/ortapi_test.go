@@ -42,7 +42,7 @@ func ortRequired() bool {
 	return os.Getenv("MEMGEN_ORT_REQUIRE") == "1" || os.Getenv("CI") == "true"
 }
 
-func skipOrFail(t *testing.T, format string, args ...any) {
+func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if ortRequired() {
