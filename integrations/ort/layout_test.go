@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	ortgo "github.com/yalue/onnxruntime_go"
@@ -35,6 +36,27 @@ const (
 	expMaxSeq                                    = 2048
 )
 
+// expDims are an exported model's dimensions as scripts/ort.sh builds it
+// (head size 64 in all): the test models' (tinyDims) and the benchmark-size
+// GenAI decoder's (benchDims; genaiBenchModel).
+type expDims struct{ layers, heads, kvHeads, vocab, rotary int }
+
+var (
+	tinyDims  = expDims{expLayers, 4, expKVHeads, expVocab, 4096}
+	benchDims = expDims{4, 16, 4, 8192, 2048}
+)
+
+func (dm expDims) tensors() int { return dm.layers * 2 }
+
+// needBenchModel skips (fails under CI=true or MEMGEN_ORT_REQUIRE=1) where
+// the benchmark-size decoder is absent.
+func needBenchModel(t testing.TB) {
+	t.Helper()
+	if _, err := os.Stat(genaiBenchModel); err != nil {
+		skipOrFail(t, "%v: run `make ort` to build the benchmark-size decoder", err)
+	}
+}
+
 func needExported(t testing.TB) {
 	t.Helper()
 	for _, p := range []string{genaiMaskModel, genaiSeqlensModel, optimumModel} {
@@ -54,12 +76,13 @@ type io struct {
 }
 
 // cache returns the declarations of the cache tensors: prefix.N.key and
-// .value of every layer, [batch_size, 2, rows, 64] with rows named rows.
-func cache(prefix, rows string) []io {
+// .value of every layer of dm, [batch_size, KV heads, rows, 64] with rows
+// named rows.
+func cache(dm expDims, prefix, rows string) []io {
 	var out []io
-	for l := range expLayers {
+	for l := range dm.layers {
 		for _, kv := range []string{"key", "value"} {
-			out = append(out, io{fmt.Sprintf("%s.%d.%s", prefix, l, kv), elemFloat, []int64{-1, expKVHeads, -1, expHeadSize}, []string{"batch_size", "", rows, ""}})
+			out = append(out, io{fmt.Sprintf("%s.%d.%s", prefix, l, kv), elemFloat, []int64{-1, int64(dm.kvHeads), -1, expHeadSize}, []string{"batch_size", "", rows, ""}})
 		}
 	}
 	return out
@@ -70,34 +93,46 @@ func cache(prefix, rows string) []io {
 // the inputs' and outputs' names, element types, shapes and dim_param
 // strings in order; for GenAI's, one GroupQueryAttention node per layer
 // over packed QKV with the builder's inputs, outputs and attributes
-// (num_heads 4, kv_num_heads 2, scale 1/8, do_rotary 1, rotary_interleaved
-// 0), and, with attention_mask, seqlens_k and total_sequence_length
+// (num_heads 4, kv_num_heads 2 in the test models, 16 and 4 in the
+// benchmark-size decoder; scale 1/8, do_rotary 1, rotary_interleaved 0)
+// and rotary caches of the model's positions, and, with attention_mask, seqlens_k and total_sequence_length
 // computed from it as the builder does; for Optimum's, each present made
 // by a Concat of its past on the sequence axis and no GroupQueryAttention.
 // Each reads as its Layout.
 func TestExportedLayoutsAsCited(t *testing.T) {
 	needExported(t)
-	logits := io{"logits", elemFloat, []int64{-1, -1, expVocab}, []string{"batch_size", "sequence_length", ""}}
+	logits := func(dm expDims) io {
+		return io{"logits", elemFloat, []int64{-1, -1, int64(dm.vocab)}, []string{"batch_size", "sequence_length", ""}}
+	}
 	ids := io{"input_ids", elemInt64, []int64{-1, -1}, []string{"batch_size", "sequence_length"}}
+	mask := io{"attention_mask", elemInt64, []int64{-1, -1}, []string{"batch_size", "total_sequence_length"}}
 	for _, c := range []struct {
 		path     string
 		layout   Layout
+		dm       expDims
 		ins      []io
 		outs     []io
 		fromMask bool
 	}{
-		{genaiMaskModel, LayoutGenAI,
-			append([]io{ids, {"attention_mask", elemInt64, []int64{-1, -1}, []string{"batch_size", "total_sequence_length"}}}, cache("past_key_values", "past_sequence_length")...),
-			append([]io{logits}, cache("present", "total_sequence_length")...), true},
-		{genaiSeqlensModel, LayoutGenAI,
-			append([]io{ids, {"seqlens_k", elemInt32, []int64{-1}, []string{"batch_size"}}, {"total_sequence_length", elemInt32, []int64{1}, []string{""}}}, cache("past_key_values", "past_sequence_length")...),
-			append([]io{logits}, cache("present", "total_sequence_length")...), false},
-		{optimumModel, LayoutOptimum,
+		{genaiMaskModel, LayoutGenAI, tinyDims,
+			append([]io{ids, mask}, cache(tinyDims, "past_key_values", "past_sequence_length")...),
+			append([]io{logits(tinyDims)}, cache(tinyDims, "present", "total_sequence_length")...), true},
+		{genaiSeqlensModel, LayoutGenAI, tinyDims,
+			append([]io{ids, {"seqlens_k", elemInt32, []int64{-1}, []string{"batch_size"}}, {"total_sequence_length", elemInt32, []int64{1}, []string{""}}}, cache(tinyDims, "past_key_values", "past_sequence_length")...),
+			append([]io{logits(tinyDims)}, cache(tinyDims, "present", "total_sequence_length")...), false},
+		{optimumModel, LayoutOptimum, tinyDims,
 			append([]io{ids, {"attention_mask", elemInt64, []int64{-1, -1}, []string{"batch_size", "past_sequence_length + sequence_length"}},
-				{"position_ids", elemInt64, []int64{-1, -1}, []string{"batch_size", "sequence_length"}}}, cache("past_key_values", "past_sequence_length")...),
-			append([]io{logits}, cache("present", "past_sequence_length + 1")...), false},
+				{"position_ids", elemInt64, []int64{-1, -1}, []string{"batch_size", "sequence_length"}}}, cache(tinyDims, "past_key_values", "past_sequence_length")...),
+			append([]io{logits(tinyDims)}, cache(tinyDims, "present", "past_sequence_length + 1")...), false},
+		{genaiBenchModel, LayoutGenAI, benchDims,
+			append([]io{ids, mask}, cache(benchDims, "past_key_values", "past_sequence_length")...),
+			append([]io{logits(benchDims)}, cache(benchDims, "present", "total_sequence_length")...), true},
 	} {
 		t.Run(filepath.Base(c.path), func(t *testing.T) {
+			if c.path == genaiBenchModel {
+				needBenchModel(t)
+			}
+			dm := c.dm
 			g, err := readGraph(c.path)
 			if err != nil {
 				t.Fatal(err)
@@ -127,7 +162,7 @@ func TestExportedLayoutsAsCited(t *testing.T) {
 					gqa++
 				}
 			}
-			for l := range expLayers {
+			for l := range dm.layers {
 				pk, pv := fmt.Sprintf("past_key_values.%d.key", l), fmt.Sprintf("past_key_values.%d.value", l)
 				ck, cv := fmt.Sprintf("present.%d.key", l), fmt.Sprintf("present.%d.value", l)
 				if c.layout == LayoutOptimum {
@@ -146,7 +181,7 @@ func TestExportedLayoutsAsCited(t *testing.T) {
 					len(n.outs) != 3 || n.outs[1] != ck || n.outs[2] != cv {
 					t.Fatalf("layer %d: %s is not made by GroupQueryAttention(qkv, %q) → (out, %s, %s): %+v", l, ck, want, ck, cv, n)
 				}
-				attrs := map[string]int64{"num_heads": 4, "kv_num_heads": expKVHeads, "do_rotary": 1, "rotary_interleaved": 0}
+				attrs := map[string]int64{"num_heads": int64(dm.heads), "kv_num_heads": int64(dm.kvHeads), "do_rotary": 1, "rotary_interleaved": 0}
 				for k, v := range attrs {
 					if got, ok := n.ints[k]; !ok || got != v {
 						t.Errorf("layer %d: GroupQueryAttention %s = %d (set %v), want %d", l, k, got, ok, v)
@@ -155,15 +190,15 @@ func TestExportedLayoutsAsCited(t *testing.T) {
 				if s := n.floats["scale"]; s != float32(1/math.Sqrt(expHeadSize)) {
 					t.Errorf("layer %d: scale %g, want 1/sqrt(64)", l, s)
 				}
-				if cos := g.dims["cos_cache"]; !slices.Equal(cos, []int64{4096, expHeadSize / 2}) {
-					t.Errorf("cos_cache %v, want [4096 32]", cos)
+				if cos := g.dims["cos_cache"]; !slices.Equal(cos, []int64{int64(dm.rotary), expHeadSize / 2}) {
+					t.Errorf("cos_cache %v, want [%d 32]", cos, dm.rotary)
 				}
 			}
-			if c.layout == LayoutOptimum && (gqa != 0 || concats != expTensors) {
-				t.Errorf("Optimum's export: %d GroupQueryAttention nodes, %d present Concats; want 0 and %d", gqa, concats, expTensors)
+			if c.layout == LayoutOptimum && (gqa != 0 || concats != dm.tensors()) {
+				t.Errorf("Optimum's export: %d GroupQueryAttention nodes, %d present Concats; want 0 and %d", gqa, concats, dm.tensors())
 			}
-			if c.layout == LayoutGenAI && gqa != expLayers {
-				t.Errorf("GenAI's export: %d GroupQueryAttention nodes, want one per layer (%d)", gqa, expLayers)
+			if c.layout == LayoutGenAI && gqa != dm.layers {
+				t.Errorf("GenAI's export: %d GroupQueryAttention nodes, want one per layer (%d)", gqa, dm.layers)
 			}
 			if c.fromMask {
 				// make_attention_mask_reformatting_for_gqa: seqlens_k =
@@ -194,9 +229,9 @@ func TestExportedLayoutsAsCited(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if l.layout != c.layout || l.kvHeads != expKVHeads || l.headSize != expHeadSize || len(l.slots) != expTensors || l.vocab != expVocab {
+			if l.layout != c.layout || l.kvHeads != dm.kvHeads || l.headSize != expHeadSize || len(l.slots) != dm.tensors() || l.vocab != dm.vocab {
 				t.Fatalf("read as %v, %d KV heads of %d, %d cache tensors, vocabulary %d; want %v, %d of %d, %d, %d",
-					l.layout, l.kvHeads, l.headSize, len(l.slots), l.vocab, c.layout, expKVHeads, expHeadSize, expTensors, expVocab)
+					l.layout, l.kvHeads, l.headSize, len(l.slots), l.vocab, c.layout, dm.kvHeads, expHeadSize, dm.tensors(), dm.vocab)
 			}
 		})
 	}
@@ -229,6 +264,7 @@ type refRun struct {
 	outs   []string
 	pasts  []ortgo.Value // by cache tensor, in the model's order
 	logits *ortgo.Tensor[float32]
+	vocab  int
 	pos    int
 }
 
@@ -238,9 +274,13 @@ func newRefRun(t *testing.T, path string, layout Layout) *refRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &refRun{layout: layout}
+	r := &refRun{layout: layout, vocab: int(g.outputs[0].dims[2])}
+	var pastDims [][]int64
 	for _, in := range declaredInputs(g) {
 		r.ins = append(r.ins, in.name)
+		if strings.HasPrefix(in.name, pkvPrefix) {
+			pastDims = append(pastDims, in.dims) // [batch_size, KV heads, rows, head size]
+		}
 	}
 	for _, o := range g.outputs {
 		r.outs = append(r.outs, o.name)
@@ -256,18 +296,15 @@ func newRefRun(t *testing.T, path string, layout Layout) *refRun {
 	if r.s, err = ortgo.NewDynamicAdvancedSession(path, r.ins, r.outs, opts); err != nil {
 		t.Fatal(err)
 	}
-	if r.logits, err = ortgo.NewEmptyTensor[float32](ortgo.NewShape(1, 1, expVocab)); err != nil {
+	if r.logits, err = ortgo.NewEmptyTensor[float32](ortgo.NewShape(1, 1, int64(r.vocab))); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range r.ins {
-		if len(n) < len(pkvPrefix) || n[:len(pkvPrefix)] != pkvPrefix {
-			continue
-		}
+	for _, dims := range pastDims {
 		rows := int64(0) // Optimum: an empty past
 		if layout == LayoutGenAI {
 			rows = expMaxSeq // GenAI: max_length, preallocated
 		}
-		v, err := ortgo.NewEmptyTensor[float32](ortgo.NewShape(1, expKVHeads, rows, expHeadSize))
+		v, err := ortgo.NewEmptyTensor[float32](ortgo.NewShape(1, dims[1], rows, dims[3]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,10 +397,10 @@ func (r *refRun) run(t *testing.T, tokens []int64) []float32 {
 	lv := outs[0].(*ortgo.Tensor[float32])
 	defer lv.Destroy()
 	all := lv.GetData()
-	if len(all) != n*expVocab {
-		t.Fatalf("reference run: %d logits, want %d × %d", len(all), n, expVocab)
+	if len(all) != n*r.vocab {
+		t.Fatalf("reference run: %d logits, want %d × %d", len(all), n, r.vocab)
 	}
-	return slices.Clone(all[(n-1)*expVocab:])
+	return slices.Clone(all[(n-1)*r.vocab:])
 }
 
 // TestDecoderExportedLayouts decodes each exported layout as it comes,
@@ -376,8 +413,10 @@ func (r *refRun) run(t *testing.T, tokens []int64) []float32 {
 // Sequence.Prefill, in one Run or in Runs of 64 (64, 64, 64, 64, 44), and
 // ONNX Runtime's own run is fed the same Runs; then 128 greedy steps
 // (with -ort.long, to 2,048 tokens), beside a second sequence of the same mode (its
-// own host) fed the prompt one token per Step. After the prompt and every
-// step:
+// own host) fed the prompt one token per Step. The benchmark-size GenAI
+// decoder (genaiBenchModel: 4 layers, 4 KV heads, vocabulary 8,192) runs
+// the KVGrow cases with attention_mask, token by token and prefilled in one
+// Run, where it is present. After the prompt and every step:
 //   - the tokens are equal to ONNX Runtime's, and the largest logit
 //     difference is 0; a prefilled sequence's tokens are equal to the
 //     token-by-token one's too (their logits differ by float rounding: the
@@ -385,9 +424,10 @@ func (r *refRun) run(t *testing.T, tokens []int64) []float32 {
 //   - KVGrow: each layer's cache is one Region of 2 KV heads × 2,048
 //     rows bound once, as past and present; the ledger, the mechanism and
 //     mincore all equal each head's rows × 256 bytes rounded up to the
-//     4 KiB granule, × 2 heads × 4 tensors (after a Prefill, the
-//     prompt's rows: one growth); KVPreallocated: the 4 Buffers of 2
-//     heads × 2,048 rows, from the start;
+//     4 KiB granule, × 2 heads × 4 tensors (4 heads × 8 tensors in the
+//     benchmark-size decoder; after a Prefill, the prompt's rows: one
+//     growth); KVPreallocated: the 4 Buffers of 2 heads × 2,048 rows,
+//     from the start;
 //   - tensors: no OrtValue made during a step but the attention_mask's
 //     header where the model has one; a Prefill makes per Run of several
 //     tokens the input_ids' and position_ids' headers and the mask's.
@@ -405,17 +445,20 @@ func TestDecoderExportedLayouts(t *testing.T) {
 		mode    KVMode
 		prefill bool
 		chunk   int
+		dm      expDims
 	}{
-		{genaiMaskModel, LayoutGenAI, KVGrow, false, 0},
-		{genaiMaskModel, LayoutGenAI, KVPreallocated, false, 0},
-		{genaiSeqlensModel, LayoutGenAI, KVGrow, false, 0},
-		{optimumModel, LayoutOptimum, KVConcat, false, 0},
-		{genaiMaskModel, LayoutGenAI, KVGrow, true, 0},
-		{genaiMaskModel, LayoutGenAI, KVGrow, true, 64},
-		{genaiMaskModel, LayoutGenAI, KVPreallocated, true, 0},
-		{genaiSeqlensModel, LayoutGenAI, KVGrow, true, 64},
-		{optimumModel, LayoutOptimum, KVConcat, true, 0},
-		{optimumModel, LayoutOptimum, KVConcat, true, 64},
+		{genaiMaskModel, LayoutGenAI, KVGrow, false, 0, tinyDims},
+		{genaiMaskModel, LayoutGenAI, KVPreallocated, false, 0, tinyDims},
+		{genaiSeqlensModel, LayoutGenAI, KVGrow, false, 0, tinyDims},
+		{optimumModel, LayoutOptimum, KVConcat, false, 0, tinyDims},
+		{genaiMaskModel, LayoutGenAI, KVGrow, true, 0, tinyDims},
+		{genaiMaskModel, LayoutGenAI, KVGrow, true, 64, tinyDims},
+		{genaiMaskModel, LayoutGenAI, KVPreallocated, true, 0, tinyDims},
+		{genaiSeqlensModel, LayoutGenAI, KVGrow, true, 64, tinyDims},
+		{optimumModel, LayoutOptimum, KVConcat, true, 0, tinyDims},
+		{optimumModel, LayoutOptimum, KVConcat, true, 64, tinyDims},
+		{genaiBenchModel, LayoutGenAI, KVGrow, false, 0, benchDims},
+		{genaiBenchModel, LayoutGenAI, KVGrow, true, 0, benchDims},
 	} {
 		name := fmt.Sprintf("%s/%v", filepath.Base(c.path), c.mode)
 		promptLen := 17
@@ -424,6 +467,10 @@ func TestDecoderExportedLayouts(t *testing.T) {
 			promptLen = 300
 		}
 		t.Run(name, func(t *testing.T) {
+			if c.path == genaiBenchModel {
+				needBenchModel(t)
+			}
+			dm := c.dm
 			h := newKVHost(t, 64<<20)
 			bind := h.bind
 			if c.mode == KVConcat {
@@ -435,7 +482,7 @@ func TestDecoderExportedLayouts(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			if d.Layout() != c.layout || d.KVHeads() != expKVHeads || d.Tensors() != expTensors || d.Vocab() != expVocab || d.PrefillChunk() != c.chunk {
+			if d.Layout() != c.layout || d.KVHeads() != dm.kvHeads || d.Tensors() != dm.tensors() || d.Vocab() != dm.vocab || d.PrefillChunk() != c.chunk {
 				t.Fatalf("read as %v, %d KV heads, %d tensors, vocabulary %d, chunk %d", d.Layout(), d.KVHeads(), d.Tensors(), d.Vocab(), d.PrefillChunk())
 			}
 			q, err := d.NewSequence(context.Background())
@@ -479,7 +526,7 @@ func TestDecoderExportedLayouts(t *testing.T) {
 			for i := 1; i < promptLen; i++ {
 				prompt[i] = int64((i-1)*37+5) % expVocab
 			}
-			preBytes := memapi.Bytes(expTensors * expKVHeads * expMaxSeq * 256)
+			preBytes := memapi.Bytes(dm.tensors() * dm.kvHeads * expMaxSeq * 256)
 			ctx := context.Background()
 			var diff, diffByToken float64
 			var tok int64
@@ -553,7 +600,7 @@ func TestDecoderExportedLayouts(t *testing.T) {
 				switch c.mode {
 				case KVGrow:
 					per, _ := memapi.RoundUp(memapi.Bytes(i+1)*256, kvGranule)
-					want := per * expKVHeads * expTensors
+					want := per * memapi.Bytes(dm.kvHeads*dm.tensors())
 					if n, b := h.charged(t, fmt.Sprintf("step %d", i)), q.Stats().Backed; n != want || b != want {
 						t.Fatalf("step %d (%d tokens): charged %d, backed %d; want %d (each KV head's rows in whole granules)", i, i+1, n, b, want)
 					}
