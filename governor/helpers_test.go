@@ -224,7 +224,6 @@ func (h Grant) remaining() memapi.Bytes {
 
 func (l Lease) holder() HolderID { return Grant(l).holder() }
 
-
 func (l Lease) pending() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.pending })
 }
