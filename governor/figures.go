@@ -66,18 +66,17 @@ func (a *authority) draw(gr *grant, n memapi.Bytes) {
 // undraw gives back n drawn bytes: to the open grant, or, for an expired
 // one, to free.
 func (a *authority) undraw(gr *grant, n memapi.Bytes) {
-	open := gr.state == stateOpen
-	for _, f := range a.books(gr) {
-		if open {
+	if gr.state == stateOpen {
+		for _, f := range a.books(gr) {
 			f.drawn -= n
-		} else {
-			f.reserved -= n
-			f.expiredDrawn -= n
 		}
+		return
 	}
-	if !open {
-		a.serve()
+	for _, f := range a.books(gr) {
+		f.reserved -= n
+		f.expiredDrawn -= n
 	}
+	a.serve()
 }
 
 // commit ends open grant gr: its drawn bytes become its lease's charge and
