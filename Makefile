@@ -226,7 +226,7 @@ many-engines:
 ## SKIP line and exit 0, or under CI=true a FAIL line and exit 1
 ## ort-bench: builds the 403 MB benchmark MLP once, then integrations/ort's benchmarks (inference
 ## latency vs ONNX Runtime's arena, Alloc+Free cost)
-.PHONY: ort ort-test ort-bench
+.PHONY: ort ort-test ort-bench ort-long
 ort:
 	scripts/ort.sh fetch
 
@@ -235,6 +235,10 @@ ort-test:
 
 ort-bench:
 	scripts/ort.sh bench
+
+## ort-long: the exported decoders' tokens against ONNX Runtime's own run over 2,048 steps
+ort-long:
+	scripts/ort.sh long
 
 ## llamacpp: fetch llama.cpp's prebuilt CPU libraries and the release's headers (npm: node-llama-cpp 3.21.1)
 ## and write the tiny llama model (outside the repository; LLAMACPP_MODEL=PATH takes any llama GGUF instead)

@@ -43,7 +43,13 @@
 #                           default 20x; ORT_ALLOC_BENCHTIME for Alloc+Free,
 #                           default 20000x; BenchmarkDecode, 2,048 tokens
 #                           three ways, ORT_DECODE_BENCHTIME, default 1x;
-#                           ORT_BENCHCOUNT runs of the last three, default 3)
+#                           ORT_BENCHCOUNT runs of the last three, default 3;
+#                           then BenchmarkPrefill and BenchmarkBatchDecode,
+#                           ORT_BENCHCOUNT runs)
+#   scripts/ort.sh long     fetch, then the exported layouts' greedy tokens
+#                           and logits against ONNX Runtime's own run of each
+#                           file over 2,048 steps (make ort-long; about a
+#                           minute; the regular test run takes 128)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
@@ -69,7 +75,7 @@ die() { say "$*"; exit 1; }
 mode="${1:-fetch}"
 case "$mode" in
 fetch | fetch-bench) ;;
-test | bench)
+test | bench | long)
 	fetch=fetch
 	[ "$mode" = bench ] && fetch=fetch-bench
 	if ! "$0" "$fetch" >/dev/null; then
@@ -96,12 +102,16 @@ test | bench)
 		go test -count=1 -run '^TestDecoderLedgerMatchesProcess$' .
 		exec go test -race -count=1 -timeout "${ORT_TEST_TIMEOUT:-30m}" ./...
 	fi
+	if [ "$mode" = long ]; then
+		exec go test -count=1 -run '^TestDecoderExportedLayouts$' -ort.long -v .
+	fi
 	go test -run '^$' -bench '^BenchmarkMLPInference$' -benchtime "${ORT_BENCHTIME:-10x}" -count 1 .
 	go test -run '^$' -bench '^BenchmarkFanInference$' -benchtime "${ORT_FAN_BENCHTIME:-20x}" -count "${ORT_BENCHCOUNT:-3}" .
 	go test -run '^$' -bench '^BenchmarkAllocFree$' -benchtime "${ORT_ALLOC_BENCHTIME:-20000x}" -count "${ORT_BENCHCOUNT:-3}" .
-	exec go test -run '^$' -bench '^BenchmarkDecode$' -benchtime "${ORT_DECODE_BENCHTIME:-1x}" -count "${ORT_BENCHCOUNT:-3}" .
+	go test -run '^$' -bench '^BenchmarkDecode$' -benchtime "${ORT_DECODE_BENCHTIME:-1x}" -count "${ORT_BENCHCOUNT:-3}" .
+	exec go test -run '^$' -bench '^(BenchmarkPrefill|BenchmarkBatchDecode)$' -benchtime 1x -count "${ORT_BENCHCOUNT:-3}" .
 	;;
-*) die "usage: $0 [fetch|fetch-bench|test|bench]" ;;
+*) die "usage: $0 [fetch|fetch-bench|test|bench|long]" ;;
 esac
 
 case "$(uname -s)/$(uname -m)" in
