@@ -48,8 +48,9 @@
 #                           ORT_BENCHCOUNT runs)
 #   scripts/ort.sh long     fetch, then the exported layouts' greedy tokens
 #                           and logits against ONNX Runtime's own run of each
-#                           file over 2,048 steps (make ort-long; about a
-#                           minute; the regular test run takes 128)
+#                           file over 2,048 steps (make ort-long; 4 minutes
+#                           on a 2-core machine, the benchmark-size decoder's
+#                           cases most of it; the regular test run takes 128)
 #
 # The module is built with GOWORK=off: against its own go.mod and go.sum,
 # as `go mod tidy` and a module that depends on it see it (its replace
