@@ -182,7 +182,7 @@ func TestGrantServedAsTheWaitEndsGoesBack(t *testing.T) {
 	}
 }
 
-// Behaviour: a whole refund (Lease.Release) serves a waiting reservation.
+// Behaviour: a whole refund serves a waiting reservation.
 func TestRefundFastPathWakesWaiters(t *testing.T) {
 	g := hooked(t, 100, nil)
 	gr, err := g.Reserve(context.Background(), Request{Authority: hostQ, Holder: "a", Role: "", Bytes: 100})

@@ -97,7 +97,7 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 // that was (the tests' shorthand for Refund(Bytes())). Releasing an empty
 // lease is a no-op; the Injector is not consulted.
 func (l Lease) release() memapi.Bytes {
-	a, err := l.lock("governor.Lease.Release", 0, false)
+	a, err := l.lock("governor.Lease.release", 0, false)
 	if err != nil {
 		return 0
 	}
