@@ -117,30 +117,13 @@ func TestSleepWakeTokensIdentical(t *testing.T) {
 	if weights == 0 || kv == 0 {
 		t.Fatalf("before the sleep: weights %d, KV %d charged", weights, kv)
 	}
-	exact := func(when string) {
-		t.Helper()
-		r.settle(t)
-		for _, x := range []struct {
-			auth memapi.AuthorityID
-			m    *cpu.Mechanism
-		}{{hostAuth, r.mech}, {offloadAuth, tier.mech}} {
-			a, _ := r.g.Authority(x.auth)
-			k, err := x.m.KernelBytes()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if a.Charged != x.m.UsedBytes() || a.Charged != k || a.Reserved != 0 || a.Pending != 0 {
-				t.Fatalf("%s: %s charged %d reserved %d pending %d, mechanism %d, kernel %d", when, x.auth, a.Charged, a.Reserved, a.Pending, x.m.UsedBytes(), k)
-			}
-		}
-	}
-	exact("before the sleep")
+	exactTiers(t, r, tier)
 	devBefore, _ := r.g.Authority(hostAuth)
 
 	if err := m.Sleep(bg(t), tier.bind); err != nil {
 		t.Fatal(err)
 	}
-	exact("asleep")
+	exactTiers(t, r, tier)
 	if !m.Asleep() {
 		t.Fatal("not asleep")
 	}
@@ -169,7 +152,7 @@ func TestSleepWakeTokensIdentical(t *testing.T) {
 	if err := m.Wake(bg(t)); err != nil {
 		t.Fatal(err)
 	}
-	exact("awake")
+	exactTiers(t, r, tier)
 	if r.charged(m.Holder()) != weights || c.KV().Committed != kv || r.chargedOn("sleep", offloadAuth) != 0 {
 		t.Fatalf("awake: weights %d (want %d), KV %d (want %d), host tier %d", r.charged(m.Holder()), weights, c.KV().Committed, kv, r.chargedOn("sleep", offloadAuth))
 	}
