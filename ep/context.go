@@ -120,57 +120,7 @@ func (c *Context) pinState() (int, chan struct{}) {
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
 // Close, and once the queue's Close began (see Queue.Close).
-func (c *Context) Pin() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.pinLocked()
-}
-
-func (c *Context) pinLocked() error {
-	if c.closed {
-		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
-	}
-	if c.queueClosing {
-		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "the device context's deferred-free queue is closing or closed")
-	}
-	if c.pins == 0 {
-		c.zero = make(chan struct{})
-	}
-	c.pins++
-	return nil
-}
-
-// pinHandle is Pin for an owning handle: it also links l into the list
-// Handles walks, under the same lock.
-func (c *Context) pinHandle(l *Lifecycle) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.pinLocked(); err != nil {
-		return err
-	}
-	l.next = c.handles
-	if c.handles != nil {
-		c.handles.prev = l
-	}
-	c.handles = l
-	return nil
-}
-
-// unpinHandle is Unpin for an owning handle that pinHandle linked.
-func (c *Context) unpinHandle(l *Lifecycle) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l.prev != nil {
-		l.prev.next = l.next
-	} else if c.handles == l {
-		c.handles = l.next
-	}
-	if l.next != nil {
-		l.next.prev = l.prev
-	}
-	l.prev, l.next = nil, nil
-	c.unpinLocked()
-}
+func (c *Context) Pin() error { return c.pinHandle(nil) }
 
 // Handles returns the owning handles made in the context that still hold
 // it: open, closing, pending or quarantined, in no particular order
@@ -193,21 +143,7 @@ func (c *Context) Handles() []*Lifecycle {
 }
 
 // Unpin records that a pinned allocation was freed.
-func (c *Context) Unpin() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.unpinLocked()
-}
-
-func (c *Context) unpinLocked() {
-	if c.pins == 0 {
-		panic("ep: Unpin without Pin")
-	}
-	c.pins--
-	if c.pins == 0 {
-		close(c.zero)
-	}
-}
+func (c *Context) Unpin() { c.unpinHandle(nil) }
 
 // Close closes the context. With allocations alive it fails with an error
 // of kind memapi.ErrInUse carrying their count, unless wait is true: then it

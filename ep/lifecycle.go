@@ -132,27 +132,71 @@ type Owned struct {
 // transitions call r. It is the one way to make an owning handle; a nil r
 // is memapi.ErrInvalidSize, and a context that is closed or closing
 // refuses the pin (memapi.ErrClosed).
-func (c *Context) Own(name string, r Releaser) (*Owned, error) {
-	if r == nil {
-		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
-	}
-	l := &Lifecycle{c: c, name: name, rel: r, pinned: true}
-	if err := c.pinHandle(l); err != nil {
-		return nil, err
-	}
-	o := &Owned{l: l}
-	o.cleanup = runtime.AddCleanup(o, (*Lifecycle).leaked, l)
-	return o, nil
-}
+func (c *Context) Own(name string, r Releaser) (*Owned, error) { return c.OwnFrom(name, r, Origin{}) }
 
 // OwnFrom is Own for a handle whose origin a leak report names
 // (Lifecycle.Origin).
 func (c *Context) OwnFrom(name string, r Releaser, o Origin) (*Owned, error) {
-	owned, err := c.Own(name, r)
-	if err == nil {
-		owned.l.origin = o
+	if r == nil {
+		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
 	}
-	return owned, err
+	l := &Lifecycle{c: c, name: name, rel: r, pinned: true, origin: o}
+	if err := c.pinHandle(l); err != nil {
+		return nil, err
+	}
+	owned := &Owned{l: l}
+	owned.cleanup = runtime.AddCleanup(owned, (*Lifecycle).leaked, l)
+	return owned, nil
+}
+
+// pinHandle is Pin, for an owning handle l when l is not nil: it also
+// links l into the list Handles walks, under the same lock.
+func (c *Context) pinHandle(l *Lifecycle) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "device context is closed")
+	}
+	if c.queueClosing {
+		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "the device context's deferred-free queue is closing or closed")
+	}
+	if c.pins == 0 {
+		c.zero = make(chan struct{})
+	}
+	c.pins++
+	if l != nil {
+		l.next = c.handles
+		if c.handles != nil {
+			c.handles.prev = l
+		}
+		c.handles = l
+	}
+	return nil
+}
+
+// unpinHandle is Unpin, for an owning handle l that pinHandle linked when
+// l is not nil: it also unlinks l.
+func (c *Context) unpinHandle(l *Lifecycle) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l != nil {
+		if l.prev != nil {
+			l.prev.next = l.next
+		} else if c.handles == l {
+			c.handles = l.next
+		}
+		if l.next != nil {
+			l.next.prev = l.prev
+		}
+		l.prev, l.next = nil, nil
+	}
+	if c.pins == 0 {
+		panic("ep: Unpin without Pin")
+	}
+	c.pins--
+	if c.pins == 0 {
+		close(c.zero)
+	}
 }
 
 // OwnQuarantined keeps memory that no handle owns any more because its
@@ -320,8 +364,12 @@ func (l *Lifecycle) End(fences ...memapi.Fence) error {
 	return nil
 }
 
-// Close moves an open handle to Closing and schedules its release unless a
-// transaction holds it; on a quarantined handle it is Retry.
+// Close moves an open handle to Closing and, unless a transaction holds
+// it, on to Pending with its release queued; on a quarantined handle it is
+// Retry. The hooks run after the state moved: a panicking Closed or
+// Pending hook still leaves the release queued (a Pending that did not run
+// leaves the free to refund from the charged bytes), so nothing is lost;
+// the panic goes on to the caller.
 func (l *Lifecycle) Close() (err error) {
 	l.mu.Lock()
 	switch l.state {
@@ -333,22 +381,24 @@ func (l *Lifecycle) Close() (err error) {
 		l.mu.Unlock()
 		return nil
 	}
-	l.state = Closing
-	schedule := l.holds == 0
+	if l.holds != 0 {
+		l.state = Closing // the last End schedules the release
+		l.mu.Unlock()
+		l.rel.Closed()
+		return nil
+	}
+	l.state = Pending
+	fences := l.fences
+	l.fences = nil
 	l.mu.Unlock()
-	// A panicking Closed hook still leaves the release scheduled, so
-	// nothing is lost; the panic goes on to the caller.
-	defer func() {
-		if schedule {
-			err = l.schedule()
-		}
-	}()
+	defer func() { err = l.enqueue(fences) }()
 	l.rel.Closed()
+	l.rel.Pending()
 	return nil
 }
 
-// schedule moves a closing handle with no holds to Pending and queues its
-// release. A panicking Pending hook still queues it (the free then refunds
+// schedule moves a closing handle whose last hold ended to Pending and
+// queues its release. A panicking Pending hook still queues it (the free then refunds
 // from the charged bytes), and the panic goes on.
 func (l *Lifecycle) schedule() (err error) {
 	l.mu.Lock()
@@ -375,7 +425,7 @@ func (l *Lifecycle) Retry() error {
 }
 
 func (l *Lifecycle) enqueue(fences []memapi.Fence) error {
-	rel := Release{Name: l.name, Fences: fences, Free: l.free}
+	rel := Release{Name: l.name, Fences: fences, Free: l.rel.Free, Ended: l.ended}
 	err := l.c.queue.Enqueue(rel)
 	if err != nil && !l.pinned && len(fences) == 0 {
 		// An unpinned leftover on a context whose queue no longer takes
@@ -392,26 +442,21 @@ func (l *Lifecycle) enqueue(fences []memapi.Fence) error {
 	return nil
 }
 
-// free runs on the queue goroutine. A panic in the layer's Free is
-// recovered there (the queue serves every context's releases and must not
-// die): the handle is quarantined with the panic as its error.
-func (l *Lifecycle) free(ctx context.Context) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("ep: free of %s panicked: %v", l.name, p)
-		}
-		if err != nil {
-			l.quarantine(err)
-			return
-		}
-		l.mu.Lock()
-		l.state, l.err = Released, nil
-		l.mu.Unlock()
-		if l.pinned {
-			l.c.unpinHandle(l)
-		}
-	}()
-	return l.rel.Free(ctx)
+// ended settles the handle once the queue ran its release (Release.Ended):
+// released, unpinned, when the free succeeded; quarantined with err when it
+// failed or panicked (the queue recovers a panic there: it serves every
+// context's releases and must not die).
+func (l *Lifecycle) ended(err error) {
+	if err != nil {
+		l.quarantine(err)
+		return
+	}
+	l.mu.Lock()
+	l.state, l.err = Released, nil
+	l.mu.Unlock()
+	if l.pinned {
+		l.c.unpinHandle(l)
+	}
 }
 
 func (l *Lifecycle) quarantine(err error) {

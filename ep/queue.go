@@ -38,6 +38,10 @@ type Release struct {
 	// its Fences: the queue orders the two, and no Free ever waits for
 	// another inside the queue's goroutine.
 	Done *Completion
+	// Ended (optional) is called with how Free ended (nil, its error, or
+	// the panic it raised, recovered as an error), before Done completes:
+	// the owner of the memory settles there whether it is freed.
+	Ended func(err error)
 }
 
 // Completion is a fence that completes when a queued release has run. It
@@ -173,8 +177,18 @@ func (q *Queue) Enqueue(r Release) error {
 	// the caller's goroutine, instead of a hop to the queue's goroutine and
 	// back. It orders behind nothing, so the order is the queue's all the
 	// same; it blocks on no device work, only on the free itself.
-	inline := q.outstanding == 0 && allDone(r.Fences)
-	q.admitLocked()
+	inline := q.outstanding == 0
+	for _, f := range r.Fences {
+		if f != nil && !f.Done() {
+			inline = false
+			break
+		}
+	}
+	if q.outstanding == 0 { // counted outstanding until run ends it (admitLocked)
+		q.idle = make(chan struct{})
+	}
+	q.outstanding++
+	q.stats.Enqueued++
 	if inline {
 		q.mu.Unlock()
 		q.run(&job{rel: r})
@@ -205,15 +219,6 @@ func (q *Queue) admitLocked() {
 	}
 	q.outstanding++
 	q.stats.Enqueued++
-}
-
-func allDone(fs []memapi.Fence) bool {
-	for _, f := range fs {
-		if f != nil && !f.Done() {
-			return false
-		}
-	}
-	return true
 }
 
 func (q *Queue) poke() {
@@ -439,38 +444,38 @@ func (q *Queue) loop() {
 	}
 }
 
+// run runs one release's Free and books how it ended. A panic is recovered
+// and reported as the release's failure: the queue serves every handle of
+// its context and must not die with one.
 func (q *Queue) run(j *job) {
-	err := q.free(j.rel)
-	if j.rel.Done != nil {
-		j.rel.Done.complete()
-	}
-	if err != nil {
-		q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
-		if q.opts.OnError != nil {
-			q.opts.OnError(j.rel.Name, err)
-		}
-	}
-	q.mu.Lock()
-	if err != nil {
-		q.stats.Failed++
-	} else {
-		q.stats.Freed++
-	}
-	q.outstanding--
-	if q.outstanding == 0 {
-		close(q.idle)
-	}
-	q.mu.Unlock()
-}
-
-// free runs one release's Free. A panic is recovered and reported as the
-// release's failure: the queue serves every handle of its context and must
-// not die with one.
-func (q *Queue) free(r Release) (err error) {
+	var err error
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("ep: release %s panicked: %v", r.Name, p)
+			err = fmt.Errorf("ep: release %s panicked: %v", j.rel.Name, p)
 		}
+		if j.rel.Ended != nil {
+			j.rel.Ended(err)
+		}
+		if j.rel.Done != nil {
+			j.rel.Done.complete()
+		}
+		if err != nil {
+			q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
+			if q.opts.OnError != nil {
+				q.opts.OnError(j.rel.Name, err)
+			}
+		}
+		q.mu.Lock()
+		if err != nil {
+			q.stats.Failed++
+		} else {
+			q.stats.Freed++
+		}
+		q.outstanding--
+		if q.outstanding == 0 {
+			close(q.idle)
+		}
+		q.mu.Unlock()
 	}()
-	return r.Free(context.Background())
+	err = j.rel.Free(context.Background())
 }

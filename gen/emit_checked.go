@@ -467,18 +467,18 @@ itself, recognised by their concrete type and their link back to it, never by
 what the value says about itself. The methods are called on every consuming
 and refunding call and must be cheap and safe for concurrent use.`)
 	f.Type().Id("Ledger").Interface(
-		Comment("IssuedGrant reports whether g was issued by this ledger."),
-		Id("IssuedGrant").Params(Id("g").Add(c("Grant"))).Bool(),
-		Comment("IssuedAccount reports whether a is an account of this ledger."),
-		Id("IssuedAccount").Params(Id("a").Add(c("Account"))).Bool(),
+		Comment("IssuedGrant reports whether g was issued by this ledger, and the authority\nit draws on, as the ledger booked it."),
+		Id("IssuedGrant").Params(Id("g").Add(c("Grant"))).Params(c("AuthorityID"), Bool()),
+		Comment("IssuedAccount reports whether a is an account of this ledger, and the\nauthority it refunds to, as the ledger booked it."),
+		Id("IssuedAccount").Params(Id("a").Add(c("Account"))).Params(c("AuthorityID"), Bool()),
 	)
 	comment(f, `NoLedger vouches for nothing. A wrapper built with it answers queries and
 checks handles, and rejects every consuming and refunding call with
 ErrForeignGrant: the wrapper to hand out for inspection.`)
 	f.Var().Id("NoLedger").Id("Ledger").Op("=").Id("noLedger").Values()
 	f.Type().Id("noLedger").Struct()
-	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c("Grant")).Bool().Block(Return(False()))
-	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c("Account")).Bool().Block(Return(False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c("Grant")).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c("Account")).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
 	comment(f, `Ledgers returns a Ledger that vouches for what any of ls vouches for: a
 wrapper that takes the grants of several ledgers.`)
 	f.Func().Id("Ledgers").Params(Id("ls").Op("...").Id("Ledger")).Id("Ledger").Block(
@@ -487,20 +487,23 @@ wrapper that takes the grants of several ledgers.`)
 	f.Type().Id("anyLedger").Index().Id("Ledger")
 	for _, kind := range []string{"Grant", "Account"} {
 		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
-		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Bool().Block(
+		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Params(c("AuthorityID"), Bool()).Block(
 			For(List(Id("_"), Id("l")).Op(":=").Range().Id("ls")).Block(
-				If(Id("l").Op("!=").Nil().Op("&&").Id("l").Dot("Issued"+kind).Call(Id(arg))).Block(Return(True())),
+				If(Id("l").Op("==").Nil()).Block(Continue()),
+				If(List(Id("auth"), Id("ok")).Op(":=").Id("l").Dot("Issued"+kind).Call(Id(arg)), Id("ok")).Block(Return(Id("auth"), True())),
 			),
-			Return(False()),
+			Return(Lit(""), False()),
 		)
 	}
-	comment(f, `allLedgers vouches for what both of its ledgers vouch for: the ledger of a
-rewrapped wrapper.`)
+	comment(f, `allLedgers vouches for what both of its ledgers vouch for, on the same
+authority: the ledger of a rewrapped wrapper.`)
 	f.Type().Id("allLedgers").Index(Lit(2)).Id("Ledger")
 	for _, kind := range []string{"Grant", "Account"} {
 		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
-		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued" + kind).Params(Id(arg).Add(c(kind))).Bool().Block(
-			Return(Id("ls").Index(Lit(0)).Dot("Issued" + kind).Call(Id(arg)).Op("&&").Id("ls").Index(Lit(1)).Dot("Issued" + kind).Call(Id(arg))),
+		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Params(c("AuthorityID"), Bool()).Block(
+			List(Id("a0"), Id("ok0")).Op(":=").Id("ls").Index(Lit(0)).Dot("Issued"+kind).Call(Id(arg)),
+			List(Id("a1"), Id("ok1")).Op(":=").Id("ls").Index(Lit(1)).Dot("Issued"+kind).Call(Id(arg)),
+			Return(Id("a0"), Id("ok0").Op("&&").Id("ok1").Op("&&").Id("a0").Op("==").Id("a1")),
 		)
 	}
 

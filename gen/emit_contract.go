@@ -476,14 +476,14 @@ otherwise an *Error of kind ErrNilHandle, ErrForeignHandle or ErrReleased.`)
 	)
 	comment(f, "Impl checks h and returns the private state it was created with.")
 	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Impl").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
-		If(Err().Op(":=").Id("i").Dot("Check").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+		If(Err().Op(":=").Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		Return(Id("h").Dot("header").Call().Dot("impl"), Nil()),
 	)
 	comment(f, `BeginRelease checks h and moves it from live to releasing, so that a
 concurrent second release fails with ErrReleased. The mechanism then frees
 the memory and calls EndRelease with the outcome.`)
 	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("BeginRelease").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
-		If(Err().Op(":=").Id("i").Dot("Check").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+		If(Err().Op(":=").Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		Id("hd").Op(":=").Id("h").Dot("header").Call(),
 		If(Op("!").Id("hd").Dot("state").Dot("CompareAndSwap").Call(Id("stateLive"), Id("stateReleasing"))).Block(
 			Return(Nil(), Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),

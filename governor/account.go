@@ -89,3 +89,33 @@ func (s *splitAccount) foreignPart() (Part, bool) {
 	}
 	return Part{}, true
 }
+
+// IssuedAccount reports whether a is a Grant or a Lease of this governor,
+// or one of the accounts it issues over them (Lease.QuarantinedAccount,
+// Split) whose every account is its own and on the split's authority, and
+// the authority it refunds to, as the governor booked it.
+func (g *Governor) IssuedAccount(x memapi.Account) (memapi.AuthorityID, bool) {
+	var gr *grant
+	switch v := x.(type) {
+	case Lease:
+		gr = v.g
+	case Grant:
+		gr = v.g
+	case quarantinedAccount:
+		gr = v.l.g
+	case *splitAccount:
+		if v == nil || v.g != g {
+			return "", false
+		}
+		for _, p := range v.parts {
+			if a, ok := g.IssuedAccount(p.Account); !ok || a != v.auth {
+				return "", false
+			}
+		}
+		return v.auth, true
+	}
+	if gr == nil || gr.a.g != g {
+		return "", false
+	}
+	return gr.a.id, true
+}

@@ -82,7 +82,7 @@ var errAdmissionContended = errors.New("governor: the capacity admitted for the 
 // and one that may not fails with errAdmissionContended.
 const maxAdmitTries = 8
 
-// admitLocked is reserveLocked for a reservation that does not fit an
+// admitLocked is the slow path of Reserve for a reservation that does not fit an
 // authority with an Admission, called with a.mu held (it releases it): the
 // Admission raises the capacity by the shortfall, outside the lock, and the
 // reservation tries again, at most maxAdmitTries times and while its ctx

@@ -52,8 +52,10 @@ type grant struct {
 	size memapi.Bytes
 	dl   *grantDeadline // nil: no deadline (which keeps the record small)
 
-	state grantState
-	fig   figures // its share of the ledger: drawn bytes while open or expired, its lease's once committed
+	state  grantState
+	checks bool        // set when booked: it has a deadline, or the governor an Injector (see Grant.enter)
+	fig    figures     // its share of the ledger: drawn bytes while open or expired, its lease's once committed
+	books  [3]*figures // what every transition of it moves alike: its authority's figures, its account's and fig
 }
 
 // grantDeadline is a grant's deadline and its timer, which runs until it
@@ -71,6 +73,23 @@ var (
 	_ memapi.Grant   = Grant{}
 	_ memapi.Account = Grant{}
 )
+
+// The governor is a checked.Ledger: a checked wrapper built with it accepts
+// only the grants and leases this governor issued. A grant of another
+// governor, a zero Grant never reserved, or a hand-made value with a Grant's
+// methods is refused (memapi.ErrForeignGrant) before anything is drawn.
+// Recognition is by concrete type and the link every issued grant keeps to
+// its governor (through its authority), which no code outside the package
+// can set.
+
+// IssuedGrant reports whether g is a Grant this governor reserved, and
+// the authority it draws on.
+func (g *Governor) IssuedGrant(x memapi.Grant) (memapi.AuthorityID, bool) {
+	if gr, ok := x.(Grant); ok && gr.g != nil && gr.g.a.g == g {
+		return gr.g.a.id, true
+	}
+	return "", false
+}
 
 // Authority returns the authority the grant draws on ("" for a zero Grant).
 func (h Grant) Authority() memapi.AuthorityID {
@@ -108,23 +127,33 @@ func (h Grant) read(f func(*grant)) {
 	a.mu.Unlock()
 }
 
+// Each method that changes a grant or its lease starts the same way: it
+// takes its authority's lock at once when the record has nothing to check
+// first, and calls enter before that when it has (a zero handle, an
+// Injector, a deadline: record.checks).
+
 // Draw takes n bytes from the grant. It fails with memapi.ErrGrantExhausted
 // when fewer remain and with memapi.ErrGrantClosed once the grant was
 // committed, cancelled or reclaimed after its deadline; then nothing changes.
 func (h Grant) Draw(n memapi.Bytes) error {
-	a, err := h.lock(opDraw, n, true)
-	if err != nil {
-		return err
-	}
-	defer a.mu.Unlock()
 	gr := h.g
+	if gr == nil || gr.checks {
+		if err := h.enter(opDraw, n, true); err != nil {
+			return err
+		}
+	}
+	a := gr.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if gr.state != stateOpen {
 		return gr.closedError(opDraw)
 	}
 	if left := gr.size - gr.fig.drawn; n > left {
 		return opError(opDraw, memapi.ErrGrantExhausted, a.id, n, left, "")
 	}
-	a.draw(gr, n)
+	for _, f := range gr.books {
+		f.drawn += n
+	}
 	return nil
 }
 
@@ -139,12 +168,15 @@ func (h Grant) Undraw(n memapi.Bytes) error { return h.undraw(opUndraw, n) }
 func (h Grant) Refund(n memapi.Bytes) error { return h.undraw("governor.Grant.Refund", n) }
 
 func (h Grant) undraw(op string, n memapi.Bytes) error {
-	a, err := h.lock(op, n, true)
-	if err != nil {
-		return err
-	}
-	defer a.mu.Unlock()
 	gr := h.g
+	if gr == nil || gr.checks {
+		if err := h.enter(op, n, true); err != nil {
+			return err
+		}
+	}
+	a := gr.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if gr.state != stateOpen && gr.state != stateExpired {
 		return gr.closedError(op)
 	}
@@ -160,15 +192,37 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 // an empty lease. It fails with memapi.ErrGrantClosed after Commit, Cancel or
 // the deadline.
 func (h Grant) Commit() (Lease, error) {
-	a, err := h.lock(opGrantCommit, 0, true)
-	if err != nil {
-		return Lease{}, err
+	gr := h.g
+	if gr == nil || gr.checks {
+		if err := h.enter(opGrantCommit, 0, true); err != nil {
+			return Lease{}, err
+		}
 	}
+	a := gr.a
+	a.mu.Lock()
 	defer a.mu.Unlock()
-	if h.g.state != stateOpen {
-		return Lease{}, h.g.closedError(opGrantCommit)
+	if gr.state != stateOpen {
+		return Lease{}, gr.closedError(opGrantCommit)
 	}
-	a.commit(h.g)
+	// The transition: the drawn bytes become the lease's charge, the rest
+	// returns to free.
+	d, size := gr.fig.drawn, gr.size
+	gr.state = stateCommitted
+	if gr.dl != nil {
+		a.stopTimer(gr)
+	}
+	for _, f := range gr.books {
+		f.reserved -= size
+		f.drawn -= d
+		f.charged += d
+		f.grants--
+		if d != 0 {
+			f.leases++
+		}
+	}
+	if d != size && a.head != nil {
+		a.serve()
+	}
 	return Lease(h), nil
 }
 
@@ -178,12 +232,15 @@ func (h Grant) Commit() (Lease, error) {
 // forgets installed bytes. Cancelling a cancelled or expired grant with
 // nothing drawn is a no-op; after Commit it fails with memapi.ErrGrantClosed.
 func (h Grant) Cancel() error {
-	a, err := h.lock(opGrantCancel, 0, true)
-	if err != nil {
-		return err
-	}
-	defer a.mu.Unlock()
 	gr := h.g
+	if gr == nil || gr.checks {
+		if err := h.enter(opGrantCancel, 0, true); err != nil {
+			return err
+		}
+	}
+	a := gr.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	switch {
 	case gr.state == stateCommitted:
 		return gr.closedError(opGrantCancel)
@@ -195,26 +252,26 @@ func (h Grant) Cancel() error {
 	return nil
 }
 
-// lock is the start of every method that changes a grant or its lease:
-// it refuses a zero handle, consults the Injector at op when asked, and takes the
-// authority's lock, reclaiming the grant first when its deadline passed.
-// The clock is read before the lock, so a Clock never runs under it.
-func (h Grant) lock(op string, n memapi.Bytes, inject bool) (*authority, error) {
+// enter is what a method that changes a grant or its lease does before it
+// takes the authority's lock when the record has something to check
+// (record.checks, or a zero handle): it refuses a zero handle, consults the
+// Injector at op when asked, and reclaims the grant first when its deadline
+// passed. The clock is read before the lock, so a Clock never runs under it.
+func (h Grant) enter(op string, n memapi.Bytes, inject bool) error {
 	gr := h.g
 	if gr == nil {
-		return nil, opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
+		return opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
 	}
 	a := gr.a
 	if inj := a.g.inject; inj != nil && inject {
 		if err := inj.MaybeError(op, a.id, n); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if gr.dl != nil && !a.g.clock.Now().Before(gr.dl.at) {
 		gr.expire()
 	}
-	a.mu.Lock()
-	return a, nil
+	return nil
 }
 
 // expire reclaims gr if it is still open: called by its deadline timer, and

@@ -24,7 +24,7 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := gr
-	if !h.g.IssuedGrant(cp) || !h.g.IssuedAccount(cp) {
+	if !vouched(h.g.IssuedGrant(cp)) || !vouched(h.g.IssuedAccount(cp)) {
 		t.Fatal("the issuer check refused a copy of an issued grant")
 	}
 
@@ -62,7 +62,7 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 	// A copy of the lease refunds the same lease: the bytes come back
 	// once, and the second refund is over the lease.
 	lc := l
-	if !h.g.IssuedAccount(lc) {
+	if !vouched(h.g.IssuedAccount(lc)) {
 		t.Fatal("the issuer check refused a copy of a lease")
 	}
 	if err := m.Free(ctx, a, lc); err != nil {

@@ -182,11 +182,9 @@ func (g *Governor) Unregister(id HolderID) error {
 	return nil
 }
 
-// accountLocked returns the holder's account on a, creating it on first use.
-func (a *authority) accountLocked(id HolderID) *account {
-	if c := a.accts[id]; c != nil {
-		return c
-	}
+// newAccountLocked makes the holder's account on a, on its first use
+// there; nil when no holder id is registered.
+func (a *authority) newAccountLocked(id HolderID) *account {
 	h := (*a.g.holders.Load())[id]
 	if h == nil {
 		return nil

@@ -20,7 +20,12 @@ var _ memapi.Account = Lease{}
 
 // Authority returns the authority the lease is charged on ("" for a zero
 // Lease).
-func (l Lease) Authority() memapi.AuthorityID { return Grant(l).Authority() }
+func (l Lease) Authority() memapi.AuthorityID {
+	if l.g == nil {
+		return ""
+	}
+	return l.g.a.id
+}
 
 // figure reads one of the lease's figures; 0 for a zero Lease.
 func (l Lease) figure(f func(*figures) memapi.Bytes) memapi.Bytes {
@@ -43,13 +48,20 @@ func (l Lease) quarantined() memapi.Bytes {
 // Bytes returns charged + pending: what the lease still holds.
 func (l Lease) Bytes() memapi.Bytes { return l.figure((*figures).held) }
 
-// lock is Grant.lock for a lease: it also refuses a grant not committed.
+// lock is how a lease's method starts (Refund and MarkPending, on the
+// common path, do the same in their bodies): Grant.enter when the record
+// has something to check (or the lease is zero), then the authority's
+// lock; a grant not committed is refused.
 func (l Lease) lock(op string, n memapi.Bytes, inject bool) (*authority, error) {
-	a, err := Grant(l).lock(op, n, inject)
-	if err != nil {
-		return nil, err
+	gr := l.g
+	if gr == nil || gr.checks {
+		if err := Grant(l).enter(op, n, inject); err != nil {
+			return nil, err
+		}
 	}
-	if l.g.state != stateCommitted {
+	a := gr.a
+	a.mu.Lock()
+	if gr.state != stateCommitted {
 		a.mu.Unlock()
 		return nil, opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
@@ -62,15 +74,22 @@ func (l Lease) lock(op string, n memapi.Bytes, inject bool) (*authority, error) 
 // lease holds.
 func (l Lease) Refund(n memapi.Bytes) error {
 	const op = "governor.Lease.Refund"
-	a, err := l.lock(op, n, true)
-	if err != nil {
-		return err
+	gr := l.g
+	if gr == nil || gr.checks {
+		if err := Grant(l).enter(op, n, true); err != nil {
+			return err
+		}
 	}
+	a := gr.a
+	a.mu.Lock()
 	defer a.mu.Unlock()
-	if held := l.g.fig.held(); n > held {
+	if gr.state != stateCommitted {
+		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
+	}
+	if held := gr.fig.charged + gr.fig.pending; n > held {
 		return opError(op, ErrOverReturn, a.id, n, held, "refund beyond the lease")
 	}
-	a.refund(l.g, n)
+	a.refund(gr, n)
 	return nil
 }
 
@@ -80,16 +99,25 @@ func (l Lease) Refund(n memapi.Bytes) error {
 // Quarantined bytes are not marked: their free already failed.
 func (l Lease) MarkPending(n memapi.Bytes) error {
 	const op = "governor.Lease.MarkPending"
-	a, err := l.lock(op, n, true)
-	if err != nil {
-		return err
+	gr := l.g
+	if gr == nil || gr.checks {
+		if err := Grant(l).enter(op, n, true); err != nil {
+			return err
+		}
 	}
+	a := gr.a
+	a.mu.Lock()
 	defer a.mu.Unlock()
-	f := &l.g.fig
-	if n > f.charged-f.quarantined {
-		return opError(op, ErrOverReturn, a.id, n, f.charged-f.quarantined, "more than the charged bytes not quarantined")
+	if gr.state != stateCommitted {
+		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
-	a.markPending(l.g, n)
+	if free := gr.fig.charged - gr.fig.quarantined; n > free {
+		return opError(op, ErrOverReturn, a.id, n, free, "more than the charged bytes not quarantined")
+	}
+	for _, f := range gr.books { // the transition: charged to pending
+		f.charged -= n
+		f.pending += n
+	}
 	return nil
 }
 

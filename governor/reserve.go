@@ -57,10 +57,13 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 			return Grant{}, err
 		}
 	}
-	if err := g.checkReserve(r.Authority, r.Bytes, r.Deadline); err != nil {
-		return Grant{}, err
+	if r.Bytes == 0 || r.Bytes > maxBytes {
+		return Grant{}, opError(opReserve, memapi.ErrInvalidSize, r.Authority, r.Bytes, maxBytes, "")
 	}
-	a := g.authority(r.Authority)
+	if !r.Deadline.IsZero() && !g.clock.Now().Before(r.Deadline) {
+		return Grant{}, &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: r.Authority, Wanted: r.Bytes, Detail: "deadline already passed", Err: context.DeadlineExceeded}
+	}
+	a := (*g.auths.Load())[r.Authority]
 	if a == nil {
 		return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
 	}
@@ -70,44 +73,57 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 		a.mu.Unlock()
 		return Grant{}, a.shut
 	}
-	c := a.accountLocked(r.Holder)
+	c := a.accts[r.Holder]
 	if c == nil {
-		a.mu.Unlock()
-		return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
+		if c = a.newAccountLocked(r.Holder); c == nil {
+			a.mu.Unlock()
+			return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
+		}
 	}
-	gr, err := g.reserveLocked(ctx, a, c, rec, r.Role, r.Priority, r.Deadline)
+	if c.limit != 0 {
+		if err := a.overLimitLocked(c, r.Bytes); err != nil {
+			a.mu.Unlock()
+			return Grant{}, err
+		}
+	}
+	// The common case: nobody waits and the bytes fit (the free bytes are
+	// the capacity less what is used: reserved, charged and pending).
+	if f := &a.fig; a.head == nil && a.capacity-(f.reserved+f.charged+f.pending) >= r.Bytes {
+		a.reserve(rec, c, r.Role, r.Deadline)
+		a.mu.Unlock()
+		return Grant{rec}, nil
+	}
+	var gr *grant
+	var err error
+	if a.admit != nil {
+		gr, err = g.admitLocked(ctx, a, c, r.Role, r.Bytes, r.Priority, r.Deadline)
+	} else {
+		gr, err = g.queueLocked(ctx, a, c, r.Role, r.Bytes, r.Priority, r.Deadline)
+	}
 	return Grant{gr}, err
 }
 
-// checkReserve refuses what no ledger state can grant.
-func (g *Governor) checkReserve(authority memapi.AuthorityID, bytes memapi.Bytes, deadline time.Time) error {
-	if bytes == 0 || bytes > maxBytes {
-		return opError(opReserve, memapi.ErrInvalidSize, authority, bytes, maxBytes, "")
+// reserve is the transition that books a reservation (see figures.go).
+//
+// It books gr, a new record (its authority and size set, not booked
+// yet), as an open grant of c for role: its bytes leave free.
+func (a *authority) reserve(gr *grant, c *account, role Role, deadline time.Time) *grant {
+	gr.acct = c
+	gr.books = [3]*figures{&a.fig, &c.fig, &gr.fig}
+	gr.checks = a.g.inject != nil || !deadline.IsZero()
+	for _, f := range gr.books {
+		f.reserved += gr.size
+		f.grants++
 	}
-	if !deadline.IsZero() && !g.clock.Now().Before(deadline) {
-		return &memapi.Error{Op: opReserve, Kind: memapi.ErrGrantClosed, Authority: authority, Wanted: bytes, Detail: "deadline already passed", Err: context.DeadlineExceeded}
+	a.granted++
+	if !deadline.IsZero() {
+		// The clock never calls the function before AfterFunc returns,
+		// so scheduling under the lock is safe.
+		gr.dl = &grantDeadline{at: deadline, role: role}
+		gr.dl.timer = a.g.clock.AfterFunc(deadline.Sub(a.g.clock.Now()), gr.expire)
+		a.timed[gr] = struct{}{}
 	}
-	return nil
-}
-
-// reserveLocked is Reserve once the authority and the holder's account are
-// resolved, called with a.mu held (it releases it). rec is the record made
-// before the lock, booked when the bytes fit at once.
-func (g *Governor) reserveLocked(ctx context.Context, a *authority, c *account, rec *grant, role Role, priority Priority, deadline time.Time) (*grant, error) {
-	bytes := rec.size
-	if err := a.overLimitLocked(c, bytes); err != nil {
-		a.mu.Unlock()
-		return nil, err
-	}
-	if a.head == nil && a.freeLocked() >= bytes {
-		gr := a.reserve(rec, c, role, deadline)
-		a.mu.Unlock()
-		return gr, nil
-	}
-	if a.admit != nil {
-		return g.admitLocked(ctx, a, c, role, bytes, priority, deadline)
-	}
-	return g.queueLocked(ctx, a, c, role, bytes, priority, deadline)
+	return gr
 }
 
 // overLimitLocked refuses bytes beyond c's holder limit (counted as an
@@ -121,7 +137,7 @@ func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
 		Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: c.fig.used() + c.waiting}
 }
 
-// queueLocked is the slow path of reserveLocked: the request fails at once
+// queueLocked is the slow path of Reserve: the request fails at once
 // or joins the queue, asks holders for the shortfall and waits.
 func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
 	holder := c.h.id

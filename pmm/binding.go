@@ -21,6 +21,7 @@ type Binding struct {
 	role     string
 	key      memapi.DeviceKey
 	priority int
+	req      governor.Request // what each of its reservations asks: its holder, role and priority (Authority and Bytes set per call)
 
 	mu     sync.Mutex
 	live   int
@@ -82,42 +83,33 @@ func (b *Binding) Close() error {
 	return nil
 }
 
-// counted runs make, one of the binding's constructors, on the device
-// resolved now, with the new handle counted live; a failure uncounts it.
-// The handle's lifecycle uncounts it when it is closed (ep.Releaser.Closed),
-// by Close or by the leak backstop.
-func counted[T any](b *Binding, op string, make func(*device) (T, error)) (T, error) {
-	var zero T
+// begin counts a new handle of the binding live, before one of its
+// constructors makes it on the device returned (the one registered now);
+// the constructor calls release when it fails. The handle's lifecycle
+// uncounts it when it is closed (ep.Releaser.Closed), by Close or by the
+// leak backstop.
+func (b *Binding) begin(op string) (*device, error) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return zero, memapi.Errorf(op, memapi.ErrClosed, "binding of holder %s is closed", b.holder)
+		return nil, memapi.Errorf(op, memapi.ErrClosed, "binding of holder %s is closed", b.holder)
 	}
 	b.live++
 	b.mu.Unlock()
-	d, err := b.m.device(op, b.key)
-	if err != nil {
+	b.m.mu.RLock()
+	d := b.m.devices[b.key]
+	b.m.mu.RUnlock()
+	if d == nil {
 		b.release()
-		return zero, err
+		return nil, memapi.Errorf(op, memapi.ErrInvalidRange, "device %v is not registered", b.key)
 	}
-	v, err := make(d)
-	if err != nil {
-		b.release()
-		return zero, err
-	}
-	return v, nil
+	return d, nil
 }
 
 func (b *Binding) release() {
 	b.mu.Lock()
 	b.live--
 	b.mu.Unlock()
-}
-
-// reserve asks the governor for a grant of n bytes on d's authority.
-func (b *Binding) reserve(ctx context.Context, d *device, n memapi.Bytes) (governor.Grant, error) {
-	return b.m.g.Reserve(ctx, governor.Request{Authority: d.authority, Holder: governor.HolderID(b.holder),
-		Role: governor.Role(b.role), Bytes: n, Priority: governor.Priority(b.priority)})
 }
 
 // cancel returns a grant after a failed step, joining any failure to err.
@@ -137,10 +129,14 @@ func cancel(d *device, name string, g governor.Grant, err error) error {
 }
 
 // Buffer is an owning handle of ordinary memory. Record the fences of device
-// work that uses it; Close schedules its release behind them. Its lifecycle
-// is ep.Lifecycle's: open, pending once closed, released once freed, or
-// quarantined (State, Err) when the free failed, its bytes still charged,
-// until Retry or Close frees them.
+// work that uses it (RecordUse, which fails with memapi.ErrReleased once the
+// release is scheduled); Close schedules its release behind them and
+// returns without waiting for the device: the memory is freed once they
+// completed, then refunded. Its lifecycle is ep.Lifecycle's (State): open,
+// pending once closed, released once freed, or quarantined when the free
+// failed (Err, of kind ep.ErrQuarantined), its bytes still charged, until
+// Retry or Close frees them; a second Close of a buffer not quarantined
+// returns nil. These methods are ep.Owned's.
 type Buffer struct {
 	*ep.Owned
 	addr memapi.DeviceAddr
@@ -154,28 +150,6 @@ func (b *Buffer) Addr() memapi.DeviceAddr { return b.addr }
 // bytes charged.
 func (b *Buffer) Size() memapi.Bytes { return b.size }
 
-// Close schedules the buffer's release behind its recorded fences and
-// returns without waiting for the device: the memory is freed once they
-// completed, then refunded. On a quarantined buffer it retries the
-// release; otherwise a second Close returns nil.
-func (b *Buffer) Close() error { return b.Owned.Close() }
-
-// RecordUse records a fence of device work that uses the buffer: it is
-// freed only after the fence completes. It fails with memapi.ErrReleased
-// once the release is scheduled.
-func (b *Buffer) RecordUse(f memapi.Fence) error { return b.Owned.RecordUse(f) }
-
-// State returns where the buffer is in its lifecycle (ep.Lifecycle).
-func (b *Buffer) State() ep.State { return b.Owned.State() }
-
-// Err returns the error of the buffer's last failed free (of kind
-// ep.ErrQuarantined) while it is quarantined, else nil.
-func (b *Buffer) Err() error { return b.Owned.Err() }
-
-// Retry queues the free of a quarantined buffer again; on any other
-// buffer it does nothing and returns nil.
-func (b *Buffer) Retry() error { return b.Owned.Retry() }
-
 // Allocate obtains size bytes: reserve a grant, allocate through the checked
 // wrapper (which draws from it), commit the grant into a lease, and return
 // an owning Buffer. Any failure returns the grant and leaves no trace.
@@ -187,31 +161,39 @@ func (b *Buffer) Retry() error { return b.Owned.Retry() }
 // *governor.OverBudgetError whose cause is governor.ErrDefaultWait
 // (errors.Is(err, memapi.ErrOverBudget) holds).
 func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, error) {
+	const op = "pmm.Allocate"
 	var site *ep.Site
 	if b.m.opts.RecordSites {
 		site = new(ep.Site)
 		runtime.Callers(2, site[:])
 	}
-	return counted(b, "pmm.Allocate", func(d *device) (*Buffer, error) { return b.allocate(ctx, d, size, site) })
-}
-
-func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes, site *ep.Site) (*Buffer, error) {
-	const op = "pmm.Allocate"
+	d, err := b.begin(op)
+	if err != nil {
+		return nil, err
+	}
+	// From here on the handle is counted live: every failure uncounts it
+	// (release) before it returns.
 	mech := d.mech
-	n, ok := memapi.RoundUp(size, mech.Info().AllocGranularity)
+	n, ok := memapi.RoundUp(size, d.info.AllocGranularity)
 	if size == 0 || !ok {
+		b.release()
 		return nil, &memapi.Error{Op: op, Kind: memapi.ErrInvalidSize, Wanted: size}
 	}
-	g, err := b.reserve(ctx, d, n)
+	r := b.req
+	r.Authority, r.Bytes = d.authority, n
+	g, err := b.m.g.Reserve(ctx, r)
 	if err != nil {
+		b.release()
 		return nil, err
 	}
 	a, err := mech.Allocate(ctx, memapi.AllocRequest{Size: size}, g)
 	if err != nil {
+		b.release()
 		return nil, cancel(d, fmt.Sprintf("%s/%s grant of %d bytes", b.holder, b.role, n), g, err)
 	}
 	lease, err := g.Commit()
 	if err != nil {
+		b.release()
 		if ferr := mech.Free(ctx, a, g); ferr != nil {
 			free := func(ctx context.Context, acct memapi.Account) error { return mech.Free(ctx, a, acct) }
 			return nil, keepRollback(d, fmt.Sprintf("%s/%s allocation %#x (failed rollback)", b.holder, b.role, a.Addr()), g, a.Size(), free, errors.Join(err, ferr))
@@ -224,6 +206,7 @@ func (b *Binding) allocate(ctx context.Context, d *device, size memapi.Bytes, si
 	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
 	owned, err := d.ctx.OwnFrom(name, rel, ep.Origin{Bytes: a.Size(), Site: site})
 	if err != nil {
+		b.release()
 		if ferr := rel.Free(ctx); ferr != nil {
 			return nil, keepRefused(d, name+" (refused)", rel, a.Size(), errors.Join(err, ferr))
 		}

@@ -38,8 +38,9 @@ type device struct {
 	key       memapi.DeviceKey
 	ctx       *ep.Context
 	authority memapi.AuthorityID
-	mech      memapi.Mechanism // checked wrapper over the current mechanism, trusting the manager's governor
-	public    memapi.Mechanism // checked wrapper over it that takes no grant: what Mechanism hands out
+	mech      memapi.Mechanism     // checked wrapper over the current mechanism, trusting the manager's governor
+	info      memapi.MechanismInfo // mech.Info(), which a checked wrapper fixes when it is built
+	public    memapi.Mechanism     // checked wrapper over it that takes no grant: what Mechanism hands out
 	bare      memapi.Mechanism
 	gen       uint64 // bumped by Replace
 }
@@ -94,7 +95,7 @@ func (m *Manager) Register(d Device) error {
 		return memapi.Errorf("pmm.Register", memapi.ErrInUse, "device %v is already registered", d.Key)
 	}
 	own, public := m.wrap(d.Mechanism)
-	m.devices[d.Key] = &device{key: d.Key, ctx: d.Context, authority: d.Authority, mech: own, public: public, bare: d.Mechanism}
+	m.devices[d.Key] = &device{key: d.Key, ctx: d.Context, authority: d.Authority, mech: own, info: own.Info(), public: public, bare: d.Mechanism}
 	return nil
 }
 
@@ -116,7 +117,7 @@ func (m *Manager) Replace(key memapi.DeviceKey, mech memapi.Mechanism) error {
 	}
 	nd := *d
 	own, public := m.wrap(mech)
-	nd.mech, nd.public, nd.bare, nd.gen = own, public, mech, d.gen+1
+	nd.mech, nd.info, nd.public, nd.bare, nd.gen = own, own.Info(), public, mech, d.gen+1
 	m.devices[key] = &nd
 	return nil
 }
@@ -169,6 +170,7 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 	for _, o := range opts {
 		o(b)
 	}
+	b.req = governor.Request{Holder: governor.HolderID(holder), Role: governor.Role(role), Priority: governor.Priority(b.priority)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

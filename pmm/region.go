@@ -106,7 +106,15 @@ func (b *Binding) ReserveVirtual(ctx context.Context, max memapi.Bytes) (*Region
 		site = new(ep.Site)
 		runtime.Callers(2, site[:])
 	}
-	return counted(b, "pmm.ReserveVirtual", func(d *device) (*Region, error) { return b.reserveVirtual(ctx, d, max, site) })
+	d, err := b.begin("pmm.ReserveVirtual")
+	if err != nil {
+		return nil, err
+	}
+	h, err := b.reserveVirtual(ctx, d, max, site)
+	if err != nil {
+		b.release()
+	}
+	return h, err
 }
 
 func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Bytes, site *ep.Site) (*Region, error) {
@@ -118,7 +126,7 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	if err != nil {
 		return nil, err
 	}
-	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.mech.Info().Granularity,
+	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.info.Granularity,
 		txn: make(chan struct{}, 1)}
 	owned, err := d.ctx.OwnFrom(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s, ep.Origin{Bytes: res.Size(), Site: site})
 	if err != nil {
@@ -207,13 +215,21 @@ func (s *regionState) begin(ctx context.Context, op string) error {
 	}
 	select {
 	case s.txn <- struct{}{}:
-	case <-ctx.Done():
-		_ = s.lc.End()
-		return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "region busy", Err: ctx.Err()}
-	}
-	if st := s.lc.State(); st != ep.Open {
-		s.end()
-		return memapi.Errorf(op, memapi.ErrClosed, "region is %v", st)
+		// Begin held the region open and no transaction ran between:
+		// this one comes before any Close.
+	default:
+		select {
+		case s.txn <- struct{}{}:
+		case <-ctx.Done():
+			_ = s.lc.End()
+			return &memapi.Error{Op: op, Kind: memapi.ErrInUse, Detail: "region busy", Err: ctx.Err()}
+		}
+		// Another transaction ran meanwhile: the region may have been
+		// closed during it.
+		if st := s.lc.State(); st != ep.Open {
+			s.end()
+			return memapi.Errorf(op, memapi.ErrClosed, "region is %v", st)
+		}
 	}
 	s.mu.Lock()
 	shrinks := slices.Clone(s.shrinks)
@@ -278,10 +294,17 @@ func (s *regionState) grantName(rng memapi.Range) string {
 // drawing from it. On a failure nothing is left: the grant is cancelled.
 // The caller commits the grant into the new piece's lease, or rolls back.
 func (s *regionState) back(ctx context.Context, op string, rng memapi.Range) (governor.Grant, error) {
-	if err := s.settleQuarantine(ctx, op, rng); err != nil {
-		return governor.Grant{}, err
+	s.mu.Lock()
+	quarantined := len(s.quar) != 0
+	s.mu.Unlock()
+	if quarantined {
+		if err := s.settleQuarantine(ctx, op, rng); err != nil {
+			return governor.Grant{}, err
+		}
 	}
-	g, err := s.bind.reserve(ctx, s.d, rng.Len)
+	r := s.bind.req
+	r.Authority, r.Bytes = s.d.authority, rng.Len
+	g, err := s.bind.m.g.Reserve(ctx, r)
 	if err != nil {
 		return governor.Grant{}, err
 	}
@@ -332,7 +355,9 @@ func (r *Region) Grow(ctx context.Context, newLen memapi.Bytes, update func(newL
 		return err
 	}
 	defer s.end()
-	old := s.len()
+	s.mu.Lock()
+	old := s.top
+	s.mu.Unlock()
 	newTop, ok := memapi.RoundUp(newLen, s.gran)
 	if !ok || newTop > s.res.Size() {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: newLen, Available: s.res.Size(), Detail: "beyond the reserved range"}

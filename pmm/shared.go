@@ -42,7 +42,15 @@ func (b *Binding) CreateShared(ctx context.Context, size memapi.Bytes) (*Shared,
 		site = new(ep.Site)
 		runtime.Callers(2, site[:])
 	}
-	return counted(b, "pmm.CreateShared", func(d *device) (*Shared, error) { return b.createShared(ctx, d, size, site) })
+	d, err := b.begin("pmm.CreateShared")
+	if err != nil {
+		return nil, err
+	}
+	h, err := b.createShared(ctx, d, size, site)
+	if err != nil {
+		b.release()
+	}
+	return h, err
 }
 
 func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes, site *ep.Site) (*Shared, error) {
@@ -50,11 +58,13 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	if err != nil {
 		return nil, err
 	}
-	n, ok := memapi.RoundUp(size, d.mech.Info().Granularity)
+	n, ok := memapi.RoundUp(size, d.info.Granularity)
 	if size == 0 || !ok {
 		return nil, &memapi.Error{Op: "pmm.CreateShared", Kind: memapi.ErrInvalidSize, Wanted: size}
 	}
-	g, err := b.reserve(ctx, d, n)
+	r := b.req
+	r.Authority, r.Bytes = d.authority, n
+	g, err := b.m.g.Reserve(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +218,9 @@ func (r *Region) CopyOnWrite(ctx context.Context, off memapi.Bytes) error {
 		return &memapi.Error{Op: op, Kind: memapi.ErrInvalidRange, Wanted: off, Detail: "offset is not in a shared view"}
 	}
 	sm := seg.shared.sm
-	g, err := rs.bind.reserve(ctx, rs.d, seg.r.Len)
+	req := rs.bind.req
+	req.Authority, req.Bytes = rs.d.authority, seg.r.Len
+	g, err := rs.bind.m.g.Reserve(ctx, req)
 	if err != nil {
 		return err
 	}

@@ -23,15 +23,16 @@ func (m *mechanism) charge(op string, grant memapi.Grant, amount, unit memapi.By
 			Wanted:    amount,
 		}
 	}
-	if !m.ledger.IssuedGrant(grant) {
+	a, ok := m.ledger.IssuedGrant(grant)
+	if !ok {
 		return 0, m.foreignGrant(op, "grant", grant)
 	}
-	if a := grant.Authority(); a != m.info.Authority {
+	if a != m.info.Authority {
 		return 0, m.foreignAuthority(op, "grant", a)
 	}
-	n, err := m.round(op, amount, unit)
-	if err != nil {
-		return 0, err
+	n, ok := memapi.RoundUp(amount, unit)
+	if !ok {
+		return 0, m.overflow(op, amount, unit)
 	}
 	if err := grant.Draw(n); err != nil {
 		return 0, err
@@ -75,16 +76,21 @@ var book = func() *memapi.ChargeBook {
 func (m *mechanism) round(op string, amount, unit memapi.Bytes) (memapi.Bytes, error) {
 	n, ok := memapi.RoundUp(amount, unit)
 	if !ok {
-		return 0, &memapi.Error{
-			Authority: m.info.Authority,
-			Detail:    fmt.Sprintf("%d bytes overflow when rounded up to %d", amount, unit),
-			Kind:      memapi.ErrInvalidSize,
-			Mechanism: m.info.Mechanism,
-			Op:        op,
-			Wanted:    amount,
-		}
+		return 0, m.overflow(op, amount, unit)
 	}
 	return n, nil
+}
+
+// overflow is the error of amount, which overflows when rounded up to unit.
+func (m *mechanism) overflow(op string, amount, unit memapi.Bytes) error {
+	return &memapi.Error{
+		Authority: m.info.Authority,
+		Detail:    fmt.Sprintf("%d bytes overflow when rounded up to %d", amount, unit),
+		Kind:      memapi.ErrInvalidSize,
+		Mechanism: m.info.Mechanism,
+		Op:        op,
+		Wanted:    amount,
+	}
 }
 
 // account checks the account of a refunding call before the mechanism runs.
@@ -98,10 +104,11 @@ func (m *mechanism) account(op string, to memapi.Account) error {
 			Op:        op,
 		}
 	}
-	if !m.ledger.IssuedAccount(to) {
+	a, ok := m.ledger.IssuedAccount(to)
+	if !ok {
 		return m.foreignGrant(op, "account", to)
 	}
-	if a := to.Authority(); a != m.info.Authority {
+	if a != m.info.Authority {
 		return m.foreignAuthority(op, "account", a)
 	}
 	return nil

@@ -14,18 +14,20 @@ var Ledger = fakeLedger{}
 // fakeLedger is the type of Ledger.
 type fakeLedger struct{}
 
-// IssuedGrant reports whether g is a fake Grant.
-func (fakeLedger) IssuedGrant(g memapi.Grant) bool {
-	_, ok := g.(*Grant)
-	return ok
+// IssuedGrant reports whether g is a fake Grant, and its authority.
+func (fakeLedger) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
+	if x, ok := g.(*Grant); ok {
+		return x.Authority(), true
+	}
+	return "", false
 }
 
 // IssuedAccount reports whether a is a fake Account or Grant (a grant is
-// also the account its own rollbacks refund to).
-func (fakeLedger) IssuedAccount(a memapi.Account) bool {
+// also the account its own rollbacks refund to), and its authority.
+func (fakeLedger) IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool) {
 	switch a.(type) {
 	case *Account, *Grant:
-		return true
+		return a.Authority(), true
 	}
-	return false
+	return "", false
 }

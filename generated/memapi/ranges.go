@@ -12,8 +12,8 @@ func (r Range) End() (Bytes, bool) {
 
 // Within reports whether r is non-empty and lies inside [0, size).
 func (r Range) Within(size Bytes) bool {
-	e, ok := r.End()
-	return r.Len > 0 && ok && e <= size
+	e := r.Off + r.Len // End, whose overflow check is e >= r.Off
+	return r.Len > 0 && e >= r.Off && e <= size
 }
 
 // Aligned reports whether r's offset and length are multiples of g (g of 0 or 1

@@ -120,18 +120,18 @@ var doubles = checked.Ledgers(testDoubles{}, fakes.Ledger)
 // (recognised by type, as a real ledger recognises what it issued).
 type testDoubles struct{}
 
-func (testDoubles) IssuedGrant(g memapi.Grant) bool {
+func (testDoubles) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
 	switch g.(type) {
 	case *grant, *benchLedger:
-		return true
+		return g.Authority(), true
 	}
-	return false
+	return "", false
 }
 
-func (testDoubles) IssuedAccount(a memapi.Account) bool {
+func (testDoubles) IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool) {
 	switch a.(type) {
 	case *account, *benchLedger:
-		return true
+		return a.Authority(), true
 	}
-	return false
+	return "", false
 }

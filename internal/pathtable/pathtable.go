@@ -240,14 +240,42 @@ func sorted(m map[string]bool) []string {
 	return out
 }
 
+// Part returns what of p is in the files for which in is true.
+func (p Path) Part(in func(file string) bool) Path {
+	funcs, files := map[string]bool{}, map[string]bool{}
+	out := Path{file: map[string]string{}}
+	for _, f := range p.Functions {
+		if file := p.file[f]; in(file) {
+			funcs[f], files[file] = true, true
+			out.file[f] = file
+		}
+	}
+	out.Functions, out.Files = sorted(funcs), sorted(files)
+	return out
+}
+
+// Mechanism reports whether file is a mechanism's (under mechanisms/): the
+// code a path reaches, not the code it crosses to get there.
+func Mechanism(file string) bool { return strings.HasPrefix(file, "mechanisms/") }
+
 // Table is the markdown table of the measured paths, one row per path in
-// the given order: the path's name, its functions and its files.
-func Table(names []string, paths map[string]Path) string {
+// the given order: the path's name; the functions and files of memgen's
+// layers it entered on its way to the mechanism and back (everything but
+// the mechanism's own code: pmm, the governor, the execution context, the
+// checked wrapper, memapi, the pool); the mechanism's own; and the goal,
+// when goals names one.
+func Table(names []string, paths map[string]Path, goals map[string]string) string {
 	var b strings.Builder
-	b.WriteString("| path | functions entered | files |\n| --- | --- | --- |\n")
+	b.WriteString("| path | functions entered | files | the mechanism's own: functions, files | goal |\n| --- | --- | --- | --- | --- |\n")
 	for _, n := range names {
 		p := paths[n]
-		fmt.Fprintf(&b, "| %s | %d | %d |\n", n, len(p.Functions), len(p.Files))
+		layers := p.Part(func(f string) bool { return !Mechanism(f) })
+		mech := p.Part(Mechanism)
+		goal := goals[n]
+		if goal == "" {
+			goal = "—"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d, %d | %s |\n", n, len(layers.Functions), len(layers.Files), len(mech.Functions), len(mech.Files), goal)
 	}
 	return b.String()
 }

@@ -77,3 +77,18 @@ func TestReplace(t *testing.T) {
 		t.Fatal("replaced without markers")
 	}
 }
+
+// The table counts memgen's layers and the mechanism's own code apart.
+func TestTableSplitsTheMechanism(t *testing.T) {
+	p := Path{
+		Functions: []string{"mechanisms/cpu.(*M).Allocate", "pmm.(*B).Allocate", "pmm.begin"},
+		Files:     []string{"mechanisms/cpu/a.go", "pmm/b.go"},
+		file:      map[string]string{"mechanisms/cpu.(*M).Allocate": "mechanisms/cpu/a.go", "pmm.(*B).Allocate": "pmm/b.go", "pmm.begin": "pmm/b.go"},
+	}
+	got := Table([]string{"x", "y"}, map[string]Path{"x": p}, map[string]string{"x": "≤ 2"})
+	want := "| path | functions entered | files | the mechanism's own: functions, files | goal |\n| --- | --- | --- | --- | --- |\n" +
+		"| x | 2 | 1 | 1, 1 | ≤ 2 |\n| y | 0 | 0 | 0, 0 | — |\n"
+	if got != want {
+		t.Fatalf("table\n%s\nwant\n%s", got, want)
+	}
+}

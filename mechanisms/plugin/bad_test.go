@@ -129,12 +129,14 @@ type countingGrant struct{ drawn memapi.Bytes }
 // checked wrapper refuses grants of ledgers it was not built with.
 type countingLedger struct{}
 
-func (countingLedger) IssuedGrant(g memapi.Grant) bool {
-	_, ok := g.(*countingGrant)
-	return ok
+func (countingLedger) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
+	if c, ok := g.(*countingGrant); ok {
+		return c.Authority(), true
+	}
+	return "", false
 }
 
-func (countingLedger) IssuedAccount(memapi.Account) bool { return false }
+func (countingLedger) IssuedAccount(memapi.Account) (memapi.AuthorityID, bool) { return "", false }
 
 func (*countingGrant) Authority() memapi.AuthorityID { return "host" }
 func (c *countingGrant) Draw(n memapi.Bytes) error   { c.drawn += n; return nil }

@@ -21,10 +21,16 @@ import (
 // what the value says about itself. The methods are called on every consuming
 // and refunding call and must be cheap and safe for concurrent use.
 type Ledger interface {
-	// IssuedGrant reports whether g was issued by this ledger.
-	IssuedGrant(g memapi.Grant) bool
-	// IssuedAccount reports whether a is an account of this ledger.
-	IssuedAccount(a memapi.Account) bool
+	/*
+	   IssuedGrant reports whether g was issued by this ledger, and the authority
+	   it draws on, as the ledger booked it.
+	*/
+	IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool)
+	/*
+	   IssuedAccount reports whether a is an account of this ledger, and the
+	   authority it refunds to, as the ledger booked it.
+	*/
+	IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool)
 }
 
 // NoLedger vouches for nothing. A wrapper built with it answers queries and
@@ -34,12 +40,12 @@ var NoLedger Ledger = noLedger{}
 
 type noLedger struct{}
 
-func (noLedger) IssuedGrant(memapi.Grant) bool {
-	return false
+func (noLedger) IssuedGrant(memapi.Grant) (memapi.AuthorityID, bool) {
+	return "", false
 }
 
-func (noLedger) IssuedAccount(memapi.Account) bool {
-	return false
+func (noLedger) IssuedAccount(memapi.Account) (memapi.AuthorityID, bool) {
+	return "", false
 }
 
 // Ledgers returns a Ledger that vouches for what any of ls vouches for: a
@@ -50,34 +56,44 @@ func Ledgers(ls ...Ledger) Ledger {
 
 type anyLedger []Ledger
 
-func (ls anyLedger) IssuedGrant(g memapi.Grant) bool {
+func (ls anyLedger) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
 	for _, l := range ls {
-		if l != nil && l.IssuedGrant(g) {
-			return true
+		if l == nil {
+			continue
+		}
+		if auth, ok := l.IssuedGrant(g); ok {
+			return auth, true
 		}
 	}
-	return false
+	return "", false
 }
 
-func (ls anyLedger) IssuedAccount(a memapi.Account) bool {
+func (ls anyLedger) IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool) {
 	for _, l := range ls {
-		if l != nil && l.IssuedAccount(a) {
-			return true
+		if l == nil {
+			continue
+		}
+		if auth, ok := l.IssuedAccount(a); ok {
+			return auth, true
 		}
 	}
-	return false
+	return "", false
 }
 
-// allLedgers vouches for what both of its ledgers vouch for: the ledger of a
-// rewrapped wrapper.
+// allLedgers vouches for what both of its ledgers vouch for, on the same
+// authority: the ledger of a rewrapped wrapper.
 type allLedgers [2]Ledger
 
-func (ls allLedgers) IssuedGrant(g memapi.Grant) bool {
-	return ls[0].IssuedGrant(g) && ls[1].IssuedGrant(g)
+func (ls allLedgers) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
+	a0, ok0 := ls[0].IssuedGrant(g)
+	a1, ok1 := ls[1].IssuedGrant(g)
+	return a0, ok0 && ok1 && a0 == a1
 }
 
-func (ls allLedgers) IssuedAccount(a memapi.Account) bool {
-	return ls[0].IssuedAccount(a) && ls[1].IssuedAccount(a)
+func (ls allLedgers) IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool) {
+	a0, ok0 := ls[0].IssuedAccount(a)
+	a1, ok1 := ls[1].IssuedAccount(a)
+	return a0, ok0 && ok1 && a0 == a1
 }
 
 // Option configures Wrap.

@@ -563,16 +563,22 @@ var Ledger = suiteLedger{}
 // suiteLedger is the type of Ledger.
 type suiteLedger struct{}
 
-// IssuedGrant reports whether g is one of the suite's grants.
-func (suiteLedger) IssuedGrant(g memapi.Grant) bool {
-	_, ok := g.(*grant)
-	return ok
+// IssuedGrant reports whether g is one of the suite's grants, and its
+// authority.
+func (suiteLedger) IssuedGrant(g memapi.Grant) (memapi.AuthorityID, bool) {
+	if x, ok := g.(*grant); ok {
+		return x.Authority(), true
+	}
+	return "", false
 }
 
-// IssuedAccount reports whether a is one of the suite's accounts.
-func (suiteLedger) IssuedAccount(a memapi.Account) bool {
-	_, ok := a.(*account)
-	return ok
+// IssuedAccount reports whether a is one of the suite's accounts, and its
+// authority.
+func (suiteLedger) IssuedAccount(a memapi.Account) (memapi.AuthorityID, bool) {
+	if x, ok := a.(*account); ok {
+		return x.Authority(), true
+	}
+	return "", false
 }
 
 // books is UsedBytes and the ledger at one moment.

@@ -232,7 +232,7 @@ func (i *Issuer) Check(op string, h Handle) error {
 
 // Impl checks h and returns the private state it was created with.
 func (i *Issuer) Impl(op string, h Handle) (any, error) {
-	if err := i.Check(op, h); err != nil {
+	if err := CheckHandle(op, h, i.instance); err != nil {
 		return nil, err
 	}
 	return h.header().impl, nil
@@ -242,7 +242,7 @@ func (i *Issuer) Impl(op string, h Handle) (any, error) {
 // concurrent second release fails with ErrReleased. The mechanism then frees
 // the memory and calls EndRelease with the outcome.
 func (i *Issuer) BeginRelease(op string, h Handle) (any, error) {
-	if err := i.Check(op, h); err != nil {
+	if err := CheckHandle(op, h, i.instance); err != nil {
 		return nil, err
 	}
 	hd := h.header()
