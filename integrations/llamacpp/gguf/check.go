@@ -50,7 +50,10 @@ func (e *FormatError) Unwrap() []error {
 // Info is what Check read: the metadata this package understands and every
 // tensor's description.
 type Info struct {
-	Size    int64 // the file's size
+	Size int64 // the file's size
+	// Data is where the data section starts in the file: a tensor's
+	// bytes are at Data + its Offset.
+	Data    int64
 	Meta    map[string]any
 	Tensors []TensorInfo
 	// Raw is every metadata entry as the file encodes it (RawValue), in
@@ -297,6 +300,7 @@ func Check(path string) (*Info, error) {
 		align = a
 	}
 	data := pad(uint64(r.off), align)
+	in.Data = int64(data)
 	for _, t := range in.Tensors {
 		n := uint64(1)
 		for _, d := range t.Dims {

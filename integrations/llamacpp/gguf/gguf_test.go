@@ -52,8 +52,15 @@ func TestWriteThenCheck(t *testing.T) {
 		}
 		end = ti.Offset + pad(4*uint64(len(ts[i].Data)), alignment)
 	}
-	if data := uint64(len(b)) - end; data%alignment != 0 {
-		t.Errorf("the data section starts at %d, not aligned", data)
+	if data := uint64(len(b)) - end; data%alignment != 0 || int64(data) != in.Data {
+		t.Errorf("the data section starts at %d (Check says %d), not aligned", data, in.Data)
+	}
+	// Each tensor's bytes are at Data + Offset.
+	for i, ti := range in.Tensors {
+		at := uint64(in.Data) + ti.Offset
+		if got := math.Float32frombits(binary.LittleEndian.Uint32(b[at:])); got != ts[i].Data[0] {
+			t.Errorf("tensor %s's first value at %d: %v, want %v", ti.Name, at, got, ts[i].Data[0])
+		}
 	}
 	emb, _ := in.Tensor("token_embd.weight")
 	if emb.Dims[0] != 64 || emb.Dims[1] != 40 {
