@@ -29,9 +29,19 @@ type allocator interface {
 // buffer is the Go side of one ggml buffer of the memgen buffer type.
 type buffer interface {
 	base() memapi.DeviceAddr
-	kv() bool
+	kind() bufferKind
 	free()
 }
+
+// bufferKind says what device.c does with a buffer's tensors (its
+// BUF_PLAIN, BUF_KV, BUF_WEIGHTS).
+type bufferKind C.int
+
+const (
+	plainBuffer  bufferKind = 0 // nothing
+	kvBufferKind bufferKind = 1 // each gets a Region of its own (initTensor)
+	weightsKind  bufferKind = 2 // each is recorded (addTensor)
+)
 
 // weightBuffer is a buffer of weights, committed whole: a pmm.Region of
 // the model's weights binding where its device offers VirtualBacking (so
@@ -42,6 +52,15 @@ type weightBuffer struct {
 	reg  *pmm.Region
 	buf  *pmm.Buffer
 	size memapi.Bytes // committed
+
+	tensors []weightTensor // as llama.cpp placed them (at load)
+	// At the first level-2 sleep (reload.go): checked, the tensors were
+	// compared with the model file; differs names the first that is not
+	// the file's (its region moves instead of being discarded); runs are
+	// the reads that reload the region.
+	checked bool
+	differs string
+	runs    []fileRun
 }
 
 func (w *weightBuffer) base() memapi.DeviceAddr {
@@ -50,8 +69,8 @@ func (w *weightBuffer) base() memapi.DeviceAddr {
 	}
 	return w.buf.Addr()
 }
-func (w *weightBuffer) kv() bool { return false }
-func (w *weightBuffer) free()    { w.m.freeWeights(w) }
+func (w *weightBuffer) kind() bufferKind { return weightsKind }
+func (w *weightBuffer) free()            { w.m.freeWeights(w) }
 
 // hostBuffer is a context's buffer of the host buffer type: a compute
 // buffer (activations, sized by llama.cpp's scheduler for UBatch tokens
@@ -63,7 +82,7 @@ type hostBuffer struct {
 }
 
 func (h *hostBuffer) base() memapi.DeviceAddr { return h.buf.Addr() }
-func (h *hostBuffer) kv() bool                { return false }
+func (h *hostBuffer) kind() bufferKind        { return plainBuffer }
 func (h *hostBuffer) free()                   { h.c.freeHost(h) }
 
 // kvTensor is one KV tensor (cache_k_l<i> or cache_v_l<i>): its own
@@ -130,7 +149,7 @@ type kvBuffer struct {
 }
 
 func (b *kvBuffer) base() memapi.DeviceAddr { return b.reserve.Addr() }
-func (b *kvBuffer) kv() bool                { return true }
+func (b *kvBuffer) kind() bufferKind        { return kvBufferKind }
 func (b *kvBuffer) free()                   { b.c.freeKV(b) }
 
 // initTensor gives the tensor its own Region. Only the KV cache's tensors
@@ -178,7 +197,7 @@ func (b *kvBuffer) clear(v byte) {
 // context's creation, decode or free), never concurrently for one owner.
 
 //export memgenLlamaAlloc
-func memgenLlamaAlloc(owner C.uintptr_t, size C.size_t, host C.int, handle *C.uintptr_t, kv *C.int) (addr C.uintptr_t) {
+func memgenLlamaAlloc(owner C.uintptr_t, size C.size_t, host C.int, handle *C.uintptr_t, kind *C.int) (addr C.uintptr_t) {
 	if owner == 0 {
 		return 0 // an allocation outside the bridge's calls: nothing to charge it to
 	}
@@ -188,9 +207,7 @@ func memgenLlamaAlloc(owner C.uintptr_t, size C.size_t, host C.int, handle *C.ui
 		return 0
 	}
 	*handle = C.uintptr_t(cgo.NewHandle(b))
-	if b.kv() {
-		*kv = 1
-	}
+	*kind = C.int(b.kind())
 	return C.uintptr_t(b.base())
 }
 
@@ -203,6 +220,12 @@ func memgenLlamaInitTensor(handle C.uintptr_t, t *C.struct_ggml_tensor) C.uintpt
 		return 0
 	}
 	return C.uintptr_t(addr)
+}
+
+//export memgenLlamaWeightTensor
+func memgenLlamaWeightTensor(handle C.uintptr_t, t *C.struct_ggml_tensor) {
+	w := cgo.Handle(handle).Value().(*weightBuffer)
+	w.addTensor(C.GoString(&t.name[0]), memapi.DeviceAddr(uintptr(t.data)), memapi.Bytes(C.memgen_llama_nbytes(t)))
 }
 
 //export memgenLlamaFree

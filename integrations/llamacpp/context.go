@@ -437,7 +437,14 @@ type TopLogits struct {
 type seqState struct {
 	tokens []int32
 	cells  int
+	// finished: the caller said so (FinishSeq) and has not decoded into it
+	// since; a level-2 sleep discards its cells.
+	finished bool
 }
+
+// running reports whether a level-2 sleep must keep the sequence's KV
+// cache: it holds cells and is not finished.
+func (sq seqState) running() bool { return sq.cells > 0 && !sq.finished }
 
 // DecodeBatch appends each entry's tokens to its sequence, decodes them all
 // together (each sequence in its own KV stream, one llama_decode for up to
@@ -586,6 +593,7 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	for i, e := range in {
 		sq := &c.seqs[e.Seq]
 		sq.tokens = append(sq.tokens, e.Tokens...)
+		sq.finished = false
 		if e.Top != nil {
 			*e.Top = tops[i]
 		}
@@ -878,6 +886,68 @@ func (c *Context) ResetSeq(ctx context.Context, seq int) error {
 		return memapi.Errorf(op, memapi.ErrInvalidRange, "sequence %d (the context has %d)", seq, len(c.seqs))
 	}
 	return c.resetLocked(ctx, op, []int{seq})
+}
+
+// FinishSeq says that sequence seq is finished for now: its cells stay,
+// and a DecodeBatch that names it again continues it (it runs again), but
+// a level-2 sleep (Model.SleepLevel) discards them instead of keeping them
+// (its tokens are kept, and the next call that names it recomputes them,
+// as after a preemption). A sequence is running from the DecodeBatch that
+// names it until FinishSeq or ResetSeq. A sequence outside the context's
+// is memapi.ErrInvalidRange; a closed context memapi.ErrClosed.
+func (c *Context) FinishSeq(seq int) error {
+	const op = "llamacpp.Context.FinishSeq"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return memapi.Errorf(op, memapi.ErrClosed, "context %s was closed", c.holder)
+	}
+	if seq < 0 || seq >= len(c.seqs) {
+		return memapi.Errorf(op, memapi.ErrInvalidRange, "sequence %d (the context has %d)", seq, len(c.seqs))
+	}
+	c.seqs[seq].finished = true
+	return nil
+}
+
+// dropFinished discards the cells of the finished sequences (c.mu held,
+// the model's sleep turn taken): llama.cpp's cells, then their ranges'
+// backing, behind the decode fences, as a preemption does; their tokens
+// stay. A context whose KV cache a preemption moved to the host tier is
+// left as it is. On a failure the sequences' cells are gone and their
+// ranges hold what they could not release: the next decode shrinks them.
+func (c *Context) dropFinished(ctx context.Context) error {
+	if c.closed || len(c.preempted) != 0 {
+		return nil
+	}
+	var seqs []int
+	for s, sq := range c.seqs {
+		if sq.finished && sq.cells > 0 {
+			if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(s), 0) {
+				return fmt.Errorf("%w: llama_memory_seq_rm refused sequence %d", ErrDecode, s)
+			}
+			c.seqs[s].cells = 0
+			seqs = append(seqs, s)
+		}
+	}
+	for _, t := range c.tensors {
+		for _, s := range seqs {
+			if t.backed[s] == 0 {
+				continue
+			}
+			if err := faultAt("decommit KV " + t.name); err != nil {
+				return err
+			}
+			if err := t.resize(ctx, s, 0); err != nil {
+				return fmt.Errorf("%s of sequence %d: %w", t.name, s, err)
+			}
+		}
+	}
+	return nil
+}
+
+// running reports whether a sequence of the context is running.
+func (c *Context) running() bool {
+	return slices.ContainsFunc(c.seqs, seqState.running)
 }
 
 // resetLocked drops the sequences in seqs (every one for nil).

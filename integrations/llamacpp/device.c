@@ -35,8 +35,11 @@
 struct buffer_ctx {
 	void *base;
 	uintptr_t handle; /* the Go buffer (cgo.Handle) */
-	int kv;           /* 1: tensors get Regions of their own */
+	int kind;         /* BUF_KV: tensors get Regions of their own; BUF_WEIGHTS: tensors are recorded */
 };
+
+/* A buffer's kind, as memgenLlamaAlloc says it. */
+enum { BUF_PLAIN = 0, BUF_KV = 1, BUF_WEIGHTS = 2 };
 
 static __thread uintptr_t owner;
 
@@ -58,7 +61,13 @@ static void *buf_base(ggml_backend_buffer_t b) { return ((struct buffer_ctx *)b-
 
 static enum ggml_status buf_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor *t) {
 	struct buffer_ctx *c = b->context;
-	if (!c->kv || t->view_src != NULL) return GGML_STATUS_SUCCESS;
+	if (t->view_src != NULL || c->kind == BUF_PLAIN) return GGML_STATUS_SUCCESS;
+	if (c->kind == BUF_WEIGHTS) {
+		/* Go records where each weight lives (a level-2 sleep reloads
+		 * it from the model file). */
+		memgenLlamaWeightTensor(c->handle, t);
+		return GGML_STATUS_SUCCESS;
+	}
 	uintptr_t addr = memgenLlamaInitTensor(c->handle, t);
 	if (addr == 0) return GGML_STATUS_ALLOC_FAILED;
 	t->data = (void *)addr;
@@ -89,7 +98,7 @@ static bool buf_cpy(ggml_backend_buffer_t b, const struct ggml_tensor *src, stru
 
 static void buf_clear(ggml_backend_buffer_t b, uint8_t v) {
 	struct buffer_ctx *c = b->context;
-	if (c->kv) {
+	if (c->kind == BUF_KV) {
 		/* Only the committed rows of each tensor hold anything. */
 		memgenLlamaClear(c->handle, v);
 		return;
@@ -123,7 +132,7 @@ static struct ggml_backend_buffer_type host_buft;
 static ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t t, size_t size) {
 	struct buffer_ctx *c = calloc(1, sizeof *c);
 	if (!c) return NULL;
-	uintptr_t base = memgenLlamaAlloc(owner, size, t == &host_buft, &c->handle, &c->kv);
+	uintptr_t base = memgenLlamaAlloc(owner, size, t == &host_buft, &c->handle, &c->kind);
 	if (base == 0) {
 		free(c);
 		return NULL;

@@ -75,9 +75,19 @@ type Model struct {
 	contexts map[*Context]struct{}
 	nextID   int
 
-	sleepTurn chan struct{}    // serializes Sleep and Wake, taken bounded by their ctx
-	asleep    bool             // under mu: the weights are offloaded
+	sleepTurn chan struct{}    // serializes Sleep, Wake and Close, taken bounded by their ctx
+	asleep    bool             // under mu: the weights are offloaded or discarded
+	level     int              // under mu: the sleep's level (1 or 2) while asleep
 	sleeping  []*pmm.Offloaded // under mu: the weights' host copies while asleep
+	discarded []*weightBuffer  // under mu: the weight regions a level-2 sleep decommitted, to reload
+
+	// The model file as loaded (reload.go): its absolute path and identity.
+	file    string
+	stamp   fileStamp
+	stamped bool
+	// The time the reloads of level-2 wakes took, summed: committing the
+	// regions, and reading the file into them (in the sleep turn).
+	wakeCommit, wakeRead time.Duration
 }
 
 // LoadModel checks the GGUF file at path (gguf.Check: a missing,
@@ -104,6 +114,7 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 		return nil, &gguf.FormatError{Path: path, Kind: gguf.ErrCorrupt, Detail: "no token_embd.weight of 2 dimensions"}
 	}
 	m := &Model{opts: opts, path: path, info: info, nVocab: int(emb.Dims[1]), contexts: map[*Context]struct{}{}, sleepTurn: make(chan struct{}, 1)}
+	m.stampFile()
 	if !opts.Stock {
 		if opts.Manager == nil || opts.Governor == nil {
 			return nil, memapi.Errorf(op, memapi.ErrNilHandle, "Options.Manager and Options.Governor are required (or Stock)")
@@ -214,9 +225,14 @@ func (m *Model) freeWeights(w *weightBuffer) {
 // Close frees the model: its weights are released and refunded, the
 // weights' holder is unregistered. Every context must be closed first
 // (memapi.ErrInUse otherwise); a second Close fails with memapi.ErrClosed.
-// ctx bounds the wait for the refunds.
+// ctx bounds the wait for a Sleep or Wake in progress and for the refunds.
+// An asleep model closes too: its host copies are dropped.
 func (m *Model) Close(ctx context.Context) error {
 	const op = "llamacpp.Model.Close"
+	if err := takeTurn(ctx, op, m.sleepTurn); err != nil {
+		return err
+	}
+	defer func() { <-m.sleepTurn }()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -228,7 +244,7 @@ func (m *Model) Close(ctx context.Context) error {
 	}
 	m.closed = true
 	drop := dropSleeping(m.sleeping) // asleep: the weights' host copies go with it
-	m.sleeping, m.asleep = nil, false
+	m.sleeping, m.discarded, m.asleep, m.level = nil, nil, false, 0
 	m.mu.Unlock()
 	C.memgen_llama_model_free(m.c)
 	m.c = nil

@@ -145,8 +145,8 @@ func TestSleepWakeTokensIdentical(t *testing.T) {
 	if _, err := m.NewContext(bg(t), ContextOptions{NCtx: 64}); !errors.Is(err, ErrAsleep) {
 		t.Fatalf("a new context while asleep: %v", err)
 	}
-	if err := m.Sleep(bg(t), tier.bind); err != nil {
-		t.Fatalf("a second sleep: %v", err)
+	if err := m.Sleep(bg(t), tier.bind); !errors.Is(err, ErrAsleep) {
+		t.Fatalf("a second sleep: %v, want ErrAsleep", err)
 	}
 
 	if err := m.Wake(bg(t)); err != nil {
@@ -161,8 +161,8 @@ func TestSleepWakeTokensIdentical(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("tokens across the sleep %v\nwant %v", got, want)
 	}
-	if err := m.Wake(bg(t)); err != nil {
-		t.Fatalf("a second wake: %v", err)
+	if err := m.Wake(bg(t)); !errors.Is(err, ErrNotAsleep) {
+		t.Fatalf("a second wake: %v, want ErrNotAsleep", err)
 	}
 }
 
