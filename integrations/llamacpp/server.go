@@ -42,13 +42,21 @@ type ServerOptions struct {
 	// StepTimeout bounds each batched decode (its growth's wait for the
 	// governor included). Default 30 s.
 	StepTimeout time.Duration
-	// SleepAfter, when positive, puts the model to sleep (Model.Sleep into
-	// SleepTo) once no request has run for that long, and the next
-	// request wakes it (Model.Wake, bounded by StepTimeout) before it
-	// decodes. 0: never.
+	// SleepAfter, when positive, puts the model to sleep
+	// (Model.SleepLevel at SleepLevel, into SleepTo) once no request has
+	// run for that long, and the next request wakes it (Model.Wake,
+	// bounded by StepTimeout) before it decodes. 0: never.
 	SleepAfter time.Duration
+	// SleepLevel is the level an idle model sleeps at: 1 (the default)
+	// moves the weights to SleepTo; 2 discards them and the next request
+	// reloads them from the model file. An idle server has no running
+	// sequence, so at level 2 nothing of the KV cache moves.
+	SleepLevel int
 	// SleepTo is the host tier an idle model sleeps into: a binding of the
-	// model's manager on another authority. Required with SleepAfter.
+	// model's manager on another authority. Required with SleepAfter at
+	// level 1; at level 2 it takes the weights that are not the model
+	// file's (none unless llama.cpp converted some at load), and may be
+	// nil when there are none (the sleeps fail otherwise: SleepErrors).
 	SleepTo *pmm.Binding
 }
 
@@ -181,8 +189,14 @@ func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, erro
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = 30 * time.Second
 	}
-	if opts.SleepAfter > 0 && opts.SleepTo == nil {
-		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrNilHandle, "SleepAfter needs SleepTo, the host tier to sleep into")
+	if opts.SleepLevel == 0 {
+		opts.SleepLevel = 1
+	}
+	if opts.SleepLevel != 1 && opts.SleepLevel != 2 {
+		return nil, fmt.Errorf("llamacpp.NewServer: SleepLevel %d: %w", opts.SleepLevel, ErrSleepLevel)
+	}
+	if opts.SleepAfter > 0 && opts.SleepLevel == 1 && opts.SleepTo == nil {
+		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrNilHandle, "SleepAfter at level 1 needs SleepTo, the host tier to sleep into")
 	}
 	c, err := m.NewContext(ctx, ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
 	if err != nil {

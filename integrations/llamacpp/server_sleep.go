@@ -10,8 +10,8 @@ import (
 // ServerOptions.SleepAfter set, the model goes to sleep once it has been
 // idle that long, and the next request wakes it before it decodes; a wake
 // that fails fails that request (the model stays asleep, its bytes in the
-// host tier, and the next request tries again). It returns false when the
-// server closes.
+// host tier or, at level 2, to be reloaded from the model file, and the
+// next request tries again). It returns false when the server closes.
 func (s *Server) idle() (*job, bool) {
 	var timer <-chan time.Time
 	if s.opts.SleepAfter > 0 && !s.m.Asleep() {
@@ -38,11 +38,12 @@ func (s *Server) idle() (*job, bool) {
 	}
 }
 
-// sleep puts the idle model to sleep, bounded by StepTimeout.
+// sleep puts the idle model to sleep at SleepLevel, bounded by
+// StepTimeout.
 func (s *Server) sleep() {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
 	defer cancel()
-	err := s.m.Sleep(ctx, s.opts.SleepTo)
+	err := s.m.SleepLevel(ctx, s.opts.SleepLevel, s.opts.SleepTo)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {

@@ -72,3 +72,56 @@ func TestServerSleepsWhenIdle(t *testing.T) {
 	}
 	t.Logf("%d sleeps, %d wakes in %v; the weights (%d bytes) waited in the host tier", st.Sleeps, st.Wakes, st.WakeTime, weights)
 }
+
+// At level 2 an idle server discards its weights (nothing goes to a host
+// tier: it has none) and the next request reloads them from the model
+// file and gets the tokens an awake server gives.
+func TestServerSleepsLevel2(t *testing.T) {
+	r := newRig(t, 1<<30)
+	m := loadModelAt(t, gqaModelPath, r.options())
+	if _, err := NewServer(bg(t), m, ServerOptions{SleepAfter: time.Millisecond, SleepLevel: 3}); !errors.Is(err, ErrSleepLevel) {
+		t.Fatalf("SleepLevel 3: %v", err)
+	}
+	s, err := NewServer(bg(t), m, ServerOptions{Sequences: 2, NCtx: 512, SleepAfter: 50 * time.Millisecond, SleepLevel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler(nil))
+	t.Cleanup(func() {
+		hs.Close()
+		if err := s.Close(context.Background()); err != nil && !isClosed(err) {
+			t.Error(err)
+		}
+	})
+	complete := func() []int32 {
+		t.Helper()
+		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
+		var c completion
+		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("completion: %d %s", code, body)
+		}
+		return c.Choices[0].Tokens
+	}
+	awaitAsleep := func() {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !s.Stats().Asleep; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the idle server did not sleep within 30 s: %+v", s.Stats())
+			}
+		}
+	}
+	weights := r.charged(m.Holder())
+	first := complete()
+	awaitAsleep()
+	r.settle(t)
+	if w, st := r.charged(m.Holder()), m.SleepState(); w != 0 || st.Level != 2 || st.Discarded != weights {
+		t.Fatalf("asleep: the weights hold %d on the device (were %d), state %+v", w, weights, st)
+	}
+	second := complete()
+	if !slices.Equal(first, second) {
+		t.Fatalf("after a level-2 wake %v, before %v", second, first)
+	}
+	if st := s.Stats(); st.Sleeps < 1 || st.Wakes < 1 || st.SleepErrors != 0 {
+		t.Fatalf("stats %+v: want a sleep and a wake, no error", st)
+	}
+}

@@ -32,6 +32,7 @@ type serveConfig struct {
 	join               time.Duration // with ledger: how long the load and the context's creation wait for others to give back
 	stock              bool          // llama.cpp's own buffers, every sequence's n_ctx allocated at start
 	sleepAfter         time.Duration // idle this long, the engine sleeps into the host tier (0: never)
+	sleepLevel         int           // the sleep's level: 1 moves the weights to the host tier, 2 discards them (reloaded from the model file)
 }
 
 // serve runs the HTTP endpoint (llamacpp.Server) on cfg.listen until SIGINT
@@ -92,7 +93,7 @@ func serve(cfg serveConfig) error {
 		if sopts.SleepTo, err = h.mgr.Bind("llama/sleep", "host-copy", h.offload); err != nil {
 			return err
 		}
-		sopts.SleepAfter = cfg.sleepAfter
+		sopts.SleepAfter, sopts.SleepLevel = cfg.sleepAfter, cfg.sleepLevel
 	}
 	// The context's creation waits, as the load did, within -join-timeout.
 	s, err := llamacpp.NewServer(loadCtx, m, sopts)

@@ -285,6 +285,7 @@ func main() {
 	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
 	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model and creating its context wait for other processes to give memory back")
 	sleepAfter := flag.Duration("sleep-after", 0, "with -listen: idle this long, the engine sleeps (its weights and KV cache move to host memory outside the\nbudget, the device's backing given back, every address kept) and the next request wakes it (0: never)")
+	sleepLevel := flag.Int("sleep-level", 1, "with -sleep-after: 1 moves the weights (and KV cache) to host memory; 2 discards the weights, and the next\nrequest reloads them from the model file")
 	stock := flag.Bool("stock", false, "with -listen: serve stock llama.cpp (its own buffers, every sequence's n_ctx of KV allocated at start, as llama-server does;\nno ledger, -budget ignored), for comparison")
 	flag.Parse()
 	if *listen != "" {
@@ -302,7 +303,7 @@ func main() {
 		}
 		if err == nil {
 			err = serve(serveConfig{lib: *lib, model: *model, listen: *listen, budget: budget, seqs: *seqs, nCtx: *nCtx,
-				threads: *threads, queue: *queue, ledger: *ledger, join: *join, stock: *stock, sleepAfter: *sleepAfter})
+				threads: *threads, queue: *queue, ledger: *ledger, join: *join, stock: *stock, sleepAfter: *sleepAfter, sleepLevel: *sleepLevel})
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llamaserve:", err)

@@ -9,13 +9,20 @@ import (
 )
 
 // TestSleepAfter: llamaserve -sleep-after puts the idle engine to sleep
-// and the next request wakes it; the completions before and after are the
-// same, and /stats counts the sleeps and wakes.
+// (at -sleep-level 1 and 2) and the next request wakes it; the
+// completions before and after are the same, and /stats counts the sleeps
+// and wakes.
 func TestSleepAfter(t *testing.T) {
 	lib := need(t, "MEMGEN_LLAMACPP_LIB")
 	model := need(t, "MEMGEN_LLAMACPP_GQA_MODEL")
 	bin := build(t)
-	e := start(t, bin, "-lib", lib, "-model", model, "-budget", "64MiB", "-sequences", "2", "-nctx", "512", "-sleep-after", "50ms")
+	for _, level := range []string{"1", "2"} {
+		t.Run("level"+level, func(t *testing.T) { sleepAfter(t, bin, lib, model, level) })
+	}
+}
+
+func sleepAfter(t *testing.T, bin, lib, model, level string) {
+	e := start(t, bin, "-lib", lib, "-model", model, "-budget", "64MiB", "-sequences", "2", "-nctx", "512", "-sleep-after", "50ms", "-sleep-level", level)
 	type stats struct {
 		Sleeps, Wakes, SleepErrors int64
 		Asleep                     bool
