@@ -30,12 +30,20 @@
 // fences and are refunded) and recomputes it at its next Decode. Reset
 // and Close release the regions the same way.
 //
-// An idle model sleeps (Model.Sleep): the bytes of its weights and of
-// every context's KV cache move to a host tier (a binding on another
-// authority) and the device backing is decommitted, every address kept;
-// Model.Wake puts them back and the engine decodes on where it was, its
-// tokens those of an uninterrupted run. Asleep, the calls that would
-// touch the moved bytes fail with ErrAsleep.
+// An idle model sleeps, every address kept. At level 1 (Model.Sleep) the
+// bytes of its weights and of every context's KV cache move to a host
+// tier (a binding on another authority) and the device backing is
+// decommitted; Model.Wake puts them back and the engine decodes on where
+// it was, its tokens those of an uninterrupted run. At level 2
+// (Model.SleepLevel) the weights are decommitted with nothing copied, and
+// Wake commits them again and reads each tensor from the model file (the
+// GGUF, at its offset) straight into its place; the finished sequences'
+// cells (Context.FinishSeq) are discarded, and a running sequence's KV
+// cache moves as at level 1. A weight whose bytes in memory are not the
+// file's is moved instead of discarded, and a model file that changed
+// since the load fails the sleep or the wake (*ModelFileError). Asleep,
+// the calls that would touch the moved or discarded bytes fail with
+// ErrAsleep.
 //
 // A context decodes many sequences together (ContextOptions.Sequences,
 // DecodeBatch), each in a KV stream of its own. Server serves a context
