@@ -64,6 +64,9 @@ void memgen_llama_set_verbose(int on);
 /* The device and its buffer type (device.c). */
 ggml_backend_dev_t memgen_llama_device(void);
 ggml_backend_buffer_type_t memgen_llama_buft(void);
+/* memgen_llama_set_max_buffer sets the largest buffer of the buffer type
+ * (0: unlimited, the default). */
+void memgen_llama_set_max_buffer(size_t n);
 /* memgen_llama_swap_owner sets the Go object (a cgo.Handle) that the
  * buffer types' allocations on this thread are made for, and returns the
  * previous one. The bridge's calls below take the owner as an argument

@@ -192,6 +192,12 @@ func (b *kvBuffer) clear(v byte) {
 	}
 }
 
+// setMaxBuffer sets the largest buffer of memgen's buffer type (0:
+// unlimited, the default): a model loaded after it has its weights in
+// buffers of at most n bytes, as many as they take. The tests use it to
+// spread the weights over several regions.
+func setMaxBuffer(n memapi.Bytes) { C.memgen_llama_set_max_buffer(C.size_t(n)) }
+
 // The functions below are the buffer types' calls into Go (device.c).
 // They run in the goroutine that called llama.cpp (a model's load, a
 // context's creation, decode or free), never concurrently for one owner.

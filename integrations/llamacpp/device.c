@@ -26,6 +26,7 @@
  * A view of a tensor (view_src set) lives in its source's memory and
  * needs nothing.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,6 +152,20 @@ static size_t buft_alignment(ggml_backend_buffer_type_t t) {
 	return 64;
 }
 
+/* The largest buffer of the device's buffer type: unlimited, or what
+ * memgen_llama_set_max_buffer set (the tests spread the weights over
+ * several buffers so). ggml splits a context's tensors over as many
+ * buffers as it takes. */
+static size_t max_buffer;
+
+void memgen_llama_set_max_buffer(size_t n) { __atomic_store_n(&max_buffer, n, __ATOMIC_RELAXED); }
+
+static size_t buft_max_size(ggml_backend_buffer_type_t t) {
+	(void)t;
+	size_t n = __atomic_load_n(&max_buffer, __ATOMIC_RELAXED);
+	return n ? n : SIZE_MAX;
+}
+
 static bool buft_is_host(ggml_backend_buffer_type_t t) {
 	(void)t;
 	return true;
@@ -162,7 +177,7 @@ static struct ggml_backend_buffer_type buft = {
 	        .get_name = buft_name,
 	        .alloc_buffer = buft_alloc,
 	        .get_alignment = buft_alignment,
-	        .get_max_size = NULL,
+	        .get_max_size = buft_max_size,
 	        .get_alloc_size = NULL,
 	        .is_host = buft_is_host,
 	    },

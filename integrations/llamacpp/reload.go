@@ -172,9 +172,10 @@ const checkChunk = 1 << 20
 // check compares, once (the buffer's first level-2 sleep), every tensor of
 // the buffer with its bytes in the model file, and plans the reads that
 // reload them: w.differs names the first tensor whose bytes are not the
-// file's ("" when all are). A read that fails is returned, nothing
-// recorded: the next level-2 sleep checks again.
-func (w *weightBuffer) check(ctx context.Context, f *os.File) error {
+// file's ("" when all are). A read that fails is a *ModelFileError, and
+// an end of ctx its error; either way nothing is recorded, and the next
+// level-2 sleep checks again.
+func (w *weightBuffer) check(ctx context.Context, op string, f *os.File) error {
 	if w.checked {
 		return nil
 	}
@@ -184,7 +185,7 @@ func (w *weightBuffer) check(ctx context.Context, f *os.File) error {
 	buf := make([]byte, checkChunk)
 	for _, t := range ts {
 		if err := ctx.Err(); err != nil {
-			return err
+			return fmt.Errorf("%s: comparing the weights with the model file: %w", op, context.Cause(ctx))
 		}
 		if t.file < 0 {
 			differs = fmt.Sprintf("%s (not in the model file, or beyond its end)", t.name)
@@ -197,7 +198,7 @@ func (w *weightBuffer) check(ctx context.Context, f *os.File) error {
 				if errors.Is(err, io.EOF) {
 					err = io.ErrUnexpectedEOF
 				}
-				return fmt.Errorf("reading tensor %s at %d: %w", t.name, t.file+int64(at), err)
+				return &ModelFileError{Op: op, Path: w.m.file, Detail: fmt.Sprintf("reading tensor %s at %d to compare it", t.name, t.file+int64(at)), Err: err}
 			}
 			if !bytes.Equal(buf[:n], have[at:at+n]) {
 				differs = fmt.Sprintf("%s (its bytes in memory are not the model file's: llama.cpp converted it at load, or it was written since)", t.name)

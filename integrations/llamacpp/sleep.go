@@ -186,8 +186,8 @@ func (t *sleeper) discard(weights []*weightBuffer) error {
 	t.file = f
 	defer f.Close()
 	for _, w := range weights {
-		if err := w.check(t.ctx, f); err != nil {
-			return &ModelFileError{Op: t.op, Path: t.m.file, Detail: "comparing the weights with it", Err: err}
+		if err := w.check(t.ctx, t.op, f); err != nil {
+			return err
 		}
 	}
 	if t.host == nil {

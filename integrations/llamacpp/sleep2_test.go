@@ -284,11 +284,17 @@ func TestSleepLevel2Busy(t *testing.T) {
 func TestSleepLevel2KeepsWhatIsNotTheFile(t *testing.T) {
 	r := newRig(t, 1<<30)
 	tier := r.hostTier(t)
+	severalRegions(t)
 	m := loadModel(t, r.options())
-	w := m.bufs[0]
-	i := slices.IndexFunc(w.tensors, func(t weightTensor) bool { return t.name == "output_norm.weight" })
-	if i < 0 {
-		t.Fatal("no output_norm.weight")
+	var w *weightBuffer
+	i := -1
+	for _, b := range m.bufs {
+		if j := slices.IndexFunc(b.tensors, func(t weightTensor) bool { return t.name == "output_norm.weight" }); j >= 0 {
+			w, i = b, j
+		}
+	}
+	if i < 0 || len(m.bufs) < 2 {
+		t.Fatalf("no output_norm.weight, or the weights in %d region(s)", len(m.bufs))
 	}
 	mem(w.reg.Addr()+memapi.DeviceAddr(w.tensors[i].off), 1)[0] ^= 1 // as if llama.cpp had converted it
 	sums := weightSums(m)
@@ -309,10 +315,11 @@ func TestSleepLevel2KeepsWhatIsNotTheFile(t *testing.T) {
 			discarded += b.size
 		}
 	}
-	if st.Level != 2 || len(st.Kept) != 1 || !strings.HasPrefix(st.Kept[0], "output_norm.weight") || st.Moved != moved || st.Discarded != discarded || r.chargedOn("sleep", offloadAuth) != moved {
+	if st.Level != 2 || len(st.Kept) != 1 || !strings.HasPrefix(st.Kept[0], "output_norm.weight") || st.Moved != moved || moved != w.size ||
+		st.Discarded != discarded || discarded == 0 || r.chargedOn("sleep", offloadAuth) != moved || r.charged(m.Holder()) != 0 {
 		t.Fatalf("state %+v, host tier %d: want output_norm.weight's region (%d bytes) moved", st, r.chargedOn("sleep", offloadAuth), moved)
 	}
-	t.Logf("kept: %v", st.Kept)
+	t.Logf("kept: %v; %d bytes moved, %d discarded", st.Kept, st.Moved, st.Discarded)
 	if err := m.Wake(bg(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -454,6 +461,13 @@ func TestSleepLevel2ModelFileChanged(t *testing.T) {
 	}
 }
 
+// severalRegions makes the models loaded next spread their weights over
+// regions of at most 16 MiB (the tiny model: 5), until the test ends.
+func severalRegions(t *testing.T) {
+	setMaxBuffer(16 << 20)
+	t.Cleanup(func() { setMaxBuffer(0) })
+}
+
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
 	in, err := os.Open(from)
@@ -534,6 +548,7 @@ func (f *stepFaults) arm(a memapi.AuthorityID, at int, prefixes ...string) {
 // and finished again, so each try takes the same steps.
 func TestSleepLevel2FaultAtEveryStep(t *testing.T) {
 	const nctx = 256
+	severalRegions(t)
 	p0, p1 := prompt(5, 24, 1024), prompt(6, 16, 1024)
 	// setup loads the model and starts the two sequences: 1 finished, 0
 	// running (its first tokens returned).
@@ -586,6 +601,9 @@ func TestSleepLevel2FaultAtEveryStep(t *testing.T) {
 	m, c, got := setup(r)
 	sums := weightSums(m)
 	weights := r.charged(m.Holder())
+	if len(m.bufs) < 2 {
+		t.Fatalf("the weights are in %d region(s), want several", len(m.bufs))
+	}
 	// step decodes the running sequence's next token and checks it.
 	step := func(what string) {
 		t.Helper()
