@@ -330,6 +330,32 @@ func TestSleepLevel2KeepsWhatIsNotTheFile(t *testing.T) {
 	sameSums(t, "after the wake", weightSums(m), sums)
 }
 
+// The test models' weights are the file's bytes as llama.cpp loaded them
+// (F32, F16 and Q8_0 matrices, F32 norms, tied embeddings): a level-2
+// sleep discards every region (no host binding needed) and the wake
+// gives every tensor its bytes back.
+func TestSleepLevel2ModelsStoredAsIs(t *testing.T) {
+	r := newRig(t, 1<<30)
+	for _, path := range []string{modelPath, gqaModelPath, q8ModelPath} {
+		m := loadModelAt(t, path, r.options())
+		sums := weightSums(m)
+		if err := m.SleepLevel(bg(t), 2, nil); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if st := m.SleepState(); st.Discarded != m.WeightBytes() || len(st.Kept) != 0 {
+			t.Fatalf("%s: %+v, want all %d bytes of weights discarded", path, st, m.WeightBytes())
+		}
+		if err := m.Wake(bg(t)); err != nil {
+			t.Fatal(err)
+		}
+		sameSums(t, path, weightSums(m), sums)
+		t.Logf("%s: %d tensors, %d bytes, reloaded", filepath.Base(path), len(sums), m.WeightBytes())
+		if err := m.Close(bg(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // A model file that changed or vanished between the sleep and the wake
 // fails the wake with a *ModelFileError, and the engine stays asleep with
 // nothing committed; once the file is back as loaded, the wake succeeds.
