@@ -3,16 +3,12 @@ package handleclose
 import (
 	"fmt"
 	"go/ast"
-	"go/token"
 	"go/types"
 	"strings"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/memvet/internal/vetspec"
 	"golang.org/x/tools/go/analysis"
-	"golang.org/x/tools/go/analysis/passes/ctrlflow"
-	"golang.org/x/tools/go/analysis/passes/inspect"
-	"golang.org/x/tools/go/ast/inspector"
 	"golang.org/x/tools/go/cfg"
 )
 
@@ -22,7 +18,7 @@ var Analyzer = &analysis.Analyzer{
 	Name:     "handleclose",
 	Doc:      "report owning handles (spec ownership.handles) that are not closed, returned, stored or passed on along every path",
 	URL:      "https://github.com/memgen/memgen/blob/main/docs/memvet.md#handleclose",
-	Requires: []*analysis.Analyzer{inspect.Analyzer, ctrlflow.Analyzer},
+	Requires: vetspec.FlowRequires,
 	Run:      run,
 }
 
@@ -31,35 +27,17 @@ func run(pass *analysis.Pass) (any, error) {
 		return nil, nil
 	}
 	r := vetspec.NewReporter(pass)
-	exempt := map[*token.File]bool{}
-	for _, f := range pass.Files {
-		if vetspec.Exempt(pass, f) {
-			exempt[pass.Fset.File(f.Pos())] = true
-		}
-	}
-	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
-	cfgs := pass.ResultOf[ctrlflow.Analyzer].(*ctrlflow.CFGs)
-	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
-		if exempt[pass.Fset.File(n.Pos())] {
-			return
-		}
-		var g *cfg.CFG
-		var body *ast.BlockStmt
+	vetspec.Funcs(pass, func(fn ast.Node, g *cfg.CFG, body *ast.BlockStmt) {
 		var sig *types.Signature
-		switch n := n.(type) {
+		switch fn := fn.(type) {
 		case *ast.FuncDecl:
-			if n.Body == nil {
-				return
-			}
-			g, body = cfgs.FuncDecl(n), n.Body
-			if fn, ok := pass.TypesInfo.Defs[n.Name].(*types.Func); ok {
-				sig = fn.Type().(*types.Signature)
+			if f, ok := pass.TypesInfo.Defs[fn.Name].(*types.Func); ok {
+				sig = f.Type().(*types.Signature)
 			}
 		case *ast.FuncLit:
-			g, body = cfgs.FuncLit(n), n.Body
-			sig, _ = pass.TypesInfo.TypeOf(n).(*types.Signature)
+			sig, _ = pass.TypesInfo.TypeOf(fn).(*types.Signature)
 		}
-		if g != nil && sig != nil {
+		if sig != nil {
 			checkFunc(pass, r, g, body, sig)
 		}
 	})

@@ -2,15 +2,11 @@ package recorduse
 
 import (
 	"go/ast"
-	"go/token"
 	"go/types"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/memvet/internal/vetspec"
 	"golang.org/x/tools/go/analysis"
-	"golang.org/x/tools/go/analysis/passes/ctrlflow"
-	"golang.org/x/tools/go/analysis/passes/inspect"
-	"golang.org/x/tools/go/ast/inspector"
 	"golang.org/x/tools/go/cfg"
 )
 
@@ -20,7 +16,7 @@ var Analyzer = &analysis.Analyzer{
 	Name:     "recorduse",
 	Doc:      "report stream work on an owning handle's address after which some path returns without RecordUse on the handle or a Synchronize of the stream",
 	URL:      "https://github.com/memgen/memgen/blob/main/docs/memvet.md#recorduse",
-	Requires: []*analysis.Analyzer{inspect.Analyzer, ctrlflow.Analyzer},
+	Requires: vetspec.FlowRequires,
 	Run:      run,
 }
 
@@ -35,27 +31,7 @@ func run(pass *analysis.Pass) (any, error) {
 		return nil, nil
 	}
 	w := &work{pass: pass, r: vetspec.NewReporter(pass), stream: stream, addr: addrName.Type()}
-	exempt := map[*token.File]bool{}
-	for _, f := range pass.Files {
-		if vetspec.Exempt(pass, f) {
-			exempt[pass.Fset.File(f.Pos())] = true
-		}
-	}
-	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
-	cfgs := pass.ResultOf[ctrlflow.Analyzer].(*ctrlflow.CFGs)
-	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
-		if exempt[pass.Fset.File(n.Pos())] {
-			return
-		}
-		switch n := n.(type) {
-		case *ast.FuncDecl:
-			if n.Body != nil {
-				w.fn(cfgs.FuncDecl(n), n.Body)
-			}
-		case *ast.FuncLit:
-			w.fn(cfgs.FuncLit(n), n.Body)
-		}
-	})
+	vetspec.Funcs(pass, func(_ ast.Node, g *cfg.CFG, body *ast.BlockStmt) { w.fn(g, body) })
 	return nil, nil
 }
 

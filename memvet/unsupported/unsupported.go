@@ -2,15 +2,11 @@ package unsupported
 
 import (
 	"go/ast"
-	"go/token"
 	"go/types"
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/memvet/internal/vetspec"
 	"golang.org/x/tools/go/analysis"
-	"golang.org/x/tools/go/analysis/passes/ctrlflow"
-	"golang.org/x/tools/go/analysis/passes/inspect"
-	"golang.org/x/tools/go/ast/inspector"
 	"golang.org/x/tools/go/cfg"
 )
 
@@ -19,7 +15,7 @@ var Analyzer = &analysis.Analyzer{
 	Name:     "unsupported",
 	Doc:      "report Require helpers whose error, and capability accessors whose ok, is ignored or read only after the capability is used",
 	URL:      "https://github.com/memgen/memgen/blob/main/docs/memvet.md#unsupported",
-	Requires: []*analysis.Analyzer{inspect.Analyzer, ctrlflow.Analyzer},
+	Requires: vetspec.FlowRequires,
 	Run:      run,
 }
 
@@ -29,33 +25,7 @@ func run(pass *analysis.Pass) (any, error) {
 		return nil, nil
 	}
 	r := vetspec.NewReporter(pass)
-	exempt := map[*token.File]bool{}
-	for _, f := range pass.Files {
-		if vetspec.Exempt(pass, f) {
-			exempt[pass.Fset.File(f.Pos())] = true
-		}
-	}
-	ins := pass.ResultOf[inspect.Analyzer].(*inspector.Inspector)
-	cfgs := pass.ResultOf[ctrlflow.Analyzer].(*ctrlflow.CFGs)
-	ins.Preorder([]ast.Node{(*ast.FuncDecl)(nil), (*ast.FuncLit)(nil)}, func(n ast.Node) {
-		if exempt[pass.Fset.File(n.Pos())] {
-			return
-		}
-		var g *cfg.CFG
-		var body *ast.BlockStmt
-		switch n := n.(type) {
-		case *ast.FuncDecl:
-			if n.Body == nil {
-				return
-			}
-			g, body = cfgs.FuncDecl(n), n.Body
-		case *ast.FuncLit:
-			g, body = cfgs.FuncLit(n), n.Body
-		}
-		if g != nil {
-			checkFunc(pass, spec, r, g, body)
-		}
-	})
+	vetspec.Funcs(pass, func(_ ast.Node, g *cfg.CFG, body *ast.BlockStmt) { checkFunc(pass, spec, r, g, body) })
 	return nil, nil
 }
 
@@ -138,15 +108,7 @@ func object(info *types.Info, id *ast.Ident) *types.Var {
 // uncheckedUse returns the first node, on some path from stmt, that reads
 // the capability c before anything reads the answer e, or nil.
 func uncheckedUse(info *types.Info, g *cfg.CFG, stmt ast.Node, c, e *types.Var) ast.Node {
-	var def *cfg.Block
-	var rest []ast.Node
-	for _, b := range g.Blocks {
-		for i, n := range b.Nodes {
-			if n == stmt {
-				def, rest = b, b.Nodes[i+1:]
-			}
-		}
-	}
+	def, rest := vetspec.After(g, stmt)
 	if def == nil {
 		return nil
 	}

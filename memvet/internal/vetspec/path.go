@@ -7,6 +7,21 @@ import (
 	"golang.org/x/tools/go/cfg"
 )
 
+// After returns the block of g that holds the node n and the nodes that
+// follow n in it; a nil block when n is not in the graph (unreachable code).
+func After(g *cfg.CFG, n ast.Node) (*cfg.Block, []ast.Node) {
+	var def *cfg.Block
+	var rest []ast.Node
+	for _, b := range g.Blocks {
+		for i, m := range b.Nodes {
+			if m == n {
+				def, rest = b, b.Nodes[i+1:]
+			}
+		}
+	}
+	return def, rest
+}
+
 // PathToReturn finds a path through g, from just after the node from to a
 // return, on which done holds for no node. It returns the return statement
 // ending the path (possibly synthetic), or nil when every path is done, when
@@ -17,15 +32,7 @@ import (
 // path knows is not taken, and an assignment to a variable (or taking its
 // address) forgets what was known of it.
 func PathToReturn(info *types.Info, g *cfg.CFG, from ast.Node, start Facts, done func(ast.Node) bool) *ast.ReturnStmt {
-	var def *cfg.Block
-	var rest []ast.Node
-	for _, b := range g.Blocks {
-		for i, n := range b.Nodes {
-			if n == from {
-				def, rest = b, b.Nodes[i+1:]
-			}
-		}
-	}
+	def, rest := After(g, from)
 	if def == nil {
 		return nil // not in the graph (unreachable code)
 	}
