@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/internal/devctx"
 )
 
 // Context is the CPU device context: ordered streams, each run by one
@@ -22,18 +23,15 @@ import (
 //
 // Close the streams, then the context; no goroutine outlives them.
 type Context struct {
-	m *Mechanism
-
-	mu      sync.Mutex
-	streams map[*Stream]struct{}
-	closed  bool
+	m       *Mechanism
+	streams devctx.Streams[*Stream]
 }
 
 var _ memapi.DeviceContext = (*Context)(nil)
 
 // NewContext returns a device context over the memory of m.
 func NewContext(m *Mechanism) *Context {
-	return &Context{m: m, streams: map[*Stream]struct{}{}}
+	return &Context{m: m}
 }
 
 // NewContext returns a device context over the memory of m.
@@ -45,30 +43,21 @@ func (c *Context) Device() memapi.DeviceKey { return c.m.info.Device }
 // NewStream starts an ordered stream and its goroutine. It fails with
 // ErrClosed after Close.
 func (c *Context) NewStream() (memapi.Stream, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, &memapi.Error{Op: "DeviceContext.NewStream", Kind: memapi.ErrClosed, Mechanism: c.m.info.Mechanism}
+	s, err := c.streams.Open(c.m.info.Mechanism, func() (*Stream, error) {
+		s := &Stream{ctx: c, exited: make(chan struct{})}
+		s.cond.L = &s.mu
+		go s.run()
+		return s, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	s := &Stream{ctx: c, exited: make(chan struct{})}
-	s.cond.L = &s.mu
-	c.streams[s] = struct{}{}
-	go s.run()
 	return s, nil
 }
 
 // Close releases the context. It fails with ErrInUse while streams are
 // open; a second Close returns nil.
-func (c *Context) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := len(c.streams); n > 0 {
-		return &memapi.Error{Op: "DeviceContext.Close", Kind: memapi.ErrInUse, Mechanism: c.m.info.Mechanism,
-			Detail: fmt.Sprintf("%d streams are open", n)}
-	}
-	c.closed = true
-	return nil
-}
+func (c *Context) Close() error { return c.streams.Close(c.m.info.Mechanism) }
 
 // Stream is an ordered queue of host copies run by one goroutine. Enqueuing
 // never blocks; errors surface at the next fence (Record, Synchronize).
@@ -175,10 +164,7 @@ func (s *Stream) Close() error {
 	s.cond.Signal()
 	s.mu.Unlock()
 	<-s.exited
-	c := s.ctx
-	c.mu.Lock()
-	delete(c.streams, s)
-	c.mu.Unlock()
+	s.ctx.streams.Closed(s)
 	return s.pending
 }
 

@@ -2,13 +2,13 @@ package plugin
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/internal/devctx"
 )
 
 // Context is the device context of a plugin instance, made of the plugin's
@@ -18,11 +18,8 @@ import (
 // Fence.Ready is nil. Close the streams, then the context; the context does
 // not close the mechanism.
 type Context struct {
-	m *Mechanism
-
-	mu      sync.Mutex
-	streams map[*Stream]struct{}
-	closed  bool
+	m       *Mechanism
+	streams devctx.Streams[*Stream]
 }
 
 var (
@@ -38,7 +35,7 @@ func (m *Mechanism) NewContext() (*Context, error) {
 		return nil, &memapi.Error{Op: "plugin.NewContext", Kind: memapi.ErrUnsupported, Mechanism: m.info.Mechanism,
 			Detail: "the plugin has no device_context slots"}
 	}
-	return &Context{m: m, streams: map[*Stream]struct{}{}}, nil
+	return &Context{m: m}, nil
 }
 
 // Device returns the plugin's device.
@@ -46,12 +43,16 @@ func (c *Context) Device() memapi.DeviceKey { return c.m.info.Device }
 
 // NewStream calls stream_create. It fails with ErrClosed after Close.
 func (c *Context) NewStream() (memapi.Stream, error) {
-	const op = "DeviceContext.NewStream"
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, &memapi.Error{Op: op, Kind: memapi.ErrClosed, Mechanism: c.m.info.Mechanism}
+	s, err := c.streams.Open(c.m.info.Mechanism, c.newStream)
+	if err != nil {
+		return nil, err
 	}
+	return s, nil
+}
+
+// newStream calls stream_create, under the lock of the context's streams.
+func (c *Context) newStream() (*Stream, error) {
+	const op = "DeviceContext.NewStream"
 	m := c.m
 	if err := m.enter(op); err != nil {
 		return nil, err
@@ -64,23 +65,12 @@ func (c *Context) NewStream() (memapi.Stream, error) {
 	if id == 0 {
 		return nil, m.protocol(op, 0, "stream_create returned stream id 0")
 	}
-	s := &Stream{c: c, id: id}
-	c.streams[s] = struct{}{}
-	return s, nil
+	return &Stream{c: c, id: id}, nil
 }
 
 // Close releases the context. It fails with ErrInUse while streams are open;
 // a second Close returns nil.
-func (c *Context) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := len(c.streams); n > 0 {
-		return &memapi.Error{Op: "DeviceContext.Close", Kind: memapi.ErrInUse, Mechanism: c.m.info.Mechanism,
-			Detail: fmt.Sprintf("%d streams are open", n)}
-	}
-	c.closed = true
-	return nil
-}
+func (c *Context) Close() error { return c.streams.Close(c.m.info.Mechanism) }
 
 // Stream is one plugin stream. It is used from one goroutine at a time, as
 // the ABI promises the plugin: its methods serialize on a mutex.
@@ -209,9 +199,7 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.c.mu.Lock()
-	delete(s.c.streams, s)
-	s.c.mu.Unlock()
+	s.c.streams.Closed(s)
 	if err != nil {
 		return err
 	}
