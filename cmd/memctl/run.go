@@ -177,7 +177,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return exitUsage
 			}
 		}
-		ch, err := xproc.SetCapacityContext(ctx, path, capacity, rev)
+		ch, err := xproc.SetCapacity(ctx, path, capacity, rev)
 		if err != nil {
 			fmt.Fprintln(stderr, "memctl:", err)
 			return exitLedger

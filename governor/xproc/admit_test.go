@@ -12,7 +12,7 @@ import (
 
 // admitMember is member with the governor's events sent to onEvent and the
 // watcher idle (an hour's Poll), so only the test settles and claims.
-func admitMember(t *testing.T, capacity uint64, onEvent func(governor.Event)) (*Ledger, *Authority, *governor.Governor) {
+func admitMember(t *testing.T, capacity uint64, onEvent func(governor.Event)) (*Ledger, *authority, *governor.Governor) {
 	t.Helper()
 	path := ledgerPath(t)
 	l, err := Open(path, Options{Create: &CreateOptions{Capacity: capacity, Slots: 4}, Poll: time.Hour})
@@ -20,7 +20,7 @@ func admitMember(t *testing.T, capacity uint64, onEvent func(governor.Event)) (*
 		t.Fatal(err)
 	}
 	g := governor.New(governor.Options{OnEvent: onEvent})
-	a, err := l.Bind(g, "dev")
+	a, err := l.bind(g, "dev")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +42,8 @@ func claimsEqualReserved(t *testing.T, l *Ledger, g *governor.Governor) {
 	t.Helper()
 	s, _ := g.Authority("dev")
 	_, slots := inspect(t, l.path)
-	if used := s.Reserved + s.Charged + s.Pending; memapi.Bytes(slots[l.Slot()].Claim) != used || s.Capacity != used {
-		t.Fatalf("claim %d, local capacity %d, reserved+charged+pending %d: want all equal", slots[l.Slot()].Claim, s.Capacity, used)
+	if used := s.Reserved + s.Charged + s.Pending; memapi.Bytes(slots[l.slot].Claim) != used || s.Capacity != used {
+		t.Fatalf("claim %d, local capacity %d, reserved+charged+pending %d: want all equal", slots[l.slot].Claim, s.Capacity, used)
 	}
 }
 
@@ -170,8 +170,8 @@ func TestReturnAdmittedGivesBackAtMostTheReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.ReturnAdmitted("h", 100)
-	if _, slots := inspect(t, l.path); slots[l.Slot()].Claim != 200 {
-		t.Fatalf("claim %d after giving back 100 of 300 spare, want 200", slots[l.Slot()].Claim)
+	if _, slots := inspect(t, l.path); slots[l.slot].Claim != 200 {
+		t.Fatalf("claim %d after giving back 100 of 300 spare, want 200", slots[l.slot].Claim)
 	}
 	if err := a.Settle(); err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestAdmitAfterItsContextEnded(t *testing.T) {
 	if !errors.As(err, &ob) || !errors.Is(err, memapi.ErrOverBudget) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Admit with an ended context: %v, want ErrOverBudget with the context's error", err)
 	}
-	if _, slots := inspect(t, l.path); slots[l.Slot()].Claim != 0 {
-		t.Fatalf("claimed %d for a reservation whose context ended", slots[l.Slot()].Claim)
+	if _, slots := inspect(t, l.path); slots[l.slot].Claim != 0 {
+		t.Fatalf("claimed %d for a reservation whose context ended", slots[l.slot].Claim)
 	}
 }

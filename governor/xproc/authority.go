@@ -12,12 +12,12 @@ import (
 	"github.com/memgen/memgen/internal/privacct"
 )
 
-// PressureHolder is the holder an Authority registers in its governor to
+// pressureHolder is the holder an authority registers in its governor to
 // answer other processes' pressure: its reservations, made with the asking
 // process's priority, issue this process's tickets.
-const PressureHolder governor.HolderID = "xproc.pressure"
+const pressureHolder governor.HolderID = "xproc.pressure"
 
-// Authority is a governor authority whose capacity is this process's claim
+// authority is a governor authority whose capacity is this process's claim
 // on the shared ledger: the local governor keeps its holders, grants,
 // leases and tickets as always, and the ledger only ever sees the claim
 // (the bytes this process may use) and the settled figures.
@@ -32,8 +32,8 @@ const PressureHolder governor.HolderID = "xproc.pressure"
 //
 // Every reservation on the bound authority claims so, whatever API it
 // comes through (governor.Governor.Reserve, and so pmm): Bind installs the
-// Authority as the local authority's governor.Admission.
-type Authority struct {
+// authority as the local authority's governor.Admission.
+type authority struct {
 	l  *Ledger
 	g  *governor.Governor
 	id memapi.AuthorityID
@@ -85,26 +85,39 @@ type share struct {
 // process's slot, and what they keep later as they start. When the
 // ledger has no room for it Bind fails with the *governor.OverBudgetError
 // and binds nothing.
-func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, error) {
+//
+// Every reservation on id then claims from the ledger, whatever API it
+// comes through (governor.Governor.Reserve, and so pmm): a reservation that
+// does not fit the local free bytes claims the shortfall first, and one
+// the ledger cannot give fails with an *governor.OverBudgetError before any
+// mechanism is called, or, when it may wait, posts a want that the other
+// processes answer by asking their holders to free bytes.
+func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) error {
+	_, err := l.bind(g, id)
+	return err
+}
+
+// bind is Bind, and returns the authority it installed.
+func (l *Ledger) bind(g *governor.Governor, id memapi.AuthorityID) (*authority, error) {
 	l.binding.Lock()
 	defer l.binding.Unlock()
 	l.sem <- struct{}{}
 	closed := l.closed
 	<-l.sem
 	if closed {
-		return nil, &LedgerError{Op: "xproc.Bind", Path: l.path, Err: ErrClosed}
+		return nil, &ledgerError{Op: "xproc.Bind", Path: l.path, Err: errClosed}
 	}
 	if old := l.auth.Load(); old != nil {
-		return nil, ledgerErr("xproc.Bind", l.path, ErrInUse, "already bound to authority %s", old.id)
+		return nil, ledgerErr("xproc.Bind", l.path, errInUse, "already bound to authority %s", old.id)
 	}
 	if err := g.AddAuthority(id, 0); err != nil {
 		return nil, err
 	}
-	if err := g.Register(PressureHolder, nil, governor.HolderOptions{}); err != nil && !errors.Is(err, governor.ErrDuplicate) {
+	if err := g.Register(pressureHolder, nil, governor.HolderOptions{}); err != nil && !errors.Is(err, governor.ErrDuplicate) {
 		_ = g.RemoveAuthority(id)
 		return nil, err
 	}
-	a := &Authority{l: l, g: g, id: id, sem: make(chan struct{}, 1), seen: map[int]round{}}
+	a := &authority{l: l, g: g, id: id, sem: make(chan struct{}, 1), seen: map[int]round{}}
 	if err := g.SetAdmission(id, a); err != nil {
 		_ = g.RemoveAuthority(id)
 		return nil, err
@@ -122,7 +135,7 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 	if l.closed { // closed meanwhile: the slot, and the private bytes in it, went with it
 		closeAccount()
 		_ = g.RemoveAuthority(id)
-		return nil, &LedgerError{Op: "xproc.Bind", Path: l.path, Err: ErrClosed}
+		return nil, &ledgerError{Op: "xproc.Bind", Path: l.path, Err: errClosed}
 	}
 	l.auth.Store(a)
 	l.settled = make(chan struct{})
@@ -131,9 +144,9 @@ func (l *Ledger) Bind(g *governor.Governor, id memapi.AuthorityID) (*Authority, 
 }
 
 // acquire takes a.sem before ctx ends and within the lock timeout, or
-// returns a *LockError naming the file lock's holders (a call of this
+// returns a *lockError naming the file lock's holders (a call of this
 // process holds a.sem, most often waiting for them).
-func (a *Authority) acquire(ctx context.Context, op string) error {
+func (a *authority) acquire(ctx context.Context, op string) error {
 	select {
 	case a.sem <- struct{}{}:
 		return nil
@@ -150,32 +163,7 @@ func (a *Authority) acquire(ctx context.Context, op string) error {
 	}
 }
 
-func (a *Authority) unacquire() { <-a.sem }
-
-// ID returns the local authority's ID.
-func (a *Authority) ID() memapi.AuthorityID { return a.id }
-
-// Reserve is governor.Reserve on the shared authority (r.Authority is
-// set to it), kept for callers that hold the Authority: every reservation
-// on the bound authority, made through Reserve or governor.Governor.Reserve
-// (and so pmm), claims from the ledger the same way (Admit).
-// When the local free bytes do not cover r.Bytes, the shortfall is claimed
-// from the ledger first; when the ledger cannot give it, a reservation that
-// may wait (ctx can end, or r.Deadline is set) posts the want in this
-// process's slot, which the other processes split among them and answer
-// with tickets to their holders, and queues locally: the settler claims
-// for the local waiters every Poll until they are served or give up. One
-// that may not wait fails at once. Either way the failure is an
-// *governor.OverBudgetError of Kind memapi.ErrOverBudget and no physical
-// allocation was attempted. ctx, and r.Deadline, bound the claim's waits
-// for the locks: the reservation fails at them.
-func (a *Authority) Reserve(ctx context.Context, r governor.Request) (governor.Grant, error) {
-	if a.released.Load() {
-		return governor.Grant{}, &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
-	}
-	r.Authority = a.id
-	return a.g.Reserve(ctx, r)
-}
+func (a *authority) unacquire() { <-a.sem }
 
 // Admit is the governor's admission hook on the bound authority
 // (governor.Admission): it claims the shortfall from the ledger and raises
@@ -185,13 +173,13 @@ func (a *Authority) Reserve(ctx context.Context, r governor.Request) (governor.G
 // local free ones), not taken from the governor's need, which a settle
 // claiming for the waiters meanwhile would make stale: the claims are never
 // more than what the reservations ahead and this one lack. The governor calls it
-// without its own lock when a reservation does not fit; PressureHolder's
+// without its own lock when a reservation does not fit; pressureHolder's
 // reservations (answers to another process's want) never claim. Its waits
 // for a.sem and for the file lock end with ctx: the reservation then fails
-// with an *governor.OverBudgetError whose Err is the *LockError (or the
+// with an *governor.OverBudgetError whose Err is the *lockError (or the
 // context's cause) and whose Capacity is 0 (the ledger was not read).
-func (a *Authority) Admit(ctx context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
-	if holder == PressureHolder {
+func (a *authority) Admit(ctx context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
+	if holder == pressureHolder {
 		return governor.ErrNoAdmission
 	}
 	if a.beforeClaim != nil {
@@ -203,7 +191,7 @@ func (a *Authority) Admit(ctx context.Context, holder governor.HolderID, bytes, 
 	defer a.unacquire()
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
-		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
+		return &ledgerError{Op: "xproc.Reserve", Path: a.l.path, Err: errClosed, Detail: "the local authority was removed"}
 	}
 	if snap.WaitingBytes+bytes <= snap.Free {
 		return nil // nothing is short any more: the governor tries again
@@ -217,7 +205,7 @@ func (a *Authority) Admit(ctx context.Context, holder governor.HolderID, bytes, 
 // gaveUp is the failure of a reservation whose context ended while it
 // waited for a lock: Capacity 0 (the ledger was not read), so the governor
 // ends it with this error rather than queueing it.
-func (a *Authority) gaveUp(holder governor.HolderID, bytes memapi.Bytes, cause error, why string) error {
+func (a *authority) gaveUp(holder governor.HolderID, bytes memapi.Bytes, cause error, why string) error {
 	return &governor.OverBudgetError{Op: "xproc.Reserve", Kind: memapi.ErrOverBudget, Authority: a.id, Holder: holder,
 		Reason: fmt.Sprintf("gave up at the reservation's deadline: %s (%v)", why, cause), Wanted: bytes, Err: cause}
 }
@@ -226,13 +214,13 @@ func (a *Authority) gaveUp(holder governor.HolderID, bytes memapi.Bytes, cause e
 // bytes and raises the local capacity to the claim; a reservation that will
 // wait posts this process's want when the ledger cannot give it. Called
 // with a.sem held.
-func (a *Authority) claimLocked(ctx context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+func (a *authority) claimLocked(ctx context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
 	if a.released.Load() {
-		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed}
+		return &ledgerError{Op: "xproc.Reserve", Path: a.l.path, Err: errClosed}
 	}
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
-		return &LedgerError{Op: "xproc.Reserve", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
+		return &ledgerError{Op: "xproc.Reserve", Path: a.l.path, Err: errClosed, Detail: "the local authority was removed"}
 	}
 	l := a.l
 	if uint64(need) > maxBytes {
@@ -247,7 +235,7 @@ func (a *Authority) claimLocked(ctx context.Context, holder governor.HolderID, b
 		gone = l.goneMembers()
 	}
 	if err := l.lock(ctx, "xproc.Reserve"); err != nil {
-		if errors.Is(err, ErrLockTimeout) {
+		if errors.Is(err, errLockTimeout) {
 			return a.gaveUp(holder, bytes, err, "the shared ledger's lock was held")
 		}
 		return err
@@ -297,7 +285,7 @@ func (a *Authority) claimLocked(ctx context.Context, holder governor.HolderID, b
 // grew adds the growth to what is left; one that shrank keeps its round.
 // A round whose answers never came back (an answering process died) starts
 // again after ten Polls.
-func (a *Authority) postLocked(short uint64, priority governor.Priority) {
+func (a *authority) postLocked(short uint64, priority governor.Priority) {
 	l := a.l
 	want, left, out := l.load(l.sw(l.slot, sWant)), l.load(l.sw(l.slot, sWantLeft)), l.load(l.sw(l.slot, sWantOut))
 	since := time.Since(a.posted)
@@ -329,7 +317,7 @@ func (a *Authority) postLocked(short uint64, priority governor.Priority) {
 
 // withdrawLocked withdraws this process's want, under a.sem and the file
 // lock: its reservations are served or gave up.
-func (a *Authority) withdrawLocked() {
+func (a *authority) withdrawLocked() {
 	l := a.l
 	for _, w := range []int{sWantLeft, sWantOut, sWant} {
 		l.store(l.sw(l.slot, w), 0)
@@ -340,7 +328,7 @@ func (a *Authority) withdrawLocked() {
 // they posted was answered, or capacity came free): the bytes they lack
 // beyond the local free ones, all at once or, when the ledger cannot give
 // them, posting the want again. The want is withdrawn once nobody waits.
-func (a *Authority) claimWaitersLocked(ctx context.Context) error {
+func (a *authority) claimWaitersLocked(ctx context.Context) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
 		return nil
@@ -357,7 +345,7 @@ func (a *Authority) claimWaitersLocked(ctx context.Context) error {
 		l.unlock()
 		return nil
 	}
-	err := a.claimLocked(ctx, PressureHolder, snap.WaitingBytes, snap.WaitingBytes-snap.Free, a.wantPri(), true)
+	err := a.claimLocked(ctx, pressureHolder, snap.WaitingBytes, snap.WaitingBytes-snap.Free, a.wantPri(), true)
 	var ob *governor.OverBudgetError
 	if errors.As(err, &ob) {
 		return nil // posted: the others answer it
@@ -366,7 +354,7 @@ func (a *Authority) claimWaitersLocked(ctx context.Context) error {
 }
 
 // wantPri is the priority of this process's want (0 when none).
-func (a *Authority) wantPri() governor.Priority {
+func (a *authority) wantPri() governor.Priority {
 	return governor.Priority(int64(a.l.load(a.l.sw(a.l.slot, sWantPri))))
 }
 
@@ -380,33 +368,21 @@ func (l *Ledger) freeLocked() uint64 {
 	return c - u
 }
 
-// Settle is SettleContext with a context bounded by the ledger's
-// LockTimeout.
-func (a *Authority) Settle() error {
-	ctx, cancel := context.WithTimeout(context.Background(), a.l.lockTimeout)
-	defer cancel()
-	return a.settle(ctx)
-}
-
-// SettleContext publishes the local figures into this process's slot and
-// gives the claimed bytes it does not use back to the ledger; it also
-// answers its share of other processes' wants and claims for the local
-// waiters. The settler calls it every Poll; call it after freeing memory
-// to hand the bytes to other processes at once. It fails with ErrClosed
-// after Close, and with the ledger's error (a *LockError when ctx ended
-// first) when the file cannot be locked (then nothing was given back).
-func (a *Authority) SettleContext(ctx context.Context) error { return a.settle(ctx) }
-
-// settle is SettleContext. While the holders are asked (at most one Poll)
-// this process's reservations wait for a.sem, each at most until its
-// context ends.
-func (a *Authority) settle(ctx context.Context) error {
+// settle publishes the local figures into this process's slot and gives
+// the claimed bytes it does not use back to the ledger; it also answers its
+// share of other processes' wants and claims for the local waiters. The
+// settler calls it every Poll. It fails with errClosed after Close, and
+// with the ledger's error (a *lockError when ctx ended first) when the file
+// cannot be locked (then nothing was given back). While the holders are
+// asked (at most one Poll) this process's reservations wait for a.sem, each
+// at most until its context ends.
+func (a *authority) settle(ctx context.Context) error {
 	if err := a.acquire(ctx, "xproc.Settle"); err != nil {
 		return err
 	}
 	defer a.unacquire()
 	if a.released.Load() {
-		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed}
+		return &ledgerError{Op: "xproc.Settle", Path: a.l.path, Err: errClosed}
 	}
 	shares, err := a.takeShares(ctx)
 	if err != nil {
@@ -427,7 +403,7 @@ func (a *Authority) settle(ctx context.Context) error {
 // rather than at the next settle (spare bytes beyond those stay the
 // process's until then, as freed bytes do). It waits for the locks at most
 // one Poll: the next settle trims what it could not.
-func (a *Authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
+func (a *authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
 	ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
 	defer cancel()
 	if a.acquire(ctx, "xproc.ReturnAdmitted") != nil {
@@ -443,10 +419,10 @@ func (a *Authority) ReturnAdmitted(_ governor.HolderID, n memapi.Bytes) {
 // trimLocked gives back the spare claim, at most most bytes of it,
 // publishes the figures, and marks the shares answered (what they freed is
 // back in the ledger now).
-func (a *Authority) trimLocked(ctx context.Context, most memapi.Bytes, shares []share) error {
+func (a *authority) trimLocked(ctx context.Context, most memapi.Bytes, shares []share) error {
 	snap, ok := a.g.Authority(a.id)
 	if !ok {
-		return &LedgerError{Op: "xproc.Settle", Path: a.l.path, Err: ErrClosed, Detail: "the local authority was removed"}
+		return &ledgerError{Op: "xproc.Settle", Path: a.l.path, Err: errClosed, Detail: "the local authority was removed"}
 	}
 	spare := min(snap.Free, most)
 	if snap.Waiters != 0 {
@@ -469,7 +445,7 @@ func (a *Authority) trimLocked(ctx context.Context, most memapi.Bytes, shares []
 		v           uint64
 	}{{sReserved, hReserved, uint64(snap.Reserved)}, {sCharged, hCharged, uint64(snap.Charged)}, {sPending, hPending, uint64(snap.Pending)}}
 	// The slot uses no more than it claims after every single store, so
-	// a process that dies here leaves a slot Parse accepts once the next
+	// a process that dies here leaves a slot parse accepts once the next
 	// holder repairs the totals: the figures that fall first, then those
 	// that rise (every mix is at most the old or the new use, both within
 	// the old claim), then the claim shrinks to the new use.
@@ -507,7 +483,7 @@ func (a *Authority) trimLocked(ctx context.Context, most memapi.Bytes, shares []
 // for the want in total, not each for all of it. A process with nothing to
 // give takes nothing: the next round (the asking process posts it again
 // when still short) asks again.
-func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
+func (a *authority) takeShares(ctx context.Context) ([]share, error) {
 	l := a.l
 	seq := l.load(l.hw(hWantSeq))
 	if seq == a.seenSeq {
@@ -577,18 +553,18 @@ func (a *Authority) takeShares(ctx context.Context) ([]share, error) {
 }
 
 // answer turns each share into pressure on this process's holders: a
-// reservation by PressureHolder of the share's bytes, with the asking
+// reservation by pressureHolder of the share's bytes, with the asking
 // process's priority, for one Poll. The governor then issues tickets
 // exactly as for a local shortfall (lower holder priority first,
 // guarantees never asked), and the bytes the holders free are trimmed back
 // to the ledger, where the asking process claims them.
-func (a *Authority) answer(shares []share) {
+func (a *authority) answer(shares []share) {
 	for _, s := range shares {
 		if s.slot >= 0 && !alive(s.owner.pid, s.owner.start) {
 			continue // it died since its share was taken: nothing is freed for it (its slot goes next round)
 		}
 		ctx, cancel := context.WithTimeout(a.l.ctx, a.l.poll)
-		if gr, err := a.g.Reserve(ctx, governor.Request{Authority: a.id, Holder: PressureHolder, Role: "xproc.pressure", Bytes: s.bytes, Priority: s.pri}); err == nil {
+		if gr, err := a.g.Reserve(ctx, governor.Request{Authority: a.id, Holder: pressureHolder, Role: "xproc.pressure", Bytes: s.bytes, Priority: s.pri}); err == nil {
 			_ = gr.Cancel()
 		}
 		cancel()
@@ -602,7 +578,7 @@ func (a *Authority) answer(shares []share) {
 // what the device can hold, pools included. It fails with an
 // *governor.OverBudgetError when the ledger has no room for them: the
 // mechanism then refuses to start. They are not in the local capacity.
-func (a *Authority) KeepPrivate(bytes memapi.Bytes) error {
+func (a *authority) KeepPrivate(bytes memapi.Bytes) error {
 	ctx, cancel := context.WithTimeout(a.l.ctx, a.l.lockTimeout)
 	defer cancel()
 	if err := a.acquire(ctx, "xproc.KeepPrivate"); err != nil {
@@ -610,7 +586,7 @@ func (a *Authority) KeepPrivate(bytes memapi.Bytes) error {
 	}
 	defer a.unacquire()
 	if a.released.Load() {
-		return &LedgerError{Op: "xproc.KeepPrivate", Path: a.l.path, Err: ErrClosed}
+		return &ledgerError{Op: "xproc.KeepPrivate", Path: a.l.path, Err: errClosed}
 	}
 	if uint64(bytes) > maxBytes {
 		return memapi.Errorf("xproc.KeepPrivate", memapi.ErrInvalidSize, "%d bytes", bytes)
@@ -646,7 +622,7 @@ func (a *Authority) KeepPrivate(bytes memapi.Bytes) error {
 // ReleasePrivate gives back bytes kept by KeepPrivate, once the mechanism
 // released the memory (cuda's Close). More than is kept is
 // memapi.ErrInvalidSize, and changes nothing.
-func (a *Authority) ReleasePrivate(bytes memapi.Bytes) error {
+func (a *authority) ReleasePrivate(bytes memapi.Bytes) error {
 	ctx, cancel := context.WithTimeout(context.Background(), a.l.lockTimeout)
 	defer cancel()
 	if err := a.acquire(ctx, "xproc.ReleasePrivate"); err != nil {
@@ -670,10 +646,10 @@ func (a *Authority) ReleasePrivate(bytes memapi.Bytes) error {
 }
 
 // release empties the claim and removes the local authority, for Close. It
-// fails with ErrInUse while the authority holds bytes (private ones
-// included), and with a *LockError when the lock is not taken before ctx
+// fails with errInUse while the authority holds bytes (private ones
+// included), and with a *lockError when the lock is not taken before ctx
 // ends; both change nothing.
-func (a *Authority) release(ctx context.Context) error {
+func (a *authority) release(ctx context.Context) error {
 	if err := a.acquire(ctx, "xproc.Close"); err != nil {
 		return err
 	}
@@ -682,10 +658,10 @@ func (a *Authority) release(ctx context.Context) error {
 		return nil
 	}
 	if a.private != 0 {
-		return ledgerErr("xproc.Close", a.l.path, ErrInUse, "authority %s keeps %d private bytes (a mechanism not closed)", a.id, a.private)
+		return ledgerErr("xproc.Close", a.l.path, errInUse, "authority %s keeps %d private bytes (a mechanism not closed)", a.id, a.private)
 	}
 	if err := a.trimLocked(ctx, memapi.Bytes(maxBytes), nil); err != nil {
-		if errors.Is(err, ErrLockTimeout) {
+		if errors.Is(err, errLockTimeout) {
 			return err
 		}
 		a.released.Store(true)
@@ -694,7 +670,7 @@ func (a *Authority) release(ctx context.Context) error {
 	}
 	snap, ok := a.g.Authority(a.id)
 	if ok && (snap.Capacity != 0 || snap.Grants != 0) {
-		return ledgerErr("xproc.Close", a.l.path, ErrInUse, "authority %s holds %d reserved, %d charged, %d pending", a.id, snap.Reserved, snap.Charged, snap.Pending)
+		return ledgerErr("xproc.Close", a.l.path, errInUse, "authority %s holds %d reserved, %d charged, %d pending", a.id, snap.Reserved, snap.Charged, snap.Pending)
 	}
 	if ok {
 		if err := a.g.RemoveAuthority(a.id); err != nil {

@@ -20,7 +20,7 @@ func TestSharedAdmission(t *testing.T) {
 	path := ledgerPath(t)
 	la, a, ga := member(t, path, 1000, Options{Poll: time.Hour})
 	lb, b, _ := member(t, path, 1000, Options{Poll: time.Hour})
-	if la.Slot() == lb.Slot() {
+	if la.slot == lb.slot {
 		t.Fatal("two members on one slot")
 	}
 	ls := take(t, a, 700)
@@ -31,7 +31,7 @@ func TestSharedAdmission(t *testing.T) {
 	}
 	lsB := take(t, b, 300)
 	h, s := inspect(t, path)
-	if h.Claimed != 1000 || s[la.Slot()].Claim != 700 || s[lb.Slot()].Claim != 300 {
+	if h.Claimed != 1000 || s[la.slot].Claim != 700 || s[lb.slot].Claim != 300 {
 		t.Fatalf("claims: %+v %v", h, s)
 	}
 	if sa, _ := ga.Authority("dev"); sa.Capacity != 700 {
@@ -48,10 +48,10 @@ func TestSharedAdmission(t *testing.T) {
 	ls2 := take(t, b, 500)
 	b.Settle()
 	h, s = inspect(t, path)
-	if h.Claimed != 800 || h.Charged != 800 || s[lb.Slot()].Charged != 800 || s[la.Slot()].Claim != 0 {
+	if h.Claimed != 800 || h.Charged != 800 || s[lb.slot].Charged != 800 || s[la.slot].Claim != 0 {
 		t.Fatalf("after the hand-over: %+v", h)
 	}
-	if err := lb.Close(); !errors.Is(err, ErrInUse) {
+	if err := lb.Close(); !errors.Is(err, errInUse) {
 		t.Fatalf("Close with bytes charged: %v", err)
 	}
 	_ = ls2.Refund(500)
@@ -118,24 +118,24 @@ func TestCrossProcessPressure(t *testing.T) {
 // The operator's limits change is applied, deferred or refused, and says so.
 func TestSetCapacityOutcomes(t *testing.T) {
 	path := ledgerPath(t)
-	events := make(chan Event, 16)
-	_, a, _ := member(t, path, 1000, Options{OnEvent: func(e Event) { events <- e }})
+	events := make(chan event, 16)
+	_, a, _ := member(t, path, 1000, Options{onEvent: func(e event) { events <- e }})
 	ls := take(t, a, 600)
 	defer ls.Refund(600)
 	h, _ := inspect(t, path)
-	ch, err := SetCapacity(path, 800, h.Revision)
+	ch, err := SetCapacity(context.Background(), path, 800, h.Revision)
 	if err != nil || ch.Outcome != Applied || ch.Revision != h.Revision+1 || ch.Capacity != 800 {
 		t.Fatalf("grow/shrink above the claims: %+v %v", ch, err)
 	}
-	ch, err = SetCapacity(path, 500, h.Revision)
+	ch, err = SetCapacity(context.Background(), path, 500, h.Revision)
 	if err != nil || ch.Outcome != Refused || ch.Capacity != 800 {
 		t.Fatalf("stale revision: %+v %v", ch, err)
 	}
-	ch, err = SetCapacity(path, 0, 0)
+	ch, err = SetCapacity(context.Background(), path, 0, 0)
 	if err != nil || ch.Outcome != Refused {
 		t.Fatalf("capacity 0: %+v %v", ch, err)
 	}
-	ch, err = SetCapacity(path, 500, 0)
+	ch, err = SetCapacity(context.Background(), path, 500, 0)
 	if err != nil || ch.Outcome != Deferred || ch.Excess != 100 {
 		t.Fatalf("below the claims: %+v %v", ch, err)
 	}
@@ -147,7 +147,7 @@ func TestSetCapacityOutcomes(t *testing.T) {
 	for {
 		select {
 		case e := <-events:
-			if e.Kind == EventLimits && e.Capacity == 500 {
+			if e.Kind == eventLimits && e.Capacity == 500 {
 				return
 			}
 		case <-deadline:

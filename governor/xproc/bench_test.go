@@ -56,7 +56,7 @@ func BenchmarkReserve(b *testing.B) {
 }
 
 // trimNow gives the spare claim back (Settle without the pressure answer).
-func (a *Authority) trimNow() {
+func (a *authority) trimNow() {
 	a.sem <- struct{}{}
 	_ = a.trimLocked(context.Background(), memapi.Bytes(maxBytes), nil)
 	a.unacquire()

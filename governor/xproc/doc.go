@@ -13,9 +13,9 @@
 // writes each word with one aligned atomic operation. Open creates it when
 // absent (written whole under a temporary name, then linked into place),
 // refuses a file that is not what it creates (a symbolic link, not a
-// regular file, a mode beyond 0660, a stranger's file: ErrUnsafe) and one
-// that does not parse (ErrTruncated, ErrForeign, ErrVersion, ErrCorrupt),
-// then takes a free slot. Parse checks an image and never panics.
+// regular file, a mode beyond 0660, a stranger's file) and one that does
+// not parse (truncated, foreign, of another version, corrupt), then takes
+// a free slot. Reading a file checks it and never panics.
 //
 // # The lock
 //
@@ -24,7 +24,7 @@
 // however it dies. flock itself waits without a bound, so the lock is
 // taken with LOCK_NB and tried again with a backoff until the caller's
 // context ends (the forms without a context wait Options.LockTimeout or
-// DefaultLockTimeout); a wait that ends is a *LockError naming the
+// DefaultLockTimeout); a wait that ends is an error naming the
 // processes that hold the lock and their state from /proc/locks and
 // /proc/PID/stat, so a lock holder that is stopped (SIGSTOP, a freezer, a
 // debugger) delays the others only up to their bounds and is named. While
@@ -35,7 +35,7 @@
 //
 // # Claims
 //
-// Bind makes an Authority the governor.Admission of the process's local
+// Bind makes the ledger the governor.Admission of the process's local
 // authority, whose capacity is the slot's claim. A reservation that fits
 // the local free bytes never touches the file. One that does not claims
 // its shortfall from the ledger under the lock, so the sum of the claims
@@ -60,7 +60,7 @@
 // and figures out of the totals and withdraws its want: the kernel freed
 // the dead process's memory (its mappings, its CUDA context), so its bytes
 // are free on the device, and every grant it held is gone with it. Each
-// reclaim is an EventReclaimed with what the slot held. A stopped process
+// reclaim is counted in the header (Header.Reclaims). A stopped process
 // is alive: its slot and claim stay; only while it holds the lock does it
 // delay the others, each up to its own bound, as above. Killed instead,
 // its lock is dropped by the kernel, the next holder repairs what it left

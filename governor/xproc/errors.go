@@ -7,35 +7,35 @@ import (
 	"time"
 )
 
-// The kinds of a *LedgerError.
+// The kinds of a *ledgerError.
 var (
-	ErrTruncated = errors.New("xproc: ledger file truncated")
-	ErrForeign   = errors.New("xproc: not a ledger file")
-	ErrVersion   = errors.New("xproc: ledger file of another version")
-	ErrCorrupt   = errors.New("xproc: ledger file corrupt")
-	ErrFull      = errors.New("xproc: every slot of the ledger is taken")
-	ErrClosed    = errors.New("xproc: ledger closed")
-	ErrInUse     = errors.New("xproc: bytes still in use")
-	ErrUnsafe    = errors.New("xproc: unsafe ledger file")
-	// ErrNamespace refuses a process that would join from another PID
+	errTruncated = errors.New("xproc: ledger file truncated")
+	errForeign   = errors.New("xproc: not a ledger file")
+	errVersion   = errors.New("xproc: ledger file of another version")
+	errCorrupt   = errors.New("xproc: ledger file corrupt")
+	errFull      = errors.New("xproc: every slot of the ledger is taken")
+	errClosed    = errors.New("xproc: ledger closed")
+	errInUse     = errors.New("xproc: bytes still in use")
+	errUnsafe    = errors.New("xproc: unsafe ledger file")
+	// errNamespace refuses a process that would join from another PID
 	// namespace than the ledger's members: liveness is read from /proc
 	// by PID, and a PID names another process there.
-	ErrNamespace = errors.New("xproc: the ledger's members are in another PID namespace")
-	// ErrLockTimeout is the kind of a *LockError: the ledger's lock was
+	errNamespace = errors.New("xproc: the ledger's members are in another PID namespace")
+	// errLockTimeout is the kind of a *lockError: the ledger's lock was
 	// not taken before the caller's deadline.
-	ErrLockTimeout = errors.New("xproc: the ledger's lock was not taken before the deadline")
+	errLockTimeout = errors.New("xproc: the ledger's lock was not taken before the deadline")
 )
 
-// LedgerError is the typed failure of opening, checking or using a ledger
+// ledgerError is the typed failure of opening, checking or using a ledger
 // file. errors.Is matches its Err.
-type LedgerError struct {
+type ledgerError struct {
 	Op     string
 	Path   string
 	Err    error
 	Detail string
 }
 
-func (e *LedgerError) Error() string {
+func (e *ledgerError) Error() string {
 	s := e.Err.Error()
 	if e.Op != "" {
 		s = e.Op + ": " + s
@@ -49,37 +49,37 @@ func (e *LedgerError) Error() string {
 	return s
 }
 
-func (e *LedgerError) Unwrap() error { return e.Err }
+func (e *ledgerError) Unwrap() error { return e.Err }
 
-func ledgerErr(op, path string, err error, format string, args ...any) *LedgerError {
-	return &LedgerError{Op: op, Path: path, Err: err, Detail: fmt.Sprintf(format, args...)}
+func ledgerErr(op, path string, err error, format string, args ...any) *ledgerError {
+	return &ledgerError{Op: op, Path: path, Err: err, Detail: fmt.Sprintf(format, args...)}
 }
 
-// LockHolder is a process that held the ledger's file lock when a caller
+// lockHolder is a process that held the ledger's file lock when a caller
 // gave up waiting for it, and its state then.
-type LockHolder struct {
+type lockHolder struct {
 	PID   int
 	State string // from /proc/PID/stat: running, sleeping, disk-sleep, stopped, traced, zombie, idle, or gone
 }
 
-// LockError is the failure of a call that waited for the ledger's lock
+// lockError is the failure of a call that waited for the ledger's lock
 // until its context ended (a lock holder stopped by SIGSTOP, a cgroup
 // freezer or a debugger, or stuck in the kernel). errors.Is matches
-// ErrLockTimeout and the context's error.
-type LockError struct {
+// errLockTimeout and the context's error.
+type lockError struct {
 	Op      string
 	Path    string
 	Waited  time.Duration
-	Holders []LockHolder // the processes holding the file lock then (from /proc/locks); none when it was this process's own
+	Holders []lockHolder // the processes holding the file lock then (from /proc/locks); none when it was this process's own
 	Err     error        // the context's cause
 }
 
-func (e *LockError) Error() string {
+func (e *lockError) Error() string {
 	var b strings.Builder
 	if e.Op != "" {
 		b.WriteString(e.Op + ": ")
 	}
-	b.WriteString(ErrLockTimeout.Error())
+	b.WriteString(errLockTimeout.Error())
 	if e.Path != "" {
 		b.WriteString(" (" + e.Path + ")")
 	}
@@ -98,4 +98,4 @@ func (e *LockError) Error() string {
 	return b.String()
 }
 
-func (e *LockError) Unwrap() []error { return []error{ErrLockTimeout, e.Err} }
+func (e *lockError) Unwrap() []error { return []error{errLockTimeout, e.Err} }

@@ -21,7 +21,7 @@ import (
 // this process's groups otherwise), and a file owned by another user than
 // this process's, unless that user is root or the file is 0660 with a
 // group this process is in. (Root's processes accept any owner.) Each is a
-// *LedgerError of ErrUnsafe.
+// *ledgerError of errUnsafe.
 
 // anyGroup is openFile's group for a caller that configured none: a 0660
 // file of any of this process's groups.
@@ -37,21 +37,21 @@ func openFile(op, path string, flag int, group int) (*os.File, error) {
 		fd, err = unix.Open(path, flag|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	}
 	if err == unix.ELOOP {
-		return nil, ledgerErr(op, path, ErrUnsafe, "a symbolic link: open the ledger by its own path")
+		return nil, ledgerErr(op, path, errUnsafe, "a symbolic link: open the ledger by its own path")
 	}
 	if err == unix.EISDIR {
-		return nil, ledgerErr(op, path, ErrUnsafe, "not a regular file (a directory)")
+		return nil, ledgerErr(op, path, errUnsafe, "not a regular file (a directory)")
 	}
 	if err != nil {
-		return nil, &LedgerError{Op: op, Path: path, Err: &os.PathError{Op: "open", Path: path, Err: err}}
+		return nil, &ledgerError{Op: op, Path: path, Err: &os.PathError{Op: "open", Path: path, Err: err}}
 	}
 	if err := checkFile(fd, group); err != "" {
 		unix.Close(fd)
-		return nil, ledgerErr(op, path, ErrUnsafe, "%s", err)
+		return nil, ledgerErr(op, path, errUnsafe, "%s", err)
 	}
 	if err := unix.SetNonblock(fd, false); err != nil {
 		unix.Close(fd)
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+		return nil, &ledgerError{Op: op, Path: path, Err: err}
 	}
 	return os.NewFile(uintptr(fd), path), nil
 }

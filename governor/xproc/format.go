@@ -12,16 +12,16 @@ import (
 // The header carries a CRC-64 of its words and each occupied slot a sum
 // of its own (slotSum), written by the lock holder as it lets go: a member
 // that takes the lock checks both, so a flipped bit or a stray write
-// anywhere in the file is refused (ErrCorrupt) rather than trusted.
+// anywhere in the file is refused (errCorrupt) rather than trusted.
 const (
 	magic       uint64 = 0x00434f5250584d4d // "MMXPROC\x00"
-	Version     uint64 = 3                  // the format this package reads and writes
+	version     uint64 = 3                  // the format this package reads and writes
 	headerWords        = 24
 	slotWords          = 16
 	headerSize         = headerWords * 8
 	slotSize           = slotWords * 8
-	// MaxSlots bounds the processes one ledger can seat.
-	MaxSlots = 4096
+	// maxSlots bounds the processes one ledger can seat.
+	maxSlots = 4096
 	// maxBytes bounds every figure, as the governor's ledger does.
 	maxBytes uint64 = 1<<52 - 1
 )
@@ -56,11 +56,11 @@ const (
 	sPID      = iota // 0: the slot is free
 	sStart           // the process's start time (clock ticks after boot): tells a reused PID apart
 	sClaim           // bytes of the shared capacity this process holds: its local capacity plus its private bytes
-	sReserved        // its local authority's figures, settled (Authority.Settle)
+	sReserved        // its local authority's figures, settled (authority.settle)
 	sCharged
 	sPending
 	sSeq                       // bumped by every settle
-	sPrivate                   // device memory the process's mechanisms keep for themselves (Authority.KeepPrivate)
+	sPrivate                   // device memory the process's mechanisms keep for themselves (authority.KeepPrivate)
 	sWant                      // bytes this process's waiting reservations lack and the ledger cannot give
 	sWantLeft                  // the part of the want no process has taken to answer yet
 	sWantOut                   // the part other processes are answering now
@@ -166,22 +166,22 @@ func fileSize(n int) int { return headerSize + n*slotSize }
 
 func word(b []byte, i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
 
-// Parse decodes and checks a ledger's bytes: the header, then every slot.
+// parse decodes and checks a ledger's bytes: the header, then every slot.
 // It never panics: a short, foreign, other-version or inconsistent image is
-// a *LedgerError whose Err is ErrTruncated, ErrForeign, ErrVersion or
-// ErrCorrupt. A header not marked dirty must carry its checksum (a flipped
-// bit anywhere in it is ErrCorrupt). A header marked dirty (its lock holder
+// a *ledgerError whose Err is errTruncated, errForeign, errVersion or
+// errCorrupt. A header not marked dirty must carry its checksum (a flipped
+// bit anywhere in it is errCorrupt). A header marked dirty (its lock holder
 // died while it held the lock) is checked neither against its checksum nor
 // against the slots' sums: the next lock holder recomputes them.
-func Parse(b []byte) (Header, []Slot, error) {
+func parse(b []byte) (Header, []Slot, error) {
 	if len(b) >= 8 && word(b, hMagic) != magic {
-		return Header{}, nil, &LedgerError{Err: ErrForeign, Detail: fmt.Sprintf("magic %#x", word(b, hMagic))}
+		return Header{}, nil, &ledgerError{Err: errForeign, Detail: fmt.Sprintf("magic %#x", word(b, hMagic))}
 	}
 	if len(b) < headerSize {
-		return Header{}, nil, &LedgerError{Err: ErrTruncated, Detail: fmt.Sprintf("%d bytes, shorter than the %d-byte header", len(b), headerSize)}
+		return Header{}, nil, &ledgerError{Err: errTruncated, Detail: fmt.Sprintf("%d bytes, shorter than the %d-byte header", len(b), headerSize)}
 	}
 	if m := word(b, hMagic); m != magic {
-		return Header{}, nil, &LedgerError{Err: ErrForeign, Detail: fmt.Sprintf("magic %#x", m)}
+		return Header{}, nil, &ledgerError{Err: errForeign, Detail: fmt.Sprintf("magic %#x", m)}
 	}
 	h := Header{
 		Version:      word(b, hVersion),
@@ -200,30 +200,30 @@ func Parse(b []byte) (Header, []Slot, error) {
 		Checksum:     word(b, hSum),
 		PIDNamespace: word(b, hPIDNS),
 	}
-	if h.Version != Version {
-		return h, nil, &LedgerError{Err: ErrVersion, Detail: fmt.Sprintf("version %d, this build reads %d", h.Version, Version)}
+	if h.Version != version {
+		return h, nil, &ledgerError{Err: errVersion, Detail: fmt.Sprintf("version %d, this build reads %d", h.Version, version)}
 	}
 	if d := word(b, hDirty); !validDirty(d) {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("dirty word %#x is neither 0 nor a holder's mark", d)}
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("dirty word %#x is neither 0 nor a holder's mark", d)}
 	}
 	if !h.Dirty && h.Checksum != headerSum(b) {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("header checksum %#x, the header sums to %#x", h.Checksum, headerSum(b))}
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("header checksum %#x, the header sums to %#x", h.Checksum, headerSum(b))}
 	}
 	for i := hFirstZero; i < hSum; i++ {
 		if word(b, i) != 0 {
-			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("reserved header word %d is not 0", i)}
+			return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("reserved header word %d is not 0", i)}
 		}
 	}
 	n := word(b, hSlots)
-	if n == 0 || n > MaxSlots {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("%d slots, want 1 to %d", n, MaxSlots)}
+	if n == 0 || n > maxSlots {
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("%d slots, want 1 to %d", n, maxSlots)}
 	}
 	h.Slots = int(n)
 	if len(b) < fileSize(h.Slots) {
-		return h, nil, &LedgerError{Err: ErrTruncated, Detail: fmt.Sprintf("%d bytes for %d slots, want %d", len(b), n, fileSize(h.Slots))}
+		return h, nil, &ledgerError{Err: errTruncated, Detail: fmt.Sprintf("%d bytes for %d slots, want %d", len(b), n, fileSize(h.Slots))}
 	}
 	if len(b) > fileSize(h.Slots) {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("%d bytes for %d slots, want %d", len(b), n, fileSize(h.Slots))}
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("%d bytes for %d slots, want %d", len(b), n, fileSize(h.Slots))}
 	}
 	for _, f := range []struct {
 		name string
@@ -231,11 +231,11 @@ func Parse(b []byte) (Header, []Slot, error) {
 	}{{"capacity", h.Capacity}, {"claimed", h.Claimed}, {"reserved", h.Reserved}, {"charged", h.Charged}, {"pending", h.Pending},
 		{"private", h.Private}, {"want", h.Want}, {"want left", word(b, hWantLeft)}, {"want out", word(b, hWantOut)}} {
 		if f.v > maxBytes {
-			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("%s %d beyond %d", f.name, f.v, maxBytes)}
+			return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("%s %d beyond %d", f.name, f.v, maxBytes)}
 		}
 	}
 	if !h.Dirty && word(b, hWantLeft)+word(b, hWantOut) > h.Want {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("the operator's want %d, %d of it left and %d out", h.Want, word(b, hWantLeft), word(b, hWantOut))}
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("the operator's want %d, %d of it left and %d out", h.Want, word(b, hWantLeft), word(b, hWantOut))}
 	}
 	slots := make([]Slot, h.Slots)
 	var sum [5]uint64
@@ -246,7 +246,7 @@ func Parse(b []byte) (Header, []Slot, error) {
 			Want: word(s, sWant), WantLeft: word(s, sWantLeft), WantOut: word(s, sWantOut), WantPri: int64(word(s, sWantPri)), WantSeq: word(s, sWantSeq)}
 		pid := word(s, sPID)
 		if pid > 1<<22 { // PID_MAX_LIMIT
-			return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: pid %d", i, pid)}
+			return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: pid %d", i, pid)}
 		}
 		sl.PID = int(pid)
 		if !h.Dirty {
@@ -255,28 +255,28 @@ func Parse(b []byte) (Header, []Slot, error) {
 				w[k] = word(s, k)
 			}
 			if !slotOK(i, &w) {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: checksum %#x, its words sum to %#x (a free slot is all zeros): a bit flipped, or a non-member wrote it", i, w[sSum], occupiedSum(i, &w))}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: checksum %#x, its words sum to %#x (a free slot is all zeros): a bit flipped, or a non-member wrote it", i, w[sSum], occupiedSum(i, &w))}
 			}
 		}
 		for w := sFirstZero; w < sSum; w++ {
 			if word(s, w) != 0 {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word %d is not 0", i, w)}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word %d is not 0", i, w)}
 			}
 		}
 		for _, v := range []uint64{sl.Claim, sl.Reserved, sl.Charged, sl.Pending, sl.Private, sl.Want, sl.WantLeft, sl.WantOut} {
 			if v > maxBytes {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
 			}
 		}
 		if !h.Dirty {
 			if sl.PID == 0 && (sl.Claim|sl.Reserved|sl.Charged|sl.Pending|sl.Private|sl.Want|sl.WantLeft|sl.WantOut) != 0 {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: free but holds bytes", i)}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: free but holds bytes", i)}
 			}
 			if u := sl.Reserved + sl.Charged + sl.Pending + sl.Private; u > sl.Claim {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: uses %d beyond its claim %d", i, u, sl.Claim)}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: uses %d beyond its claim %d", i, u, sl.Claim)}
 			}
 			if sl.WantLeft+sl.WantOut > sl.Want {
-				return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("slot %d: want %d, %d of it left and %d out", i, sl.Want, sl.WantLeft, sl.WantOut)}
+				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: want %d, %d of it left and %d out", i, sl.Want, sl.WantLeft, sl.WantOut)}
 			}
 		}
 		sum[0] += sl.Claim
@@ -288,7 +288,7 @@ func Parse(b []byte) (Header, []Slot, error) {
 		slots[i] = sl
 	}
 	if !h.Dirty && (sum != [5]uint64{h.Claimed, h.Reserved, h.Charged, h.Pending, h.Private}) {
-		return h, nil, &LedgerError{Err: ErrCorrupt, Detail: fmt.Sprintf("totals %d/%d/%d/%d/%d (claimed/reserved/charged/pending/private) are not the slots' sums %v",
+		return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("totals %d/%d/%d/%d/%d (claimed/reserved/charged/pending/private) are not the slots' sums %v",
 			h.Claimed, h.Reserved, h.Charged, h.Pending, h.Private, sum)}
 	}
 	return h, slots, nil

@@ -14,7 +14,7 @@ import (
 func image(n int, capacity uint64) []byte {
 	b := make([]byte, fileSize(n))
 	put(b, hMagic, magic)
-	put(b, hVersion, Version)
+	put(b, hVersion, version)
 	put(b, hSlots, uint64(n))
 	put(b, hCapacity, capacity)
 	put(b, hRevision, 1)
@@ -61,33 +61,33 @@ func TestBadLedgerFiles(t *testing.T) {
 		b    []byte
 		want error
 	}{
-		{"empty", nil, ErrTruncated},
-		{"short header", valid[:100], ErrTruncated},
-		{"foreign", append([]byte("not a ledger at all"), make([]byte, 200)...), ErrForeign},
-		{"version 1", func() []byte { b := append([]byte(nil), valid...); put(b, hVersion, 1); return seal(b) }(), ErrVersion},
-		{"no slots", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 0); return seal(b) }(), ErrCorrupt},
-		{"huge slot count", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 1<<40); return seal(b) }(), ErrCorrupt},
-		{"truncated slots", valid[:len(valid)-1], ErrTruncated},
-		{"trailing bytes", append(append([]byte(nil), valid...), 0), ErrCorrupt},
-		{"capacity beyond", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 1<<60); return seal(b) }(), ErrCorrupt},
-		{"checksum", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 999); return b }(), ErrCorrupt},
-		{"bad dirty word", func() []byte { b := append([]byte(nil), valid...); put(b, hDirty, 77); return b }(), ErrCorrupt},
-		{"reserved header word", func() []byte { b := append([]byte(nil), valid...); put(b, hFirstZero, 1); return seal(b) }(), ErrCorrupt},
-		{"private beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sPrivate, 101); put(b, hPrivate, 101) }), ErrCorrupt},
-		{"want parts beyond want", withSlot(func(b []byte) { putSlot(b, 0, sWant, 10); putSlot(b, 0, sWantLeft, 11) }), ErrCorrupt},
-		{"totals not sums", withSlot(func(b []byte) { put(b, hClaimed, 99) }), ErrCorrupt},
-		{"free slot holds bytes", withSlot(func(b []byte) { putSlot(b, 0, sPID, 0) }), ErrCorrupt},
-		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), ErrCorrupt},
-		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), ErrCorrupt},
-		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sFirstZero, 1) }), ErrCorrupt},
-		{"slot checksum", func() []byte { b := withSlot(func([]byte) {}); putSlot(b, 0, sSeq, 1); return b }(), ErrCorrupt},
-		{"free slot with a checksum", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sSum, 1); return b }(), ErrCorrupt},
-		{"free slot with a start time", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sStart, 1); return seal(b) }(), ErrCorrupt},
-		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), ErrCorrupt},
+		{"empty", nil, errTruncated},
+		{"short header", valid[:100], errTruncated},
+		{"foreign", append([]byte("not a ledger at all"), make([]byte, 200)...), errForeign},
+		{"version 1", func() []byte { b := append([]byte(nil), valid...); put(b, hVersion, 1); return seal(b) }(), errVersion},
+		{"no slots", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 0); return seal(b) }(), errCorrupt},
+		{"huge slot count", func() []byte { b := append([]byte(nil), valid...); put(b, hSlots, 1<<40); return seal(b) }(), errCorrupt},
+		{"truncated slots", valid[:len(valid)-1], errTruncated},
+		{"trailing bytes", append(append([]byte(nil), valid...), 0), errCorrupt},
+		{"capacity beyond", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 1<<60); return seal(b) }(), errCorrupt},
+		{"checksum", func() []byte { b := append([]byte(nil), valid...); put(b, hCapacity, 999); return b }(), errCorrupt},
+		{"bad dirty word", func() []byte { b := append([]byte(nil), valid...); put(b, hDirty, 77); return b }(), errCorrupt},
+		{"reserved header word", func() []byte { b := append([]byte(nil), valid...); put(b, hFirstZero, 1); return seal(b) }(), errCorrupt},
+		{"private beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sPrivate, 101); put(b, hPrivate, 101) }), errCorrupt},
+		{"want parts beyond want", withSlot(func(b []byte) { putSlot(b, 0, sWant, 10); putSlot(b, 0, sWantLeft, 11) }), errCorrupt},
+		{"totals not sums", withSlot(func(b []byte) { put(b, hClaimed, 99) }), errCorrupt},
+		{"free slot holds bytes", withSlot(func(b []byte) { putSlot(b, 0, sPID, 0) }), errCorrupt},
+		{"use beyond claim", withSlot(func(b []byte) { putSlot(b, 0, sCharged, 101); put(b, hCharged, 101) }), errCorrupt},
+		{"underflowed total", withSlot(func(b []byte) { put(b, hClaimed, ^uint64(0)-5) }), errCorrupt},
+		{"reserved word set", withSlot(func(b []byte) { putSlot(b, 0, sFirstZero, 1) }), errCorrupt},
+		{"slot checksum", func() []byte { b := withSlot(func([]byte) {}); putSlot(b, 0, sSeq, 1); return b }(), errCorrupt},
+		{"free slot with a checksum", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sSum, 1); return b }(), errCorrupt},
+		{"free slot with a start time", func() []byte { b := append([]byte(nil), valid...); putSlot(b, 1, sStart, 1); return seal(b) }(), errCorrupt},
+		{"bad pid", withSlot(func(b []byte) { putSlot(b, 0, sPID, 1<<40) }), errCorrupt},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, _, err := Parse(c.b)
-			var le *LedgerError
+			_, _, err := parse(c.b)
+			var le *ledgerError
 			if !errors.Is(err, c.want) || !errors.As(err, &le) {
 				t.Fatalf("Parse: %v, want a *LedgerError of %v", err, c.want)
 			}
@@ -103,7 +103,7 @@ func TestBadLedgerFiles(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := Parse(valid); err != nil {
+	if _, _, err := parse(valid); err != nil {
 		t.Fatalf("a valid image: %v", err)
 	}
 }
@@ -118,7 +118,7 @@ func TestDirtyHeaderRepaired(t *testing.T) {
 	putSlot(b, 2, sCharged, 200)
 	put(b, hClaimed, 12345) // the dead writer's half-done total
 	put(b, hDirty, dirtyMark(77))
-	if _, _, err := Parse(b); err != nil {
+	if _, _, err := parse(b); err != nil {
 		t.Fatalf("Parse of a dirty header: %v", err)
 	}
 	path := ledgerPath(t)
@@ -155,7 +155,7 @@ func TestCreateMode(t *testing.T) {
 		}
 	}
 	_, err := Open(ledgerPath(t), Options{Create: &CreateOptions{Capacity: 10, Mode: 0o666}})
-	if !errors.Is(err, ErrCorrupt) {
+	if !errors.Is(err, errCorrupt) {
 		t.Fatalf("mode 0666: %v", err)
 	}
 }
@@ -170,9 +170,9 @@ func FuzzParse(f *testing.F) {
 	f.Add(seal(b))
 	f.Add([]byte("MMXPROC"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, s, err := Parse(b)
+		h, s, err := parse(b)
 		if err != nil {
-			var le *LedgerError
+			var le *ledgerError
 			if !errors.As(err, &le) {
 				t.Fatalf("untyped error %v", err)
 			}
@@ -199,19 +199,19 @@ func TestPIDReuse(t *testing.T) {
 	seal(b)
 	path := ledgerPath(t)
 	writeFile(t, path, b)
-	events := make(chan Event, 4)
-	l, err := Open(path, Options{OnEvent: func(e Event) { events <- e }})
+	events := make(chan event, 4)
+	l, err := Open(path, Options{onEvent: func(e event) { events <- e }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	e := <-events
-	if e.Kind != EventReclaimed || e.Slot != 0 || e.Claim != 300 {
+	if e.Kind != eventReclaimed || e.Slot != 0 || e.Claim != 300 {
 		t.Fatalf("event %+v", e)
 	}
 	h, s := inspect(t, path)
-	if h.Claimed != 200 || s[1].Claim != 200 || s[0].Claim != 0 || h.Reclaims != 1 || l.Slot() != 0 {
-		t.Fatalf("after the join: %+v, slot %d", h, l.Slot())
+	if h.Claimed != 200 || s[1].Claim != 200 || s[0].Claim != 0 || h.Reclaims != 1 || l.slot != 0 {
+		t.Fatalf("after the join: %+v, slot %d", h, l.slot)
 	}
 }
 
@@ -223,16 +223,16 @@ func TestTruncatedUnderMembers(t *testing.T) {
 	if err := os.Truncate(path, 64); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, ErrTruncated) {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, errTruncated) {
 		t.Fatalf("Reserve: %v", err)
 	}
-	if err := a.Settle(); !errors.Is(err, ErrTruncated) {
+	if err := a.Settle(); !errors.Is(err, errTruncated) {
 		t.Fatalf("Settle: %v", err)
 	}
-	if _, _, err := Inspect(path); !errors.Is(err, ErrTruncated) {
+	if _, _, err := Inspect(path); !errors.Is(err, errTruncated) {
 		t.Fatalf("Inspect: %v", err)
 	}
-	if err := l.Close(); !errors.Is(err, ErrTruncated) {
+	if err := l.Close(); !errors.Is(err, errTruncated) {
 		t.Fatalf("Close: %v", err)
 	}
 }
@@ -246,14 +246,14 @@ func TestHeaderBitFlips(t *testing.T) {
 	put(b, hClaimed, 100)
 	put(b, hReclaims, 3)
 	seal(b)
-	if _, _, err := Parse(b); err != nil {
+	if _, _, err := parse(b); err != nil {
 		t.Fatalf("the sealed image: %v", err)
 	}
 	accepted := 0
 	for bit := 0; bit < headerSize*8; bit++ {
 		c := append([]byte(nil), b...)
 		c[bit/8] ^= 1 << (bit % 8)
-		if _, _, err := Parse(c); err == nil {
+		if _, _, err := parse(c); err == nil {
 			if accepted < 5 {
 				t.Errorf("a flip of bit %d of header word %d was accepted", bit%64, bit/64)
 			}
@@ -283,16 +283,16 @@ func TestCorruptedUnderMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, ErrCorrupt) {
+	if _, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: 10}); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Reserve: %v, want ErrCorrupt", err)
 	}
-	if err := a.Settle(); !errors.Is(err, ErrCorrupt) {
+	if err := a.Settle(); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Settle: %v, want ErrCorrupt", err)
 	}
-	if _, _, err := Inspect(path); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := Inspect(path); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Inspect: %v, want ErrCorrupt", err)
 	}
-	if err := l.Close(); !errors.Is(err, ErrCorrupt) {
+	if err := l.Close(); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Close: %v, want ErrCorrupt", err)
 	}
 }
@@ -308,14 +308,14 @@ func TestSlotBitFlips(t *testing.T) {
 	putSlot(b, 1, sSeq, 7)
 	put(b, hClaimed, 100)
 	seal(b)
-	if _, _, err := Parse(b); err != nil {
+	if _, _, err := parse(b); err != nil {
 		t.Fatalf("the sealed image: %v", err)
 	}
 	accepted := 0
 	for bit := headerSize * 8; bit < len(b)*8; bit++ {
 		c := append([]byte(nil), b...)
 		c[bit/8] ^= 1 << (bit % 8)
-		if _, _, err := Parse(c); err == nil {
+		if _, _, err := parse(c); err == nil {
 			if accepted < 5 {
 				slot, w := (bit/8-headerSize)/slotSize, (bit/8-headerSize)%slotSize/8
 				t.Errorf("a flip of bit %d of slot %d's word %d was accepted", bit%64, slot, w)
@@ -333,7 +333,7 @@ func TestSlotBitFlips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	off := int64(headerSize + l.Slot()*slotSize + sSeq*8)
+	off := int64(headerSize + l.slot*slotSize + sSeq*8)
 	var w [1]byte
 	if _, err := f.ReadAt(w[:], off); err != nil {
 		t.Fatal(err)
@@ -343,10 +343,10 @@ func TestSlotBitFlips(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := a.Settle(); !errors.Is(err, ErrCorrupt) {
+	if err := a.Settle(); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Settle after a slot's bit flipped: %v, want ErrCorrupt", err)
 	}
-	if err := l.Close(); !errors.Is(err, ErrCorrupt) {
+	if err := l.Close(); !errors.Is(err, errCorrupt) {
 		t.Fatalf("Close: %v, want ErrCorrupt", err)
 	}
 }
@@ -375,7 +375,7 @@ func TestUnsafeModesAndLinks(t *testing.T) {
 			func() error { l, err := Open(path, Options{}); closeIf(l); return err },
 			func() error { _, _, err := Inspect(path); return err },
 		} {
-			if err := open(); !errors.Is(err, ErrUnsafe) {
+			if err := open(); !errors.Is(err, errUnsafe) {
 				t.Errorf("mode %#o: %v, want ErrUnsafe", mode, err)
 			}
 		}
@@ -384,11 +384,11 @@ func TestUnsafeModesAndLinks(t *testing.T) {
 	if err := os.Link(path, path+".second-name"); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := Open(path, Options{}); !errors.Is(err, ErrUnsafe) {
+	if l, err := Open(path, Options{}); !errors.Is(err, errUnsafe) {
 		closeIf(l)
 		t.Errorf("a ledger with two names: %v, want ErrUnsafe", err)
 	}
-	if _, _, err := Inspect(path); !errors.Is(err, ErrUnsafe) {
+	if _, _, err := Inspect(path); !errors.Is(err, errUnsafe) {
 		t.Errorf("Inspect of a ledger with two names: %v, want ErrUnsafe", err)
 	}
 	// 0660 of another group than the one configured.
@@ -398,7 +398,7 @@ func TestUnsafeModesAndLinks(t *testing.T) {
 	}
 	other := os.Getgid() + 1
 	l, err := Open(path, Options{Create: &CreateOptions{Capacity: 1000, Mode: 0o660, Group: other}})
-	if !errors.Is(err, ErrUnsafe) {
+	if !errors.Is(err, errUnsafe) {
 		closeIf(l)
 		t.Errorf("a 0660 file of group %d, configured %d: %v, want ErrUnsafe", os.Getgid(), other, err)
 	}
@@ -424,7 +424,7 @@ func TestOtherPIDNamespaceRefused(t *testing.T) {
 	path := ledgerPath(t)
 	writeFile(t, path, b)
 	l, err := Open(path, Options{})
-	if !errors.Is(err, ErrNamespace) {
+	if !errors.Is(err, errNamespace) {
 		closeIf(l)
 		t.Fatalf("Open from another PID namespace: %v, want ErrNamespace", err)
 	}

@@ -21,7 +21,7 @@ func ledgerPath(t testing.TB) string {
 // member opens the ledger at path (creating it with capacity and slots),
 // binds a governor's authority "dev" with holder "h" registered, and
 // closes them at cleanup.
-func member(t testing.TB, path string, capacity uint64, o Options) (*Ledger, *Authority, *governor.Governor) {
+func member(t testing.TB, path string, capacity uint64, o Options) (*Ledger, *authority, *governor.Governor) {
 	t.Helper()
 	if o.Create == nil {
 		o.Create = &CreateOptions{Capacity: capacity, Slots: 16}
@@ -34,7 +34,7 @@ func member(t testing.TB, path string, capacity uint64, o Options) (*Ledger, *Au
 		t.Fatalf("Open: %v", err)
 	}
 	g := governor.New(governor.Options{})
-	a, err := l.Bind(g, "dev")
+	a, err := l.bind(g, "dev")
 	if err != nil {
 		t.Fatalf("Bind: %v", err)
 	}
@@ -42,7 +42,7 @@ func member(t testing.TB, path string, capacity uint64, o Options) (*Ledger, *Au
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := l.Close(); err != nil && !errors.Is(err, ErrInUse) {
+		if err := l.Close(); err != nil && !errors.Is(err, errInUse) {
 			t.Errorf("Close: %v", err)
 		}
 		g.Close()
@@ -61,7 +61,7 @@ func inspect(t testing.TB, path string) (Header, []Slot) {
 }
 
 // take reserves, draws whole and commits n bytes.
-func take(t testing.TB, a *Authority, n memapi.Bytes) governor.Lease {
+func take(t testing.TB, a *authority, n memapi.Bytes) governor.Lease {
 	t.Helper()
 	gr, err := a.Reserve(context.Background(), governor.Request{Holder: "h", Role: "r", Bytes: n})
 	if err != nil {
@@ -86,3 +86,20 @@ func writeFile(t testing.TB, path string, b []byte) {
 
 // isOverBudget reports whether err is an over-budget refusal.
 func isOverBudget(err error) bool { return errors.Is(err, memapi.ErrOverBudget) }
+
+// Reserve is governor.Reserve on the bound authority (r.Authority is set
+// to it); after Close it fails with errClosed.
+func (a *authority) Reserve(ctx context.Context, r governor.Request) (governor.Grant, error) {
+	if a.released.Load() {
+		return governor.Grant{}, &ledgerError{Op: "xproc.Reserve", Path: a.l.path, Err: errClosed}
+	}
+	r.Authority = a.id
+	return a.g.Reserve(ctx, r)
+}
+
+// Settle is settle with a context bounded by the ledger's lock timeout.
+func (a *authority) Settle() error {
+	ctx, cancel := context.WithTimeout(context.Background(), a.l.lockTimeout)
+	defer cancel()
+	return a.settle(ctx)
+}

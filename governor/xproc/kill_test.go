@@ -69,10 +69,10 @@ func childChurn() error {
 func TestKillNine(t *testing.T) {
 	trials := envInt(trialsEnv, 6)
 	path := ledgerPath(t)
-	events := make(chan Event, 64)
+	events := make(chan event, 64)
 	l, err := Open(path, Options{Create: &CreateOptions{Capacity: 256 << 20, Slots: 8}, Poll: 100 * time.Millisecond,
-		OnEvent: func(e Event) {
-			if e.Kind == EventReclaimed {
+		onEvent: func(e event) {
+			if e.Kind == eventReclaimed {
 				events <- e
 			}
 		}})
@@ -101,7 +101,7 @@ func TestKillNine(t *testing.T) {
 		killed := time.Now()
 		reaped := make(chan time.Duration, 1)
 		go func() { _ = p.cmd.Wait(); reaped <- time.Since(killed) }()
-		var e Event
+		var e event
 	wait:
 		for {
 			select {

@@ -141,7 +141,7 @@ func childCUDAChurn() error {
 	if err != nil {
 		return err
 	}
-	a, err := l.Bind(g, "cuda:0")
+	a, err := l.bind(g, "cuda:0")
 	if err != nil {
 		return err
 	}

@@ -92,7 +92,7 @@ func childCUDA() error {
 		if l, err = Open(os.Getenv(pathEnv), Options{Poll: 20 * time.Millisecond}); err != nil {
 			return err
 		}
-		a, err := l.Bind(g, "cuda:0")
+		a, err := l.bind(g, "cuda:0")
 		if err != nil {
 			return err
 		}

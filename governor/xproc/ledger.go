@@ -17,13 +17,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultSlots is the slot count of a ledger created without one.
-const DefaultSlots = 64
+// defaultSlots is the slot count of a ledger created without one.
+const defaultSlots = 64
 
 // CreateOptions describe a ledger file made by Open when none exists.
 type CreateOptions struct {
 	Capacity uint64 // the shared capacity, in bytes (at least 1)
-	Slots    int    // processes it can seat; 0 means DefaultSlots
+	Slots    int    // processes it can seat; 0 means 64
 	// Mode is 0600 (the creating user's processes only, the default) or
 	// 0660 with Group: only processes that can open the file take part.
 	Mode  os.FileMode
@@ -40,14 +40,17 @@ type Options struct {
 	Poll time.Duration
 	// LockTimeout bounds every wait of this member for the ledger's lock
 	// (and for the calls of its own process ahead of it): the calls that
-	// take no context (Open, Close, Settle, State, KeepPrivate,
-	// ReleasePrivate) and each round of the watcher and the settler wait
-	// that long, and the *Context forms and reservations until their
-	// context ends or that long, whichever comes first, so a reservation
-	// with context.Background() behind a stopped lock holder gets a
-	// *LockError naming it. 0 means DefaultLockTimeout.
+	// take no context (Open, Close, State, and the mechanisms' accounts of
+	// the memory they keep for themselves) and each round of the watcher
+	// and the settler wait that long, and OpenContext, CloseContext and
+	// reservations until their context ends or that long, whichever comes
+	// first, so a reservation with context.Background() behind a stopped
+	// lock holder fails with an error naming it. 0 means DefaultLockTimeout.
 	LockTimeout time.Duration
-	OnEvent     func(Event) // called from the watcher, never with a lock held
+	// onEvent, when set, is told of every reclaim and limits change
+	// (tests wait for them); it is called from the watcher, never with a
+	// lock held.
+	onEvent func(event)
 }
 
 // Ledger is one process's membership of a shared ledger file: the mapping,
@@ -65,17 +68,17 @@ type Ledger struct {
 	start       uint64
 	poll        time.Duration
 	lockTimeout time.Duration
-	onEvent     func(Event)
+	onEvent     func(event)
 
 	// sem orders this process's users of the file lock: a mutex whose
 	// waiters give up when their context ends.
 	sem     chan struct{}
 	closed  bool                      // under sem
-	auth    atomic.Pointer[Authority] // bound by Bind, or nil
+	auth    atomic.Pointer[authority] // bound by Bind, or nil
 	binding sync.Mutex                // orders Binds
 
 	joinRev    uint64  // the limits' revision when this process joined
-	joinEvents []Event // reclaims made while joining, emitted by the watcher
+	joinEvents []event // reclaims made while joining, emitted by the watcher
 
 	ctx     context.Context // ends at Close: the watcher's and the settler's waits
 	cancel  context.CancelFunc
@@ -105,13 +108,13 @@ func lockTimeoutOf(d time.Duration) time.Duration {
 
 // OpenContext maps the ledger at path (creating it from o.Create when it
 // does not exist), checks it, takes a free slot for this process and
-// starts the watcher. An unsafe file (a symlink, not a regular file, a mode
-// beyond 0660, a stranger's file: see file.go) is a *LedgerError of
-// ErrUnsafe; a short, foreign, other-version or inconsistent file one of
-// ErrTruncated, ErrForeign, ErrVersion, ErrCorrupt; a ledger whose slots
-// are all held by live processes ErrFull; a lock not taken before ctx
-// ends (or the lock timeout passes) a *LockError naming its holders; a
-// process of another PID namespace than the members' ErrNamespace.
+// starts the watcher. It refuses, with an error that says why, an unsafe
+// file (a symlink, not a regular file, a mode beyond 0660, a stranger's
+// file: see file.go), a short, foreign, other-version or inconsistent
+// file, a ledger whose slots are all held by live processes, and a process
+// of another PID namespace than the members'; a lock not taken before ctx
+// ends (or the lock timeout passes) is an error naming its holders and
+// their state.
 func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 	const op = "xproc.Open"
 	group := anyGroup
@@ -126,7 +129,7 @@ func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 		return nil, err
 	}
 	l := &Ledger{path: path, f: f, fd: int(f.Fd()), pid: os.Getpid(), poll: o.Poll, lockTimeout: lockTimeoutOf(o.LockTimeout),
-		onEvent: o.OnEvent, stop: -1, sem: make(chan struct{}, 1)}
+		onEvent: o.onEvent, stop: -1, sem: make(chan struct{}, 1)}
 	if l.poll <= 0 {
 		l.poll = 100 * time.Millisecond
 	}
@@ -142,7 +145,7 @@ func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 	if err != nil {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
 		_ = l.CloseContext(ctx)
-		return nil, &LedgerError{Op: op, Path: path, Err: err, Detail: "eventfd"}
+		return nil, &ledgerError{Op: op, Path: path, Err: err, Detail: "eventfd"}
 	}
 	l.stop = fd
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -157,17 +160,17 @@ func OpenContext(ctx context.Context, path string, o Options) (*Ledger, error) {
 func create(path string, c CreateOptions) (*os.File, error) {
 	const op = "xproc.Create"
 	if c.Slots == 0 {
-		c.Slots = DefaultSlots
+		c.Slots = defaultSlots
 	}
 	if c.Mode == 0 {
 		c.Mode = 0o600
 	}
-	if c.Slots < 1 || c.Slots > MaxSlots || c.Capacity == 0 || c.Capacity > maxBytes || (c.Mode != 0o600 && c.Mode != 0o660) {
-		return nil, ledgerErr(op, path, ErrCorrupt, "bad create options: %d slots, capacity %d, mode %v", c.Slots, c.Capacity, c.Mode)
+	if c.Slots < 1 || c.Slots > maxSlots || c.Capacity == 0 || c.Capacity > maxBytes || (c.Mode != 0o600 && c.Mode != 0o660) {
+		return nil, ledgerErr(op, path, errCorrupt, "bad create options: %d slots, capacity %d, mode %v", c.Slots, c.Capacity, c.Mode)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+		return nil, &ledgerError{Op: op, Path: path, Err: err}
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
@@ -176,21 +179,21 @@ func create(path string, c CreateOptions) (*os.File, error) {
 		b[i*8], b[i*8+1], b[i*8+2], b[i*8+3], b[i*8+4], b[i*8+5], b[i*8+6], b[i*8+7] = le8(v)
 	}
 	put(hMagic, magic)
-	put(hVersion, Version)
+	put(hVersion, version)
 	put(hSlots, uint64(c.Slots))
 	put(hCapacity, c.Capacity)
 	put(hRevision, 1)
 	put(hPIDNS, pidNamespace())
 	put(hSum, headerSum(b))
 	if _, err := tmp.Write(b); err != nil {
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+		return nil, &ledgerError{Op: op, Path: path, Err: err}
 	}
 	if err := tmp.Chmod(c.Mode); err != nil {
-		return nil, &LedgerError{Op: op, Path: path, Err: err}
+		return nil, &ledgerError{Op: op, Path: path, Err: err}
 	}
 	if c.Mode == 0o660 {
 		if err := tmp.Chown(-1, c.Group); err != nil {
-			return nil, &LedgerError{Op: op, Path: path, Err: err, Detail: "group " + strconv.Itoa(c.Group)}
+			return nil, &ledgerError{Op: op, Path: path, Err: err, Detail: "group " + strconv.Itoa(c.Group)}
 		}
 	}
 	// Renamed into place without replacing: the ledger appears whole, and
@@ -198,7 +201,7 @@ func create(path string, c CreateOptions) (*os.File, error) {
 	// is removed, which a process opening it then would refuse).
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
 	if err != nil && err != unix.EEXIST {
-		return nil, &LedgerError{Op: op, Path: path, Err: &os.LinkError{Op: "rename", Old: tmp.Name(), New: path, Err: err}}
+		return nil, &ledgerError{Op: op, Path: path, Err: &os.LinkError{Op: "rename", Old: tmp.Name(), New: path, Err: err}}
 	}
 	group := anyGroup
 	if c.Mode == 0o660 {
@@ -213,7 +216,7 @@ func le8(v uint64) (a, b, c, d, e, f, g, h byte) {
 
 // readImage reads the whole file (bounded by the largest valid ledger).
 func readImage(f *os.File) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, int64(fileSize(MaxSlots))+1), int64(fileSize(MaxSlots))+1))
+	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, int64(fileSize(maxSlots))+1), int64(fileSize(maxSlots))+1))
 	return b, err
 }
 
@@ -227,21 +230,21 @@ func (l *Ledger) mapAndJoin(ctx context.Context) error {
 	defer unlockFile(l.fd)
 	b, err := readImage(l.f)
 	if err != nil {
-		return &LedgerError{Op: op, Path: l.path, Err: err}
+		return &ledgerError{Op: op, Path: l.path, Err: err}
 	}
-	h, _, err := Parse(b)
+	h, _, err := parse(b)
 	if err != nil {
-		e := err.(*LedgerError)
+		e := err.(*ledgerError)
 		e.Op, e.Path = op, l.path
 		return e
 	}
 	if ns := pidNamespace(); h.PIDNamespace != ns {
-		return ledgerErr(op, l.path, ErrNamespace, "the ledger's members are in PID namespace %d, this process in %d: the liveness of a member is its PID in /proc, which names other processes here", h.PIDNamespace, ns)
+		return ledgerErr(op, l.path, errNamespace, "the ledger's members are in PID namespace %d, this process in %d: the liveness of a member is its PID in /proc, which names other processes here", h.PIDNamespace, ns)
 	}
 	l.slots = h.Slots
 	mem, err := unix.Mmap(l.fd, 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return &LedgerError{Op: op, Path: l.path, Err: err, Detail: "mmap"}
+		return &ledgerError{Op: op, Path: l.path, Err: err, Detail: "mmap"}
 	}
 	l.mem = mem
 	l.beginLocked()
@@ -255,7 +258,7 @@ func (l *Ledger) mapAndJoin(ctx context.Context) error {
 		}
 	}
 	if l.slot < 0 {
-		return ledgerErr(op, l.path, ErrFull, "%d slots, all held by live processes", l.slots)
+		return ledgerErr(op, l.path, errFull, "%d slots, all held by live processes", l.slots)
 	}
 	l.store(l.sw(l.slot, sStart), l.start)
 	l.store(l.sw(l.slot, sPID), uint64(l.pid))
@@ -279,7 +282,7 @@ func (l *Ledger) add(p *uint64, d uint64)   { atomic.AddUint64(p, d) }
 // dirty; unlock seals it (the checksum, then the dirty word cleared) and
 // drops both. A lock holder that finds the header dirty knows the last
 // holder died holding the lock, and recomputes the totals from the slots
-// (repairLocked). op names the caller in a *LockError.
+// (repairLocked). op names the caller in a *lockError.
 func (l *Ledger) lock(ctx context.Context, op string) error {
 	ctx, cancel := context.WithTimeout(ctx, l.lockTimeout)
 	defer cancel()
@@ -295,7 +298,7 @@ func (l *Ledger) lock(ctx context.Context, op string) error {
 	}
 	if l.closed {
 		<-l.sem
-		return &LedgerError{Op: op, Path: l.path, Err: ErrClosed}
+		return &ledgerError{Op: op, Path: l.path, Err: errClosed}
 	}
 	if err := lockFile(ctx, op, l.path, l.fd, unix.LOCK_EX, l.lockTimeout); err != nil {
 		<-l.sem
@@ -305,18 +308,18 @@ func (l *Ledger) lock(ctx context.Context, op string) error {
 	if err := unix.Fstat(l.fd, &st); err != nil || st.Size != int64(len(l.mem)) {
 		unlockFile(l.fd)
 		<-l.sem
-		return ledgerErr(op, l.path, ErrTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
+		return ledgerErr(op, l.path, errTruncated, "the file is %d bytes, mapped %d", st.Size, len(l.mem))
 	}
 	if d := l.load(l.hw(hDirty)); !validDirty(d) || d == 0 && l.load(l.hw(hSum)) != l.sumLocked() {
 		unlockFile(l.fd)
 		<-l.sem
-		return ledgerErr(op, l.path, ErrCorrupt, "the header's checksum or dirty word is wrong: a bit flipped, or a non-member wrote it")
+		return ledgerErr(op, l.path, errCorrupt, "the header's checksum or dirty word is wrong: a bit flipped, or a non-member wrote it")
 	}
 	if l.load(l.hw(hDirty)) == 0 {
 		if i := l.badSlotLocked(); i >= 0 {
 			unlockFile(l.fd)
 			<-l.sem
-			return ledgerErr(op, l.path, ErrCorrupt, "slot %d's checksum is wrong: a bit flipped, or a non-member wrote it", i)
+			return ledgerErr(op, l.path, errCorrupt, "slot %d's checksum is wrong: a bit flipped, or a non-member wrote it", i)
 		}
 	}
 	l.beginLocked()
@@ -461,7 +464,7 @@ func goneInImage(f *os.File) []slotOwner {
 		return nil
 	}
 	n := word(b, hSlots)
-	if n == 0 || n > MaxSlots || len(b) < fileSize(int(n)) {
+	if n == 0 || n > maxSlots || len(b) < fileSize(int(n)) {
 		return nil
 	}
 	var gone []slotOwner
@@ -477,8 +480,8 @@ func goneInImage(f *os.File) []slotOwner {
 
 // reclaimGoneLocked reclaims the slots of gone that still name their
 // owners, and returns the events to emit.
-func (l *Ledger) reclaimGoneLocked(gone []slotOwner) []Event {
-	var ev []Event
+func (l *Ledger) reclaimGoneLocked(gone []slotOwner) []event {
+	var ev []event
 	for _, m := range gone {
 		if m.slot < l.slots && l.holdsLocked(m) {
 			ev = append(ev, l.reclaimLocked(m.slot))
@@ -503,15 +506,15 @@ func (l *Ledger) freeHint() uint64 {
 // references, its CUDA context and every allocation in it, its
 // mechanisms' pools), so the bytes the slot counted are free on the
 // device: counting them free is what the hardware says.
-func (l *Ledger) reclaimLocked(i int) Event {
+func (l *Ledger) reclaimLocked(i int) event {
 	e := l.freeSlotLocked(i)
 	l.add(l.hw(hReclaims), 1)
 	return e
 }
 
 // freeSlotLocked empties slot i and takes its figures out of the totals.
-func (l *Ledger) freeSlotLocked(i int) Event {
-	e := Event{Kind: EventReclaimed, Slot: i, PID: int(l.load(l.sw(i, sPID))), Time: time.Now(),
+func (l *Ledger) freeSlotLocked(i int) event {
+	e := event{Kind: eventReclaimed, Slot: i, PID: int(l.load(l.sw(i, sPID))), Time: time.Now(),
 		Claim: l.load(l.sw(i, sClaim)), Reserved: l.load(l.sw(i, sReserved)),
 		Charged: l.load(l.sw(i, sCharged)), Pending: l.load(l.sw(i, sPending)),
 		Private: l.load(l.sw(i, sPrivate)), Want: l.load(l.sw(i, sWant))}
@@ -526,7 +529,7 @@ func (l *Ledger) freeSlotLocked(i int) Event {
 	return e
 }
 
-func (l *Ledger) emitAll(ev []Event) {
+func (l *Ledger) emitAll(ev []event) {
 	if l.onEvent == nil {
 		return
 	}
@@ -534,12 +537,6 @@ func (l *Ledger) emitAll(ev []Event) {
 		l.onEvent(e)
 	}
 }
-
-// Slot returns this process's slot index.
-func (l *Ledger) Slot() int { return l.slot }
-
-// Path returns the ledger file's path.
-func (l *Ledger) Path() string { return l.path }
 
 // State reads the header and every slot under the lock (waiting for it at
 // most the ledger's LockTimeout).
@@ -557,7 +554,7 @@ func (l *Ledger) State() (Header, []Slot, error) {
 	// As sealed.
 	binary.LittleEndian.PutUint64(b[hDirty*8:], 0)
 	binary.LittleEndian.PutUint64(b[hSum*8:], headerSum(b))
-	return Parse(b)
+	return parse(b)
 }
 
 // Close is CloseContext with a context bounded by the ledger's LockTimeout.
@@ -568,16 +565,16 @@ func (l *Ledger) Close() error {
 }
 
 // CloseContext gives the slot back and stops the watcher and the settler.
-// It fails with ErrInUse, changing nothing, while the bound authority
-// holds bytes (private ones included): they are this process's until it
-// frees them (or exits, and a survivor reclaims the slot); and with a
-// *LockError, changing nothing, when the lock is not taken before ctx ends
-// or the lock timeout passes (call it again). On a file truncated or
+// It fails, changing nothing, while the bound authority holds bytes
+// (private ones included): they are this process's until it frees them (or
+// exits, and a survivor reclaims the slot); and, changing nothing, when the
+// lock is not taken before ctx ends or the lock timeout passes (call it
+// again). On a file truncated or
 // corrupted under it, it shuts down all the same and returns that error.
 func (l *Ledger) CloseContext(ctx context.Context) error {
 	var broken error
 	if a := l.auth.Load(); a != nil {
-		if err := a.release(ctx); errors.Is(err, ErrInUse) || errors.Is(err, ErrLockTimeout) {
+		if err := a.release(ctx); errors.Is(err, errInUse) || errors.Is(err, errLockTimeout) {
 			return err
 		} else if err != nil {
 			broken = err // a file made unusable under us: shut down all the same
@@ -585,9 +582,9 @@ func (l *Ledger) CloseContext(ctx context.Context) error {
 	}
 	err := l.lock(ctx, "xproc.Close")
 	switch {
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, errClosed):
 		return nil
-	case errors.Is(err, ErrLockTimeout):
+	case errors.Is(err, errLockTimeout):
 		return err
 	case err == nil:
 		if l.slot >= 0 && int(l.load(l.sw(l.slot, sPID))) == l.pid {
@@ -609,7 +606,7 @@ func (l *Ledger) CloseContext(ctx context.Context) error {
 	}
 	l.shutdown()
 	if broken != nil {
-		var le *LedgerError
+		var le *ledgerError
 		if errors.As(broken, &le) && le.Op == "" {
 			le.Op = "xproc.Close"
 		}
@@ -644,7 +641,7 @@ func Inspect(path string) (Header, []Slot, error) {
 // InspectContext reads a ledger file without joining it (the operator's
 // view, memctl): opened read-only and checked as Open checks it, read under
 // a shared lock taken before ctx ends (and within DefaultLockTimeout),
-// checked by Parse.
+// checked by parse.
 func InspectContext(ctx context.Context, path string) (Header, []Slot, error) {
 	const op = "xproc.Inspect"
 	f, err := openFile(op, path, unix.O_RDONLY, anyGroup)
@@ -659,11 +656,11 @@ func InspectContext(ctx context.Context, path string) (Header, []Slot, error) {
 	defer unlockFile(fd)
 	b, err := readImage(f)
 	if err != nil {
-		return Header{}, nil, &LedgerError{Op: op, Path: path, Err: err}
+		return Header{}, nil, &ledgerError{Op: op, Path: path, Err: err}
 	}
-	h, s, err := Parse(b)
+	h, s, err := parse(b)
 	if err != nil {
-		e := err.(*LedgerError)
+		e := err.(*ledgerError)
 		e.Op, e.Path = op, path
 		return h, s, e
 	}

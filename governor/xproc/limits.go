@@ -46,22 +46,13 @@ type LimitChange struct {
 	Reason   string // Refused: why
 }
 
-// SetCapacity is SetCapacityContext with a context bounded by
-// DefaultLockTimeout.
-func SetCapacity(path string, capacity, expect uint64) (LimitChange, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultLockTimeout)
-	defer cancel()
-	return SetCapacityContext(ctx, path, capacity, expect)
-}
-
-// SetCapacityContext changes the shared capacity of the ledger at path
-// while its processes run. expect, when not 0, is the revision the
-// operator last read: a change made on a stale view is Refused. A change
-// bumps the revision and is Applied or Deferred (see Outcome); every
-// watcher emits EventLimits for it. The file is checked as Open checks it,
-// and a lock not taken before ctx ends (or DefaultLockTimeout passes) is
-// a *LockError naming its holders.
-func SetCapacityContext(ctx context.Context, path string, capacity, expect uint64) (LimitChange, error) {
+// SetCapacity changes the shared capacity of the ledger at path while its
+// processes run. expect, when not 0, is the revision the operator last
+// read: a change made on a stale view is Refused. A change bumps the
+// revision and is Applied or Deferred (see Outcome); every watcher sees
+// it. The file is checked as Open checks it, and a lock not taken before
+// ctx ends (or DefaultLockTimeout passes) is an error naming its holders.
+func SetCapacity(ctx context.Context, path string, capacity, expect uint64) (LimitChange, error) {
 	const op = "xproc.SetCapacity"
 	f, err := openFile(op, path, unix.O_RDWR, anyGroup)
 	if err != nil {
@@ -75,17 +66,17 @@ func SetCapacityContext(ctx context.Context, path string, capacity, expect uint6
 	defer unlockFile(fd)
 	b, err := readImage(f)
 	if err != nil {
-		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err}
+		return LimitChange{}, &ledgerError{Op: op, Path: path, Err: err}
 	}
-	h, _, err := Parse(b)
+	h, _, err := parse(b)
 	if err != nil {
-		e := err.(*LedgerError)
+		e := err.(*ledgerError)
 		e.Op, e.Path = op, path
 		return LimitChange{}, e
 	}
 	mem, err := unix.Mmap(fd, 0, fileSize(h.Slots), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return LimitChange{}, &LedgerError{Op: op, Path: path, Err: err, Detail: "mmap"}
+		return LimitChange{}, &ledgerError{Op: op, Path: path, Err: err, Detail: "mmap"}
 	}
 	defer unix.Munmap(mem)
 	l := &Ledger{mem: mem, slots: h.Slots, pid: os.Getpid(), slot: -1}

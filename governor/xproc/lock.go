@@ -19,9 +19,8 @@ import (
 // forever. So the lock is taken with LOCK_NB and retried with a backoff
 // until the caller's context ends or the lock timeout passes, whichever
 // comes first (a caller with no deadline still gets one); then the caller
-// gets a *LockError
-// naming the processes that hold the lock and their state, read from
-// /proc/locks and /proc/PID/stat.
+// gets a *lockError naming the processes that hold the lock and their
+// state, read from /proc/locks and /proc/PID/stat.
 
 // lockBackoff bounds the sleep between two tries: the first is
 // lockBackoffMin, each next one twice the last.
@@ -32,15 +31,16 @@ const (
 
 // DefaultLockTimeout bounds every wait for the ledger's lock, unless
 // Options.LockTimeout sets another bound: the calls that take no context
-// (Open, Inspect, SetCapacity, Settle, State, Close) wait at most that
-// long, and the *Context forms and reservations until their context ends
-// or that long, whichever comes first.
+// (Open, Inspect, State, Close) wait at most that long, and the calls that
+// take one (OpenContext, InspectContext, SetCapacity, CloseContext) and
+// reservations until their context ends or that long, whichever comes
+// first.
 const DefaultLockTimeout = 5 * time.Second
 
 // lockFile takes the file lock how (unix.LOCK_EX or unix.LOCK_SH) on fd
 // before ctx ends and within bound (a lock timeout: every wait for the
-// lock has one, whatever ctx says), or returns a *LockError (or a
-// *LedgerError when flock itself fails).
+// lock has one, whatever ctx says), or returns a *lockError (or a
+// *ledgerError when flock itself fails).
 func lockFile(ctx context.Context, op, path string, fd int, how int, bound time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
@@ -56,7 +56,7 @@ func lockFile(ctx context.Context, op, path string, fd int, how int, bound time.
 			return nil
 		}
 		if err != unix.EWOULDBLOCK && err != unix.EINTR {
-			return &LedgerError{Op: op, Path: path, Err: err, Detail: "flock"}
+			return &ledgerError{Op: op, Path: path, Err: err, Detail: "flock"}
 		}
 		if ctx.Err() != nil {
 			return lockTimeout(ctx, op, path, fd, start)
@@ -82,15 +82,15 @@ func unlockFile(fd int) {
 	}
 }
 
-// lockTimeout is the *LockError of a wait on fd's lock that ctx ended.
-func lockTimeout(ctx context.Context, op, path string, fd int, start time.Time) *LockError {
-	return &LockError{Op: op, Path: path, Waited: time.Since(start), Holders: lockHolders(fd), Err: context.Cause(ctx)}
+// lockTimeout is the *lockError of a wait on fd's lock that ctx ended.
+func lockTimeout(ctx context.Context, op, path string, fd int, start time.Time) *lockError {
+	return &lockError{Op: op, Path: path, Waited: time.Since(start), Holders: lockHolders(fd), Err: context.Cause(ctx)}
 }
 
 // lockHolders returns the processes that hold a flock on fd's file, with
 // their state, from /proc/locks (whose PIDs are those of the reader's PID
 // namespace); nil when none or unreadable.
-func lockHolders(fd int) []LockHolder {
+func lockHolders(fd int) []lockHolder {
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil {
 		return nil
@@ -101,7 +101,7 @@ func lockHolders(fd int) []LockHolder {
 		return nil
 	}
 	defer f.Close()
-	var hs []LockHolder
+	var hs []lockHolder
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF"; a waiter's
@@ -114,7 +114,7 @@ func lockHolders(fd int) []LockHolder {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		hs = append(hs, LockHolder{PID: pid, State: processState(pid)})
+		hs = append(hs, lockHolder{PID: pid, State: processState(pid)})
 	}
 	return hs
 }

@@ -22,7 +22,7 @@ import (
 // that authority.
 type cpuMember struct {
 	l    *Ledger
-	a    *Authority
+	a    *authority
 	g    *governor.Governor
 	mech *cpu.Mechanism
 	m    memapi.Mechanism
@@ -38,7 +38,7 @@ func joinCPU() (*cpuMember, error) {
 		return nil, err
 	}
 	g := governor.New(governor.Options{})
-	a, err := l.Bind(g, "host")
+	a, err := l.bind(g, "host")
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ func childOwner() error {
 	switch {
 	case err == nil:
 		fmt.Println("accepted")
-	case errors.Is(err, ErrUnsafe):
+	case errors.Is(err, errUnsafe):
 		fmt.Println("unsafe")
 	default:
 		fmt.Println("error", err)

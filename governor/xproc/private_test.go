@@ -25,8 +25,8 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, s := inspect(t, path)
-	if s[l.Slot()].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || h.Claimed != uint64(m.PoolLimit()) || m.PoolLimit() != 4*chunk {
-		t.Fatalf("with the mechanism open: %v, shared %+v, pool limit %d", s[l.Slot()], h, m.PoolLimit())
+	if s[l.slot].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || h.Claimed != uint64(m.PoolLimit()) || m.PoolLimit() != 4*chunk {
+		t.Fatalf("with the mechanism open: %v, shared %+v, pool limit %d", s[l.slot], h, m.PoolLimit())
 	}
 	// The pool is not the authority's: a reservation gets the rest, and
 	// a settle keeps the pool in the claim.
@@ -34,8 +34,8 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 	if err := a.Settle(); err != nil {
 		t.Fatal(err)
 	}
-	if h, s := inspect(t, path); s[l.Slot()].Claim != 12*chunk || h.Claimed != 12*chunk || s[l.Slot()].Charged != 8*chunk {
-		t.Fatalf("settled with the pool kept: %v, shared %+v", s[l.Slot()], h)
+	if h, s := inspect(t, path); s[l.slot].Claim != 12*chunk || h.Claimed != 12*chunk || s[l.slot].Charged != 8*chunk {
+		t.Fatalf("settled with the pool kept: %v, shared %+v", s[l.slot], h)
 	}
 	if _, err := a.Reserve(contextBG, governor.Request{Holder: "h", Role: "r", Bytes: 1}); !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("beyond the capacity less the pool: %v", err)
@@ -52,7 +52,7 @@ func TestPrivateBytesOfThePool(t *testing.T) {
 		t.Fatalf("the refused mechanism took %d bytes of the device", used-free)
 	}
 	_ = ls.Refund(8 * chunk)
-	if err := l.Close(); !errors.Is(err, ErrInUse) {
+	if err := l.Close(); !errors.Is(err, errInUse) {
 		t.Fatalf("Close with the pool kept: %v, want ErrInUse", err)
 	}
 	if err := m.Close(); err != nil {
@@ -91,8 +91,8 @@ func TestPoolInTheLedgerByDefault(t *testing.T) {
 				}
 			}
 			h, s := inspect(t, path)
-			if s[l.Slot()].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || m.PoolLimit() == 0 {
-				t.Fatalf("%s: slot %v, shared %+v, pool limit %d", order, s[l.Slot()], h, m.PoolLimit())
+			if s[l.slot].Private != uint64(m.PoolLimit()) || h.Private != uint64(m.PoolLimit()) || m.PoolLimit() == 0 {
+				t.Fatalf("%s: slot %v, shared %+v, pool limit %d", order, s[l.slot], h, m.PoolLimit())
 			}
 			if err := m.Close(); err != nil {
 				t.Fatal(err)
@@ -116,7 +116,7 @@ func TestPoolInTheLedgerByDefault(t *testing.T) {
 		defer l.Close()
 		g := governor.New(governor.Options{})
 		defer g.Close()
-		if _, err := l.Bind(g, "dev"); !errors.Is(err, memapi.ErrOverBudget) {
+		if err := l.Bind(g, "dev"); !errors.Is(err, memapi.ErrOverBudget) {
 			t.Fatalf("Bind with no room for the pool: %v, want ErrOverBudget", err)
 		}
 		if _, ok := g.Authority("dev"); ok {

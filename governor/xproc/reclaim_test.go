@@ -33,7 +33,7 @@ func childIdle() error {
 // slowCache registers holder "slow" on g, holding n bytes of a, whose
 // Reclaim takes hold (ignoring its context) before it frees what it is
 // asked; it returns the lease and what the holder was asked.
-func slowCache(t *testing.T, a *Authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (governor.Lease, *slowAnswers) {
+func slowCache(t *testing.T, a *authority, g *governor.Governor, n memapi.Bytes, hold time.Duration) (governor.Lease, *slowAnswers) {
 	t.Helper()
 	var lp atomic.Pointer[governor.Lease]
 	sa := &slowAnswers{asked: make(chan struct{})}
@@ -98,9 +98,9 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 	path := ledgerPath(t)
 	// B joins first with an idle watcher: only A's watcher sees C die.
 	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: time.Hour})
-	events := make(chan Event, 8)
-	la, a, ga := member(t, path, 0, Options{OnEvent: func(e Event) {
-		if e.Kind == EventReclaimed {
+	events := make(chan event, 8)
+	la, a, ga := member(t, path, 0, Options{onEvent: func(e event) {
+		if e.Kind == eventReclaimed {
 			events <- e
 		}
 	}})

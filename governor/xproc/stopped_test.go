@@ -98,8 +98,8 @@ func TestStoppedLockHolder(t *testing.T) {
 			}
 			return err
 		}},
-		{"set-capacity", func(ctx context.Context) error { _, err := SetCapacityContext(ctx, path, 2<<20, 0); return err }},
-		{"settle", func(ctx context.Context) error { return a.SettleContext(ctx) }},
+		{"set-capacity", func(ctx context.Context) error { _, err := SetCapacity(ctx, path, 2<<20, 0); return err }},
+		{"settle", func(ctx context.Context) error { return a.settle(ctx) }},
 		{"open (no context: LockTimeout)", func(context.Context) error {
 			l, err := Open(path, Options{LockTimeout: short})
 			if err == nil {
@@ -123,8 +123,8 @@ func TestStoppedLockHolder(t *testing.T) {
 // stopped checks that err is the lock's typed error naming pid as stopped.
 func stopped(t *testing.T, name string, err error, pid int) {
 	t.Helper()
-	var le *LockError
-	if !errors.As(err, &le) || !errors.Is(err, ErrLockTimeout) {
+	var le *lockError
+	if !errors.As(err, &le) || !errors.Is(err, errLockTimeout) {
 		t.Errorf("%s: %v, want a *LockError", name, err)
 		return
 	}
@@ -155,7 +155,7 @@ func TestBackgroundReserveBehindAStoppedHolder(t *testing.T) {
 				t.Fatal(err)
 			}
 			g := governor.New(governor.Options{DefaultWait: c.defaultWait})
-			a, err := l.Bind(g, "dev")
+			a, err := l.bind(g, "dev")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -201,7 +201,7 @@ func killAndStopTrial(t *testing.T, n, kills int) {
 		}
 		return err
 	})
-	var le *LockError
+	var le *lockError
 	typed := errors.As(waitErr, &le) && len(le.Holders) == 1 && le.Holders[0].PID == holder.pid && le.Holders[0].State == "stopped"
 	_ = holder.cmd.Process.Signal(syscall.SIGCONT)
 	fmt.Fprintln(holder.in, "go")
@@ -320,7 +320,7 @@ func badFileTrial(t *testing.T, n int) {
 		t.Fatal(err)
 	}
 	defer func() {
-		if err := l.Close(); !errors.Is(err, ErrCorrupt) {
+		if err := l.Close(); !errors.Is(err, errCorrupt) {
 			t.Errorf("Close of a corrupt ledger: %v, want ErrCorrupt", err)
 		}
 	}()
@@ -365,7 +365,7 @@ func badFileTrial(t *testing.T, n int) {
 		}
 	}
 	t.Logf("%d members, a bit of a slot flipped: Inspect %v; after 300 ms %d members running, %d stopped on their error, %d crashed", n, ierr, running, stopped, crashed)
-	if !errors.Is(ierr, ErrCorrupt) {
+	if !errors.Is(ierr, errCorrupt) {
 		t.Errorf("Inspect of a ledger with a flipped slot bit: %v, want ErrCorrupt", ierr)
 	}
 	if crashed != 0 {

@@ -1,6 +1,7 @@
 package xproc
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -52,7 +53,7 @@ func TestUnsafeLedgerFiles(t *testing.T) {
 				}
 				return err
 			},
-			"SetCapacity": func() error { _, err := SetCapacity(p, 10, 0); return err },
+			"SetCapacity": func() error { _, err := SetCapacity(context.Background(), p, 10, 0); return err },
 		} {
 			took, done, err := bounded(watchdog.Bound, f)
 			if err == nil || took >= watchdog.Bound {
@@ -75,6 +76,6 @@ func TestUnsafeLedgerFiles(t *testing.T) {
 }
 
 func isUnsafe(err error) bool {
-	var le *LedgerError
-	return errors.As(err, &le) && errors.Is(err, ErrUnsafe)
+	var le *ledgerError
+	return errors.As(err, &le) && errors.Is(err, errUnsafe)
 }

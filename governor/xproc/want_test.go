@@ -59,10 +59,10 @@ func wantGone(t *testing.T, path string, d time.Duration) bool {
 // gives up withdraws its want.
 func TestWantOfADeadProcess(t *testing.T) {
 	path := ledgerPath(t)
-	events := make(chan Event, 8)
+	events := make(chan event, 8)
 	_, a, _ := member(t, path, 1<<20, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 4},
-		OnEvent: func(e Event) {
-			if e.Kind == EventReclaimed {
+		onEvent: func(e event) {
+			if e.Kind == eventReclaimed {
 				events <- e
 			}
 		}})
@@ -174,7 +174,7 @@ func TestSharesBoundedByWhatAProcessCanGive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan struct{}, 2)
-	for _, x := range []*Authority{b, c} {
+	for _, x := range []*authority{b, c} {
 		go func() {
 			if gr, err := x.Reserve(ctx, governor.Request{Holder: "h", Role: "r", Bytes: 500}); err == nil {
 				_ = gr.Cancel()
@@ -239,7 +239,7 @@ func TestNoNewRoundWhileSharesAreOut(t *testing.T) {
 			t.Fatal("the want was not posted")
 		}
 	}
-	shares := func(x *Authority) []share {
+	shares := func(x *authority) []share {
 		x.sem <- struct{}{}
 		defer x.unacquire()
 		s, err := x.takeShares(context.Background())

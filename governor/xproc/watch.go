@@ -94,12 +94,12 @@ func (l *Ledger) watch() {
 					unix.Close(f.w.fd)
 				}
 			}
-			if errors.Is(err, ErrClosed) || l.ctx.Err() != nil {
+			if errors.Is(err, errClosed) || l.ctx.Err() != nil {
 				return
 			}
 			continue // a stopped lock holder, a file someone truncated: every use reports it; keep watching
 		}
-		var ev []Event
+		var ev []event
 		for i, w := range fds {
 			m := slotOwner{slot: i, pid: w.pid, start: w.start}
 			if l.holdsLocked(m) && !exited[i] {
@@ -129,7 +129,7 @@ func (l *Ledger) watch() {
 			}
 		}
 		if rev := l.load(l.hw(hRevision)); rev != seenRev {
-			ev = append(ev, Event{Kind: EventLimits, Revision: rev, Capacity: l.load(l.hw(hCapacity))})
+			ev = append(ev, event{Kind: eventLimits, Revision: rev, Capacity: l.load(l.hw(hCapacity))})
 			seenRev = rev
 		}
 		l.unlock()
@@ -144,7 +144,7 @@ func (l *Ledger) watch() {
 // settles (publishes the figures, answers other processes' wants, claims
 // for the local waiters, gives the spare claim back), waiting for the lock
 // at most the ledger's LockTimeout, until Close.
-func (l *Ledger) settle(a *Authority) {
+func (l *Ledger) settle(a *authority) {
 	defer close(l.settled)
 	t := time.NewTicker(l.poll)
 	defer t.Stop()

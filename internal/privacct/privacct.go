@@ -23,7 +23,7 @@ import (
 )
 
 // Account keeps bytes a mechanism holds for itself on a shared authority
-// (xproc.Authority's KeepPrivate and ReleasePrivate).
+// (the authority an xproc.Ledger binds: its KeepPrivate and ReleasePrivate).
 type Account interface {
 	KeepPrivate(bytes memapi.Bytes) error
 	ReleasePrivate(bytes memapi.Bytes) error

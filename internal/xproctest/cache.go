@@ -42,8 +42,7 @@ func Fill(t testing.TB, path string, lease, leave memapi.Bytes) *Cache {
 		t.Fatal(err)
 	}
 	g := governor.New(governor.Options{})
-	a, err := l.Bind(g, "host")
-	if err != nil {
+	if err := l.Bind(g, "host"); err != nil {
 		t.Fatal(err)
 	}
 	c := &Cache{lease: lease}
@@ -63,7 +62,7 @@ func Fill(t testing.TB, path string, lease, leave memapi.Bytes) *Cache {
 		_ = g.Close()
 	})
 	for range (memapi.Bytes(h.Capacity) - leave) / lease {
-		gr, err := a.Reserve(context.Background(), governor.Request{Holder: "cache", Role: "blocks", Bytes: lease})
+		gr, err := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "cache", Role: "blocks", Bytes: lease})
 		if err != nil {
 			t.Fatal(err)
 		}

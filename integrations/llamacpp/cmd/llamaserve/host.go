@@ -73,7 +73,7 @@ func newHost(ledger string) (*host, error) {
 			h.close()
 			return nil, err
 		}
-		if _, err := l.Bind(g, "host"); err != nil {
+		if err := l.Bind(g, "host"); err != nil {
 			h.close()
 			return nil, err
 		}

@@ -148,7 +148,7 @@ func serve(lib, model, listen string, budget memapi.Bytes, seqs, nCtx int, queue
 			return err
 		}
 		defer l.Close()
-		if _, err := l.Bind(g, "host"); err != nil {
+		if err := l.Bind(g, "host"); err != nil {
 			return err
 		}
 	}
