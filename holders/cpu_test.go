@@ -157,7 +157,7 @@ func TestCPUHoldersUnderRealGovernor(t *testing.T) {
 	for _, name := range names {
 		u, err := res.Use(ctx, name)
 		require.NoError(t, err)
-		require.Equal(t, data[name], read(t, r.devDC, u.Addr(), int(weightB)), name)
+		require.Equal(t, data[name], read(t, r.devDC, u.Addr, int(weightB)), name)
 		uses = append(uses, u)
 	}
 	kst := kv.Stats()
@@ -211,7 +211,7 @@ func TestCPUHoldersUnderRealGovernor(t *testing.T) {
 			s, err := r.devDC.NewStream()
 			if err == nil {
 				got := make([]byte, weightB)
-				err = s.CopyFromDevice(got, u.Addr())
+				err = s.CopyFromDevice(got, u.Addr)
 				if err == nil {
 					var f memapi.Fence
 					if f, err = s.Record(); err == nil {

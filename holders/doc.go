@@ -12,8 +12,7 @@
 // 2 x layers x kv heads x head dim x dtype bytes), so the address never moves
 // and memory is charged only as it is used. Requests that share a system
 // prompt map one Prefix (a pmm.Shared backing, charged once) read-only at the
-// start of their region; writing into it needs an explicit copy-on-write
-// (Request.PrepareWrite), never a silent write into shared pages.
+// start of their region, so no request writes into shared pages.
 //
 // Under a pressure ticket the store preempts requests: never one whose step
 // is in flight (a fence recorded with Request.RecordUse has not completed),
@@ -47,8 +46,8 @@
 // Reclaim never waits for a store call. The residency store skips busy
 // weights. The KV store may choose a busy request: its call waits for the
 // governor with a context the store cancels, and the call then closes the
-// region and returns ErrPreempted, so two requests waiting for each other's
-// memory never wait for ever.
+// region and fails, the request Preempted, so two requests waiting for each
+// other's memory never wait for ever.
 //
 // Neither store starts a goroutine.
 package holders

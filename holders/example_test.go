@@ -47,39 +47,39 @@ func ExampleKVStore() {
 	// 2 x 2 layers x 2 kv heads x 64 dims x fp16 = 1 KiB per token.
 	kv, err := holders.NewKVStore(holders.KVConfig{Manager: mgr, Device: key, Context: ectx.Device(),
 		Shape:     holders.ModelShape{Layers: 2, KVHeads: 2, HeadDim: 64, DTypeBytes: 2},
-		OnPreempt: func(r *holders.Request) { fmt.Println("preempted", r.ID(), "with", r.Tokens(), "tokens") }})
+		OnPreempt: func(r *holders.Request) { fmt.Println("preempted", r.Spec().ID, "with", r.Tokens(), "tokens") }})
 	if err != nil {
 		panic(err)
 	}
-	if err := g.Register(governor.HolderID(kv.Holder()), kv, governor.HolderOptions{}); err != nil {
+	if err := g.Register("kv", kv, governor.HolderOptions{}); err != nil { // KVConfig.Holder's default
 		panic(err)
 	}
 	prompt, _ := kv.NewPrefix(ctx, 8, bytes.Repeat([]byte{1}, 8<<10)) // 8 tokens: two 4 KiB chunks, charged once
 	low, _ := kv.Admit(ctx, holders.RequestSpec{ID: "low", PromptTokens: 20, MaxTokens: 64, Priority: 0, Prefix: prompt})
 	high, _ := kv.Admit(ctx, holders.RequestSpec{ID: "high", PromptTokens: 20, MaxTokens: 64, Priority: 1, Prefix: prompt})
 	_ = ectx.Queue().Drain(ctx) // the view that wrote the prompt is released
-	fmt.Println("used", m.UsedBytes()>>10, "KiB of 64; views of the prompt:", prompt.Views())
+	fmt.Println("used", m.UsedBytes()>>10, "KiB of 64, the prompt's", prompt.Size>>10, "KiB once")
 
 	for range 20 { // decode: one token per step; a chunk every 4 tokens
 		if err := high.Append(ctx, 1); err != nil {
 			panic(err)
 		}
 	}
-	fmt.Println("high has", high.Tokens(), "tokens; requeued:", len(kv.Requeued()), low.State())
+	fmt.Println("high has", high.Tokens(), "tokens; low is preempted:", low.State() == holders.Preempted)
 
 	_ = high.Finish()
 	if err := kv.Resume(ctx, low); err != nil {
 		panic(err)
 	}
-	fmt.Println("low resumed with", low.Tokens(), "tokens:", low.State())
+	fmt.Println("low resumed with", low.Tokens(), "tokens; running:", low.State() == holders.Running)
 	_ = kv.Close()
 	_ = ectx.Queue().Drain(ctx)
 	fmt.Println("used at the end:", m.UsedBytes())
 	// Output:
-	// used 48 KiB of 64; views of the prompt: 2
+	// used 48 KiB of 64, the prompt's 8 KiB once
 	// preempted low with 20 tokens
-	// high has 40 tokens; requeued: 1 preempted
-	// low resumed with 20 tokens: running
+	// high has 40 tokens; low is preempted: true
+	// low resumed with 20 tokens; running: true
 	// used at the end: 0
 }
 
@@ -104,7 +104,7 @@ func ExampleResidency() {
 	if err != nil {
 		panic(err)
 	}
-	if err := g.Register(governor.HolderID(res.Holder()), res, governor.HolderOptions{}); err != nil {
+	if err := g.Register("weights", res, governor.HolderOptions{}); err != nil { // ResidencyConfig.Holder's default
 		panic(err)
 	}
 	w := func(b byte) []byte { return bytes.Repeat([]byte{b}, 1<<20) }
@@ -122,7 +122,7 @@ func ExampleResidency() {
 	}
 	s, _ := dctx.Device().NewStream()
 	got := make([]byte, 1<<20)
-	_ = s.CopyFromDevice(got, u.Addr())
+	_ = s.CopyFromDevice(got, u.Addr)
 	_ = s.Synchronize(ctx)
 	_ = s.Close()
 	u.Done()

@@ -31,7 +31,7 @@ type KVConfig struct {
 	// OnPreempt, when set, is told of every preempted request, without the
 	// store's lock: from Reclaim (in the goroutine of the reservation that
 	// asked for memory) for an idle request, from the request's own Append
-	// or PrepareWrite for a busy one. It must not block on the store;
+	// for a busy one. It must not block on the store;
 	// queueing the request for Resume is what it is for.
 	OnPreempt func(*Request)
 }
@@ -108,15 +108,6 @@ func NewKVStore(cfg KVConfig) (*KVStore, error) {
 		prefixes:  map[*Prefix]struct{}{},
 	}, nil
 }
-
-// Holder returns the store's holder name.
-func (s *KVStore) Holder() string { return s.cfg.Holder }
-
-// Authority returns the authority the store's memory is accounted to.
-func (s *KVStore) Authority() memapi.AuthorityID { return s.authority }
-
-// BytesPerToken returns the KV bytes of one token.
-func (s *KVStore) BytesPerToken() memapi.Bytes { return s.bpt }
 
 // RequestSpec describes a request to admit. Token counts exclude the shared
 // prefix.
@@ -236,14 +227,6 @@ func (s *KVStore) Resume(ctx context.Context, r *Request) error {
 	return nil
 }
 
-// Requeued returns the preempted requests waiting to be resumed (or
-// finished), oldest preemption first.
-func (s *KVStore) Requeued() []*Request {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.requeue)
-}
-
 // Stats returns the store's figures.
 func (s *KVStore) Stats() KVStats {
 	s.mu.Lock()
@@ -267,8 +250,8 @@ func (s *KVStore) Stats() KVStats {
 // busy, then idle longest, then newest (the least work lost), until the
 // ticket's bytes are covered. An idle request is preempted at once: its
 // region is closed and the request requeued. A busy request (its own Append
-// or PrepareWrite waiting for memory) is preempted by cancelling its wait;
-// its call then returns an ErrPreempted error after closing the region. When
+// waiting for memory) is preempted by cancelling its wait; its call then
+// closes the region and fails, the request Preempted. When
 // the ticket comes from an admission (Admit or Resume) only requests of a
 // lower priority than the admitted one are preempted: admitting never evicts
 // its equals. It reports the private bytes of the preempted requests, which
@@ -330,7 +313,7 @@ func (s *KVStore) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes,
 
 	for _, cancel := range cancels {
 		if cancel != nil { // nil: the call does not wait; exit preempts it
-			cancel(ErrPreempted)
+			cancel(errPreempted)
 		}
 	}
 	var errs []error

@@ -36,7 +36,8 @@ func (s RequestState) String() string {
 
 // Request is one request's KV cache: a region laid out as the shared prefix
 // (if any) followed by the request's own tokens, grown as tokens are
-// appended. Its methods fail with ErrPreempted after a preemption.
+// appended. After a preemption its methods fail (its State is Preempted)
+// until KVStore.Resume admits it again.
 type Request struct {
 	s        *KVStore
 	spec     RequestSpec
@@ -54,9 +55,6 @@ type Request struct {
 	lastUse     uint64
 	preemptions int
 }
-
-// ID returns the request's ID.
-func (r *Request) ID() string { return r.spec.ID }
 
 // Spec returns what the request was admitted with.
 func (r *Request) Spec() RequestSpec { return r.spec }
@@ -76,44 +74,6 @@ func (r *Request) Tokens() int {
 	return r.tokens
 }
 
-// Preemptions returns how many times the request was preempted.
-func (r *Request) Preemptions() int {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	return r.preemptions
-}
-
-// Addr returns the region's base address while the request runs, else 0.
-// The address does not move as the request grows; a resumed request has a
-// new one.
-func (r *Request) Addr() memapi.DeviceAddr {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	if r.region == nil {
-		return 0
-	}
-	return r.region.Addr()
-}
-
-// Len returns the bytes backed from the region's start (prefix included,
-// rounded to the granularity), or 0 when the request does not run.
-func (r *Request) Len() memapi.Bytes {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	if r.region == nil {
-		return 0
-	}
-	return r.region.Len()
-}
-
-// Bytes returns the request's private bytes charged: its own tokens' chunks,
-// plus its copy of the prefix after a copy-on-write.
-func (r *Request) Bytes() memapi.Bytes {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	return r.privateBytesLocked()
-}
-
 // Shared reports whether the request still maps its prefix shared
 // (read-only): false without a prefix or after a copy-on-write.
 func (r *Request) Shared() bool {
@@ -122,10 +82,23 @@ func (r *Request) Shared() bool {
 	return r.shared
 }
 
-// TokenOffset returns the offset in the region of sequence position i:
-// positions below the prefix's token count are in the prefix, the others
-// are the request's own tokens, which start after the prefix's chunks.
-func (r *Request) TokenOffset(i int) memapi.Bytes {
+// TokenAddr returns the device address of sequence position i while the
+// request runs, else 0. The region is laid out as the prefix's chunks, then
+// the request's own tokens: positions below the prefix's token count are
+// in the prefix, the others follow its chunks. Position 0 is the region's
+// start, which does not move as the request grows (a resumed request has a
+// new one).
+func (r *Request) TokenAddr(i int) memapi.DeviceAddr {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	if r.region == nil {
+		return 0
+	}
+	return r.region.Addr() + memapi.DeviceAddr(r.tokenOffset(i))
+}
+
+// tokenOffset returns the offset in the region of sequence position i.
+func (r *Request) tokenOffset(i int) memapi.Bytes {
 	bpt := r.s.bpt
 	if p := r.spec.Prefix; p != nil {
 		if i < p.tokens {
@@ -163,7 +136,7 @@ type askerKey struct{ s *KVStore }
 
 // enter marks the request busy for a store call; Reclaim may then choose
 // it only by cancelling the context its pmm waits run with (waitable), and
-// exit preempts it when the call ends. exit returns an ErrPreempted error
+// exit preempts it when the call ends. exit returns an errPreempted error
 // wrapping the call's own when that happened.
 func (r *Request) enter(op string) (*pmm.Region, error) {
 	s := r.s
@@ -191,7 +164,7 @@ func (r *Request) waitable(ctx context.Context) context.Context {
 	doomed := r.doomed
 	s.mu.Unlock()
 	if doomed {
-		cancel(ErrPreempted)
+		cancel(errPreempted)
 	}
 	return context.WithValue(ctx, askerKey{s}, &asker{r: r})
 }
@@ -225,7 +198,7 @@ func (r *Request) exit(op string, err error) error {
 	if s.cfg.OnPreempt != nil {
 		s.cfg.OnPreempt(r)
 	}
-	return &memapi.Error{Op: op, Kind: ErrPreempted, Detail: "request " + r.spec.ID + " was preempted during the call", Err: err}
+	return &memapi.Error{Op: op, Kind: errPreempted, Detail: "request " + r.spec.ID + " was preempted during the call", Err: err}
 }
 
 func (r *Request) runningLocked(op string) error {
@@ -233,7 +206,7 @@ func (r *Request) runningLocked(op string) error {
 	case Running:
 		return nil
 	case Preempted:
-		return &memapi.Error{Op: op, Kind: ErrPreempted, Detail: "request " + r.spec.ID}
+		return &memapi.Error{Op: op, Kind: errPreempted, Detail: "request " + r.spec.ID}
 	default:
 		return memapi.Errorf(op, memapi.ErrClosed, "request %s is finished", r.spec.ID)
 	}
@@ -297,30 +270,23 @@ func (r *Request) RecordUse(f memapi.Fence) error {
 	return r.region.RecordUse(f)
 }
 
-// InFlight reports whether a recorded step has not completed yet.
-func (r *Request) InFlight() bool {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	return r.inFlightLocked()
-}
-
-// PrepareWrite makes bytes [off, off+n) of the region writable before the
+// prepareWrite makes bytes [off, off+n) of the region writable before the
 // request writes them. When they touch the shared prefix it copies the
 // prefix on write: a private copy, charged to the store, replaces the
 // read-only view at the same addresses; the other requests keep the shared
 // one. It fails with memapi.ErrInUse while a step is in flight (the copy
 // must not race device work) and with memapi.ErrInvalidRange for bytes not
 // backed. On failure the request keeps its shared view.
-func (r *Request) PrepareWrite(ctx context.Context, off, n memapi.Bytes) error {
+func (r *Request) prepareWrite(ctx context.Context, off, n memapi.Bytes) error {
 	const op = "holders.Request.PrepareWrite"
 	region, err := r.enter(op)
 	if err != nil {
 		return err
 	}
-	return r.exit(op, r.prepareWrite(ctx, region, off, n))
+	return r.exit(op, r.copyOnWrite(ctx, region, off, n))
 }
 
-func (r *Request) prepareWrite(ctx context.Context, region *pmm.Region, off, n memapi.Bytes) error {
+func (r *Request) copyOnWrite(ctx context.Context, region *pmm.Region, off, n memapi.Bytes) error {
 	const op = "holders.Request.PrepareWrite"
 	s := r.s
 	s.mu.Lock()
@@ -345,12 +311,12 @@ func (r *Request) prepareWrite(ctx context.Context, region *pmm.Region, off, n m
 	return nil
 }
 
-// Preempt is the runtime's own preemption: the request's region is released
+// preempt is the runtime's own preemption: the request's region is released
 // behind its recorded fences, the request is requeued (and OnPreempt told),
 // to be resumed or finished later. It fails with memapi.ErrInUse while a
-// store call on the request is in progress, and with ErrPreempted or
+// store call on the request is in progress, and with errPreempted or
 // memapi.ErrClosed when it does not run.
-func (r *Request) Preempt() error {
+func (r *Request) preempt() error {
 	const op = "holders.Request.Preempt"
 	s := r.s
 	s.mu.Lock()

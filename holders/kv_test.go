@@ -114,7 +114,7 @@ func TestKVPrefixSharedAndCopyOnWrite(t *testing.T) {
 	sys := bytes.Repeat([]byte("system prompt KV "), 300) // 5100 bytes: 5 tokens, two chunks
 	p, err := s.NewPrefix(ctx, 5, sys)
 	require.NoError(t, err)
-	require.Equal(t, memapi.Bytes(2*gran), p.Size())
+	require.Equal(t, memapi.Bytes(2*gran), p.Size)
 	r.drain(t)
 	require.Equal(t, memapi.Bytes(2*gran), r.charged("kv", devAuth), "the prefix is charged once")
 

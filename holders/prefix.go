@@ -13,6 +13,10 @@ import (
 // to the store, mapped read-only at the start of every request admitted
 // with it. It is freed when it is closed and its last request has gone.
 type Prefix struct {
+	// Size is the bytes the prefix occupies (and was charged): its tokens
+	// rounded up to the granularity.
+	Size memapi.Bytes
+
 	store  *KVStore
 	tokens int
 	shared *pmm.Shared
@@ -51,7 +55,7 @@ func (s *KVStore) NewPrefix(ctx context.Context, tokens int, data []byte) (*Pref
 			return nil, errors.Join(err, sh.Close())
 		}
 	}
-	p := &Prefix{store: s, tokens: tokens, shared: sh}
+	p := &Prefix{Size: sh.Size(), store: s, tokens: tokens, shared: sh}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -80,17 +84,6 @@ func (s *KVStore) fill(ctx context.Context, sh *pmm.Shared, data []byte) error {
 	}
 	return errors.Join(err, st.Close(), region.Close())
 }
-
-// Tokens returns the prefix's token count.
-func (p *Prefix) Tokens() int { return p.tokens }
-
-// Size returns the bytes the prefix occupies (and was charged): its tokens
-// rounded up to the granularity.
-func (p *Prefix) Size() memapi.Bytes { return p.shared.Size() }
-
-// Views returns how many regions map the prefix now (the short-lived view
-// that wrote it counts until the device context's queue has released it).
-func (p *Prefix) Views() int { return p.shared.Views() }
 
 // Close drops the store's reference: no new request can use the prefix, and
 // its backing is freed once the last request mapping it has gone. It is

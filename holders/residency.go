@@ -140,12 +140,6 @@ func NewResidency(cfg ResidencyConfig) (*Residency, error) {
 	return &Residency{cfg: cfg, dev: dev, host: host, devAuth: dm.Info().Authority, weights: map[string]*weight{}}, nil
 }
 
-// Holder returns the store's holder name.
-func (r *Residency) Holder() string { return r.cfg.Holder }
-
-// Authority returns the device authority the store answers tickets for.
-func (r *Residency) Authority() memapi.AuthorityID { return r.devAuth }
-
 // WeightSpec describes a weight to load.
 type WeightSpec struct {
 	Name   string
@@ -219,17 +213,13 @@ func (r *Residency) touchLocked(w *weight) {
 // WeightUse is a use of a resident weight: while it is open, and until the
 // fences recorded on it complete, the weight is not offloaded.
 type WeightUse struct {
+	Addr memapi.DeviceAddr // the weight's device address for this use
+
 	r    *Residency
 	w    *weight
 	buf  *pmm.Buffer
 	once sync.Once
 }
-
-// Addr returns the weight's device address for this use.
-func (u *WeightUse) Addr() memapi.DeviceAddr { return u.buf.Addr() }
-
-// Size returns the weight's logical size.
-func (u *WeightUse) Size() memapi.Bytes { return u.w.size }
 
 // RecordUse records the fence of device work that reads the weight: it is
 // neither offloaded nor freed before the fence completes.
@@ -273,7 +263,7 @@ func (r *Residency) Use(ctx context.Context, name string) (*WeightUse, error) {
 			w.users++
 			r.touchLocked(w)
 			r.mu.Unlock()
-			return &WeightUse{r: r, w: w, buf: w.dev}, nil
+			return &WeightUse{Addr: w.dev.Addr(), r: r, w: w, buf: w.dev}, nil
 		}
 		// Offloaded: reload it.
 		w.moving = make(chan struct{})
@@ -289,13 +279,13 @@ func (r *Residency) Use(ctx context.Context, name string) (*WeightUse, error) {
 		w.dev = buf
 		if w.host.Close() == nil {
 			w.host = nil
-		} // else the host copy is still held: Unload or Close releases it
+		} // else the host copy is still held: unload or Close releases it
 		w.users++
 		r.touchLocked(w)
 		r.stats.Reloads++
 		r.stats.ReloadedTotal += w.size
 		r.mu.Unlock()
-		return &WeightUse{r: r, w: w, buf: buf}, nil
+		return &WeightUse{Addr: buf.Addr(), r: r, w: w, buf: buf}, nil
 	}
 }
 
@@ -399,9 +389,9 @@ func (r *Residency) pickVictim() *weight {
 	return best
 }
 
-// Pin sets whether the named weight is pinned (never offloaded). Pinning an
+// pin sets whether the named weight is pinned (never offloaded). Pinning an
 // offloaded weight does not reload it; the next Use does.
-func (r *Residency) Pin(name string, pinned bool) error {
+func (r *Residency) pin(name string, pinned bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.weights[name]
@@ -412,9 +402,9 @@ func (r *Residency) Pin(name string, pinned bool) error {
 	return nil
 }
 
-// Unload releases the named weight (behind its recorded fences). It fails
+// unload releases the named weight (behind its recorded fences). It fails
 // with memapi.ErrInUse while the weight is used or being moved.
-func (r *Residency) Unload(name string) error {
+func (r *Residency) unload(name string) error {
 	const op = "holders.Residency.Unload"
 	r.mu.Lock()
 	w := r.weights[name]

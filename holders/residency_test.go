@@ -29,7 +29,7 @@ func readWeight(t *testing.T, r *rig, s *holders.Residency, name string, n int) 
 	u, err := s.Use(context.Background(), name)
 	require.NoError(t, err)
 	defer u.Done()
-	return read(t, r.devF, u.Addr(), n)
+	return read(t, r.devF, u.Addr, n)
 }
 
 // Offload copies a weight to a host-authority buffer and releases the

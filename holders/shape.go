@@ -23,11 +23,12 @@ func (s ModelShape) BytesPerToken() memapi.Bytes {
 // Validate reports a shape with a non-positive figure as ErrInvalidSize.
 func (s ModelShape) Validate() error {
 	if s.Layers <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.DTypeBytes <= 0 {
-		return memapi.Errorf("holders.ModelShape", memapi.ErrInvalidSize, "every figure of %v must be positive", s)
+		return memapi.Errorf("holders.ModelShape", memapi.ErrInvalidSize, "every figure of %s must be positive", s.describe())
 	}
 	return nil
 }
 
-func (s ModelShape) String() string {
+// describe says the shape's figures, for errors.
+func (s ModelShape) describe() string {
 	return fmt.Sprintf("%d layers x %d kv heads x %d dims x %d bytes", s.Layers, s.KVHeads, s.HeadDim, s.DTypeBytes)
 }

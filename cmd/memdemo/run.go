@@ -202,7 +202,7 @@ func (e *engine) fail(format string, args ...any) {
 func (e *engine) onPreempt(r *holders.Request) {
 	a := e.byReq[r]
 	if a == nil {
-		e.fail("preempted request %s is not one of the run's", r.ID())
+		e.fail("preempted request %s is not one of the run's", r.Spec().ID)
 		return
 	}
 	a.preempted = true
@@ -246,7 +246,7 @@ func (e *engine) loop(ctx context.Context) error {
 	e.stream = st
 	var kvRoom memapi.Bytes
 	if e.s.prefix != nil {
-		kvRoom = e.cfg.kvRoom(e.s.prefix.Size())
+		kvRoom = e.cfg.kvRoom(e.s.prefix.Size)
 	} else {
 		kvRoom = e.cfg.kvRoom(0)
 	}
@@ -561,7 +561,7 @@ grow:
 		if a.r.Spec().Prefix != nil {
 			pos += e.cfg.PrefixTokens
 		}
-		if err := e.stream.CopyToDevice(a.r.Addr()+memapi.DeviceAddr(a.r.TokenOffset(pos)), a.pattern); err != nil {
+		if err := e.stream.CopyToDevice(a.r.TokenAddr(pos), a.pattern); err != nil {
 			e.fail("request %d token write: %v", a.req.ID, err)
 		}
 	}
@@ -716,7 +716,7 @@ func (e *engine) fullAudit(ctx context.Context, when string) error {
 	kv := e.s.kv.Stats()
 	want := kv.Bytes
 	if e.s.prefix != nil {
-		want += e.s.prefix.Size()
+		want += e.s.prefix.Size
 	}
 	if got := holder(holderKV, e.s.devAuth).Charged; got != want {
 		e.fail("%s: the KV store holds %d bytes (requests + prefix), the ledger charges it %d", when, want, got)
@@ -841,13 +841,13 @@ func (e *engine) readBack(ctx context.Context, when string) error {
 			continue
 		}
 		if a.r.Spec().Prefix != nil && a.r.Shared() {
-			check("the shared prefix through request "+strconv.Itoa(a.req.ID), a.r.Addr(), e.s.prefixData[:min(len(e.s.prefixData), 4096)])
+			check("the shared prefix through request "+strconv.Itoa(a.req.ID), a.r.TokenAddr(0), e.s.prefixData[:min(len(e.s.prefixData), 4096)])
 		}
 		pos := a.r.Tokens() - 1
 		if a.r.Spec().Prefix != nil {
 			pos += e.cfg.PrefixTokens
 		}
-		check("the last token of request "+strconv.Itoa(a.req.ID), a.r.Addr()+memapi.DeviceAddr(a.r.TokenOffset(pos)), a.pattern)
+		check("the last token of request "+strconv.Itoa(a.req.ID), a.r.TokenAddr(pos), a.pattern)
 		break
 	}
 	for _, r := range []struct {
@@ -873,7 +873,7 @@ func (e *engine) readBack(ctx context.Context, when string) error {
 				e.fail("%s: use of %s: %v", when, name, err)
 				continue
 			}
-			check("the head of weight "+name, u.Addr(), e.s.weightHead[name])
+			check("the head of weight "+name, u.Addr, e.s.weightHead[name])
 			u.Done()
 		}
 	}
