@@ -112,7 +112,7 @@ func TestReportSplitsCharge(t *testing.T) {
 	require.Equal(t, HolderStats{Holder: "pool", Role: "workspace", Peak: 32 * mib, Mean: st.Mean, Final: 32 * mib,
 		PeakCached: 20 * mib, FinalInUse: 20 * mib, FinalCached: 8 * mib, FinalQuarantined: 4 * mib}, st)
 
-	var lh LedgerHolder
+	var lh ledgerHolder
 	for _, h := range rep.Ledger.Holders {
 		if h.Holder == "pool" {
 			lh = h

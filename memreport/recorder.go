@@ -13,9 +13,9 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultMaxPoints = 1200
-	DefaultMaxEvents = 5000
-	DefaultMaxSpans  = 100000
+	defaultMaxPoints = 1200
+	defaultMaxEvents = 5000
+	defaultMaxSpans  = 100000
 )
 
 // Options configure a Recorder. The zero value is ready to use.
@@ -24,14 +24,14 @@ type Options struct {
 	Title string
 	// TimeLabel names the time axis; "" means "time (s)".
 	TimeLabel string
-	// MaxPoints bounds the samples kept per authority (0: DefaultMaxPoints,
+	// MaxPoints bounds the samples kept per authority (0: 1200,
 	// at least 4).
 	MaxPoints int
-	// MaxEvents bounds the events kept per authority (0:
-	// DefaultMaxEvents). Every event is still counted.
+	// MaxEvents bounds the events kept per authority (0: 5000). Every event
+	// is still counted.
 	MaxEvents int
-	// MaxSpans bounds the spans kept for the trace export (0:
-	// DefaultMaxSpans); later spans are counted and dropped.
+	// MaxSpans bounds the spans kept for the trace export (0: 100000);
+	// later spans are counted and dropped.
 	MaxSpans int
 	// WallClock times the holders' answers to tickets in wall-clock time
 	// (nil: time.Now); the report's own times come from the snapshots and
@@ -47,21 +47,21 @@ type Recorder struct {
 
 	mu      sync.Mutex
 	start   time.Time
-	auths   map[memapi.AuthorityID]*timeline
+	auths   map[memapi.AuthorityID]*authorityLog
 	roles   map[governor.HolderID]map[string]struct{}
-	notes   []Note
-	checks  []Check
+	notes   []note
+	checks  []check
 	tables  []Table
 	data    map[string]any
 	latest  governor.Snapshot
 	end     *governor.Snapshot
-	spans   []span
+	spans   []timedSpan
 	dropped int // spans over MaxSpans
 }
 
-// timeline is one authority's kept samples, exact per-holder figures and
+// authorityLog is one authority's kept samples, exact per-holder figures and
 // kept events.
-type timeline struct {
+type authorityLog struct {
 	points []point
 	tail   *point // the latest sample when the stride skipped it
 	seen   int    // samples offered
@@ -70,10 +70,10 @@ type timeline struct {
 	first, last time.Time // of the samples offered
 	stats       map[governor.HolderID]*holderStat
 
-	events  []*event
+	events  []*keptEvent
 	estride int
 	eseen   int
-	tickets map[uint64]*event // tickets asked whose answer has not come
+	tickets map[uint64]*keptEvent // tickets asked whose answer has not come
 	counts  map[string]uint64
 }
 
@@ -108,14 +108,15 @@ type holderStat struct {
 	byteSec    float64 // the integral of the charge over time
 }
 
-// event is a kept event with the times its JSON form is computed from.
-type event struct {
-	Event
+// keptEvent is a kept event with the times its JSON form is computed from.
+type keptEvent struct {
+	event
 	at, asked, answered time.Time
 	wallAsked           time.Time
 }
 
-type span struct {
+// timedSpan is a span as recorded, before the report puts it in seconds.
+type timedSpan struct {
 	name, category string
 	start, end     time.Time
 }
@@ -129,21 +130,21 @@ func New(opts Options) *Recorder {
 		opts.TimeLabel = "time (s)"
 	}
 	if opts.MaxPoints == 0 {
-		opts.MaxPoints = DefaultMaxPoints
+		opts.MaxPoints = defaultMaxPoints
 	}
 	opts.MaxPoints = max(opts.MaxPoints, 4)
 	if opts.MaxEvents <= 0 {
-		opts.MaxEvents = DefaultMaxEvents
+		opts.MaxEvents = defaultMaxEvents
 	}
 	if opts.MaxSpans <= 0 {
-		opts.MaxSpans = DefaultMaxSpans
+		opts.MaxSpans = defaultMaxSpans
 	}
 	if opts.WallClock == nil {
 		opts.WallClock = time.Now
 	}
 	return &Recorder{
 		opts:  opts,
-		auths: map[memapi.AuthorityID]*timeline{},
+		auths: map[memapi.AuthorityID]*authorityLog{},
 		roles: map[governor.HolderID]map[string]struct{}{},
 		data:  map[string]any{},
 	}
@@ -176,7 +177,7 @@ func (r *Recorder) labelLocked(h governor.HolderID, role string) {
 func (r *Recorder) Note(label, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.notes = append(r.notes, Note{Key: snakeCase(label), Label: label, Text: text})
+	r.notes = append(r.notes, note{Key: snakeCase(label), Label: label, Text: text})
 }
 
 // Check adds one of the program's pass/fail checks, in the order given:
@@ -186,7 +187,7 @@ func (r *Recorder) Note(label, text string) {
 func (r *Recorder) Check(label string, passed bool, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.checks = append(r.checks, Check{Key: snakeCase(label), Label: label, Passed: passed, Text: text})
+	r.checks = append(r.checks, check{Key: snakeCase(label), Label: label, Passed: passed, Text: text})
 }
 
 // Table adds a table of the program's own, drawn at the top of the
@@ -240,7 +241,7 @@ func (r *Recorder) Span(name, category string, start, end time.Time) {
 		return
 	}
 	r.at(start)
-	r.spans = append(r.spans, span{name: name, category: category, start: start, end: end})
+	r.spans = append(r.spans, timedSpan{name: name, category: category, start: start, end: end})
 }
 
 func (r *Recorder) at(t time.Time) {
@@ -252,10 +253,10 @@ func (r *Recorder) at(t time.Time) {
 	}
 }
 
-func (r *Recorder) timeline(id memapi.AuthorityID) *timeline {
+func (r *Recorder) timeline(id memapi.AuthorityID) *authorityLog {
 	tl := r.auths[id]
 	if tl == nil {
-		tl = &timeline{stride: 1, estride: 1, counts: map[string]uint64{}, stats: map[governor.HolderID]*holderStat{}, tickets: map[uint64]*event{}}
+		tl = &authorityLog{stride: 1, estride: 1, counts: map[string]uint64{}, stats: map[governor.HolderID]*holderStat{}, tickets: map[uint64]*keptEvent{}}
 		for _, k := range governorKinds {
 			tl.counts[k] = 0
 		}
@@ -288,7 +289,7 @@ func (r *Recorder) Sample(s governor.Snapshot) {
 
 // stat folds p into the exact per-holder figures: a holder's charge holds
 // from one sample to the next.
-func (tl *timeline) stat(p point) {
+func (tl *authorityLog) stat(p point) {
 	if tl.seen == 0 {
 		tl.first = p.t
 	}
@@ -311,7 +312,7 @@ func (tl *timeline) stat(p point) {
 	}
 }
 
-func (tl *timeline) add(p point, maxPoints int) {
+func (tl *authorityLog) add(p point, maxPoints int) {
 	tl.seen++
 	if (tl.seen-1)%tl.stride != 0 {
 		tl.tail = &p
@@ -399,7 +400,7 @@ func (r *Recorder) Event(e governor.Event) {
 		}
 		return
 	}
-	ev := &event{at: e.Time, Event: Event{Kind: kind, Holder: string(e.Holder), Role: string(e.Role), Bytes: e.Bytes}}
+	ev := &keptEvent{at: e.Time, event: event{Kind: kind, Holder: string(e.Holder), Role: string(e.Role), Bytes: e.Bytes}}
 	switch e.Kind {
 	case governor.EventTicket:
 		ev.Ticket = e.Ticket.ID
@@ -435,10 +436,10 @@ func (r *Recorder) Annotate(a Annotation) {
 	tl := r.timeline(a.Authority)
 	kind := snakeCase(a.Kind)
 	tl.counts[kind]++
-	tl.keep(&event{at: a.Time, Event: Event{Kind: kind, Holder: string(a.Holder), Role: r.roleLocked(a.Holder), Bytes: a.Bytes, Detail: a.Detail}}, r.opts.MaxEvents)
+	tl.keep(&keptEvent{at: a.Time, event: event{Kind: kind, Holder: string(a.Holder), Role: r.roleLocked(a.Holder), Bytes: a.Bytes, Detail: a.Detail}}, r.opts.MaxEvents)
 }
 
-func (tl *timeline) keep(ev *event, maxEvents int) {
+func (tl *authorityLog) keep(ev *keptEvent, maxEvents int) {
 	tl.eseen++
 	if (tl.eseen-1)%tl.estride != 0 {
 		return

@@ -75,17 +75,8 @@ svg .cursor{stroke:#000;stroke-width:1;stroke-dasharray:3 3}svg .sel{fill:#4e79a
 //go:embed report.js
 var script string
 
-// WriteHTML writes the report as a self-contained HTML page (XHTML syntax,
-// so it is well-formed XML; no external scripts, styles or fonts): the
-// verdict of the program's checks, its tables (a comparison with
-// baselines), the checks one by one, the holder toggles and zoom
-// controls, per authority a chart of the ledger
-// over time with a cursor readout, the per-holder peak, mean and final
-// bytes and the events table, then the summary notes and the ledger at the
-// end of the work. The charts are drawn in Go and redrawn by the page's
-// script at the window's width, over the zoomed time window, with the
-// holders switched on.
-func (rep Report) WriteHTML(w io.Writer) error {
+// writeHTML writes the report as Recorder.WriteHTML says.
+func (rep Report) writeHTML(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
 	p("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n")
@@ -157,7 +148,7 @@ func roleOf(rep Report, h governor.HolderID) string {
 // time-weighted mean and final bytes and, where a holder had a cache or
 // quarantined bytes, the final bytes split into in use, cached and
 // quarantined, and the peak of the cache.
-func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.HolderID]string) {
+func writeHolderStats(w *bufio.Writer, rep Report, tl timeline, colours map[governor.HolderID]string) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	if len(tl.HolderStats) == 0 {
 		return
@@ -191,7 +182,7 @@ func writeHolderStats(w *bufio.Writer, rep Report, tl Timeline, colours map[gove
 // writeEvents writes an authority's events table: every kept event with
 // the holder asked or named, the bytes wanted and freed and a ticket's
 // time to answer. The page's script links its rows to the chart.
-func writeEvents(w *bufio.Writer, tl Timeline) {
+func writeEvents(w *bufio.Writer, tl timeline) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	if len(tl.Events) == 0 {
 		return
@@ -314,7 +305,7 @@ func (s scale) x(t float64) float64 { return padLeft + t/s.tmax*plotW }
 
 func (s scale) y(v memapi.Bytes) float64 { return padTop + plotH - float64(v)/s.vmax*plotH }
 
-func newScale(tl Timeline) scale {
+func newScale(tl timeline) scale {
 	s := scale{tmax: 1, vmax: float64(niceCeil(tl.peak()))}
 	if n := len(tl.Times); n > 0 && tl.Times[n-1] > 0 {
 		s.tmax = tl.Times[n-1]
@@ -350,7 +341,7 @@ func (l layer) opacity() float64 {
 // its charge less the cache ("holder"), then the cache ("cached", in its
 // colour, paler). colours gives every holder the same colour on every
 // chart.
-func layers(tl Timeline, colours map[governor.HolderID]string) []layer {
+func layers(tl timeline, colours map[governor.HolderID]string) []layer {
 	order := make([]int, len(tl.Holders))
 	variation := make([]memapi.Bytes, len(tl.Holders))
 	for i, h := range tl.Holders {
@@ -402,7 +393,7 @@ func holderColours(rep Report) map[governor.HolderID]string {
 	return out
 }
 
-func writeChart(w *bufio.Writer, rep Report, tl Timeline, colours map[governor.HolderID]string) {
+func writeChart(w *bufio.Writer, rep Report, tl timeline, colours map[governor.HolderID]string) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	s := newScale(tl)
 	p("<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"timeline\" data-authority=\"%s\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",

@@ -11,15 +11,16 @@ import (
 	"github.com/memgen/memgen/governor"
 )
 
-// Version is the version of the JSON snapshot's layout, its "version"
+// version is the version of the JSON snapshot's layout, its "version"
 // field; report.schema.json describes it. Version 3 split each holder's
 // charge into in use, cached and quarantined bytes; version 4 added the
 // program's tables (Tables); version 5 its checks (Checks).
-const Version = 5
+const version = 5
 
-// Report is the data of a memory report: what WriteJSON writes and
-// WriteHTML draws. Every key of its JSON form is snake_case, every figure
-// a number, every list a list (empty, never null).
+// Report is the data of a memory report: what Recorder.WriteJSON writes
+// (and a program decodes the file into) and Recorder.WriteHTML draws. Every
+// key of its JSON form is snake_case, every figure a number, every list a
+// list (empty, never null).
 type Report struct {
 	Version   int    `json:"version"`
 	Title     string `json:"title"`
@@ -27,22 +28,22 @@ type Report struct {
 	// Start is the time of the first sample, event or span; every time in
 	// the report is in seconds since Start.
 	Start time.Time `json:"start"`
-	Notes []Note    `json:"notes"`
+	Notes []note    `json:"notes"`
 	// Checks are the program's pass/fail checks (Recorder.Check): the
 	// page's verdict, at its top.
-	Checks []Check `json:"checks"`
+	Checks []check `json:"checks"`
 	// Tables are the program's own tables (Recorder.Table), drawn at the
 	// top of the page, before the charts.
 	Tables []Table `json:"tables"`
 	// Data are the program's own figures (Recorder.Data).
 	Data        map[string]any `json:"data"`
-	Authorities []Timeline     `json:"authorities"`
+	Authorities []timeline     `json:"authorities"`
 	// Ledger is the ledger at the end of the work (Recorder.End), or the
 	// latest sample when the program marked none.
-	Ledger Ledger `json:"ledger"`
+	Ledger ledger `json:"ledger"`
 	// Spans are the program's intervals (Recorder.Span); SpansDropped
 	// counts those over Options.MaxSpans.
-	Spans        []Span `json:"spans"`
+	Spans        []span `json:"spans"`
 	SpansDropped int    `json:"spans_dropped"`
 }
 
@@ -57,26 +58,26 @@ type Table struct {
 	Rows    [][]string `json:"rows"`    // each as many cells as Columns
 }
 
-// Check is one of the program's pass/fail checks, such as "the ledger
+// check is one of the program's pass/fail checks, such as "the ledger
 // equals the mechanism at every audit".
-type Check struct {
+type check struct {
 	Key    string `json:"key"`   // the label in snake_case
 	Label  string `json:"label"` // as the page shows it
 	Passed bool   `json:"passed"`
 	Text   string `json:"text"` // what was checked and found
 }
 
-// Note is one row of the summary table.
-type Note struct {
+// note is one row of the summary table.
+type note struct {
 	Key   string `json:"key"`   // the label in snake_case
 	Label string `json:"label"` // as the table shows it
 	Text  string `json:"text"`
 }
 
-// Timeline is one authority's ledger over time: the kept samples, series
+// timeline is one authority's ledger over time: the kept samples, series
 // major. Reserved + Charged + Pending is the stacked total; Charged is also
 // split per holder.
-type Timeline struct {
+type timeline struct {
 	Authority memapi.AuthorityID `json:"authority"`
 	Times     []float64          `json:"times"` // seconds since Report.Start
 	Capacity  []memapi.Bytes     `json:"capacity"`
@@ -85,7 +86,7 @@ type Timeline struct {
 	Charged   []memapi.Bytes     `json:"charged"`
 	// Holders has one series per holder that had an account on the
 	// authority, sorted by holder; a holder is 0 before it first appears.
-	Holders []Series `json:"holders"`
+	Holders []series `json:"holders"`
 	// Samples is how many samples were offered; len(Times) were kept.
 	Samples int `json:"samples"`
 	// HolderStats has each holder's peak, mean and final charge over every
@@ -93,16 +94,16 @@ type Timeline struct {
 	HolderStats []HolderStats `json:"holder_stats"`
 	// Events are the kept events, in time order; EventsSeen counts every
 	// event recorded and EventCounts counts them by kind.
-	Events      []Event           `json:"events"`
+	Events      []event           `json:"events"`
 	EventsSeen  int               `json:"events_seen"`
 	EventCounts map[string]uint64 `json:"event_counts"`
 }
 
-// Series is one holder's charged bytes at each kept sample, and their
+// series is one holder's charged bytes at each kept sample, and their
 // split: Charged = InUse + Cached + Quarantined at every sample. Cached is
 // what the holder reports as cache (governor.CacheReporter: a pool's free
 // and pending blocks), 0 for holders that report none.
-type Series struct {
+type series struct {
 	Holder      governor.HolderID `json:"holder"`
 	Role        string            `json:"role"` // its roles, comma separated
 	Charged     []memapi.Bytes    `json:"charged"`
@@ -128,10 +129,10 @@ type HolderStats struct {
 	FinalQuarantined memapi.Bytes      `json:"final_quarantined"`
 }
 
-// Event is one kept event: a governor event (kind pressure, ticket,
+// event is one kept event: a governor event (kind pressure, ticket,
 // waiting, served, over_budget, grant_expired, capacity) or one of the
 // program's annotations (offload, preemption, ...).
-type Event struct {
+type event struct {
 	Time float64 `json:"time"` // seconds since Report.Start
 	Kind string  `json:"kind"`
 	// Holder is the requester (pressure, waiting, served, over_budget),
@@ -153,18 +154,18 @@ type Event struct {
 	Detail            string       `json:"detail"`
 }
 
-// Ledger is the governor's ledger at one time, in the report's names.
-type Ledger struct {
+// ledger is the governor's ledger at one time, in the report's names.
+type ledger struct {
 	Time float64 `json:"time"` // seconds since Report.Start
 	// Marked says the program marked it as the end of its work
 	// (Recorder.End); otherwise it is the latest sample.
 	Marked      bool              `json:"marked"`
-	Authorities []LedgerAuthority `json:"authorities"`
-	Holders     []LedgerHolder    `json:"holders"`
+	Authorities []ledgerAuthority `json:"authorities"`
+	Holders     []ledgerHolder    `json:"holders"`
 }
 
-// LedgerAuthority is one authority's ledger and its counters so far.
-type LedgerAuthority struct {
+// ledgerAuthority is one authority's ledger and its counters so far.
+type ledgerAuthority struct {
 	Authority      memapi.AuthorityID `json:"authority"`
 	Capacity       memapi.Bytes       `json:"capacity"`
 	Reserved       memapi.Bytes       `json:"reserved"`
@@ -182,9 +183,9 @@ type LedgerAuthority struct {
 	PressureEvents uint64             `json:"pressure_events"`
 }
 
-// LedgerHolder is one holder's account on one authority. Charged = InUse
+// ledgerHolder is one holder's account on one authority. Charged = InUse
 // + Cached + Quarantined.
-type LedgerHolder struct {
+type ledgerHolder struct {
 	Holder      governor.HolderID  `json:"holder"`
 	Authority   memapi.AuthorityID `json:"authority"`
 	Priority    int                `json:"priority"`
@@ -198,8 +199,8 @@ type LedgerHolder struct {
 	Reclaimed   memapi.Bytes       `json:"reclaimed"`
 }
 
-// Span is one interval of the program's work.
-type Span struct {
+// span is one interval of the program's work.
+type span struct {
 	Name     string  `json:"name"`
 	Category string  `json:"category"`
 	Start    float64 `json:"start"` // seconds since Report.Start
@@ -211,16 +212,16 @@ func (r *Recorder) Report() Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rep := Report{
-		Version:      Version,
+		Version:      version,
 		Title:        r.opts.Title,
 		TimeLabel:    r.opts.TimeLabel,
 		Start:        r.start,
-		Notes:        append([]Note{}, r.notes...),
-		Checks:       append([]Check{}, r.checks...),
+		Notes:        append([]note{}, r.notes...),
+		Checks:       append([]check{}, r.checks...),
 		Tables:       append([]Table{}, r.tables...),
 		Data:         maps.Clone(r.data),
-		Authorities:  []Timeline{},
-		Spans:        []Span{},
+		Authorities:  []timeline{},
+		Spans:        []span{},
 		SpansDropped: r.dropped,
 	}
 	since := func(t time.Time) float64 {
@@ -240,9 +241,9 @@ func (r *Recorder) Report() Report {
 		if tl.tail != nil {
 			pts = append(pts, *tl.tail)
 		}
-		out := Timeline{Authority: id, Samples: tl.seen, EventCounts: maps.Clone(tl.counts), EventsSeen: tl.eseen,
+		out := timeline{Authority: id, Samples: tl.seen, EventCounts: maps.Clone(tl.counts), EventsSeen: tl.eseen,
 			Times: []float64{}, Capacity: []memapi.Bytes{}, Reserved: []memapi.Bytes{}, Pending: []memapi.Bytes{}, Charged: []memapi.Bytes{},
-			Holders: []Series{}, HolderStats: []HolderStats{}, Events: []Event{}}
+			Holders: []series{}, HolderStats: []HolderStats{}, Events: []event{}}
 		for _, p := range pts {
 			out.Times = append(out.Times, since(p.t))
 			out.Capacity = append(out.Capacity, p.capacity)
@@ -253,7 +254,7 @@ func (r *Recorder) Report() Report {
 		span := tl.last.Sub(tl.first).Seconds()
 		for _, h := range slices.Sorted(maps.Keys(tl.stats)) {
 			n := len(pts)
-			s := Series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, n), InUse: make([]memapi.Bytes, n),
+			s := series{Holder: h, Role: r.roleLocked(h), Charged: make([]memapi.Bytes, n), InUse: make([]memapi.Bytes, n),
 				Cached: make([]memapi.Bytes, n), Quarantined: make([]memapi.Bytes, n)}
 			for i, p := range pts {
 				v := p.holders[h]
@@ -267,7 +268,7 @@ func (r *Recorder) Report() Report {
 			if span > 0 {
 				hs.Mean = st.byteSec / span
 			}
-			if i := slices.IndexFunc(rep.Ledger.Holders, func(l LedgerHolder) bool { return l.Holder == h && l.Authority == id }); i >= 0 {
+			if i := slices.IndexFunc(rep.Ledger.Holders, func(l ledgerHolder) bool { return l.Holder == h && l.Authority == id }); i >= 0 {
 				l := rep.Ledger.Holders[i]
 				last = holderPoint{charged: l.Charged, cached: l.Cached, quarantined: l.Quarantined}
 			} else if r.end != nil {
@@ -278,14 +279,14 @@ func (r *Recorder) Report() Report {
 			out.HolderStats = append(out.HolderStats, hs)
 		}
 		for _, e := range tl.events {
-			ev := e.Event
+			ev := e.event
 			ev.Time = since(e.at)
 			if ev.Answered && !e.answered.IsZero() {
 				ev.AnswerSeconds = e.answered.Sub(e.asked).Seconds()
 			}
 			out.Events = append(out.Events, ev)
 		}
-		slices.SortStableFunc(out.Events, func(a, b Event) int {
+		slices.SortStableFunc(out.Events, func(a, b event) int {
 			switch {
 			case a.Time < b.Time:
 				return -1
@@ -297,21 +298,21 @@ func (r *Recorder) Report() Report {
 		rep.Authorities = append(rep.Authorities, out)
 	}
 	for _, s := range r.spans {
-		rep.Spans = append(rep.Spans, Span{Name: s.name, Category: s.category, Start: since(s.start), End: since(s.end)})
+		rep.Spans = append(rep.Spans, span{Name: s.name, Category: s.category, Start: since(s.start), End: since(s.end)})
 	}
 	return rep
 }
 
-func ledgerOf(s governor.Snapshot, t float64, marked bool) Ledger {
-	l := Ledger{Time: t, Marked: marked, Authorities: []LedgerAuthority{}, Holders: []LedgerHolder{}}
+func ledgerOf(s governor.Snapshot, t float64, marked bool) ledger {
+	l := ledger{Time: t, Marked: marked, Authorities: []ledgerAuthority{}, Holders: []ledgerHolder{}}
 	for _, a := range s.Authorities {
-		l.Authorities = append(l.Authorities, LedgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged,
+		l.Authorities = append(l.Authorities, ledgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged,
 			Cached: a.Cached, Quarantined: a.Quarantined, Pending: a.Pending, Free: a.Free, Balanced: a.Balanced(), Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget,
 			Tickets: a.Tickets, Reclaimed: a.Freed, PressureEvents: a.PressureEvents})
 	}
 	for _, h := range s.Holders {
 		for _, ha := range h.Authorities {
-			l.Holders = append(l.Holders, LedgerHolder{Holder: h.ID, Authority: ha.Authority, Priority: int(h.Priority), Charged: ha.Charged,
+			l.Holders = append(l.Holders, ledgerHolder{Holder: h.ID, Authority: ha.Authority, Priority: int(h.Priority), Charged: ha.Charged,
 				InUse: ha.InUse(), Cached: ha.Cached, Quarantined: ha.Quarantined, Pending: ha.Pending, Reserved: ha.Reserved, Tickets: ha.Tickets, Reclaimed: ha.Freed})
 		}
 	}
@@ -319,29 +320,37 @@ func ledgerOf(s governor.Snapshot, t float64, marked bool) Ledger {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *Recorder) WriteJSON(w io.Writer) error { return r.Report().WriteJSON(w) }
+func (r *Recorder) WriteJSON(w io.Writer) error { return r.Report().writeJSON(w) }
 
-// WriteHTML writes the report as a self-contained HTML page.
-func (r *Recorder) WriteHTML(w io.Writer) error { return r.Report().WriteHTML(w) }
+// WriteHTML writes the report as a self-contained HTML page (XHTML syntax,
+// so it is well-formed XML; no external scripts, styles or fonts): the
+// verdict of the program's checks, its tables (a comparison with
+// baselines), the checks one by one, the holder toggles and zoom
+// controls, per authority a chart of the ledger over time with a cursor
+// readout, the per-holder peak, mean and final bytes and the events table,
+// then the summary notes and the ledger at the end of the work. The charts
+// are drawn in Go and redrawn by the page's script at the window's width,
+// over the zoomed time window, with the holders switched on.
+func (r *Recorder) WriteHTML(w io.Writer) error { return r.Report().writeHTML(w) }
 
-// WriteJSON writes the report as indented JSON.
-func (rep Report) WriteJSON(w io.Writer) error {
+// writeJSON writes the report as indented JSON.
+func (rep Report) writeJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
 }
 
 // Holder returns the series of holder h on the timeline, if any.
-func (tl Timeline) Holder(h governor.HolderID) (Series, bool) {
-	i := slices.IndexFunc(tl.Holders, func(s Series) bool { return s.Holder == h })
+func (tl timeline) Holder(h governor.HolderID) (series, bool) {
+	i := slices.IndexFunc(tl.Holders, func(s series) bool { return s.Holder == h })
 	if i < 0 {
-		return Series{}, false
+		return series{}, false
 	}
 	return tl.Holders[i], true
 }
 
 // peak returns the largest stacked total and capacity of the timeline.
-func (tl Timeline) peak() memapi.Bytes {
+func (tl timeline) peak() memapi.Bytes {
 	var m memapi.Bytes
 	for i := range tl.Times {
 		m = max(m, tl.Capacity[i], tl.Reserved[i]+tl.Charged[i]+tl.Pending[i])

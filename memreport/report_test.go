@@ -167,8 +167,8 @@ func TestReportValuesMatchSnapshots(t *testing.T) {
 	require.Len(t, host.Holders, 1, "kv never used the host authority")
 }
 
-func eventsOf(tl Timeline, kind string) []Event {
-	var out []Event
+func eventsOf(tl timeline, kind string) []event {
+	var out []event
 	for _, e := range tl.Events {
 		if e.Kind == kind {
 			out = append(out, e)
@@ -210,8 +210,8 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &got))
 	want := rec.Report()
 	require.Equal(t, want.Title, got.Title)
-	require.Equal(t, []Note{{Key: "requests_served", Label: "requests served", Text: "42"}}, got.Notes)
-	require.Equal(t, Version, got.Version)
+	require.Equal(t, []note{{Key: "requests_served", Label: "requests served", Text: "42"}}, got.Notes)
+	require.Equal(t, version, got.Version)
 	require.Len(t, got.Authorities, len(want.Authorities))
 	for i := range want.Authorities {
 		require.Equal(t, want.Authorities[i].Holders, got.Authorities[i].Holders)
@@ -222,7 +222,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.False(t, got.Ledger.Marked, "no end marked: the latest sample")
 	require.Len(t, got.Ledger.Authorities, len(last.Authorities))
 	for i, a := range last.Authorities {
-		require.Equal(t, LedgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged, Pending: a.Pending, Free: a.Free,
+		require.Equal(t, ledgerAuthority{Authority: a.ID, Capacity: a.Capacity, Reserved: a.Reserved, Charged: a.Charged, Pending: a.Pending, Free: a.Free,
 			Balanced: true, Granted: a.Granted, Waited: a.Waited, OverBudget: a.OverBudget, Tickets: a.Tickets, Reclaimed: a.Freed, PressureEvents: a.PressureEvents},
 			got.Ledger.Authorities[i])
 	}

@@ -185,7 +185,7 @@ func TestTicketWallTimeToAnswer(t *testing.T) {
 	rec.Event(governor.Event{Kind: governor.EventReclaimed, Time: at.Add(time.Second), Authority: "a", Holder: "kv", Bytes: 6 * mib, Ticket: governor.Ticket{ID: 7, Wanted: 5 * mib}})
 	ev := rec.Report().Authorities[0].Events
 	require.Len(t, ev, 1)
-	require.Equal(t, Event{Kind: "ticket", Holder: "kv", Bytes: 5 * mib, Ticket: 7, Answered: true, Freed: 6 * mib, AnswerSeconds: 1, AnswerWallSeconds: 0.003}, ev[0])
+	require.Equal(t, event{Kind: "ticket", Holder: "kv", Bytes: 5 * mib, Ticket: 7, Answered: true, Freed: 6 * mib, AnswerSeconds: 1, AnswerWallSeconds: 0.003}, ev[0])
 }
 
 func TestSnakeCase(t *testing.T) {

@@ -8,10 +8,10 @@ import (
 	"strconv"
 )
 
-// TraceEvent is one event of the Chrome trace-event format, which
+// traceEvent is one event of the Chrome trace-event format, which
 // ui.perfetto.dev and chrome://tracing open: a counter ("C"), an instant
 // ("i"), a complete span ("X") or metadata ("M"). Times are microseconds.
-type TraceEvent struct {
+type traceEvent struct {
 	Name     string         `json:"name"`
 	Category string         `json:"cat,omitempty"`
 	Phase    string         `json:"ph"`
@@ -23,25 +23,20 @@ type TraceEvent struct {
 	Args     map[string]any `json:"args,omitempty"`
 }
 
-// Trace is a trace-event file in the JSON object form.
+// Trace is a trace-event file in the JSON object form: what
+// Recorder.WriteTrace writes, and what a program decodes it into.
 type Trace struct {
-	TraceEvents     []TraceEvent `json:"traceEvents"`
+	TraceEvents     []traceEvent `json:"traceEvents"`
 	DisplayTimeUnit string       `json:"displayTimeUnit"`
 }
 
-// Trace returns the report as trace events: one process per authority
-// with a counter track of its ledger (reserved, charged, pending, free) and
-// one of each holder's charged bytes, the authority's events as instants
-// (a ticket's args carry the holder asked, the bytes wanted and freed, and
-// its time to answer), and, in a last process, the program's spans, each on
-// the first lane (thread) free at its start so spans never overlap on a
-// lane.
-func (rep Report) Trace() Trace {
+// trace returns the report as trace events (see Recorder.WriteTrace).
+func (rep Report) trace() Trace {
 	us := func(s float64) float64 { return math.Round(s*1e9) / 1e3 }
-	tr := Trace{TraceEvents: []TraceEvent{}, DisplayTimeUnit: "ms"}
-	add := func(e TraceEvent) { tr.TraceEvents = append(tr.TraceEvents, e) }
+	tr := Trace{TraceEvents: []traceEvent{}, DisplayTimeUnit: "ms"}
+	add := func(e traceEvent) { tr.TraceEvents = append(tr.TraceEvents, e) }
 	meta := func(name string, pid, tid int, value string) {
-		add(TraceEvent{Name: name, Phase: "M", PID: pid, TID: tid, Args: map[string]any{"name": value}})
+		add(traceEvent{Name: name, Phase: "M", PID: pid, TID: tid, Args: map[string]any{"name": value}})
 	}
 	for i, tl := range rep.Authorities {
 		pid := i + 1
@@ -49,10 +44,10 @@ func (rep Report) Trace() Trace {
 		meta("thread_name", pid, 0, "events")
 		for k, t := range tl.Times {
 			free := int64(tl.Capacity[k]) - int64(tl.Reserved[k]+tl.Charged[k]+tl.Pending[k])
-			add(TraceEvent{Name: "ledger", Category: "memory", Phase: "C", Time: us(t), PID: pid,
+			add(traceEvent{Name: "ledger", Category: "memory", Phase: "C", Time: us(t), PID: pid,
 				Args: map[string]any{"reserved": tl.Reserved[k], "charged": tl.Charged[k], "pending": tl.Pending[k], "free": max(free, 0)}})
 			for _, h := range tl.Holders {
-				add(TraceEvent{Name: "holder " + string(h.Holder), Category: "memory", Phase: "C", Time: us(t), PID: pid,
+				add(traceEvent{Name: "holder " + string(h.Holder), Category: "memory", Phase: "C", Time: us(t), PID: pid,
 					Args: map[string]any{"in_use": h.InUse[k], "cached": h.Cached[k], "quarantined": h.Quarantined[k]}}) // stacked: the charge
 			}
 		}
@@ -68,14 +63,14 @@ func (rep Report) Trace() Trace {
 			if e.Error != "" {
 				args["error"] = e.Error
 			}
-			add(TraceEvent{Name: e.Kind + " " + e.Holder, Category: e.Kind, Phase: "i", Scope: "p", Time: us(e.Time), PID: pid, Args: args})
+			add(traceEvent{Name: e.Kind + " " + e.Holder, Category: e.Kind, Phase: "i", Scope: "p", Time: us(e.Time), PID: pid, Args: args})
 		}
 	}
 	if len(rep.Spans) > 0 {
 		pid := len(rep.Authorities) + 1
 		meta("process_name", pid, 0, "spans")
 		spans := slices.Clone(rep.Spans)
-		slices.SortStableFunc(spans, func(a, b Span) int {
+		slices.SortStableFunc(spans, func(a, b span) int {
 			switch {
 			case a.Start < b.Start:
 				return -1
@@ -94,14 +89,20 @@ func (rep Report) Trace() Trace {
 			}
 			laneEnd[lane] = max(s.End, s.Start)
 			d := us(max(s.End-s.Start, 0))
-			add(TraceEvent{Name: s.Name, Category: s.Category, Phase: "X", Time: us(s.Start), Duration: &d, PID: pid, TID: lane + 1})
+			add(traceEvent{Name: s.Name, Category: s.Category, Phase: "X", Time: us(s.Start), Duration: &d, PID: pid, TID: lane + 1})
 		}
 	}
 	return tr
 }
 
-// WriteTrace writes the report as a Chrome trace-event JSON file.
-func (rep Report) WriteTrace(w io.Writer) error { return json.NewEncoder(w).Encode(rep.Trace()) }
+// writeTrace writes the report as a Chrome trace-event JSON file.
+func (rep Report) writeTrace(w io.Writer) error { return json.NewEncoder(w).Encode(rep.trace()) }
 
-// WriteTrace writes the report as a Chrome trace-event JSON file.
-func (r *Recorder) WriteTrace(w io.Writer) error { return r.Report().WriteTrace(w) }
+// WriteTrace writes the report as a Chrome trace-event JSON file (a
+// Trace): one process per authority with a counter track of its ledger
+// (reserved, charged, pending, free) and one of each holder's charged
+// bytes, the authority's events as instants (a ticket's args carry the
+// holder asked, the bytes wanted and freed, and its time to answer), and,
+// in a last process, the program's spans, each on the first lane (thread)
+// free at its start so spans never overlap on a lane.
+func (r *Recorder) WriteTrace(w io.Writer) error { return r.Report().writeTrace(w) }
