@@ -216,6 +216,7 @@ func TestKVReclaimVictimChoice(t *testing.T) {
 	}
 	require.Equal(t, []string{"low", "old", "fresh"}, ids, "requeued in preemption order")
 	require.ErrorIs(t, old.Append(ctx, 1), holders.ErrPreempted)
+	require.ErrorIs(t, old.Append(ctx, 1), memapi.ErrReleased, "a preempted request's calls match memapi.ErrReleased")
 	require.Zero(t, old.Addr())
 	require.Equal(t, 4, old.Tokens(), "the tokens to recompute are kept")
 	r.audit(t, "after preemption")

@@ -1,29 +1,41 @@
 package xproc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
 )
 
-// The kinds of a *ledgerError.
+// ErrBadLedger is what a ledger file that cannot be used as one fails
+// with, whatever is wrong with it (errors.Is matches it): truncated, not a
+// ledger file, another version's, corrupt, or unsafe to open (another
+// owner, a link, writable by others). The error's text says which. The
+// file is never repaired in place: remove it once no process uses it.
+var ErrBadLedger = errors.New("xproc: bad ledger file")
+
+// The kinds of a *ledgerError. Each wraps the exported error a caller
+// matches with errors.Is: ErrBadLedger for a bad file, memapi's kinds for
+// the rest, context.DeadlineExceeded for a lock not taken in time.
 var (
-	errTruncated = errors.New("xproc: ledger file truncated")
-	errForeign   = errors.New("xproc: not a ledger file")
-	errVersion   = errors.New("xproc: ledger file of another version")
-	errCorrupt   = errors.New("xproc: ledger file corrupt")
-	errFull      = errors.New("xproc: every slot of the ledger is taken")
-	errClosed    = errors.New("xproc: ledger closed")
-	errInUse     = errors.New("xproc: bytes still in use")
-	errUnsafe    = errors.New("xproc: unsafe ledger file")
+	errTruncated = fmt.Errorf("xproc: ledger file truncated: %w", ErrBadLedger)
+	errForeign   = fmt.Errorf("xproc: not a ledger file: %w", ErrBadLedger)
+	errVersion   = fmt.Errorf("xproc: ledger file of another version: %w", ErrBadLedger)
+	errCorrupt   = fmt.Errorf("xproc: ledger file corrupt: %w", ErrBadLedger)
+	errUnsafe    = fmt.Errorf("xproc: unsafe ledger file: %w", ErrBadLedger)
+	errFull      = fmt.Errorf("xproc: every slot of the ledger is taken: %w", memapi.ErrUnavailable)
+	errClosed    = fmt.Errorf("xproc: ledger closed: %w", memapi.ErrClosed)
+	errInUse     = fmt.Errorf("xproc: bytes still in use: %w", memapi.ErrInUse)
 	// errNamespace refuses a process that would join from another PID
 	// namespace than the ledger's members: liveness is read from /proc
 	// by PID, and a PID names another process there.
-	errNamespace = errors.New("xproc: the ledger's members are in another PID namespace")
+	errNamespace = fmt.Errorf("xproc: the ledger's members are in another PID namespace: %w", memapi.ErrUnsupported)
 	// errLockTimeout is the kind of a *lockError: the ledger's lock was
 	// not taken before the caller's deadline.
-	errLockTimeout = errors.New("xproc: the ledger's lock was not taken before the deadline")
+	errLockTimeout = fmt.Errorf("xproc: the ledger's lock was not taken before the deadline: %w", context.DeadlineExceeded)
 )
 
 // ledgerError is the typed failure of opening, checking or using a ledger

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
 )
 
@@ -430,5 +431,26 @@ func TestOtherPIDNamespaceRefused(t *testing.T) {
 	}
 	if _, _, err := Inspect(path); err != nil {
 		t.Fatalf("Inspect (reads, joins nothing): %v", err)
+	}
+}
+
+// Every failure kind matches the exported error a caller tests with
+// errors.Is: ErrBadLedger for a bad file, memapi's kinds for the rest.
+func TestErrorKindsMatchExportedErrors(t *testing.T) {
+	for _, c := range []struct {
+		kind, want error
+	}{
+		{errTruncated, ErrBadLedger}, {errForeign, ErrBadLedger}, {errVersion, ErrBadLedger},
+		{errCorrupt, ErrBadLedger}, {errUnsafe, ErrBadLedger},
+		{errFull, memapi.ErrUnavailable}, {errClosed, memapi.ErrClosed}, {errInUse, memapi.ErrInUse},
+		{errNamespace, memapi.ErrUnsupported}, {errLockTimeout, context.DeadlineExceeded},
+	} {
+		err := ledgerErr("op", "path", c.kind, "detail")
+		if !errors.Is(err, c.want) || !errors.Is(err, c.kind) {
+			t.Errorf("%v does not match %v", err, c.want)
+		}
+	}
+	if errors.Is(ledgerErr("op", "path", errFull, ""), ErrBadLedger) {
+		t.Error("a full ledger reads as a bad file")
 	}
 }
