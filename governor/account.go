@@ -3,6 +3,7 @@ package governor
 import (
 	"errors"
 
+	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -15,7 +16,7 @@ import (
 
 // QuarantinedAccount returns the account a retry refunds once it freed
 // bytes of l booked quarantined (Lease.Quarantine): its Refund returns
-// them to free. It fails with ErrOverReturn, changing nothing, beyond the
+// them to free. It fails with memapi.ErrInvalidSize, changing nothing, beyond the
 // quarantined bytes.
 func (l Lease) QuarantinedAccount() memapi.Account { return quarantinedAccount{l} }
 
@@ -90,11 +91,33 @@ func (s *splitAccount) foreignPart() (Part, bool) {
 	return Part{}, true
 }
 
-// IssuedAccount reports whether a is a Grant or a Lease of this governor,
+// Ledger returns the governor as a checked.Ledger: a checked wrapper built
+// with it (checked.Wrap(mech, g.Ledger())) accepts only the grants and
+// leases this governor issued. A grant of another governor, a zero Grant
+// never reserved, or a hand-made value with a Grant's methods is refused
+// (memapi.ErrForeignGrant) before anything is drawn. Recognition is by
+// concrete type and the link every issued grant keeps to its governor
+// (through its authority), which no code outside the package can set.
+func (g *Governor) Ledger() checked.Ledger { return vouch{g} }
+
+// vouch is the governor's checked.Ledger.
+type vouch struct{ g *Governor }
+
+// IssuedGrant reports whether x is a Grant the governor reserved, and the
+// authority it draws on.
+func (l vouch) IssuedGrant(x memapi.Grant) (memapi.AuthorityID, bool) {
+	if gr, ok := x.(Grant); ok && gr.g != nil && gr.g.a.g == l.g {
+		return gr.g.a.id, true
+	}
+	return "", false
+}
+
+// IssuedAccount reports whether a is a Grant or a Lease of the governor,
 // or one of the accounts it issues over them (Lease.QuarantinedAccount,
 // Split) whose every account is its own and on the split's authority, and
 // the authority it refunds to, as the governor booked it.
-func (g *Governor) IssuedAccount(x memapi.Account) (memapi.AuthorityID, bool) {
+func (l vouch) IssuedAccount(x memapi.Account) (memapi.AuthorityID, bool) {
+	g := l.g
 	var gr *grant
 	switch v := x.(type) {
 	case Lease:
@@ -108,7 +131,7 @@ func (g *Governor) IssuedAccount(x memapi.Account) (memapi.AuthorityID, bool) {
 			return "", false
 		}
 		for _, p := range v.parts {
-			if a, ok := g.IssuedAccount(p.Account); !ok || a != v.auth {
+			if a, ok := l.IssuedAccount(p.Account); !ok || a != v.auth {
 				return "", false
 			}
 		}

@@ -24,20 +24,20 @@ func TestIssuedAccounts(t *testing.T) {
 	split := h.g.Split(hostA, []Part{{l1, 100}, {l2, 200}})
 	zero := h.g.Split(hostA, nil)
 	for name, a := range map[string]memapi.Account{"quarantined": q, "split": split, "zero": zero} {
-		if !vouched(h.g.IssuedAccount(a)) {
+		if !vouched(h.g.Ledger().IssuedAccount(a)) {
 			t.Errorf("%s: not vouched for by its governor", name)
 		}
-		if vouched(other.g.IssuedAccount(a)) {
+		if vouched(other.g.Ledger().IssuedAccount(a)) {
 			t.Errorf("%s: vouched for by another governor", name)
 		}
 		if a.Authority() != hostA {
 			t.Errorf("%s: authority %s", name, a.Authority())
 		}
 	}
-	if vouched(h.g.IssuedAccount(h.g.Split(hostA, []Part{{l1, 100}, {foreign, 50}}))) {
+	if vouched(h.g.Ledger().IssuedAccount(h.g.Split(hostA, []Part{{l1, 100}, {foreign, 50}}))) {
 		t.Error("a split over another governor's lease was vouched for")
 	}
-	if vouched(h.g.IssuedAccount(foreign.QuarantinedAccount())) {
+	if vouched(h.g.Ledger().IssuedAccount(foreign.QuarantinedAccount())) {
 		t.Error("the quarantined account of another governor's lease was vouched for")
 	}
 
@@ -45,12 +45,12 @@ func TestIssuedAccounts(t *testing.T) {
 	if err := l1.Quarantine(40); err != nil {
 		t.Fatal(err)
 	}
-	mustKind(t, q.Refund(41), ErrOverReturn)
+	mustKind(t, q.Refund(41), errOverReturn)
 	if err := q.Refund(40); err != nil {
 		t.Fatal(err)
 	}
-	if l1.quarantined() != 0 || l1.Charged() != 60 {
-		t.Fatalf("after the quarantined refund: quarantined %d charged %d", l1.quarantined(), l1.Charged())
+	if l1.quarantined() != 0 || l1.charged() != 60 {
+		t.Fatalf("after the quarantined refund: quarantined %d charged %d", l1.quarantined(), l1.charged())
 	}
 	// The split refunds its parts in order, each up to its bytes.
 	if err := h.g.Split(hostA, []Part{{l1, 60}, {l2, 200}}).Refund(100); err != nil {
@@ -98,7 +98,7 @@ func TestAdmissionEndsAtTheDeadline(t *testing.T) {
 // admitFunc is an Admission that runs f.
 type admitFunc func(ctx context.Context) error
 
-func (f admitFunc) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ Priority, _ bool) error {
+func (f admitFunc) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ int, _ bool) error {
 	return f(ctx)
 }
 
@@ -114,7 +114,7 @@ func TestSplitRefusesAnotherAuthoritysPart(t *testing.T) {
 		"a nil account":             {{la, 50}, {nil, 100}},
 	} {
 		split := h.g.Split(hostA, parts)
-		if vouched(h.g.IssuedAccount(split)) {
+		if vouched(h.g.Ledger().IssuedAccount(split)) {
 			t.Errorf("%s: the split is vouched for", name)
 		}
 		mustKind(t, split.Refund(120), memapi.ErrAuthorityMismatch)

@@ -33,26 +33,24 @@ type Admission interface {
 	// serve it); otherwise the reservation queues, even beyond the local
 	// capacity, and it is the Admission's to raise the capacity for the
 	// waiting reservations later (Snapshot's Waiters and WaitingBytes).
-	// Any other error ends the reservation with it.
-	Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, priority Priority, wait bool) error
+	// An error that matches memapi.ErrUnavailable declines the
+	// reservation (one made by the Admission's own holder, say): it
+	// proceeds as on an authority without one. Any other error ends the
+	// reservation with it.
+	Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, priority int, wait bool) error
 }
 
-// ErrNoAdmission is what an Admission returns when it does not serve a
-// reservation (for instance one made by its own holder): the reservation
-// proceeds as on an authority without one.
-var ErrNoAdmission = errors.New("governor: admission declined")
-
 // SetAdmission installs adm on authority (nil removes it). It fails with
-// ErrUnknownAuthority.
+// ErrUnknown.
 func (g *Governor) SetAdmission(authority memapi.AuthorityID, adm Admission) error {
 	a := g.authority(authority)
 	if a == nil {
-		return opError("governor.SetAdmission", ErrUnknownAuthority, authority, 0, 0, "")
+		return opError("governor.SetAdmission", errUnknownAuthority, authority, 0, 0, "")
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.shut != nil {
-		return opError("governor.SetAdmission", ErrUnknownAuthority, authority, 0, 0, "")
+		return opError("governor.SetAdmission", errUnknownAuthority, authority, 0, 0, "")
 	}
 	a.admit = adm
 	return nil
@@ -89,7 +87,7 @@ const maxAdmitTries = 8
 // lasts; once the Admission cannot, it queues as on any authority, or
 // fails with the Admission's error when it may not wait. A reservation that
 // fails after an admission gives the admitted bytes back (admissionReturn).
-func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
+func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, role string, bytes memapi.Bytes, priority int, deadline time.Time) (*grant, error) {
 	adm := a.admit
 	wait := ctx.Done() != nil || !deadline.IsZero()
 	// The reservation's deadline bounds the Admission's waits as its ctx
@@ -98,13 +96,13 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 	actx := ctx
 	until, cause := deadline, error(context.DeadlineExceeded)
 	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
-		until, cause = g.clock.Now().Add(g.defaultWait), ErrDefaultWait
+		until, cause = g.clock.Now().Add(g.defaultWait), errDefaultWait
 	}
 	if !until.IsZero() {
 		if d, ok := ctx.Deadline(); !ok || d.After(until) {
 			c, stop := context.WithCancelCause(ctx)
-			t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(cause) })
-			defer t.Stop()
+			stopTimer := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(cause) })
+			defer stopTimer()
 			defer stop(nil)
 			actx = c
 		}
@@ -154,7 +152,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 			return fail(a.shut, false)
 		}
 		if c.gone {
-			return fail(opError(opReserve, ErrUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id)), false)
+			return fail(opError(opReserve, errUnknownHolder, a.id, bytes, 0, "holder "+string(c.h.id)), false)
 		}
 		// The holder's other reservations may have grown meanwhile.
 		if err := a.overLimitLocked(c, bytes); err != nil {
@@ -168,7 +166,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 		if err == nil {
 			continue // the bytes went to another reservation meanwhile: claim again
 		}
-		if errors.Is(err, ErrNoAdmission) {
+		if errors.Is(err, memapi.ErrUnavailable) {
 			break
 		}
 		var ob *OverBudgetError
@@ -190,7 +188,7 @@ func (g *Governor) admitLocked(ctx context.Context, a *authority, c *account, ro
 // this reservation goes back (admissionReturn, when admitted) so the
 // ledger is as it was, and the panic goes on, as a panicking Reclaim's or
 // event hook's does.
-func (g *Governor) admitCall(ctx context.Context, a *authority, adm Admission, c *account, bytes, need memapi.Bytes, priority Priority, wait, admitted bool) error {
+func (g *Governor) admitCall(ctx context.Context, a *authority, adm Admission, c *account, bytes, need memapi.Bytes, priority int, wait, admitted bool) error {
 	a.mu.Unlock()
 	returned := false
 	defer func() {

@@ -28,7 +28,7 @@ type poolAdmission struct {
 	decline bool
 }
 
-func (p *poolAdmission) Admit(_ context.Context, holder HolderID, bytes, need memapi.Bytes, _ Priority, _ bool) error {
+func (p *poolAdmission) Admit(_ context.Context, holder HolderID, bytes, need memapi.Bytes, _ int, _ bool) error {
 	if a := p.g.authority(p.id); !a.mu.TryLock() {
 		p.t.Error("Admit called with the authority's lock held")
 		return errors.New("called under the lock") // calling the governor would deadlock
@@ -44,7 +44,7 @@ func (p *poolAdmission) Admit(_ context.Context, holder HolderID, bytes, need me
 	p.calls++
 	p.needs = append(p.needs, need)
 	if p.decline {
-		return ErrNoAdmission
+		return memapi.ErrUnavailable
 	}
 	if need > p.pool {
 		return &OverBudgetError{Op: "pool.Admit", Kind: memapi.ErrOverBudget, Authority: p.id, Holder: holder, Wanted: bytes, Capacity: 1000}
@@ -165,8 +165,8 @@ func TestAdmissionRechecksTheLimit(t *testing.T) {
 		}
 	}
 	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "r", Bytes: 300})
-	if !errors.Is(err, ErrOverLimit) {
-		t.Fatalf("past the limit after the admission: %v, want ErrOverLimit", err)
+	if !errors.Is(err, errOverLimit) {
+		t.Fatalf("past the limit after the admission: %v, want errOverLimit", err)
 	}
 	if other == (Grant{}) {
 		t.Fatal("the reservation made during Admit failed")
@@ -240,9 +240,9 @@ type stealingAdmission struct {
 	stolen []Grant
 }
 
-func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need memapi.Bytes, _ Priority, _ bool) error {
+func (s *stealingAdmission) Admit(_ context.Context, holder HolderID, _, need memapi.Bytes, _ int, _ bool) error {
 	if holder == "thief" {
-		return ErrNoAdmission
+		return memapi.ErrUnavailable
 	}
 	s.mu.Lock()
 	s.calls++
@@ -372,7 +372,7 @@ type panickyAdmission struct {
 	n int
 }
 
-func (p *panickyAdmission) Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, pri Priority, wait bool) error {
+func (p *panickyAdmission) Admit(ctx context.Context, holder HolderID, bytes, need memapi.Bytes, pri int, wait bool) error {
 	p.n++
 	if p.n > 1 {
 		panic("admission bug")

@@ -41,8 +41,8 @@ type authority struct {
 type waiter struct {
 	acct       *account
 	bytes      memapi.Bytes
-	role       Role
-	priority   Priority
+	role       string
+	priority   int
 	deadline   time.Time
 	ready      chan struct{} // closed when served (grant set) or failed (err set)
 	grant      *grant
@@ -106,7 +106,7 @@ func (a *authority) shutLocked(err error) {
 		close(w.ready)
 	}
 	for gr := range a.timed {
-		gr.dl.timer.Stop()
+		gr.dl.timer()
 		gr.dl.timer = nil
 		delete(a.timed, gr)
 	}

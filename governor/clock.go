@@ -8,14 +8,10 @@ type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
 	// AfterFunc calls f in its own goroutine once d has elapsed. It must
-	// never call f before returning (the governor may hold a lock).
-	AfterFunc(d time.Duration, f func()) Timer
-}
-
-// Timer is a scheduled call made by Clock.AfterFunc.
-type Timer interface {
-	// Stop prevents the call if it has not started; it reports whether it did.
-	Stop() bool
+	// never call f before returning (the governor may hold a lock). stop
+	// prevents the call if it has not started and reports whether it did
+	// (time.AfterFunc(d, f).Stop).
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 
 // wallClock returns the wall clock (time.Now and time.AfterFunc).
@@ -25,4 +21,6 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-func (systemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}

@@ -257,8 +257,8 @@ func TestQuarantinedBytesAreVisibleAndNotReclaimable(t *testing.T) {
 	if hs.Quarantined != 40 || hs.Charged != 40 {
 		t.Fatalf("%+v", hs)
 	}
-	mustKind(t, l.MarkPending(1), ErrOverReturn)
-	mustKind(t, l.refundQuarantined(41), ErrOverReturn)
+	mustKind(t, l.MarkPending(1), errOverReturn)
+	mustKind(t, l.refundQuarantined(41), errOverReturn)
 	if err := l.Refund(20); err != nil { // the pending bytes freed
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func TestNoDeadlineWaitsTheDefaultWait(t *testing.T) {
 	if r.gr != (Grant{}) {
 		t.Fatal("served, want the default wait to end it")
 	}
-	mustKind(t, r.err, ErrDefaultWait)
+	mustKind(t, r.err, errDefaultWait)
 	mustKind(t, r.err, context.DeadlineExceeded)
 	mustKind(t, r.err, memapi.ErrOverBudget)
 	if !strings.Contains(r.err.Error(), "default wait of 30s") {
@@ -71,8 +71,8 @@ func TestDefaultWaitIsSettable(t *testing.T) {
 		_, err := g.Reserve(context.Background(), Request{Authority: "gpu", Holder: "a", Role: "r", Bytes: 1})
 		done <- err
 	}()
-	if err := watchdog.Recv(t, watchdog.Bound, "a reservation with no deadline, past the 10 ms default wait", done); !errors.Is(err, ErrDefaultWait) {
-		t.Fatalf("error %v, want ErrDefaultWait", err)
+	if err := watchdog.Recv(t, watchdog.Bound, "a reservation with no deadline, past the 10 ms default wait", done); !errors.Is(err, errDefaultWait) {
+		t.Fatalf("error %v, want errDefaultWait", err)
 	}
 }
 
@@ -136,7 +136,7 @@ func TestADeadlineOverridesTheDefaultWait(t *testing.T) {
 // ledger's lock does behind a stopped holder, and returns the cause.
 type blockingAdmission struct{ entered chan struct{} }
 
-func (b blockingAdmission) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ Priority, _ bool) error {
+func (b blockingAdmission) Admit(ctx context.Context, _ HolderID, _, _ memapi.Bytes, _ int, _ bool) error {
 	b.entered <- struct{}{}
 	<-ctx.Done()
 	return context.Cause(ctx)
@@ -144,7 +144,7 @@ func (b blockingAdmission) Admit(ctx context.Context, _ HolderID, _, _ memapi.By
 
 // The default wait bounds an Admission's wait too: a reservation with no
 // deadline anywhere whose Admission blocks (a shared ledger's lock held by
-// a stopped process) ends at the default wait, with ErrDefaultWait.
+// a stopped process) ends at the default wait, with errDefaultWait.
 func TestDefaultWaitBoundsTheAdmission(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{"gpu": 0})
 	h.register("a", nil, HolderOptions{})
@@ -161,6 +161,6 @@ func TestDefaultWaitBoundsTheAdmission(t *testing.T) {
 	if r.gr != (Grant{}) {
 		t.Fatal("served, want the default wait to end it")
 	}
-	mustKind(t, r.err, ErrDefaultWait)
+	mustKind(t, r.err, errDefaultWait)
 	h.wantLedger("gpu", ledger{})
 }

@@ -51,7 +51,7 @@ from charged.
 Holders register with a priority and, per authority, an optional guarantee
 (in the spirit of cgroup memory.min: those bytes are never asked for) and an
 optional limit (memory.max: a reservation that would take the holder past it
-fails with ErrOverLimit). When a reservation does not fit, the governor
+fails with errOverLimit). When a reservation does not fit, the governor
 computes the shortfall (all waiting bytes less free, pending and bytes already
 asked for), issues pressure Tickets to the holders that can give memory —
 lower priority first, then the largest amount over the guarantee — and calls

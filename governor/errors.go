@@ -9,38 +9,47 @@ import (
 	"github.com/memgen/memgen/generated/memapi"
 )
 
-// Sentinel errors of the governor. They appear as the Kind of a
-// *memapi.Error (or of an *OverBudgetError), so errors.Is matches them.
+// ErrUnknown is what a call that names an authority or a holder the
+// governor does not know fails with (errors.Is matches it): the authority
+// was never added or was removed, or the holder is not registered; the
+// error says which.
+var ErrUnknown = errors.New("governor: unknown authority or holder")
+
+// The governor's failure kinds. They appear as the Kind of a *memapi.Error
+// (or of an *OverBudgetError), and each wraps the exported error a caller
+// matches with errors.Is.
 var (
-	// ErrUnknownAuthority: the authority was never added or was removed.
-	ErrUnknownAuthority = errors.New("governor: unknown authority")
-	// ErrUnknownHolder: the holder is not registered.
-	ErrUnknownHolder = errors.New("governor: unknown holder")
-	// ErrDuplicate: an authority or holder with that id already exists.
-	ErrDuplicate = errors.New("governor: duplicate")
-	// ErrOverReturn: more bytes were undrawn, refunded or marked pending
-	// than the grant or lease holds.
-	ErrOverReturn = errors.New("governor: returned more than was taken")
-	// ErrDefaultWait is the cause (OverBudgetError.Err) of a reservation
+	// errUnknownAuthority: the authority was never added or was removed.
+	errUnknownAuthority = fmt.Errorf("governor: unknown authority: %w", ErrUnknown)
+	// errUnknownHolder: the holder is not registered.
+	errUnknownHolder = fmt.Errorf("governor: unknown holder: %w", ErrUnknown)
+	// errDuplicate: an authority or holder with that id already exists
+	// (memapi.ErrInUse).
+	errDuplicate = fmt.Errorf("governor: duplicate: %w", memapi.ErrInUse)
+	// errOverReturn: more bytes were undrawn, refunded or marked pending
+	// than the grant or lease holds (memapi.ErrInvalidSize).
+	errOverReturn = fmt.Errorf("governor: returned more than was taken: %w", memapi.ErrInvalidSize)
+	// errDefaultWait is the cause (OverBudgetError.Err) of a reservation
 	// with no deadline, neither its own nor its ctx's, that was not served
-	// within the governor's Options.DefaultWait. It wraps
-	// context.DeadlineExceeded.
-	ErrDefaultWait = fmt.Errorf("governor: reservation with no deadline not served within Options.DefaultWait: %w", context.DeadlineExceeded)
-	// ErrOverLimit: the reservation would take the holder past its limit on
-	// the authority. It wraps memapi.ErrOverBudget.
-	ErrOverLimit = fmt.Errorf("governor: over holder limit: %w", memapi.ErrOverBudget)
+	// within the governor's Options.DefaultWait (context.DeadlineExceeded:
+	// a caller whose ctx had no deadline knows it was this wait).
+	errDefaultWait = fmt.Errorf("governor: reservation with no deadline not served within Options.DefaultWait: %w", context.DeadlineExceeded)
+	// errOverLimit: the reservation would take the holder past its limit
+	// on the authority (memapi.ErrOverBudget; OverBudgetError.Limit is
+	// set).
+	errOverLimit = fmt.Errorf("governor: over holder limit: %w", memapi.ErrOverBudget)
 )
 
 // OverBudgetError is the typed failure of Reserve: the authority could not
 // grant the bytes (Kind memapi.ErrOverBudget), or the holder's limit forbids
-// them (Kind ErrOverLimit). It carries the figures at the moment of failure.
+// them (a Kind that matches memapi.ErrOverBudget too; Limit is set). It carries the figures at the moment of failure.
 // It unwraps to a *memapi.Error (Op, Kind, Authority, Wanted, Available =
 // Free, or the room left under the limit) and to the cause, so errors.Is
 // matches memapi.ErrOverBudget, the Kind, and context.DeadlineExceeded or
 // context.Canceled when the wait ended that way.
 type OverBudgetError struct {
 	Op        string
-	Kind      error // memapi.ErrOverBudget or ErrOverLimit
+	Kind      error // memapi.ErrOverBudget or errOverLimit
 	Authority memapi.AuthorityID
 	Holder    HolderID
 	Reason    string // a short explanation
@@ -54,13 +63,13 @@ type OverBudgetError struct {
 	Capacity    memapi.Bytes
 	Waiting     memapi.Bytes // bytes of the reservations queued ahead of this one
 
-	Limit     memapi.Bytes // the holder's limit (ErrOverLimit only)
-	HolderUse memapi.Bytes // the holder's reserved+charged+pending+waiting (ErrOverLimit only)
+	Limit     memapi.Bytes // the holder's limit (errOverLimit only)
+	HolderUse memapi.Bytes // the holder's reserved+charged+pending+waiting (errOverLimit only)
 
 	Tickets int          // tickets issued for this reservation
 	Freed   memapi.Bytes // bytes the asked holders reported freeing
 
-	Err error // the cause: the context's error, context.DeadlineExceeded for the reservation deadline, ErrDefaultWait for the governor's default wait, or nil
+	Err error // the cause: the context's error, context.DeadlineExceeded for the reservation deadline, errDefaultWait for the governor's default wait, or nil
 
 }
 
@@ -78,7 +87,7 @@ func (e *OverBudgetError) Error() string {
 		b.WriteString(e.Reason)
 	}
 	switch {
-	case errors.Is(kind, ErrOverLimit):
+	case errors.Is(kind, errOverLimit):
 		fmt.Fprintf(&b, " (holder %s wanted %d, using %d, limit %d)", e.Holder, e.Wanted, e.HolderUse, e.Limit)
 	default:
 		fmt.Fprintf(&b, " (holder %s wanted %d: free %d, reclaimable %d, pending %d, reserved %d, charged %d, capacity %d; %d tickets, %d freed)",
@@ -99,7 +108,7 @@ func (e *OverBudgetError) Unwrap() []error {
 		kind = memapi.ErrOverBudget
 	}
 	avail := e.Free
-	if errors.Is(kind, ErrOverLimit) {
+	if errors.Is(kind, errOverLimit) {
 		avail = 0
 		if e.Limit > e.HolderUse {
 			avail = e.Limit - e.HolderUse

@@ -48,7 +48,7 @@ func ExampleHolder() {
 	var cached governor.Lease
 	cache := governor.HolderFunc(func(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 		fmt.Printf("ticket: %d bytes on %s\n", t.Wanted, t.Authority)
-		n := min(t.Wanted, cached.Charged())
+		n := min(t.Wanted, cached.Bytes())
 		return n, cached.Refund(n) // evict n bytes' worth
 	})
 	_ = g.Register("cache", cache, governor.HolderOptions{
@@ -62,12 +62,12 @@ func ExampleHolder() {
 	cached, _ = gr.Commit()
 
 	kv, err := g.Reserve(context.Background(), governor.Request{Authority: "host", Holder: "kv", Role: "pages", Bytes: 400, Priority: 5})
-	fmt.Println(kv.Size(), err)
+	fmt.Println(err, kv.Draw(400)) // all 400 bytes granted
 	s := g.Snapshot()
 	fmt.Println("cache keeps", s.Holders[0].Authorities[0].Charged, "tickets", s.Authorities[0].Tickets)
 	// Output:
 	// ticket: 300 bytes on host
-	// 400 <nil>
+	// <nil> <nil>
 	// cache keeps 600 tickets 1
 }
 
@@ -130,8 +130,8 @@ func ExampleGovernor_Reserve_cycle() {
 		_ = grant.Draw(2 << 20)
 		lease, _ := grant.Commit()
 		// ... the page is used, then freed ...
-		_ = lease.Refund(2 << 20) // the lease is empty: the grant's use ended
-		fmt.Println(errors.Is(lease.Refund(2<<20), governor.ErrOverReturn))
+		_ = lease.Refund(2 << 20)                                          // the lease is empty: the grant's use ended
+		fmt.Println(errors.Is(lease.Refund(2<<20), memapi.ErrInvalidSize)) // more than the lease holds
 	}
 	open, _ := g.Reserve(ctx, page)
 	other, _ := g.Reserve(ctx, page)

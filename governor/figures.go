@@ -75,7 +75,7 @@ func (a *authority) expire(gr *grant) {
 // stopTimer stops the deadline timer of gr, which just ended, if it runs.
 func (a *authority) stopTimer(gr *grant) {
 	if gr.dl != nil && gr.dl.timer != nil {
-		gr.dl.timer.Stop()
+		gr.dl.timer()
 		gr.dl.timer = nil
 		delete(a.timed, gr)
 	}

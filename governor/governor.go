@@ -24,8 +24,9 @@ type Options struct {
 	// DefaultWait bounds the wait of a reservation that has no deadline
 	// of its own and whose ctx has none either (context.Background(), a
 	// ctx that is only cancellable): once it passed, the reservation
-	// fails with an *OverBudgetError whose Err is ErrDefaultWait (which
-	// wraps context.DeadlineExceeded), and the reservation is gone from
+	// fails with an *OverBudgetError whose Err matches
+	// context.DeadlineExceeded (its text names the default wait), and the
+	// reservation is gone from
 	// the queue. 0 means defaultWaitBound; a negative value removes the
 	// bound, so such a reservation waits until it is served, its ctx is
 	// cancelled or the governor closes. A reservation with a deadline,
@@ -35,10 +36,25 @@ type Options struct {
 	// It bounds the authority's Admission for such a reservation too (a
 	// shared ledger's lock held by a stopped process, say).
 	DefaultWait time.Duration
-	// Injector, if set, is consulted at every named point of the ledger
-	// (named as its errors' Op) and may fail the operation there: fault injection for tests of
-	// what sits above the governor. Nil (the default) costs one nil check.
-	Injector Injector
+	// Injector, if set, injects faults into the real ledger, for tests of what sits
+	// above it (a manager's rollbacks, a holder's retries): at each operation,
+	// before it changes anything, the governor asks it, and an operation it
+	// answers with an error fails with that error, changing nothing, as if the
+	// ledger had refused.
+	//
+	// op names the operation as its errors do (memapi.Error.Op):
+	// "governor.Reserve", "governor.Grant.Draw", "governor.Grant.Undraw",
+	// "governor.Grant.Refund", "governor.Grant.Commit", "governor.Grant.Cancel",
+	// "governor.Lease.Refund", "governor.Lease.MarkPending",
+	// "governor.Lease.Quarantine" and "governor.Lease.RefundQuarantined" (which
+	// the account of Lease.QuarantinedAccount calls). The injector sees the authority and the bytes
+	// of the operation (0 for Commit and Cancel). It is called without
+	// the governor's locks, from any goroutine, so it must be safe for
+	// concurrent use; it may block or record the order of operations.
+	//
+	// Without one (the default) the governor consults nothing: the check is one
+	// nil comparison.
+	Injector func(op string, authority memapi.AuthorityID, bytes memapi.Bytes) error
 }
 
 // defaultWaitBound is the wait of a reservation with no deadline when
@@ -54,7 +70,7 @@ type Governor struct {
 	// defaultWait bounds a wait with no deadline (Options.DefaultWait);
 	// 0 here means none.
 	defaultWait time.Duration
-	inject      Injector // Options.Injector, or nil
+	inject      func(op string, authority memapi.AuthorityID, bytes memapi.Bytes) error // Options.Injector, or nil
 
 	mu      sync.Mutex // serializes registry changes and Close; taken before any authority's mutex
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]
@@ -100,7 +116,7 @@ func (g *Governor) AddAuthority(id memapi.AuthorityID, capacity memapi.Bytes) er
 	old := *g.auths.Load()
 	if _, ok := old[id]; ok {
 		g.mu.Unlock()
-		return opError(op, ErrDuplicate, id, 0, 0, "authority already exists")
+		return opError(op, errDuplicate, id, 0, 0, "authority already exists")
 	}
 	next := maps.Clone(old)
 	next[id] = &authority{g: g, id: id, capacity: capacity, accts: map[HolderID]*account{}, timed: map[*grant]struct{}{}}
@@ -121,12 +137,12 @@ func (g *Governor) SetCapacity(id memapi.AuthorityID, capacity memapi.Bytes) err
 	}
 	a := g.authority(id)
 	if a == nil {
-		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+		return opError(op, errUnknownAuthority, id, 0, 0, "")
 	}
 	a.mu.Lock()
 	if a.shut != nil {
 		a.mu.Unlock()
-		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+		return opError(op, errUnknownAuthority, id, 0, 0, "")
 	}
 	if used := a.fig.used(); capacity < used {
 		a.mu.Unlock()
@@ -158,14 +174,14 @@ func (g *Governor) RemoveAuthority(id memapi.AuthorityID) error {
 	defer g.mu.Unlock()
 	a := (*g.auths.Load())[id]
 	if a == nil {
-		return opError(op, ErrUnknownAuthority, id, 0, 0, "")
+		return opError(op, errUnknownAuthority, id, 0, 0, "")
 	}
 	a.mu.Lock()
 	if used := a.fig.used(); used != 0 || a.fig.grants != 0 {
 		a.mu.Unlock()
 		return opError(op, memapi.ErrInUse, id, used, 0, "authority has grants or bytes in use")
 	}
-	a.shutLocked(opError("governor.Reserve", ErrUnknownAuthority, id, 0, 0, "authority removed"))
+	a.shutLocked(opError("governor.Reserve", errUnknownAuthority, id, 0, 0, "authority removed"))
 	a.mu.Unlock()
 	next := maps.Clone(*g.auths.Load())
 	delete(next, id)

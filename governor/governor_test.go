@@ -12,40 +12,40 @@ import (
 func TestRegistryErrors(t *testing.T) {
 	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 100})
 	ctx := context.Background()
-	mustKind(t, h.g.AddAuthority(hostA, 5), ErrDuplicate)
+	mustKind(t, h.g.AddAuthority(hostA, 5), errDuplicate)
 	mustKind(t, h.g.AddAuthority("big", maxBytes+1), memapi.ErrInvalidSize)
 	h.register("x", nil, HolderOptions{})
-	mustKind(t, h.g.Register("x", nil, HolderOptions{}), ErrDuplicate)
+	mustKind(t, h.g.Register("x", nil, HolderOptions{}), errDuplicate)
 	mustKind(t, h.g.Register("y", nil, HolderOptions{
 		Guarantee: map[memapi.AuthorityID]memapi.Bytes{hostA: 50},
 		Limit:     map[memapi.AuthorityID]memapi.Bytes{hostA: 40},
 	}), memapi.ErrInvalidSize)
 
 	_, err := h.g.Reserve(ctx, Request{Authority: "nowhere", Holder: "x", Role: "", Bytes: 1})
-	mustKind(t, err, ErrUnknownAuthority)
+	mustKind(t, err, errUnknownAuthority)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "nobody", Role: "", Bytes: 1})
-	mustKind(t, err, ErrUnknownHolder)
+	mustKind(t, err, errUnknownHolder)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "x", Role: "", Bytes: 0})
 	mustKind(t, err, memapi.ErrInvalidSize)
 
 	l := h.lease(hostA, "x", 10)
 	mustKind(t, h.g.Unregister("x"), memapi.ErrInUse)
 	mustKind(t, h.g.RemoveAuthority(hostA), memapi.ErrInUse)
-	mustKind(t, h.g.Unregister("nobody"), ErrUnknownHolder)
+	mustKind(t, h.g.Unregister("nobody"), errUnknownHolder)
 	l.release()
 	if err := h.g.Unregister("x"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "x", Role: "", Bytes: 1})
-	mustKind(t, err, ErrUnknownHolder)
+	mustKind(t, err, errUnknownHolder)
 	if err := h.g.RemoveAuthority(hostA); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := h.g.Authority(hostA); ok {
 		t.Fatal("a removed authority is still there")
 	}
-	mustKind(t, h.g.SetCapacity(hostA, 1), ErrUnknownAuthority)
-	mustKind(t, h.g.RemoveAuthority(hostA), ErrUnknownAuthority)
+	mustKind(t, h.g.SetCapacity(hostA, 1), errUnknownAuthority)
+	mustKind(t, h.g.RemoveAuthority(hostA), errUnknownAuthority)
 	// The id can be used again.
 	if err := h.g.AddAuthority(hostA, 7); err != nil {
 		t.Fatal(err)

@@ -62,8 +62,8 @@ type grant struct {
 // fired or the grant ended (guarded by the authority's mutex).
 type grantDeadline struct {
 	at    time.Time
-	timer Timer
-	role  Role // the reservation's, for the expiry's event
+	timer func() bool // stops the timer (Clock.AfterFunc)
+	role  string      // the reservation's, for the expiry's event
 }
 
 // drawn is what is drawn from gr, open or expired.
@@ -73,23 +73,6 @@ var (
 	_ memapi.Grant   = Grant{}
 	_ memapi.Account = Grant{}
 )
-
-// The governor is a checked.Ledger: a checked wrapper built with it accepts
-// only the grants and leases this governor issued. A grant of another
-// governor, a zero Grant never reserved, or a hand-made value with a Grant's
-// methods is refused (memapi.ErrForeignGrant) before anything is drawn.
-// Recognition is by concrete type and the link every issued grant keeps to
-// its governor (through its authority), which no code outside the package
-// can set.
-
-// IssuedGrant reports whether g is a Grant this governor reserved, and
-// the authority it draws on.
-func (g *Governor) IssuedGrant(x memapi.Grant) (memapi.AuthorityID, bool) {
-	if gr, ok := x.(Grant); ok && gr.g != nil && gr.g.a.g == g {
-		return gr.g.a.id, true
-	}
-	return "", false
-}
 
 // Authority returns the authority the grant draws on ("" for a zero Grant).
 func (h Grant) Authority() memapi.AuthorityID {
@@ -159,7 +142,7 @@ func (h Grant) Draw(n memapi.Bytes) error {
 
 // Undraw gives back n drawn bytes. On an open grant they can be drawn again;
 // on a grant reclaimed after its deadline they return to the authority's
-// free bytes. It fails with ErrOverReturn beyond the drawn bytes and with
+// free bytes. It fails with memapi.ErrInvalidSize beyond the drawn bytes and with
 // memapi.ErrGrantClosed after Commit (refund the lease instead) or Cancel.
 func (h Grant) Undraw(n memapi.Bytes) error { return h.undraw(opUndraw, n) }
 
@@ -181,7 +164,7 @@ func (h Grant) undraw(op string, n memapi.Bytes) error {
 		return gr.closedError(op)
 	}
 	if d := gr.drawn(); n > d {
-		return opError(op, ErrOverReturn, a.id, n, d, "undraw beyond the drawn bytes")
+		return opError(op, errOverReturn, a.id, n, d, "undraw beyond the drawn bytes")
 	}
 	a.undraw(gr, n)
 	return nil
@@ -264,7 +247,7 @@ func (h Grant) enter(op string, n memapi.Bytes, inject bool) error {
 	}
 	a := gr.a
 	if inj := a.g.inject; inj != nil && inject {
-		if err := inj.MaybeError(op, a.id, n); err != nil {
+		if err := inj(op, a.id, n); err != nil {
 			return err
 		}
 	}

@@ -24,13 +24,13 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := gr
-	if !vouched(h.g.IssuedGrant(cp)) || !vouched(h.g.IssuedAccount(cp)) {
+	if !vouched(h.g.Ledger().IssuedGrant(cp)) || !vouched(h.g.Ledger().IssuedAccount(cp)) {
 		t.Fatal("the issuer check refused a copy of an issued grant")
 	}
 
 	// The checked wrapper draws through the copy; the original sees it.
 	mech := fakes.NewMechanism(fakes.Config{Authority: hostA})
-	m := checked.Wrap(mech, h.g)
+	m := checked.Wrap(mech, h.g.Ledger())
 	a, err := m.Allocate(ctx, memapi.AllocRequest{Size: 64 << 10}, cp)
 	if err != nil {
 		t.Fatal(err)
@@ -62,19 +62,19 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 	// A copy of the lease refunds the same lease: the bytes come back
 	// once, and the second refund is over the lease.
 	lc := l
-	if !vouched(h.g.IssuedAccount(lc)) {
+	if !vouched(h.g.Ledger().IssuedAccount(lc)) {
 		t.Fatal("the issuer check refused a copy of a lease")
 	}
 	if err := m.Free(ctx, a, lc); err != nil {
 		t.Fatal(err)
 	}
-	if l.Charged() != 192<<10 {
-		t.Fatalf("charged after the copy's refund: %d", l.Charged())
+	if l.charged() != 192<<10 {
+		t.Fatalf("charged after the copy's refund: %d", l.charged())
 	}
 	if err := l.Refund(192 << 10); err != nil {
 		t.Fatal(err)
 	}
-	mustKind(t, lc.Refund(1), ErrOverReturn)
+	mustKind(t, lc.Refund(1), errOverReturn)
 	if n := lc.release(); n != 0 {
 		t.Fatalf("a copy of an emptied lease released %d", n)
 	}
@@ -88,7 +88,7 @@ func TestCopiedGrantCannotDoubleSpend(t *testing.T) {
 // read 0, Release returns 0, and every other method fails typed.
 func TestZeroLeaseIsClosed(t *testing.T) {
 	var l Lease
-	if l.Charged() != 0 || l.pending() != 0 || l.quarantined() != 0 || l.Bytes() != 0 || l.release() != 0 || l.Authority() != "" || l.holder() != "" {
+	if l.charged() != 0 || l.pending() != 0 || l.quarantined() != 0 || l.Bytes() != 0 || l.release() != 0 || l.Authority() != "" || l.holder() != "" {
 		t.Fatal("a zero Lease looks committed")
 	}
 	mustKind(t, l.Refund(1), memapi.ErrGrantClosed)

@@ -34,8 +34,8 @@ func TestGrantCommitMovesDrawnBytesToLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.wantLedger(hostA, ledger{Charged: 200, Free: 800})
-	if l.Charged() != 200 || l.pending() != 0 || l.holder() != "kv" || l.Authority() != hostA {
-		t.Fatalf("lease %d/%d %s %s", l.Charged(), l.pending(), l.holder(), l.Authority())
+	if l.charged() != 200 || l.pending() != 0 || l.holder() != "kv" || l.Authority() != hostA {
+		t.Fatalf("lease %d/%d %s %s", l.charged(), l.pending(), l.holder(), l.Authority())
 	}
 	s := h.auth(hostA)
 	if s.Grants != 0 || s.Leases != 1 || s.Granted != 1 {
@@ -68,7 +68,7 @@ func TestGrantErrorsChangeNothing(t *testing.T) {
 	if !errors.As(err, &me) || me.Wanted != 41 || me.Available != 40 || me.Authority != hostA {
 		t.Fatalf("exhausted error figures: %#v", me)
 	}
-	mustKind(t, gr.Undraw(61), ErrOverReturn)
+	mustKind(t, gr.Undraw(61), errOverReturn)
 	err = gr.Cancel()
 	mustKind(t, err, memapi.ErrInUse) // backing still installed: the ledger must not forget it
 	if !errors.As(err, &me) || me.Wanted != 60 {

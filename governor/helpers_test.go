@@ -47,7 +47,7 @@ func (h *harness) record(e Event) {
 	}
 }
 
-func (h *harness) eventsOf(kind EventKind) []Event {
+func (h *harness) eventsOf(kind string) []Event {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []Event
@@ -128,7 +128,7 @@ type result struct {
 }
 
 // reserveAsync runs Reserve in a goroutine; the result arrives on the channel.
-func (h *harness) reserveAsync(ctx context.Context, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes, pri Priority, deadline time.Time) <-chan result {
+func (h *harness) reserveAsync(ctx context.Context, auth memapi.AuthorityID, holder HolderID, n memapi.Bytes, pri int, deadline time.Time) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
 		gr, err := h.g.Reserve(ctx, Request{Authority: auth, Holder: holder, Role: "test", Bytes: n, Priority: pri, Deadline: deadline})
@@ -181,7 +181,7 @@ func (lh *leaseHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 		if freed >= target || l.Authority() != t.Authority {
 			continue
 		}
-		n := min(target-freed, l.Charged())
+		n := min(target-freed, l.charged())
 		var err error
 		if pending {
 			err = l.MarkPending(n)

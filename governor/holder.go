@@ -14,14 +14,6 @@ import (
 // workspace pool).
 type HolderID string
 
-// Role says what a reservation is for ("weights", "kv", "workspace"); it is
-// carried through grants, leases and events for the reader's benefit.
-type Role string
-
-// Priority orders holders and requests: higher is more important. Under
-// pressure the governor asks lower-priority holders first.
-type Priority int
-
 // Holder is what owns data in memory and knows what is safe to evict.
 //
 // Reclaim frees what the holder safely can towards t.Wanted bytes on
@@ -46,7 +38,7 @@ func (f HolderFunc) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, error)
 // HolderOptions configure a registered holder.
 type HolderOptions struct {
 	// Priority orders holders under pressure: lower is asked first.
-	Priority Priority
+	Priority int
 	// Cache says the holder's charged bytes are a cache (a caching pool's
 	// free segments) that it can drop without losing data. Under pressure
 	// caches are asked before every other holder, whatever the priorities;
@@ -57,7 +49,7 @@ type HolderOptions struct {
 	// (cgroup memory.min).
 	Guarantee map[memapi.AuthorityID]memapi.Bytes
 	// Limit per authority: a reservation that would take the holder's
-	// reserved+charged+pending+waiting bytes past it fails with ErrOverLimit
+	// reserved+charged+pending+waiting bytes past it fails with memapi.ErrOverBudget
 	// (cgroup memory.max). Absent or 0: no limit.
 	Limit map[memapi.AuthorityID]memapi.Bytes
 }
@@ -66,7 +58,7 @@ type holder struct {
 	id        HolderID
 	reclaimer Holder        // nil: the holder is never asked
 	cacheRep  CacheReporter // the reclaimer, when it reports a cache
-	priority  Priority
+	priority  int
 	cache     bool
 	guarantee map[memapi.AuthorityID]memapi.Bytes
 	limit     map[memapi.AuthorityID]memapi.Bytes
@@ -129,7 +121,7 @@ func (g *Governor) Register(id HolderID, h Holder, opts HolderOptions) error {
 	}
 	old := *g.holders.Load()
 	if _, ok := old[id]; ok {
-		return opError(op, ErrDuplicate, "", 0, 0, "holder "+string(id))
+		return opError(op, errDuplicate, "", 0, 0, "holder "+string(id))
 	}
 	next := maps.Clone(old)
 	rep, _ := h.(CacheReporter)
@@ -154,7 +146,7 @@ func (g *Governor) Unregister(id HolderID) error {
 	defer g.mu.Unlock()
 	old := *g.holders.Load()
 	if _, ok := old[id]; !ok {
-		return opError(op, ErrUnknownHolder, "", 0, 0, "holder "+string(id))
+		return opError(op, errUnknownHolder, "", 0, 0, "holder "+string(id))
 	}
 	auths := g.sortedAuthorities()
 	for _, a := range auths {

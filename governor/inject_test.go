@@ -59,7 +59,7 @@ func (f *opInjector) set(op string) {
 func newInjected(t *testing.T) (*Governor, *opInjector) {
 	t.Helper()
 	f := &opInjector{}
-	g := New(Options{Injector: f})
+	g := New(Options{Injector: f.MaybeError})
 	t.Cleanup(func() { g.Close() })
 	if err := g.AddAuthority(hostA, 1000); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import "github.com/memgen/memgen/generated/memapi"
 //
 // A Lease is a handle on the record of the grant it was committed from, and
 // records are never reused: once the lease was emptied, its figures read 0
-// and every refund of more than 0 bytes fails with ErrOverReturn, for ever.
+// and every refund of more than 0 bytes fails with memapi.ErrInvalidSize, for ever.
 // A copy of a Lease is the same handle. The zero Lease was never committed:
 // its methods fail with memapi.ErrGrantClosed.
 //
@@ -34,8 +34,8 @@ func (l Lease) figure(f func(*figures) memapi.Bytes) memapi.Bytes {
 	return n
 }
 
-// Charged returns the bytes charged and not pending.
-func (l Lease) Charged() memapi.Bytes {
+// charged returns the bytes charged and not pending.
+func (l Lease) charged() memapi.Bytes {
 	return l.figure(func(f *figures) memapi.Bytes { return f.charged })
 }
 
@@ -70,7 +70,7 @@ func (l Lease) lock(op string, n memapi.Bytes, inject bool) (*authority, error) 
 
 // Refund returns n bytes whose memory was really freed: from pending first,
 // then from charged. The bytes become free and waiting reservations are
-// served. It fails with ErrOverReturn, changing nothing, beyond what the
+// served. It fails with memapi.ErrInvalidSize, changing nothing, beyond what the
 // lease holds.
 func (l Lease) Refund(n memapi.Bytes) error {
 	const op = "governor.Lease.Refund"
@@ -87,7 +87,7 @@ func (l Lease) Refund(n memapi.Bytes) error {
 		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
 	if held := gr.fig.charged + gr.fig.pending; n > held {
-		return opError(op, ErrOverReturn, a.id, n, held, "refund beyond the lease")
+		return opError(op, errOverReturn, a.id, n, held, "refund beyond the lease")
 	}
 	a.refund(gr, n)
 	return nil
@@ -95,7 +95,7 @@ func (l Lease) Refund(n memapi.Bytes) error {
 
 // MarkPending moves n charged bytes to pending: the holder released the
 // memory but its free waits for device fences. Refund them when it happens.
-// It fails with ErrOverReturn, changing nothing, beyond the charged bytes.
+// It fails with memapi.ErrInvalidSize, changing nothing, beyond the charged bytes.
 // Quarantined bytes are not marked: their free already failed.
 func (l Lease) MarkPending(n memapi.Bytes) error {
 	const op = "governor.Lease.MarkPending"
@@ -112,7 +112,7 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
 	if free := gr.fig.charged - gr.fig.quarantined; n > free {
-		return opError(op, ErrOverReturn, a.id, n, free, "more than the charged bytes not quarantined")
+		return opError(op, errOverReturn, a.id, n, free, "more than the charged bytes not quarantined")
 	}
 	for _, f := range gr.books { // the transition: charged to pending
 		f.charged -= n
@@ -139,7 +139,7 @@ func (l Lease) release() memapi.Bytes {
 // first, then charged ones) as quarantined: charged again, since the memory
 // is still held, and shown apart in snapshots (Quarantined), never asked
 // for by a ticket. A retry that frees them refunds them to
-// QuarantinedAccount. It fails with ErrOverReturn, changing nothing, beyond
+// QuarantinedAccount. It fails with memapi.ErrInvalidSize, changing nothing, beyond
 // the bytes not quarantined yet.
 func (l Lease) Quarantine(n memapi.Bytes) error {
 	const op = "governor.Lease.Quarantine"
@@ -150,7 +150,7 @@ func (l Lease) Quarantine(n memapi.Bytes) error {
 	defer a.mu.Unlock()
 	f := &l.g.fig
 	if free := f.held() - f.quarantined; n > free {
-		return opError(op, ErrOverReturn, a.id, n, free, "more than the bytes not quarantined")
+		return opError(op, errOverReturn, a.id, n, free, "more than the bytes not quarantined")
 	}
 	a.quarantine(l.g, n)
 	return nil
@@ -166,7 +166,7 @@ func (l Lease) refundQuarantined(n memapi.Bytes) error {
 	}
 	defer a.mu.Unlock()
 	if q := l.g.fig.quarantined; n > q {
-		return opError(op, ErrOverReturn, a.id, n, q, "more than the quarantined bytes")
+		return opError(op, errOverReturn, a.id, n, q, "more than the quarantined bytes")
 	}
 	a.refundQuarantined(l.g, n)
 	return nil

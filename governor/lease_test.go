@@ -18,7 +18,7 @@ func TestLeasePendingThenRefund(t *testing.T) {
 	}
 	h.wantLedger(hostA, ledger{Charged: 350, Pending: 250, Free: 400})
 	err := l.MarkPending(351)
-	mustKind(t, err, ErrOverReturn)
+	mustKind(t, err, errOverReturn)
 	var me *memapi.Error
 	if !errors.As(err, &me) || me.Wanted != 351 || me.Available != 350 {
 		t.Fatalf("figures %#v", me)
@@ -33,7 +33,7 @@ func TestLeasePendingThenRefund(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.wantLedger(hostA, ledger{Charged: 300, Free: 700})
-	mustKind(t, l.Refund(301), ErrOverReturn)
+	mustKind(t, l.Refund(301), errOverReturn)
 	h.wantLedger(hostA, ledger{Charged: 300, Free: 700})
 
 	if n := l.release(); n != 300 {
@@ -43,7 +43,7 @@ func TestLeasePendingThenRefund(t *testing.T) {
 		t.Fatalf("second release returned %d", n)
 	}
 	h.wantLedger(hostA, ledger{Free: 1000})
-	mustKind(t, l.Refund(1), ErrOverReturn)
+	mustKind(t, l.Refund(1), errOverReturn)
 }
 
 func TestLeaseAndGrantAreLedgerInterfaces(t *testing.T) {

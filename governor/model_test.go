@@ -73,7 +73,7 @@ type mLease struct {
 
 type mHolder struct {
 	id        HolderID
-	priority  Priority
+	priority  int
 	reclaims  bool
 	guarantee map[memapi.AuthorityID]memapi.Bytes
 	limit     map[memapi.AuthorityID]memapi.Bytes
@@ -137,7 +137,7 @@ func newModel(rt *rapid.T) *model {
 	for i := range 3 {
 		h := &mHolder{
 			id:        HolderID(fmt.Sprintf("h%d", i)),
-			priority:  Priority(rapid.IntRange(-2, 2).Draw(rt, "priority")),
+			priority:  int(rapid.IntRange(-2, 2).Draw(rt, "priority")),
 			reclaims:  i != 2 || rapid.Bool().Draw(rt, "reclaims"),
 			guarantee: map[memapi.AuthorityID]memapi.Bytes{},
 			limit:     map[memapi.AuthorityID]memapi.Bytes{},
@@ -307,8 +307,8 @@ func (m *model) check(rt *rapid.T) {
 		}
 	}
 	for _, l := range m.leases {
-		if l.l.Charged() != l.charged || l.l.pending() != l.pending {
-			rt.Fatalf("lease %+v: charged %d pending %d", *l, l.l.Charged(), l.l.pending())
+		if l.l.charged() != l.charged || l.l.pending() != l.pending {
+			rt.Fatalf("lease %+v: charged %d pending %d", *l, l.l.charged(), l.l.pending())
 		}
 	}
 }
@@ -367,7 +367,7 @@ func (m *model) reserve(rt *rapid.T) *mGrant {
 	}
 	switch lim := h.limit[a]; {
 	case lim != 0 && r+c+p+bytes > lim:
-		if waited || !errors.Is(res.err, ErrOverLimit) {
+		if waited || !errors.Is(res.err, errOverLimit) {
 			rt.Fatalf("over limit: waited %v err %v", waited, res.err)
 		}
 		return nil
@@ -597,7 +597,7 @@ func (m *model) undraw(rt *rapid.T) {
 	case g.state == gCommitted || g.state == gCancelled:
 		mustKindRapid(rt, err, memapi.ErrGrantClosed)
 	case n > g.drawn:
-		mustKindRapid(rt, err, ErrOverReturn)
+		mustKindRapid(rt, err, errOverReturn)
 	case err != nil:
 		rt.Fatal(err)
 	default:
@@ -656,7 +656,7 @@ func (m *model) refund(rt *rapid.T) {
 	n := memapi.Bytes(rapid.IntRange(0, int(l.charged+l.pending)+2).Draw(rt, "n"))
 	err := l.l.Refund(n)
 	if n > l.charged+l.pending {
-		mustKindRapid(rt, err, ErrOverReturn)
+		mustKindRapid(rt, err, errOverReturn)
 		return
 	}
 	if err != nil {
@@ -675,7 +675,7 @@ func (m *model) markPending(rt *rapid.T) {
 	n := memapi.Bytes(rapid.IntRange(0, int(l.charged)+2).Draw(rt, "n"))
 	err := l.l.MarkPending(n)
 	if n > l.charged {
-		mustKindRapid(rt, err, ErrOverReturn)
+		mustKindRapid(rt, err, errOverReturn)
 		return
 	}
 	if err != nil {

@@ -300,7 +300,7 @@ func TestHolderOverItsLimit(t *testing.T) {
 	before := h.ledger(hostA)
 
 	_, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 201})
-	mustKind(t, err, ErrOverLimit)
+	mustKind(t, err, errOverLimit)
 	mustKind(t, err, memapi.ErrOverBudget)
 	var ob *OverBudgetError
 	var me *memapi.Error
@@ -316,13 +316,13 @@ func TestHolderOverItsLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 201})
-	mustKind(t, err, ErrOverLimit)
+	mustKind(t, err, errOverLimit)
 	gr, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 200})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "kv", Role: "kv", Bytes: 1})
-	mustKind(t, err, ErrOverLimit)
+	mustKind(t, err, errOverLimit)
 	if err := gr.Cancel(); err != nil {
 		t.Fatal(err)
 	}

@@ -61,9 +61,9 @@ func TestReserveErrors(t *testing.T) {
 	h.register("kv", nil, HolderOptions{})
 	ctx := context.Background()
 	_, err := h.g.Reserve(ctx, Request{Authority: "nope", Holder: "kv", Bytes: 10})
-	mustKind(t, err, ErrUnknownAuthority)
+	mustKind(t, err, errUnknownAuthority)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "nobody", Bytes: 10})
-	mustKind(t, err, ErrUnknownHolder)
+	mustKind(t, err, errUnknownHolder)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv"})
 	mustKind(t, err, memapi.ErrInvalidSize)
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: maxBytes + 1})
@@ -124,10 +124,10 @@ func TestEndedHandlesAreRefusedForEver(t *testing.T) {
 		t.Fatalf("a second cancel: %v", err)
 	}
 	mustKind(t, spent.Cancel(), memapi.ErrGrantClosed)
-	mustKind(t, emptied.Refund(1), ErrOverReturn)
-	mustKind(t, emptied.MarkPending(1), ErrOverReturn)
-	mustKind(t, emptied.Quarantine(1), ErrOverReturn)
-	mustKind(t, emptied.refundQuarantined(1), ErrOverReturn)
+	mustKind(t, emptied.Refund(1), errOverReturn)
+	mustKind(t, emptied.MarkPending(1), errOverReturn)
+	mustKind(t, emptied.Quarantine(1), errOverReturn)
+	mustKind(t, emptied.refundQuarantined(1), errOverReturn)
 	mustKind(t, Lease(cancelled).Refund(1), memapi.ErrGrantClosed)
 	if n := emptied.release(); n != 0 || emptied.Bytes() != 0 {
 		t.Fatalf("an emptied lease released %d, holds %d", n, emptied.Bytes())
@@ -229,16 +229,16 @@ func TestNamesComeBackFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 10})
-	mustKind(t, err, ErrUnknownHolder)
+	mustKind(t, err, errUnknownHolder)
 	h.register("kv", nil, HolderOptions{Limit: map[memapi.AuthorityID]memapi.Bytes{hostA: 50}})
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 60})
-	mustKind(t, err, ErrOverLimit)
+	mustKind(t, err, errOverLimit)
 	cycle(t, h.g, hostA, "kv", 50)
 	if err := h.g.RemoveAuthority(hostA); err != nil {
 		t.Fatal(err)
 	}
 	_, err = h.g.Reserve(ctx, Request{Authority: hostA, Holder: "kv", Bytes: 10})
-	mustKind(t, err, ErrUnknownAuthority)
+	mustKind(t, err, errUnknownAuthority)
 	if err := h.g.AddAuthority(hostA, 40); err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,9 @@ const opReserve = "governor.Reserve"
 type Request struct {
 	Authority memapi.AuthorityID
 	Holder    HolderID
-	Role      Role         // what the bytes are for, carried by the grant and its lease
+	Role      string       // what the bytes are for, carried by the grant and its lease
 	Bytes     memapi.Bytes // more than 0
-	Priority  Priority     // carried in the pressure tickets, so holders can weigh the request
+	Priority  int          // carried in the pressure tickets, so holders can weigh the request
 	// Deadline (zero: none) bounds the grant: one still open at it is
 	// reclaimed (see Grant). A reservation does not wait past it either,
 	// as if its ctx ended there.
@@ -38,14 +38,14 @@ type Request struct {
 // A reservation whose ctx has no deadline (context.Background()), and that
 // has no Deadline, waits at most the governor's Options.DefaultWait
 // (defaultWaitBound, 30 s, unless set), then fails with an *OverBudgetError
-// whose Err is ErrDefaultWait; with Options.DefaultWait negative it waits
+// whose Err matches context.DeadlineExceeded; with Options.DefaultWait negative it waits
 // until it is served, ctx is cancelled or the governor closes.
 //
 // Every Reserve makes a new record: a Grant (and the Lease committed from
 // it) names its own reservation for ever.
 //
-// Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknownAuthority,
-// ErrUnknownHolder; an *OverBudgetError of Kind ErrOverLimit when the
+// Failures: memapi.ErrInvalidSize for 0 bytes; ErrUnknown (an unknown authority or
+// holder); an *OverBudgetError of Kind memapi.ErrOverBudget and a Limit when the
 // holder's limit forbids the bytes, and of Kind memapi.ErrOverBudget when the
 // bytes exceed the capacity or the wait ended (its Err is then the context's
 // error or context.DeadlineExceeded); memapi.ErrClosed after Close; the
@@ -53,7 +53,7 @@ type Request struct {
 // it found it.
 func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if g.inject != nil {
-		if err := g.inject.MaybeError(opReserve, r.Authority, r.Bytes); err != nil {
+		if err := g.inject(opReserve, r.Authority, r.Bytes); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -65,7 +65,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	}
 	a := (*g.auths.Load())[r.Authority]
 	if a == nil {
-		return Grant{}, opError(opReserve, ErrUnknownAuthority, r.Authority, r.Bytes, 0, "")
+		return Grant{}, opError(opReserve, errUnknownAuthority, r.Authority, r.Bytes, 0, "")
 	}
 	rec := &grant{a: a, size: r.Bytes} // made before the lock: the critical section books it
 	a.mu.Lock()
@@ -77,7 +77,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if c == nil {
 		if c = a.newAccountLocked(r.Holder); c == nil {
 			a.mu.Unlock()
-			return Grant{}, opError(opReserve, ErrUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
+			return Grant{}, opError(opReserve, errUnknownHolder, r.Authority, r.Bytes, 0, "holder "+string(r.Holder))
 		}
 	}
 	if c.limit != 0 {
@@ -107,7 +107,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 //
 // It books gr, a new record (its authority and size set, not booked
 // yet), as an open grant of c for role: its bytes leave free.
-func (a *authority) reserve(gr *grant, c *account, role Role, deadline time.Time) *grant {
+func (a *authority) reserve(gr *grant, c *account, role string, deadline time.Time) *grant {
 	gr.acct = c
 	gr.books = [3]*figures{&a.fig, &c.fig, &gr.fig}
 	gr.checks = a.g.inject != nil || !deadline.IsZero()
@@ -133,13 +133,13 @@ func (a *authority) overLimitLocked(c *account, bytes memapi.Bytes) error {
 		return nil
 	}
 	a.overBudget++
-	return &OverBudgetError{Op: opReserve, Kind: ErrOverLimit, Authority: a.id, Holder: c.h.id,
+	return &OverBudgetError{Op: opReserve, Kind: errOverLimit, Authority: a.id, Holder: c.h.id,
 		Reason: "over the holder's limit", Wanted: bytes, Limit: c.limit, HolderUse: c.fig.used() + c.waiting}
 }
 
 // queueLocked is the slow path of Reserve: the request fails at once
 // or joins the queue, asks holders for the shortfall and waits.
-func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role Role, bytes memapi.Bytes, priority Priority, deadline time.Time) (*grant, error) {
+func (g *Governor) queueLocked(ctx context.Context, a *authority, c *account, role string, bytes memapi.Bytes, priority int, deadline time.Time) (*grant, error) {
 	holder := c.h.id
 	w := &waiter{acct: c, bytes: bytes, role: role, priority: priority, deadline: deadline}
 	if bytes > a.capacity && (a.admit == nil || ctx.Done() == nil && deadline.IsZero()) {
@@ -255,7 +255,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	// wait (the grant keeps no deadline: only the wait is bounded).
 	until, timeout := w.deadline, error(context.DeadlineExceeded)
 	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
-		until, timeout = g.clock.Now().Add(g.defaultWait), ErrDefaultWait
+		until, timeout = g.clock.Now().Add(g.defaultWait), errDefaultWait
 	}
 	issued, freed := g.askHolders(ctx, a, w, until, timeout)
 	cause := g.await(ctx, a, w, until, timeout)
@@ -279,7 +279,7 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	ahead := a.abandonLocked(w)
 	a.cancelled++
 	reason := "not served before the wait ended"
-	if cause == ErrDefaultWait {
+	if cause == errDefaultWait {
 		reason = "not served within the governor's default wait of " + g.defaultWait.String() + " (the reservation had no deadline)"
 	}
 	err := a.overBudgetLocked(w, ahead, reason, cause)
@@ -299,8 +299,8 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 func (g *Governor) askHolders(ctx context.Context, a *authority, w *waiter, until time.Time, timeout error) (issued int, freed memapi.Bytes) {
 	if !until.IsZero() {
 		c, stop := context.WithCancelCause(ctx)
-		t := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
-		defer t.Stop()
+		stopTimer := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
+		defer stopTimer()
 		defer stop(nil)
 		ctx = c
 	}
@@ -363,8 +363,8 @@ func (g *Governor) await(ctx context.Context, a *authority, w *waiter, until tim
 		if d := until.Sub(g.clock.Now()); d <= 0 {
 			close(ch)
 		} else {
-			t := g.clock.AfterFunc(d, func() { close(ch) })
-			defer t.Stop()
+			stopTimer := g.clock.AfterFunc(d, func() { close(ch) })
+			defer stopTimer()
 		}
 		expired = ch
 	}

@@ -58,7 +58,7 @@ func (s AuthoritySnapshot) Balanced() bool {
 // a guarantee or limit on.
 type HolderSnapshot struct {
 	ID          HolderID
-	Priority    Priority
+	Priority    int
 	Reclaims    bool                      // it has a Reclaim to ask
 	Cache       bool                      // asked before other holders (HolderOptions.Cache)
 	Authorities []HolderAuthoritySnapshot // sorted by authority

@@ -73,7 +73,7 @@ func (s *stressHolder) Reclaim(ctx context.Context, t Ticket) (memapi.Bytes, err
 		}
 		n := l.Bytes()
 		if mode == 1 {
-			if err := l.MarkPending(l.Charged()); err != nil {
+			if err := l.MarkPending(l.charged()); err != nil {
 				return freed, err
 			}
 			s.mu.Lock()
@@ -111,7 +111,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 	for i := range holders {
 		holders[i] = &stressHolder{rng: rand.New(rand.NewPCG(uint64(i), 1))}
 		ids[i] = HolderID(fmt.Sprintf("h%d", i))
-		opts := HolderOptions{Priority: Priority(i % 2)}
+		opts := HolderOptions{Priority: int(i % 2)}
 		if i == 3 {
 			opts.Guarantee = map[memapi.AuthorityID]memapi.Bytes{"host": 32 << 10}
 			opts.Limit = map[memapi.AuthorityID]memapi.Bytes{"host": 128 << 10}
@@ -200,7 +200,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 						l.release()
 					}
 					if l := hd.take(); l != (Lease{}) {
-						if n := l.Charged(); n > 1 && rng.IntN(2) == 0 {
+						if n := l.charged(); n > 1 && rng.IntN(2) == 0 {
 							if err := l.MarkPending(n / 2); err != nil {
 								errs <- err
 								return
@@ -226,7 +226,7 @@ func TestStressConcurrentLedger(t *testing.T) {
 				if rng.IntN(8) == 0 {
 					cancel() // some waits are cancelled before they start
 				}
-				gr, err := g.Reserve(ctx, Request{Authority: a, Holder: ids[hi], Role: "stress", Bytes: size, Priority: Priority(rng.IntN(3)), Deadline: deadline})
+				gr, err := g.Reserve(ctx, Request{Authority: a, Holder: ids[hi], Role: "stress", Bytes: size, Priority: int(rng.IntN(3)), Deadline: deadline})
 				cancel()
 				if err != nil {
 					var ob *OverBudgetError

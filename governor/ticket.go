@@ -18,7 +18,7 @@ type Ticket struct {
 	// over its guarantee, minus what other tickets already ask of it.
 	Wanted memapi.Bytes
 	// Priority is the priority of the reservation that needs the memory.
-	Priority Priority
+	Priority int
 	// Deadline is when that reservation stops waiting (zero: no deadline).
 	Deadline time.Time
 }

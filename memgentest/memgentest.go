@@ -159,7 +159,7 @@ func (h *Harness) Bind(holder, role string, opts ...pmm.BindOption) *pmm.Binding
 	err := h.Governor.Register(governor.HolderID(holder), governor.HolderFunc(func(context.Context, governor.Ticket) (memapi.Bytes, error) {
 		return 0, nil
 	}), governor.HolderOptions{})
-	if err != nil && !errors.Is(err, governor.ErrDuplicate) {
+	if err != nil && !errors.Is(err, memapi.ErrInUse) {
 		h.t.Fatalf("memgentest: %v", err)
 	}
 	b, err := h.Manager.Bind(holder, role, h.Device, opts...)

@@ -338,31 +338,11 @@ func halve[T any](xs []T) []T {
 	return xs[:n]
 }
 
-// governorKinds are the JSON names of the governor's event kinds; every
-// authority counts each of them, from 0.
-var governorKinds = []string{"pressure", "ticket", "reclaimed", "waiting", "served", "over_budget", "grant_expired", "capacity"}
-
-// kindName returns the JSON name of a governor event kind.
-func kindName(k governor.EventKind) string {
-	switch k {
-	case governor.EventPressure:
-		return "pressure"
-	case governor.EventTicket:
-		return "ticket"
-	case governor.EventReclaimed:
-		return "reclaimed"
-	case governor.EventWaiting:
-		return "waiting"
-	case governor.EventServed:
-		return "served"
-	case governor.EventOverBudget:
-		return "over_budget"
-	case governor.EventGrantExpired:
-		return "grant_expired"
-	case governor.EventCapacity:
-		return "capacity"
-	}
-	return snakeCase(k.String())
+// governorKinds are the JSON names of the governor's event kinds (each
+// kind's value is its name); every authority counts each of them, from 0.
+var governorKinds = []string{
+	governor.EventPressure, governor.EventTicket, governor.EventReclaimed, governor.EventWaiting,
+	governor.EventServed, governor.EventOverBudget, governor.EventGrantExpired, governor.EventCapacity,
 }
 
 // Event records a governor event on its authority's timeline. Every kind
@@ -385,7 +365,7 @@ func (r *Recorder) Event(e governor.Event) {
 	}
 	r.at(e.Time)
 	tl := r.timeline(e.Authority)
-	kind := kindName(e.Kind)
+	kind := e.Kind
 	tl.counts[kind]++
 	if e.Kind == governor.EventReclaimed {
 		if t := tl.tickets[e.Ticket.ID]; t != nil {

@@ -36,11 +36,9 @@ func (c *manualClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-type noTimer struct{}
-
-func (noTimer) Stop() bool { return true }
-
-func (c *manualClock) AfterFunc(time.Duration, func()) governor.Timer { return noTimer{} }
+func (c *manualClock) AfterFunc(time.Duration, func()) func() bool {
+	return func() bool { return true }
+}
 
 const mib = memapi.Bytes(1 << 20)
 
@@ -77,7 +75,7 @@ func scenario(t *testing.T) (*Recorder, []governor.Snapshot) {
 	require.NoError(t, g.Register("weights", nil, governor.HolderOptions{Priority: 10}))
 	rec.Label("kv", "kv-cache")
 
-	charge := func(auth memapi.AuthorityID, h governor.HolderID, role governor.Role, n memapi.Bytes) governor.Lease {
+	charge := func(auth memapi.AuthorityID, h governor.HolderID, role string, n memapi.Bytes) governor.Lease {
 		gr, err := g.Reserve(context.Background(), governor.Request{Authority: auth, Holder: h, Role: role, Bytes: n})
 		require.NoError(t, err)
 		require.NoError(t, gr.Draw(n))

@@ -29,7 +29,7 @@ func TestRegisterAndBindRefuseAnAuthorityTheGovernorLacks(t *testing.T) {
 	})
 	mgr := pmm.New(g, pmm.Options{})
 	err := mgr.Register(pmm.Device{Key: dev0, Mechanism: m, Context: ectx, Authority: "host"})
-	require.ErrorIs(t, err, governor.ErrUnknownAuthority)
+	require.ErrorIs(t, err, governor.ErrUnknown)
 	var me *memapi.Error
 	require.ErrorAs(t, err, &me)
 	require.Equal(t, memapi.AuthorityID("host"), me.Authority)
@@ -45,6 +45,6 @@ func TestRegisterAndBindRefuseAnAuthorityTheGovernorLacks(t *testing.T) {
 
 	require.NoError(t, g.RemoveAuthority("host"))
 	_, err = mgr.Bind("kv", "cache", dev0)
-	require.ErrorIs(t, err, governor.ErrUnknownAuthority)
+	require.ErrorIs(t, err, governor.ErrUnknown)
 	require.NoError(t, mgr.Close(context.Background()))
 }

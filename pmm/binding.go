@@ -158,7 +158,7 @@ func (b *Buffer) Size() memapi.Bytes { return b.size }
 // holders to reclaim) until ctx ends; a ctx with no deadline
 // (context.Background()) waits at most the governor's
 // governor.Options.DefaultWait, 30 s unless set, and then fails with an
-// *governor.OverBudgetError whose cause is governor.ErrDefaultWait
+// *governor.OverBudgetError whose cause is context.DeadlineExceeded
 // (errors.Is(err, memapi.ErrOverBudget) holds).
 func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, error) {
 	const op = "pmm.Allocate"

@@ -101,7 +101,7 @@ var testHolders = []string{"cold", "h", "idle", "kv", "late", "p", "prefix", "re
 // injector.
 func newFaulty(a memapi.AuthorityID) (*governor.Governor, *faults) {
 	f := &faults{auth: a}
-	g := governor.New(governor.Options{Injector: f})
+	g := governor.New(governor.Options{Injector: f.MaybeError})
 	f.g = g
 	if err := g.AddAuthority(a, 1<<40); err != nil {
 		panic(err)

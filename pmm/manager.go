@@ -72,12 +72,12 @@ func (m *Manager) wrap(mech memapi.Mechanism) (own, public memapi.Mechanism) {
 	if m.opts.Verify {
 		opts = append(opts, checked.WithVerify())
 	}
-	return checked.Wrap(mech, m.g, opts...), checked.Wrap(mech, checked.NoLedger)
+	return checked.Wrap(mech, m.g.Ledger(), opts...), checked.Wrap(mech, checked.NoLedger)
 }
 
 // Register adds a device. Its mechanism's authority must be the device's,
 // and the governor must have it: otherwise Register fails with an error of
-// kind governor.ErrUnknownAuthority.
+// kind governor.ErrUnknown.
 func (m *Manager) Register(d Device) error {
 	if d.Mechanism == nil || d.Context == nil {
 		return memapi.Errorf("pmm.Register", memapi.ErrInvalidSize, "device %v needs a mechanism and a context", d.Key)
@@ -149,14 +149,14 @@ func (m *Manager) Mechanism(key memapi.DeviceKey) (memapi.Mechanism, error) {
 // knownAuthority refuses an authority the governor does not have.
 func (m *Manager) knownAuthority(op string, key memapi.DeviceKey, id memapi.AuthorityID) error {
 	if _, ok := m.g.Authority(id); !ok {
-		return &memapi.Error{Op: op, Kind: governor.ErrUnknownAuthority, Authority: id,
+		return &memapi.Error{Op: op, Kind: governor.ErrUnknown, Authority: id,
 			Detail: fmt.Sprintf("device %v accounts to %q, which the governor does not have (add it first: governor.AddAuthority)", key, id)}
 	}
 	return nil
 }
 
 // Bind returns a scoped binding of holder in role to a device. It fails
-// with an error of kind governor.ErrUnknownAuthority when the device's
+// with an error of kind governor.ErrUnknown when the device's
 // authority is gone from the governor (see Register).
 func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOption) (*Binding, error) {
 	d, err := m.device("pmm.Bind", key)
@@ -170,7 +170,7 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 	for _, o := range opts {
 		o(b)
 	}
-	b.req = governor.Request{Holder: governor.HolderID(holder), Role: governor.Role(role), Priority: governor.Priority(b.priority)}
+	b.req = governor.Request{Holder: governor.HolderID(holder), Role: role, Priority: b.priority}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

@@ -57,7 +57,7 @@ func TestNothingPublicYieldsRawMechanism(t *testing.T) {
 		for name, mech := range map[string]memapi.Mechanism{
 			"handed out":                m,
 			"rewrapped with fakes":      checked.Wrap(m, fakes.Ledger),
-			"rewrapped with the ledger": checked.Wrap(m, g, checked.WithVerify()),
+			"rewrapped with the ledger": checked.Wrap(m, g.Ledger(), checked.WithVerify()),
 		} {
 			_, err := mech.Allocate(ctx, memapi.AllocRequest{Size: 1}, gr)
 			require.ErrorIs(t, err, memapi.ErrForeignGrant, "%s: a genuine grant of the manager's governor", name)

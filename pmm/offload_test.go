@@ -65,7 +65,7 @@ type tierEnv struct {
 func newTierEnv(t *testing.T) *tierEnv {
 	t.Helper()
 	e := &tierEnv{inj: &armedFaults{}, gran: 64 << 10}
-	e.g = governor.New(governor.Options{Injector: e.inj})
+	e.g = governor.New(governor.Options{Injector: e.inj.MaybeError})
 	t.Cleanup(func() { e.g.Close() })
 	require.NoError(t, e.g.AddAuthority(auth, 1<<30))
 	require.NoError(t, e.g.AddAuthority(hostTier, 1<<30))

@@ -48,8 +48,8 @@ func TestSplitRefundFaultSparesTheNextLease(t *testing.T) {
 	require.NoError(t, r.Shrink(ctx, 0, nil))
 	e.drain(t) // the release: the first refund, the reservation, the failed refund
 	require.NotEqual(t, governor.Lease{}, other, "the reservation in the refund did not run")
-	require.Equal(t, memapi.Bytes(gran), other.Charged(), "the other reservation's lease")
-	require.ErrorIs(t, other.QuarantinedAccount().Refund(1), governor.ErrOverReturn, "the stale lease's quarantine was booked on the other reservation's")
+	require.Equal(t, memapi.Bytes(gran), other.Bytes(), "the other reservation's lease")
+	require.ErrorIs(t, other.QuarantinedAccount().Refund(1), memapi.ErrInvalidSize, "the stale lease's quarantine was booked on the other reservation's")
 	// The second lease's bytes stay charged, quarantined; the first one's
 	// were refunded, and its segment is gone from the region.
 	require.Equal(t, figures{Charged: 3 * gran, Quarantined: 2 * gran}, e.l.snapshot())
@@ -63,7 +63,7 @@ func TestSplitRefundFaultSparesTheNextLease(t *testing.T) {
 	require.NoError(t, r.Retry(ctx))
 	require.Equal(t, figures{Charged: gran}, e.l.snapshot())
 	require.Zero(t, r.Quarantined())
-	require.Equal(t, memapi.Bytes(gran), other.Charged())
+	require.Equal(t, memapi.Bytes(gran), other.Bytes())
 	require.NoError(t, other.Refund(gran))
 	require.NoError(t, r.Close())
 	e.settled(t)

@@ -3,8 +3,6 @@ package main
 import (
 	"sync"
 	"time"
-
-	"github.com/memgen/memgen/governor"
 )
 
 // simClock is the simulation's time: the governor, the residency stores
@@ -35,12 +33,12 @@ func (c *simClock) Now() time.Time {
 }
 
 // AfterFunc schedules f at Now()+d in simulated time.
-func (c *simClock) AfterFunc(d time.Duration, f func()) governor.Timer {
+func (c *simClock) AfterFunc(d time.Duration, f func()) func() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &simTimer{c: c, at: c.now.Add(d), f: f}
 	c.timers = append(c.timers, t)
-	return t
+	return t.Stop
 }
 
 // Stop cancels the timer if it has not fired.

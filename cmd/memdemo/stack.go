@@ -182,7 +182,7 @@ func newStack(ctx context.Context, cfg Config, rec *memreport.Recorder, log *slo
 	for _, h := range []struct {
 		id   string
 		h    governor.Holder
-		prio governor.Priority
+		prio int
 		role string
 	}{{holderKV, s.kv, 10, "kv-cache"}, {holderModel, s.model, 20, "weights"}, {holderSecond, s.second, 0, "weights"}} {
 		if h.id == holderSecond && s.second == nil {

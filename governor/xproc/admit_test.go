@@ -144,7 +144,7 @@ func TestAdmitGivesBackTheClaimOfAFailedReservation(t *testing.T) {
 		}
 	}
 	_, err := a.Reserve(ctx, governor.Request{Holder: "lim", Role: "r", Bytes: 300})
-	if !errors.Is(err, governor.ErrOverLimit) {
+	if !errors.Is(err, memapi.ErrOverBudget) {
 		t.Fatalf("past the limit after the claim: %v, want ErrOverLimit", err)
 	}
 	if other == (governor.Grant{}) {

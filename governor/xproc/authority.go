@@ -74,7 +74,7 @@ type share struct {
 	slot  int // -1: the operator's want
 	owner round
 	bytes memapi.Bytes
-	pri   governor.Priority
+	pri   int
 }
 
 // Bind adds authority id to g with capacity 0, ties it to the ledger and
@@ -113,7 +113,7 @@ func (l *Ledger) bind(g *governor.Governor, id memapi.AuthorityID) (*authority, 
 	if err := g.AddAuthority(id, 0); err != nil {
 		return nil, err
 	}
-	if err := g.Register(pressureHolder, nil, governor.HolderOptions{}); err != nil && !errors.Is(err, governor.ErrDuplicate) {
+	if err := g.Register(pressureHolder, nil, governor.HolderOptions{}); err != nil && !errors.Is(err, memapi.ErrInUse) {
 		_ = g.RemoveAuthority(id)
 		return nil, err
 	}
@@ -178,9 +178,9 @@ func (a *authority) unacquire() { <-a.sem }
 // for a.sem and for the file lock end with ctx: the reservation then fails
 // with an *governor.OverBudgetError whose Err is the *lockError (or the
 // context's cause) and whose Capacity is 0 (the ledger was not read).
-func (a *authority) Admit(ctx context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority governor.Priority, wait bool) error {
+func (a *authority) Admit(ctx context.Context, holder governor.HolderID, bytes, _ memapi.Bytes, priority int, wait bool) error {
 	if holder == pressureHolder {
-		return governor.ErrNoAdmission
+		return errOwnHolder
 	}
 	if a.beforeClaim != nil {
 		a.beforeClaim(bytes)
@@ -214,7 +214,7 @@ func (a *authority) gaveUp(holder governor.HolderID, bytes memapi.Bytes, cause e
 // bytes and raises the local capacity to the claim; a reservation that will
 // wait posts this process's want when the ledger cannot give it. Called
 // with a.sem held.
-func (a *authority) claimLocked(ctx context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority governor.Priority, wait bool) error {
+func (a *authority) claimLocked(ctx context.Context, holder governor.HolderID, bytes, need memapi.Bytes, priority int, wait bool) error {
 	if a.released.Load() {
 		return &ledgerError{Op: "xproc.Reserve", Path: a.l.path, Err: errClosed}
 	}
@@ -285,7 +285,7 @@ func (a *authority) claimLocked(ctx context.Context, holder governor.HolderID, b
 // grew adds the growth to what is left; one that shrank keeps its round.
 // A round whose answers never came back (an answering process died) starts
 // again after ten Polls.
-func (a *authority) postLocked(short uint64, priority governor.Priority) {
+func (a *authority) postLocked(short uint64, priority int) {
 	l := a.l
 	want, left, out := l.load(l.sw(l.slot, sWant)), l.load(l.sw(l.slot, sWantLeft)), l.load(l.sw(l.slot, sWantOut))
 	since := time.Since(a.posted)
@@ -354,8 +354,8 @@ func (a *authority) claimWaitersLocked(ctx context.Context) error {
 }
 
 // wantPri is the priority of this process's want (0 when none).
-func (a *authority) wantPri() governor.Priority {
-	return governor.Priority(int64(a.l.load(a.l.sw(a.l.slot, sWantPri))))
+func (a *authority) wantPri() int {
+	return int(int64(a.l.load(a.l.sw(a.l.slot, sWantPri))))
 }
 
 // freeLocked is the shared capacity not claimed (0 while a lowered
@@ -523,7 +523,7 @@ func (a *authority) takeShares(ctx context.Context) ([]share, error) {
 		can = 0
 	}
 	var shares []share
-	take := func(slot int, owner round, left, out *uint64, pri governor.Priority) {
+	take := func(slot int, owner round, left, out *uint64, pri int) {
 		if a.seen[slot] == owner {
 			return
 		}
@@ -547,7 +547,7 @@ func (a *authority) takeShares(ctx context.Context) ([]share, error) {
 			continue
 		}
 		take(m.slot, round{pid: m.pid, start: m.start, seq: l.load(l.sw(m.slot, sWantSeq))},
-			l.sw(m.slot, sWantLeft), l.sw(m.slot, sWantOut), governor.Priority(int64(l.load(l.sw(m.slot, sWantPri)))))
+			l.sw(m.slot, sWantLeft), l.sw(m.slot, sWantOut), int(int64(l.load(l.sw(m.slot, sWantPri)))))
 	}
 	return shares, nil
 }

@@ -79,7 +79,7 @@ func TestCrossProcessPressure(t *testing.T) {
 		if c == nil {
 			return 0, nil
 		}
-		n := min(tk.Wanted, c.Charged())
+		n := min(tk.Wanted, c.Bytes())
 		return n, c.Refund(n)
 	})
 	// Its guarantee is never asked for, from another process either.
@@ -105,7 +105,7 @@ func TestCrossProcessPressure(t *testing.T) {
 	if tk.Priority != 7 || tk.Wanted == 0 {
 		t.Fatalf("ticket %+v, want B's priority 7", tk)
 	}
-	if c := cached.Charged(); c > 500 || c < 500 {
+	if c := cached.Bytes(); c > 500 || c < 500 {
 		t.Fatalf("A's cache holds %d, want its guarantee 500: 400 freed for B, none of the guarantee", c)
 	}
 	// A reservation that cannot wait fails at once, without tickets.
@@ -172,8 +172,8 @@ func TestFailedReserveLeavesNoClaim(t *testing.T) {
 	}{
 		{"h", 0, memapi.ErrInvalidSize},
 		{"h", 1 << 60, memapi.ErrInvalidSize},
-		{"nobody", 10, governor.ErrUnknownHolder},
-		{"capped", 200, governor.ErrOverLimit},
+		{"nobody", 10, governor.ErrUnknown},
+		{"capped", 200, memapi.ErrOverBudget},
 	} {
 		if _, err := a.Reserve(ctx, governor.Request{Holder: c.holder, Role: "r", Bytes: c.bytes}); !errors.Is(err, c.want) {
 			t.Fatalf("%s %d: %v, want %v", c.holder, c.bytes, err, c.want)

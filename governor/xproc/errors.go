@@ -29,6 +29,9 @@ var (
 	errFull      = fmt.Errorf("xproc: every slot of the ledger is taken: %w", memapi.ErrUnavailable)
 	errClosed    = fmt.Errorf("xproc: ledger closed: %w", memapi.ErrClosed)
 	errInUse     = fmt.Errorf("xproc: bytes still in use: %w", memapi.ErrInUse)
+	// errOwnHolder is the Admission's answer to its own pressure holder's
+	// reservations: declined (memapi.ErrUnavailable), so they never claim.
+	errOwnHolder = fmt.Errorf("xproc: the ledger's pressure holder is not admitted: %w", memapi.ErrUnavailable)
 	// errNamespace refuses a process that would join from another PID
 	// namespace than the ledger's members: liveness is read from /proc
 	// by PID, and a PID names another process there.
@@ -106,6 +109,9 @@ func (e *lockError) Error() string {
 	}
 	if len(e.Holders) == 0 {
 		b.WriteString("; no other process holds the file lock (a call of this process holds it)")
+	}
+	if e.Err != nil && e.Err != context.DeadlineExceeded && e.Err != context.Canceled {
+		b.WriteString("; the wait ended: " + e.Err.Error()) // a cause of its own (the governor's default wait)
 	}
 	return b.String()
 }

@@ -156,7 +156,7 @@ func childCUDAChurn() error {
 	if err != nil {
 		return err
 	}
-	m := checked.Wrap(mech, g)
+	m := checked.Wrap(mech, g.Ledger())
 	vb, err := memapi.RequireVirtualBacking(m)
 	if err != nil {
 		return err

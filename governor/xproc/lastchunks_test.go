@@ -106,7 +106,7 @@ func childCUDA() error {
 	if err != nil {
 		return err
 	}
-	m := checked.Wrap(mech, g)
+	m := checked.Wrap(mech, g.Ledger())
 	if err := g.Register("kv", nil, governor.HolderOptions{}); err != nil {
 		return err
 	}

@@ -49,7 +49,7 @@ func joinCPU() (*cpuMember, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cpuMember{l: l, a: a, g: g, mech: mech, m: checked.Wrap(mech, g)}, nil
+	return &cpuMember{l: l, a: a, g: g, mech: mech, m: checked.Wrap(mech, g.Ledger())}, nil
 }
 
 // held is an allocation and the lease that pays for it.

@@ -24,7 +24,7 @@ func childCache() error {
 	var hold []held
 	var tickets int
 	var freed memapi.Bytes
-	var pri governor.Priority
+	var pri int
 	cache := governor.HolderFunc(func(ctx context.Context, tk governor.Ticket) (memapi.Bytes, error) {
 		mu.Lock()
 		defer mu.Unlock()

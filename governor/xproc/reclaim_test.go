@@ -46,7 +46,7 @@ func slowCache(t *testing.T, a *authority, g *governor.Governor, n memapi.Bytes,
 		if ls == nil {
 			return 0, nil
 		}
-		k := min(tk.Wanted, ls.Charged())
+		k := min(tk.Wanted, ls.Bytes())
 		return k, ls.Refund(k)
 	})
 	if err := g.Register("slow", slow, governor.HolderOptions{}); err != nil {
@@ -113,7 +113,7 @@ func TestReclaimNotBehindAnAnswer(t *testing.T) {
 	}
 	la.watching.Store(&onWatch)
 	ls, sa := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
-	defer func() { _ = ls.Refund(ls.Charged()) }()
+	defer func() { _ = ls.Refund(ls.Bytes()) }()
 	p := spawn(t, "idle", pathEnv+"="+path)
 	p.expect(t, "ready")
 	// A's watcher holds C's pidfd: C's death wakes it.
@@ -168,7 +168,7 @@ func TestReserveKeepsItsDeadline(t *testing.T) {
 	_, b, _ := member(t, path, 0, Options{Create: &CreateOptions{Capacity: 1 << 20, Slots: 8}, Poll: time.Hour})
 	_, a, ga := member(t, path, 0, Options{})
 	ls, sa := slowCache(t, a, ga, 768<<10, 2500*time.Millisecond)
-	defer func() { _ = ls.Refund(ls.Charged()) }()
+	defer func() { _ = ls.Refund(ls.Bytes()) }()
 	bctx, bcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer bcancel()
 	go func() {

@@ -46,7 +46,7 @@ type ContextOptions struct {
 	Sequences int
 	// Priority is the context's holder's priority: under pressure the
 	// governor asks lower priorities first.
-	Priority governor.Priority
+	Priority int
 	// NoFlashAttention asks for llama.cpp's attention without flash
 	// attention. It is refused (memapi.ErrUnsupported) at NewContext:
 	// without it llama.cpp stores V transposed, one row of n_ctx per

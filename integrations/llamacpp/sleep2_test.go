@@ -625,7 +625,7 @@ func TestSleepLevel2FaultAtEveryStep(t *testing.T) {
 	inj := &stepFaults{}
 	level2Fault = inj.step
 	t.Cleanup(func() { level2Fault = nil })
-	r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
+	r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj.MaybeError})
 	tier := r.hostTier(t)
 	m, c, got := setup(r)
 	sums := weightSums(m)

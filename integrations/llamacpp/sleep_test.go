@@ -283,7 +283,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 	for _, phase := range []string{"sleep", "wake"} {
 		for at := 1; ; at++ {
 			inj := &nthReserve{}
-			r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
+			r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj.MaybeError})
 			tier := r.hostTier(t)
 			m := loadModel(t, r.options())
 			c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})

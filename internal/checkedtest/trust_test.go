@@ -145,7 +145,7 @@ func TestGrantOfAnotherGovernorRejected(t *testing.T) {
 		if verify {
 			opts = append(opts, checked.WithVerify())
 		}
-		m := checked.Wrap(inner, mine, opts...)
+		m := checked.Wrap(inner, mine.Ledger(), opts...)
 		vb, err := memapi.RequireVirtualBacking(m)
 		require.NoError(t, err)
 
@@ -191,7 +191,7 @@ func TestGrantOfAnotherGovernorRejected(t *testing.T) {
 func TestAccountOfAnotherAuthorityRejected(t *testing.T) {
 	mine, theirs := newGovernor(t), newGovernor(t)
 	inner := newMech(auth, 0)
-	m := checked.Wrap(inner, mine)
+	m := checked.Wrap(inner, mine.Ledger())
 	own := reserve(t, mine, auth, 1<<20)
 	a, err := m.Allocate(ctx, memapi.AllocRequest{Size: 1}, own)
 	require.NoError(t, err)

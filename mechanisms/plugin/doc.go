@@ -24,7 +24,7 @@
 //
 //	m, err := plugin.New("./libvendor.so", plugin.Options{Verify: true})
 //	dc, err := m.NewContext()
-//	mech := checked.Wrap(m, gov) // accepts only the governor's grants
+//	mech := checked.Wrap(m, gov.Ledger()) // accepts only the governor's grants
 //
 // Every call into the plugin goes through runtime.cgocall (set up without
 // cgo by purego): on amd64 with a trampoline that loads a slot's at most six

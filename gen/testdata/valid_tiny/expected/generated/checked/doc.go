@@ -6,11 +6,11 @@ spec's invariants on every call. It is generated from spec/capabilities.yaml:
 each method's checks follow from its accounting effect, the handle it creates
 or releases, and its requires clauses.
 
-	m := checked.Wrap(mech, gov)                        // checks, and the ledger
-	m := checked.Wrap(mech, gov, checked.WithVerify())  // also truthfulness, for tests
+	m := checked.Wrap(mech, gov.Ledger())                        // checks, and the ledger
+	m := checked.Wrap(mech, gov.Ledger(), checked.WithVerify())  // also truthfulness, for tests
 
-where gov is the Ledger whose grants and accounts the wrapper accepts (the
-governor implements it); a grant or account it did not issue is rejected with
+where gov.Ledger() is the Ledger whose grants and accounts the wrapper
+accepts (the governor's); a grant or account it did not issue is rejected with
 ErrForeignGrant.
 
 The wrapper is where the ledger moves: mechanisms never draw from grants nor
