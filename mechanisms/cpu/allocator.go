@@ -17,12 +17,13 @@ type allocation struct {
 }
 
 // Allocate maps req.Size bytes (rounded up to the page size) of private
-// anonymous memory, aligned to req.Align when that is a power of two above
-// the page size (and, with a 2 MiB granularity, allocations of 2 MiB or more
+// anonymous memory, aligned to req.Align when that is above the page size
+// (and, with a 2 MiB granularity, allocations of 2 MiB or more
 // to 2 MiB with MADV_HUGEPAGE), and populates it so that the pages are really charged now:
 // an out-of-memory is ErrOutOfMemory here, never a fault at first touch. The
-// memory reads as zeros. The grant is not drawn from (the checked wrapper
-// does that) but must be present.
+// memory reads as zeros. req.Align must be 0 or a power of two of at most
+// 1 GiB, whatever its size (ErrInvalidSize otherwise). The grant is not drawn
+// from (the checked wrapper does that) but must be present.
 func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant memapi.Grant) (*memapi.Allocation, error) {
 	const op = "DeviceAllocator.Allocate"
 	if grant == nil {
@@ -32,11 +33,11 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if err != nil {
 		return nil, err
 	}
+	if req.Align&(req.Align-1) != 0 || req.Align > maxGranularity {
+		return nil, m.fail(op, memapi.ErrInvalidSize, 0, req.Align, maxGranularity, "alignment %d is not a power of two of at most 1 GiB", req.Align)
+	}
 	align := uintptr(pageSize)
 	if req.Align > memapi.Bytes(pageSize) {
-		if req.Align&(req.Align-1) != 0 || req.Align > maxGranularity {
-			return nil, m.fail(op, memapi.ErrInvalidSize, 0, req.Align, maxGranularity, "alignment %d is not a power of two of at most 1 GiB", req.Align)
-		}
 		align = uintptr(req.Align)
 	}
 	// A large allocation of a huge-page mechanism is aligned to 2 MiB and

@@ -119,6 +119,7 @@ func TestAllocateBadInput(t *testing.T) {
 		{"absurd", memapi.AllocRequest{Size: 1 << 62}, g, memapi.ErrInvalidSize},
 		{"max", memapi.AllocRequest{Size: ^memapi.Bytes(0)}, g, memapi.ErrInvalidSize},
 		{"align-not-pow2", memapi.AllocRequest{Size: 1, Align: 3 * mib}, g, memapi.ErrInvalidSize},
+		{"align-not-pow2-below-page", memapi.AllocRequest{Size: 1, Align: 3}, g, memapi.ErrInvalidSize},
 		{"align-absurd", memapi.AllocRequest{Size: 1, Align: 1 << 40}, g, memapi.ErrInvalidSize},
 		{"no-grant", memapi.AllocRequest{Size: 1}, nil, memapi.ErrNoGrant},
 	} {
