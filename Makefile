@@ -178,6 +178,16 @@ XPROC_CHURN_PAUSE ?= 0
 xproc-trials:
 	MEMGEN_XPROC_MEMBERS=$(XPROC_MEMBERS) MEMGEN_XPROC_TRIAL_KILLS=$(XPROC_KILLS) MEMGEN_XPROC_CHURN_PAUSE=$(XPROC_CHURN_PAUSE) $(GO) test $(XPROC_SOAK_FLAGS) -count=1 -timeout 60m -run '^TestTrials$$' -v ./governor/xproc/ | grep -E '^(\s*---|ok|FAIL|PASS|\s+(trials|want)_test)'
 
+## metamorphic-long: the metamorphic test (internal/metamorphic: the same random operations on the fakes, the CPU
+## mechanism and the CUDA mechanism over the simulator, compared after every step) for METAMORPHIC_STEPS operations
+## (1,000,000 by default; `go test -race ./...` runs 10,000). Without the race detector (METAMORPHIC_FLAGS adds flags:
+## -race, -rapid.seed=N to replay a seed); a failure prints the seed and the shortest failing sequence
+METAMORPHIC_STEPS ?= 1000000
+METAMORPHIC_FLAGS ?=
+.PHONY: metamorphic-long
+metamorphic-long:
+	MEMGEN_METAMORPHIC_STEPS=$(METAMORPHIC_STEPS) $(GO) test $(METAMORPHIC_FLAGS) -count=1 -timeout 60m -run '^TestMetamorphic$$' -v ./internal/metamorphic/
+
 ## plugin-check-table: memgen plugin-check on every broken plugin of mechanisms/plugin/testdata
 ## (scripts/plugin-check-table.sh): the table docs/cabi.md shows; fails when a variant is not
 ## reported or plugin-check dies
