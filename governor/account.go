@@ -3,7 +3,6 @@ package governor
 import (
 	"errors"
 
-	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -89,27 +88,6 @@ func (s *splitAccount) foreignPart() (Part, bool) {
 		}
 	}
 	return Part{}, true
-}
-
-// Ledger returns the governor as a checked.Ledger: a checked wrapper built
-// with it (checked.Wrap(mech, g.Ledger())) accepts only the grants and
-// leases this governor issued. A grant of another governor, a zero Grant
-// never reserved, or a hand-made value with a Grant's methods is refused
-// (memapi.ErrForeignGrant) before anything is drawn. Recognition is by
-// concrete type and the link every issued grant keeps to its governor
-// (through its authority), which no code outside the package can set.
-func (g *Governor) Ledger() checked.Ledger { return vouch{g} }
-
-// vouch is the governor's checked.Ledger.
-type vouch struct{ g *Governor }
-
-// IssuedGrant reports whether x is a Grant the governor reserved, and the
-// authority it draws on.
-func (l vouch) IssuedGrant(x memapi.Grant) (memapi.AuthorityID, bool) {
-	if gr, ok := x.(Grant); ok && gr.g != nil && gr.g.a.g == l.g {
-		return gr.g.a.id, true
-	}
-	return "", false
 }
 
 // IssuedAccount reports whether a is a Grant or a Lease of the governor,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/memgen/memgen/generated/checked"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -73,6 +74,27 @@ var (
 	_ memapi.Grant   = Grant{}
 	_ memapi.Account = Grant{}
 )
+
+// Ledger returns the governor as a checked.Ledger: a checked wrapper built
+// with it (checked.Wrap(mech, g.Ledger())) accepts only the grants and
+// leases this governor issued. A grant of another governor, a zero Grant
+// never reserved, or a hand-made value with a Grant's methods is refused
+// (memapi.ErrForeignGrant) before anything is drawn. Recognition is by
+// concrete type and the link every issued grant keeps to its governor
+// (through its authority), which no code outside the package can set.
+func (g *Governor) Ledger() checked.Ledger { return vouch{g} }
+
+// vouch is the governor's checked.Ledger.
+type vouch struct{ g *Governor }
+
+// IssuedGrant reports whether x is a Grant the governor reserved, and the
+// authority it draws on.
+func (l vouch) IssuedGrant(x memapi.Grant) (memapi.AuthorityID, bool) {
+	if gr, ok := x.(Grant); ok && gr.g != nil && gr.g.a.g == l.g {
+		return gr.g.a.id, true
+	}
+	return "", false
+}
 
 // Authority returns the authority the grant draws on ("" for a zero Grant).
 func (h Grant) Authority() memapi.AuthorityID {
