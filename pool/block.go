@@ -45,6 +45,11 @@ type block struct {
 
 func pack(gen uint32, st ep.State) uint64 { return uint64(gen)<<8 | uint64(st) }
 
+// A new block record's zero word is pack(0, ep.Open): a large or huge
+// block made for an Alloc is handed out Open in generation 0 as it is
+// made. (This fails to compile if ep.Open is not 0.)
+var _ [0]struct{} = [ep.Open]struct{}{}
+
 func (b *block) unpack() (uint32, ep.State) {
 	w := b.word.Load()
 	return uint32(w >> 8), ep.State(w & 0xff)

@@ -61,6 +61,3 @@ func slabCount(c int, slabBytes uint64) int {
 	want := min(max(4*classSize[c], 64<<10), max(slabBytes, classSize[c]))
 	return int(max(1, want/classSize[c]))
 }
-
-// roundLarge rounds a large request to the arena's alignment.
-func roundLarge(n uint64) uint64 { return (n + Alignment - 1) &^ (Alignment - 1) }

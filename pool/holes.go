@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/pmm"
 )
 
 // Holes (BackingRegion): whole granules of the region inside free chunks
@@ -29,18 +28,25 @@ import (
 // holding growMu (the pool's region transactions are serialized there) and
 // no level's lock.
 
-// holes is the level of the region's decommitted granules (BackingRegion).
+// holes is the level of the region's decommitted granules (BackingRegion):
+// it commits again the granules of a chunk the arena hands out, and
+// decommits the whole free granules of the arena's chunks.
 //
-// Its lock, mu, guards set, the region's geometry (base, gran: set when
-// the pool adopts its region) and the counters. It comes after the depot's
-// and the arena's locks (the arena consults it to prefer committed
-// memory) and before the segments' and the shards' locks.
+// Its lock, mu, guards set and the counters; the region's geometry (base,
+// gran) is set by New. It comes after the depot's and the arena's locks
+// (the arena consults it to prefer committed memory) and before the
+// segments' and the shards' locks.
 type holes struct {
 	mu         sync.Mutex
 	set        holeSet
-	base, gran uint64 // the region's address and granularity; gran is 0 before the region
-	decommits  uint64 // passes that decommitted free granules
-	recommits  uint64 // chunks whose decommitted granules were committed again
+	base, gran uint64  // the region's address and granularity; gran is 0 without a region
+	slack      float64 // Options.HoleSlack
+	decommits  uint64  // passes that decommitted free granules
+	recommits  uint64  // chunks whose decommitted granules were committed again
+
+	p     *Pool // its options and closed flag
+	arena *arena
+	segs  *segments
 }
 
 // holeSet is the set of the region's decommitted granules, by index.
@@ -117,47 +123,6 @@ func (h *holes) covers(ch *chunk) bool {
 	return h.set.any(lo, hi)
 }
 
-// coversLocking is covers under mu; the caller holds the arena's lock.
-func (h *holes) coversLocking(ch *chunk) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.covers(ch)
-}
-
-// take takes n bytes from the arena. With decommitted granules in the
-// region (h) it prefers committed memory: among the few smallest chunks
-// that fit, the first whose start (or end) needs no commit, else best fit.
-// Blocks then pack into committed granules and leave whole free ones
-// together, which the next decommit gives back. The caller holds mu; take
-// takes h's lock.
-func (a *arena) take(h *holes, n uint64) *chunk {
-	i := a.fit(n)
-	if i == len(a.free) {
-		return nil
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.set.n == 0 {
-		return a.takeAt(i, n, false)
-	}
-	for k := i; k < len(a.free) && k < i+committedFitScan; k++ {
-		c := a.free[k]
-		if c.seg.reg == nil {
-			continue
-		}
-		if lo, hi := h.granules(c.addr, n, false); !h.set.any(lo, hi) {
-			return a.takeAt(k, n, false)
-		}
-		if lo, hi := h.granules(c.addr+c.size-n, n, false); !h.set.any(lo, hi) {
-			return a.takeAt(k, n, true)
-		}
-	}
-	return a.takeAt(i, n, false)
-}
-
-// committedFitScan bounds how many chunks arena.take looks at.
-const committedFitScan = 16
-
 // runs returns the region ranges of the granules in [lo, hi) that are in
 // the set (want) or not. The caller holds mu.
 func (h *holes) runs(lo, hi uint64, want bool) []memapi.Range {
@@ -189,27 +154,27 @@ func sumRanges(rs []memapi.Range) (n uint64) {
 // granules are decommitted until nine tenths of the slack are left. The
 // slack keeps the pmm calls, and the recommits of granules given back a
 // moment earlier, few. The caller holds growMu.
-func (p *Pool) relieve(ctx context.Context) {
-	if p.opts.HoleSlack <= 0 {
+func (h *holes) relieve(ctx context.Context) {
+	if h.slack <= 0 {
 		return
 	}
-	slack := uint64(float64(p.segs.heldNow()) * p.opts.HoleSlack)
-	free := p.freeWholeCommitted()
+	slack := uint64(float64(h.segs.heldNow()) * h.slack)
+	free := h.freeWholeCommitted()
 	if free <= slack {
 		return
 	}
-	_, _ = p.decommitHoles(ctx, free-slack*9/10) // a decommit that fails changes nothing
+	_, _ = h.decommit(ctx, free-slack*9/10) // a decommit that fails changes nothing
 }
 
 // freeWholeCommitted returns the bytes of the committed whole granules in
 // free chunks of the region.
-func (p *Pool) freeWholeCommitted() uint64 {
-	a, h := &p.arena, &p.holes
+func (h *holes) freeWholeCommitted() uint64 {
+	a := h.arena
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.gran == 0 || p.closed.Load() {
+	if h.gran == 0 || h.p.closed.Load() {
 		return 0
 	}
 	g := h.gran
@@ -235,16 +200,16 @@ type holePlan struct {
 	runs []memapi.Range
 }
 
-// planHoles takes the free chunks with committed whole granules out of the
+// plan takes the free chunks with committed whole granules out of the
 // arena, largest first, until their granules make wanted bytes, under the
 // arena's and the holes' locks.
-func (p *Pool) planHoles(wanted uint64) []holePlan {
-	a, h := &p.arena, &p.holes
+func (h *holes) plan(wanted uint64) []holePlan {
+	a := h.arena
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if p.closed.Load() || h.gran == 0 {
+	if h.p.closed.Load() || h.gran == 0 {
 		return nil
 	}
 	var plans []holePlan
@@ -272,39 +237,37 @@ func (p *Pool) planHoles(wanted uint64) []holePlan {
 	return plans
 }
 
-// decommitHoles decommits the committed whole granules of free chunks
-// until wanted bytes (math.MaxUint64: all of them) and returns the bytes
+// decommit decommits the committed whole granules of free chunks until
+// wanted bytes (math.MaxUint64: all of them) and returns the bytes
 // decommitted. The caller holds growMu. A Decommit that fails changes
 // nothing (the granules stay committed and cached); one whose release
 // fails later is quarantined in pmm (Region.Quarantined, Stats.Quarantined).
-func (p *Pool) decommitHoles(ctx context.Context, wanted uint64) (uint64, error) {
-	plans := p.planHoles(wanted)
+func (h *holes) decommit(ctx context.Context, wanted uint64) (uint64, error) {
+	plans := h.plan(wanted)
 	if len(plans) == 0 {
 		return 0, nil
 	}
-	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
-	r := p.segs.regionNow()
 	var errs []error
 	done := make([][]memapi.Range, len(plans))
 	for i, pl := range plans {
 		for _, rng := range pl.runs {
-			if err := r.Decommit(ctx, rng); err != nil {
+			if err := h.segs.region.Decommit(ctx, rng); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			done[i] = append(done[i], rng)
 		}
 	}
-	return p.holesMade(plans, done), errors.Join(errs...)
+	return h.made(plans, done), errors.Join(errs...)
 }
 
-// holesMade books the decommitted granules and gives the busy chunks back
-// to the arena, under the arena's, the holes' and the segments' locks.
-func (p *Pool) holesMade(plans []holePlan, done [][]memapi.Range) uint64 {
-	a, h, g := &p.arena, &p.holes, &p.segs
-	p.lockRegionLevels()
-	defer p.unlockRegionLevels()
-	if g.rseg == nil {
+// made books the decommitted granules and gives the busy chunks back to
+// the arena, under the arena's, the holes' and the segments' locks.
+func (h *holes) made(plans []holePlan, done [][]memapi.Range) uint64 {
+	a, g := h.arena, h.segs
+	a.lockRegion()
+	defer a.unlockRegion()
+	if h.p.closed.Load() {
 		return 0 // Close came meanwhile; the region's release has the rest
 	}
 	var freed uint64
@@ -330,60 +293,56 @@ func (p *Pool) holesMade(plans []holePlan, done [][]memapi.Range) uint64 {
 // growMu, bounded by Options.Wait like a growth. On a failure the chunk
 // goes back to the arena; granules committed before it stay committed, as
 // cache.
-func (p *Pool) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
-	p.growMu.Lock()
-	defer p.growMu.Unlock()
+func (h *holes) recommit(ctx context.Context, wanted uint64, ch *chunk) error {
+	g := h.segs
+	g.growMu.Lock()
+	defer g.growMu.Unlock()
 	// The commit raises what the pool holds, as a growth does: the other
 	// whole free granules go first.
-	p.relieve(ctx)
-	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll); growMu is held
-	r, runs, err := p.holeRuns(ch)
+	h.relieve(ctx)
+	runs, err := h.decommitted(ch)
 	if err != nil {
 		return err
 	}
-	trimmed0 := p.segs.reclaimedNow()
-	wctx, cancel := context.WithTimeout(ctx, p.opts.Wait)
+	trimmed0 := g.reclaimed.Load()
+	wctx, cancel := context.WithTimeout(ctx, h.p.opts.Wait)
 	var done []memapi.Range
 	var cerr error
 	for _, rng := range runs {
-		if cerr = r.Commit(wctx, rng); cerr != nil {
+		if cerr = g.region.Commit(wctx, rng); cerr != nil {
 			break
 		}
 		done = append(done, rng)
 	}
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
-	if err := p.holesFilled(ch, done, cerr != nil); err != nil {
+	if err := h.filled(ch, done, cerr != nil); err != nil {
 		return err
 	}
 	if cerr != nil {
-		return p.growFailed(wanted, sumRanges(runs), cerr, waited, trimmed0)
+		return g.growFailed(wanted, sumRanges(runs), cerr, waited, trimmed0)
 	}
 	return nil
 }
 
-// holeRuns returns the region and the decommitted granules that ch
-// overlaps.
-func (p *Pool) holeRuns(ch *chunk) (*pmm.Region, []memapi.Range, error) {
-	h, g := &p.holes, &p.segs
+// decommitted returns the decommitted granules that ch overlaps.
+func (h *holes) decommitted(ch *chunk) ([]memapi.Range, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.rseg == nil {
-		return nil, nil, errClosed()
+	if h.p.closed.Load() {
+		return nil, errClosed()
 	}
 	lo, hi := h.granules(ch.addr, ch.size, false)
-	return g.region, h.runs(lo, hi, true), nil
+	return h.runs(lo, hi, true), nil
 }
 
-// holesFilled books committed granules; on failure the busy chunk goes
-// back to the arena.
-func (p *Pool) holesFilled(ch *chunk, done []memapi.Range, failed bool) error {
-	a, h, g := &p.arena, &p.holes, &p.segs
-	p.lockRegionLevels()
-	defer p.unlockRegionLevels()
-	if g.rseg == nil {
+// filled books committed granules; on failure the busy chunk goes back to
+// the arena.
+func (h *holes) filled(ch *chunk, done []memapi.Range, failed bool) error {
+	a, g := h.arena, h.segs
+	a.lockRegion()
+	defer a.unlockRegion()
+	if h.p.closed.Load() {
 		return errClosed() // Close came meanwhile; the region's release has it all
 	}
 	for _, rng := range done {
@@ -399,26 +358,5 @@ func (p *Pool) holesFilled(ch *chunk, done []memapi.Range, failed bool) error {
 		a.unbusy(ch)
 		a.give(ch)
 	}
-	return nil
-}
-
-// takenLocking is taken under the arena's lock; the caller holds the
-// depot's, so the chunk goes from busy to the caller's slab unseen.
-func (p *Pool) takenLocking(ch *chunk) error {
-	p.arena.mu.Lock()
-	defer p.arena.mu.Unlock()
-	return p.taken(ch)
-}
-
-// taken ends a busy chunk's commit: it is the caller's now. The caller
-// holds the arena's lock.
-func (p *Pool) taken(ch *chunk) error {
-	p.segs.mu.Lock()
-	closed := p.closed.Load() || p.segs.rseg == nil
-	p.segs.mu.Unlock()
-	if closed {
-		return errClosed()
-	}
-	p.arena.unbusy(ch)
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/memgen/memgen/ep"
 	"github.com/memgen/memgen/generated/memapi"
 )
 
@@ -30,19 +29,29 @@ import (
 // segment's block takes it whole (its Rounded size).
 func hugeFits(size, r uint64) bool { return size >= r && size-r <= r }
 
-// takeHuge takes the best-fitting free huge segment for r, under the
-// depot's lock (it sweeps the pending blocks) and the segments'; ok is
-// false when none fits.
-func (p *Pool) takeHuge(r, n uint64, s memapi.Stream) (Block, bool, error) {
-	p.depot.mu.Lock()
-	defer p.depot.mu.Unlock()
-	if p.closed.Load() {
-		return Block{}, false, errClosed()
+// allocHuge serves a huge request (r bytes rounded, n asked): the
+// best-fitting free huge segment, else a new one, after the free huge
+// segments that fit no request are closed.
+func (g *segments) allocHuge(ctx context.Context, r, n uint64, s memapi.Stream) (Block, error) {
+	for {
+		h, ok, err := g.takeHuge(r, n, s)
+		if ok || err != nil {
+			return h, err
+		}
+		if err := g.growHuge(ctx, n, r); err != nil {
+			return Block{}, err
+		}
 	}
-	p.sweep()
-	g := &p.segs
+}
+
+// takeHuge hands out the best-fitting free huge segment for r as a block;
+// ok is false when none fits.
+func (g *segments) takeHuge(r, n uint64, s memapi.Stream) (Block, bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.p.closed.Load() {
+		return Block{}, false, errClosed()
+	}
 	best := -1
 	for i, c := range g.huge {
 		if hugeFits(c.size, r) && (best < 0 || c.size < g.huge[best].size) {
@@ -55,11 +64,11 @@ func (p *Pool) takeHuge(r, n uint64, s memapi.Stream) (Block, bool, error) {
 	ch := g.huge[best]
 	g.huge = slices.Delete(g.huge, best, best+1)
 	ch.free = false
-	b := &block{p: p, addr: ch.addr, size: ch.size, ch: ch}
-	b.word.Store(pack(0, ep.Released))
+	b := &block{p: g.p, addr: ch.addr, size: ch.size, req: n, stream: s, ch: ch} // Open in generation 0 (block.go)
 	ch.blk = b
-	p.largeAllocs.Add(1)
-	return p.hand(b, n, s), true, nil
+	g.hugeAllocs++
+	g.shards.count(ch.size, n)
+	return Block{b: b}, true, nil
 }
 
 // giveHuge frees a huge segment's chunk: back to the free huge segments.
@@ -70,20 +79,47 @@ func (g *segments) giveHuge(ch *chunk) {
 	g.huge = append(g.huge, ch)
 }
 
-// growHuge adds a huge segment of at least r bytes, after closing the free
-// huge segments that did not fit.
-func (p *Pool) growHuge(ctx context.Context, n, r uint64) error {
-	if err := p.releaseFreeHuge(); err != nil {
-		return err
-	}
-	return p.growSegment(ctx, n, r, true)
+// giveHugeLocking is giveHuge under mu.
+func (g *segments) giveHugeLocking(ch *chunk) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.giveHuge(ch)
 }
 
-// releaseFreeHuge closes every free huge segment: before a huge growth,
-// cached huge bytes that fit no request go back rather than add to the
-// peak.
-func (p *Pool) releaseFreeHuge() error {
-	g := &p.segs
+// freeHuge gives a huge block's segment back to the free huge segments.
+func (g *segments) freeHuge(b *block) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shards.uncount(b)
+	g.hugeFrees++
+	g.giveHuge(b.ch)
+}
+
+// growHuge adds a huge segment of at least r bytes, after closing the free
+// huge segments that did not fit: cached huge bytes that fit no request
+// go back rather than add to the peak.
+func (g *segments) growHuge(ctx context.Context, n, r uint64) error {
+	if err := g.releaseFreeHuge(); err != nil {
+		return err
+	}
+	seg, err := g.allocate(ctx, n, r, true)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.p.closed.Load() {
+		return errors.Join(errClosed(), g.closeKept(seg.buf))
+	}
+	g.book(seg)
+	seg.head = &chunk{seg: seg, addr: seg.base, size: seg.size}
+	seg.last = seg.head
+	g.giveHuge(seg.head)
+	return nil
+}
+
+// releaseFreeHuge closes every free huge segment.
+func (g *segments) releaseFreeHuge() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var errs []error

@@ -22,21 +22,19 @@ import (
 //	governor charge == Segments + Quarantined (of which Quarantined quarantined)
 //	mechanism's bytes == Segments + Quarantined
 
-// retryReleases queues again the release of every closed segment whose
-// release failed, and removes the region's quarantined backing (or queues
-// the closed region's failed release again). A region transaction is not
+// retry queues again the release of every closed segment whose release
+// failed, and removes the region's quarantined backing (or queues the
+// closed region's failed release again). A region transaction is not
 // waited for: while the pool's own growth holds it, the growth removes the
 // quarantined backing first anyway (Region.Grow). What still fails stays
 // quarantined and visible.
-func (p *Pool) retryReleases(ctx context.Context) error {
-	//memvet:allow a borrowed reference to the pool's own region, which Close closes (closeAll)
-	bufs, r := p.toRetry()
+func (g *segments) retry(ctx context.Context) error {
 	var errs []error
-	for _, b := range bufs {
+	for _, b := range g.toRetry() {
 		errs = append(errs, b.Retry())
 	}
-	if r != nil && p.growMu.TryLock() {
-		defer p.growMu.Unlock()
+	if r := g.region; r != nil && g.growMu.TryLock() {
+		defer g.growMu.Unlock()
 		if r.State() == ep.Quarantined || (r.State() == ep.Open && r.Quarantined() > 0) {
 			errs = append(errs, r.Retry(ctx))
 		}
@@ -44,8 +42,8 @@ func (p *Pool) retryReleases(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (p *Pool) toRetry() ([]*pmm.Buffer, *pmm.Region) {
-	g := &p.segs
+// toRetry returns the closed segments whose release failed, under mu.
+func (g *segments) toRetry() []*pmm.Buffer {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.quarantined()
@@ -55,5 +53,5 @@ func (p *Pool) toRetry() ([]*pmm.Buffer, *pmm.Region) {
 			out = append(out, b)
 		}
 	}
-	return out, g.region
+	return out
 }

@@ -76,27 +76,27 @@ func (s Stats) PeakFragmentation() float64 {
 func (p *Pool) Stats() Stats {
 	p.lockLevels()
 	defer p.unlockLevels()
-	d, a, h, g := &p.depot, &p.arena, &p.holes, &p.segs
-	use, req := p.totalsLocked()
+	ss, d, a, h, g := &p.shards, &p.depot, &p.arena, &p.holes, &p.segs
+	use, req := ss.totalsLocked()
 	s := Stats{
 		Backing:       p.opts.Backing,
 		InUse:         memapi.Bytes(use),
 		Requested:     memapi.Bytes(req),
 		Segments:      memapi.Bytes(g.held),
-		PeakInUse:     memapi.Bytes(p.peakUse),
-		PeakRequested: memapi.Bytes(p.peakReq),
+		PeakInUse:     memapi.Bytes(ss.peakUse),
+		PeakRequested: memapi.Bytes(ss.peakReq),
 		PeakSegments:  memapi.Bytes(g.peak),
-		PeakSyncs:     p.syncs,
+		PeakSyncs:     ss.syncs,
 		NumSegments:   g.count(),
-		Allocs:        p.largeAllocs.Load(),
-		Frees:         p.largeFrees.Load(),
+		Allocs:        a.allocs + g.hugeAllocs,
+		Frees:         a.frees + g.hugeFrees + d.frees,
 		SegmentAllocs: g.allocs,
 		SegmentFrees:  g.frees,
 		Slabs:         d.slabs,
 		Splits:        a.splits,
 		Merges:        a.merges,
 		Reclaims:      g.reclaims,
-		Reclaimed:     memapi.Bytes(g.reclaimed),
+		Reclaimed:     memapi.Bytes(g.reclaimed.Load()),
 		OverBudget:    g.overBudget,
 		StreamReuse:   d.reuse,
 		Decommitted:   memapi.Bytes(h.bytes()),
@@ -108,8 +108,8 @@ func (p *Pool) Stats() Stats {
 	for _, c := range g.huge {
 		cached += c.size
 	}
-	for i := range p.shards {
-		sh := &p.shards[i]
+	for i := range ss.s {
+		sh := &ss.s[i]
 		s.Allocs += sh.allocs
 		s.Frees += sh.frees
 		for c := range sh.lists {

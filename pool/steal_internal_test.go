@@ -13,7 +13,7 @@ import (
 // new slab is carved.
 func TestStealFromIdleShards(t *testing.T) {
 	p := newTestPool(t)
-	p.shards, p.mask = make([]shard, 4), 3 // more shards than this machine may have Ps
+	p.shards.s, p.shards.mask = make([]shard, 4), 3 // more shards than this machine may have Ps
 	ctx := context.Background()
 	const size = 4096
 	c := classOf(size)
@@ -34,13 +34,15 @@ func TestStealFromIdleShards(t *testing.T) {
 	func() {
 		p.depot.mu.Lock()
 		defer p.depot.mu.Unlock()
-		p.flushShards()
-		last := &p.shards[len(p.shards)-1]
+		for i := range p.shards.s {
+			p.depot.pull(&p.shards.s[i], -1)
+		}
+		last := &p.shards.s[len(p.shards.s)-1]
 		for b := p.depot.lists[c].pop(); b != nil; b = p.depot.lists[c].pop() {
 			last.lists[c].push(b)
 		}
 	}()
-	require.Same(t, &p.shards[0], p.pick())
+	require.Same(t, &p.shards.s[0], p.shards.pick())
 	for range k {
 		blk, err := p.Alloc(ctx, size, nil)
 		require.NoError(t, err)

@@ -1,5 +1,11 @@
 package pool
 
+import (
+	"sync/atomic"
+
+	"github.com/memgen/memgen/generated/memapi"
+)
+
 // The pool's bytes in use and requested, and their peaks, without a cache
 // line that every Alloc and Free writes.
 //
@@ -23,98 +29,112 @@ package pool
 // figure is being made. Frees never sync: lowering a share keeps it under
 // its cap.
 
-// tally is one shard's share of the pool's figures, guarded by the
-// shard's mutex.
-type tally struct {
-	use, req       int64 // bytes in use (rounded) and requested
-	useCap, reqCap int64 // the most use and req may reach without a sync
-}
-
-// fits reports whether size bytes in use (n requested) more stay under the
-// shard's caps.
-func (t *tally) fits(size, n uint64) bool {
-	return t.use+int64(size) <= t.useCap && t.req+int64(n) <= t.reqCap
-}
-
-func (t *tally) add(size, n uint64) { t.use += int64(size); t.req += int64(n) }
-func (t *tally) sub(size, n uint64) { t.use -= int64(size); t.req -= int64(n) }
-
-// lockShards takes every shard's mutex in index order; the caller holds
-// none of them (it may hold any level's lock, which comes before them).
-func (p *Pool) lockShards() {
-	for i := range p.shards {
-		p.shards[i].mu.Lock()
+// lockAll takes every shard's mutex in index order; the caller holds none
+// of them (it may hold any level's lock, which comes before them).
+func (ss *shards) lockAll() {
+	for i := range ss.s {
+		ss.s[i].mu.Lock()
 	}
 }
 
-func (p *Pool) unlockShards() {
-	for i := range p.shards {
-		p.shards[i].mu.Unlock()
+func (ss *shards) unlockAll() {
+	for i := range ss.s {
+		ss.s[i].mu.Unlock()
 	}
 }
 
 // totalsLocked returns the bytes in use and requested; the caller holds
 // every shard's lock.
-func (p *Pool) totalsLocked() (use, req int64) {
-	for i := range p.shards {
-		use += p.shards[i].t.use
-		req += p.shards[i].t.req
+func (ss *shards) totalsLocked() (use, req int64) {
+	for i := range ss.s {
+		use += ss.s[i].t.use
+		req += ss.s[i].t.req
 	}
 	return use, req
+}
+
+// totals returns the bytes in use and requested, under every shard's lock.
+func (ss *shards) totals() (use, req int64) {
+	ss.lockAll()
+	defer ss.unlockAll()
+	return ss.totalsLocked()
 }
 
 // syncLocked adds size bytes in use (n requested) to sh's share, raises the
 // peaks to the new totals and makes the caps add up to them again, the
 // slack on sh. The caller holds every shard's lock.
-func (p *Pool) syncLocked(sh *shard, size, n uint64) {
-	sh.t.add(size, n)
-	p.syncs++
-	use, req := p.totalsLocked()
-	p.peakUse, p.peakReq = max(p.peakUse, use), max(p.peakReq, req)
-	for i := range p.shards {
-		o := &p.shards[i].t
+func (ss *shards) syncLocked(sh *shard, size, n uint64) {
+	sh.t.use += int64(size)
+	sh.t.req += int64(n)
+	ss.syncs++
+	var use, req int64
+	for i := range ss.s {
+		o := &ss.s[i].t
+		use += o.use
+		req += o.req
 		o.useCap, o.reqCap = o.use, o.req
 	}
-	sh.t.useCap += p.peakUse - use
-	sh.t.reqCap += p.peakReq - req
+	ss.peakUse, ss.peakReq = max(ss.peakUse, use), max(ss.peakReq, req)
+	sh.t.useCap += ss.peakUse - use
+	sh.t.reqCap += ss.peakReq - req
 }
 
-// count counts block b (n bytes asked) in use, for a block the caller took
-// under a level's lock, holding no shard's lock: on the caller's shard when it stays
-// under its caps, else through a sync.
-func (p *Pool) count(b *block, n uint64) {
-	if p.countShard(b.size, n) {
+// allocSynced is the fast path when the block would pass the caller's
+// shard's caps: the same, under every shard's lock, counted through a
+// sync. ok is false when the shard's list emptied meanwhile.
+func (ss *shards) allocSynced(closed *atomic.Bool, c int, n uint64, s memapi.Stream) (h Block, ok bool, err error) {
+	ss.lockAll()
+	defer ss.unlockAll()
+	if closed.Load() {
+		return Block{}, true, errClosed()
+	}
+	sh := ss.pick() // locked already, with every other
+	b := sh.lists[c].pop()
+	if b == nil {
+		return Block{}, false, nil
+	}
+	ss.syncLocked(sh, b.size, n)
+	sh.allocs++
+	return b.open(n, s), true, nil
+}
+
+// count counts size bytes in use (n asked) for a block a level hands out
+// under its lock (the caller holds no shard's lock): on the caller's shard
+// when that stays under its caps, else through a sync.
+func (ss *shards) count(size, n uint64) {
+	sh := ss.pick()
+	sh.mu.Lock()
+	ok := sh.t.tryAdd(size, n) // arithmetic only: nothing here can panic
+	sh.mu.Unlock()
+	if ok {
 		return
 	}
-	p.lockShards()
-	defer p.unlockShards()
-	p.syncLocked(p.syncShard(), b.size, n)
-}
-
-// countShard adds to the caller's shard if that stays under its caps.
-func (p *Pool) countShard(size, n uint64) bool {
-	sh := p.pick()
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if !sh.t.fits(size, n) {
-		return false
-	}
-	sh.t.add(size, n)
-	return true
-}
-
-// syncShard is the shard a sync gives the slack to: the caller's, named
-// without locking it (every shard is locked already).
-func (p *Pool) syncShard() *shard {
-	sh := p.pick()
-	return sh
+	ss.lockAll()
+	defer ss.unlockAll()
+	ss.syncLocked(sh, size, n)
 }
 
 // uncount takes block b out of the figures, on the caller's shard; the
 // caller holds no shard's lock.
-func (p *Pool) uncount(b *block) {
-	sh := p.pick()
+func (ss *shards) uncount(b *block) {
+	sh := ss.pick()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.t.sub(b.size, b.req)
+}
+
+// countAlloc and countFree count a small block handed out or freed by a
+// level (the depot), on the caller's shard.
+func (ss *shards) countAlloc() {
+	sh := ss.pick()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.allocs++
+}
+
+func (ss *shards) countFree() {
+	sh := ss.pick()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.frees++
 }

@@ -19,19 +19,20 @@ import (
 func TestTallyCapsAddUpToThePeaks(t *testing.T) {
 	p := newTestPool(t)
 	check := func(wantUse, wantReq int64) {
-		p.lockShards()
-		defer p.unlockShards()
+		ss := &p.shards
+		ss.lockAll()
+		defer ss.unlockAll()
 		var caps, reqCaps int64
-		for i := range p.shards {
-			tl := p.shards[i].t
+		for i := range ss.s {
+			tl := ss.s[i].t
 			require.LessOrEqual(t, tl.use, tl.useCap, "shard %d's share is over its cap", i)
 			require.LessOrEqual(t, tl.req, tl.reqCap, "shard %d's requested share is over its cap", i)
 			caps += tl.useCap
 			reqCaps += tl.reqCap
 		}
-		require.Equal(t, p.peakUse, caps, "the caps add up to the peak")
-		require.Equal(t, p.peakReq, reqCaps)
-		use, req := p.totalsLocked()
+		require.Equal(t, ss.peakUse, caps, "the caps add up to the peak")
+		require.Equal(t, ss.peakReq, reqCaps)
+		use, req := ss.totalsLocked()
 		require.Equal(t, wantUse, use)
 		require.Equal(t, wantReq, req)
 	}
