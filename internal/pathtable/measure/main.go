@@ -194,31 +194,36 @@ func scenarios() []scenario {
 			}
 		}},
 		{"the pool's slow path (`Pool.Alloc` that grows)", func(t *run, s *stack) func() {
-			// A first pool warms the pool's code; the measured one is new,
-			// so its first Alloc must grow.
+			// New reserves a pool's region (address space, once per pool);
+			// a first Alloc of 2 MiB commits its first 2 MiB (and the
+			// holder's account) and fills it, so the measured Alloc must
+			// grow the region. A first pool runs the same steps to warm
+			// the pool's code.
 			for i, holder := range []string{"pool-warm", "pool"} {
 				p, err := pool.New(s.bind(t, holder), pool.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = p.Close(); s.drain(t) })
-				if i == 0 {
-					blk, err := p.Alloc(ctx, 1<<20, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := p.Free(blk); err != nil {
-						t.Fatal(err)
-					}
-					continue
-				}
-				return func() {
-					blk, err := p.Alloc(ctx, 1<<20, nil)
+				alloc := func(n memapi.Bytes) {
+					blk, err := p.Alloc(ctx, n, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
 					t.Cleanup(func() { _ = p.Free(blk) })
 				}
+				alloc(2 << 20)
+				if i == 0 {
+					alloc(1 << 20)
+					continue
+				}
+				before := p.Stats().SegmentAllocs
+				t.Cleanup(func() {
+					if p.Stats().SegmentAllocs != before+1 {
+						t.Fatal("the measured Alloc did not grow the pool's region")
+					}
+				})
+				return func() { alloc(1 << 20) }
 			}
 			return nil
 		}},
