@@ -448,7 +448,8 @@ func cpuTime() time.Duration {
 
 // BenchmarkPressureToRefund: a ticket asks for the cached bytes; the time
 // until the governor sees them refunded (p50, p99), on the CPU mechanism
-// (its region's free tail).
+// (its region's free tail). The ticket asks for all of them: a ticket for
+// less takes only the tail's last granules that hold it.
 func BenchmarkPressureToRefund(b *testing.B) {
 	p, _, done := benchEnv(b, 1<<30)
 	defer done()
@@ -467,7 +468,7 @@ func BenchmarkPressureToRefund(b *testing.B) {
 		must(b, err)
 		must(b, blk.Free())
 		t0 := time.Now()
-		n, err := p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 1})
+		n, err := p.Reclaim(ctx, governor.Ticket{Authority: auth, Wanted: 2 << 20})
 		must(b, err)
 		if n == 0 {
 			b.Fatal("nothing reclaimed")

@@ -61,8 +61,8 @@ const (
 
 // alloc is the fast path: a block of class c from the shard, with no
 // pool-wide lock and no write outside the shard. Every locked section of
-// the pool unlocks by defer, so that a panic (a caller's fence, a runtime
-// error) never leaves a lock held.
+// the pool that runs more than arithmetic unlocks by defer, so that a
+// panic (a caller's fence, a runtime error) never leaves a lock held.
 func (sh *shard) alloc(closed *atomic.Bool, c int, n uint64, s memapi.Stream) (h Block, res int, err error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
