@@ -72,9 +72,9 @@ type arena struct {
 }
 
 // growth is how the arena must grow for a request that no free chunk
-// holds: by need bytes past the region's free tail, the region being len
+// holds: by need bytes past the region's free tail, the region being size
 // bytes long when that was seen (BackingSegments: a segment of need bytes).
-type growth struct{ need, len uint64 }
+type growth struct{ need, size uint64 }
 
 // alloc serves a large request: a best-fit chunk of r bytes (n asked). When
 // none fits it has the depot give its wholly free slabs back first (once),
@@ -158,7 +158,7 @@ func (a *arena) take(n uint64) (ch *chunk, busy bool, miss growth) {
 	if i == len(a.free) {
 		miss.need = n
 		if rs := a.segs.rseg; rs != nil {
-			miss.len = rs.size
+			miss.size = rs.size
 			if t := rs.last; t.free {
 				miss.need -= t.size
 			}
@@ -351,7 +351,7 @@ func (a *arena) grow(ctx context.Context, wanted uint64, miss growth) error {
 	if a.p.closed.Load() {
 		return errClosed()
 	}
-	if rs.size != miss.len {
+	if rs.size != miss.size {
 		return nil // another growth (or a trim) came first: take again
 	}
 	if a.holes.slack > 0 {
@@ -360,8 +360,8 @@ func (a *arena) grow(ctx context.Context, wanted uint64, miss growth) error {
 		// the holes between them. A decommit that fails changes nothing here.
 		a.holes.relieve(ctx)
 	}
-	newLen := (miss.len + max(miss.need, uint64(a.p.opts.SegmentBytes)) + g.gran - 1) / g.gran * g.gran
-	if err := g.growRegion(ctx, wanted, miss.len, newLen); err != nil {
+	newLen := (miss.size + max(miss.need, uint64(a.p.opts.SegmentBytes)) + g.gran - 1) / g.gran * g.gran
+	if err := g.growRegion(ctx, wanted, miss.size, newLen); err != nil {
 		return err
 	}
 	a.mu.Lock()

@@ -22,7 +22,8 @@ import (
 // Lock order: the segments' growMu (the region's transactions, held across
 // pmm calls, never under a level's lock) → depot.mu → arena.mu → holes.mu →
 // segments.mu → the shards' locks (in index order). A path takes only the
-// levels it touches, in that order, each unlocked by defer. Memory moves
+// levels it touches, in that order, each unlocked by defer (but for the
+// arithmetic of shards.count's tally check). Memory moves
 // between two levels with both their locks held (a slab carved from an
 // arena chunk, a wholly free slab given back, a segment's chunk added or
 // dropped), or, from the depot down, with the depot's lock held from
