@@ -97,7 +97,7 @@ type Context struct {
 	seqs      []seqState    // the sequences, each in its KV stream
 	stats     Stats
 	asleep    bool             // the model's Sleep moved the KV cache to the host tier
-	sleeping  []*pmm.Offloaded // its host copies while asleep
+	sleeping  []hostCopier     // its host copies while asleep
 	offloadTo *pmm.Binding     // ContextOptions.OffloadTo
 	preempted []*pmm.Offloaded // the KV cache's host copies after a preemption that moved it (offload.go)
 }
@@ -1023,7 +1023,11 @@ func (c *Context) Close(ctx context.Context) error {
 	c.closed = true
 	C.memgen_llama_context_free(c.c)
 	c.c = nil
-	drop := dropSleeping(append(c.sleeping, c.preempted...)) // the KV cache's host copies go with it
+	offs := c.sleeping // the KV cache's host copies go with it
+	for _, o := range c.preempted {
+		offs = append(offs, o)
+	}
+	drop := dropSleeping(offs)
 	c.sleeping, c.asleep, c.preempted = nil, false, nil
 	c.mu.Unlock()
 	c.m.mu.Lock()

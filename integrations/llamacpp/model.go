@@ -75,11 +75,11 @@ type Model struct {
 	contexts map[*Context]struct{}
 	nextID   int
 
-	sleepTurn chan struct{}    // serializes Sleep, Wake and Close, taken bounded by their ctx
-	asleep    bool             // under mu: the weights are offloaded or discarded
-	level     int              // under mu: the sleep's level (1 or 2) while asleep
-	sleeping  []*pmm.Offloaded // under mu: the weights' host copies while asleep
-	discarded []*weightBuffer  // under mu: the weight regions a level-2 sleep decommitted, to reload
+	sleepTurn chan struct{}   // serializes Sleep, Wake and Close, taken bounded by their ctx
+	asleep    bool            // under mu: the weights are offloaded or discarded
+	level     int             // under mu: the sleep's level (1 or 2) while asleep
+	sleeping  []hostCopier    // under mu: the weights' host copies while asleep
+	discarded []*weightBuffer // under mu: the weight regions a level-2 sleep decommitted, to reload
 
 	// The model file as loaded (reload.go): its absolute path and identity.
 	file    string
@@ -88,6 +88,9 @@ type Model struct {
 	// The time the reloads of level-2 wakes took, summed: committing the
 	// regions, and reading the file into them (in the sleep turn).
 	wakeCommit, wakeRead time.Duration
+	// The time the weights' direct moves took, summed (hostcopy.go): the
+	// copies into the host tier, and the commits and copies back.
+	moveCopy, wakeCommit1, wakeCopy1 time.Duration
 }
 
 // LoadModel checks the GGUF file at path (gguf.Check: a missing,

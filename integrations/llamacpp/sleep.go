@@ -39,9 +39,11 @@ func (m *Model) Sleep(ctx context.Context, host *pmm.Binding) error {
 // Level 1 moves: the committed bytes of the weights and of each context's
 // KV cache move to host, a binding of the same manager on another
 // authority (the host tier), and their device backing is decommitted (each
-// move is a pmm.Region.Offload: the host tier is charged before the copy,
-// the device released only after it). Wake copies them back, and the
-// engine goes on where it was, its sequences and cells untouched.
+// move is one transaction, pmm.Region.Offload's: the host tier is charged
+// before the copy, the device released only after it; a weight region's
+// bytes are copied straight into the host copy when it is a CPU
+// mechanism's, see hostcopy.go). Wake copies them back, and the engine
+// goes on where it was, its sequences and cells untouched.
 //
 // Level 2 discards: the weights' regions are decommitted with nothing
 // copied anywhere (nothing is charged on the host tier for them), and Wake
@@ -157,7 +159,7 @@ func (t *sleeper) moveAll(weights []*weightBuffer) error {
 		}
 	}
 	for _, w := range weights {
-		if err := t.move(nil, w.reg); err != nil {
+		if err := t.moveWeights(w); err != nil {
 			return t.undo(fmt.Errorf("%s: the weights: %w", t.op, err))
 		}
 	}
@@ -165,12 +167,22 @@ func (t *sleeper) moveAll(weights []*weightBuffer) error {
 	return nil
 }
 
-// move offloads a region's committed bytes (of context c's KV cache, or of
-// the weights for c nil) to the host tier.
+// move offloads a region of context c's KV cache (its committed bytes) to
+// the host tier.
 func (t *sleeper) move(c *Context, r *pmm.Region) error {
 	o, err := r.Offload(t.ctx, t.host)
 	if o != nil {
 		t.moved = append(t.moved, hostCopy{c, o})
+	}
+	return err
+}
+
+// moveWeights moves a weight region's bytes to the host tier
+// (Model.moveWeights).
+func (t *sleeper) moveWeights(w *weightBuffer) error {
+	o, err := t.m.moveWeights(t.ctx, w, t.host)
+	if o != nil {
+		t.moved = append(t.moved, hostCopy{nil, o})
 	}
 	return err
 }
@@ -224,7 +236,7 @@ func (t *sleeper) discard(weights []*weightBuffer) error {
 		if w.differs == "" {
 			continue
 		}
-		if err := t.move(nil, w.reg); err != nil {
+		if err := t.moveWeights(w); err != nil {
 			return t.undo(fmt.Errorf("%s: the weights: %w", t.op, err))
 		}
 	}
@@ -272,7 +284,7 @@ func (t *sleeper) undo(err error) error {
 // cache, or of the weights (c nil).
 type hostCopy struct {
 	c *Context
-	o *pmm.Offloaded
+	o hostCopier
 }
 
 // setAsleep marks the model and the contexts in cs (whose locks are held)
@@ -303,8 +315,9 @@ func (m *Model) setAsleep(cs []*Context, level int, copies []hostCopy, discarded
 // read fail, every region this Wake reloaded is decommitted again and the
 // error returned: the weights are as asleep as before. Then the host
 // copies: the weights', then each context's KV cache, committed again at
-// their addresses and copied back (pmm.Offloaded.Restore), the host copies
-// freed. A context is awake once all its bytes are back; should a restore
+// their addresses and copied back (pmm.Offloaded.Restore, or for a weight
+// region copied straight, its commit in chunks that run ahead of the
+// copy), the host copies freed. A context is awake once all its bytes are back; should a restore
 // fail, the error is returned and what was not restored stays asleep, its
 // bytes safe in the host tier. Either way the model stays asleep and Wake
 // again retries what is left. Waking a model that is not asleep is
@@ -461,7 +474,7 @@ func (m *Model) SleepState() SleepState {
 
 // dropSleeping discards host copies of a context or model being closed:
 // their ranges are freed with it.
-func dropSleeping(offs []*pmm.Offloaded) error {
+func dropSleeping(offs []hostCopier) error {
 	var errs []error
 	for _, o := range offs {
 		if err := o.Discard(); err != nil && !errors.Is(err, memapi.ErrReleased) {

@@ -177,3 +177,125 @@ func BenchmarkLevel2Wake(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLevel1Wake times a level-1 wake of the same 302 MiB model as
+// BenchmarkLevel2Wake (the weights' bytes copied back from the host tier
+// into their regions, committed again at the same addresses) against
+// copying the same number of bytes with Go's copy (a memmove) from one
+// buffer into another whose pages are already faulted in. The fresh row
+// copies into newly mapped anonymous memory populated first
+// (MADV_POPULATE_WRITE, as the CPU mechanism commits): the kernel's share
+// of a wake, its page faults and zeroing, without memgen. The staged row
+// is the wake of the weights moved with pmm.Region.Offload, whose copies go
+// through pmm.Transfer's staging buffer (the path of a host tier that is
+// not a CPU mechanism's). Five rounds of each, interleaved; the medians
+// and the ratio are reported, at the CPU mechanism's 2 MiB granularity
+// (huge pages) and at 4 KiB.
+//
+//	go test -run '^$' -bench BenchmarkLevel1Wake -benchtime 1x .
+func BenchmarkLevel1Wake(b *testing.B) {
+	path := wakeModel(b)
+	for _, g := range []struct {
+		name string
+		gran memapi.Bytes
+	}{{"2MiB", cpu.Granularity2MiB}, {"4KiB", cpu.Granularity4KiB}} {
+		b.Run(g.name, func(b *testing.B) {
+			r := newRigGranule(b, 4<<30, g.gran)
+			tier := r.hostTier(b)
+			m := loadModelAt(b, path, r.options())
+			weights := m.WeightBytes()
+			if weights < 256<<20 {
+				b.Fatalf("the model has %d bytes of weights, want at least 256 MiB", weights)
+			}
+			if err := m.Sleep(bg(b), tier.bind); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Wake(bg(b)); err != nil {
+				b.Fatal(err)
+			}
+			src := make([]byte, weights) // the host copy's stand-in
+			dst := make([]byte, weights) // faulted in: the warm destination
+			for i := range src {
+				src[i], dst[i] = byte(i), 1
+			}
+
+			const rounds = 5
+			var wake, commit, cp, staged, base, fresh, freshPop []time.Duration
+			for range b.N {
+				for range rounds {
+					stagedMoves = true
+					err := m.Sleep(bg(b), tier.bind)
+					stagedMoves = false
+					if err != nil {
+						b.Fatal(err)
+					}
+					exactTiers(b, r, tier)
+					start := time.Now()
+					if err := m.Wake(bg(b)); err != nil {
+						b.Fatal(err)
+					}
+					staged = append(staged, time.Since(start))
+					exactTiers(b, r, tier)
+
+					if err := m.Sleep(bg(b), tier.bind); err != nil {
+						b.Fatal(err)
+					}
+					exactTiers(b, r, tier)
+					if st := m.SleepState(); st.Moved != weights {
+						b.Fatalf("asleep with %d bytes of weights in the host tier, want %d", st.Moved, weights)
+					}
+					c0, p0 := m.wakeCommit1, m.wakeCopy1
+					start = time.Now()
+					if err := m.Wake(bg(b)); err != nil {
+						b.Fatal(err)
+					}
+					wake = append(wake, time.Since(start))
+					commit = append(commit, m.wakeCommit1-c0)
+					cp = append(cp, m.wakeCopy1-p0)
+					exactTiers(b, r, tier)
+
+					start = time.Now()
+					copy(dst, src)
+					base = append(base, time.Since(start))
+
+					p, err := syscall.Mmap(-1, 0, int(weights), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+					if err != nil {
+						b.Fatal(err)
+					}
+					start = time.Now()
+					if g.gran%(2<<20) == 0 {
+						_ = syscall.Madvise(p, syscall.MADV_HUGEPAGE)
+					}
+					if err := syscall.Madvise(p, madvPopulateWrite); err != nil {
+						b.Fatal(err)
+					}
+					freshPop = append(freshPop, time.Since(start))
+					copy(p, src)
+					fresh = append(fresh, time.Since(start))
+					if err := syscall.Munmap(p); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			med := func(ds []time.Duration) time.Duration {
+				s := slices.Clone(ds)
+				slices.Sort(s)
+				return s[len(s)/2]
+			}
+			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			ratio := float64(med(wake)) / float64(med(base))
+			b.ReportMetric(ms(med(wake)), "wake-ms")
+			b.ReportMetric(ms(med(base)), "memcpy-ms")
+			b.ReportMetric(ratio, "wake/memcpy")
+			gbs := func(d time.Duration) float64 { return float64(weights) / d.Seconds() / 1e9 }
+			b.Logf("%s granules, %.0f MiB of weights, median of %d rounds:", g.name, float64(weights)/(1<<20), len(wake))
+			b.Logf("  level-1 wake             %7.1f ms (%5.2f GB/s): commit %.1f ms, copy %.1f ms", ms(med(wake)), gbs(med(wake)), ms(med(commit)), ms(med(cp)))
+			b.Logf("  staged (pmm.Offload)     %7.1f ms (%5.2f GB/s)", ms(med(staged)), gbs(med(staged)))
+			b.Logf("  copy -> faulted buffer   %7.1f ms (%5.2f GB/s)", ms(med(base)), gbs(med(base)))
+			b.Logf("  copy -> fresh pages      %7.1f ms (%5.2f GB/s): populate %.1f ms", ms(med(fresh)), gbs(med(fresh)), ms(med(freshPop)))
+			b.Logf("  wake / memcpy = %.2fx; wake / fresh pages = %.2fx; staged / memcpy = %.2fx", ratio, float64(med(wake))/float64(med(fresh)), float64(med(staged))/float64(med(base)))
+			b.Logf("  rounds: wake %v, staged %v, memcpy %v, fresh %v", wake, staged, base, fresh)
+			fmt.Printf("level1-wake %s: wake=%.1fms staged=%.1fms memcpy=%.1fms fresh=%.1fms ratio=%.2fx\n", g.name, ms(med(wake)), ms(med(staged)), ms(med(base)), ms(med(fresh)), ratio)
+		})
+	}
+}

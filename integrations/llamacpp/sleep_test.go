@@ -25,7 +25,7 @@ type hostTier struct {
 	bind *pmm.Binding
 }
 
-func (r *rig) hostTier(t *testing.T) *hostTier {
+func (r *rig) hostTier(t testing.TB) *hostTier {
 	t.Helper()
 	if err := r.g.AddAuthority(offloadAuth, 1<<30); err != nil {
 		t.Fatal(err)
@@ -76,8 +76,19 @@ func (r *rig) chargedOn(h governor.HolderID, a memapi.AuthorityID) memapi.Bytes 
 // KV cache's bytes back to the device (they wait in the host tier), refuses
 // what would touch them, and after Wake decodes on with the greedy tokens
 // of an uninterrupted run; the ledger equals the mechanisms' bytes and the
-// kernel's at every step.
+// kernel's at every step. The weights move straight between the two CPU
+// mechanisms (direct), and, as they would to a host tier that is not a
+// CPU mechanism's, with pmm.Region.Offload (staged).
 func TestSleepWakeTokensIdentical(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { sleepWakeTokens(t, false) })
+	t.Run("staged", func(t *testing.T) {
+		stagedMoves = true
+		t.Cleanup(func() { stagedMoves = false })
+		sleepWakeTokens(t, true)
+	})
+}
+
+func sleepWakeTokens(t *testing.T, staged bool) {
 	r := newRig(t, 1<<30)
 	tier := r.hostTier(t)
 	m := loadModel(t, r.options())
@@ -134,6 +145,11 @@ func TestSleepWakeTokensIdentical(t *testing.T) {
 	}
 	if h := r.chargedOn("sleep", offloadAuth); h != weights+kv {
 		t.Fatalf("the host tier holds %d, want the weights and KV %d", h, weights+kv)
+	}
+	for _, o := range m.sleeping {
+		if _, direct := o.(*directCopy); direct == staged {
+			t.Fatalf("the weights moved as a %T, staged %v", o, staged)
+		}
 	}
 	t.Logf("asleep: the device gave back %d bytes (weights %d, KV %d: 100%%); compute buffers %d stay", freed, weights, kv, dev.Charged)
 	if _, err := c.Decode(bg(t), []int32{next}); !errors.Is(err, ErrAsleep) {
@@ -366,7 +382,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 
 // exactTiers checks, once the queues drained, that each tier's ledger
 // equals its mechanism's bytes and the kernel's.
-func exactTiers(t *testing.T, r *rig, tier *hostTier) {
+func exactTiers(t testing.TB, r *rig, tier *hostTier) {
 	t.Helper()
 	r.settle(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
