@@ -255,13 +255,14 @@ ort-long:
 ## llamacpp-test: integrations/llamacpp (a nested module) vetted and tested under -race; when the fetch fails a
 ## SKIP line and exit 0, or under CI=true a FAIL line and exit 1
 ## llamacpp-bench: integrations/llamacpp's benchmarks (tokens/s against stock llama.cpp, memory)
+## llamacpp-sleepwake: the sleep and wake tests and the two wake benchmarks, then one summary line (sleep-wake: ...)
 ## llamacpp-curl: the HTTP endpoint (llamaserve -listen) driven with curl (scripts/llamaserve-curl.sh)
 ## llamacpp-load: the endpoint under 64 clients for 60 s (TestServerLoad; CI runs it for 10 s)
 ## llamacpp-plan: the memory plans' accuracy on every model, a 1.1 GiB one included (written once, outside
 ## the repository), llamaplan on each, and the planning time
 LLAMACPP_MODEL ?=
 LLAMACPP_ARGS = $(if $(LLAMACPP_MODEL),--model $(LLAMACPP_MODEL))
-.PHONY: llamacpp llamacpp-test llamacpp-bench llamacpp-curl llamacpp-load llamacpp-plan
+.PHONY: llamacpp llamacpp-test llamacpp-bench llamacpp-sleepwake llamacpp-curl llamacpp-load llamacpp-plan
 llamacpp:
 	scripts/llamacpp.sh fetch $(LLAMACPP_ARGS)
 
@@ -270,6 +271,9 @@ llamacpp-test:
 
 llamacpp-bench:
 	scripts/llamacpp.sh bench $(LLAMACPP_ARGS)
+
+llamacpp-sleepwake:
+	scripts/llamacpp.sh sleepwake $(LLAMACPP_ARGS)
 
 llamacpp-curl:
 	scripts/llamacpp.sh curl $(LLAMACPP_ARGS)

@@ -43,6 +43,14 @@
 #                           line: llama-batched: seqs=8 tokens-identical=yes
 #                           vs-stock= vs-per-context= capacity-vs-stock=
 #                           tput-vs-stock= replay-tokens-identical= waste-2MiB-4096=
+#   scripts/llamacpp.sh sleepwake  fetch, then the sleep and wake tests
+#                           (TestSleep*, TestServerSleeps*, llamaserve's) and
+#                           BenchmarkLevel1Wake and BenchmarkLevel2Wake, and
+#                           last one line, every figure taken from their
+#                           output (make llamacpp-sleepwake): sleep-wake:
+#                           level1-freed= level2-freed= wake1-vs-memcpy=
+#                           wake2-vs-read= tokens-identical= faults= exact=
+#                           (it exits 1 when a test or benchmark failed)
 #   scripts/llamacpp.sh curl  fetch, then the HTTP endpoint driven with curl
 #                           (scripts/llamaserve-curl.sh; make llamacpp-curl)
 #   scripts/llamacpp.sh load  fetch, then TestServerLoad for
@@ -65,14 +73,14 @@ die() { say "$*"; exit 1; }
 
 mode=fetch
 case "${1:-}" in
-fetch | test | bench | curl | load | plan) mode="$1"; shift ;;
+fetch | test | bench | sleepwake | curl | load | plan) mode="$1"; shift ;;
 esac
 model="${MEMGEN_LLAMACPP_MODEL:-}"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--model) model="$2"; shift 2 ;;
 	--model=*) model="${1#--model=}"; shift ;;
-	*) die "usage: $0 [fetch|test|bench|curl|load|plan] [--model PATH]" ;;
+	*) die "usage: $0 [fetch|test|bench|sleepwake|curl|load|plan] [--model PATH]" ;;
 	esac
 done
 
@@ -105,6 +113,35 @@ if [ "$mode" != fetch ]; then
 		go test -count=1 -run '^(TestLedgerMatchesProcess|TestServerLoad)$' .
 		go test -race -count=1 -timeout "${LLAMACPP_TEST_TIMEOUT:-45m}" ./...
 		exec "$ROOT/scripts/llamaserve-curl.sh"
+	fi
+	if [ "$mode" = sleepwake ]; then
+		# The tests log "sleepwake: ..." lines (sleep_test.go: the freed
+		# percentages, each token comparison, each injected fault and
+		# whether the ledger was exact after it); the benchmarks print
+		# "level1-wake 2MiB: ... ratio=Rx" and "level2-wake 2MiB: ...".
+		out="$(mktemp -d)"
+		trap 'rm -rf "$out"' EXIT
+		failed=0
+		go test -count=1 -v -run '^(TestSleep|TestServerSleeps)' . ./cmd/llamaserve >"$out/tests" 2>&1 || failed=1
+		grep -E '^(--- |ok|FAIL|PASS)|sleepwake: (level|fault)' "$out/tests" | grep -v 'exact=yes' || true
+		go test -count=1 -run '^$' -bench '^BenchmarkLevel[12]Wake$' -benchtime 1x . >"$out/bench" 2>&1 || failed=1
+		grep -E '^level[12]-wake|^Benchmark|^(ok|FAIL)' "$out/bench" || true
+		[ "$failed" = 0 ] || { say "a test or benchmark failed:"; grep -E -B2 -A20 '^--- FAIL|^FAIL|panic:' "$out/tests" "$out/bench" | head -80 >&2; }
+		least() { sed -n "s/.*sleepwake: $1=\([0-9.]*\).*/\1/p" "$out/tests" | sort -g | head -1; }
+		ratio() { sed -n "s/^$1 2MiB: .* ratio=\([0-9.]*\)x.*/\1/p" "$out/bench" | head -1; }
+		l1="$(least level1-freed)"
+		l2="$(least level2-freed)"
+		r1="$(ratio level1-wake)"
+		r2="$(ratio level2-wake)"
+		yes="$(grep -c 'sleepwake: tokens-identical=yes' "$out/tests" || true)"
+		no="$(grep -c 'sleepwake: tokens-identical=no' "$out/tests" || true)"
+		identical=no
+		[ "$failed" = 0 ] && [ "$yes" -gt 0 ] && [ "$no" = 0 ] && identical=yes
+		faults="$(grep -c 'sleepwake: fault ' "$out/tests" || true)"
+		exact="$(grep -c 'sleepwake: fault .*exact=yes' "$out/tests" || true)"
+		say "$yes token comparisons held, $no did not"
+		echo "sleep-wake: level1-freed=${l1:-?}% level2-freed=${l2:-?}% wake1-vs-memcpy=${r1:-?}x wake2-vs-read=${r2:-?}x tokens-identical=$identical faults=$faults exact=$exact"
+		exit "$failed"
 	fi
 	if [ "$mode" = curl ]; then
 		exec "$ROOT/scripts/llamaserve-curl.sh"

@@ -3,6 +3,7 @@ package llamacpp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -140,6 +141,7 @@ func sleepWakeTokens(t *testing.T, staged bool) {
 	}
 	dev, _ := r.g.Authority(hostAuth)
 	freed := devBefore.Charged - dev.Charged
+	freedPercent(t, 1, freed, weights+kv)
 	if r.charged(m.Holder()) != 0 || c.KV().Committed != 0 || freed != weights+kv {
 		t.Fatalf("asleep: weights %d and KV %d still charged on the device; freed %d of %d", r.charged(m.Holder()), c.KV().Committed, freed, weights+kv)
 	}
@@ -174,9 +176,11 @@ func sleepWakeTokens(t *testing.T, staged bool) {
 	}
 	rest, _ := run(16, next)
 	got = append(got, rest...)
-	if !slices.Equal(got, want) {
-		t.Fatalf("tokens across the sleep %v\nwant %v", got, want)
+	path := "direct"
+	if staged {
+		path = "staged"
 	}
+	sameTokens(t, "level 1, "+path+" moves", got, want)
 	if err := m.Wake(bg(t)); !errors.Is(err, ErrNotAsleep) {
 		t.Fatalf("a second wake: %v, want ErrNotAsleep", err)
 	}
@@ -334,7 +338,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 				if !errors.Is(serr, errInjected) || m.Asleep() {
 					t.Fatalf("sleep failing at move %d: %v (asleep %v), want the fault and the engine awake", at, serr, m.Asleep())
 				}
-				exactTiers(t, r, tier)
+				faultExact(t, r, tier, 1, fmt.Sprintf("sleep failing at move %d", at))
 				if h := r.chargedOn("sleep", offloadAuth); h != 0 {
 					t.Fatalf("sleep failing at move %d left %d in the host tier", at, h)
 				}
@@ -351,7 +355,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 				if !errors.Is(werr, errInjected) || !m.Asleep() {
 					t.Fatalf("wake failing at restore %d: %v (asleep %v)", at, werr, m.Asleep())
 				}
-				exactTiers(t, r, tier)
+				faultExact(t, r, tier, 1, fmt.Sprintf("wake failing at restore %d", at))
 				if _, err := c.Decode(bg(t), []int32{next}); !errors.Is(err, ErrAsleep) {
 					t.Fatalf("a decode after a failed wake: %v", err)
 				}
@@ -366,9 +370,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 				}
 				got = append(got, next)
 			}
-			if !slices.Equal(got, want) {
-				t.Fatalf("%s failing at %d: tokens %v, want %v", phase, at, got, want)
-			}
+			sameTokens(t, fmt.Sprintf("level 1, %s failing at %d", phase, at), got, want)
 			if err := c.Close(bg(t)); err != nil {
 				t.Fatal(err)
 			}
@@ -384,11 +386,19 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 // equals its mechanism's bytes and the kernel's.
 func exactTiers(t testing.TB, r *rig, tier *hostTier) {
 	t.Helper()
+	if err := tiersExact(t, r, tier); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tiersExact is exactTiers's check, returning what differs.
+func tiersExact(t testing.TB, r *rig, tier *hostTier) error {
+	t.Helper()
 	r.settle(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := tier.ectx.Queue().Drain(ctx); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for _, x := range []struct {
 		auth memapi.AuthorityID
@@ -397,10 +407,57 @@ func exactTiers(t testing.TB, r *rig, tier *hostTier) {
 		a, _ := r.g.Authority(x.auth)
 		k, err := x.m.KernelBytes()
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if a.Charged != x.m.UsedBytes() || a.Charged != k || a.Reserved != 0 || a.Pending != 0 {
-			t.Fatalf("%s charged %d reserved %d pending %d, mechanism %d, kernel %d", x.auth, a.Charged, a.Reserved, a.Pending, x.m.UsedBytes(), k)
+			return fmt.Errorf("%s charged %d reserved %d pending %d, mechanism %d, kernel %d", x.auth, a.Charged, a.Reserved, a.Pending, x.m.UsedBytes(), k)
 		}
 	}
+	return nil
+}
+
+// The sleep and wake tests log their figures as lines "sleepwake: ...",
+// which `scripts/llamacpp.sh sleepwake` gathers into its summary line:
+// the device ledger's drop at a sleep of each level (level1-freed,
+// level2-freed: a percentage of the weights and KV charged before), one
+// tokens-identical line per comparison of tokens across a sleep, and one
+// fault line per injected fault, saying whether the ledger was exact
+// after it.
+
+// sameTokens logs the comparison of the tokens got across a sleep with an
+// uninterrupted run's, and fails the test when they differ.
+func sameTokens(t testing.TB, what string, got, want []int32) {
+	t.Helper()
+	ok := len(want) > 0 && slices.Equal(got, want)
+	t.Logf("sleepwake: tokens-identical=%s (%s, %d tokens)", yesNo(ok), what, len(got))
+	if !ok {
+		t.Fatalf("%s: tokens %v\nwant %v", what, got, want)
+	}
+}
+
+// faultExact checks the ledger of both tiers after an injected fault,
+// logs it, and fails the test when it is not exact.
+func faultExact(t testing.TB, r *rig, tier *hostTier, level int, what string) {
+	t.Helper()
+	err := tiersExact(t, r, tier)
+	t.Logf("sleepwake: fault level=%d exact=%s (%s)", level, yesNo(err == nil), what)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// freedPercent logs the device ledger's drop at a sleep of level as a
+// percentage of the weights and KV charged before it.
+func freedPercent(t testing.TB, level int, freed, before memapi.Bytes) float64 {
+	t.Helper()
+	pct := 100 * float64(freed) / float64(before)
+	t.Logf("sleepwake: level%d-freed=%.1f (%d of %d bytes)", level, pct, freed, before)
+	return pct
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
