@@ -126,7 +126,10 @@ if [ "$mode" != fetch ]; then
 		grep -E '^(--- |ok|FAIL|PASS)|sleepwake: (level|fault)' "$out/tests" | grep -v 'exact=yes' || true
 		go test -count=1 -run '^$' -bench '^BenchmarkLevel[12]Wake$' -benchtime 1x . >"$out/bench" 2>&1 || failed=1
 		grep -E '^level[12]-wake|^Benchmark|^(ok|FAIL)' "$out/bench" || true
-		[ "$failed" = 0 ] || { say "a test or benchmark failed:"; grep -E -B2 -A20 '^--- FAIL|^FAIL|panic:' "$out/tests" "$out/bench" | head -80 >&2; }
+		if [ "$failed" != 0 ]; then
+			say "a test or benchmark failed:"
+			grep -h -E -B2 -A20 '^--- FAIL|^FAIL|panic:' "$out/tests" "$out/bench" | head -80 >&2 || true
+		fi
 		least() { sed -n "s/.*sleepwake: $1=\([0-9.]*\).*/\1/p" "$out/tests" | sort -g | head -1; }
 		ratio() { sed -n "s/^$1 2MiB: .* ratio=\([0-9.]*\)x.*/\1/p" "$out/bench" | head -1; }
 		l1="$(least level1-freed)"

@@ -48,6 +48,14 @@ type Options struct {
 	// all of n_ctx at creation. Manager, Governor and Device are not used.
 	// It is the baseline of the tests and benchmarks.
 	Stock bool
+	// SleepOnPressure registers the weights' holder with a Reclaim, so
+	// that the governor asks it under pressure on the device's authority
+	// (a local shortfall or, on a shared ledger, another process's want)
+	// as it asks the contexts'. A Server with ServerOptions.SleepOnPressure
+	// answers by putting the idle model to sleep; until one does, the
+	// answer is 0. Without it the weights' holder is never asked (and, on a
+	// shared ledger, its bytes are not offered to other processes).
+	SleepOnPressure bool
 }
 
 // Model is a llama.cpp model whose weights live in pmm Buffers charged to
@@ -88,6 +96,10 @@ type Model struct {
 	// The time the reloads of level-2 wakes took, summed: committing the
 	// regions, and reading the file into them (in the sleep turn).
 	wakeCommit, wakeRead time.Duration
+	// onPressure answers a ticket to the weights' holder
+	// (Options.SleepOnPressure), once a Server set it; under mu.
+	onPressure func(ctx context.Context, t governor.Ticket) (memapi.Bytes, error)
+
 	// The time the weights' direct moves took, summed (hostcopy.go): the
 	// copies into the host tier, and the commits and copies back.
 	moveCopy, wakeCommit1, wakeCopy1 time.Duration
@@ -123,7 +135,11 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 			return nil, memapi.Errorf(op, memapi.ErrNilHandle, "Options.Manager and Options.Governor are required (or Stock)")
 		}
 		m.holder = governor.HolderID(opts.Name + "/weights")
-		if err := opts.Governor.Register(m.holder, nil, governor.HolderOptions{}); err != nil {
+		var reclaimer governor.Holder // nil: never asked
+		if opts.SleepOnPressure {
+			reclaimer = governor.HolderFunc(m.reclaimWeights)
+		}
+		if err := opts.Governor.Register(m.holder, reclaimer, governor.HolderOptions{}); err != nil {
 			return nil, err
 		}
 		m.weights, err = opts.Manager.Bind(string(m.holder), "weights", opts.Device)
@@ -159,6 +175,51 @@ func LoadModel(ctx context.Context, path string, opts Options) (*Model, error) {
 		return nil, errors.Join(err, m.release(ctx))
 	}
 	return m, nil
+}
+
+// reclaimWeights is the weights' holder's Reclaim (Options.SleepOnPressure):
+// what onPressure answers, or 0 while nothing set it.
+func (m *Model) reclaimWeights(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
+	m.mu.Lock()
+	f := m.onPressure
+	m.mu.Unlock()
+	if f == nil {
+		return 0, nil
+	}
+	return f(ctx, t)
+}
+
+// setOnPressure sets (or with nil clears) the answer to the weights'
+// tickets; it fails when another is set.
+func (m *Model) setOnPressure(f func(context.Context, governor.Ticket) (memapi.Bytes, error)) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if f != nil && m.onPressure != nil {
+		return memapi.Errorf("llamacpp.Model", memapi.ErrInUse, "another server answers the weights' tickets")
+	}
+	m.onPressure = f
+	return nil
+}
+
+// deviceBytes is what the weights' regions and the contexts' KV caches
+// hold on the device: what a sleep gives back.
+func (m *Model) deviceBytes() memapi.Bytes {
+	m.mu.Lock()
+	var n memapi.Bytes
+	for _, w := range m.bufs {
+		if w.reg != nil {
+			n += w.reg.Committed()
+		}
+	}
+	cs := make([]*Context, 0, len(m.contexts))
+	for c := range m.contexts {
+		cs = append(cs, c)
+	}
+	m.mu.Unlock()
+	for _, c := range cs {
+		n += c.KV().Committed
+	}
+	return n
 }
 
 // NVocab is the model's vocabulary size: tokens are 0 ... NVocab-1.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -58,6 +59,17 @@ type ServerOptions struct {
 	// file's (none unless llama.cpp converted some at load), and may be
 	// nil when there are none (the sleeps fail otherwise: SleepErrors).
 	SleepTo *pmm.Binding
+	// SleepOnPressure puts the idle model to sleep (at SleepLevel, into
+	// SleepTo) when the governor asks its weights for memory: a shortfall
+	// on the device's authority or, on a shared ledger, another process's
+	// want (xproc answers a want with pressure tickets to this process's
+	// holders). The weights' holder answers the ticket with the device
+	// bytes the sleep gave back (the weights' and the KV cache's). While a
+	// request runs or waits to run it gives nothing and counts the ticket
+	// (ServerStats.PressureBusy); the context's own holder answers as
+	// always. The next request wakes the model. The model must be loaded
+	// with Options.SleepOnPressure; at level 1 SleepTo is required.
+	SleepOnPressure bool
 }
 
 // Server decodes requests together in one context of a Model: each
@@ -88,6 +100,11 @@ type Server struct {
 	state   error         // nil: serving; errClosing, or the engine's failure
 	jobs    chan *job     // admitted, not yet decoding
 	done    chan struct{} // the loop ended
+	// asks carries pressure tickets to the loop (SleepOnPressure): it
+	// takes one only while idle, waiting for a request. sleeping is set
+	// while the loop puts the model to sleep.
+	asks     chan pressureAsk
+	sleeping atomic.Bool
 
 	stop  context.CancelFunc
 	ctx   context.Context
@@ -119,6 +136,12 @@ type ServerStats struct {
 	Sleeps, Wakes, SleepErrors int64
 	Asleep                     bool
 	WakeTime                   time.Duration
+	// PressureSleeps counts the sleeps pressure tickets made
+	// (SleepOnPressure; Sleeps counts them too), PressureFreed the device
+	// bytes they gave back, and PressureBusy the tickets answered with
+	// nothing because a request was running or waiting.
+	PressureSleeps, PressureBusy int64
+	PressureFreed                memapi.Bytes
 }
 
 // Stats returns the server's counters.
@@ -198,12 +221,20 @@ func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, erro
 	if opts.SleepAfter > 0 && opts.SleepLevel == 1 && opts.SleepTo == nil {
 		return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrNilHandle, "SleepAfter at level 1 needs SleepTo, the host tier to sleep into")
 	}
+	if opts.SleepOnPressure {
+		if !m.opts.SleepOnPressure {
+			return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrUnsupported, "SleepOnPressure needs the model loaded with Options.SleepOnPressure (its weights' holder is then asked under pressure)")
+		}
+		if opts.SleepLevel == 1 && opts.SleepTo == nil {
+			return nil, memapi.Errorf("llamacpp.NewServer", memapi.ErrNilHandle, "SleepOnPressure at level 1 needs SleepTo, the host tier to sleep into")
+		}
+	}
 	c, err := m.NewContext(ctx, ContextOptions{NCtx: opts.NCtx, Sequences: opts.Sequences, Batch: opts.Batch})
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{m: m, c: c, opts: opts, changed: make(chan struct{}), jobs: make(chan *job, opts.Sequences),
-		done: make(chan struct{})}
+		done: make(chan struct{}), asks: make(chan pressureAsk)}
 	for _, t := range c.tensors {
 		s.kvPerToken += t.rowBytes
 		s.kvSlack += t.region.Granularity()
@@ -221,6 +252,12 @@ func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, erro
 		s.free = append(s.free, i)
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
+	if opts.SleepOnPressure {
+		if err := m.setOnPressure(s.onPressure); err != nil {
+			s.stop()
+			return nil, errors.Join(err, c.Close(ctx))
+		}
+	}
 	go s.loop()
 	return s, nil
 }
@@ -479,6 +516,9 @@ func (s *Server) Close(ctx context.Context) error {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
+	if s.opts.SleepOnPressure {
+		_ = s.m.setOnPressure(nil)
+	}
 	s.stop()
 	select {
 	case <-s.done:

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
 )
 
 // idle waits, while no request runs, for the next admitted one. With
 // ServerOptions.SleepAfter set, the model goes to sleep once it has been
-// idle that long, and the next request wakes it before it decodes; a wake
+// idle that long; with SleepOnPressure, when a pressure ticket asks its
+// weights for memory. The next request wakes it before it decodes; a wake
 // that fails fails that request (the model stays asleep, its bytes in the
 // host tier or, at level 2, to be reloaded from the model file, and the
 // next request tries again). It returns false when the server closes.
@@ -33,25 +37,112 @@ func (s *Server) idle() (*job, bool) {
 			return nil, false
 		case <-timer:
 			timer = nil
-			s.sleep()
+			ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
+			_, _ = s.sleep(ctx, false)
+			cancel()
+		case ask := <-s.asks:
+			freed, err := s.sleepForTicket(ask.ctx)
+			ask.reply <- pressureAnswer{freed, err}
+			if s.m.Asleep() {
+				timer = nil
+			}
 		}
 	}
 }
 
-// sleep puts the idle model to sleep at SleepLevel, bounded by
-// StepTimeout.
-func (s *Server) sleep() {
+// pressureAsk is a pressure ticket to the weights' holder, handed to the
+// loop (ServerOptions.SleepOnPressure); the loop answers on reply.
+type pressureAsk struct {
+	ctx   context.Context
+	reply chan pressureAnswer // buffered: the loop never waits on it
+}
+
+type pressureAnswer struct {
+	freed memapi.Bytes
+	err   error
+}
+
+// onPressure is the weights' holder's answer to a ticket (Model's
+// onPressure, ServerOptions.SleepOnPressure). The loop takes the ticket
+// only while it is idle, waiting for a request (idle): a ticket that
+// comes while a request runs, or while the loop is anywhere else (a
+// decode, a wake, its own growth that raised the ticket), is answered at
+// once with nothing and counted (PressureBusy), except while a sleep is
+// under way (its bytes are on their way back). A sleep, once begun, is
+// not abandoned when the ticket's reservation stops waiting (on a shared
+// ledger a want's answer waits one xproc Poll, 100 ms unless set, less
+// than moving a large model takes): the answer then is 0 and the sleep
+// goes on in the loop, bounded by StepTimeout; the bytes it gives back
+// are free once it ends, for the next reservation (on a ledger, trimmed
+// back to it, where the wanting process claims them).
+func (s *Server) onPressure(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
+	if t.Authority != s.c.authority() {
+		return 0, nil
+	}
+	ask := pressureAsk{ctx: ctx, reply: make(chan pressureAnswer, 1)}
+	select {
+	case s.asks <- ask:
+	default:
+		if !s.sleeping.Load() {
+			s.mu.Lock()
+			s.stats.PressureBusy++
+			s.mu.Unlock()
+		}
+		return 0, nil
+	}
+	select {
+	case a := <-ask.reply:
+		return a.freed, a.err
+	case <-ctx.Done():
+		return 0, nil
+	}
+}
+
+// sleepForTicket puts the idle model to sleep for a pressure ticket whose
+// reservation's context is ctx, unless a request was admitted meanwhile
+// or the reservation stopped waiting; it returns the device bytes the
+// sleep gave back. Once begun the sleep is bounded by StepTimeout and the
+// server's life, not by ctx.
+func (s *Server) sleepForTicket(ctx context.Context) (memapi.Bytes, error) {
+	if len(s.jobs) > 0 {
+		s.mu.Lock()
+		s.stats.PressureBusy++
+		s.mu.Unlock()
+		return 0, nil
+	}
+	if s.m.Asleep() || ctx.Err() != nil {
+		return 0, nil
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.StepTimeout)
 	defer cancel()
+	return s.sleep(ctx, true)
+}
+
+// sleep puts the idle model to sleep at SleepLevel into SleepTo, bounded
+// by ctx, and returns the device bytes it gave back (the weights' and the
+// KV cache's).
+func (s *Server) sleep(ctx context.Context, ticket bool) (memapi.Bytes, error) {
+	s.sleeping.Store(true)
+	defer s.sleeping.Store(false)
+	before := s.m.deviceBytes()
 	err := s.m.SleepLevel(ctx, s.opts.SleepLevel, s.opts.SleepTo)
+	var freed memapi.Bytes
+	if after := s.m.deviceBytes(); after < before {
+		freed = before - after
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
 		s.stats.SleepErrors++
-		return
+		return freed, err
 	}
 	s.stats.Sleeps++
 	s.stats.Asleep = true
+	if ticket {
+		s.stats.PressureSleeps++
+		s.stats.PressureFreed += freed
+	}
+	return freed, nil
 }
 
 // wake wakes the model for a request, bounded by StepTimeout.

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/pmm"
 )
 
 // An idle server puts its model to sleep (the weights and KV cache move to
@@ -118,5 +122,147 @@ func TestServerSleepsLevel2(t *testing.T) {
 	sameTokens(t, "server, level 2: a request after a wake against one before the sleep", second, first)
 	if st := s.Stats(); st.Sleeps < 1 || st.Wakes < 1 || st.SleepErrors != 0 {
 		t.Fatalf("stats %+v: want a sleep and a wake, no error", st)
+	}
+}
+
+// A server made with SleepOnPressure puts its idle model to sleep when
+// another holder's reservation is short (the governor asks the weights'
+// holder for memory, as it would for another process's want on a shared
+// ledger): the reservation is served from what the sleep gave back, the
+// ledger stays exact on both tiers, and the next request wakes the model
+// and gets the tokens of a request before the sleep. While a request runs,
+// the weights' holder gives nothing and says so (PressureBusy): the model
+// stays awake and the short reservation fails.
+func TestServerSleepsOnPressure(t *testing.T) {
+	for _, level := range []int{1, 2} {
+		t.Run(fmt.Sprintf("level%d", level), func(t *testing.T) { sleepsOnPressure(t, level) })
+	}
+}
+
+func sleepsOnPressure(t *testing.T, level int) {
+	const capacity = 256 << 20
+	r := newRig(t, capacity)
+	tier := r.hostTier(t)
+	opts := r.options()
+	plain := loadModelAt(t, gqaModelPath, opts)
+	if _, err := NewServer(bg(t), plain, ServerOptions{SleepOnPressure: true, SleepTo: tier.bind}); !errors.Is(err, memapi.ErrUnsupported) {
+		t.Fatalf("SleepOnPressure with a model loaded without it: %v", err)
+	}
+	if err := plain.Close(bg(t)); err != nil {
+		t.Fatal(err)
+	}
+	opts.Name, opts.SleepOnPressure = "pressed", true
+	m := loadModelAt(t, gqaModelPath, opts)
+	if _, err := NewServer(bg(t), m, ServerOptions{SleepOnPressure: true}); !errors.Is(err, memapi.ErrNilHandle) {
+		t.Fatalf("SleepOnPressure at level 1 without SleepTo: %v", err)
+	}
+	s, err := NewServer(bg(t), m, ServerOptions{Sequences: 2, NCtx: 512, SleepOnPressure: true, SleepLevel: level, SleepTo: tier.bind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler(nil))
+	t.Cleanup(func() {
+		hs.Close()
+		if err := s.Close(context.Background()); err != nil && !isClosed(err) {
+			t.Error(err)
+		}
+	})
+	complete := func() []int32 {
+		t.Helper()
+		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
+		var c completion
+		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("completion: %d %s", code, body)
+		}
+		return c.Choices[0].Tokens
+	}
+	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := r.mgr.Bind("other", "blocks", r.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	// want is more than the device has free, less than it has once the
+	// weights are given back.
+	want := func() memapi.Bytes {
+		t.Helper()
+		r.settle(t)
+		dev, _ := r.g.Authority(hostAuth)
+		return (capacity-dev.Charged+m.WeightBytes()/2)&^(4<<10-1) + 4<<10
+	}
+	allocate := func(n memapi.Bytes, wait time.Duration) (*pmm.Buffer, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		return other.Allocate(ctx, n)
+	}
+
+	first := complete() // an uninterrupted run
+	exactTiers(t, r, tier)
+	weights := r.charged(m.Holder())
+
+	// A request running: the weights give nothing.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stepCall = func([]SeqTokens) {
+		once.Do(func() {
+			close(entered)
+			<-release
+		})
+	}
+	t.Cleanup(func() { stepCall = nil })
+	busy := make(chan []int32, 1)
+	go func() { busy <- complete() }()
+	<-entered
+	if b, err := allocate(want(), 300*time.Millisecond); !errors.Is(err, memapi.ErrOverBudget) {
+		if b != nil {
+			b.Close()
+		}
+		t.Fatalf("a reservation beyond the free bytes while a request runs: %v, want it refused", err)
+	}
+	st := s.Stats()
+	if st.PressureBusy == 0 || st.PressureSleeps != 0 || m.Asleep() || r.charged(m.Holder()) != weights {
+		t.Fatalf("while a request ran: stats %+v, asleep %v, weights %d of %d charged", st, m.Asleep(), r.charged(m.Holder()), weights)
+	}
+	t.Logf("while a request ran: %d ticket(s) to the weights answered with nothing", st.PressureBusy)
+	close(release)
+	sameTokens(t, fmt.Sprintf("server, level %d: the request that ran through the pressure", level), <-busy, first)
+	exactTiers(t, r, tier)
+
+	// Idle: the ticket puts the model to sleep and the reservation is
+	// served from what it gave back.
+	r.settle(t)
+	before, _ := r.g.Authority(hostAuth)
+	n := want()
+	b, err := allocate(n, 20*time.Second)
+	if err != nil {
+		t.Fatalf("a reservation of %d bytes with the idle model's weights to give: %v (stats %+v)", n, err, s.Stats())
+	}
+	exactTiers(t, r, tier)
+	st = s.Stats()
+	if !m.Asleep() || m.SleepState().Level != level || !st.Asleep || st.PressureSleeps != 1 || r.charged(m.Holder()) != 0 {
+		t.Fatalf("after the ticket: asleep %v (%+v), stats %+v, weights %d charged", m.Asleep(), m.SleepState(), st, r.charged(m.Holder()))
+	}
+	if st.PressureFreed < weights {
+		t.Fatalf("the sleep reported %d bytes freed, less than the weights' %d", st.PressureFreed, weights)
+	}
+	if level == 1 && r.chargedOn("sleep", offloadAuth) != st.PressureFreed || level == 2 && r.chargedOn("sleep", offloadAuth) != 0 {
+		t.Fatalf("level %d: the host tier holds %d; the sleep freed %d", level, r.chargedOn("sleep", offloadAuth), st.PressureFreed)
+	}
+	after, _ := r.g.Authority(hostAuth)
+	t.Logf("level %d: the ticket's sleep gave back %d bytes (weights %d); device charged %d before, %d after with the other holder's %d",
+		level, st.PressureFreed, weights, before.Charged, after.Charged, n)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	exactTiers(t, r, tier)
+
+	// The next request wakes the model.
+	second := complete()
+	sameTokens(t, fmt.Sprintf("server, level %d: a request after a sleep for a pressure ticket", level), second, first)
+	exactTiers(t, r, tier)
+	if st := s.Stats(); st.Asleep || st.Wakes != 1 || m.Asleep() || r.charged(m.Holder()) != weights {
+		t.Fatalf("after the next request: stats %+v, weights %d of %d", st, r.charged(m.Holder()), weights)
 	}
 }

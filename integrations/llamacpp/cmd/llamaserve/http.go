@@ -33,6 +33,7 @@ type serveConfig struct {
 	stock              bool          // llama.cpp's own buffers, every sequence's n_ctx allocated at start
 	sleepAfter         time.Duration // idle this long, the engine sleeps into the host tier (0: never)
 	sleepLevel         int           // the sleep's level: 1 moves the weights to the host tier, 2 discards them (reloaded from the model file)
+	sleepOnWant        bool          // sleep when the governor asks the weights for memory and no request runs
 }
 
 // serve runs the HTTP endpoint (llamacpp.Server) on cfg.listen until SIGINT
@@ -53,6 +54,9 @@ func serve(cfg serveConfig) error {
 	if cfg.stock && cfg.ledger != "" {
 		return errors.New("-stock and -ledger: a stock engine allocates outside memgen, so it cannot join a ledger")
 	}
+	if cfg.stock && (cfg.sleepAfter > 0 || cfg.sleepOnWant) {
+		return errors.New("-sleep-after or -sleep-on-want with -stock: a stock engine's weights are not in regions, so it cannot sleep")
+	}
 	budget := cfg.budget
 	if cfg.ledger != "" {
 		p, f, err := llamacpp.CheckLedger(cfg.ledger, cfg.model, llamacpp.PlanOptions{NCtx: cfg.nCtx, Sequences: cfg.seqs})
@@ -72,7 +76,7 @@ func serve(cfg serveConfig) error {
 	g := h.g
 	ctx := context.Background()
 	loadCtx, cancelLoad := context.WithTimeout(ctx, cfg.join)
-	opts := llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: cfg.threads, Name: "llama", Limit: h.limit}
+	opts := llamacpp.Options{Manager: h.mgr, Governor: g, Device: h.key, Threads: cfg.threads, Name: "llama", Limit: h.limit, SleepOnPressure: cfg.sleepOnWant}
 	if cfg.stock {
 		opts = llamacpp.Options{Stock: true, Threads: cfg.threads}
 	}
@@ -83,17 +87,14 @@ func serve(cfg serveConfig) error {
 	}
 	defer m.Close(ctx)
 	sopts := llamacpp.ServerOptions{Sequences: cfg.seqs, NCtx: cfg.nCtx, Budget: budget, QueueTimeout: cfg.queue}
-	if cfg.sleepAfter > 0 {
-		if cfg.stock {
-			return errors.New("-sleep-after and -stock: a stock engine's weights are not in regions, so it cannot sleep")
-		}
+	if cfg.sleepAfter > 0 || cfg.sleepOnWant {
 		if err := g.Register("llama/sleep", nil, governor.HolderOptions{}); err != nil {
 			return err
 		}
 		if sopts.SleepTo, err = h.mgr.Bind("llama/sleep", "host-copy", h.offload); err != nil {
 			return err
 		}
-		sopts.SleepAfter, sopts.SleepLevel = cfg.sleepAfter, cfg.sleepLevel
+		sopts.SleepAfter, sopts.SleepLevel, sopts.SleepOnPressure = cfg.sleepAfter, cfg.sleepLevel, cfg.sleepOnWant
 	}
 	// The context's creation waits, as the load did, within -join-timeout.
 	s, err := llamacpp.NewServer(loadCtx, m, sopts)

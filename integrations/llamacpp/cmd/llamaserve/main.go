@@ -48,6 +48,13 @@
 // otherwise its weights, KV cache and compute buffers are charged in the
 // shared ledger under its holders, beside the other processes', and its
 // load waits up to -join-timeout for them to give memory back.
+//
+// -sleep-after D puts the engine to sleep once idle for D; -sleep-on-want
+// when the governor asks its weights for memory (on a ledger, another
+// process's want) while no request runs. Either sleeps at -sleep-level (1:
+// the weights and KV cache move to host memory outside the budget; 2: the
+// weights are discarded and reloaded from the model file), and the next
+// request wakes it.
 package main
 
 import (
@@ -285,7 +292,8 @@ func main() {
 	ledger := flag.String("ledger", "", "with -listen: join this shared ledger (memctl create) instead of a budget of its own; -budget then\ndefaults to the plan's KV cache at full context")
 	join := flag.Duration("join-timeout", 30*time.Second, "with -ledger: how long loading the model and creating its context wait for other processes to give memory back")
 	sleepAfter := flag.Duration("sleep-after", 0, "with -listen: idle this long, the engine sleeps (its weights and KV cache move to host memory outside the\nbudget, the device's backing given back, every address kept) and the next request wakes it (0: never)")
-	sleepLevel := flag.Int("sleep-level", 1, "with -sleep-after: 1 moves the weights (and KV cache) to host memory; 2 discards the weights, and the next\nrequest reloads them from the model file")
+	sleepLevel := flag.Int("sleep-level", 1, "with -sleep-after or -sleep-on-want: 1 moves the weights (and KV cache) to host memory; 2 discards the weights, and the next\nrequest reloads them from the model file")
+	sleepOnWant := flag.Bool("sleep-on-want", false, "with -listen: when the governor asks the weights for memory (on a -ledger, another process's want; else a shortfall\nof the budget) and no request runs, the engine sleeps at -sleep-level and gives the device bytes back; the next request wakes it")
 	stock := flag.Bool("stock", false, "with -listen: serve stock llama.cpp (its own buffers, every sequence's n_ctx of KV allocated at start, as llama-server does;\nno ledger, -budget ignored), for comparison")
 	flag.Parse()
 	if *listen != "" {
@@ -303,7 +311,7 @@ func main() {
 		}
 		if err == nil {
 			err = serve(serveConfig{lib: *lib, model: *model, listen: *listen, budget: budget, seqs: *seqs, nCtx: *nCtx,
-				threads: *threads, queue: *queue, ledger: *ledger, join: *join, stock: *stock, sleepAfter: *sleepAfter, sleepLevel: *sleepLevel})
+				threads: *threads, queue: *queue, ledger: *ledger, join: *join, stock: *stock, sleepAfter: *sleepAfter, sleepLevel: *sleepLevel, sleepOnWant: *sleepOnWant})
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "llamaserve:", err)
