@@ -56,6 +56,15 @@ type Options struct {
 	// answer is 0. Without it the weights' holder is never asked (and, on a
 	// shared ledger, its bytes are not offered to other processes).
 	SleepOnPressure bool
+	// OnMemoryEvent, when set, is told of every move of the model's bytes
+	// between the device and the host tier, once it ended: each sleep and
+	// wake of the model (Model.SleepLevel, Model.Wake, a Server's), and each
+	// offload of a context's KV cache under pressure and its restore
+	// (ContextOptions.OffloadTo). It is called in the goroutine that made
+	// the move, which may hold the context's lock: it must return soon and
+	// not call the model or its contexts. ReportMemoryEvents records them
+	// in a memory report.
+	OnMemoryEvent func(MemoryEvent)
 }
 
 // Model is a llama.cpp model whose weights live in pmm Buffers charged to
@@ -199,27 +208,6 @@ func (m *Model) setOnPressure(f func(context.Context, governor.Ticket) (memapi.B
 	}
 	m.onPressure = f
 	return nil
-}
-
-// deviceBytes is what the weights' regions and the contexts' KV caches
-// hold on the device: what a sleep gives back.
-func (m *Model) deviceBytes() memapi.Bytes {
-	m.mu.Lock()
-	var n memapi.Bytes
-	for _, w := range m.bufs {
-		if w.reg != nil {
-			n += w.reg.Committed()
-		}
-	}
-	cs := make([]*Context, 0, len(m.contexts))
-	for c := range m.contexts {
-		cs = append(cs, c)
-	}
-	m.mu.Unlock()
-	for _, c := range cs {
-		n += c.KV().Committed
-	}
-	return n
 }
 
 // NVocab is the model's vocabulary size: tokens are 0 ... NVocab-1.

@@ -56,7 +56,9 @@ func (c *Context) offloadKV(ctx context.Context) (memapi.Bytes, bool) {
 	c.stats.Preemptions++
 	c.stats.Offloads++
 	c.stats.Moved += n
-	c.stats.MoveTime += time.Since(start)
+	took := time.Since(start)
+	c.stats.MoveTime += took
+	c.m.emit(MemoryEvent{Kind: "offload", Holder: c.holder, Authority: c.authority(), Bytes: n, Start: start, Took: took})
 	return n, true
 }
 
@@ -86,6 +88,8 @@ func (c *Context) restoreKV(ctx context.Context, op string) error {
 	c.preempted = nil
 	c.stats.Restores++
 	c.stats.Moved += n
-	c.stats.MoveTime += time.Since(start)
+	took := time.Since(start)
+	c.stats.MoveTime += took
+	c.m.emit(MemoryEvent{Kind: "restore", Holder: c.holder, Authority: c.authority(), Bytes: n, Start: start, Took: took})
 	return nil
 }

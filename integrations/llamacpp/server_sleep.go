@@ -124,12 +124,7 @@ func (s *Server) sleepForTicket(ctx context.Context) (memapi.Bytes, error) {
 func (s *Server) sleep(ctx context.Context, ticket bool) (memapi.Bytes, error) {
 	s.sleeping.Store(true)
 	defer s.sleeping.Store(false)
-	before := s.m.deviceBytes()
-	err := s.m.SleepLevel(ctx, s.opts.SleepLevel, s.opts.SleepTo)
-	var freed memapi.Bytes
-	if after := s.m.deviceBytes(); after < before {
-		freed = before - after
-	}
+	freed, err := s.m.sleep(ctx, "llamacpp.Server", s.opts.SleepLevel, s.opts.SleepTo)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {

@@ -28,7 +28,8 @@ var ErrSleepLevel = errors.New("llamacpp: sleep level out of range (1 or 2)")
 
 // Sleep puts the model to sleep at level 1: SleepLevel(ctx, 1, host).
 func (m *Model) Sleep(ctx context.Context, host *pmm.Binding) error {
-	return m.sleep(ctx, "llamacpp.Model.Sleep", 1, host)
+	_, err := m.sleep(ctx, "llamacpp.Model.Sleep", 1, host)
+	return err
 }
 
 // SleepLevel puts the model and every context of it to sleep, giving the
@@ -77,32 +78,37 @@ func (m *Model) Sleep(ctx context.Context, host *pmm.Binding) error {
 // VirtualBacking, or Options.Stock) memapi.ErrUnsupported; a closed one
 // memapi.ErrClosed.
 func (m *Model) SleepLevel(ctx context.Context, level int, host *pmm.Binding) error {
-	return m.sleep(ctx, "llamacpp.Model.SleepLevel", level, host)
+	_, err := m.sleep(ctx, "llamacpp.Model.SleepLevel", level, host)
+	return err
 }
 
-func (m *Model) sleep(ctx context.Context, op string, level int, host *pmm.Binding) error {
+// sleep is SleepLevel: it returns the device bytes the sleep gave back
+// (the weights' and the KV caches'), and tells Options.OnMemoryEvent of
+// a sleep that began.
+func (m *Model) sleep(ctx context.Context, op string, level int, host *pmm.Binding) (memapi.Bytes, error) {
 	if level != 1 && level != 2 {
-		return fmt.Errorf("%s: level %d: %w", op, level, ErrSleepLevel)
+		return 0, fmt.Errorf("%s: level %d: %w", op, level, ErrSleepLevel)
 	}
 	if !m.virtual {
-		return memapi.Errorf(op, memapi.ErrUnsupported, "the weights are not in regions (the device offers no VirtualBacking, or the model is stock)")
+		return 0, memapi.Errorf(op, memapi.ErrUnsupported, "the weights are not in regions (the device offers no VirtualBacking, or the model is stock)")
 	}
 	if host == nil && level == 1 {
-		return memapi.Errorf(op, memapi.ErrNilHandle, "no host binding")
+		return 0, memapi.Errorf(op, memapi.ErrNilHandle, "no host binding")
 	}
+	start := time.Now()
 	if err := takeTurn(ctx, op, m.sleepTurn); err != nil {
-		return err
+		return 0, err
 	}
 	defer func() { <-m.sleepTurn }()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return memapi.Errorf(op, memapi.ErrClosed, "model %s was closed", m.path)
+		return 0, memapi.Errorf(op, memapi.ErrClosed, "model %s was closed", m.path)
 	}
 	if m.asleep {
 		lv := m.level
 		m.mu.Unlock()
-		return fmt.Errorf("%s: already asleep at level %d: %w", op, lv, ErrAsleep)
+		return 0, fmt.Errorf("%s: already asleep at level %d: %w", op, lv, ErrAsleep)
 	}
 	cs := make([]*Context, 0, len(m.contexts))
 	for c := range m.contexts {
@@ -120,15 +126,39 @@ func (m *Model) sleep(ctx context.Context, op string, level int, host *pmm.Bindi
 	}()
 	for _, c := range cs {
 		if err := lockBounded(ctx, &c.mu); err != nil {
-			return fmt.Errorf("%s: waiting for context %s's call in progress: %w", op, c.holder, err)
+			return 0, fmt.Errorf("%s: waiting for context %s's call in progress: %w", op, c.holder, err)
 		}
 		held = append(held, c)
 	}
 	t := &sleeper{m: m, op: op, ctx: ctx, level: level, host: host, held: held}
+	before := committed(weights, held)
+	var err error
 	if level == 1 {
-		return t.moveAll(weights)
+		err = t.moveAll(weights)
+	} else {
+		err = t.discard(weights)
 	}
-	return t.discard(weights)
+	var freed memapi.Bytes
+	if after := committed(weights, held); after < before {
+		freed = before - after
+	}
+	m.emitMove("sleep", level, freed, start, err)
+	return freed, err
+}
+
+// committed is what the weights' regions and the KV caches of the
+// contexts in cs (their locks held) hold on the device.
+func committed(weights []*weightBuffer, cs []*Context) memapi.Bytes {
+	var n memapi.Bytes
+	for _, w := range weights {
+		n += w.reg.Committed()
+	}
+	for _, c := range cs {
+		for _, kt := range c.tensors {
+			n += kt.region.Committed()
+		}
+	}
+	return n
 }
 
 // sleeper is one Sleep in progress: what it moved and discarded so far,
@@ -324,6 +354,7 @@ func (m *Model) setAsleep(cs []*Context, level int, copies []hostCopy, discarded
 // ErrNotAsleep.
 func (m *Model) Wake(ctx context.Context) error {
 	const op = "llamacpp.Model.Wake"
+	start := time.Now()
 	if err := takeTurn(ctx, op, m.sleepTurn); err != nil {
 		return err
 	}
@@ -341,29 +372,50 @@ func (m *Model) Wake(ctx context.Context) error {
 	for c := range m.contexts {
 		cs = append(cs, c)
 	}
+	level, weights := m.level, slices.Clone(m.bufs)
 	m.mu.Unlock()
 	slices.SortFunc(cs, func(a, b *Context) int { return cmp.Compare(a.holder, b.holder) })
 
-	if err := m.reloadWeights(ctx, op); err != nil {
-		return fmt.Errorf("%s: the weights: %w", op, err)
+	// taken is the device bytes the wake committed again so far, which
+	// Options.OnMemoryEvent is told of.
+	var taken memapi.Bytes
+	grew := func(before, after memapi.Bytes) {
+		if after > before {
+			taken += after - before
+		}
 	}
-	if err := m.restoreWeights(ctx); err != nil {
-		return fmt.Errorf("%s: the weights: %w", op, err)
+	before := committed(weights, nil)
+	err := m.reloadWeights(ctx, op)
+	if err == nil {
+		err = m.restoreWeights(ctx)
+	}
+	grew(before, committed(weights, nil))
+	if err != nil {
+		err = fmt.Errorf("%s: the weights: %w", op, err)
 	}
 	for _, c := range cs {
-		if err := lockBounded(ctx, &c.mu); err != nil {
-			return fmt.Errorf("%s: context %s: %w", op, c.holder, err)
+		if err != nil {
+			break
 		}
-		err := c.wakeLocked(ctx)
+		if err = lockBounded(ctx, &c.mu); err != nil {
+			err = fmt.Errorf("%s: context %s: %w", op, c.holder, err)
+			break
+		}
+		before := committed(nil, []*Context{c})
+		err = c.wakeLocked(ctx)
+		grew(before, committed(nil, []*Context{c}))
 		c.mu.Unlock()
 		if err != nil {
-			return fmt.Errorf("%s: the KV cache of %s: %w", op, c.holder, err)
+			err = fmt.Errorf("%s: the KV cache of %s: %w", op, c.holder, err)
 		}
 	}
-	m.mu.Lock()
-	m.asleep, m.level = false, 0
-	m.mu.Unlock()
-	return nil
+	if err == nil {
+		m.mu.Lock()
+		m.asleep, m.level = false, 0
+		m.mu.Unlock()
+	}
+	m.emitMove("wake", level, taken, start, err)
+	return err
 }
 
 // reloadWeights reloads every discarded region from the model file, or
