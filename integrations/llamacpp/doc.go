@@ -43,7 +43,12 @@
 // file's is moved instead of discarded, and a model file that changed
 // since the load fails the sleep or the wake (*ModelFileError). Asleep,
 // the calls that would touch the moved or discarded bytes fail with
-// ErrAsleep.
+// ErrAsleep. A Server sleeps its idle model after a while
+// (ServerOptions.SleepAfter) or when the governor asks the weights for
+// memory (ServerOptions.SleepOnPressure, with Options.SleepOnPressure: on
+// a shared ledger, another process's want), and the next request wakes
+// it. Options.OnMemoryEvent is told of every sleep, wake, KV offload and
+// restore (ReportMemoryEvents records them in a memory report).
 //
 // A context decodes many sequences together (ContextOptions.Sequences,
 // DecodeBatch), each in a KV stream of its own. Server serves a context
