@@ -522,12 +522,15 @@ grow:
 		err := a.r.Append(c, 1)
 		cancel()
 		switch {
+		case err == nil:
+			// Grown, even should the run be interrupted just now: it runs
+			// this step and its token is written, so what the end of the
+			// run reads back is there (the next Append sees the ctx).
 		case ctx.Err() != nil:
 			// Interrupted: the requests grown so far still run this step,
 			// so their memory and the weights' uses stay consistent.
 			interrupted = true
 			break grow
-		case err == nil:
 		case errors.Is(err, memapi.ErrOverBudget):
 			e.out.Stalls++
 			if errors.Is(err, context.DeadlineExceeded) {
