@@ -156,12 +156,7 @@ func BenchmarkLevel2Wake(b *testing.B) {
 					}
 				}
 			}
-			med := func(ds []time.Duration) time.Duration {
-				s := slices.Clone(ds)
-				slices.Sort(s)
-				return s[len(s)/2]
-			}
-			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			med, ms := medianDuration, millis
 			ratio := float64(med(wake)) / float64(med(base))
 			b.ReportMetric(ms(med(wake)), "wake-ms")
 			b.ReportMetric(ms(med(base)), "pagecache-ms")
@@ -277,12 +272,7 @@ func BenchmarkLevel1Wake(b *testing.B) {
 					}
 				}
 			}
-			med := func(ds []time.Duration) time.Duration {
-				s := slices.Clone(ds)
-				slices.Sort(s)
-				return s[len(s)/2]
-			}
-			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+			med, ms := medianDuration, millis
 			ratio := float64(med(wake)) / float64(med(base))
 			b.ReportMetric(ms(med(wake)), "wake-ms")
 			b.ReportMetric(ms(med(base)), "memcpy-ms")
@@ -299,3 +289,14 @@ func BenchmarkLevel1Wake(b *testing.B) {
 		})
 	}
 }
+
+// medianDuration is the median of ds (the upper middle one for an even
+// count); ds is left as it was.
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// millis is d in milliseconds.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
