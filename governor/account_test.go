@@ -127,3 +127,45 @@ func TestSplitRefusesAnotherAuthoritysPart(t *testing.T) {
 // vouched is whether the governor vouched for an account or a grant
 // (IssuedAccount, IssuedGrant), whatever its authority.
 func vouched(_ memapi.AuthorityID, ok bool) bool { return ok }
+
+// A refund takes a lease's pending bytes first, then its charged bytes
+// not quarantined, then quarantined ones; the lease's own numbers and its
+// authority's move alike, so a lease emptied by refunds holds nothing
+// quarantined and a new quarantine is refused.
+func TestRefundOrderOverQuarantinedBytes(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
+	h.register("kv", nil, HolderOptions{})
+	l := h.lease(hostA, "kv", 100)
+	if err := l.Quarantine(30); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MarkPending(50); err != nil {
+		t.Fatal(err)
+	}
+	check := func(step string, charged, pending, quarantined memapi.Bytes) {
+		t.Helper()
+		a := h.auth(hostA)
+		if l.charged() != charged || l.pending() != pending || l.quarantined() != quarantined ||
+			a.Charged != charged || a.Pending != pending || a.Quarantined != quarantined {
+			t.Fatalf("%s: lease c%d p%d q%d, authority c%d p%d q%d; want c%d p%d q%d", step,
+				l.charged(), l.pending(), l.quarantined(), a.Charged, a.Pending, a.Quarantined, charged, pending, quarantined)
+		}
+	}
+	check("marked", 50, 50, 30)
+	if err := l.Refund(60); err != nil { // 50 pending, then 10 charged
+		t.Fatal(err)
+	}
+	check("first refund", 40, 0, 30)
+	if err := l.Refund(25); err != nil { // 10 not quarantined, then 15 quarantined
+		t.Fatal(err)
+	}
+	check("second refund", 15, 0, 15)
+	mustKind(t, l.Quarantine(1), errOverReturn)
+	if err := l.Refund(15); err != nil {
+		t.Fatal(err)
+	}
+	check("emptied", 0, 0, 0)
+	if a := h.auth(hostA); a.Leases != 0 || a.Free != 1000 {
+		t.Fatalf("emptied lease: %d leases, %d free", a.Leases, a.Free)
+	}
+}

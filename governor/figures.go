@@ -2,11 +2,11 @@ package governor
 
 import "github.com/memgen/memgen/generated/memapi"
 
-// figures are bytes in each state of the ledger. An authority, each
-// holder's account on it and each grant's record keep them alike, and
-// every transition moves all three at once (grant.books), so an
-// authority's figures are always the sum of its accounts' and of its
-// records'.
+// figures are bytes in each state of the ledger. An authority and each
+// holder's account on it keep them, a grant's record its share of them
+// (grant.bytes, pending, quarantined), and every transition moves all three at once (the record's
+// own numbers and grant.books), so an authority's figures are always the
+// sum of its accounts' and of its records'.
 type figures struct {
 	reserved     memapi.Bytes // open grants' sizes, and expired grants' drawn bytes
 	drawn        memapi.Bytes // the part of reserved drawn from open grants
@@ -20,25 +20,24 @@ type figures struct {
 
 func (f *figures) used() memapi.Bytes { return f.reserved + f.charged + f.pending }
 
-// held is what a lease still holds.
-func (f *figures) held() memapi.Bytes { return f.charged + f.pending }
-
 // The transitions. Each is the one place its bytes move (reserve is in
 // reserve.go; Grant.Draw, Grant.Commit and Lease.MarkPending move theirs in
 // their bodies); the caller holds the authority's
 // mutex and has checked that the transition is allowed. Each moves the
-// fields it names in all three books of the record at once (grant.books).
+// record's own numbers and the fields it names in both books of the record
+// (grant.books) at once.
 
 // undraw gives back n drawn bytes: to the open grant, or, for an expired
 // one, to free.
 func (a *authority) undraw(gr *grant, n memapi.Bytes) {
+	gr.bytes -= n
 	if gr.state == stateOpen {
-		for _, f := range gr.books {
+		for _, f := range gr.books() {
 			f.drawn -= n
 		}
 		return
 	}
-	for _, f := range gr.books {
+	for _, f := range gr.books() {
 		f.reserved -= n
 		f.expiredDrawn -= n
 	}
@@ -49,7 +48,7 @@ func (a *authority) undraw(gr *grant, n memapi.Bytes) {
 func (a *authority) cancel(gr *grant) {
 	gr.state = stateCancelled
 	a.stopTimer(gr)
-	for _, f := range gr.books {
+	for _, f := range gr.books() {
 		f.reserved -= gr.size
 		f.grants--
 	}
@@ -59,10 +58,10 @@ func (a *authority) cancel(gr *grant) {
 // expire ends open grant gr at its deadline: the undrawn bytes return to
 // free; the drawn ones stay reserved, as expired, until undrawn.
 func (a *authority) expire(gr *grant) {
-	d := gr.fig.drawn
-	gr.state = stateExpired
+	d := gr.bytes
+	gr.state = stateExpired // gr.bytes: drawn, now expired drawn
 	a.stopTimer(gr)
-	for _, f := range gr.books {
+	for _, f := range gr.books() {
 		f.reserved -= gr.size - d
 		f.drawn -= d
 		f.expiredDrawn += d
@@ -85,12 +84,14 @@ func (a *authority) stopTimer(gr *grant) {
 // ones not quarantined, then quarantined ones. A lease it empties stops
 // counting as one; waiting reservations are served.
 func (a *authority) refund(gr *grant, n memapi.Bytes) {
-	g := gr.fig
-	p := min(n, g.pending)
+	p := min(n, gr.pending)
 	c := n - p
-	q := c - min(c, g.charged-g.quarantined)
-	empties := g.charged+g.pending == n
-	for _, f := range gr.books {
+	q := c - min(c, gr.bytes-gr.quarantined)
+	empties := gr.held() == n
+	gr.pending -= p
+	gr.bytes -= c
+	gr.quarantined -= q
+	for _, f := range gr.books() {
 		f.pending -= p
 		f.charged -= c
 		f.quarantined -= q
@@ -106,8 +107,11 @@ func (a *authority) refund(gr *grant, n memapi.Bytes) {
 // quarantine books n bytes of gr's lease whose free failed: pending ones
 // first become charged again, and n bytes are marked quarantined.
 func (a *authority) quarantine(gr *grant, n memapi.Bytes) {
-	p := min(n, gr.fig.pending)
-	for _, f := range gr.books {
+	p := min(n, gr.pending)
+	gr.pending -= p
+	gr.bytes += p
+	gr.quarantined += n
+	for _, f := range gr.books() {
 		f.pending -= p
 		f.charged += p
 		f.quarantined += n
@@ -117,8 +121,10 @@ func (a *authority) quarantine(gr *grant, n memapi.Bytes) {
 // refundQuarantined frees n quarantined bytes of gr's lease: a lease it
 // empties stops counting as one; waiting reservations are served.
 func (a *authority) refundQuarantined(gr *grant, n memapi.Bytes) {
-	empties := gr.fig.held() == n
-	for _, f := range gr.books {
+	empties := gr.held() == n
+	gr.bytes -= n
+	gr.quarantined -= n
+	for _, f := range gr.books() {
 		f.charged -= n
 		f.quarantined -= n
 		if empties && n != 0 {

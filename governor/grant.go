@@ -53,10 +53,15 @@ type grant struct {
 	size memapi.Bytes
 	dl   *grantDeadline // nil: no deadline (which keeps the record small)
 
+	// Its own share of the ledger, kept in three numbers (figures holds
+	// eight) so that the record, allocated by every Reserve, fits in 64
+	// bytes: which figure each stands for depends on state.
+	bytes       memapi.Bytes // drawn while open or expired; charged (quarantined included) once committed
+	pending     memapi.Bytes // its lease's bytes released and waiting for fences
+	quarantined memapi.Bytes // the part of a lease's charge whose free failed
+
 	state  grantState
-	checks bool        // set when booked: it has a deadline, or the governor an Injector (see Grant.enter)
-	fig    figures     // its share of the ledger: drawn bytes while open or expired, its lease's once committed
-	books  [3]*figures // what every transition of it moves alike: its authority's figures, its account's and fig
+	checks bool // set when booked: it has a deadline, or the governor an Injector (see Grant.enter)
 }
 
 // grantDeadline is a grant's deadline and its timer, which runs until it
@@ -67,8 +72,20 @@ type grantDeadline struct {
 	role  string      // the reservation's, for the expiry's event
 }
 
+// books are the figures that every transition of gr moves alike with its
+// own: its authority's and its account's (see figures.go).
+func (gr *grant) books() [2]*figures { return [2]*figures{&gr.a.fig, &gr.acct.fig} }
+
+// held is what gr's lease still holds, once committed: charged + pending.
+func (gr *grant) held() memapi.Bytes { return gr.bytes + gr.pending }
+
 // drawn is what is drawn from gr, open or expired.
-func (gr *grant) drawn() memapi.Bytes { return gr.fig.drawn + gr.fig.expiredDrawn }
+func (gr *grant) drawn() memapi.Bytes {
+	if gr.state == stateOpen || gr.state == stateExpired {
+		return gr.bytes
+	}
+	return 0
+}
 
 var (
 	_ memapi.Grant   = Grant{}
@@ -153,10 +170,11 @@ func (h Grant) Draw(n memapi.Bytes) error {
 	if gr.state != stateOpen {
 		return gr.closedError(opDraw)
 	}
-	if left := gr.size - gr.fig.drawn; n > left {
+	if left := gr.size - gr.bytes; n > left {
 		return opError(opDraw, memapi.ErrGrantExhausted, a.id, n, left, "")
 	}
-	for _, f := range gr.books {
+	gr.bytes += n
+	for _, f := range gr.books() {
 		f.drawn += n
 	}
 	return nil
@@ -211,12 +229,12 @@ func (h Grant) Commit() (Lease, error) {
 	}
 	// The transition: the drawn bytes become the lease's charge, the rest
 	// returns to free.
-	d, size := gr.fig.drawn, gr.size
-	gr.state = stateCommitted
+	d, size := gr.bytes, gr.size
+	gr.state = stateCommitted // gr.bytes: drawn, now charged
 	if gr.dl != nil {
 		a.stopTimer(gr)
 	}
-	for _, f := range gr.books {
+	for _, f := range gr.books() {
 		f.reserved -= size
 		f.drawn -= d
 		f.charged += d
@@ -288,7 +306,7 @@ func (gr *grant) expire() {
 		a.mu.Unlock()
 		return
 	}
-	back, drawn := gr.size-gr.fig.drawn, gr.fig.drawn
+	back, drawn := gr.size-gr.bytes, gr.bytes
 	a.expire(gr)
 	a.mu.Unlock()
 	a.g.log.Debug("governor: grant expired", "authority", a.id, "holder", gr.acct.h.id, "role", gr.dl.role, "returned", back, "drawn", drawn)

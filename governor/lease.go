@@ -20,33 +20,17 @@ var _ memapi.Account = Lease{}
 
 // Authority returns the authority the lease is charged on ("" for a zero
 // Lease).
-func (l Lease) Authority() memapi.AuthorityID {
-	if l.g == nil {
-		return ""
-	}
-	return l.g.a.id
-}
+func (l Lease) Authority() memapi.AuthorityID { return Grant(l).Authority() }
 
-// figure reads one of the lease's figures; 0 for a zero Lease.
-func (l Lease) figure(f func(*figures) memapi.Bytes) memapi.Bytes {
+// figure reads one of the lease's numbers; 0 for a zero Lease.
+func (l Lease) figure(f func(*grant) memapi.Bytes) memapi.Bytes {
 	var n memapi.Bytes
-	Grant(l).read(func(gr *grant) { n = f(&gr.fig) })
+	Grant(l).read(func(gr *grant) { n = f(gr) })
 	return n
 }
 
-// charged returns the bytes charged and not pending.
-func (l Lease) charged() memapi.Bytes {
-	return l.figure(func(f *figures) memapi.Bytes { return f.charged })
-}
-
-// quarantined returns the part of the charged bytes whose free failed: the
-// memory is still held by its mechanism, waiting for a retry.
-func (l Lease) quarantined() memapi.Bytes {
-	return l.figure(func(f *figures) memapi.Bytes { return f.quarantined })
-}
-
 // Bytes returns charged + pending: what the lease still holds.
-func (l Lease) Bytes() memapi.Bytes { return l.figure((*figures).held) }
+func (l Lease) Bytes() memapi.Bytes { return l.figure((*grant).held) }
 
 // lock is how a lease's method starts (Refund and MarkPending, on the
 // common path, do the same in their bodies): Grant.enter when the record
@@ -86,7 +70,7 @@ func (l Lease) Refund(n memapi.Bytes) error {
 	if gr.state != stateCommitted {
 		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
-	if held := gr.fig.charged + gr.fig.pending; n > held {
+	if held := gr.held(); n > held {
 		return opError(op, errOverReturn, a.id, n, held, "refund beyond the lease")
 	}
 	a.refund(gr, n)
@@ -111,10 +95,12 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 	if gr.state != stateCommitted {
 		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
-	if free := gr.fig.charged - gr.fig.quarantined; n > free {
+	if free := gr.bytes - gr.quarantined; n > free {
 		return opError(op, errOverReturn, a.id, n, free, "more than the charged bytes not quarantined")
 	}
-	for _, f := range gr.books { // the transition: charged to pending
+	gr.bytes -= n // the transition: charged to pending
+	gr.pending += n
+	for _, f := range gr.books() {
 		f.charged -= n
 		f.pending += n
 	}
@@ -130,7 +116,7 @@ func (l Lease) release() memapi.Bytes {
 		return 0
 	}
 	defer a.mu.Unlock()
-	n := l.g.fig.held()
+	n := l.g.held()
 	a.refund(l.g, n)
 	return n
 }
@@ -148,8 +134,8 @@ func (l Lease) Quarantine(n memapi.Bytes) error {
 		return err
 	}
 	defer a.mu.Unlock()
-	f := &l.g.fig
-	if free := f.held() - f.quarantined; n > free {
+	gr := l.g
+	if free := gr.held() - gr.quarantined; n > free {
 		return opError(op, errOverReturn, a.id, n, free, "more than the bytes not quarantined")
 	}
 	a.quarantine(l.g, n)
@@ -165,7 +151,7 @@ func (l Lease) refundQuarantined(n memapi.Bytes) error {
 		return err
 	}
 	defer a.mu.Unlock()
-	if q := l.g.fig.quarantined; n > q {
+	if q := l.g.quarantined; n > q {
 		return opError(op, errOverReturn, a.id, n, q, "more than the quarantined bytes")
 	}
 	a.refundQuarantined(l.g, n)

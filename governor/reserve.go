@@ -109,9 +109,8 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 // yet), as an open grant of c for role: its bytes leave free.
 func (a *authority) reserve(gr *grant, c *account, role string, deadline time.Time) *grant {
 	gr.acct = c
-	gr.books = [3]*figures{&a.fig, &c.fig, &gr.fig}
 	gr.checks = a.g.inject != nil || !deadline.IsZero()
-	for _, f := range gr.books {
+	for _, f := range gr.books() {
 		f.reserved += gr.size
 		f.grants++
 	}
