@@ -55,11 +55,19 @@ func (b *block) unpack() (uint32, ep.State) {
 	return uint32(w >> 8), ep.State(w & 0xff)
 }
 
-// open hands the block out in its current generation.
+// open hands a free small block out in its current generation. A free
+// small block waits Open in the generation it will be handed out in (Free
+// and the depot's sweep store it so, a new slab's blocks are zero words):
+// no handle of that generation exists before open returns one, so a stale
+// handle's Free, RecordUse or State sees another generation, and open
+// needs no store of its own, one atomic write less on the fast path. Only
+// a pending block reused on its own stream is opened from Pending.
 func (b *block) open(req uint64, s memapi.Stream) Block {
-	gen, _ := b.unpack()
+	gen, st := b.unpack()
 	b.req, b.stream = req, s
-	b.word.Store(pack(gen, ep.Open))
+	if st != ep.Open {
+		b.word.Store(pack(gen, ep.Open))
+	}
 	return Block{b: b, gen: gen}
 }
 

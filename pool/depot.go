@@ -233,8 +233,7 @@ func (d *depot) carve(c int, ch *chunk) {
 	ch.slab = sl
 	for i := k - 1; i >= 0; i-- {
 		b := &sl.slots[i]
-		b.p, b.addr, b.size, b.slab = d.p, ch.addr+uint64(i)*sz, sz, sl
-		b.word.Store(pack(0, ep.Released))
+		b.p, b.addr, b.size, b.slab = d.p, ch.addr+uint64(i)*sz, sz, sl // its zero word: free, Open in generation 0 (block.open)
 		d.lists[c].push(b)
 	}
 	d.slabs++
@@ -334,7 +333,11 @@ func (d *depot) sweepLocked() {
 		d.pending = d.pending[:last]
 		d.npend.Store(int64(last))
 		gen, _ := b.unpack()
-		b.word.Store(pack(gen, ep.Released))
+		st := ep.Released
+		if b.slab != nil {
+			st = ep.Open // free, in the generation it is handed out in next (block.open)
+		}
+		b.word.Store(pack(gen, st))
 		b.reset()
 		switch {
 		case b.slab != nil:

@@ -100,8 +100,11 @@ func (p *Pool) Free(h Block) error {
 	// RecordUse of this generation reads or writes its fields.
 	pendingNow := len(b.fences) > 0 && !b.done()
 	st := ep.Released
-	if pendingNow {
+	switch {
+	case pendingNow:
 		st = ep.Pending
+	case b.slab != nil:
+		st = ep.Open // free, in the generation it is handed out in next (block.open)
 	}
 	b.word.Store(pack(h.gen+1, st))
 	switch {
