@@ -7,7 +7,7 @@ import (
 )
 
 // The ledger file is a header of 24 little-endian 64-bit words followed by
-// one slot of 16 words per process. Every word is read and written as one
+// one slot of 24 words per process. Every word is read and written as one
 // aligned atomic store in the mapping, so a reader never sees a torn figure.
 // The header carries a CRC-64 of its words and each occupied slot a sum
 // of its own (slotSum), written by the lock holder as it lets go: a member
@@ -15,9 +15,9 @@ import (
 // anywhere in the file is refused (errCorrupt) rather than trusted.
 const (
 	magic       uint64 = 0x00434f5250584d4d // "MMXPROC\x00"
-	version     uint64 = 3                  // the format this package reads and writes
+	version     uint64 = 4                  // the format this package reads and writes (4: the slot's host tier and moves)
 	headerWords        = 24
-	slotWords          = 16
+	slotWords          = 24
 	headerSize         = headerWords * 8
 	slotSize           = slotWords * 8
 	// maxSlots bounds the processes one ledger can seat.
@@ -59,13 +59,25 @@ const (
 	sReserved        // its local authority's figures, settled (authority.settle)
 	sCharged
 	sPending
-	sSeq                       // bumped by every settle
-	sPrivate                   // device memory the process's mechanisms keep for themselves (authority.KeepPrivate)
-	sWant                      // bytes this process's waiting reservations lack and the ledger cannot give
-	sWantLeft                  // the part of the want no process has taken to answer yet
-	sWantOut                   // the part other processes are answering now
-	sWantPri                   // the priority of the reservations behind the want
-	sWantSeq                   // bumped by every new round of the want
+	sSeq      // bumped by every settle
+	sPrivate  // device memory the process's mechanisms keep for themselves (authority.KeepPrivate)
+	sWant     // bytes this process's waiting reservations lack and the ledger cannot give
+	sWantLeft // the part of the want no process has taken to answer yet
+	sWantOut  // the part other processes are answering now
+	sWantPri  // the priority of the reservations behind the want
+	sWantSeq  // bumped by every new round of the want
+	// The process's host tier (Ledger.Note): what it moved off the
+	// device, for the operator to see. No total sums them, and nothing
+	// is admitted or refused by them.
+	sHost                      // bytes it holds on its host tier
+	sAsleep                    // 0 awake, or the level (1 or 2) it sleeps at
+	sSleeps                    // moves noted, per kind: sleeps,
+	sWakes                     // wakes,
+	sOffloads                  // offloads of a KV cache
+	sRestores                  // and their restores
+	sLast                      // the last move noted: its kind (tierKinds' index+1) | its level<<8; 0: none yet
+	sLastBytes                 // its bytes
+	sLastTime                  // when it was noted, Unix nanoseconds
 	sFirstZero                 // words sFirstZero to sSum-1 are reserved for a later version: written 0
 	sSum       = slotWords - 1 // slotSum of words 0 to sSum-1 of an occupied slot; 0 in a free one
 )
@@ -159,6 +171,17 @@ type Slot struct {
 	WantOut  uint64 // the part other processes are answering
 	WantPri  int64  // the priority of the reservations behind the want
 	WantSeq  uint64
+	// The host tier, as the process noted it (Ledger.Note): the bytes
+	// it holds there, the level it sleeps at (0: awake), its moves
+	// counted by kind, and the last one (Kind "": none yet; its Host is
+	// the slot's Host).
+	Host     uint64
+	Asleep   int
+	Sleeps   uint64
+	Wakes    uint64
+	Offloads uint64
+	Restores uint64
+	Last     TierEvent
 }
 
 // fileSize is the size of a ledger of n slots.
@@ -263,13 +286,24 @@ func parse(b []byte) (Header, []Slot, error) {
 				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: its reserved word %d is not 0", i, w)}
 			}
 		}
-		for _, v := range []uint64{sl.Claim, sl.Reserved, sl.Charged, sl.Pending, sl.Private, sl.Want, sl.WantLeft, sl.WantOut} {
+		sl.Host, sl.Sleeps, sl.Wakes, sl.Offloads, sl.Restores = word(s, sHost), word(s, sSleeps), word(s, sWakes), word(s, sOffloads), word(s, sRestores)
+		asleep := word(s, sAsleep)
+		if asleep > 2 {
+			return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: sleep level %d", i, asleep)}
+		}
+		sl.Asleep = int(asleep)
+		last, ok := lastMove(word(s, sLast), word(s, sLastBytes), word(s, sLastTime))
+		if !ok {
+			return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: its last move (%#x, %d bytes) is none a process notes", i, word(s, sLast), word(s, sLastBytes))}
+		}
+		sl.Last, sl.Last.Host = last, sl.Host
+		for _, v := range []uint64{sl.Claim, sl.Reserved, sl.Charged, sl.Pending, sl.Private, sl.Want, sl.WantLeft, sl.WantOut, sl.Host} {
 			if v > maxBytes {
 				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: a figure beyond %d", i, maxBytes)}
 			}
 		}
 		if !h.Dirty {
-			if sl.PID == 0 && (sl.Claim|sl.Reserved|sl.Charged|sl.Pending|sl.Private|sl.Want|sl.WantLeft|sl.WantOut) != 0 {
+			if sl.PID == 0 && (sl.Claim|sl.Reserved|sl.Charged|sl.Pending|sl.Private|sl.Want|sl.WantLeft|sl.WantOut|sl.Host) != 0 {
 				return h, nil, &ledgerError{Err: errCorrupt, Detail: fmt.Sprintf("slot %d: free but holds bytes", i)}
 			}
 			if u := sl.Reserved + sl.Charged + sl.Pending + sl.Private; u > sl.Claim {

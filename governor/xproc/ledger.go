@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -460,7 +459,7 @@ func (l *Ledger) goneMembers() []slotOwner {
 // A torn or foreign image gives none (the lock holder checks the file).
 func goneInImage(f *os.File) []slotOwner {
 	b, err := readImage(f)
-	if err != nil || len(b) < headerSize || word(b, hMagic) != magic {
+	if err != nil || len(b) < headerSize || word(b, hMagic) != magic || word(b, hVersion) != version {
 		return nil
 	}
 	n := word(b, hSlots)
@@ -665,9 +664,4 @@ func InspectContext(ctx context.Context, path string) (Header, []Slot, error) {
 		return h, s, e
 	}
 	return h, s, nil
-}
-
-// String formats a slot for logs and memctl.
-func (s Slot) String() string {
-	return fmt.Sprintf("slot %d pid %d: claim %d reserved %d charged %d pending %d private %d want %d", s.Index, s.PID, s.Claim, s.Reserved, s.Charged, s.Pending, s.Private, s.Want)
 }

@@ -8,33 +8,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Outcome says what became of a limits change.
-type Outcome uint8
+// Outcome says what became of a limits change: "applied", "deferred" or
+// "refused".
+type Outcome string
 
 const (
 	// Applied: the new capacity holds now; the claims fit under it.
-	Applied Outcome = iota + 1
+	Applied Outcome = "applied"
 	// Deferred: the new capacity holds for every new claim at once, but
 	// the processes' claims exceed it; it is fully in force once they
 	// give back Excess bytes (they do as their memory is freed, and the
 	// pressure of any refused claim asks them to).
-	Deferred
+	Deferred Outcome = "deferred"
 	// Refused: nothing changed (a stale revision, or a capacity of 0 or
 	// beyond the largest figure).
-	Refused
+	Refused Outcome = "refused"
 )
-
-func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case Deferred:
-		return "deferred"
-	case Refused:
-		return "refused"
-	}
-	return fmt.Sprintf("Outcome(%d)", uint8(o))
-}
 
 // LimitChange is the answer to SetCapacity.
 type LimitChange struct {

@@ -60,6 +60,8 @@ func runChild(name string) int {
 		err = childCUDAChurn()
 	case "owner":
 		err = childOwner()
+	case "tier":
+		err = childTier()
 	default:
 		err = fmt.Errorf("unknown child scenario %q", name)
 	}
