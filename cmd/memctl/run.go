@@ -18,6 +18,7 @@ import (
 
 const usage = `usage:
   memctl [--timeout DURATION] [--bytes] show PATH
+  memctl [--timeout DURATION] [--bytes] watch PATH [--interval DURATION]
   memctl [--timeout DURATION] [--bytes] set-capacity PATH BYTES [REVISION]
   memctl [--timeout DURATION] [--bytes] create PATH BYTES [SLOTS [GID]]
   memctl [VERB] --help
@@ -30,11 +31,28 @@ var verbHelp = map[string]string{
 Prints the ledger's format version, the limits' revision (what set-capacity
 takes as REVISION), the capacity and the totals, then every taken slot: the
 process, its claim, its reserved, charged, pending and private bytes, its
-want and its settles. Sizes are in binary units (64MiB, 1.5GiB); --bytes
-prints plain byte counts.
+want and its settles; and below, each process's host tier as it noted it:
+the bytes it holds there, whether it is awake or asleep (at level 1: its
+weights on the host tier; 2: discarded), its sleeps, wakes, offloads and
+restores counted, and the last of them. Sizes are in binary units (64MiB,
+1.5GiB); --bytes prints plain byte counts.
 
 example:
   memctl show /dev/shm/memgen-gpu0
+`,
+	"watch": `usage: memctl [--timeout DURATION] [--bytes] watch PATH [--interval DURATION]
+
+Reads the ledger every --interval (default 100ms) until interrupted (Ctrl-C,
+SIGTERM: exit 0) and prints a line per process present, then a line per
+change it sees: a process that joins or leaves (and whether it died and its
+slot was reclaimed), and each sleep, wake, offload and restore a process
+notes, with its level, the bytes it moved and the host tier's bytes after
+it. A slot keeps the last move's bytes alone: moves noted before another
+one between two reads are counted ("offload x2, bytes not seen"). A read
+that waits past --timeout for the lock is reported and the next one tried.
+
+example:
+  memctl watch /dev/shm/memgen-gpu0 --interval 1s
 `,
 	"set-capacity": `usage: memctl [--timeout DURATION] [--bytes] set-capacity PATH BYTES [REVISION]
 
@@ -68,7 +86,11 @@ file under /dev/shm (a tmpfs, such as /dev/shm/memgen-gpu0), or any path on a
 local file system. memctl create makes it; the processes open it.
 
   show          the capacity, the limits' revision, the totals and every taken
-                slot (pid, claim, reserved, charged, pending)
+                slot (pid, claim, reserved, charged, pending), and each
+                process's host tier (bytes, asleep or awake, its sleeps,
+                wakes, offloads and restores)
+  watch         print each join, leave, sleep, wake, offload and restore as
+                the processes note them, until interrupted
   set-capacity  change the shared capacity while the processes run. REVISION,
                 when given, is the revision you last read (show prints it): on
                 a stale view the change is refused. The answer says applied,
@@ -78,10 +100,10 @@ local file system. memctl create makes it; the processes open it.
   create        make a ledger with BYTES of capacity and SLOTS process slots;
                 mode 0600, or with GID 0660 and that group
 
---timeout DURATION (default 5s) bounds the wait for the ledger's lock: behind
-a process that holds it and is stopped (SIGSTOP, a freezer, a debugger),
-memctl fails at the timeout with exit code 1, naming that process and its
-state.
+--timeout DURATION (default 5s) bounds the wait for the ledger's lock (each
+read's, for watch): behind a process that holds it and is stopped (SIGSTOP, a
+freezer, a debugger), memctl fails at the timeout with exit code 1, naming
+that process and its state (watch says so and reads again).
 
 BYTES is a byte count: plain bytes (4096) or with a binary unit, K/KiB, M/MiB,
 G/GiB, T/TiB, any case (64K, 512MiB, 1GiB, 1.5GiB).
@@ -89,10 +111,11 @@ G/GiB, T/TiB, any case (64K, 512MiB, 1GiB, 1.5GiB).
 Sizes are printed in binary units (64MiB, 1.5GiB); --bytes prints plain byte
 counts. memctl VERB --help describes a verb, with an example.
 
-` + clihelp.ExitCodes + `memctl: 0 is set-capacity applied or deferred; 1 a ledger error (a missing,
-corrupt, truncated or foreign-version file, reported with its kind, or the
-lock's timeout); 2 a bad DURATION too; 3 set-capacity refused the change (a
-stale REVISION, or a capacity the ledger cannot take).
+` + clihelp.ExitCodes + `memctl: 0 is set-capacity applied or deferred, or watch interrupted; 1 a
+ledger error (a missing, corrupt, truncated or foreign-version file, reported
+with its kind, or the lock's timeout); 2 a bad DURATION too;
+3 set-capacity refused the change (a stale REVISION, or a capacity the
+ledger cannot take).
 `
 
 // The exit codes, shared with memgen and memdemo (clihelp.ExitCodes).
@@ -105,8 +128,9 @@ const (
 	exitRefused = clihelp.ExitRefused
 )
 
-// run is the command with its arguments and outputs: its exit code.
-func run(args []string, stdout, stderr io.Writer) int {
+// run is the command with its arguments and outputs: its exit code. ctx
+// ends it early (SIGINT, SIGTERM): watch runs until it ends.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
 			for _, v := range args {
@@ -148,13 +172,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		timeout, args = d, rest
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	if len(args) < 2 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
 	path := args[1]
+	if args[0] == "watch" {
+		return watchVerb(ctx, path, args[2:], timeout, stdout, stderr, size)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	switch {
 	case args[0] == "show" && len(args) == 2:
 		h, slots, err := xproc.InspectContext(ctx, path)
@@ -254,6 +281,20 @@ func show(w io.Writer, path string, h xproc.Header, slots []xproc.Slot, size fun
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.Index, s.PID, size(s.Claim), size(s.Reserved),
 			size(s.Charged), size(s.Pending), size(s.Private), size(s.Want), s.Seq)
+	}
+	tw.Flush()
+	// The host tier of each process, as it noted it (xproc.Ledger.Note).
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "slot\tpid\thost tier\tstate\tsleeps\twakes\toffloads\trestores\t  last move")
+	for _, s := range slots {
+		if s.PID == 0 {
+			continue
+		}
+		last := "none"
+		if s.Last.Kind != "" {
+			last = fmt.Sprintf("%s %s", s.Last.Time.Format("15:04:05"), describe(s.Last, size))
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t  %s\n", s.Index, s.PID, size(s.Host), state(s), s.Sleeps, s.Wakes, s.Offloads, s.Restores, last)
 	}
 	tw.Flush()
 }

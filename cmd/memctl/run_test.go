@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -20,7 +21,7 @@ import (
 
 func memctl(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
+	code := run(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }
 
@@ -69,6 +70,13 @@ func TestMemctl(t *testing.T) {
 const holdEnv = "MEMCTL_TEST_HOLD" // the helper: hold the ledger's file lock
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(noteEnv); path != "" {
+		if err := noteChild(path); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if path := os.Getenv(holdEnv); path != "" {
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err == nil {
