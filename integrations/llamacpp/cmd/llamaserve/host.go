@@ -23,6 +23,9 @@ type host struct {
 	// limit is the shared ledger's capacity (nil without a ledger): the
 	// most the authority can grow to (llamacpp.Options.Limit).
 	limit func() memapi.Bytes
+	// ledger is the shared ledger joined (nil without one): the engine's
+	// moves to and from the host tier are noted in its slot (tierNotes).
+	ledger *xproc.Ledger
 	// close releases the manager, the device contexts and the governor,
 	// each bounded by 10 s.
 	close func()
@@ -77,6 +80,7 @@ func newHost(ledger string) (*host, error) {
 			h.close()
 			return nil, err
 		}
+		h.ledger = l
 		h.limit = func() memapi.Bytes {
 			st, _, err := l.State()
 			if err != nil {

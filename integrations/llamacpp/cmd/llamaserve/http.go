@@ -80,6 +80,13 @@ func serve(cfg serveConfig) error {
 	if cfg.stock {
 		opts = llamacpp.Options{Stock: true, Threads: cfg.threads}
 	}
+	if h.ledger != nil {
+		// memctl show and watch see each sleep, wake, offload and restore,
+		// and what the host tier holds after it.
+		var stopNotes func()
+		opts.OnMemoryEvent, stopNotes = tierNotes(h.ledger, g, "offload", opts.OnMemoryEvent)
+		defer stopNotes()
+	}
 	defer cancelLoad()
 	m, err := llamacpp.LoadModel(loadCtx, cfg.model, opts)
 	if err != nil {

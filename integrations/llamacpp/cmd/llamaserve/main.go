@@ -54,7 +54,10 @@
 // process's want) while no request runs. Either sleeps at -sleep-level (1:
 // the weights and KV cache move to host memory outside the budget; 2: the
 // weights are discarded and reloaded from the model file), and the next
-// request wakes it.
+// request wakes it. On a -ledger each sleep and wake (and each offload and
+// restore of a KV cache) is noted in the engine's slot with the host
+// tier's bytes after it: memctl show prints them, memctl watch prints each
+// as it comes.
 package main
 
 import (

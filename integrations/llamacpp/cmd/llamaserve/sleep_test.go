@@ -158,12 +158,17 @@ func sleepOnWant(t *testing.T, bin, lib, model, level string) {
 		}
 		now := metric(t, e.addr, `memgen_governor_charged_bytes{authority="host"}`)
 		exact := theirs != nil && h.Claimed == claimed && h.Charged == chargedSum && h.Claimed <= h.Capacity && theirs.Charged == now && now <= charged-weights
-		if exact {
-			t.Logf("ledger: capacity %d, claimed %d, charged %d; llamaserve's slot charged %d (was %d)", h.Capacity, h.Claimed, h.Charged, theirs.Charged, charged)
+		// The slot shows the sleep too (memctl show): its level, and at
+		// level 1 the weights on the host tier.
+		noted := theirs != nil && theirs.Sleeps >= 1 && strconv.Itoa(theirs.Asleep) == level && theirs.Last.Kind == "sleep" &&
+			(level == "2" || theirs.Host >= weights)
+		if exact && noted {
+			t.Logf("ledger: capacity %d, claimed %d, charged %d; llamaserve's slot charged %d (was %d), asleep at level %d, host tier %d, last move %+v",
+				h.Capacity, h.Claimed, h.Charged, theirs.Charged, charged, theirs.Asleep, theirs.Host, theirs.Last)
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the ledger %+v, llamaserve's slot %+v, its governor charged %d (was %d, weights %d): not exact", h, theirs, now, charged, weights)
+			t.Fatalf("the ledger %+v, llamaserve's slot %+v, its governor charged %d (was %d, weights %d): not exact, or the sleep not noted", h, theirs, now, charged, weights)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -178,6 +183,26 @@ func sleepOnWant(t *testing.T, bin, lib, model, level string) {
 	}
 	if st := serveStats(t, e.addr); st.Asleep || st.Wakes < 1 {
 		t.Fatalf("after the next request: %+v", st)
+	}
+	// The wake is noted in the slot: awake, its level, the host tier empty
+	// again at level 1.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, slots, err := xproc.Inspect(ledger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var theirs xproc.Slot
+		for _, s := range slots {
+			if s.PID == e.cmd.Process.Pid {
+				theirs = s
+			}
+		}
+		if theirs.Wakes >= 1 && theirs.Asleep == 0 && theirs.Last.Kind == "wake" && strconv.Itoa(theirs.Last.Level) == level && (level == "2" || theirs.Host < weights) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the wake llamaserve's slot is %+v", theirs)
+		}
 	}
 	e.stop(t)
 }
