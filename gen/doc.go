@@ -12,9 +12,12 @@
 //	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
 //	written, removed, err := gen.Write(root, files)
 //
-// Output is deterministic and gofmt-clean, and every file starts with Header
-// (or MarkdownHeader). Golden tests live under testdata/; run
-// `go test ./gen -update` after changing an emitter on purpose.
+// Output is deterministic and gofmt-clean, and every file starts with a
+// header naming the spec, the one emitter that wrote it and, for a copied
+// template, the template (see header.go; HeaderPrefix and
+// MarkdownHeaderPrefix are how it begins). Golden tests live under
+// testdata/; run `go test ./gen -update` after changing an emitter on
+// purpose.
 //
 // # Where things go
 //

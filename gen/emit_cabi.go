@@ -8,7 +8,11 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "cabi", Order: 20, Emit: emitCABI}) }
+// cabiEmitter writes the plugin C ABI: the C header and the loader's Go
+// mirrors of it.
+var cabiEmitter = &emitter{Name: "cabi", Requires: []*emitter{contractEmitter}, Emit: noResult(emitCABI)}
+
+func init() { register(cabiEmitter) }
 
 // emitCABI writes the plugin C ABI when the spec has a plugin_abi block: the
 // C header (include/memgen/mechanism.h) and, in the loader package, the Go
@@ -72,7 +76,7 @@ func (c *cAbi) header() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	guard := P + "_" + strings.ToUpper(strings.NewReplacer("/", "_", ".", "_").Replace(path.Base(a.Header)))
-	w("%s\n\n", Header)
+	w("%s\n\n", c.g.header(""))
 	cComment(&b, "", fmt.Sprintf(`%s: the memgen plugin C ABI, version %d.%d, generated from the plugin_abi block of spec/capabilities.yaml. docs/cabi.md explains how to write a plugin and check it with memgen plugin-check.
 
 A plugin is a shared library exporting %s_plugin_v%d. The host (the Go loader, package %s) loads it by path at run time, calls the entry point with its own %s_ABI_VERSION and gets a descriptor: the plugin's name, device and default granularities, open/close for instances, last_error, and one struct of function pointers (slots) per capability. A NULL struct or a NULL slot means absent: the host never calls it, and a capability with any slot absent is absent as a whole. A present slot must do its work; returning %s_OK without doing it is a contract violation the host's checks report.

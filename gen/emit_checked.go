@@ -12,7 +12,12 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "checked", Order: 20, Emit: emitChecked}) }
+// checkedEmitter writes the checked wrapper's package, and the contract's
+// ChargeBook (which only the wrapper uses). Its runnable examples run over
+// the fakes.
+var checkedEmitter = &emitter{Name: "checked", Requires: []*emitter{contractEmitter, fakesEmitter}, Emit: noResult(emitChecked)}
+
+func init() { register(checkedEmitter) }
 
 // checkedLocals are the names the generated method bodies declare; a spec
 // parameter with one of these names would be shadowed. The validator
@@ -1030,7 +1035,7 @@ func (ck *checkedGen) emitExample() error {
 	}
 	dir := s.Packages.Checked
 	f := NewFilePathName(ck.g.Import(dir)+"_test", path.Base(dir)+"_test")
-	f.HeaderComment(Header)
+	f.HeaderComment(ck.g.header(""))
 	c := ck.g.C
 	chk := func(n string) *Statement { return Qual(ck.g.Import(dir), n) }
 	fk := func(n string) *Statement { return Qual(ck.g.Import(s.Packages.Fakes), n) }

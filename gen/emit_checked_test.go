@@ -14,7 +14,7 @@ import (
 // of each function, keyed by "receiverType.Name" (or "Name").
 func checkedFuncs(t *testing.T, s *Spec) map[string]string {
 	t.Helper()
-	files := emitOnly(t, s, emitChecked)
+	files := emitOnly(t, s, checkedEmitter)
 	fset := token.NewFileSet()
 	out := map[string]string{}
 	for rel, src := range files {
@@ -157,7 +157,7 @@ func TestCheckedRefusesShadowingParams(t *testing.T) {
 		t.Fatalf("spec order changed: %s", free.Name)
 	}
 	free.Params[1].Name = "m"
-	g := &generator{Spec: s, Config: Config{Module: realModule}}
+	g := newGen(s, Config{Module: realModule})
 	err := emitChecked(g)
 	if err == nil || !strings.Contains(err.Error(), `parameter name "m" collides`) {
 		t.Fatalf("want a collision error, got %v", err)

@@ -12,7 +12,10 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "conformance", Order: 30, Emit: emitConformance}) }
+// conformanceEmitter writes the conformance suite's package.
+var conformanceEmitter = &emitter{Name: "conformance", Requires: []*emitter{contractEmitter}, Emit: noResult(emitConformance)}
+
+func init() { register(conformanceEmitter) }
 
 // The conformance suite is part static, part derived from the spec.
 //

@@ -75,7 +75,7 @@ func (cg *confGen) emitExample() error {
 		return nil
 	}
 	conf := cg.g.Import(cg.g.Spec.Packages.Conformance)
-	src := Header + `
+	src := cg.g.header("") + `
 
 package conformance_test
 

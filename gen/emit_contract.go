@@ -7,7 +7,12 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "contract", Order: 0, Emit: emitContract}) }
+// contractEmitter writes the contract package: the spec's types, errors,
+// interfaces and capabilities, negotiation, handles and Meta. Every other Go
+// emitter's output refers to it.
+var contractEmitter = &emitter{Name: "contract", Emit: noResult(emitContract)}
+
+func init() { register(contractEmitter) }
 
 func (g *generator) contractFile(name string) *File {
 	return g.File(g.Spec.Packages.Contract+"/"+name, "memapi")

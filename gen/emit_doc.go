@@ -9,12 +9,19 @@ import (
 // DocFile is the module-relative path of the generated capability reference.
 const DocFile = "docs/capabilities.md"
 
-func init() { register(emitter{Name: "doc", Order: 90, Emit: emitDoc}) }
+// docEmitter writes DocFile, from the spec alone.
+var docEmitter = &emitter{Name: docEmitterName, Emit: noResult(emitDoc)}
+
+// docEmitterName is docEmitter's name, which CapabilitiesDoc's header
+// names (a constant: the emitter's Emit reaches CapabilitiesDoc).
+const docEmitterName = "doc"
+
+func init() { register(docEmitter) }
 
 // emitDoc adds docs/capabilities.md to every run, so that `memgen check`
 // catches a reference that is older than the spec like any other file.
 func emitDoc(g *generator) error {
-	g.Raw(DocFile, CapabilitiesDoc(g.Spec))
+	g.Raw(DocFile, CapabilitiesDoc(g.Spec, g.Config))
 	return nil
 }
 
@@ -22,10 +29,11 @@ func emitDoc(g *generator) error {
 // mechanisms, every method with its accounting effect and preconditions, the
 // ledger and device-context interfaces, the invariant table, and Mermaid
 // diagrams of who offers what and how bytes move through the ledger. The
-// output depends on the spec alone and is deterministic.
-func CapabilitiesDoc(s *Spec) []byte {
+// output depends on the spec alone (and, in its header, on cfg's spec path)
+// and is deterministic.
+func CapabilitiesDoc(s *Spec, cfg Config) []byte {
 	w := &mdWriter{}
-	w.line(MarkdownHeader)
+	w.line(markdownHeader(cfg.specPath(s), docEmitterName))
 	w.line("")
 	w.line("# Capabilities")
 	w.line("")

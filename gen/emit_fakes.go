@@ -12,7 +12,10 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "fakes", Order: 30, Emit: emitFakes}) }
+// fakesEmitter writes the fakes' package.
+var fakesEmitter = &emitter{Name: "fakes", Requires: []*emitter{contractEmitter}, Emit: noResult(emitFakes)}
+
+func init() { register(fakesEmitter) }
 
 // The templates of fakestmpl hold the hand-written state model of the fakes:
 // host memory, accounting, streams and fences, the ledger, recording and

@@ -1,16 +1,12 @@
 package gen
 
 import (
-	"bytes"
-	"go/format"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-
-	"github.com/dave/jennifer/jen"
 )
 
 // TestFakesFollowTheSpec adds a method to the spec and checks that the fakes
@@ -39,7 +35,7 @@ func TestFakesFollowTheSpec(t *testing.T) {
 	}
 	// Only the contract and the fakes: other emitters may rightly refuse a
 	// method they have no behaviour for (the conformance suite wants a fixture).
-	files := emitOnly(t, s, emitContract, emitFakes)
+	files := emitOnly(t, s, fakesEmitter)
 	// Signatures past 100 columns put one item per line; join them back.
 	mech := oneLineLists(string(files["fakes/mechanism.go"]))
 	for _, want := range []string{
@@ -73,7 +69,7 @@ func TestFakesFitSmallerSpecs(t *testing.T) {
 		t.Fatalf("load tiny: %v", err)
 	}
 	t.Run("no-SharedMapping", func(t *testing.T) {
-		files := emitOnly(t, s, emitContract, emitFakes)
+		files := emitOnly(t, s, fakesEmitter)
 		if _, ok := files["fakes/shared_mapping_state.go"]; ok {
 			t.Error("the SharedMapping state model was written for a spec without SharedMapping")
 		}
@@ -82,7 +78,7 @@ func TestFakesFitSmallerSpecs(t *testing.T) {
 	t.Run("allocator-only", func(t *testing.T) {
 		s.Capabilities = s.Capabilities[:1]
 		s.Mechanisms = nil
-		files := emitOnly(t, s, emitContract, emitFakes)
+		files := emitOnly(t, s, fakesEmitter)
 		if _, ok := files["fakes/virtual_backing_state.go"]; ok {
 			t.Error("the VirtualBacking state model was written for a spec without VirtualBacking")
 		}
@@ -121,30 +117,15 @@ func vetFakes(t *testing.T, s *Spec, files map[string][]byte) {
 	}
 }
 
-// emitOnly runs the given emitters and returns their files, gofmt-clean, as
-// Generate would.
-func emitOnly(t *testing.T, s *Spec, emit ...func(*generator) error) map[string][]byte {
+// emitOnly runs the given emitters, and those they require, and returns
+// their files as Generate would.
+func emitOnly(t *testing.T, s *Spec, es ...*emitter) map[string][]byte {
 	t.Helper()
-	g := &generator{Spec: s, Config: Config{Module: "github.com/memgen/memgen"}, jfiles: map[string]*jen.File{}, raw: map[string][]byte{}}
-	for _, e := range emit {
-		if err := e(g); err != nil {
-			t.Fatalf("emit: %v", err)
-		}
-	}
-	out := map[string][]byte{}
-	for rel, f := range g.jfiles {
-		var buf bytes.Buffer
-		if err := f.Render(&buf); err != nil {
-			t.Fatalf("render %s: %v", rel, err)
-		}
-		src, err := format.Source(buf.Bytes())
-		if err != nil {
-			t.Fatalf("gofmt %s: %v", rel, err)
-		}
-		out[rel] = src
-	}
-	for rel, b := range g.raw {
-		out[rel] = b
+	g := newGen(s, Config{Module: "github.com/memgen/memgen"})
+	g.run(es)
+	out := g.render()
+	if len(g.errs.list) > 0 {
+		t.Fatalf("emit: %v", g.errs.list.sorted())
 	}
 	return out
 }

@@ -12,7 +12,10 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() { register(emitter{Name: "glue", Order: 10, Emit: emitGlue}) }
+// glueEmitter writes GlueFile into every mechanism's package.
+var glueEmitter = &emitter{Name: "glue", Requires: []*emitter{contractEmitter}, Emit: noResult(emitGlue)}
+
+func init() { register(glueEmitter) }
 
 // GlueFile is the name of the file memgen writes into each mechanism's
 // package.

@@ -4,9 +4,10 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() {
-	register(emitter{Name: "contract-negotiation-test", Order: 1, Emit: emitNegotiationTest})
-}
+// negotiationEmitter writes the contract's negotiate_test.go.
+var negotiationEmitter = &emitter{Name: "contract-negotiation-test", Requires: []*emitter{contractEmitter}, Emit: noResult(emitNegotiationTest)}
+
+func init() { register(negotiationEmitter) }
 
 // emitNegotiationTest writes a test beside the contract: a mechanism that
 // offers only the required capabilities must report every optional one

@@ -4,9 +4,10 @@ import (
 	. "github.com/dave/jennifer/jen"
 )
 
-func init() {
-	register(emitter{Name: "contract-vet", Order: 1, Emit: emitVet})
-}
+// vetEmitter writes the contract's vet.go.
+var vetEmitter = &emitter{Name: "contract-vet", Requires: []*emitter{contractEmitter}, Emit: noResult(emitVet)}
+
+func init() { register(vetEmitter) }
 
 // emitVet writes generated/memapi/vet.go: the part of the spec that
 // cmd/memvet checks code against and that Meta does not already carry (the

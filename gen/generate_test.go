@@ -31,15 +31,15 @@ func TestGenerateCollectsEmitterErrors(t *testing.T) {
 	alloc := s.Capability("DeviceAllocator").Methods[1].Pos
 	saved := emitters
 	defer func() { emitters = saved }()
-	emitters = append(append([]emitter(nil), saved...),
-		emitter{Name: "first", Order: 98, Emit: func(g *generator) error {
+	emitters = append(append([]*emitter(nil), saved...),
+		&emitter{Name: "first", Emit: noResult(func(g *generator) error {
 			return fmt.Errorf("%s: returned with a position", alloc)
-		}},
-		emitter{Name: "second", Order: 99, Emit: func(g *generator) error {
+		})},
+		&emitter{Name: "second", Emit: noResult(func(g *generator) error {
 			g.Errorf(s.Types[0].Pos, "recorded one")
 			g.Errorf(s.Types[1].Pos, "recorded two")
 			return errors.New("returned without a position")
-		}},
+		})},
 	)
 	_, err := Generate(s, Config{Module: goldenModule})
 	var list ErrorList

@@ -47,7 +47,8 @@ import (
 //     string literal tmplContract (the contract's import path) and the string
 //     literal tmplModule (the module path).
 //
-// Then the header is put on and the file is gofmt'ed.
+// Then the header is put on (naming the template, by its path from the
+// module root: gen/checkedtmpl/audit.go) and the file is gofmt'ed.
 const (
 	tmplTag      = "memgentmpl"
 	tmplModule   = "github.com/memgen/memgen"
@@ -85,7 +86,7 @@ func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTempla
 		if err != nil {
 			return nil, err
 		}
-		src, ok, err := renderTemplate(text, pkg, declared, map[string]string{
+		src, ok, err := renderTemplate(text, g.header(tmplRoot+n), pkg, declared, map[string]string{
 			strconv.Quote(tmplContract): strconv.Quote(g.Contract()),
 			strconv.Quote(tmplModule):   strconv.Quote(g.Config.Module),
 		})
@@ -99,10 +100,10 @@ func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTempla
 	return out, nil
 }
 
-// renderTemplate renders one template (see above): ok is false when its
-// needs are not met. literals maps a marked string literal, quoted, to its
-// replacement.
-func renderTemplate(text []byte, pkg string, declared map[string]bool, literals map[string]string) (out []byte, ok bool, err error) {
+// renderTemplate renders one template (see above) under header: ok is false
+// when its needs are not met. literals maps a marked string literal, quoted,
+// to its replacement.
+func renderTemplate(text []byte, header, pkg string, declared map[string]bool, literals map[string]string) (out []byte, ok bool, err error) {
 	lines := strings.Split(string(text), "\n")
 	if len(lines) == 0 || lines[0] != "//go:build "+tmplTag {
 		return nil, false, fmt.Errorf("the first line is not //go:build %s", tmplTag)
@@ -154,7 +155,7 @@ func renderTemplate(text []byte, pkg string, declared map[string]bool, literals 
 	if err != nil {
 		return nil, false, err
 	}
-	src, err := format.Source(append([]byte(Header+"\n\n"), body...))
+	src, err := format.Source(append([]byte(header+"\n\n"), body...))
 	if err != nil {
 		return nil, false, fmt.Errorf("gofmt: %w", err)
 	}

@@ -42,13 +42,14 @@ type s struct {
 
 var text = "github.com/memgen/memgen/generated/memapi/x"
 `
-	out, ok, err := renderTemplate([]byte(text), "fk", declared, literals)
+	header := goHeader("spec/capabilities.yaml", "fakes", "gen/fakestmpl/x.go")
+	out, ok, err := renderTemplate([]byte(text), header, "fk", declared, literals)
 	if err != nil || !ok {
 		t.Fatalf("renderTemplate: ok=%v err=%v", ok, err)
 	}
 	got := string(out)
 	for _, want := range []string{
-		Header + "\n\npackage fk\n",
+		header + "\n\npackage fk\n",
 		`import memapi "example.com/x/api"`,
 		`const module = "example.com/x"`,
 		"// doc\n// with A\ntype s struct {\n\ta int\n}",
@@ -64,10 +65,10 @@ var text = "github.com/memgen/memgen/generated/memapi/x"
 		}
 	}
 
-	if _, ok, err := renderTemplate([]byte(text), "fk", map[string]bool{"A": true}, literals); ok || err != nil {
+	if _, ok, err := renderTemplate([]byte(text), header, "fk", map[string]bool{"A": true}, literals); ok || err != nil {
 		t.Errorf("needs A.M unmet: ok=%v err=%v, want the template left out", ok, err)
 	}
-	elseOut, ok, err := renderTemplate([]byte(strings.Replace(text, "// memgen:needs A A.M", "// memgen:needs A.M", 1)), "fk", map[string]bool{"A.M": true}, literals)
+	elseOut, ok, err := renderTemplate([]byte(strings.Replace(text, "// memgen:needs A A.M", "// memgen:needs A.M", 1)), header, "fk", map[string]bool{"A.M": true}, literals)
 	if err != nil || !ok || !strings.Contains(string(elseOut), "// doc\n// without A\ntype s") {
 		t.Errorf("memgen:else not taken: ok=%v err=%v\n%s", ok, err, elseOut)
 	}
@@ -81,7 +82,7 @@ var text = "github.com/memgen/memgen/generated/memapi/x"
 		"if without arg": strings.Replace(text, "// memgen:if B", "// memgen:if", 1),
 		"no package":     strings.Replace(text, "package fakes", "", 1),
 	} {
-		if _, _, err := renderTemplate([]byte(bad), "fk", declared, literals); err == nil {
+		if _, _, err := renderTemplate([]byte(bad), header, "fk", declared, literals); err == nil {
 			t.Errorf("%s: renderTemplate accepted it", name)
 		}
 	}

@@ -14,13 +14,14 @@ import (
 // directory, another page under docs/) is left alone.
 func TestWriteRemovesStaleOnlyWhereItWrites(t *testing.T) {
 	root := t.TempDir()
-	gofile := Header + "\n\npackage x\n"
+	header := goHeader(specName, "contract", "")
+	gofile := header + "\n\npackage x\n"
 	files := map[string][]byte{
-		"generated/memapi/types.go":        []byte(Header + "\n\npackage memapi\n"),
-		"mechanisms/cpu/" + GlueFile:       []byte(Header + "\n\npackage cpu\n"),
-		DocFile:                            []byte(MarkdownHeader + "\n# Capabilities\n"),
-		"generated/conformance/suite.go":   []byte(Header + "\n\npackage conformance\n"),
-		"generated/conformance/example.go": []byte(Header + "\n\npackage conformance\n"),
+		"generated/memapi/types.go":        []byte(header + "\n\npackage memapi\n"),
+		"mechanisms/cpu/" + GlueFile:       []byte(header + "\n\npackage cpu\n"),
+		DocFile:                            []byte(markdownHeader(specName, "doc") + "\n# Capabilities\n"),
+		"generated/conformance/suite.go":   []byte(header + "\n\npackage conformance\n"),
+		"generated/conformance/example.go": []byte(header + "\n\npackage conformance\n"),
 	}
 	write := func(rel, data string) {
 		p := filepath.Join(root, filepath.FromSlash(rel))
@@ -44,7 +45,7 @@ func TestWriteRemovesStaleOnlyWhereItWrites(t *testing.T) {
 	}
 	for _, rel := range kept[:4] {
 		if filepath.Ext(rel) == ".md" {
-			write(rel, MarkdownHeader+"\n")
+			write(rel, markdownHeader(specName, "doc")+"\n")
 		} else {
 			write(rel, gofile)
 		}

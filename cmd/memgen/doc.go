@@ -28,7 +28,7 @@ func runDoc(o *options, stdout, stderr io.Writer) int {
 	if p == nil {
 		return code
 	}
-	data := gen.CapabilitiesDoc(p.spec)
+	data := gen.CapabilitiesDoc(p.spec, p.config())
 	if o.out == "-" {
 		if _, err := stdout.Write(data); err != nil {
 			fmt.Fprintln(stderr, "memgen doc:", err)

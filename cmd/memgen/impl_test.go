@@ -89,8 +89,8 @@ func TestImplementationCheck(t *testing.T) {
 		}
 		// The glue was generated beside the hand-written code, and for the
 		// mechanism not written yet too, saying what to write; generate said so.
-		wantContains(t, readFile(t, root, "mechanisms/plain/zz_generated.memgen.go"), gen.Header)
-		wantContains(t, readFile(t, root, "mechanisms/arena/zz_generated.memgen.go"), gen.Header, "The hand-written half is type Arena")
+		wantContains(t, readFile(t, root, "mechanisms/plain/zz_generated.memgen.go"), gen.HeaderPrefix)
+		wantContains(t, readFile(t, root, "mechanisms/arena/zz_generated.memgen.go"), gen.HeaderPrefix, "The hand-written half is type Arena")
 		_, _, genErr := memgen(t, "generate", "-root", root)
 		wantContains(t, genErr, "mechanism arena: wrote mechanisms/arena/zz_generated.memgen.go; write type Arena")
 		if strings.Contains(genErr, "mechanism plain") {

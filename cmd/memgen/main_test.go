@@ -310,7 +310,7 @@ func TestCheckDrift(t *testing.T) {
 	})
 	t.Run("stale file", func(t *testing.T) {
 		rel := "generated/memapi/retired.go"
-		writeFile(t, root, rel, gen.Header+"\n\npackage memapi\n")
+		writeFile(t, root, rel, gen.HeaderPrefix+" from spec/capabilities.yaml (emitter contract). DO NOT EDIT.\n\npackage memapi\n")
 		defer os.Remove(filepath.Join(root, rel))
 		code, stdout, stderr := memgen(t, "check", "-root", root)
 		wantCode(t, code, exitSpec, stdout, stderr)
@@ -398,7 +398,7 @@ func TestDoc(t *testing.T) {
 	code, stdout, stderr := memgen(t, "generate", "-root", root)
 	wantCode(t, code, exitOK, stdout, stderr)
 	want := readFile(t, root, gen.DocFile)
-	for _, section := range []string{gen.MarkdownHeader, "## Capability matrix", "## Methods and their accounting", "## Invariants", "```mermaid", "| `charge-before-commit` |"} {
+	for _, section := range []string{gen.MarkdownHeaderPrefix, "## Capability matrix", "## Methods and their accounting", "## Invariants", "```mermaid", "| `charge-before-commit` |"} {
 		wantContains(t, want, section)
 	}
 	if err := os.Remove(filepath.Join(root, gen.DocFile)); err != nil {
@@ -417,6 +417,25 @@ func TestDoc(t *testing.T) {
 	}
 	code, stdout, stderr = memgen(t, "check", "-root", root)
 	wantCode(t, code, exitOK, stdout, stderr)
+}
+
+// TestHeaderNamesTheSpecGiven: the generated files' headers name the spec
+// by the path memgen was given, relative to the module root.
+func TestHeaderNamesTheSpecGiven(t *testing.T) {
+	root := newModule(t, "")
+	writeFile(t, root, "spec/alt/memory.yaml", readFile(t, root, "spec/capabilities.yaml"))
+	code, stdout, stderr := memgen(t, "doc", "-o", "-", "-root", root, "-spec", "spec/alt/memory.yaml")
+	wantCode(t, code, exitOK, stdout, stderr)
+	first, _, _ := strings.Cut(stdout, "\n")
+	if want := gen.MarkdownHeaderPrefix + " from spec/alt/memory.yaml (emitter doc). DO NOT EDIT. -->"; first != want {
+		t.Errorf("memgen doc -spec spec/alt/memory.yaml: header %q, want %q", first, want)
+	}
+	code, stdout, stderr = memgen(t, "generate", "-root", root, "-spec", "spec/alt/memory.yaml")
+	wantCode(t, code, exitOK, stdout, stderr)
+	first, _, _ = strings.Cut(readFile(t, root, "generated/memapi/types.go"), "\n")
+	if want := gen.HeaderPrefix + " from spec/alt/memory.yaml (emitter contract). DO NOT EDIT."; first != want {
+		t.Errorf("memgen generate -spec spec/alt/memory.yaml: types.go's header %q, want %q", first, want)
+	}
 }
 
 // Every help memgen prints fits 80 columns and ends with an example.

@@ -107,7 +107,7 @@ func runNew(o *options, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	p.spec = s
-	skel, err := gen.Skeleton(s, gen.Config{Module: p.module, Root: p.root}, name)
+	skel, err := gen.Skeleton(s, p.config(), name)
 	if err != nil {
 		fmt.Fprintln(stderr, "memgen new:", err)
 		return exitSpec

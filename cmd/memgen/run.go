@@ -158,6 +158,7 @@ var commands = map[string]command{
 // project is a loaded spec with its module.
 type project struct {
 	root, module string
+	specPath     string // the spec's path relative to root, slash separated
 	spec         *gen.Spec
 }
 
@@ -191,7 +192,7 @@ func load(o *options, stderr io.Writer) (*project, int) {
 		fmt.Fprintln(stderr, err)
 		return nil, exitSpec
 	}
-	return &project{root: root, module: module, spec: s}, exitOK
+	return &project{root: root, module: module, specPath: filepath.ToSlash(o.spec), spec: s}, exitOK
 }
 
 func findRoot(dir string) (string, error) {
@@ -208,7 +209,13 @@ func findRoot(dir string) (string, error) {
 }
 
 func (p *project) generate() (map[string][]byte, error) {
-	return gen.Generate(p.spec, gen.Config{Module: p.module, Root: p.root})
+	return gen.Generate(p.spec, p.config())
+}
+
+// config is what the generator needs to know of the project: the headers it
+// writes name the spec by the path memgen was given.
+func (p *project) config() gen.Config {
+	return gen.Config{Module: p.module, Root: p.root, Spec: p.specPath}
 }
 
 func runGenerate(o *options, stdout, stderr io.Writer) int {
