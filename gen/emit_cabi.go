@@ -325,7 +325,7 @@ func (c *cAbi) goMirrors() {
 	comment(f, "declaredPlugin is a plugin mechanism the spec declares.")
 	f.Type().Id("declaredPlugin").Struct(
 		Id("Device").Add(g.C("DeviceKind")),
-		Id("Offers").Add(g.C("CapSet")),
+		Id("Offers").Add(g.C(contractCapSet)),
 		Id("Doc").String(),
 	)
 	comment(f, "declaredPlugins is the spec's allow-list (plugin_abi.plugins), by name: the\nplugins SpecAllowList accepts, each on its device with at most its offers.")
@@ -339,7 +339,7 @@ func (c *cAbi) goMirrors() {
 			}
 			d[Lit(p.Name)] = Values(Dict{
 				Id("Device"): g.C("DeviceKind" + p.Device),
-				Id("Offers"): g.C("Of").Call(caps...),
+				Id("Offers"): g.C(contractOf).Call(caps...),
 				Id("Doc"):    Lit(p.Doc),
 			})
 		}

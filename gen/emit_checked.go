@@ -19,6 +19,13 @@ var checkedEmitter = &emitter{Name: "checked", Requires: []*emitter{contractEmit
 
 func init() { register(checkedEmitter) }
 
+// The checked package's entry points, which the wrapper's examples and memgen
+// new's starting point (Skeleton) call.
+const (
+	checkedWrap       = "Wrap"       // wraps a mechanism
+	checkedWithVerify = "WithVerify" // the option that turns on verify mode
+)
+
 // checkedLocals are the names the generated method bodies declare; a spec
 // parameter with one of these names would be shadowed. The validator
 // rejects them (badParamName); the check in emitChecked is its backstop.
@@ -404,7 +411,7 @@ allocates nothing unless it fails.`
 	f.Func().Id("_").Params().Block(
 		Id("_").Op("=").Map(Bool()).Int().Values(Dict{
 			False(): Lit(0),
-			ck.g.C("SpecDigest").Op("==").Id("specDigest"): Lit(1),
+			ck.g.C(contractSpecDigest).Op("==").Id("specDigest"): Lit(1),
 		}),
 	)
 }
@@ -520,7 +527,7 @@ the mechanism's committed and used bytes and returns ErrUntruthful when they
 did not move by exactly the rounded amount the spec declares`+cite(ck.invariants("verify"))+`.
 Mutating calls through the wrapper are then serialized. Meant for tests and
 for qualifying a new mechanism; it costs two to four queries per call.`)
-	f.Func().Id("WithVerify").Params().Id("Option").Block(
+	f.Func().Id(checkedWithVerify).Params().Id("Option").Block(
 		Return(Func().Params(Id("o").Op("*").Id("options")).Block(Id("o").Dot("verify").Op("=").True())),
 	)
 
@@ -561,7 +568,7 @@ wrapper does not stack the checks (that would draw twice): it rewraps the same
 mechanism with the options of both and accepts only what both ledgers vouch
 for, so a rewrap never trusts more than the wrapper it was given. Wrap panics
 when m or l is nil.`)
-	f.Func().Id("Wrap").Params(Id("m").Add(c("Mechanism")), Id("l").Id("Ledger"), Id("opts").Op("...").Id("Option")).Add(c("Mechanism")).Block(
+	f.Func().Id(checkedWrap).Params(Id("m").Add(c(contractMechanism)), Id("l").Id("Ledger"), Id("opts").Op("...").Id("Option")).Add(c(contractMechanism)).Block(
 		If(Id("m").Op("==").Nil()).Block(Panic(Lit("checked: Wrap of a nil Mechanism"))),
 		If(Id("l").Op("==").Nil()).Block(Panic(Lit("checked: Wrap without a Ledger (use NoLedger for a wrapper that takes no grant)"))),
 		Var().Id("o").Id("options"),
@@ -580,7 +587,7 @@ when m or l is nil.`)
 		})),
 	)
 	comment(f, "Verifying reports whether m is a checked wrapper in verify mode.")
-	f.Func().Id("Verifying").Params(Id("m").Add(c("Mechanism"))).Bool().Block(
+	f.Func().Id("Verifying").Params(Id("m").Add(c(contractMechanism))).Bool().Block(
 		List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")),
 		Return(Id("ok").Op("&&").Id("w").Dot("verify")),
 	)
@@ -590,7 +597,7 @@ itself; each optional capability has its own wrapper type, cached so that an
 accessor call allocates nothing while the mechanism keeps returning the same
 capability value.`)
 	f.Type().Id("mechanism").StructFunc(func(b *Group) {
-		b.Id("inner").Add(c("Mechanism"))
+		b.Id("inner").Add(c(contractMechanism))
 		b.Id("info").Add(c("MechanismInfo")).Comment("read once by Wrap")
 		b.Id("ledger").Id("Ledger").Comment("vouches for the grants and accounts the wrapper accepts")
 		b.Id("verify").Bool()
@@ -599,12 +606,12 @@ capability value.`)
 			b.Id(capType(cp)).Qual("sync/atomic", "Pointer").Types(Id(capType(cp)))
 		}
 	})
-	f.Var().Id("_").Add(c("Mechanism")).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
+	f.Var().Id("_").Add(c(contractMechanism)).Op("=").Parens(Op("*").Id("mechanism")).Parens(Nil())
 	comment(f, `Unwrap returns the mechanism the wrapper wraps. Calls made on it bypass
 every check: it is for tools that identify the mechanism beneath (the
 conformance suite finds a wrapped mechanism's spec entry by the package of
 its type), never for memory operations.`)
-	f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("Unwrap").Params().Add(c("Mechanism")).Block(
+	f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("Unwrap").Params().Add(c(contractMechanism)).Block(
 		Return(Id("m").Dot("inner")),
 	)
 	for _, cp := range optional {
@@ -642,7 +649,7 @@ its type), never for memory operations.`)
 		f.Func().Params(Id("m").Op("*").Id("mechanism")).Id("query"+q.Name).Params(Id("h").Add(g.Type(h.Name))).Params(c("Bytes"), Error()).Block(
 			List(Id("c"), Id("ok")).Op(":=").Id("m").Dot("inner").Dot(accessor(qc)).Call(),
 			If(Op("!").Id("ok").Op("||").Id("c").Op("==").Nil()).Block(
-				Return(Lit(0), Op("&").Add(c("Error")).Values(Dict{
+				Return(Lit(0), Op("&").Add(c(contractError)).Values(Dict{
 					Id("Op"): Lit(qc.Name + "." + q.Name), Id("Kind"): c("ErrUnsupported"), Id("Mechanism"): Id("m").Dot("info").Dot("Mechanism"),
 					Id("Detail"): Lit("mechanism no longer offers " + qc.Name),
 				})),
@@ -891,7 +898,7 @@ func (x *methodCtx) body(b *Group) {
 	if a.Effect == effectConsumes || a.Effect == effectRefunds {
 		amount = Id("n")
 	}
-	effect := ck.g.C("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:])
+	effect := ck.g.C(effectConst(a.Effect))
 
 	// Verify mode: the figures before the call.
 	figs := x.figureParams()
@@ -985,7 +992,7 @@ func (x *methodCtx) check(b *Group, k check) {
 	switch k.pred {
 	case predLive:
 		h, _ := ck.expr(m, k.args[0])
-		b.If(Id("err").Op(":=").Add(ck.g.C("CheckHandle")).Call(Id("op"), h, Id("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
+		b.If(Id("err").Op(":=").Add(ck.g.C(contractCheckHandle)).Call(Id("op"), h, Id("m").Dot("info").Dot("Instance")), Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 	case predPositive:
 		v, _ := ck.expr(m, k.args[0])
 		b.If(Add(v).Op("==").Lit(0)).Block(x.fail(Id("m").Dot("errPositive").Call(Id("op"), Lit(k.text))))
@@ -1014,9 +1021,11 @@ func (x *methodCtx) check(b *Group, k check) {
 // emitExample writes example_test.go: Wrap and WithVerify over the generated
 // fakes. The examples call methods by name, so they are written only while
 // the spec has the shapes they use (an allocator with Allocate and Free, a
-// VirtualBacking with Reserve and Commit) and a fakes package.
+// VirtualBacking with Reserve and Commit); the fakes they use must be there
+// (the fakes emitter's result says what the package declares).
 func (ck *checkedGen) emitExample() error {
 	s := ck.s
+	fakes := resultOf[*fakesResult](ck.g, fakesEmitter)
 	has := func(capName, method, effect string) bool {
 		c := s.Capability(capName)
 		if c == nil {
@@ -1029,23 +1038,27 @@ func (ck *checkedGen) emitExample() error {
 		}
 		return false
 	}
-	if s.Packages.Fakes == "" || !has("DeviceAllocator", "Allocate", effectConsumes) || !has("DeviceAllocator", "Free", effectRefunds) ||
+	if !has("DeviceAllocator", "Allocate", effectConsumes) || !has("DeviceAllocator", "Free", effectRefunds) ||
 		!has("VirtualBacking", "Reserve", effectNone) || !has("VirtualBacking", "Commit", effectConsumes) {
 		return nil
+	}
+	if missing := fakes.missing("NewMechanism", "Config", "Ledger", "NewGrant", "NewAccount", "Grant.Drawn", "Account.Refunded",
+		fakeMechanism+"."+fakeCallCount("Free")); len(missing) > 0 {
+		return fmt.Errorf("the checked wrapper's examples use %s, which the fakes (%s) do not declare", strings.Join(missing, ", "), fakes.dir)
 	}
 	dir := s.Packages.Checked
 	f := NewFilePathName(ck.g.Import(dir)+"_test", path.Base(dir)+"_test")
 	f.HeaderComment(ck.g.header(""))
 	c := ck.g.C
 	chk := func(n string) *Statement { return Qual(ck.g.Import(dir), n) }
-	fk := func(n string) *Statement { return Qual(ck.g.Import(s.Packages.Fakes), n) }
+	fk := func(n string) *Statement { return Qual(ck.g.Import(fakes.dir), n) }
 	must := If(Err().Op("!=").Nil()).Block(Panic(Err()))
 
 	comment(f, "Wrap a mechanism (here a fake) and every call draws from and refunds to the\nledger; a misuse is rejected before it reaches the mechanism.")
 	f.Func().Id("ExampleWrap").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host")})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger")),
+		Id("m").Op(":=").Add(chk(checkedWrap)).Call(Id("mech"), fk("Ledger")),
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
 		Id("acct").Op(":=").Add(fk("NewAccount")).Call(Lit("host")),
 		Line(),
@@ -1055,7 +1068,7 @@ func (ck *checkedGen) emitExample() error {
 		Qual("fmt", "Println").Call(Lit("free:"), Id("m").Dot("Free").Call(Id("ctx"), Id("a"), Id("acct")), Lit("refunded"), Id("acct").Dot("Refunded").Call()),
 		Line(),
 		Err().Op("=").Id("m").Dot("Free").Call(Id("ctx"), Id("a"), Id("acct")),
-		Qual("fmt", "Println").Call(Lit("second free:"), Qual("errors", "Is").Call(Err(), c("ErrReleased")), Lit("calls reaching the mechanism:"), Id("mech").Dot("FreeCallCount").Call()),
+		Qual("fmt", "Println").Call(Lit("second free:"), Qual("errors", "Is").Call(Err(), c("ErrReleased")), Lit("calls reaching the mechanism:"), Id("mech").Dot(fakeCallCount("Free")).Call()),
 		Comment("Output:"),
 		Comment("allocated 4096 drew 4096"),
 		Comment("free: <nil> refunded 4096"),
@@ -1065,8 +1078,8 @@ func (ck *checkedGen) emitExample() error {
 	f.Func().Id("ExampleWithVerify").Params().Block(
 		Id("ctx").Op(":=").Qual("context", "Background").Call(),
 		Id("mech").Op(":=").Add(fk("NewMechanism")).Call(fk("Config").Values(Dict{Id("Authority"): Lit("host"), Id("LyingEager"): True()})),
-		Id("m").Op(":=").Add(chk("Wrap")).Call(Id("mech"), fk("Ledger"), chk("WithVerify").Call()),
-		List(Id("vb"), Err()).Op(":=").Add(c("RequireVirtualBacking")).Call(Id("m")),
+		Id("m").Op(":=").Add(chk(checkedWrap)).Call(Id("mech"), fk("Ledger"), chk(checkedWithVerify).Call()),
+		List(Id("vb"), Err()).Op(":=").Add(c(requireFunc(s.Capability("VirtualBacking")))).Call(Id("m")),
 		must,
 		Id("grant").Op(":=").Add(fk("NewGrant")).Call(Lit("host"), Lit(1<<20)),
 		Line(),
@@ -1074,7 +1087,7 @@ func (ck *checkedGen) emitExample() error {
 		Qual("fmt", "Println").Call(Lit("reserve took memory without a grant:"), Qual("errors", "Is").Call(Err(), c("ErrUntruthful"))),
 		Line(),
 		Err().Op("=").Id("vb").Dot("Commit").Call(Id("ctx"), Id("res"), c("Range").Values(Dict{Id("Len"): Lit(64 << 10)}), Id("grant")),
-		Var().Id("e").Op("*").Add(c("Error")),
+		Var().Id("e").Op("*").Add(c(contractError)),
 		If(Qual("errors", "As").Call(Err(), Op("&").Id("e"))).Block(
 			Qual("fmt", "Println").Call(Lit("commit:"), Qual("errors", "Is").Call(Id("e"), c("ErrUntruthful")), Lit("wanted"), Id("e").Dot("Wanted"), Lit("moved"), Id("e").Dot("Available")),
 		),

@@ -163,3 +163,22 @@ func TestCheckedRefusesShadowingParams(t *testing.T) {
 		t.Fatalf("want a collision error, got %v", err)
 	}
 }
+
+// TestCheckedExamplesNeedTheFakes: the wrapper's examples name the fakes
+// they call, and a fakes package that lacks one (as its emitter's result
+// says) is an error of the checked emitter naming it, not an example that
+// does not compile.
+func TestCheckedExamplesNeedTheFakes(t *testing.T) {
+	g := newGen(loadReal(t), Config{Module: realModule})
+	g.run([]*emitter{fakesEmitter})
+	fakes := resultOf[*fakesResult](&generator{current: checkedEmitter, results: g.results}, fakesEmitter)
+	if missing := fakes.missing("NewGrant", "Grant.Drawn", fakeMechanism+"."+fakeCallCount("Free"), "Mechanism.Restore"); len(missing) > 0 {
+		t.Fatalf("the real fakes lack %v", missing)
+	}
+	delete(fakes.decls, "NewGrant")
+	g.current = checkedEmitter
+	err := emitChecked(g)
+	if err == nil || !strings.Contains(err.Error(), "use NewGrant, which the fakes (fakes) do not declare") {
+		t.Errorf("emitChecked without fakes.NewGrant: %v", err)
+	}
+}

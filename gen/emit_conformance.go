@@ -200,7 +200,7 @@ func (cg *confGen) needs(c *capability) Code {
 			args = append(args, cg.g.C(capConst(x)))
 		}
 	}
-	return cg.g.C("Of").Call(args...)
+	return cg.g.C(contractOf).Call(args...)
 }
 
 // recv returns the code reaching m's capability from env e.
@@ -233,21 +233,21 @@ func (cg *confGen) emitCalls() error {
 		}
 	})
 	comment(f, "load asks m's accessors and returns the capabilities it claims.")
-	f.Func().Params(Id("c").Op("*").Id("capabilities")).Id("load").Params(Id("m").Add(g.C("Mechanism"))).Add(g.C("CapSet")).BlockFunc(func(b *Group) {
+	f.Func().Params(Id("c").Op("*").Id("capabilities")).Id("load").Params(Id("m").Add(g.C(contractMechanism))).Add(g.C(contractCapSet)).BlockFunc(func(b *Group) {
 		var req []Code
 		for _, c := range s.Capabilities {
 			if c.Required {
 				req = append(req, g.C(capConst(c)))
 			}
 		}
-		b.Id("s").Op(":=").Add(g.C("Of")).Call(req...)
+		b.Id("s").Op(":=").Add(g.C(contractOf)).Call(req...)
 		for _, c := range s.Capabilities {
 			if c.Required {
 				continue
 			}
 			b.If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok")).Block(
 				Id("c").Dot(capField(c)).Op("=").Id("v"),
-				Id("s").Op("|=").Add(g.C("Of")).Call(g.C(capConst(c))),
+				Id("s").Op("|=").Add(g.C(contractOf)).Call(g.C(capConst(c))),
 			)
 		}
 		b.Return(Id("s"))
@@ -280,19 +280,19 @@ func (cg *confGen) emitCalls() error {
 			fieldCases = append(fieldCases, Case(Op("*").Add(g.C(t.Name))).Block(body...))
 		}
 	}
-	f.Func().Id("handleFields").Params(Id("h").Add(g.C("Handle"))).Index().Add(g.C("Handle")).BlockFunc(func(b *Group) {
+	f.Func().Id("handleFields").Params(Id("h").Add(g.C(contractHandle))).Index().Add(g.C(contractHandle)).BlockFunc(func(b *Group) {
 		if len(fieldCases) == 0 {
 			b.Return(Nil())
 			return
 		}
-		b.Var().Id("out").Index().Add(g.C("Handle"))
+		b.Var().Id("out").Index().Add(g.C(contractHandle))
 		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).Block(fieldCases...)
 		b.Return(Id("out"))
 	})
 
 	// releaseHandle: how the sweep releases each handle type.
 	comment(f, "releaseHandle releases h through e's mechanism with the method the spec\ndeclares for its type.")
-	f.Func().Params(Id("e").Op("*").Id("env")).Id("releaseHandle").Params(Id("h").Add(g.C("Handle"))).Error().BlockFunc(func(b *Group) {
+	f.Func().Params(Id("e").Op("*").Id("env")).Id("releaseHandle").Params(Id("h").Add(g.C(contractHandle))).Error().BlockFunc(func(b *Group) {
 		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).BlockFunc(func(sw *Group) {
 			for _, t := range s.handles() {
 				m := cg.releaser(t.Name)
@@ -338,7 +338,7 @@ func (cg *confGen) emitCalls() error {
 
 	// observeQueries: every query of the spec over what it can be asked about.
 	comment(f, "observeQueries records the answer of every query method of the spec, for\nthe mechanism and for every live handle a query takes.")
-	f.Func().Params(Id("e").Op("*").Id("env")).Id("observeQueries").Params(Id("prefix").String(), Id("s").Id("state"), Id("hs").Index().Add(g.C("Handle"))).BlockFunc(func(b *Group) {
+	f.Func().Params(Id("e").Op("*").Id("env")).Id("observeQueries").Params(Id("prefix").String(), Id("s").Id("state"), Id("hs").Index().Add(g.C(contractHandle))).BlockFunc(func(b *Group) {
 		var perHandle []Code
 		for _, c := range s.Capabilities {
 			for _, m := range c.Methods {
@@ -455,7 +455,7 @@ func (cg *confGen) emitCall(f *File, c *capability, m *method) {
 			var zeros []Code
 			for i, r := range m.Returns {
 				if i == errIdx {
-					zeros = append(zeros, Op("&").Add(g.C("Error")).Values(Dict{
+					zeros = append(zeros, Op("&").Add(g.C(contractError)).Values(Dict{
 						Id("Op"):     Lit(c.Name + "." + m.Name),
 						Id("Kind"):   g.C("ErrUnsupported"),
 						Id("Detail"): Lit("the subject's " + accessor(c) + " returned a nil capability"),
@@ -487,7 +487,7 @@ func (cg *confGen) emitCall(f *File, c *capability, m *method) {
 		b.Return(rs...)
 	})
 	comment(f, "call is do returning the created handle, if any, as a Handle.")
-	f.Func().Params(Id("c").Op("*").Id(ct)).Id("call").Params(Id("e").Op("*").Id("env")).Params(g.C("Handle"), Error()).BlockFunc(func(b *Group) {
+	f.Func().Params(Id("c").Op("*").Id(ct)).Id("call").Params(Id("e").Op("*").Id("env")).Params(g.C(contractHandle), Error()).BlockFunc(func(b *Group) {
 		if created < 0 && errIdx < 0 {
 			b.Id("c").Dot("do").Call(Id("e"))
 		} else {

@@ -559,9 +559,9 @@ func (cg *confGen) absent(c *capability) {
 	body := []Code{
 		List(Id("v"), Id("ok")).Op(":=").Add(acc).Call(),
 		List(Id("_"), Id("again")).Op(":=").Add(acc.Clone()).Call(),
-		List(Id("r"), Err()).Op(":=").Add(g.C("Require" + c.Name)).Call(Id("e").Dot("m")),
+		List(Id("r"), Err()).Op(":=").Add(g.C(requireFunc(c))).Call(Id("e").Dot("m")),
 		Id("checkAccessor").Call(Id("t"), Lit(c.Name), Id("ok"), Id("v").Op("!=").Nil(), Id("again").Op("==").Id("ok"), Id("r").Op("!=").Nil(), Err(),
-			g.C("Negotiate").Call(Id("e").Dot("m")).Dot("Has").Call(g.C(capConst(c)))),
+			g.C(contractNegotiate).Call(Id("e").Dot("m")).Dot("Has").Call(g.C(capConst(c)))),
 	}
 	// Absence must not depend on what else the subject offers: no needs but DeviceAllocator.
 	name := c.Name + "/absent-means-unsupported"
@@ -577,7 +577,7 @@ func (cg *confGen) absent(c *capability) {
 			req = append(req, g.C(capConst(x)))
 		}
 	}
-	cg.tests = append(cg.tests, Line().Values(Lit(name), g.C("Of").Call(req...), Id(fn)))
+	cg.tests = append(cg.tests, Line().Values(Lit(name), g.C(contractOf).Call(req...), Id(fn)))
 }
 
 // noSilentNoop writes invariant/no-silent-noop/<Cap>: when the capability is

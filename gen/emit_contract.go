@@ -14,6 +14,26 @@ var contractEmitter = &emitter{Name: "contract", Emit: noResult(emitContract)}
 
 func init() { register(contractEmitter) }
 
+// The contract's own declarations that other emitters' output names (the
+// spec's declarations keep their spec names). The contract emitter declares
+// them under these names, the emitters that require it refer to them by
+// these names and the validator reserves them (reservedNames), so renaming
+// one here renames it everywhere.
+const (
+	contractMechanism   = "Mechanism"   // the interface a mechanism implements
+	contractCapability  = "Capability"  // one capability of the spec
+	contractCapSet      = "CapSet"      // a set of them
+	contractOf          = "Of"          // the CapSet of its arguments
+	contractNegotiate   = "Negotiate"   // the capabilities a Mechanism offers now
+	contractHandle      = "Handle"      // what every handle type has in common
+	contractCheckHandle = "CheckHandle" // a handle's nil, creator and liveness check
+	contractError       = "Error"       // the typed error
+	contractErrorf      = "Errorf"      // an *Error with a formatted detail
+	contractIssuer      = "Issuer"      // creates and retires one instance's handles
+	contractNewIssuer   = "NewIssuer"   // an Issuer with a fresh instance id
+	contractSpecDigest  = "SpecDigest"  // the sha256 of the spec
+)
+
 func (g *generator) contractFile(name string) *File {
 	return g.File(g.Spec.Packages.Contract+"/"+name, "memapi")
 }
@@ -53,7 +73,7 @@ no default methods anywhere: an unsupported capability is absent, and Require
 helpers return an error that matches errors.ErrUnsupported.`))
 	comment(f, "SpecDigest is the sha256 of the spec these files were generated from.")
 	comment(f, "A test beside it fails when the spec has changed since.")
-	f.Const().Id("SpecDigest").Op("=").Lit(g.Spec.Digest)
+	f.Const().Id(contractSpecDigest).Op("=").Lit(g.Spec.Digest)
 }
 
 func emitTypes(g *generator) {
@@ -123,7 +143,7 @@ func emitErrors(g *generator) {
 	comment(f, `Error is the typed error of the contract: the operation, the kind (one of
 the sentinels), the figures involved, and the underlying cause (an errno, a
 CUresult). errors.Is matches both the kind and the cause.`)
-	f.Type().Id("Error").Struct(
+	f.Type().Id(contractError).Struct(
 		Id("Op").String().Comment("Capability.Method or a layer's operation"),
 		Id("Kind").Error().Comment("one of the sentinel errors"),
 		Id("Mechanism").Id("MechanismID"),
@@ -134,7 +154,7 @@ CUresult). errors.Is matches both the kind and the cause.`)
 		Id("Detail").String().Comment("a short explanation"),
 		Id("Err").Error().Comment("the underlying cause, or nil"),
 	)
-	f.Func().Params(Id("e").Op("*").Id("Error")).Id("Error").Params().String().Block(
+	f.Func().Params(Id("e").Op("*").Id(contractError)).Id("Error").Params().String().Block(
 		Var().Id("b").Qual("strings", "Builder"),
 		If(Id("e").Dot("Op").Op("!=").Lit("")).Block(
 			Id("b").Dot("WriteString").Call(Id("e").Dot("Op")),
@@ -166,7 +186,7 @@ CUresult). errors.Is matches both the kind and the cause.`)
 		Return(Id("b").Dot("String").Call()),
 	)
 	comment(f, "Unwrap returns the kind and the cause (those that are set), so errors.Is and\nerrors.As see both.")
-	f.Func().Params(Id("e").Op("*").Id("Error")).Id("Unwrap").Params().Index().Error().Block(
+	f.Func().Params(Id("e").Op("*").Id(contractError)).Id("Unwrap").Params().Index().Error().Block(
 		Id("errs").Op(":=").Make(Index().Error(), Lit(0), Lit(2)),
 		For(List(Id("_"), Id("x")).Op(":=").Range().Index().Error().Values(Id("e").Dot("Kind"), Id("e").Dot("Err"))).Block(
 			If(Id("x").Op("!=").Nil()).Block(Id("errs").Op("=").Append(Id("errs"), Id("x"))),
@@ -174,8 +194,8 @@ CUresult). errors.Is matches both the kind and the cause.`)
 		Return(Id("errs")),
 	)
 	comment(f, "Errorf returns an *Error of the given kind with a formatted detail.")
-	f.Func().Id("Errorf").Params(Id("op").String(), Id("kind").Error(), Id("format").String(), Id("args").Op("...").Any()).Op("*").Id("Error").Block(
-		Return(Op("&").Id("Error").Values(Dict{
+	f.Func().Id(contractErrorf).Params(Id("op").String(), Id("kind").Error(), Id("format").String(), Id("args").Op("...").Any()).Op("*").Id(contractError).Block(
+		Return(Op("&").Id(contractError).Values(Dict{
 			Id("Op"):     Id("op"),
 			Id("Kind"):   Id("kind"),
 			Id("Detail"): Qual("fmt", "Sprintf").Call(Id("format"), Id("args").Op("...")),
@@ -203,6 +223,14 @@ func accessor(c *capability) string { return "As" + c.Name }
 
 // capConst returns the name of a capability's constant.
 func capConst(c *capability) string { return "Cap" + c.Name }
+
+// requireFunc returns the name of the Require helper of an optional
+// capability.
+func requireFunc(c *capability) string { return "Require" + c.Name }
+
+// effectConst returns the name of the Effect constant of an accounting
+// effect (none, query, consumes, refunds).
+func effectConst(effect string) string { return "Effect" + strings.ToUpper(effect[:1]) + effect[1:] }
 
 func methodDoc(m *method) string {
 	d := docComment(m.Name, m.Doc)
@@ -239,7 +267,7 @@ func emitCapabilities(g *generator) {
 		if c.Required {
 			doc += "\n\nEvery mechanism offers " + c.Name + "."
 		} else {
-			doc += "\n\nIt is optional: reach it through Mechanism." + accessor(c) + " or Require" + c.Name + "; never assume it."
+			doc += "\n\nIt is optional: reach it through Mechanism." + accessor(c) + " or " + requireFunc(c) + "; never assume it."
 		}
 		comment(f, doc)
 		f.Type().Id(c.Name).InterfaceFunc(func(b *Group) {
@@ -259,7 +287,7 @@ func emitCapabilities(g *generator) {
 accessor per optional capability that reports whether this instance really
 offers it now. An accessor that returns false means absent: there is no
 default implementation to fall back on.`)
-	f.Type().Id("Mechanism").InterfaceFunc(func(b *Group) {
+	f.Type().Id(contractMechanism).InterfaceFunc(func(b *Group) {
 		for _, c := range s.Capabilities {
 			if c.Required {
 				b.Id(c.Name)
@@ -275,17 +303,17 @@ default implementation to fall back on.`)
 	f.Line()
 
 	comment(f, "Capability names one capability of the spec.")
-	f.Type().Id("Capability").Uint8()
+	f.Type().Id(contractCapability).Uint8()
 	f.Const().DefsFunc(func(d *Group) {
 		for i, c := range s.Capabilities {
 			if i == 0 {
-				d.Id(capConst(c)).Id("Capability").Op("=").Iota()
+				d.Id(capConst(c)).Id(contractCapability).Op("=").Iota()
 			} else {
 				d.Id(capConst(c))
 			}
 		}
 	})
-	f.Func().Params(Id("c").Id("Capability")).Id("String").Params().String().BlockFunc(func(b *Group) {
+	f.Func().Params(Id("c").Id(contractCapability)).Id("String").Params().String().BlockFunc(func(b *Group) {
 		b.Switch(Id("c")).BlockFunc(func(sw *Group) {
 			for _, c := range s.Capabilities {
 				sw.Case(Id(capConst(c))).Return(Lit(c.Name))
@@ -294,24 +322,24 @@ default implementation to fall back on.`)
 		b.Return(Qual("fmt", "Sprintf").Call(Lit("Capability(%d)"), Uint8().Call(Id("c"))))
 	})
 	comment(f, "Capabilities lists every capability in spec order.")
-	f.Var().Id("Capabilities").Op("=").Index().Id("Capability").ValuesFunc(func(v *Group) {
+	f.Var().Id("Capabilities").Op("=").Index().Id(contractCapability).ValuesFunc(func(v *Group) {
 		for _, c := range s.Capabilities {
 			v.Id(capConst(c))
 		}
 	})
 	comment(f, "CapSet is a set of capabilities.")
-	f.Type().Id("CapSet").Uint32()
+	f.Type().Id(contractCapSet).Uint32()
 	comment(f, "Of returns the set holding cs.")
-	f.Func().Id("Of").Params(Id("cs").Op("...").Id("Capability")).Id("CapSet").Block(
-		Var().Id("s").Id("CapSet"),
+	f.Func().Id(contractOf).Params(Id("cs").Op("...").Id(contractCapability)).Id(contractCapSet).Block(
+		Var().Id("s").Id(contractCapSet),
 		For(List(Id("_"), Id("c")).Op(":=").Range().Id("cs")).Block(Id("s").Op("|=").Lit(1).Op("<<").Id("c")),
 		Return(Id("s")),
 	)
 	comment(f, "Has reports whether c is in the set.")
-	f.Func().Params(Id("s").Id("CapSet")).Id("Has").Params(Id("c").Id("Capability")).Bool().Block(
+	f.Func().Params(Id("s").Id(contractCapSet)).Id("Has").Params(Id("c").Id(contractCapability)).Bool().Block(
 		Return(Id("s").Op("&").Parens(Lit(1).Op("<<").Id("c")).Op("!=").Lit(0)),
 	)
-	f.Func().Params(Id("s").Id("CapSet")).Id("String").Params().String().Block(
+	f.Func().Params(Id("s").Id(contractCapSet)).Id("String").Params().String().Block(
 		Var().Id("names").Index().String(),
 		For(List(Id("_"), Id("c")).Op(":=").Range().Id("Capabilities")).Block(
 			If(Id("s").Dot("Has").Call(Id("c"))).Block(Id("names").Op("=").Append(Id("names"), Id("c").Dot("String").Call())),
@@ -320,18 +348,18 @@ default implementation to fall back on.`)
 	)
 	comment(f, "Negotiate returns the capabilities m offers now. It asks the accessors;")
 	comment(f, "it never assumes.")
-	f.Func().Id("Negotiate").Params(Id("m").Id("Mechanism")).Id("CapSet").BlockFunc(func(b *Group) {
+	f.Func().Id(contractNegotiate).Params(Id("m").Id(contractMechanism)).Id(contractCapSet).BlockFunc(func(b *Group) {
 		var req []Code
 		for _, c := range s.Capabilities {
 			if c.Required {
 				req = append(req, Id(capConst(c)))
 			}
 		}
-		b.Id("s").Op(":=").Id("Of").Call(req...)
+		b.Id("s").Op(":=").Id(contractOf).Call(req...)
 		for _, c := range s.Capabilities {
 			if !c.Required {
 				b.If(List(Id("_"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok")).Block(
-					Id("s").Op("|=").Id("Of").Call(Id(capConst(c))),
+					Id("s").Op("|=").Id(contractOf).Call(Id(capConst(c))),
 				)
 			}
 		}
@@ -341,13 +369,13 @@ default implementation to fall back on.`)
 		if c.Required {
 			continue
 		}
-		name := "Require" + c.Name
+		name := requireFunc(c)
 		comment(f, fmt.Sprintf("%s returns m's %s, or an *Error of kind ErrUnsupported\n(errors.Is(err, errors.ErrUnsupported) holds) when m does not offer it.", name, c.Name))
-		f.Func().Id(name).Params(Id("m").Id("Mechanism")).Params(Id(c.Name), Error()).Block(
+		f.Func().Id(name).Params(Id("m").Id(contractMechanism)).Params(Id(c.Name), Error()).Block(
 			If(List(Id("v"), Id("ok")).Op(":=").Id("m").Dot(accessor(c)).Call(), Id("ok").Op("&&").Id("v").Op("!=").Nil()).Block(
 				Return(Id("v"), Nil()),
 			),
-			Return(Nil(), Op("&").Id("Error").Values(Dict{
+			Return(Nil(), Op("&").Id(contractError).Values(Dict{
 				Id("Op"):        Lit(name),
 				Id("Kind"):      Id("ErrUnsupported"),
 				Id("Mechanism"): Id("m").Dot("Info").Call().Dot("Mechanism"),
@@ -362,7 +390,7 @@ func emitHandles(g *generator) {
 	comment(f, `Handle is what every handle type has in common. Handles are created only
 by an Issuer, record the mechanism instance that created them, and move once
 from live to released; a released handle stays released.`)
-	f.Type().Id("Handle").Interface(
+	f.Type().Id(contractHandle).Interface(
 		Comment("ID returns the handle's process-unique id (0 for a nil handle)."),
 		Id("ID").Params().Id("HandleID"),
 		Comment("Creator returns the instance that created the handle."),
@@ -431,13 +459,13 @@ from live to released; a released handle stays released.`)
 retire them. A mechanism keeps its Issuer private, so no other code can
 release its handles; Check and BeginRelease enforce release-by-creator and
 detect double release and use after release on the bare mechanism too.`)
-	f.Type().Id("Issuer").Struct(Id("instance").Id("InstanceID"))
+	f.Type().Id(contractIssuer).Struct(Id("instance").Id("InstanceID"))
 	comment(f, "NewIssuer returns an Issuer with a fresh, process-unique InstanceID.")
-	f.Func().Id("NewIssuer").Params().Op("*").Id("Issuer").Block(
-		Return(Op("&").Id("Issuer").Values(Dict{Id("instance"): Id("InstanceID").Call(Id("nextInstance").Dot("Add").Call(Lit(1)))})),
+	f.Func().Id(contractNewIssuer).Params().Op("*").Id(contractIssuer).Block(
+		Return(Op("&").Id(contractIssuer).Values(Dict{Id("instance"): Id("InstanceID").Call(Id("nextInstance").Dot("Add").Call(Lit(1)))})),
 	)
 	comment(f, "Instance returns the instance id the Issuer stamps on its handles.")
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Instance").Params().Id("InstanceID").Block(Return(Id("i").Dot("instance")))
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("Instance").Params().Id("InstanceID").Block(Return(Id("i").Dot("instance")))
 	for _, t := range g.Spec.handles() {
 		var params []Code
 		vals := Dict{Id("hdr"): Id("handleHeader").Values(Dict{
@@ -452,51 +480,51 @@ detect double release and use after release on the bare mechanism too.`)
 		}
 		params = append(params, Id("impl").Any())
 		comment(f, "New"+t.Name+" creates a live "+t.Name+" stamped with the Issuer's instance; impl is the\nmechanism's private state, returned by Impl and BeginRelease.")
-		f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("New" + t.Name).Params(params...).Op("*").Id(t.Name).Block(
+		f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("New" + t.Name).Params(params...).Op("*").Id(t.Name).Block(
 			Return(Op("&").Id(t.Name).Values(vals)),
 		)
 	}
 	comment(f, `CheckHandle returns nil when h is a live handle created by instance, and
 otherwise an *Error of kind ErrNilHandle, ErrForeignHandle or ErrReleased.`)
-	f.Func().Id("CheckHandle").Params(Id("op").String(), Id("h").Id("Handle"), Id("instance").Id("InstanceID")).Error().Block(
+	f.Func().Id(contractCheckHandle).Params(Id("op").String(), Id("h").Id(contractHandle), Id("instance").Id("InstanceID")).Error().Block(
 		Var().Id("hd").Op("*").Id("handleHeader"),
 		If(Id("h").Op("!=").Nil()).Block(Id("hd").Op("=").Id("h").Dot("header").Call()),
 		Switch().Block(
 			Case(Id("hd").Op("==").Nil()).Block(
-				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrNilHandle")})),
+				Return(Op("&").Id(contractError).Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrNilHandle")})),
 			),
 			Case(Id("hd").Dot("creator").Op("!=").Id("instance")).Block(
-				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrForeignHandle"), Id("Handle"): Id("hd").Dot("id"),
+				Return(Op("&").Id(contractError).Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrForeignHandle"), Id("Handle"): Id("hd").Dot("id"),
 					Id("Detail"): Qual("fmt", "Sprintf").Call(Lit("created by instance %d, not %d"), Id("hd").Dot("creator"), Id("instance"))})),
 			),
 			Case(Id("hd").Dot("state").Dot("Load").Call().Op("!=").Id("stateLive")).Block(
-				Return(Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
+				Return(Op("&").Id(contractError).Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
 			),
 		),
 		Return(Nil()),
 	)
 	comment(f, "Check is CheckHandle for the Issuer's own instance.")
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Check").Params(Id("op").String(), Id("h").Id("Handle")).Error().Block(
-		Return(Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance"))),
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("Check").Params(Id("op").String(), Id("h").Id(contractHandle)).Error().Block(
+		Return(Id(contractCheckHandle).Call(Id("op"), Id("h"), Id("i").Dot("instance"))),
 	)
 	comment(f, "Impl checks h and returns the private state it was created with.")
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Impl").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
-		If(Err().Op(":=").Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("Impl").Params(Id("op").String(), Id("h").Id(contractHandle)).Params(Any(), Error()).Block(
+		If(Err().Op(":=").Id(contractCheckHandle).Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		Return(Id("h").Dot("header").Call().Dot("impl"), Nil()),
 	)
 	comment(f, `BeginRelease checks h and moves it from live to releasing, so that a
 concurrent second release fails with ErrReleased. The mechanism then frees
 the memory and calls EndRelease with the outcome.`)
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("BeginRelease").Params(Id("op").String(), Id("h").Id("Handle")).Params(Any(), Error()).Block(
-		If(Err().Op(":=").Id("CheckHandle").Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("BeginRelease").Params(Id("op").String(), Id("h").Id(contractHandle)).Params(Any(), Error()).Block(
+		If(Err().Op(":=").Id(contractCheckHandle).Call(Id("op"), Id("h"), Id("i").Dot("instance")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		Id("hd").Op(":=").Id("h").Dot("header").Call(),
 		If(Op("!").Id("hd").Dot("state").Dot("CompareAndSwap").Call(Id("stateLive"), Id("stateReleasing"))).Block(
-			Return(Nil(), Op("&").Id("Error").Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
+			Return(Nil(), Op("&").Id(contractError).Values(Dict{Id("Op"): Id("op"), Id("Kind"): Id("ErrReleased"), Id("Handle"): Id("hd").Dot("id")})),
 		),
 		Return(Id("hd").Dot("impl"), Nil()),
 	)
 	comment(f, "EndRelease finishes BeginRelease: released when ok, live again when the\nfree failed and the memory is still held.")
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("EndRelease").Params(Id("h").Id("Handle"), Id("ok").Bool()).Block(
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("EndRelease").Params(Id("h").Id(contractHandle), Id("ok").Bool()).Block(
 		Id("hd").Op(":=").Id("h").Dot("header").Call(),
 		If(Id("hd").Op("==").Nil().Op("||").Id("hd").Dot("creator").Op("!=").Id("i").Dot("instance")).Block(Return()),
 		If(Id("ok")).Block(
@@ -506,7 +534,7 @@ the memory and calls EndRelease with the outcome.`)
 		),
 	)
 	comment(f, "Retire marks a live handle released without freeing anything: for a handle\nwhose memory another call already took over (a view replaced by CopyOnWrite).")
-	f.Func().Params(Id("i").Op("*").Id("Issuer")).Id("Retire").Params(Id("op").String(), Id("h").Id("Handle")).Error().Block(
+	f.Func().Params(Id("i").Op("*").Id(contractIssuer)).Id("Retire").Params(Id("op").String(), Id("h").Id(contractHandle)).Error().Block(
 		If(List(Id("_"), Err()).Op(":=").Id("i").Dot("BeginRelease").Call(Id("op"), Id("h")), Err().Op("!=").Nil()).Block(Return(Err())),
 		Id("i").Dot("EndRelease").Call(Id("h"), True()),
 		Return(Nil()),
@@ -534,11 +562,10 @@ func emitMeta(g *generator) {
 	effects := []string{effectNone, effectQuery, effectConsumes, effectRefunds}
 	f.Const().DefsFunc(func(d *Group) {
 		for i, e := range effects {
-			n := "Effect" + strings.ToUpper(e[:1]) + e[1:]
 			if i == 0 {
-				d.Id(n).Id("Effect").Op("=").Iota()
+				d.Id(effectConst(e)).Id("Effect").Op("=").Iota()
 			} else {
-				d.Id(n)
+				d.Id(effectConst(e))
 			}
 		}
 	})
@@ -551,7 +578,7 @@ func emitMeta(g *generator) {
 	)
 	comment(f, "MethodMeta is one method of a capability as the spec declares it.")
 	f.Type().Id("MethodMeta").Struct(
-		Id("Capability").Id("Capability"),
+		Id("Capability").Id(contractCapability),
 		Id("Name").String(),
 		Id("Doc").String(),
 		Id("Effect").Id("Effect"),
@@ -564,7 +591,7 @@ func emitMeta(g *generator) {
 	)
 	comment(f, "CapabilityMeta is one capability as the spec declares it.")
 	f.Type().Id("CapabilityMeta").Struct(
-		Id("Capability").Id("Capability"),
+		Id("Capability").Id(contractCapability),
 		Id("Name").String(),
 		Id("Required").Bool(),
 		Id("Doc").String(),
@@ -576,7 +603,7 @@ func emitMeta(g *generator) {
 		Id("Package").String(),
 		Id("Type").String(),
 		Id("Device").String(),
-		Id("Offers").Id("CapSet"),
+		Id("Offers").Id(contractCapSet),
 		Id("Granularity").String(),
 		Id("Doc").String(),
 	)
@@ -609,7 +636,7 @@ func emitMeta(g *generator) {
 	}
 	comment(f, "Meta is the spec these files were generated from.")
 	f.Var().Id("Meta").Op("=").Id("SpecMeta").Values(Dict{
-		Id("Digest"): Id("SpecDigest"),
+		Id("Digest"): Id(contractSpecDigest),
 		Id("Capabilities"): Index().Id("CapabilityMeta").ValuesFunc(func(v *Group) {
 			for _, c := range s.Capabilities {
 				v.Values(Dict{
@@ -632,7 +659,7 @@ func emitMeta(g *generator) {
 								Id("Capability"): Id(capConst(c)),
 								Id("Name"):       Lit(m.Name),
 								Id("Doc"):        longLit(m.Doc),
-								Id("Effect"):     Id("Effect" + strings.ToUpper(a.Effect[:1]) + a.Effect[1:]),
+								Id("Effect"):     Id(effectConst(a.Effect)),
 								Id("Amount"):     Lit(amount),
 								Id("Round"):      Lit(a.Round),
 								Id("Account"):    Lit(a.Account),
@@ -656,7 +683,7 @@ func emitMeta(g *generator) {
 					Id("Package"):     Lit(m.Package),
 					Id("Type"):        Lit(m.Type),
 					Id("Device"):      Lit(m.Device),
-					Id("Offers"):      Id("Of").Call(offers...),
+					Id("Offers"):      Id(contractOf).Call(offers...),
 					Id("Granularity"): Lit(m.Granularity),
 					Id("Doc"):         longLit(m.Doc),
 				})
@@ -701,8 +728,8 @@ func emitTripwire(g *generator) {
 		List(Id("data"), Err()).Op(":=").Qual("os", "ReadFile").Call(Lit(rel)),
 		If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit("read spec: %v"), Err())),
 		Id("sum").Op(":=").Qual("crypto/sha256", "Sum256").Call(Id("data")),
-		If(Id("got").Op(":=").Qual("encoding/hex", "EncodeToString").Call(Id("sum").Index(Op(":"))), Id("got").Op("!=").Id("SpecDigest")).Block(
-			Id("t").Dot("Fatalf").Call(Lit("generated code is older than "+g.Spec.File+" (digest %s, generated from %s): run go generate ./..."), Id("got"), Id("SpecDigest")),
+		If(Id("got").Op(":=").Qual("encoding/hex", "EncodeToString").Call(Id("sum").Index(Op(":"))), Id("got").Op("!=").Id(contractSpecDigest)).Block(
+			Id("t").Dot("Fatalf").Call(Lit("generated code is older than "+g.Spec.File+" (digest %s, generated from %s): run go generate ./..."), Id("got"), Id(contractSpecDigest)),
 		),
 	)
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // fakesEmitter writes the fakes' package.
-var fakesEmitter = &emitter{Name: "fakes", Requires: []*emitter{contractEmitter}, Emit: noResult(emitFakes)}
+var fakesEmitter = &emitter{Name: "fakes", Requires: []*emitter{contractEmitter}, Emit: emitFakes}
 
 func init() { register(fakesEmitter) }
 
@@ -24,6 +24,47 @@ func init() { register(fakesEmitter) }
 // results, fault points, dispatch to the state model) is generated from the
 // spec below.
 
+// fakesResult is the fakes emitter's result: what the fakes package
+// declares (the templates' state model and the generated fakes), as written,
+// so that an emitter whose code calls the fakes (the checked wrapper's
+// examples) can tell that what it names is there.
+type fakesResult struct {
+	dir     string                     // the package's module-relative directory
+	decls   map[string]bool            // top-level names
+	methods map[string]map[string]bool // type -> its methods
+}
+
+func newFakesResult(dir string) *fakesResult {
+	return &fakesResult{dir: dir, decls: map[string]bool{}, methods: map[string]map[string]bool{}}
+}
+
+func (r *fakesResult) addMethod(typ, name string) {
+	if r.methods[typ] == nil {
+		r.methods[typ] = map[string]bool{}
+	}
+	r.methods[typ][name] = true
+}
+
+// missing returns those of names (each Name or Type.Method) that the fakes
+// package does not declare.
+func (r *fakesResult) missing(names ...string) []string {
+	var out []string
+	for _, n := range names {
+		typ, method, isMethod := strings.Cut(n, ".")
+		if isMethod && !r.methods[typ][method] || !isMethod && !r.decls[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// fakeCallCount is the name of the method that counts a fake's calls of
+// method m.
+func fakeCallCount(m string) string { return m + "CallCount" }
+
+// fakeMechanism is the fake mechanism's type.
+const fakeMechanism = "Mechanism"
+
 // fakeDecl is one generated fake type.
 type fakeDecl struct {
 	Type    string        // exported type, e.g. Mechanism
@@ -31,6 +72,14 @@ type fakeDecl struct {
 	Methods []*fakeMeth   // in spec order
 	Asserts []string      // contract interfaces the type implements
 	Caps    []*capability // Mechanism: the capabilities (for accessors)
+	res     *fakesResult  // where its declarations are recorded
+}
+
+// method starts the declaration of one of the fake's methods, recording it
+// in the emitter's result.
+func (d *fakeDecl) method(f *File, name string) *Statement {
+	d.res.addMethod(d.Type, name)
+	return f.Func().Params(Id("fake").Op("*").Id(d.Type)).Id(name)
 }
 
 // fakeMeth is one spec method of a fake, with the optional capability that
@@ -42,16 +91,16 @@ type fakeMeth struct {
 
 func (d *fakeDecl) state() string { return lowerFirst(d.Type) + "State" }
 
-func emitFakes(g *generator) error {
+func emitFakes(g *generator) (any, error) {
 	dir := g.Spec.Packages.Fakes
 	pkg := path.Base(dir)
-	stateMethods, err := renderFakeTemplates(g, dir)
-	if err != nil {
-		return err
+	res := newFakesResult(dir)
+	if err := renderFakeTemplates(g, dir, res); err != nil {
+		return nil, err
 	}
 	emitFakesDoc(g, dir, pkg)
 
-	mech := &fakeDecl{Type: "Mechanism", Asserts: []string{"Mechanism"}, Doc: `Mechanism is a stateful in-memory mechanism that obeys the spec: host memory
+	mech := &fakeDecl{Type: fakeMechanism, Asserts: []string{contractMechanism}, Doc: `Mechanism is a stateful in-memory mechanism that obeys the spec: host memory
 behind every handle, the spec's accounting (rounding, UsedBytes,
 CommittedBytes), the typed errors of the contract, and any subset of the
 optional capabilities (Config.Offers). On top of the state model every method
@@ -113,50 +162,71 @@ overridden or faulted.`},
 	} {
 		ms, names, err := byRole(d.roles...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		decls = append(decls, &fakeDecl{Type: d.typ, Doc: d.doc, Methods: ms, Asserts: names})
 	}
 	files := map[string]string{"Mechanism": "mechanism.go", "Grant": "ledger.go", "Account": "ledger.go",
 		"Context": "context.go", "Stream": "context.go", "Fence": "context.go"}
 	for _, d := range decls {
+		d.res = res
+		res.decls[d.Type] = true
 		f := g.File(dir+"/"+files[d.Type], pkg)
-		emitFake(g, f, d, stateMethods[d.state()])
+		emitFake(g, f, d, res.methods[d.state()])
+	}
+	return res, nil
+}
+
+// renderFakeTemplates writes every template of fakestmpl the spec's needs
+// meet into dir and records in res what they declare (read from the syntax
+// tree): among it, per state type, the methods the state model implements.
+func renderFakeTemplates(g *generator, dir string, res *fakesResult) error {
+	tmpls, err := g.renderTemplates(templates, "fakestmpl/*.go", path.Base(dir))
+	if err != nil {
+		return err
+	}
+	for _, t := range tmpls {
+		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, d := range file.Decls {
+			recordDecl(res, d)
+		}
+		g.Raw(dir+"/"+t.name, t.src)
 	}
 	return nil
 }
 
-// renderFakeTemplates writes every template of fakestmpl the spec's needs
-// meet into dir and returns, per state type, the methods the state model
-// implements (read from the syntax tree).
-func renderFakeTemplates(g *generator, dir string) (map[string]map[string]bool, error) {
-	tmpls, err := g.renderTemplates(templates, "fakestmpl/*.go", path.Base(dir))
-	if err != nil {
-		return nil, err
-	}
-	methods := map[string]map[string]bool{}
-	for _, t := range tmpls {
-		file, err := parser.ParseFile(token.NewFileSet(), t.name, t.src, parser.SkipObjectResolution)
-		if err != nil {
-			return nil, err
+// recordDecl records in res the names a top-level declaration of a template
+// declares: its types, variables, constants and functions, and its methods
+// by their receiver's type.
+func recordDecl(res *fakesResult, d ast.Decl) {
+	switch d := d.(type) {
+	case *ast.FuncDecl:
+		if d.Recv == nil || len(d.Recv.List) != 1 {
+			res.decls[d.Name.Name] = true
+			return
 		}
-		for _, d := range file.Decls {
-			fd, ok := d.(*ast.FuncDecl)
-			if !ok || fd.Recv == nil || len(fd.Recv.List) != 1 {
-				continue
-			}
-			if st, ok := fd.Recv.List[0].Type.(*ast.StarExpr); ok {
-				if id, ok := st.X.(*ast.Ident); ok {
-					if methods[id.Name] == nil {
-						methods[id.Name] = map[string]bool{}
-					}
-					methods[id.Name][fd.Name.Name] = true
+		t := d.Recv.List[0].Type
+		if st, ok := t.(*ast.StarExpr); ok {
+			t = st.X
+		}
+		if id, ok := t.(*ast.Ident); ok {
+			res.addMethod(id.Name, d.Name.Name)
+		}
+	case *ast.GenDecl:
+		for _, sp := range d.Specs {
+			switch sp := sp.(type) {
+			case *ast.TypeSpec:
+				res.decls[sp.Name.Name] = true
+			case *ast.ValueSpec:
+				for _, n := range sp.Names {
+					res.decls[n.Name] = true
 				}
 			}
 		}
-		g.Raw(dir+"/"+t.name, t.src)
 	}
-	return methods, nil
 }
 
 func emitFakesDoc(g *generator, dir, pkg string) {
@@ -196,7 +266,6 @@ model until the fakes' templates (gen/fakestmpl) give it behaviour.`))
 // emitFake writes one fake type: its struct, the per-method records, the
 // methods themselves and their counterfeiter-style API.
 func emitFake(g *generator, f *File, d *fakeDecl, has map[string]bool) {
-	recv := func() *Statement { return Id("fake").Op("*").Id(d.Type) }
 	lower := lowerFirst(d.Type)
 
 	f.Var().DefsFunc(func(v *Group) {
@@ -231,12 +300,12 @@ func emitFake(g *generator, f *File, d *fakeDecl, has map[string]bool) {
 
 	for _, m := range d.Methods {
 		emitFakeRecordTypes(g, f, d, m)
-		emitFakeMethod(g, f, d, m, recv, has[m.Name])
-		emitFakeAPI(g, f, d, m, recv)
+		emitFakeMethod(g, f, d, m, has[m.Name])
+		emitFakeAPI(g, f, d, m)
 	}
 
 	comment(f, "Restore drops every stub and canned result set on the fake, so each method\nruns the state model again. Recorded calls and injected faults stay.")
-	f.Func().Params(recv()).Id("Restore").Params().BlockFunc(func(b *Group) {
+	d.method(f, "Restore").Params().BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Defer().Id("fake").Dot("mu").Dot("Unlock").Call()
 		for _, m := range d.Methods {
@@ -254,7 +323,7 @@ func emitFake(g *generator, f *File, d *fakeDecl, has map[string]bool) {
 			continue
 		}
 		comment(f, accessor(c)+" returns the fake as "+c.Name+" when Config.Offers has it, and nil and\nfalse otherwise.")
-		f.Func().Params(recv()).Id(accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
+		d.method(f, accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
 			If(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(c)))).Block(Return(Nil(), False())),
 			Return(Id("fake"), True()),
 		)
@@ -318,7 +387,7 @@ func emitFakeRecordTypes(g *generator, f *File, d *fakeDecl, m *fakeMeth) {
 	}
 }
 
-func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement, implemented bool) {
+func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, implemented bool) {
 	params, results := g.Signature(m.method)
 	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
 	var argIDs, recArgs []Code
@@ -360,7 +429,7 @@ func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func()
 	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
 	comment(f, doc)
 	head := "func (fake *" + d.Type + ") " + m.Name
-	f.Func().Params(recv()).Id(m.Name).Add(fitParams(g.sigLen(head, nil, m.method), params)).Params(results...).BlockFunc(func(b *Group) {
+	d.method(f, m.Name).Add(fitParams(g.sigLen(head, nil, m.method), params)).Params(results...).BlockFunc(func(b *Group) {
 		b.Id("fake").Dot("mu").Dot("Lock").Call()
 		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
 		b.Add(rec().Dot("count")).Op("++")
@@ -452,12 +521,12 @@ func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func()
 	f.Line()
 }
 
-func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *Statement) {
+func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth) {
 	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
 	lock := []Code{Id("fake").Dot("mu").Dot("Lock").Call(), Defer().Id("fake").Dot("mu").Dot("Unlock").Call()}
 
-	comment(f, m.Name+"CallCount returns how many times "+m.Name+" was called.")
-	f.Func().Params(recv()).Id(m.Name + "CallCount").Params().Int().Block(
+	comment(f, fakeCallCount(m.Name)+" returns how many times "+m.Name+" was called.")
+	d.method(f, fakeCallCount(m.Name)).Params().Int().Block(
 		append(lock, Return(rec().Dot("count")))...,
 	)
 
@@ -472,7 +541,7 @@ func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *S
 		for _, p := range m.Params {
 			n += len(g.typeText(p.Type)) + 2
 		}
-		f.Func().Params(recv()).Id(m.Name + "ArgsForCall").Params(Id("i").Int()).Add(fitParams(n, types)).Block(
+		d.method(f, m.Name+"ArgsForCall").Params(Id("i").Int()).Add(fitParams(n, types)).Block(
 			append(lock,
 				If(Id("fake").Dot("quiet")).Block(Panic(Lit("fakes: "+d.Type+"."+m.Name+"ArgsForCall: a Quiet fake keeps no arguments"))),
 				Id("a").Op(":=").Add(rec().Dot("args")).Index(Id("i")),
@@ -489,7 +558,7 @@ func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *S
 			vals[Id(resultName(i))] = Id(resultName(i))
 		}
 		comment(f, m.Name+"Returns makes every later call of "+m.Name+" return these results\ninstead of running the state model, and drops a stub set by "+m.Name+"Calls.")
-		f.Func().Params(recv()).Id(m.Name + "Returns").Params(ps...).Block(
+		d.method(f, m.Name+"Returns").Params(ps...).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				rec().Dot("returns").Op("=").Op("&").Id(resultsType(d, m)).Values(vals),
@@ -501,7 +570,7 @@ func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *S
 		for i, r := range m.Returns {
 			n += len(resultName(i)) + 3 + len(g.typeText(r.Type))
 		}
-		f.Func().Params(recv()).Id(m.Name + "ReturnsOnCall").Add(fitParams(n, onCall)).Block(
+		d.method(f, m.Name+"ReturnsOnCall").Add(fitParams(n, onCall)).Block(
 			append(lock,
 				rec().Dot("stub").Op("=").Nil(),
 				If(rec().Dot("onCall").Op("==").Nil()).Block(rec().Dot("onCall").Op("=").Map(Int()).Id(resultsType(d, m)).Values()),
@@ -511,7 +580,7 @@ func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth, recv func() *S
 	}
 
 	comment(f, m.Name+"Calls makes "+m.Name+" call stub instead of the state model (nil removes\nthe stub). Injected faults still come first.")
-	f.Func().Params(recv()).Id(m.Name + "Calls").Params(Id("stub").Add(funcType(g, m.method))).Block(
+	d.method(f, m.Name+"Calls").Params(Id("stub").Add(funcType(g, m.method))).Block(
 		append(lock, rec().Dot("stub").Op("=").Id("stub"))...,
 	)
 	f.Line()

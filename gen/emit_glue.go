@@ -21,6 +21,13 @@ func init() { register(glueEmitter) }
 // package.
 const GlueFile = "zz_generated.memgen.go"
 
+// The names the glue declares, or asks the hand-written half for, that
+// memgen new's starting point (Skeleton) uses too.
+const (
+	glueSpecName = "SpecName" // the mechanism's key in the spec
+	glueOffers   = "offers"   // the hand-written hook the optional capabilities' accessors ask
+)
+
 // emitGlue writes GlueFile into the package of every declared mechanism,
 // whether or not the hand-written half exists yet: compile-time assertions
 // that the type implements what the spec declares, and the accessors of the
@@ -54,16 +61,16 @@ func emitGlue(g *generator) error {
 		}
 		comment(f, doc)
 		comment(f, "SpecName is mechanism "+m.Name+"'s key in the spec: Info().Mechanism must report it. The\nconformance suite fails spec/name for a mechanism of this package that\nreports another name.")
-		f.Const().Id("SpecName").Add(g.C("MechanismID")).Op("=").Lit(m.Name)
+		f.Const().Id(glueSpecName).Add(g.C("MechanismID")).Op("=").Lit(m.Name)
 		f.Var().DefsFunc(func(d *Group) {
-			d.Id("_").Add(g.C("Mechanism")).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
+			d.Id("_").Add(g.C(contractMechanism)).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
 			for _, c := range g.Spec.Capabilities {
 				if offered[c.Name] {
 					d.Id("_").Add(g.C(c.Name)).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
 				}
 			}
 			if len(optional) > 0 {
-				d.Id("_").Interface(Id("offers").Params(g.C("Capability")).Bool()).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
+				d.Id("_").Interface(Id(glueOffers).Params(g.C(contractCapability)).Bool()).Op("=").Parens(Op("*").Id(m.Type)).Parens(Nil())
 			}
 		})
 		for _, c := range g.Spec.Capabilities {
@@ -74,7 +81,7 @@ func emitGlue(g *generator) error {
 			if offered[c.Name] {
 				comment(f, accessor(c)+" returns the "+c.Name+" capability when this instance offers it now.")
 				f.Func().Params(recv).Id(accessor(c)).Params().Params(g.C(c.Name), Bool()).Block(
-					If(Op("!").Id("m").Dot("offers").Call(g.C(capConst(c)))).Block(Return(Nil(), False())),
+					If(Op("!").Id("m").Dot(glueOffers).Call(g.C(capConst(c)))).Block(Return(Nil(), False())),
 					Return(Id("m"), True()),
 				)
 			} else {

@@ -42,8 +42,8 @@ func emitNegotiationTest(g *generator) error {
 	}
 	comment(f, "TestNegotiateReportsAbsence checks that the optional capabilities a mechanism\ndoes not offer are absent from Negotiate, and that Require reports them as\nunsupported.")
 	f.Func().Id("TestNegotiateReportsAbsence").Params(Id("t").Op("*").Qual("testing", "T")).BlockFunc(func(b *Group) {
-		b.Var().Id("m").Id("Mechanism").Op("=").Id("requiredOnly").Values()
-		b.Id("got").Op(":=").Id("Negotiate").Call(Id("m"))
+		b.Var().Id("m").Id(contractMechanism).Op("=").Id("requiredOnly").Values()
+		b.Id("got").Op(":=").Id(contractNegotiate).Call(Id("m"))
 		for _, c := range g.Spec.Capabilities {
 			if c.Required {
 				b.If(Op("!").Id("got").Dot("Has").Call(Id(capConst(c)))).Block(
@@ -54,12 +54,12 @@ func emitNegotiationTest(g *generator) error {
 			b.If(Id("got").Dot("Has").Call(Id(capConst(c)))).Block(
 				Id("t").Dot("Errorf").Call(Lit("Negotiate = %v: "+c.Name+" reported although absent"), Id("got")),
 			)
-			b.If(List(Id("v"), Err()).Op(":=").Id("Require"+c.Name).Call(Id("m")), Id("v").Op("!=").Nil().Op("||").Op("!").Qual("errors", "Is").Call(Err(), Qual("errors", "ErrUnsupported"))).Block(
-				Id("t").Dot("Errorf").Call(Lit("Require"+c.Name+" = %v, %v: want nil and an error matching errors.ErrUnsupported"), Id("v"), Err()),
+			b.If(List(Id("v"), Err()).Op(":=").Id(requireFunc(c)).Call(Id("m")), Id("v").Op("!=").Nil().Op("||").Op("!").Qual("errors", "Is").Call(Err(), Qual("errors", "ErrUnsupported"))).Block(
+				Id("t").Dot("Errorf").Call(Lit(requireFunc(c)+" = %v, %v: want nil and an error matching errors.ErrUnsupported"), Id("v"), Err()),
 			).Else().Block(
-				Var().Id("e").Op("*").Id("Error"),
-				If(Op("!").Qual("errors", "As").Call(Err(), Op("&").Id("e")).Op("||").Id("e").Dot("Op").Op("!=").Lit("Require"+c.Name)).Block(
-					Id("t").Dot("Errorf").Call(Lit("Require"+c.Name+": %v is not an *Error naming the operation"), Err()),
+				Var().Id("e").Op("*").Id(contractError),
+				If(Op("!").Qual("errors", "As").Call(Err(), Op("&").Id("e")).Op("||").Id("e").Dot("Op").Op("!=").Lit(requireFunc(c))).Block(
+					Id("t").Dot("Errorf").Call(Lit(requireFunc(c)+": %v is not an *Error naming the operation"), Err()),
 				),
 			)
 		}

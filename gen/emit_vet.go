@@ -32,7 +32,7 @@ func emitVet(g *generator) error {
 	)
 	comment(f, "NegotiatorMeta names the two ways to reach an optional capability: the\nRequire helper (its error says unsupported) and the Mechanism accessor (its\nbool says absent).")
 	f.Type().Id("NegotiatorMeta").Struct(
-		Id("Capability").Id("Capability"),
+		Id("Capability").Id(contractCapability),
 		Id("Require").String(),
 		Id("Accessor").String(),
 	)
@@ -72,7 +72,7 @@ func emitVet(g *generator) error {
 				if !c.Required {
 					v.Values(Dict{
 						Id("Capability"): Id(capConst(c)),
-						Id("Require"):    Lit("Require" + c.Name),
+						Id("Require"):    Lit(requireFunc(c)),
 						Id("Accessor"):   Lit(accessor(c)),
 					})
 				}

@@ -118,7 +118,7 @@ func (sk *skeleton) mechanism() {
 	)
 	comment(f, fmt.Sprintf("%s is mechanism %s. Create handles with its Issuer (NewAllocation, BeginRelease, EndRelease): that gives release-by-creator, double-release and foreign-handle errors for free. Never draw from a grant or refund an account: the checked wrapper does, around each call.", m.Type, m.Name))
 	f.Type().Id(m.Type).Struct(
-		Id("iss").Op("*").Add(g.C("Issuer")),
+		Id("iss").Op("*").Add(g.C(contractIssuer)),
 		Id("info").Add(g.C("MechanismInfo")),
 	)
 	var gran string
@@ -134,11 +134,11 @@ func (sk *skeleton) mechanism() {
 	f.Func().Id("New").Params(Id("o").Id("Options")).Op("*").Id(m.Type).Block(
 		If(Id("o").Dot("Authority").Op("==").Lit("")).Block(Id("o").Dot("Authority").Op("=").Lit("host")),
 		Id("page").Op(":=").Add(g.C("Bytes")).Call(Qual("os", "Getpagesize").Call()),
-		Id("iss").Op(":=").Add(g.C("NewIssuer")).Call(),
+		Id("iss").Op(":=").Add(g.C(contractNewIssuer)).Call(),
 		Return(Op("&").Id(m.Type).Values(Dict{
 			Id("iss"): Id("iss"),
 			Id("info"): g.C("MechanismInfo").Values(Dict{
-				Id("Mechanism"):        Id("SpecName"),
+				Id("Mechanism"):        Id(glueSpecName),
 				Id("Instance"):         Id("iss").Dot("Instance").Call(),
 				Id("Device"):           g.C("DeviceKey").Values(Dict{Id("Kind"): g.C("DeviceKind" + m.Device)}),
 				Id("Authority"):        Id("o").Dot("Authority"),
@@ -149,7 +149,7 @@ func (sk *skeleton) mechanism() {
 	)
 	if sk.optional() {
 		comment(f, "offers is the hook the generated accessors ask: whether this instance offers c now (a device may lack a feature at run time).")
-		f.Func().Params(Id("m").Op("*").Id(m.Type)).Id("offers").Params(Id("c").Add(g.C("Capability"))).Bool().Block(Return(True()))
+		f.Func().Params(Id("m").Op("*").Id(m.Type)).Id(glueOffers).Params(Id("c").Add(g.C(contractCapability))).Bool().Block(Return(True()))
 	}
 	f.Comment("Info describes the instance; it never changes.")
 	f.Func().Params(Id("m").Op("*").Id(m.Type)).Id("Info").Params().Add(g.C("MechanismInfo")).Block(Return(Id("m").Dot("info")))
@@ -163,7 +163,7 @@ func (sk *skeleton) mechanism() {
 	}
 	comment(f, "notWritten is the error of a method still to be written: unsupported, naming the method and where to write it, never a success.")
 	f.Func().Params(Id("m").Op("*").Id(m.Type)).Id("notWritten").Params(Id("op"), Id("file").String()).Error().Block(
-		Id("e").Op(":=").Add(g.C("Errorf")).Call(Id("op"), g.C("ErrUnsupported"),
+		Id("e").Op(":=").Add(g.C(contractErrorf)).Call(Id("op"), g.C("ErrUnsupported"),
 			Lit("not written yet: memgen new wrote a starting point; write %s in "+m.Package+"/%s"), Id("op"), Id("file")),
 		List(Id("e").Dot("Mechanism"), Id("e").Dot("Authority")).Op("=").List(Id("m").Dot("info").Dot("Mechanism"), Id("m").Dot("info").Dot("Authority")),
 		Return(Id("e")),
@@ -258,9 +258,9 @@ func (sk *skeleton) conformance() {
 							Id("t").Dot("Errorf").Call(Lit("context close: %v"), Err()),
 						),
 					)),
-					Var().Id("mech").Add(g.C("Mechanism")).Op("=").Id("m"),
+					Var().Id("mech").Add(g.C(contractMechanism)).Op("=").Id("m"),
 					If(Id("wrapped")).Block(
-						Id("mech").Op("=").Qual(checked, "Wrap").Call(Id("m"), Qual(conf, "Ledger"), Qual(checked, "WithVerify").Call()),
+						Id("mech").Op("=").Qual(checked, checkedWrap).Call(Id("m"), Qual(conf, "Ledger"), Qual(checked, checkedWithVerify).Call()),
 					),
 					Return(Qual(conf, "Subject").Values(Dict{Id("Mechanism"): Id("mech"), Id("Context"): Id("c")})),
 				)),

@@ -38,13 +38,13 @@ var (
 
 	// reservedNames are the contract's own top-level identifiers; a spec
 	// declaration with one of these names would not compile. A test keeps the
-	// list in step with the contract emitter.
+	// list in step with the contract emitter (TestReservedNamesComplete).
 	reservedNames = []string{
-		"CapSet", "Capabilities", "Capability", "CapabilityMeta", "ChargeBook", "CheckHandle", "ClaimChargeBook",
-		"Effect", "EffectConsumes", "EffectNone", "EffectQuery", "EffectRefunds",
-		"Error", "Errorf", "Handle", "Invariant", "InvariantMeta", "Issuer",
-		"Mechanism", "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
-		"Negotiate", "NewIssuer", "Of", "RoundUp", "SpecDigest", "SpecMeta",
+		contractCapSet, "Capabilities", contractCapability, "CapabilityMeta", "ChargeBook", contractCheckHandle, "ClaimChargeBook",
+		"Effect", effectConst(effectConsumes), effectConst(effectNone), effectConst(effectQuery), effectConst(effectRefunds),
+		contractError, contractErrorf, contractHandle, "Invariant", "InvariantMeta", contractIssuer,
+		contractMechanism, "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
+		contractNegotiate, contractNewIssuer, contractOf, "RoundUp", contractSpecDigest, "SpecMeta",
 		"TestNegotiateReportsAbsence", "TestSpecDigest",
 	}
 	// handleMethods and rangeMethods are the methods the contract gives every
@@ -282,7 +282,7 @@ func validateNames(s *Spec, declared map[string]pos, e *errs) {
 		}
 		derive(capConst(c), c.Pos, "capability "+c.Name)
 		if !c.Required {
-			derive("Require"+c.Name, c.Pos, "capability "+c.Name)
+			derive(requireFunc(c), c.Pos, "capability "+c.Name)
 			accessors[accessor(c)] = true
 		}
 	}
