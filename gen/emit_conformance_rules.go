@@ -258,283 +258,382 @@ func mustCall(m *method, keep bool) Code {
 	return If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(fail)
 }
 
+// methodRules registers the subtests of one method: from what it creates,
+// from its accounting effect, from what it releases and from each of its
+// requires clauses.
 func (cg *confGen) methodRules(c *capability, m *method) error {
-	g := cg.g
-	s := g.Spec
-	pre := c.Name + "/" + m.Name + "/"
-	invariant := func(id string) *invariant {
-		for _, iv := range s.Invariants {
-			if iv.ID == id {
-				return iv
-			}
-		}
-		return nil
-	}
-
 	if m.Creates != "" {
-		cg.add(pre+"creates-live-handle", c,
-			cg.fixture(m, false),
-			List(Id("h"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")),
-			If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit(m.Name+": %v"), Err())),
-			Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
-		)
+		cg.createsRule(c, m)
 	}
-
-	a := m.Accounting
-	switch a.Effect {
+	var err error
+	switch m.Accounting.Effect {
 	case effectConsumes:
-		want, err := cg.amount(m)
-		if err != nil {
-			return err
-		}
-		ht := s.Type(m.Creates)
-		sized := ht != nil && ht.Field("Size") != nil
-		witness := cg.witnesses[m.Name]
-		body := []Code{cg.fixture(m, false), want}
-		if witness {
-			body = append(body, Id("witness").Op(":=").Id("e").Dot("witness"+m.Name).Call(Id("t"), Id("c")))
-		} else {
-			cg.unwitnessed = append(cg.unwitnessed, m)
-		}
-		body = append(body,
-			Id("before").Op(":=").Id("e").Dot("books").Call(),
-			mustCall(m, sized || witness),
-			Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
-		)
-		if witness {
-			// The books are the mechanism's word; the witness reads the memory.
-			body = append(body, Id("witness").Call(Id("h")))
-		}
-		if sized {
-			body = append(body,
-				Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
-				If(
-					List(Id("x"), Id("_")).Op(":=").Id("h").Assert(Op("*").Add(g.C(m.Creates))),
-					Id("x").Op("!=").Nil().Op("&&").Id("x").Dot("Size").Call().Op("!=").Id("want"),
-				).Block(
-					Id("t").Dot("Errorf").Call(Lit(m.Name+": the "+m.Creates+"'s Size() is %d, want %d (the amount rounded as the spec declares)"), Id("x").Dot("Size").Call(), Id("want")),
-				),
-			)
-		}
-		cg.add(pre+"exact-accounting", c, body...)
-
-		gp := a.Account
-		if iv := invariant(invChargeBeforeCommit); iv != nil && iv.Applies.Consumes {
-			cg.add("invariant/"+invChargeBeforeCommit+"/"+m.Name, c,
-				cg.fixture(m, false),
-				Id("c").Dot(gp).Op("=").Nil(),
-				cg.refuse(m.Name+" without a grant", []string{"e"}, "ErrNoGrant"),
-				cg.fixture(m, true),
-				Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority").Op("+").Lit("/other"), Id("unlimited")),
-				Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant of another authority"), Id("e"), Id("c").Dot("call"), g.C("ErrAuthorityMismatch")),
-			)
-		}
-		if iv := invariant(invNoPartialState); iv != nil && iv.Applies.Consumes {
-			cg.add("invariant/"+invNoPartialState+"/"+m.Name, c,
-				cg.fixture(m, false),
-				Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority"), Lit(0)),
-				Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant that cannot be drawn from"), Id("e"), Id("c").Dot("call"), g.C("ErrGrantExhausted")),
-			)
-		}
+		err = cg.consumesRules(c, m)
 	case effectRefunds:
-		want, err := cg.amount(m)
-		if err != nil {
-			return err
-		}
-		body := []Code{
-			cg.fixture(m, false),
-			want,
-			Id("before").Op(":=").Id("e").Dot("books").Call(),
-			mustCall(m, false),
-			Id("e").Dot("expectRefunded").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
-		}
-		if m.Releases != "" {
-			body = append(body, If(Id("c").Dot(m.Releases).Dot("Live").Call()).Block(
-				Id("t").Dot("Errorf").Call(Lit(m.Name+" succeeded but "+m.Releases+" is still live")),
-			))
-		}
-		cg.add(pre+"exact-refund", c, body...)
-		if cg.hasError("ErrNoAccount") {
-			cg.add(pre+"nil-account", c,
-				cg.fixture(m, false),
-				Id("c").Dot(a.Account).Op("=").Nil(),
-				Id("tolerate").Call(Id("t"), Lit(m.Name+" without an account"), Id("e"), Id("c").Dot("call"), g.C("ErrNoAccount")),
-			)
-		}
+		err = cg.refundsRules(c, m)
 	case effectNone:
-		cg.add(pre+"no-accounting", c,
+		cg.add(rulePrefix(c, m)+"no-accounting", c,
 			cg.fixture(m, false),
 			Id("before").Op(":=").Id("e").Dot("books").Call(),
 			mustCall(m, false),
 			Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Lit(0)),
 		)
 	}
-
-	if x := m.Releases; x != "" {
-		cg.add(pre+"double-release", c,
-			cg.fixture(m, false),
-			If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(
-				Id("t").Dot("Fatalf").Call(Lit("first "+m.Name+": %v"), Err()),
-			),
-			cg.refuse(m.Name+" of an already released "+x, []string{"e"}, "ErrReleased"),
-		)
-		cg.add(pre+"concurrent-release", c,
-			For(Range().Lit(4)).Block(
-				cg.fixture(m, false),
-				Id("releaseRace").Call(Id("t"), Lit(m.Name), Id("e"), Id("c").Dot("call")),
-			),
-		)
-		name := pre + "foreign-" + x
-		if iv := invariant(invReleaseByCreator); iv != nil && iv.Applies.Releases {
-			name = "invariant/" + invReleaseByCreator + "/" + m.Name
-		}
-		cg.add(name, c, cg.foreign(m, x)...)
+	if err != nil {
+		return err
 	}
+	if m.Releases != "" {
+		cg.releaseRules(c, m)
+	}
+	return cg.requiresRules(c, m)
+}
 
-	var hasAligned bool
-	fitsOn := map[string]bool{}
+// rulePrefix is the start of the name of every subtest of one method.
+func rulePrefix(c *capability, m *method) string { return c.Name + "/" + m.Name + "/" }
+
+// invariant returns the spec's invariant of the given id, or nil.
+func (cg *confGen) invariant(id string) *invariant {
+	for _, iv := range cg.g.Spec.Invariants {
+		if iv.ID == id {
+			return iv
+		}
+	}
+	return nil
+}
+
+// createsRule: a valid call creates a live handle of this instance.
+func (cg *confGen) createsRule(c *capability, m *method) {
+	cg.add(rulePrefix(c, m)+"creates-live-handle", c,
+		cg.fixture(m, false),
+		List(Id("h"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")),
+		If(Err().Op("!=").Nil()).Block(Id("t").Dot("Fatalf").Call(Lit(m.Name+": %v"), Err())),
+		Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
+	)
+}
+
+// consumesRules: a consuming call draws exactly its rounded amount (and,
+// with a witness, really does its work; a created handle is as large as the
+// amount); under charge-before-commit it is refused without a grant; under
+// no-partial-state a grant that cannot be drawn from leaves nothing behind.
+func (cg *confGen) consumesRules(c *capability, m *method) error {
+	if err := cg.exactAccountingRule(c, m); err != nil {
+		return err
+	}
+	g := cg.g
+	gp := m.Accounting.Account
+	if iv := cg.invariant(invChargeBeforeCommit); iv != nil && iv.Applies.Consumes {
+		cg.add("invariant/"+invChargeBeforeCommit+"/"+m.Name, c,
+			cg.fixture(m, false),
+			Id("c").Dot(gp).Op("=").Nil(),
+			cg.refuse(m.Name+" without a grant", []string{"e"}, "ErrNoGrant"),
+			cg.fixture(m, true),
+			Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority").Op("+").Lit("/other"), Id("unlimited")),
+			Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant of another authority"), Id("e"), Id("c").Dot("call"), g.C("ErrAuthorityMismatch")),
+		)
+	}
+	if iv := cg.invariant(invNoPartialState); iv != nil && iv.Applies.Consumes {
+		cg.add("invariant/"+invNoPartialState+"/"+m.Name, c,
+			cg.fixture(m, false),
+			Id("c").Dot(gp).Op("=").Id("e").Dot("newGrant").Call(Id("e").Dot("info").Dot("Authority"), Lit(0)),
+			Id("tolerate").Call(Id("t"), Lit(m.Name+" with a grant that cannot be drawn from"), Id("e"), Id("c").Dot("call"), g.C("ErrGrantExhausted")),
+		)
+	}
+	return nil
+}
+
+// exactAccountingRule: a valid consuming call moves the books by exactly
+// the declared amount, rounded; its witness sees the work done through the
+// device context; the handle it creates, when sized, has that size.
+func (cg *confGen) exactAccountingRule(c *capability, m *method) error {
+	want, err := cg.amount(m)
+	if err != nil {
+		return err
+	}
+	ht := cg.g.Spec.Type(m.Creates)
+	sized := ht != nil && ht.Field("Size") != nil
+	witness := cg.witnesses[m.Name]
+	body := []Code{cg.fixture(m, false), want}
+	if witness {
+		body = append(body, Id("witness").Op(":=").Id("e").Dot("witness"+m.Name).Call(Id("t"), Id("c")))
+	} else {
+		cg.unwitnessed = append(cg.unwitnessed, m)
+	}
+	body = append(body,
+		Id("before").Op(":=").Id("e").Dot("books").Call(),
+		mustCall(m, sized || witness),
+		Id("e").Dot("expectConsumed").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
+	)
+	if witness {
+		// The books are the mechanism's word; the witness reads the memory.
+		body = append(body, Id("witness").Call(Id("h")))
+	}
+	if sized {
+		body = append(body,
+			Id("checkCreated").Call(Id("t"), Id("e"), Lit(m.Name), Id("h")),
+			If(
+				List(Id("x"), Id("_")).Op(":=").Id("h").Assert(Op("*").Add(cg.g.C(m.Creates))),
+				Id("x").Op("!=").Nil().Op("&&").Id("x").Dot("Size").Call().Op("!=").Id("want"),
+			).Block(
+				Id("t").Dot("Errorf").Call(Lit(m.Name+": the "+m.Creates+"'s Size() is %d, want %d (the amount rounded as the spec declares)"), Id("x").Dot("Size").Call(), Id("want")),
+			),
+		)
+	}
+	cg.add(rulePrefix(c, m)+"exact-accounting", c, body...)
+	return nil
+}
+
+// refundsRules: a valid refunding call gives back exactly its rounded
+// amount and releases what it releases; without an account it is refused.
+func (cg *confGen) refundsRules(c *capability, m *method) error {
+	a := m.Accounting
+	want, err := cg.amount(m)
+	if err != nil {
+		return err
+	}
+	body := []Code{
+		cg.fixture(m, false),
+		want,
+		Id("before").Op(":=").Id("e").Dot("books").Call(),
+		mustCall(m, false),
+		Id("e").Dot("expectRefunded").Call(Id("t"), Lit(m.Name), Id("before"), Id("want")),
+	}
+	if m.Releases != "" {
+		body = append(body, If(Id("c").Dot(m.Releases).Dot("Live").Call()).Block(
+			Id("t").Dot("Errorf").Call(Lit(m.Name+" succeeded but "+m.Releases+" is still live")),
+		))
+	}
+	cg.add(rulePrefix(c, m)+"exact-refund", c, body...)
+	if cg.hasError("ErrNoAccount") {
+		cg.add(rulePrefix(c, m)+"nil-account", c,
+			cg.fixture(m, false),
+			Id("c").Dot(a.Account).Op("=").Nil(),
+			Id("tolerate").Call(Id("t"), Lit(m.Name+" without an account"), Id("e"), Id("c").Dot("call"), cg.g.C("ErrNoAccount")),
+		)
+	}
+	return nil
+}
+
+// releaseRules: a released handle cannot be released again, two releases
+// racing succeed once, and a handle of another instance is refused (the
+// release-by-creator invariant, when the spec applies it to releases).
+func (cg *confGen) releaseRules(c *capability, m *method) {
+	pre, x := rulePrefix(c, m), m.Releases
+	cg.add(pre+"double-release", c,
+		cg.fixture(m, false),
+		If(List(Id("_"), Err()).Op(":=").Id("c").Dot("call").Call(Id("e")), Err().Op("!=").Nil()).Block(
+			Id("t").Dot("Fatalf").Call(Lit("first "+m.Name+": %v"), Err()),
+		),
+		cg.refuse(m.Name+" of an already released "+x, []string{"e"}, "ErrReleased"),
+	)
+	cg.add(pre+"concurrent-release", c,
+		For(Range().Lit(4)).Block(
+			cg.fixture(m, false),
+			Id("releaseRace").Call(Id("t"), Lit(m.Name), Id("e"), Id("c").Dot("call")),
+		),
+	)
+	name := pre + "foreign-" + x
+	if iv := cg.invariant(invReleaseByCreator); iv != nil && iv.Applies.Releases {
+		name = "invariant/" + invReleaseByCreator + "/" + m.Name
+	}
+	cg.add(name, c, cg.foreign(m, x)...)
+}
+
+// clauses is what the subtests of one requires clause need to know of the
+// method's other clauses.
+type clauses struct {
+	aligned bool            // the method requires an aligned range
+	fits    map[string]bool // the ranges the method requires to fit a handle
+}
+
+// requiresRules registers the subtests of each requires clause of m: a call
+// that breaks the clause is refused with the clause's error.
+func (cg *confGen) requiresRules(c *capability, m *method) error {
+	cl := clauses{fits: map[string]bool{}}
 	for _, r := range m.Requires {
 		switch r.Pred {
 		case predAligned:
-			hasAligned = true
+			cl.aligned = true
 		case predFits:
-			fitsOn[r.Args[0].Text] = true
+			cl.fits[r.Args[0].Text] = true
 		}
 	}
-	gran := Id("g").Op(":=").Id("e").Dot("gran").Call(Id("t"))
 	for _, r := range m.Requires {
+		var err error
 		switch r.Pred {
 		case predLive:
-			x := r.Args[0].Param
-			if !g.IsHandle(m.Param(x).Type) {
-				return fmt.Errorf("conformance: %s.%s: live(%s) of a value that is not a handle", m.Owner, m.Name, x)
-			}
-			cg.add(pre+"nil-"+x, c,
-				cg.fixture(m, false),
-				Id("c").Dot(x).Op("=").Nil(),
-				cg.refuse(m.Name+" with a nil "+x, []string{"e"}, "ErrNilHandle"),
-			)
-			if x == m.Releases {
-				continue // double-release and the foreign test cover it
-			}
-			cg.add(pre+"released-"+x, c,
-				cg.fixture(m, false),
-				Id("e").Dot("release").Call(Id("t"), Id("c").Dot(x)),
-				cg.refuse(m.Name+" with a released "+x, []string{"e"}, "ErrReleased"),
-			)
-			cg.add(pre+"foreign-"+x, c, cg.foreign(m, x)...)
+			err = cg.liveRules(c, m, r)
 		case predWithin:
-			rv, err := cg.lvalue(m, r.Args[0])
-			if err != nil {
-				return err
-			}
-			hv, ht, err := cg.expr(m, r.Args[1])
-			if err != nil {
-				return err
-			}
-			if td := s.Type(ht); td == nil || td.Kind != KindHandle || td.Field("Size") == nil {
-				return fmt.Errorf("conformance: %s.%s: within(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
-			}
-			size := hv.Clone().Dot("Size").Call()
-			body := []Code{
-				cg.fixture(m, false),
-				rv.Clone().Op("=").Add(g.C("Range")).Values(Dict{Id("Off"): size.Clone(), Id("Len"): rv.Clone().Dot("Len")}),
-				cg.refuse(m.Name+" of a range past the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
-			}
-			if hasAligned {
-				body = append(body,
-					gran,
-					cg.fixture(m, true),
-					If(rv.Clone().Dot("Len").Op(">").Id("g")).Block(
-						rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Id("g"),
-						cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
-					),
-					cg.fixture(m, true),
-					rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("/").Id("g").Op("*").Id("g"),
-				)
-			} else {
-				body = append(body,
-					cg.fixture(m, true),
-					rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
-					cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
-					cg.fixture(m, true),
-					rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
-				)
-			}
-			body = append(body, cg.refuse(m.Name+" of a range whose end overflows", []string{"e"}, "ErrInvalidRange"))
-			cg.add(pre+"out-of-range", c, body...)
-			if !fitsOn[r.Args[0].Text] {
-				cg.add(pre+"empty-range", c,
-					cg.fixture(m, false),
-					rv.Clone().Dot("Len").Op("=").Lit(0),
-					cg.refuse(m.Name+" of an empty range", []string{"e"}, "ErrInvalidRange"),
-				)
-			}
+			err = cg.withinRules(c, m, r, cl)
 		case predAligned:
-			rv, err := cg.lvalue(m, r.Args[0])
-			if err != nil {
-				return err
-			}
-			body := []Code{
-				gran,
-				If(Id("g").Op("<").Lit(2)).Block(Id("t").Dot("Skipf").Call(Lit("granularity %d: every range is aligned"), Id("g"))),
-				cg.fixture(m, false),
-				rv.Clone().Dot("Off").Op("+=").Id("g").Op("/").Lit(2),
-				cg.refuse(m.Name+" of a range whose offset is half a granule off", []string{"e"}, "ErrUnaligned"),
-			}
-			if !fitsOn[r.Args[0].Text] {
-				body = append(body,
-					cg.fixture(m, true),
-					rv.Clone().Dot("Len").Op("-=").Id("g").Op("/").Lit(2),
-					cg.refuse(m.Name+" of a range whose length is half a granule off", []string{"e"}, "ErrUnaligned"),
-				)
-			}
-			cg.add(pre+"unaligned", c, body...)
+			err = cg.alignedRule(c, m, r, cl)
 		case predPositive:
-			lv, err := cg.lvalue(m, r.Args[0])
-			if err != nil {
-				return err
-			}
-			x := r.Args[0].Text
-			cg.add(pre+"zero-size", c,
-				cg.fixture(m, false),
-				lv.Clone().Op("=").Lit(0),
-				cg.refuse(m.Name+" with "+x+" = 0", []string{"e"}, "ErrInvalidSize"),
-			)
-			cg.add(pre+"huge-size", c,
-				cg.fixture(m, false),
-				lv.Clone().Op("=").Lit(1).Op("<<").Lit(62),
-				cg.refuse(m.Name+" with "+x+" = 1<<62", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
-				cg.fixture(m, true),
-				lv.Clone().Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)),
-				cg.refuse(m.Name+" with "+x+" = 1<<64-1 (rounding it up overflows)", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
-			)
+			err = cg.positiveRules(c, m, r)
 		case predFits:
-			rv, err := cg.lvalue(m, r.Args[0])
-			if err != nil {
-				return err
-			}
-			bv, bt, err := cg.expr(m, r.Args[1])
-			if err != nil {
-				return err
-			}
-			if td := s.Type(bt); td == nil || td.Field("Size") == nil {
-				return fmt.Errorf("conformance: %s.%s: fits(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
-			}
-			bsize := bv.Clone().Dot("Size").Call()
-			cg.add(pre+"size-mismatch", c,
-				gran,
-				cg.fixture(m, false),
-				rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("+").Id("g"),
-				cg.refuse(m.Name+" of a range longer than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
-				cg.fixture(m, true),
-				If(bsize.Clone().Op(">").Id("g")).Block(
-					rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("-").Id("g"),
-					cg.refuse(m.Name+" of a range shorter than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
-				),
-			)
+			err = cg.fitsRule(c, m, r)
+		}
+		if err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// granule is the statement reading the mechanism's granularity into g.
+func granule() Code { return Id("g").Op(":=").Id("e").Dot("gran").Call(Id("t")) }
+
+// liveRules, for live(x): a nil x, a released x and another instance's x
+// are refused (for the handle the method releases, the release rules cover
+// the last two).
+func (cg *confGen) liveRules(c *capability, m *method, r *requirement) error {
+	pre, x := rulePrefix(c, m), r.Args[0].Param
+	if !cg.g.IsHandle(m.Param(x).Type) {
+		return fmt.Errorf("conformance: %s.%s: live(%s) of a value that is not a handle", m.Owner, m.Name, x)
+	}
+	cg.add(pre+"nil-"+x, c,
+		cg.fixture(m, false),
+		Id("c").Dot(x).Op("=").Nil(),
+		cg.refuse(m.Name+" with a nil "+x, []string{"e"}, "ErrNilHandle"),
+	)
+	if x == m.Releases {
+		return nil // double-release and the foreign test cover it
+	}
+	cg.add(pre+"released-"+x, c,
+		cg.fixture(m, false),
+		Id("e").Dot("release").Call(Id("t"), Id("c").Dot(x)),
+		cg.refuse(m.Name+" with a released "+x, []string{"e"}, "ErrReleased"),
+	)
+	cg.add(pre+"foreign-"+x, c, cg.foreign(m, x)...)
+	return nil
+}
+
+// withinRules, for within(r, h): a range past the end of h, straddling it
+// or whose end overflows is refused, and so is an empty range (unless the
+// range must also fit h).
+func (cg *confGen) withinRules(c *capability, m *method, r *requirement, cl clauses) error {
+	g := cg.g
+	rv, err := cg.lvalue(m, r.Args[0])
+	if err != nil {
+		return err
+	}
+	hv, ht, err := cg.expr(m, r.Args[1])
+	if err != nil {
+		return err
+	}
+	if td := g.Spec.Type(ht); td == nil || td.Kind != KindHandle || td.Field("Size") == nil {
+		return fmt.Errorf("conformance: %s.%s: within(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
+	}
+	size := hv.Clone().Dot("Size").Call()
+	body := []Code{
+		cg.fixture(m, false),
+		rv.Clone().Op("=").Add(g.C("Range")).Values(Dict{Id("Off"): size.Clone(), Id("Len"): rv.Clone().Dot("Len")}),
+		cg.refuse(m.Name+" of a range past the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+	}
+	if cl.aligned {
+		body = append(body,
+			granule(),
+			cg.fixture(m, true),
+			If(rv.Clone().Dot("Len").Op(">").Id("g")).Block(
+				rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Id("g"),
+				cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+			),
+			cg.fixture(m, true),
+			rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("/").Id("g").Op("*").Id("g"),
+		)
+	} else {
+		body = append(body,
+			cg.fixture(m, true),
+			rv.Clone().Dot("Off").Op("=").Add(size.Clone()).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
+			cg.refuse(m.Name+" of a range straddling the end of "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange"),
+			cg.fixture(m, true),
+			rv.Clone().Dot("Off").Op("=").Op("^").Add(g.C("Bytes")).Call(Lit(0)).Op("-").Add(rv.Clone().Dot("Len")).Op("/").Lit(2),
+		)
+	}
+	body = append(body, cg.refuse(m.Name+" of a range whose end overflows", []string{"e"}, "ErrInvalidRange"))
+	cg.add(rulePrefix(c, m)+"out-of-range", c, body...)
+	if !cl.fits[r.Args[0].Text] {
+		cg.add(rulePrefix(c, m)+"empty-range", c,
+			cg.fixture(m, false),
+			rv.Clone().Dot("Len").Op("=").Lit(0),
+			cg.refuse(m.Name+" of an empty range", []string{"e"}, "ErrInvalidRange"),
+		)
+	}
+	return nil
+}
+
+// alignedRule, for aligned(r): a range whose offset (or, unless it must
+// fit a handle, length) is half a granule off is refused.
+func (cg *confGen) alignedRule(c *capability, m *method, r *requirement, cl clauses) error {
+	rv, err := cg.lvalue(m, r.Args[0])
+	if err != nil {
+		return err
+	}
+	body := []Code{
+		granule(),
+		If(Id("g").Op("<").Lit(2)).Block(Id("t").Dot("Skipf").Call(Lit("granularity %d: every range is aligned"), Id("g"))),
+		cg.fixture(m, false),
+		rv.Clone().Dot("Off").Op("+=").Id("g").Op("/").Lit(2),
+		cg.refuse(m.Name+" of a range whose offset is half a granule off", []string{"e"}, "ErrUnaligned"),
+	}
+	if !cl.fits[r.Args[0].Text] {
+		body = append(body,
+			cg.fixture(m, true),
+			rv.Clone().Dot("Len").Op("-=").Id("g").Op("/").Lit(2),
+			cg.refuse(m.Name+" of a range whose length is half a granule off", []string{"e"}, "ErrUnaligned"),
+		)
+	}
+	cg.add(rulePrefix(c, m)+"unaligned", c, body...)
+	return nil
+}
+
+// positiveRules, for positive(x): x = 0 is refused, and so is a size too
+// large to hold or to round up.
+func (cg *confGen) positiveRules(c *capability, m *method, r *requirement) error {
+	lv, err := cg.lvalue(m, r.Args[0])
+	if err != nil {
+		return err
+	}
+	pre, x := rulePrefix(c, m), r.Args[0].Text
+	cg.add(pre+"zero-size", c,
+		cg.fixture(m, false),
+		lv.Clone().Op("=").Lit(0),
+		cg.refuse(m.Name+" with "+x+" = 0", []string{"e"}, "ErrInvalidSize"),
+	)
+	cg.add(pre+"huge-size", c,
+		cg.fixture(m, false),
+		lv.Clone().Op("=").Lit(1).Op("<<").Lit(62),
+		cg.refuse(m.Name+" with "+x+" = 1<<62", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
+		cg.fixture(m, true),
+		lv.Clone().Op("=").Op("^").Add(cg.g.C("Bytes")).Call(Lit(0)),
+		cg.refuse(m.Name+" with "+x+" = 1<<64-1 (rounding it up overflows)", []string{"e"}, "ErrInvalidSize", "ErrOutOfMemory"),
+	)
+	return nil
+}
+
+// fitsRule, for fits(r, h): a range longer or shorter than h is refused.
+func (cg *confGen) fitsRule(c *capability, m *method, r *requirement) error {
+	rv, err := cg.lvalue(m, r.Args[0])
+	if err != nil {
+		return err
+	}
+	bv, bt, err := cg.expr(m, r.Args[1])
+	if err != nil {
+		return err
+	}
+	if td := cg.g.Spec.Type(bt); td == nil || td.Field("Size") == nil {
+		return fmt.Errorf("conformance: %s.%s: fits(%s, %s) needs a handle with a Size", m.Owner, m.Name, r.Args[0].Text, r.Args[1].Text)
+	}
+	bsize := bv.Clone().Dot("Size").Call()
+	cg.add(rulePrefix(c, m)+"size-mismatch", c,
+		granule(),
+		cg.fixture(m, false),
+		rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("+").Id("g"),
+		cg.refuse(m.Name+" of a range longer than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
+		cg.fixture(m, true),
+		If(bsize.Clone().Op(">").Id("g")).Block(
+			rv.Clone().Dot("Len").Op("=").Add(bsize.Clone()).Op("-").Id("g"),
+			cg.refuse(m.Name+" of a range shorter than "+r.Args[1].Text, []string{"e"}, "ErrInvalidRange", "ErrInvalidSize"),
+		),
+	)
 	return nil
 }
 
