@@ -463,11 +463,23 @@ func roundField(r string) string {
 
 // --- Wrap, options, accessors ----------------------------------------------
 
+// emitWrap writes wrap.go: the Ledger the wrapper takes grants and accounts
+// from, the options, Wrap itself, the wrapper type with its accessors, and
+// the committed-bytes queries a method reads of another capability.
 func (ck *checkedGen) emitWrap() {
 	f := ck.file("wrap.go")
-	g := ck.g
-	s := ck.s
-	c := g.C
+	ck.emitLedger(f)
+	ck.emitOptions(f)
+	ck.emitWrapFunc(f)
+	ck.emitMechanism(f)
+	ck.emitCrossQueries(f)
+}
+
+// emitLedger writes the Ledger interface and the ledgers the package offers:
+// NoLedger, Ledgers (any of several) and allLedgers (both of two, for a
+// rewrap).
+func (ck *checkedGen) emitLedger(f *File) {
+	c := ck.g.C
 
 	comment(f, `Ledger is where the grants and accounts a wrapper accepts come from. A
 consuming call's grant and a refunding call's account must be vouched for by
@@ -518,7 +530,10 @@ authority: the ledger of a rewrapped wrapper.`)
 			Return(Id("a0"), Id("ok0").Op("&&").Id("ok1").Op("&&").Id("a0").Op("==").Id("a1")),
 		)
 	}
+}
 
+// emitOptions writes Option and WithVerify.
+func (ck *checkedGen) emitOptions(f *File) {
 	comment(f, "Option configures Wrap.")
 	f.Type().Id("Option").Func().Params(Op("*").Id("options"))
 	f.Type().Id("options").Struct(Id("verify").Bool())
@@ -530,14 +545,23 @@ for qualifying a new mechanism; it costs two to four queries per call.`)
 	f.Func().Id(checkedWithVerify).Params().Id("Option").Block(
 		Return(Func().Params(Id("o").Op("*").Id("options")).Block(Id("o").Dot("verify").Op("=").True())),
 	)
+}
 
+// optional returns the spec's optional capabilities.
+func (ck *checkedGen) optional() []*capability {
 	var optional []*capability
-	for _, cp := range s.Capabilities {
+	for _, cp := range ck.s.Capabilities {
 		if !cp.Required {
 			optional = append(optional, cp)
 		}
 	}
+	return optional
+}
 
+// emitWrapFunc writes Wrap, with the invariants it enforces in its doc, and
+// Verifying.
+func (ck *checkedGen) emitWrapFunc(f *File) {
+	c := ck.g.C
 	ids := func(kind, fallback string) string {
 		if v := ck.invariants(kind); len(v) > 0 {
 			return strings.Join(v, ", ")
@@ -591,7 +615,13 @@ when m or l is nil.`)
 		List(Id("w"), Id("ok")).Op(":=").Id("m").Assert(Op("*").Id("mechanism")),
 		Return(Id("ok").Op("&&").Id("w").Dot("verify")),
 	)
+}
 
+// emitMechanism writes the wrapper type, Unwrap, and the accessors of the
+// optional capabilities, each wrapper cached.
+func (ck *checkedGen) emitMechanism(f *File) {
+	c := ck.g.C
+	optional := ck.optional()
 	comment(f, `mechanism is the checked wrapper. It implements the required capabilities
 itself; each optional capability has its own wrapper type, cached so that an
 accessor call allocates nothing while the mechanism keeps returning the same
@@ -632,8 +662,13 @@ its type), never for memory operations.`)
 		Id("t").Op(":=").Qual("reflect", "TypeOf").Call(Id("a")),
 		Return(Id("t").Op("==").Qual("reflect", "TypeOf").Call(Id("b")).Op("&&").Id("t").Op("!=").Nil().Op("&&").Id("t").Dot("Comparable").Call().Op("&&").Id("a").Op("==").Id("b")),
 	)
+}
 
-	// Committed-bytes queries of capabilities other than the caller's.
+// emitCrossQueries writes, for a method of one capability that reads the
+// committed bytes of a handle through another, optional capability, the
+// query that reaches it.
+func (ck *checkedGen) emitCrossQueries(f *File) {
+	g, s, c := ck.g, ck.s, ck.g.C
 	done := map[string]bool{}
 	for _, h := range s.handles() {
 		q := committedQuery(s, h.Name)
