@@ -890,6 +890,9 @@ func (x *methodCtx) bookParams() []*param {
 	return x.figureParams()
 }
 
+// body writes a wrapper method's body: its checks, the ledger side before
+// the call, verify mode's figures before, the call, verify mode's audit of
+// the figures after, and the ledger side after.
 func (x *methodCtx) body(b *Group) {
 	ck, m := x.ck, x.m
 	a := m.Accounting
@@ -900,7 +903,29 @@ func (x *methodCtx) body(b *Group) {
 	for _, k := range checks {
 		x.check(b, k)
 	}
-	// The ledger side, before the call.
+	x.ledgerBefore(b)
+	call := x.inner().Dot(m.Name).Call(x.args()...)
+	if a.Effect == effectQuery {
+		b.Return(call)
+		return
+	}
+	outs := x.outs()
+	head := outs[: len(outs)-1 : len(outs)-1]
+	x.figuresBefore(b)
+	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
+	if a.Effect == effectConsumes {
+		b.Id("returned").Op("=").True()
+	}
+	x.audit(b, head)
+	x.ledgerAfter(b, outs, head)
+}
+
+// ledgerBefore writes the ledger side before the call: a consuming call
+// draws its rounded amount (undrawn by a deferred abandon unless the call
+// returns), a refunding one checks its account and computes its amount.
+func (x *methodCtx) ledgerBefore(b *Group) {
+	ck, m := x.ck, x.m
+	a := m.Accounting
 	switch a.Effect {
 	case effectConsumes:
 		amt, _ := ck.expr(m, a.Amount)
@@ -922,20 +947,18 @@ func (x *methodCtx) body(b *Group) {
 			b.If(Id("err").Op("!=").Nil()).Block(x.fail(Id("err")))
 		}
 	}
-	call := x.inner().Dot(m.Name).Call(x.args()...)
-	if a.Effect == effectQuery {
-		b.Return(call)
-		return
-	}
-	outs := x.outs()
-	head := outs[: len(outs)-1 : len(outs)-1]
+}
+
+// figuresBefore writes verify mode's reading, before the call, of the
+// committed bytes of every handle the call touches and of the instance's
+// used bytes.
+func (x *methodCtx) figuresBefore(b *Group) {
+	ck, a := x.ck, x.m.Accounting
 	amount := Code(Lit(0))
 	if a.Effect == effectConsumes || a.Effect == effectRefunds {
 		amount = Id("n")
 	}
 	effect := ck.g.C(effectConst(a.Effect))
-
-	// Verify mode: the figures before the call.
 	figs := x.figureParams()
 	b.Var().Id("au").Id("audit")
 	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
@@ -949,14 +972,15 @@ func (x *methodCtx) body(b *Group) {
 			v.Id("au").Dot("before").Index(Lit(len(figs))).Op("=").Id("m").Dot("inner").Dot(ck.used.Name).Call()
 		}
 	})
+}
 
-	b.List(outs...).Op(x.declare(len(outs) - 1)).Add(call)
-	if a.Effect == effectConsumes {
-		b.Id("returned").Op("=").True()
-	}
-
-	// Verify mode: the figures after the call, and the ledger settled on
-	// what they show.
+// audit writes verify mode's side after the call: the figures read again
+// and compared, the created and released handles checked, and the ledger
+// settled on what the figures show; head are the results before err.
+func (x *methodCtx) audit(b *Group, head []Code) {
+	ck, m := x.ck, x.m
+	a := m.Accounting
+	figs := x.figureParams()
 	b.If(Id("m").Dot("verify")).BlockFunc(func(v *Group) {
 		v.Id("au").Dot("err").Op("=").Id("err")
 		for i, p := range figs {
@@ -979,27 +1003,40 @@ func (x *methodCtx) body(b *Group) {
 		if m.Releases != "" {
 			v.Id("au").Dot("released").Call(Lit(m.Releases), Id(m.Releases))
 		}
-		switch a.Effect {
-		case effectConsumes:
-			v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
-			for _, p := range x.bookParams() {
-				v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
-			}
-		case effectRefunds:
-			v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
-			for _, p := range x.bookParams() {
-				v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
-			}
-			if a.Amount.Func == "committed" {
-				v.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
-			}
-		default:
-			v.Id("err").Op("=").Id("au").Dot("result").Call()
-		}
+		x.settle(v)
 		v.Return(append(head, Id("err"))...)
 	})
+}
 
-	// The ledger side, after the call.
+// settle writes how verify mode settles the ledger on the observed figures:
+// the draw or the refund adjusted, and the charge book moved by what was
+// settled.
+func (x *methodCtx) settle(v *Group) {
+	a := x.m.Accounting
+	switch a.Effect {
+	case effectConsumes:
+		v.Id("err").Op("=").Id("au").Dot("settleDraw").Call(Id(a.Account), Id("n"))
+		for _, p := range x.bookParams() {
+			v.Id("book").Dot("Add").Call(Id(p.Name), Id("au").Dot("settled"))
+		}
+	case effectRefunds:
+		v.Id("err").Op("=").Id("au").Dot("settleRefund").Call(Id(a.Account), Id("n"))
+		for _, p := range x.bookParams() {
+			v.Id("book").Dot("Sub").Call(Id(p.Name), Id("au").Dot("settled"))
+		}
+		if a.Amount.Func == "committed" {
+			v.If(Id("au").Dot("err").Op("==").Nil()).Block(Id("book").Dot("Clear").Call(Id(a.Amount.Param)))
+		}
+	default:
+		v.Id("err").Op("=").Id("au").Dot("result").Call()
+	}
+}
+
+// ledgerAfter writes the ledger side after the call outside verify mode: a
+// failed consuming call undraws, a successful one books its charge; a
+// successful refunding call unbooks and refunds.
+func (x *methodCtx) ledgerAfter(b *Group, outs, head []Code) {
+	a := x.m.Accounting
 	switch a.Effect {
 	case effectConsumes:
 		b.If(Id("err").Op("!=").Nil()).Block(Return(append(head, Id("m").Dot("undraw").Call(Id(a.Account), Id("n"), Id("err")))...))
