@@ -259,8 +259,23 @@ func methodDoc(m *method) string {
 	return d + "\n\n" + strings.Join(notes, " ")
 }
 
+// emitCapabilities writes capabilities.go: an interface per capability, the
+// Mechanism interface, the Capability enum and CapSet, Negotiate, and a
+// Require helper per optional capability.
 func emitCapabilities(g *generator) {
 	f := g.contractFile("capabilities.go")
+	s := g.Spec
+	emitCapabilityInterfaces(g, f)
+	emitMechanismInterface(f, s)
+	emitCapabilityEnum(f, s)
+	emitCapSet(f)
+	emitNegotiate(f, s)
+	emitRequireHelpers(f, s)
+}
+
+// emitCapabilityInterfaces writes the interface of each capability, its
+// methods documented with their accounting.
+func emitCapabilityInterfaces(g *generator, f *File) {
 	s := g.Spec
 	for _, c := range s.Capabilities {
 		doc := docComment(c.Name, c.Doc)
@@ -282,7 +297,11 @@ func emitCapabilities(g *generator) {
 		})
 		f.Line()
 	}
+}
 
+// emitMechanismInterface writes Mechanism: the required capabilities and an
+// accessor per optional one.
+func emitMechanismInterface(f *File, s *Spec) {
 	comment(f, `Mechanism is a memory mechanism: the required capabilities, plus one
 accessor per optional capability that reports whether this instance really
 offers it now. An accessor that returns false means absent: there is no
@@ -301,7 +320,11 @@ default implementation to fall back on.`)
 		}
 	})
 	f.Line()
+}
 
+// emitCapabilityEnum writes Capability, its constants (Cap<Name>) and the
+// list of them all.
+func emitCapabilityEnum(f *File, s *Spec) {
 	comment(f, "Capability names one capability of the spec.")
 	f.Type().Id(contractCapability).Uint8()
 	f.Const().DefsFunc(func(d *Group) {
@@ -327,6 +350,10 @@ default implementation to fall back on.`)
 			v.Id(capConst(c))
 		}
 	})
+}
+
+// emitCapSet writes CapSet with Of, Has and String.
+func emitCapSet(f *File) {
 	comment(f, "CapSet is a set of capabilities.")
 	f.Type().Id(contractCapSet).Uint32()
 	comment(f, "Of returns the set holding cs.")
@@ -346,6 +373,10 @@ default implementation to fall back on.`)
 		),
 		Return(Lit("{").Op("+").Qual("strings", "Join").Call(Id("names"), Lit(", ")).Op("+").Lit("}")),
 	)
+}
+
+// emitNegotiate writes Negotiate, which asks a mechanism's accessors.
+func emitNegotiate(f *File, s *Spec) {
 	comment(f, "Negotiate returns the capabilities m offers now. It asks the accessors;")
 	comment(f, "it never assumes.")
 	f.Func().Id(contractNegotiate).Params(Id("m").Id(contractMechanism)).Id(contractCapSet).BlockFunc(func(b *Group) {
@@ -365,6 +396,11 @@ default implementation to fall back on.`)
 		}
 		b.Return(Id("s"))
 	})
+}
+
+// emitRequireHelpers writes Require<Name> for each optional capability: the
+// capability, or an *Error that matches errors.ErrUnsupported.
+func emitRequireHelpers(f *File, s *Spec) {
 	for _, c := range s.Capabilities {
 		if c.Required {
 			continue
@@ -385,8 +421,23 @@ default implementation to fall back on.`)
 	}
 }
 
+// emitHandles writes handles.go: the Handle interface and the header every
+// handle embeds, a type per spec handle, the Issuer that creates them and
+// the checks that retire them.
 func emitHandles(g *generator) {
 	f := g.contractFile("handles.go")
+	emitHandleBase(f)
+	for _, t := range g.Spec.handles() {
+		emitHandleType(g, f, t)
+	}
+	emitIssuer(g, f)
+	emitHandleChecks(f)
+}
+
+// emitHandleBase writes Handle, the header every handle embeds (id,
+// creator, state, the mechanism's impl, the charged bytes) and the counters
+// ids come from.
+func emitHandleBase(f *File) {
 	comment(f, `Handle is what every handle type has in common. Handles are created only
 by an Issuer, record the mechanism instance that created them, and move once
 from live to released; a released handle stays released.`)
@@ -415,46 +466,53 @@ from live to released; a released handle stays released.`)
 		Id("nextHandle").Qual("sync/atomic", "Uint64"),
 		Id("nextInstance").Qual("sync/atomic", "Uint64"),
 	)
-	for _, t := range g.Spec.handles() {
-		r := strings.ToLower(t.Name[:1])
-		comment(f, docComment(t.Name, t.Doc)+"\n\n"+strings.ToUpper(article(t.Name)[:1])+article(t.Name)[1:]+" "+t.Name+" is made only by Issuer.New"+t.Name+"; its fields are read through methods.")
-		f.Type().Id(t.Name).StructFunc(func(s *Group) {
-			s.Id("hdr").Id("handleHeader")
-			for _, fd := range t.Fields {
-				s.Id(fieldName(fd.Name)).Add(g.Type(fd.Type))
-			}
-		})
-		for _, fd := range t.Fields {
-			comment(f, fd.Name+" returns the handle's "+words(fd.Name)+".")
-			f.Func().Params(Id(r).Op("*").Id(t.Name)).Id(fd.Name).Params().Add(g.Type(fd.Type)).Block(
-				Return(Id(r).Dot(fieldName(fd.Name))),
-			)
-		}
-		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("header").Params().Op("*").Id("handleHeader").Block(
-			If(Id(r).Op("==").Nil()).Block(Return(Nil())),
-			Return(Op("&").Id(r).Dot("hdr")),
-		)
-		comment(f, "ID returns the handle's process-unique id, 0 for nil.")
-		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("ID").Params().Id("HandleID").Block(
-			If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
-			Return(Id(r).Dot("hdr").Dot("id")),
-		)
-		comment(f, "Creator returns the instance that created the handle, 0 for nil.")
-		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Creator").Params().Id("InstanceID").Block(
-			If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
-			Return(Id(r).Dot("hdr").Dot("creator")),
-		)
-		comment(f, "Live reports whether the handle is neither released nor being released.")
-		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Live").Params().Bool().Block(
-			Return(Id(r).Op("!=").Nil().Op("&&").Id(r).Dot("hdr").Dot("state").Dot("Load").Call().Op("==").Id("stateLive")),
-		)
-		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("String").Params().String().Block(
-			If(Id(r).Op("==").Nil()).Block(Return(Lit(t.Name+"(nil)"))),
-			Return(Qual("fmt", "Sprintf").Call(Lit(t.Name+"#%d(instance %d)"), Id(r).Dot("hdr").Dot("id"), Id(r).Dot("hdr").Dot("creator"))),
-		)
-		f.Line()
-	}
+}
 
+// emitHandleType writes the type of spec handle t: its fields behind
+// accessors, and ID, Creator, Live and String.
+func emitHandleType(g *generator, f *File, t *typeDecl) {
+	r := strings.ToLower(t.Name[:1])
+	comment(f, docComment(t.Name, t.Doc)+"\n\n"+strings.ToUpper(article(t.Name)[:1])+article(t.Name)[1:]+" "+t.Name+" is made only by Issuer.New"+t.Name+"; its fields are read through methods.")
+	f.Type().Id(t.Name).StructFunc(func(s *Group) {
+		s.Id("hdr").Id("handleHeader")
+		for _, fd := range t.Fields {
+			s.Id(fieldName(fd.Name)).Add(g.Type(fd.Type))
+		}
+	})
+	for _, fd := range t.Fields {
+		comment(f, fd.Name+" returns the handle's "+words(fd.Name)+".")
+		f.Func().Params(Id(r).Op("*").Id(t.Name)).Id(fd.Name).Params().Add(g.Type(fd.Type)).Block(
+			Return(Id(r).Dot(fieldName(fd.Name))),
+		)
+	}
+	f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("header").Params().Op("*").Id("handleHeader").Block(
+		If(Id(r).Op("==").Nil()).Block(Return(Nil())),
+		Return(Op("&").Id(r).Dot("hdr")),
+	)
+	comment(f, "ID returns the handle's process-unique id, 0 for nil.")
+	f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("ID").Params().Id("HandleID").Block(
+		If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
+		Return(Id(r).Dot("hdr").Dot("id")),
+	)
+	comment(f, "Creator returns the instance that created the handle, 0 for nil.")
+	f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Creator").Params().Id("InstanceID").Block(
+		If(Id(r).Op("==").Nil()).Block(Return(Lit(0))),
+		Return(Id(r).Dot("hdr").Dot("creator")),
+	)
+	comment(f, "Live reports whether the handle is neither released nor being released.")
+	f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("Live").Params().Bool().Block(
+		Return(Id(r).Op("!=").Nil().Op("&&").Id(r).Dot("hdr").Dot("state").Dot("Load").Call().Op("==").Id("stateLive")),
+	)
+	f.Func().Params(Id(r).Op("*").Id(t.Name)).Id("String").Params().String().Block(
+		If(Id(r).Op("==").Nil()).Block(Return(Lit(t.Name+"(nil)"))),
+		Return(Qual("fmt", "Sprintf").Call(Lit(t.Name+"#%d(instance %d)"), Id(r).Dot("hdr").Dot("id"), Id(r).Dot("hdr").Dot("creator"))),
+	)
+	f.Line()
+}
+
+// emitIssuer writes Issuer, NewIssuer and a New<Handle> constructor per
+// handle type.
+func emitIssuer(g *generator, f *File) {
 	comment(f, `Issuer creates the handles of one mechanism instance and is the only way to
 retire them. A mechanism keeps its Issuer private, so no other code can
 release its handles; Check and BeginRelease enforce release-by-creator and
@@ -484,6 +542,11 @@ detect double release and use after release on the bare mechanism too.`)
 			Return(Op("&").Id(t.Name).Values(vals)),
 		)
 	}
+}
+
+// emitHandleChecks writes CheckHandle and the Issuer's methods that check
+// and retire its handles: Check, Impl, BeginRelease, EndRelease, Retire.
+func emitHandleChecks(f *File) {
 	comment(f, `CheckHandle returns nil when h is a live handle created by instance, and
 otherwise an *Error of kind ErrNilHandle, ErrForeignHandle or ErrReleased.`)
 	f.Func().Id(contractCheckHandle).Params(Id("op").String(), Id("h").Id(contractHandle), Id("instance").Id("InstanceID")).Error().Block(
@@ -554,9 +617,26 @@ func emitRanges(g *generator) error {
 	return nil
 }
 
+// emitMeta writes meta.go: the spec as data (Meta) with its types, the
+// Effect enum its methods carry, and the lookups by invariant and mechanism.
 func emitMeta(g *generator) {
 	f := g.contractFile("meta.go")
+	emitEffect(f)
+	emitMetaTypes(f)
 	s := g.Spec
+	comment(f, "Meta is the spec these files were generated from.")
+	f.Var().Id("Meta").Op("=").Id("SpecMeta").Values(Dict{
+		Id("Digest"):       Id(contractSpecDigest),
+		Id("Capabilities"): Index().Id("CapabilityMeta").Values(capabilityMetas(s)...),
+		Id("Mechanisms"):   Index().Id("MechanismMeta").Values(mechanismMetas(s)...),
+		Id("Invariants"):   Index().Id("InvariantMeta").Values(invariantMetas(s)...),
+	})
+	emitMetaLookups(f)
+}
+
+// emitEffect writes Effect, a method's effect on the ledger, with a
+// constant per effect.
+func emitEffect(f *File) {
 	comment(f, "Effect is a method's effect on the ledger.")
 	f.Type().Id("Effect").Uint8()
 	effects := []string{effectNone, effectQuery, effectConsumes, effectRefunds}
@@ -576,6 +656,11 @@ func emitMeta(g *generator) {
 			}
 		}).Index(Id("e"))),
 	)
+}
+
+// emitMetaTypes writes the types of Meta: SpecMeta and the meta of a
+// method, a capability, a mechanism and an invariant.
+func emitMetaTypes(f *File) {
 	comment(f, "MethodMeta is one method of a capability as the spec declares it.")
 	f.Type().Id("MethodMeta").Struct(
 		Id("Capability").Id(contractCapability),
@@ -624,85 +709,100 @@ func emitMeta(g *generator) {
 		Id("Mechanisms").Index().Id("MechanismMeta"),
 		Id("Invariants").Index().Id("InvariantMeta"),
 	)
-	strs := func(xs []string) Code {
-		if len(xs) == 0 {
-			return Nil()
-		}
-		return Index().String().ValuesFunc(func(v *Group) {
-			for _, x := range xs {
-				v.Lit(x)
-			}
-		})
+}
+
+// strs is a []string literal, nil when empty.
+func strs(xs []string) Code {
+	if len(xs) == 0 {
+		return Nil()
 	}
-	comment(f, "Meta is the spec these files were generated from.")
-	f.Var().Id("Meta").Op("=").Id("SpecMeta").Values(Dict{
-		Id("Digest"): Id(contractSpecDigest),
-		Id("Capabilities"): Index().Id("CapabilityMeta").ValuesFunc(func(v *Group) {
-			for _, c := range s.Capabilities {
-				v.Values(Dict{
-					Id("Capability"): Id(capConst(c)),
-					Id("Name"):       Lit(c.Name),
-					Id("Required"):   Lit(c.Required),
-					Id("Doc"):        longLit(c.Doc),
-					Id("Methods"): Index().Id("MethodMeta").ValuesFunc(func(mv *Group) {
-						for _, m := range c.Methods {
-							a := m.Accounting
-							amount := ""
-							if a.Amount != nil {
-								amount = a.Amount.Text
-							}
-							var req []string
-							for _, r := range m.Requires {
-								req = append(req, r.Text)
-							}
-							mv.Values(Dict{
-								Id("Capability"): Id(capConst(c)),
-								Id("Name"):       Lit(m.Name),
-								Id("Doc"):        longLit(m.Doc),
-								Id("Effect"):     Id(effectConst(a.Effect)),
-								Id("Amount"):     Lit(amount),
-								Id("Round"):      Lit(a.Round),
-								Id("Account"):    Lit(a.Account),
-								Id("Creates"):    Lit(m.Creates),
-								Id("Releases"):   Lit(m.Releases),
-								Id("Requires"):   strs(req),
-							})
-						}
-					}),
-				})
-			}
-		}),
-		Id("Mechanisms"): Index().Id("MechanismMeta").ValuesFunc(func(v *Group) {
-			for _, m := range s.Mechanisms {
-				var offers []Code
-				for _, o := range m.Offers {
-					offers = append(offers, Id(capConst(s.Capability(o))))
-				}
-				v.Values(Dict{
-					Id("Name"):        Lit(m.Name),
-					Id("Package"):     Lit(m.Package),
-					Id("Type"):        Lit(m.Type),
-					Id("Device"):      Lit(m.Device),
-					Id("Offers"):      Id(contractOf).Call(offers...),
-					Id("Granularity"): Lit(m.Granularity),
-					Id("Doc"):         longLit(m.Doc),
-				})
-			}
-		}),
-		Id("Invariants"): Index().Id("InvariantMeta").ValuesFunc(func(v *Group) {
-			for _, iv := range s.Invariants {
-				v.Values(Dict{
-					Id("ID"):           Lit(iv.ID),
-					Id("Says"):         longLit(iv.Says),
-					Id("EnforcedBy"):   strs(iv.EnforcedBy),
-					Id("Consumes"):     Lit(iv.Applies.Consumes),
-					Id("Releases"):     Lit(iv.Applies.Releases),
-					Id("Capabilities"): strs(iv.Applies.Capabilities),
-					Id("Interfaces"):   strs(iv.Applies.Interfaces),
-				})
-			}
-		}),
+	return Index().String().ValuesFunc(func(v *Group) {
+		for _, x := range xs {
+			v.Lit(x)
+		}
 	})
+}
+
+// capabilityMetas are Meta's capabilities, each with its methods.
+func capabilityMetas(s *Spec) []Code {
+	var out []Code
+	for _, c := range s.Capabilities {
+		out = append(out, Values(Dict{
+			Id("Capability"): Id(capConst(c)),
+			Id("Name"):       Lit(c.Name),
+			Id("Required"):   Lit(c.Required),
+			Id("Doc"):        longLit(c.Doc),
+			Id("Methods"): Index().Id("MethodMeta").ValuesFunc(func(mv *Group) {
+				for _, m := range c.Methods {
+					a := m.Accounting
+					amount := ""
+					if a.Amount != nil {
+						amount = a.Amount.Text
+					}
+					var req []string
+					for _, r := range m.Requires {
+						req = append(req, r.Text)
+					}
+					mv.Values(Dict{
+						Id("Capability"): Id(capConst(c)),
+						Id("Name"):       Lit(m.Name),
+						Id("Doc"):        longLit(m.Doc),
+						Id("Effect"):     Id(effectConst(a.Effect)),
+						Id("Amount"):     Lit(amount),
+						Id("Round"):      Lit(a.Round),
+						Id("Account"):    Lit(a.Account),
+						Id("Creates"):    Lit(m.Creates),
+						Id("Releases"):   Lit(m.Releases),
+						Id("Requires"):   strs(req),
+					})
+				}
+			}),
+		}))
+	}
+	return out
+}
+
+// mechanismMetas are Meta's mechanisms.
+func mechanismMetas(s *Spec) []Code {
+	var out []Code
+	for _, m := range s.Mechanisms {
+		var offers []Code
+		for _, o := range m.Offers {
+			offers = append(offers, Id(capConst(s.Capability(o))))
+		}
+		out = append(out, Values(Dict{
+			Id("Name"):        Lit(m.Name),
+			Id("Package"):     Lit(m.Package),
+			Id("Type"):        Lit(m.Type),
+			Id("Device"):      Lit(m.Device),
+			Id("Offers"):      Id(contractOf).Call(offers...),
+			Id("Granularity"): Lit(m.Granularity),
+			Id("Doc"):         longLit(m.Doc),
+		}))
+	}
+	return out
+}
+
+// invariantMetas are Meta's invariants.
+func invariantMetas(s *Spec) []Code {
+	var out []Code
+	for _, iv := range s.Invariants {
+		out = append(out, Values(Dict{
+			Id("ID"):           Lit(iv.ID),
+			Id("Says"):         longLit(iv.Says),
+			Id("EnforcedBy"):   strs(iv.EnforcedBy),
+			Id("Consumes"):     Lit(iv.Applies.Consumes),
+			Id("Releases"):     Lit(iv.Applies.Releases),
+			Id("Capabilities"): strs(iv.Applies.Capabilities),
+			Id("Interfaces"):   strs(iv.Applies.Interfaces),
+		}))
+	}
+	return out
+}
+
+// emitMetaLookups writes Invariant and MechanismSpec, which find an entry of
+// Meta.
+func emitMetaLookups(f *File) {
 	comment(f, "Invariant returns the invariant with the given id.")
 	f.Func().Id("Invariant").Params(Id("id").String()).Params(Id("InvariantMeta"), Bool()).Block(
 		For(List(Id("_"), Id("iv")).Op(":=").Range().Id("Meta").Dot("Invariants")).Block(
