@@ -222,8 +222,30 @@ func callType(m *method) string { return "call" + m.Name }
 // emitCalls writes calls.go: the capabilities the env holds, one call type
 // per method, and what the spec's handle types need at run time.
 func (cg *confGen) emitCalls() error {
-	g, s := cg.g, cg.g.Spec
+	s := cg.g.Spec
 	f := cg.file("calls.go")
+	cg.emitCapabilityFields(f)
+	for _, c := range s.Capabilities {
+		for _, m := range c.Methods {
+			for _, p := range m.Params {
+				if contains(conformanceLocals, p.Name) {
+					return fmt.Errorf("conformance: %s.%s: parameter name %q clashes with the suite's call methods", c.Name, m.Name, p.Name)
+				}
+			}
+			cg.emitCall(f, c, m)
+		}
+	}
+	cg.emitHandleFields(f)
+	cg.emitReleaseHandle(f)
+	cg.emitCommitted(f)
+	cg.emitObserveQueries(f)
+	return nil
+}
+
+// emitCapabilityFields writes the capabilities the env holds, one field per
+// optional capability, and load, which fills them from the accessors.
+func (cg *confGen) emitCapabilityFields(f *File) {
+	g, s := cg.g, cg.g.Spec
 	comment(f, "capabilities holds the optional capabilities the subject offers.")
 	f.Type().Id("capabilities").StructFunc(func(st *Group) {
 		for _, c := range s.Capabilities {
@@ -252,18 +274,11 @@ func (cg *confGen) emitCalls() error {
 		}
 		b.Return(Id("s"))
 	})
+}
 
-	for _, c := range s.Capabilities {
-		for _, m := range c.Methods {
-			for _, p := range m.Params {
-				if contains(conformanceLocals, p.Name) {
-					return fmt.Errorf("conformance: %s.%s: parameter name %q clashes with the suite's call methods", c.Name, m.Name, p.Name)
-				}
-			}
-			cg.emitCall(f, c, m)
-		}
-	}
-
+// emitHandleFields writes handleFields: the handles a handle refers to.
+func (cg *confGen) emitHandleFields(f *File) {
+	g, s := cg.g, cg.g.Spec
 	// handleFields: the handles a handle refers to.
 	comment(f, "handleFields returns the live-or-not handles h refers to (a view's\nreservation and backing).")
 	var fieldCases []Code
@@ -289,7 +304,12 @@ func (cg *confGen) emitCalls() error {
 		b.Switch(Id("h").Op(":=").Id("h").Assert(Type())).Block(fieldCases...)
 		b.Return(Id("out"))
 	})
+}
 
+// emitReleaseHandle writes releaseHandle: how the sweep releases each
+// handle type.
+func (cg *confGen) emitReleaseHandle(f *File) {
+	g, s := cg.g, cg.g.Spec
 	// releaseHandle: how the sweep releases each handle type.
 	comment(f, "releaseHandle releases h through e's mechanism with the method the spec\ndeclares for its type.")
 	f.Func().Params(Id("e").Op("*").Id("env")).Id("releaseHandle").Params(Id("h").Add(g.C(contractHandle))).Error().BlockFunc(func(b *Group) {
@@ -320,7 +340,12 @@ func (cg *confGen) emitCalls() error {
 		})
 		b.Return(Qual("fmt", "Errorf").Call(Lit("the spec declares no method that releases %T"), Id("h")))
 	})
+}
 
+// emitCommitted writes committed<Type>, the committed(x) function of
+// accounting amounts, for each handle type that has a committed-bytes query.
+func (cg *confGen) emitCommitted(f *File) {
+	g, s := cg.g, cg.g.Spec
 	// committed<Type>: the committed(x) function of accounting amounts.
 	for _, t := range s.handles() {
 		q := committedQuery(s, t.Name)
@@ -335,8 +360,12 @@ func (cg *confGen) emitCalls() error {
 			Return(Id("n")),
 		)
 	}
+}
 
-	// observeQueries: every query of the spec over what it can be asked about.
+// emitObserveQueries writes observeQueries: every query of the spec over
+// what it can be asked about.
+func (cg *confGen) emitObserveQueries(f *File) {
+	g, s := cg.g, cg.g.Spec
 	comment(f, "observeQueries records the answer of every query method of the spec, for\nthe mechanism and for every live handle a query takes.")
 	f.Func().Params(Id("e").Op("*").Id("env")).Id("observeQueries").Params(Id("prefix").String(), Id("s").Id("state"), Id("hs").Index().Add(g.C(contractHandle))).BlockFunc(func(b *Group) {
 		var perHandle []Code
@@ -377,7 +406,6 @@ func (cg *confGen) emitCalls() error {
 			)
 		}
 	})
-	return nil
 }
 
 // releaser returns the method that releases handle type t with nothing but
