@@ -387,30 +387,71 @@ func emitFakeRecordTypes(g *generator, f *File, d *fakeDecl, m *fakeMeth) {
 	}
 }
 
-func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, implemented bool) {
-	params, results := g.Signature(m.method)
-	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
-	var argIDs, recArgs []Code
-	argDict := Dict{}
+// fakeCall is what the body of a fake's method names: the arguments as
+// passed, as recorded (byte slices cloned) and as the args record, and the
+// results (fakeR1...; errOut is the error result, or Null).
+type fakeCall struct {
+	argIDs, recArgs []Code
+	argDict         Dict
+	outs            []Code
+	errOut          *Statement
+}
+
+func newFakeCall(m *fakeMeth) *fakeCall {
+	fc := &fakeCall{argDict: Dict{}, errOut: Null()}
 	for _, p := range m.Params {
-		argIDs = append(argIDs, Id(p.Name))
+		fc.argIDs = append(fc.argIDs, Id(p.Name))
 		v := Id(p.Name)
 		if p.Type == "[]byte" {
 			v = Id("cloneBytes").Call(Id(p.Name))
 		}
-		recArgs = append(recArgs, v)
-		argDict[Id(p.Name)] = v
+		fc.recArgs = append(fc.recArgs, v)
+		fc.argDict[Id(p.Name)] = v
 	}
-	var outs []Code
 	for i := range m.Returns {
-		outs = append(outs, Id("fakeR"+fmt.Sprint(i+1)))
+		fc.outs = append(fc.outs, Id("fakeR"+fmt.Sprint(i+1)))
 	}
-	errOut := Null()
 	if m.ReturnsError() {
-		errOut = Id("fakeR" + fmt.Sprint(len(m.Returns)))
+		fc.errOut = Id("fakeR" + fmt.Sprint(len(m.Returns)))
 	}
+	return fc
+}
 
-	doc := methodDoc(m.method)
+// assign returns fn's call assigned to the results, or the call alone when
+// there are none.
+func (fc *fakeCall) assign(fn Code) Code {
+	if len(fc.outs) == 0 {
+		return fn
+	}
+	return List(fc.outs...).Op("=").Add(fn)
+}
+
+// emitFakeMethod writes one spec method of a fake: it records the call,
+// then the first of an injected fault, a stub, canned results, an absent
+// capability and the state model decides the results.
+func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, implemented bool) {
+	params, results := g.Signature(m.method)
+	fc := newFakeCall(m)
+	comment(f, fakeMethodDoc(m, implemented))
+	head := "func (fake *" + d.Type + ") " + m.Name
+	d.method(f, m.Name).Add(fitParams(g.sigLen(head, nil, m.method), params)).Params(results...).BlockFunc(func(b *Group) {
+		recordFakeCall(b, d, m, fc)
+		for i, r := range m.Returns {
+			b.Var().Id("fakeR" + fmt.Sprint(i+1)).Add(g.Type(r.Type))
+		}
+		b.Add(fakeDeciders(g, m, fc, implemented))
+		if m.ReturnsError() {
+			b.Id("fakeCall").Dot("Err").Op("=").Add(fc.errOut.Clone())
+		}
+		b.Id("fake").Dot("rec").Dot("record").Call(Id("fakeCall"))
+		b.Return(fc.outs...)
+	})
+	f.Line()
+}
+
+// fakeMethodDoc is the doc of a fake's method: the spec method's, and what
+// decides its results.
+func fakeMethodDoc(m *fakeMeth, implemented bool) string {
 	behaviour := "The fake runs its state model"
 	if !implemented {
 		behaviour = "The fakes' state model has no behaviour for " + m.Name + " yet: it returns ErrUnsupported"
@@ -426,99 +467,93 @@ func emitFakeMethod(g *generator, f *File, d *fakeDecl, m *fakeMeth, implemented
 	if len(m.Returns) > 0 {
 		deciders = append(deciders, "canned results ("+m.Name+"Returns, "+m.Name+"ReturnsOnCall)")
 	}
-	doc += "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
-	comment(f, doc)
-	head := "func (fake *" + d.Type + ") " + m.Name
-	d.method(f, m.Name).Add(fitParams(g.sigLen(head, nil, m.method), params)).Params(results...).BlockFunc(func(b *Group) {
-		b.Id("fake").Dot("mu").Dot("Lock").Call()
-		b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
-		b.Add(rec().Dot("count")).Op("++")
-		if len(m.Params) > 0 {
-			b.If(Op("!").Id("fake").Dot("quiet")).Block(
-				rec().Dot("args").Op("=").Append(rec().Dot("args"), Id(argsType(d, m)).Values(argDict)),
-			)
+	return methodDoc(m.method) + "\n\n" + behaviour + ", unless " + strings.Join(deciders, ", ") + " decide first, in that order. Every call is recorded."
+}
+
+// recordFakeCall writes, under the fake's lock, the call's count, its
+// arguments, and the stub and canned results it finds; then the Call it
+// records (with the arguments when a recorder or a fault wants them).
+func recordFakeCall(b *Group, d *fakeDecl, m *fakeMeth, fc *fakeCall) {
+	rec := func() *Statement { return Id("fake").Dot(recField(m)) }
+	b.Id("fake").Dot("mu").Dot("Lock").Call()
+	b.Id("fakeI").Op(":=").Add(rec().Dot("count"))
+	b.Add(rec().Dot("count")).Op("++")
+	if len(m.Params) > 0 {
+		b.If(Op("!").Id("fake").Dot("quiet")).Block(
+			rec().Dot("args").Op("=").Append(rec().Dot("args"), Id(argsType(d, m)).Values(fc.argDict)),
+		)
+	}
+	b.Id("fakeStub").Op(":=").Add(rec().Dot("stub"))
+	if len(m.Returns) > 0 {
+		b.List(Id("fakeRet"), Id("fakeCanned")).Op(":=").Add(rec().Dot("onCall")).Index(Id("fakeI"))
+		b.If(Op("!").Id("fakeCanned").Op("&&").Add(rec().Dot("returns")).Op("!=").Nil()).Block(
+			List(Id("fakeRet"), Id("fakeCanned")).Op("=").List(Op("*").Add(rec().Dot("returns")), True()),
+		)
+	} else {
+		b.Id("_").Op("=").Id("fakeI")
+	}
+	b.Id("fake").Dot("mu").Dot("Unlock").Call()
+	b.Id("fakeCall").Op(":=").Id("Call").Values(Dict{Id("Source"): Id("fake").Dot("source"), Id("Method"): Lit(m.Name)})
+	if len(m.Params) > 0 {
+		cond := Id("fake").Dot("rec").Op("!=").Nil()
+		if m.ReturnsError() {
+			cond = cond.Op("||").Id("fake").Dot("armed").Call()
 		}
-		b.Id("fakeStub").Op(":=").Add(rec().Dot("stub"))
-		if len(m.Returns) > 0 {
-			b.List(Id("fakeRet"), Id("fakeCanned")).Op(":=").Add(rec().Dot("onCall")).Index(Id("fakeI"))
-			b.If(Op("!").Id("fakeCanned").Op("&&").Add(rec().Dot("returns")).Op("!=").Nil()).Block(
-				List(Id("fakeRet"), Id("fakeCanned")).Op("=").List(Op("*").Add(rec().Dot("returns")), True()),
-			)
+		b.If(cond).Block(Id("fakeCall").Dot("Args").Op("=").Index().Any().Values(fc.recArgs...))
+	}
+}
+
+// fakeDeciders is the if-else chain that decides a fake call's results, the
+// first match winning: an injected fault, the stub, canned results, an
+// optional capability not offered, and last the state model (or, for a
+// method it has no behaviour for, errNoBehaviour).
+func fakeDeciders(g *generator, m *fakeMeth, fc *fakeCall, implemented bool) Code {
+	type decider struct {
+		cond []Code
+		body []Code
+	}
+	var chain []decider
+	add := func(cond Code, body ...Code) { chain = append(chain, decider{[]Code{cond}, body}) }
+	if m.ReturnsError() {
+		chain = append(chain, decider{
+			[]Code{Id("fakeErr").Op(":=").Id("fake").Dot("check").Call(Op("&").Id("fakeCall")), Id("fakeErr").Op("!=").Nil()},
+			[]Code{fc.errOut.Clone().Op("=").Id("fakeErr")},
+		})
+	}
+	add(Id("fakeStub").Op("!=").Nil(), fc.assign(Id("fakeStub").Call(fc.argIDs...)))
+	if len(m.Returns) > 0 {
+		var canned []Code
+		for i := range m.Returns {
+			canned = append(canned, Id("fakeRet").Dot(resultName(i)))
+		}
+		add(Id("fakeCanned"), List(fc.outs...).Op("=").List(canned...))
+	}
+	if m.Optional != nil {
+		absent := Id("fake").Dot("absent").Call(Lit(m.Optional.Name), Lit(m.Name))
+		if m.ReturnsError() {
+			add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), fc.errOut.Clone().Op("=").Add(absent))
 		} else {
-			b.Id("_").Op("=").Id("fakeI")
+			add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), Comment("absent: zero results"))
 		}
-		b.Id("fake").Dot("mu").Dot("Unlock").Call()
-		b.Id("fakeCall").Op(":=").Id("Call").Values(Dict{Id("Source"): Id("fake").Dot("source"), Id("Method"): Lit(m.Name)})
-		if len(m.Params) > 0 {
-			cond := Id("fake").Dot("rec").Op("!=").Nil()
-			if m.ReturnsError() {
-				cond = cond.Op("||").Id("fake").Dot("armed").Call()
-			}
-			b.If(cond).Block(Id("fakeCall").Dot("Args").Op("=").Index().Any().Values(recArgs...))
+	}
+	var dflt Code
+	switch {
+	case implemented:
+		dflt = fc.assign(Id("fake").Dot("state").Dot(m.Name).Call(fc.argIDs...))
+	case m.ReturnsError():
+		dflt = fc.errOut.Clone().Op("=").Id("errNoBehaviour").Call(Lit(m.Owner + "." + m.Name))
+	default:
+		dflt = Comment("no behaviour yet: zero results")
+	}
+	var st *Statement
+	for i, c := range chain {
+		if i == 0 {
+			st = If(c.cond...).Block(c.body...)
+		} else {
+			st = st.Else().If(c.cond...).Block(c.body...)
 		}
-		for i, r := range m.Returns {
-			b.Var().Id("fakeR" + fmt.Sprint(i+1)).Add(g.Type(r.Type))
-		}
-		// The chain of deciders, first match wins.
-		type decider struct {
-			cond []Code
-			body []Code
-		}
-		var chain []decider
-		add := func(cond Code, body ...Code) { chain = append(chain, decider{[]Code{cond}, body}) }
-		if m.ReturnsError() {
-			chain = append(chain, decider{
-				[]Code{Id("fakeErr").Op(":=").Id("fake").Dot("check").Call(Op("&").Id("fakeCall")), Id("fakeErr").Op("!=").Nil()},
-				[]Code{errOut.Clone().Op("=").Id("fakeErr")},
-			})
-		}
-		call := func(fn Code) Code {
-			if len(outs) == 0 {
-				return fn
-			}
-			return List(outs...).Op("=").Add(fn)
-		}
-		add(Id("fakeStub").Op("!=").Nil(), call(Id("fakeStub").Call(argIDs...)))
-		if len(m.Returns) > 0 {
-			var canned []Code
-			for i := range m.Returns {
-				canned = append(canned, Id("fakeRet").Dot(resultName(i)))
-			}
-			add(Id("fakeCanned"), List(outs...).Op("=").List(canned...))
-		}
-		if m.Optional != nil {
-			absent := Id("fake").Dot("absent").Call(Lit(m.Optional.Name), Lit(m.Name))
-			if m.ReturnsError() {
-				add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), errOut.Clone().Op("=").Add(absent))
-			} else {
-				add(Op("!").Id("fake").Dot("offers").Call(g.C(capConst(m.Optional))), Comment("absent: zero results"))
-			}
-		}
-		var dflt Code
-		switch {
-		case implemented:
-			dflt = call(Id("fake").Dot("state").Dot(m.Name).Call(argIDs...))
-		case m.ReturnsError():
-			dflt = errOut.Clone().Op("=").Id("errNoBehaviour").Call(Lit(m.Owner + "." + m.Name))
-		default:
-			dflt = Comment("no behaviour yet: zero results")
-		}
-		var st *Statement
-		for i, c := range chain {
-			if i == 0 {
-				st = If(c.cond...).Block(c.body...)
-			} else {
-				st = st.Else().If(c.cond...).Block(c.body...)
-			}
-		}
-		b.Add(st.Else().Block(dflt))
-		if m.ReturnsError() {
-			b.Id("fakeCall").Dot("Err").Op("=").Add(errOut.Clone())
-		}
-		b.Id("fake").Dot("rec").Dot("record").Call(Id("fakeCall"))
-		b.Return(outs...)
-	})
-	f.Line()
+	}
+	return st.Else().Block(dflt)
 }
 
 func emitFakeAPI(g *generator, f *File, d *fakeDecl, m *fakeMeth) {
