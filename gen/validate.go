@@ -69,10 +69,34 @@ func validate(s *Spec, e *errs) {
 	if s.loaded == nil {
 		return // the document is not a mapping: nothing was declared
 	}
-	// A name declared twice is reported once, and every later reference
-	// resolves to its first declaration of that kind, so the duplicate does
-	// not also turn into "unknown" errors wherever the name is used.
-	names := map[string]pos{}
+	names, errNames := declareNames(s, e)
+	validateNames(s, names, e)
+	validatePackages(s, e)
+	validateGeneratorNeeds(s, errNames, e)
+	validateTemplateNeeds(s, e)
+	for _, t := range s.Types {
+		validateType(s, t, e)
+	}
+	roles := validateInterfaces(s, e)
+	validateCycles(s, e)
+	top := pos{s.File, 1, 1}
+	for _, r := range []string{roleGrant, roleAccount} {
+		if roles[r] == nil && s.sectionOK("interfaces") {
+			e.add(top, "no interface has role %q, which consuming and refunding methods need", r)
+		}
+	}
+	validateCapabilities(s, e)
+	validateMechanisms(s, e)
+	validateInvariantRefs(s, e)
+}
+
+// declareNames indexes the spec's types, interfaces and capabilities by
+// name and returns every declared name with its position, and the error
+// names. A name declared twice is reported once, and every later reference
+// resolves to its first declaration of that kind, so the duplicate does not
+// also turn into "unknown" errors wherever the name is used.
+func declareNames(s *Spec, e *errs) (names map[string]pos, errNames map[string]bool) {
+	names = map[string]pos{}
 	declare := func(n string, p pos) {
 		if prev, ok := names[n]; ok {
 			e.add(p, "duplicate name %q (already declared at %d:%d)", n, prev.Line, prev.Col)
@@ -98,14 +122,17 @@ func validate(s *Spec, e *errs) {
 			s.caps[c.Name] = c
 		}
 	}
-	errNames := map[string]bool{}
+	errNames = map[string]bool{}
 	for _, d := range s.Errors {
 		declare(d.Name, d.Pos)
 		errNames[d.Name] = true
 	}
-	validateNames(s, names, e)
-	validatePackages(s, e)
+	return names, errNames
+}
 
+// validateGeneratorNeeds reports the types, fields and errors the generator
+// uses that the spec does not declare.
+func validateGeneratorNeeds(s *Spec, errNames map[string]bool, e *errs) {
 	top := pos{s.File, 1, 1}
 	if s.sectionOK("types") {
 		var missing []string
@@ -147,12 +174,11 @@ func validate(s *Spec, e *errs) {
 			e.add(top, "the generator needs %s %s, which the spec does not declare", plural(len(missing), "error", "errors"), strings.Join(missing, ", "))
 		}
 	}
-	validateTemplateNeeds(s, e)
+}
 
-	for _, t := range s.Types {
-		validateType(s, t, e)
-	}
-
+// validateInterfaces checks each interface's methods and that no two
+// interfaces take the same role, and returns the interfaces by role.
+func validateInterfaces(s *Spec, e *errs) map[string]*interfaceDecl {
 	roles := map[string]*interfaceDecl{}
 	for _, i := range s.Interfaces {
 		if i.Role != "" {
@@ -165,13 +191,12 @@ func validate(s *Spec, e *errs) {
 			validateSignature(s, m, e)
 		}
 	}
-	validateCycles(s, e)
-	for _, r := range []string{roleGrant, roleAccount} {
-		if roles[r] == nil && s.sectionOK("interfaces") {
-			e.add(top, "no interface has role %q, which consuming and refunding methods need", r)
-		}
-	}
+	return roles
+}
 
+// validateCapabilities checks each capability's methods (names unique
+// across capabilities, signatures, effects) and that one is required.
+func validateCapabilities(s *Spec, e *errs) {
 	methods := map[string]pos{}
 	required := 0
 	for _, c := range s.Capabilities {
@@ -193,9 +218,11 @@ func validate(s *Spec, e *errs) {
 	if required == 0 && len(s.Capabilities) > 0 && s.sectionOK("capabilities") {
 		e.add(s.Capabilities[0].Pos, "no capability is required: mark the one every mechanism offers with required: true")
 	}
+}
 
-	validateMechanisms(s, e)
-
+// validateInvariantRefs reports the capabilities and interfaces an
+// invariant applies to that the spec does not declare.
+func validateInvariantRefs(s *Spec, e *errs) {
 	for _, iv := range s.Invariants {
 		a := iv.Applies
 		for i, c := range a.Capabilities {
