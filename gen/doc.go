@@ -9,7 +9,7 @@
 // Load, Generate, Diff and Write are what cmd/memgen is made of:
 //
 //	s, err := gen.Load("spec/capabilities.yaml", data) // err is an ErrorList
-//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root})
+//	files, err := gen.Generate(s, gen.Config{Module: module, Root: root, Spec: "spec/capabilities.yaml"})
 //	written, removed, err := gen.Write(root, files)
 //
 // Output is deterministic and gofmt-clean, and every file starts with a
@@ -21,14 +21,42 @@
 //
 // # Where things go
 //
-// An emitter is one file, emit_<output>.go, that registers itself from an
-// init function (register(emitter{Name, Order, Emit})) and writes one output
-// package or document: emit_contract.go (generated/memapi), emit_checked.go
-// (generated/checked, and the contract's ChargeBook, which only the wrapper
-// uses), emit_conformance.go with emit_conformance_rules.go
-// (generated/conformance), emit_fakes.go (fakes/), emit_glue.go (each
-// mechanism's zz_generated.memgen.go), emit_doc.go (docs/capabilities.md).
-// Order sorts emitters whose outputs depend on each other's names.
+// An emitter is one file, emit_<output>.go, that declares itself as a value
+// (var checkedEmitter = &emitter{Name, Requires, Emit}), registers it from an
+// init function and writes one output package or document: emit_contract.go
+// (generated/memapi), emit_vet.go and emit_negotiation.go (the contract's
+// vet.go and negotiate_test.go), emit_checked.go (generated/checked, and the
+// contract's ChargeBook, which only the wrapper uses), emit_conformance.go
+// with emit_conformance_rules.go (generated/conformance), emit_fakes.go
+// (fakes/), emit_glue.go (each mechanism's zz_generated.memgen.go),
+// emit_cabi.go (the plugin C header and its loader's Go mirrors) and
+// emit_doc.go (docs/capabilities.md). Each file has exactly one emitter:
+// the generator records who wrote every path and fails the run when a
+// second emitter writes one.
+//
+// As with go/analysis's Analyzer.Requires, an emitter names the emitters
+// whose output its own refers to, and Generate runs them in a topological
+// order (emitters.go; ties by name, a cycle is an error naming it):
+//
+//	contract                   (the spec alone)
+//	├── contract-vet           contract's vet.go
+//	├── contract-negotiation-test
+//	├── glue                   mechanisms' zz_generated.memgen.go
+//	├── cabi                   include/memgen/mechanism.h, loader mirrors
+//	├── conformance            generated/conformance
+//	└── fakes                  fakes/
+//	    └── checked            generated/checked (requires contract and fakes)
+//	doc                        docs/capabilities.md (the spec alone)
+//
+// Emitters meet through what the producer exposes, never through a string
+// typed twice: a name the producer declares and the consumer's code names is
+// a constant or function beside the producer (contractMechanism,
+// contractOf, requireFunc, accessor, capConst, effectConst in
+// emit_contract.go; glueSpecName and GlueFile in emit_glue.go; checkedWrap
+// in emit_checked.go; fakeCallCount in emit_fakes.go), and what is known
+// only once the producer ran is its result, which a consumer that requires
+// it reads with resultOf (the fakes emitter's fakesResult, which the checked
+// emitter reads to tell that the fakes its examples call are there).
 //
 // Code whose shape follows the spec (one method, type or subtest per spec
 // declaration) is built with jennifer (github.com/dave/jennifer), so names,
