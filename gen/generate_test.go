@@ -23,9 +23,10 @@ func loadTiny(t *testing.T) *Spec {
 	return s
 }
 
-// TestGenerateCollectsEmitterErrors: every emitter runs even when one fails,
-// and every error it records or returns comes back in one ErrorList at a spec
-// position (a message that starts with one keeps it).
+// TestGenerateCollectsEmitterErrors: every emitter runs even when another
+// fails (unless it requires the one that failed), and every error it records
+// or returns comes back in one ErrorList at a spec position (a message that
+// starts with one keeps it).
 func TestGenerateCollectsEmitterErrors(t *testing.T) {
 	s := loadTiny(t)
 	alloc := s.Capability("DeviceAllocator").Methods[1].Pos

@@ -1,6 +1,7 @@
 package gen
 
 import (
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -82,7 +83,7 @@ func TestOneEmitterPerFile(t *testing.T) {
 		{"jennifer and jennifer", jen, jen, "emitters a and b both write x/same.go"},
 		{"jennifer and whole", jen, raw, "emitters a and b both write x/same.go"},
 		{"whole and jennifer", raw, jen, "emitters a and b both write x/same.go"},
-		{"whole twice", raw, func(g *generator) error { raw(g); return raw(g) }, "emitters a and b both write x/same.go"},
+		{"whole and whole", raw, raw, "emitters a and b both write x/same.go"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &emitter{Name: "a", Emit: noResult(tc.a)}
@@ -139,13 +140,50 @@ func TestEmitterOrder(t *testing.T) {
 		t.Error("two emitters of one name: no error")
 	}
 
-	// The registered emitters have an order, and the contract comes first.
+	// The registered emitters have an order, each after what it requires.
 	real, err := emitterOrder(emitters)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if real[0] != contractEmitter && real[0] != docEmitter {
-		t.Errorf("first emitter %s", real[0].Name)
+	at := map[*emitter]int{}
+	for i, e := range real {
+		at[e] = i
+		for _, r := range e.Requires {
+			if _, ok := at[r]; !ok {
+				t.Errorf("emitter %s runs before %s, which it requires", e.Name, r.Name)
+			}
+		}
+	}
+	if len(real) != len(emitters) {
+		t.Errorf("%d emitters in order, %d registered", len(real), len(emitters))
+	}
+}
+
+// TestFailedEmitterSkipsDependents: an emitter whose Emit fails is reported,
+// the emitters that require it, directly or not, do not run, and the others
+// do.
+func TestFailedEmitterSkipsDependents(t *testing.T) {
+	ran := map[string]bool{}
+	mk := func(name string, fail bool, req ...*emitter) *emitter {
+		return &emitter{Name: name, Requires: req, Emit: noResult(func(*generator) error {
+			ran[name] = true
+			if fail {
+				return errors.New("failed")
+			}
+			return nil
+		})}
+	}
+	broken := mk("broken", true)
+	direct := mk("direct", false, broken)
+	indirect := mk("indirect", false, direct)
+	other := mk("other", false)
+	g := newGen(loadTiny(t), Config{Module: goldenModule})
+	g.run([]*emitter{indirect, other})
+	if !ran["broken"] || ran["direct"] || ran["indirect"] || !ran["other"] {
+		t.Errorf("ran %v, want broken and other only", ran)
+	}
+	if err := g.errs.list.sorted(); err == nil || !strings.Contains(err.Error(), "broken: failed") {
+		t.Errorf("errors %v, want broken's", err)
 	}
 }
 
