@@ -48,6 +48,9 @@ func emitContract(g *generator) error {
 	if err := emitRanges(g); err != nil {
 		return err
 	}
+	if err := emitInjector(g); err != nil {
+		return err
+	}
 	emitMeta(g)
 	emitTripwire(g)
 	return nil
@@ -70,7 +73,12 @@ the spec itself as data (Meta).
 Mechanisms never draw from grants or refund to accounts: the checked wrapper
 (package checked) does, driven by each method's accounting effect. There are
 no default methods anywhere: an unsupported capability is absent, and Require
-helpers return an error that matches errors.ErrUnsupported.`))
+helpers return an error that matches errors.ErrUnsupported.
+
+Fault injection is one Injector that every layer consults before an operation
+that can fail changes anything (the fakes, the mechanisms' system and driver
+calls, a plugin's slots, the ledger): rules (Fail) say which operations fail,
+and compose with Any, predicates and Nth.`))
 	comment(f, "SpecDigest is the sha256 of the spec these files were generated from.")
 	comment(f, "A test beside it fails when the spec has changed since.")
 	f.Const().Id(contractSpecDigest).Op("=").Lit(g.Spec.Digest)
@@ -608,6 +616,19 @@ the memory and calls EndRelease with the outcome.`)
 // which do not vary with the spec.
 func emitRanges(g *generator) error {
 	tmpls, err := g.renderTemplates(templates, "contracttmpl/ranges.go", "memapi")
+	if err != nil {
+		return err
+	}
+	for _, t := range tmpls {
+		g.Raw(g.Spec.Packages.Contract+"/"+t.name, t.src)
+	}
+	return nil
+}
+
+// emitInjector copies contracttmpl/inject.go, the fault injector every layer
+// consults, and its tests, which do not vary with the spec.
+func emitInjector(g *generator) error {
+	tmpls, err := g.renderTemplates(templates, "contracttmpl/inject*.go", "memapi")
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,8 @@ func ExampleGenerate() {
 	// generated/memapi/doc.go
 	// generated/memapi/errors.go
 	// generated/memapi/handles.go
+	// generated/memapi/inject.go
+	// generated/memapi/inject_test.go
 	// generated/memapi/interfaces.go
 	// generated/memapi/meta.go
 	// generated/memapi/negotiate_test.go

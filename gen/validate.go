@@ -46,6 +46,12 @@ var (
 		contractMechanism, "MechanismMeta", "MechanismSpec", "Meta", "MethodMeta",
 		contractNegotiate, contractNewIssuer, contractOf, "RoundUp", contractSpecDigest, "SpecMeta",
 		"TestNegotiateReportsAbsence", "TestSpecDigest",
+		// the fault injector (contracttmpl/inject.go) and its tests
+		"And", "Any", "ErrInjected", "Fail", "FaultSet", "Injector", "InjectorFunc", "Not", "Op", "Or",
+		"Predicate", "Randomly", "Rule", "Trace",
+		"ExampleFail", "ExampleTrace", "TestInjectorAny", "TestInjectorConcurrent", "TestInjectorFaultSet",
+		"TestInjectorNth", "TestInjectorPanics", "TestInjectorPredicates", "TestInjectorRandomly",
+		"TestInjectorRule", "TestInjectorString", "TestInjectorTrace",
 	}
 	// handleMethods and rangeMethods are the methods the contract gives every
 	// handle and Range; a field of the same name would not compile.

@@ -16,6 +16,11 @@ Mechanisms never draw from grants or refund to accounts: the checked wrapper
 (package checked) does, driven by each method's accounting effect. There are
 no default methods anywhere: an unsupported capability is absent, and Require
 helpers return an error that matches errors.ErrUnsupported.
+
+Fault injection is one Injector that every layer consults before an operation
+that can fail changes anything (the fakes, the mechanisms' system and driver
+calls, a plugin's slots, the ledger): rules (Fail) say which operations fail,
+and compose with Any, predicates and Nth.
 */
 package memapi
 
