@@ -23,7 +23,7 @@ var contextFaultMethods = []string{"Close", "NewStream"}
 // like every fake's; the context, its streams and its fences share one fault
 // set.
 type Context struct {
-	*faults                     // Inject, ClearFaults
+	*faults                     // Inject, InjectWith, ClearFaults
 	state          contextState // the hand-written state model
 	source         string       // Call.Source of its calls
 	rec            *Recorder
@@ -321,7 +321,7 @@ var streamFaultMethods = []string{
 // Stream is a fake stream of a Context: an ordered queue of copies over the
 // mechanism's memory. Calls are recorded and can be overridden or faulted.
 type Stream struct {
-	*faults                         // Inject, ClearFaults
+	*faults                         // Inject, InjectWith, ClearFaults
 	state               streamState // the hand-written state model
 	source              string      // Call.Source of its calls
 	rec                 *Recorder
@@ -999,7 +999,7 @@ var fenceFaultMethods = []string{"Wait"}
 // Fence is a fake fence recorded on a Stream. Calls are recorded and can be
 // overridden or faulted.
 type Fence struct {
-	*faults               // Inject, ClearFaults
+	*faults               // Inject, InjectWith, ClearFaults
 	state      fenceState // the hand-written state model
 	source     string     // Call.Source of its calls
 	rec        *Recorder

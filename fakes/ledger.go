@@ -22,7 +22,7 @@ var grantFaultMethods = []string{"Draw", "Refund", "Undraw"}
 // budget (ErrGrantExhausted) or after Close (ErrGrantClosed). Calls are
 // recorded and can be overridden or faulted like every fake's.
 type Grant struct {
-	*faults                   // Inject, ClearFaults
+	*faults                   // Inject, InjectWith, ClearFaults
 	state          grantState // the hand-written state model
 	source         string     // Call.Source of its calls
 	rec            *Recorder
@@ -460,7 +460,7 @@ var accountFaultMethods = []string{"Refund"}
 // Account is a fake ledger account that sums what is refunded to it. Calls are
 // recorded and can be overridden or faulted like every fake's.
 type Account struct {
-	*faults                     // Inject, ClearFaults
+	*faults                     // Inject, InjectWith, ClearFaults
 	state          accountState // the hand-written state model
 	source         string       // Call.Source of its calls
 	rec            *Recorder

@@ -43,7 +43,7 @@ var mechanismFaultMethods = []string{
 // can be made to fail before it changes anything (Inject). It is safe for
 // concurrent use.
 type Mechanism struct {
-	*faults                                // Inject, ClearFaults
+	*faults                                // Inject, InjectWith, ClearFaults
 	state                   mechanismState // the hand-written state model
 	source                  string         // Call.Source of its calls
 	rec                     *Recorder

@@ -253,8 +253,9 @@ governor.
 Every fake also offers what counterfeiter does, per spec method X: XCallCount,
 XArgsForCall(i), XReturns, XReturnsOnCall(i) (counting from 0), XCalls(stub),
 and Restore to go back to the state model; plus fault injection (Inject a
-Fault on the Nth call of a method or whenever a predicate holds; the call
-fails before it changes any state) and a Recorder that several fakes share to
+Fault on the Nth call of a method or whenever a predicate holds, or
+InjectWith any memapi.Injector; the call fails before it changes any state)
+and a Recorder that several fakes share to
 keep one global order of calls. All fakes are safe for concurrent use and
 start no goroutines.
 
@@ -286,7 +287,7 @@ func emitFake(g *generator, f *File, d *fakeDecl, has map[string]bool) {
 
 	comment(f, d.Doc)
 	f.Type().Id(d.Type).StructFunc(func(s *Group) {
-		s.Op("*").Id("faults").Comment("Inject, ClearFaults")
+		s.Op("*").Id("faults").Comment("Inject, InjectWith, ClearFaults")
 		s.Id("state").Id(d.state()).Comment("the hand-written state model")
 		s.Id("source").String().Comment("Call.Source of its calls")
 		s.Id("rec").Op("*").Id("Recorder")

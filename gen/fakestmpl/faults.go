@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	memapi "github.com/memgen/memgen/generated/memapi"
 )
@@ -20,8 +19,11 @@ import (
 // before Inject; 0 selects every call. When, if set, must also hold for the
 // call (it sees the method and the arguments). Err is the error returned: an
 // error that is already an *memapi.Error is returned as is, any other is
-// wrapped in an *memapi.Error whose Kind is Err, so errors.Is(result, Err)
-// holds either way.
+// wrapped in an *memapi.Error whose Kind is Err and whose cause is
+// memapi.ErrInjected, so errors.Is(result, Err) holds either way.
+//
+// A Fault is a memapi.Rule on the fake's layer: Inject(f) is
+// InjectWith(memapi.Fail(f.Err).On("fakes", f.Method).When(...)).
 type Fault struct {
 	Method string
 	Nth    int
@@ -29,16 +31,26 @@ type Fault struct {
 	Err    error
 }
 
-// faults is the fault injector every fake embeds. Only methods with an error
-// result can fail; injecting a fault into any other name panics, so a typo
-// does not silently test nothing.
+// Layer is the memapi.Op.Layer of the fakes' operations.
+const Layer = "fakes"
+
+// faults is the fault injector every fake embeds: a memapi.FaultSet asked
+// before every method with an error result, with the operation
+//
+//	memapi.Op{Layer: "fakes", Name: method, Call: n, Args: call}
+//
+// where n is the call's number among this fake's calls of the method
+// (counting from 1, calls before any injection included) and call is the
+// Call being made (its Args are set whenever a fault is injected). Bytes and
+// Authority are zero: the fake does not read its arguments for the
+// injector. Only methods with an error result can fail; a Fault that names
+// any other method panics, so a typo does not silently test nothing.
 type faults struct {
 	mu      sync.Mutex
 	source  string
 	methods []string       // the methods that can fail, sorted
 	counts  map[string]int // calls seen per method
-	list    []Fault
-	on      atomic.Bool // some fault is injected: calls build their arguments
+	set     memapi.FaultSet
 }
 
 func (f *faults) init(source string, methods []string) {
@@ -64,51 +76,50 @@ func (f *faults) Inject(ft Fault) {
 	if ft.Nth < 0 {
 		panic("fakes: Fault.Nth is negative")
 	}
-	f.mu.Lock()
-	f.list = append(f.list, ft)
-	f.on.Store(true)
-	f.mu.Unlock()
+	nth, when := ft.Nth, ft.When
+	f.set.Add(memapi.Fail(ft.Err).On(Layer, ft.Method).When(func(op memapi.Op) bool {
+		return (nth == 0 || op.Call == nth) && (when == nil || when(op.Args.(Call)))
+	}))
 }
 
-// ClearFaults removes every injected fault. Call counts are kept.
-func (f *faults) ClearFaults() {
-	f.mu.Lock()
-	f.list = nil
-	f.on.Store(false)
-	f.mu.Unlock()
-}
+// InjectWith adds any injector: it is asked before every call of a method
+// that can fail, after the faults and injectors added before it, with the
+// operation described on the fakes' Layer; its error is returned as a
+// Fault's Err is.
+func (f *faults) InjectWith(i memapi.Injector) { f.set.Add(i) }
 
-// armed reports whether any fault is injected.
-func (f *faults) armed() bool { return f.on.Load() }
+// ClearFaults removes every injected fault and injector. Call counts are
+// kept.
+func (f *faults) ClearFaults() { f.set.Clear() }
 
-// check counts the call and returns the error of the first fault that selects
-// it, or nil. Predicates run outside the lock, so they may call the fake.
+// armed reports whether any fault or injector is injected.
+func (f *faults) armed() bool { return !f.set.Empty() }
+
+// check counts the call and returns the error of the first fault or injector
+// that fails it, or nil. The injectors run outside the fake's lock, so they
+// may call the fake.
 func (f *faults) check(c *Call) error {
 	f.mu.Lock()
 	f.counts[c.Method]++
 	n := f.counts[c.Method]
-	var cands []Fault
-	for _, ft := range f.list {
-		if ft.Method == c.Method && (ft.Nth == 0 || ft.Nth == n) {
-			cands = append(cands, ft)
-		}
-	}
 	f.mu.Unlock()
-	for _, ft := range cands {
-		if ft.When != nil && !ft.When(*c) {
-			continue
-		}
-		var me *memapi.Error
-		if errors.As(ft.Err, &me) {
-			return ft.Err
-		}
-		return &memapi.Error{
-			Op:     f.source + "." + c.Method,
-			Kind:   ft.Err,
-			Detail: fmt.Sprintf("injected fault on call %d", n),
-		}
+	if f.set.Empty() {
+		return nil
 	}
-	return nil
+	err := f.set.MaybeError(memapi.Op{Layer: Layer, Name: c.Method, Call: n, Args: *c})
+	if err == nil {
+		return nil
+	}
+	var me *memapi.Error
+	if errors.As(err, &me) {
+		return err
+	}
+	return &memapi.Error{
+		Op:     f.source + "." + c.Method,
+		Kind:   err,
+		Detail: fmt.Sprintf("injected fault on call %d", n),
+		Err:    memapi.ErrInjected,
+	}
 }
 
 // errNoBehaviour is what a fake method returns when the spec declares it but

@@ -200,6 +200,41 @@ func TestFaultOnReleaseKeepsHandleLive(t *testing.T) {
 	ok(t, m.Free(bg, a, acct))
 }
 
+// Any memapi.Injector can be installed: it sees the fakes' layer, the
+// method, the call's number and the Call, and its error is reported as a
+// Fault's, marked injected; the fake's accounting does not move.
+func TestInjectWith(t *testing.T) {
+	m, _, g, _ := newFake(t, fakes.Config{})
+	res, err := m.Reserve(bg, memapi.ReserveRequest{Size: 8 * g64})
+	ok(t, err)
+	var trace memapi.Trace
+	rule := memapi.Fail(memapi.ErrOutOfMemory).On(fakes.Layer, "Commit").When(func(op memapi.Op) bool {
+		return op.Args.(fakes.Call).Args[2].(memapi.Range).Off == 2*g64
+	})
+	m.InjectWith(memapi.Any(&trace, rule))
+	ok(t, m.Commit(bg, res, memapi.Range{Off: 0, Len: g64}, g))
+	err = m.Commit(bg, res, memapi.Range{Off: 2 * g64, Len: g64}, g)
+	is(t, err, memapi.ErrOutOfMemory)
+	is(t, err, memapi.ErrInjected)
+	committed(t, m, res, g64)
+	used(t, m, g64)
+	var calls []int
+	for _, op := range trace.Ops() {
+		if op.Layer != fakes.Layer {
+			t.Fatalf("the injector saw %v", op)
+		}
+		if op.Name == "Commit" {
+			calls = append(calls, op.Call)
+		}
+	}
+	if !slices.Equal(calls, []int{1, 2}) || rule.Fired() != 1 {
+		t.Fatalf("the injector saw calls %v and fired %d times, want [1 2] and once", calls, rule.Fired())
+	}
+	m.ClearFaults()
+	ok(t, m.Commit(bg, res, memapi.Range{Off: 2 * g64, Len: g64}, g))
+	committed(t, m, res, 2*g64)
+}
+
 func TestInjectRejectsUnknownMethods(t *testing.T) {
 	m, _, _, _ := newFake(t, fakes.Config{})
 	for _, f := range []fakes.Fault{

@@ -22,8 +22,9 @@ governor.
 Every fake also offers what counterfeiter does, per spec method X: XCallCount,
 XArgsForCall(i), XReturns, XReturnsOnCall(i) (counting from 0), XCalls(stub),
 and Restore to go back to the state model; plus fault injection (Inject a
-Fault on the Nth call of a method or whenever a predicate holds; the call
-fails before it changes any state) and a Recorder that several fakes share to
+Fault on the Nth call of a method or whenever a predicate holds, or
+InjectWith any memapi.Injector; the call fails before it changes any state)
+and a Recorder that several fakes share to
 keep one global order of calls. All fakes are safe for concurrent use and
 start no goroutines.
 
