@@ -1,12 +1,20 @@
 package cudasim
 
-import "github.com/memgen/memgen/mechanisms/cuda/driver"
+import (
+	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/mechanisms/cuda/driver"
+)
 
 // initDriver is cuInit.
 func (s *Sim) initDriver(flags uint32) driver.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls["cuInit"]++
+	if !s.faults.Empty() {
+		if err := s.faults.MaybeError(memapi.Op{Layer: Layer, Name: "cuInit", Call: s.calls["cuInit"]}); err != nil {
+			return resultOf(err)
+		}
+	}
 	switch {
 	case flags != 0:
 		return driver.ErrInvalidValue

@@ -59,12 +59,17 @@
 //     CUDA_ERROR_NOT_READY until the test completes it (or its stream is
 //     synchronized or destroyed).
 //
-// Sim.FailCall makes any call fail once with any code, so OUT_OF_MEMORY at
-// cuMemMap or cuMemSetAccess (which a driver may return when it cannot
-// allocate page tables) is one call away.
+// Every entry point but cuGetErrorName asks the contract's fault injector
+// (Config.Faults, Sim.Inject: any memapi.Injector, with Layer "cudasim" and
+// the entry point's C name) before it checks or changes anything, and
+// returns the CUresult an injected error carries. Sim.FailCall makes any
+// call fail once with any code, so OUT_OF_MEMORY at cuMemMap or
+// cuMemSetAccess (which a driver may return when it cannot allocate page
+// tables) is one call away.
 //
 // Fresh memory (cuMemAlloc, cuMemCreate) is filled with 0xA5, never zero:
 // code that relies on fresh device memory being zero without clearing it
 // fails here as it can on a GPU that recycles pages. Tests can inject a
-// failure into any call (Sim.FailCall) and inspect what is live (Sim.Stats).
+// failure into any call (Config.Faults, Sim.FailCall) and inspect what is
+// live (Sim.Stats).
 package cudasim

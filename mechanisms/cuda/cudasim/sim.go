@@ -1,9 +1,11 @@
 package cudasim
 
 import (
+	"errors"
 	"sort"
 	"sync"
 
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
@@ -24,7 +26,27 @@ type Config struct {
 	// it cannot cover is CUDA_ERROR_OUT_OF_MEMORY, and cuMemGetInfo
 	// reports at most its free bytes.
 	Pool MemoryPool
+	// Faults, when set, is asked before every entry point runs (after it
+	// is counted, before it checks or changes anything), with
+	//
+	//	memapi.Op{Layer: "cudasim", Name: call, Call: n}
+	//
+	// where call is the entry point's C symbol without version suffix
+	// ("cuMemMap") and n its number among this simulator's calls of it.
+	// An error makes the entry point return the CUresult it carries (a
+	// driver.Result is an error), or for any other error the code nearest
+	// its memapi kind (ErrOutOfMemory: CUDA_ERROR_OUT_OF_MEMORY,
+	// ErrUnsupported: CUDA_ERROR_NOT_SUPPORTED, ErrInvalidSize,
+	// ErrInvalidRange and ErrUnaligned: CUDA_ERROR_INVALID_VALUE,
+	// otherwise CUDA_ERROR_UNKNOWN). A CUresult cannot carry
+	// memapi.ErrInjected. The injector is asked with the simulator's lock
+	// held: it must not call the simulator. Sim.Inject and Sim.FailCall
+	// add more at run time.
+	Faults memapi.Injector
 }
+
+// Layer is the memapi.Op.Layer of the simulator's entry points.
+const Layer = "cudasim"
 
 // MemoryPool is device memory shared by several simulators (for example
 // in several processes, through shared memory). Take takes n bytes or
@@ -93,7 +115,7 @@ type Sim struct {
 	seq     uint64  // sequence number of the last work enqueued
 
 	calls  map[string]int
-	faults []*fault
+	faults memapi.FaultSet // Config.Faults, then Inject's and FailCall's
 }
 
 type device struct {
@@ -168,12 +190,6 @@ type event struct {
 	seq      uint64 // the last work enqueued before it was recorded
 }
 
-type fault struct {
-	call string
-	nth  int
-	code driver.Result
-}
-
 // New returns a simulated driver.
 func New(cfg Config) *Sim {
 	if cfg.Devices <= 0 {
@@ -200,6 +216,7 @@ func New(cfg Config) *Sim {
 		calls:       map[string]int{},
 	}
 	s.cond = sync.NewCond(&s.mu)
+	s.faults.Add(cfg.Faults)
 	for i := 0; i < cfg.Devices; i++ {
 		s.devs = append(s.devs, &device{ordinal: i, ctx: driver.Context(0xC000 + i)})
 	}
@@ -249,14 +266,33 @@ func (s *Sim) Table() *driver.Table {
 
 // FailCall makes the nth next call of the named entry point (its C symbol
 // name without version suffix, e.g. "cuMemMap"; nth 1 is the very next call)
-// fail with code before it changes anything.
+// fail with code before it changes anything. It is
+// Inject(memapi.Fail(code).On(Layer, call).Nth(nth)).
 func (s *Sim) FailCall(call string, nth int, code driver.Result) {
-	if nth < 1 {
-		nth = 1
+	s.Inject(memapi.Fail(code).On(Layer, call).Nth(max(nth, 1)))
+}
+
+// Inject adds a fault injector, asked (after Config.Faults and those
+// injected before it) as Config.Faults is.
+func (s *Sim) Inject(i memapi.Injector) { s.faults.Add(i) }
+
+// ClearFaults removes every fault injector, Config.Faults included.
+func (s *Sim) ClearFaults() { s.faults.Clear() }
+
+// resultOf is the CUresult an injected error stands for (see Config.Faults).
+func resultOf(err error) driver.Result {
+	var r driver.Result
+	switch {
+	case errors.As(err, &r) && r != driver.Success:
+		return r
+	case errors.Is(err, memapi.ErrOutOfMemory):
+		return driver.ErrOutOfMemory
+	case errors.Is(err, memapi.ErrUnsupported):
+		return driver.ErrNotSupported
+	case errors.Is(err, memapi.ErrInvalidSize), errors.Is(err, memapi.ErrInvalidRange), errors.Is(err, memapi.ErrUnaligned):
+		return driver.ErrInvalidValue
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.faults = append(s.faults, &fault{call: call, nth: nth, code: code})
+	return driver.ErrUnknown
 }
 
 // Calls reports how many times the named entry point was called.
@@ -326,19 +362,14 @@ func (s *Sim) CompleteEvents() int {
 	return n
 }
 
-// enter starts an entry point with s.mu held: it counts the call, applies an
-// injected fault, and checks initialisation; with needCtx it also checks the
+// enter starts an entry point with s.mu held: it counts the call, asks the
+// fault injectors, and checks initialisation; with needCtx it also checks the
 // sticky error and returns the device of the calling thread's current context.
 func (s *Sim) enter(call string, needCtx bool) (*device, driver.Result) {
 	s.calls[call]++
-	for i, f := range s.faults {
-		if f.call != call {
-			continue
-		}
-		f.nth--
-		if f.nth == 0 {
-			s.faults = append(s.faults[:i], s.faults[i+1:]...)
-			return nil, f.code
+	if !s.faults.Empty() {
+		if err := s.faults.MaybeError(memapi.Op{Layer: Layer, Name: call, Call: s.calls[call]}); err != nil {
+			return nil, resultOf(err)
 		}
 	}
 	if !s.initialized {

@@ -2,12 +2,16 @@ package cudasim
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/mechanisms/cuda/driver"
 )
 
@@ -513,6 +517,54 @@ func TestFailCall(t *testing.T) {
 	if n := e.s.Calls("cuMemCreate"); n != 3 {
 		t.Errorf("Calls(cuMemCreate) = %d, want 3", n)
 	}
+}
+
+// Config.Faults is asked before every entry point with the call's name and
+// number; an injected error becomes the CUresult it carries or the nearest
+// one to its kind, and the refused call changes nothing.
+func TestInjector(t *testing.T) {
+	var trace memapi.Trace
+	oom := memapi.Fail(memapi.ErrOutOfMemory).On(Layer, "cuMemCreate").When(func(op memapi.Op) bool { return op.Call == 2 })
+	e := setup(t, Config{Faults: memapi.Any(&trace, oom)})
+	e.create(g)
+	before := e.s.Stats()
+	var h driver.MemHandle
+	prop := driver.DeviceProp(0)
+	if r := e.d.MemCreate(&h, g, &prop, 0); r != driver.ErrOutOfMemory {
+		t.Fatalf("second cuMemCreate = %v, want CUDA_ERROR_OUT_OF_MEMORY", r)
+	}
+	if after := e.s.Stats(); after != before {
+		t.Fatalf("an injected fault changed the simulator: %+v -> %+v", before, after)
+	}
+	want := []memapi.Op{
+		{Layer: Layer, Name: "cuInit", Call: 1},
+		{Layer: Layer, Name: "cuDevicePrimaryCtxRetain", Call: 1},
+		{Layer: Layer, Name: "cuCtxSetCurrent", Call: 1},
+		{Layer: Layer, Name: "cuMemCreate", Call: 1},
+		{Layer: Layer, Name: "cuMemCreate", Call: 2},
+	}
+	if got := trace.Ops(); !slices.Equal(got, want) {
+		t.Fatalf("the injector saw %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		err  error
+		want driver.Result
+	}{
+		{driver.ErrInvalidHandle, driver.ErrInvalidHandle},
+		{fmt.Errorf("wrapped: %w", driver.ErrNotReady), driver.ErrNotReady},
+		{memapi.ErrUnsupported, driver.ErrNotSupported},
+		{&memapi.Error{Kind: memapi.ErrInvalidRange}, driver.ErrInvalidValue},
+		{errors.New("anything"), driver.ErrUnknown},
+	} {
+		e.s.Inject(memapi.Fail(c.err).On(Layer, "cuMemGetInfo").Nth(1))
+		var free, total uint64
+		if r := e.d.MemGetInfo(&free, &total); r != c.want {
+			t.Errorf("injected %v: cuMemGetInfo = %v, want %v", c.err, r, c.want)
+		}
+	}
+	e.s.ClearFaults()
+	h = e.create(g)
+	e.must("cuMemRelease", e.d.MemRelease(h))
 }
 
 func TestErrorNames(t *testing.T) {

@@ -55,6 +55,11 @@ func (r Result) Name() (string, bool) {
 	return n, ok
 }
 
+// Error returns the code's name, as String: a Result is an error, so that a
+// fault injector's rule can carry one (memapi.Fail(driver.ErrOutOfMemory)
+// makes the simulator's entry point return CUDA_ERROR_OUT_OF_MEMORY).
+func (r Result) Error() string { return r.String() }
+
 func (r Result) String() string {
 	if n, ok := resultNames[r]; ok {
 		return n
