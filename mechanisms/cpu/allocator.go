@@ -47,14 +47,18 @@ func (m *Mechanism) Allocate(ctx context.Context, req memapi.AllocRequest, grant
 	if huge {
 		align = max(align, uintptr(Granularity2MiB))
 	}
-	p, err := mapAligned(uintptr(size), align, unix.PROT_READ|unix.PROT_WRITE, 0)
+	p, err := m.mapAligned(op, uintptr(size), align, unix.PROT_READ|unix.PROT_WRITE, 0)
 	if err != nil {
 		return nil, m.errno(op, memapi.ErrOutOfMemory, err, "mmap")
 	}
 	if huge {
 		m.adviseHuge(p, uintptr(size))
 	}
-	if err := populate(p, uintptr(size)); err != nil {
+	err = m.fault(op, "madvise", uintptr(size))
+	if err == nil {
+		err = populate(p, uintptr(size))
+	}
+	if err != nil {
 		_ = munmap(p, uintptr(size))
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "populate").(*memapi.Error)
 		e.Wanted = size
@@ -83,7 +87,11 @@ func (m *Mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Ac
 	base := uint64(uintptr(st.ptr))
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := munmap(st.ptr, st.size); err != nil {
+	err = m.fault(op, "munmap", st.size)
+	if err == nil {
+		err = munmap(st.ptr, st.size)
+	}
+	if err != nil {
 		m.issuer.EndRelease(a, false)
 		return m.errno(op, memapi.ErrInvalidRange, err, "munmap")
 	}
@@ -97,14 +105,21 @@ func (m *Mechanism) Free(ctx context.Context, a *memapi.Allocation, to memapi.Ac
 // power of two, at least the page size): it maps n+align-page bytes and
 // unmaps the head and tail around the aligned part. Trimming happens
 // before anything else can map next to the new range, and never inside a
-// range the mechanism owns.
-func mapAligned(n, align uintptr, prot, flags int) (unsafe.Pointer, error) {
+// range the mechanism owns. op is the contract operation, for the fault
+// injector.
+func (m *Mechanism) mapAligned(op string, n, align uintptr, prot, flags int) (unsafe.Pointer, error) {
 	if align <= uintptr(pageSize) {
+		if err := m.fault(op, "mmap", n); err != nil {
+			return nil, err
+		}
 		return mmapAnon(n, prot, flags)
 	}
 	total := n + align - uintptr(pageSize)
 	if total < n {
 		return nil, unix.ENOMEM
+	}
+	if err := m.fault(op, "mmap", total); err != nil {
+		return nil, err
 	}
 	p, err := mmapAnon(total, prot, flags)
 	if err != nil {
@@ -113,14 +128,22 @@ func mapAligned(n, align uintptr, prot, flags int) (unsafe.Pointer, error) {
 	addr := uintptr(p)
 	head := (align - addr%align) % align
 	if head > 0 {
-		if err := munmap(p, head); err != nil {
+		err := m.fault(op, "munmap", head)
+		if err == nil {
+			err = munmap(p, head)
+		}
+		if err != nil {
 			_ = munmap(p, total)
 			return nil, err
 		}
 	}
 	q := unsafe.Add(p, head)
 	if tail := total - head - n; tail > 0 {
-		if err := munmap(unsafe.Add(q, n), tail); err != nil {
+		err := m.fault(op, "munmap", tail)
+		if err == nil {
+			err = munmap(unsafe.Add(q, n), tail)
+		}
+		if err != nil {
 			_ = munmap(q, total-head)
 			return nil, err
 		}

@@ -153,7 +153,7 @@ func BenchmarkGrow(b *testing.B) {
 // floorRegion is a bare reservation for the OS-floor baselines, set up
 // exactly like the mechanism's (aligned, MAP_NORESERVE, THP advice).
 func floorRegion(b *testing.B, m *Mechanism, size uintptr) unsafe.Pointer {
-	p, err := mapAligned(size, m.gran, unix.PROT_NONE, unix.MAP_NORESERVE)
+	p, err := m.mapAligned("bench", size, m.gran, unix.PROT_NONE, unix.MAP_NORESERVE)
 	must(b, err)
 	m.adviseHuge(p, size)
 	b.Cleanup(func() { _ = munmap(p, size) })

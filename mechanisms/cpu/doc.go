@@ -27,7 +27,9 @@
 // without a grant (ErrNoGrant) but draws nothing and refunds nothing; wrap it
 // with generated/checked for that. Every failure is a *memapi.Error of one of
 // the contract's kinds, with the errno as its cause, and leaves the state as
-// it was.
+// it was. Options.Faults (a memapi.Injector) fails any of the kernel calls
+// whose failure the mechanism handles, before it is made, to test exactly
+// that.
 //
 // Context (NewContext) is the matching memapi.DeviceContext: ordered streams
 // run by goroutines, fences that complete when the work before them has run,

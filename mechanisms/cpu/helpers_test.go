@@ -48,7 +48,13 @@ const (
 // agrees with the mechanism's accounting before that.
 func newMech(t testing.TB, gran memapi.Bytes) *Mechanism {
 	t.Helper()
-	m, err := New(Options{Granularity: gran})
+	return newMechWith(t, Options{Granularity: gran})
+}
+
+// newMechWith is newMech with any options.
+func newMechWith(t testing.TB, o Options) *Mechanism {
+	t.Helper()
+	m, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

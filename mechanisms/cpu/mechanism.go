@@ -50,7 +50,28 @@ type Options struct {
 	// NoHugePages disables the MADV_HUGEPAGE advice given to reservations
 	// whose granularity is a multiple of 2 MiB.
 	NoHugePages bool
+	// Faults, when set, is asked before every kernel call whose failure
+	// the mechanism handles (and so before it changes anything), with
+	//
+	//	memapi.Op{Layer: "cpu", Name: call, Bytes: n, Authority: a, Args: op}
+	//
+	// where call is the system call ("mmap", "munmap", "mprotect",
+	// "madvise" for MADV_POPULATE_WRITE and MADV_DONTNEED, "memfd_create",
+	// "ftruncate", "fallocate", "pwrite"), n the bytes it is about and op
+	// the contract operation making it ("VirtualBacking.Commit"). An error
+	// stands for the kernel's: the call is not made, and the mechanism
+	// cleans up and fails as it would for that errno. Its error's Kind is
+	// ErrOutOfMemory for unix.ENOMEM, EAGAIN, ENOSPC, EFAULT or
+	// memapi.ErrOutOfMemory, and otherwise what the call's failure is
+	// there (see each method); its cause is the injected error, marked
+	// with memapi.ErrInjected. The advice and the clean-up calls whose
+	// failure the mechanism ignores are not asked about. Without an
+	// injector each call costs one nil check.
+	Faults memapi.Injector
 }
+
+// Layer is the memapi.Op.Layer of the mechanism's kernel calls.
+const Layer = "cpu"
 
 // Mechanism is the CPU memory mechanism: Linux host memory from anonymous
 // mmap (DeviceAllocator), PROT_NONE reservations committed with mprotect and
@@ -77,6 +98,8 @@ type Mechanism struct {
 	// populate faults a committed range in (sys.go's populate; tests
 	// replace it to hold a Commit between its claim and its settling).
 	populate func(p unsafe.Pointer, n uintptr) error
+
+	faults memapi.Injector // Options.Faults, or nil
 
 	allocBytes     atomic.Uint64
 	committedBytes atomic.Uint64
@@ -129,6 +152,7 @@ func New(o Options) (*Mechanism, error) {
 		sharing:  memfdSupported(),
 		backings: map[*backing]struct{}{},
 		populate: populate,
+		faults:   o.Faults,
 	}
 	m.settled = sync.NewCond(&m.mu)
 	return m, nil
@@ -278,12 +302,27 @@ func (m *Mechanism) fail(op string, kind error, h memapi.HandleID, wanted, avail
 	}
 }
 
+// fault asks Options.Faults whether the kernel call name, made by the
+// contract operation op about n bytes, fails: its error then stands for the
+// kernel's, marked injected. Without an injector it is one nil check.
+func (m *Mechanism) fault(op, name string, n uintptr) error {
+	if m.faults == nil {
+		return nil
+	}
+	err := m.faults.MaybeError(memapi.Op{Layer: Layer, Name: name, Bytes: memapi.Bytes(n), Authority: m.info.Authority, Args: op})
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w (%w)", err, memapi.ErrInjected)
+}
+
 // errno wraps a kernel error: out-of-memory errnos (ENOMEM, EAGAIN, ENOSPC,
 // EFAULT from a populate that could not fault a page in) become
-// ErrOutOfMemory, anything else the given kind; the errno stays reachable
-// through errors.Is.
+// ErrOutOfMemory, and so does an injected ErrOutOfMemory; anything else the
+// given kind. The errno stays reachable through errors.Is.
 func (m *Mechanism) errno(op string, kind error, err error, detail string) error {
-	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EFAULT) {
+	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EFAULT) ||
+		errors.Is(err, memapi.ErrOutOfMemory) {
 		kind = memapi.ErrOutOfMemory
 	}
 	return &memapi.Error{

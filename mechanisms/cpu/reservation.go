@@ -32,7 +32,7 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	if err != nil {
 		return nil, err
 	}
-	p, err := mapAligned(uintptr(size), m.gran, unix.PROT_NONE, unix.MAP_NORESERVE)
+	p, err := m.mapAligned(op, uintptr(size), m.gran, unix.PROT_NONE, unix.MAP_NORESERVE)
 	if err != nil {
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "no address space for the reservation").(*memapi.Error)
 		e.Wanted = size
@@ -126,13 +126,21 @@ func (m *Mechanism) Commit(ctx context.Context, res *memapi.Reservation, r memap
 // m.mu: the committing extent keeps everyone else off the range.
 func (m *Mechanism) install(op string, res *memapi.Reservation, st *reservation, r memapi.Range) error {
 	p, n := unsafe.Add(st.ptr, r.Off), uintptr(r.Len)
-	if err := mprotect(p, n, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+	err := m.fault(op, "mprotect", n)
+	if err == nil {
+		err = mprotect(p, n, unix.PROT_READ|unix.PROT_WRITE)
+	}
+	if err != nil {
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "mprotect read-write").(*memapi.Error)
 		e.Handle, e.Wanted = res.ID(), r.Len
 		mapCountCause(e, err)
 		return e
 	}
-	if err := m.populate(p, n); err != nil {
+	err = m.fault(op, "madvise", n)
+	if err == nil {
+		err = m.populate(p, n)
+	}
+	if err != nil {
 		// Give back whatever was faulted in before the refusal.
 		_ = madvise(p, n, unix.MADV_DONTNEED)
 		_ = mprotect(p, n, unix.PROT_NONE)
@@ -166,10 +174,18 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 	p, n := unsafe.Add(st.ptr, r.Off), uintptr(r.Len)
 	// PROT_NONE first: if it fails nothing changed. Dropping the pages of a
 	// PROT_NONE private mapping works; if it fails, restore access.
-	if err := mprotect(p, n, unix.PROT_NONE); err != nil {
+	err = m.fault(op, "mprotect", n)
+	if err == nil {
+		err = mprotect(p, n, unix.PROT_NONE)
+	}
+	if err != nil {
 		return m.errno(op, memapi.ErrInvalidRange, err, "mprotect none")
 	}
-	if err := madvise(p, n, unix.MADV_DONTNEED); err != nil {
+	err = m.fault(op, "madvise", n)
+	if err == nil {
+		err = madvise(p, n, unix.MADV_DONTNEED)
+	}
+	if err != nil {
 		_ = mprotect(p, n, unix.PROT_READ|unix.PROT_WRITE)
 		return m.errno(op, memapi.ErrInvalidRange, err, "madvise dontneed")
 	}
@@ -210,7 +226,11 @@ func (m *Mechanism) ReleaseReservation(ctx context.Context, res *memapi.Reservat
 		m.issuer.EndRelease(res, false)
 		return m.fail(op, memapi.ErrInUse, res.ID(), 0, 0, "%d views are still mapped in the reservation", st.views)
 	}
-	if err := munmap(st.ptr, uintptr(st.size)); err != nil {
+	err = m.fault(op, "munmap", uintptr(st.size))
+	if err == nil {
+		err = munmap(st.ptr, uintptr(st.size))
+	}
+	if err != nil {
 		m.issuer.EndRelease(res, false)
 		return m.errno(op, memapi.ErrInvalidRange, err, "munmap")
 	}

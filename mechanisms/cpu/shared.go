@@ -39,13 +39,17 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 	if err != nil {
 		return nil, err
 	}
-	fd, err := newMemfd(n)
+	fd, err := m.newMemfd(op, n)
 	if err != nil {
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "memfd").(*memapi.Error)
 		e.Wanted = n
 		return nil, e
 	}
-	if err := fallocate(fd, 0, 0, int64(n)); err != nil {
+	err = m.fault(op, "fallocate", uintptr(n))
+	if err == nil {
+		err = fallocate(fd, 0, 0, int64(n))
+	}
+	if err != nil {
 		_ = unix.Close(fd)
 		e := m.errno(op, memapi.ErrOutOfMemory, err, "fallocate").(*memapi.Error)
 		e.Wanted = n
@@ -54,13 +58,21 @@ func (m *Mechanism) CreateBacking(ctx context.Context, size memapi.Bytes, grant 
 	return m.addBacking(fd, n), nil
 }
 
-// newMemfd returns a close-on-exec memfd of n bytes with no pages yet.
-func newMemfd(n memapi.Bytes) (int, error) {
+// newMemfd returns a close-on-exec memfd of n bytes with no pages yet, for
+// the contract operation op.
+func (m *Mechanism) newMemfd(op string, n memapi.Bytes) (int, error) {
+	if err := m.fault(op, "memfd_create", uintptr(n)); err != nil {
+		return -1, err
+	}
 	fd, err := unix.MemfdCreate("memgen-cpu", unix.MFD_CLOEXEC)
 	if err != nil {
 		return -1, err
 	}
-	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+	err = m.fault(op, "ftruncate", uintptr(n))
+	if err == nil {
+		err = unix.Ftruncate(fd, int64(n))
+	}
+	if err != nil {
 		_ = unix.Close(fd)
 		return -1, err
 	}
@@ -119,7 +131,11 @@ func (m *Mechanism) MapView(ctx context.Context, res *memapi.Reservation, r mema
 	if !rs.backed.free(r.Off, r.Off+r.Len) {
 		return nil, m.fail(op, memapi.ErrCommitted, res.ID(), r.Len, 0, "part of %v is already committed or mapped", r)
 	}
-	if err := mapShared(unsafe.Add(rs.ptr, r.Off), uintptr(r.Len), bs.fd, protOf(access)); err != nil {
+	err = m.fault(op, "mmap", uintptr(r.Len))
+	if err == nil {
+		err = mapShared(unsafe.Add(rs.ptr, r.Off), uintptr(r.Len), bs.fd, protOf(access))
+	}
+	if err != nil {
 		// A failed MAP_FIXED may have taken the old mapping with it: put the
 		// reserved space back so the reservation has no hole.
 		_ = mapReserved(unsafe.Add(rs.ptr, r.Off), uintptr(r.Len))
@@ -155,7 +171,11 @@ func (m *Mechanism) UnmapView(ctx context.Context, v *memapi.View) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := unsafe.Add(vs.res.ptr, vs.off)
-	if err := mapReserved(p, uintptr(vs.n)); err != nil {
+	err = m.fault(op, "mmap", uintptr(vs.n))
+	if err == nil {
+		err = mapReserved(p, uintptr(vs.n))
+	}
+	if err != nil {
 		m.issuer.EndRelease(v, false)
 		return m.errno(op, memapi.ErrInvalidRange, err, "map reserved space over the view")
 	}
@@ -188,9 +208,12 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 	p := unsafe.Add(vs.res.ptr, vs.off)
 	// v is ours (releasing) and mapped, and it keeps its reservation and
 	// backing alive, so it can be read without the lock.
-	fd, err := newMemfd(vs.n)
+	fd, err := m.newMemfd(op, vs.n)
 	if err == nil {
-		if err = pwriteAll(fd, bytesAt(p, uintptr(vs.n)), 0); err != nil {
+		if err = m.fault(op, "pwrite", uintptr(vs.n)); err == nil {
+			err = pwriteAll(fd, bytesAt(p, uintptr(vs.n)), 0)
+		}
+		if err != nil {
 			_ = unix.Close(fd)
 		}
 	}
@@ -201,7 +224,11 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 		return nil, e
 	}
 	m.mu.Lock()
-	if err := mapShared(p, uintptr(vs.n), fd, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+	err = m.fault(op, "mmap", uintptr(vs.n))
+	if err == nil {
+		err = mapShared(p, uintptr(vs.n), fd, unix.PROT_READ|unix.PROT_WRITE)
+	}
+	if err != nil {
 		// Put the old view back (a failed MAP_FIXED may have removed it).
 		if mapShared(p, uintptr(vs.n), vs.b.fd, protOf(vs.access)) != nil {
 			// Cannot restore: leave reserved space, never a hole.
@@ -254,7 +281,11 @@ func (m *Mechanism) ReleaseBacking(ctx context.Context, b *memapi.Backing, to me
 		m.issuer.EndRelease(b, false)
 		return m.fail(op, memapi.ErrInUse, b.ID(), 0, 0, "%d views of the backing are still mapped", bs.views)
 	}
-	if err := fallocate(bs.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(bs.size)); err != nil {
+	err = m.fault(op, "fallocate", uintptr(bs.size))
+	if err == nil {
+		err = fallocate(bs.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(bs.size))
+	}
+	if err != nil {
 		m.issuer.EndRelease(b, false)
 		return m.errno(op, memapi.ErrInvalidRange, err, "punch hole")
 	}
