@@ -59,7 +59,7 @@ func (c *Context) newStream() (*Stream, error) {
 	}
 	defer m.leave()
 	var id uint64
-	if err := m.slot(op, 0, m.lib.dc.StreamCreate, m.inst, uintptr(unsafe.Pointer(&id))); err != nil {
+	if err := m.slot(op, 0, 0, m.lib.dc.StreamCreate, m.inst, uintptr(unsafe.Pointer(&id))); err != nil {
 		return nil, err
 	}
 	if id == 0 {
@@ -97,7 +97,7 @@ func (s *Stream) call(op string, fn uintptr, args ...uintptr) error {
 	}
 	defer m.leave()
 	all := append([]uintptr{m.inst, uintptr(s.id)}, args...)
-	return m.slot(op, 0, fn, all...)
+	return m.slot(op, 0, 0, fn, all...)
 }
 
 // CopyToDevice calls stream_copy_to_device. src is borrowed until the next
@@ -194,7 +194,7 @@ func (s *Stream) Close() error {
 	m := s.c.m
 	var err error
 	if m.enter("Stream.Close") == nil {
-		err = m.slotInts("Stream.Close", 0, m.lib.dc.StreamClose, m.inst, uintptr(s.id))
+		err = m.slotInts("Stream.Close", 0, 0, m.lib.dc.StreamClose, m.inst, uintptr(s.id))
 		m.leave()
 	}
 	s.closed = true
@@ -231,7 +231,7 @@ func (f *Fence) poll() (bool, error) {
 	}
 	defer f.m.leave()
 	var done int32
-	err := f.m.slot(op, 0, f.m.lib.dc.FenceDone, f.m.inst, uintptr(f.id), uintptr(unsafe.Pointer(&done)))
+	err := f.m.slot(op, 0, 0, f.m.lib.dc.FenceDone, f.m.inst, uintptr(f.id), uintptr(unsafe.Pointer(&done)))
 	runtime.KeepAlive(f)
 	if err != nil {
 		return true, err

@@ -21,6 +21,9 @@
 // slots get a deadline and an overrun is reported (OverrunError); a failing
 // slot's last_error message is in the error. Plugins never see grants, and
 // checked.Wrap draws and refunds around every call as for any mechanism.
+// Options.Faults (a memapi.Injector) fails chosen slot calls before they are
+// made, as if the plugin had returned the status, to test the host's and
+// its callers' handling of a plugin's failures.
 //
 //	m, err := plugin.New("./libvendor.so", plugin.Options{Verify: true})
 //	dc, err := m.NewContext()

@@ -91,6 +91,30 @@ func (m *Mechanism) statusError(op string, code int32, h memapi.HandleID, msg st
 		Handle: h, Detail: d}
 }
 
+// fault asks Options.Faults whether the call of slot fn, made by the
+// contract operation op (on handle h, about n bytes), fails, and returns
+// the error the call then has (see Options.Faults).
+func (m *Mechanism) fault(op string, h memapi.HandleID, fn uintptr, n memapi.Bytes) error {
+	err := m.faults.MaybeError(memapi.Op{Layer: Layer, Name: m.lib.slotName(fn), Bytes: n, Authority: m.info.Authority, Args: op})
+	if err == nil {
+		return nil
+	}
+	var me *memapi.Error
+	if errors.As(err, &me) {
+		return err
+	}
+	e := &memapi.Error{Op: op, Kind: err, Mechanism: m.info.Mechanism, Authority: m.info.Authority, Handle: h,
+		Detail: "plugin " + string(m.info.Mechanism) + ": injected fault", Err: memapi.ErrInjected}
+	for code, k := range statusKinds {
+		if k != nil && errors.Is(err, k) {
+			e.Kind = k
+			e.Detail = "plugin " + string(m.info.Mechanism) + " returned " + statusNames[code] + ": injected fault"
+			break
+		}
+	}
+	return e
+}
+
 // protocol is an *memapi.Error of kind ErrProtocol; it is counted and
 // logged.
 func (m *Mechanism) protocol(op string, h memapi.HandleID, format string, args ...any) error {

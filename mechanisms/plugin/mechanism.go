@@ -49,7 +49,25 @@ type Options struct {
 	// slot: it is for plugin-check, which runs the plugin in a child
 	// process, not for production.
 	GuardPages bool
+	// Faults, when set, is asked before every call of a slot whose
+	// failure the host handles (open, and every slot but close,
+	// last_error, used_bytes and fence_release), with
+	//
+	//	memapi.Op{Layer: "plugin", Name: slot, Bytes: n, Authority: a, Args: op}
+	//
+	// where slot is the slot's C name ("commit"), n the bytes the call is
+	// about (0 where it has none) and op the contract operation making it
+	// ("VirtualBacking.Commit"). An error makes the host skip the slot and
+	// go on as if the plugin had failed it: an *memapi.Error given is the
+	// call's error as is; an error of a kind the ABI has a status for is
+	// the error of that status (with memapi.ErrInjected as its cause); any
+	// other error is the Kind of such an error. Without an injector each
+	// call costs one nil check.
+	Faults memapi.Injector
 }
+
+// Layer is the memapi.Op.Layer of the host's calls into a plugin.
+const Layer = "plugin"
 
 // DefaultSlotTimeout bounds a consuming slot when neither the call's context
 // nor Options.SlotTimeout gives a deadline.
@@ -91,6 +109,7 @@ type Mechanism struct {
 	log     *slog.Logger
 	watch   *Watchdog
 	guard   bool
+	faults  memapi.Injector // Options.Faults, or nil
 
 	// life guards inst: every call holds it for reading, Close for writing.
 	life   sync.RWMutex
@@ -178,7 +197,7 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 	}
 	out := cOpenOut{AllocGranularity: l.desc.AllocGranularity, Granularity: l.desc.Granularity, Ordinal: l.desc.Ordinal}
 	is := memapi.NewIssuer()
-	m := &Mechanism{lib: l, issuer: is, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger, watch: o.Watchdog, guard: o.GuardPages}
+	m := &Mechanism{lib: l, issuer: is, timeout: o.SlotTimeout, verify: o.Verify, log: o.Logger, watch: o.Watchdog, guard: o.GuardPages, faults: o.Faults}
 	if m.timeout <= 0 {
 		m.timeout = DefaultSlotTimeout
 	}
@@ -186,6 +205,11 @@ func (l *Library) New(o Options) (*Mechanism, error) {
 		m.log = slog.Default()
 	}
 	m.info = memapi.MechanismInfo{Mechanism: l.Name, Instance: is.Instance()}
+	if m.faults != nil {
+		if err := m.fault("plugin.New", 0, l.desc.Open, 0); err != nil {
+			return nil, &LoadError{Path: l.Path, Kind: ErrBadDescriptor, Detail: fmt.Sprintf("open(%q) failed", o.Config), Err: err}
+		}
+	}
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
 	r, msg, err := m.callStatus(l.desc.Open, uintptr(unsafe.Pointer(&cfg[0])), uintptr(outp))
 	back()
@@ -405,8 +429,8 @@ func (m *Mechanism) lastError() string {
 // contract's error.
 //
 //go:uintptrescapes
-func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintptr) error {
-	return m.slotInts(op, h, fn, args...)
+func (m *Mechanism) slot(op string, h memapi.HandleID, n memapi.Bytes, fn uintptr, args ...uintptr) error {
+	return m.slotInts(op, h, n, fn, args...)
 }
 
 // slot4 is slot for the four arguments of a consuming slot (the instance,
@@ -415,14 +439,20 @@ func (m *Mechanism) slot(op string, h memapi.HandleID, fn uintptr, args ...uintp
 // argument list there as well: one allocation fewer per call than slot.
 //
 //go:uintptrescapes
-func (m *Mechanism) slot4(op string, h memapi.HandleID, fn, a0, a1, a2, a3 uintptr) error {
-	return m.slotInts(op, h, fn, a0, a1, a2, a3)
+func (m *Mechanism) slot4(op string, h memapi.HandleID, n memapi.Bytes, fn, a0, a1, a2, a3 uintptr) error {
+	return m.slotInts(op, h, n, fn, a0, a1, a2, a3)
 }
 
 // slotInts is slot for arguments that point to no Go memory (see callInts),
 // or that a go:uintptrescapes caller keeps: the argument list stays on the
-// stack, where slot's goes to the heap.
-func (m *Mechanism) slotInts(op string, h memapi.HandleID, fn uintptr, args ...uintptr) error {
+// stack, where slot's goes to the heap. n is the bytes the call is about,
+// for the fault injector.
+func (m *Mechanism) slotInts(op string, h memapi.HandleID, n memapi.Bytes, fn uintptr, args ...uintptr) error {
+	if m.faults != nil {
+		if err := m.fault(op, h, fn, n); err != nil {
+			return err
+		}
+	}
 	r, msg, err := m.callStatusInts(fn, args...)
 	if err != nil {
 		return m.protocol(op, h, "%v", err)
@@ -572,14 +602,17 @@ func (m *Mechanism) quarantineCharged(grant memapi.Grant, n memapi.Bytes) error 
 // giveBack releases through slot fn what a creating slot made under id when
 // the host refuses it; what the plugin will not release is quarantined and
 // charged to the call's grant (nil for a call that consumes nothing).
-func (m *Mechanism) giveBack(fn uintptr, id uint64, n memapi.Bytes, grant memapi.Grant) error {
-	if !m.tryRelease(fn, id) {
+func (m *Mechanism) giveBack(op string, fn uintptr, id uint64, n memapi.Bytes, grant memapi.Grant) error {
+	if !m.tryRelease(op, fn, id, n) {
 		return m.quarantineCharged(grant, n)
 	}
 	return nil
 }
 
-func (m *Mechanism) tryRelease(fn uintptr, id uint64) bool {
+func (m *Mechanism) tryRelease(op string, fn uintptr, id uint64, n memapi.Bytes) bool {
+	if m.faults != nil && m.fault(op, 0, fn, n) != nil {
+		return false
+	}
 	r, err := m.call(fn, m.inst, uintptr(id))
 	return err == nil && r == 0
 }
@@ -719,7 +752,7 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 		return nil, err
 	}
 	outp, back := m.guarded(unsafe.Pointer(out), unsafe.Sizeof(*out))
-	err = m.slot4(op, 0, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(outp))
+	err = m.slot4(op, 0, req.Size, m.lib.da.Allocate, m.inst, uintptr(w.ns()), uintptr(unsafe.Pointer(&inout.in)), uintptr(outp))
 	back()
 	if err != nil {
 		return nil, err
@@ -729,11 +762,11 @@ func (m *Mechanism) allocate(ctx context.Context, op string, req memapi.AllocReq
 		return nil, err
 	}
 	if out.Addr == 0 || out.Size != uint64(want) {
-		gerr := m.giveBack(m.lib.da.Free, id, memapi.Bytes(out.Size), grant)
+		gerr := m.giveBack(op, m.lib.da.Free, id, memapi.Bytes(out.Size), grant)
 		return nil, joinErr(m.protocol(op, 0, "the plugin returned an allocation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want), gerr)
 	}
 	if w.passed() {
-		gerr := m.giveBack(m.lib.da.Free, id, want, grant)
+		gerr := m.giveBack(op, m.lib.da.Free, id, want, grant)
 		return nil, joinErr(m.overran(op, w), gerr)
 	}
 	e := m.adoptNew(kindAllocation, id, want)
@@ -764,7 +797,7 @@ func (m *Mechanism) release(op string, h memapi.Handle, fn uintptr) error {
 		m.issuer.EndRelease(h, false)
 		return err
 	}
-	if err := m.slotInts(op, h.ID(), fn, m.inst, uintptr(e.id)); err != nil {
+	if err := m.slotInts(op, h.ID(), 0, fn, m.inst, uintptr(e.id)); err != nil {
 		err = m.unknown(op, h.ID(), e, err)
 		m.issuer.EndRelease(h, false)
 		return m.done(op, err)
@@ -811,7 +844,7 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	id := newID()
 	out := cReservationOut{ID: id}
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err := m.slot(op, 0, m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(outp))
+	err := m.slot(op, 0, req.Size, m.lib.vb.Reserve, m.inst, uintptr(unsafe.Pointer(&in)), uintptr(outp))
 	back()
 	if err != nil {
 		return nil, m.done(op, err)
@@ -821,7 +854,7 @@ func (m *Mechanism) Reserve(ctx context.Context, req memapi.ReserveRequest) (*me
 	}
 	want, _ := memapi.RoundUp(req.Size, m.info.Granularity)
 	if out.Addr == 0 || out.Size != uint64(want) || out.Addr%uint64(m.info.Granularity) != 0 {
-		_ = m.giveBack(m.lib.vb.ReleaseReservation, id, 0, nil)
+		_ = m.giveBack(op, m.lib.vb.ReleaseReservation, id, 0, nil)
 		return nil, m.done(op, m.protocol(op, 0, "the plugin returned a reservation of %d bytes at %#x for a request of %d (want %d)", out.Size, out.Addr, req.Size, want))
 	}
 	e := m.adoptNew(kindReservation, id, 0)
@@ -869,11 +902,11 @@ func (m *Mechanism) commit(ctx context.Context, op string, res *memapi.Reservati
 	if err != nil {
 		return err
 	}
-	if err := m.slot4(op, res.ID(), m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
+	if err := m.slot4(op, res.ID(), r.Len, m.lib.vb.Commit, m.inst, uintptr(w.ns()), uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.unknown(op, res.ID(), e, err)
 	}
 	if w.passed() {
-		if rerr := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); rerr != nil {
+		if rerr := m.slot(op, res.ID(), r.Len, m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); rerr != nil {
 			m.addCommitted(e, r.Len) // still installed: keep it counted on the reservation
 		}
 		return m.overran(op, w)
@@ -905,7 +938,7 @@ func (m *Mechanism) Decommit(ctx context.Context, res *memapi.Reservation, r mem
 		return m.done(op, err)
 	}
 	in := cRange{Off: uint64(r.Off), Len: uint64(r.Len)}
-	if err := m.slot(op, res.ID(), m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
+	if err := m.slot(op, res.ID(), r.Len, m.lib.vb.Decommit, m.inst, uintptr(e.id), uintptr(unsafe.Pointer(&in))); err != nil {
 		return m.done(op, m.unknown(op, res.ID(), e, err))
 	}
 	m.mu.Lock()
@@ -929,7 +962,7 @@ func (m *Mechanism) CommittedBytes(res *memapi.Reservation) (memapi.Bytes, error
 	}
 	var out uint64
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err = m.slot(op, res.ID(), m.lib.vb.CommittedBytes, m.inst, uintptr(e.id), uintptr(outp))
+	err = m.slot(op, res.ID(), 0, m.lib.vb.CommittedBytes, m.inst, uintptr(e.id), uintptr(outp))
 	back()
 	if err != nil {
 		return 0, m.unknown(op, res.ID(), e, err)
@@ -971,7 +1004,7 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 		return nil, err
 	}
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err = m.slot4(op, 0, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(outp))
+	err = m.slot4(op, 0, size, m.lib.sm.CreateBacking, m.inst, uintptr(w.ns()), uintptr(size), uintptr(outp))
 	back()
 	if err != nil {
 		return nil, err
@@ -981,11 +1014,11 @@ func (m *Mechanism) createBacking(ctx context.Context, op string, size memapi.By
 	}
 	want, _ := memapi.RoundUp(size, m.info.Granularity)
 	if out.Size != uint64(want) {
-		gerr := m.giveBack(m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size), grant)
+		gerr := m.giveBack(op, m.lib.sm.ReleaseBacking, id, memapi.Bytes(out.Size), grant)
 		return nil, joinErr(m.protocol(op, 0, "the plugin returned a backing of %d bytes for a request of %d (want %d)", out.Size, size, want), gerr)
 	}
 	if w.passed() {
-		gerr := m.giveBack(m.lib.sm.ReleaseBacking, id, want, grant)
+		gerr := m.giveBack(op, m.lib.sm.ReleaseBacking, id, want, grant)
 		return nil, joinErr(m.overran(op, w), gerr)
 	}
 	e := m.adoptNew(kindBacking, id, want)
@@ -1026,7 +1059,7 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 	id := newID()
 	out := cViewOut{ID: id}
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err = m.slot(op, res.ID(), m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(outp))
+	err = m.slot(op, res.ID(), rg.Len, m.lib.sm.MapView, m.inst, uintptr(rid), uintptr(unsafe.Pointer(&in)), uintptr(bid), uintptr(access), uintptr(outp))
 	back()
 	if err != nil {
 		if isKind(err, memapi.ErrReleased) {
@@ -1040,7 +1073,7 @@ func (m *Mechanism) mapView(op string, res *memapi.Reservation, rg memapi.Range,
 		return nil, err
 	}
 	if out.Reservation != rid || out.Backing != bid || out.Range != in || out.Access != int32(access) {
-		_ = m.giveBack(m.lib.sm.UnmapView, id, 0, nil)
+		_ = m.giveBack(op, m.lib.sm.UnmapView, id, 0, nil)
 		return nil, m.protocol(op, res.ID(), "the plugin mapped %+v, asked for reservation %d, backing %d, range %+v, access %d", out, rid, bid, in, access)
 	}
 	e := m.adoptNew(kindView, id, 0)
@@ -1087,7 +1120,7 @@ func (m *Mechanism) CopyOnWrite(ctx context.Context, v *memapi.View, grant memap
 		return nil, m.done(op, err)
 	}
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err = m.slot4(op, v.ID(), m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(outp))
+	err = m.slot4(op, v.ID(), v.Range().Len, m.lib.sm.CopyOnWrite, m.inst, uintptr(w.ns()), uintptr(old), uintptr(outp))
 	back()
 	if err != nil {
 		err = m.unknown(op, v.ID(), oe, err)
@@ -1133,7 +1166,7 @@ func (m *Mechanism) ViewCount(b *memapi.Backing) (int, error) {
 	}
 	var out int64
 	outp, back := m.guarded(unsafe.Pointer(&out), unsafe.Sizeof(out))
-	err = m.slot(op, b.ID(), m.lib.sm.ViewCount, m.inst, uintptr(e.id), uintptr(outp))
+	err = m.slot(op, b.ID(), 0, m.lib.sm.ViewCount, m.inst, uintptr(e.id), uintptr(outp))
 	back()
 	if err != nil {
 		return 0, m.unknown(op, b.ID(), e, err)
