@@ -2,9 +2,11 @@ package governor
 
 import (
 	"cmp"
+	"errors"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,22 +41,44 @@ type Options struct {
 	// Injector, if set, injects faults into the real ledger, for tests of what sits
 	// above it (a manager's rollbacks, a holder's retries): at each operation,
 	// before it changes anything, the governor asks it, and an operation it
-	// answers with an error fails with that error, changing nothing, as if the
-	// ledger had refused.
+	// answers with an error fails, changing nothing, as if the ledger had
+	// refused: with the error as is when it is an *memapi.Error, and
+	// otherwise with an *memapi.Error whose Kind is the error and whose cause
+	// is memapi.ErrInjected.
 	//
-	// op names the operation as its errors do (memapi.Error.Op):
-	// "governor.Reserve", "governor.Grant.Draw", "governor.Grant.Undraw",
-	// "governor.Grant.Refund", "governor.Grant.Commit", "governor.Grant.Cancel",
-	// "governor.Lease.Refund", "governor.Lease.MarkPending",
-	// "governor.Lease.Quarantine" and "governor.Lease.RefundQuarantined" (which
-	// the account of Lease.QuarantinedAccount calls). The injector sees the authority and the bytes
-	// of the operation (0 for Commit and Cancel). It is called without
-	// the governor's locks, from any goroutine, so it must be safe for
-	// concurrent use; it may block or record the order of operations.
+	// It is asked with memapi.Op{Layer: "governor", Name: name, Bytes: n,
+	// Authority: a}, where Layer.Name is the operation as its errors name it
+	// (memapi.Error.Op, Op.String): "governor.Reserve", "governor.Grant.Draw",
+	// "governor.Grant.Undraw", "governor.Grant.Refund", "governor.Grant.Commit",
+	// "governor.Grant.Cancel", "governor.Lease.Refund",
+	// "governor.Lease.MarkPending", "governor.Lease.Quarantine" and
+	// "governor.Lease.RefundQuarantined" (which the account of
+	// Lease.QuarantinedAccount calls); n is the operation's bytes (0 for
+	// Commit and Cancel) and a its authority. It is called without the
+	// governor's locks, from any goroutine, so it must be safe for concurrent
+	// use; it may block or record the order of operations.
 	//
 	// Without one (the default) the governor consults nothing: the check is one
 	// nil comparison.
-	Injector func(op string, authority memapi.AuthorityID, bytes memapi.Bytes) error
+	Injector memapi.Injector
+}
+
+// Layer is the memapi.Op.Layer of the governor's operations.
+const Layer = "governor"
+
+// injected asks the Injector (which is set) about the operation op (as its
+// errors name it) on authority a of n bytes, and returns the error the
+// operation then fails with, or nil.
+func (g *Governor) injected(op string, a memapi.AuthorityID, n memapi.Bytes) error {
+	err := g.inject.MaybeError(memapi.Op{Layer: Layer, Name: strings.TrimPrefix(op, Layer+"."), Bytes: n, Authority: a})
+	if err == nil {
+		return nil
+	}
+	var me *memapi.Error
+	if errors.As(err, &me) {
+		return err
+	}
+	return &memapi.Error{Op: op, Kind: err, Authority: a, Wanted: n, Detail: "injected fault", Err: memapi.ErrInjected}
 }
 
 // defaultWaitBound is the wait of a reservation with no deadline when
@@ -70,7 +94,7 @@ type Governor struct {
 	// defaultWait bounds a wait with no deadline (Options.DefaultWait);
 	// 0 here means none.
 	defaultWait time.Duration
-	inject      func(op string, authority memapi.AuthorityID, bytes memapi.Bytes) error // Options.Injector, or nil
+	inject      memapi.Injector // Options.Injector, or nil
 
 	mu      sync.Mutex // serializes registry changes and Close; taken before any authority's mutex
 	auths   atomic.Pointer[map[memapi.AuthorityID]*authority]

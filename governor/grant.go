@@ -286,8 +286,8 @@ func (h Grant) enter(op string, n memapi.Bytes, inject bool) error {
 		return opError(op, memapi.ErrGrantClosed, "", 0, 0, "never reserved")
 	}
 	a := gr.a
-	if inj := a.g.inject; inj != nil && inject {
-		if err := inj(op, a.id, n); err != nil {
+	if a.g.inject != nil && inject {
+		if err := a.g.injected(op, a.id, n); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package governor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -40,10 +41,14 @@ type opInjector struct {
 	seen []injected
 }
 
-func (f *opInjector) MaybeError(op string, a memapi.AuthorityID, n memapi.Bytes) error {
+func (f *opInjector) MaybeError(o memapi.Op) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.seen = append(f.seen, injected{op, a, n})
+	op := o.String()
+	f.seen = append(f.seen, injected{op, o.Authority, o.Bytes})
+	if o.Layer != Layer || o.Call != 0 || o.Args != nil {
+		return fmt.Errorf("the governor asked about %+v", o)
+	}
 	if op == f.fail {
 		return errInjected
 	}
@@ -59,7 +64,7 @@ func (f *opInjector) set(op string) {
 func newInjected(t *testing.T) (*Governor, *opInjector) {
 	t.Helper()
 	f := &opInjector{}
-	g := New(Options{Injector: f.MaybeError})
+	g := New(Options{Injector: f})
 	t.Cleanup(func() { g.Close() })
 	if err := g.AddAuthority(hostA, 1000); err != nil {
 		t.Fatal(err)
@@ -171,7 +176,9 @@ func TestInjectorFailsEveryOpChangingNothing(t *testing.T) {
 			s := c.setup(t, g)
 			before, _ := g.Authority(hostA)
 			f.set(c.op)
-			if err := c.run(g, s); !errors.Is(err, errInjected) {
+			err := c.run(g, s)
+			var me *memapi.Error
+			if !errors.Is(err, errInjected) || !errors.Is(err, memapi.ErrInjected) || !errors.As(err, &me) || me.Op != c.op || me.Authority != hostA {
 				t.Fatalf("%v with the fault injected: %v", c.op, err)
 			}
 			if after, _ := g.Authority(hostA); !sameFigures(after, before) {
@@ -189,4 +196,36 @@ func TestInjectorFailsEveryOpChangingNothing(t *testing.T) {
 func sameFigures(a, b AuthoritySnapshot) bool {
 	return a.Reserved == b.Reserved && a.Drawn == b.Drawn && a.Charged == b.Charged && a.Pending == b.Pending &&
 		a.Quarantined == b.Quarantined && a.Free == b.Free && a.Grants == b.Grants && a.Leases == b.Leases && a.Granted == b.Granted
+}
+
+// The contract's rules work as the governor's Injector: here the second
+// Reserve on an authority fails as if it were over budget, changing
+// nothing, and the third succeeds.
+func TestInjectorRule(t *testing.T) {
+	rule := memapi.Fail(memapi.ErrOverBudget).On(Layer, "Reserve").When(func(op memapi.Op) bool { return op.Authority == hostA }).Nth(2)
+	g := New(Options{Injector: rule})
+	t.Cleanup(func() { g.Close() })
+	if err := g.AddAuthority(hostA, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Register("kv", nil, HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := Request{Authority: hostA, Holder: "kv", Bytes: 100}
+	if _, err := g.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := g.Authority(hostA)
+	_, err := g.Reserve(ctx, r)
+	var me *memapi.Error
+	if !errors.As(err, &me) || me.Kind != memapi.ErrOverBudget || me.Wanted != 100 || !errors.Is(err, memapi.ErrInjected) {
+		t.Fatalf("the second Reserve: %v", err)
+	}
+	if after, _ := g.Authority(hostA); !sameFigures(after, before) {
+		t.Fatalf("an injected fault moved the ledger: %+v -> %+v", before, after)
+	}
+	if _, err := g.Reserve(ctx, r); err != nil || rule.Fired() != 1 {
+		t.Fatalf("the third Reserve: %v (fired %d)", err, rule.Fired())
+	}
 }

@@ -49,11 +49,11 @@ type Request struct {
 // holder's limit forbids the bytes, and of Kind memapi.ErrOverBudget when the
 // bytes exceed the capacity or the wait ended (its Err is then the context's
 // error or context.DeadlineExceeded); memapi.ErrClosed after Close; the
-// Injector's error (Options.Injector). A failed Reserve leaves the ledger as
+// failure the Injector injects (Options.Injector). A failed Reserve leaves the ledger as
 // it found it.
 func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 	if g.inject != nil {
-		if err := g.inject(opReserve, r.Authority, r.Bytes); err != nil {
+		if err := g.injected(opReserve, r.Authority, r.Bytes); err != nil {
 			return Grant{}, err
 		}
 	}

@@ -25,7 +25,7 @@ type benchEnv struct {
 	b    *pmm.Binding
 }
 
-func newBenchEnv(b *testing.B, gran memapi.Bytes, inject func(string, memapi.AuthorityID, memapi.Bytes) error) *benchEnv {
+func newBenchEnv(b *testing.B, gran memapi.Bytes, inject memapi.Injector) *benchEnv {
 	m, err := cpu.New(cpu.Options{Granularity: gran, Authority: hostAuth})
 	if err != nil {
 		b.Fatal(err)
@@ -36,7 +36,7 @@ func newBenchEnv(b *testing.B, gran memapi.Bytes, inject func(string, memapi.Aut
 }
 
 // newBenchEnvOn is the stack over mechanism m and its context.
-func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, inject func(string, memapi.AuthorityID, memapi.Bytes) error, opts ...pmm.Options) *benchEnv {
+func newBenchEnvOn(b *testing.B, m memapi.Mechanism, mctx memapi.DeviceContext, inject memapi.Injector, opts ...pmm.Options) *benchEnv {
 	g := governor.New(governor.Options{Injector: inject})
 	if err := g.AddAuthority(hostAuth, 8<<30); err != nil {
 		b.Fatal(err)
@@ -219,8 +219,8 @@ func (f *manualFence) Ready() <-chan struct{} { return f.ch }
 // lease refunds as they begin.
 type refundClock struct{ last atomic.Int64 }
 
-func (r *refundClock) MaybeError(op string, _ memapi.AuthorityID, _ memapi.Bytes) error {
-	if op == "governor.Lease.Refund" {
+func (r *refundClock) MaybeError(op memapi.Op) error {
+	if op.String() == "governor.Lease.Refund" {
 		r.last.Store(time.Now().UnixNano())
 	}
 	return nil
@@ -230,7 +230,7 @@ func (r *refundClock) MaybeError(op string, _ memapi.AuthorityID, _ memapi.Bytes
 // refund, through the deferred-free queue and the CPU mechanism's free.
 func BenchmarkFenceToRefund(b *testing.B) {
 	rc := &refundClock{}
-	e := newBenchEnv(b, 4096, rc.MaybeError)
+	e := newBenchEnv(b, 4096, rc)
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()

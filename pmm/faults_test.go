@@ -31,9 +31,10 @@ type faults struct {
 
 var errInjected = fmt.Errorf("injected ledger fault")
 
-func (f *faults) MaybeError(op string, _ memapi.AuthorityID, _ memapi.Bytes) error {
+func (f *faults) MaybeError(o memapi.Op) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	op := o.String()
 	switch op {
 	case "governor.Reserve":
 		f.reserves++
@@ -101,7 +102,7 @@ var testHolders = []string{"cold", "h", "idle", "kv", "late", "p", "prefix", "re
 // injector.
 func newFaulty(a memapi.AuthorityID) (*governor.Governor, *faults) {
 	f := &faults{auth: a}
-	g := governor.New(governor.Options{Injector: f.MaybeError})
+	g := governor.New(governor.Options{Injector: f})
 	f.g = g
 	if err := g.AddAuthority(a, 1<<40); err != nil {
 		panic(err)

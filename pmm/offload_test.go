@@ -33,10 +33,10 @@ type armedFaults struct {
 	auth memapi.AuthorityID
 }
 
-func (f *armedFaults) MaybeError(op string, a memapi.AuthorityID, _ memapi.Bytes) error {
+func (f *armedFaults) MaybeError(op memapi.Op) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.op == op && f.auth == a {
+	if f.op == op.String() && f.auth == op.Authority {
 		return errInjected
 	}
 	return nil
@@ -65,7 +65,7 @@ type tierEnv struct {
 func newTierEnv(t *testing.T) *tierEnv {
 	t.Helper()
 	e := &tierEnv{inj: &armedFaults{}, gran: 64 << 10}
-	e.g = governor.New(governor.Options{Injector: e.inj.MaybeError})
+	e.g = governor.New(governor.Options{Injector: e.inj})
 	t.Cleanup(func() { e.g.Close() })
 	require.NoError(t, e.g.AddAuthority(auth, 1<<30))
 	require.NoError(t, e.g.AddAuthority(hostTier, 1<<30))

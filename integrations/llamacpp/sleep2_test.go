@@ -525,10 +525,11 @@ type stepFaults struct {
 	failed   string
 }
 
-func (f *stepFaults) MaybeError(op string, a memapi.AuthorityID, _ memapi.Bytes) error {
-	if op != "governor.Reserve" {
+func (f *stepFaults) MaybeError(op memapi.Op) error {
+	if op.String() != "governor.Reserve" {
 		return nil
 	}
+	a := op.Authority
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.at == 0 || a != f.auth {
@@ -622,7 +623,7 @@ func TestSleepLevel2FaultAtEveryStep(t *testing.T) {
 	inj := &stepFaults{}
 	level2Fault = inj.step
 	t.Cleanup(func() { level2Fault = nil })
-	r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj.MaybeError})
+	r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
 	tier := r.hostTier(t)
 	m, c, got := setup(r)
 	sums := weightSums(m)

@@ -270,10 +270,10 @@ type nthReserve struct {
 
 var errInjected = errors.New("injected reservation fault")
 
-func (f *nthReserve) MaybeError(op string, a memapi.AuthorityID, _ memapi.Bytes) error {
+func (f *nthReserve) MaybeError(op memapi.Op) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if op != "governor.Reserve" || a != f.auth || f.at == 0 {
+	if op.String() != "governor.Reserve" || op.Authority != f.auth || f.at == 0 {
 		return nil
 	}
 	if f.n++; f.n == f.at {
@@ -303,7 +303,7 @@ func TestSleepWakeFaultAtEveryStep(t *testing.T) {
 	for _, phase := range []string{"sleep", "wake"} {
 		for at := 1; ; at++ {
 			inj := &nthReserve{}
-			r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj.MaybeError})
+			r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
 			tier := r.hostTier(t)
 			m := loadModel(t, r.options())
 			c, err := m.NewContext(bg(t), ContextOptions{NCtx: 512})
