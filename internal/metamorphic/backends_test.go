@@ -50,7 +50,8 @@ var backendNames = [nBackends]string{"fakes", "cpu", "cuda"}
 // backend is one implementation under test: the checked wrapper over it, its
 // capabilities through the wrapper, the grant consuming calls draw from and
 // the account refunding calls refund to (both of the fakes' trusted ledger),
-// and the bare mechanism for fault injection and the final checks.
+// the bare mechanism for fault injection and the final checks, and (the CPU
+// mechanism's) the faults it is built with.
 type backend struct {
 	name    string
 	m       memapi.Mechanism // the checked wrapper
@@ -59,10 +60,11 @@ type backend struct {
 	grant   *fakes.Grant
 	account *fakes.Account
 
-	fake *fakes.Mechanism // fakeB
-	cpu  *cpu.Mechanism   // cpuB
-	cuda *cuda.Mechanism  // cudaB
-	sim  *cudasim.Sim     // cudaB
+	fake   *fakes.Mechanism // fakeB
+	cpu    *cpu.Mechanism   // cpuB
+	faults *memapi.FaultSet // cpuB: Options.Faults
+	cuda   *cuda.Mechanism  // cudaB
+	sim    *cudasim.Sim     // cudaB
 }
 
 func wrap(name string, m memapi.Mechanism) *backend {
@@ -93,12 +95,13 @@ func newBackends() ([nBackends]*backend, error) {
 	bs[fakeB] = wrap(backendNames[fakeB], f)
 	bs[fakeB].fake = f
 
-	c, err := cpu.New(cpu.Options{Granularity: gran, NoHugePages: true})
+	faults := &memapi.FaultSet{}
+	c, err := cpu.New(cpu.Options{Granularity: gran, NoHugePages: true, Faults: faults})
 	if err != nil {
 		return bs, fmt.Errorf("cpu.New: %w", err)
 	}
 	bs[cpuB] = wrap(backendNames[cpuB], c)
-	bs[cpuB].cpu = c
+	bs[cpuB].cpu, bs[cpuB].faults = c, faults
 
 	sim := cudasim.New(cudasim.Config{
 		Memory:      uint64(capacity),

@@ -17,7 +17,8 @@ import (
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/mechanisms/cuda/driver"
+	"github.com/memgen/memgen/mechanisms/cpu"
+	"github.com/memgen/memgen/mechanisms/cuda/cudasim"
 )
 
 // stepsPerCheck is the average number of operations in one sequence (rapid's
@@ -282,17 +283,20 @@ type world struct {
 func (w *world) name(kind string) string { return fmt.Sprintf("%s%d", kind, w.step+1) }
 
 // fault is a failure of the device injected at the same logical point in
-// the fakes (a Fault on the method) and in the simulator (the nth call of a
-// driver entry point in the operation fails with CUDA_ERROR_OUT_OF_MEMORY).
-// The CPU mechanism has no fault injection.
+// the three, the same rule of the contract's fault injector each time
+// (memapi.Fail(memapi.ErrOutOfMemory)): in the fakes on the method, in the
+// simulator on the nth call of a driver entry point in the operation (which
+// then returns CUDA_ERROR_OUT_OF_MEMORY), and in the CPU mechanism on the
+// first of its kernel calls named cpu (which fails as if with ENOMEM).
 type fault struct {
 	method string // the fakes' method
 	call   string // the simulator's entry point
 	nth    int
+	cpu    string // the CPU mechanism's kernel call
 }
 
 func (f *fault) String() string {
-	return fmt.Sprintf(" [device refuses: %s call %d of the operation]", f.call, f.nth)
+	return fmt.Sprintf(" [device refuses: %s call %d, %s, of the operation]", f.call, f.nth, f.cpu)
 }
 
 // op is one operation, run the same way on each backend.
@@ -382,15 +386,15 @@ func kindOf(err error) string {
 // apply runs o on the three backends and fails the sequence unless they
 // agree. It returns what each made.
 //
-// The CPU mechanism has no capacity and no fault injection, so it runs
-// first: where it succeeds and the others answer ErrOutOfMemory because the
-// operation does not fit the capacity or because the device refused it on
-// purpose, its success is undone (refunded to the grant it drew from), which
-// leaves it as the others are. A fault is injected only where the CPU
-// mechanism succeeded and the operation fits: where the operation is valid
-// and would reach the device. An operation without an inverse (CopyOnWrite)
-// that should succeed but does not fit, or is faulted, is not run on the CPU
-// mechanism at all.
+// The CPU mechanism has no capacity, so it runs first: where it succeeds
+// and the others answer ErrOutOfMemory because the operation does not fit
+// the capacity, its success is undone (refunded to the grant it drew from),
+// which leaves it as the others are; an operation without an inverse
+// (CopyOnWrite) that should succeed but does not fit is not run on it at
+// all. A fault is injected only where the operation fits, first into the
+// CPU mechanism, and into the others only where it fired there: where the
+// operation passed every check and reached the kernel, as it would reach
+// the device.
 func (w *world) apply(o *op) [nBackends]outcome {
 	t := w.t
 	w.step++
@@ -400,23 +404,30 @@ func (w *world) apply(o *op) [nBackends]outcome {
 	}
 	used := w.b[fakeB].m.UsedBytes()
 	over := o.consumes > 0 && used+o.consumes > capacity
-	armed := false
-	switch {
-	case o.irreversible && o.expectOK && (over || o.fault != nil):
-		out[cpuB].skipped = true
-		armed = o.fault != nil && !over
-	case o.irreversible:
-		run(cpuB)
-	default:
-		run(cpuB)
-		armed = o.fault != nil && out[cpuB].err == nil && !over
-	}
 	f := o.fault
+	if over {
+		f = nil
+	}
+	armed := false
+	if o.irreversible && o.expectOK && over {
+		out[cpuB].skipped = true
+	} else {
+		var rule *memapi.Rule
+		if f != nil {
+			rule = memapi.Fail(memapi.ErrOutOfMemory).On(cpu.Layer, f.cpu).Nth(1)
+			w.b[cpuB].faults.Add(rule)
+		}
+		run(cpuB)
+		if f != nil {
+			w.b[cpuB].faults.Clear()
+			armed = rule.Fired() == 1
+		}
+	}
 	var before int
 	if armed {
-		w.b[fakeB].fake.Inject(fakes.Fault{Method: f.method, Err: memapi.ErrOutOfMemory})
+		w.b[fakeB].fake.InjectWith(memapi.Fail(memapi.ErrOutOfMemory).On(fakes.Layer, f.method))
 		before = w.b[cudaB].sim.Calls(f.call)
-		w.b[cudaB].sim.FailCall(f.call, f.nth, driver.ErrOutOfMemory)
+		w.b[cudaB].sim.Inject(memapi.Fail(memapi.ErrOutOfMemory).On(cudasim.Layer, f.call).Nth(f.nth))
 	}
 	run(fakeB)
 	run(cudaB)
@@ -424,7 +435,8 @@ func (w *world) apply(o *op) [nBackends]outcome {
 	if armed {
 		desc += f.String()
 		w.b[fakeB].fake.ClearFaults()
-		out[fakeB].faulted, out[cudaB].faulted = true, true
+		w.b[cudaB].sim.ClearFaults()
+		out[fakeB].faulted, out[cpuB].faulted, out[cudaB].faulted = true, true, true
 	}
 	line := func() string {
 		return fmt.Sprintf("#%d %s → fakes %v, cpu %v, cuda %v", w.step, desc, out[fakeB], out[cpuB], out[cudaB])
@@ -457,7 +469,7 @@ func (w *world) apply(o *op) [nBackends]outcome {
 			t.Fatalf("%s: want ErrOutOfMemory (%d used, %d more, capacity %d)", line(), used, o.consumes, capacity)
 		}
 	case kp == kf:
-	case kp == "ok" && kf == "ErrOutOfMemory" && (over || armed) && o.undo != nil:
+	case kp == "ok" && kf == "ErrOutOfMemory" && over && o.undo != nil:
 		if err := o.undo(cpuB, out[cpuB].made); err != nil {
 			t.Fatalf("%s: undoing the CPU mechanism's success: %v", line(), err)
 		}

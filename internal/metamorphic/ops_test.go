@@ -84,15 +84,16 @@ func room(state byte, n int) func(*object[*memapi.Reservation]) bool {
 	return func(o *object[*memapi.Reservation]) bool { return strings.Contains(string(o.slots), run) }
 }
 
-// drawFault draws, one time in ten, a fault of method at one of calls: the
-// nth call for the first counted calls (n up to most, the number of chunks
-// the operation makes), the first call for the others.
-func drawFault(t *rapid.T, method string, calls []string, counted, most int) *fault {
+// drawFault draws, one time in ten, a fault of method at one of the
+// simulator's calls (the nth call for the first counted calls, n up to most,
+// the number of chunks the operation makes; the first call for the others)
+// and at one of the CPU mechanism's kernel calls (the first).
+func drawFault(t *rapid.T, method string, calls []string, counted, most int, cpuCalls []string) *fault {
 	if tenth.Draw(t, "fault") != 9 {
 		return nil
 	}
 	i := rapid.IntRange(0, len(calls)-1).Draw(t, "fault call")
-	f := &fault{method: method, call: calls[i], nth: 1}
+	f := &fault{method: method, call: calls[i], nth: 1, cpu: uniform(cpuCalls).Draw(t, "fault cpu call")}
 	if i < counted && most > 1 {
 		f.nth = rapid.IntRange(1, most).Draw(t, "fault nth")
 	}
@@ -219,7 +220,7 @@ var aligns = []memapi.Bytes{0, 0, 0, 0, 0, 0, 1, 256, 3, 3 * 4096}
 func (w *world) allocate(t *rapid.T) {
 	size, huge := drawSize(t, "size")
 	align := uniform(aligns).Draw(t, "align")
-	f := drawFault(t, "Allocate", []string{"cuMemAlloc"}, 0, 1)
+	f := drawFault(t, "Allocate", []string{"cuMemAlloc"}, 0, 1, []string{"mmap", "madvise"})
 	req := memapi.AllocRequest{Size: size, Align: align}
 	name := w.name("a")
 	out := w.apply(&op{
@@ -287,7 +288,7 @@ func (w *world) reserve(t *rapid.T) {
 	default:
 		size = memapi.Bytes(rapid.IntRange(1, 12).Draw(t, "granules")) * gran
 	}
-	f := drawFault(t, "Reserve", []string{"cuMemAddressReserve"}, 0, 1)
+	f := drawFault(t, "Reserve", []string{"cuMemAddressReserve"}, 0, 1, []string{"mmap"})
 	name := w.name("r")
 	out := w.apply(&op{
 		name:  fmt.Sprintf("%s = Reserve(%s)", name, fmtBytes(size)),
@@ -313,7 +314,8 @@ func (w *world) reserve(t *rapid.T) {
 func (w *world) commit(t *rapid.T) {
 	r := pick(t, "reservation", w.ress, room('.', 1))
 	rg := drawRange(t, "range", r, '.', 0)
-	f := drawFault(t, "Commit", []string{"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemsetD8"}, 2, int(rg.Len/gran))
+	f := drawFault(t, "Commit", []string{"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemsetD8"}, 2, int(rg.Len/gran),
+		[]string{"mprotect", "madvise"})
 	out := w.apply(&op{
 		name:     fmt.Sprintf("Commit(%s, %s)", r.desc, fmtRange(rg)),
 		consumes: rg.Len,
@@ -376,7 +378,7 @@ func (w *world) createBacking(t *rapid.T) {
 	if !huge && size < 8*gran {
 		size = (size + 1) / 2 // at most 4 granules, the room a view finds more often
 	}
-	f := drawFault(t, "CreateBacking", []string{"cuMemCreate"}, 0, 1)
+	f := drawFault(t, "CreateBacking", []string{"cuMemCreate"}, 0, 1, []string{"memfd_create", "ftruncate", "fallocate"})
 	name := w.name("b")
 	out := w.apply(&op{
 		name:     fmt.Sprintf("%s = CreateBacking(%s)", name, fmtBytes(size)),
@@ -421,7 +423,7 @@ func (w *world) mapView(t *rapid.T) {
 		rg.Len += gran
 	}
 	access := uniform(accesses).Draw(t, "access")
-	f := drawFault(t, "MapView", []string{"cuMemMap", "cuMemSetAccess"}, 0, 1)
+	f := drawFault(t, "MapView", []string{"cuMemMap", "cuMemSetAccess"}, 0, 1, []string{"mmap"})
 	name := w.name("v")
 	out := w.apply(&op{
 		name:  fmt.Sprintf("%s = MapView(%s, %s, %s, %v)", name, r.desc, fmtRange(rg), b.desc, access),
@@ -467,7 +469,7 @@ func (w *world) copyOnWrite(t *rapid.T) {
 	if r.obj != nil {
 		n = r.obj.h[fakeB].Range().Len
 	}
-	f := drawFault(t, "CopyOnWrite", []string{"cuMemCreate"}, 0, 1)
+	f := drawFault(t, "CopyOnWrite", []string{"cuMemCreate"}, 0, 1, []string{"memfd_create", "ftruncate", "pwrite", "mmap"})
 	name := w.name("v")
 	bname := w.name("b")
 	out := w.apply(&op{
