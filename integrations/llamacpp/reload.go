@@ -235,14 +235,15 @@ func cmpBytes(a, b memapi.Bytes) int {
 // level2Fault, when set (tests only), is asked before each step of a
 // level-2 sleep or wake that changes the engine and can fail: each
 // decommit of a weight region or of a finished sequence's KV, and each
-// read of the model file. An error it returns fails that step as the
-// step's own failure would. (The commits' reservations fail through the
-// governor's Injector.)
-var level2Fault func(step string) error
+// read of the model file, as memapi.Op{Layer: "llamacpp", Name: step}. An
+// error it returns fails that step as the step's own failure would. (The
+// commits' reservations fail through the governor's Injector, which can be
+// the same injector.)
+var level2Fault memapi.Injector
 
 func faultAt(step string) error {
 	if level2Fault != nil {
-		return level2Fault(step)
+		return level2Fault.MaybeError(memapi.Op{Layer: "llamacpp", Name: step})
 	}
 	return nil
 }

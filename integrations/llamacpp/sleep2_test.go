@@ -514,9 +514,9 @@ func copyFile(t *testing.T, from, to string) {
 }
 
 // stepFaults fails the at-th step counted (from 1 once armed): a
-// reservation on one authority (through the governor's Injector) or a
-// step of a level-2 sleep or wake (level2Fault) whose name starts with one
-// of the prefixes.
+// reservation on one authority (as the governor's Injector) or a step of a
+// level-2 sleep or wake (as level2Fault) whose name starts with one of the
+// prefixes.
 type stepFaults struct {
 	mu       sync.Mutex
 	auth     memapi.AuthorityID
@@ -526,6 +526,9 @@ type stepFaults struct {
 }
 
 func (f *stepFaults) MaybeError(op memapi.Op) error {
+	if op.Layer == "llamacpp" {
+		return f.step(op.Name)
+	}
 	if op.String() != "governor.Reserve" {
 		return nil
 	}
@@ -621,7 +624,7 @@ func TestSleepLevel2FaultAtEveryStep(t *testing.T) {
 		return more(c, got, 120)
 	}()
 	inj := &stepFaults{}
-	level2Fault = inj.step
+	level2Fault = inj
 	t.Cleanup(func() { level2Fault = nil })
 	r := newRigWith(t, 1<<30, cpu.Granularity4KiB, governor.Options{Injector: inj})
 	tier := r.hostTier(t)
