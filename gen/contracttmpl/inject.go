@@ -273,7 +273,7 @@ func (a anyOf) MaybeError(op Op) error {
 // zero FaultSet is empty and ready to use; it is safe for concurrent use,
 // and asking it takes no lock.
 type FaultSet struct {
-	mu   sync.Mutex                // serializes Add and Clear
+	mu   sync.Mutex                 // serializes Add and Clear
 	list atomic.Pointer[[]Injector] // never changed in place
 }
 
