@@ -304,11 +304,16 @@ func (m *Mechanism) fail(op string, kind error, h memapi.HandleID, wanted, avail
 
 // fault asks Options.Faults whether the kernel call name, made by the
 // contract operation op about n bytes, fails: its error then stands for the
-// kernel's, marked injected. Without an injector it is one nil check.
+// kernel's, marked injected. Without an injector it is one nil check
+// (inlined).
 func (m *Mechanism) fault(op, name string, n uintptr) error {
 	if m.faults == nil {
 		return nil
 	}
+	return m.injected(op, name, n)
+}
+
+func (m *Mechanism) injected(op, name string, n uintptr) error {
 	err := m.faults.MaybeError(memapi.Op{Layer: Layer, Name: name, Bytes: memapi.Bytes(n), Authority: m.info.Authority, Args: op})
 	if err == nil {
 		return nil
