@@ -45,6 +45,11 @@ type block struct {
 
 func pack(gen uint32, st ep.State) uint64 { return uint64(gen)<<8 | uint64(st) }
 
+// fenced is set in the word of an Open block once a fence was recorded on
+// it in this generation (RecordUse). A Free of a small block without it has
+// no fences to look at: one compare-and-swap ends its generation (Pool.Free).
+const fenced = 0x80
+
 // A new block record's zero word is pack(0, ep.Open): a large or huge
 // block made for an Alloc is handed out Open in generation 0 as it is
 // made. (This fails to compile if ep.Open is not 0.)
@@ -52,7 +57,7 @@ var _ [0]struct{} = [ep.Open]struct{}{}
 
 func (b *block) unpack() (uint32, ep.State) {
 	w := b.word.Load()
-	return uint32(w >> 8), ep.State(w & 0xff)
+	return uint32(w >> 8), ep.State(w & (fenced - 1))
 }
 
 // open hands a free small block out in its current generation. A free
@@ -78,7 +83,8 @@ func (b *block) open(req uint64, s memapi.Stream) Block {
 // stale Free reads nothing its winner or the block's next owner writes.
 // The winner ends the claim by storing gen+1 with the block's next state.
 func (b *block) claim(gen uint32) bool {
-	return b.word.CompareAndSwap(pack(gen, ep.Open), pack(gen, ep.Closing))
+	w := b.word.Load()
+	return w&^fenced == pack(gen, ep.Open) && b.word.CompareAndSwap(w, pack(gen, ep.Closing))
 }
 
 // Addr returns the block's device address, a multiple of Alignment.
@@ -124,8 +130,14 @@ func (h Block) record(f memapi.Fence, foreign bool) error {
 	if f == nil {
 		return &memapi.Error{Op: "pool.Block.RecordUse", Kind: memapi.ErrNilHandle, Detail: "nil fence"}
 	}
-	if h.b.word.Load() != pack(h.gen, ep.Open) {
-		return &memapi.Error{Op: "pool.Block.RecordUse", Kind: memapi.ErrReleased, Detail: "block freed"}
+	for {
+		w := h.b.word.Load()
+		if w&^fenced != pack(h.gen, ep.Open) {
+			return &memapi.Error{Op: "pool.Block.RecordUse", Kind: memapi.ErrReleased, Detail: "block freed"}
+		}
+		if w&fenced != 0 || h.b.word.CompareAndSwap(w, w|fenced) {
+			break
+		}
 	}
 	h.b.fences = append(h.b.fences, f)
 	h.b.foreign = h.b.foreign || foreign

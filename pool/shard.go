@@ -93,6 +93,17 @@ func (p *Pool) Free(h Block) error {
 	if b == nil || b.p != p {
 		return &memapi.Error{Op: "pool.Free", Kind: ErrForeignBlock}
 	}
+	if b.slab != nil && b.word.CompareAndSwap(pack(h.gen, ep.Open), pack(h.gen+1, ep.Open)) {
+		// The fast path: a small block with no fence recorded (not
+		// fenced). The swap makes this Free its owner and leaves it free
+		// in its next generation (block.open) in one step; no other Free,
+		// stale handle or RecordUse of this generation gets past the word.
+		b.stream = nil
+		if sh := p.shards.pick(); sh.free(b) {
+			p.depot.spill(sh, b.slab.class)
+		}
+		return nil
+	}
 	if !b.claim(h.gen) {
 		return &memapi.Error{Op: "pool.Free", Kind: ErrDoubleFree, Wanted: memapi.Bytes(b.size)}
 	}
