@@ -18,7 +18,7 @@ type Context struct {
 	mu     sync.Mutex
 	pins   int
 	closed bool
-	zero   chan struct{} // closed while pins == 0
+	zero   zeroSignal // closed while pins == 0
 	// queueClosing is set by the queue's Close once it saw no pins: a
 	// handle pinned after that could never be released.
 	queueClosing bool
@@ -33,9 +33,8 @@ type Context struct {
 
 // NewContext wraps dev and starts its deferred-free queue.
 func NewContext(dev memapi.DeviceContext, opts Options) *Context {
-	c := &Context{dev: dev, queue: NewQueue(opts), zero: make(chan struct{})}
+	c := &Context{dev: dev, queue: NewQueue(opts), zero: zeroSignal{ch: closedChan}}
 	c.queue.owner = c
-	close(c.zero)
 	return c
 }
 
@@ -115,7 +114,7 @@ func (c *Context) setQuarantined(l *Lifecycle, on bool) {
 func (c *Context) pinState() (int, chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.pins, c.zero
+	return c.pins, c.zero.wait()
 }
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
@@ -158,7 +157,7 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 		c.mu.Unlock()
 		return nil
 	}
-	pins, zero := c.pins, c.zero
+	pins, zero := c.pins, c.zero.wait()
 	c.mu.Unlock()
 	if pins > 0 {
 		if !wait {

@@ -281,3 +281,41 @@ func TestQueueCloseKeepsPendingReleases(t *testing.T) {
 	require.Equal(t, uint64(2), q.Stats().Freed)
 	require.ErrorIs(t, q.Enqueue(ep.Release{Name: "z", Free: func(context.Context) error { return nil }}), memapi.ErrClosed)
 }
+
+// A Drain that starts while a release waits for its fence returns when the
+// release has run, and a Close that waits for a live handle returns when
+// the handle is released: each waiter is woken by the count it waits on
+// reaching zero, not by a poll.
+func TestWaitersWokenAtZero(t *testing.T) {
+	c, _ := newCtx(t)
+	f := newFence(false)
+	o, err := c.Own("kv", &releaser{free: func(context.Context) error { return nil }})
+	require.NoError(t, err)
+	require.NoError(t, o.RecordUse(f))
+	require.NoError(t, o.Close()) // pending behind f
+
+	drained := make(chan error, 1)
+	go func() { drained <- c.Queue().Drain(context.Background()) }()
+	select {
+	case err := <-drained:
+		t.Fatalf("Drain returned %v while a release waits for its fence", err)
+	case <-time.After(5 * time.Millisecond):
+	}
+	f.Complete()
+	require.NoError(t, watchdog.Recv(t, watchdog.Bound, "Drain waiting for the release", drained))
+
+	d := &devCtx{}
+	c2 := ep.NewContext(d, ep.Options{})
+	o2, err := c2.Own("kv", &releaser{free: func(context.Context) error { return nil }})
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- c2.Close(context.Background(), true) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned %v while a handle is live", err)
+	case <-time.After(5 * time.Millisecond):
+	}
+	require.NoError(t, o2.Close())
+	require.NoError(t, watchdog.Recv(t, watchdog.Bound, "Close waiting for the handle", closed))
+	require.Equal(t, int32(1), d.closed.Load())
+}

@@ -110,7 +110,7 @@ type Queue struct {
 	// outstanding counts releases enqueued and not yet run (waiting or
 	// running); idle is closed while it is zero.
 	outstanding int
-	idle        chan struct{}
+	idle        zeroSignal
 
 	wake chan struct{}
 	stop chan struct{}
@@ -147,14 +147,13 @@ func NewQueue(opts Options) *Queue {
 	q := &Queue{
 		opts: opts,
 		log:  opts.Logger,
-		idle: make(chan struct{}),
+		idle: zeroSignal{ch: closedChan},
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 	}
 	if q.log == nil {
 		q.log = slog.New(slog.DiscardHandler)
 	}
-	close(q.idle)
 	q.wg.Add(1)
 	go q.loop()
 	return q
@@ -185,7 +184,7 @@ func (q *Queue) Enqueue(r Release) error {
 		}
 	}
 	if q.outstanding == 0 { // counted outstanding until run ends it (admitLocked)
-		q.idle = make(chan struct{})
+		q.idle.busy()
 	}
 	q.outstanding++
 	q.stats.Enqueued++
@@ -215,7 +214,7 @@ func (q *Queue) runUnqueued(r Release) {
 // admitLocked counts a release as outstanding until run ends it.
 func (q *Queue) admitLocked() {
 	if q.outstanding == 0 {
-		q.idle = make(chan struct{})
+		q.idle.busy()
 	}
 	q.outstanding++
 	q.stats.Enqueued++
@@ -240,7 +239,7 @@ func (q *Queue) Stats() QueueStats {
 // Drain waits until no release is pending, or ctx ends.
 func (q *Queue) Drain(ctx context.Context) error {
 	q.mu.Lock()
-	idle := q.idle
+	idle := q.idle.wait()
 	n := q.outstanding
 	q.mu.Unlock()
 	select {
@@ -473,7 +472,7 @@ func (q *Queue) run(j *job) {
 		}
 		q.outstanding--
 		if q.outstanding == 0 {
-			close(q.idle)
+			q.idle.done()
 		}
 		q.mu.Unlock()
 	}()

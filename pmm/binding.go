@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 
 	"github.com/memgen/memgen/ep"
@@ -22,6 +23,7 @@ type Binding struct {
 	key      memapi.DeviceKey
 	priority int
 	req      governor.Request // what each of its reservations asks: its holder, role and priority (Authority and Bytes set per call)
+	bufName  string           // its Buffers' names but their address: "holder/role buffer 0x"
 
 	mu     sync.Mutex
 	live   int
@@ -203,7 +205,8 @@ func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, err
 	// The release holds the allocation, never the Buffer: the leak
 	// backstop watches the Buffer.
 	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease}
-	name := fmt.Sprintf("%s/%s buffer %#x", b.holder, b.role, a.Addr())
+	var nb [64]byte // the name, formatted without fmt: one allocation when it fits
+	name := string(strconv.AppendUint(append(nb[:0], b.bufName...), uint64(a.Addr()), 16))
 	owned, err := d.ctx.OwnFrom(name, rel, ep.Origin{Bytes: a.Size(), Site: site})
 	if err != nil {
 		b.release()
