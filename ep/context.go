@@ -18,7 +18,7 @@ type Context struct {
 	mu     sync.Mutex
 	pins   int
 	closed bool
-	zero   zeroSignal // closed while pins == 0
+	zero   chan struct{} // closedChan while pins == 0; nil while not, until a waiter makes it (zeroChan); closed when they reach 0
 	// queueClosing is set by the queue's Close once it saw no pins: a
 	// handle pinned after that could never be released.
 	queueClosing bool
@@ -33,7 +33,7 @@ type Context struct {
 
 // NewContext wraps dev and starts its deferred-free queue.
 func NewContext(dev memapi.DeviceContext, opts Options) *Context {
-	c := &Context{dev: dev, queue: NewQueue(opts), zero: zeroSignal{ch: closedChan}}
+	c := &Context{dev: dev, queue: NewQueue(opts), zero: closedChan}
 	c.queue.owner = c
 	return c
 }
@@ -114,7 +114,7 @@ func (c *Context) setQuarantined(l *Lifecycle, on bool) {
 func (c *Context) pinState() (int, chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.pins, c.zero.wait()
+	return c.pins, zeroChan(&c.zero)
 }
 
 // Pin records one more live allocation. It fails with memapi.ErrClosed after
@@ -157,7 +157,7 @@ func (c *Context) Close(ctx context.Context, wait bool) error {
 		c.mu.Unlock()
 		return nil
 	}
-	pins, zero := c.pins, c.zero.wait()
+	pins, zero := c.pins, zeroChan(&c.zero)
 	c.mu.Unlock()
 	if pins > 0 {
 		if !wait {
@@ -198,4 +198,24 @@ func (c *Context) pinDetail(n int) string {
 		s += " (" + strconv.Itoa(q) + " quarantined: release failed, memory still held)"
 	}
 	return s
+}
+
+// closedChan is the channel of a count at zero (Context.zero, Queue.idle).
+// A count that leaves zero sets its channel nil, and one that comes back
+// closes it if a waiter made it (zeroChan) and sets closedChan again: a pin
+// and its unpin, a release enqueued and run, allocate nothing when nobody
+// waits. The channel is guarded by its owner's mutex.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// zeroChan returns *ch, the channel closed when its count is zero, made
+// when a waiter is the first to ask while the count is not (nil).
+func zeroChan(ch *chan struct{}) chan struct{} {
+	if *ch == nil {
+		*ch = make(chan struct{})
+	}
+	return *ch
 }

@@ -161,7 +161,7 @@ func (c *Context) pinHandle(l *Lifecycle) error {
 		return memapi.Errorf("ep.Context.Pin", memapi.ErrClosed, "the device context's deferred-free queue is closing or closed")
 	}
 	if c.pins == 0 {
-		c.zero.busy()
+		c.zero = nil
 	}
 	c.pins++
 	if l != nil {
@@ -195,7 +195,10 @@ func (c *Context) unpinHandle(l *Lifecycle) {
 	}
 	c.pins--
 	if c.pins == 0 {
-		c.zero.done()
+		if c.zero != nil {
+			close(c.zero)
+		}
+		c.zero = closedChan
 	}
 }
 

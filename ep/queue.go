@@ -110,7 +110,7 @@ type Queue struct {
 	// outstanding counts releases enqueued and not yet run (waiting or
 	// running); idle is closed while it is zero.
 	outstanding int
-	idle        zeroSignal
+	idle        chan struct{} // as Context.zero (closedChan)
 
 	wake chan struct{}
 	stop chan struct{}
@@ -147,7 +147,7 @@ func NewQueue(opts Options) *Queue {
 	q := &Queue{
 		opts: opts,
 		log:  opts.Logger,
-		idle: zeroSignal{ch: closedChan},
+		idle: closedChan,
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 	}
@@ -184,7 +184,7 @@ func (q *Queue) Enqueue(r Release) error {
 		}
 	}
 	if q.outstanding == 0 { // counted outstanding until run ends it (admitLocked)
-		q.idle.busy()
+		q.idle = nil
 	}
 	q.outstanding++
 	q.stats.Enqueued++
@@ -214,7 +214,7 @@ func (q *Queue) runUnqueued(r Release) {
 // admitLocked counts a release as outstanding until run ends it.
 func (q *Queue) admitLocked() {
 	if q.outstanding == 0 {
-		q.idle.busy()
+		q.idle = nil
 	}
 	q.outstanding++
 	q.stats.Enqueued++
@@ -239,7 +239,7 @@ func (q *Queue) Stats() QueueStats {
 // Drain waits until no release is pending, or ctx ends.
 func (q *Queue) Drain(ctx context.Context) error {
 	q.mu.Lock()
-	idle := q.idle.wait()
+	idle := zeroChan(&q.idle)
 	n := q.outstanding
 	q.mu.Unlock()
 	select {
@@ -472,7 +472,10 @@ func (q *Queue) run(j *job) {
 		}
 		q.outstanding--
 		if q.outstanding == 0 {
-			q.idle.done()
+			if q.idle != nil {
+				close(q.idle)
+			}
+			q.idle = closedChan
 		}
 		q.mu.Unlock()
 	}()

@@ -47,7 +47,7 @@ var (
 		contractNegotiate, contractNewIssuer, contractOf, "RoundUp", contractSpecDigest, "SpecMeta",
 		"TestNegotiateReportsAbsence", "TestSpecDigest",
 		// the fault injector (contracttmpl/inject.go) and its tests
-		"And", "Any", "ErrInjected", "Fail", "FaultSet", "Injector", "InjectorFunc", "Not", "Op", "Or",
+		"And", "Any", "ErrInjected", "Fail", "Injected", "FaultSet", "Injector", "InjectorFunc", "Not", "Op", "Or",
 		"Predicate", "Randomly", "Rule", "Trace",
 		"ExampleFail", "ExampleTrace", "TestInjectorAny", "TestInjectorConcurrent", "TestInjectorFaultSet",
 		"TestInjectorNth", "TestInjectorPanics", "TestInjectorPredicates", "TestInjectorRandomly",

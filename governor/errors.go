@@ -83,20 +83,17 @@ func (e *OverBudgetError) Error() string {
 	}
 	b.WriteString(strings.TrimPrefix(strings.TrimPrefix(kind.Error(), "memapi: "), "governor: "))
 	if e.Reason != "" {
-		b.WriteString(": ")
-		b.WriteString(e.Reason)
+		b.WriteString(": " + e.Reason)
 	}
-	switch {
-	case errors.Is(kind, errOverLimit):
+	if errors.Is(kind, errOverLimit) {
 		fmt.Fprintf(&b, " (holder %s wanted %d, using %d, limit %d)", e.Holder, e.Wanted, e.HolderUse, e.Limit)
-	default:
+	} else {
 		fmt.Fprintf(&b, " (holder %s wanted %d: free %d, reclaimable %d, pending %d, reserved %d, charged %d, capacity %d; %d tickets, %d freed)",
 			e.Holder, e.Wanted, e.Free, e.Reclaimable, e.Pending, e.Reserved, e.Charged, e.Capacity, e.Tickets, e.Freed)
 	}
 	fmt.Fprintf(&b, " [authority %s]", e.Authority)
 	if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
+		b.WriteString(": " + e.Err.Error())
 	}
 	return b.String()
 }

@@ -5,7 +5,7 @@ import "github.com/memgen/memgen/generated/memapi"
 // figures are bytes in each state of the ledger. An authority and each
 // holder's account on it keep them, a grant's record its share of them
 // (grant.bytes, pending, quarantined), and every transition moves all three at once (the record's
-// own numbers and grant.books), so an authority's figures are always the
+// own numbers and its account's books), so an authority's figures are always the
 // sum of its accounts' and of its records'.
 type figures struct {
 	reserved     memapi.Bytes // open grants' sizes, and expired grants' drawn bytes
@@ -25,19 +25,19 @@ func (f *figures) used() memapi.Bytes { return f.reserved + f.charged + f.pendin
 // their bodies); the caller holds the authority's
 // mutex and has checked that the transition is allowed. Each moves the
 // record's own numbers and the fields it names in both books of the record
-// (grant.books) at once.
+// (account.books) at once.
 
 // undraw gives back n drawn bytes: to the open grant, or, for an expired
 // one, to free.
 func (a *authority) undraw(gr *grant, n memapi.Bytes) {
 	gr.bytes -= n
 	if gr.state == stateOpen {
-		for _, f := range gr.books() {
+		for _, f := range gr.acct.books {
 			f.drawn -= n
 		}
 		return
 	}
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.reserved -= n
 		f.expiredDrawn -= n
 	}
@@ -48,7 +48,7 @@ func (a *authority) undraw(gr *grant, n memapi.Bytes) {
 func (a *authority) cancel(gr *grant) {
 	gr.state = stateCancelled
 	a.stopTimer(gr)
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.reserved -= gr.size
 		f.grants--
 	}
@@ -61,7 +61,7 @@ func (a *authority) expire(gr *grant) {
 	d := gr.bytes
 	gr.state = stateExpired // gr.bytes: drawn, now expired drawn
 	a.stopTimer(gr)
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.reserved -= gr.size - d
 		f.drawn -= d
 		f.expiredDrawn += d
@@ -87,11 +87,11 @@ func (a *authority) refund(gr *grant, n memapi.Bytes) {
 	p := min(n, gr.pending)
 	c := n - p
 	q := c - min(c, gr.bytes-gr.quarantined)
-	empties := gr.held() == n
+	empties := gr.bytes+gr.pending == n
 	gr.pending -= p
 	gr.bytes -= c
 	gr.quarantined -= q
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.pending -= p
 		f.charged -= c
 		f.quarantined -= q
@@ -111,7 +111,7 @@ func (a *authority) quarantine(gr *grant, n memapi.Bytes) {
 	gr.pending -= p
 	gr.bytes += p
 	gr.quarantined += n
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.pending -= p
 		f.charged += p
 		f.quarantined += n
@@ -121,10 +121,10 @@ func (a *authority) quarantine(gr *grant, n memapi.Bytes) {
 // refundQuarantined frees n quarantined bytes of gr's lease: a lease it
 // empties stops counting as one; waiting reservations are served.
 func (a *authority) refundQuarantined(gr *grant, n memapi.Bytes) {
-	empties := gr.held() == n
+	empties := (gr.bytes + gr.pending) == n
 	gr.bytes -= n
 	gr.quarantined -= n
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.charged -= n
 		f.quarantined -= n
 		if empties && n != 0 {

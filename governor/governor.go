@@ -2,7 +2,6 @@ package governor
 
 import (
 	"cmp"
-	"errors"
 	"log/slog"
 	"maps"
 	"slices"
@@ -63,22 +62,14 @@ type Options struct {
 	Injector memapi.Injector
 }
 
-// Layer is the memapi.Op.Layer of the governor's operations.
-const Layer = "governor"
-
 // injected asks the Injector (which is set) about the operation op (as its
 // errors name it) on authority a of n bytes, and returns the error the
 // operation then fails with, or nil.
 func (g *Governor) injected(op string, a memapi.AuthorityID, n memapi.Bytes) error {
-	err := g.inject.MaybeError(memapi.Op{Layer: Layer, Name: strings.TrimPrefix(op, Layer+"."), Bytes: n, Authority: a})
-	if err == nil {
-		return nil
+	if err := g.inject.MaybeError(memapi.Op{Layer: "governor", Name: strings.TrimPrefix(op, "governor."), Bytes: n, Authority: a}); err != nil {
+		return memapi.Injected(err, &memapi.Error{Op: op, Authority: a, Wanted: n, Detail: "injected fault"})
 	}
-	var me *memapi.Error
-	if errors.As(err, &me) {
-		return err
-	}
-	return &memapi.Error{Op: op, Kind: err, Authority: a, Wanted: n, Detail: "injected fault", Err: memapi.ErrInjected}
+	return nil
 }
 
 // defaultWaitBound is the wait of a reservation with no deadline when

@@ -72,13 +72,6 @@ type grantDeadline struct {
 	role  string      // the reservation's, for the expiry's event
 }
 
-// books are the figures that every transition of gr moves alike with its
-// own: its authority's and its account's (see figures.go).
-func (gr *grant) books() [2]*figures { return [2]*figures{&gr.a.fig, &gr.acct.fig} }
-
-// held is what gr's lease still holds, once committed: charged + pending.
-func (gr *grant) held() memapi.Bytes { return gr.bytes + gr.pending }
-
 // drawn is what is drawn from gr, open or expired.
 func (gr *grant) drawn() memapi.Bytes {
 	if gr.state == stateOpen || gr.state == stateExpired {
@@ -129,14 +122,6 @@ func (h Grant) Size() memapi.Bytes {
 	return h.g.size
 }
 
-// drawnNow returns the bytes drawn now: 0 once committed (they are the
-// lease's) or cancelled; an expired grant's until they are undrawn.
-func (h Grant) drawnNow() memapi.Bytes {
-	var d memapi.Bytes
-	h.read(func(gr *grant) { d = gr.drawn() })
-	return d
-}
-
 // read calls f with h's record under its authority's lock; not at all for
 // a zero Grant.
 func (h Grant) read(f func(*grant)) {
@@ -174,7 +159,7 @@ func (h Grant) Draw(n memapi.Bytes) error {
 		return opError(opDraw, memapi.ErrGrantExhausted, a.id, n, left, "")
 	}
 	gr.bytes += n
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.drawn += n
 	}
 	return nil
@@ -234,7 +219,7 @@ func (h Grant) Commit() (Lease, error) {
 	if gr.dl != nil {
 		a.stopTimer(gr)
 	}
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.reserved -= size
 		f.drawn -= d
 		f.charged += d

@@ -213,6 +213,14 @@ func (h Grant) holder() HolderID {
 	return h.g.acct.h.id
 }
 
+// drawnNow returns the bytes drawn now: 0 once committed (they are the
+// lease's) or cancelled; an expired grant's until they are undrawn.
+func (h Grant) drawnNow() memapi.Bytes {
+	var d memapi.Bytes
+	h.read(func(gr *grant) { d = gr.drawn() })
+	return d
+}
+
 func (h Grant) remaining() memapi.Bytes {
 	var r memapi.Bytes
 	h.read(func(gr *grant) {

@@ -73,6 +73,7 @@ type account struct {
 	limit     memapi.Bytes
 
 	fig     figures
+	books   [2]*figures  // what a transition of any of its records moves besides the record: a.fig and fig
 	waiting memapi.Bytes // bytes of queued reservations
 	asking  memapi.Bytes // bytes asked of this holder by tickets in flight
 
@@ -182,6 +183,7 @@ func (a *authority) newAccountLocked(id HolderID) *account {
 		return nil
 	}
 	c := &account{a: a, h: h, guarantee: h.guarantee[a.id], limit: h.limit[a.id]}
+	c.books = [2]*figures{&a.fig, &c.fig}
 	a.accts[id] = c
 	return c
 }

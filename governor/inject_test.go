@@ -46,7 +46,7 @@ func (f *opInjector) MaybeError(o memapi.Op) error {
 	defer f.mu.Unlock()
 	op := o.String()
 	f.seen = append(f.seen, injected{op, o.Authority, o.Bytes})
-	if o.Layer != Layer || o.Call != 0 || o.Args != nil {
+	if o.Layer != "governor" || o.Call != 0 || o.Args != nil {
 		return fmt.Errorf("the governor asked about %+v", o)
 	}
 	if op == f.fail {
@@ -202,7 +202,7 @@ func sameFigures(a, b AuthoritySnapshot) bool {
 // Reserve on an authority fails as if it were over budget, changing
 // nothing, and the third succeeds.
 func TestInjectorRule(t *testing.T) {
-	rule := memapi.Fail(memapi.ErrOverBudget).On(Layer, "Reserve").When(func(op memapi.Op) bool { return op.Authority == hostA }).Nth(2)
+	rule := memapi.Fail(memapi.ErrOverBudget).On("governor", "Reserve").When(func(op memapi.Op) bool { return op.Authority == hostA }).Nth(2)
 	g := New(Options{Injector: rule})
 	t.Cleanup(func() { g.Close() })
 	if err := g.AddAuthority(hostA, 1000); err != nil {

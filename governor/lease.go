@@ -30,7 +30,9 @@ func (l Lease) figure(f func(*grant) memapi.Bytes) memapi.Bytes {
 }
 
 // Bytes returns charged + pending: what the lease still holds.
-func (l Lease) Bytes() memapi.Bytes { return l.figure((*grant).held) }
+func (l Lease) Bytes() memapi.Bytes {
+	return l.figure(func(gr *grant) memapi.Bytes { return gr.bytes + gr.pending })
+}
 
 // lock is how a lease's method starts (Refund and MarkPending, on the
 // common path, do the same in their bodies): Grant.enter when the record
@@ -70,7 +72,7 @@ func (l Lease) Refund(n memapi.Bytes) error {
 	if gr.state != stateCommitted {
 		return opError(op, memapi.ErrGrantClosed, a.id, n, 0, "the grant was not committed")
 	}
-	if held := gr.held(); n > held {
+	if held := gr.bytes + gr.pending; n > held {
 		return opError(op, errOverReturn, a.id, n, held, "refund beyond the lease")
 	}
 	a.refund(gr, n)
@@ -100,7 +102,7 @@ func (l Lease) MarkPending(n memapi.Bytes) error {
 	}
 	gr.bytes -= n // the transition: charged to pending
 	gr.pending += n
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.charged -= n
 		f.pending += n
 	}
@@ -116,7 +118,7 @@ func (l Lease) release() memapi.Bytes {
 		return 0
 	}
 	defer a.mu.Unlock()
-	n := l.g.held()
+	n := l.g.bytes + l.g.pending
 	a.refund(l.g, n)
 	return n
 }
@@ -135,7 +137,7 @@ func (l Lease) Quarantine(n memapi.Bytes) error {
 	}
 	defer a.mu.Unlock()
 	gr := l.g
-	if free := gr.held() - gr.quarantined; n > free {
+	if free := (gr.bytes + gr.pending) - gr.quarantined; n > free {
 		return opError(op, errOverReturn, a.id, n, free, "more than the bytes not quarantined")
 	}
 	a.quarantine(l.g, n)

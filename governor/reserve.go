@@ -110,7 +110,7 @@ func (g *Governor) Reserve(ctx context.Context, r Request) (Grant, error) {
 func (a *authority) reserve(gr *grant, c *account, role string, deadline time.Time) *grant {
 	gr.acct = c
 	gr.checks = a.g.inject != nil || !deadline.IsZero()
-	for _, f := range gr.books() {
+	for _, f := range gr.acct.books {
 		f.reserved += gr.size
 		f.grants++
 	}

@@ -191,7 +191,7 @@ func (g *Governor) Authority(id memapi.AuthorityID) (AuthoritySnapshot, bool) {
 
 func (a *authority) snapshotLocked() AuthoritySnapshot {
 	f := &a.fig
-	s := AuthoritySnapshot{
+	return AuthoritySnapshot{
 		ID:             a.id,
 		Capacity:       a.capacity,
 		Reserved:       f.reserved,
@@ -216,5 +216,4 @@ func (a *authority) snapshotLocked() AuthoritySnapshot {
 		Freed:          a.freed,
 		PressureEvents: a.pressureEvents,
 	}
-	return s
 }

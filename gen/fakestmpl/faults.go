@@ -3,7 +3,6 @@
 package fakes
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -106,20 +105,10 @@ func (f *faults) check(c *Call) error {
 	if f.set.Empty() {
 		return nil
 	}
-	err := f.set.MaybeError(memapi.Op{Layer: Layer, Name: c.Method, Call: n, Args: *c})
-	if err == nil {
-		return nil
+	if err := f.set.MaybeError(memapi.Op{Layer: Layer, Name: c.Method, Call: n, Args: *c}); err != nil {
+		return memapi.Injected(err, &memapi.Error{Op: f.source + "." + c.Method, Detail: fmt.Sprintf("injected fault on call %d", n)})
 	}
-	var me *memapi.Error
-	if errors.As(err, &me) {
-		return err
-	}
-	return &memapi.Error{
-		Op:     f.source + "." + c.Method,
-		Kind:   err,
-		Detail: fmt.Sprintf("injected fault on call %d", n),
-		Err:    memapi.ErrInjected,
-	}
+	return nil
 }
 
 // errNoBehaviour is what a fake method returns when the spec declares it but

@@ -241,6 +241,20 @@ func (r *Rule) String() string {
 	return b.String()
 }
 
+// Injected is the error of an operation that an Injector failed with err
+// (not nil), for a layer that returns this contract's errors: err itself
+// when it is an *Error, otherwise e (the error the layer would report, its
+// Op, figures and Detail filled in) with Kind err and ErrInjected as its
+// cause. So errors.Is holds for err and for ErrInjected either way.
+func Injected(err error, e *Error) error {
+	var me *Error
+	if errors.As(err, &me) {
+		return err
+	}
+	e.Kind, e.Err = err, ErrInjected
+	return e
+}
+
 // Any returns an Injector that asks each injector in turn (nil ones are
 // skipped) and returns the first error: the later ones are not asked, so
 // their counts do not move. With no injector it is nil, which a layer
