@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
@@ -144,57 +146,66 @@ func (d *directCopy) Discard() error {
 	return hb.Close()
 }
 
-// restoreChunk is how much of a region a restore commits at a time.
-const restoreChunk = 16 << 20
+// restoreChunk is how much of a region a restore commits at a time, and
+// copySlice how much a copier copies before it yields its P.
+const (
+	restoreChunk = 16 << 20
+	copySlice    = 1 << 20
+)
 
 // commitAndCopy commits the region's range again and copies the host
 // copy's bytes into it. The kernel's share of a commit (faulting in and
-// zeroing the pages) and the copy are about the same work, and each is one
-// core's: the range is committed in chunks of restoreChunk bytes by a
-// goroutine that runs one chunk ahead of the copy, so the two overlap. A
-// commit that fails stops it: the chunks committed are decommitted again
-// (the region as before) and the error returned.
+// zeroing the pages) and the copy are about the same work: the range is
+// committed in chunks of restoreChunk bytes, one after another, while
+// copiers copy the chunks already committed, so the commits and the copies
+// run at once, on every core: one copier per P (at most wakeReaders). A
+// copy never blocks, so a copier yields its P after each copySlice bytes:
+// copiers on every P would otherwise keep the committer, back from each
+// commit's system call, waiting for a P until the scheduler preempts one
+// (a round of a wake took 4 to 7 times longer so). A
+// commit that fails stops it: once the copiers are done, the chunks
+// committed are decommitted again (the region as before) and the error
+// returned.
 func (d *directCopy) commitAndCopy(ctx context.Context) error {
 	gran := d.reg.Granularity()
 	chunk := max(gran, restoreChunk/gran*gran)
-	var rngs []memapi.Range
-	for off := memapi.Bytes(0); off < d.n; off += chunk {
-		rngs = append(rngs, memapi.Range{Off: off, Len: min(chunk, d.n-off)})
-	}
-	type result struct {
-		err  error
-		took time.Duration
-	}
-	committed := make(chan result, len(rngs))
-	go func() {
-		for _, r := range rngs {
-			start := time.Now()
-			err := d.reg.Commit(ctx, r)
-			committed <- result{err, time.Since(start)}
-			if err != nil {
-				return
+	chunks := make(chan memapi.Range, 1)
+	var wg sync.WaitGroup
+	var copyTime atomic.Int64
+	for range min(runtime.GOMAXPROCS(0), wakeReaders, int((d.n+chunk-1)/chunk)) {
+		wg.Go(func() {
+			for r := range chunks {
+				start := time.Now()
+				for off := r.Off; off < r.Off+r.Len; off += copySlice {
+					n := min(copySlice, r.Off+r.Len-off)
+					copy(mem(d.reg.Addr()+memapi.DeviceAddr(off), n), mem(d.host.Addr()+memapi.DeviceAddr(off), n))
+					runtime.Gosched() // the committer, back from a commit, gets a P at once
+				}
+				copyTime.Add(int64(time.Since(start)))
 			}
-		}
-	}()
-	var commitTime, copyTime time.Duration
-	for i, r := range rngs {
-		res := <-committed
-		commitTime += res.took
-		if res.err != nil {
-			uctx := context.WithoutCancel(ctx)
-			err := res.err
-			for _, c := range rngs[:i] {
-				// A decommit that fails leaves a hole all the same (its
-				// backing quarantined, removed by the next commit).
-				err = errors.Join(err, d.reg.Decommit(uctx, c))
-			}
-			return err
-		}
-		start := time.Now()
-		copy(mem(d.reg.Addr()+memapi.DeviceAddr(r.Off), r.Len), mem(d.host.Addr()+memapi.DeviceAddr(r.Off), r.Len))
-		copyTime += time.Since(start)
+		})
 	}
-	d.m.wakeCommit1 += commitTime
-	d.m.wakeCopy1 += copyTime
-	return nil
+	var committed []memapi.Range
+	var err error
+	start := time.Now()
+	for off := memapi.Bytes(0); off < d.n && err == nil; off += chunk {
+		r := memapi.Range{Off: off, Len: min(chunk, d.n-off)}
+		if err = d.reg.Commit(ctx, r); err == nil {
+			committed = append(committed, r)
+			chunks <- r
+		}
+	}
+	d.m.wakeCommit1 += time.Since(start) // with the waits for a copier: the commits' share of the wake
+	close(chunks)
+	wg.Wait()
+	d.m.wakeCopy1 += time.Duration(copyTime.Load())
+	if err != nil {
+		uctx := context.WithoutCancel(ctx)
+		for _, c := range committed {
+			// A decommit that fails leaves a hole all the same (its
+			// backing quarantined, removed by the next commit).
+			err = errors.Join(err, d.reg.Decommit(uctx, c))
+		}
+	}
+	return err
 }

@@ -14,7 +14,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -265,30 +268,98 @@ func (w *weightBuffer) name() string {
 	return fmt.Sprintf("region %#x (%s...)", w.reg.Addr(), w.tensors[0].name)
 }
 
-// reload commits a discarded buffer's region again, whole, at its address
-// (charged to the weights' holder, with pressure, bounded by ctx) and
-// reads every tensor's bytes from f straight into it. On a failure the
-// region is decommitted again (a hole, as before) and the error returned.
+// wakeChunk is how much of a region reload commits at a time. The chunks
+// are committed one after another while readers (one per P, up to
+// wakeReaders) fill those already committed from the model file, so the
+// kernel's zeroing of fresh pages (the commit) and the copies from the
+// page cache (the reads) run at once, on every core.
+// (A variable so that a test can cut small regions in several chunks.)
+var wakeChunk memapi.Bytes = 8 << 20
+
+const wakeReaders = 4
+
+// reload commits a discarded buffer's region again at its address, a
+// chunk at a time (charged to the weights' holder, with pressure, bounded
+// by ctx), and reads every tensor's bytes from f straight into it as each
+// chunk is committed. On a failure the reads stop, what was committed is
+// decommitted again once no reader writes into it (a hole, as before) and
+// the error returned.
 func (m *Model) reload(ctx context.Context, op string, f *os.File, w *weightBuffer) error {
-	rng := memapi.Range{Len: w.size}
-	start := time.Now()
-	if err := w.reg.Commit(ctx, rng); err != nil {
-		return err
+	gran := w.reg.Granularity()
+	chunk := max(gran, wakeChunk/gran*gran)
+	chunks := make(chan memapi.Range, 1)
+	var once sync.Once
+	failed := make(chan struct{}) // closed when a read failed
+	readers := min(runtime.GOMAXPROCS(0), wakeReaders, int((w.size+chunk-1)/chunk))
+	errs := make(chan error, readers)
+	var readTime atomic.Int64
+	for range readers {
+		go func() {
+			var err error
+			for c := range chunks {
+				if err == nil {
+					start := time.Now()
+					if err = m.readChunk(op, f, w, c); err != nil {
+						once.Do(func() { close(failed) })
+					}
+					readTime.Add(int64(time.Since(start)))
+				}
+			}
+			errs <- err
+		}()
 	}
-	read := time.Now()
-	m.wakeCommit += read.Sub(start)
-	defer func() { m.wakeRead += time.Since(read) }()
-	for _, r := range w.runs {
-		err := faultAt("read " + r.name)
+	readFailed := func() bool {
+		select {
+		case <-failed:
+			return true
+		default:
+			return false
+		}
+	}
+	var committed memapi.Bytes
+	var err error
+	for committed < w.size && err == nil && !readFailed() {
+		rng := memapi.Range{Off: committed, Len: min(chunk, w.size-committed)}
+		start := time.Now()
+		if err = w.reg.Commit(ctx, rng); err == nil {
+			m.wakeCommit += time.Since(start)
+			committed += rng.Len
+			chunks <- rng
+		}
+	}
+	close(chunks)
+	for range readers {
+		err = errors.Join(err, <-errs)
+	}
+	m.wakeRead += time.Duration(readTime.Load())
+	if err != nil && committed != 0 {
+		err = errors.Join(err, w.reg.Decommit(context.WithoutCancel(ctx), memapi.Range{Len: committed}))
+	}
+	return err
+}
+
+// readChunk reads the parts of w's runs that lie in chunk c of its region
+// (committed) from f.
+func (m *Model) readChunk(op string, f *os.File, w *weightBuffer, c memapi.Range) error {
+	end := c.Off + c.Len
+	i, _ := slices.BinarySearchFunc(w.runs, c.Off, func(r fileRun, off memapi.Bytes) int { return cmpBytes(r.off+r.n, off+1) })
+	for _, r := range w.runs[i:] {
+		if r.off >= end {
+			break
+		}
+		lo, hi := max(r.off, c.Off), min(r.off+r.n, end)
+		var err error
+		if lo == r.off {
+			err = faultAt("read " + r.name) // one step a run
+		}
 		if err == nil {
-			_, err = f.ReadAt(mem(w.reg.Addr()+memapi.DeviceAddr(r.off), r.n), r.file)
+			_, err = f.ReadAt(mem(w.reg.Addr()+memapi.DeviceAddr(lo), hi-lo), r.file+int64(lo-r.off))
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
 		}
 		if err != nil {
-			ferr := &ModelFileError{Op: op, Path: m.file, Detail: fmt.Sprintf("reading %d bytes from %d (tensor %s...)", r.n, r.file, r.name), Err: err}
-			return errors.Join(ferr, w.reg.Decommit(context.WithoutCancel(ctx), rng))
+			return &ModelFileError{Op: op, Path: m.file, Detail: fmt.Sprintf("reading %d bytes from %d (tensor %s...)", hi-lo, r.file+int64(lo-r.off), r.name), Err: err}
 		}
 	}
 	return nil
