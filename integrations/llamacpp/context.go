@@ -54,11 +54,18 @@ type ContextOptions struct {
 	// token, and its kernels read cells past the live ones.
 	NoFlashAttention bool
 	// OffloadTo, when set, is the host tier (a binding of the model's
-	// manager on another authority) an idle context moves its KV cache
-	// to under pressure, instead of dropping its cells and recomputing
-	// them: its next call copies them back first. When the move fails
-	// (the host tier has no room) the context drops its cells as without.
+	// manager on another authority) a sequence given up under pressure
+	// moves to, instead of having its cells dropped and recomputed: the
+	// next DecodeBatch that names it copies them back first (see Reclaim).
 	OffloadTo *pmm.Binding
+	// Preempt is the policy for each sequence given up under pressure:
+	// "" (automatic) offloads it when OffloadTo is set and the host tier's
+	// authority has its bytes free, and recomputes it otherwise (or when
+	// the move fails); "offload" always tries the move (OffloadTo
+	// required, memapi.ErrNilHandle otherwise) and leaves a sequence whose
+	// move fails resident; "recompute" never moves. Any other value is
+	// memapi.ErrUnsupported.
+	Preempt string
 }
 
 // Context is one llama.cpp context running one sequence, and the governor
@@ -96,10 +103,10 @@ type Context struct {
 	hostFreed []*pmm.Buffer // closed host buffers not yet waited for
 	seqs      []seqState    // the sequences, each in its KV stream
 	stats     Stats
-	asleep    bool             // the model's Sleep moved the KV cache to the host tier
-	sleeping  []hostCopier     // its host copies while asleep
-	offloadTo *pmm.Binding     // ContextOptions.OffloadTo
-	preempted []*pmm.Offloaded // the KV cache's host copies after a preemption that moved it (offload.go)
+	asleep    bool         // the model's Sleep moved the KV cache to the host tier
+	sleeping  []hostCopier // its host copies while asleep
+	offloadTo *pmm.Binding // ContextOptions.OffloadTo
+	preempt   string       // ContextOptions.Preempt
 }
 
 // Stats are a context's counters.
@@ -108,12 +115,12 @@ type Stats struct {
 	Tokens      int           // tokens decoded, recomputed ones included
 	Grows       int           // decodes that had to grow the regions
 	GrowTime    time.Duration // time spent growing (governor and commit)
-	Preemptions int           // times the holder gave its KV cache up
+	Preemptions int           // sequences the holder gave up under pressure (each victim once)
 	Recomputed  int           // tokens decoded again after preemptions
-	// Offloads counts the preemptions that moved the KV cache to the host
-	// tier (ContextOptions.OffloadTo) rather than dropping it, Restores
-	// the calls that copied it back, Moved the bytes moved both ways and
-	// MoveTime the time the moves took.
+	// Offloads counts the preemptions that moved a sequence's KV cache to
+	// the host tier (ContextOptions.OffloadTo) rather than dropping it,
+	// Restores the times a call copied one back, Moved the bytes moved
+	// both ways and MoveTime the time the moves took.
 	Offloads, Restores int
 	Moved              memapi.Bytes
 	MoveTime           time.Duration
@@ -146,6 +153,12 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "%d sequences of n_ctx %d: 1 to %d sequences, and with several an n_ctx that is a multiple of %d",
 			opts.Sequences, opts.NCtx, maxSequences, seqPad)
 	}
+	switch {
+	case opts.Preempt != preemptAuto && opts.Preempt != preemptOffload && opts.Preempt != preemptRecompute:
+		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "preemption policy %q (\"\", %q or %q)", opts.Preempt, preemptOffload, preemptRecompute)
+	case opts.Preempt == preemptOffload && opts.OffloadTo == nil:
+		return nil, memapi.Errorf(op, memapi.ErrNilHandle, "preemption policy %q without OffloadTo", opts.Preempt)
+	}
 	if opts.NoFlashAttention {
 		return nil, memapi.Errorf(op, memapi.ErrUnsupported, "a context without flash attention: its V cache is one row of n_ctx per channel, which a growing region cannot back")
 	}
@@ -168,7 +181,7 @@ func (m *Model) NewContext(ctx context.Context, opts ContextOptions) (*Context, 
 		return nil, fmt.Errorf("%s: %w", op, ErrAsleep)
 	}
 	m.nextID++
-	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences), offloadTo: opts.OffloadTo}
+	c := &Context{m: m, nCtx: opts.NCtx, batch: min(opts.Batch, opts.NCtx*opts.Sequences), seqs: make([]seqState, opts.Sequences), offloadTo: opts.OffloadTo, preempt: opts.Preempt}
 	c.ubatch = c.batch
 	if opts.UBatch > 0 {
 		c.ubatch = min(opts.UBatch, c.batch)
@@ -437,14 +450,18 @@ type TopLogits struct {
 type seqState struct {
 	tokens []int32
 	cells  int
+	// moved is, per KV tensor, the host copy of the sequence's rows while
+	// a preemption keeps them in the host tier (nil: resident; a nil entry,
+	// a tensor with no row of it); its cells stay llama.cpp's.
+	moved []*pmm.Offloaded
 	// finished: the caller said so (FinishSeq) and has not decoded into it
 	// since; a level-2 sleep discards its cells.
 	finished bool
 }
 
 // running reports whether a level-2 sleep must keep the sequence's KV
-// cache: it holds cells and is not finished.
-func (sq seqState) running() bool { return sq.cells > 0 && !sq.finished }
+// cache: it holds cells on the device and is not finished.
+func (sq seqState) running() bool { return sq.cells > 0 && !sq.finished && sq.moved == nil }
 
 // DecodeBatch appends each entry's tokens to its sequence, decodes them all
 // together (each sequence in its own KV stream, one llama_decode for up to
@@ -467,9 +484,6 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	}
 	if c.asleep {
 		return nil, fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
-	}
-	if err := c.restoreKV(ctx, op); err != nil {
-		return nil, err
 	}
 	if len(in) == 0 {
 		return nil, memapi.Errorf(op, memapi.ErrInvalidSize, "no sequences")
@@ -522,6 +536,19 @@ func (c *Context) DecodeBatch(ctx context.Context, in []SeqTokens) ([]int32, err
 	want := make(map[int]int, len(ws))
 	for _, w := range ws {
 		want[w.seq] = w.commit
+	}
+	// Room first (a sequence the call does not name may be given up for
+	// it), then the sequences a preemption offloaded come back, then the
+	// growth.
+	if need := c.roomNeeded(seen, want); need > 0 {
+		if err := c.makeRoom(ctx, need, seen, want); err != nil {
+			return nil, err
+		}
+	}
+	for _, w := range ws {
+		if err := c.restoreSeq(ctx, op, w.seq); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.grow(ctx, want); err != nil {
 		return nil, err
@@ -766,12 +793,15 @@ func distinct(seqs []C.llama_seq_id) []int {
 	return out
 }
 
-// shrinkToCells shrinks every sequence's ranges to its cells (released
-// behind the fences).
+// shrinkToCells shrinks every resident sequence's ranges to its cells
+// (released behind the fences).
 func (c *Context) shrinkToCells() error {
 	var errs []error
 	for _, t := range c.tensors {
 		for s := range c.seqs {
+			if c.seqs[s].moved != nil {
+				continue
+			}
 			errs = append(errs, t.resize(context.Background(), s, c.seqs[s].cells))
 		}
 	}
@@ -810,22 +840,7 @@ func (c *Context) grow(ctx context.Context, rows map[int]int) error {
 			grew = true
 			if err := t.resize(ctx, s, rows[s]-rowsShort); err != nil {
 				back := c.shrinkToCells()
-				var kv, wanted memapi.Bytes
-				most := 0
-				for _, u := range c.tensors {
-					kv += u.region.Committed()
-					for _, s := range seqs {
-						wanted += memapi.Bytes(rows[s]) * u.rowBytes
-						most = max(most, rows[s])
-					}
-				}
-				if cause := context.Cause(ctx); cause != nil {
-					// The wait ended with the caller's context: that is what
-					// happened, not a refusal of the budget.
-					return errors.Join(&WaitError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv, Free: c.free(), Err: cause}, back)
-				}
-				return errors.Join(&OverBudgetError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv,
-					Capacity: c.capacity(), Free: c.free(), Err: err}, back)
+				return errors.Join(c.growError(ctx, rows, err), back)
 			}
 		}
 	}
@@ -836,38 +851,30 @@ func (c *Context) grow(ctx context.Context, rows map[int]int) error {
 	return nil
 }
 
-// shrink drops every sequence's rows (the cells were dropped first); the
-// backing is released behind the recorded fences. It returns the
-// committed bytes given up.
-func (c *Context) shrink(ctx context.Context) (memapi.Bytes, error) {
-	return c.shrinkSeqs(ctx, nil)
-}
-
-// shrinkSeqs drops the rows of the sequences in seqs (every sequence for
-// nil) and returns the committed bytes given up.
-func (c *Context) shrinkSeqs(ctx context.Context, seqs []int) (memapi.Bytes, error) {
-	if seqs == nil {
-		for s := range c.seqs {
-			seqs = append(seqs, s)
+// growError is the error of a growth to rows refused with err: a
+// *WaitError when the caller's context ended, else an *OverBudgetError.
+func (c *Context) growError(ctx context.Context, rows map[int]int, err error) error {
+	var kv, wanted memapi.Bytes
+	most := 0
+	for _, u := range c.tensors {
+		kv += u.region.Committed()
+		for _, r := range rows {
+			wanted += memapi.Bytes(r) * u.rowBytes
+			most = max(most, r)
 		}
 	}
-	var freed memapi.Bytes
-	var errs []error
-	for _, t := range c.tensors {
-		for _, s := range seqs {
-			n := t.backed[s]
-			if err := t.resize(ctx, s, 0); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			freed += n
-		}
+	if cause := context.Cause(ctx); cause != nil {
+		// The wait ended with the caller's context: that is what
+		// happened, not a refusal of the budget.
+		return &WaitError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv, Free: c.free(), Err: cause}
 	}
-	return freed, errors.Join(errs...)
+	return &OverBudgetError{Context: string(c.holder), Rows: most, Wanted: wanted, Committed: kv,
+		Capacity: c.capacity(), Free: c.free(), Err: err}
 }
 
 // Reset drops every sequence: llama.cpp's cells, then the regions'
-// backing (released behind the decode fences, refunded).
+// backing (released behind the decode fences, refunded) and the host
+// copies of the sequences a preemption offloaded.
 func (c *Context) Reset(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -875,7 +882,8 @@ func (c *Context) Reset(ctx context.Context) error {
 }
 
 // ResetSeq drops sequence seq (a finished one): its cells, then its
-// ranges' backing, behind the decode fences; the other sequences are not
+// ranges' backing, behind the decode fences (or its host copies, when a
+// preemption offloaded it); the other sequences are not
 // touched, and the next DecodeBatch that names seq starts it afresh. A
 // sequence outside the context's is memapi.ErrInvalidRange.
 func (c *Context) ResetSeq(ctx context.Context, seq int) error {
@@ -912,16 +920,16 @@ func (c *Context) FinishSeq(seq int) error {
 // dropFinished discards the cells of the finished sequences (c.mu held,
 // the model's sleep turn taken): llama.cpp's cells, then their ranges'
 // backing, behind the decode fences, as a preemption does; their tokens
-// stay. A context whose KV cache a preemption moved to the host tier is
-// left as it is. On a failure the sequences' cells are gone and their
-// ranges hold what they could not release: the next decode shrinks them.
+// stay. A sequence a preemption moved to the host tier is left as it is.
+// On a failure the sequences' cells are gone and their ranges hold what
+// they could not release: the next decode shrinks them.
 func (c *Context) dropFinished(ctx context.Context) error {
-	if c.closed || len(c.preempted) != 0 {
+	if c.closed {
 		return nil
 	}
 	var seqs []int
 	for s, sq := range c.seqs {
-		if sq.finished && sq.cells > 0 {
+		if sq.finished && sq.cells > 0 && sq.moved == nil {
 			if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(s), 0) {
 				return fmt.Errorf("%w: llama_memory_seq_rm refused sequence %d", ErrDecode, s)
 			}
@@ -958,22 +966,22 @@ func (c *Context) resetLocked(ctx context.Context, op string, seqs []int) error 
 	if c.asleep {
 		return fmt.Errorf("%s: context %s: %w", op, c.holder, ErrAsleep)
 	}
-	if err := c.restoreKV(ctx, op); err != nil {
-		return err
-	}
 	if seqs == nil {
 		for s := range c.seqs {
 			seqs = append(seqs, s)
 		}
 	}
+	var errs []error
 	for _, s := range seqs {
-		if !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(s), 0) {
-			return fmt.Errorf("%w: llama_memory_seq_rm refused sequence %d", ErrDecode, s)
+		if _, err := c.dropSeq(ctx, s); err != nil {
+			if c.seqs[s].cells > 0 { // llama.cpp kept them: nothing changed
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, err)
 		}
 		c.seqs[s] = seqState{tokens: c.seqs[s].tokens[:0]}
 	}
-	_, err := c.shrinkSeqs(ctx, seqs)
-	return err
+	return errors.Join(errs...)
 }
 
 // cells is the cells llama.cpp holds, every sequence's together.
@@ -983,31 +991,6 @@ func (c *Context) cells() int {
 		n += sq.cells
 	}
 	return n
-}
-
-// Reclaim is the context's answer to a pressure ticket: it preempts its
-// sequences when it is idle (no call in progress: a context that is
-// decoding, or whose own growth raised the ticket, answers 0). Preempting
-// drops llama.cpp's cells and shrinks every region to nothing, released
-// behind the decode fences; the sequences' tokens are kept, and the next
-// call that names one recomputes it. It returns the bytes given up.
-func (c *Context) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
-	if !c.mu.TryLock() {
-		return 0, nil
-	}
-	defer c.mu.Unlock()
-	if c.closed || c.asleep || len(c.preempted) != 0 || c.cells() == 0 || t.Authority != c.authority() {
-		return 0, nil
-	}
-	if n, ok := c.offloadKV(ctx); ok {
-		return n, nil
-	}
-	C.memgen_llama_clear(c.c)
-	for s := range c.seqs {
-		c.seqs[s].cells = 0
-	}
-	c.stats.Preemptions++
-	return c.shrink(context.Background())
 }
 
 // Close frees the context: llama_free releases its KV regions behind their
@@ -1024,11 +1007,16 @@ func (c *Context) Close(ctx context.Context) error {
 	C.memgen_llama_context_free(c.c)
 	c.c = nil
 	offs := c.sleeping // the KV cache's host copies go with it
-	for _, o := range c.preempted {
-		offs = append(offs, o)
+	for s := range c.seqs {
+		for _, o := range c.seqs[s].moved {
+			if o != nil {
+				offs = append(offs, o)
+			}
+		}
+		c.seqs[s].moved = nil
 	}
 	drop := dropSleeping(offs)
-	c.sleeping, c.asleep, c.preempted = nil, false, nil
+	c.sleeping, c.asleep = nil, false
 	c.mu.Unlock()
 	c.m.mu.Lock()
 	delete(c.m.contexts, c)

@@ -23,6 +23,8 @@ type MemoryEvent struct {
 	// (offload, restore); Authority the device's.
 	Holder    governor.HolderID
 	Authority memapi.AuthorityID
+	// Seq is the sequence an offload or a restore moved (0 otherwise).
+	Seq int
 	// Bytes is what the move gave back to the device (sleep, offload) or
 	// took from it again (wake, restore).
 	Bytes memapi.Bytes

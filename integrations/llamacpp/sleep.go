@@ -239,7 +239,7 @@ func (t *sleeper) discard(weights []*weightBuffer) error {
 			}
 		}
 		for _, c := range t.held {
-			if !c.closed && len(c.preempted) == 0 && c.running() {
+			if !c.closed && c.running() {
 				return memapi.Errorf(t.op, memapi.ErrNilHandle, "no host binding, and context %s has a running sequence, whose KV cache must move", c.holder)
 			}
 		}

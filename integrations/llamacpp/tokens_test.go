@@ -107,10 +107,10 @@ func (r *rig) audit(t testing.TB, what string, m *Model, ctxs ...*Context) {
 		c.mu.Lock()
 		var want memapi.Bytes
 		for _, tn := range c.tensors {
-			if len(c.preempted) != 0 {
-				break // its KV cache waits in the host tier
-			}
 			for _, sq := range c.seqs {
+				if sq.moved != nil {
+					continue // its KV cache waits in the host tier
+				}
 				n, _ := memapi.RoundUp(memapi.Bytes(sq.cells)*tn.rowBytes, tn.region.Granularity())
 				want += n
 			}
