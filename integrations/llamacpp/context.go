@@ -59,11 +59,12 @@ type ContextOptions struct {
 	// next DecodeBatch that names it copies them back first (see Reclaim).
 	OffloadTo *pmm.Binding
 	// Preempt is the policy for each sequence given up under pressure:
-	// "" (automatic) offloads it when OffloadTo is set and the host tier's
-	// authority has its bytes free, and recomputes it otherwise (or when
-	// the move fails); "offload" always tries the move (OffloadTo
-	// required, memapi.ErrNilHandle otherwise) and leaves a sequence whose
-	// move fails resident; "recompute" never moves. Any other value is
+	// "" (automatic) offloads it when OffloadTo is set, it is not
+	// finished (FinishSeq) and the host tier's authority has its bytes
+	// free, and recomputes it otherwise (or when the move fails);
+	// "offload" always tries the move (OffloadTo required,
+	// memapi.ErrNilHandle otherwise) and leaves a sequence whose move
+	// fails resident; "recompute" never moves. Any other value is
 	// memapi.ErrUnsupported.
 	Preempt string
 }
@@ -466,10 +467,15 @@ func (sq seqState) running() bool { return sq.cells > 0 && !sq.finished && sq.mo
 // DecodeBatch appends each entry's tokens to its sequence, decodes them all
 // together (each sequence in its own KV stream, one llama_decode for up to
 // Batch tokens of them) and returns, per entry, the greedy next token after
-// its last. After a preemption a sequence's earlier tokens are decoded
-// again first. Before the first llama_decode every sequence's KV ranges
-// grow once to the rows the whole call uses, and after the last they hold
-// exactly its cells. When the governor refuses within ctx, DecodeBatch
+// its last. A named sequence a preemption offloaded is copied back from
+// the host tier first, and one it dropped has its earlier tokens decoded
+// again first; the sequences the call does not name stay as they are.
+// Before anything is restored or grown, the bytes the call will commit
+// are reserved (and given back at once): when they are short, the
+// context may give up sequences the call does not name (Reclaim). Before
+// the first llama_decode every sequence's KV ranges grow once to the rows
+// the whole call uses, and after the last they hold exactly its cells.
+// When the governor refuses within ctx, DecodeBatch
 // fails with an *OverBudgetError (a *WaitError when ctx ended) and every
 // sequence is as before. A sequence outside the context's, or named twice,
 // is memapi.ErrInvalidRange; an entry without tokens memapi.ErrInvalidSize;

@@ -25,10 +25,16 @@
 //
 // Over budget, a decode fails with an *OverBudgetError carrying the
 // figures, and the sequence is as before. Under pressure the governor asks
-// the contexts' holders; an idle context preempts its whole sequence (its
-// cells are dropped, its regions shrink to nothing behind the decode
-// fences and are refunded) and recomputes it at its next Decode. Reset
-// and Close release the regions the same way.
+// the contexts' holders; a context gives up sequences one at a time until
+// the ticket's bytes are freed (finished ones first, then the most KV;
+// a DecodeBatch that must commit more first reserves its room, so that
+// the context gives up the sequences it does not name), each by its
+// policy (ContextOptions.Preempt): offloaded (its rows of every KV tensor
+// move to a host tier, ContextOptions.OffloadTo, its cells kept, and the
+// next call that names it copies them back) or recomputed (its cells
+// dropped, its ranges decommitted behind the decode fences and refunded,
+// its tokens decoded again by the next call that names it). Reset and
+// Close release the regions the same way.
 //
 // An idle model sleeps, every address kept. At level 1 (Model.Sleep) the
 // bytes of its weights and of every context's KV cache move to a host

@@ -46,12 +46,14 @@ const (
 )
 
 // decoding marks the context of a DecodeBatch's room-making reservation
-// (makeRoom): a Reclaim called with it runs in the goroutine of that call,
-// which holds the context's lock, and may preempt the sequences the call
-// does not name.
+// (makeRoom): a Reclaim called with it while the reservation is under way
+// (the governor calls a holder's Reclaim in the reservation's goroutine)
+// runs in the goroutine of that call, which holds the context's lock, and
+// may preempt the sequences the call does not name.
 type decoding struct {
-	c     *Context
-	named map[int]bool
+	c      *Context
+	named  map[int]bool
+	active bool // the reservation is under way
 }
 
 type decodingKey struct{}
@@ -69,7 +71,7 @@ type decodingKey struct{}
 // (ContextOptions.Preempt).
 func (c *Context) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 	var named map[int]bool
-	if d, ok := ctx.Value(decodingKey{}).(*decoding); ok && d.c == c {
+	if d, ok := ctx.Value(decodingKey{}).(*decoding); ok && d.c == c && d.active {
 		named = d.named // the call holding c.mu, in this goroutine
 	} else {
 		if !c.mu.TryLock() {
@@ -301,9 +303,9 @@ func (c *Context) unrestore(ctx context.Context, op string, s int, back []int, e
 // resident ones are decommitted behind the decode fences, offloaded ones'
 // host copies discarded. Its tokens stay: the next call that names it
 // recomputes them. It returns the device bytes given up (an offloaded
-// range's count too: they left the device when it moved). llama.cpp refusing the removal
-// changes nothing; a range that cannot be decommitted keeps its backing,
-// which the next decode shrinks.
+// range's count too: they left the device when it moved). llama.cpp
+// refusing the removal changes nothing; a range that cannot be
+// decommitted keeps its backing, which the next decode shrinks.
 func (c *Context) dropSeq(ctx context.Context, s int) (memapi.Bytes, error) {
 	sq := &c.seqs[s]
 	if sq.cells > 0 && !C.memgen_llama_seq_rm(c.c, C.llama_seq_id(s), 0) {
@@ -354,8 +356,9 @@ func (t *kvTensor) forget(s int) error {
 // a transaction). The grant is cancelled at once; the restores and the
 // growth reserve their own.
 func (c *Context) makeRoom(ctx context.Context, need memapi.Bytes, named map[int]bool, rows map[int]int) error {
-	rctx := context.WithValue(ctx, decodingKey{}, &decoding{c: c, named: named})
-	g, err := c.m.opts.Governor.Reserve(rctx, governor.Request{Authority: c.authority(), Holder: c.holder, Role: "kv", Bytes: need})
+	d := &decoding{c: c, named: named, active: true}
+	g, err := c.m.opts.Governor.Reserve(context.WithValue(ctx, decodingKey{}, d), governor.Request{Authority: c.authority(), Holder: c.holder, Role: "kv", Bytes: need})
+	d.active = false
 	if err != nil {
 		return c.growError(ctx, rows, err)
 	}

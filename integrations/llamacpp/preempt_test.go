@@ -177,6 +177,7 @@ func TestOffloadVsRecomputeTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := replayTrace(t, fc, rs, nil)
+	t.Logf("offload-vs-recompute: policy=none (free) preemptions=0 offloads=0 restores=0 recomputed=0 moved=0 wall=%s", want.wall.Round(time.Millisecond))
 	compute := fc.Compute()
 	stream := memapi.Bytes(nctx) * fc.KV().RowBytes
 	if err := fc.Close(bg(t)); err != nil {
