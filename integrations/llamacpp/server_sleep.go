@@ -23,6 +23,9 @@ func (s *Server) idle() (*job, bool) {
 		defer t.Stop()
 		timer = t.C
 	}
+	if idleCall != nil {
+		idleCall()
+	}
 	for {
 		select {
 		case j := <-s.jobs:
@@ -49,6 +52,10 @@ func (s *Server) idle() (*job, bool) {
 		}
 	}
 }
+
+// idleCall, set by tests, is called each time the loop begins to wait
+// idle for a request: a ticket that comes after it is the idle loop's.
+var idleCall func()
 
 // pressureAsk is a pressure ticket to the weights' holder, handed to the
 // loop (ServerOptions.SleepOnPressure); the loop answers on reply.

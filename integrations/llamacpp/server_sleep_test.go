@@ -13,6 +13,7 @@ import (
 
 	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/governor"
+	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pmm"
 )
 
@@ -156,6 +157,16 @@ func sleepsOnPressure(t *testing.T, level int) {
 	if _, err := NewServer(bg(t), m, ServerOptions{SleepOnPressure: true}); !errors.Is(err, memapi.ErrNilHandle) {
 		t.Fatalf("SleepOnPressure at level 1 without SleepTo: %v", err)
 	}
+	// idled hears the server's loop begin each wait for a request (set
+	// before the loop starts).
+	idled := make(chan struct{}, 1)
+	idleCall = func() {
+		select {
+		case idled <- struct{}{}:
+		default:
+		}
+	}
+	t.Cleanup(func() { idleCall = nil })
 	s, err := NewServer(bg(t), m, ServerOptions{Sequences: 2, NCtx: 512, SleepOnPressure: true, SleepLevel: level, SleepTo: tier.bind})
 	if err != nil {
 		t.Fatal(err)
@@ -215,6 +226,10 @@ func sleepsOnPressure(t *testing.T, level int) {
 	busy := make(chan []int32, 1)
 	go func() { busy <- complete() }()
 	<-entered
+	select {
+	case <-idled: // the loop's wait before the request
+	default:
+	}
 	if b, err := allocate(want(), 300*time.Millisecond); !errors.Is(err, memapi.ErrOverBudget) {
 		if b != nil {
 			b.Close()
@@ -231,7 +246,10 @@ func sleepsOnPressure(t *testing.T, level int) {
 	exactTiers(t, r, tier)
 
 	// Idle: the ticket puts the model to sleep and the reservation is
-	// served from what it gave back.
+	// served from what it gave back. (The loop may still be finishing
+	// the request when its reply arrives: the reservation waits until
+	// the loop waits idle, where the ticket is its to answer.)
+	watchdog.Recv(t, watchdog.Bound, "the server's loop waiting idle", idled)
 	r.settle(t)
 	before, _ := r.g.Authority(hostAuth)
 	n := want()
