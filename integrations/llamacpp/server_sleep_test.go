@@ -31,22 +31,7 @@ func TestServerSleepsWhenIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(s.Handler(nil))
-	t.Cleanup(func() {
-		hs.Close()
-		if err := s.Close(context.Background()); err != nil && !isClosed(err) {
-			t.Error(err)
-		}
-	})
-	complete := func() []int32 {
-		t.Helper()
-		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
-		var c completion
-		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
-			t.Fatalf("completion: %d %s", code, body)
-		}
-		return c.Choices[0].Tokens
-	}
+	complete := completer(t, serve(t, s))
 	awaitAsleep := func() {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); !s.Stats().Asleep; time.Sleep(5 * time.Millisecond) {
@@ -88,22 +73,7 @@ func TestServerSleepsLevel2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(s.Handler(nil))
-	t.Cleanup(func() {
-		hs.Close()
-		if err := s.Close(context.Background()); err != nil && !isClosed(err) {
-			t.Error(err)
-		}
-	})
-	complete := func() []int32 {
-		t.Helper()
-		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
-		var c completion
-		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
-			t.Fatalf("completion: %d %s", code, body)
-		}
-		return c.Choices[0].Tokens
-	}
+	complete := completer(t, serve(t, s))
 	awaitAsleep := func() {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); !s.Stats().Asleep; time.Sleep(5 * time.Millisecond) {
@@ -171,22 +141,7 @@ func sleepsOnPressure(t *testing.T, level int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(s.Handler(nil))
-	t.Cleanup(func() {
-		hs.Close()
-		if err := s.Close(context.Background()); err != nil && !isClosed(err) {
-			t.Error(err)
-		}
-	})
-	complete := func() []int32 {
-		t.Helper()
-		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
-		var c completion
-		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
-			t.Fatalf("completion: %d %s", code, body)
-		}
-		return c.Choices[0].Tokens
-	}
+	complete := completer(t, serve(t, s))
 	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -282,5 +237,19 @@ func sleepsOnPressure(t *testing.T, level int) {
 	exactTiers(t, r, tier)
 	if st := s.Stats(); st.Asleep || st.Wakes != 1 || m.Asleep() || r.charged(m.Holder()) != weights {
 		t.Fatalf("after the next request: stats %+v, weights %d of %d", st, r.charged(m.Holder()), weights)
+	}
+}
+
+// completer returns a function that asks hs for 12 tokens after the
+// same prompt and returns them, failing the test on any other answer.
+func completer(t *testing.T, hs *httptest.Server) func() []int32 {
+	return func() []int32 {
+		t.Helper()
+		code, _, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The ledger is", "max_tokens": 12}`)
+		var c completion
+		if code != http.StatusOK || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("completion: %d %s", code, body)
+		}
+		return c.Choices[0].Tokens
 	}
 }

@@ -65,6 +65,12 @@ func newTestServer(t *testing.T, opts ServerOptions) (*Server, *httptest.Server,
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, serve(t, s), r, m
+}
+
+// serve serves s through httptest until the test ends, then closes both.
+func serve(t *testing.T, s *Server) *httptest.Server {
+	t.Helper()
 	hs := httptest.NewServer(s.Handler(nil))
 	t.Cleanup(func() {
 		hs.Close()
@@ -72,7 +78,7 @@ func newTestServer(t *testing.T, opts ServerOptions) (*Server, *httptest.Server,
 			t.Error(err)
 		}
 	})
-	return s, hs, r, m
+	return hs
 }
 
 // greedyTokens decodes prompt and n greedy tokens on a context of its own.
