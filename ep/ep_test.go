@@ -319,3 +319,42 @@ func TestWaitersWokenAtZero(t *testing.T) {
 	require.NoError(t, watchdog.Recv(t, watchdog.Bound, "Close waiting for the handle", closed))
 	require.Equal(t, int32(1), d.closed.Load())
 }
+
+// handle is a layer's handle with its Owned embedded by value (OwnIn), as
+// pmm's are.
+type handle struct {
+	ep.Owned
+	addr uint64
+}
+
+func TestOwnInWatchesTheEmbeddingHandle(t *testing.T) {
+	c := ep.NewContext(&devCtx{}, ep.Options{})
+	var freed atomic.Bool
+	func() {
+		h := &handle{addr: 0xabc0}
+		require.NoError(t, c.OwnIn(&h.Owned, "embedded", &releaser{free: func(context.Context) error { freed.Store(true); return nil }}, ep.Origin{Bytes: 64, Addr: h.addr}))
+		require.Equal(t, "embedded 0xabc0", h.Lifecycle().Name(), "the name is the label and the address")
+		// A second OwnIn into the same Owned is refused and changes nothing.
+		err := c.OwnIn(&h.Owned, "again", &releaser{free: func(context.Context) error { return nil }}, ep.Origin{})
+		require.ErrorIs(t, err, memapi.ErrInvalidSize)
+		require.Contains(t, err.Error(), "already owning embedded 0xabc0")
+		require.Equal(t, ep.Open, h.State())
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for !freed.Load() && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	require.True(t, freed.Load(), "a dropped handle embedding its Owned was not released")
+	require.NoError(t, c.Close(context.Background(), true))
+}
+
+func TestDrainWithNothingPendingIgnoresACancelledContext(t *testing.T) {
+	q := ep.NewQueue(ep.Options{})
+	defer q.Close(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 100 { // a select between two ready cases would pick either
+		require.NoError(t, q.Drain(ctx))
+	}
+}

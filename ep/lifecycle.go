@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -137,16 +138,31 @@ func (c *Context) Own(name string, r Releaser) (*Owned, error) { return c.OwnFro
 // OwnFrom is Own for a handle whose origin a leak report names
 // (Lifecycle.Origin).
 func (c *Context) OwnFrom(name string, r Releaser, o Origin) (*Owned, error) {
+	owned := new(Owned)
+	if err := c.OwnIn(owned, name, r, o); err != nil {
+		return nil, err
+	}
+	return owned, nil
+}
+
+// OwnIn is OwnFrom into an Owned the layer above embeds by value in its
+// handle (pmm's Buffer, Region, Shared): the handle and its Owned are one
+// allocation, and the leak backstop watches the handle. owned must be
+// zero; it is left zero when OwnIn fails.
+func (c *Context) OwnIn(owned *Owned, name string, r Releaser, o Origin) error {
 	if r == nil {
-		return nil, memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
+		return memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q has no releaser", name)
+	}
+	if owned.l != nil {
+		return memapi.Errorf("ep.Context.Own", memapi.ErrInvalidSize, "owned %q is already owning %s", name, owned.l.Name())
 	}
 	l := &Lifecycle{c: c, name: name, rel: r, pinned: true, origin: o}
 	if err := c.pinHandle(l); err != nil {
-		return nil, err
+		return err
 	}
-	owned := &Owned{l: l}
+	owned.l = l
 	owned.cleanup = runtime.AddCleanup(owned, (*Lifecycle).leaked, l)
-	return owned, nil
+	return nil
 }
 
 // pinHandle is Pin, for an owning handle l when l is not nil: it also
@@ -266,8 +282,14 @@ func (o *Owned) Close() error {
 func (o *Owned) Retry() error { return o.l.Retry() }
 
 // Name returns the handle's name, as its errors and log lines give it
-// (pmm's: "holder/role buffer 0x…").
-func (l *Lifecycle) Name() string { return l.name }
+// (pmm's: "holder/role buffer 0x…"): the label it was made with and, when
+// its Origin has one, its address.
+func (l *Lifecycle) Name() string {
+	if l.origin.Addr == 0 {
+		return l.name
+	}
+	return l.name + " 0x" + strconv.FormatUint(l.origin.Addr, 16)
+}
 
 // State returns where the handle is in its lifecycle.
 func (l *Lifecycle) State() State {
@@ -295,7 +317,7 @@ func (l *Lifecycle) RecordUse(f memapi.Fence) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state != Open && l.state != Closing {
-		return memapi.Errorf("ep.Owned.RecordUse", memapi.ErrReleased, "%s was closed", l.name)
+		return memapi.Errorf("ep.Owned.RecordUse", memapi.ErrReleased, "%s was closed", l.Name())
 	}
 	l.addLocked(f)
 	return nil
@@ -338,7 +360,7 @@ func (l *Lifecycle) Begin(op string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state != Open {
-		return memapi.Errorf(op, memapi.ErrClosed, "%s is %v", l.name, l.state)
+		return memapi.Errorf(op, memapi.ErrClosed, "%s is %v", l.Name(), l.state)
 	}
 	l.holds++
 	return nil
@@ -428,19 +450,18 @@ func (l *Lifecycle) Retry() error {
 }
 
 func (l *Lifecycle) enqueue(fences []memapi.Fence) error {
-	rel := Release{Name: l.name, Fences: fences, Free: l.rel.Free, Ended: l.ended}
-	err := l.c.queue.Enqueue(rel)
+	err := l.c.queue.submit(job{rel: Release{Fences: fences}, owner: l})
 	if err != nil && !l.pinned && len(fences) == 0 {
 		// An unpinned leftover on a context whose queue no longer takes
 		// releases: nothing to wait for, so it runs here.
-		l.c.queue.runUnqueued(rel)
+		l.c.queue.runUnqueued(job{owner: l})
 		return nil
 	}
 	if err != nil {
 		// A pinned context keeps its queue open, so this is not expected;
 		// should it happen, nothing is lost: the handle is quarantined.
 		l.quarantine(err)
-		return &memapi.Error{Op: "ep.Owned.Close", Kind: ErrQuarantined, Detail: l.name, Err: err}
+		return &memapi.Error{Op: "ep.Owned.Close", Kind: ErrQuarantined, Detail: l.Name(), Err: err}
 	}
 	return nil
 }
@@ -465,7 +486,7 @@ func (l *Lifecycle) ended(err error) {
 func (l *Lifecycle) quarantine(err error) {
 	l.mu.Lock()
 	l.state = Quarantined
-	l.err = &memapi.Error{Op: "ep.release", Kind: ErrQuarantined, Detail: l.name, Err: err}
+	l.err = &memapi.Error{Op: "ep.release", Kind: ErrQuarantined, Detail: l.Name(), Err: err}
 	l.mu.Unlock()
 	l.c.setQuarantined(l, true)
 }
@@ -482,9 +503,9 @@ func (l *Lifecycle) leaked() {
 	q.mu.Lock()
 	q.stats.Leaked++
 	q.mu.Unlock()
-	q.log.Warn("memgen: owning handle dropped without Close; releasing it through the queue", slog.String("handle", l.name))
+	q.log.Warn("memgen: owning handle dropped without Close; releasing it through the queue", slog.String("handle", l.Name()))
 	if err := l.Close(); err != nil {
-		q.log.Error("memgen: could not release leaked handle", slog.String("handle", l.name), slog.Any("err", err))
+		q.log.Error("memgen: could not release leaked handle", slog.String("handle", l.Name()), slog.Any("err", err))
 	}
 }
 

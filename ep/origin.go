@@ -19,10 +19,16 @@ const SiteDepth = 10
 type Site [SiteDepth]uintptr
 
 // Origin is what a report says of where a handle came from: the bytes it
-// holds and, when the layer above captured it, the stack that made it.
+// holds, its address and, when the layer above captured it, the stack that
+// made it.
 type Origin struct {
 	Bytes memapi.Bytes
-	Site  *Site // nil: not captured
+	// Addr, when not zero, is the handle's address: its name is the label
+	// it was made with followed by the address in hex ("… buffer
+	// 0x7f3a00000000"), formatted only when a report or an error asks
+	// (Lifecycle.Name), never on the path that makes the handle.
+	Addr uint64
+	Site *Site // nil: not captured
 }
 
 // Origin says where the handle came from: its bytes ("64KiB") and, when

@@ -88,10 +88,21 @@ type QueueStats struct {
 	Pending                         int
 }
 
+// job is a release on the queue: a Release as Enqueue took it, or an
+// owning handle's (owner), whose Free, settling and name are its
+// Lifecycle's, with no closure made for them.
 type job struct {
 	rel      Release
+	owner    *Lifecycle
 	next     int  // index of the first fence not known to be done
 	watching bool // a watcher waits on fence next's Ready channel
+}
+
+func (j *job) name() string {
+	if j.owner != nil {
+		return j.owner.Name()
+	}
+	return j.rel.Name
 }
 
 // Queue is the deferred-free queue of one device context. It runs one
@@ -167,17 +178,23 @@ func (q *Queue) Enqueue(r Release) error {
 	if r.Free == nil {
 		return memapi.Errorf("ep.Enqueue", memapi.ErrInvalidSize, "release %q has no Free", r.Name)
 	}
+	return q.submit(job{rel: r})
+}
+
+// submit is Enqueue for a job. An inline job runs from the caller's copy:
+// only a job that waits is allocated.
+func (q *Queue) submit(j job) error {
 	q.mu.Lock()
 	if q.closed || q.closing {
 		q.mu.Unlock()
-		return memapi.Errorf("ep.Enqueue", memapi.ErrClosed, "queue is closed; release %q not scheduled", r.Name)
+		return memapi.Errorf("ep.Enqueue", memapi.ErrClosed, "queue is closed; release %q not scheduled", j.name())
 	}
 	// Nothing to wait for and nothing outstanding: the release runs now, in
 	// the caller's goroutine, instead of a hop to the queue's goroutine and
 	// back. It orders behind nothing, so the order is the queue's all the
 	// same; it blocks on no device work, only on the free itself.
 	inline := q.outstanding == 0
-	for _, f := range r.Fences {
+	for _, f := range j.rel.Fences {
 		if f != nil && !f.Done() {
 			inline = false
 			break
@@ -190,10 +207,12 @@ func (q *Queue) Enqueue(r Release) error {
 	q.stats.Enqueued++
 	if inline {
 		q.mu.Unlock()
-		q.run(&job{rel: r})
+		q.run(&j)
 		return nil
 	}
-	q.jobs = append(q.jobs, &job{rel: r})
+	waiting := new(job)
+	*waiting = j
+	q.jobs = append(q.jobs, waiting)
 	q.mu.Unlock()
 	q.poke()
 	return nil
@@ -204,11 +223,11 @@ func (q *Queue) Enqueue(r Release) error {
 // other (Stats, OnError). Only a leftover that holds no pin of the owner
 // (Context.OwnQuarantined on a closing context) takes this path: nothing
 // orders it, and it needs none of the queue's goroutines.
-func (q *Queue) runUnqueued(r Release) {
+func (q *Queue) runUnqueued(j job) {
 	q.mu.Lock()
 	q.admitLocked()
 	q.mu.Unlock()
-	q.run(&job{rel: r})
+	q.run(&j)
 }
 
 // admitLocked counts a release as outstanding until run ends it.
@@ -239,8 +258,12 @@ func (q *Queue) Stats() QueueStats {
 // Drain waits until no release is pending, or ctx ends.
 func (q *Queue) Drain(ctx context.Context) error {
 	q.mu.Lock()
-	idle := zeroChan(&q.idle)
 	n := q.outstanding
+	if n == 0 { // nothing to wait for: done, even under a cancelled ctx
+		q.mu.Unlock()
+		return nil
+	}
+	idle := zeroChan(&q.idle)
 	q.mu.Unlock()
 	select {
 	case <-idle:
@@ -450,18 +473,20 @@ func (q *Queue) run(j *job) {
 	var err error
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("ep: release %s panicked: %v", j.rel.Name, p)
+			err = fmt.Errorf("ep: release %s panicked: %v", j.name(), p)
 		}
-		if j.rel.Ended != nil {
+		if j.owner != nil {
+			j.owner.ended(err)
+		} else if j.rel.Ended != nil {
 			j.rel.Ended(err)
 		}
 		if j.rel.Done != nil {
 			j.rel.Done.complete()
 		}
 		if err != nil {
-			q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.rel.Name, "err", err)
+			q.log.Error("memgen: deferred free failed; the memory is still held", "release", j.name(), "err", err)
 			if q.opts.OnError != nil {
-				q.opts.OnError(j.rel.Name, err)
+				q.opts.OnError(j.name(), err)
 			}
 		}
 		q.mu.Lock()
@@ -479,5 +504,9 @@ func (q *Queue) run(j *job) {
 		}
 		q.mu.Unlock()
 	}()
-	err = j.rel.Free(context.Background())
+	if j.owner != nil {
+		err = j.owner.rel.Free(context.Background())
+	} else {
+		err = j.rel.Free(context.Background())
+	}
 }

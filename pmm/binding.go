@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"sync"
 
 	"github.com/memgen/memgen/ep"
@@ -23,7 +22,7 @@ type Binding struct {
 	key      memapi.DeviceKey
 	priority int
 	req      governor.Request // what each of its reservations asks: its holder, role and priority (Authority and Bytes set per call)
-	bufName  string           // its Buffers' names but their address: "holder/role buffer 0x"
+	bufName  string           // its Buffers' label: "holder/role buffer" (the name adds the address)
 
 	mu     sync.Mutex
 	live   int
@@ -140,7 +139,7 @@ func cancel(d *device, name string, g governor.Grant, err error) error {
 // Retry or Close frees them; a second Close of a buffer not quarantined
 // returns nil. These methods are ep.Owned's.
 type Buffer struct {
-	*ep.Owned
+	ep.Owned
 	addr memapi.DeviceAddr
 	size memapi.Bytes
 }
@@ -205,17 +204,15 @@ func (b *Binding) Allocate(ctx context.Context, size memapi.Bytes) (*Buffer, err
 	// The release holds the allocation, never the Buffer: the leak
 	// backstop watches the Buffer.
 	rel := &bufferRelease{b: b, mech: mech, a: a, lease: lease}
-	var nb [64]byte // the name, formatted without fmt: one allocation when it fits
-	name := string(strconv.AppendUint(append(nb[:0], b.bufName...), uint64(a.Addr()), 16))
-	owned, err := d.ctx.OwnFrom(name, rel, ep.Origin{Bytes: a.Size(), Site: site})
-	if err != nil {
+	buf := &Buffer{addr: a.Addr(), size: a.Size()}
+	if err := d.ctx.OwnIn(&buf.Owned, b.bufName, rel, ep.Origin{Bytes: a.Size(), Addr: uint64(a.Addr()), Site: site}); err != nil {
 		b.release()
 		if ferr := rel.Free(ctx); ferr != nil {
-			return nil, keepRefused(d, name+" (refused)", rel, a.Size(), errors.Join(err, ferr))
+			return nil, keepRefused(d, fmt.Sprintf("%s %#x (refused)", b.bufName, a.Addr()), rel, a.Size(), errors.Join(err, ferr))
 		}
 		return nil, err
 	}
-	return &Buffer{Owned: owned, addr: a.Addr(), size: a.Size()}, nil
+	return buf, nil
 }
 
 // bufferRelease is a Buffer's ep.Releaser.

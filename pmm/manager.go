@@ -171,7 +171,7 @@ func (m *Manager) Bind(holder, role string, key memapi.DeviceKey, opts ...BindOp
 		o(b)
 	}
 	b.req = governor.Request{Holder: governor.HolderID(holder), Role: role, Priority: b.priority}
-	b.bufName = holder + "/" + role + " buffer 0x"
+	b.bufName = holder + "/" + role + " buffer"
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

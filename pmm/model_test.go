@@ -267,11 +267,11 @@ type mhandle struct {
 func (h *mhandle) owned() *ep.Owned {
 	switch {
 	case h.buf != nil:
-		return h.buf.Owned
+		return &h.buf.Owned
 	case h.r != nil:
-		return h.r.Owned
+		return &h.r.Owned
 	}
-	return h.sh.Owned
+	return &h.sh.Owned
 }
 
 type tracked struct {

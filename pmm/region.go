@@ -71,7 +71,7 @@ func (s segment) account() memapi.Account {
 // charged and visible, and a later transaction that backs its range
 // (Grow, Commit, MapShared), Retry or Close removes it first.
 type Region struct {
-	*ep.Owned
+	ep.Owned
 	s *regionState
 }
 
@@ -128,12 +128,12 @@ func (b *Binding) reserveVirtual(ctx context.Context, d *device, max memapi.Byte
 	}
 	s := &regionState{bind: b, d: d, mech: d.mech, vb: vb, res: res, gran: d.info.Granularity,
 		txn: make(chan struct{}, 1)}
-	owned, err := d.ctx.OwnFrom(fmt.Sprintf("%s/%s region %#x", b.holder, b.role, res.Addr()), s, ep.Origin{Bytes: res.Size(), Site: site})
-	if err != nil {
+	r := &Region{s: s}
+	if err := d.ctx.OwnIn(&r.Owned, b.holder+"/"+b.role+" region", s, ep.Origin{Bytes: res.Size(), Addr: uint64(res.Addr()), Site: site}); err != nil {
 		return nil, errors.Join(err, vb.ReleaseReservation(ctx, res, b.m.g.Split(d.authority, nil)))
 	}
-	s.lc = owned.Lifecycle()
-	return &Region{Owned: owned, s: s}, nil
+	s.lc = r.Lifecycle()
+	return r, nil
 }
 
 // Addr returns the region's stable base address.

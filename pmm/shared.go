@@ -17,7 +17,7 @@ import (
 // the leak backstop) no view is added, and the backing is freed and refunded
 // behind the fences of its last view's use once that view is gone.
 type Shared struct {
-	*ep.Owned
+	ep.Owned
 	s *sharedState
 }
 
@@ -81,15 +81,15 @@ func (b *Binding) createShared(ctx context.Context, d *device, size memapi.Bytes
 	}
 	s := &sharedState{bind: b, d: d, sm: sm, backing: bk, lease: lease}
 	name := fmt.Sprintf("%s/%s shared backing %v", b.holder, b.role, bk)
-	owned, err := d.ctx.OwnFrom(name, s, ep.Origin{Bytes: bk.Size(), Site: site})
-	if err != nil {
+	sh := &Shared{s: s}
+	if err := d.ctx.OwnIn(&sh.Owned, name, s, ep.Origin{Bytes: bk.Size(), Site: site}); err != nil {
 		if rerr := s.Free(ctx); rerr != nil {
 			return nil, keepRefused(d, name+" (refused)", s, bk.Size(), errors.Join(err, rerr))
 		}
 		return nil, err
 	}
-	s.lc = owned.Lifecycle()
-	return &Shared{Owned: owned, s: s}, nil
+	s.lc = sh.Lifecycle()
+	return sh, nil
 }
 
 // releaser releases bk through sm, refunding the account it is given.
