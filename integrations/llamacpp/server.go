@@ -100,9 +100,10 @@ type Server struct {
 	state   error         // nil: serving; errClosing, or the engine's failure
 	jobs    chan *job     // admitted, not yet decoding
 	done    chan struct{} // the loop ended
-	// asks carries pressure tickets to the loop (SleepOnPressure): it
-	// takes one only while idle, waiting for a request. sleeping is set
-	// while the loop puts the model to sleep.
+	// asks carries pressure tickets to the loop (SleepOnPressure), one
+	// at a time (its room): the loop answers one while idle, waiting for
+	// a request, and with nothing between steps. sleeping is set while
+	// the loop puts the model to sleep.
 	asks     chan pressureAsk
 	sleeping atomic.Bool
 
@@ -234,7 +235,7 @@ func NewServer(ctx context.Context, m *Model, opts ServerOptions) (*Server, erro
 		return nil, err
 	}
 	s := &Server{m: m, c: c, opts: opts, changed: make(chan struct{}), jobs: make(chan *job, opts.Sequences),
-		done: make(chan struct{}), asks: make(chan pressureAsk)}
+		done: make(chan struct{}), asks: make(chan pressureAsk, 1)}
 	for _, t := range c.tensors {
 		s.kvPerToken += t.rowBytes
 		s.kvSlack += t.region.Granularity()
@@ -378,6 +379,8 @@ func (s *Server) loop() {
 			select {
 			case j := <-s.jobs:
 				active = append(active, j)
+			case ask := <-s.asks: // it came as a request was admitted
+				ask.reply <- pressureAnswer{freed: s.busy()}
 			default:
 				break more
 			}

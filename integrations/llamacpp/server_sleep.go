@@ -70,39 +70,56 @@ type pressureAnswer struct {
 }
 
 // onPressure is the weights' holder's answer to a ticket (Model's
-// onPressure, ServerOptions.SleepOnPressure). The loop takes the ticket
-// only while it is idle, waiting for a request (idle): a ticket that
-// comes while a request runs, or while the loop is anywhere else (a
-// decode, a wake, its own growth that raised the ticket), is answered at
-// once with nothing and counted (PressureBusy), except while a sleep is
-// under way (its bytes are on their way back). A sleep, once begun, is
-// not abandoned when the ticket's reservation stops waiting (on a shared
-// ledger a want's answer waits one xproc Poll, 100 ms unless set, less
-// than moving a large model takes): the answer then is 0 and the sleep
-// goes on in the loop, bounded by StepTimeout; the bytes it gives back
-// are free once it ends, for the next reservation (on a ledger, trimmed
-// back to it, where the wanting process claims them).
+// onPressure, ServerOptions.SleepOnPressure). The loop answers it while
+// it waits idle for a request (idle). A ticket that comes while a request
+// is admitted (running, or waiting for the loop) is answered at once with
+// nothing and counted (PressureBusy), except while a sleep is under way
+// (its bytes are on their way back). A ticket that comes when no request
+// is admitted waits for the loop, which may still be finishing the last
+// request's step (the request ended for its client when its sequence was
+// released): the loop takes it once it waits idle; should a request be
+// admitted meanwhile, the loop answers it with nothing at its next step.
+// A sleep, once begun, is not abandoned when the ticket's reservation
+// stops waiting (on a shared ledger a want's answer waits one xproc Poll,
+// 100 ms unless set, less than moving a large model takes): the answer
+// then is 0 and the sleep goes on in the loop, bounded by StepTimeout; the
+// bytes it gives back are free once it ends, for the next reservation (on
+// a ledger, trimmed back to it, where the wanting process claims them).
 func (s *Server) onPressure(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
 	if t.Authority != s.c.authority() {
 		return 0, nil
 	}
+	s.mu.Lock()
+	admitted := len(s.free) < s.opts.Sequences
+	s.mu.Unlock()
+	if admitted {
+		return s.busy(), nil
+	}
 	ask := pressureAsk{ctx: ctx, reply: make(chan pressureAnswer, 1)}
 	select {
 	case s.asks <- ask:
-	default:
-		if !s.sleeping.Load() {
-			s.mu.Lock()
-			s.stats.PressureBusy++
-			s.mu.Unlock()
-		}
-		return 0, nil
+	default: // another ticket waits for the loop
+		return s.busy(), nil
 	}
 	select {
 	case a := <-ask.reply:
 		return a.freed, a.err
 	case <-ctx.Done():
 		return 0, nil
+	case <-s.ctx.Done(): // the server closed: its loop answers no more
+		return 0, nil
 	}
+}
+
+// busy counts a ticket answered with nothing because requests run, unless
+// a sleep is under way; it returns the bytes given: none.
+func (s *Server) busy() memapi.Bytes {
+	if !s.sleeping.Load() {
+		s.mu.Lock()
+		s.stats.PressureBusy++
+		s.mu.Unlock()
+	}
+	return 0
 }
 
 // sleepForTicket puts the idle model to sleep for a pressure ticket whose
@@ -112,10 +129,7 @@ func (s *Server) onPressure(ctx context.Context, t governor.Ticket) (memapi.Byte
 // server's life, not by ctx.
 func (s *Server) sleepForTicket(ctx context.Context) (memapi.Bytes, error) {
 	if len(s.jobs) > 0 {
-		s.mu.Lock()
-		s.stats.PressureBusy++
-		s.mu.Unlock()
-		return 0, nil
+		return s.busy(), nil
 	}
 	if s.m.Asleep() || ctx.Err() != nil {
 		return 0, nil

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,5 +252,142 @@ func completer(t *testing.T, hs *httptest.Server) func() []int32 {
 			t.Fatalf("completion: %d %s", code, body)
 		}
 		return c.Choices[0].Tokens
+	}
+}
+
+// TestServerAnswersATicketBeforeItWaitsIdle: a pressure ticket that comes
+// after the last request ended for its client, while the server's loop has
+// not yet begun to wait idle, is the idle loop's to answer: the model goes
+// to sleep and the reservation is served, as for a ticket that comes while
+// the loop waits. (The loop is held at the start of its wait until the
+// ticket has come.)
+func TestServerAnswersATicketBeforeItWaitsIdle(t *testing.T) {
+	const capacity = 256 << 20
+	r := newRig(t, capacity)
+	tier := r.hostTier(t)
+	opts := r.options()
+	opts.Name, opts.SleepOnPressure = "pressed", true
+	m := loadModelAt(t, gqaModelPath, opts)
+	// hold, when set, holds the loop at the start of its wait until it is
+	// closed; step, when set, is called at each step (both set before the
+	// loop starts, read by it).
+	var hold atomic.Pointer[chan struct{}]
+	var step atomic.Pointer[func()]
+	idleCall = func() {
+		if h := hold.Load(); h != nil {
+			<-*h
+		}
+	}
+	stepCall = func([]SeqTokens) {
+		if f := step.Load(); f != nil {
+			(*f)()
+		}
+	}
+	t.Cleanup(func() { idleCall, stepCall = nil, nil })
+	arm := func() chan struct{} { h := make(chan struct{}); hold.Store(&h); return h }
+	open := func(h chan struct{}) { hold.Store(nil); close(h) }
+	s, err := NewServer(bg(t), m, ServerOptions{Sequences: 2, NCtx: 512, SleepOnPressure: true, SleepLevel: 1, SleepTo: tier.bind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	complete := completer(t, serve(t, s))
+	t.Cleanup(func() { // a failed test lets a held loop go, for the server to close
+		if h := hold.Load(); h != nil {
+			open(*h)
+		}
+	})
+	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := r.mgr.Bind("other", "blocks", r.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	first := complete()
+	weights := r.charged(m.Holder())
+
+	gate := arm() // the loop's next wait, after the request below, holds
+	second := complete()
+	sameTokens(t, "server: the request before the ticket", second, first)
+	r.settle(t)
+	dev, _ := r.g.Authority(hostAuth)
+	n := (capacity-dev.Charged+m.WeightBytes()/2)&^(4<<10-1) + 4<<10
+	busy := s.Stats().PressureBusy
+	got := make(chan error, 1)
+	var b *pmm.Buffer
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		b, err = other.Allocate(ctx, n)
+		got <- err
+	}()
+	watchdog.Within(t, watchdog.Bound, "the ticket reaching the server", func() {
+		for len(s.asks) == 0 && s.Stats().PressureBusy == busy {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	open(gate)
+	if err := watchdog.Recv(t, watchdog.Bound, "the reservation", got); err != nil {
+		t.Fatalf("a reservation of %d bytes, its ticket come before the loop waited idle: %v (stats %+v)", n, err, s.Stats())
+	}
+	st := s.Stats()
+	if !m.Asleep() || st.PressureSleeps != 1 || st.PressureBusy != busy || r.charged(m.Holder()) != 0 || st.PressureFreed < weights {
+		t.Fatalf("after the ticket: asleep %v, stats %+v, weights %d charged (of %d)", m.Asleep(), st, r.charged(m.Holder()), weights)
+	}
+	exactTiers(t, r, tier)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A ticket waiting for the loop while a request is admitted is answered
+	// with nothing before the request's first step, whichever of the two
+	// the loop's wait takes first (four rounds).
+	for round := range 4 {
+		gate := arm() // the loop's wait after this request holds
+		sameTokens(t, "server: a request that wakes the model", complete(), first)
+		entered, release := make(chan struct{}), make(chan struct{})
+		let := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(let) // a failed round lets the loop go, for the server to close
+		var once sync.Once
+		blockFirst := func() { once.Do(func() { close(entered); <-release }) }
+		step.Store(&blockFirst)
+		// The loop is held at the start of its wait: it takes its turn
+		// only once the ticket waits and the request below is admitted.
+		r.settle(t)
+		dev, _ := r.g.Authority(hostAuth)
+		n := (capacity-dev.Charged+m.WeightBytes()/2)&^(4<<10-1) + 4<<10
+		busy := s.Stats().PressureBusy
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			b, err := other.Allocate(ctx, n)
+			if b != nil {
+				b.Close()
+			}
+			got <- err
+		}()
+		watchdog.Within(t, watchdog.Bound, "the ticket waiting for the loop", func() {
+			for len(s.asks) == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		})
+		done := make(chan []int32, 1)
+		go func() { done <- complete() }()
+		watchdog.Within(t, watchdog.Bound, "the request admitted", func() {
+			for len(s.jobs) == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		})
+		open(gate)
+		watchdog.Recv(t, watchdog.Bound, "the request's first step", entered)
+		err := watchdog.Recv(t, watchdog.Bound, "the reservation", got)
+		if !errors.Is(err, memapi.ErrOverBudget) || s.Stats().PressureBusy != busy+1 || m.Asleep() {
+			t.Fatalf("round %d: a ticket waiting as a request was admitted: %v, stats %+v, asleep %v", round, err, s.Stats(), m.Asleep())
+		}
+		let()
+		sameTokens(t, "server: the request admitted beside the ticket", <-done, first)
+		step.Store(nil)
 	}
 }
