@@ -141,7 +141,11 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 			require.NoError(t, e.g.Register("other", nil, governor.HolderOptions{Priority: 10}))
 
 			const rounds = 300
-			ready, asked := make(chan struct{}), make(chan struct{})
+			// 16 MiB in use, worker 0's, while the other holder asks for 24
+			// of 32; allocated before the workers start, so that worker 1's
+			// blocks (up to six of up to 3 MiB) take only what is left.
+			held := allocAll(t, e.p, 8, 2<<20)
+			asked := make(chan struct{})
 			var wg sync.WaitGroup
 			for w := range 2 {
 				wg.Go(func() {
@@ -152,9 +156,7 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 						live = append(live[:i], live[i+1:]...)
 					}
 					if w == 0 {
-						// 16 MiB in use while the other holder asks for 24 of 32.
-						live = allocAll(t, e.p, 8, 2<<20)
-						close(ready)
+						live = held
 						<-asked
 					}
 					for i := range rounds {
@@ -183,7 +185,6 @@ func TestSnapshotUnderGrowthAndPressure(t *testing.T) {
 			// the caches (the pool's first) from this goroutine. Its waits are
 			// bounded so that it never holds up the pool's allocations.
 			wg.Go(func() {
-				<-ready
 				for i := range rounds / 10 {
 					wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 					gr, err := e.g.Reserve(wctx, governor.Request{Authority: auth, Holder: "other", Role: "kv", Bytes: 24 << 20, Deadline: noDeadline})
