@@ -38,6 +38,7 @@ type ledgerMetric struct {
 
 type processMetric struct {
 	desc  *prometheus.Desc
+	kind  prometheus.ValueType
 	value func(xproc.Slot) float64
 }
 
@@ -54,10 +55,18 @@ var ledgerMetrics = []ledgerMetric{
 }
 
 var processMetrics = []processMetric{
-	{processDesc("claim_bytes", "Bytes of the shared capacity the process holds."), func(s xproc.Slot) float64 { return float64(s.Claim) }},
-	{processDesc("reserved_bytes", "The process's reserved bytes."), func(s xproc.Slot) float64 { return float64(s.Reserved) }},
-	{processDesc("charged_bytes", "The process's charged bytes."), func(s xproc.Slot) float64 { return float64(s.Charged) }},
-	{processDesc("pending_bytes", "The process's pending bytes."), func(s xproc.Slot) float64 { return float64(s.Pending) }},
+	{processDesc("claim_bytes", "Bytes of the shared capacity the process holds."), gauge, func(s xproc.Slot) float64 { return float64(s.Claim) }},
+	{processDesc("reserved_bytes", "The process's reserved bytes."), gauge, func(s xproc.Slot) float64 { return float64(s.Reserved) }},
+	{processDesc("charged_bytes", "The process's charged bytes."), gauge, func(s xproc.Slot) float64 { return float64(s.Charged) }},
+	{processDesc("pending_bytes", "The process's pending bytes."), gauge, func(s xproc.Slot) float64 { return float64(s.Pending) }},
+	{processDesc("private_bytes", "Device memory the process's mechanisms keep for themselves."), gauge, func(s xproc.Slot) float64 { return float64(s.Private) }},
+	{processDesc("wanted_bytes", "Bytes the process's waiting reservations lack."), gauge, func(s xproc.Slot) float64 { return float64(s.Want) }},
+	{processDesc("host_tier_bytes", "Bytes the process holds in its host tier, as it last noted them."), gauge, func(s xproc.Slot) float64 { return float64(s.Host) }},
+	{processDesc("sleep_level", "The level the process's engine sleeps at (0: awake)."), gauge, func(s xproc.Slot) float64 { return float64(s.Asleep) }},
+	{processDesc("sleeps_total", "Times the process's engine went to sleep."), counter, func(s xproc.Slot) float64 { return float64(s.Sleeps) }},
+	{processDesc("wakes_total", "Times the process's engine woke."), counter, func(s xproc.Slot) float64 { return float64(s.Wakes) }},
+	{processDesc("offloads_total", "Moves of the process's memory to its host tier (a sequence's KV cache)."), counter, func(s xproc.Slot) float64 { return float64(s.Offloads) }},
+	{processDesc("restores_total", "Moves of the process's memory back from its host tier."), counter, func(s xproc.Slot) float64 { return float64(s.Restores) }},
 }
 
 // Describe sends every metric's description.
@@ -85,7 +94,7 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, m := range processMetrics {
-			ch <- prometheus.MustNewConstMetric(m.desc, gauge, m.value(s), c.path, strconv.Itoa(s.Index), strconv.Itoa(s.PID))
+			ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s), c.path, strconv.Itoa(s.Index), strconv.Itoa(s.PID))
 		}
 	}
 }
