@@ -3,7 +3,6 @@ package llamacpp
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,9 +16,9 @@ import (
 )
 
 // traceFile is the Azure LLM inference trace 2023 (conversation;
-// Splitwise, CC-BY 4.0), relative to this package: the full file, which
-// the repository does not hold.
-var traceFile = filepath.Join("..", "..", "..", "shared", "traces", "azure-llm-conv-2023.csv")
+// Splitwise, CC-BY 4.0), relative to this package: the excerpt memdemo
+// replays (the first 2,000 requests), of which the test takes 24.
+var traceFile = filepath.Join("..", "..", "cmd", "memdemo", "trace", "azure-llm-conv-2023-excerpt.csv")
 
 // hostHeld is what the host tier holds of c's offloaded sequences (c.mu
 // taken).
@@ -155,12 +154,9 @@ func replayTrace(t *testing.T, c *Context, rs []trace.Request, after func(call i
 // greedy tokens are the free run's; both tiers' ledgers are exact every
 // 16 calls and at the end, and empty after close. One line per policy:
 // offload-vs-recompute: policy= preemptions= offloads= restores=
-// recomputed= moved= wall=. Skipped when the trace file is absent.
+// recomputed= moved= wall=.
 func TestOffloadVsRecomputeTrace(t *testing.T) {
 	const requests, seqs, nctx = 24, 8, 512
-	if _, err := os.Stat(traceFile); err != nil {
-		t.Skipf("the Azure LLM inference trace 2023 (%s) is absent: %v", traceFile, err)
-	}
 	rs, err := trace.Read(traceFile, requests)
 	if err != nil {
 		t.Fatal(err)
