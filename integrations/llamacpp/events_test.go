@@ -48,14 +48,7 @@ func TestMemoryEventsInReport(t *testing.T) {
 
 	// Another holder's reservation beyond the free bytes: the context's
 	// KV cache moves to the host tier.
-	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	other, err := r.mgr.Bind("other", "blocks", r.host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := r.other(t)
 	dev, _ := r.g.Authority(hostAuth)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	b, err := other.Allocate(ctx, (capacity-dev.Charged+kv/2)&^(4<<10-1)+4<<10)

@@ -197,6 +197,22 @@ func (r *rig) settle(t testing.TB) {
 	}
 }
 
+// other registers a holder "other" that reclaims nothing and binds it
+// ("blocks") on the host device: another holder's reservations, closed
+// with the test.
+func (r *rig) other(t testing.TB) *pmm.Binding {
+	t.Helper()
+	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.mgr.Bind("other", "blocks", r.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
 // charged is the holder's charge on the host authority.
 func (r *rig) charged(h governor.HolderID) memapi.Bytes {
 	for _, hs := range r.g.Snapshot().Holders {

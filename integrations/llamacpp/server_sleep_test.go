@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
-	"github.com/memgen/memgen/governor"
 	"github.com/memgen/memgen/internal/watchdog"
 	"github.com/memgen/memgen/pmm"
 )
@@ -143,14 +142,7 @@ func sleepsOnPressure(t *testing.T, level int) {
 		t.Fatal(err)
 	}
 	complete := completer(t, serve(t, s))
-	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	other, err := r.mgr.Bind("other", "blocks", r.host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := r.other(t)
 	// want is more than the device has free, less than it has once the
 	// weights are given back.
 	want := func() memapi.Bytes {
@@ -296,14 +288,7 @@ func TestServerAnswersATicketBeforeItWaitsIdle(t *testing.T) {
 			open(*h)
 		}
 	})
-	if err := r.g.Register("other", nil, governor.HolderOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	other, err := r.mgr.Bind("other", "blocks", r.host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := r.other(t)
 	first := complete()
 	weights := r.charged(m.Holder())
 
