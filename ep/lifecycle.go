@@ -444,8 +444,8 @@ func (l *Lifecycle) Retry() error {
 		return nil
 	}
 	l.state = Pending
+	l.c.setQuarantined(l, false) // under l.mu: see quarantine
 	l.mu.Unlock()
-	l.c.setQuarantined(l, false)
 	return l.enqueue(nil)
 }
 
@@ -483,11 +483,16 @@ func (l *Lifecycle) ended(err error) {
 	}
 }
 
+// quarantine marks the handle quarantined and lists it in its context's
+// quarantine, both under l.mu (the context's lock comes after it): a Retry
+// that sees the state, as soon as it is set, also finds the listing, so
+// the listing it removes is never added back behind it, which counted a
+// released handle quarantined forever.
 func (l *Lifecycle) quarantine(err error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.state = Quarantined
 	l.err = &memapi.Error{Op: "ep.release", Kind: ErrQuarantined, Detail: l.Name(), Err: err}
-	l.mu.Unlock()
 	l.c.setQuarantined(l, true)
 }
 
