@@ -63,6 +63,8 @@ type arena struct {
 	splits        uint64
 	merges        uint64
 	allocs, frees uint64 // large blocks handed out and freed here
+	// growers are the growths waiting for the segments level (grower).
+	growers []*grower
 
 	p      *Pool // the blocks' pool, its options and closed flag
 	depot  *depot
@@ -74,7 +76,38 @@ type arena struct {
 // growth is how the arena must grow for a request that no free chunk
 // holds: by need bytes past the region's free tail, the region being size
 // bytes long when that was seen (BackingSegments: a segment of need bytes).
-type growth struct{ need, size uint64 }
+// want is the chunk the request takes.
+type growth struct{ need, size, want uint64 }
+
+// grower is a growth waiting for the segments level (the governor's room,
+// then the mechanism). A chunk of at least want bytes freed into the arena
+// meanwhile (a block freed, another growth's segment) cancels its wait
+// with errTakeAgain: the request takes that chunk instead of waiting for
+// other holders' refunds, which a pool whose own blocks come back may
+// never see.
+type grower struct {
+	want   uint64
+	cancel context.CancelCauseFunc
+}
+
+// errTakeAgain is the cause of a growth's wait ended by a chunk that fits.
+var errTakeAgain = errors.New("pool: a chunk that fits was freed while the growth waited")
+
+// endGrowth unregisters gw, whose growth ended, and releases its context.
+func (a *arena) endGrowth(gw *grower) {
+	a.mu.Lock()
+	if i := slices.Index(a.growers, gw); i >= 0 {
+		a.growers = slices.Delete(a.growers, i, i+1)
+	}
+	a.mu.Unlock()
+	gw.cancel(nil)
+}
+
+// tookAgain reports whether err ended a growth whose wait a fitting chunk
+// cut short (errTakeAgain) while the caller's ctx still runs.
+func tookAgain(ctx, wctx context.Context) bool {
+	return ctx.Err() == nil && errors.Is(context.Cause(wctx), errTakeAgain)
+}
 
 // alloc serves a large request: a best-fit chunk of r bytes (n asked). When
 // none fits it has the depot give its wholly free slabs back first (once),
@@ -156,7 +189,7 @@ func (a *arena) takeSlab(size uint64) (ch *chunk, busy bool, miss growth) {
 func (a *arena) take(n uint64) (ch *chunk, busy bool, miss growth) {
 	i := a.search(n, 0)
 	if i == len(a.free) {
-		miss.need = n
+		miss.need, miss.want = n, n
 		if rs := a.segs.rseg; rs != nil {
 			miss.size = rs.size
 			if t := rs.last; t.free {
@@ -247,6 +280,11 @@ func (a *arena) takeAt(i int, n uint64, fromEnd bool) *chunk {
 func (a *arena) insert(c *chunk) {
 	c.free = true
 	a.free = slices.Insert(a.free, a.search(c.size, c.addr), c)
+	for _, gw := range a.growers {
+		if c.size >= gw.want {
+			gw.cancel(errTakeAgain)
+		}
+	}
 }
 
 func (a *arena) remove(c *chunk) {
@@ -336,12 +374,31 @@ func (a *arena) taken(ch *chunk) error {
 // least SegmentBytes (under growMu, which serializes the region's pmm
 // calls), the new range joining the arena, coalesced with the free tail,
 // only once Grow committed it, so a rollback has nothing to take back.
+// It returns nil without growing when a chunk of miss.want bytes is free
+// in the arena as it starts (freed since the miss) or is freed into it
+// while it waits (grower): the caller takes again.
 func (a *arena) grow(ctx context.Context, wanted uint64, miss growth) error {
 	g := a.segs
 	rs := g.rseg
+	// The growth waits as a grower: a chunk that fits, inserted before it
+	// ends, cuts its wait short (errTakeAgain), and one in the index now
+	// (freed since the miss was seen) means no growth at all.
+	a.mu.Lock()
+	if a.search(miss.want, 0) < len(a.free) {
+		a.mu.Unlock()
+		return nil // take again
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	gw := &grower{want: miss.want, cancel: cancel}
+	a.growers = append(a.growers, gw)
+	a.mu.Unlock()
+	defer a.endGrowth(gw)
 	if rs == nil {
-		seg, err := g.allocate(ctx, wanted, max(miss.need, uint64(a.p.opts.SegmentBytes)), false)
+		seg, err := g.allocate(wctx, wanted, max(miss.need, uint64(a.p.opts.SegmentBytes)), false)
 		if err != nil {
+			if tookAgain(ctx, wctx) {
+				return nil
+			}
 			return err
 		}
 		return a.addSegment(seg)
@@ -361,7 +418,10 @@ func (a *arena) grow(ctx context.Context, wanted uint64, miss growth) error {
 		a.holes.relieve(ctx)
 	}
 	newLen := (miss.size + max(miss.need, uint64(a.p.opts.SegmentBytes)) + g.gran - 1) / g.gran * g.gran
-	if err := g.growRegion(ctx, wanted, miss.size, newLen); err != nil {
+	if err := g.growRegion(wctx, wanted, miss.size, newLen); err != nil {
+		if tookAgain(ctx, wctx) {
+			return nil
+		}
 		return err
 	}
 	a.mu.Lock()

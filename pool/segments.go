@@ -76,6 +76,9 @@ func (g *segments) allocate(ctx context.Context, wanted, size uint64, huge bool)
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errTakeAgain) {
+			return nil, err // not a failed growth: the arena has a chunk (arena.grow)
+		}
 		return nil, g.growFailed(wanted, size, err, waited, trimmed0)
 	}
 	return &segment{buf: buf, base: uint64(buf.Addr()), size: uint64(buf.Size()), huge: huge}, nil
@@ -102,6 +105,9 @@ func (g *segments) growRegion(ctx context.Context, wanted, old, newLen uint64) e
 	waited := wctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errTakeAgain) {
+			return err // not a failed growth: the arena has a chunk (arena.grow)
+		}
 		return g.growFailed(wanted, newLen-old, err, waited, trimmed0)
 	}
 	return nil
