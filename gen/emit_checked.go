@@ -480,6 +480,10 @@ func (ck *checkedGen) emitWrap() {
 // rewrap).
 func (ck *checkedGen) emitLedger(f *File) {
 	c := ck.g.C
+	// The contract's interfaces of the grant and account roles, by the
+	// spec's names; the Ledger's methods are named after the roles.
+	grant, account := roleName(ck.s, roleGrant), roleName(ck.s, roleAccount)
+	role := map[string]string{"Grant": grant, "Account": account}
 
 	comment(f, `Ledger is where the grants and accounts a wrapper accepts come from. A
 consuming call's grant and a refunding call's account must be vouched for by
@@ -492,17 +496,17 @@ what the value says about itself. The methods are called on every consuming
 and refunding call and must be cheap and safe for concurrent use.`)
 	f.Type().Id("Ledger").Interface(
 		Comment("IssuedGrant reports whether g was issued by this ledger, and the authority\nit draws on, as the ledger booked it."),
-		Id("IssuedGrant").Params(Id("g").Add(c("Grant"))).Params(c("AuthorityID"), Bool()),
+		Id("IssuedGrant").Params(Id("g").Add(c(grant))).Params(c("AuthorityID"), Bool()),
 		Comment("IssuedAccount reports whether a is an account of this ledger, and the\nauthority it refunds to, as the ledger booked it."),
-		Id("IssuedAccount").Params(Id("a").Add(c("Account"))).Params(c("AuthorityID"), Bool()),
+		Id("IssuedAccount").Params(Id("a").Add(c(account))).Params(c("AuthorityID"), Bool()),
 	)
 	comment(f, `NoLedger vouches for nothing. A wrapper built with it answers queries and
 checks handles, and rejects every consuming and refunding call with
 ErrForeignGrant: the wrapper to hand out for inspection.`)
 	f.Var().Id("NoLedger").Id("Ledger").Op("=").Id("noLedger").Values()
 	f.Type().Id("noLedger").Struct()
-	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c("Grant")).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
-	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c("Account")).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedGrant").Params(c(grant)).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
+	f.Func().Params(Id("noLedger")).Id("IssuedAccount").Params(c(account)).Params(c("AuthorityID"), Bool()).Block(Return(Lit(""), False()))
 	comment(f, `Ledgers returns a Ledger that vouches for what any of ls vouches for: a
 wrapper that takes the grants of several ledgers.`)
 	f.Func().Id("Ledgers").Params(Id("ls").Op("...").Id("Ledger")).Id("Ledger").Block(
@@ -511,7 +515,7 @@ wrapper that takes the grants of several ledgers.`)
 	f.Type().Id("anyLedger").Index().Id("Ledger")
 	for _, kind := range []string{"Grant", "Account"} {
 		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
-		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Params(c("AuthorityID"), Bool()).Block(
+		f.Func().Params(Id("ls").Id("anyLedger")).Id("Issued"+kind).Params(Id(arg).Add(c(role[kind]))).Params(c("AuthorityID"), Bool()).Block(
 			For(List(Id("_"), Id("l")).Op(":=").Range().Id("ls")).Block(
 				If(Id("l").Op("==").Nil()).Block(Continue()),
 				If(List(Id("auth"), Id("ok")).Op(":=").Id("l").Dot("Issued"+kind).Call(Id(arg)), Id("ok")).Block(Return(Id("auth"), True())),
@@ -524,7 +528,7 @@ authority: the ledger of a rewrapped wrapper.`)
 	f.Type().Id("allLedgers").Index(Lit(2)).Id("Ledger")
 	for _, kind := range []string{"Grant", "Account"} {
 		arg := map[string]string{"Grant": "g", "Account": "a"}[kind]
-		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued"+kind).Params(Id(arg).Add(c(kind))).Params(c("AuthorityID"), Bool()).Block(
+		f.Func().Params(Id("ls").Id("allLedgers")).Id("Issued"+kind).Params(Id(arg).Add(c(role[kind]))).Params(c("AuthorityID"), Bool()).Block(
 			List(Id("a0"), Id("ok0")).Op(":=").Id("ls").Index(Lit(0)).Dot("Issued"+kind).Call(Id(arg)),
 			List(Id("a1"), Id("ok1")).Op(":=").Id("ls").Index(Lit(1)).Dot("Issued"+kind).Call(Id(arg)),
 			Return(Id("a0"), Id("ok0").Op("&&").Id("ok1").Op("&&").Id("a0").Op("==").Id("a1")),

@@ -44,8 +44,10 @@ import (
 //     lines themselves are cut; blocks do not nest.
 //   - The marked identifiers are substituted where they appear as tokens: the
 //     package clause's name (the last element of the output directory), the
-//     string literal tmplContract (the contract's import path) and the string
-//     literal tmplModule (the module path).
+//     string literal tmplContract (the contract's import path), the string
+//     literal tmplModule (the module path), and the contract's interfaces of
+//     the grant and account roles, which the templates name memapi.Grant and
+//     memapi.Account (imported as memapi): the spec's own names for them.
 //
 // Then the header is put on (naming the template, by its path from the
 // module root: gen/checkedtmpl/audit.go) and the file is gofmt'ed.
@@ -86,9 +88,15 @@ func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTempla
 		if err != nil {
 			return nil, err
 		}
-		src, ok, err := renderTemplate(text, g.header(tmplRoot+n), pkg, declared, map[string]string{
-			strconv.Quote(tmplContract): strconv.Quote(g.Contract()),
-			strconv.Quote(tmplModule):   strconv.Quote(g.Config.Module),
+		src, ok, err := renderTemplate(text, g.header(tmplRoot+n), pkg, declared, substitutions{
+			literals: map[string]string{
+				strconv.Quote(tmplContract): strconv.Quote(g.Contract()),
+				strconv.Quote(tmplModule):   strconv.Quote(g.Config.Module),
+			},
+			contract: map[string]string{
+				"Grant":   roleName(g.Spec, roleGrant),
+				"Account": roleName(g.Spec, roleAccount),
+			},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("template %s: %w", n, err)
@@ -100,10 +108,17 @@ func (g *generator) renderTemplates(fsys fs.FS, pattern, pkg string) ([]goTempla
 	return out, nil
 }
 
+// substitutions are a template's marked tokens besides its package clause:
+// literals maps a string literal, quoted, to its replacement, and contract
+// an identifier the template selects from the contract package (memapi.X)
+// to the spec's name for it.
+type substitutions struct {
+	literals, contract map[string]string
+}
+
 // renderTemplate renders one template (see above) under header: ok is false
-// when its needs are not met. literals maps a marked string literal, quoted,
-// to its replacement.
-func renderTemplate(text []byte, header, pkg string, declared map[string]bool, literals map[string]string) (out []byte, ok bool, err error) {
+// when its needs are not met.
+func renderTemplate(text []byte, header, pkg string, declared map[string]bool, subs substitutions) (out []byte, ok bool, err error) {
 	lines := strings.Split(string(text), "\n")
 	if len(lines) == 0 || lines[0] != "//go:build "+tmplTag {
 		return nil, false, fmt.Errorf("the first line is not //go:build %s", tmplTag)
@@ -151,7 +166,7 @@ func renderTemplate(text []byte, header, pkg string, declared map[string]bool, l
 	if state != outside {
 		return nil, false, fmt.Errorf("line %d: memgen:if without memgen:end", ifLine)
 	}
-	body, err := substitute([]byte(strings.Join(kept, "\n")), pkg, literals)
+	body, err := substitute([]byte(strings.Join(kept, "\n")), pkg, subs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -162,9 +177,10 @@ func renderTemplate(text []byte, header, pkg string, declared map[string]bool, l
 	return src, true, nil
 }
 
-// substitute replaces, token by token, the package clause's name with pkg and
-// every string literal that literals maps.
-func substitute(src []byte, pkg string, literals map[string]string) ([]byte, error) {
+// substitute replaces, token by token, the package clause's name with pkg,
+// every string literal that subs.literals maps, and every identifier that
+// subs.contract maps where it is selected from the contract (memapi.X).
+func substitute(src []byte, pkg string, subs substitutions) ([]byte, error) {
 	fset := token.NewFileSet()
 	file := fset.AddFile("", -1, len(src))
 	var errs scanner.ErrorList
@@ -172,6 +188,7 @@ func substitute(src []byte, pkg string, literals map[string]string) ([]byte, err
 	s.Init(file, src, func(p token.Position, msg string) { errs.Add(p, msg) }, 0)
 	var out bytes.Buffer
 	last, afterPackage, renamed := 0, false, false
+	var prev [2]string // the two tokens before this one, as selectors are matched
 	for {
 		pos, tok, lit := s.Scan()
 		if tok == token.EOF {
@@ -183,9 +200,16 @@ func substitute(src []byte, pkg string, literals map[string]string) ([]byte, err
 		case afterPackage && tok == token.IDENT:
 			repl, ok, renamed = pkg, true, true
 		case tok == token.STRING:
-			repl, ok = literals[lit]
+			repl, ok = subs.literals[lit]
+		case tok == token.IDENT && prev == [2]string{"memapi", "."}:
+			repl, ok = subs.contract[lit]
+			ok = ok && repl != ""
 		}
 		afterPackage = tok == token.PACKAGE
+		prev[0], prev[1] = prev[1], lit
+		if tok == token.PERIOD {
+			prev[1] = "."
+		}
 		if ok {
 			out.Write(src[last:off])
 			out.WriteString(repl)

@@ -12,10 +12,10 @@ import (
 )
 
 func TestRenderTemplate(t *testing.T) {
-	literals := map[string]string{
+	literals := substitutions{literals: map[string]string{
 		strconv.Quote(tmplContract): strconv.Quote("example.com/x/api"),
 		strconv.Quote(tmplModule):   strconv.Quote("example.com/x"),
-	}
+	}, contract: map[string]string{"Grant": "Budget"}}
 	declared := map[string]bool{"A": true, "A.M": true}
 	const text = `//go:build memgentmpl
 
@@ -38,6 +38,9 @@ type s struct {
 	b memapi.Bytes
 	// memgen:end
 	a int
+	g memapi.Grant
+	h Grant
+	k other.Grant
 }
 
 var text = "github.com/memgen/memgen/generated/memapi/x"
@@ -52,8 +55,8 @@ var text = "github.com/memgen/memgen/generated/memapi/x"
 		header + "\n\npackage fk\n",
 		`import memapi "example.com/x/api"`,
 		`const module = "example.com/x"`,
-		"// doc\n// with A\ntype s struct {\n\ta int\n}",
-		`var text = "github.com/memgen/memgen/generated/memapi/x"`, // not a marked literal
+		"// doc\n// with A\ntype s struct {\n\ta int\n\tg memapi.Budget\n\th Grant\n\tk other.Grant\n}", // only the contract's Grant is renamed
+		`var text = "github.com/memgen/memgen/generated/memapi/x"`,                                      // not a marked literal
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("rendered template lacks %q:\n%s", want, got)
