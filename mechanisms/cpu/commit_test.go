@@ -195,3 +195,38 @@ func childMapCount() error {
 	}
 	return m.ReleaseReservation(bg, res, g)
 }
+
+// TestMapCountAllocatesNothing: the map count is read when the process is
+// out of memory mappings, where a heap allocation that needs a new one is
+// a fatal error in the runtime (reading /proc/self/maps whole was, about
+// one run in twenty of TestMapCountExhaustion).
+func TestMapCountAllocatesNothing(t *testing.T) {
+	limit, ok := maxMapCount()
+	if !ok {
+		t.Skip("no vm.max_map_count here")
+	}
+	want, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strconv.Itoa(limit); got != strings.TrimSpace(string(want)) {
+		t.Fatalf("maxMapCount %s, the file says %q", got, want)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The count moves as the runtime maps: it must be near the file's.
+	if n, ok := mapCount(); !ok || n < 1 || n > limit || n < strings.Count(string(maps), "\n")/2 {
+		t.Fatalf("mapCount %d, %v; /proc/self/maps has %d lines", n, ok, strings.Count(string(maps), "\n"))
+	}
+	if raceEnabled {
+		return // the race detector allocates
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = mapCount() }); n != 0 {
+		t.Errorf("mapCount allocates %v times", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = maxMapCount() }); n != 0 {
+		t.Errorf("maxMapCount allocates %v times", n)
+	}
+}

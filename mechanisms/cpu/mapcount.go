@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
+	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -57,19 +57,69 @@ func mapCountCause(e *memapi.Error, err error) {
 
 // maxMapCount reads vm.max_map_count.
 func maxMapCount() (int, bool) {
-	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.Atoi(string(bytes.TrimSpace(b)))
-	return n, err == nil
+	procFile.Lock()
+	defer procFile.Unlock()
+	n, digits, end := 0, 0, false
+	read := procFile.read(&maxMapCountPath[0], func(b []byte) {
+		for _, c := range b {
+			if end || c < '0' || c > '9' || digits == 18 {
+				end = true
+				return
+			}
+			n, digits = n*10+int(c-'0'), digits+1
+		}
+	})
+	return n, read && digits > 0
 }
 
 // mapCount counts the process's mappings (the lines of /proc/self/maps).
 func mapCount() (int, bool) {
-	b, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return 0, false
+	procFile.Lock()
+	defer procFile.Unlock()
+	n := 0
+	ok := procFile.read(&mapsPath[0], func(b []byte) { n += bytes.Count(b, newline) })
+	return n, ok
+}
+
+// The files read on an ENOMEM, NUL-terminated for openat.
+var (
+	maxMapCountPath = []byte("/proc/sys/vm/max_map_count\x00")
+	mapsPath        = []byte("/proc/self/maps\x00")
+	newline         = []byte{'\n'}
+)
+
+// procFile reads a /proc file without allocating: it runs when the
+// process is out of memory mappings, where the runtime cannot map more
+// heap, so that an allocation that needs it (a few MiB of /proc/self/maps
+// read whole did) is a fatal error instead of an error returned.
+var procFile procReader
+
+// procReader reads /proc files through one static buffer, under its lock.
+type procReader struct {
+	sync.Mutex
+	buf [16 << 10]byte
+}
+
+// read calls each with every chunk of the file at path (NUL-terminated),
+// in order; it reports whether the whole file was read. The caller holds
+// r's lock; each must not keep the chunk.
+func (r *procReader) read(path *byte, each func([]byte)) bool {
+	cwd := unix.AT_FDCWD // a variable: the constant is negative
+	fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(cwd), uintptr(unsafe.Pointer(path)), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0, 0)
+	if errno != 0 {
+		return false
 	}
-	return bytes.Count(b, []byte{'\n'}), true
+	defer unix.Close(int(fd))
+	for {
+		n, err := unix.Read(int(fd), r.buf[:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return false
+		case n == 0:
+			return true
+		}
+		each(r.buf[:n])
+	}
 }
