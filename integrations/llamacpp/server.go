@@ -140,7 +140,8 @@ type ServerStats struct {
 	// PressureSleeps counts the sleeps pressure tickets made
 	// (SleepOnPressure; Sleeps counts them too), PressureFreed the device
 	// bytes they gave back, and PressureBusy the tickets answered with
-	// nothing because a request was running or waiting.
+	// nothing because a request was running or waiting, or another
+	// ticket was waiting for the loop.
 	PressureSleeps, PressureBusy int64
 	PressureFreed                memapi.Bytes
 }

@@ -111,8 +111,10 @@ func (s *Server) onPressure(ctx context.Context, t governor.Ticket) (memapi.Byte
 	}
 }
 
-// busy counts a ticket answered with nothing because requests run, unless
-// a sleep is under way; it returns the bytes given: none.
+// busy counts a ticket answered with nothing (ServerStats.PressureBusy):
+// a request runs or waits to run, or another ticket already waits for the
+// loop; a ticket that arrives while a sleep is under way is not counted.
+// It returns the bytes given: none.
 func (s *Server) busy() memapi.Bytes {
 	if !s.sleeping.Load() {
 		s.mu.Lock()
