@@ -22,8 +22,11 @@ type HolderID string
 // the memory must wait for device fences first, by marking them pending
 // (Lease.MarkPending) and refunding once the fences complete. It is called
 // without any governor lock held, in the goroutine of the reservation that
-// needs the memory, with that reservation's context; it should return by
-// t.Deadline. It may call the governor, but a blocking Reserve on the same
+// needs the memory, with a context that ends when that reservation stops
+// waiting (served, failed, or given up by its caller), not when Reclaim
+// returns: a holder that answered short may go on giving back what comes
+// free while it is alive, and the reservation is served as its refunds
+// arrive. Reclaim itself should return by t.Deadline. It may call the governor, but a blocking Reserve on the same
 // authority from inside Reclaim waits behind the reservation that asked.
 type Holder interface {
 	Reclaim(ctx context.Context, t Ticket) (freed memapi.Bytes, err error)

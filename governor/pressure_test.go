@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memgen/memgen/generated/memapi"
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 func TestReclaimMayReenterTheGovernor(t *testing.T) {
@@ -541,5 +542,46 @@ func TestPanickingReclaimLeavesNoWaiter(t *testing.T) {
 	l.release()
 	if _, err := h.g.Reserve(context.Background(), Request{Authority: hostA, Holder: "req", Role: "", Bytes: 50}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReclaimContextLastsTheWait: the context a holder's Reclaim gets ends
+// when the reservation's wait does, not when the asking does. A holder
+// that answered short (it had nothing free then) and frees a moment later
+// while the reservation still waits sees the context alive, gives the
+// bytes back, and the reservation is served; once Reserve returned, the
+// context has ended.
+func TestReclaimContextLastsTheWait(t *testing.T) {
+	h := newHarness(t, map[memapi.AuthorityID]memapi.Bytes{hostA: 1000})
+	asked := make(chan context.Context, 1)
+	h.register("late", HolderFunc(func(ctx context.Context, t Ticket) (memapi.Bytes, error) {
+		asked <- ctx
+		return 0, nil // everything in use now
+	}), HolderOptions{})
+	h.register("req", nil, HolderOptions{})
+	l := h.lease(hostA, "late", 900)
+
+	ch := h.reserveAsync(context.Background(), hostA, "req", 300, 0, epoch.Add(time.Minute))
+	h.awaitWaiting("req") // asked, answered 0, waiting
+	ctx := watchdog.Recv(t, bound, "the ticket", asked)
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("the ticket's context ended while its reservation waits: %v", context.Cause(ctx))
+	}
+	// The holder's memory comes free: it gives back what it still owes.
+	if err := l.Refund(300); err != nil {
+		t.Fatal(err)
+	}
+	r := await(t, ch)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the ticket's context outlived the wait")
+	}
+	if err := r.gr.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.clock.Pending(); n != 0 {
+		t.Fatalf("%d timers left", n)
 	}
 }

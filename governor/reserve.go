@@ -256,8 +256,22 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 	if _, ok := ctx.Deadline(); until.IsZero() && !ok && g.defaultWait > 0 {
 		until, timeout = g.clock.Now().Add(g.defaultWait), errDefaultWait
 	}
-	issued, freed := g.askHolders(ctx, a, w, until, timeout)
-	cause := g.await(ctx, a, w, until, timeout)
+	// The holders' Reclaim runs under a context that ends with this wait
+	// (served, failed or abandoned), not with the asking: a holder that
+	// answered short may go on giving back while the reservation waits.
+	// It is also what the wait waits under: until ends it with timeout as
+	// the cause.
+	hctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	if !until.IsZero() {
+		if d := until.Sub(g.clock.Now()); d <= 0 {
+			stop(timeout)
+		} else {
+			defer g.clock.AfterFunc(d, func() { stop(timeout) })()
+		}
+	}
+	issued, freed := g.askHolders(hctx, a, w)
+	cause := g.await(hctx, a, w)
 	a.mu.Lock()
 	ended = true
 	switch {
@@ -291,18 +305,12 @@ func (g *Governor) wait(ctx context.Context, a *authority, w *waiter, short mema
 // askHolders hands w's shortfall to holders, one ticket at a time (so a
 // holder that frees less than asked, or fails, is followed by the next
 // one), until nothing is short, no holder can give more, or the wait ends
-// (ctx, or until with timeout as the cause). A holder's Reclaim answers for
-// this reservation: its context ends when the wait does, so a Reclaim
-// that waits on its context never keeps Reserve waiting past it. It
-// returns the tickets issued and the bytes their holders reported freeing.
-func (g *Governor) askHolders(ctx context.Context, a *authority, w *waiter, until time.Time, timeout error) (issued int, freed memapi.Bytes) {
-	if !until.IsZero() {
-		c, stop := context.WithCancelCause(ctx)
-		stopTimer := g.clock.AfterFunc(until.Sub(g.clock.Now()), func() { stop(timeout) })
-		defer stopTimer()
-		defer stop(nil)
-		ctx = c
-	}
+// (ctx: the wait's, ended by the reservation's context, its deadline with
+// its timeout as the cause, or the wait's end). A holder's Reclaim answers
+// for this reservation under ctx, so a Reclaim that waits on it never
+// keeps Reserve waiting past the wait. It returns the tickets issued and
+// the bytes their holders reported freeing.
+func (g *Governor) askHolders(ctx context.Context, a *authority, w *waiter) (issued int, freed memapi.Bytes) {
 	var asked []*account
 	for ctx.Err() == nil {
 		a.mu.Lock()
@@ -353,20 +361,10 @@ func (g *Governor) reclaim(ctx context.Context, a *authority, t *plannedTicket) 
 	return n
 }
 
-// await blocks until w is served or failed, ctx ends or until passes; it
-// returns the cause of a wait that ended unserved (nil when served).
-func (g *Governor) await(ctx context.Context, a *authority, w *waiter, until time.Time, timeout error) error {
-	var expired <-chan struct{}
-	if !until.IsZero() {
-		ch := make(chan struct{})
-		if d := until.Sub(g.clock.Now()); d <= 0 {
-			close(ch)
-		} else {
-			stopTimer := g.clock.AfterFunc(d, func() { close(ch) })
-			defer stopTimer()
-		}
-		expired = ch
-	}
+// await blocks until w is served or failed, or ctx ends (the wait's:
+// wait); it returns the cause of a wait that ended unserved (nil when
+// served).
+func (g *Governor) await(ctx context.Context, a *authority, w *waiter) error {
 	if !isClosed(w.ready) {
 		g.emit(Event{Kind: EventWaiting, Authority: a.id, Holder: w.acct.h.id, Role: w.role, Bytes: w.bytes})
 	}
@@ -375,8 +373,6 @@ func (g *Governor) await(ctx context.Context, a *authority, w *waiter, until tim
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)
-	case <-expired:
-		return timeout
 	}
 }
 
