@@ -296,9 +296,9 @@ func (a *arena) remove(c *chunk) {
 	c.free = false
 }
 
-// give frees a chunk, coalescing it with free neighbours. The caller holds
-// mu.
-func (a *arena) give(c *chunk) {
+// give frees a chunk, coalescing it with free neighbours, and returns the
+// free chunk it joined. The caller holds mu.
+func (a *arena) give(c *chunk) *chunk {
 	c.slab, c.blk = nil, nil
 	if p := c.prev; p != nil && p.free {
 		a.remove(p)
@@ -324,6 +324,7 @@ func (a *arena) give(c *chunk) {
 		a.merges++
 	}
 	a.insert(c)
+	return c
 }
 
 // giveLocking is give under mu.
@@ -339,7 +340,33 @@ func (a *arena) freeLarge(b *block) {
 	defer a.mu.Unlock()
 	a.shards.uncount(b)
 	a.frees++
-	a.give(b.ch)
+	a.pay(a.give(b.ch))
+}
+
+// pay gives c's segment, which a free just coalesced into c, back to the
+// governor when it is wholly free and the pool owes a waiting reservation
+// bytes (debt.go), unless a growth of this pool that c fits waits (it
+// takes c). The region is never given back here. A release that fails
+// stays quarantined in released (Stats.Quarantined) and is retried and
+// reported by the next Trim, Reclaim or Close. The caller holds mu.
+func (a *arena) pay(c *chunk) {
+	g := a.segs
+	s := c.seg
+	if !g.owing.Load() || s == g.rseg || !s.wholeFree() || a.p.closed.Load() {
+		return
+	}
+	for _, gw := range a.growers {
+		if c.size >= gw.want {
+			return
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.settle(s.size) {
+		return
+	}
+	a.remove(c)
+	_ = g.drop(s)
 }
 
 // markBusy takes ch out of reach while a pmm call commits or decommits its

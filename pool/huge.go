@@ -86,12 +86,21 @@ func (g *segments) giveHugeLocking(ch *chunk) {
 	g.giveHuge(ch)
 }
 
-// freeHuge gives a huge block's segment back to the free huge segments.
+// freeHuge gives a huge block's segment back to the free huge segments,
+// or, while the pool owes a waiting reservation bytes (debt.go), to the
+// governor. A release that fails there stays quarantined in released
+// (Stats.Quarantined) and is retried and reported by the next Trim,
+// Reclaim or Close.
 func (g *segments) freeHuge(b *block) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.shards.uncount(b)
 	g.hugeFrees++
+	if g.owing.Load() && !g.p.closed.Load() && g.settle(b.ch.seg.size) {
+		b.ch.blk = nil
+		_ = g.drop(b.ch.seg)
+		return
+	}
 	g.giveHuge(b.ch)
 }
 

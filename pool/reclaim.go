@@ -19,9 +19,16 @@ import (
 // (Region.Shrink, behind the region's fences), then the whole free
 // granules inside the region (Region.Decommit, holes.go). It never touches
 // a block in use and may free 0 (always while the pool's own region grows:
-// that growth may be the reservation that asked).
+// that growth may be the reservation that asked). A ticket answered short
+// is paid on while its reservation waits (ctx, which the governor ends
+// with the wait; a context that cannot end leaves no debt): a segment that
+// a free then makes wholly free is given back at once (debt.go).
 func (p *Pool) Reclaim(ctx context.Context, t governor.Ticket) (memapi.Bytes, error) {
-	return p.trim(ctx, uint64(t.Wanted))
+	freed, err := p.trim(ctx, uint64(t.Wanted))
+	if freed < t.Wanted && ctx.Done() != nil && ctx.Err() == nil && !p.closed.Load() {
+		p.segs.owe(ctx, uint64(t.Wanted-freed))
+	}
+	return freed, err
 }
 
 // Trim gives back every cached segment that is wholly free (BackingRegion:

@@ -42,6 +42,12 @@ type segments struct {
 	// without it by a growth (its over-budget error says what it trimmed).
 	reclaimed atomic.Uint64
 
+	// owed are the pressure tickets Reclaim answered short, while their
+	// reservations wait (owe, pay); owing says there are some, read
+	// without mu by the free paths.
+	owed  []debt
+	owing atomic.Bool
+
 	// The pool's Region (BackingRegion), reserved by New and kept after
 	// Close (its release may fail and be retried), rseg that region as
 	// the arena's segment, its granularity and its reserved bytes; nil and
