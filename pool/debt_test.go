@@ -3,7 +3,6 @@ package pool_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
@@ -20,8 +19,9 @@ import (
 // reservation still waits, makes a segment wholly free: the pool gives it
 // back at once instead of caching it, and the reservation is served.
 // Without it the reservation fails over budget after its wait (the
-// governor's default, 30 s) while the pool caches the bytes it asked for. Large blocks (their
-// segment then one free chunk) and huge blocks (a segment each) pay so.
+// governor's default, 30 s) while the pool caches the bytes it asked
+// for. Large blocks (their segment then one free chunk) and huge blocks
+// (a segment each) pay so.
 func TestTicketAnsweredShortIsPaidByALaterFree(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -49,11 +49,7 @@ func TestTicketAnsweredShortIsPaidByALaterFree(t *testing.T) {
 				buf, err = ob.Allocate(ctx, c.size)
 				errc <- err
 			}()
-			watchdog.Within(t, watchdog.Bound, "the pool's ticket", func() {
-				for e.holder("pool").Tickets == tickets {
-					time.Sleep(time.Millisecond)
-				}
-			})
+			e.awaitTicket(t, tickets, "the pool's ticket")
 			require.Zero(t, e.holder("pool").Freed, "everything was in use: the ticket was answered with nothing")
 
 			require.NoError(t, full[0].Free())

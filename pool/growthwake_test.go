@@ -37,11 +37,7 @@ func TestGrowthTakesAChunkFreedWhileItWaits(t *testing.T) {
 			}()
 			// The growth has asked the pool's own cache, which had nothing
 			// to give: it waits for the governor.
-			watchdog.Within(t, watchdog.Bound, "the growth's ticket to the pool", func() {
-				for e.holder("pool").Tickets == tickets {
-					time.Sleep(time.Millisecond)
-				}
-			})
+			e.awaitTicket(t, tickets, "the growth's ticket to the pool")
 			require.NoError(t, full[0].Free())
 			var err error
 			watchdog.Within(t, watchdog.Bound, "the waiting request", func() { err = <-errc })

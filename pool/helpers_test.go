@@ -103,6 +103,17 @@ func (e *env) holder(id governor.HolderID) governor.HolderAuthoritySnapshot {
 	return governor.HolderAuthoritySnapshot{}
 }
 
+// awaitTicket waits until the pool's holder has answered more than
+// tickets pressure tickets (a reservation asked it and now waits).
+func (e *env) awaitTicket(t tb, tickets uint64, what string) {
+	t.Helper()
+	watchdog.Within(t, watchdog.Bound, what, func() {
+		for e.holder("pool").Tickets == tickets {
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
 // checkLedger asserts the ledger identity (release.go): once drained, the
 // governor charges the pool's holder exactly its segments and the backing
 // whose release failed (quarantined, and booked so), nothing is pending, the
