@@ -352,7 +352,7 @@ func (a *arena) freeLarge(b *block) {
 func (a *arena) pay(c *chunk) {
 	g := a.segs
 	s := c.seg
-	if !g.owing.Load() || s == g.rseg || !s.wholeFree() || a.p.closed.Load() {
+	if s == g.rseg || !s.wholeFree() || a.p.closed.Load() {
 		return
 	}
 	for _, gw := range a.growers {

@@ -28,7 +28,6 @@ func (g *segments) owe(ctx context.Context, n uint64) {
 	defer g.mu.Unlock()
 	g.settle(0)
 	g.owed = append(g.owed, debt{ctx: ctx, left: n})
-	g.owing.Store(true)
 }
 
 // settle pays n bytes towards the oldest debt still owed, forgetting the
@@ -50,6 +49,5 @@ func (g *segments) settle(n uint64) (paid bool) {
 	}
 	clear(g.owed[len(live):])
 	g.owed = live
-	g.owing.Store(len(live) > 0)
 	return paid
 }

@@ -96,7 +96,7 @@ func (g *segments) freeHuge(b *block) {
 	defer g.mu.Unlock()
 	g.shards.uncount(b)
 	g.hugeFrees++
-	if g.owing.Load() && !g.p.closed.Load() && g.settle(b.ch.seg.size) {
+	if !g.p.closed.Load() && g.settle(b.ch.seg.size) {
 		b.ch.blk = nil
 		_ = g.drop(b.ch.seg)
 		return

@@ -43,10 +43,8 @@ type segments struct {
 	reclaimed atomic.Uint64
 
 	// owed are the pressure tickets Reclaim answered short, while their
-	// reservations wait (owe, pay); owing says there are some, read
-	// without mu by the free paths.
-	owed  []debt
-	owing atomic.Bool
+	// reservations wait (debt.go).
+	owed []debt
 
 	// The pool's Region (BackingRegion), reserved by New and kept after
 	// Close (its release may fail and be retried), rseg that region as
