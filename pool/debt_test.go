@@ -75,3 +75,49 @@ func TestTicketAnsweredShortIsPaidByALaterFree(t *testing.T) {
 		})
 	}
 }
+
+// TestDebtEndsWithTheReservationsWait: a ticket answered short leaves a
+// debt only while its reservation waits. Once the reservation gives up
+// (its context cancelled) before anything came free, a free that makes a
+// segment wholly free caches it as usual: nobody waits for those bytes,
+// and giving them back would only make the pool grow again.
+func TestDebtEndsWithTheReservationsWait(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		size memapi.Bytes
+	}{{"large", 2 << 20}, {"huge", 4 << 20}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := setupWith(t, 8<<20, pool.Options{Backing: pool.BackingSegments, SegmentBytes: 2 << 20, HugeBytes: 4 << 20},
+				fakes.Config{Granularity: 64 << 10})
+			n := 8 << 20 / c.size
+			full := allocAll(t, e.p, int(n), c.size) // the whole budget, in use
+
+			require.NoError(t, e.g.Register("other", nil, governor.HolderOptions{}))
+			ob, err := e.mgr.Bind("other", "data", dev0)
+			require.NoError(t, err)
+			tickets := e.holder("pool").Tickets
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() {
+				_, err := ob.Allocate(ctx, c.size)
+				errc <- err
+			}()
+			e.awaitTicket(t, tickets, "the pool's ticket")
+			require.Zero(t, e.holder("pool").Freed, "everything was in use: the ticket was answered with nothing")
+			cancel()
+			watchdog.Within(t, watchdog.Bound, "the cancelled reservation", func() { err = <-errc })
+			require.ErrorIs(t, err, context.Canceled)
+
+			segs := e.p.Stats().Segments
+			require.NoError(t, full[0].Free())
+			e.drain(t)
+			after := e.p.Stats()
+			require.Equal(t, segs, after.Segments, "a free after the reservation gave up gave its segment back")
+			require.Equal(t, c.size, after.Cached)
+			freeAll(t, full[1:])
+			require.NoError(t, ob.Close())
+			e.checkLedger(t)
+		})
+	}
+}
