@@ -3,6 +3,7 @@ package pool_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/memgen/memgen/fakes"
 	"github.com/memgen/memgen/generated/memapi"
@@ -120,4 +121,59 @@ func TestDebtEndsWithTheReservationsWait(t *testing.T) {
 			e.checkLedger(t)
 		})
 	}
+}
+
+// TestAFreeServesThePoolsOwnGrowthBeforeItsDebt: while the pool owes
+// another holder's waiting reservation, a request of the pool's own
+// waits to grow too. A free that makes a segment wholly free serves the
+// pool's request, which the chunk fits (as a cache hit a moment later
+// would), instead of going back to the governor: the memory goes to use,
+// not through an unmap and a map again, and the other reservation waits
+// for the next free.
+func TestAFreeServesThePoolsOwnGrowthBeforeItsDebt(t *testing.T) {
+	e := setupWith(t, 8<<20, pool.Options{Backing: pool.BackingSegments, SegmentBytes: 2 << 20, HugeBytes: 4 << 20, Wait: 5 * time.Second},
+		fakes.Config{Granularity: 64 << 10})
+	full := allocAll(t, e.p, 4, 2<<20) // the whole budget, in use
+	before := e.checkLedger(t)
+
+	require.NoError(t, e.g.Register("other", nil, governor.HolderOptions{}))
+	ob, err := e.mgr.Bind("other", "data", dev0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tickets := e.holder("pool").Tickets
+	otherc := make(chan error, 1)
+	go func() {
+		_, err := ob.Allocate(ctx, 2<<20)
+		otherc <- err
+	}()
+	e.awaitTicket(t, tickets, "the other reservation's ticket")
+	var got pool.Block
+	ownc := make(chan error, 1)
+	go func() {
+		var err error
+		got, err = e.p.Alloc(context.Background(), 2<<20, nil)
+		ownc <- err
+	}()
+	e.awaitTicket(t, tickets+1, "the pool's own growth's ticket")
+	require.Zero(t, e.holder("pool").Freed, "everything was in use: both tickets were answered with nothing")
+
+	require.NoError(t, full[0].Free())
+	watchdog.Within(t, watchdog.Bound, "the pool's waiting request", func() { err = <-ownc })
+	require.NoError(t, err, "the pool's request was not served from the chunk freed while it waited")
+	select {
+	case err := <-otherc:
+		t.Fatalf("the other reservation ended (%v): the free went to the governor, not to the pool's request", err)
+	default:
+	}
+	after := e.p.Stats()
+	require.Equal(t, before.Segments, after.Segments, "no segment given back or added")
+	require.Equal(t, before.SegmentAllocs, after.SegmentAllocs)
+
+	cancel()
+	watchdog.Within(t, watchdog.Bound, "the cancelled reservation", func() { err = <-otherc })
+	require.ErrorIs(t, err, context.Canceled)
+	freeAll(t, append(full[1:], got))
+	require.NoError(t, ob.Close())
+	e.checkLedger(t)
 }
