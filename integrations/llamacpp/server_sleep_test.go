@@ -265,10 +265,24 @@ func TestServerAnswersATicketBeforeItWaitsIdle(t *testing.T) {
 	// loop starts, read by it).
 	var hold atomic.Pointer[chan struct{}]
 	var step atomic.Pointer[func()]
+	// idles counts the loop's waits begun and past the hold: a gate
+	// armed before the loop has begun the wait that follows the last
+	// request would hold that wait, not the one after the next request,
+	// and the next request would never be taken (idleAt).
+	var idles atomic.Int64
 	idleCall = func() {
 		if h := hold.Load(); h != nil {
 			<-*h
 		}
+		idles.Add(1)
+	}
+	idleAt := func(n int64) {
+		t.Helper()
+		watchdog.Within(t, watchdog.Bound, fmt.Sprintf("the loop's wait number %d", n), func() {
+			for idles.Load() < n {
+				time.Sleep(time.Millisecond)
+			}
+		})
 	}
 	stepCall = func([]SeqTokens) {
 		if f := step.Load(); f != nil {
@@ -292,6 +306,7 @@ func TestServerAnswersATicketBeforeItWaitsIdle(t *testing.T) {
 	first := complete()
 	weights := r.charged(m.Holder())
 
+	idleAt(2)     // the waits at the start and after the first request
 	gate := arm() // the loop's next wait, after the request below, holds
 	second := complete()
 	sameTokens(t, "server: the request before the ticket", second, first)
@@ -330,6 +345,9 @@ func TestServerAnswersATicketBeforeItWaitsIdle(t *testing.T) {
 	// with nothing before the request's first step, whichever of the two
 	// the loop's wait takes first (four rounds).
 	for round := range 4 {
+		// The wait the ticket above was answered in, then two a round:
+		// after its first request and after its second.
+		idleAt(3 + 2*int64(round))
 		gate := arm() // the loop's wait after this request holds
 		sameTokens(t, "server: a request that wakes the model", complete(), first)
 		entered, release := make(chan struct{}), make(chan struct{})

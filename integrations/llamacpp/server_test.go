@@ -18,17 +18,25 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memgen/memgen/internal/watchdog"
 )
 
 // post sends a JSON body and returns the status, the headers and the body.
+// The exchange is bounded by the watchdog: a server that never answers
+// fails the test with every goroutine's stack.
 func post(t *testing.T, url, body string) (int, http.Header, []byte) {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	var resp *http.Response
+	var b []byte
+	var err error
+	watchdog.Within(t, watchdog.Bound, "POST "+url, func() {
+		resp, err = http.Post(url, "application/json", strings.NewReader(body))
+		if err == nil {
+			defer resp.Body.Close()
+			b, err = io.ReadAll(resp.Body)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
