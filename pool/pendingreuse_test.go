@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/memgen/memgen/ep"
+	"github.com/memgen/memgen/generated/memapi"
 	"github.com/memgen/memgen/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -18,32 +19,7 @@ import (
 // TestPendingBlockIsTakenForItsOwnClassOnly: on its own stream a pending
 // block is reusable at once, but only by a request of its size class.
 func TestPendingBlockIsTakenForItsOwnClassOnly(t *testing.T) {
-	e := setup(t, 1<<30, pool.Options{})
-	e.fctx.SetManualFences(true)
-	ctx := context.Background()
-	s := e.stream(t)
-	b, err := e.p.Alloc(ctx, 256, s)
-	require.NoError(t, err)
-	f, err := s.Record()
-	require.NoError(t, err)
-	require.NoError(t, b.RecordUse(f))
-	require.NoError(t, b.Free())
-	require.Equal(t, ep.Pending, b.State())
-
-	var got []pool.Block
-	for range 4000 {
-		o, err := e.p.Alloc(ctx, 4096, s)
-		require.NoError(t, err)
-		got = append(got, o)
-		require.NotEqual(t, b.Addr(), o.Addr(), "a pending block of 256 bytes handed out for 4096")
-		require.GreaterOrEqual(t, o.Size(), uint64(4096))
-	}
-	require.Zero(t, e.p.Stats().StreamReuse)
-	for _, o := range got {
-		require.NoError(t, o.Free())
-	}
-	e.fctx.CompleteAll()
-	e.checkLedger(t)
+	pendingNeverTaken(t, 256, 4096, true, "a pending block of 256 bytes handed out for 4096")
 }
 
 // TestPendingBlockWithoutAStreamWaitsForItsFence: a block allocated with
@@ -51,11 +27,23 @@ func TestPendingBlockIsTakenForItsOwnClassOnly(t *testing.T) {
 // request with no stream before that work completes: with no stream there
 // is no order to rely on.
 func TestPendingBlockWithoutAStreamWaitsForItsFence(t *testing.T) {
+	pendingNeverTaken(t, 4096, 4096, false, "reused with no stream before its fence completed")
+}
+
+// pendingNeverTaken frees a block of size bytes (on a stream, or on none
+// when onStream is false) behind a fence that does not complete, then
+// asks for want bytes on the same stream (or none) until the shards are
+// dry, failing with why if the pending block is handed out.
+func pendingNeverTaken(t *testing.T, size, want memapi.Bytes, onStream bool, why string) {
 	e := setup(t, 1<<30, pool.Options{})
 	e.fctx.SetManualFences(true)
 	ctx := context.Background()
 	s := e.stream(t)
-	b, err := e.p.Alloc(ctx, 4096, nil)
+	var on memapi.Stream
+	if onStream {
+		on = s
+	}
+	b, err := e.p.Alloc(ctx, size, on)
 	require.NoError(t, err)
 	f, err := s.Record()
 	require.NoError(t, err)
@@ -65,10 +53,11 @@ func TestPendingBlockWithoutAStreamWaitsForItsFence(t *testing.T) {
 
 	var got []pool.Block
 	for range 4000 {
-		o, err := e.p.Alloc(ctx, 4096, nil)
+		o, err := e.p.Alloc(ctx, want, on)
 		require.NoError(t, err)
 		got = append(got, o)
-		require.NotEqual(t, b.Addr(), o.Addr(), "reused with no stream before its fence completed")
+		require.NotEqual(t, b.Addr(), o.Addr(), why)
+		require.GreaterOrEqual(t, o.Size(), want)
 	}
 	require.Zero(t, e.p.Stats().StreamReuse)
 	for _, o := range got {
